@@ -1,0 +1,108 @@
+"""Writing and fingerprinting files so that nothing half-written ever looks valid.
+
+Every artefact is written to a temporary name in its final directory and moved into place with
+``os.replace`` only once it is complete, so a crash, a full disk or Ctrl-C leaves either the old
+file or nothing. Hashes are cached by (size, mtime) like DVC's state database, so a warm rerun
+does not re-read gigabytes of engines to learn that nothing changed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+from pipeline.errors import PipelineError
+
+_CHUNK = 1 << 20
+
+
+def write_failed(path: Path, exc: OSError) -> PipelineError:
+    return PipelineError(
+        f"could not write {path}: {exc.strerror or exc}.",
+        hint="check free space and permissions of that directory, then run the same command again",
+    )
+
+
+@contextlib.contextmanager
+def atomic_output(path: Path) -> Iterator[Path]:
+    """Yield a temporary path; on clean exit it replaces ``path``, on any error it is deleted."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+    except OSError as exc:
+        raise write_failed(path, exc) from exc
+    tmp = Path(tmp_name)
+    try:
+        # mkstemp creates 0600; outputs should get the permissions any other new file gets.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        yield tmp
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise write_failed(path, exc) from exc
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    with atomic_output(path) as tmp:
+        try:
+            with open(tmp, "w", encoding="utf-8") as handle:
+                handle.write(text)
+                handle.flush()
+                os.fsync(handle.fileno())
+        except OSError as exc:
+            raise write_failed(path, exc) from exc
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class HashCache:
+    """sha256 of files, remembered by (path, size, mtime_ns) in one small JSON file."""
+
+    def __init__(self, cache_file: Path):
+        self.cache_file = cache_file
+        self._entries: dict[str, list] | None = None
+        self._dirty = False
+
+    def _load(self) -> dict[str, list]:
+        if self._entries is None:
+            try:
+                self._entries = json.loads(self.cache_file.read_text())
+            except (OSError, ValueError):
+                self._entries = {}
+        return self._entries
+
+    def sha256(self, path: Path) -> str:
+        path = Path(path).resolve()
+        stat = path.stat()
+        entries = self._load()
+        cached = entries.get(str(path))
+        if cached and cached[0] == stat.st_size and cached[1] == stat.st_mtime_ns:
+            return cached[2]
+        digest = sha256_file(path)
+        entries[str(path)] = [stat.st_size, stat.st_mtime_ns, digest]
+        self._dirty = True
+        return digest
+
+    def save(self) -> None:
+        if self._dirty and self._entries is not None:
+            # The cache is an optimisation: failing to save it must never fail a stage.
+            with contextlib.suppress(PipelineError, OSError):
+                atomic_write_text(self.cache_file, json.dumps(self._entries))
+            self._dirty = False

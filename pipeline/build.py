@@ -1,0 +1,80 @@
+"""Build stage: exported ONNX → an engine for one toolchain, under engines/<toolchain>/."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pipeline.artifacts import atomic_output
+from pipeline.errors import PipelineError
+from pipeline.manifest import Artifact, BuildDetails, StageRecord, read_manifest
+from pipeline.runtimes import get_runtime
+from pipeline.stage import Stage, StageOutcome
+
+
+class BuildStage(Stage):
+    name = "build"
+
+    def __init__(self, ctx, engine, toolchain: str):
+        super().__init__(ctx, engine, toolchain)
+        self.runtime = get_runtime(ctx.catalog, toolchain, ctx.reporter)
+
+    def manifest_path(self) -> Path:
+        return self.ctx.workspace.manifest_path(self.toolchain, self.engine)
+
+    def engine_path(self) -> Path:
+        return self.ctx.workspace.engine_dir(self.toolchain) / f"{self.engine.name}{self.runtime.engine_suffix}"
+
+    def params(self) -> dict[str, Any]:
+        return {"toolchain": self.toolchain, "precision": self.variant_spec.precision, "sparsity": self.variant_spec.sparsity}
+
+    def identity(self) -> dict[str, Any]:
+        return self.runtime.identity()
+
+    def skip_reason(self) -> str | None:
+        return self.runtime.unsupported_reason(self.variant_spec)
+
+    def export_record(self) -> StageRecord:
+        path = self.ctx.workspace.export_manifest_path(self.engine)
+        try:
+            record = read_manifest(path).export
+        except FileNotFoundError:
+            record = None
+        if record is None or record.status != "done":
+            raise PipelineError(
+                f"{self.engine.name} has not been exported yet.",
+                hint=f"run `pipeline export --engine {self.engine.name}` (or `pipeline run`)",
+            )
+        return record
+
+    def inputs(self) -> list[Artifact]:
+        record = self.export_record()
+        for artifact in record.outputs:
+            if not self.ctx.workspace.is_intact(artifact):
+                raise PipelineError(
+                    f"{artifact.path} changed since it was exported.",
+                    hint=f"re-export it: `pipeline export --engine {self.engine.name} --force`",
+                )
+        return list(record.outputs)
+
+    def extra_manifest_fields(self) -> dict[str, Any]:
+        # Each engine manifest carries its export record, so it is complete evidence on its own.
+        try:
+            return {"export": read_manifest(self.ctx.workspace.export_manifest_path(self.engine)).export}
+        except FileNotFoundError:
+            return {}
+
+    def run_impl(self, inputs: list[Artifact]) -> StageOutcome:
+        onnx_path = self.ctx.workspace.root / next(a.path for a in inputs if a.role == "onnx")
+        engine_path = self.engine_path()
+        with atomic_output(engine_path) as tmp:
+            result = self.runtime.build(onnx_path, tmp)
+        outputs = [self.ctx.workspace.artifact("engine", engine_path)]
+        outputs += [self.ctx.workspace.artifact(role, path) for role, path in result.sidecars.items()]
+        details = BuildDetails(
+            runtime=self.runtime.kind,
+            runtime_version=self.runtime.version,
+            settings=result.settings,
+            notes=result.notes,
+        )
+        return StageOutcome(outputs=outputs, details=details, command=result.command)

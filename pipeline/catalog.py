@@ -1,0 +1,266 @@
+"""The catalog: every model, variant and toolchain the pipeline knows, by name.
+
+It is read from ``pipeline.toml`` at the root of the workspace. TOML rather than YAML on purpose:
+YAML reads ``trt: 10.10`` as the float 10.1, and TensorRT versions are exactly that shape.
+Everything is validated on load; errors name the field, the bad value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from pipeline.errors import PipelineError, UsageError
+
+CATALOG_FILENAME = "pipeline.toml"
+
+# Names become file and directory names: no separators, no leading dot, nothing to escape.
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.\-]{0,63}$")
+
+Precision = Literal["fp32", "fp16", "int8", "fp8", "mxfp8", "nvfp4"]
+ToolchainKind = Literal["onnxruntime", "trtexec-container", "trtexec-local"]
+
+# Directory names under manifests/ that are not toolchains.
+RESERVED_NAMES = {"export"}
+
+
+def check_name(kind: str, name: str) -> str:
+    if not NAME_RE.match(name) or name in RESERVED_NAMES:
+        raise UsageError(
+            f"{kind} name {name!r} is not allowed.",
+            hint="names use lowercase letters, digits, '_', '.' and '-', start with a letter or digit, "
+            f"and are not one of {sorted(RESERVED_NAMES)}",
+        )
+    return name
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(_Strict):
+    """A timm model and how to feed it."""
+
+    timm: str = Field(description="timm model name, e.g. vit_base_patch16_224")
+    batch_size: int = Field(gt=0, le=4096)
+    # None: the model's own pretrained_cfg input size.
+    image_size: int | None = Field(default=None, gt=0)
+    # Weights are never downloaded (offline machines): random init unless a local file is named.
+    checkpoint: Path | None = None
+    seed: int = 0
+
+
+class VariantSpec(_Strict):
+    """How an engine differs from the plain FP32 export: precision and sparsity."""
+
+    precision: Precision
+    sparsity: Literal["2:4"] | None = None
+    description: str = ""
+
+
+class ToolchainSpec(_Strict):
+    """A way to turn ONNX into an engine and time it."""
+
+    kind: ToolchainKind
+    # TensorRT toolchains: the release they provide, checked against trtexec's banner.
+    trt: str | None = Field(default=None, pattern=r"^\d+\.\d+(\.\d+)*$")
+    image: str | None = None
+    dockerfile: str | None = None
+    # Where the image → TensorRT version mapping comes from (release notes URL).
+    source: str | None = None
+    # Variant that speedups are measured against within this toolchain (first one present wins).
+    baselines: tuple[str, ...] = ("fp16", "fp32")
+
+    @model_validator(mode="after")
+    def _check_kind_fields(self):
+        if self.kind == "trtexec-container" and not (self.image or self.dockerfile):
+            raise ValueError("a trtexec-container toolchain needs 'image' or 'dockerfile'")
+        if self.kind.startswith("trtexec") and not self.trt:
+            raise ValueError(f"a {self.kind} toolchain needs 'trt' (the TensorRT version it provides)")
+        return self
+
+
+class ProfileSettings(_Strict):
+    """How long to measure. Same meaning as trtexec's --warmUp/--iterations/--duration."""
+
+    warmup_ms: float = Field(default=200.0, ge=0)
+    iterations: int = Field(default=10, ge=1)  # a minimum, like trtexec
+    duration_s: float = Field(default=3.0, ge=0)  # also a minimum: both bounds must be met
+
+
+class Defaults(_Strict):
+    """What `pipeline run` does when nothing is selected: the demo on the embedded runtime."""
+
+    models: tuple[str, ...] = ("vit_tiny",)
+    variants: tuple[str, ...] = ("fp32", "fp16", "int8")
+    toolchain: str = "onnxruntime"
+
+
+class Catalog(_Strict):
+    models: dict[str, ModelSpec]
+    variants: dict[str, VariantSpec]
+    toolchains: dict[str, ToolchainSpec]
+    profile: ProfileSettings = ProfileSettings()
+    defaults: Defaults = Defaults()
+    opset: int = Field(default=17, ge=13)
+    # Directory the outputs (models/, engines/, manifests/) live under; set by load_catalog.
+    root: Path = Field(default=Path("."), exclude=True)
+
+    @field_validator("models", "variants", "toolchains")
+    @classmethod
+    def _check_names(cls, table: dict) -> dict:
+        for name in table:
+            if not NAME_RE.match(name) or name in RESERVED_NAMES:
+                raise ValueError(
+                    f"name {name!r} is not allowed: use lowercase letters, digits, '_', '.', '-' "
+                    f"(and not {sorted(RESERVED_NAMES)})"
+                )
+        return table
+
+    @model_validator(mode="after")
+    def _check_references(self):
+        engine_names: dict[str, tuple[str, str]] = {}
+        for model in self.models:
+            for variant in self.variants:
+                name = f"{model}_{variant}"
+                if name in engine_names:
+                    other = engine_names[name]
+                    raise ValueError(
+                        f"engine name {name!r} is ambiguous: model {model!r} + variant {variant!r} "
+                        f"and model {other[0]!r} + variant {other[1]!r}"
+                    )
+                engine_names[name] = (model, variant)
+        for field, names, table in (
+            ("defaults.models", self.defaults.models, self.models),
+            ("defaults.variants", self.defaults.variants, self.variants),
+            ("defaults.toolchain", (self.defaults.toolchain,), self.toolchains),
+        ):
+            for name in names:
+                if name not in table:
+                    raise ValueError(f"{field}: {name!r} is not defined (known: {', '.join(table)})")
+        return self
+
+    # --- lookups with "did you mean" -------------------------------------------------------
+
+    def model(self, name: str) -> ModelSpec:
+        return self.models[_lookup("model", name, self.models)]
+
+    def variant(self, name: str) -> VariantSpec:
+        return self.variants[_lookup("variant", name, self.variants)]
+
+    def toolchain(self, name: str) -> ToolchainSpec:
+        return self.toolchains[_lookup("toolchain", name, self.toolchains)]
+
+    def toolchain_for_trt(self, version: str) -> str:
+        """The toolchain providing TensorRT ``version`` ("10.14" matches trt = "10.14" or "10.14.1")."""
+        matches = [
+            name
+            for name, spec in self.toolchains.items()
+            if spec.trt and (spec.trt == version or spec.trt.startswith(version + "."))
+        ]
+        if len(matches) == 1:
+            return matches[0]
+        known = sorted({spec.trt for spec in self.toolchains.values() if spec.trt})
+        if not matches:
+            raise UsageError(
+                f"no toolchain provides TensorRT {version}.",
+                hint=f"known TensorRT versions: {', '.join(known) or 'none'}; add one under [toolchains] in "
+                f"{CATALOG_FILENAME}",
+            )
+        raise UsageError(
+            f"TensorRT {version} is provided by several toolchains: {', '.join(matches)}.",
+            hint="name one with --toolchain",
+        )
+
+    def engine(self, name: str) -> EngineRef:
+        """Split an engine name such as ``vit_tiny_fp16_sparse`` into model and variant."""
+        check_name("engine", name)
+        for model in sorted(self.models, key=len, reverse=True):
+            prefix = model + "_"
+            if name.startswith(prefix) and name[len(prefix) :] in self.variants:
+                return EngineRef(model, name[len(prefix) :])
+        _lookup("engine", name, self.engine_names())
+        raise AssertionError("unreachable: _lookup raises for unknown names")
+
+    def engine_names(self) -> list[str]:
+        return [f"{m}_{v}" for m in self.models for v in self.variants]
+
+
+@dataclass(frozen=True, order=True)
+class EngineRef:
+    """One model in one variant; the unit every stage works on."""
+
+    model: str
+    variant: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.model}_{self.variant}"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def _lookup(kind: str, name: str, known) -> str:
+    if name in known:
+        return name
+    check_name(kind, name)
+    close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.6)
+    hint = f"did you mean {' or '.join(repr(c) for c in close)}?" if close else None
+    listing = ", ".join(sorted(known))
+    if len(listing) > 300:
+        listing = listing[:300] + ", …"
+    raise UsageError(
+        f"unknown {kind} {name!r}.",
+        hint=hint or f"known {kind}s: {listing} (`pipeline models` lists them)",
+    )
+
+
+def find_catalog(start: Path | None = None) -> Path:
+    """``pipeline.toml`` in ``start`` or the nearest parent, like git finds its repository."""
+    here = (start or Path.cwd()).resolve()
+    for directory in (here, *here.parents):
+        candidate = directory / CATALOG_FILENAME
+        if candidate.is_file():
+            return candidate
+    raise UsageError(
+        f"no {CATALOG_FILENAME} found in {here} or any parent directory.",
+        hint="run from the project checkout, or pass --catalog PATH",
+    )
+
+
+def load_catalog(path: Path | None = None) -> Catalog:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    path = Path(path) if path else find_catalog()
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"catalog {path} does not exist.", hint="pass --catalog PATH to an existing file")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PipelineError(f"cannot read catalog {path}: {exc}")
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{path} is not valid TOML: {exc}.", hint="fix the line named above")
+    try:
+        catalog = Catalog.model_validate(raw)
+    except ValidationError as exc:
+        raise UsageError(f"{path} is not a valid catalog:\n{_describe(exc)}", hint=f"see the comments in {CATALOG_FILENAME}")
+    return catalog.model_copy(update={"root": path.parent.resolve()})
+
+
+def _describe(exc: ValidationError) -> str:
+    lines = []
+    for error in exc.errors():
+        where = ".".join(str(part) for part in error["loc"]) or "(top level)"
+        got = error.get("input")
+        got_text = "" if isinstance(got, dict) else f" (got {got!r})"
+        lines.append(f"  {where}: {error['msg']}{got_text}")
+    return "\n".join(lines)

@@ -1,0 +1,321 @@
+"""The `pipeline` command. A thin layer: it builds configurations and calls the library.
+
+Only click is imported at start-up so `pipeline --help` stays instant; each command imports what
+it needs. ``main(argv)`` returns the exit code, so tests call it directly:
+
+    0 success · 1 a stage failed · 2 bad usage · 3 this machine lacks something (GPU, Docker,
+    a package) · 130 interrupted · 70 a bug in the pipeline (printed with its traceback)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+EXIT_INTERRUPTED = 130
+EXIT_INTERNAL = 70
+
+
+class _State:
+    def __init__(self, catalog_path: Path | None, verbose: bool):
+        self.catalog_path = catalog_path
+        self.verbose = verbose
+        self._catalog = None
+
+    @property
+    def catalog(self):
+        if self._catalog is None:
+            from pipeline.catalog import load_catalog
+
+            self._catalog = load_catalog(self.catalog_path)
+        return self._catalog
+
+    def context(self, force: bool = False):
+        from pipeline.reporting import Reporter
+        from pipeline.stage import RunContext
+        from pipeline.workspace import Workspace
+
+        return RunContext(
+            catalog=self.catalog,
+            workspace=Workspace(self.catalog.root),
+            reporter=Reporter(verbose=self.verbose),
+            force=force,
+        )
+
+
+pass_state = click.make_pass_decorator(_State)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option(
+    "--catalog",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar="PIPELINE_CATALOG",
+    help="Catalog file (default: pipeline.toml in this or a parent directory). Outputs go beside it.",
+)
+@click.option("-v", "--verbose", is_flag=True, help="Stream tool output and show internal steps.")
+@click.version_option(package_name="trt-pipeline", prog_name="pipeline")
+@click.pass_context
+def cli(ctx: click.Context, catalog: Path | None, verbose: bool):
+    """Turn timm models into TensorRT or ONNX Runtime engines, profile them, and compare.
+
+    \b
+    Stages:  export → build → profile → compare
+    Engines are named <model>_<variant>, e.g. vit_nvfp4, vit_tiny_fp16 (`pipeline models`).
+    Unchanged stages are skipped; --force re-runs them. Outputs: models/, engines/, manifests/.
+
+    \b
+    Quick start (no GPU needed):  pipeline run
+    """
+    ctx.obj = _State(catalog, verbose)
+
+
+# --- selection ----------------------------------------------------------------------------------
+
+
+def selection_options(func):
+    func = click.option("--variant", "variants", multiple=True, metavar="V", help="Variant(s) of the selected models (repeatable).")(func)
+    func = click.option("--model", "models", multiple=True, metavar="M", help="Model(s); alone, selects all their variants (repeatable).")(func)
+    func = click.option("--engine", "engines", multiple=True, metavar="NAME", help="Engine(s) by name, e.g. vit_tiny_fp16 (repeatable).")(func)
+    return func
+
+
+def toolchain_options(func):
+    func = click.option("--trt", metavar="VERSION", help="The toolchain providing this TensorRT version, e.g. 10.14.")(func)
+    func = click.option("--toolchain", metavar="T", help="Toolchain by name (default: the catalog's, onnxruntime).")(func)
+    return func
+
+
+def force_option(func):
+    return click.option("--force", is_flag=True, help="Re-run stages even when nothing changed.")(func)
+
+
+def select_engines(catalog, engines, models, variants):
+    """The one place selection options are combined and checked."""
+    from pipeline.catalog import EngineRef
+    from pipeline.errors import UsageError
+
+    if engines and (models or variants):
+        raise UsageError("--engine cannot be combined with --model/--variant.", hint="name engines one way or the other")
+    if engines:
+        refs = [catalog.engine(name) for name in engines]
+    else:
+        chosen_models = models or catalog.defaults.models
+        if variants:
+            chosen_variants = variants
+        elif models:
+            chosen_variants = tuple(catalog.variants)
+        else:
+            chosen_variants = catalog.defaults.variants
+        for name in chosen_models:
+            catalog.model(name)
+        for name in chosen_variants:
+            catalog.variant(name)
+        refs = [EngineRef(m, v) for m in chosen_models for v in chosen_variants]
+    return list(dict.fromkeys(refs))
+
+
+def select_toolchain(catalog, toolchain: str | None, trt: str | None) -> str:
+    from pipeline.errors import UsageError
+
+    if toolchain and trt:
+        raise UsageError("--toolchain and --trt name the same thing; give one.", hint=f"e.g. --trt {trt}")
+    if trt:
+        return catalog.toolchain_for_trt(trt)
+    name = toolchain or catalog.defaults.toolchain
+    catalog.toolchain(name)
+    return name
+
+
+# --- commands -----------------------------------------------------------------------------------
+
+
+@cli.command()
+@pass_state
+def models(state: _State):
+    """List models, variants, toolchains and the engine names they make."""
+    from rich.table import Table
+
+    from pipeline.reporting import stdout_console
+
+    catalog = state.catalog
+    console = stdout_console()
+    table = Table(title=f"Models ({catalog.root / 'pipeline.toml'})")
+    for column in ("model", "timm", "batch", "weights"):
+        table.add_column(column)
+    for name, spec in catalog.models.items():
+        weights = f"checkpoint {spec.checkpoint}" if spec.checkpoint else f"random init (seed {spec.seed})"
+        table.add_row(name, spec.timm, str(spec.batch_size), weights)
+    console.print(table)
+    variants = Table(title="Variants")
+    for column in ("variant", "precision", "sparsity"):
+        variants.add_column(column)
+    for name, spec in catalog.variants.items():
+        variants.add_row(name, spec.precision, spec.sparsity or "–")
+    console.print(variants)
+    chains = Table(title="Toolchains")
+    for column in ("toolchain", "kind", "TensorRT", "image / source"):
+        chains.add_column(column)
+    for name, spec in catalog.toolchains.items():
+        chains.add_row(name, spec.kind, spec.trt or "–", spec.image or spec.dockerfile or "–")
+    console.print(chains)
+    console.print("Engine names: <model>_<variant>, e.g. " + ", ".join(catalog.engine_names()[:4]) + ", …")
+
+
+@cli.command()
+@selection_options
+@force_option
+@pass_state
+def export(state: _State, engines, models, variants, force):
+    """Export models to ONNX (quantizing as the variant needs): models/<model>/<variant>.onnx."""
+    from pipeline.runner import run_engines
+
+    refs = select_engines(state.catalog, engines, models, variants)
+    run_engines(state.context(force), refs, toolchain=None, until="export")
+
+
+def _stage_command(state: _State, engines, models, variants, toolchain, trt, force, dry_run, until):
+    from pipeline.runner import run_engines
+
+    catalog = state.catalog
+    refs = select_engines(catalog, engines, models, variants)
+    chain = select_toolchain(catalog, toolchain, trt)
+    ctx = state.context(force)
+    if dry_run:
+        from pipeline.runner import describe
+
+        for line in describe(ctx, refs, chain, until):
+            click.echo(line)
+        return
+    run_engines(ctx, refs, chain, until=until)
+
+
+@cli.command()
+@selection_options
+@toolchain_options
+@force_option
+@click.option("--dry-run", is_flag=True, help="Print what would run (the exact command and container) and stop.")
+@pass_state
+def build(state: _State, engines, models, variants, toolchain, trt, force, dry_run):
+    """Build engines for one toolchain (exporting first if needed): engines/<toolchain>/."""
+    _stage_command(state, engines, models, variants, toolchain, trt, force, dry_run, "build")
+
+
+@cli.command()
+@selection_options
+@toolchain_options
+@force_option
+@click.option("--dry-run", is_flag=True, help="Print what would run (the exact command and container) and stop.")
+@pass_state
+def profile(state: _State, engines, models, variants, toolchain, trt, force, dry_run):
+    """Time engines (building them first if needed); results go to manifests/<toolchain>/."""
+    _stage_command(state, engines, models, variants, toolchain, trt, force, dry_run, "profile")
+
+
+@cli.command()
+@selection_options
+@toolchain_options
+@force_option
+@pass_state
+def run(state: _State, engines, models, variants, toolchain, trt, force):
+    """Export, build and profile a selection, then print the comparison.
+
+    With no selection it runs the catalog's defaults: the demo on ONNX Runtime.
+    """
+    from pipeline.runner import run_engines
+
+    catalog = state.catalog
+    refs = select_engines(catalog, engines, models, variants)
+    chain = select_toolchain(catalog, toolchain, trt)
+    run_engines(state.context(force), refs, chain, until="profile")
+    _print_comparison(state, [chain], "table", None)
+
+
+@cli.command()
+@click.option("--toolchain", "toolchains", multiple=True, metavar="T", help="Only these toolchains (repeatable).")
+@click.option("--trt", "trts", multiple=True, metavar="VERSION", help="Only the toolchains of these TensorRT versions.")
+@click.option("--format", "fmt", type=click.Choice(["table", "md", "json"]), default="table", show_default=True)
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write to this file instead of stdout.")
+@pass_state
+def compare(state: _State, toolchains, trts, fmt, out):
+    """Put profiled engines side by side, from the saved manifests (never re-measures)."""
+    catalog = state.catalog
+    names = list(toolchains) + [catalog.toolchain_for_trt(v) for v in trts]
+    _print_comparison(state, names or None, fmt, out)
+
+
+def _print_comparison(state: _State, toolchains, fmt, out):
+    from pipeline.compare import compare as compare_manifests
+    from pipeline.reporting import stdout_console
+    from pipeline.compare import render_markdown, write_output
+    from pipeline.workspace import Workspace
+
+    rows, rendered = compare_manifests(state.catalog, Workspace(state.catalog.root), toolchains, fmt)
+    if out is not None:
+        write_output(rendered if isinstance(rendered, str) else render_markdown(rows), out)
+        click.echo(f"wrote {out}", err=True)
+    elif isinstance(rendered, str):
+        click.echo(rendered, nl=False)
+    else:
+        stdout_console().print(rendered)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@pass_state
+def doctor(state: _State, as_json):
+    """What this machine can run: Python deps, CUDA, GPU, Docker, NVIDIA runtime, toolchains."""
+    import json
+
+    from pipeline.doctor import as_dicts, render, run_doctor
+    from pipeline.reporting import stdout_console
+
+    checks = run_doctor(state.catalog)
+    if as_json:
+        click.echo(json.dumps(as_dicts(checks), indent=2))
+    else:
+        stdout_console().print(render(checks))
+
+
+# --- the error boundary ---------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pipeline.errors import PipelineError
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        cli.main(args=args, prog_name="pipeline", standalone_mode=False)
+        return 0
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        from pipeline.reporting import print_error
+
+        print_error("interrupted; partial outputs were removed, finished ones are kept.")
+        return EXIT_INTERRUPTED
+    except PipelineError as exc:
+        from pipeline.reporting import print_error
+
+        print_error(exc.message, exc.hint)
+        return exc.exit_code
+    except BrokenPipeError:
+        # stdout closed early (e.g. `pipeline compare | head`): not an error.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except Exception:
+        import traceback
+
+        traceback.print_exc()
+        click.echo("INTERNAL ERROR: this is a bug in the pipeline; the traceback above helps fix it.", err=True)
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

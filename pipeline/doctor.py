@@ -1,0 +1,141 @@
+"""`pipeline doctor`: what this machine can run, and what to install for the rest."""
+
+from __future__ import annotations
+
+import platform
+import shutil
+from dataclasses import asdict, dataclass
+from importlib import metadata, util
+
+from pipeline.catalog import Catalog
+from pipeline.environment import nvidia_gpus
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+PYTHON_DEPS = (
+    ("onnx", "onnx", True),
+    ("onnxruntime", "onnxruntime", True),
+    ("pydantic", "pydantic", True),
+    ("torch", "torch", False),
+    ("timm", "timm", False),
+    ("modelopt", "nvidia-modelopt", False),
+    ("docker", "docker", True),
+    ("tensorrt", "tensorrt", False),
+)
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def check_python() -> list[Check]:
+    checks = [Check("python", True, platform.python_version())]
+    for module, dist, required in PYTHON_DEPS:
+        present = util.find_spec(module) is not None
+        version = _version(dist) if present else None
+        if present:
+            checks.append(Check(f"package {dist}", True, version or "installed"))
+        else:
+            need = "required" if required else "optional: export/quantize" if module in ("torch", "timm", "modelopt") else "optional"
+            checks.append(Check(f"package {dist}", False, f"not installed ({need})"))
+    return checks
+
+
+def check_cuda() -> Check:
+    if util.find_spec("torch") is None:
+        return Check("CUDA (torch)", False, "torch not installed")
+    import torch
+
+    if torch.cuda.is_available():
+        return Check("CUDA (torch)", True, f"torch {torch.__version__}, CUDA {torch.version.cuda}")
+    return Check("CUDA (torch)", False, f"torch {torch.__version__} sees no CUDA device")
+
+
+def check_gpus() -> Check:
+    gpus = nvidia_gpus()
+    if not gpus:
+        return Check("NVIDIA GPU", False, "nvidia-smi not found or no GPU")
+    text = "; ".join(f"{g.name} (CC {g.compute_capability}, driver {g.driver}, {g.memory_mib} MiB)" for g in gpus)
+    return Check("NVIDIA GPU", True, text)
+
+
+def check_docker() -> tuple[Check, Check]:
+    try:
+        import docker
+        from docker.errors import DockerException
+    except ImportError:
+        missing = Check("Docker daemon", False, "the docker Python package is not installed")
+        return missing, Check("NVIDIA container runtime", False, "no Docker")
+    try:
+        client = docker.from_env(timeout=5)
+        client.ping()
+        info = client.info()
+    except (DockerException, OSError) as exc:
+        return (
+            Check("Docker daemon", False, f"unreachable ({str(exc).splitlines()[0][:120]})"),
+            Check("NVIDIA container runtime", False, "no Docker"),
+        )
+    daemon = Check("Docker daemon", True, f"Docker {info.get('ServerVersion', '?')}")
+    runtimes = info.get("Runtimes") or {}
+    cdi = info.get("CDISpecDirs") or []
+    if "nvidia" in runtimes:
+        return daemon, Check("NVIDIA container runtime", True, "nvidia runtime registered")
+    if cdi:
+        return daemon, Check("NVIDIA container runtime", True, f"CDI spec dirs {', '.join(cdi)} (not verified)")
+    return daemon, Check("NVIDIA container runtime", False, "no 'nvidia' runtime in the daemon (install nvidia-container-toolkit)")
+
+
+def check_toolchains(catalog: Catalog, facts: dict[str, bool]) -> list[Check]:
+    checks = []
+    for name, spec in catalog.toolchains.items():
+        if spec.kind == "onnxruntime":
+            ok = facts["onnxruntime"]
+            detail = "embedded runtime" if ok else "onnxruntime not installed"
+        elif spec.kind == "trtexec-local":
+            ok = shutil.which("trtexec") is not None and facts["gpu"]
+            detail = "trtexec on PATH" if shutil.which("trtexec") else "trtexec not on PATH"
+        else:
+            missing = [what for what, key in (("Docker", "docker"), ("NVIDIA runtime", "nvidia_runtime"), ("GPU", "gpu")) if not facts[key]]
+            ok = not missing
+            detail = f"TensorRT {spec.trt} in {spec.image or spec.dockerfile}" + (f"; missing: {', '.join(missing)}" if missing else "")
+        checks.append(Check(f"toolchain {name}", ok, detail))
+    return checks
+
+
+def run_doctor(catalog: Catalog) -> list[Check]:
+    checks = check_python()
+    gpu = check_gpus()
+    daemon, runtime = check_docker()
+    checks += [check_cuda(), gpu, daemon, runtime]
+    facts = {
+        "onnxruntime": util.find_spec("onnxruntime") is not None,
+        "gpu": gpu.ok,
+        "docker": daemon.ok,
+        "nvidia_runtime": runtime.ok,
+    }
+    return checks + check_toolchains(catalog, facts)
+
+
+def render(checks: list[Check]):
+    from rich.table import Table
+
+    table = Table(title="What this machine can run")
+    table.add_column("check")
+    table.add_column("")
+    table.add_column("detail")
+    for check in checks:
+        table.add_row(check.name, "[green]yes[/]" if check.ok else "[red]no[/]", check.detail)
+    return table
+
+
+def as_dicts(checks: list[Check]) -> list[dict]:
+    return [asdict(c) for c in checks]

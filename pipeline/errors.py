@@ -1,0 +1,44 @@
+"""The exceptions a user can act on.
+
+Anything raised as a :class:`PipelineError` is printed by the CLI as ``ERROR <message>`` and
+``TIP <hint>`` without a traceback. Every other exception is a bug in this package and keeps its
+traceback. The subclasses exist only to give scripts distinct exit codes.
+"""
+
+from __future__ import annotations
+
+
+class PipelineError(Exception):
+    """A failure the user can fix: bad input, a failed stage, a broken artefact."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class UsageError(PipelineError):
+    """The request itself is wrong: an unknown name, a forbidden option combination."""
+
+    exit_code = 2
+
+
+class EnvironmentMissing(PipelineError):
+    """This machine lacks what the request needs: a GPU, Docker, an optional dependency."""
+
+    exit_code = 3
+
+
+def require_module(module: str, *, purpose: str, extra: str = "export"):
+    """Import an optional dependency or explain how to install it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise EnvironmentMissing(
+            f"{purpose} needs the Python package '{module}', which is not importable ({exc}).",
+            hint=f"install the '{extra}' extra: pip install -e '.[{extra}]' (or run `make setup`)",
+        ) from exc

@@ -1,0 +1,176 @@
+"""The one manifest schema: what each stage did, with which inputs, on which machine.
+
+A manifest is the evidence behind every number the pipeline reports. ``compare`` and every later
+report read manifests only; they never re-measure. Files are written atomically and validated on
+read, so a manifest on disk is always complete.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from pipeline.artifacts import atomic_write_text
+from pipeline.catalog import ProfileSettings
+from pipeline.errors import PipelineError
+from pipeline.stats import LatencyStats
+
+# Bump when a field changes meaning or a reader would misread an old file.
+SCHEMA_VERSION = 1
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Artifact(_Model):
+    """A file a stage read or wrote, pinned by content."""
+
+    role: str
+    path: str  # relative to the workspace root, POSIX separators
+    sha256: str
+    size_bytes: int
+
+
+class GpuInfo(_Model):
+    name: str
+    driver: str | None = None
+    compute_capability: str | None = None
+    memory_mib: int | None = None
+
+
+class Environment(_Model):
+    """The machine and software a stage ran on."""
+
+    hostname: str
+    os: str
+    python: str
+    cpu: str
+    cpu_count: int
+    gpus: list[GpuInfo] = []
+    packages: dict[str, str] = {}
+    git_commit: str | None = None
+    git_dirty: bool | None = None
+    pipeline_version: str
+
+
+class ParityCheck(_Model):
+    """The exported ONNX, run in ONNX Runtime, against PyTorch on the same random input."""
+
+    reference: str
+    max_abs_error: float
+    cosine_similarity: float
+    max_abs_error_limit: float
+    cosine_similarity_floor: float
+    passed: bool
+
+
+class ExportDetails(_Model):
+    kind: Literal["export"] = "export"
+    timm_model: str
+    weights: str  # "random-init (seed N)" or "checkpoint <path>"
+    input_shape: list[int]
+    input_dtype: str
+    opset: int
+    precision: str
+    sparsity: str | None = None
+    quantization: dict[str, Any] | None = None
+    parity: ParityCheck | None = None
+    onnx_ops: dict[str, int] = {}
+
+
+class BuildDetails(_Model):
+    kind: Literal["build"] = "build"
+    runtime: str
+    runtime_version: str
+    settings: dict[str, Any] = {}
+    notes: list[str] = []
+
+
+class ProfileDetails(_Model):
+    kind: Literal["profile"] = "profile"
+    settings: ProfileSettings
+    batch_size: int
+    device: str
+    iterations: int
+    total_walltime_s: float
+    latency_ms: LatencyStats
+    throughput_qps: float
+    images_per_s: float
+    # Kept so reports can test significance (bootstrap) and draw CDFs without re-measuring.
+    per_iteration_ms: list[float]
+
+
+StageDetails = Annotated[Union[ExportDetails, BuildDetails, ProfileDetails], Field(discriminator="kind")]
+
+
+class StageRecord(_Model):
+    stage: Literal["export", "build", "profile"]
+    status: Literal["done", "skipped"]
+    # Why the stage did not run (status "skipped"), e.g. a precision the runtime cannot execute.
+    reason: str | None = None
+    fingerprint: str
+    finished_at: datetime
+    duration_s: float
+    inputs: list[Artifact] = []
+    outputs: list[Artifact] = []
+    # The exact argv of an outside tool the stage ran (trtexec), if any.
+    command: list[str] | None = None
+    params: dict[str, Any] = {}
+    details: StageDetails | None = None
+
+
+class EngineManifest(_Model):
+    schema_version: int = SCHEMA_VERSION
+    engine: str
+    model: str
+    variant: str
+    precision: str
+    sparsity: str | None = None
+    # None for the toolchain-independent export manifest.
+    toolchain: str | None = None
+    environment: Environment
+    export: StageRecord | None = None
+    build: StageRecord | None = None
+    profile: StageRecord | None = None
+
+    def stage(self, name: str) -> StageRecord | None:
+        return getattr(self, name)
+
+    def write(self, path: Path) -> None:
+        atomic_write_text(path, self.model_dump_json(indent=2) + "\n")
+
+
+def read_manifest(path: Path) -> EngineManifest:
+    """Read and validate one manifest; a broken file is a user-facing error naming it."""
+    try:
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError) as exc:
+        raise PipelineError(
+            f"manifest {path} is unreadable: {exc}.",
+            hint="delete it and re-run the stage that wrote it (`--force`)",
+        ) from exc
+    version = raw.get("schema_version") if isinstance(raw, dict) else None
+    if version != SCHEMA_VERSION:
+        raise PipelineError(
+            f"manifest {path} has schema_version {version!r}; this pipeline reads {SCHEMA_VERSION}.",
+            hint="re-run the stages with --force to rewrite it",
+        )
+    try:
+        return EngineManifest.model_validate(raw)
+    except ValidationError as exc:
+        raise PipelineError(
+            f"manifest {path} does not match the schema: {exc.errors()[0]['msg']} at "
+            f"{'.'.join(str(p) for p in exc.errors()[0]['loc'])}.",
+            hint="delete it and re-run the stage that wrote it (`--force`)",
+        ) from exc
+
+
+def manifest_json_schema() -> dict:
+    return EngineManifest.model_json_schema()

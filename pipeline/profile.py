@@ -1,0 +1,84 @@
+"""Profile stage: time a built engine and summarise the per-iteration latencies."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pipeline.environment import cpu_name, nvidia_gpus
+from pipeline.errors import PipelineError
+from pipeline.manifest import Artifact, ProfileDetails, StageRecord, read_manifest
+from pipeline.runtimes import get_runtime
+from pipeline.stage import Stage, StageOutcome
+from pipeline.stats import LatencyStats
+
+
+class ProfileStage(Stage):
+    name = "profile"
+
+    def __init__(self, ctx, engine, toolchain: str):
+        super().__init__(ctx, engine, toolchain)
+        self.runtime = get_runtime(ctx.catalog, toolchain, ctx.reporter)
+        self.settings = ctx.catalog.profile
+
+    def manifest_path(self) -> Path:
+        return self.ctx.workspace.manifest_path(self.toolchain, self.engine)
+
+    def params(self) -> dict[str, Any]:
+        return {"settings": self.settings.model_dump(), "batch_size": self.model_spec.batch_size}
+
+    def identity(self) -> dict[str, Any]:
+        # A measurement belongs to the machine it was taken on: a different CPU or GPU re-measures.
+        machine = {"cpu": cpu_name(), "gpus": [gpu.name for gpu in nvidia_gpus()]}
+        return {**self.runtime.identity(), "machine": machine}
+
+    def build_record(self) -> StageRecord | None:
+        try:
+            return read_manifest(self.manifest_path()).build
+        except FileNotFoundError:
+            return None
+
+    def skip_reason(self) -> str | None:
+        build = self.build_record()
+        if build is not None and build.status == "skipped":
+            return f"not built: {build.reason}"
+        return None
+
+    def inputs(self) -> list[Artifact]:
+        build = self.build_record()
+        if build is None:
+            raise PipelineError(
+                f"{self.engine.name} has no {self.toolchain} engine yet.",
+                hint=f"run `pipeline build --engine {self.engine.name} --toolchain {self.toolchain}`",
+            )
+        for artifact in build.outputs:
+            if not self.ctx.workspace.is_intact(artifact):
+                raise PipelineError(
+                    f"{artifact.path} changed since it was built.",
+                    hint=f"rebuild it: `pipeline build --engine {self.engine.name} --toolchain {self.toolchain} --force`",
+                )
+        return [a for a in build.outputs if a.role == "engine"]
+
+    def run_impl(self, inputs: list[Artifact]) -> StageOutcome:
+        engine_path = self.ctx.workspace.root / inputs[0].path
+        result = self.runtime.profile(engine_path, self.settings)
+        stats = LatencyStats.from_values(result.per_iteration_ms)
+        qps = 1000.0 / stats.mean
+        details = ProfileDetails(
+            settings=self.settings,
+            batch_size=self.model_spec.batch_size,
+            device=result.device,
+            iterations=stats.count,
+            total_walltime_s=result.total_walltime_s,
+            latency_ms=stats,
+            throughput_qps=qps,
+            images_per_s=qps * self.model_spec.batch_size,
+            per_iteration_ms=[round(v, 6) for v in result.per_iteration_ms],
+        )
+        outputs = [self.ctx.workspace.artifact(role, path) for role, path in result.sidecars.items()]
+        return StageOutcome(
+            outputs=outputs,
+            details=details,
+            command=result.command,
+            note=f": median {stats.median:.2f} ms, {details.images_per_s:.1f} img/s over {stats.count} runs",
+        )

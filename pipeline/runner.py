@@ -1,0 +1,81 @@
+"""Run stages for a selection of engines, upstream first, each skipped when unchanged."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pipeline.catalog import EngineRef
+from pipeline.errors import EnvironmentMissing, PipelineError
+from pipeline.stage import STAGE_ORDER, RunContext
+
+
+@dataclass
+class RunSummary:
+    succeeded: list[str] = field(default_factory=list)
+    failed: list[tuple[str, PipelineError]] = field(default_factory=list)
+
+
+def run_engine(ctx: RunContext, engine: EngineRef, toolchain: str | None, until: str) -> None:
+    """Run every stage up to ``until`` for one engine. Stages before it are skipped when unchanged."""
+    from pipeline.build import BuildStage
+    from pipeline.export import ExportStage
+    from pipeline.profile import ProfileStage
+
+    wanted = STAGE_ORDER[: STAGE_ORDER.index(until) + 1]
+    if toolchain is None:
+        ExportStage(ctx, engine).run()
+        return
+    build = BuildStage(ctx, engine, toolchain)
+    # A variant the toolchain cannot run is recorded as skipped without exporting it first:
+    # exporting nvfp4 on a CPU-only machine would fail for a reason that does not matter here.
+    if build.skip_reason() is None:
+        ExportStage(ctx, engine).run()
+    if "build" in wanted:
+        build.run()
+    if "profile" in wanted:
+        ProfileStage(ctx, engine, toolchain).run()
+
+
+def run_engines(ctx: RunContext, engines: list[EngineRef], toolchain: str | None, until: str) -> RunSummary:
+    """Run each engine; a failure is reported and the others still run (like `make -k`)."""
+    from pipeline.reporting import print_error
+
+    summary = RunSummary()
+    for engine in engines:
+        try:
+            run_engine(ctx, engine, toolchain, until)
+            summary.succeeded.append(engine.name)
+        except PipelineError as exc:
+            if len(engines) == 1:
+                raise
+            print_error(f"{engine.name}: {exc.message}", exc.hint)
+            summary.failed.append((engine.name, exc))
+    if summary.failed:
+        names = ", ".join(name for name, _ in summary.failed)
+        worst = EnvironmentMissing if all(isinstance(e, EnvironmentMissing) for _, e in summary.failed) else PipelineError
+        raise worst(
+            f"{len(summary.failed)} of {len(engines)} engines failed: {names}.",
+            hint="the errors above say why; the other engines' results are kept",
+        )
+    return summary
+
+
+def describe(ctx: RunContext, engines: list[EngineRef], toolchain: str, until: str) -> list[str]:
+    """What `--dry-run` prints: each engine's stages and the exact work they would do."""
+    from pipeline.runtimes import get_runtime
+
+    runtime = get_runtime(ctx.catalog, toolchain, ctx.reporter)
+    lines = []
+    for engine in engines:
+        variant = ctx.catalog.variant(engine.variant)
+        reason = runtime.unsupported_reason(variant)
+        if reason:
+            lines.append(f"{engine.name}: would be skipped: {reason}")
+            continue
+        onnx = ctx.workspace.relative(ctx.workspace.onnx_path(engine))
+        engine_file = ctx.workspace.relative(ctx.workspace.engine_dir(toolchain) / f"{engine.name}{runtime.engine_suffix}")
+        lines.append(f"{engine.name}: export → {onnx}")
+        lines.extend(f"{engine.name}: {line}" for line in runtime.describe_build(ctx.workspace.root / onnx, ctx.workspace.root / engine_file))
+        if until == "profile":
+            lines.extend(f"{engine.name}: {line}" for line in runtime.describe_profile(ctx.workspace.root / engine_file, ctx.catalog.profile))
+    return lines

@@ -1,0 +1,147 @@
+"""ONNX Runtime: the embedded default runtime that needs no GPU and no Docker.
+
+"Building" an engine means letting ONNX Runtime optimise the graph once and saving the result, so
+profiling loads exactly the artefact that was fingerprinted. The graph is saved at the EXTENDED
+optimisation level because ALL adds layout changes specific to this CPU that ONNX Runtime itself
+warns are not portable; the profile session re-applies ALL when it loads the engine.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from pipeline.catalog import ProfileSettings, VariantSpec
+from pipeline.errors import PipelineError, require_module
+from pipeline.runtimes.base import BuildResult, EngineRuntime, ProfileResult
+
+# Precisions whose ONNX form (plain FP32/FP16 graphs, INT8 QuantizeLinear/DequantizeLinear) this
+# runtime executes; verified on the CPU execution provider. FP8, MXFP8 and NVFP4 graphs use
+# TensorRT-specific operators or types, so they are TensorRT-only.
+SUPPORTED_PRECISIONS = ("fp32", "fp16", "int8")
+
+_ORT_TO_NUMPY = {
+    "tensor(float)": "float32",
+    "tensor(float16)": "float16",
+    "tensor(double)": "float64",
+    "tensor(int64)": "int64",
+    "tensor(int32)": "int32",
+    "tensor(uint8)": "uint8",
+    "tensor(int8)": "int8",
+    "tensor(bool)": "bool",
+}
+
+
+def _ort():
+    return require_module("onnxruntime", purpose="The onnxruntime toolchain", extra="export")
+
+
+class OnnxRuntimeRuntime(EngineRuntime):
+    kind = "onnxruntime"
+    engine_suffix = ".onnx"
+
+    @property
+    def version(self) -> str:
+        from importlib import metadata
+
+        for dist in ("onnxruntime-gpu", "onnxruntime"):
+            try:
+                return metadata.version(dist)
+            except metadata.PackageNotFoundError:
+                continue
+        return _ort().__version__
+
+    def providers(self) -> list[str]:
+        available = _ort().get_available_providers()
+        # CUDA when the GPU build is installed, otherwise the CPU provider everyone has.
+        preferred = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
+        return preferred or ["CPUExecutionProvider"]
+
+    def identity(self) -> dict[str, Any]:
+        return {"runtime": "onnxruntime", "version": self.version, "providers": self.providers()}
+
+    def unsupported_reason(self, variant: VariantSpec) -> str | None:
+        if variant.precision not in SUPPORTED_PRECISIONS:
+            return (
+                f"{variant.precision} needs TensorRT; the onnxruntime toolchain runs "
+                f"{', '.join(SUPPORTED_PRECISIONS)} engines"
+            )
+        return None
+
+    def _session(self, path: Path, level, optimized_out: Path | None = None):
+        ort = _ort()
+        options = ort.SessionOptions()
+        options.graph_optimization_level = level
+        options.log_severity_level = 3  # errors only: constant-folding notices are noise here
+        if optimized_out is not None:
+            options.optimized_model_filepath = str(optimized_out)
+        try:
+            return ort.InferenceSession(str(path), sess_options=options, providers=self.providers())
+        except Exception as exc:  # ORT raises its own exception types for invalid or unsupported graphs
+            raise PipelineError(
+                f"ONNX Runtime could not load {path.name}: {str(exc).strip().splitlines()[0]}",
+                hint="run with -v for details; `pipeline doctor` shows the installed runtime",
+            ) from exc
+
+    def build(self, onnx_path: Path, engine_path: Path) -> BuildResult:
+        ort = _ort()
+        self._session(onnx_path, ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED, optimized_out=engine_path)
+        if not engine_path.exists() or engine_path.stat().st_size == 0:
+            raise PipelineError(f"ONNX Runtime wrote no optimised model for {onnx_path.name}.")
+        return BuildResult(
+            engine_path=engine_path,
+            settings={"graph_optimization_level": "ORT_ENABLE_EXTENDED", "providers": self.providers()},
+        )
+
+    def describe_build(self, onnx_path: Path, engine_path: Path) -> list[str]:
+        return [
+            f"build: onnxruntime {self.version} {self.providers()[0]}: optimise {onnx_path.name} "
+            f"(ORT_ENABLE_EXTENDED) → {engine_path}"
+        ]
+
+    def describe_profile(self, engine_path: Path, settings: ProfileSettings) -> list[str]:
+        return [
+            f"profile: onnxruntime {self.version} {self.providers()[0]}: {engine_path.name}, warm-up "
+            f"{settings.warmup_ms:g} ms, then ≥{settings.iterations} runs and ≥{settings.duration_s:g} s"
+        ]
+
+    def profile(self, engine_path: Path, settings: ProfileSettings) -> ProfileResult:
+        import numpy as np
+
+        ort = _ort()
+        session = self._session(engine_path, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+        rng = np.random.default_rng(0)
+        feeds = {}
+        for spec in session.get_inputs():
+            if any(not isinstance(dim, int) for dim in spec.shape):
+                raise PipelineError(
+                    f"input {spec.name!r} of {engine_path.name} has a dynamic shape {spec.shape}.",
+                    hint="export with a static batch (the default)",
+                )
+            dtype = _ORT_TO_NUMPY.get(spec.type, "float32")
+            feeds[spec.name] = rng.standard_normal(spec.shape).astype(dtype)
+
+        run = session.run
+        # Warm-up is a duration, like trtexec's --warmUp (milliseconds), not a count.
+        warmup_end = time.perf_counter() + settings.warmup_ms / 1000.0
+        while True:
+            run(None, feeds)
+            if time.perf_counter() >= warmup_end:
+                break
+
+        # Both bounds must be met: at least `iterations` runs AND at least `duration_s` seconds.
+        timings_ms: list[float] = []
+        started = time.perf_counter()
+        while True:
+            t0 = time.perf_counter_ns()
+            run(None, feeds)
+            timings_ms.append((time.perf_counter_ns() - t0) / 1e6)
+            elapsed = time.perf_counter() - started
+            if len(timings_ms) >= settings.iterations and elapsed >= settings.duration_s:
+                break
+        return ProfileResult(
+            per_iteration_ms=timings_ms,
+            total_walltime_s=elapsed,
+            device=f"onnxruntime {session.get_providers()[0]}",
+        )

@@ -1,0 +1,179 @@
+"""What every stage shares: fingerprints, skip-if-unchanged, timing and manifest writing.
+
+A stage's fingerprint is a hash of its parameters, the content of its inputs and the identity of
+the toolchain that runs it. When the manifest already holds a record with the same fingerprint and
+its outputs are intact on disk, the stage does no work. When a stage does run, the records of the
+stages after it are dropped, so a manifest never pairs a new engine with an old measurement.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pipeline.catalog import Catalog, EngineRef
+from pipeline.environment import capture_environment
+from pipeline.manifest import Artifact, EngineManifest, StageRecord, read_manifest
+from pipeline.reporting import Reporter
+from pipeline.workspace import Workspace
+
+STAGE_ORDER = ("export", "build", "profile")
+
+
+@dataclass
+class RunContext:
+    """Everything a stage needs besides its own configuration."""
+
+    catalog: Catalog
+    workspace: Workspace
+    reporter: Reporter = field(default_factory=Reporter)
+    force: bool = False
+    argv: list[str] = field(default_factory=lambda: list(sys.argv))
+
+
+@dataclass
+class StageOutcome:
+    """What a stage's run_impl hands back to the base class to record."""
+
+    outputs: list[Artifact]
+    details: Any = None
+    command: list[str] | None = None
+    note: str = ""
+
+
+class Stage(ABC):
+    name: ClassVar[str]
+
+    def __init__(self, ctx: RunContext, engine: EngineRef, toolchain: str | None = None):
+        self.ctx = ctx
+        self.engine = engine
+        self.toolchain = toolchain
+        self.model_spec = ctx.catalog.model(engine.model)
+        self.variant_spec = ctx.catalog.variant(engine.variant)
+
+    # --- what subclasses describe -----------------------------------------------------------
+
+    @abstractmethod
+    def manifest_path(self) -> Path: ...
+
+    @abstractmethod
+    def params(self) -> dict[str, Any]:
+        """Settings that change the output; part of the fingerprint and recorded."""
+
+    def inputs(self) -> list[Artifact]:
+        """Upstream artefacts this stage reads; their hashes are part of the fingerprint."""
+        return []
+
+    def identity(self) -> dict[str, Any]:
+        """The tools that do the work (versions, image digests); part of the fingerprint."""
+        return {}
+
+    def skip_reason(self) -> str | None:
+        """A reason this stage cannot run here; the stage is then recorded as skipped."""
+        return None
+
+    @abstractmethod
+    def run_impl(self, inputs: list[Artifact]) -> StageOutcome: ...
+
+    # --- the common work ---------------------------------------------------------------------
+
+    def fingerprint(self, inputs: list[Artifact]) -> str:
+        payload = {
+            "stage": self.name,
+            "params": self.params(),
+            "inputs": [(a.role, a.sha256) for a in inputs],
+            "identity": self.identity(),
+        }
+        blob = json.dumps(payload, sort_keys=True, default=str).encode()
+        return hashlib.sha256(blob).hexdigest()
+
+    def load_manifest(self) -> EngineManifest | None:
+        try:
+            return read_manifest(self.manifest_path())
+        except FileNotFoundError:
+            return None
+        except Exception as exc:  # an unreadable or outdated manifest is rebuilt, not fatal
+            self.ctx.reporter.warn(f"{exc}; it will be rewritten")
+            return None
+
+    def new_manifest(self) -> EngineManifest:
+        return EngineManifest(
+            engine=self.engine.name,
+            model=self.engine.model,
+            variant=self.engine.variant,
+            precision=self.variant_spec.precision,
+            sparsity=self.variant_spec.sparsity,
+            toolchain=self.toolchain,
+            environment=capture_environment(self.ctx.workspace.root),
+        )
+
+    def run(self) -> StageRecord:
+        reporter = self.ctx.reporter
+        manifest = self.load_manifest()
+        previous = manifest.stage(self.name) if manifest else None
+        reason = self.skip_reason()
+        inputs = [] if reason else self.inputs()
+        fingerprint = self.fingerprint(inputs)
+
+        if (
+            previous is not None
+            and not self.ctx.force
+            and previous.fingerprint == fingerprint
+            and all(self.ctx.workspace.is_intact(a) for a in previous.outputs)
+        ):
+            reporter.unchanged(self.name, self.engine.name)
+            self.ctx.workspace.hashes.save()
+            return previous
+
+        started = time.perf_counter()
+        if reason:
+            outcome = StageOutcome(outputs=[])
+        else:
+            with reporter.working(self.name, self.engine.name):
+                outcome = self.run_impl(inputs)
+        elapsed = time.perf_counter() - started
+
+        record = StageRecord(
+            stage=self.name,
+            status="skipped" if reason else "done",
+            reason=reason,
+            fingerprint=fingerprint,
+            finished_at=datetime.now(timezone.utc),
+            duration_s=round(elapsed, 4),
+            inputs=inputs,
+            outputs=outcome.outputs,
+            command=outcome.command,
+            params=self.params(),
+            details=outcome.details,
+        )
+        self.save(manifest, record)
+        if reason:
+            reporter.skipped(self.name, self.engine.name, reason)
+        else:
+            reporter.done(self.name, self.engine.name, elapsed, outcome.note)
+        return record
+
+    def save(self, manifest: EngineManifest | None, record: StageRecord) -> None:
+        manifest = manifest or self.new_manifest()
+        updates: dict[str, Any] = {
+            self.name: record,
+            "environment": capture_environment(self.ctx.workspace.root),
+            "precision": self.variant_spec.precision,
+            "sparsity": self.variant_spec.sparsity,
+        }
+        for later in STAGE_ORDER[STAGE_ORDER.index(self.name) + 1 :]:
+            updates[later] = None
+        updates.update(self.extra_manifest_fields())
+        manifest = manifest.model_copy(update=updates)
+        manifest.write(self.manifest_path())
+        self.ctx.workspace.hashes.save()
+
+    def extra_manifest_fields(self) -> dict[str, Any]:
+        return {}

@@ -1,0 +1,73 @@
+"""Where every output of the pipeline lives, relative to the catalog's directory.
+
+    models/<model>/<variant>.onnx             exported (and quantized/sparsified) ONNX
+    engines/<toolchain>/<engine>.<ext>         built engines, with their build logs beside them
+    manifests/export/<engine>.json            the export stage (shared by all toolchains)
+    manifests/<toolchain>/<engine>.json       export + build + profile of one engine
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.artifacts import HashCache
+from pipeline.catalog import EngineRef
+from pipeline.manifest import Artifact
+
+
+@dataclass
+class Workspace:
+    root: Path
+
+    def __post_init__(self):
+        self.root = Path(self.root).resolve()
+        self.hashes = HashCache(self.manifests_dir / ".hash-cache.json")
+
+    @property
+    def models_dir(self) -> Path:
+        return self.root / "models"
+
+    @property
+    def engines_dir(self) -> Path:
+        return self.root / "engines"
+
+    @property
+    def manifests_dir(self) -> Path:
+        return self.root / "manifests"
+
+    def onnx_path(self, engine: EngineRef) -> Path:
+        return self.models_dir / engine.model / f"{engine.variant}.onnx"
+
+    def export_manifest_path(self, engine: EngineRef) -> Path:
+        return self.manifests_dir / "export" / f"{engine.name}.json"
+
+    def engine_dir(self, toolchain: str) -> Path:
+        return self.engines_dir / toolchain
+
+    def manifest_path(self, toolchain: str, engine: EngineRef) -> Path:
+        return self.manifests_dir / toolchain / f"{engine.name}.json"
+
+    def relative(self, path: Path) -> str:
+        path = Path(path).resolve()
+        try:
+            return path.relative_to(self.root).as_posix()
+        except ValueError:
+            return path.as_posix()
+
+    def artifact(self, role: str, path: Path) -> Artifact:
+        path = Path(path)
+        return Artifact(
+            role=role,
+            path=self.relative(path),
+            sha256=self.hashes.sha256(path),
+            size_bytes=path.stat().st_size,
+        )
+
+    def is_intact(self, artifact: Artifact) -> bool:
+        """The file is still there with the content the manifest recorded."""
+        path = self.root / artifact.path
+        try:
+            return path.stat().st_size == artifact.size_bytes and self.hashes.sha256(path) == artifact.sha256
+        except OSError:
+            return False
