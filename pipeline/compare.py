@@ -45,10 +45,10 @@ def build_rows(catalog: Catalog, manifests: list[EngineManifest]) -> list[Compar
     rows: list[ComparisonRow] = []
     for m in manifests:
         row = ComparisonRow(model=m.model, variant=m.variant, toolchain=m.toolchain or "?", status="not profiled")
-        if m.profile is not None and m.profile.status == "skipped":
-            row.status = f"skipped: {m.profile.reason}"
-        elif m.build is not None and m.build.status == "skipped":
+        if m.build is not None and m.build.status == "skipped":
             row.status = f"skipped: {m.build.reason}"
+        elif m.profile is not None and m.profile.status == "skipped":
+            row.status = f"skipped: {m.profile.reason}"
         elif m.profile is not None and m.profile.details is not None:
             d = m.profile.details
             row.status = "measured"

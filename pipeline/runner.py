@@ -39,7 +39,10 @@ def run_engine(ctx: RunContext, engine: EngineRef, toolchain: str | None, until:
 def run_engines(ctx: RunContext, engines: list[EngineRef], toolchain: str | None, until: str) -> RunSummary:
     """Run each engine; a failure is reported and the others still run (like `make -k`)."""
     from pipeline.reporting import print_error
+    from pipeline.runtimes import get_runtime
 
+    if toolchain is not None:
+        get_runtime(ctx.catalog, toolchain, ctx.reporter)  # an unusable toolchain fails once, up front
     summary = RunSummary()
     for engine in engines:
         try:

@@ -42,15 +42,20 @@ class OnnxRuntimeRuntime(EngineRuntime):
     engine_suffix = ".onnx"
 
     @property
-    def version(self) -> str:
+    def distribution(self) -> tuple[str, str]:
+        """Which ONNX Runtime build is installed, read from metadata so fingerprints need no import."""
         from importlib import metadata
 
         for dist in ("onnxruntime-gpu", "onnxruntime"):
             try:
-                return metadata.version(dist)
+                return dist, metadata.version(dist)
             except metadata.PackageNotFoundError:
                 continue
-        return _ort().__version__
+        return "onnxruntime", _ort().__version__
+
+    @property
+    def version(self) -> str:
+        return self.distribution[1]
 
     def providers(self) -> list[str]:
         available = _ort().get_available_providers()
@@ -59,7 +64,10 @@ class OnnxRuntimeRuntime(EngineRuntime):
         return preferred or ["CPUExecutionProvider"]
 
     def identity(self) -> dict[str, Any]:
-        return {"runtime": "onnxruntime", "version": self.version, "providers": self.providers()}
+        # The distribution fixes the execution providers (onnxruntime-gpu adds CUDA), so this
+        # identifies the runtime without importing it on a warm rerun.
+        dist, version = self.distribution
+        return {"runtime": dist, "version": version}
 
     def unsupported_reason(self, variant: VariantSpec) -> str | None:
         if variant.precision not in SUPPORTED_PRECISIONS:

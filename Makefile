@@ -1,0 +1,54 @@
+# Set-up and everyday jobs. `make help` lists them.
+#
+#   make demo                 set up (first time) and run the main job on ONNX Runtime
+#   make test                 set up (first time) and run the tests
+#   make engines TRT=10.14    build every variant of MODEL with that TensorRT toolchain
+#   make profile TRT=10.14    profile them
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PIPELINE := $(BIN)/pipeline
+# The small CPU build of torch by default (`pip install timm` alone pulls ~5.8 GB of CUDA torch).
+# GPU machines: install your CUDA torch into $(VENV) first, then `make setup TORCH_PACKAGES=`.
+TORCH_PACKAGES ?= torch==2.13.0 torchvision==0.28.0
+MODEL ?= vit
+TRT ?=
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help setup demo engines profile compare doctor test clean
+
+help: ## List the targets.
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+setup: $(VENV)/.installed ## Create .venv and install the pipeline with its test tools.
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(if $(strip $(TORCH_PACKAGES)),$(BIN)/python -m pip install -q $(TORCH_PACKAGES))
+	$(BIN)/python -m pip install -q -e '.[all,test]'
+	touch $@
+
+demo: setup ## The main job on the embedded runtime: vit_tiny fp32/fp16/int8 → compare.
+	$(PIPELINE) run
+
+engines: setup ## Build every variant of MODEL (default vit) for TRT, e.g. make engines TRT=10.14.
+	@test -n "$(TRT)" || { echo "ERROR TRT is not set" >&2; echo "TIP make engines TRT=10.14" >&2; exit 2; }
+	$(PIPELINE) build --model $(MODEL) --trt $(TRT)
+
+profile: setup ## Profile every variant of MODEL for TRT, e.g. make profile TRT=10.14.
+	@test -n "$(TRT)" || { echo "ERROR TRT is not set" >&2; echo "TIP make profile TRT=10.14" >&2; exit 2; }
+	$(PIPELINE) profile --model $(MODEL) --trt $(TRT)
+
+compare: setup ## Print the comparison table from the saved manifests.
+	$(PIPELINE) compare
+
+doctor: setup ## Show what this machine can run.
+	$(PIPELINE) doctor
+
+test: setup ## Run the test suite (GPU/Docker tests skip with their reason when unavailable).
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+clean: ## Delete the outputs: models/ engines/ manifests/ reports/.
+	rm -rf models engines manifests reports

@@ -1,0 +1,88 @@
+"""Shared fixtures: small real catalogs and a helper that runs the CLI like a user would."""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from pipeline.cli import main
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = REPO_ROOT.parent / "shared" / "trtexec-samples"
+
+# timm's `test_vit` (371k parameters, 160x160) keeps every export a real export that takes seconds.
+TINY_CATALOG = """
+opset = 17
+
+[defaults]
+models = ["tiny"]
+variants = ["fp32", "fp16", "int8"]
+toolchain = "onnxruntime"
+
+[profile]
+warmup_ms = 5
+iterations = 5
+duration_s = 0.05
+
+[models.tiny]
+timm = "test_vit"
+batch_size = 2
+
+[variants.fp32]
+precision = "fp32"
+[variants.fp16]
+precision = "fp16"
+[variants.int8]
+precision = "int8"
+[variants.mxfp8]
+precision = "mxfp8"
+[variants.nvfp4]
+precision = "nvfp4"
+[variants.fp16_sparse]
+precision = "fp16"
+sparsity = "2:4"
+
+[toolchains.onnxruntime]
+kind = "onnxruntime"
+baselines = ["fp32"]
+
+[toolchains."trt10.14"]
+kind = "trtexec-container"
+trt = "10.14.1"
+image = "nvcr.io/nvidia/tensorrt:25.11-py3"
+"""
+
+
+def write_catalog(directory: Path, text: str = TINY_CATALOG) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "pipeline.toml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+@dataclass
+class CliResult:
+    exit_code: int
+    out: str
+    err: str
+
+
+@pytest.fixture
+def run_cli(capsys):
+    """Call `pipeline` in-process with a catalog; returns exit code and captured output."""
+
+    def _run(catalog: Path, *args: str) -> CliResult:
+        capsys.readouterr()
+        code = main(["--catalog", str(catalog), *args])
+        captured = capsys.readouterr()
+        return CliResult(code, captured.out, captured.err)
+
+    return _run
+
+
+@pytest.fixture
+def tiny_catalog(tmp_path) -> Path:
+    return write_catalog(tmp_path / "ws")

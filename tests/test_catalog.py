@@ -1,0 +1,114 @@
+from pathlib import Path
+
+import pytest
+
+from pipeline.catalog import EngineRef, load_catalog
+from pipeline.errors import UsageError
+from tests.conftest import REPO_ROOT, TINY_CATALOG, write_catalog
+
+
+def test_shipped_catalog_names_the_models_variants_and_toolchains_users_type():
+    catalog = load_catalog(REPO_ROOT / "pipeline.toml")
+    assert catalog.models["vit"].timm == "vit_base_patch16_224"
+    assert catalog.models["vit"].batch_size == 64
+    assert catalog.models["vit_tiny"].timm == "vit_tiny_patch16_224"
+    assert catalog.models["vit_tiny"].batch_size < catalog.models["vit"].batch_size
+    for variant in ("fp32", "fp16", "int8", "fp8", "mxfp8", "nvfp4", "fp16_sparse", "fp8_sparse", "mxfp8_sparse", "nvfp4_sparse"):
+        assert variant in catalog.variants
+    assert all(spec.checkpoint is None for spec in catalog.models.values())  # never downloads weights
+    assert catalog.defaults.toolchain == "onnxruntime"
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("vit_nvfp4", EngineRef("vit", "nvfp4")),
+        ("vit_fp16_sparse", EngineRef("vit", "fp16_sparse")),
+        ("vit_tiny_fp32", EngineRef("vit_tiny", "fp32")),
+        ("vit_tiny_nvfp4_sparse", EngineRef("vit_tiny", "nvfp4_sparse")),
+    ],
+)
+def test_engine_names_split_into_model_and_variant(name, expected):
+    assert load_catalog(REPO_ROOT / "pipeline.toml").engine(name) == expected
+
+
+def test_unknown_engine_suggests_the_closest_names():
+    catalog = load_catalog(REPO_ROOT / "pipeline.toml")
+    with pytest.raises(UsageError) as info:
+        catalog.engine("vit_nvpf4")
+    assert "unknown engine 'vit_nvpf4'" in info.value.message
+    assert "did you mean 'vit_nvfp4'" in info.value.hint
+
+
+@pytest.mark.parametrize("name", ["../x", "a/b", ".hidden", "UPPER", "export"])
+def test_path_like_or_reserved_names_are_refused(name):
+    catalog = load_catalog(REPO_ROOT / "pipeline.toml")
+    with pytest.raises(UsageError, match="not allowed"):
+        catalog.engine(name)
+
+
+def test_malformed_toml_names_the_problem(tmp_path):
+    path = write_catalog(tmp_path, "[models.vit\ntimm = 'x'\n")
+    with pytest.raises(UsageError, match="is not valid TOML"):
+        load_catalog(path)
+
+
+def test_invalid_field_names_field_value_and_rule(tmp_path):
+    path = write_catalog(tmp_path, TINY_CATALOG.replace("batch_size = 2", "batch_size = 0"))
+    with pytest.raises(UsageError) as info:
+        load_catalog(path)
+    assert "models.tiny.batch_size" in info.value.message
+    assert "greater than 0" in info.value.message
+    assert "(got 0)" in info.value.message
+
+
+def test_unknown_keys_are_rejected_not_ignored(tmp_path):
+    path = write_catalog(tmp_path, TINY_CATALOG.replace("batch_size = 2", "batch_size = 2\nbatchsize = 8"))
+    with pytest.raises(UsageError, match="models.tiny.batchsize: Extra inputs are not permitted"):
+        load_catalog(path)
+
+
+def test_unquoted_trt_version_is_rejected_because_10_10_would_become_10_1(tmp_path):
+    path = write_catalog(tmp_path, TINY_CATALOG.replace('trt = "10.14.1"', "trt = 10.10"))
+    with pytest.raises(UsageError, match=r"toolchains.trt10.14.trt: Input should be a valid string"):
+        load_catalog(path)
+
+
+def test_variant_with_unknown_precision_lists_allowed_values(tmp_path):
+    path = write_catalog(tmp_path, TINY_CATALOG.replace('precision = "int8"', 'precision = "int4"'))
+    with pytest.raises(UsageError) as info:
+        load_catalog(path)
+    assert "variants.int8.precision" in info.value.message
+    assert "'fp32', 'fp16', 'int8', 'fp8', 'mxfp8' or 'nvfp4'" in info.value.message
+
+
+def test_ambiguous_engine_names_are_caught_at_load(tmp_path):
+    text = TINY_CATALOG + '\n[models.tiny_fp32]\ntimm = "test_vit"\nbatch_size = 1\n[variants.fp32_fp32]\nprecision = "fp32"\n'
+    path = write_catalog(tmp_path, text)
+    with pytest.raises(UsageError, match="engine name 'tiny_fp32_fp32' is ambiguous"):
+        load_catalog(path)
+
+
+def test_defaults_must_reference_defined_names(tmp_path):
+    path = write_catalog(tmp_path, TINY_CATALOG.replace('variants = ["fp32", "fp16", "int8"]', 'variants = ["fp64"]'))
+    with pytest.raises(UsageError, match="defaults.variants: 'fp64' is not defined"):
+        load_catalog(path)
+
+
+def test_trt_version_selects_its_toolchain(tiny_catalog):
+    catalog = load_catalog(tiny_catalog)
+    assert catalog.toolchain_for_trt("10.14") == "trt10.14"
+    assert catalog.toolchain_for_trt("10.14.1") == "trt10.14"
+    with pytest.raises(UsageError) as info:
+        catalog.toolchain_for_trt("10.1")
+    assert "no toolchain provides TensorRT 10.1" in info.value.message
+    assert "10.14.1" in info.value.hint
+
+
+def test_missing_catalog_file_is_a_usage_error(tmp_path):
+    with pytest.raises(UsageError, match="does not exist"):
+        load_catalog(tmp_path / "nope.toml")
+
+
+def test_outputs_live_beside_the_catalog(tiny_catalog):
+    assert load_catalog(tiny_catalog).root == Path(tiny_catalog).parent.resolve()

@@ -1,0 +1,100 @@
+"""What a user sees at the command line: help, errors with tips, exit codes."""
+
+import subprocess
+import sys
+
+from tests.conftest import REPO_ROOT
+
+
+def test_help_imports_no_heavy_dependency():
+    code = (
+        "import sys; from pipeline.cli import main; rc = main(['--help']); "
+        "heavy = [m for m in ('torch', 'timm', 'onnxruntime', 'onnx', 'docker', 'pydantic') if m in sys.modules]; "
+        "print('HEAVY', heavy); sys.exit(rc)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT)
+    assert result.returncode == 0
+    assert "export → build → profile → compare" in result.stdout
+    assert "HEAVY []" in result.stdout
+
+
+def test_every_command_has_help(run_cli, tiny_catalog):
+    for command in ("models", "export", "build", "profile", "run", "compare", "doctor"):
+        result = run_cli(tiny_catalog, command, "--help")
+        assert result.exit_code == 0, command
+        assert "Usage: pipeline " + command in result.out
+
+
+def test_unknown_engine_is_a_usage_error_with_a_suggestion(run_cli, tiny_catalog):
+    result = run_cli(tiny_catalog, "export", "--engine", "tiny_fp23")
+    assert result.exit_code == 2
+    assert "ERROR unknown engine 'tiny_fp23'." in result.err
+    assert "TIP did you mean 'tiny_fp32'" in result.err
+    assert "Traceback" not in result.err
+
+
+def test_path_like_engine_name_is_refused(run_cli, tiny_catalog):
+    result = run_cli(tiny_catalog, "export", "--engine", "../../etc/passwd")
+    assert result.exit_code == 2
+    assert "is not allowed" in result.err
+    assert not (tiny_catalog.parent / "models").exists()
+
+
+def test_engine_and_model_selection_cannot_be_mixed(run_cli, tiny_catalog):
+    result = run_cli(tiny_catalog, "build", "--engine", "tiny_fp32", "--model", "tiny")
+    assert result.exit_code == 2
+    assert "--engine cannot be combined with --model/--variant" in result.err
+
+
+def test_toolchain_and_trt_cannot_both_be_given(run_cli, tiny_catalog):
+    result = run_cli(tiny_catalog, "build", "--engine", "tiny_fp32", "--toolchain", "onnxruntime", "--trt", "10.14")
+    assert result.exit_code == 2
+    assert "--toolchain and --trt name the same thing" in result.err
+
+
+def test_unknown_trt_version_lists_known_ones(run_cli, tiny_catalog):
+    result = run_cli(tiny_catalog, "profile", "--engine", "tiny_fp32", "--trt", "9.9")
+    assert result.exit_code == 2
+    assert "no toolchain provides TensorRT 9.9" in result.err
+    assert "10.14.1" in result.err
+
+
+def test_click_usage_errors_exit_2(run_cli, tiny_catalog):
+    result = run_cli(tiny_catalog, "compare", "--format", "xml")
+    assert result.exit_code == 2
+    assert "Invalid value for '--format'" in result.err
+
+
+def test_compare_without_results_says_what_to_run(run_cli, tiny_catalog):
+    result = run_cli(tiny_catalog, "compare")
+    assert result.exit_code == 1
+    assert "ERROR no engine manifests" in result.err
+    assert "TIP run `pipeline run`" in result.err
+
+
+def test_models_lists_the_catalog(run_cli, tiny_catalog):
+    result = run_cli(tiny_catalog, "models")
+    assert result.exit_code == 0
+    for text in ("test_vit", "random init (seed 0)", "nvfp4", "2:4", "trt10.14", "tiny_fp32"):
+        assert text in result.out
+
+
+def test_dry_run_prints_the_plan_and_does_nothing(run_cli, tiny_catalog):
+    result = run_cli(tiny_catalog, "profile", "--engine", "tiny_fp16", "--engine", "tiny_nvfp4", "--dry-run")
+    assert result.exit_code == 0
+    assert "tiny_fp16: export → models/tiny/fp16.onnx" in result.out
+    assert "optimise fp16.onnx (ORT_ENABLE_EXTENDED) → " in result.out
+    assert "≥5 runs and ≥0.05 s" in result.out
+    assert "tiny_nvfp4: would be skipped: nvfp4 needs TensorRT" in result.out
+    assert not (tiny_catalog.parent / "models").exists()
+
+
+def test_doctor_reports_the_embedded_runtime_as_usable(run_cli, tiny_catalog):
+    import json
+
+    result = run_cli(tiny_catalog, "doctor", "--json")
+    assert result.exit_code == 0
+    checks = {c["name"]: c for c in json.loads(result.out)}
+    assert checks["toolchain onnxruntime"]["ok"] is True
+    assert checks["package onnxruntime"]["ok"] is True
+    assert "NVIDIA GPU" in checks and "Docker daemon" in checks and "toolchain trt10.14" in checks

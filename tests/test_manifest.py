@@ -1,0 +1,45 @@
+import json
+
+import pytest
+
+from pipeline.errors import PipelineError
+from pipeline.manifest import SCHEMA_VERSION, EngineManifest, Environment, read_manifest
+
+
+def _manifest() -> EngineManifest:
+    env = Environment(hostname="h", os="Linux", python="3.11", cpu="cpu", cpu_count=2, pipeline_version="0")
+    return EngineManifest(engine="m_fp32", model="m", variant="fp32", precision="fp32", toolchain="onnxruntime", environment=env)
+
+
+def test_round_trip(tmp_path):
+    path = tmp_path / "m_fp32.json"
+    _manifest().write(path)
+    loaded = read_manifest(path)
+    assert loaded == _manifest()
+    assert json.loads(path.read_text())["schema_version"] == SCHEMA_VERSION
+
+
+def test_corrupt_manifest_names_the_file_and_the_fix(tmp_path):
+    path = tmp_path / "m_fp32.json"
+    path.write_text('{"schema_version": 1, "engine": ')
+    with pytest.raises(PipelineError) as info:
+        read_manifest(path)
+    assert str(path) in info.value.message and "--force" in info.value.hint
+
+
+def test_other_schema_versions_are_not_misread(tmp_path):
+    path = tmp_path / "m_fp32.json"
+    data = json.loads(_manifest().model_dump_json())
+    data["schema_version"] = SCHEMA_VERSION + 1
+    path.write_text(json.dumps(data))
+    with pytest.raises(PipelineError, match=f"schema_version {SCHEMA_VERSION + 1}"):
+        read_manifest(path)
+
+
+def test_schema_violation_is_reported_with_its_location(tmp_path):
+    path = tmp_path / "m_fp32.json"
+    data = json.loads(_manifest().model_dump_json())
+    data["environment"]["cpu_count"] = "many"
+    path.write_text(json.dumps(data))
+    with pytest.raises(PipelineError, match="environment.cpu_count"):
+        read_manifest(path)

@@ -1,0 +1,238 @@
+"""The whole pipeline on the embedded runtime, for real: timm → ONNX → ONNX Runtime → manifests.
+
+The model is timm's `test_vit` (a real ViT, 371k parameters) so each export takes seconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.manifest import read_manifest
+from tests.conftest import TINY_CATALOG, write_catalog
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """One real run of fp32 + fp16 + int8 + nvfp4 (unsupported on ORT) shared by the tests below."""
+    from pipeline.cli import main
+
+    catalog = write_catalog(tmp_path_factory.mktemp("demo"))
+    code = main(["--catalog", str(catalog), "run", "--variant", "fp32", "--variant", "fp16", "--variant", "int8", "--variant", "nvfp4"])
+    assert code == 0
+    return catalog.parent
+
+
+def test_every_manifest_validates_and_pins_its_artefacts_by_content(demo):
+    for engine in ("tiny_fp32", "tiny_fp16", "tiny_int8"):
+        manifest = read_manifest(demo / "manifests" / "onnxruntime" / f"{engine}.json")
+        assert manifest.toolchain == "onnxruntime"
+        for stage in (manifest.export, manifest.build, manifest.profile):
+            assert stage is not None and stage.status == "done"
+        artefacts = manifest.export.outputs + manifest.build.outputs
+        assert {a.role for a in artefacts} == {"onnx", "engine"}
+        for artefact in artefacts:
+            path = demo / artefact.path
+            assert artefact.sha256 == _sha256(path)
+            assert artefact.size_bytes == path.stat().st_size
+        assert manifest.build.inputs == manifest.export.outputs  # the engine was built from that ONNX
+        assert manifest.environment.cpu_count >= 1
+        assert "onnxruntime" in manifest.environment.packages
+
+
+def test_export_checked_the_onnx_against_pytorch(demo):
+    for variant, dtype in (("fp32", "float32"), ("fp16", "float16"), ("int8", "float32")):
+        export = read_manifest(demo / "manifests" / "export" / f"tiny_{variant}.json").export
+        details = export.details
+        assert details.parity.passed
+        assert details.parity.cosine_similarity >= details.parity.cosine_similarity_floor
+        assert details.parity.max_abs_error <= details.parity.max_abs_error_limit
+        assert details.input_shape == [2, 3, 160, 160] and details.input_dtype == dtype
+        assert details.weights == "random-init (seed 0)"
+    int8 = read_manifest(demo / "manifests" / "export" / "tiny_int8.json").export.details
+    assert int8.onnx_ops.get("QuantizeLinear", 0) > 0 and int8.onnx_ops.get("DequantizeLinear", 0) > 0
+    assert int8.quantization["preset"] == "INT8_DEFAULT_CFG"
+    assert int8.quantization["calibration"]["source"].startswith("synthetic")
+    fp32 = read_manifest(demo / "manifests" / "export" / "tiny_fp32.json").export.details
+    assert "QuantizeLinear" not in fp32.onnx_ops
+
+
+def test_profile_obeys_the_trtexec_bounds_and_keeps_every_iteration(demo):
+    profile = read_manifest(demo / "manifests" / "onnxruntime" / "tiny_fp32.json").profile.details
+    settings = profile.settings
+    assert profile.iterations >= settings.iterations
+    assert profile.total_walltime_s >= settings.duration_s
+    assert len(profile.per_iteration_ms) == profile.iterations == profile.latency_ms.count
+    stats = profile.latency_ms
+    assert stats.min <= stats.median <= stats.p99 <= stats.max
+    assert min(profile.per_iteration_ms) == pytest.approx(stats.min, abs=1e-5)
+    assert profile.throughput_qps == pytest.approx(1000.0 / stats.mean)
+    assert profile.images_per_s == pytest.approx(profile.throughput_qps * 2)
+    assert profile.device == "onnxruntime CPUExecutionProvider"
+
+
+def test_unsupported_variant_is_recorded_as_skipped_with_its_reason(demo):
+    manifest = read_manifest(demo / "manifests" / "onnxruntime" / "tiny_nvfp4.json")
+    assert manifest.build.status == "skipped" and "nvfp4 needs TensorRT" in manifest.build.reason
+    assert manifest.profile.status == "skipped" and manifest.profile.reason.startswith("not built")
+    assert not (demo / "models" / "tiny" / "nvfp4.onnx").exists()
+
+
+def test_compare_renders_markdown_and_json_from_manifests(demo, run_cli):
+    catalog = demo / "pipeline.toml"
+    md = run_cli(catalog, "compare", "--format", "md")
+    assert md.exit_code == 0
+    assert md.out.startswith("| engine | toolchain | median ms |")
+    assert "| tiny_fp32 | onnxruntime |" in md.out and "1.00x vs fp32" in md.out
+    assert "skipped: nvfp4 needs TensorRT" in md.out
+    rows = json.loads(run_cli(catalog, "compare", "--format", "json").out)
+    by_variant = {r["variant"]: r for r in rows}
+    fp32 = read_manifest(demo / "manifests" / "onnxruntime" / "tiny_fp32.json").profile.details
+    assert by_variant["fp32"]["median_ms"] == fp32.latency_ms.median
+    fp16 = by_variant["fp16"]
+    assert fp16["speedup"] == pytest.approx(by_variant["fp32"]["median_ms"] / fp16["median_ms"])
+    assert by_variant["nvfp4"]["median_ms"] is None
+    out = demo / "reports" / "table.md"
+    assert run_cli(catalog, "compare", "--format", "md", "--out", str(out)).exit_code == 0
+    assert out.read_text() == md.out
+
+
+def test_warm_rerun_does_no_work_and_imports_no_ml_framework(demo):
+    catalog = demo / "pipeline.toml"
+    before = {p: p.stat().st_mtime_ns for p in demo.rglob("*") if p.is_file() and ".hash-cache" not in p.name}
+    code = (
+        "import sys; from pipeline.cli import main; "
+        f"rc = main(['--catalog', {str(catalog)!r}, 'run', '--variant', 'fp32', '--variant', 'fp16', '--variant', 'int8', '--variant', 'nvfp4']); "
+        "print('HEAVY', [m for m in ('torch', 'timm', 'modelopt', 'onnxruntime') if m in sys.modules]); sys.exit(rc)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("didn't change, skipping") == 3 * 3 + 2  # nvfp4: build + profile
+    assert "HEAVY []" in result.stdout
+    after = {p: p.stat().st_mtime_ns for p in before}
+    assert after == before
+
+
+def test_changing_profile_settings_reprofiles_without_rebuilding(demo, run_cli):
+    ws = demo.parent / "settings"
+    import shutil
+
+    shutil.copytree(demo, ws)
+    catalog = ws / "pipeline.toml"
+    catalog.write_text(catalog.read_text().replace("iterations = 5", "iterations = 7"))
+    result = run_cli(catalog, "profile", "--engine", "tiny_fp32")
+    assert result.exit_code == 0
+    assert "export   tiny_fp32" in result.err and "build    tiny_fp32" in result.err
+    lines = result.err.splitlines()
+    assert "didn't change" in next(l for l in lines if l.startswith("export"))
+    assert "didn't change" in next(l for l in lines if l.startswith("build"))
+    assert "done" in next(l for l in lines if l.startswith("profile"))
+    assert read_manifest(ws / "manifests" / "onnxruntime" / "tiny_fp32.json").profile.details.iterations >= 7
+
+
+def test_a_tampered_onnx_is_re_exported_and_force_reruns(demo, run_cli):
+    ws = demo.parent / "tampered"
+    import shutil
+
+    shutil.copytree(demo, ws)
+    catalog = ws / "pipeline.toml"
+    onnx_path = ws / "models" / "tiny" / "fp32.onnx"
+    good = _sha256(onnx_path)
+    onnx_path.write_bytes(b"not an onnx model")
+    result = run_cli(catalog, "build", "--engine", "tiny_fp32")
+    assert result.exit_code == 0
+    assert [l.split()[0] for l in result.err.splitlines() if "done" in l] == ["export"]
+    assert _sha256(onnx_path) == good  # same seed, same model: the export is reproducible
+    # The build's input is identified by content, and the content is back to what it was built from.
+    assert "didn't change" in next(l for l in result.err.splitlines() if l.startswith("build"))
+    forced = run_cli(catalog, "export", "--engine", "tiny_fp32", "--force")
+    assert forced.exit_code == 0 and "didn't change" not in forced.err
+
+
+def test_full_disk_during_export_leaves_nothing_that_looks_valid(tiny_catalog, run_cli, monkeypatch):
+    from pipeline import artifacts
+
+    real_replace = os.replace
+
+    def replace(src, dst):
+        if str(dst).endswith(".onnx"):
+            raise OSError(28, "No space left on device")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(artifacts.os, "replace", replace)
+    result = run_cli(tiny_catalog, "export", "--engine", "tiny_fp32")
+    assert result.exit_code == 1
+    assert "ERROR could not write" in result.err and "No space left on device" in result.err
+    assert "Traceback" not in result.err
+    ws = tiny_catalog.parent
+    assert list((ws / "models" / "tiny").iterdir()) == []  # no temp file, no partial ONNX
+    assert not (ws / "manifests" / "export" / "tiny_fp32.json").exists()
+
+
+def test_failed_parity_check_keeps_no_onnx(tiny_catalog, run_cli, monkeypatch):
+    from pipeline import export
+
+    monkeypatch.setitem(export.PARITY_TOLERANCE, "fp32", (0.0, 1.1))  # impossible to meet
+    result = run_cli(tiny_catalog, "export", "--engine", "tiny_fp32")
+    assert result.exit_code == 1
+    assert "does not match PyTorch" in result.err and "the ONNX was not kept" in result.err
+    assert not (tiny_catalog.parent / "models" / "tiny" / "fp32.onnx").exists()
+
+
+def test_missing_checkpoint_is_a_clear_error(tmp_path, run_cli):
+    catalog = write_catalog(tmp_path, TINY_CATALOG.replace("batch_size = 2", 'batch_size = 2\ncheckpoint = "weights/missing.pth"'))
+    result = run_cli(catalog, "export", "--engine", "tiny_fp32")
+    assert result.exit_code == 1
+    assert "ERROR checkpoint " in result.err and "weights/missing.pth for model 'tiny' does not exist" in result.err
+
+
+def test_local_checkpoint_is_loaded_and_recorded(tmp_path, run_cli):
+    from pipeline.torch_import import import_timm
+
+    timm = import_timm()
+    import torch
+
+    model = timm.create_model("test_vit", pretrained=False)
+    torch.nn.init.constant_(model.head.bias, 0.25)
+    torch.save(model.state_dict(), tmp_path / "w.pth")
+    catalog = write_catalog(tmp_path, TINY_CATALOG.replace("batch_size = 2", 'batch_size = 2\ncheckpoint = "w.pth"'))
+    result = run_cli(catalog, "export", "--engine", "tiny_fp32")
+    assert result.exit_code == 0, result.err
+    details = read_manifest(tmp_path / "manifests" / "export" / "tiny_fp32.json").export.details
+    assert details.weights.startswith("checkpoint w.pth (sha256 ")
+    import onnx
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(tmp_path / "models" / "tiny" / "fp32.onnx")).graph
+    biases = [numpy_helper.to_array(t) for t in graph.initializer if t.name == "head.bias"]
+    assert biases and float(biases[0].mean()) == pytest.approx(0.25)
+
+
+def test_sparse_variant_says_it_is_not_available_yet(tiny_catalog, run_cli):
+    result = run_cli(tiny_catalog, "export", "--engine", "tiny_fp16_sparse")
+    assert result.exit_code == 1
+    assert "2:4 sparsification" in result.err
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the message shown on machines without CUDA")
+def test_block_formats_need_a_gpu_and_say_so(tiny_catalog, run_cli):
+    result = run_cli(tiny_catalog, "export", "--engine", "tiny_mxfp8")
+    assert result.exit_code == 3
+    assert "mxfp8 quantization needs a CUDA GPU" in result.err
+    assert not (tiny_catalog.parent / "models" / "tiny" / "mxfp8.onnx").exists()
+
+
+def test_unimplemented_tensorrt_toolchain_fails_once_and_clearly(tiny_catalog, run_cli):
+    result = run_cli(tiny_catalog, "build", "--model", "tiny", "--trt", "10.14")
+    assert result.exit_code == 3
+    assert result.err.count("TensorRT toolchains are not implemented yet") == 1

@@ -1,0 +1,42 @@
+import math
+
+import numpy as np
+import pytest
+
+from pipeline.stats import LatencyStats
+
+
+def test_statistics_of_a_known_series():
+    values = [float(v) for v in range(1, 101)]  # 1..100 ms
+    stats = LatencyStats.from_values(values)
+    assert stats.count == 100
+    assert (stats.min, stats.max) == (1.0, 100.0)
+    assert stats.mean == pytest.approx(50.5)
+    assert stats.median == pytest.approx(50.5)
+    # Linear interpolation between order statistics (numpy's default).
+    assert stats.p90 == pytest.approx(90.1)
+    assert stats.p95 == pytest.approx(95.05)
+    assert stats.p99 == pytest.approx(99.01)
+    assert stats.stdev == pytest.approx(np.std(values, ddof=1))
+    assert stats.cv == pytest.approx(stats.stdev / 50.5)
+
+
+def test_a_single_timing_has_no_spread():
+    stats = LatencyStats.from_values([2.5])
+    assert stats.stdev == 0.0 and stats.cv == 0.0
+    assert stats.median == stats.p99 == 2.5
+
+
+def test_percentiles_are_ordered_on_skewed_data():
+    rng = np.random.default_rng(1)
+    stats = LatencyStats.from_values(rng.lognormal(0.0, 0.5, 1000))
+    assert stats.min <= stats.median <= stats.p90 <= stats.p95 <= stats.p99 <= stats.max
+
+
+def test_empty_series_is_refused():
+    with pytest.raises(ValueError, match="empty"):
+        LatencyStats.from_values([])
+
+
+def test_zero_mean_gives_undefined_cv_rather_than_a_crash():
+    assert math.isnan(LatencyStats.from_values([0.0, 0.0]).cv)
