@@ -280,6 +280,40 @@ def doctor(state: _State, as_json):
         stdout_console().print(render(checks))
 
 
+@cli.group()
+def trtexec():
+    """Work with trtexec output you already have."""
+
+
+@trtexec.command("parse")
+@click.argument("log", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--exports", type=click.Path(file_okay=False, path_type=Path), help="Folder with the JSON written by --exportTimes/--exportProfile/--exportLayerInfo.")
+@click.option("--precision", type=click.Choice(["fp16", "int8", "fp8", "mxfp8", "nvfp4"]), help="Intended precision, for the layer-precision audit.")
+@click.option("--json", "as_json", is_flag=True, help="Print the parsed run as JSON.")
+def trtexec_parse(log, exports, precision, as_json):
+    """Parse a trtexec log (and its JSON exports) into structured facts.
+
+    \b
+    JSON keys: trt_version, status, device{name, compute_capability, sms, memory_mib},
+    throughput_qps, latency_ms / gpu_compute_ms / enqueue_ms / h2d_ms / d2h_ms
+    {min, max, mean, median, p90, p95, p99}, total_host_walltime_s, total_gpu_compute_s,
+    warnings, errors[{code, message}], profile, options, exports. Absent facts are null.
+    """
+    import json
+
+    from pipeline.trtexec.report import find_exports, parse_run, run_as_json
+
+    run = parse_run(log, find_exports(exports) if exports else None, precision)
+    if as_json:
+        click.echo(json.dumps(run_as_json(run), indent=2))
+        return
+    from pipeline.trtexec.summary import render_run
+
+    from pipeline.reporting import stdout_console
+
+    stdout_console().print(render_run(run))
+
+
 # --- the error boundary ---------------------------------------------------------------------
 
 

@@ -1,0 +1,363 @@
+"""Parse a trtexec log (stdout) into a :class:`TrtexecLog`.
+
+Real logs are messy, and the parser is checked against recorded ones from TensorRT 8.5 to 10.16:
+trailing spaces may or may not be stripped, some lines have no ``[date] [I]`` prefix (ONNX node
+dumps, ``Layers:`` dumps, error continuations), 10.x prints ``... Omitting N lines`` inside the
+trace, layer names carry control characters, and the per-layer profile table changed layout
+between 8.x (name first) and 10.x (name last). Unknown lines are ignored, never fatal.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from pipeline.errors import PipelineError
+
+_PREFIX = re.compile(r"^\[(?P<stamp>[^\]]*)\] \[(?P<severity>[VIWEF])\] ?(?P<message>.*)$")
+_BANNER = re.compile(
+    r"^&&&& (?P<status>RUNNING|PASSED|FAILED|WAIVED) TensorRT\.trtexec \[TensorRT v(?P<code>\d+)\]"
+    r"(?: \[(?P<build>b\d+)\])? # (?P<command>.*)$"
+)
+_SECTION = re.compile(r"^=== (?P<name>.+?) ===$")
+_STAT = re.compile(r"(?P<label>min|max|mean|median|percentile\((?P<pct>[\d.]+)%\))\s*=\s*(?P<value>[-+\d.eE]+|inf|nan)\s*ms")
+_TRACE = re.compile(
+    r"^Average on (?P<runs>\d+) runs - GPU latency: (?P<gpu>[\d.eE+-]+) ms - Host latency: (?P<host>[\d.eE+-]+) ms"
+    r"(?: \(enqueue (?P<enqueue>[\d.eE+-]+) ms\))?"
+)
+_OMITTING = re.compile(r"^\.\.\. Omitting (?P<count>\d+) lines")
+_PROFILE_HEADER = re.compile(r"^=== Profile \((?P<iterations>\d+) iterations ?\) ===$")
+_NUMBER = r"[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"
+_ROW_NAME_LAST = re.compile(rf"^\s*(?P<numbers>(?:{_NUMBER}\s+){{3,4}})(?P<name>\S.*?)\s*$")
+_ROW_NAME_FIRST = re.compile(rf"^\s*(?P<name>\S.*?)\s+(?P<numbers>(?:{_NUMBER}\s+){{2,3}}{_NUMBER})\s*$")
+_ERROR_CODE = re.compile(r"Error Code (?P<code>\d+): ?(?P<message>.*)")
+_PARSER_ERROR = re.compile(r"^\[(?P<code>\d+)\] (?P<message>.+)$")
+
+# Performance-summary labels → the names used in JSON. Every other label is kept under its own.
+SUMMARY_FIELDS = {
+    "Latency": "latency_ms",
+    "Enqueue Time": "enqueue_ms",
+    "H2D Latency": "h2d_ms",
+    "GPU Compute Time": "gpu_compute_ms",
+    "D2H Latency": "d2h_ms",
+}
+
+
+class TimingSummary(BaseModel):
+    """One line of trtexec's performance summary, in milliseconds."""
+
+    min: float | None = None
+    max: float | None = None
+    mean: float | None = None
+    median: float | None = None
+    p90: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+    # Percentiles other than 90/95/99 (from --percentile=…), keyed by their label ("p50").
+    other: dict[str, float] = {}
+
+
+class DeviceInfo(BaseModel):
+    name: str | None = None
+    compute_capability: str | None = None
+    sms: int | None = None
+    memory_mib: int | None = None
+    uuid: str | None = None
+
+
+class TrtexecError(BaseModel):
+    code: int | None = None
+    message: str
+
+
+class TraceAverage(BaseModel):
+    runs: int
+    gpu_ms: float
+    host_ms: float
+    enqueue_ms: float | None = None
+
+
+class LayerTime(BaseModel):
+    name: str
+    total_ms: float
+    average_ms: float
+    median_ms: float | None = None
+    percent: float
+
+
+class LayerProfile(BaseModel):
+    iterations: int | None = None
+    layers: list[LayerTime] = []
+    total: LayerTime | None = None
+    layout: Literal["name-first (8.x)", "name-last (10.x)"] | None = None
+
+
+class TrtexecLog(BaseModel):
+    trt_version: str | None = None
+    version_code: str | None = None  # as in the banner: "v101601"
+    build_tag: str | None = None  # "b11"
+    command: str | None = None
+    status: Literal["PASSED", "FAILED", "WAIVED"] | None = None
+    options: dict[str, dict[str, str]] = {}
+    device: DeviceInfo = Field(default_factory=DeviceInfo)
+    throughput_qps: float | None = None
+    latency_ms: TimingSummary | None = None
+    gpu_compute_ms: TimingSummary | None = None
+    enqueue_ms: TimingSummary | None = None
+    h2d_ms: TimingSummary | None = None
+    d2h_ms: TimingSummary | None = None
+    # Summary lines with other labels, kept as printed.
+    other_summaries: dict[str, TimingSummary] = {}
+    total_host_walltime_s: float | None = None
+    total_gpu_compute_s: float | None = None
+    warnings: list[str] = []
+    errors: list[TrtexecError] = []
+    trace: list[TraceAverage] = []
+    trace_lines_omitted: int = 0
+    profile: LayerProfile | None = None
+    # Facts read from other lines: engine size, build time, memory.
+    facts: dict[str, str] = {}
+
+    @property
+    def finished(self) -> bool:
+        return self.status is not None
+
+
+def decode_version(code: str) -> str:
+    """Banner code → release: 101601 → 10.16.1, 100300 → 10.3.0, 8510 → 8.5.10, 8601 → 8.6.1."""
+    number = int(code)
+    if number >= 100000:  # TensorRT 10+: major*10000 + minor*100 + patch
+        return f"{number // 10000}.{(number // 100) % 100}.{number % 100}"
+    return f"{number // 1000}.{(number // 100) % 10}.{number % 100}"  # 8.x: major*1000 + minor*100 + patch
+
+
+def _summary(text: str) -> TimingSummary:
+    summary = TimingSummary()
+    other = {}
+    for match in _STAT.finditer(text):
+        value = float(match.group("value"))
+        pct = match.group("pct")
+        if pct is None:
+            setattr(summary, match.group("label"), value)
+        else:
+            key = "p" + pct.rstrip("0").rstrip(".") if "." in pct else "p" + pct
+            if key in ("p90", "p95", "p99"):
+                setattr(summary, key, value)
+            else:
+                other[key] = value
+    summary.other = other
+    return summary
+
+
+def _floats(text: str) -> list[float]:
+    return [float(v) for v in re.findall(_NUMBER, text)]
+
+
+_FACTS = (
+    ("engine_size", re.compile(r"^(?:\[TRT\] )?Loaded engine size: (.+)$")),
+    ("engine_built_in", re.compile(r"^Engine built in (.+)$")),
+    ("engine_deserialized_in", re.compile(r"^Engine deserialized in (.+)$")),
+    ("created_engine_size", re.compile(r"^Created engine with size: (.+)$")),
+    ("device_memory_size", re.compile(r"^Created execution context with device memory size: (.+)$")),
+)
+
+
+def parse_log(text: str) -> TrtexecLog:
+    log = TrtexecLog()
+    section: str | None = None
+    in_summary = False
+    profile: LayerProfile | None = None
+    profile_layout: str | None = None
+    last_error: TrtexecError | None = None
+    last_warning_index: int | None = None
+    recognised = 0
+
+    for raw in text.splitlines():
+        line = raw.rstrip("\r").rstrip()
+        banner = _BANNER.match(line)
+        if banner:
+            recognised += 1
+            log.version_code = "v" + banner.group("code")
+            log.build_tag = banner.group("build")
+            log.command = banner.group("command").strip()
+            if log.trt_version is None:
+                log.trt_version = decode_version(banner.group("code"))
+            if banner.group("status") != "RUNNING":
+                log.status = banner.group("status")
+            continue
+
+        prefixed = _PREFIX.match(line)
+        if not prefixed:
+            # Unprefixed lines continue the previous message: an error's "[6] …" detail is kept,
+            # node and layer dumps are not needed for any report.
+            detail = _PARSER_ERROR.match(line.strip())
+            if detail and last_error is not None:
+                last_error.code = int(detail.group("code"))
+                last_error.message = f"{last_error.message} {detail.group('message')}".strip()
+            continue
+        recognised += 1
+        severity, message = prefixed.group("severity"), prefixed.group("message")
+        stripped = message.strip()
+
+        if severity == "E":
+            coded = _ERROR_CODE.search(stripped)
+            if stripped.startswith("[TRT] ModelImporter.cpp") and "--- " in stripped:
+                continue  # node dump delimiters
+            error = TrtexecError(code=int(coded.group("code")) if coded else None, message=stripped)
+            log.errors.append(error)
+            last_error = error
+            continue
+        last_error = None
+
+        if severity == "W":
+            if message.startswith("  ") and last_warning_index is not None:
+                log.warnings[last_warning_index] += " " + stripped  # continuation of "* …" advice
+            else:
+                log.warnings.append(stripped)
+                last_warning_index = len(log.warnings) - 1
+            continue
+        last_warning_index = None
+
+        header = _PROFILE_HEADER.match(stripped)
+        if header:
+            profile = LayerProfile(iterations=int(header.group("iterations")))
+            log.profile = profile
+            profile_layout = None
+            section, in_summary = None, False
+            continue
+        if profile is not None:
+            if not stripped:
+                profile = None  # a blank line ends the table
+                continue
+            if profile_layout is None:
+                profile_layout = "name-first (8.x)" if stripped.startswith("Layer") else "name-last (10.x)"
+                profile.layout = profile_layout
+                continue
+            row = _profile_row(message, profile_layout)
+            if row is None:
+                continue
+            if row.name == "Total":
+                profile.total = row
+            else:
+                profile.layers.append(row)
+            continue
+
+        sect = _SECTION.match(stripped)
+        if sect:
+            name = sect.group("name")
+            in_summary = name == "Performance summary"
+            section = None if in_summary else name
+            if section and (section.endswith("Options") or section == "Device Information"):
+                log.options.setdefault(section, {})
+            continue
+
+        if in_summary:
+            if not _summary_line(log, stripped):
+                in_summary = bool(stripped)
+            continue
+
+        trace = _TRACE.match(stripped)
+        if trace:
+            log.trace.append(
+                TraceAverage(
+                    runs=int(trace.group("runs")),
+                    gpu_ms=float(trace.group("gpu")),
+                    host_ms=float(trace.group("host")),
+                    enqueue_ms=float(trace.group("enqueue")) if trace.group("enqueue") else None,
+                )
+            )
+            continue
+        omitted = _OMITTING.match(stripped)
+        if omitted:
+            log.trace_lines_omitted += int(omitted.group("count"))
+            continue
+
+        if stripped.startswith("TensorRT version:"):
+            log.trt_version = stripped.split(":", 1)[1].strip()
+            continue
+        if section == "Device Information" or stripped.startswith(("Selected Device", "Compute Capability")):
+            _device_line(log.device, stripped)
+        if severity == "I" and section in log.options and ":" in stripped and not stripped.startswith("[TRT]"):
+            key, value = stripped.split(":", 1)
+            log.options[section][key.strip()] = value.strip()
+            continue
+        if not stripped:
+            section = None
+            continue
+        for name, pattern in _FACTS:
+            fact = pattern.match(stripped)
+            if fact:
+                log.facts[name] = fact.group(1).strip()
+
+    if recognised == 0:
+        raise PipelineError(
+            "this does not look like trtexec output: no `&&&&` banner and no `[I]`/`[W]`/`[E]` lines.",
+            hint="pass the file trtexec printed to stdout (e.g. `trtexec … | tee build.log`)",
+        )
+    if log.status is None and log.command is not None:
+        log.warnings.append("the log ends before trtexec finished (no PASSED/FAILED line): truncated or killed")
+    return log
+
+
+def _summary_line(log: TrtexecLog, text: str) -> bool:
+    if not text or ":" not in text:
+        return False
+    label, rest = (part.strip() for part in text.split(":", 1))
+    if label == "Throughput":
+        values = _floats(rest)
+        log.throughput_qps = values[0] if values else None
+    elif label == "Total Host Walltime":
+        log.total_host_walltime_s = _floats(rest)[0]
+    elif label == "Total GPU Compute Time":
+        log.total_gpu_compute_s = _floats(rest)[0]
+    elif "=" in rest:
+        summary = _summary(rest)
+        if label in SUMMARY_FIELDS:
+            setattr(log, SUMMARY_FIELDS[label], summary)
+        else:
+            log.other_summaries[label] = summary
+    else:
+        return False
+    return True
+
+
+def _device_line(device: DeviceInfo, text: str) -> None:
+    if ":" not in text:
+        return
+    key, value = (part.strip() for part in text.split(":", 1))
+    if key == "Selected Device":
+        device.name = value
+    elif key == "Compute Capability":
+        device.compute_capability = value
+    elif key == "SMs" and value.isdigit():
+        device.sms = int(value)
+    elif key == "Device Global Memory":
+        numbers = _floats(value)
+        device.memory_mib = int(numbers[0]) if numbers else None
+    elif key == "Selected Device UUID":
+        device.uuid = value
+
+
+def _profile_row(message: str, layout: str) -> LayerTime | None:
+    pattern = _ROW_NAME_LAST if layout == "name-last (10.x)" else _ROW_NAME_FIRST
+    match = pattern.match(message)
+    if not match:
+        return None
+    numbers = [float(v) for v in match.group("numbers").split()]
+    if len(numbers) == 4:
+        total, average, median, percent = numbers
+    else:  # tables without a median column (before 8.5)
+        total, average, percent = numbers
+        median = None
+    return LayerTime(name=match.group("name").strip(), total_ms=total, average_ms=average, median_ms=median, percent=percent)
+
+
+def read_log(path: Path) -> TrtexecLog:
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise PipelineError(f"cannot read trtexec log {path}: {exc.strerror or exc}.") from exc
+    return parse_log(text)

@@ -1,0 +1,51 @@
+"""Human-readable rendering of a parsed trtexec run."""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from pipeline.trtexec.report import TrtexecRun
+
+_FIELDS = (("Latency", "latency_ms"), ("GPU Compute", "gpu_compute_ms"), ("Enqueue", "enqueue_ms"), ("H2D", "h2d_ms"), ("D2H", "d2h_ms"))
+
+
+def render_run(run: TrtexecRun):
+    log = run.log
+    parts = []
+    device = log.device
+    header = Text()
+    header.append(f"TensorRT {log.trt_version or '?'}" + (f" [{log.build_tag}]" if log.build_tag else ""))
+    header.append(f" · {log.status or 'no PASSED/FAILED line'}", style="green" if log.status == "PASSED" else "red")
+    if device.name:
+        header.append(f" · {device.name} (CC {device.compute_capability}, {device.sms} SMs, {device.memory_mib} MiB)")
+    parts.append(header)
+    if log.throughput_qps is not None:
+        parts.append(Text(f"Throughput {log.throughput_qps} qps · host walltime {log.total_host_walltime_s} s · GPU compute {log.total_gpu_compute_s} s"))
+    timings = Table(title="Performance summary (ms)")
+    for column in ("metric", "min", "median", "mean", "p90", "p95", "p99", "max"):
+        timings.add_column(column, justify="left" if column == "metric" else "right")
+    for label, field in _FIELDS:
+        summary = getattr(log, field)
+        if summary is not None:
+            timings.add_row(label, *(f"{getattr(summary, k):g}" if getattr(summary, k) is not None else "–" for k in ("min", "median", "mean", "p90", "p95", "p99", "max")))
+    if timings.row_count:
+        parts.append(timings)
+    if log.profile and log.profile.layers:
+        layers = Table(title=f"Slowest layers ({log.profile.iterations} iterations)")
+        for column in ("layer", "avg ms", "%"):
+            layers.add_column(column, justify="left" if column == "layer" else "right")
+        for layer in sorted(log.profile.layers, key=lambda l: -l.average_ms)[:10]:
+            layers.add_row(layer.name[:90], f"{layer.average_ms:g}", f"{layer.percent:g}")
+        parts.append(layers)
+    if run.precision_audit is not None:
+        audit = run.precision_audit
+        parts.append(Text(f"Layer output types: {audit.output_types}"))
+        if audit.warning:
+            parts.append(Text(f"WARNING {audit.warning}", style="yellow"))
+    for warning in log.warnings:
+        parts.append(Text(f"warning: {warning}", style="yellow"))
+    for error in log.errors:
+        parts.append(Text(f"error{f' {error.code}' if error.code is not None else ''}: {error.message}", style="red"))
+    return Group(*parts)

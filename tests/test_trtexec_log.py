@@ -1,0 +1,176 @@
+"""The trtexec log parser against real logs from TensorRT 8.5 to 10.16 (../shared/trtexec-samples)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from pipeline.errors import PipelineError
+from pipeline.trtexec.log import decode_version, parse_log, read_log
+from tests.conftest import SAMPLES
+
+LOGS = sorted(p for p in SAMPLES.glob("*.txt") if "_help" not in p.name and "exportTimes" not in p.name)
+
+
+def test_the_recorded_samples_are_present():
+    assert len(LOGS) == 10, f"expected the recorded trtexec logs in {SAMPLES}"
+
+
+@pytest.mark.parametrize("path", LOGS, ids=lambda p: p.name)
+def test_every_log_parses_and_agrees_with_its_own_text(path):
+    text = path.read_text(errors="replace")
+    log = read_log(path)
+    banner = re.search(r"\[TensorRT v(\d+)\]", text).group(1)
+    assert log.version_code == "v" + banner
+    printed = re.search(r"TensorRT version: (\S+)", text)
+    assert log.trt_version == (printed.group(1) if printed else decode_version(banner))
+    final = re.findall(r"^&&&& (PASSED|FAILED)", text, re.M)
+    assert log.status == (final[-1] if final else None)
+    device = re.search(r"Selected Device: (.+?)\s*$", text, re.M)
+    assert log.device.name == device.group(1)
+    cc = re.search(r"Compute Capability: (\S+)", text).group(1)
+    assert log.device.compute_capability == cc
+    throughput = re.search(r"Throughput: ([\d.]+) qps", text)
+    assert log.throughput_qps == (float(throughput.group(1)) if throughput else None)
+    gpu = re.search(r"GPU Compute Time: min = ([\d.e-]+) ms, max = ([\d.e-]+) ms, mean = ([\d.e-]+) ms, median = ([\d.e-]+) ms", text)
+    if gpu:
+        assert (log.gpu_compute_ms.min, log.gpu_compute_ms.max, log.gpu_compute_ms.mean, log.gpu_compute_ms.median) == tuple(
+            float(v) for v in gpu.groups()
+        )
+    else:
+        assert log.gpu_compute_ms is None
+    assert len(log.errors) == len(re.findall(r"^\[[^\]]*\] \[E\] (?!\[TRT\] ModelImporter.cpp:14[01]: ---)", text, re.M))
+    omitted = sum(int(n) for n in re.findall(r"\.\.\. Omitting (\d+) lines", text))
+    assert log.trace_lines_omitted == omitted
+    assert len(log.trace) == len(re.findall(r"\] Average on \d+ runs - GPU latency", text))
+
+
+def test_version_codes_of_both_numbering_schemes():
+    assert decode_version("101601") == "10.16.1"
+    assert decode_version("100300") == "10.3.0"
+    assert decode_version("100001") == "10.0.1"
+    assert decode_version("8510") == "8.5.10"
+    assert decode_version("8601") == "8.6.1"
+
+
+def test_performance_summary_keeps_every_statistic():
+    log = read_log(SAMPLES / "trt10.16.1_h100_onnx_build_and_run_default.txt")
+    assert (log.trt_version, log.build_tag, log.status) == ("10.16.1", "b11", "PASSED")
+    assert log.device.model_dump() == {
+        "name": "NVIDIA H100 PCIe",
+        "compute_capability": "9.0",
+        "sms": 114,
+        "memory_mib": 81081,
+        "uuid": "GPU-31e9692b-62b7-2d62-f0b1-f4195b568ac7",
+    }
+    assert log.throughput_qps == 15374.3
+    assert log.latency_ms.model_dump() == {
+        "min": 0.0410156, "max": 0.14917, "mean": 0.0441053, "median": 0.0440674,
+        "p90": 0.0450439, "p95": 0.0458984, "p99": 0.0512695, "other": {},
+    }  # fmt: skip
+    assert log.enqueue_ms.p99 == 0.0357666
+    assert log.h2d_ms.median == 0.00378418
+    assert log.d2h_ms.max == 0.0341797
+    assert (log.total_host_walltime_s, log.total_gpu_compute_s) == (3.00013, 1.6586)
+    assert log.warnings[-1].startswith("* GPU compute time is unstable, with coefficient of variance = 6.58751%.")
+    assert "locking GPU clock frequency" in log.warnings[-1]  # the advice line is joined to its warning
+    assert log.options["Build Options"]["Precision"] == "FP32"
+    assert log.options["Build Options"]["Decomposable Attentions"] == ""
+    assert log.options["Inference Options"]["Duration"] == "3s (+ 200ms warm up)"
+    assert log.options["Reporting Options"]["Percentiles"] == "90,95,99"
+    assert log.command == "trtexec --onnx=/work/trt-samples-for-hackathon-cn/cookbook/00-Data/model/model-trained.onnx"
+    assert log.facts["engine_built_in"] == "8.09138 sec."
+
+
+def test_both_performance_warnings_are_reported():
+    log = read_log(SAMPLES / "trt10.16.0_rtx6000ada_onnx_saveEngine_build_and_run_enqueue_bound_warning.txt")
+    starred = [w for w in log.warnings if w.startswith("* ")]
+    assert starred[0].startswith("* Throughput may be bound by Enqueue Time")
+    assert "--useCudaGraph" in starred[0]
+    assert starred[1].startswith("* GPU compute time is unstable, with coefficient of variance = 39.97%.")
+
+
+def test_failed_build_lists_errors_with_the_parser_code():
+    log = read_log(SAMPLES / "trt10.16.0_rtx6000ada_FAILED_custom_plugin_not_found.txt")
+    assert log.status == "FAILED"
+    assert log.warnings == ["--plugins flag has been deprecated, use --staticPlugins flag instead."]
+    coded = [e for e in log.errors if e.code is not None]
+    assert len(coded) == 1 and coded[0].code == 6
+    assert 'Plugin not found, are the plugin name, version, and namespace correct?' in coded[0].message
+    assert [e.message for e in log.errors][-4:] == [
+        "Failed to parse onnx file",
+        "Parsing model failed",
+        "Failed to create engine from model or file.",
+        "Engine set up failed",
+    ]
+
+
+def test_error_code_lines_keep_their_number():
+    text = (
+        "&&&& RUNNING TensorRT.trtexec [TensorRT v101401] [b48] # trtexec --onnx=m.onnx\n"
+        "[01/01/2026-00:00:00] [E] Error[4]: IBuilder::buildSerializedNetwork: Error Code 4: Internal Error (out of memory)\n"
+        "&&&& FAILED TensorRT.trtexec [TensorRT v101401] [b48] # trtexec --onnx=m.onnx\n"
+    )
+    log = parse_log(text)
+    assert log.errors[0].code == 4 and "out of memory" in log.errors[0].message
+    assert log.trt_version == "10.14.1" and log.status == "FAILED"
+
+
+def test_layer_profile_in_the_10x_layout():
+    log = read_log(SAMPLES / "trt10.14.1_rtx6000ada_loadEngine_dumpProfile.txt")
+    profile = log.profile
+    assert profile.iterations == 21248 and profile.layout == "name-last (10.x)"
+    assert len(profile.layers) == 16
+    first = profile.layers[0]
+    assert first.name == "Reformatting CopyNode for Input Tensor 0 to node_conv2d + node_relu"
+    assert (first.total_ms, first.average_ms, first.median_ms, first.percent) == (141.32, 0.0067, 0.0060, 9.4)
+    assert profile.layers[-1].name == "__myl_CastReshCast_myl15_1"
+    assert profile.total.total_ms == 1508.99 and profile.total.percent == 100.0
+    assert log.latency_ms is None  # --dumpProfile without --separateProfileRun prints no summary
+    assert any("auxiliary streams" in w for w in log.warnings)
+
+
+def test_layer_profile_in_the_8x_layout_with_right_aligned_names():
+    log = read_log(SAMPLES / "trt8.5.10_rtx2000adalaptop_onnx_best_dumpProfile_separateProfileRun_verbose.txt")
+    profile = log.profile
+    assert profile.iterations == 7477 and profile.layout == "name-first (8.x)"
+    assert profile.layers[0].name == "QuantizeLinear_2"
+    assert (profile.layers[0].total_ms, profile.layers[0].median_ms) == (85.71, 0.0079)
+    assert profile.layers[-1].name == "Softmax_312"
+    long_name = next(l for l in profile.layers if l.name.startswith("fc.weight"))
+    assert long_name.name.endswith("(Unnamed Layer* 356) [ElementWise]") and long_name.total_ms == 97.60
+    assert profile.total.total_ms == 2689.67
+    assert log.gpu_compute_ms.median == 0.134155  # the separate profile run keeps the summary
+    assert log.h2d_ms.max == 0  # --noDataTransfers
+    assert log.trt_version == "8.5.10" and log.build_tag is None
+
+
+def test_old_releases_without_trailing_space_stripping():
+    log = read_log(SAMPLES / "trt8.6.0_rtx3090_loadEngine_verbose_run.txt")
+    assert log.trt_version == "8.6.0" and log.status == "PASSED"
+    assert len(log.trace) == 6303 and log.trace_lines_omitted == 0
+    assert all(t.enqueue_ms is not None for t in log.trace)
+    assert log.options["Reporting Options"]["Percentiles"] == "90,95,99"
+
+
+def test_truncated_log_is_read_and_flagged(tmp_path):
+    text = (SAMPLES / "trt10.16.1_h100_onnx_build_and_run_default.txt").read_text()
+    cut = text[: text.index("=== Performance summary ===")]
+    log = parse_log(cut)
+    assert log.status is None and log.latency_ms is None
+    assert log.trt_version == "10.16.1" and log.device.name == "NVIDIA H100 PCIe"
+    assert "truncated or killed" in log.warnings[-1]
+
+
+@pytest.mark.parametrize("text", ["", "hello\nworld\n", "\x00\x01binary"])
+def test_text_that_is_not_trtexec_output_is_refused(text):
+    with pytest.raises(PipelineError, match="does not look like trtexec output"):
+        parse_log(text)
+
+
+def test_control_characters_and_carriage_returns_are_tolerated():
+    text = (SAMPLES / "trt10.16.1_h100_onnx_dumpLayerInfo_detailed_skipInference.txt").read_text()
+    assert "\x1e" in text
+    log = parse_log(text.replace("\n", "\r\n"))
+    assert log.status == "PASSED" and log.options["Build Options"]["Profiling verbosity"] == "2"
