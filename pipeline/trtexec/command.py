@@ -1,0 +1,141 @@
+"""trtexec command lines, per TensorRT release.
+
+Each flag emitted here is checked by the tests against the recorded ``trtexec --help`` of TensorRT
+8.6.1, 10.0.1, 10.6.0, 10.14.1 and 10.16.1. The dialect rules:
+
+* ``--stronglyTyped`` exists from TensorRT 10.0 (not in 8.6.1's help). Strongly typed builds take
+  each tensor's precision from the ONNX (an FP16 ONNX gives an FP16 engine), so they are used
+  wherever available: the result does not depend on TensorRT's per-layer type choices.
+* ``--fp16/--bf16/--int8/--fp8/--int4/--best`` are deprecated from 10.12 ("superseded by strong
+  typing", 10.14.1 help) and removed in TensorRT 11, which builds strongly typed networks only.
+  So they are emitted only for releases without ``--stronglyTyped``.
+* TensorRT 11 is strongly typed only; ``--stronglyTyped`` is left out there because strong typing
+  is implied, and a removed no-op flag would fail the run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeline.errors import UsageError
+
+# Weakly typed precision flags, per the deprecation note in the 10.14.1 --help.
+WEAK_TYPING_FLAGS = ("--fp16", "--bf16", "--int8", "--fp8", "--int4", "--best")
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split("."))
+    except ValueError:
+        raise UsageError(f"{text!r} is not a TensorRT version.", hint="use the form 10.14 or 10.14.1") from None
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """What one TensorRT release's trtexec accepts."""
+
+    version: tuple[int, ...]
+
+    @property
+    def has_strongly_typed_flag(self) -> bool:
+        return (10, 0) <= self.version[:2] < (11, 0)
+
+    @property
+    def strongly_typed_only(self) -> bool:
+        return self.version[0] >= 11
+
+    @property
+    def weak_typing_deprecated(self) -> bool:
+        return self.version[:2] >= (10, 12)
+
+    def typing_flags(self, precision: str) -> list[str]:
+        """Flags that make the engine run in ``precision``, given an ONNX exported for it."""
+        if self.strongly_typed_only:
+            return []
+        if self.has_strongly_typed_flag:
+            return ["--stronglyTyped"] if precision != "fp32" else []
+        # Releases without strong typing: name the precisions TensorRT may choose.
+        weak = {
+            "fp32": [],
+            "fp16": ["--fp16"],
+            "int8": ["--fp16", "--int8"],  # Q/DQ layers in INT8, the rest may use FP16
+            "fp8": ["--fp16", "--fp8"],
+        }
+        if precision not in weak:
+            raise UsageError(
+                f"{precision} needs a strongly typed build, which TensorRT {'.'.join(map(str, self.version))} cannot do.",
+                hint="use a TensorRT 10 toolchain",
+            )
+        return weak[precision]
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+@dataclass(frozen=True)
+class BuildCommand:
+    onnx: str
+    engine: str
+    precision: str
+    sparse: bool = False
+    timing_cache: str | None = None
+    layer_info: str | None = None
+    optimization_level: int | None = None
+    verbose: bool = False
+
+    def argv(self, trt_version: str, executable: str = "trtexec") -> list[str]:
+        dialect = Dialect(parse_version(trt_version))
+        argv = [executable, f"--onnx={self.onnx}", f"--saveEngine={self.engine}"]
+        argv += dialect.typing_flags(self.precision)
+        if self.sparse:
+            argv.append("--sparsity=enable")
+        if self.optimization_level is not None:
+            argv.append(f"--builderOptimizationLevel={self.optimization_level}")
+        if self.timing_cache:
+            argv.append(f"--timingCacheFile={self.timing_cache}")
+        if self.layer_info:
+            argv += ["--profilingVerbosity=detailed", f"--exportLayerInfo={self.layer_info}"]
+        # Timing happens in a separate `profile` run, so the build does not benchmark.
+        argv.append("--skipInference")
+        if self.verbose:
+            argv.append("--verbose")
+        return argv
+
+
+@dataclass(frozen=True)
+class ProfileCommand:
+    engine: str
+    warmup_ms: float
+    iterations: int
+    duration_s: float
+    times_json: str | None = None
+    profile_json: str | None = None
+    use_cuda_graph: bool = True
+    no_data_transfers: bool = True
+    spin_wait: bool = True
+    verbose: bool = False
+
+    def argv(self, trt_version: str, executable: str = "trtexec") -> list[str]:
+        parse_version(trt_version)
+        argv = [
+            executable,
+            f"--loadEngine={self.engine}",
+            f"--warmUp={_number(self.warmup_ms)}",  # milliseconds
+            f"--iterations={self.iterations}",  # a minimum: runs continue until --duration too
+            f"--duration={_number(self.duration_s)}",
+        ]
+        if self.use_cuda_graph:
+            argv.append("--useCudaGraph")
+        if self.no_data_transfers:
+            argv.append("--noDataTransfers")
+        if self.spin_wait:
+            argv.append("--useSpinWait")
+        if self.times_json:
+            argv.append(f"--exportTimes={self.times_json}")
+        if self.profile_json:
+            # The per-layer profiler perturbs timing; a separate run keeps the summary clean.
+            argv += ["--separateProfileRun", "--dumpProfile", f"--exportProfile={self.profile_json}"]
+        if self.verbose:
+            argv.append("--verbose")
+        return argv

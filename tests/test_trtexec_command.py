@@ -1,0 +1,142 @@
+"""Every flag the pipeline emits exists in that release's recorded `trtexec --help`."""
+
+from __future__ import annotations
+
+import re
+from itertools import product
+
+import pytest
+
+from pipeline.errors import UsageError
+from pipeline.trtexec.command import WEAK_TYPING_FLAGS, BuildCommand, ProfileCommand
+from pipeline.trtexec.preflight import unsupported_reasons
+from tests.conftest import SAMPLES
+
+HELP_FILES = {
+    "8.6.1": "trt8.6.1_help.txt",
+    "10.0.1": "trt10.0.1_help.txt",
+    "10.6.0": "trt10.6.0_help.txt",
+    "10.14.1": "trt10.14.1_help.txt",
+    "10.16.1": "trt10.16.1_help.txt",
+}
+PRECISIONS = ("fp32", "fp16", "int8", "fp8", "mxfp8", "nvfp4")
+
+
+def help_flags(version: str) -> set[str]:
+    text = (SAMPLES / HELP_FILES[version]).read_text()
+    # Option lines are indented by two spaces; deeper lines are descriptions that mention flags.
+    return {"--" + name for name in re.findall(r"^  --([A-Za-z0-9]+)", text, re.M)}
+
+
+def flags(argv: list[str]) -> set[str]:
+    return {arg.split("=", 1)[0] for arg in argv[1:]}
+
+
+def build_argvs(version: str):
+    for precision, sparse, verbose in product(PRECISIONS, (False, True), (False, True)):
+        command = BuildCommand(
+            onnx="/w/m.onnx", engine="/w/m.engine", precision=precision, sparse=sparse,
+            timing_cache="/w/t.cache", layer_info="/w/m.layers.json", optimization_level=5, verbose=verbose,
+        )  # fmt: skip
+        try:
+            yield precision, command.argv(version)
+        except UsageError:
+            assert version.startswith("8.") and precision in ("mxfp8", "nvfp4")
+
+
+def profile_argv(version: str) -> list[str]:
+    return ProfileCommand(
+        engine="/w/m.engine", warmup_ms=200, iterations=10, duration_s=3,
+        times_json="/w/t.json", profile_json="/w/p.json", verbose=True,
+    ).argv(version)  # fmt: skip
+
+
+def test_help_files_are_read():
+    assert len(help_flags("10.16.1")) == 120
+    assert len(help_flags("10.14.1")) == 116
+    assert len(help_flags("8.6.1")) == 94
+
+
+@pytest.mark.parametrize("version", sorted(HELP_FILES))
+def test_every_emitted_flag_exists_in_that_release(version):
+    known = help_flags(version)
+    for precision, argv in build_argvs(version):
+        assert flags(argv) <= known, (precision, flags(argv) - known)
+    assert flags(profile_argv(version)) <= known
+
+
+@pytest.mark.parametrize("version", ["10.0.1", "10.6.0", "10.14.1", "10.16.1"])
+def test_tensorrt_10_builds_are_strongly_typed_and_never_weakly_typed(version):
+    for precision, argv in build_argvs(version):
+        assert not set(WEAK_TYPING_FLAGS) & flags(argv)
+        assert ("--stronglyTyped" in argv) == (precision != "fp32")
+
+
+@pytest.mark.parametrize("version", ["11.0", "11.1.0"])
+def test_tensorrt_11_emits_none_of_the_removed_flags(version):
+    for precision, argv in build_argvs(version):
+        assert not set(WEAK_TYPING_FLAGS) & flags(argv)
+        assert "--stronglyTyped" not in argv  # implied: TensorRT 11 is strongly typed only
+
+
+def test_tensorrt_8_uses_weak_typing_and_cannot_do_block_formats():
+    argvs = dict(build_argvs("8.6.1"))
+    assert {"--fp16", "--int8"} <= flags(argvs["int8"])
+    assert "--stronglyTyped" not in flags(argvs["fp16"])
+    with pytest.raises(UsageError, match="needs a strongly typed build"):
+        BuildCommand(onnx="a", engine="b", precision="nvfp4").argv("8.6.1")
+
+
+def test_build_command_in_full():
+    argv = BuildCommand(
+        onnx="/work/models/vit/fp16_sparse.onnx", engine="/work/engines/trt10.14/vit_fp16_sparse.engine",
+        precision="fp16", sparse=True, timing_cache="/work/engines/trt10.14/timing.cache",
+        layer_info="/work/engines/trt10.14/vit_fp16_sparse.layers.json",
+    ).argv("10.14.1")  # fmt: skip
+    assert argv == [
+        "trtexec",
+        "--onnx=/work/models/vit/fp16_sparse.onnx",
+        "--saveEngine=/work/engines/trt10.14/vit_fp16_sparse.engine",
+        "--stronglyTyped",
+        "--sparsity=enable",
+        "--timingCacheFile=/work/engines/trt10.14/timing.cache",
+        "--profilingVerbosity=detailed",
+        "--exportLayerInfo=/work/engines/trt10.14/vit_fp16_sparse.layers.json",
+        "--skipInference",
+    ]
+
+
+def test_profile_command_uses_trtexec_units():
+    argv = ProfileCommand(engine="e", warmup_ms=500, iterations=50, duration_s=2.5, times_json="t", profile_json="p").argv("10.16.1")
+    assert "--warmUp=500" in argv  # milliseconds
+    assert "--iterations=50" in argv and "--duration=2.5" in argv
+    assert argv.index("--separateProfileRun") < argv.index("--exportProfile=p")
+    assert {"--useCudaGraph", "--noDataTransfers", "--useSpinWait", "--exportTimes"} <= flags(argv)
+
+
+@pytest.mark.parametrize(
+    "precision, sparse, trt, cc, expected",
+    [
+        ("fp16", False, "10.14.1", "7.0", []),
+        ("fp8", False, "10.14.1", "8.6", ["FP8 needs compute capability 8.9"]),
+        ("fp8", False, "10.14.1", "8.9", []),
+        ("fp8", False, "10.14.1", "9.0", []),
+        ("nvfp4", False, "10.14.1", "9.0", ["NVFP4 needs a Blackwell GPU"]),
+        ("nvfp4", False, "10.7.0", "10.0", ["NVFP4 needs TensorRT 10.8"]),
+        ("nvfp4", False, "10.8", "10.0", []),
+        ("nvfp4", False, "10.16.1", "12.0", []),
+        ("mxfp8", False, "10.11", "10.0", ["MXFP8 needs TensorRT 10.12"]),
+        ("mxfp8", False, "10.14.1", "9.0", ["MXFP8 needs a Blackwell GPU"]),
+        ("mxfp8", False, "10.12", "10.0", []),
+        ("fp16", True, "10.14.1", "7.5", ["2:4 sparsity needs compute capability 8.0"]),
+        ("fp16", True, "10.14.1", "8.0", []),
+        ("int8", False, "10.5", "7.0", ["INT8 on TensorRT 10.5+ needs compute capability 7.5"]),
+        ("int8", False, "10.4", "7.0", []),
+        ("nvfp4", True, "10.6", "7.5", ["NVFP4 needs TensorRT 10.8", "NVFP4 needs a Blackwell", "2:4 sparsity needs"]),
+    ],
+)
+def test_preflight_rules(precision, sparse, trt, cc, expected):
+    reasons = unsupported_reasons(precision, sparse, trt, cc)
+    assert len(reasons) == len(expected)
+    for reason, start in zip(reasons, expected):
+        assert reason.startswith(start)
