@@ -17,7 +17,7 @@ class BuildStage(Stage):
 
     def __init__(self, ctx, engine, toolchain: str):
         super().__init__(ctx, engine, toolchain)
-        self.runtime = get_runtime(ctx.catalog, toolchain, ctx.reporter)
+        self.runtime = get_runtime(ctx, toolchain)
 
     def manifest_path(self) -> Path:
         return self.ctx.workspace.manifest_path(self.toolchain, self.engine)
@@ -68,7 +68,7 @@ class BuildStage(Stage):
         onnx_path = self.ctx.workspace.root / next(a.path for a in inputs if a.role == "onnx")
         engine_path = self.engine_path()
         with atomic_output(engine_path) as tmp:
-            result = self.runtime.build(onnx_path, tmp)
+            result = self.runtime.build(onnx_path, tmp, self.variant_spec)
         outputs = [self.ctx.workspace.artifact("engine", engine_path)]
         outputs += [self.ctx.workspace.artifact(role, path) for role, path in result.sidecars.items()]
         details = BuildDetails(
@@ -76,5 +76,6 @@ class BuildStage(Stage):
             runtime_version=self.runtime.version,
             settings=result.settings,
             notes=result.notes,
+            **result.evidence,
         )
         return StageOutcome(outputs=outputs, details=details, command=result.command)

@@ -75,6 +75,18 @@ class ToolchainSpec(_Strict):
     source: str | None = None
     # Variant that speedups are measured against within this toolchain (first one present wins).
     baselines: tuple[str, ...] = ("fp16", "fp32")
+    # trtexec inside the image, or under trt_root for a local install (default: on PATH).
+    trtexec: str = "trtexec"
+    trt_root: Path | None = None
+    # "all" asks Docker for every GPU; "none" runs without (CPU-only stand-in images in tests).
+    gpus: Literal["all", "none"] = "all"
+    # A build or profile run longer than this is killed.
+    timeout_s: float = Field(default=3600.0, gt=0)
+    builder_optimization_level: int | None = Field(default=None, ge=0, le=5)
+    # Profile run options (all on by default: they remove host-side noise from GPU timing).
+    use_cuda_graph: bool = True
+    no_data_transfers: bool = True
+    spin_wait: bool = True
 
     @model_validator(mode="after")
     def _check_kind_fields(self):

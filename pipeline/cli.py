@@ -281,6 +281,53 @@ def doctor(state: _State, as_json):
 
 
 @cli.group()
+def toolchains():
+    """The TensorRT toolchains: list them, fetch their images, pin their digests."""
+
+
+@toolchains.command("list")
+@pass_state
+def toolchains_list(state: _State):
+    """Each toolchain, its TensorRT version, its image and whether it is here and locked."""
+    from rich.table import Table
+
+    from pipeline.reporting import Reporter, stdout_console
+    from pipeline.toolchains import status
+
+    table = Table(title="Toolchains")
+    for column in ("toolchain", "kind", "TensorRT", "image", "on this machine", "digest", "locked"):
+        table.add_column(column)
+    for row in status(state.catalog, Reporter(state.verbose)):
+        present = "–" if row.present is None else ("yes" if row.present else "no (`pipeline toolchains pull`)")
+        locked = "–" if not row.locked_digest else ("yes" if row.locked_digest == row.digest or row.digest is None else "[yellow]differs[/]")
+        table.add_row(row.name, row.kind, row.trt or "–", row.image or "–", present, (row.digest or "–")[:19], locked)
+    stdout_console().print(table)
+
+
+@toolchains.command("pull")
+@click.argument("names", nargs=-1)
+@pass_state
+def toolchains_pull(state: _State, names):
+    """Pull (or build from docker/) the images of NAMES, or of every container toolchain."""
+    from pipeline.reporting import Reporter
+    from pipeline.toolchains import pull
+
+    pull(state.catalog, list(names) or None, Reporter(state.verbose))
+
+
+@toolchains.command("lock")
+@click.argument("names", nargs=-1)
+@pass_state
+def toolchains_lock(state: _State, names):
+    """Record the digest of each image in toolchains.lock.json (commit that file)."""
+    from pipeline.reporting import Reporter
+    from pipeline.toolchains import lock
+
+    path = lock(state.catalog, list(names) or None, Reporter(state.verbose))
+    click.echo(f"wrote {path}", err=True)
+
+
+@cli.group()
 def trtexec():
     """Work with trtexec output you already have."""
 

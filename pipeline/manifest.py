@@ -89,6 +89,11 @@ class BuildDetails(_Model):
     runtime_version: str
     settings: dict[str, Any] = {}
     notes: list[str] = []
+    # TensorRT builds: where they ran and what trtexec reported.
+    image: str | None = None
+    image_digest: str | None = None
+    trtexec: dict[str, Any] | None = None
+    precision_audit: dict[str, Any] | None = None
 
 
 class ProfileDetails(_Model):
@@ -96,6 +101,8 @@ class ProfileDetails(_Model):
     settings: ProfileSettings
     batch_size: int
     device: str
+    # What per_iteration_ms measures: "host latency" (ONNX Runtime) or "GPU compute time" (trtexec).
+    metric: str = "host latency"
     iterations: int
     total_walltime_s: float
     latency_ms: LatencyStats
@@ -103,6 +110,10 @@ class ProfileDetails(_Model):
     images_per_s: float
     # Kept so reports can test significance (bootstrap) and draw CDFs without re-measuring.
     per_iteration_ms: list[float]
+    warnings: list[str] = []
+    image: str | None = None
+    image_digest: str | None = None
+    trtexec: dict[str, Any] | None = None
 
 
 StageDetails = Annotated[Union[ExportDetails, BuildDetails, ProfileDetails], Field(discriminator="kind")]

@@ -18,7 +18,7 @@ class ProfileStage(Stage):
 
     def __init__(self, ctx, engine, toolchain: str):
         super().__init__(ctx, engine, toolchain)
-        self.runtime = get_runtime(ctx.catalog, toolchain, ctx.reporter)
+        self.runtime = get_runtime(ctx, toolchain)
         self.settings = ctx.catalog.profile
 
     def manifest_path(self) -> Path:
@@ -51,6 +51,13 @@ class ProfileStage(Stage):
                 f"{self.engine.name} has no {self.toolchain} engine yet.",
                 hint=f"run `pipeline build --engine {self.engine.name} --toolchain {self.toolchain}`",
             )
+        built_with = build.details.runtime_version if build.details is not None else None
+        if built_with is not None and built_with != self.runtime.version:
+            raise PipelineError(
+                f"{self.engine.name} was built by {build.details.runtime} {built_with}, but toolchain "
+                f"{self.toolchain} is {self.runtime.version}; engines only load in the release that built them.",
+                hint=f"rebuild it: `pipeline build --engine {self.engine.name} --toolchain {self.toolchain} --force`",
+            )
         for artifact in build.outputs:
             if not self.ctx.workspace.is_intact(artifact):
                 raise PipelineError(
@@ -63,17 +70,23 @@ class ProfileStage(Stage):
         engine_path = self.ctx.workspace.root / inputs[0].path
         result = self.runtime.profile(engine_path, self.settings)
         stats = LatencyStats.from_values(result.per_iteration_ms)
-        qps = 1000.0 / stats.mean
+        qps = result.throughput_qps if result.throughput_qps else 1000.0 / stats.mean
+        for warning in result.warnings:
+            if warning.startswith("* "):  # trtexec's own judgement of the measurement
+                self.ctx.reporter.warn(f"{self.engine.name}: {warning[2:]}")
         details = ProfileDetails(
             settings=self.settings,
             batch_size=self.model_spec.batch_size,
             device=result.device,
+            metric=result.metric,
             iterations=stats.count,
             total_walltime_s=result.total_walltime_s,
             latency_ms=stats,
             throughput_qps=qps,
             images_per_s=qps * self.model_spec.batch_size,
             per_iteration_ms=[round(v, 6) for v in result.per_iteration_ms],
+            warnings=result.warnings,
+            **result.evidence,
         )
         outputs = [self.ctx.workspace.artifact(role, path) for role, path in result.sidecars.items()]
         return StageOutcome(

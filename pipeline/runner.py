@@ -42,7 +42,7 @@ def run_engines(ctx: RunContext, engines: list[EngineRef], toolchain: str | None
     from pipeline.runtimes import get_runtime
 
     if toolchain is not None:
-        get_runtime(ctx.catalog, toolchain, ctx.reporter)  # an unusable toolchain fails once, up front
+        get_runtime(ctx, toolchain).check_usable()  # an unusable toolchain fails once, up front
     summary = RunSummary()
     for engine in engines:
         try:
@@ -67,7 +67,7 @@ def describe(ctx: RunContext, engines: list[EngineRef], toolchain: str, until: s
     """What `--dry-run` prints: each engine's stages and the exact work they would do."""
     from pipeline.runtimes import get_runtime
 
-    runtime = get_runtime(ctx.catalog, toolchain, ctx.reporter)
+    runtime = get_runtime(ctx, toolchain)
     lines = []
     for engine in engines:
         variant = ctx.catalog.variant(engine.variant)
@@ -78,7 +78,7 @@ def describe(ctx: RunContext, engines: list[EngineRef], toolchain: str, until: s
         onnx = ctx.workspace.relative(ctx.workspace.onnx_path(engine))
         engine_file = ctx.workspace.relative(ctx.workspace.engine_dir(toolchain) / f"{engine.name}{runtime.engine_suffix}")
         lines.append(f"{engine.name}: export → {onnx}")
-        lines.extend(f"{engine.name}: {line}" for line in runtime.describe_build(ctx.workspace.root / onnx, ctx.workspace.root / engine_file))
+        lines.extend(f"{engine.name}: {line}" for line in runtime.describe_build(ctx.workspace.root / onnx, ctx.workspace.root / engine_file, variant))
         if until == "profile":
             lines.extend(f"{engine.name}: {line}" for line in runtime.describe_profile(ctx.workspace.root / engine_file, ctx.catalog.profile))
     return lines

@@ -36,6 +36,8 @@ class RunContext:
     reporter: Reporter = field(default_factory=Reporter)
     force: bool = False
     argv: list[str] = field(default_factory=lambda: list(sys.argv))
+    # Engine runtimes created during this run, by toolchain name (see pipeline.runtimes).
+    runtimes: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -84,13 +86,15 @@ class Stage(ABC):
 
     # --- the common work ---------------------------------------------------------------------
 
-    def fingerprint(self, inputs: list[Artifact]) -> str:
-        payload = {
-            "stage": self.name,
-            "params": self.params(),
-            "inputs": [(a.role, a.sha256) for a in inputs],
-            "identity": self.identity(),
-        }
+    def fingerprint(self, inputs: list[Artifact], skip_reason: str | None = None) -> str:
+        payload: dict[str, Any] = {"stage": self.name, "params": self.params()}
+        if skip_reason is not None:
+            # A skip depends only on why; asking the tools for their identity (Docker, images)
+            # would fail on exactly the machines that cannot run the stage.
+            payload["skipped"] = skip_reason
+        else:
+            payload["inputs"] = [(a.role, a.sha256) for a in inputs]
+            payload["identity"] = self.identity()
         blob = json.dumps(payload, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()
 
@@ -120,7 +124,7 @@ class Stage(ABC):
         previous = manifest.stage(self.name) if manifest else None
         reason = self.skip_reason()
         inputs = [] if reason else self.inputs()
-        fingerprint = self.fingerprint(inputs)
+        fingerprint = self.fingerprint(inputs, reason)
 
         if (
             previous is not None

@@ -230,9 +230,3 @@ def test_block_formats_need_a_gpu_and_say_so(tiny_catalog, run_cli):
     assert result.exit_code == 3
     assert "mxfp8 quantization needs a CUDA GPU" in result.err
     assert not (tiny_catalog.parent / "models" / "tiny" / "mxfp8.onnx").exists()
-
-
-def test_unimplemented_tensorrt_toolchain_fails_once_and_clearly(tiny_catalog, run_cli):
-    result = run_cli(tiny_catalog, "build", "--model", "tiny", "--trt", "10.14")
-    assert result.exit_code == 3
-    assert result.err.count("TensorRT toolchains are not implemented yet") == 1

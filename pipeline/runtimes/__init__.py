@@ -2,24 +2,23 @@
 
 from __future__ import annotations
 
-from pipeline.catalog import Catalog
 from pipeline.errors import EnvironmentMissing
-from pipeline.reporting import Reporter
 from pipeline.runtimes.base import EngineRuntime
 
 
 def _runtime_classes() -> dict[str, type[EngineRuntime]]:
     from pipeline.runtimes.onnxruntime import OnnxRuntimeRuntime
+    from pipeline.runtimes.tensorrt import TrtexecContainerRuntime, TrtexecLocalRuntime
 
-    return {cls.kind: cls for cls in (OnnxRuntimeRuntime,)}
+    return {cls.kind: cls for cls in (OnnxRuntimeRuntime, TrtexecContainerRuntime, TrtexecLocalRuntime)}
 
 
-def get_runtime(catalog: Catalog, toolchain: str, reporter: Reporter) -> EngineRuntime:
-    spec = catalog.toolchain(toolchain)
-    classes = _runtime_classes()
-    if spec.kind not in classes:
-        raise EnvironmentMissing(
-            f"toolchain {toolchain!r} is of kind {spec.kind!r}: TensorRT toolchains are not implemented yet.",
-            hint="use the embedded runtime: --toolchain onnxruntime (or `make demo`)",
-        )
-    return classes[spec.kind](toolchain, spec, reporter)
+def get_runtime(ctx, toolchain: str) -> EngineRuntime:
+    """The runtime for a toolchain, one instance per run (``ctx``), so image lookups happen once."""
+    if toolchain not in ctx.runtimes:
+        spec = ctx.catalog.toolchain(toolchain)
+        classes = _runtime_classes()
+        if spec.kind not in classes:
+            raise EnvironmentMissing(f"toolchain {toolchain!r} has unknown kind {spec.kind!r}.")
+        ctx.runtimes[toolchain] = classes[spec.kind](toolchain, spec, ctx.reporter, ctx.catalog.root, ctx.force)
+    return ctx.runtimes[toolchain]

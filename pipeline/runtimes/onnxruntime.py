@@ -69,6 +69,12 @@ class OnnxRuntimeRuntime(EngineRuntime):
         dist, version = self.distribution
         return {"runtime": dist, "version": version}
 
+    def check_usable(self) -> None:
+        from importlib.util import find_spec
+
+        if find_spec("onnxruntime") is None:  # not imported: warm reruns stay fast
+            _ort()
+
     def unsupported_reason(self, variant: VariantSpec) -> str | None:
         if variant.precision not in SUPPORTED_PRECISIONS:
             return (
@@ -92,7 +98,7 @@ class OnnxRuntimeRuntime(EngineRuntime):
                 hint="run with -v for details; `pipeline doctor` shows the installed runtime",
             ) from exc
 
-    def build(self, onnx_path: Path, engine_path: Path) -> BuildResult:
+    def build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec) -> BuildResult:
         ort = _ort()
         self._session(onnx_path, ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED, optimized_out=engine_path)
         if not engine_path.exists() or engine_path.stat().st_size == 0:
@@ -102,7 +108,7 @@ class OnnxRuntimeRuntime(EngineRuntime):
             settings={"graph_optimization_level": "ORT_ENABLE_EXTENDED", "providers": self.providers()},
         )
 
-    def describe_build(self, onnx_path: Path, engine_path: Path) -> list[str]:
+    def describe_build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec) -> list[str]:
         return [
             f"build: onnxruntime {self.version} {self.providers()[0]}: optimise {onnx_path.name} "
             f"(ORT_ENABLE_EXTENDED) → {engine_path}"

@@ -1,0 +1,394 @@
+"""TensorRT through trtexec: in a pinned container image, or from a local install.
+
+Both share everything but how a command is executed and how host paths appear to it. Every run's
+output is saved beside the engine (``<engine>.build.log``, ``<engine>.profile.log``), parsed once
+(:mod:`pipeline.trtexec`), checked (PASSED, and the TensorRT version the toolchain claims), and
+recorded in the manifest with the exact argv and the image digest.
+
+Files trtexec writes go to temporary names first and are moved into place only after the run
+passed every check, so a failed or killed run never leaves an engine that looks valid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.catalog import ProfileSettings, VariantSpec
+from pipeline.environment import nvidia_gpus
+from pipeline.errors import EnvironmentMissing, PipelineError
+from pipeline.runtimes.base import BuildResult, EngineRuntime, ProfileResult
+from pipeline.trtexec.command import BuildCommand, ProfileCommand, parse_version
+from pipeline.trtexec.exports import read_layer_info, read_profile, read_times
+from pipeline.trtexec.log import TrtexecLog, parse_log
+from pipeline.trtexec.preflight import unsupported_reasons
+
+CONTAINER_ROOT = "/work"
+
+
+@dataclass
+class Execution:
+    exit_code: int
+    log_text: str
+    image: str | None = None
+    image_digest: str | None = None
+
+
+class TrtexecRuntime(EngineRuntime):
+    engine_suffix = ".engine"
+
+    @property
+    def version(self) -> str:
+        return self.spec.trt
+
+    # --- what each way of running trtexec provides ------------------------------------------
+
+    def container_path(self, host: Path) -> str:
+        return str(host)
+
+    def execute(self, argv: list[str], log_path: Path, what: str) -> Execution:
+        raise NotImplementedError
+
+    def provenance(self) -> dict[str, Any]:
+        return {}
+
+    # --- shared -------------------------------------------------------------------------------
+
+    def identity(self) -> dict[str, Any]:
+        # Engines are specific to the TensorRT build and to the GPU they were tuned on.
+        return {
+            "runtime": "tensorrt",
+            "trt": self.spec.trt,
+            **self.provenance(),
+            "gpus": [gpu.name for gpu in nvidia_gpus()],
+        }
+
+    def check_usable(self) -> None:
+        if self.spec.gpus == "all" and not nvidia_gpus() and not self.force:
+            raise EnvironmentMissing(
+                f"toolchain {self.name} (TensorRT {self.spec.trt}) needs an NVIDIA GPU, and none is visible here (nvidia-smi).",
+                hint="run on a GPU machine (`pipeline doctor` shows what this one has); --force tries anyway; "
+                "--dry-run prints the commands",
+            )
+        self.provenance()
+
+    def unsupported_reason(self, variant: VariantSpec) -> str | None:
+        gpus = nvidia_gpus()
+        if self.force or not gpus:
+            return None
+        reasons = unsupported_reasons(variant.precision, variant.sparsity == "2:4", self.spec.trt, gpus[0].compute_capability or "0.0")
+        if reasons:
+            return "; ".join(reasons) + " (--force tries anyway)"
+        return None
+
+    def _sidecar(self, engine_path: Path, suffix: str) -> Path:
+        name = engine_path.name
+        if name.startswith(".") and name.endswith(".tmp"):
+            # The build writes to a temporary engine name; sidecars belong to the final name.
+            name = name[1:].rsplit(".", 2)[0]
+        stem = name[: -len(self.engine_suffix)] if name.endswith(self.engine_suffix) else name
+        return engine_path.parent / f"{stem}{suffix}"
+
+    def _partial(self, path: Path) -> Path:
+        return path.parent / f".{path.name}.partial"
+
+    def _check(self, execution: Execution, log: TrtexecLog, what: str, argv: list[str], log_path: Path) -> None:
+        where = f" in image {execution.image}" if execution.image else ""
+        if execution.exit_code != 0 or log.status != "PASSED":
+            first = next((e for e in log.errors if e.code is not None), log.errors[0] if log.errors else None)
+            detail = f": {first.message}" if first else ""
+            killed = " (killed: out of memory or stopped)" if execution.exit_code == 137 else ""
+            raise PipelineError(
+                f"trtexec {what} failed with exit status {execution.exit_code}{killed}{where}{detail}",
+                hint=f"full log: {log_path}; command: {' '.join(argv)}",
+            )
+        claimed = self.spec.trt
+        if log.trt_version and not (log.trt_version == claimed or log.trt_version.startswith(claimed + ".")):
+            raise PipelineError(
+                f"toolchain {self.name} claims TensorRT {claimed}, but trtexec{where} reports {log.trt_version}.",
+                hint=f"fix `trt` (or the image) of [toolchains.\"{self.name}\"] in pipeline.toml",
+            )
+
+    def build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec) -> BuildResult:
+        variant_precision, sparse = variant.precision, variant.sparsity == "2:4"
+        log_path = self._sidecar(engine_path, ".build.log")
+        layers_path = self._sidecar(engine_path, ".layers.json")
+        layers_partial = self._partial(layers_path)
+        command = BuildCommand(
+            onnx=self.container_path(onnx_path),
+            engine=self.container_path(engine_path),
+            precision=variant_precision,
+            sparse=sparse,
+            timing_cache=self.container_path(self.timing_cache_path(engine_path.parent)),
+            layer_info=self.container_path(layers_partial),
+            optimization_level=self.spec.builder_optimization_level,
+            verbose=self.reporter.verbose,
+        )
+        argv = command.argv(self.spec.trt, self.trtexec_path())
+        try:
+            execution = self.execute(argv, log_path, "build")
+            log = parse_log(execution.log_text) if execution.log_text.strip() else None
+            if log is None:
+                raise PipelineError(f"trtexec build printed nothing (exit status {execution.exit_code}).", hint=f"command: {' '.join(argv)}")
+            self._check(execution, log, "build", argv, log_path)
+            if not engine_path.exists() or engine_path.stat().st_size == 0:
+                raise PipelineError(f"trtexec reported PASSED but wrote no engine to {engine_path}.", hint=f"full log: {log_path}")
+            audit = None
+            sidecars = {"build_log": log_path}
+            if layers_partial.exists():
+                os.replace(layers_partial, layers_path)
+                sidecars["layer_info"] = layers_path
+                audit = read_layer_info(layers_path).audit(variant_precision)
+                if audit.warning:
+                    self.reporter.warn(f"{engine_path.name}: {audit.warning}")
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                layers_partial.unlink()
+        return BuildResult(
+            engine_path=engine_path,
+            settings={"trt_version": log.trt_version, "build_tag": log.build_tag, "device": log.device.model_dump()},
+            command=argv,
+            notes=[audit.warning] if audit and audit.warning else [],
+            sidecars=sidecars,
+            evidence={
+                "image": execution.image,
+                "image_digest": execution.image_digest,
+                "trtexec": json.loads(log.model_dump_json(exclude={"trace"})),
+                "precision_audit": audit.model_dump() if audit else None,
+            },
+        )
+
+    def profile(self, engine_path: Path, settings: ProfileSettings) -> ProfileResult:
+        log_path = self._sidecar(engine_path, ".profile.log")
+        times_path = self._sidecar(engine_path, ".times.json")
+        profile_path = self._sidecar(engine_path, ".profile.json")
+        partials = {times_path: self._partial(times_path), profile_path: self._partial(profile_path)}
+        command = ProfileCommand(
+            engine=self.container_path(engine_path),
+            warmup_ms=settings.warmup_ms,
+            iterations=settings.iterations,
+            duration_s=settings.duration_s,
+            times_json=self.container_path(partials[times_path]),
+            profile_json=self.container_path(partials[profile_path]),
+            use_cuda_graph=self.spec.use_cuda_graph,
+            no_data_transfers=self.spec.no_data_transfers,
+            spin_wait=self.spec.spin_wait,
+            verbose=self.reporter.verbose,
+        )
+        argv = command.argv(self.spec.trt, self.trtexec_path())
+        try:
+            execution = self.execute(argv, log_path, "profile")
+            if not execution.log_text.strip():
+                raise PipelineError(f"trtexec profile printed nothing (exit status {execution.exit_code}).", hint=f"command: {' '.join(argv)}")
+            log = parse_log(execution.log_text)
+            self._check(execution, log, "profile", argv, log_path)
+            if not partials[times_path].exists():
+                raise PipelineError(f"trtexec wrote no --exportTimes file for {engine_path.name}.", hint=f"full log: {log_path}")
+            for final, partial in partials.items():
+                if partial.exists():
+                    os.replace(partial, final)
+        finally:
+            for partial in partials.values():
+                with contextlib.suppress(FileNotFoundError):
+                    partial.unlink()
+        times = read_times(times_path)
+        layer_profile = read_profile(profile_path) if profile_path.exists() else None
+        sidecars = {"profile_log": log_path, "times": times_path}
+        if layer_profile is not None:
+            sidecars["layer_profile"] = profile_path
+        device = log.device.name or "GPU"
+        return ProfileResult(
+            per_iteration_ms=times.compute_ms,
+            total_walltime_s=log.total_host_walltime_s or 0.0,
+            device=f"TensorRT {log.trt_version} on {device} (CC {log.device.compute_capability})",
+            command=argv,
+            sidecars=sidecars,
+            metric="GPU compute time",
+            throughput_qps=log.throughput_qps,
+            warnings=list(log.warnings),
+            evidence={
+                "image": execution.image,
+                "image_digest": execution.image_digest,
+                "trtexec": {
+                    **json.loads(log.model_dump_json(exclude={"trace"})),
+                    "exported_times": json.loads(times.model_dump_json(include={"count", "truncated", "gpu_compute", "latency", "enqueue"})),
+                    "exported_profile": json.loads(layer_profile.model_dump_json()) if layer_profile else None,
+                },
+            },
+        )
+
+    def timing_cache_path(self, engine_dir: Path) -> Path:
+        # One cache per toolchain and GPU model: tactic timings do not transfer across GPUs.
+        gpus = nvidia_gpus()
+        slug = re.sub(r"[^a-z0-9]+", "-", gpus[0].name.lower()).strip("-") if gpus else "any-gpu"
+        return engine_dir / f"timing-{slug}.cache"
+
+    def trtexec_path(self) -> str:
+        return self.spec.trtexec
+
+    def describe_build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec) -> list[str]:
+        argv = BuildCommand(
+            onnx=self.container_path(onnx_path),
+            engine=self.container_path(engine_path),
+            precision=variant.precision,
+            sparse=variant.sparsity == "2:4",
+            timing_cache=self.container_path(self.timing_cache_path(engine_path.parent)),
+            layer_info=self.container_path(self._sidecar(engine_path, ".layers.json")),
+            optimization_level=self.spec.builder_optimization_level,
+        ).argv(self.spec.trt, self.trtexec_path())
+        return [f"build: {self.where()}: {' '.join(argv)}"]
+
+    def describe_profile(self, engine_path: Path, settings: ProfileSettings) -> list[str]:
+        argv = ProfileCommand(
+            engine=self.container_path(engine_path),
+            warmup_ms=settings.warmup_ms,
+            iterations=settings.iterations,
+            duration_s=settings.duration_s,
+            times_json=self.container_path(self._sidecar(engine_path, ".times.json")),
+            profile_json=self.container_path(self._sidecar(engine_path, ".profile.json")),
+            use_cuda_graph=self.spec.use_cuda_graph,
+            no_data_transfers=self.spec.no_data_transfers,
+            spin_wait=self.spec.spin_wait,
+        ).argv(self.spec.trt, self.trtexec_path())
+        return [f"profile: {self.where()}: {' '.join(argv)}"]
+
+    def where(self) -> str:
+        return "local"
+
+
+class TrtexecContainerRuntime(TrtexecRuntime):
+    """trtexec inside a pinned image (NGC, or built from docker/)."""
+
+    kind = "trtexec-container"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._runner = None
+        self._digest: str | None = None
+
+    @property
+    def image_name(self) -> str:
+        return self.spec.image or f"trt-pipeline/{self.name}:latest"
+
+    @property
+    def runner(self):
+        if self._runner is None:
+            from pipeline.docker_runner import DockerRunner
+
+            self._runner = DockerRunner(self.reporter)
+        return self._runner
+
+    def container_path(self, host: Path) -> str:
+        relative = Path(host).resolve().relative_to(self.workspace_root)
+        return f"{CONTAINER_ROOT}/{relative.as_posix()}"
+
+    def provenance(self) -> dict[str, Any]:
+        if self._digest is None:
+            image = self.runner.require_image(self.image_name, self.name)
+            self._digest = self.runner.digest(image)
+            self._check_lock(self._digest)
+        return {"image": self.image_name, "digest": self._digest}
+
+    def _check_lock(self, digest: str) -> None:
+        from pipeline.toolchains import read_lock
+
+        locked = read_lock(self.workspace_root).get(self.name)
+        if locked and locked.get("digest") and locked["digest"] != digest:
+            self.reporter.warn(
+                f"toolchain {self.name}: image {self.image_name} is {digest[:19]}…, but toolchains.lock.json "
+                f"pins {locked['digest'][:19]}…; results may differ from the locked toolchain "
+                "(`pipeline toolchains lock` records the new one)"
+            )
+
+    def execute(self, argv: list[str], log_path: Path, what: str) -> Execution:
+        from pipeline.docker_runner import Mount
+
+        root = self.workspace_root
+        engine_dir = root / "engines" / self.name
+        engine_dir.mkdir(parents=True, exist_ok=True)
+        # Inputs read-only, this toolchain's engine directory writable; nothing else is visible.
+        mounts = [Mount(root / "models", f"{CONTAINER_ROOT}/models", read_only=True)] if (root / "models").is_dir() else []
+        mounts.append(Mount(engine_dir, f"{CONTAINER_ROOT}/engines/{self.name}", read_only=False))
+        result = self.runner.run(
+            self.image_name,
+            argv,
+            mounts,
+            log_path=log_path,
+            timeout_s=self.spec.timeout_s,
+            gpus=self.spec.gpus == "all",
+            workdir=f"{CONTAINER_ROOT}/engines/{self.name}",
+            what=f"trtexec {what}",
+        )
+        return Execution(result.exit_code, result.log_text, image=result.image, image_digest=result.repo_digest)
+
+    def where(self) -> str:
+        return f"image {self.image_name}, /work = {self.workspace_root} (models ro, engines/{self.name} rw), no network"
+
+
+class TrtexecLocalRuntime(TrtexecRuntime):
+    """trtexec installed on this machine (on PATH, or under ``trt_root``)."""
+
+    kind = "trtexec-local"
+
+    def trtexec_path(self) -> str:
+        if self.spec.trt_root is not None:
+            candidate = Path(self.spec.trt_root) / "bin" / "trtexec"
+            if not candidate.exists():
+                raise EnvironmentMissing(f"{candidate} does not exist.", hint=f"fix trt_root of toolchain {self.name}")
+            return str(candidate)
+        found = shutil.which(self.spec.trtexec)
+        if not found:
+            raise EnvironmentMissing(
+                f"trtexec ({self.spec.trtexec}) is not on PATH for toolchain {self.name}.",
+                hint="install TensorRT or set trt_root in pipeline.toml; or use a trtexec-container toolchain",
+            )
+        return found
+
+    def provenance(self) -> dict[str, Any]:
+        return {"trtexec": self.trtexec_path()}
+
+    def execute(self, argv: list[str], log_path: Path, what: str) -> Execution:
+        from pipeline.artifacts import atomic_write_text
+
+        env = dict(os.environ)
+        if self.spec.trt_root is not None:
+            lib = str(Path(self.spec.trt_root) / "lib")
+            env["LD_LIBRARY_PATH"] = lib + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
+        lines: list[str] = []
+        try:
+            process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, errors="replace")
+        except OSError as exc:
+            raise EnvironmentMissing(f"cannot run {argv[0]}: {exc.strerror or exc}.") from exc
+
+        def follow():
+            assert process.stdout is not None
+            for line in process.stdout:
+                lines.append(line)
+                self.reporter.detail(line.rstrip("\n"))
+
+        # Read in a thread so the timeout holds even when trtexec hangs without printing.
+        reader = threading.Thread(target=follow, daemon=True)
+        reader.start()
+        try:
+            exit_code = process.wait(timeout=self.spec.timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            reader.join(timeout=5)
+            atomic_write_text(log_path, "".join(lines))
+            raise PipelineError(f"trtexec {what} ran past its {self.spec.timeout_s:g} s limit and was killed.", hint=f"log so far: {log_path}")
+        finally:
+            if process.poll() is None:  # Ctrl-C: do not leave trtexec running
+                process.kill()
+        reader.join(timeout=5)
+        text = "".join(lines)
+        atomic_write_text(log_path, text)
+        return Execution(exit_code, text)
