@@ -100,6 +100,14 @@ class TrtexecRuntime(EngineRuntime):
     def _partial(self, path: Path) -> Path:
         return path.parent / f".{path.name}.partial"
 
+    @staticmethod
+    def _parse(execution: Execution) -> TrtexecLog:
+        # A run that died before trtexec printed anything still has an exit status worth reporting.
+        try:
+            return parse_log(execution.log_text)
+        except PipelineError:
+            return TrtexecLog()
+
     def _check(self, execution: Execution, log: TrtexecLog, what: str, argv: list[str], log_path: Path) -> None:
         where = f" in image {execution.image}" if execution.image else ""
         if execution.exit_code != 0 or log.status != "PASSED":
@@ -135,9 +143,7 @@ class TrtexecRuntime(EngineRuntime):
         argv = command.argv(self.spec.trt, self.trtexec_path())
         try:
             execution = self.execute(argv, log_path, "build")
-            log = parse_log(execution.log_text) if execution.log_text.strip() else None
-            if log is None:
-                raise PipelineError(f"trtexec build printed nothing (exit status {execution.exit_code}).", hint=f"command: {' '.join(argv)}")
+            log = self._parse(execution)
             self._check(execution, log, "build", argv, log_path)
             if not engine_path.exists() or engine_path.stat().st_size == 0:
                 raise PipelineError(f"trtexec reported PASSED but wrote no engine to {engine_path}.", hint=f"full log: {log_path}")
@@ -186,9 +192,7 @@ class TrtexecRuntime(EngineRuntime):
         argv = command.argv(self.spec.trt, self.trtexec_path())
         try:
             execution = self.execute(argv, log_path, "profile")
-            if not execution.log_text.strip():
-                raise PipelineError(f"trtexec profile printed nothing (exit status {execution.exit_code}).", hint=f"command: {' '.join(argv)}")
-            log = parse_log(execution.log_text)
+            log = self._parse(execution)
             self._check(execution, log, "profile", argv, log_path)
             if not partials[times_path].exists():
                 raise PipelineError(f"trtexec wrote no --exportTimes file for {engine_path.name}.", hint=f"full log: {log_path}")
