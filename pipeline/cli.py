@@ -294,10 +294,13 @@ def toolchains_list(state: _State):
     from pipeline.reporting import Reporter, stdout_console
     from pipeline.toolchains import status
 
-    table = Table(title="Toolchains")
+    rows = status(state.catalog, Reporter(state.verbose))
+    images = [row for row in rows if row.image]
+    caption = "Docker is not reachable here: image presence unknown" if images and all(r.present is None for r in images) else None
+    table = Table(title="Toolchains", caption=caption)
     for column in ("toolchain", "kind", "TensorRT", "image", "on this machine", "digest", "locked"):
         table.add_column(column)
-    for row in status(state.catalog, Reporter(state.verbose)):
+    for row in rows:
         present = "–" if row.present is None else ("yes" if row.present else "no (`pipeline toolchains pull`)")
         locked = "–" if not row.locked_digest else ("yes" if row.locked_digest == row.digest or row.digest is None else "[yellow]differs[/]")
         table.add_row(row.name, row.kind, row.trt or "–", row.image or "–", present, (row.digest or "–")[:19], locked)

@@ -17,7 +17,7 @@ class ComparisonRow:
     model: str
     variant: str
     toolchain: str
-    status: str  # "measured", or why there is no number
+    status: str  # "measured (<metric>)", or why there is no number
     device: str | None = None
     batch_size: int | None = None
     median_ms: float | None = None
@@ -51,7 +51,7 @@ def build_rows(catalog: Catalog, manifests: list[EngineManifest]) -> list[Compar
             row.status = f"skipped: {m.profile.reason}"
         elif m.profile is not None and m.profile.details is not None:
             d = m.profile.details
-            row.status = "measured"
+            row.status = f"measured ({d.metric})"
             row.device = d.device
             row.batch_size = d.batch_size
             row.median_ms = d.latency_ms.median
@@ -115,7 +115,7 @@ def render_table(rows: list[ComparisonRow]):
         table.add_column(header, justify="left" if left else "right", no_wrap=header != "status")
     for row in rows:
         cells = _cells(row)
-        style = None if row.status == "measured" else "dim"
+        style = None if row.median_ms is not None else "dim"
         table.add_row(*cells, style=style)
     return table
 

@@ -121,6 +121,19 @@ def standin_times_json(count: int = 40) -> bytes:
     return json.dumps(records).encode()
 
 
+def standin_files(mode: str) -> dict[str, bytes]:
+    """What the stand-in replays: recorded TensorRT 10.14.1 output, and the mode it plays."""
+    return {
+        "mode": mode.encode(),
+        "build.log": (SAMPLES / "trt10.14.1_rtx6000ada_onnx_build_and_run_default.txt").read_bytes(),
+        "profile.log": (SAMPLES / "trt10.14.1_rtx6000ada_loadEngine_dumpProfile.txt").read_bytes(),
+        "failed.log": (SAMPLES / "trt10.16.0_rtx6000ada_FAILED_custom_plugin_not_found.txt").read_bytes(),
+        "layers.json": (SAMPLES / "trt10.16.1_h100_exportLayerInfo_detailed.json").read_bytes(),
+        "profile.json": (SAMPLES / "trt10.4.0_rtx3060laptop_exportProfile_alexnet.json").read_bytes(),
+        "times.json": standin_times_json(),
+    }
+
+
 def standin_image_tar(mode: str) -> bytes:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
@@ -137,13 +150,8 @@ def standin_image_tar(mode: str) -> bytes:
             info.linkname = "busybox"
             tar.addfile(info)
         _add(tar, "usr/local/bin/trtexec", STANDIN.read_bytes(), 0o755)
-        _add(tar, "standin/mode", mode.encode())
-        _add(tar, "standin/build.log", (SAMPLES / "trt10.14.1_rtx6000ada_onnx_build_and_run_default.txt").read_bytes())
-        _add(tar, "standin/profile.log", (SAMPLES / "trt10.14.1_rtx6000ada_loadEngine_dumpProfile.txt").read_bytes())
-        _add(tar, "standin/failed.log", (SAMPLES / "trt10.16.0_rtx6000ada_FAILED_custom_plugin_not_found.txt").read_bytes())
-        _add(tar, "standin/layers.json", (SAMPLES / "trt10.16.1_h100_exportLayerInfo_detailed.json").read_bytes())
-        _add(tar, "standin/profile.json", (SAMPLES / "trt10.4.0_rtx3060laptop_exportProfile_alexnet.json").read_bytes())
-        _add(tar, "standin/times.json", standin_times_json())
+        for name, data in standin_files(mode).items():
+            _add(tar, f"standin/{name}", data)
         for directory in ("tmp", "work", "sys", "proc", "dev", "etc"):
             info = tarfile.TarInfo(directory)
             info.type = tarfile.DIRTYPE

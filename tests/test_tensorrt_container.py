@@ -301,3 +301,30 @@ def test_profiling_an_engine_from_another_release_is_refused(docker_host, worksp
     ctx = RunContext(catalog=catalog, workspace=Workspace(catalog.root), reporter=Reporter())
     with pytest.raises(PipelineError, match="was built by trtexec-container 10.14.1, but toolchain standin is 10.14.2"):
         ProfileStage(ctx, catalog.engine("tiny_fp32"), "standin").run()
+
+
+def test_custom_image_is_built_from_the_docker_folder(docker_host, workspace, run_cli):
+    docker_dir = workspace.parent / "docker"
+    docker_dir.mkdir()
+    # Offline: the base is the local stand-in image; a real one installs a TensorRT tarball.
+    (docker_dir / "Dockerfile.custom").write_text("FROM standin-trtexec:ok\nARG TRT_VERSION\nLABEL trt.version=$TRT_VERSION\n")
+    workspace.write_text(
+        workspace.read_text()
+        + textwrap.dedent(
+            """
+            [toolchains.custom]
+            kind = "trtexec-container"
+            trt = "10.14.1"
+            dockerfile = "Dockerfile.custom"
+            gpus = "none"
+            """
+        )
+    )
+    result = run_cli(workspace, "toolchains", "pull", "custom")
+    assert result.exit_code == 0, result.err
+    image = docker_host.client().images.get("trt-pipeline/custom:latest")
+    assert image.labels["trt.version"] == "10.14.1"
+    built = run_cli(workspace, "build", "--engine", "tiny_fp32", "--toolchain", "custom")
+    assert built.exit_code == 0, built.err
+    manifest = read_manifest(workspace.parent / "manifests" / "custom" / "tiny_fp32.json")
+    assert manifest.build.details.image == "trt-pipeline/custom:latest"

@@ -368,7 +368,10 @@ class TrtexecLocalRuntime(TrtexecRuntime):
             env["LD_LIBRARY_PATH"] = lib + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
         lines: list[str] = []
         try:
-            process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, errors="replace")
+            # Its own process group, so a timeout or Ctrl-C also ends anything trtexec started.
+            process = subprocess.Popen(
+                argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, errors="replace", start_new_session=True
+            )
         except OSError as exc:
             raise EnvironmentMissing(f"cannot run {argv[0]}: {exc.strerror or exc}.") from exc
 
@@ -384,15 +387,24 @@ class TrtexecLocalRuntime(TrtexecRuntime):
         try:
             exit_code = process.wait(timeout=self.spec.timeout_s)
         except subprocess.TimeoutExpired:
-            process.kill()
+            _kill_group(process)
             process.wait()
             reader.join(timeout=5)
             atomic_write_text(log_path, "".join(lines))
             raise PipelineError(f"trtexec {what} ran past its {self.spec.timeout_s:g} s limit and was killed.", hint=f"log so far: {log_path}")
         finally:
             if process.poll() is None:  # Ctrl-C: do not leave trtexec running
-                process.kill()
+                _kill_group(process)
         reader.join(timeout=5)
         text = "".join(lines)
         atomic_write_text(log_path, text)
         return Execution(exit_code, text)
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    import signal
+
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        process.kill()
