@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,7 +12,19 @@ import pytest
 from pipeline.cli import main
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SAMPLES = REPO_ROOT.parent / "shared" / "trtexec-samples"
+
+
+def _samples_dir() -> Path:
+    """Recorded trtexec output: $TRTEXEC_SAMPLES, or shared/ beside or inside the checkout."""
+    if os.environ.get("TRTEXEC_SAMPLES"):
+        return Path(os.environ["TRTEXEC_SAMPLES"])
+    for candidate in (REPO_ROOT.parent / "shared" / "trtexec-samples", REPO_ROOT / "shared" / "trtexec-samples"):
+        if candidate.is_dir():
+            return candidate
+    return REPO_ROOT.parent / "shared" / "trtexec-samples"
+
+
+SAMPLES = _samples_dir()
 
 # timm's `test_vit` (371k parameters, 160x160) keeps every export a real export that takes seconds.
 TINY_CATALOG = """
