@@ -60,6 +60,12 @@ class VariantSpec(_Strict):
 
     precision: Precision
     sparsity: Literal["2:4"] | None = None
+    # How weights are pruned to 2:4 (sparsegpt also updates the kept weights from calibration data).
+    sparsity_method: Literal["sparse_magnitude", "sparsegpt"] = "sparse_magnitude"
+    # Convolutions in block formats (mxfp8/nvfp4): left unquantized, or quantized as FP8.
+    conv_policy: Literal["exclude", "fp8"] = "exclude"
+    # Weight dtype of quantized ONNX; default per precision (see pipeline/quantize.py).
+    weights_dtype: Literal["fp32", "fp16"] | None = None
     description: str = ""
 
 
@@ -105,6 +111,15 @@ class ProfileSettings(_Strict):
     duration_s: float = Field(default=3.0, ge=0)  # also a minimum: both bounds must be met
 
 
+class CalibrationSettings(_Strict):
+    """Inputs for quantization calibration, sparsegpt, and the accuracy proxy."""
+
+    # None: synthetic inputs (standard normal). A folder: its images through timm's transforms.
+    directory: Path | None = None
+    samples: int = Field(default=32, ge=1)
+    batch_size: int = Field(default=8, ge=1)
+
+
 class Defaults(_Strict):
     """What `pipeline run` does when nothing is selected: the demo on the embedded runtime."""
 
@@ -118,6 +133,7 @@ class Catalog(_Strict):
     variants: dict[str, VariantSpec]
     toolchains: dict[str, ToolchainSpec]
     profile: ProfileSettings = ProfileSettings()
+    calibration: CalibrationSettings = CalibrationSettings()
     defaults: Defaults = Defaults()
     opset: int = Field(default=17, ge=13)
     # Directory the outputs (models/, engines/, manifests/) live under; set by load_catalog.

@@ -93,6 +93,29 @@ def force_option(func):
     return click.option("--force", is_flag=True, help="Re-run stages even when nothing changed.")(func)
 
 
+def calibration_options(func):
+    func = click.option("--calib-samples", type=click.IntRange(min=1), help="How many calibration inputs (default: the catalog's).")(func)
+    func = click.option(
+        "--calib-dir",
+        type=click.Path(path_type=Path),
+        help="Calibrate on the images in this folder (timm's preprocessing) instead of synthetic inputs.",
+    )(func)
+    return func
+
+
+def apply_calibration(state, calib_dir, calib_samples) -> None:
+    """Command-line calibration settings replace the catalog's for this run."""
+    if calib_dir is None and calib_samples is None:
+        return
+    settings = state.catalog.calibration
+    updates = {}
+    if calib_dir is not None:
+        updates["directory"] = Path(calib_dir).resolve()
+    if calib_samples is not None:
+        updates["samples"] = calib_samples
+    state._catalog = state.catalog.model_copy(update={"calibration": settings.model_copy(update=updates)})
+
+
 def select_engines(catalog, engines, models, variants):
     """The one place selection options are combined and checked."""
     from pipeline.catalog import EngineRef
@@ -168,11 +191,17 @@ def models(state: _State):
 @cli.command()
 @selection_options
 @force_option
+@calibration_options
 @pass_state
-def export(state: _State, engines, models, variants, force):
-    """Export models to ONNX (quantizing as the variant needs): models/<model>/<variant>.onnx."""
+def export(state: _State, engines, models, variants, force, calib_dir, calib_samples):
+    """Export models to ONNX, sparsifying and quantizing as the variant needs.
+
+    Writes models/<model>/<variant>.onnx. Quantized and sparse variants are calibrated on
+    synthetic inputs unless --calib-dir names a folder of images.
+    """
     from pipeline.runner import run_engines
 
+    apply_calibration(state, calib_dir, calib_samples)
     refs = select_engines(state.catalog, engines, models, variants)
     run_engines(state.context(force), refs, toolchain=None, until="export")
 
@@ -219,14 +248,16 @@ def profile(state: _State, engines, models, variants, toolchain, trt, force, dry
 @selection_options
 @toolchain_options
 @force_option
+@calibration_options
 @pass_state
-def run(state: _State, engines, models, variants, toolchain, trt, force):
+def run(state: _State, engines, models, variants, toolchain, trt, force, calib_dir, calib_samples):
     """Export, build and profile a selection, then print the comparison.
 
     With no selection it runs the catalog's defaults: the demo on ONNX Runtime.
     """
     from pipeline.runner import run_engines
 
+    apply_calibration(state, calib_dir, calib_samples)
     catalog = state.catalog
     refs = select_engines(catalog, engines, models, variants)
     chain = select_toolchain(catalog, toolchain, trt)

@@ -1,8 +1,15 @@
-"""Export stage: timm model → ONNX, checked by running it in ONNX Runtime against PyTorch.
+"""Export stage: timm model → (sparsify) → (quantize) → ONNX, checked before it is kept.
 
-Quantized variants are calibrated with ModelOpt before export, so the ONNX holds the Q/DQ nodes
-TensorRT expects. The ONNX is written under a temporary name and only moved into
-``models/<model>/<variant>.onnx`` once the checker and the parity test have passed.
+Checks, all recorded in the manifest:
+* ``onnx.checker``, and an op/dtype audit of the graph (custom ``trt::`` ops included);
+* parity: the ONNX run in ONNX Runtime against the PyTorch model of the same variant on the same
+  input, beyond a per-precision tolerance the stage fails (skipped, with the reason, when the
+  graph uses TensorRT-only operators);
+* the accuracy proxy: the variant's PyTorch outputs against the dense FP32 model's;
+* for sparse variants, the 2:4 pattern in every sparsified weight of the ONNX.
+
+The ONNX is written under a temporary name and moved to ``models/<model>/<variant>.onnx`` only
+when every check has passed.
 """
 
 from __future__ import annotations
@@ -13,15 +20,17 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.artifacts import atomic_output, sha256_file
+from pipeline.calibration import calibration_batches, describe_source
 from pipeline.errors import PipelineError, require_module
 from pipeline.manifest import Artifact, ExportDetails, ParityCheck
-from pipeline.quantize import MIN_OPSET, PRESETS, quantize_model
+from pipeline.quantize import DEFAULT_WEIGHTS_DTYPE, MIN_OPSET, PRESETS, accuracy_proxy, export_quantized, quantize_model, require_cuda_for
+from pipeline.sparsify import onnx_sparsity, sparsify_model
 from pipeline.stage import Stage, StageOutcome
 
 # How far the ONNX Runtime output may drift from PyTorch's on the same input, per precision:
 # (max |error| relative to the largest |reference| value (at least 1), cosine similarity floor).
 # The reference is the PyTorch model of the same precision (fake-quantized for Q/DQ variants),
-# so these bound export faithfulness, not quantization error.
+# so these bound export faithfulness, not quantization error (that is the accuracy proxy).
 PARITY_TOLERANCE = {
     "fp32": (1e-3, 0.99999),
     "fp16": (2e-2, 0.999),
@@ -30,7 +39,6 @@ PARITY_TOLERANCE = {
     "mxfp8": (2.5e-1, 0.98),
     "nvfp4": (2.5e-1, 0.98),
 }
-CALIBRATION_BATCHES = 4
 INPUT_NAME, OUTPUT_NAME = "input", "logits"
 
 
@@ -43,12 +51,36 @@ class ExportStage(Stage):
     def opset(self) -> int:
         return max(self.ctx.catalog.opset, MIN_OPSET.get(self.variant_spec.precision, 0))
 
+    @property
+    def quantized(self) -> bool:
+        return self.variant_spec.precision in PRESETS
+
+    @property
+    def needs_calibration(self) -> bool:
+        return self.quantized or self.variant_spec.sparsity is not None
+
+    def weights_dtype(self) -> str | None:
+        if not self.quantized:
+            return None
+        return self.variant_spec.weights_dtype or DEFAULT_WEIGHTS_DTYPE[self.variant_spec.precision]
+
+    def calibration_params(self) -> dict[str, Any] | None:
+        settings = self.ctx.catalog.calibration
+        directory = self._calibration_dir()
+        return describe_source(directory, settings.samples, settings.batch_size)
+
+    def _calibration_dir(self) -> Path | None:
+        directory = self.ctx.catalog.calibration.directory
+        if directory is None:
+            return None
+        directory = Path(directory).expanduser()
+        return directory if directory.is_absolute() else self.ctx.workspace.root / directory
+
     def params(self) -> dict[str, Any]:
-        spec = self.model_spec
+        spec, variant = self.model_spec, self.variant_spec
         checkpoint = None
         if spec.checkpoint is not None:
-            path = self.checkpoint_path()
-            checkpoint = {"path": str(spec.checkpoint), "sha256": self.ctx.workspace.hashes.sha256(path)}
+            checkpoint = {"path": str(spec.checkpoint), "sha256": self.ctx.workspace.hashes.sha256(self.checkpoint_path())}
         params = {
             "timm_model": spec.timm,
             "batch_size": spec.batch_size,
@@ -56,12 +88,19 @@ class ExportStage(Stage):
             "seed": spec.seed,
             "checkpoint": checkpoint,
             "opset": self.opset(),
-            "precision": self.variant_spec.precision,
-            "sparsity": self.variant_spec.sparsity,
-            "parity_tolerance": PARITY_TOLERANCE[self.variant_spec.precision],
+            "precision": variant.precision,
+            "sparsity": variant.sparsity,
+            "parity_tolerance": PARITY_TOLERANCE[variant.precision],
+            "calibration": self.calibration_params(),
         }
-        if self.variant_spec.precision in PRESETS:
-            params["quantization"] = {"preset": PRESETS[self.variant_spec.precision], "calib_batches": CALIBRATION_BATCHES}
+        if self.quantized:
+            params["quantization"] = {
+                "preset": PRESETS[variant.precision],
+                "conv_policy": variant.conv_policy,
+                "weights_dtype": self.weights_dtype(),
+            }
+        if variant.sparsity:
+            params["sparsity_method"] = variant.sparsity_method
         return params
 
     def identity(self) -> dict[str, Any]:
@@ -85,20 +124,20 @@ class ExportStage(Stage):
         return path
 
     def run_impl(self, inputs: list[Artifact]) -> StageOutcome:
-        variant = self.variant_spec
-        if variant.sparsity:
-            raise PipelineError(
-                f"variant {self.engine.variant!r} needs 2:4 sparsification, which is not implemented yet.",
-                hint="pick a dense variant (fp32, fp16, int8, …)",
-            )
         with self.ctx.reporter.captured("export"):
-            return self._export()
+            outcome = self._export()
+        # Said after the tools' output is released, so it is not swallowed with it.
+        accuracy = outcome.details.accuracy
+        if accuracy and accuracy["warning"]:
+            self.ctx.reporter.warn(f"{self.engine.name}: {accuracy['warning']}")
+        return outcome
 
     def _export(self) -> StageOutcome:
         variant = self.variant_spec
         timm = _import_timm()
         import torch
 
+        require_cuda_for(variant.precision)
         spec = self.model_spec
         torch.manual_seed(spec.seed)
         kwargs: dict[str, Any] = {}
@@ -120,52 +159,99 @@ class ExportStage(Stage):
         if spec.image_size:
             height = width = spec.image_size
         input_shape = (spec.batch_size, channels, height, width)
-        dtype = torch.float16 if variant.precision == "fp16" else torch.float32
-        device = "cuda" if variant.precision in ("mxfp8", "nvfp4") and torch.cuda.is_available() else "cpu"
-        model = model.to(device=device, dtype=dtype)
+        # Block-format fake quantization runs on CUDA; the rest exports from the CPU.
+        device = "cuda" if variant.precision in ("mxfp8", "nvfp4") else "cpu"
+        model = model.to(device)
         generator = torch.Generator().manual_seed(spec.seed + 1)
-        sample = torch.randn(*input_shape, generator=generator).to(device=device, dtype=dtype)
+        sample = torch.randn(*input_shape, generator=generator)
+
+        calibration = None
+        batches = []
+        reference_outputs = []
+        if self.needs_calibration:
+            settings = self.ctx.catalog.calibration
+            batches = calibration_batches(model, self._calibration_dir(), settings.samples, settings.batch_size, (channels, height, width), spec.seed + 2)
+            calibration = {k: v for k, v in self.calibration_params().items() if k != "files"}
+            with torch.no_grad():
+                reference_outputs = [model(b.to(device)).cpu() for b in batches]
+
+        sparsification = None
+        if variant.sparsity:
+            model, sparsification = sparsify_model(model, variant.sparsity_method, batches)
 
         quantization = None
-        if variant.precision in PRESETS:
-            model, quantization = quantize_model(model, variant.precision, input_shape, CALIBRATION_BATCHES, spec.seed)
+        dtype = torch.float32
+        if variant.precision == "fp16":
+            dtype = torch.float16
+            model = model.half()
+        elif self.quantized:
+            model, quantization = quantize_model(model, variant.precision, batches, variant.conv_policy)
+            quantization["weights_dtype"] = self.weights_dtype()
+            quantization["calibration"] = calibration
+
+        accuracy = None
+        if batches:
+            with torch.no_grad():
+                outputs = [model(b.to(device=device, dtype=dtype)).float().cpu() for b in batches]
+            accuracy = accuracy_proxy(reference_outputs, outputs, variant.precision, bool(variant.sparsity))
 
         with torch.no_grad():
-            reference = model(sample).float().cpu().numpy()
+            reference = model(sample.to(device=device, dtype=dtype)).float().cpu().numpy()
 
         onnx = require_module("onnx", purpose="ONNX export")
         onnx_path = self.ctx.workspace.onnx_path(self.engine)
         with atomic_output(onnx_path) as tmp:
-            self.ctx.reporter.detail(f"torch.onnx.export {spec.timm} {list(input_shape)} opset {self.opset()} → {tmp}")
+            self.ctx.reporter.detail(f"export {spec.timm} {list(input_shape)} opset {self.opset()} → {tmp}")
             try:
-                with torch.no_grad():
-                    torch.onnx.export(
-                        model,
-                        (sample,),
-                        str(tmp),
-                        input_names=[INPUT_NAME],
-                        output_names=[OUTPUT_NAME],
-                        opset_version=self.opset(),
-                        # The TorchScript exporter: ModelOpt's Q/DQ export is built on it.
-                        dynamo=False,
-                    )
+                if self.quantized:
+                    export_quantized(model, sample.to(device), tmp, self.opset(), self.weights_dtype())
+                    name_io(tmp)
+                else:
+                    with torch.no_grad():
+                        torch.onnx.export(
+                            model,
+                            (sample.to(device=device, dtype=dtype),),
+                            str(tmp),
+                            input_names=[INPUT_NAME],
+                            output_names=[OUTPUT_NAME],
+                            opset_version=self.opset(),
+                            # The TorchScript exporter: ModelOpt's exporter is built on it too.
+                            dynamo=False,
+                        )
                 onnx.checker.check_model(str(tmp))
-            except OSError:
+            except (OSError, PipelineError):
                 raise
             except Exception as exc:
                 raise PipelineError(
                     f"ONNX export of {self.engine.name} failed: {str(exc).strip().splitlines()[0]}",
                     hint="run with -v for the exporter's output",
                 ) from exc
-            parity = check_parity(tmp, sample.cpu().numpy(), reference, variant.precision)
-            if not parity.passed:
-                raise PipelineError(
-                    f"exported {self.engine.name} does not match PyTorch: max |error| {parity.max_abs_error:.3g} "
-                    f"(limit {parity.max_abs_error_limit:.3g}), cosine similarity {parity.cosine_similarity:.6f} "
-                    f"(floor {parity.cosine_similarity_floor}).",
-                    hint="the ONNX was not kept; try another opset (`opset` in pipeline.toml)",
-                )
-            ops = op_histogram(onnx.load(str(tmp), load_external_data=False))
+            graph = onnx.load(str(tmp), load_external_data=False)
+            ops = op_histogram(graph)
+            custom = sorted(op for op in ops if "::" in op)
+            parity, parity_skipped = None, None
+            if custom:
+                parity_skipped = f"the graph uses TensorRT-only operators ({', '.join(custom)}), which ONNX Runtime cannot run"
+            else:
+                parity = check_parity(tmp, sample.numpy(), reference, variant.precision)
+                if not parity.passed:
+                    raise PipelineError(
+                        f"exported {self.engine.name} does not match PyTorch: max |error| {parity.max_abs_error:.3g} "
+                        f"(limit {parity.max_abs_error_limit:.3g}), cosine similarity {parity.cosine_similarity:.6f} "
+                        f"(floor {parity.cosine_similarity_floor}).",
+                        hint="the ONNX was not kept; try another opset (`opset` in pipeline.toml)",
+                    )
+            if sparsification is not None:
+                sparsification["onnx"] = onnx_sparsity(graph)
+                expected = sparsification["sparsified_layers"]
+                found = sparsification["onnx"]["weights_2_4"]
+                if found < expected:
+                    raise PipelineError(
+                        f"the 2:4 pattern was lost in export: {expected} layers are 2:4-sparse in PyTorch, but only "
+                        f"{found} weights of the ONNX are.",
+                        hint="the ONNX was not kept; run with -v and report the exporter's output",
+                    )
+            audit = onnx_audit(graph, tmp.stat().st_size)
 
         details = ExportDetails(
             timm_model=spec.timm,
@@ -176,14 +262,20 @@ class ExportStage(Stage):
             precision=variant.precision,
             sparsity=variant.sparsity,
             quantization=quantization,
+            sparsification=sparsification,
+            calibration=calibration,
+            accuracy=accuracy,
             parity=parity,
+            parity_skipped=parity_skipped,
             onnx_ops=ops,
+            onnx_audit=audit,
         )
-        return StageOutcome(
-            outputs=[self.ctx.workspace.artifact("onnx", onnx_path)],
-            details=details,
-            note=f" (parity: cosine {parity.cosine_similarity:.6f})",
-        )
+        note = f" (parity: cosine {parity.cosine_similarity:.6f})" if parity else " (parity: TensorRT-only ops, not run)"
+        if accuracy:
+            note += f", vs FP32: cosine {accuracy['cosine_similarity']:.4f}"
+        if sparsification:
+            note += f", {sparsification['onnx']['weights_2_4']} weights 2:4-sparse"
+        return StageOutcome(outputs=[self.ctx.workspace.artifact("onnx", onnx_path)], details=details, note=note)
 
 
 def _import_timm():
@@ -192,12 +284,46 @@ def _import_timm():
     return import_timm()
 
 
+def name_io(path: Path) -> None:
+    """Give ModelOpt's exports the same input/output names as plain exports ("input", "logits")."""
+    import onnx
+
+    model = onnx.load(str(path))
+    renames = {}
+    if len(model.graph.input) == 1:
+        renames[model.graph.input[0].name] = INPUT_NAME
+    if len(model.graph.output) == 1:
+        renames[model.graph.output[0].name] = OUTPUT_NAME
+    renames = {old: new for old, new in renames.items() if old != new}
+    if not renames:
+        return
+    for value in list(model.graph.input) + list(model.graph.output):
+        value.name = renames.get(value.name, value.name)
+    for node in model.graph.node:
+        node.input[:] = [renames.get(n, n) for n in node.input]
+        node.output[:] = [renames.get(n, n) for n in node.output]
+    onnx.save(model, str(path))
+
+
 def op_histogram(model) -> dict[str, int]:
     """Node count per operator; custom domains are prefixed (``trt::TRT_FP4QDQ``)."""
     counts = Counter(
         node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}" for node in model.graph.node
     )
     return dict(sorted(counts.items()))
+
+
+def onnx_audit(model, size_bytes: int) -> dict[str, Any]:
+    import onnx
+
+    dtypes = Counter(onnx.TensorProto.DataType.Name(t.data_type) for t in model.graph.initializer)
+    return {
+        "opsets": {(entry.domain or "ai.onnx"): entry.version for entry in model.opset_import},
+        "nodes": len(model.graph.node),
+        "initializer_dtypes": dict(sorted(dtypes.items())),
+        "initializers": len(model.graph.initializer),
+        "size_bytes": size_bytes,
+    }
 
 
 def check_parity(onnx_path: Path, sample, reference, precision: str) -> ParityCheck:

@@ -79,8 +79,17 @@ class ExportDetails(_Model):
     precision: str
     sparsity: str | None = None
     quantization: dict[str, Any] | None = None
+    # 2:4 sparsification: method, per-layer sparsity in PyTorch, and the check of the ONNX weights.
+    sparsification: dict[str, Any] | None = None
+    calibration: dict[str, Any] | None = None
+    # The variant's PyTorch outputs against the dense FP32 model's (cosine, max error, top-1).
+    accuracy: dict[str, Any] | None = None
     parity: ParityCheck | None = None
+    # Why the ONNX could not be run in ONNX Runtime (TensorRT-only operators).
+    parity_skipped: str | None = None
     onnx_ops: dict[str, int] = {}
+    # Opset, initializer data types, size.
+    onnx_audit: dict[str, Any] = {}
 
 
 class BuildDetails(_Model):

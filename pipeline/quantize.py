@@ -1,11 +1,23 @@
-"""Post-training quantization with NVIDIA ModelOpt on the PyTorch model (fake-quant → Q/DQ ONNX).
+"""Quantize stage: post-training quantization with NVIDIA ModelOpt on the PyTorch model.
 
-INT8 and FP8 fake quantization run on the CPU. MXFP8 and NVFP4 use ModelOpt kernels that need
-CUDA, so they stop with a clear message on machines without a GPU.
+The model is calibrated with ModelOpt's preset for the precision, and exported with ModelOpt's
+ONNX exporter, which writes what TensorRT 10 builds from: Q/DQ nodes for INT8, FP8 weights with
+TensorRT's Q/DQ ops for FP8, FP4 weights + DequantizeLinear for NVFP4, MXFP8 weights + dequantize
+for MXFP8.
+
+Block formats (MXFP8, NVFP4) are applied only where TensorRT runs them: the matrix multiplies.
+Layers are excluded by rule, not by name — convolutions (a ViT's patch embedding) and the
+classifier head — and the manifest lists each exclusion with its reason. Convolutions can go to
+FP8 instead (``conv_policy = "fp8"``).
+
+MXFP8 and NVFP4 fake quantization needs CUDA. INT8 and FP8 run on the CPU; on a GPU they use
+ModelOpt's pure-PyTorch kernels, because its CUDA kernels are compiled with nvcc the first time
+they are used — a minute or more per precision on a fresh machine, for no gain at export size.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from pipeline.errors import EnvironmentMissing, PipelineError, require_module
@@ -17,41 +29,163 @@ PRESETS = {
     "mxfp8": "MXFP8_DEFAULT_CFG",
     "nvfp4": "NVFP4_DEFAULT_CFG",
 }
-NEEDS_CUDA = {"mxfp8", "nvfp4"}
-# Q/DQ with FP8 types is defined from opset 19 on.
+BLOCK_FORMATS = {"mxfp8", "nvfp4"}
+NEEDS_CUDA = BLOCK_FORMATS
+# Q/DQ with FP8 (and FP4) types is defined from opset 19 on.
 MIN_OPSET = {"fp8": 19, "mxfp8": 19, "nvfp4": 19}
+# Weights stored in FP16 for strongly typed TensorRT builds. INT8 keeps FP32 weights by default:
+# ModelOpt's FP16 INT8 graph is rejected by ONNX Runtime (a Cast type mismatch, seen with
+# ModelOpt 0.47 / ONNX Runtime 1.31), and INT8 is the quantized variant ONNX Runtime can run.
+DEFAULT_WEIGHTS_DTYPE = {"int8": "fp32", "fp8": "fp16", "mxfp8": "fp16", "nvfp4": "fp16"}
+# Cosine similarity to the FP32 model below which the accuracy proxy warns.
+ACCURACY_FLOOR = {"fp32": 0.9999, "fp16": 0.999, "int8": 0.99, "fp8": 0.99, "mxfp8": 0.98, "nvfp4": 0.95}
+SPARSE_ACCURACY_FLOOR = 0.9
+
+FP8_OVERRIDE = {"num_bits": (4, 3), "axis": None}
 
 
-def quantize_model(model, precision: str, input_shape: tuple[int, ...], calib_batches: int, seed: int):
-    """Calibrate ``model`` in place with ModelOpt; returns it and a description for the manifest."""
+def require_cuda_for(precision: str) -> None:
     import torch
 
-    if precision not in PRESETS:
-        raise PipelineError(f"no quantization preset for precision {precision!r}.", hint=f"known: {sorted(PRESETS)}")
     if precision in NEEDS_CUDA and not torch.cuda.is_available():
         raise EnvironmentMissing(
             f"{precision} quantization needs a CUDA GPU (ModelOpt's {precision} kernels are CUDA-only), "
             "and this machine has none.",
             hint="run this export on a machine with an NVIDIA GPU, or pick int8/fp8",
         )
+
+
+def plan_exclusions(model, precision: str, conv_policy: str) -> tuple[dict[str, str], dict[str, str]]:
+    """Layers to leave unquantized, and layers to quantize as FP8 instead, each with the reason."""
+    import torch.nn as nn
+
+    excluded: dict[str, str] = {}
+    overridden: dict[str, str] = {}
+    if precision not in BLOCK_FORMATS:
+        return excluded, overridden
+    for name, module in model.named_modules():
+        if isinstance(module, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
+            reason = (
+                f"convolution: {precision} block quantization is for matrix multiplies, and ModelOpt cannot "
+                "export a block-quantized convolution (kernel of unknown shape)"
+            )
+            if conv_policy == "fp8":
+                overridden[name] = reason + "; quantized as FP8 instead"
+            else:
+                excluded[name] = reason
+    head = classifier_head(model)
+    if head is not None:
+        excluded[head] = "classifier head: kept in higher precision, the last layer is the most sensitive to quantization"
+    return excluded, overridden
+
+
+def classifier_head(model) -> str | None:
+    """The module producing the logits: timm's get_classifier(), else the last Linear layer."""
+    import torch.nn as nn
+
+    get_classifier = getattr(model, "get_classifier", None)
+    if callable(get_classifier):
+        head = get_classifier()
+        for name, module in model.named_modules():
+            if module is head and isinstance(module, nn.Linear):
+                return name
+    linears = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+    return linears[-1] if linears else None
+
+
+def quantize_model(model, precision: str, batches, conv_policy: str = "exclude"):
+    """Calibrate ``model`` in place with ModelOpt; returns it and what the manifest records."""
+    import torch
+
+    if precision not in PRESETS:
+        raise PipelineError(f"no quantization preset for precision {precision!r}.", hint=f"known: {', '.join(PRESETS)}")
+    require_cuda_for(precision)
     mtq = require_module("modelopt.torch.quantization", purpose=f"{precision} quantization")
-    config = getattr(mtq, PRESETS[precision])
-    generator = torch.Generator().manual_seed(seed)
+    _use_pytorch_kernels_for(precision)
+    config = copy.deepcopy(getattr(mtq, PRESETS[precision]))
+    excluded, overridden = plan_exclusions(model, precision, conv_policy)
+    # Later entries of quant_cfg win, so the rules go last.
+    for name in overridden:
+        config["quant_cfg"].append({"quantizer_name": f"{name}.*", "cfg": dict(FP8_OVERRIDE)})
+    for name in excluded:
+        config["quant_cfg"].append({"quantizer_name": f"{name}.*", "enable": False})
     device = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
-    # Synthetic calibration: random images, so no dataset is needed. Stated in the manifest,
-    # because ranges calibrated on noise are not those of real images.
-    batches = [torch.randn(*input_shape, generator=generator).to(device=device, dtype=dtype) for _ in range(calib_batches)]
 
     def forward_loop(m):
         with torch.no_grad():
             for batch in batches:
-                m(batch)
+                m(batch.to(device=device, dtype=dtype))
 
     model = mtq.quantize(model, config, forward_loop)
     info: dict[str, Any] = {
         "tool": "nvidia-modelopt",
         "preset": PRESETS[precision],
-        "calibration": {"source": "synthetic (standard normal)", "batches": calib_batches, "batch_shape": list(input_shape)},
+        "excluded_layers": excluded,
+        "fp8_layers": overridden,
+        "quantized_layers": _count_enabled_weight_quantizers(model),
     }
     return model, info
+
+
+def _count_enabled_weight_quantizers(model) -> int:
+    return sum(
+        1
+        for name, module in model.named_modules()
+        if name.endswith("weight_quantizer") and getattr(module, "is_enabled", False)
+    )
+
+
+def _use_pytorch_kernels_for(precision: str) -> None:
+    """Skip the nvcc build of ModelOpt's INT8/FP8 CUDA kernels; ModelOpt falls back to PyTorch ops."""
+    if precision not in ("int8", "fp8"):
+        return
+    from modelopt.torch.quantization import extensions
+
+    # ModelOpt caches the loaded extension on these functions; None selects its PyTorch path.
+    extensions.get_cuda_ext.extension = None
+    extensions.get_cuda_ext_fp8.extension = None
+
+
+def export_quantized(model, sample, path, opset: int, weights_dtype: str) -> None:
+    """ModelOpt's deploy exporter: real low-precision weights and the ops TensorRT parses."""
+    require_module("onnxconverter_common", purpose="Exporting quantized ONNX", extra="export")
+    from modelopt.torch._deploy.utils.torch_onnx import OnnxBytes, get_onnx_bytes_and_metadata
+
+    onnx_bytes, _ = get_onnx_bytes_and_metadata(model, (sample,), onnx_opset=opset, weights_dtype=weights_dtype)
+    files = OnnxBytes.from_bytes(onnx_bytes).onnx_model
+    if len(files) != 1:
+        raise PipelineError(
+            f"the quantized ONNX came with external data files ({', '.join(files)}), which this pipeline does not "
+            "handle yet (the model exceeds 2 GB).",
+        )
+    path.write_bytes(next(iter(files.values())))
+
+
+def accuracy_proxy(reference_outputs, outputs, precision: str, sparse: bool) -> dict[str, Any]:
+    """How far the variant's PyTorch outputs (fake-quantized, sparsified) are from FP32's."""
+    import torch
+
+    ref = torch.cat([r.float().flatten(1) for r in reference_outputs])
+    out = torch.cat([o.float().flatten(1) for o in outputs])
+    cosine = float(torch.nn.functional.cosine_similarity(ref.flatten(), out.flatten(), dim=0))
+    per_sample = torch.nn.functional.cosine_similarity(ref, out, dim=1)
+    top1 = float((ref.argmax(dim=1) == out.argmax(dim=1)).float().mean())
+    floor = min(ACCURACY_FLOOR.get(precision, 0.99), SPARSE_ACCURACY_FLOOR if sparse else 1.0)
+    result = {
+        "reference": "the dense FP32 PyTorch model on the same inputs",
+        "samples": int(ref.shape[0]),
+        "cosine_similarity": cosine,
+        "min_sample_cosine_similarity": float(per_sample.min()),
+        "max_abs_error": float((ref - out).abs().max()),
+        "top1_agreement": top1,
+        "cosine_floor": floor,
+        "warning": None,
+    }
+    if cosine < floor:
+        result["warning"] = (
+            f"outputs drift from FP32: cosine similarity {cosine:.4f} is below {floor} for {precision}"
+            + (" with 2:4 sparsity" if sparse else "")
+            + f" (top-1 agreement {top1:.0%})"
+        )
+    return result

@@ -218,12 +218,6 @@ def test_local_checkpoint_is_loaded_and_recorded(tmp_path, run_cli):
     assert biases and float(biases[0].mean()) == pytest.approx(0.25)
 
 
-def test_sparse_variant_says_it_is_not_available_yet(tiny_catalog, run_cli):
-    result = run_cli(tiny_catalog, "export", "--engine", "tiny_fp16_sparse")
-    assert result.exit_code == 1
-    assert "2:4 sparsification" in result.err
-
-
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the message shown on machines without CUDA")
 def test_block_formats_need_a_gpu_and_say_so(tiny_catalog, run_cli):
     result = run_cli(tiny_catalog, "export", "--engine", "tiny_mxfp8")

@@ -1,0 +1,60 @@
+"""Calibration (and accuracy-proxy) inputs: synthetic noise by default, or a folder of images.
+
+Synthetic inputs need no dataset, which is why they are the default, but activation ranges
+calibrated on noise are not those of real images; the manifest says which source was used.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import PipelineError
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".ppm"}
+
+
+def image_files(directory: Path) -> list[Path]:
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise PipelineError(f"calibration folder {directory} does not exist.", hint="pass an existing folder of images to --calib-dir")
+    files = sorted(p for p in directory.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    if not files:
+        raise PipelineError(
+            f"calibration folder {directory} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))}).",
+            hint="point --calib-dir at a folder of images, or leave it out to calibrate on synthetic inputs",
+        )
+    return files
+
+
+def describe_source(directory: Path | None, samples: int, batch_size: int) -> dict[str, Any]:
+    """What goes into the export fingerprint: the folder's file list (names, sizes, mtimes)."""
+    if directory is None:
+        return {"source": "synthetic (standard normal)", "samples": samples, "batch_size": batch_size}
+    files = image_files(directory)[:samples]
+    listing = [(str(p.relative_to(directory)), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    return {"source": f"images in {directory}", "samples": len(files), "batch_size": batch_size, "files": listing}
+
+
+def calibration_batches(model, directory: Path | None, samples: int, batch_size: int, image_shape: tuple[int, int, int], seed: int):
+    """Batches of model inputs (float32, CPU): ``samples`` images in batches of ``batch_size``."""
+    import torch
+
+    if directory is None:
+        generator = torch.Generator().manual_seed(seed)
+        sizes = [min(batch_size, samples - start) for start in range(0, samples, batch_size)]
+        return [torch.randn(size, *image_shape, generator=generator) for size in sizes]
+
+    from PIL import Image, UnidentifiedImageError
+    from timm.data import create_transform, resolve_data_config
+
+    config = resolve_data_config({"input_size": image_shape}, model=model)
+    transform = create_transform(**config)
+    tensors = []
+    for path in image_files(directory)[:samples]:
+        try:
+            with Image.open(path) as image:
+                tensors.append(transform(image.convert("RGB")))
+        except (OSError, UnidentifiedImageError) as exc:
+            raise PipelineError(f"cannot read calibration image {path}: {exc}.", hint="remove or replace that file") from exc
+    return [torch.stack(tensors[start : start + batch_size]) for start in range(0, len(tensors), batch_size)]

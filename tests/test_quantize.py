@@ -1,0 +1,183 @@
+"""Quantization and 2:4 sparsity with ModelOpt on the CPU, exported for real (timm's test_vit)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from pipeline.manifest import read_manifest
+from tests.conftest import TINY_CATALOG, write_catalog
+
+CATALOG = TINY_CATALOG.replace(
+    "[models.tiny]",
+    "[calibration]\nsamples = 8\nbatch_size = 4\n\n[models.tiny]",
+) + """
+[variants.fp8]
+precision = "fp8"
+[variants.int8_sparse]
+precision = "int8"
+sparsity = "2:4"
+sparsity_method = "sparsegpt"
+[variants.fp8_sparse]
+precision = "fp8"
+sparsity = "2:4"
+"""
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    from pipeline.cli import main
+
+    catalog = write_catalog(tmp_path_factory.mktemp("quant"), CATALOG)
+    engines = ["tiny_fp32", "tiny_int8", "tiny_fp8", "tiny_fp16_sparse", "tiny_int8_sparse", "tiny_fp8_sparse"]
+    assert main(["--catalog", str(catalog), "export", *(a for e in engines for a in ("--engine", e))]) == 0
+    return catalog.parent
+
+
+def details(ws, engine):
+    return read_manifest(ws / "manifests" / "export" / f"{engine}.json").export.details
+
+
+def test_int8_export_has_qdq_and_runs_in_onnx_runtime(exported):
+    d = details(exported, "tiny_int8")
+    assert d.onnx_ops["QuantizeLinear"] > 0 and d.onnx_ops["DequantizeLinear"] > 0
+    assert d.parity.passed and d.parity_skipped is None
+    assert d.quantization["preset"] == "INT8_DEFAULT_CFG"
+    assert d.quantization["weights_dtype"] == "fp32"  # portable to ONNX Runtime
+    assert d.quantization["quantized_layers"] > 0 and d.quantization["excluded_layers"] == {}
+    assert d.onnx_audit["opsets"]["ai.onnx"] == 17 and d.onnx_audit["initializer_dtypes"] == {"FLOAT": d.onnx_audit["initializers"]}
+    assert d.onnx_audit["size_bytes"] == (exported / "models" / "tiny" / "int8.onnx").stat().st_size
+
+
+def test_fp8_export_has_fp8_weights_and_tensorrt_qdq(exported):
+    d = details(exported, "tiny_fp8")
+    assert d.onnx_ops.get("trt::QuantizeLinear", 0) > 0 and d.onnx_ops.get("trt::DequantizeLinear", 0) > 0
+    assert d.onnx_audit["initializer_dtypes"].get("FLOAT8E4M3FN", 0) > 0
+    assert d.onnx_audit["initializer_dtypes"].get("FLOAT16", 0) > 0  # FP16 weights for strongly typed builds
+    assert d.onnx_audit["opsets"]["ai.onnx"] == 19
+    assert d.parity is None and "TensorRT-only operators" in d.parity_skipped
+    assert d.input_shape == [2, 3, 160, 160]
+
+
+def test_accuracy_proxy_is_recorded_for_every_calibrated_variant(exported):
+    for engine in ("tiny_int8", "tiny_fp8", "tiny_fp16_sparse", "tiny_int8_sparse", "tiny_fp8_sparse"):
+        accuracy = details(exported, engine).accuracy
+        assert accuracy["samples"] == 8
+        assert -1.0 <= accuracy["cosine_similarity"] <= 1.0
+        assert 0.0 <= accuracy["top1_agreement"] <= 1.0
+        assert accuracy["max_abs_error"] >= 0.0
+    assert details(exported, "tiny_int8").accuracy["cosine_similarity"] > 0.99
+    assert details(exported, "tiny_fp8").accuracy["warning"] is None
+    # Pruning half of a random model's weights without fine-tuning moves its outputs: said, not hidden.
+    sparse = details(exported, "tiny_fp16_sparse").accuracy
+    assert sparse["cosine_similarity"] < sparse["cosine_floor"] and "2:4 sparsity" in sparse["warning"]
+    assert details(exported, "tiny_fp32").accuracy is None
+
+
+def test_sparse_weights_keep_the_2_4_pattern_in_the_onnx(exported):
+    import onnx
+
+    from pipeline.sparsify import has_2_4_pattern, onnx_sparsity
+
+    for engine in ("tiny_fp16_sparse", "tiny_int8_sparse", "tiny_fp8_sparse"):
+        s = details(exported, engine).sparsification
+        sparsified = [name for name, layer in s["layers"].items() if layer["pattern_2_4"]]
+        assert len(sparsified) == s["sparsified_layers"] == 25  # every Linear; the 3-channel conv stays dense
+        assert s["layers"]["patch_embed.proj"]["pattern_2_4"] is False
+        assert s["onnx"]["weights_2_4"] >= s["sparsified_layers"]
+        patterned = [w for w in s["onnx"]["weights"].values() if w["pattern_2_4"]]
+        assert all(w["zero_fraction"] >= 0.5 for w in patterned)
+        assert 0.3 < s["onnx"]["total_zero_fraction"] < 0.5  # the dense patch-embed conv is counted too
+    assert details(exported, "tiny_int8_sparse").sparsification["method"] == "sparsegpt"
+    # Recheck one file independently of the recorded report.
+    graph = onnx.load(str(exported / "models" / "tiny" / "fp16_sparse.onnx"))
+    report = onnx_sparsity(graph)
+    assert report["weights_2_4"] == details(exported, "tiny_fp16_sparse").sparsification["onnx"]["weights_2_4"]
+    dense = onnx_sparsity(onnx.load(str(exported / "models" / "tiny" / "fp32.onnx")))
+    assert dense["weights_2_4"] == 0 and dense["weights_checked"] == report["weights_checked"]
+    assert has_2_4_pattern(np.array([[0, 1, 0, 2, 3, 0, 0, 4]]), axis=1)
+    assert not has_2_4_pattern(np.array([[0, 1, 5, 2, 3, 0, 0, 4]]), axis=1)
+
+
+def test_fp8_sparse_combines_both(exported):
+    d = details(exported, "tiny_fp8_sparse")
+    assert d.quantization["preset"] == "FP8_DEFAULT_CFG" and d.sparsification["method"] == "sparse_magnitude"
+    assert d.onnx_audit["initializer_dtypes"].get("FLOAT8E4M3FN", 0) > 0
+
+
+def test_calibration_from_an_image_folder(tmp_path, run_cli):
+    from PIL import Image
+
+    images = tmp_path / "images" / "class_a"
+    images.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for i in range(5):
+        Image.fromarray(rng.integers(0, 255, (180, 200, 3), dtype=np.uint8)).save(images / f"{i}.png")
+    (images / "notes.txt").write_text("ignored")
+    catalog = write_catalog(tmp_path / "ws", CATALOG.replace("samples = 8", f'samples = 4\ndirectory = "{images.parent}"'))
+    result = run_cli(catalog, "export", "--engine", "tiny_int8")
+    assert result.exit_code == 0, result.err
+    d = details(catalog.parent, "tiny_int8")
+    assert d.calibration["source"] == f"images in {images.parent}" and d.calibration["samples"] == 4
+    assert d.accuracy["samples"] == 4
+    # Different calibration data is a different export.
+    (images / "4.png").unlink()
+    Image.fromarray(np.zeros((180, 200, 3), dtype=np.uint8)).save(images / "0.png")
+    again = run_cli(catalog, "export", "--engine", "tiny_int8")
+    assert "didn't change" not in again.err
+
+
+def test_empty_or_unreadable_calibration_folder(tmp_path, run_cli):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    catalog = write_catalog(tmp_path / "ws", CATALOG.replace("samples = 8", f'samples = 8\ndirectory = "{empty}"'))
+    result = run_cli(catalog, "export", "--engine", "tiny_int8")
+    assert result.exit_code == 1 and "holds no images" in result.err
+    (empty / "broken.jpg").write_bytes(b"not an image")
+    result = run_cli(catalog, "export", "--engine", "tiny_int8")
+    assert result.exit_code == 1 and "cannot read calibration image" in result.err and "broken.jpg" in result.err
+    assert not (tmp_path / "ws" / "models" / "tiny" / "int8.onnx").exists()
+
+
+def test_calib_dir_option_overrides_the_catalog(tmp_path, run_cli):
+    catalog = write_catalog(tmp_path / "ws", CATALOG)
+    result = run_cli(catalog, "export", "--engine", "tiny_int8", "--calib-dir", str(tmp_path / "missing"))
+    assert result.exit_code == 1 and "missing does not exist" in result.err
+
+
+def test_block_format_exclusions_are_found_by_rule():
+    import torch.nn as nn
+
+    from pipeline.quantize import classifier_head, plan_exclusions
+    from pipeline.torch_import import import_timm
+
+    timm = import_timm()
+    vit = timm.create_model("test_vit")
+    excluded, overridden = plan_exclusions(vit, "nvfp4", "exclude")
+    assert set(excluded) == {"patch_embed.proj", "head"}
+    assert "convolution" in excluded["patch_embed.proj"] and "classifier head" in excluded["head"]
+    excluded, overridden = plan_exclusions(vit, "mxfp8", "fp8")
+    assert set(excluded) == {"head"} and set(overridden) == {"patch_embed.proj"}
+    assert plan_exclusions(vit, "int8", "exclude") == ({}, {})
+    # Not a ViT path: any model's convolutions and last classifier are found.
+    resnet = timm.create_model("test_resnet")
+    excluded, _ = plan_exclusions(resnet, "nvfp4", "exclude")
+    assert classifier_head(resnet) in excluded
+    assert sum(isinstance(m, nn.Conv2d) for m in resnet.modules()) == len(excluded) - 1
+
+
+def test_a_model_without_sparsifiable_layers_is_refused():
+    import torch.nn as nn
+
+    from pipeline.errors import PipelineError
+    from pipeline.sparsify import sparsify_model
+
+    with pytest.raises(PipelineError, match="no layer of this model could be 2:4-sparsified"):
+        sparsify_model(nn.Sequential(nn.Linear(3, 5)), "sparse_magnitude", [])
+
+
+def test_manifest_lists_the_export_in_json(exported):
+    raw = json.loads((exported / "manifests" / "export" / "tiny_fp8_sparse.json").read_text())
+    assert raw["export"]["details"]["sparsification"]["onnx"]["weights_checked"] >= 25
