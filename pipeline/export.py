@@ -159,8 +159,9 @@ class ExportStage(Stage):
         if spec.image_size:
             height = width = spec.image_size
         input_shape = (spec.batch_size, channels, height, width)
-        # Block-format fake quantization runs on CUDA; the rest exports from the CPU.
-        device = "cuda" if variant.precision in ("mxfp8", "nvfp4") else "cpu"
+        # Quantized variants calibrate and export on the GPU when there is one (block formats need
+        # it). FP32/FP16 export from the CPU, where the parity reference is exact (no TF32).
+        device = "cuda" if self.quantized and torch.cuda.is_available() else "cpu"
         model = model.to(device)
         generator = torch.Generator().manual_seed(spec.seed + 1)
         sample = torch.randn(*input_shape, generator=generator)

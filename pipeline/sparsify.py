@@ -13,8 +13,13 @@ from typing import Any
 from pipeline.errors import PipelineError, require_module
 
 METHODS = ("sparse_magnitude", "sparsegpt")
-# Ops that sit between a weight initializer and the layer using it in exported graphs.
-_PASS_THROUGH = {"Cast", "Identity", "QuantizeLinear", "DequantizeLinear", "TRT_FP4DequantizeLinear"}
+# Ops that sit between a weight initializer and the layer using it in exported graphs: casts, and
+# the (de)quantize ops of every format (standard, trt::, TRT_MXFP8…, TRT_FP4…), input 0 the data.
+_PASS_THROUGH = {"Cast", "Identity"}
+
+
+def _passes_weight_through(op_type: str) -> bool:
+    return op_type in _PASS_THROUGH or "quantize" in op_type.lower()
 
 
 def sparsify_model(model, method: str, batches) -> tuple[Any, dict[str, Any]]:
@@ -81,7 +86,7 @@ def onnx_sparsity(model) -> dict[str, Any]:
             producer = producers[name]
             if producer.op_type == "Transpose":
                 transposed = not transposed
-            elif producer.op_type not in _PASS_THROUGH:
+            elif not _passes_weight_through(producer.op_type):
                 break
             name = producer.input[0]
         if name not in initializers:

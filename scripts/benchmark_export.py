@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""Benchmark: how long `pipeline export` takes per variant, each in a fresh process and workspace.
+
+    python scripts/benchmark_export.py --model vit --variants fp16 int8 fp8 mxfp8 nvfp4 --out export.json
+
+Each variant runs as its own `pipeline export` process, as a user would, so import and one-time
+costs count. With --modelopt-kernels it also times the nvcc builds of ModelOpt's CUDA fake-quant
+kernels in an empty extension cache: the cost that made INT8/FP8/MXFP8 exports take 80-90 s on a
+fresh machine, and that the pipeline now avoids for INT8/FP8.
+Results are printed and written as JSON, with the GPU, torch and ModelOpt versions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def machine() -> dict:
+    info = {"python": platform.python_version(), "host": platform.node()}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    try:
+        from importlib import metadata
+
+        info["nvidia-modelopt"] = metadata.version("nvidia-modelopt")
+    except Exception:
+        pass
+    return info
+
+
+def time_export(model: str, variant: str, calib_samples: int) -> dict:
+    workspace = Path(tempfile.mkdtemp(prefix=f"bench-{variant}-"))
+    shutil.copy(REPO / "pipeline.toml", workspace / "pipeline.toml")
+    engine = f"{model}_{variant}"
+    command = [sys.executable, "-m", "pipeline.cli", "--catalog", str(workspace / "pipeline.toml"), "export", "--engine", engine, "--calib-samples", str(calib_samples)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    started = time.perf_counter()
+    result = subprocess.run(command, capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - started
+    row = {"engine": engine, "exit_code": result.returncode, "process_s": round(wall, 2)}
+    manifest = workspace / "manifests" / "export" / f"{engine}.json"
+    if result.returncode == 0 and manifest.exists():
+        record = json.loads(manifest.read_text())["export"]
+        row["stage_s"] = record["duration_s"]
+        row["onnx_ops"] = {k: v for k, v in record["details"]["onnx_ops"].items() if "::" in k or "Quantize" in k}
+        row["initializer_dtypes"] = record["details"]["onnx_audit"]["initializer_dtypes"]
+        row["accuracy_cosine"] = (record["details"].get("accuracy") or {}).get("cosine_similarity")
+    else:
+        row["error"] = (result.stderr or result.stdout)[-2000:]
+    shutil.rmtree(workspace, ignore_errors=True)
+    return row
+
+
+def time_modelopt_kernels() -> list[dict]:
+    """nvcc builds of ModelOpt's fake-quant CUDA kernels, each in a fresh process and empty cache."""
+    rows = []
+    for name in ("get_cuda_ext", "get_cuda_ext_fp8", "get_cuda_ext_mx"):
+        cache = tempfile.mkdtemp(prefix="torch-ext-")
+        code = f"import time; t=time.perf_counter(); from modelopt.torch.quantization import extensions as e; ext=e.{name}(); print(round(time.perf_counter()-t,2), ext is not None)"
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ, TORCH_EXTENSIONS_DIR=cache))
+        last = (result.stdout.strip().splitlines() or ["? False"])[-1].split()
+        rows.append({"extension": name, "seconds": float(last[0]) if last[0] != "?" else None, "built": last[-1] == "True"})
+        shutil.rmtree(cache, ignore_errors=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="vit")
+    parser.add_argument("--variants", nargs="+", default=["fp16", "int8", "fp8", "mxfp8", "nvfp4", "nvfp4_sparse", "mxfp8_sparse"])
+    parser.add_argument("--calib-samples", type=int, default=32)
+    parser.add_argument("--repeat", type=int, default=1, help="Export each variant this many times (later runs show warm caches).")
+    parser.add_argument("--modelopt-kernels", action="store_true", help="Also time ModelOpt's CUDA kernel builds.")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+
+    report = {"machine": machine(), "exports": [], "modelopt_kernel_builds": None}
+    if args.modelopt_kernels:
+        report["modelopt_kernel_builds"] = time_modelopt_kernels()
+        for row in report["modelopt_kernel_builds"]:
+            print(f"ModelOpt kernel {row['extension']:<18} build {row['seconds']} s (built: {row['built']})", flush=True)
+    for variant in args.variants:
+        for attempt in range(args.repeat):
+            row = time_export(args.model, variant, args.calib_samples)
+            row["attempt"] = attempt + 1
+            report["exports"].append(row)
+            print(f"{row['engine']:<22} run {attempt + 1}: process {row['process_s']:>7.2f} s, stage {row.get('stage_s', '–')} s, exit {row['exit_code']}", flush=True)
+            if row["exit_code"] != 0:
+                print(row["error"], flush=True)
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=2))
+    return 0 if all(r["exit_code"] == 0 for r in report["exports"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""Block formats on a CUDA GPU: ViT-B (the catalog's `vit`) in MXFP8 and NVFP4, dense and 2:4 sparse.
+
+ModelOpt's MXFP8/NVFP4 fake quantization only runs on CUDA, so these tests need an NVIDIA GPU.
+Export times are measured by scripts/benchmark_export.py, not asserted here.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from pipeline.manifest import read_manifest
+from tests.conftest import REPO_ROOT
+
+torch = pytest.importorskip("torch")
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU with CUDA: ModelOpt's MXFP8/NVFP4 kernels are CUDA-only"),
+]
+
+ENGINES = ("vit_mxfp8", "vit_nvfp4", "vit_nvfp4_sparse", "vit_mxfp8_sparse")
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    from pipeline.cli import main
+
+    ws = tmp_path_factory.mktemp("gpu")
+    shutil.copy(REPO_ROOT / "pipeline.toml", ws / "pipeline.toml")
+    args = ["--catalog", str(ws / "pipeline.toml"), "export", "--calib-samples", "16"]
+    for engine in ENGINES:
+        args += ["--engine", engine]
+    assert main(args) == 0
+    return ws
+
+
+def details(ws, engine):
+    return read_manifest(ws / "manifests" / "export" / f"{engine}.json").export.details
+
+
+def _ops(d) -> str:
+    return " ".join(d.onnx_ops)
+
+
+@pytest.mark.parametrize("engine", ["vit_nvfp4", "vit_nvfp4_sparse"])
+def test_nvfp4_exports_fp4_weights_not_the_intermediate_qdq_op(exported, engine):
+    d = details(exported, engine)
+    assert d.onnx_audit["initializer_dtypes"].get("FLOAT4E2M1", 0) > 0, d.onnx_audit
+    assert "TRT_FP4QDQ" not in _ops(d), d.onnx_ops
+    assert "FP4" in _ops(d) or "DequantizeLinear" in d.onnx_ops, d.onnx_ops
+    assert set(d.quantization["excluded_layers"]) == {"patch_embed.proj", "head"}
+    assert d.input_shape == [64, 3, 224, 224]
+
+
+@pytest.mark.parametrize("engine", ["vit_mxfp8", "vit_mxfp8_sparse"])
+def test_mxfp8_exports_tensorrt_mxfp8_ops(exported, engine):
+    d = details(exported, engine)
+    assert "MXFP8" in _ops(d), d.onnx_ops
+    assert set(d.quantization["excluded_layers"]) == {"patch_embed.proj", "head"}
+
+
+@pytest.mark.parametrize("engine", ["vit_nvfp4_sparse", "vit_mxfp8_sparse"])
+def test_sparse_block_formats_keep_the_2_4_pattern(exported, engine):
+    s = details(exported, engine).sparsification
+    assert s["sparsified_layers"] == 49  # 12 blocks × 4 Linear + the head
+    assert s["onnx"]["weights_2_4"] >= s["sparsified_layers"] - 1  # the head is left unquantized but sparse
+
+
+def test_accuracy_proxy_of_block_formats(exported):
+    for engine in ENGINES:
+        accuracy = details(exported, engine).accuracy
+        assert accuracy["samples"] == 16 and 0.0 <= accuracy["top1_agreement"] <= 1.0
+    assert details(exported, "vit_mxfp8").accuracy["cosine_similarity"] > 0.9
