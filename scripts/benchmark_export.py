@@ -59,7 +59,7 @@ def time_export(model: str, variant: str, calib_samples: int) -> dict:
     if result.returncode == 0 and manifest.exists():
         record = json.loads(manifest.read_text())["export"]
         row["stage_s"] = record["duration_s"]
-        row["onnx_ops"] = {k: v for k, v in record["details"]["onnx_ops"].items() if "::" in k or "Quantize" in k}
+        row["onnx_ops"] = {k: v for k, v in record["details"]["onnx_ops"].items() if "::" in k or "quantize" in k.lower()}
         row["initializer_dtypes"] = record["details"]["onnx_audit"]["initializer_dtypes"]
         row["accuracy_cosine"] = (record["details"].get("accuracy") or {}).get("cosine_similarity")
     else:
@@ -68,10 +68,13 @@ def time_export(model: str, variant: str, calib_samples: int) -> dict:
     return row
 
 
-def time_modelopt_kernels() -> list[dict]:
+KERNELS = ("get_cuda_ext", "get_cuda_ext_fp8", "get_cuda_ext_mx")
+
+
+def time_modelopt_kernels(names=KERNELS) -> list[dict]:
     """nvcc builds of ModelOpt's fake-quant CUDA kernels, each in a fresh process and empty cache."""
     rows = []
-    for name in ("get_cuda_ext", "get_cuda_ext_fp8", "get_cuda_ext_mx"):
+    for name in names:
         cache = tempfile.mkdtemp(prefix="torch-ext-")
         code = f"import time; t=time.perf_counter(); from modelopt.torch.quantization import extensions as e; ext=e.{name}(); print(round(time.perf_counter()-t,2), ext is not None)"
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ, TORCH_EXTENSIONS_DIR=cache))
@@ -84,16 +87,19 @@ def time_modelopt_kernels() -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="vit")
-    parser.add_argument("--variants", nargs="+", default=["fp16", "int8", "fp8", "mxfp8", "nvfp4", "nvfp4_sparse", "mxfp8_sparse"])
+    parser.add_argument("--variants", nargs="*", default=["fp16", "int8", "fp8", "mxfp8", "nvfp4", "nvfp4_sparse", "mxfp8_sparse"])
     parser.add_argument("--calib-samples", type=int, default=32)
     parser.add_argument("--repeat", type=int, default=1, help="Export each variant this many times (later runs show warm caches).")
-    parser.add_argument("--modelopt-kernels", action="store_true", help="Also time ModelOpt's CUDA kernel builds.")
+    parser.add_argument(
+        "--modelopt-kernels", nargs="*", choices=KERNELS, metavar="NAME",
+        help=f"Also time the builds of ModelOpt's CUDA kernels (all, or some of: {', '.join(KERNELS)}).",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
 
     report = {"machine": machine(), "exports": [], "modelopt_kernel_builds": None}
-    if args.modelopt_kernels:
-        report["modelopt_kernel_builds"] = time_modelopt_kernels()
+    if args.modelopt_kernels is not None:
+        report["modelopt_kernel_builds"] = time_modelopt_kernels(args.modelopt_kernels or KERNELS)
         for row in report["modelopt_kernel_builds"]:
             print(f"ModelOpt kernel {row['extension']:<18} build {row['seconds']} s (built: {row['built']})", flush=True)
     for variant in args.variants:
