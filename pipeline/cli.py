@@ -418,6 +418,11 @@ def main(argv: list[str] | None = None) -> int:
     except PipelineError as exc:
         from pipeline.reporting import print_error
 
+        if exc.__cause__ is not None and ("-v" in args or "--verbose" in args):
+            import traceback
+
+            # The tool error behind the message, for whoever debugs it.
+            traceback.print_exception(exc.__cause__)
         print_error(exc.message, exc.hint)
         return exc.exit_code
     except BrokenPipeError:

@@ -134,8 +134,10 @@ class ExportStage(Stage):
 
     def _export(self) -> StageOutcome:
         variant = self.variant_spec
-        timm = _import_timm()
-        import torch
+        phase = Phases()
+        with phase("import"):
+            timm = _import_timm()
+            import torch
 
         require_cuda_for(variant.precision)
         spec = self.model_spec
@@ -147,7 +149,8 @@ class ExportStage(Stage):
             kwargs["checkpoint_path"] = str(path)
             weights = f"checkpoint {spec.checkpoint} (sha256 {sha256_file(path)[:16]}…)"
         try:
-            model = timm.create_model(spec.timm, pretrained=False, **kwargs)
+            with phase("create_model"):
+                model = timm.create_model(spec.timm, pretrained=False, **kwargs)
         except Exception as exc:  # timm raises RuntimeError/KeyError/… for unknown names and bad weights
             raise PipelineError(
                 f"timm could not create {spec.timm!r}: {exc}",
@@ -159,10 +162,14 @@ class ExportStage(Stage):
         if spec.image_size:
             height = width = spec.image_size
         input_shape = (spec.batch_size, channels, height, width)
-        # Quantized variants calibrate and export on the GPU when there is one (block formats need
-        # it). FP32/FP16 export from the CPU, where the parity reference is exact (no TF32).
-        device = "cuda" if self.quantized and torch.cuda.is_available() else "cpu"
-        model = model.to(device)
+        # On the GPU when there is one (block formats need it), with TF32 off so the FP32 reference
+        # that parity is checked against is real FP32.
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
+        with phase("to_device"):
+            model = model.to(device)
         generator = torch.Generator().manual_seed(spec.seed + 1)
         sample = torch.randn(*input_shape, generator=generator)
 
@@ -171,14 +178,16 @@ class ExportStage(Stage):
         reference_outputs = []
         if self.needs_calibration:
             settings = self.ctx.catalog.calibration
-            batches = calibration_batches(model, self._calibration_dir(), settings.samples, settings.batch_size, (channels, height, width), spec.seed + 2)
-            calibration = {k: v for k, v in self.calibration_params().items() if k != "files"}
-            with torch.no_grad():
-                reference_outputs = [model(b.to(device)).cpu() for b in batches]
+            with phase("calibration_data"):
+                batches = calibration_batches(model, self._calibration_dir(), settings.samples, settings.batch_size, (channels, height, width), spec.seed + 2)
+                calibration = {k: v for k, v in self.calibration_params().items() if k != "files"}
+                with torch.no_grad():
+                    reference_outputs = [model(b.to(device)).cpu() for b in batches]
 
         sparsification = None
         if variant.sparsity:
-            model, sparsification = sparsify_model(model, variant.sparsity_method, batches)
+            with phase("sparsify"):
+                model, sparsification = sparsify_model(model, variant.sparsity_method, batches)
 
         quantization = None
         dtype = torch.float32
@@ -186,55 +195,61 @@ class ExportStage(Stage):
             dtype = torch.float16
             model = model.half()
         elif self.quantized:
-            model, quantization = quantize_model(model, variant.precision, batches, variant.conv_policy)
+            with phase("quantize"):
+                model, quantization = quantize_model(model, variant.precision, batches, variant.conv_policy)
             quantization["weights_dtype"] = self.weights_dtype()
             quantization["calibration"] = calibration
 
         accuracy = None
-        if batches:
+        with phase("accuracy_and_reference"):
+            if batches:
+                with torch.no_grad():
+                    outputs = [model(b.to(device=device, dtype=dtype)).float().cpu() for b in batches]
+                accuracy = accuracy_proxy(reference_outputs, outputs, variant.precision, bool(variant.sparsity))
             with torch.no_grad():
-                outputs = [model(b.to(device=device, dtype=dtype)).float().cpu() for b in batches]
-            accuracy = accuracy_proxy(reference_outputs, outputs, variant.precision, bool(variant.sparsity))
-
-        with torch.no_grad():
-            reference = model(sample.to(device=device, dtype=dtype)).float().cpu().numpy()
+                reference = model(sample.to(device=device, dtype=dtype)).float().cpu().numpy()
 
         onnx = require_module("onnx", purpose="ONNX export")
         onnx_path = self.ctx.workspace.onnx_path(self.engine)
         with atomic_output(onnx_path) as tmp:
             self.ctx.reporter.detail(f"export {spec.timm} {list(input_shape)} opset {self.opset()} → {tmp}")
             try:
-                if self.quantized:
-                    export_quantized(model, sample.to(device), tmp, self.opset(), self.weights_dtype())
-                    name_io(tmp)
-                else:
-                    with torch.no_grad():
-                        torch.onnx.export(
-                            model,
-                            (sample.to(device=device, dtype=dtype),),
-                            str(tmp),
-                            input_names=[INPUT_NAME],
-                            output_names=[OUTPUT_NAME],
-                            opset_version=self.opset(),
-                            # The TorchScript exporter: ModelOpt's exporter is built on it too.
-                            dynamo=False,
-                        )
-                onnx.checker.check_model(str(tmp))
+                with phase("onnx_export"):
+                    if self.quantized:
+                        export_quantized(model, sample.to(device), tmp, self.opset(), self.weights_dtype(), variant.precision)
+                    else:
+                        with torch.no_grad():
+                            torch.onnx.export(
+                                model,
+                                (sample.to(device=device, dtype=dtype),),
+                                str(tmp),
+                                input_names=[INPUT_NAME],
+                                output_names=[OUTPUT_NAME],
+                                opset_version=self.opset(),
+                                # The TorchScript exporter: ModelOpt's exporter is built on it too.
+                                dynamo=False,
+                            )
+                # One load for every check: these graphs are hundreds of MB.
+                with phase("onnx_checks"):
+                    graph = onnx.load(str(tmp), load_external_data=False)
+                    if self.quantized and name_io(graph):
+                        onnx.save(graph, str(tmp))
+                    onnx.checker.check_model(graph)
             except (OSError, PipelineError):
                 raise
             except Exception as exc:
                 raise PipelineError(
                     f"ONNX export of {self.engine.name} failed: {str(exc).strip().splitlines()[0]}",
-                    hint="run with -v for the exporter's output",
+                    hint="run with -v for the exporter's output and the full traceback",
                 ) from exc
-            graph = onnx.load(str(tmp), load_external_data=False)
             ops = op_histogram(graph)
             custom = sorted(op for op in ops if "::" in op)
             parity, parity_skipped = None, None
             if custom:
                 parity_skipped = f"the graph uses TensorRT-only operators ({', '.join(custom)}), which ONNX Runtime cannot run"
             else:
-                parity = check_parity(tmp, sample.numpy(), reference, variant.precision)
+                with phase("parity"):
+                    parity = check_parity(tmp, sample.numpy(), reference, variant.precision)
                 if not parity.passed:
                     raise PipelineError(
                         f"exported {self.engine.name} does not match PyTorch: max |error| {parity.max_abs_error:.3g} "
@@ -243,7 +258,8 @@ class ExportStage(Stage):
                         hint="the ONNX was not kept; try another opset (`opset` in pipeline.toml)",
                     )
             if sparsification is not None:
-                sparsification["onnx"] = onnx_sparsity(graph)
+                with phase("sparsity_check"):
+                    sparsification["onnx"] = onnx_sparsity(graph)
                 expected = sparsification["sparsified_layers"]
                 found = sparsification["onnx"]["weights_2_4"]
                 if found < expected:
@@ -270,6 +286,7 @@ class ExportStage(Stage):
             parity_skipped=parity_skipped,
             onnx_ops=ops,
             onnx_audit=audit,
+            timings_s=phase.seconds,
         )
         note = f" (parity: cosine {parity.cosine_similarity:.6f})" if parity else " (parity: TensorRT-only ops, not run)"
         if accuracy:
@@ -279,17 +296,35 @@ class ExportStage(Stage):
         return StageOutcome(outputs=[self.ctx.workspace.artifact("onnx", onnx_path)], details=details, note=note)
 
 
+class Phases:
+    """Wall time of each part of an export, recorded so slow exports can be explained."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    def __call__(self, name: str):
+        import contextlib
+        import time
+
+        @contextlib.contextmanager
+        def timed():
+            start = time.perf_counter()
+            try:
+                yield
+            finally:
+                self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - start, 3)
+
+        return timed()
+
+
 def _import_timm():
     from pipeline.torch_import import import_timm
 
     return import_timm()
 
 
-def name_io(path: Path) -> None:
-    """Give ModelOpt's exports the same input/output names as plain exports ("input", "logits")."""
-    import onnx
-
-    model = onnx.load(str(path))
+def name_io(model) -> bool:
+    """Give ModelOpt's exports the names plain exports have ("input", "logits"); True if renamed."""
     renames = {}
     if len(model.graph.input) == 1:
         renames[model.graph.input[0].name] = INPUT_NAME
@@ -297,13 +332,13 @@ def name_io(path: Path) -> None:
         renames[model.graph.output[0].name] = OUTPUT_NAME
     renames = {old: new for old, new in renames.items() if old != new}
     if not renames:
-        return
+        return False
     for value in list(model.graph.input) + list(model.graph.output):
         value.name = renames.get(value.name, value.name)
     for node in model.graph.node:
         node.input[:] = [renames.get(n, n) for n in node.input]
         node.output[:] = [renames.get(n, n) for n in node.output]
-    onnx.save(model, str(path))
+    return True
 
 
 def op_histogram(model) -> dict[str, int]:

@@ -90,6 +90,8 @@ class ExportDetails(_Model):
     onnx_ops: dict[str, int] = {}
     # Opset, initializer data types, size.
     onnx_audit: dict[str, Any] = {}
+    # Wall time of each part of the export (import, quantize, onnx_export, parity, …).
+    timings_s: dict[str, float] = {}
 
 
 class BuildDetails(_Model):

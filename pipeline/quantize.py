@@ -33,10 +33,14 @@ BLOCK_FORMATS = {"mxfp8", "nvfp4"}
 NEEDS_CUDA = BLOCK_FORMATS
 # Q/DQ with FP8 (and FP4) types is defined from opset 19 on.
 MIN_OPSET = {"fp8": 19, "mxfp8": 19, "nvfp4": 19}
-# Weights stored in FP16 for strongly typed TensorRT builds. INT8 keeps FP32 weights by default:
-# ModelOpt's FP16 INT8 graph is rejected by ONNX Runtime (a Cast type mismatch, seen with
-# ModelOpt 0.47 / ONNX Runtime 1.31), and INT8 is the quantized variant ONNX Runtime can run.
-DEFAULT_WEIGHTS_DTYPE = {"int8": "fp32", "fp8": "fp16", "mxfp8": "fp16", "nvfp4": "fp16"}
+# High-precision tensors (non-quantized layers, scales, biases) in FP16 for strongly typed
+# TensorRT builds, except where ModelOpt 0.47 cannot produce it here:
+# * INT8: ModelOpt's FP16 INT8 graph is rejected by ONNX Runtime (a Cast type mismatch, seen with
+#   ONNX Runtime 1.31), and INT8 is the quantized variant ONNX Runtime runs;
+# * NVFP4: the FP16 conversion of FP4 graphs runs ModelOpt's AutoCast, which asks TensorRT's Python
+#   package for the shapes of the FP4 custom ops (seen failing without it on the lent H100).
+# The quantized weights themselves are INT8/FP8/FP4 either way.
+DEFAULT_WEIGHTS_DTYPE = {"int8": "fp32", "fp8": "fp16", "mxfp8": "fp16", "nvfp4": "fp32"}
 # Cosine similarity to the FP32 model below which the accuracy proxy warns.
 ACCURACY_FLOOR = {"fp32": 0.9999, "fp16": 0.999, "int8": 0.99, "fp8": 0.99, "mxfp8": 0.98, "nvfp4": 0.95}
 SPARSE_ACCURACY_FLOOR = 0.9
@@ -147,9 +151,19 @@ def _use_pytorch_kernels_for(precision: str) -> None:
     extensions.get_cuda_ext_fp8.extension = None
 
 
-def export_quantized(model, sample, path, opset: int, weights_dtype: str) -> None:
+def export_quantized(model, sample, path, opset: int, weights_dtype: str, precision: str) -> None:
     """ModelOpt's deploy exporter: real low-precision weights and the ops TensorRT parses."""
     require_module("onnxconverter_common", purpose="Exporting quantized ONNX", extra="export")
+    if precision == "nvfp4" and weights_dtype == "fp16":
+        from importlib.util import find_spec
+
+        if find_spec("tensorrt") is None:
+            raise EnvironmentMissing(
+                "NVFP4 with FP16 weights needs TensorRT's Python package: ModelOpt converts FP4 graphs to FP16 "
+                "with its AutoCast, which asks TensorRT for the shapes of the FP4 operators.",
+                hint="install tensorrt (or export inside the NGC TensorRT container), or set weights_dtype = \"fp32\" "
+                "for this variant",
+            )
     from modelopt.torch._deploy.utils.torch_onnx import OnnxBytes, get_onnx_bytes_and_metadata
 
     onnx_bytes, _ = get_onnx_bytes_and_metadata(model, (sample,), onnx_opset=opset, weights_dtype=weights_dtype)

@@ -50,7 +50,8 @@ def time_export(model: str, variant: str, calib_samples: int) -> dict:
     shutil.copy(REPO / "pipeline.toml", workspace / "pipeline.toml")
     engine = f"{model}_{variant}"
     command = [sys.executable, "-m", "pipeline.cli", "--catalog", str(workspace / "pipeline.toml"), "export", "--engine", engine, "--calib-samples", str(calib_samples)]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    # faulthandler: a crash in a native library still shows where Python was.
+    env = dict(os.environ, PYTHONFAULTHANDLER="1", PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     started = time.perf_counter()
     result = subprocess.run(command, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - started
@@ -62,8 +63,12 @@ def time_export(model: str, variant: str, calib_samples: int) -> dict:
         row["onnx_ops"] = {k: v for k, v in record["details"]["onnx_ops"].items() if "::" in k or "quantize" in k.lower()}
         row["initializer_dtypes"] = record["details"]["onnx_audit"]["initializer_dtypes"]
         row["accuracy_cosine"] = (record["details"].get("accuracy") or {}).get("cosine_similarity")
+        row["phases_s"] = record["details"].get("timings_s")
     else:
-        row["error"] = (result.stderr or result.stdout)[-2000:]
+        # The traceback (and faulthandler's dump) rather than the exporter's warnings.
+        text = result.stderr or result.stdout
+        marker = max(text.rfind("Fatal Python error"), text.rfind("Traceback (most recent call last)"))
+        row["error"] = text[marker:][-3000:] if marker >= 0 else text[-2000:]
     shutil.rmtree(workspace, ignore_errors=True)
     return row
 
@@ -108,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
             row["attempt"] = attempt + 1
             report["exports"].append(row)
             print(f"{row['engine']:<22} run {attempt + 1}: process {row['process_s']:>7.2f} s, stage {row.get('stage_s', '–')} s, exit {row['exit_code']}", flush=True)
+            if row.get("phases_s"):
+                print("    " + ", ".join(f"{k} {v:.1f}" for k, v in row["phases_s"].items()), flush=True)
             if row["exit_code"] != 0:
                 print(row["error"], flush=True)
     if args.out:
