@@ -48,6 +48,31 @@ SPARSE_ACCURACY_FLOOR = 0.9
 FP8_OVERRIDE = {"num_bits": (4, 3), "axis": None}
 
 
+# ModelOpt imports its Hugging Face plugins whenever these packages are installed: seconds of
+# import time (6 s on the lent H100) for plugins that never apply to timm models.
+_HF_PLUGIN_PACKAGES = ("transformers", "peft", "diffusers", "megatron")
+
+
+def import_modelopt(module: str, purpose: str):
+    """Import a ModelOpt module without loading its Hugging Face plugins (unless already loaded)."""
+    import sys
+
+    if module in sys.modules:
+        return sys.modules[module]
+    hidden = [name for name in _HF_PLUGIN_PACKAGES if name not in sys.modules]
+    saved = {name: sys.modules.get(name) for name in hidden}
+    for name in hidden:
+        sys.modules[name] = None  # makes `import name` raise ModuleNotFoundError, which ModelOpt skips
+    try:
+        return require_module(module, purpose=purpose)
+    finally:
+        for name in hidden:
+            if sys.modules.get(name) is None:
+                del sys.modules[name]
+            if saved[name] is not None:
+                sys.modules[name] = saved[name]
+
+
 def require_cuda_for(precision: str) -> None:
     import torch
 
@@ -104,7 +129,7 @@ def quantize_model(model, precision: str, batches, conv_policy: str = "exclude")
     if precision not in PRESETS:
         raise PipelineError(f"no quantization preset for precision {precision!r}.", hint=f"known: {', '.join(PRESETS)}")
     require_cuda_for(precision)
-    mtq = require_module("modelopt.torch.quantization", purpose=f"{precision} quantization")
+    mtq = import_modelopt("modelopt.torch.quantization", purpose=f"{precision} quantization")
     _use_pytorch_kernels_for(precision)
     config = copy.deepcopy(getattr(mtq, PRESETS[precision]))
     excluded, overridden = plan_exclusions(model, precision, conv_policy)
@@ -154,6 +179,7 @@ def _use_pytorch_kernels_for(precision: str) -> None:
 def export_quantized(model, sample, path, opset: int, weights_dtype: str, precision: str) -> None:
     """ModelOpt's deploy exporter: real low-precision weights and the ops TensorRT parses."""
     require_module("onnxconverter_common", purpose="Exporting quantized ONNX", extra="export")
+    import_modelopt("modelopt.torch._deploy.utils.torch_onnx", purpose="Exporting quantized ONNX")
     if precision == "nvfp4" and weights_dtype == "fp16":
         from importlib.util import find_spec
 
@@ -166,6 +192,10 @@ def export_quantized(model, sample, path, opset: int, weights_dtype: str, precis
             )
     from modelopt.torch._deploy.utils.torch_onnx import OnnxBytes, get_onnx_bytes_and_metadata
 
+    if precision == "int8" and sample.is_cuda:
+        # TorchScript tracing of ModelOpt's INT8 fake-quant model crashes the process (SIGSEGV)
+        # on CUDA with torch 2.11 (seen on the lent H100); traced on the CPU it exports the same graph.
+        model, sample = model.cpu(), sample.cpu()
     onnx_bytes, _ = get_onnx_bytes_and_metadata(model, (sample,), onnx_opset=opset, weights_dtype=weights_dtype)
     files = OnnxBytes.from_bytes(onnx_bytes).onnx_model
     if len(files) != 1:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.errors import PipelineError, require_module
+from pipeline.errors import PipelineError
 
 METHODS = ("sparse_magnitude", "sparsegpt")
 # Ops that sit between a weight initializer and the layer using it in exported graphs: casts, and
@@ -25,7 +25,9 @@ def _passes_weight_through(op_type: str) -> bool:
 def sparsify_model(model, method: str, batches) -> tuple[Any, dict[str, Any]]:
     if method not in METHODS:
         raise PipelineError(f"unknown sparsity method {method!r}.", hint=f"use one of {', '.join(METHODS)}")
-    mts = require_module("modelopt.torch.sparsity", purpose="2:4 sparsification")
+    from pipeline.quantize import import_modelopt
+
+    mts = import_modelopt("modelopt.torch.sparsity", purpose="2:4 sparsification")
     config: dict[str, Any] = {}
     if method == "sparsegpt":
         device = next(model.parameters()).device

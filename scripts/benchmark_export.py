@@ -46,18 +46,32 @@ def machine() -> dict:
 
 
 def time_export(model: str, variant: str, calib_samples: int) -> dict:
-    workspace = Path(tempfile.mkdtemp(prefix=f"bench-{variant}-"))
+    """One variant in its own process: import and one-time costs included."""
+    return time_exports(model, [variant], calib_samples)[0]
+
+
+def time_exports(model: str, variants: list[str], calib_samples: int) -> list[dict]:
+    """One `pipeline export` process for ``variants``; one row per variant."""
+    workspace = Path(tempfile.mkdtemp(prefix="bench-"))
     shutil.copy(REPO / "pipeline.toml", workspace / "pipeline.toml")
-    engine = f"{model}_{variant}"
-    command = [sys.executable, "-m", "pipeline.cli", "--catalog", str(workspace / "pipeline.toml"), "export", "--engine", engine, "--calib-samples", str(calib_samples)]
+    engines = [f"{model}_{variant}" for variant in variants]
+    command = [sys.executable, "-m", "pipeline.cli", "--catalog", str(workspace / "pipeline.toml"), "export", "--calib-samples", str(calib_samples)]
+    for engine in engines:
+        command += ["--engine", engine]
     # faulthandler: a crash in a native library still shows where Python was.
     env = dict(os.environ, PYTHONFAULTHANDLER="1", PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     started = time.perf_counter()
     result = subprocess.run(command, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - started
-    row = {"engine": engine, "exit_code": result.returncode, "process_s": round(wall, 2)}
+    rows = [_row(workspace, engine, result, wall, len(engines)) for engine in engines]
+    shutil.rmtree(workspace, ignore_errors=True)
+    return rows
+
+
+def _row(workspace: Path, engine: str, result, wall: float, processes_share: int) -> dict:
+    row = {"engine": engine, "exit_code": result.returncode, "process_s": round(wall, 2), "engines_in_process": processes_share}
     manifest = workspace / "manifests" / "export" / f"{engine}.json"
-    if result.returncode == 0 and manifest.exists():
+    if manifest.exists():
         record = json.loads(manifest.read_text())["export"]
         row["stage_s"] = record["duration_s"]
         row["onnx_ops"] = {k: v for k, v in record["details"]["onnx_ops"].items() if "::" in k or "quantize" in k.lower()}
@@ -68,8 +82,7 @@ def time_export(model: str, variant: str, calib_samples: int) -> dict:
         # The traceback (and faulthandler's dump) rather than the exporter's warnings.
         text = result.stderr or result.stdout
         marker = max(text.rfind("Fatal Python error"), text.rfind("Traceback (most recent call last)"))
-        row["error"] = text[marker:][-3000:] if marker >= 0 else text[-2000:]
-    shutil.rmtree(workspace, ignore_errors=True)
+        row["error"] = text[marker:][:3000] if marker >= 0 else text[-2000:]
     return row
 
 
@@ -95,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", nargs="*", default=["fp16", "int8", "fp8", "mxfp8", "nvfp4", "nvfp4_sparse", "mxfp8_sparse"])
     parser.add_argument("--calib-samples", type=int, default=32)
     parser.add_argument("--repeat", type=int, default=1, help="Export each variant this many times (later runs show warm caches).")
+    parser.add_argument("--one-process", action="store_true", help="Export all variants in one process, as `make engines` does.")
     parser.add_argument(
         "--modelopt-kernels", nargs="*", choices=KERNELS, metavar="NAME",
         help=f"Also time the builds of ModelOpt's CUDA kernels (all, or some of: {', '.join(KERNELS)}).",
@@ -107,16 +121,17 @@ def main(argv: list[str] | None = None) -> int:
         report["modelopt_kernel_builds"] = time_modelopt_kernels(args.modelopt_kernels or KERNELS)
         for row in report["modelopt_kernel_builds"]:
             print(f"ModelOpt kernel {row['extension']:<18} build {row['seconds']} s (built: {row['built']})", flush=True)
-    for variant in args.variants:
-        for attempt in range(args.repeat):
-            row = time_export(args.model, variant, args.calib_samples)
-            row["attempt"] = attempt + 1
-            report["exports"].append(row)
-            print(f"{row['engine']:<22} run {attempt + 1}: process {row['process_s']:>7.2f} s, stage {row.get('stage_s', '–')} s, exit {row['exit_code']}", flush=True)
-            if row.get("phases_s"):
-                print("    " + ", ".join(f"{k} {v:.1f}" for k, v in row["phases_s"].items()), flush=True)
-            if row["exit_code"] != 0:
-                print(row["error"], flush=True)
+    if args.one_process and args.variants:
+        rows = time_exports(args.model, args.variants, args.calib_samples)
+    else:
+        rows = [time_export(args.model, variant, args.calib_samples) for variant in args.variants for _ in range(args.repeat)]
+    for row in rows:
+        report["exports"].append(row)
+        print(f"{row['engine']:<22} process {row['process_s']:>7.2f} s ({row['engines_in_process']} engine(s)), stage {row.get('stage_s', '–')} s, exit {row['exit_code']}", flush=True)
+        if row.get("phases_s"):
+            print("    " + ", ".join(f"{k} {v:.1f}" for k, v in row["phases_s"].items()), flush=True)
+        if row["exit_code"] != 0:
+            print(row["error"], flush=True)
     if args.out:
         args.out.write_text(json.dumps(report, indent=2))
     return 0 if all(r["exit_code"] == 0 for r in report["exports"]) else 1
