@@ -266,25 +266,59 @@ def run(state: _State, engines, models, variants, toolchain, trt, force, calib_d
 
 
 @cli.command()
-@click.option("--toolchain", "toolchains", multiple=True, metavar="T", help="Only these toolchains (repeatable).")
-@click.option("--trt", "trts", multiple=True, metavar="VERSION", help="Only the toolchains of these TensorRT versions.")
-@click.option("--format", "fmt", type=click.Choice(["table", "md", "json"]), default="table", show_default=True)
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write to this file instead of stdout.")
+@click.option("--toolchain", "toolchains", multiple=True, metavar="T", help="Only these toolchains, in this order (repeatable).")
+@click.option("--trt", "trts", multiple=True, metavar="VERSION", help="Only the toolchains of these TensorRT versions, in this order.")
+@click.option("--models", "models", multiple=True, metavar="M", help="Only these models (repeatable).")
+@click.option("--format", "fmt", type=click.Choice(["table", "md", "html", "json", "csv"]), default="table", show_default=True)
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write to this file (html default: reports/compare.html).")
+@click.option("--baseline", metavar="DIR|REF", help="Regression gate: compare with the manifests in DIR or at git ref REF.")
+@click.option("--fail-above", type=click.FloatRange(min=0), default=5.0, show_default=True, metavar="PCT", help="With --baseline: fail when an engine got slower than PCT percent beyond the noise.")
 @pass_state
-def compare(state: _State, toolchains, trts, fmt, out):
-    """Put profiled engines side by side, from the saved manifests (never re-measures)."""
+def compare(state: _State, toolchains, trts, models, fmt, out, baseline, fail_above):
+    """Put profiled engines side by side, from the saved manifests (never re-measures).
+
+    \b
+    Per model: variant x toolchain with median/p99 latency, throughput, speedup against the
+    toolchain's baseline variant, the change against the first toolchain, engine size, build
+    time, accuracy proxy, layer-precision audit and roofline. "~" marks differences within
+    the runs' own spread. With --baseline it also gates: exit 1 naming every engine that got
+    slower than --fail-above percent beyond the noise.
+    """
     catalog = state.catalog
     names = list(toolchains) + [catalog.toolchain_for_trt(v) for v in trts]
-    _print_comparison(state, names or None, fmt, out)
+    if fmt == "html" and out is None:
+        out = catalog.root / "reports" / "compare.html"
+    _print_comparison(state, names or None, fmt, out, list(models) or None)
+    if baseline is not None:
+        _gate(state, names or None, baseline, fail_above)
 
 
-def _print_comparison(state: _State, toolchains, fmt, out):
-    from pipeline.compare import compare as compare_manifests
-    from pipeline.reporting import stdout_console
-    from pipeline.compare import render_markdown, write_output
+def _gate(state: _State, toolchains, baseline: str, fail_above: float) -> None:
+    from pipeline.compare import load_baseline, load_manifests, regression_gate, render_gate
+    from pipeline.errors import PipelineError
     from pipeline.workspace import Workspace
 
-    rows, rendered = compare_manifests(state.catalog, Workspace(state.catalog.root), toolchains, fmt)
+    workspace = Workspace(state.catalog.root)
+    results = regression_gate(load_manifests(workspace.manifests_dir, toolchains), load_baseline(baseline, workspace, toolchains), fail_above)
+    if not results:
+        raise PipelineError(f"no engine was measured both now and in baseline {baseline}.", hint="compare the same engines and toolchains")
+    click.echo(render_gate(results, fail_above), nl=False)
+    regressed = [r for r in results if r.regressed]
+    if regressed:
+        names = ", ".join(f"{r.engine} on {r.toolchain} ({r.change_pct:+.1f}%)" for r in regressed)
+        raise PipelineError(
+            f"{len(regressed)} engine(s) got slower than {fail_above:g}% beyond the noise: {names}.",
+            hint="the lines marked REGRESSED above show the medians and the confidence interval",
+        )
+
+
+def _print_comparison(state: _State, toolchains, fmt, out, models=None):
+    from pipeline.compare import compare as compare_manifests
+    from pipeline.compare import render_markdown, write_output
+    from pipeline.reporting import stdout_console
+    from pipeline.workspace import Workspace
+
+    rows, rendered = compare_manifests(state.catalog, Workspace(state.catalog.root), toolchains, fmt, models)
     if out is not None:
         write_output(rendered if isinstance(rendered, str) else render_markdown(rows), out)
         click.echo(f"wrote {out}", err=True)

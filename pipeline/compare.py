@@ -1,15 +1,29 @@
-"""Compare stage: read saved manifests and put engines side by side. It never re-measures."""
+"""Compare stage: put engines side by side from saved manifests. It never re-measures.
+
+Per model, one row per variant × toolchain: median and p99 latency (GPU compute time for
+TensorRT, host latency for ONNX Runtime), throughput, speedup against the toolchain's baseline
+variant, the change against the first toolchain compared, engine size, build time, the accuracy
+proxy, the layer-precision audit and the roofline. A difference whose bootstrap confidence
+interval (of the difference of medians, from the per-iteration times) contains zero is marked not
+significant ("~"): it is within the runs' own spread.
+"""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
-from dataclasses import asdict, dataclass
+import subprocess
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pipeline.catalog import Catalog
 from pipeline.errors import PipelineError, UsageError
 from pipeline.manifest import EngineManifest, read_manifest
 from pipeline.workspace import Workspace
+
+FORMATS = ("table", "md", "html", "json", "csv")
 
 
 @dataclass
@@ -19,21 +33,54 @@ class ComparisonRow:
     toolchain: str
     status: str  # "measured (<metric>)", or why there is no number
     device: str | None = None
+    gpu: str | None = None
     batch_size: int | None = None
     median_ms: float | None = None
+    median_ci_ms: tuple[float, float] | None = None
+    p5_ms: float | None = None
+    p95_ms: float | None = None
     p99_ms: float | None = None
     cv: float | None = None
     images_per_s: float | None = None
     baseline: str | None = None
     speedup: float | None = None
+    speedup_significant: bool | None = None
+    reference_toolchain: str | None = None
+    change_ms: float | None = None
+    change_pct: float | None = None
+    change_significant: bool | None = None
+    engine_mb: float | None = None
+    build_s: float | None = None
+    accuracy_cosine: float | None = None
+    top1_agreement: float | None = None
+    audit: str | None = None
+    matmul_gflops: float | None = None
+    achieved_tflops: float | None = None
+    peak_fraction: float | None = None
+    # Per-iteration times and layer timings, for plots and significance; not in tabular output.
+    samples_ms: list[float] = field(default_factory=list, repr=False)
+    layers: list[tuple[str, float]] = field(default_factory=list, repr=False)
+
+    @property
+    def engine(self) -> str:
+        return f"{self.model}_{self.variant}"
+
+    def public(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("samples_ms")
+        data.pop("layers")
+        data["engine"] = self.engine
+        return data
 
 
-def load_manifests(workspace: Workspace, toolchains: list[str] | None = None) -> list[EngineManifest]:
-    root = workspace.manifests_dir
-    if not root.is_dir():
+# --- loading ---------------------------------------------------------------------------------------
+
+
+def load_manifests(manifests_dir: Path, toolchains: list[str] | None = None) -> list[EngineManifest]:
+    if not manifests_dir.is_dir():
         return []
     manifests = []
-    for directory in sorted(p for p in root.iterdir() if p.is_dir() and p.name != "export"):
+    for directory in sorted(p for p in manifests_dir.iterdir() if p.is_dir() and p.name != "export"):
         if toolchains and directory.name not in toolchains:
             continue
         for path in sorted(directory.glob("*.json")):
@@ -41,99 +88,307 @@ def load_manifests(workspace: Workspace, toolchains: list[str] | None = None) ->
     return manifests
 
 
-def build_rows(catalog: Catalog, manifests: list[EngineManifest]) -> list[ComparisonRow]:
+def load_baseline(spec: str, workspace: Workspace, toolchains: list[str] | None) -> list[EngineManifest]:
+    """Manifests from a directory (a workspace or its manifests/) or from a git ref."""
+    path = Path(spec)
+    if path.is_dir():
+        root = path / "manifests" if (path / "manifests").is_dir() else path
+        manifests = load_manifests(root, toolchains)
+        if not manifests:
+            raise PipelineError(f"baseline {spec} holds no engine manifests.", hint="pass the manifests/ folder of an earlier run")
+        return manifests
+    return _load_from_git(spec, workspace, toolchains)
+
+
+def _load_from_git(ref: str, workspace: Workspace, toolchains: list[str] | None) -> list[EngineManifest]:
+    def git(*args: str) -> str:
+        result = subprocess.run(["git", *args], cwd=workspace.root, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise PipelineError(
+                f"baseline {ref!r} is neither a directory nor a git ref with manifests: {result.stderr.strip() or 'git failed'}",
+                hint="pass a manifests directory, or a branch/commit that has manifests/ committed",
+            )
+        return result.stdout
+
+    listing = [p for p in git("ls-tree", "-r", "--name-only", ref, "--", "manifests/").splitlines() if p.endswith(".json")]
+    manifests = []
+    for name in listing:
+        parts = Path(name).parts
+        if len(parts) != 3 or parts[1] == "export" or (toolchains and parts[1] not in toolchains):
+            continue
+        manifests.append(EngineManifest.model_validate_json(git("show", f"{ref}:{name}")))
+    if not manifests:
+        raise PipelineError(
+            f"git ref {ref!r} has no engine manifests under manifests/ (they are git-ignored by default).",
+            hint="commit manifests to a results branch, or pass a directory with --baseline",
+        )
+    return manifests
+
+
+# --- rows ----------------------------------------------------------------------------------------
+
+
+def build_rows(catalog: Catalog, manifests: list[EngineManifest], toolchain_order: list[str] | None = None) -> list[ComparisonRow]:
+    from pipeline.roofline import peak_tflops
+    from pipeline.stats import bootstrap_median_ci
+
     rows: list[ComparisonRow] = []
+    flops_by_model: dict[tuple[str, int], float] = {}
+    for m in manifests:
+        audit = m.export.details.onnx_audit if m.export and m.export.details else {}
+        if audit.get("matmul_flops") and m.export.details.input_shape:
+            flops_by_model[(m.model, m.export.details.input_shape[0])] = audit["matmul_flops"]
+
     for m in manifests:
         row = ComparisonRow(model=m.model, variant=m.variant, toolchain=m.toolchain or "?", status="not profiled")
         if m.build is not None and m.build.status == "skipped":
             row.status = f"skipped: {m.build.reason}"
         elif m.profile is not None and m.profile.status == "skipped":
             row.status = f"skipped: {m.profile.reason}"
-        elif m.profile is not None and m.profile.details is not None:
+        if m.build is not None and m.build.status == "done":
+            engine = next((a for a in m.build.outputs if a.role == "engine"), None)
+            row.engine_mb = engine.size_bytes / 2**20 if engine else None
+            row.build_s = m.build.duration_s
+            details = m.build.details
+            audit = details.precision_audit if details is not None else None
+            if audit:
+                row.audit = audit.get("warning") or ("ok: " + ", ".join(f"{k} {v}" for k, v in sorted(audit["output_types"].items())))
+        if m.export is not None and m.export.details is not None and m.export.details.accuracy:
+            row.accuracy_cosine = m.export.details.accuracy["cosine_similarity"]
+            row.top1_agreement = m.export.details.accuracy["top1_agreement"]
+        if m.profile is not None and m.profile.status == "done" and m.profile.details is not None:
             d = m.profile.details
+            import numpy as np
+
+            samples = np.asarray(d.per_iteration_ms)
             row.status = f"measured ({d.metric})"
             row.device = d.device
+            row.gpu = (d.trtexec or {}).get("device", {}).get("name") if d.trtexec else None
             row.batch_size = d.batch_size
             row.median_ms = d.latency_ms.median
+            row.median_ci_ms = bootstrap_median_ci(samples)
+            row.p5_ms, row.p95_ms = (float(v) for v in np.percentile(samples, [5, 95]))
             row.p99_ms = d.latency_ms.p99
             row.cv = d.latency_ms.cv
             row.images_per_s = d.images_per_s
+            row.samples_ms = list(d.per_iteration_ms)
+            row.layers = _layer_times(d.trtexec)
+            flops = flops_by_model.get((m.model, d.batch_size))
+            if flops:
+                row.matmul_gflops = flops / 1e9
+                row.achieved_tflops = flops / (row.median_ms / 1000.0) / 1e12
+                peak = peak_tflops(row.gpu, "fp32" if m.precision == "fp32" else ("fp16" if m.precision == "fp16" else m.precision))
+                row.peak_fraction = row.achieved_tflops / peak if peak else None
         rows.append(row)
 
-    # Speedup against the toolchain's baseline variant of the same model (first one measured).
+    _speedups(catalog, rows)
+    _toolchain_changes(rows, toolchain_order)
+    variant_order = {name: i for i, name in enumerate(catalog.variants)}
+    chain_order = {name: i for i, name in enumerate(toolchain_order or sorted({r.toolchain for r in rows}))}
+    rows.sort(key=lambda r: (r.model, variant_order.get(r.variant, len(variant_order)), r.variant, chain_order.get(r.toolchain, 99)))
+    return rows
+
+
+def _layer_times(trtexec: dict | None) -> list[tuple[str, float]]:
+    if not trtexec:
+        return []
+    profile = trtexec.get("exported_profile") or {}
+    layers = [(l["name"], l["average_ms"]) for l in profile.get("layers", [])]
+    if not layers:
+        layers = [(l["name"], l["average_ms"]) for l in ((trtexec.get("profile") or {}).get("layers") or [])]
+    return layers
+
+
+def _speedups(catalog: Catalog, rows: list[ComparisonRow]) -> None:
+    from pipeline.stats import median_difference_ci
+
     measured = {(r.model, r.toolchain, r.variant): r for r in rows if r.median_ms}
     for row in rows:
         if row.median_ms is None:
             continue
-        baselines = catalog.toolchains[row.toolchain].baselines if row.toolchain in catalog.toolchains else ("fp16", "fp32")
-        for name in baselines:
+        spec = catalog.toolchains.get(row.toolchain)
+        for name in spec.baselines if spec else ("fp16", "fp32"):
             base = measured.get((row.model, row.toolchain, name))
             if base is not None:
                 row.baseline = name
                 row.speedup = base.median_ms / row.median_ms
+                if base is not row:
+                    low, high = median_difference_ci(row.samples_ms, base.samples_ms)
+                    row.speedup_significant = not (low <= 0.0 <= high)
                 break
 
-    variant_order = {name: i for i, name in enumerate(catalog.variants)}
-    rows.sort(key=lambda r: (r.model, r.toolchain, variant_order.get(r.variant, len(variant_order)), r.variant))
-    return rows
+
+def _toolchain_changes(rows: list[ComparisonRow], order: list[str] | None) -> None:
+    from pipeline.stats import median_difference_ci
+
+    chains = order or sorted({r.toolchain for r in rows if r.median_ms})
+    if len(chains) < 2:
+        return
+    reference = chains[0]
+    by_key = {(r.model, r.variant, r.toolchain): r for r in rows if r.median_ms}
+    for row in rows:
+        ref = by_key.get((row.model, row.variant, reference))
+        if row.median_ms is None or ref is None or row.toolchain == reference:
+            continue
+        row.reference_toolchain = reference
+        row.change_ms = row.median_ms - ref.median_ms
+        row.change_pct = row.change_ms / ref.median_ms * 100
+        low, high = median_difference_ci(row.samples_ms, ref.samples_ms)
+        row.change_significant = not (low <= 0.0 <= high)
+
+
+# --- regression gate -------------------------------------------------------------------------------
+
+
+@dataclass
+class Regression:
+    engine: str
+    toolchain: str
+    baseline_ms: float
+    current_ms: float
+    change_pct: float
+    ci_low_ms: float
+    ci_high_ms: float
+    regressed: bool
+
+
+def regression_gate(current: list[EngineManifest], baseline: list[EngineManifest], fail_above_pct: float) -> list[Regression]:
+    """Every engine measured in both; `regressed` when slower by more than the threshold AND the noise."""
+    from pipeline.stats import median_difference_ci
+
+    def measured(manifests):
+        return {
+            (m.engine, m.toolchain): m.profile.details
+            for m in manifests
+            if m.profile is not None and m.profile.status == "done" and m.profile.details is not None
+        }
+
+    now, before = measured(current), measured(baseline)
+    results = []
+    for key in sorted(now.keys() & before.keys(), key=str):
+        new, old = now[key], before[key]
+        change = (new.latency_ms.median - old.latency_ms.median) / old.latency_ms.median * 100
+        low, high = median_difference_ci(new.per_iteration_ms, old.per_iteration_ms)
+        results.append(
+            Regression(
+                engine=key[0], toolchain=key[1] or "?", baseline_ms=old.latency_ms.median, current_ms=new.latency_ms.median,
+                change_pct=change, ci_low_ms=low, ci_high_ms=high, regressed=change > fail_above_pct and low > 0.0,
+            )  # fmt: skip
+        )
+    return results
+
+
+def render_gate(results: list[Regression], threshold: float) -> str:
+    lines = [f"Regression gate: slower than {threshold:g}% beyond the runs' noise (95% bootstrap CI of the median difference)"]
+    for r in results:
+        verdict = "REGRESSED" if r.regressed else ("ok" if r.change_pct <= threshold else "ok (within noise)")
+        lines.append(
+            f"  {verdict:<18} {r.engine:<26} {r.toolchain:<14} {r.baseline_ms:9.3f} → {r.current_ms:9.3f} ms "
+            f"({r.change_pct:+6.1f}%, CI [{r.ci_low_ms:+.3f}, {r.ci_high_ms:+.3f}] ms)"
+        )
+    return "\n".join(lines) + "\n"
+
+
+# --- rendering -----------------------------------------------------------------------------------
+
+HEADERS = ("engine", "toolchain", "median ms", "p99 ms", "CV", "img/s", "speedup", "vs ref toolchain", "engine MB", "build s", "vs FP32 cos", "layer audit", "TFLOP/s (peak %)", "status")
 
 
 def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
     return "–" if value is None else f"{value:{spec}}{suffix}"
 
 
-HEADERS = ("engine", "toolchain", "median ms", "p99 ms", "CV", "img/s", "speedup", "status")
-
-
 def _cells(row: ComparisonRow) -> tuple[str, ...]:
-    speedup = f"{row.speedup:.2f}x vs {row.baseline}" if row.speedup is not None else "–"
+    speedup = "–"
+    if row.speedup is not None:
+        mark = "" if row.speedup_significant in (None, True) else "~"
+        speedup = f"{mark}{row.speedup:.2f}x vs {row.baseline}"
+    change = "–"
+    if row.change_pct is not None:
+        mark = "" if row.change_significant else "~"
+        change = f"{mark}{row.change_pct:+.1f}% ({row.change_ms:+.3f} ms) vs {row.reference_toolchain}"
+    roofline = "–"
+    if row.achieved_tflops is not None:
+        roofline = f"{row.achieved_tflops:.3g}" + (f" ({row.peak_fraction:.0%})" if row.peak_fraction is not None else "")
     return (
-        f"{row.model}_{row.variant}",
+        row.engine,
         row.toolchain,
         _fmt(row.median_ms, ".3f"),
         _fmt(row.p99_ms, ".3f"),
         _fmt(row.cv * 100 if row.cv is not None else None, ".1f", "%"),
         _fmt(row.images_per_s, ".1f"),
         speedup,
+        change,
+        _fmt(row.engine_mb, ".1f"),
+        _fmt(row.build_s, ".1f"),
+        _fmt(row.accuracy_cosine, ".4f"),
+        row.audit or "–",
+        roofline,
         row.status,
     )
 
 
 def render_markdown(rows: list[ComparisonRow]) -> str:
-    lines = ["| " + " | ".join(HEADERS) + " |", "|" + "|".join("---" for _ in HEADERS) + "|"]
-    for row in rows:
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in _cells(row)) + " |")
-    return "\n".join(lines) + "\n"
+    out = []
+    for model in dict.fromkeys(r.model for r in rows):
+        out.append(f"### {model}\n")
+        out.append("| " + " | ".join(HEADERS) + " |")
+        out.append("|" + "|".join("---" for _ in HEADERS) + "|")
+        for row in (r for r in rows if r.model == model):
+            out.append("| " + " | ".join(c.replace("|", "\\|") for c in _cells(row)) + " |")
+        out.append("")
+    out.append("`~`: within the runs' own spread (95% bootstrap CI of the median difference contains 0).")
+    return "\n".join(out) + "\n"
 
 
 def render_table(rows: list[ComparisonRow]):
+    from rich.console import Group
     from rich.table import Table
 
-    table = Table(title="Engines (medians of per-iteration latency; speedup within each toolchain)")
-    for header in HEADERS:
-        left = header in ("engine", "toolchain", "status")
-        table.add_column(header, justify="left" if left else "right", no_wrap=header != "status")
-    for row in rows:
-        cells = _cells(row)
-        style = None if row.median_ms is not None else "dim"
-        table.add_row(*cells, style=style)
-    return table
+    tables = []
+    for model in dict.fromkeys(r.model for r in rows):
+        table = Table(title=f"{model}: medians of per-iteration latency; speedup within each toolchain", caption="~ = within noise")
+        for header in HEADERS:
+            left = header in ("engine", "toolchain", "status", "layer audit", "vs ref toolchain", "speedup")
+            table.add_column(header, justify="left" if left else "right", no_wrap=header not in ("status", "layer audit"))
+        for row in (r for r in rows if r.model == model):
+            table.add_row(*_cells(row), style=None if row.median_ms is not None else "dim")
+        tables.append(table)
+    return Group(*tables)
 
 
 def render_json(rows: list[ComparisonRow]) -> str:
-    return json.dumps([asdict(r) for r in rows], indent=2) + "\n"
+    return json.dumps([row.public() for row in rows], indent=2) + "\n"
 
 
-FORMATS = ("table", "md", "json")
+def render_csv(rows: list[ComparisonRow]) -> str:
+    buffer = io.StringIO()
+    fields = list(rows[0].public().keys()) if rows else []
+    writer = csv.DictWriter(buffer, fieldnames=fields)
+    writer.writeheader()
+    for row in rows:
+        data = row.public()
+        data["median_ci_ms"] = "" if data["median_ci_ms"] is None else f"{data['median_ci_ms'][0]:.6f}..{data['median_ci_ms'][1]:.6f}"
+        writer.writerow(data)
+    return buffer.getvalue()
 
 
-def compare(catalog: Catalog, workspace: Workspace, toolchains: list[str] | None, fmt: str):
-    """Rows plus their rendering in ``fmt`` (a rich Table for "table", text otherwise)."""
+def compare(
+    catalog: Catalog,
+    workspace: Workspace,
+    toolchains: list[str] | None,
+    fmt: str,
+    models: list[str] | None = None,
+):
+    """Rows plus their rendering in ``fmt`` (a rich renderable for "table", text otherwise)."""
     if fmt not in FORMATS:
         raise UsageError(f"unknown format {fmt!r}.", hint=f"use one of {', '.join(FORMATS)}")
     for name in toolchains or []:
         catalog.toolchain(name)
-    rows = build_rows(catalog, load_manifests(workspace, toolchains))
+    for name in models or []:
+        catalog.model(name)
+    manifests = [m for m in load_manifests(workspace.manifests_dir, toolchains) if not models or m.model in models]
+    rows = build_rows(catalog, manifests, toolchains)
     if not rows:
         raise PipelineError(
             f"no engine manifests under {workspace.manifests_dir}" + (f" for {', '.join(toolchains)}" if toolchains else "") + ".",
@@ -143,6 +398,12 @@ def compare(catalog: Catalog, workspace: Workspace, toolchains: list[str] | None
         return rows, render_markdown(rows)
     if fmt == "json":
         return rows, render_json(rows)
+    if fmt == "csv":
+        return rows, render_csv(rows)
+    if fmt == "html":
+        from pipeline.report_html import render_html
+
+        return rows, render_html(rows, manifests)
     return rows, render_table(rows)
 
 

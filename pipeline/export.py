@@ -352,8 +352,12 @@ def op_histogram(model) -> dict[str, int]:
 def onnx_audit(model, size_bytes: int) -> dict[str, Any]:
     import onnx
 
+    from pipeline.roofline import matmul_flops
+
     dtypes = Counter(onnx.TensorProto.DataType.Name(t.data_type) for t in model.graph.initializer)
     return {
+        # Matrix FLOPs of one batch, for the roofline in reports (None when shapes are unknown).
+        "matmul_flops": matmul_flops(model),
         "opsets": {(entry.domain or "ai.onnx"): entry.version for entry in model.opset_import},
         "nodes": len(model.graph.node),
         "initializer_dtypes": dict(sorted(dtypes.items())),

@@ -1,0 +1,165 @@
+"""A self-contained HTML report: the comparison tables plus plots, with no network fetches.
+
+Plots are matplotlib PNGs embedded as data URIs; styles are inline. One file to attach to a
+review or an issue.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from datetime import datetime, timezone
+
+from pipeline.compare import HEADERS, ComparisonRow, _cells
+from pipeline.manifest import EngineManifest
+
+STYLE = """
+body { font-family: -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2rem; color: #1d2330; }
+h1 { font-size: 1.6rem; } h2 { margin-top: 2.5rem; border-bottom: 2px solid #76b900; }
+table { border-collapse: collapse; font-size: 0.85rem; margin: 1rem 0; }
+th, td { border: 1px solid #ccd; padding: 0.3rem 0.5rem; text-align: right; }
+th { background: #eef3e2; } td.text { text-align: left; }
+tr.unmeasured td { color: #889; }
+.note { color: #556; font-size: 0.85rem; max-width: 60rem; }
+img { max-width: 100%; border: 1px solid #dde; margin: 0.5rem 0; }
+"""
+LEFT = {"engine", "toolchain", "status", "layer audit", "vs ref toolchain", "speedup"}
+
+
+def _png(figure) -> str:
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    plt.close(figure)
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def _latency_bars(rows: list[ComparisonRow]) -> str | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    measured = [r for r in rows if r.median_ms is not None]
+    if not measured:
+        return None
+    variants = list(dict.fromkeys(r.variant for r in measured))
+    chains = list(dict.fromkeys(r.toolchain for r in measured))
+    width = 0.8 / len(chains)
+    figure, axis = plt.subplots(figsize=(max(6, 1.2 * len(variants) * len(chains)), 4))
+    for i, chain in enumerate(chains):
+        xs, medians, low, high = [], [], [], []
+        for j, variant in enumerate(variants):
+            row = next((r for r in measured if r.variant == variant and r.toolchain == chain), None)
+            if row is None:
+                continue
+            xs.append(j + i * width)
+            medians.append(row.median_ms)
+            low.append(row.median_ms - row.p5_ms)
+            high.append(row.p95_ms - row.median_ms)
+        axis.bar(xs, medians, width, yerr=[low, high], capsize=3, label=chain)
+    axis.set_xticks(np.arange(len(variants)) + width * (len(chains) - 1) / 2, variants)
+    axis.set_ylabel("median latency, ms (whiskers: p5–p95)")
+    axis.legend(title="toolchain")
+    axis.grid(axis="y", alpha=0.3)
+    return _png(figure)
+
+
+def _latency_cdf(rows: list[ComparisonRow]) -> str | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    measured = [r for r in rows if r.samples_ms]
+    if not measured:
+        return None
+    figure, axis = plt.subplots(figsize=(7, 4))
+    for row in measured:
+        values = np.sort(np.asarray(row.samples_ms))
+        axis.step(values, np.arange(1, values.size + 1) / values.size, where="post", label=f"{row.variant} · {row.toolchain}")
+    axis.set_xlabel("per-iteration latency, ms")
+    axis.set_ylabel("fraction of iterations")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    return _png(figure)
+
+
+def _top_layers(row: ComparisonRow, top: int = 12) -> str | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not row.layers:
+        return None
+    layers = sorted(row.layers, key=lambda item: item[1], reverse=True)[:top][::-1]
+    figure, axis = plt.subplots(figsize=(8, 0.35 * len(layers) + 1))
+    axis.barh([name if len(name) < 60 else name[:57] + "…" for name, _ in layers], [ms for _, ms in layers], color="#76b900")
+    axis.set_xlabel("average time per iteration, ms")
+    axis.set_title(f"{row.engine} on {row.toolchain}: top {len(layers)} layers")
+    return _png(figure)
+
+
+def _table(rows: list[ComparisonRow]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in HEADERS)
+    body = []
+    for row in rows:
+        cells = "".join(
+            f'<td class="{"text" if header in LEFT else "num"}">{html.escape(cell)}</td>' for header, cell in zip(HEADERS, _cells(row))
+        )
+        body.append(f'<tr class="{"measured" if row.median_ms is not None else "unmeasured"}">{cells}</tr>')
+    return f'<table class="comparison"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+
+
+def _environment(manifests: list[EngineManifest]) -> str:
+    seen = {}
+    for m in manifests:
+        env = m.environment
+        gpus = ", ".join(f"{g.name} (driver {g.driver})" for g in env.gpus) or "none"
+        key = (m.toolchain, env.hostname, env.cpu, gpus)
+        seen[key] = (env.packages.get("onnxruntime") or "–", env.git_commit or "–")
+    rows = "".join(
+        f'<tr><td class="text">{html.escape(str(k[0]))}</td><td class="text">{html.escape(k[1])}</td>'
+        f'<td class="text">{html.escape(k[2])}</td><td class="text">{html.escape(k[3])}</td>'
+        f'<td class="text">{html.escape(v[1][:12])}</td></tr>'
+        for k, v in seen.items()
+    )
+    return (
+        '<table class="environment"><thead><tr><th>toolchain</th><th>host</th><th>CPU</th><th>GPUs</th>'
+        f"<th>commit</th></tr></thead><tbody>{rows}</tbody></table>"
+    )
+
+
+def render_html(rows: list[ComparisonRow], manifests: list[EngineManifest]) -> str:
+    parts = [
+        "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",
+        "<title>Engine comparison</title>",
+        f"<style>{STYLE}</style></head><body>",
+        "<h1>Engine comparison</h1>",
+        f'<p class="note">Rendered {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC} from {len(manifests)} manifests. '
+        "Latency is GPU compute time for TensorRT engines and host latency for ONNX Runtime. Speedups are within a "
+        "toolchain, against its baseline variant; the change column compares each toolchain with the first. "
+        "<b>~</b> marks differences within the runs' own spread (the 95% bootstrap confidence interval of the "
+        "difference of medians contains zero). TFLOP/s count MatMul/Gemm/Conv work; peak % uses datasheet peaks "
+        "for known GPUs.</p>",
+    ]
+    for model in dict.fromkeys(r.model for r in rows):
+        model_rows = [r for r in rows if r.model == model]
+        parts.append(f"<h2>{html.escape(model)}</h2>")
+        parts.append(_table(model_rows))
+        for title, image in (("Latency by variant and toolchain", _latency_bars(model_rows)), ("Latency distribution", _latency_cdf(model_rows))):
+            if image:
+                parts.append(f'<h3>{title}</h3><img alt="{html.escape(title)}" src="{image}">')
+        for row in model_rows:
+            image = _top_layers(row)
+            if image:
+                parts.append(f'<img alt="top layers of {html.escape(row.engine)} on {html.escape(row.toolchain)}" src="{image}">')
+    parts.append("<h2>Where it was measured</h2>")
+    parts.append(_environment(manifests))
+    parts.append("</body></html>")
+    return "\n".join(parts)
