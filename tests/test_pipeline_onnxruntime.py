@@ -92,7 +92,7 @@ def test_compare_renders_markdown_and_json_from_manifests(demo, run_cli):
     catalog = demo / "pipeline.toml"
     md = run_cli(catalog, "compare", "--format", "md")
     assert md.exit_code == 0
-    assert md.out.startswith("| engine | toolchain | median ms |")
+    assert md.out.startswith("### tiny\n\n| engine | toolchain | median ms |")
     assert "| tiny_fp32 | onnxruntime |" in md.out and "1.00x vs fp32" in md.out
     assert "skipped: nvfp4 needs TensorRT" in md.out
     rows = json.loads(run_cli(catalog, "compare", "--format", "json").out)

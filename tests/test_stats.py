@@ -40,3 +40,24 @@ def test_empty_series_is_refused():
 
 def test_zero_mean_gives_undefined_cv_rather_than_a_crash():
     assert math.isnan(LatencyStats.from_values([0.0, 0.0]).cv)
+
+
+def test_bootstrap_interval_of_the_median_contains_it():
+    from pipeline.stats import bootstrap_median_ci
+
+    rng = np.random.default_rng(3)
+    values = rng.normal(10.0, 1.0, 500)
+    low, high = bootstrap_median_ci(values)
+    assert low < float(np.median(values)) < high
+    assert high - low < 0.5
+
+
+def test_difference_of_medians_is_significant_only_beyond_the_noise():
+    from pipeline.stats import median_difference_ci
+
+    rng = np.random.default_rng(4)
+    a = rng.normal(10.0, 1.0, 400)
+    low, high = median_difference_ci(a * 1.10, a)
+    assert low > 0  # 10% slower: real
+    low, high = median_difference_ci(rng.normal(10.0, 1.0, 400), a)
+    assert low <= 0 <= high  # two samples of the same distribution: within noise

@@ -1,0 +1,217 @@
+"""Reports and the regression gate, on TensorRT manifests made from recorded trtexec output and on
+real ONNX Runtime runs."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shutil
+import subprocess
+from datetime import datetime, timezone
+
+import numpy as np
+import pytest
+
+from pipeline.manifest import Artifact, BuildDetails, EngineManifest, Environment, ExportDetails, ProfileDetails, StageRecord, read_manifest
+from pipeline.stats import LatencyStats
+from pipeline.trtexec.exports import read_layer_info
+from pipeline.trtexec.log import read_log
+from tests.conftest import SAMPLES, TINY_CATALOG, write_catalog
+
+TRT_CATALOG = TINY_CATALOG + """
+[toolchains."trt10.16"]
+kind = "trtexec-container"
+trt = "10.16.0"
+image = "nvcr.io/nvidia/tensorrt:example"
+"""
+# Two releases on the same GPU (RTX 6000 Ada), same command: a real release-to-release comparison.
+RECORDED = {
+    "trt10.14": SAMPLES / "trt10.14.1_rtx6000ada_onnx_build_and_run_default.txt",
+    "trt10.16": SAMPLES / "trt10.16.0_rtx6000ada_onnx_saveEngine_build_and_run_enqueue_bound_warning.txt",
+}
+
+
+def _record(stage, details, outputs=(), duration=1.0):
+    return StageRecord(
+        stage=stage, status="done", fingerprint="0" * 64, finished_at=datetime.now(timezone.utc),
+        duration_s=duration, outputs=list(outputs), details=details,
+    )  # fmt: skip
+
+
+def trt_manifest(toolchain: str, variant: str, scale: float = 1.0) -> EngineManifest:
+    """A manifest as the pipeline writes it, from a recorded trtexec log.
+
+    The per-iteration samples are the log's trace lines (GPU latency averaged over 10 runs each),
+    the only per-iteration data the recorded logs hold.
+    """
+    log = read_log(RECORDED[toolchain])
+    samples = [t.gpu_ms * scale for t in log.trace]
+    stats = LatencyStats.from_values(samples)
+    audit = read_layer_info(SAMPLES / "trt10.16.1_h100_exportLayerInfo_detailed.json").audit(variant)
+    env = Environment(hostname="gpu-box", os="Linux", python="3.12", cpu="x86", cpu_count=16, pipeline_version="0")
+    trtexec = json.loads(log.model_dump_json(exclude={"trace"}))
+    engine = Artifact(role="engine", path=f"engines/{toolchain}/tiny_{variant}.engine", sha256="1" * 64, size_bytes=12 * 2**20)
+    export = ExportDetails(
+        timm_model="test_vit", weights="random-init (seed 0)", input_shape=[2, 3, 160, 160], input_dtype="float16",
+        opset=17, precision=variant, onnx_audit={"matmul_flops": 150541312},
+        accuracy={"cosine_similarity": 0.9995, "top1_agreement": 1.0} if variant != "fp32" else None,
+    )  # fmt: skip
+    return EngineManifest(
+        engine=f"tiny_{variant}", model="tiny", variant=variant, precision=variant, toolchain=toolchain, environment=env,
+        export=_record("export", export),
+        build=_record("build", BuildDetails(runtime="trtexec-container", runtime_version=log.trt_version, trtexec=trtexec,
+                                            precision_audit=audit.model_dump()), [engine], duration=8.1),
+        profile=_record("profile", ProfileDetails(
+            settings={"warmup_ms": 200, "iterations": 10, "duration_s": 3}, batch_size=2, device=f"TensorRT on {log.device.name}",
+            metric="GPU compute time", iterations=stats.count, total_walltime_s=log.total_host_walltime_s, latency_ms=stats,
+            throughput_qps=log.throughput_qps, images_per_s=log.throughput_qps * 2, per_iteration_ms=samples, trtexec=trtexec)),
+    )  # fmt: skip
+
+
+@pytest.fixture
+def trt_workspace(tmp_path):
+    catalog = write_catalog(tmp_path / "ws", TRT_CATALOG)
+    for toolchain in RECORDED:
+        for variant, scale in (("fp32", 1.6), ("fp16", 1.0)):
+            trt_manifest(toolchain, variant, scale).write(tmp_path / "ws" / "manifests" / toolchain / f"tiny_{variant}.json")
+    return catalog
+
+
+def test_tensorrt_releases_side_by_side(trt_workspace, run_cli):
+    result = run_cli(trt_workspace, "compare", "--trt", "10.14", "--trt", "10.16", "--format", "json")
+    assert result.exit_code == 0, result.err
+    rows = {(r["variant"], r["toolchain"]): r for r in json.loads(result.out)}
+    old, new = rows[("fp16", "trt10.14")], rows[("fp16", "trt10.16")]
+    assert old["status"] == "measured (GPU compute time)"
+    log_14 = read_log(RECORDED["trt10.14"])
+    assert old["median_ms"] == pytest.approx(float(np.median([t.gpu_ms for t in log_14.trace])))
+    assert new["reference_toolchain"] == "trt10.14" and old["change_pct"] is None
+    assert new["change_pct"] == pytest.approx((new["median_ms"] - old["median_ms"]) / old["median_ms"] * 100)
+    assert new["change_significant"] is True  # 0.051 vs 0.029 ms over 400 samples each
+    assert rows[("fp32", "trt10.14")]["speedup"] == pytest.approx(1 / 1.6)  # fp16 is the TensorRT baseline
+    assert old["baseline"] == "fp16" and old["speedup"] == 1.0
+    assert old["engine_mb"] == 12.0 and old["build_s"] == 8.1
+    assert "silent fallback" in old["audit"]  # the recorded layer info is an FP32 engine
+    assert old["gpu"] == "NVIDIA RTX 6000 Ada Generation" and old["peak_fraction"] is None  # not in the peak table
+    assert old["achieved_tflops"] == pytest.approx(150541312 / (old["median_ms"] / 1000) / 1e12)
+
+
+def test_markdown_csv_and_table_formats(trt_workspace, run_cli):
+    md = run_cli(trt_workspace, "compare", "--format", "md").out
+    assert md.startswith("### tiny\n") and "| tiny_fp16 | trt10.16 |" in md and "vs trt10.14" in md
+    rows = list(csv.DictReader(io.StringIO(run_cli(trt_workspace, "compare", "--format", "csv").out)))
+    assert len(rows) == 4 and {r["toolchain"] for r in rows} == {"trt10.14", "trt10.16"}
+    assert float(rows[0]["median_ms"]) > 0 and ".." in rows[0]["median_ci_ms"]
+    table = run_cli(trt_workspace, "compare", "--models", "tiny")
+    assert "tiny_fp16" in table.out and "~ = within noise" in table.out
+
+
+def test_differences_within_noise_are_marked(trt_workspace, run_cli, tmp_path):
+    # The same release measured twice with a 0.2% difference: not a real change.
+    manifests = trt_workspace.parent / "manifests"
+    shutil.rmtree(manifests / "trt10.16")
+    twin = trt_manifest("trt10.14", "fp16", 1.002).model_copy(update={"toolchain": "trt10.16"})
+    twin.write(manifests / "trt10.16" / "tiny_fp16.json")
+    rows = {r["toolchain"]: r for r in json.loads(run_cli(trt_workspace, "compare", "--format", "json").out) if r["variant"] == "fp16"}
+    assert rows["trt10.16"]["change_significant"] is False
+    assert "~+0.2%" in run_cli(trt_workspace, "compare", "--format", "md").out
+
+
+def test_gate_fails_on_a_slowdown_and_names_it(trt_workspace, run_cli, tmp_path):
+    baseline = tmp_path / "baseline"
+    shutil.copytree(trt_workspace.parent / "manifests", baseline)
+    slower = trt_manifest("trt10.16", "fp16", 1.08)
+    slower.write(trt_workspace.parent / "manifests" / "trt10.16" / "tiny_fp16.json")
+    result = run_cli(trt_workspace, "compare", "--format", "md", "--baseline", str(baseline), "--fail-above", "5")
+    assert result.exit_code == 1
+    assert "REGRESSED" in result.out and "tiny_fp16" in result.out and "+8.0%" in result.out
+    assert "ERROR 1 engine(s) got slower than 5% beyond the noise: tiny_fp16 on trt10.16 (+8.0%)" in result.err
+    lenient = run_cli(trt_workspace, "compare", "--format", "md", "--baseline", str(baseline), "--fail-above", "10")
+    assert lenient.exit_code == 0 and "REGRESSED" not in lenient.out
+
+
+def test_gate_passes_against_itself_and_rejects_an_empty_baseline(trt_workspace, run_cli, tmp_path):
+    result = run_cli(trt_workspace, "compare", "--format", "md", "--baseline", str(trt_workspace.parent))
+    assert result.exit_code == 0 and result.out.count("ok ") == 4
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    bad = run_cli(trt_workspace, "compare", "--baseline", str(empty))
+    assert bad.exit_code == 1 and "holds no engine manifests" in bad.err
+
+
+def test_gate_reads_a_git_ref(trt_workspace, run_cli):
+    ws = trt_workspace.parent
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(ws), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    git("add", "-f", "manifests")
+    git("-c", "user.email=ci@example.invalid", "-c", "user.name=ci", "commit", "-qm", "results")
+    trt_manifest("trt10.14", "fp32", 1.6 * 1.3).write(ws / "manifests" / "trt10.14" / "tiny_fp32.json")
+    result = run_cli(trt_workspace, "compare", "--format", "md", "--baseline", "HEAD")
+    assert result.exit_code == 1 and "tiny_fp32 on trt10.14 (+30.0%)" in result.err
+    missing = run_cli(trt_workspace, "compare", "--baseline", "no-such-ref")
+    assert missing.exit_code == 1 and "neither a directory nor a git ref" in missing.err
+
+
+# --- on real ONNX Runtime runs ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ort_workspace(tmp_path_factory):
+    from pipeline.cli import main
+
+    catalog = write_catalog(tmp_path_factory.mktemp("ort"), TINY_CATALOG.replace("duration_s = 0.05", "duration_s = 0.3"))
+    assert main(["--catalog", str(catalog), "run", "--variant", "fp32", "--variant", "int8"]) == 0
+    return catalog
+
+
+def test_gate_on_real_runs_fails_on_a_constructed_slowdown_and_passes_a_rerun(ort_workspace, run_cli, tmp_path):
+    ws = ort_workspace.parent
+    baseline = tmp_path / "baseline"
+    shutil.copytree(ws / "manifests", baseline)
+    path = ws / "manifests" / "onnxruntime" / "tiny_fp32.json"
+    manifest = read_manifest(path)
+    slowed = [v * 1.5 for v in manifest.profile.details.per_iteration_ms]
+    details = manifest.profile.details.model_copy(update={"per_iteration_ms": slowed, "latency_ms": LatencyStats.from_values(slowed)})
+    slow_copy = manifest.model_copy(update={"profile": manifest.profile.model_copy(update={"details": details})})
+    slow_copy.write(path)
+    failed = run_cli(ort_workspace, "compare", "--format", "md", "--baseline", str(baseline), "--fail-above", "5")
+    assert failed.exit_code == 1 and "tiny_fp32 on onnxruntime (+50.0%)" in failed.err
+    # A real re-measurement: noisy on a shared CPU, but nowhere near +50%.
+    assert run_cli(ort_workspace, "profile", "--engine", "tiny_fp32", "--force").exit_code == 0
+    rerun = run_cli(ort_workspace, "compare", "--format", "md", "--baseline", str(baseline), "--fail-above", "50")
+    assert rerun.exit_code == 0, rerun.out + rerun.err
+
+
+def test_html_report_is_self_contained(ort_workspace, run_cli):
+    result = run_cli(ort_workspace, "compare", "--format", "html")
+    assert result.exit_code == 0
+    report = ort_workspace.parent / "reports" / "compare.html"
+    text = report.read_text()
+    assert text.count('<table class="comparison">') == 1 and "tiny_int8" in text
+    assert text.count("data:image/png;base64,") >= 2  # latency bars and CDF, embedded
+    assert "http://" not in text and "https://" not in text  # nothing fetched when opened
+
+
+def test_html_report_renders_in_chromium(ort_workspace, run_cli, tmp_path):
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("Chromium is not installed (apt-get install chromium; .ci/run installs it)")
+    from PIL import Image
+
+    assert run_cli(ort_workspace, "compare", "--format", "html").exit_code == 0
+    report = ort_workspace.parent / "reports" / "compare.html"
+    flags = [
+        "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}",
+    ]  # fmt: skip
+    shot = tmp_path / "report.png"
+    subprocess.run([chromium, *flags, "--window-size=1400,1600", f"--screenshot={shot}", report.as_uri()], capture_output=True, timeout=120)
+    image = Image.open(shot).convert("RGB")
+    colours = image.getcolors(maxcolors=1_000_000)
+    assert colours is not None and len(colours) > 50  # tables and plots, not a blank page
+    dom = subprocess.run([chromium, *flags, "--dump-dom", report.as_uri()], capture_output=True, text=True, timeout=120).stdout
+    assert dom.count("<table") == 2 and dom.count("<img") >= 2 and "tiny_fp32" in dom
