@@ -51,6 +51,9 @@ def trt_manifest(toolchain: str, variant: str, scale: float = 1.0) -> EngineMani
     audit = read_layer_info(SAMPLES / "trt10.16.1_h100_exportLayerInfo_detailed.json").audit(variant)
     env = Environment(hostname="gpu-box", os="Linux", python="3.12", cpu="x86", cpu_count=16, pipeline_version="0")
     trtexec = json.loads(log.model_dump_json(exclude={"trace"}))
+    # The per-layer table of a recorded --dumpProfile run of the same model on the same GPU.
+    profiled = read_log(SAMPLES / "trt10.14.1_rtx6000ada_loadEngine_dumpProfile.txt")
+    trtexec["profile"] = json.loads(profiled.profile.model_dump_json())
     engine = Artifact(role="engine", path=f"engines/{toolchain}/tiny_{variant}.engine", sha256="1" * 64, size_bytes=12 * 2**20)
     export = ExportDetails(
         timm_model="test_vit", weights="random-init (seed 0)", input_shape=[2, 3, 160, 160], input_dtype="float16",
@@ -105,6 +108,15 @@ def test_markdown_csv_and_table_formats(trt_workspace, run_cli):
     assert float(rows[0]["median_ms"]) > 0 and ".." in rows[0]["median_ci_ms"]
     table = run_cli(trt_workspace, "compare", "--models", "tiny")
     assert "tiny_fp16" in table.out and "~ = within noise" in table.out
+
+
+def test_html_from_tensorrt_manifests_has_the_top_layers(trt_workspace, run_cli):
+    result = run_cli(trt_workspace, "compare", "--format", "html", "--out", str(trt_workspace.parent / "r.html"))
+    assert result.exit_code == 0
+    text = (trt_workspace.parent / "r.html").read_text()
+    assert 'alt="top layers of tiny_fp16 on trt10.16"' in text
+    assert text.count("data:image/png;base64,") == 2 + 4  # bars, CDF, and one layer chart per engine
+    assert "NVIDIA RTX 6000 Ada Generation" not in text or "gpu-box" in text
 
 
 def test_differences_within_noise_are_marked(trt_workspace, run_cli, tmp_path):
@@ -184,6 +196,12 @@ def test_gate_on_real_runs_fails_on_a_constructed_slowdown_and_passes_a_rerun(or
     assert run_cli(ort_workspace, "profile", "--engine", "tiny_fp32", "--force").exit_code == 0
     rerun = run_cli(ort_workspace, "compare", "--format", "md", "--baseline", str(baseline), "--fail-above", "50")
     assert rerun.exit_code == 0, rerun.out + rerun.err
+
+
+def test_csv_from_real_runs(ort_workspace, run_cli):
+    rows = list(csv.DictReader(io.StringIO(run_cli(ort_workspace, "compare", "--format", "csv").out)))
+    assert [r["engine"] for r in rows] == ["tiny_fp32", "tiny_int8"]
+    assert all(float(r["median_ms"]) > 0 for r in rows) and rows[1]["baseline"] == "fp32"
 
 
 def test_html_report_is_self_contained(ort_workspace, run_cli):
