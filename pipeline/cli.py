@@ -206,9 +206,18 @@ def export(state: _State, engines, models, variants, force, calib_dir, calib_sam
     run_engines(state.context(force), refs, toolchain=None, until="export")
 
 
-def _stage_command(state: _State, engines, models, variants, toolchain, trt, force, dry_run, until):
+def engine_stage_options(func):
+    """What build and profile take: the selection, the toolchain, --force, --dry-run, calibration."""
+    func = click.option("--dry-run", is_flag=True, help="Print what would run (the exact command and container) and stop.")(func)
+    for decorator in (calibration_options, force_option, toolchain_options, selection_options):
+        func = decorator(func)
+    return func
+
+
+def _stage_command(state: _State, engines, models, variants, toolchain, trt, force, dry_run, calib_dir, calib_samples, until):
     from pipeline.runner import run_engines
 
+    apply_calibration(state, calib_dir, calib_samples)
     catalog = state.catalog
     refs = select_engines(catalog, engines, models, variants)
     chain = select_toolchain(catalog, toolchain, trt)
@@ -223,25 +232,19 @@ def _stage_command(state: _State, engines, models, variants, toolchain, trt, for
 
 
 @cli.command()
-@selection_options
-@toolchain_options
-@force_option
-@click.option("--dry-run", is_flag=True, help="Print what would run (the exact command and container) and stop.")
+@engine_stage_options
 @pass_state
-def build(state: _State, engines, models, variants, toolchain, trt, force, dry_run):
+def build(state: _State, **options):
     """Build engines for one toolchain (exporting first if needed): engines/<toolchain>/."""
-    _stage_command(state, engines, models, variants, toolchain, trt, force, dry_run, "build")
+    _stage_command(state, **options, until="build")
 
 
 @cli.command()
-@selection_options
-@toolchain_options
-@force_option
-@click.option("--dry-run", is_flag=True, help="Print what would run (the exact command and container) and stop.")
+@engine_stage_options
 @pass_state
-def profile(state: _State, engines, models, variants, toolchain, trt, force, dry_run):
+def profile(state: _State, **options):
     """Time engines (building them first if needed); results go to manifests/<toolchain>/."""
-    _stage_command(state, engines, models, variants, toolchain, trt, force, dry_run, "profile")
+    _stage_command(state, **options, until="profile")
 
 
 @cli.command()

@@ -52,16 +52,26 @@ class LatencyStats(BaseModel):
         )
 
 
+def _resampled_medians(values_ms: Sequence[float], rng, resamples: int):
+    import numpy as np
+
+    values = np.asarray(values_ms, dtype=np.float64)
+    return np.median(rng.choice(values, size=(resamples, values.size), replace=True), axis=1)
+
+
+def _interval(samples, confidence: float) -> tuple[float, float]:
+    import numpy as np
+
+    tail = (1.0 - confidence) / 2 * 100
+    low, high = np.percentile(samples, [tail, 100 - tail])
+    return float(low), float(high)
+
+
 def bootstrap_median_ci(values_ms: Sequence[float], confidence: float = 0.95, resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
     """Confidence interval of the median by resampling the per-iteration times."""
     import numpy as np
 
-    values = np.asarray(values_ms, dtype=np.float64)
-    rng = np.random.default_rng(seed)
-    medians = np.median(rng.choice(values, size=(resamples, values.size), replace=True), axis=1)
-    tail = (1.0 - confidence) / 2 * 100
-    low, high = np.percentile(medians, [tail, 100 - tail])
-    return float(low), float(high)
+    return _interval(_resampled_medians(values_ms, np.random.default_rng(seed), resamples), confidence)
 
 
 def median_difference_ci(
@@ -70,11 +80,5 @@ def median_difference_ci(
     """Confidence interval of median(new) - median(old); excluding 0 means the change is real."""
     import numpy as np
 
-    new = np.asarray(new_ms, dtype=np.float64)
-    old = np.asarray(old_ms, dtype=np.float64)
     rng = np.random.default_rng(seed)
-    new_medians = np.median(rng.choice(new, size=(resamples, new.size), replace=True), axis=1)
-    old_medians = np.median(rng.choice(old, size=(resamples, old.size), replace=True), axis=1)
-    tail = (1.0 - confidence) / 2 * 100
-    low, high = np.percentile(new_medians - old_medians, [tail, 100 - tail])
-    return float(low), float(high)
+    return _interval(_resampled_medians(new_ms, rng, resamples) - _resampled_medians(old_ms, rng, resamples), confidence)
