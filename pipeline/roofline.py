@@ -32,7 +32,6 @@ def peak_tflops(gpu_name: str | None, precision: str) -> float | None:
 def matmul_flops(model) -> int | None:
     """FLOPs of MatMul/Gemm/Conv in an ONNX graph with static shapes; None when shapes are unknown."""
     import onnx
-    from onnx import numpy_helper
 
     try:
         # data_prop follows Shape→Gather→Concat→Reshape chains, which keep the batch dimension.
@@ -56,10 +55,8 @@ def matmul_flops(model) -> int | None:
             weight = shapes.get(node.input[1])
             if not weight or any(d is None for d in weight):
                 return None
-            group = next((a.i for a in node.attribute if a.name == "group"), 1)
-            per_output = weight[1] * (weight[2] if len(weight) > 2 else 1) * (weight[3] if len(weight) > 3 else 1)
-            total += 2 * _prod(out) * per_output
-            del group  # weight[1] already counts input channels per group
+            # Conv weights are [out, in / groups, kh, kw]: each output sums over weight[1:] inputs.
+            total += 2 * _prod(out) * _prod(weight[1:])
         else:
             a = shapes.get(node.input[0])
             if not a or a[-1] is None:

@@ -1,4 +1,3 @@
-import onnx
 import pytest
 from onnx import TensorProto, helper
 

@@ -26,7 +26,7 @@ from pipeline.catalog import ProfileSettings, VariantSpec
 from pipeline.environment import nvidia_gpus
 from pipeline.errors import EnvironmentMissing, PipelineError
 from pipeline.runtimes.base import BuildResult, EngineRuntime, ProfileResult
-from pipeline.trtexec.command import BuildCommand, ProfileCommand, parse_version
+from pipeline.trtexec.command import BuildCommand, ProfileCommand
 from pipeline.trtexec.exports import read_layer_info, read_profile, read_times
 from pipeline.trtexec.log import TrtexecLog, parse_log
 from pipeline.trtexec.preflight import unsupported_reasons
