@@ -31,14 +31,15 @@ class EnvironmentMissing(PipelineError):
     exit_code = 3
 
 
-def require_module(module: str, *, purpose: str, extra: str = "export"):
-    """Import an optional dependency or explain how to install it."""
+def require_module(module: str, *, purpose: str, extra: str | None = "export"):
+    """Import a dependency or explain how to install it (``extra=None``: a core dependency)."""
     import importlib
 
     try:
         return importlib.import_module(module)
     except ImportError as exc:
+        how = f"install the '{extra}' extra: pip install -e '.[{extra}]'" if extra else "reinstall the pipeline: pip install -e ."
         raise EnvironmentMissing(
             f"{purpose} needs the Python package '{module}', which is not importable ({exc}).",
-            hint=f"install the '{extra}' extra: pip install -e '.[{extra}]' (or run `make setup`)",
+            hint=f"{how} (or run `make setup`)",
         ) from exc

@@ -98,3 +98,17 @@ def test_doctor_reports_the_embedded_runtime_as_usable(run_cli, tiny_catalog):
     assert checks["toolchain onnxruntime"]["ok"] is True
     assert checks["package onnxruntime"]["ok"] is True
     assert "NVIDIA GPU" in checks and "Docker daemon" in checks and "toolchain trt10.14" in checks
+
+
+def test_missing_dependencies_say_how_to_install_them():
+    import pytest
+
+    from pipeline.errors import EnvironmentMissing, require_module
+
+    with pytest.raises(EnvironmentMissing) as optional:
+        require_module("no_such_module_xyz", purpose="Exporting models")
+    assert "Exporting models needs the Python package 'no_such_module_xyz'" in optional.value.message
+    assert "pip install -e '.[export]'" in optional.value.hint
+    with pytest.raises(EnvironmentMissing) as core:
+        require_module("no_such_module_xyz", purpose="The onnxruntime toolchain", extra=None)
+    assert "pip install -e ." in core.value.hint and "[" not in core.value.hint

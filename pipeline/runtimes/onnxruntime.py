@@ -34,7 +34,7 @@ _ORT_TO_NUMPY = {
 
 
 def _ort():
-    return require_module("onnxruntime", purpose="The onnxruntime toolchain", extra="export")
+    return require_module("onnxruntime", purpose="The onnxruntime toolchain", extra=None)
 
 
 class OnnxRuntimeRuntime(EngineRuntime):
