@@ -129,6 +129,8 @@ def _load_from_git(ref: str, workspace: Workspace, toolchains: list[str] | None)
 
 
 def build_rows(catalog: Catalog, manifests: list[EngineManifest], toolchain_order: list[str] | None = None) -> list[ComparisonRow]:
+    import numpy as np
+
     from pipeline.roofline import peak_tflops
     from pipeline.stats import bootstrap_median_ci
 
@@ -158,8 +160,6 @@ def build_rows(catalog: Catalog, manifests: list[EngineManifest], toolchain_orde
             row.top1_agreement = m.export.details.accuracy["top1_agreement"]
         if m.profile is not None and m.profile.status == "done" and m.profile.details is not None:
             d = m.profile.details
-            import numpy as np
-
             samples = np.asarray(d.per_iteration_ms)
             row.status = f"measured ({d.metric})"
             row.device = d.device

@@ -13,6 +13,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.artifacts import atomic_write_text
 from pipeline.errors import EnvironmentMissing, PipelineError
 from pipeline.reporting import Reporter
 
@@ -191,7 +192,7 @@ class DockerRunner:
                 exit_code = EXIT_KILLED
             reader.join(timeout=10)
             log_text = "".join(chunks)
-            _write_log(log_path, log_text)
+            atomic_write_text(log_path, log_text)
             if timed_out:
                 raise PipelineError(
                     f"{what} in {image} ran past its {timeout_s:g} s limit and was killed.",
@@ -232,8 +233,3 @@ def _is_timeout(exc: Exception) -> bool:
     name = type(exc).__name__
     return "Timeout" in name or "ConnectionError" in name
 
-
-def _write_log(path: Path, text: str) -> None:
-    from pipeline.artifacts import atomic_write_text
-
-    atomic_write_text(path, text)

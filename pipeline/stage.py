@@ -86,8 +86,8 @@ class Stage(ABC):
 
     # --- the common work ---------------------------------------------------------------------
 
-    def fingerprint(self, inputs: list[Artifact], skip_reason: str | None = None) -> str:
-        payload: dict[str, Any] = {"stage": self.name, "params": self.params()}
+    def fingerprint(self, params: dict[str, Any], inputs: list[Artifact], skip_reason: str | None = None) -> str:
+        payload: dict[str, Any] = {"stage": self.name, "params": params}
         if skip_reason is not None:
             # A skip depends only on why; asking the tools for their identity (Docker, images)
             # would fail on exactly the machines that cannot run the stage.
@@ -124,7 +124,8 @@ class Stage(ABC):
         previous = manifest.stage(self.name) if manifest else None
         reason = self.skip_reason()
         inputs = [] if reason else self.inputs()
-        fingerprint = self.fingerprint(inputs, reason)
+        params = self.params()
+        fingerprint = self.fingerprint(params, inputs, reason)
 
         if (
             previous is not None
@@ -154,7 +155,7 @@ class Stage(ABC):
             inputs=inputs,
             outputs=outcome.outputs,
             command=outcome.command,
-            params=self.params(),
+            params=params,
             details=outcome.details,
         )
         self.save(manifest, record)

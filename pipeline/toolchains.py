@@ -54,9 +54,13 @@ def _runner(reporter: Reporter):
     return DockerRunner(reporter)
 
 
-def image_name(name: str, catalog: Catalog) -> str:
-    spec = catalog.toolchain(name)
+def image_for(name: str, spec) -> str:
+    """The image a container toolchain runs in: its NGC image, or the one built from docker/."""
     return spec.image or f"trt-pipeline/{name}:latest"
+
+
+def image_name(name: str, catalog: Catalog) -> str:
+    return image_for(name, catalog.toolchain(name))
 
 
 def status(catalog: Catalog, reporter: Reporter) -> list[ToolchainStatus]:

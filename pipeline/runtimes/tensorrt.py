@@ -126,21 +126,10 @@ class TrtexecRuntime(EngineRuntime):
             )
 
     def build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec) -> BuildResult:
-        variant_precision, sparse = variant.precision, variant.sparsity == "2:4"
         log_path = self._sidecar(engine_path, ".build.log")
         layers_path = self._sidecar(engine_path, ".layers.json")
         layers_partial = self._partial(layers_path)
-        command = BuildCommand(
-            onnx=self.container_path(onnx_path),
-            engine=self.container_path(engine_path),
-            precision=variant_precision,
-            sparse=sparse,
-            timing_cache=self.container_path(self.timing_cache_path(engine_path.parent)),
-            layer_info=self.container_path(layers_partial),
-            optimization_level=self.spec.builder_optimization_level,
-            verbose=self.reporter.verbose,
-        )
-        argv = command.argv(self.spec.trt, self.trtexec_path())
+        argv = self._build_argv(onnx_path, engine_path, variant, layers_partial, self.reporter.verbose)
         try:
             execution = self.execute(argv, log_path, "build")
             log = self._parse(execution)
@@ -152,7 +141,7 @@ class TrtexecRuntime(EngineRuntime):
             if layers_partial.exists():
                 os.replace(layers_partial, layers_path)
                 sidecars["layer_info"] = layers_path
-                audit = read_layer_info(layers_path).audit(variant_precision)
+                audit = read_layer_info(layers_path).audit(variant.precision)
                 if audit.warning:
                     self.reporter.warn(f"{engine_path.name}: {audit.warning}")
         finally:
@@ -177,19 +166,7 @@ class TrtexecRuntime(EngineRuntime):
         times_path = self._sidecar(engine_path, ".times.json")
         profile_path = self._sidecar(engine_path, ".profile.json")
         partials = {times_path: self._partial(times_path), profile_path: self._partial(profile_path)}
-        command = ProfileCommand(
-            engine=self.container_path(engine_path),
-            warmup_ms=settings.warmup_ms,
-            iterations=settings.iterations,
-            duration_s=settings.duration_s,
-            times_json=self.container_path(partials[times_path]),
-            profile_json=self.container_path(partials[profile_path]),
-            use_cuda_graph=self.spec.use_cuda_graph,
-            no_data_transfers=self.spec.no_data_transfers,
-            spin_wait=self.spec.spin_wait,
-            verbose=self.reporter.verbose,
-        )
-        argv = command.argv(self.spec.trt, self.trtexec_path())
+        argv = self._profile_argv(engine_path, settings, partials[times_path], partials[profile_path], self.reporter.verbose)
         try:
             execution = self.execute(argv, log_path, "profile")
             log = self._parse(execution)
@@ -238,30 +215,38 @@ class TrtexecRuntime(EngineRuntime):
     def trtexec_path(self) -> str:
         return self.spec.trtexec
 
-    def describe_build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec) -> list[str]:
-        argv = BuildCommand(
+    def _build_argv(self, onnx_path: Path, engine_path: Path, variant: VariantSpec, layer_info: Path, verbose: bool = False) -> list[str]:
+        return BuildCommand(
             onnx=self.container_path(onnx_path),
             engine=self.container_path(engine_path),
             precision=variant.precision,
             sparse=variant.sparsity == "2:4",
             timing_cache=self.container_path(self.timing_cache_path(engine_path.parent)),
-            layer_info=self.container_path(self._sidecar(engine_path, ".layers.json")),
+            layer_info=self.container_path(layer_info),
             optimization_level=self.spec.builder_optimization_level,
+            verbose=verbose,
         ).argv(self.spec.trt, self.trtexec_path())
-        return [f"build: {self.where()}: {' '.join(argv)}"]
 
-    def describe_profile(self, engine_path: Path, settings: ProfileSettings) -> list[str]:
-        argv = ProfileCommand(
+    def _profile_argv(self, engine_path: Path, settings: ProfileSettings, times: Path, profile: Path, verbose: bool = False) -> list[str]:
+        return ProfileCommand(
             engine=self.container_path(engine_path),
             warmup_ms=settings.warmup_ms,
             iterations=settings.iterations,
             duration_s=settings.duration_s,
-            times_json=self.container_path(self._sidecar(engine_path, ".times.json")),
-            profile_json=self.container_path(self._sidecar(engine_path, ".profile.json")),
+            times_json=self.container_path(times),
+            profile_json=self.container_path(profile),
             use_cuda_graph=self.spec.use_cuda_graph,
             no_data_transfers=self.spec.no_data_transfers,
             spin_wait=self.spec.spin_wait,
+            verbose=verbose,
         ).argv(self.spec.trt, self.trtexec_path())
+
+    def describe_build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec) -> list[str]:
+        argv = self._build_argv(onnx_path, engine_path, variant, self._sidecar(engine_path, ".layers.json"))
+        return [f"build: {self.where()}: {' '.join(argv)}"]
+
+    def describe_profile(self, engine_path: Path, settings: ProfileSettings) -> list[str]:
+        argv = self._profile_argv(engine_path, settings, self._sidecar(engine_path, ".times.json"), self._sidecar(engine_path, ".profile.json"))
         return [f"profile: {self.where()}: {' '.join(argv)}"]
 
     def where(self) -> str:
@@ -280,7 +265,9 @@ class TrtexecContainerRuntime(TrtexecRuntime):
 
     @property
     def image_name(self) -> str:
-        return self.spec.image or f"trt-pipeline/{self.name}:latest"
+        from pipeline.toolchains import image_for
+
+        return image_for(self.name, self.spec)
 
     @property
     def runner(self):
