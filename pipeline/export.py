@@ -23,7 +23,7 @@ from pipeline.artifacts import atomic_output, sha256_file
 from pipeline.calibration import calibration_batches, describe_source
 from pipeline.errors import PipelineError, require_module
 from pipeline.manifest import Artifact, ExportDetails, ParityCheck
-from pipeline.quantize import DEFAULT_WEIGHTS_DTYPE, MIN_OPSET, PRESETS, accuracy_proxy, export_quantized, quantize_model, require_cuda_for
+from pipeline.quantize import DEFAULT_WEIGHTS_DTYPE, MIN_OPSET, PRESETS, accuracy_proxy, export_quantized, import_modelopt, quantize_model, require_cuda_for
 from pipeline.sparsify import onnx_sparsity, sparsify_model
 from pipeline.stage import Stage, StageOutcome
 
@@ -40,6 +40,9 @@ PARITY_TOLERANCE = {
     "nvfp4": (2.5e-1, 0.98),
 }
 INPUT_NAME, OUTPUT_NAME = "input", "logits"
+# Samples the parity check runs for graphs traced with a dynamic batch (CPU traces): more than the
+# traced batch, fewer than a batch of 64, which takes ONNX Runtime seconds on the CPU.
+PARITY_SAMPLES_DYNAMIC = 8
 
 
 class ExportStage(Stage):
@@ -139,6 +142,11 @@ class ExportStage(Stage):
             timm = _import_timm()
             import torch
 
+            if self.quantized or variant.sparsity:
+                # ModelOpt loads once per process (seconds): timed here, not in the first variant's quantize phase.
+                for module in ("modelopt.torch.quantization", "modelopt.torch.sparsity", "modelopt.torch._deploy.utils.torch_onnx"):
+                    import_modelopt(module, purpose=f"Exporting {self.engine.name}")
+
         require_cuda_for(variant.precision)
         spec = self.model_spec
         torch.manual_seed(spec.seed)
@@ -213,10 +221,12 @@ class ExportStage(Stage):
         onnx_path = self.ctx.workspace.onnx_path(self.engine)
         with atomic_output(onnx_path) as tmp:
             self.ctx.reporter.detail(f"export {spec.timm} {list(input_shape)} opset {self.opset()} → {tmp}")
+            traced_batch = None
             try:
                 with phase("onnx_export"):
                     if self.quantized:
-                        export_quantized(model, sample.to(device), tmp, self.opset(), self.weights_dtype(), variant.precision)
+                        exported = export_quantized(model, sample.to(device), tmp, self.opset(), self.weights_dtype(), variant.precision)
+                        quantization["exporter"], traced_batch = exported.exporter, exported.traced_batch
                     else:
                         with torch.no_grad():
                             torch.onnx.export(
@@ -232,8 +242,7 @@ class ExportStage(Stage):
                 # One load for every check: these graphs are hundreds of MB.
                 with phase("onnx_checks"):
                     graph = onnx.load(str(tmp), load_external_data=False)
-                    if self.quantized and name_io(graph):
-                        onnx.save(graph, str(tmp))
+                    renamed = self.quantized and name_io(graph)
                     onnx.checker.check_model(graph)
             except (OSError, PipelineError):
                 raise
@@ -248,8 +257,11 @@ class ExportStage(Stage):
             if custom:
                 parity_skipped = f"the graph uses TensorRT-only operators ({', '.join(custom)}), which ONNX Runtime cannot run"
             else:
+                # A graph traced with a dynamic batch is checked at a batch it was not traced at, which
+                # also shows that the batch axis really is free before it is pinned below.
+                checked = min(spec.batch_size, PARITY_SAMPLES_DYNAMIC) if traced_batch else spec.batch_size
                 with phase("parity"):
-                    parity = check_parity(tmp, sample.numpy(), reference, variant.precision)
+                    parity = check_parity(tmp, sample[:checked].numpy(), reference[:checked], variant.precision)
                 if not parity.passed:
                     raise PipelineError(
                         f"exported {self.engine.name} does not match PyTorch: max |error| {parity.max_abs_error:.3g} "
@@ -257,6 +269,11 @@ class ExportStage(Stage):
                         f"(floor {parity.cosine_similarity_floor}).",
                         hint="the ONNX was not kept; try another opset (`opset` in pipeline.toml)",
                     )
+            if traced_batch:
+                pin_batch(graph, spec.batch_size)
+            if renamed or traced_batch:
+                with phase("onnx_save"):
+                    onnx.save(graph, str(tmp))
             if sparsification is not None:
                 with phase("sparsity_check"):
                     sparsification["onnx"] = onnx_sparsity(graph)
@@ -276,6 +293,7 @@ class ExportStage(Stage):
             input_shape=list(input_shape),
             input_dtype=str(dtype).replace("torch.", ""),
             opset=self.opset(),
+            traced_batch=traced_batch,
             precision=variant.precision,
             sparsity=variant.sparsity,
             quantization=quantization,
@@ -341,6 +359,22 @@ def name_io(model) -> bool:
     return True
 
 
+def pin_batch(model, batch_size: int) -> None:
+    """Give a graph exported with a dynamic batch axis the static batch the other variants have.
+
+    Only the declared shapes change: the graph already computes its shapes from the input's (the
+    parity check ran it at another batch), and TensorRT folds those computations for a static input.
+    """
+    for value in list(model.graph.input) + list(model.graph.output):
+        dim = value.type.tensor_type.shape.dim[0]
+        if not dim.HasField("dim_value"):
+            dim.Clear()
+            dim.dim_value = batch_size
+    # Intermediate shapes inferred at export still name the symbolic batch; shape inference
+    # (TensorRT's, or the FLOP count's) recomputes them from the pinned input.
+    del model.graph.value_info[:]
+
+
 def op_histogram(model) -> dict[str, int]:
     """Node count per operator; custom domains are prefixed (``trt::TRT_FP4QDQ``)."""
     counts = Counter(
@@ -382,6 +416,11 @@ def check_parity(onnx_path: Path, sample, reference, precision: str) -> ParityCh
             f"ONNX Runtime could not run the exported model: {str(exc).strip().splitlines()[0]}",
             hint="the ONNX was not kept; run with -v for details",
         ) from exc
+    if output.shape != reference.shape:
+        raise PipelineError(
+            f"the exported model's output has shape {list(output.shape)} where PyTorch's has {list(reference.shape)}",
+            hint="the ONNX was not kept; run with -v and report the exporter's output",
+        )
     reference = reference.astype(np.float64)
     max_abs = float(np.max(np.abs(output - reference)))
     denominator = float(np.linalg.norm(output) * np.linalg.norm(reference))
@@ -390,6 +429,7 @@ def check_parity(onnx_path: Path, sample, reference, precision: str) -> ParityCh
     limit = relative_limit * max(1.0, float(np.max(np.abs(reference))))
     return ParityCheck(
         reference=f"PyTorch {precision} model{' (fake-quantized)' if precision in PRESETS else ''}, same input",
+        samples=int(reference.shape[0]),
         max_abs_error=max_abs,
         cosine_similarity=cosine,
         max_abs_error_limit=limit,

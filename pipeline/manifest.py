@@ -62,6 +62,8 @@ class ParityCheck(_Model):
     """The exported ONNX, run in ONNX Runtime, against PyTorch on the same random input."""
 
     reference: str
+    # How many samples of the batch were run (None in manifests written before this was recorded).
+    samples: int | None = None
     max_abs_error: float
     cosine_similarity: float
     max_abs_error_limit: float
@@ -76,6 +78,9 @@ class ExportDetails(_Model):
     input_shape: list[int]
     input_dtype: str
     opset: int
+    # Set when the graph was traced at this smaller batch with a dynamic batch axis, then pinned
+    # to input_shape's batch (CPU traces of quantized models; see pipeline/quantize.py).
+    traced_batch: int | None = None
     precision: str
     sparsity: str | None = None
     quantization: dict[str, Any] | None = None

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from pipeline.manifest import read_manifest
+from pipeline.quantize import INT8_EXPORTER, MODELOPT_EXPORTER
 from tests.conftest import TINY_CATALOG, write_catalog
 
 CATALOG = TINY_CATALOG.replace(
@@ -23,6 +24,11 @@ sparsity_method = "sparsegpt"
 [variants.fp8_sparse]
 precision = "fp8"
 sparsity = "2:4"
+
+# Batch 6: quantized models traced on the CPU are traced at a batch of 2 with a dynamic batch axis.
+[models.tiny_b6]
+timm = "test_vit"
+batch_size = 6
 """
 
 
@@ -31,7 +37,7 @@ def exported(tmp_path_factory):
     from pipeline.cli import main
 
     catalog = write_catalog(tmp_path_factory.mktemp("quant"), CATALOG)
-    engines = ["tiny_fp32", "tiny_int8", "tiny_fp8", "tiny_fp16_sparse", "tiny_int8_sparse", "tiny_fp8_sparse"]
+    engines = ["tiny_fp32", "tiny_int8", "tiny_fp8", "tiny_fp16_sparse", "tiny_int8_sparse", "tiny_fp8_sparse", "tiny_b6_int8", "tiny_b6_fp8"]
     assert main(["--catalog", str(catalog), "export", *(a for e in engines for a in ("--engine", e))]) == 0
     return catalog.parent
 
@@ -46,6 +52,7 @@ def test_int8_export_has_qdq_and_runs_in_onnx_runtime(exported):
     assert d.parity.passed and d.parity_skipped is None
     assert d.quantization["preset"] == "INT8_DEFAULT_CFG"
     assert d.quantization["weights_dtype"] == "fp32"  # portable to ONNX Runtime
+    assert d.quantization["exporter"] == INT8_EXPORTER
     assert d.quantization["quantized_layers"] > 0 and d.quantization["excluded_layers"] == {}
     assert d.onnx_audit["opsets"]["ai.onnx"] == 17 and d.onnx_audit["initializer_dtypes"] == {"FLOAT": d.onnx_audit["initializers"]}
     assert d.onnx_audit["size_bytes"] == (exported / "models" / "tiny" / "int8.onnx").stat().st_size
@@ -57,8 +64,42 @@ def test_fp8_export_has_fp8_weights_and_tensorrt_qdq(exported):
     assert d.onnx_audit["initializer_dtypes"].get("FLOAT8E4M3FN", 0) > 0
     assert d.onnx_audit["initializer_dtypes"].get("FLOAT16", 0) > 0  # FP16 weights for strongly typed builds
     assert d.onnx_audit["opsets"]["ai.onnx"] == 19
+    assert d.quantization["exporter"] == MODELOPT_EXPORTER
     assert d.parity is None and "TensorRT-only operators" in d.parity_skipped
     assert d.input_shape == [2, 3, 160, 160]
+
+
+COMPUTE_OPS = {"MatMul", "Gemm", "Conv", "Softmax", "LayerNormalization", "Erf", "QuantizeLinear", "DequantizeLinear"}
+
+
+def test_cpu_traces_use_a_small_batch_and_pin_the_models_batch(exported):
+    import onnx
+    import onnxruntime as ort
+
+    from pipeline.quantize import CPU_TRACE_BATCH
+
+    int8 = details(exported, "tiny_b6_int8")
+    assert int8.traced_batch == CPU_TRACE_BATCH == 2 and int8.input_shape == [6, 3, 160, 160]
+    # Parity ran at a batch the graph was not traced at: the batch axis is really free.
+    assert int8.parity.passed and int8.parity.samples == 6
+    assert details(exported, "tiny_int8").traced_batch is None  # batch 2: traced as it is
+    assert details(exported, "tiny_int8").parity.samples == 2
+    for variant, ops in (("int8", int8.onnx_ops), ("fp8", details(exported, "tiny_b6_fp8").onnx_ops)):
+        path = exported / "models" / "tiny_b6" / f"{variant}.onnx"
+        graph = onnx.load(str(path))
+        dims = lambda value: [d.dim_value if d.HasField("dim_value") else d.dim_param for d in value.type.tensor_type.shape.dim]
+        assert [dims(v) for v in graph.graph.input] == [[6, 3, 160, 160]]
+        assert dims(graph.graph.output[0])[0] == 6
+        # The same compute and Q/DQ operators as the batch-2 graph traced without a dynamic axis;
+        # only shape arithmetic (Shape, Gather, Slice, Concat, …) differs.
+        static_ops = details(exported, f"tiny_{variant}").onnx_ops
+        compute = lambda histogram: {op: n for op, n in histogram.items() if op.split("::")[-1] in COMPUTE_OPS}
+        assert compute(ops) == compute(static_ops) and compute(ops)["MatMul"] > 0
+    # The pinned graph runs at its batch; its FLOPs are three times the batch-2 graph's.
+    session = ort.InferenceSession(str(exported / "models" / "tiny_b6" / "int8.onnx"), providers=["CPUExecutionProvider"])
+    (logits,) = session.run(None, {"input": np.random.default_rng(0).standard_normal((6, 3, 160, 160), dtype=np.float32)})
+    assert logits.shape[0] == 6 and np.isfinite(logits).all()
+    assert int8.onnx_audit["matmul_flops"] == 3 * details(exported, "tiny_int8").onnx_audit["matmul_flops"]
 
 
 def test_accuracy_proxy_is_recorded_for_every_calibrated_variant(exported):
@@ -181,3 +222,34 @@ def test_a_model_without_sparsifiable_layers_is_refused():
 def test_manifest_lists_the_export_in_json(exported):
     raw = json.loads((exported / "manifests" / "export" / "tiny_fp8_sparse.json").read_text())
     assert raw["export"]["details"]["sparsification"]["onnx"]["weights_checked"] >= 25
+
+
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+def test_int8_export_gives_the_graph_modelopts_exporter_gives(tmp_path):
+    """The INT8 fast path runs ModelOpt's steps itself; a ModelOpt release that changes them fails here."""
+    import onnx
+    import onnxruntime as ort
+    import torch
+    from modelopt.torch._deploy.utils.torch_onnx import OnnxBytes, get_onnx_bytes_and_metadata
+
+    from pipeline.quantize import INT8_EXPORTER, export_quantized, quantize_model
+    from pipeline.torch_import import import_timm
+
+    torch.manual_seed(0)
+    model = import_timm().create_model("test_vit").eval()
+    model, _ = quantize_model(model, "int8", [torch.randn(4, 3, 160, 160)])
+    sample = torch.randn(2, 3, 160, 160)
+    exported = export_quantized(model, sample, tmp_path / "int8.onnx", 17, "fp32", "int8")
+    assert exported.exporter == INT8_EXPORTER and exported.traced_batch is None
+    ours = onnx.load(str(tmp_path / "int8.onnx"))
+    data, _ = get_onnx_bytes_and_metadata(model, (sample,), onnx_opset=17, weights_dtype="fp32")
+    theirs = onnx.load_from_string(next(iter(OnnxBytes.from_bytes(data).onnx_model.values())))
+
+    assert [n.op_type for n in ours.graph.node] == [n.op_type for n in theirs.graph.node]
+    assert ours.ir_version == theirs.ir_version and list(ours.opset_import) == list(theirs.opset_import)
+    weights = lambda graph: {t.name: onnx.numpy_helper.to_array(t) for t in graph.graph.initializer}
+    ours_w, theirs_w = weights(ours), weights(theirs)
+    assert ours_w.keys() == theirs_w.keys() and all(np.array_equal(ours_w[k], theirs_w[k]) for k in ours_w)
+    feed = np.random.default_rng(1).standard_normal((2, 3, 160, 160), dtype=np.float32)
+    run = lambda graph: ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {graph.graph.input[0].name: feed})[0]
+    np.testing.assert_array_equal(run(ours), run(theirs))

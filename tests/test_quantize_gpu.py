@@ -1,4 +1,5 @@
-"""Block formats on a CUDA GPU: ViT-B (the catalog's `vit`) in MXFP8 and NVFP4, dense and 2:4 sparse.
+"""Quantization on a CUDA GPU: ViT-B (the catalog's `vit`) in MXFP8 and NVFP4, dense and 2:4 sparse,
+and INT8, whose export takes a CPU detour on CUDA machines.
 
 ModelOpt's MXFP8/NVFP4 fake quantization only runs on CUDA, so these tests need an NVIDIA GPU.
 Export times are measured by scripts/benchmark_export.py, not asserted here.
@@ -16,10 +17,10 @@ from tests.conftest import REPO_ROOT
 torch = pytest.importorskip("torch")
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU with CUDA: ModelOpt's MXFP8/NVFP4 kernels are CUDA-only"),
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU with CUDA: MXFP8/NVFP4 fake quantization is CUDA-only, and INT8 takes another path there"),
 ]
 
-ENGINES = ("vit_mxfp8", "vit_nvfp4", "vit_nvfp4_sparse", "vit_mxfp8_sparse")
+ENGINES = ("vit_mxfp8", "vit_nvfp4", "vit_nvfp4_sparse", "vit_mxfp8_sparse", "vit_int8")
 
 
 @pytest.fixture(scope="module")
@@ -72,3 +73,12 @@ def test_accuracy_proxy_of_block_formats(exported):
         accuracy = details(exported, engine).accuracy
         assert accuracy["samples"] == 16 and 0.0 <= accuracy["top1_agreement"] <= 1.0
     assert details(exported, "vit_mxfp8").accuracy["cosine_similarity"] > 0.9
+
+
+def test_int8_is_calibrated_on_the_gpu_and_traced_on_the_cpu_at_a_small_batch(exported):
+    d = details(exported, "vit_int8")
+    # Tracing ModelOpt's INT8 model on CUDA crashed the process; the CPU trace is cheap at batch 2.
+    assert d.traced_batch == 2 and d.input_shape == [64, 3, 224, 224]
+    assert d.parity.passed and d.parity.samples == 8
+    assert d.onnx_ops["QuantizeLinear"] > 0 and d.onnx_ops["DequantizeLinear"] > 0
+    assert d.onnx_audit["matmul_flops"] > 1e12  # ViT-B at batch 64 is over a TFLOP: the pinned shapes resolve
