@@ -59,6 +59,23 @@ CPU_TRACE_BATCH = 2
 _HF_PLUGIN_PACKAGES = ("transformers", "peft", "diffusers", "megatron")
 
 
+# What the export stage uses of ModelOpt. modelopt.torch.export is imported by ModelOpt itself
+# during calibration; imported here first, its Hugging Face plugins stay unloaded too (they took
+# 9 s of the first quantization in a process on the lent H100, where transformers is installed).
+MODELOPT_MODULES = (
+    "modelopt.torch.quantization",
+    "modelopt.torch.sparsity",
+    "modelopt.torch.export",
+    "modelopt.torch._deploy.utils.torch_onnx",
+)
+
+
+def load_modelopt(purpose: str) -> None:
+    """Import every ModelOpt module the export stage uses, once per process."""
+    for module in MODELOPT_MODULES:
+        import_modelopt(module, purpose=purpose)
+
+
 def import_modelopt(module: str, purpose: str):
     """Import a ModelOpt module without loading its Hugging Face plugins (unless already loaded)."""
     import sys

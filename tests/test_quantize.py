@@ -253,3 +253,31 @@ def test_int8_export_gives_the_graph_modelopts_exporter_gives(tmp_path):
     feed = np.random.default_rng(1).standard_normal((2, 3, 160, 160), dtype=np.float32)
     run = lambda graph: ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {graph.graph.input[0].name: feed})[0]
     np.testing.assert_array_equal(run(ours), run(theirs))
+
+
+def test_modelopt_is_loaded_without_its_hugging_face_plugins(tmp_path):
+    """They never apply to timm models and took seconds to import; calibration must not pull them in either."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO_ROOT
+
+    marker = tmp_path / "imported"
+    fake = tmp_path / "site" / "transformers"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    script = (
+        "import sys, torch\n"
+        "from pipeline.quantize import load_modelopt, quantize_model\n"
+        "from pipeline.torch_import import import_timm\n"
+        "load_modelopt('test')\n"
+        "loaded = set(sys.modules)\n"
+        "model = import_timm().create_model('test_vit').eval()\n"
+        "quantize_model(model, 'int8', [torch.randn(2, 3, 160, 160)])\n"
+        "print('imported during quantization:', sorted(m for m in set(sys.modules) - loaded if m.startswith('modelopt')))\n"
+    )
+    env = {"PYTHONPATH": f"{tmp_path / 'site'}:{REPO_ROOT}", "PATH": "/usr/bin:/bin"}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "imported during quantization: []" in result.stdout
+    assert not marker.exists()
