@@ -239,12 +239,18 @@ def export_quantized(model, sample, path, opset: int, weights_dtype: str, precis
         traced_batch = CPU_TRACE_BATCH
         dynamic_axes = {input_name: {0: "batch"}}
     if precision == "int8" and weights_dtype == "fp32":
+        if sum(t.numel() * t.element_size() for t in model.state_dict().values()) >= PROTOBUF_LIMIT_BYTES:
+            raise PipelineError(
+                "the model's weights exceed 2 GB, the most one ONNX file holds; external weight files are not "
+                "handled by this pipeline yet.",
+            )
         _export_int8(model, sample, path, opset, input_name, dynamic_axes)
         return QuantizedExport(INT8_EXPORTER, traced_batch)
     _export_with_modelopt(model, sample, path, opset, weights_dtype, dynamic_axes)
     return QuantizedExport(MODELOPT_EXPORTER, traced_batch)
 
 
+PROTOBUF_LIMIT_BYTES = 2**31
 MODELOPT_EXPORTER = "ModelOpt's ONNX exporter (get_onnx_bytes_and_metadata)"
 INT8_EXPORTER = "torch.onnx.export (TorchScript) with ModelOpt's INT8 graph clean-up"
 

@@ -182,6 +182,16 @@ def test_empty_or_unreadable_calibration_folder(tmp_path, run_cli):
     assert not (tmp_path / "ws" / "models" / "tiny" / "int8.onnx").exists()
 
 
+def test_weights_over_the_onnx_size_limit_are_refused_clearly(tmp_path, run_cli, monkeypatch):
+    import pipeline.quantize
+
+    monkeypatch.setattr(pipeline.quantize, "PROTOBUF_LIMIT_BYTES", 1000)  # test_vit's weights are 1.5 MB
+    catalog = write_catalog(tmp_path / "ws", CATALOG)
+    result = run_cli(catalog, "export", "--engine", "tiny_int8")
+    assert result.exit_code == 1 and "exceed 2 GB" in result.err
+    assert not list((tmp_path / "ws" / "models").rglob("*.onnx*"))
+
+
 def test_calib_dir_option_overrides_the_catalog(tmp_path, run_cli):
     catalog = write_catalog(tmp_path / "ws", CATALOG)
     result = run_cli(catalog, "export", "--engine", "tiny_int8", "--calib-dir", str(tmp_path / "missing"))
