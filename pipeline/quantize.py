@@ -3,8 +3,8 @@
 The model is calibrated with ModelOpt's preset for the precision, and exported with ModelOpt's
 ONNX exporter, which writes what TensorRT 10 builds from: Q/DQ nodes for INT8, FP8 weights with
 TensorRT's Q/DQ ops for FP8, FP4 weights + DequantizeLinear for NVFP4, MXFP8 weights + dequantize
-for MXFP8. INT8 with FP32 weights gets the same graph from ModelOpt's steps run directly, which
-takes a third of the time (``_export_int8``).
+for MXFP8. INT8 with FP32 weights gets the same graph from ModelOpt's steps run directly, in a
+quarter of the time (``_export_int8``).
 
 Block formats (MXFP8, NVFP4) are applied only where TensorRT runs them: the matrix multiplies.
 Layers are excluded by rule, not by name — convolutions (a ViT's patch embedding) and the
@@ -48,9 +48,9 @@ ACCURACY_FLOOR = {"fp32": 0.9999, "fp16": 0.999, "int8": 0.99, "fp8": 0.99, "mxf
 SPARSE_ACCURACY_FLOOR = 0.9
 
 FP8_OVERRIDE = {"num_bits": (4, 3), "axis": None}
-# Tracing runs the model forward several times; on the CPU, at ViT-B batch 64, those forwards
-# were half of an INT8 export on the lent H100's 16 cores. So CPU traces use this many samples
-# with the batch axis left dynamic, and the export stage pins it back to the model's batch size.
+# Tracing runs the model forward, and one batch-64 forward of ViT-B takes 4-5 s on the CPU (the
+# lent H100's 16 cores). So CPU traces use this many samples with the batch axis left dynamic,
+# and the export stage pins it back to the model's batch size.
 CPU_TRACE_BATCH = 2
 
 
@@ -275,10 +275,10 @@ def _export_int8(model, sample, path, opset: int, input_name: str, dynamic_axes)
 
     For that case ModelOpt 0.47's exporter is the TorchScript export (its quantizers emit
     QuantizeLinear/DequantizeLinear) plus the clean-up steps below; its INT8 weight step is a no-op.
-    Around them it serializes the graph to JSON, checks its size and infers shapes twice: about
-    three quarters of the export of ViT-B, whose FP32 graph is 346 MB (20.9 s against 4.7 s on
-    the lent H100's CPU). tests/test_quantize.py checks that both give
-    the same graph, so a ModelOpt release that changes its INT8 export shows up there.
+    Around them it serializes the graph to JSON, checks its size and infers shapes twice: most of
+    the export of ViT-B, whose FP32 graph is 346 MB (20.9 s against 5-6 s this way, on the lent
+    H100's CPU). tests/test_quantize.py checks that both give the same graph, so a ModelOpt
+    release that changes its INT8 export shows up there.
     """
     import onnx
     import onnx_graphsurgeon as gs
