@@ -307,11 +307,12 @@ def _add_inferred_types(graph) -> None:
     """ONNX shape inference into ``graph.value_info``, run on the graph without its weights.
 
     Inference copies the whole model through protobuf; without the weights' bytes (it only needs
-    their shapes and types) that takes a fraction of a second instead of seconds for ViT-B.
+    their shapes and types) that takes a fraction of a second instead of seconds for ViT-B. Small
+    tensors keep their data: shape inference reads the values of shape constants.
     """
     import onnx
 
-    weights = [(tensor, tensor.raw_data) for tensor in graph.graph.initializer if tensor.raw_data]
+    weights = [(tensor, tensor.raw_data) for tensor in graph.graph.initializer if len(tensor.raw_data) > 4096]
     for tensor, _ in weights:
         tensor.ClearField("raw_data")
     try:
