@@ -2,7 +2,8 @@
 # Everything that needs a CUDA GPU, in one go: the `gpu` tests and the export benchmark
 # (about 9 minutes on the lent H100).
 #   bash scripts/gpu_check.sh OUT_DIR
-# Writes OUT_DIR/gpu-tests.log, OUT_DIR/benchmark.log and OUT_DIR/export-benchmark.json.
+# Writes OUT_DIR/gpu-tests.log, OUT_DIR/benchmark.log, OUT_DIR/export-one-process.json and
+# OUT_DIR/export-fresh-processes.json.
 set -uo pipefail
 out="${1:?usage: gpu_check.sh OUT_DIR}"
 mkdir -p "$out"
