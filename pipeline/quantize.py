@@ -312,7 +312,7 @@ def shape_inference_without_weights():
 
     Inference copies the whole model through protobuf, and needs only the weights' shapes and types.
     ModelOpt's exporter runs it twice on the full graph: a third of an FP8 export of ViT-B (25 s
-    against 16 s without, on this project's 2-core CI machine). The result is the same model, byte
+    against 16 s without, on a 2-core development machine). The result is the same model, byte
     for byte (tests/test_quantize.py checks it). Small tensors keep their data: shape inference
     reads the values of shape constants.
     """
