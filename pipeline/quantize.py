@@ -337,6 +337,8 @@ def shape_inference_without_weights():
         give_back(inferred.graph, weights)
         return inferred
 
+    # ModelOpt calls it through the module attribute, so replacing that for the duration of an
+    # export reaches its calls (exports run one at a time, on one thread).
     onnx.shape_inference.infer_shapes = infer_shapes
     try:
         yield
