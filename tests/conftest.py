@@ -76,6 +76,28 @@ def write_catalog(directory: Path, text: str = TINY_CATALOG) -> Path:
     return path
 
 
+def quantized_test_vit(precision: str, device: str = "cpu"):
+    """timm's test_vit, seeded and calibrated with ModelOpt on one random batch."""
+    import torch
+
+    from pipeline.quantize import quantize_model
+    from pipeline.torch_import import import_timm
+
+    torch.manual_seed(0)
+    model = import_timm().create_model("test_vit").eval().to(device)
+    model, _ = quantize_model(model, precision, [torch.randn(4, 3, 160, 160)])
+    return model
+
+
+def modelopt_onnx(model, sample, opset: int, weights_dtype: str) -> bytes:
+    """The ONNX file ModelOpt's exporter writes (its wrapper around it also names a temporary folder)."""
+    from modelopt.torch._deploy.utils.torch_onnx import OnnxBytes, get_onnx_bytes_and_metadata
+
+    data, _ = get_onnx_bytes_and_metadata(model, (sample,), onnx_opset=opset, weights_dtype=weights_dtype)
+    (only,) = OnnxBytes.from_bytes(data).onnx_model.values()
+    return only
+
+
 @dataclass
 class CliResult:
     exit_code: int

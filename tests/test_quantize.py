@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.manifest import read_manifest
 from pipeline.quantize import INT8_EXPORTER, MODELOPT_EXPORTER
-from tests.conftest import TINY_CATALOG, write_catalog
+from tests.conftest import TINY_CATALOG, modelopt_onnx, quantized_test_vit, write_catalog
 
 CATALOG = TINY_CATALOG.replace(
     "[models.tiny]",
@@ -240,20 +240,15 @@ def test_int8_export_gives_the_graph_modelopts_exporter_gives(tmp_path):
     import onnx
     import onnxruntime as ort
     import torch
-    from modelopt.torch._deploy.utils.torch_onnx import OnnxBytes, get_onnx_bytes_and_metadata
 
-    from pipeline.quantize import INT8_EXPORTER, export_quantized, quantize_model
-    from pipeline.torch_import import import_timm
+    from pipeline.quantize import INT8_EXPORTER, export_quantized
 
-    torch.manual_seed(0)
-    model = import_timm().create_model("test_vit").eval()
-    model, _ = quantize_model(model, "int8", [torch.randn(4, 3, 160, 160)])
+    model = quantized_test_vit("int8")
     sample = torch.randn(2, 3, 160, 160)
     exported = export_quantized(model, sample, tmp_path / "int8.onnx", 17, "fp32", "int8")
     assert exported.exporter == INT8_EXPORTER and exported.traced_batch is None
     ours = onnx.load(str(tmp_path / "int8.onnx"))
-    data, _ = get_onnx_bytes_and_metadata(model, (sample,), onnx_opset=17, weights_dtype="fp32")
-    theirs = onnx.load_from_string(next(iter(OnnxBytes.from_bytes(data).onnx_model.values())))
+    theirs = onnx.load_from_string(modelopt_onnx(model, sample, 17, "fp32"))
 
     assert [n.op_type for n in ours.graph.node] == [n.op_type for n in theirs.graph.node]
     assert ours.ir_version == theirs.ir_version and list(ours.opset_import) == list(theirs.opset_import)
@@ -296,22 +291,12 @@ def test_modelopt_is_loaded_without_its_hugging_face_plugins(tmp_path):
 @pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
 def test_shape_inference_without_weights_gives_modelopts_export_byte_for_byte():
     import torch
-    from modelopt.torch._deploy.utils.torch_onnx import OnnxBytes, get_onnx_bytes_and_metadata
 
-    from pipeline.quantize import quantize_model, shape_inference_without_weights
-    from pipeline.torch_import import import_timm
+    from pipeline.quantize import shape_inference_without_weights
 
-    torch.manual_seed(0)
-    model = import_timm().create_model("test_vit").eval()
-    model, _ = quantize_model(model, "fp8", [torch.randn(4, 3, 160, 160)])
+    model = quantized_test_vit("fp8")
     sample = torch.randn(2, 3, 160, 160)
-
-    def onnx_file():  # the ONNX itself; ModelOpt's wrapper also names a temporary folder
-        data, _ = get_onnx_bytes_and_metadata(model, (sample,), onnx_opset=19, weights_dtype="fp16")
-        (only,) = OnnxBytes.from_bytes(data).onnx_model.values()
-        return only
-
-    plain = onnx_file()
+    plain = modelopt_onnx(model, sample, 19, "fp16")
     with shape_inference_without_weights():
-        shimmed = onnx_file()
+        shimmed = modelopt_onnx(model, sample, 19, "fp16")
     assert len(plain) > 300_000 and shimmed == plain  # test_vit's weights: most are big enough to be stripped

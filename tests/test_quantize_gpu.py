@@ -12,7 +12,7 @@ import shutil
 import pytest
 
 from pipeline.manifest import read_manifest
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, modelopt_onnx, quantized_test_vit
 
 torch = pytest.importorskip("torch")
 pytestmark = [
@@ -87,21 +87,10 @@ def test_int8_is_calibrated_on_the_gpu_and_traced_on_the_cpu_at_a_small_batch(ex
 @pytest.mark.parametrize("precision", ["mxfp8", "nvfp4"])
 def test_block_format_exports_are_unchanged_by_weightless_shape_inference(precision):
     """The shim around ModelOpt's exporter must give its exact output for the CUDA-only formats too."""
-    from modelopt.torch._deploy.utils.torch_onnx import OnnxBytes, get_onnx_bytes_and_metadata
+    from pipeline.quantize import DEFAULT_WEIGHTS_DTYPE, shape_inference_without_weights
 
-    from pipeline.quantize import quantize_model, shape_inference_without_weights
-    from pipeline.torch_import import import_timm
-
-    torch.manual_seed(0)
-    model = import_timm().create_model("test_vit").eval().cuda()
-    model, _ = quantize_model(model, precision, [torch.randn(4, 3, 160, 160)])
+    model = quantized_test_vit(precision, device="cuda")
     sample = torch.randn(2, 3, 160, 160, device="cuda")
-
-    def onnx_file():
-        data, _ = get_onnx_bytes_and_metadata(model, (sample,), onnx_opset=19, weights_dtype="fp16" if precision == "mxfp8" else "fp32")
-        (only,) = OnnxBytes.from_bytes(data).onnx_model.values()
-        return only
-
-    plain = onnx_file()
+    plain = modelopt_onnx(model, sample, 19, DEFAULT_WEIGHTS_DTYPE[precision])
     with shape_inference_without_weights():
-        assert onnx_file() == plain
+        assert modelopt_onnx(model, sample, 19, DEFAULT_WEIGHTS_DTYPE[precision]) == plain
