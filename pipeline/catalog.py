@@ -11,7 +11,7 @@ import difflib
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -23,7 +23,6 @@ CATALOG_FILENAME = "pipeline.toml"
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.\-]{0,63}$")
 
 Precision = Literal["fp32", "fp16", "int8", "fp8", "mxfp8", "nvfp4"]
-ToolchainKind = Literal["onnxruntime", "trtexec-container", "trtexec-local"]
 
 # Directory names under manifests/ that are not toolchains.
 RESERVED_NAMES = {"export"}
@@ -70,37 +69,28 @@ class VariantSpec(_Strict):
 
 
 class ToolchainSpec(_Strict):
-    """A way to turn ONNX into an engine and time it."""
+    """A way to turn ONNX into an engine and time it: the fields every kind shares.
 
-    kind: ToolchainKind
-    # TensorRT toolchains: the release they provide, checked against trtexec's banner.
-    trt: str | None = Field(default=None, pattern=r"^\d+\.\d+(\.\d+)*$")
-    image: str | None = None
-    dockerfile: str | None = None
-    # Where the image → TensorRT version mapping comes from (release notes URL).
-    source: str | None = None
+    Each kind adds its own fields in a subclass beside its runtime (``pipeline/runtimes/``); the
+    catalog validates a ``[toolchains.NAME]`` table with the class its ``kind`` names.
+    """
+
+    kind: str
     # Variant that speedups are measured against within this toolchain (first one present wins).
     baselines: tuple[str, ...] = ("fp16", "fp32")
-    # trtexec inside the image, or under trt_root for a local install (default: on PATH).
-    trtexec: str = "trtexec"
-    trt_root: Path | None = None
-    # "all" asks Docker for every GPU; "none" runs without (CPU-only stand-in images in tests).
-    gpus: Literal["all", "none"] = "all"
-    # A build or profile run longer than this is killed.
-    timeout_s: float = Field(default=3600.0, gt=0)
-    builder_optimization_level: int | None = Field(default=None, ge=0, le=5)
-    # Profile run options (all on by default: they remove host-side noise from GPU timing).
-    use_cuda_graph: bool = True
-    no_data_transfers: bool = True
-    spin_wait: bool = True
+    # Where the facts behind this toolchain come from (release notes, package index page).
+    source: str | None = None
 
-    @model_validator(mode="after")
-    def _check_kind_fields(self):
-        if self.kind == "trtexec-container" and not (self.image or self.dockerfile):
-            raise ValueError("a trtexec-container toolchain needs 'image' or 'dockerfile'")
-        if self.kind.startswith("trtexec") and not self.trt:
-            raise ValueError(f"a {self.kind} toolchain needs 'trt' (the TensorRT version it provides)")
-        return self
+    def tensorrt_release(self) -> str | None:
+        """The TensorRT release this toolchain provides, for `--trt VERSION`; None when it is not one."""
+        return None
+
+    def with_targets(self, targets: tuple[str, ...]) -> "ToolchainSpec":
+        """This toolchain building for other GPU architectures (`--arch`)."""
+        raise UsageError(
+            f"--arch does not apply to {self.kind} toolchains: they build for the GPU they run on.",
+            hint="--arch is for toolchains that compile ahead of time for a chosen GPU (kind tensorrt-rtx)",
+        )
 
 
 class ProfileSettings(_Strict):
@@ -138,6 +128,32 @@ class Catalog(_Strict):
     opset: int = Field(default=17, ge=13)
     # Directory the outputs (models/, engines/, manifests/) live under; set by load_catalog.
     root: Path = Field(default=Path("."), exclude=True)
+
+    @field_validator("toolchains", mode="before")
+    @classmethod
+    def _validate_toolchains_by_kind(cls, table: Any) -> Any:
+        """Each toolchain table against the settings of its kind (pipeline/runtimes registers them)."""
+        from pipeline.runtimes import spec_class
+
+        if not isinstance(table, dict):
+            return table
+        specs, problems = {}, []
+        for name, raw in table.items():
+            if isinstance(raw, ToolchainSpec):
+                specs[name] = raw
+                continue
+            kind = raw.get("kind") if isinstance(raw, dict) else None
+            try:
+                specs[name] = spec_class(kind).model_validate(raw)
+            except LookupError as exc:
+                problems.append(f"toolchains.{name}.kind: {exc.args[0]}")
+            except ValidationError as exc:
+                for line in _describe(exc).splitlines():
+                    whole_table = line.startswith("(top level)")
+                    problems.append(f"toolchains.{name}{line.removeprefix('(top level)') if whole_table else '.' + line}")
+        if problems:
+            raise ValueError("\n".join(problems))
+        return specs
 
     @field_validator("models", "variants", "toolchains")
     @classmethod
@@ -186,14 +202,13 @@ class Catalog(_Strict):
 
     def toolchain_for_trt(self, version: str) -> str:
         """The toolchain providing TensorRT ``version`` ("10.14" matches trt = "10.14" or "10.14.1")."""
+        releases = {name: spec.tensorrt_release() for name, spec in self.toolchains.items()}
         matches = [
-            name
-            for name, spec in self.toolchains.items()
-            if spec.trt and (spec.trt == version or spec.trt.startswith(version + "."))
+            name for name, release in releases.items() if release and (release == version or release.startswith(version + "."))
         ]
         if len(matches) == 1:
             return matches[0]
-        known = sorted({spec.trt for spec in self.toolchains.values() if spec.trt})
+        known = sorted({release for release in releases.values() if release})
         if not matches:
             raise UsageError(
                 f"no toolchain provides TensorRT {version}.",
@@ -280,15 +295,20 @@ def load_catalog(path: Path | None = None) -> Catalog:
     try:
         catalog = Catalog.model_validate(raw)
     except ValidationError as exc:
-        raise UsageError(f"{path} is not a valid catalog:\n{_describe(exc)}", hint=f"see the comments in {CATALOG_FILENAME}")
+        raise UsageError(f"{path} is not a valid catalog:\n{_describe(exc, indent='  ')}", hint=f"see the comments in {CATALOG_FILENAME}")
     return catalog.model_copy(update={"root": path.parent.resolve()})
 
 
-def _describe(exc: ValidationError) -> str:
+def _describe(exc: ValidationError, indent: str = "") -> str:
     lines = []
     for error in exc.errors():
         where = ".".join(str(part) for part in error["loc"]) or "(top level)"
+        message = error["msg"].removeprefix("Value error, ")
+        if message.startswith(where + "."):
+            # Already located, one problem a line (the toolchain tables, validated by their kind).
+            lines += [f"{indent}{line}" for line in message.splitlines()]
+            continue
         got = error.get("input")
-        got_text = "" if isinstance(got, dict) else f" (got {got!r})"
-        lines.append(f"  {where}: {error['msg']}{got_text}")
+        got_text = "" if isinstance(got, (dict, ToolchainSpec)) else f" (got {got!r})"
+        lines.append(f"{indent}{where}: {message}{got_text}")
     return "\n".join(lines)

@@ -179,11 +179,14 @@ def models(state: _State):
     for name, spec in catalog.variants.items():
         variants.add_row(name, spec.precision, spec.sparsity or "–")
     console.print(variants)
+    from pipeline.reporting import Reporter
+    from pipeline.runtimes import create_runtime
+
     chains = Table(title="Toolchains")
-    for column in ("toolchain", "kind", "TensorRT", "image / source"):
+    for column in ("toolchain", "kind", "provides"):
         chains.add_column(column)
     for name, spec in catalog.toolchains.items():
-        chains.add_row(name, spec.kind, spec.trt or "–", spec.image or spec.dockerfile or "–")
+        chains.add_row(name, spec.kind, create_runtime(name, spec, Reporter(), catalog.root).describe())
     console.print(chains)
     console.print("Engine names: <model>_<variant>, e.g. " + ", ".join(catalog.engine_names()[:4]) + ", …")
 
@@ -350,28 +353,28 @@ def doctor(state: _State, as_json):
 
 @cli.group()
 def toolchains():
-    """The TensorRT toolchains: list them, fetch their images, pin their digests."""
+    """The toolchains: list them, fetch what they need (images, environments), pin them."""
 
 
 @toolchains.command("list")
 @pass_state
 def toolchains_list(state: _State):
-    """Each toolchain, its TensorRT version, its image and whether it is here and locked."""
+    """Each toolchain, what it provides, whether it is here and usable, and whether it is locked."""
+    from rich.markup import escape
     from rich.table import Table
 
     from pipeline.reporting import Reporter, stdout_console
     from pipeline.toolchains import status
 
     rows = status(state.catalog, Reporter(state.verbose))
-    images = [row for row in rows if row.image]
-    caption = "Docker is not reachable here: image presence unknown" if images and all(r.present is None for r in images) else None
-    table = Table(title="Toolchains", caption=caption)
-    for column in ("toolchain", "kind", "TensorRT", "image", "on this machine", "digest", "locked"):
-        table.add_column(column)
+    table = Table(title="Toolchains")
+    for column in ("toolchain", "kind", "here", "usable", "detail", "pin", "locked"):
+        table.add_column(column, overflow="fold")
     for row in rows:
-        present = "–" if row.present is None else ("yes" if row.present else "no (`pipeline toolchains pull`)")
-        locked = "–" if not row.locked_digest else ("yes" if row.locked_digest == row.digest or row.digest is None else "[yellow]differs[/]")
-        table.add_row(row.name, row.kind, row.trt or "–", row.image or "–", present, (row.digest or "–")[:19], locked)
+        st = row.status
+        present = "?" if st.present is None else ("yes" if st.present else "no (`pipeline toolchains pull`)")
+        locked = "–" if not row.locked else ("yes" if st.pin is None or row.locked == st.pin else "[yellow]differs[/]")
+        table.add_row(row.name, row.kind, present, "yes" if st.usable else "no", escape(st.detail), (st.pin or "–")[:19], locked)
     stdout_console().print(table)
 
 
@@ -379,7 +382,8 @@ def toolchains_list(state: _State):
 @click.argument("names", nargs=-1)
 @pass_state
 def toolchains_pull(state: _State, names):
-    """Pull (or build from docker/) the images of NAMES, or of every container toolchain."""
+    """Fetch what NAMES need (default: every toolchain): pull or build a container image, or
+    create a TensorRT-RTX release's own environment. Re-pulling repairs a broken one."""
     from pipeline.reporting import Reporter
     from pipeline.toolchains import pull
 
@@ -390,7 +394,7 @@ def toolchains_pull(state: _State, names):
 @click.argument("names", nargs=-1)
 @pass_state
 def toolchains_lock(state: _State, names):
-    """Record the digest of each image in toolchains.lock.json (commit that file)."""
+    """Record what pins each toolchain (image digest, installed wheels) in toolchains.lock.json."""
     from pipeline.reporting import Reporter
     from pipeline.toolchains import lock
 

@@ -127,6 +127,11 @@ class DockerRunner:
             raise PipelineError(f"building image {tag} failed: {exc.explanation or exc}") from exc
         return self.client.images.get(tag)
 
+    def has_nvidia_runtime(self) -> bool:
+        """The daemon can hand GPUs to containers: an 'nvidia' runtime, or CDI specs (not verified)."""
+        info = self.client.info()
+        return "nvidia" in (info.get("Runtimes") or {}) or bool(info.get("CDISpecDirs"))
+
     @staticmethod
     def digest(image) -> str:
         """The registry digest when the image came from one, else its local content id."""

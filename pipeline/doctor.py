@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import platform
-import shutil
 from dataclasses import asdict, dataclass
 from importlib import metadata, util
 
@@ -94,35 +93,17 @@ def check_docker() -> tuple[Check, Check]:
     return daemon, Check("NVIDIA container runtime", False, "no 'nvidia' runtime in the daemon (install nvidia-container-toolkit)")
 
 
-def check_toolchains(catalog: Catalog, facts: dict[str, bool]) -> list[Check]:
-    checks = []
-    for name, spec in catalog.toolchains.items():
-        if spec.kind == "onnxruntime":
-            ok = facts["onnxruntime"]
-            detail = "embedded runtime" if ok else "onnxruntime not installed"
-        elif spec.kind == "trtexec-local":
-            ok = shutil.which("trtexec") is not None and facts["gpu"]
-            detail = "trtexec on PATH" if shutil.which("trtexec") else "trtexec not on PATH"
-        else:
-            missing = [what for what, key in (("Docker", "docker"), ("NVIDIA runtime", "nvidia_runtime"), ("GPU", "gpu")) if not facts[key]]
-            ok = not missing
-            detail = f"TensorRT {spec.trt} in {spec.image or spec.dockerfile}" + (f"; missing: {', '.join(missing)}" if missing else "")
-        checks.append(Check(f"toolchain {name}", ok, detail))
-    return checks
+def check_toolchains(catalog: Catalog) -> list[Check]:
+    from pipeline.reporting import Reporter
+    from pipeline.toolchains import status
+
+    return [Check(f"toolchain {row.name}", row.status.usable, row.status.detail) for row in status(catalog, Reporter())]
 
 
 def run_doctor(catalog: Catalog) -> list[Check]:
     checks = check_python()
-    gpu = check_gpus()
     daemon, runtime = check_docker()
-    checks += [check_cuda(), gpu, daemon, runtime]
-    facts = {
-        "onnxruntime": util.find_spec("onnxruntime") is not None,
-        "gpu": gpu.ok,
-        "docker": daemon.ok,
-        "nvidia_runtime": runtime.ok,
-    }
-    return checks + check_toolchains(catalog, facts)
+    return checks + [check_cuda(), check_gpus(), daemon, runtime] + check_toolchains(catalog)
 
 
 def render(checks: list[Check]):

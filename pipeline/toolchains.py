@@ -1,7 +1,9 @@
-"""`pipeline toolchains list|pull|lock`: the images behind the TensorRT toolchains.
+"""`pipeline toolchains list|pull|lock`: what each toolchain needs, fetched and pinned.
 
-``toolchains.lock.json`` (beside pipeline.toml, meant to be committed) pins each image to the
-digest it resolved to. Builds record the digest they actually ran on and warn when it differs.
+What "pull" fetches and what "lock" pins belong to each kind (an image and its digest, an
+environment and its wheels); this module only walks the catalog. ``toolchains.lock.json``
+(beside pipeline.toml, meant to be committed) holds what was pinned; runs warn when the toolchain
+they use differs from it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from pipeline.artifacts import atomic_write_text
 from pipeline.catalog import Catalog
 from pipeline.errors import PipelineError, UsageError
 from pipeline.reporting import Reporter
+from pipeline.runtimes import create_runtime
+from pipeline.runtimes.base import ToolchainStatus
 
 LOCK_FILENAME = "toolchains.lock.json"
 
@@ -30,82 +34,49 @@ def read_lock(root: Path) -> dict[str, dict]:
 
 
 @dataclass
-class ToolchainStatus:
+class ToolchainRow:
     name: str
     kind: str
-    trt: str | None
-    image: str | None
-    present: bool | None  # None: not an image toolchain, or Docker unreachable
-    digest: str | None
-    locked_digest: str | None
+    provides: str
+    status: ToolchainStatus
+    locked: str | None
 
 
-def container_toolchains(catalog: Catalog, names: list[str] | None) -> list[str]:
-    chosen = names or [n for n, s in catalog.toolchains.items() if s.kind == "trtexec-container"]
-    for name in chosen:
-        if catalog.toolchain(name).kind != "trtexec-container":
-            raise UsageError(f"toolchain {name!r} is not a container toolchain; it has no image.", hint="pull/lock apply to trtexec-container toolchains")
-    return chosen
+def _runtime(catalog: Catalog, name: str, reporter: Reporter):
+    return create_runtime(name, catalog.toolchain(name), reporter, catalog.root)
 
 
-def _runner(reporter: Reporter):
-    from pipeline.docker_runner import DockerRunner
-
-    return DockerRunner(reporter)
-
-
-def image_for(name: str, spec) -> str:
-    """The image a container toolchain runs in: its NGC image, or the one built from docker/."""
-    return spec.image or f"trt-pipeline/{name}:latest"
-
-
-def image_name(name: str, catalog: Catalog) -> str:
-    return image_for(name, catalog.toolchain(name))
-
-
-def status(catalog: Catalog, reporter: Reporter) -> list[ToolchainStatus]:
+def status(catalog: Catalog, reporter: Reporter, names: list[str] | None = None) -> list[ToolchainRow]:
     lock = read_lock(catalog.root)
-    runner = None
-    try:
-        runner = _runner(reporter)
-        runner.client  # noqa: B018 - connect once; unreachable Docker leaves `present` unknown
-    except PipelineError:
-        runner = None
     rows = []
-    for name, spec in catalog.toolchains.items():
-        present = digest = None
-        image = image_name(name, catalog) if spec.kind == "trtexec-container" else None
-        if image and runner is not None:
-            found = runner.image(image)
-            present = found is not None
-            digest = runner.digest(found) if found is not None else None
-        rows.append(ToolchainStatus(name, spec.kind, spec.trt, image, present, digest, (lock.get(name) or {}).get("digest")))
+    for name in names or list(catalog.toolchains):
+        runtime = _runtime(catalog, name, reporter)
+        entry = lock.get(name) or {}
+        locked = entry.get("pin") or entry.get("digest")  # files written before "pin" have only the digest
+        rows.append(ToolchainRow(name, runtime.kind, runtime.describe(), runtime.status(), locked))
     return rows
 
 
 def pull(catalog: Catalog, names: list[str] | None, reporter: Reporter) -> None:
-    runner = _runner(reporter)
-    for name in container_toolchains(catalog, names):
-        spec = catalog.toolchain(name)
-        image = image_name(name, catalog)
-        if spec.dockerfile:
-            context = catalog.root / "docker"
-            reporter.info(f"build    {image} from {context / spec.dockerfile}")
-            runner.build_image(context, spec.dockerfile, image, {"TRT_VERSION": spec.trt or ""})
-        else:
-            reporter.info(f"pull     {image}")
-            runner.pull(image)
-        reporter.info(f"ready    {name}: {image}")
+    """Fetch what each named toolchain needs (every toolchain when none is named)."""
+    for name in names or list(catalog.toolchains):
+        _runtime(catalog, name, reporter).pull()
 
 
 def lock(catalog: Catalog, names: list[str] | None, reporter: Reporter) -> Path:
-    runner = _runner(reporter)
     entries = read_lock(catalog.root)
-    for name in container_toolchains(catalog, names):
-        image = image_name(name, catalog)
-        found = runner.require_image(image, name)
-        entries[name] = {"image": image, "digest": runner.digest(found), "trt": catalog.toolchain(name).trt}
-        reporter.info(f"lock     {name}: {image} @ {entries[name]['digest']}")
+    pinned = 0
+    for name in names or list(catalog.toolchains):
+        pin = _runtime(catalog, name, reporter).pin()
+        if pin is None:
+            if names:
+                raise UsageError(f"toolchain {name!r} has nothing to pin.", hint="lock applies to images and pulled environments")
+            continue
+        entries[name] = pin
+        pinned += 1
+        reporter.info(f"lock     {name}: {pin['pin']}")
+    if not pinned:
+        raise UsageError("no toolchain in the catalog has anything to pin.", hint="lock applies to images and pulled environments")
     path = catalog.root / LOCK_FILENAME
     atomic_write_text(path, json.dumps({"schema_version": 1, "toolchains": entries}, indent=2, sort_keys=True) + "\n")
     return path

@@ -1,24 +1,55 @@
-"""The registry of engine runtimes, keyed by the catalog's toolchain ``kind``."""
+"""The registry of engine runtimes: the one place a toolchain ``kind`` is tied to its code.
+
+Each kind is one module here with a runtime class (behind :class:`EngineRuntime`) and the
+catalog settings it reads (a :class:`~pipeline.catalog.ToolchainSpec` subclass, ``Spec``).
+Nothing outside this package needs to know which kinds exist.
+"""
 
 from __future__ import annotations
+
+import difflib
+import functools
+import importlib
+from pathlib import Path
 
 from pipeline.errors import EnvironmentMissing
 from pipeline.runtimes.base import EngineRuntime
 
+# kind → "module:class". Modules are imported when a catalog names their kind, not before.
+RUNTIMES = {
+    "onnxruntime": "pipeline.runtimes.onnxruntime:OnnxRuntimeRuntime",
+    "trtexec-container": "pipeline.runtimes.tensorrt:TrtexecContainerRuntime",
+    "trtexec-local": "pipeline.runtimes.tensorrt:TrtexecLocalRuntime",
+    "tensorrt-rtx": "pipeline.runtimes.tensorrt_rtx:TensorRtRtxRuntime",
+}
 
-def _runtime_classes() -> dict[str, type[EngineRuntime]]:
-    from pipeline.runtimes.onnxruntime import OnnxRuntimeRuntime
-    from pipeline.runtimes.tensorrt import TrtexecContainerRuntime, TrtexecLocalRuntime
 
-    return {cls.kind: cls for cls in (OnnxRuntimeRuntime, TrtexecContainerRuntime, TrtexecLocalRuntime)}
+@functools.cache
+def runtime_class(kind: str) -> type[EngineRuntime]:
+    if kind not in RUNTIMES:
+        close = difflib.get_close_matches(str(kind), list(RUNTIMES), n=1)
+        suggestion = f"did you mean {close[0]!r}? " if close else ""
+        raise LookupError(f"unknown kind {kind!r}; {suggestion}known kinds: {', '.join(RUNTIMES)}")
+    module, _, name = RUNTIMES[kind].partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def spec_class(kind: str | None):
+    """The catalog settings class of a toolchain kind (LookupError for an unknown kind)."""
+    return runtime_class(kind).Spec
+
+
+def create_runtime(name: str, spec, reporter, workspace_root: Path, force: bool = False) -> EngineRuntime:
+    try:
+        cls = runtime_class(spec.kind)
+    except LookupError as exc:
+        raise EnvironmentMissing(f"toolchain {name!r}: {exc.args[0]}.") from exc
+    return cls(name, spec, reporter, workspace_root, force)
 
 
 def get_runtime(ctx, toolchain: str) -> EngineRuntime:
-    """The runtime for a toolchain, one instance per run (``ctx``), so image lookups happen once."""
+    """The runtime for a toolchain, one instance per run (``ctx``), so lookups happen once."""
     if toolchain not in ctx.runtimes:
         spec = ctx.catalog.toolchain(toolchain)
-        classes = _runtime_classes()
-        if spec.kind not in classes:
-            raise EnvironmentMissing(f"toolchain {toolchain!r} has unknown kind {spec.kind!r}.")
-        ctx.runtimes[toolchain] = classes[spec.kind](toolchain, spec, ctx.reporter, ctx.catalog.root, ctx.force)
+        ctx.runtimes[toolchain] = create_runtime(toolchain, spec, ctx.reporter, ctx.catalog.root, ctx.force)
     return ctx.runtimes[toolchain]

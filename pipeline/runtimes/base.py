@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
 from pipeline.reporting import Reporter
@@ -37,13 +37,28 @@ class ProfileResult:
     evidence: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class ToolchainStatus:
+    """Whether a toolchain is here and usable, for `pipeline toolchains list` and `doctor`."""
+
+    # Everything it needs is fetched (image pulled, environment created); None: cannot tell.
+    present: bool | None
+    # It can build and time engines on this machine as it is.
+    usable: bool
+    detail: str
+    # What pins it exactly (an image digest, the installed wheels), when there is such a thing.
+    pin: str | None = None
+
+
 class EngineRuntime(ABC):
     """One toolchain's way of turning ONNX into something that runs, and of timing it."""
 
     #: The catalog ``kind`` this class implements.
-    kind: str
+    kind: ClassVar[str]
+    #: The catalog settings of this kind.
+    Spec: ClassVar[type[ToolchainSpec]]
     #: File suffix of the engines it writes.
-    engine_suffix: str
+    engine_suffix: ClassVar[str]
 
     def __init__(self, name: str, spec: ToolchainSpec, reporter: Reporter, workspace_root: Path, force: bool = False):
         self.name = name
@@ -61,11 +76,30 @@ class EngineRuntime(ABC):
     def identity(self) -> dict[str, Any]:
         """Everything about the runtime that changes what a build produces."""
 
+    @abstractmethod
+    def describe(self) -> str:
+        """What this toolchain provides, in a few words (listings, doctor)."""
+
+    @abstractmethod
+    def status(self) -> ToolchainStatus: ...
+
+    def pull(self) -> None:
+        """Fetch what the toolchain needs (an image, an environment); `pipeline toolchains pull`."""
+        self.reporter.info(f"nothing to pull for {self.name}: {self.describe()}")
+
+    def pin(self) -> dict[str, Any] | None:
+        """What `pipeline toolchains lock` records for this toolchain; None: nothing to pin."""
+        return None
+
     def check_usable(self) -> None:
         """Raise EnvironmentMissing when this machine cannot use the toolchain at all."""
 
     def unsupported_reason(self, variant: VariantSpec) -> str | None:
-        """Why this runtime cannot run ``variant`` here, or None."""
+        """Why this runtime cannot build ``variant`` here, or None."""
+        return None
+
+    def cannot_profile_reason(self, build_settings: dict[str, Any]) -> str | None:
+        """Why an engine it built (with these settings) cannot be timed on this machine, or None."""
         return None
 
     @abstractmethod

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pipeline.catalog import ProfileSettings, VariantSpec
+from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
 from pipeline.errors import PipelineError, require_module
-from pipeline.runtimes.base import BuildResult, EngineRuntime, ProfileResult
+from pipeline.runtimes.base import BuildResult, EngineRuntime, ProfileResult, ToolchainStatus
 
 # Precisions whose ONNX form (plain FP32/FP16 graphs, INT8 QuantizeLinear/DequantizeLinear) this
 # runtime executes; verified on the CPU execution provider. FP8, MXFP8 and NVFP4 graphs use
@@ -37,8 +37,15 @@ def _ort():
     return require_module("onnxruntime", purpose="The onnxruntime toolchain", extra=None)
 
 
+class OnnxRuntimeSpec(ToolchainSpec):
+    """The embedded runtime: nothing to configure beyond the shared fields."""
+
+    kind: Literal["onnxruntime"]
+
+
 class OnnxRuntimeRuntime(EngineRuntime):
     kind = "onnxruntime"
+    Spec = OnnxRuntimeSpec
     engine_suffix = ".onnx"
 
     @property
@@ -68,6 +75,17 @@ class OnnxRuntimeRuntime(EngineRuntime):
         # identifies the runtime without importing it on a warm rerun.
         dist, version = self.distribution
         return {"runtime": dist, "version": version}
+
+    def describe(self) -> str:
+        return "ONNX Runtime, embedded (CPU; CUDA with onnxruntime-gpu)"
+
+    def status(self) -> ToolchainStatus:
+        from importlib.util import find_spec
+
+        if find_spec("onnxruntime") is None:
+            return ToolchainStatus(present=False, usable=False, detail="onnxruntime is not installed (`make setup`)")
+        dist, version = self.distribution
+        return ToolchainStatus(present=True, usable=True, detail=f"embedded: {dist} {version}")
 
     def check_usable(self) -> None:
         from importlib.util import find_spec

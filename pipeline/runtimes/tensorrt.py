@@ -16,22 +16,65 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pipeline.catalog import ProfileSettings, VariantSpec
+from pydantic import Field, model_validator
+
+from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
 from pipeline.environment import nvidia_gpus
 from pipeline.errors import EnvironmentMissing, PipelineError
-from pipeline.runtimes.base import BuildResult, EngineRuntime, ProfileResult
+from pipeline.runtimes.base import BuildResult, EngineRuntime, ProfileResult, ToolchainStatus
 from pipeline.trtexec.command import BuildCommand, ProfileCommand
 from pipeline.trtexec.exports import read_layer_info, read_profile, read_times
 from pipeline.trtexec.log import TrtexecLog, parse_log
 from pipeline.trtexec.preflight import unsupported_reasons
 
 CONTAINER_ROOT = "/work"
+
+
+class TrtexecSpec(ToolchainSpec):
+    """Settings shared by the trtexec toolchains."""
+
+    # The release they provide, checked against trtexec's banner on every run.
+    trt: str = Field(pattern=r"^\d+\.\d+(\.\d+)*$")
+    # trtexec inside the image, or on PATH for a local install.
+    trtexec: str = "trtexec"
+    # "all" asks for every GPU; "none" runs without (CPU-only stand-in images in tests).
+    gpus: Literal["all", "none"] = "all"
+    # A build or profile run longer than this is killed.
+    timeout_s: float = Field(default=3600.0, gt=0)
+    builder_optimization_level: int | None = Field(default=None, ge=0, le=5)
+    # Profile run options (all on by default: they remove host-side noise from GPU timing).
+    use_cuda_graph: bool = True
+    no_data_transfers: bool = True
+    spin_wait: bool = True
+    baselines: tuple[str, ...] = ("fp16", "fp32")
+
+    def tensorrt_release(self) -> str | None:
+        return self.trt
+
+
+class TrtexecContainerSpec(TrtexecSpec):
+    """trtexec in an NGC image (``image``), or in one built from ``docker/<dockerfile>``."""
+
+    kind: Literal["trtexec-container"]
+    image: str | None = None
+    dockerfile: str | None = None
+
+    @model_validator(mode="after")
+    def _needs_an_image(self):
+        if not (self.image or self.dockerfile):
+            raise ValueError("a trtexec-container toolchain needs 'image' or 'dockerfile'")
+        return self
+
+
+class TrtexecLocalSpec(TrtexecSpec):
+    """trtexec installed on this machine: on PATH, or under ``trt_root``."""
+
+    kind: Literal["trtexec-local"]
+    trt_root: Path | None = None
 
 
 @dataclass
@@ -257,6 +300,7 @@ class TrtexecContainerRuntime(TrtexecRuntime):
     """trtexec inside a pinned image (NGC, or built from docker/)."""
 
     kind = "trtexec-container"
+    Spec = TrtexecContainerSpec
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -265,9 +309,40 @@ class TrtexecContainerRuntime(TrtexecRuntime):
 
     @property
     def image_name(self) -> str:
-        from pipeline.toolchains import image_for
+        """The NGC image, or the local name of the one built from docker/."""
+        return self.spec.image or f"trt-pipeline/{self.name}:latest"
 
-        return image_for(self.name, self.spec)
+    def describe(self) -> str:
+        return f"TensorRT {self.spec.trt} in image {self.image_name}" + (f" (docker/{self.spec.dockerfile})" if self.spec.dockerfile else "")
+
+    def status(self) -> ToolchainStatus:
+        try:
+            image = self.runner.image(self.image_name)
+        except EnvironmentMissing:
+            return ToolchainStatus(present=None, usable=False, detail=f"{self.describe()}; Docker is not reachable (`pipeline doctor`)")
+        missing = [] if image is not None else ["image (`pipeline toolchains pull`)"]
+        if self.spec.gpus == "all":
+            if not nvidia_gpus():
+                missing.append("NVIDIA GPU")
+            if not self.runner.has_nvidia_runtime():
+                missing.append("NVIDIA container runtime")
+        detail = self.describe() + (f"; missing: {', '.join(missing)}" if missing else "")
+        return ToolchainStatus(present=image is not None, usable=not missing, detail=detail, pin=self.runner.digest(image) if image is not None else None)
+
+    def pull(self) -> None:
+        if self.spec.dockerfile:
+            context = self.workspace_root / "docker"
+            self.reporter.info(f"build    {self.image_name} from {context / self.spec.dockerfile}")
+            self.runner.build_image(context, self.spec.dockerfile, self.image_name, {"TRT_VERSION": self.spec.trt})
+        else:
+            self.reporter.info(f"pull     {self.image_name}")
+            self.runner.pull(self.image_name)
+        self.reporter.info(f"ready    {self.name}: {self.image_name}")
+
+    def pin(self) -> dict[str, Any]:
+        image = self.runner.require_image(self.image_name, self.name)
+        digest = self.runner.digest(image)
+        return {"pin": digest, "image": self.image_name, "digest": digest, "trt": self.spec.trt}
 
     @property
     def runner(self):
@@ -328,6 +403,19 @@ class TrtexecLocalRuntime(TrtexecRuntime):
     """trtexec installed on this machine (on PATH, or under ``trt_root``)."""
 
     kind = "trtexec-local"
+    Spec = TrtexecLocalSpec
+
+    def describe(self) -> str:
+        where = f"under {self.spec.trt_root}" if self.spec.trt_root else f"`{self.spec.trtexec}` on PATH"
+        return f"TensorRT {self.spec.trt}, trtexec {where}"
+
+    def status(self) -> ToolchainStatus:
+        try:
+            found = self.trtexec_path()
+        except EnvironmentMissing as exc:
+            return ToolchainStatus(present=False, usable=False, detail=exc.message)
+        usable = self.spec.gpus == "none" or bool(nvidia_gpus())
+        return ToolchainStatus(present=True, usable=usable, detail=f"{found}" + ("" if usable else "; missing: NVIDIA GPU"))
 
     def trtexec_path(self) -> str:
         if self.spec.trt_root is not None:
@@ -347,51 +435,11 @@ class TrtexecLocalRuntime(TrtexecRuntime):
         return {"trtexec": self.trtexec_path()}
 
     def execute(self, argv: list[str], log_path: Path, what: str) -> Execution:
-        from pipeline.artifacts import atomic_write_text
+        from pipeline.runtimes.process import run_logged
 
         env = dict(os.environ)
         if self.spec.trt_root is not None:
             lib = str(Path(self.spec.trt_root) / "lib")
             env["LD_LIBRARY_PATH"] = lib + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
-        lines: list[str] = []
-        try:
-            # Its own process group, so a timeout or Ctrl-C also ends anything trtexec started.
-            process = subprocess.Popen(
-                argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, errors="replace", start_new_session=True
-            )
-        except OSError as exc:
-            raise EnvironmentMissing(f"cannot run {argv[0]}: {exc.strerror or exc}.") from exc
-
-        def follow():
-            assert process.stdout is not None
-            for line in process.stdout:
-                lines.append(line)
-                self.reporter.detail(line.rstrip("\n"))
-
-        # Read in a thread so the timeout holds even when trtexec hangs without printing.
-        reader = threading.Thread(target=follow, daemon=True)
-        reader.start()
-        try:
-            exit_code = process.wait(timeout=self.spec.timeout_s)
-        except subprocess.TimeoutExpired:
-            _kill_group(process)
-            process.wait()
-            reader.join(timeout=5)
-            atomic_write_text(log_path, "".join(lines))
-            raise PipelineError(f"trtexec {what} ran past its {self.spec.timeout_s:g} s limit and was killed.", hint=f"log so far: {log_path}")
-        finally:
-            if process.poll() is None:  # Ctrl-C: do not leave trtexec running
-                _kill_group(process)
-        reader.join(timeout=5)
-        text = "".join(lines)
-        atomic_write_text(log_path, text)
-        return Execution(exit_code, text)
-
-
-def _kill_group(process: subprocess.Popen) -> None:
-    import signal
-
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        process.kill()
+        finished = run_logged(argv, log_path=log_path, timeout_s=self.spec.timeout_s, reporter=self.reporter, what=f"trtexec {what}", env=env)
+        return Execution(finished.exit_code, finished.output)
