@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.artifacts import atomic_output
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, RefusedByTool
 from pipeline.manifest import Artifact, BuildDetails, StageRecord, read_manifest
 from pipeline.runtimes import get_runtime
 from pipeline.stage import Stage, StageOutcome
@@ -67,10 +67,21 @@ class BuildStage(Stage):
     def run_impl(self, inputs: list[Artifact]) -> StageOutcome:
         onnx_path = self.ctx.workspace.root / next(a.path for a in inputs if a.role == "onnx")
         engine_path = self.engine_path()
-        with atomic_output(engine_path) as tmp:
-            result = self.runtime.build(onnx_path, tmp, self.variant_spec)
-        outputs = [self.ctx.workspace.artifact("engine", engine_path)]
-        outputs += [self.ctx.workspace.artifact(role, path) for role, path in result.sidecars.items()]
+        try:
+            with atomic_output(engine_path) as tmp:
+                result = self.runtime.build(onnx_path, tmp, self.variant_spec)
+        except RefusedByTool as exc:
+            if exc.result is not None:
+                # The compiler's reason and log are recorded, and an engine from an earlier build
+                # goes: the manifest now says this configuration has none.
+                engine_path.unlink(missing_ok=True)
+                exc.outcome = self.outcome(exc.result, engine_path=None)
+            raise
+        return self.outcome(result, engine_path)
+
+    def outcome(self, result, engine_path: Path | None) -> StageOutcome:
+        outputs = [self.ctx.workspace.artifact("engine", engine_path)] if engine_path is not None else []
+        outputs += [self.ctx.workspace.artifact(role, path) for role, path in result.sidecars.items() if path.exists()]
         details = BuildDetails(
             runtime=self.runtime.kind,
             runtime_version=self.runtime.version,

@@ -145,6 +145,9 @@ def build_rows(catalog: Catalog, manifests: list[EngineManifest], toolchain_orde
         row = ComparisonRow(model=m.model, variant=m.variant, toolchain=m.toolchain or "?", status="not profiled")
         if m.build is not None and m.build.status == "skipped":
             row.status = f"skipped: {m.build.reason}"
+        elif m.build is not None and m.build.status == "failed":
+            row.status = f"build refused: {m.build.reason}"
+            row.build_s = m.build.duration_s
         elif m.profile is not None and m.profile.status == "skipped":
             row.status = f"skipped: {m.profile.reason}"
         if m.build is not None and m.build.status == "done":

@@ -31,6 +31,22 @@ class EnvironmentMissing(PipelineError):
     exit_code = 3
 
 
+class RefusedByTool(PipelineError):
+    """An outside tool ran and refused the input: a compiler rejecting a network, say.
+
+    Unlike a tool that could not run (no GPU, a crash, a timeout), a refusal is a fact about the
+    input and the tool's release, so the stage records it in the manifest, with the tool's own
+    reason and log, before the error reaches the user. ``outcome`` is what gets recorded.
+    """
+
+    def __init__(self, message: str, hint: str | None = None, *, result=None):
+        super().__init__(message, hint)
+        # What the tool left behind (its log, its parsed output), as the runtime reported it.
+        self.result = result
+        # Set by the stage: the StageOutcome it records as status "failed".
+        self.outcome = None
+
+
 def require_module(module: str, *, purpose: str, extra: str | None = "export"):
     """Import a dependency or explain how to install it (``extra=None``: a core dependency)."""
     import importlib

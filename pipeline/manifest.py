@@ -109,6 +109,9 @@ class BuildDetails(_Model):
     image: str | None = None
     image_digest: str | None = None
     trtexec: dict[str, Any] | None = None
+    # Compilers driven through their API (TensorRT-RTX): release, targets, build time, what the
+    # log said (errors, warnings, parser errors by node).
+    compiler: dict[str, Any] | None = None
     precision_audit: dict[str, Any] | None = None
 
 
@@ -137,8 +140,11 @@ StageDetails = Annotated[Union[ExportDetails, BuildDetails, ProfileDetails], Fie
 
 class StageRecord(_Model):
     stage: Literal["export", "build", "profile"]
-    status: Literal["done", "skipped"]
-    # Why the stage did not run (status "skipped"), e.g. a precision the runtime cannot execute.
+    # "failed": the tool ran and refused the input (a compiler rejecting the network); its outputs
+    # are the tool's log, never an engine. Failures of the machine (no GPU, a crash) are not recorded.
+    status: Literal["done", "skipped", "failed"]
+    # Why the stage did not run ("skipped", e.g. a precision the runtime cannot execute), or the
+    # tool's own reason for refusing ("failed").
     reason: str | None = None
     fingerprint: str
     finished_at: datetime

@@ -40,8 +40,10 @@ class ProfileStage(Stage):
 
     def skip_reason(self) -> str | None:
         build = self.build_record()
-        if build is not None and build.status == "skipped":
+        if build is not None and build.status in ("skipped", "failed"):
             return f"not built: {build.reason}"
+        if build is not None and build.details is not None:
+            return self.runtime.cannot_profile_reason(build.details.settings)
         return None
 
     def inputs(self) -> list[Artifact]:

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 from pipeline.catalog import Catalog, EngineRef
 from pipeline.environment import capture_environment
+from pipeline.errors import RefusedByTool
 from pipeline.manifest import Artifact, EngineManifest, StageRecord, read_manifest
 from pipeline.reporting import Reporter
 from pipeline.workspace import Workspace
@@ -130,6 +131,7 @@ class Stage(ABC):
         if (
             previous is not None
             and not self.ctx.force
+            and previous.status != "failed"  # a refusal is evidence, not a result to reuse: try again
             and previous.fingerprint == fingerprint
             and all(self.ctx.workspace.is_intact(a) for a in previous.outputs)
         ):
@@ -138,17 +140,23 @@ class Stage(ABC):
             return previous
 
         started = time.perf_counter()
+        refused = None
         if reason:
             outcome = StageOutcome(outputs=[])
         else:
-            with reporter.working(self.name, self.engine.name):
-                outcome = self.run_impl(inputs)
+            try:
+                with reporter.working(self.name, self.engine.name):
+                    outcome = self.run_impl(inputs)
+            except RefusedByTool as exc:
+                if exc.outcome is None:
+                    raise
+                refused, outcome = exc, exc.outcome
         elapsed = time.perf_counter() - started
 
         record = StageRecord(
             stage=self.name,
-            status="skipped" if reason else "done",
-            reason=reason,
+            status="failed" if refused else "skipped" if reason else "done",
+            reason=refused.message if refused else reason,
             fingerprint=fingerprint,
             finished_at=datetime.now(timezone.utc),
             duration_s=round(elapsed, 4),
@@ -159,6 +167,8 @@ class Stage(ABC):
             details=outcome.details,
         )
         self.save(manifest, record)
+        if refused:
+            raise refused  # recorded; the runner reports it and goes on with the other engines
         if reason:
             reporter.skipped(self.name, self.engine.name, reason)
         else:

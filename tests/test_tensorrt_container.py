@@ -211,7 +211,7 @@ def test_build_and_profile_record_what_trtexec_reported(docker_host, workspace, 
     assert again.exit_code == 0 and again.err.count("didn't change, skipping") == 3
 
 
-def test_failed_build_says_where_and_leaves_no_engine(docker_host, workspace, run_cli):
+def test_failed_build_says_where_leaves_no_engine_and_records_the_refusal(docker_host, workspace, run_cli):
     result = run_cli(workspace, "build", "--engine", "tiny_fp32", "--toolchain", "standin-failed")
     assert result.exit_code == 1
     assert "ERROR trtexec build failed with exit status 1 in image standin-trtexec:failed" in result.err
@@ -220,7 +220,13 @@ def test_failed_build_says_where_and_leaves_no_engine(docker_host, workspace, ru
     engines = _engine_dir(workspace, "standin-failed")
     assert sorted(p.name for p in engines.iterdir() if not p.name.startswith("timing")) == ["tiny_fp32.build.log"]
     assert "&&&& FAILED" in (engines / "tiny_fp32.build.log").read_text()
-    assert not (workspace.parent / "manifests" / "standin-failed").exists()
+    # TensorRT ran and refused the network: that is evidence, kept with its reason and log.
+    build = read_manifest(workspace.parent / "manifests" / "standin-failed" / "tiny_fp32.json").build
+    assert build.status == "failed" and "Plugin not found" in build.reason
+    assert [a.role for a in build.outputs] == ["build_log"]
+    assert build.details.trtexec["status"] == "FAILED"
+    table = run_cli(workspace, "compare", "--format", "csv", "--toolchain", "standin-failed")
+    assert "build refused: trtexec build failed" in table.out
 
 
 @pytest.mark.parametrize(

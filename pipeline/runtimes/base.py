@@ -13,7 +13,8 @@ from pipeline.reporting import Reporter
 
 @dataclass
 class BuildResult:
-    engine_path: Path
+    # None when the tool refused the input and wrote no engine (see RefusedByTool).
+    engine_path: Path | None
     settings: dict[str, Any] = field(default_factory=dict)
     command: list[str] | None = None
     notes: list[str] = field(default_factory=list)

@@ -24,7 +24,7 @@ from pydantic import Field, model_validator
 
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
 from pipeline.environment import nvidia_gpus
-from pipeline.errors import EnvironmentMissing, PipelineError
+from pipeline.errors import EnvironmentMissing, PipelineError, RefusedByTool
 from pipeline.runtimes.base import BuildResult, EngineRuntime, ProfileResult, ToolchainStatus
 from pipeline.trtexec.command import BuildCommand, ProfileCommand
 from pipeline.trtexec.exports import read_layer_info, read_profile, read_times
@@ -157,10 +157,13 @@ class TrtexecRuntime(EngineRuntime):
             first = next((e for e in log.errors if e.code is not None), log.errors[0] if log.errors else None)
             detail = f": {first.message}" if first else ""
             killed = " (killed: out of memory or stopped)" if execution.exit_code == 137 else ""
-            raise PipelineError(
-                f"trtexec {what} failed with exit status {execution.exit_code}{killed}{where}{detail}",
-                hint=f"full log: {log_path}; command: {' '.join(argv)}",
-            )
+            message = f"trtexec {what} failed with exit status {execution.exit_code}{killed}{where}{detail}"
+            hint = f"full log: {log_path}; command: {' '.join(argv)}"
+            if what == "build" and log.status == "FAILED" and not killed:
+                # TensorRT itself ran and said no (a parser or builder error): recorded in the manifest.
+                evidence = {"image": execution.image, "image_digest": execution.image_digest, "trtexec": json.loads(log.model_dump_json(exclude={"trace"}))}
+                raise RefusedByTool(message, hint, result=BuildResult(engine_path=None, command=argv, sidecars={"build_log": log_path}, evidence=evidence))
+            raise PipelineError(message, hint=hint)
         claimed = self.spec.trt
         if log.trt_version and not (log.trt_version == claimed or log.trt_version.startswith(claimed + ".")):
             raise PipelineError(
