@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pipeline.errors import PipelineError
-from pipeline.trtexec.exports import normalise_dtype, read_layer_info, read_profile, read_times
+from pipeline.trtexec.exports import layer_info_from_dump, normalise_dtype, read_layer_info, read_profile, read_times
 from pipeline.trtexec.report import classify_export, find_exports, parse_run, run_as_json
 from tests.conftest import SAMPLES
 
@@ -73,6 +73,16 @@ def test_precision_audit_flags_a_silent_fallback():
     assert "no layer runs in fp16" in audit.warning and "silent fallback" in audit.warning
 
 
+def test_text_layer_dump_reads_like_the_exported_layer_info():
+    # --dumpLayerInfo prints the same layers that --exportLayerInfo wrote in the same run.
+    dumped = layer_info_from_dump((SAMPLES / "trt10.16.1_h100_onnx_dumpLayerInfo_detailed_skipInference.txt").read_text(errors="replace"))
+    exported = read_layer_info(LAYERS_1016)
+    assert dumped.layer_names == exported.layer_names
+    assert dumped.layers[0]["LayerType"] == "CaskConvolution"
+    assert dumped.audit("fp32").output_types == exported.audit("fp32").output_types
+    assert layer_info_from_dump("[I] no layers here\n") is None
+
+
 @pytest.mark.parametrize(
     "text, dtype",
     [
@@ -84,6 +94,8 @@ def test_precision_audit_flags_a_silent_fallback():
         ("Channel major INT8 format where channel % 32 == 0", "int8"),
         ("Row major linear FP8 format", "fp8"),
         ("FP4", "fp4"),
+        ("FP4E2M1", "fp4"),  # TensorRT-RTX's layer dump
+        ("FP8", "fp8"),
         ("BFloat16", "bf16"),
         ("Int64", "int64"),
         ("Something new", "unknown"),

@@ -100,7 +100,8 @@ INTENDED_DTYPE = {"fp16": "fp16", "int8": "int8", "fp8": "fp8", "mxfp8": "fp8", 
 # ("Channel major FP16 format where channel % 8 == 0"). Checked in order: BFloat16 before Float.
 _DTYPE_PATTERNS = (
     ("bf16", re.compile(r"BFloat16|BF16", re.I)),
-    ("fp4", re.compile(r"\bFP4\b|\bFloat4|\bE2M1", re.I)),
+    # "FP4E2M1" in TensorRT-RTX's layer dump: no word boundary after the 4.
+    ("fp4", re.compile(r"\bFP4|\bFloat4|\bE2M1", re.I)),
     ("fp8", re.compile(r"\bFP8\b|\bFloat8|\bE4M3", re.I)),
     ("e8m0", re.compile(r"\bE8M0\b", re.I)),
     ("fp16", re.compile(r"\bHalf\b|\bFP16\b", re.I)),
@@ -206,3 +207,43 @@ def read_layer_info(path: Path) -> LayerInfo:
         layers=layers,
         bindings=bindings,
     )
+
+
+# One layer of the text dump TensorRT prints with detailed profiling verbosity (trtexec
+# --dumpLayerInfo, the builder's verbose log): "Name: …, LayerType: …, Inputs: [ { … } ], …".
+_DUMPED_LAYER = re.compile(r"^Name: (?P<name>.*?), LayerType: (?P<type>[^,]+),")
+# A tensor's type: "Format/Datatype: Half" (trtexec) or "Datatype: FP8, Format: …" (TensorRT-RTX).
+_DUMPED_DTYPE = re.compile(r"(?:Format/)?Datatype: ([^,}]+)")
+
+
+def layer_info_from_dump(text: str) -> LayerInfo | None:
+    """The layers of a text layer dump, in --exportLayerInfo's shape (None when there is none)."""
+    layers = []
+    for line in text.splitlines():
+        match = _DUMPED_LAYER.match(line)
+        if not match:
+            continue
+        layer: dict[str, Any] = {"Name": match["name"], "LayerType": match["type"].strip()}
+        for field in ("Inputs", "Outputs"):
+            tensors = _bracketed(line, f"{field}: [")
+            layer[field] = [{"Format/Datatype": dtype.strip()} for dtype in _DUMPED_DTYPE.findall(tensors)]
+        layers.append(layer)
+    if not layers:
+        return None
+    return LayerInfo(verbosity="detailed", layer_names=[layer["Name"] for layer in layers], layers=layers)
+
+
+def _bracketed(line: str, opener: str) -> str:
+    """The text inside the bracket that ``opener`` ends with, nested brackets included."""
+    start = line.find(opener)
+    if start < 0:
+        return ""
+    depth, begin = 0, start + len(opener) - 1
+    for index in range(begin, len(line)):
+        if line[index] == "[":
+            depth += 1
+        elif line[index] == "]":
+            depth -= 1
+            if depth == 0:
+                return line[begin + 1 : index]
+    return line[begin + 1 :]  # a cut-off line: what is there
