@@ -200,6 +200,11 @@ class Catalog(_Strict):
     def toolchain(self, name: str) -> ToolchainSpec:
         return self.toolchains[_lookup("toolchain", name, self.toolchains)]
 
+    def with_targets(self, toolchain: str, targets: tuple[str, ...]) -> "Catalog":
+        """This catalog with ``toolchain`` compiling for other GPU architectures (`--arch`)."""
+        spec = self.toolchain(toolchain).with_targets(targets)
+        return self.model_copy(update={"toolchains": {**self.toolchains, toolchain: spec}})
+
     def toolchain_for_trt(self, version: str) -> str:
         """The toolchain providing TensorRT ``version`` ("10.14" matches trt = "10.14" or "10.14.1")."""
         releases = {name: spec.tensorrt_release() for name, spec in self.toolchains.items()}

@@ -84,6 +84,14 @@ def selection_options(func):
 
 
 def toolchain_options(func):
+    func = click.option(
+        "--arch",
+        "archs",
+        multiple=True,
+        metavar="SM",
+        help="GPU architecture to compile for, e.g. sm120 (repeatable; ahead-of-time toolchains such as TensorRT-RTX). "
+        "Default: the toolchain's archs in pipeline.toml, else this machine's GPU.",
+    )(func)
     func = click.option("--trt", metavar="VERSION", help="The toolchain providing this TensorRT version, e.g. 10.14.")(func)
     func = click.option("--toolchain", metavar="T", help="Toolchain by name (default: the catalog's, onnxruntime).")(func)
     return func
@@ -141,7 +149,16 @@ def select_engines(catalog, engines, models, variants):
     return list(dict.fromkeys(refs))
 
 
-def select_toolchain(catalog, toolchain: str | None, trt: str | None) -> str:
+def select_toolchain(state, toolchain: str | None, trt: str | None, archs: tuple[str, ...] = ()) -> str:
+    """The toolchain named by --toolchain or --trt (or the catalog's default), with --arch applied."""
+    catalog = state.catalog
+    name = _toolchain_name(catalog, toolchain, trt)
+    if archs:
+        state._catalog = catalog.with_targets(name, archs)
+    return name
+
+
+def _toolchain_name(catalog, toolchain: str | None, trt: str | None) -> str:
     from pipeline.errors import UsageError
 
     if toolchain and trt:
@@ -217,13 +234,12 @@ def engine_stage_options(func):
     return func
 
 
-def _stage_command(state: _State, engines, models, variants, toolchain, trt, force, dry_run, calib_dir, calib_samples, until):
+def _stage_command(state: _State, engines, models, variants, toolchain, trt, archs, force, dry_run, calib_dir, calib_samples, until):
     from pipeline.runner import run_engines
 
     apply_calibration(state, calib_dir, calib_samples)
-    catalog = state.catalog
-    refs = select_engines(catalog, engines, models, variants)
-    chain = select_toolchain(catalog, toolchain, trt)
+    refs = select_engines(state.catalog, engines, models, variants)
+    chain = select_toolchain(state, toolchain, trt, archs)
     ctx = state.context(force)
     if dry_run:
         from pipeline.runner import describe
@@ -256,7 +272,7 @@ def profile(state: _State, **options):
 @force_option
 @calibration_options
 @pass_state
-def run(state: _State, engines, models, variants, toolchain, trt, force, calib_dir, calib_samples):
+def run(state: _State, engines, models, variants, toolchain, trt, archs, force, calib_dir, calib_samples):
     """Export, build and profile a selection, then print the comparison.
 
     With no selection it runs the catalog's defaults: the demo on ONNX Runtime.
@@ -264,9 +280,8 @@ def run(state: _State, engines, models, variants, toolchain, trt, force, calib_d
     from pipeline.runner import run_engines
 
     apply_calibration(state, calib_dir, calib_samples)
-    catalog = state.catalog
-    refs = select_engines(catalog, engines, models, variants)
-    chain = select_toolchain(catalog, toolchain, trt)
+    refs = select_engines(state.catalog, engines, models, variants)
+    chain = select_toolchain(state, toolchain, trt, archs)
     run_engines(state.context(force), refs, chain, until="profile")
     _print_comparison(state, [chain], "table", None)
 

@@ -1,0 +1,517 @@
+"""TensorRT for RTX: a TensorRT compiler that installs from the package index, one release per toolchain.
+
+TensorRT-RTX is NVIDIA's TensorRT for RTX-class GPUs (GeForce RTX, RTX PRO): TensorRT's Python
+API, strongly typed networks only, and an ahead-of-time build for a chosen GPU architecture that
+runs on a machine without any GPU. Its engines run only on the GPUs it targets; it is not
+datacenter TensorRT and its engines do not run on Hopper (H100) or other datacenter parts.
+
+Each release lives in its own environment (a venv under the cache directory, made by
+``pipeline toolchains pull``), holding NVIDIA's two wheels and nothing else. Builds and profiles
+run there as a child process (``tensorrt_rtx_driver.py``), so two releases never share a process
+and this package never imports TensorRT. What the compiler refuses (an op it cannot parse, a data
+type the target GPU lacks) is recorded with its own message, and the other engines go on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
+from pipeline.environment import nvidia_gpus
+from pipeline.errors import EnvironmentMissing, PipelineError, RefusedByTool, UsageError
+from pipeline.runtimes.base import BuildResult, EngineRuntime, ProfileResult, ToolchainStatus
+
+DRIVER = Path(__file__).with_name("tensorrt_rtx_driver.py")
+
+# Architectures the compiler targets (its ComputeCapability enum: SM75 … SM121 in 1.4-1.7) and
+# the compute capability each stands for.
+ARCHS = {"sm75": "7.5", "sm80": "8.0", "sm86": "8.6", "sm89": "8.9", "sm120": "12.0", "sm121": "12.1"}
+Arch = Literal["sm75", "sm80", "sm86", "sm89", "sm120", "sm121"]
+# GPUs its engines run on. Source: the TensorRT-RTX support matrix (docs.nvidia.com/deeplearning/
+# tensorrt-rtx, "Supported Hardware": 7.5 Turing, 8.6 Ampere, 8.9 Ada, 12.0 Blackwell; 12.1 from
+# 1.5) and release 1.7.1.116's own refusal on an H100: "Supported compute capabilities: 8.0 8.6
+# 8.9 12.0 12.1".
+RUNS_ON = ("7.5", "8.0", "8.6", "8.9", "12.0", "12.1")
+# The wheels of one release, in the CUDA flavour chosen for the machine.
+PACKAGES = ("tensorrt-rtx-{cuda}-libs", "tensorrt-rtx-{cuda}-bindings")
+# CUDA 13 builds need an NVIDIA driver of branch 580 or newer on Linux. Source: CUDA Toolkit release
+# notes, "CUDA Toolkit and Corresponding Driver Versions" (CUDA 13.0 GA: >= 580.65.06).
+CUDA13_MIN_DRIVER = 580
+
+
+class TensorRtRtxSpec(ToolchainSpec):
+    """One TensorRT-RTX release, installed from the package index into its own environment."""
+
+    kind: Literal["tensorrt-rtx"]
+    # The wheels' version, all four parts (the package index has 1.4.0.76 … 1.7.1.116).
+    release: str = Field(pattern=r"^\d+\.\d+\.\d+\.\d+$")
+    # GPU architectures to compile for; empty: this machine's GPU when the compiler targets it,
+    # else the compiler's own default (a portable engine). `--arch` overrides it for one run.
+    archs: tuple[Arch, ...] = ()
+    # Which CUDA build of the wheels: "auto" reads the driver (cu13 needs driver 580+; cu13 on a
+    # machine without one, where builds need no CUDA at all).
+    cuda: Literal["auto", "cu12", "cu13"] = "auto"
+    # A build or profile run longer than this is killed.
+    timeout_s: float = Field(default=3600.0, gt=0)
+    builder_optimization_level: int | None = Field(default=None, ge=0, le=5)
+    baselines: tuple[str, ...] = ("fp16", "fp32")
+
+    def with_targets(self, targets: tuple[str, ...]) -> "TensorRtRtxSpec":
+        return self.model_copy(update={"archs": tuple(normalise_arch(target) for target in targets)})
+
+
+def normalise_arch(name: str) -> str:
+    """``SM120`` or ``sm120`` → ``sm120``; anything else is a usage error naming the choices."""
+    arch = name.strip().lower()
+    if arch not in ARCHS:
+        close = difflib.get_close_matches(arch, list(ARCHS), n=1)
+        if re.fullmatch(r"sm\d+", arch) or not close:
+            # A real architecture (sm90 is Hopper) that is simply not an RTX target.
+            hint = "TensorRT-RTX targets RTX-class GPUs (Turing to Blackwell RTX), not datacenter parts such as Hopper (sm90)"
+        else:
+            hint = f"did you mean {close[0]!r}?"
+        raise UsageError(f"TensorRT-RTX cannot compile for {name!r}: its targets are {', '.join(ARCHS)}.", hint=hint)
+    return arch
+
+
+def cache_dir() -> Path:
+    """Where pulled releases live: $PIPELINE_CACHE_DIR, else the user's cache directory."""
+    if os.environ.get("PIPELINE_CACHE_DIR"):
+        return Path(os.environ["PIPELINE_CACHE_DIR"]).expanduser()
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "trt-pipeline"
+
+
+def cuda_flavour(choice: str) -> str:
+    if choice != "auto":
+        return choice
+    gpus = nvidia_gpus()
+    if gpus and gpus[0].driver:
+        major = int(re.match(r"\d+", gpus[0].driver).group(0)) if re.match(r"\d+", gpus[0].driver) else 0
+        return "cu13" if major >= CUDA13_MIN_DRIVER else "cu12"
+    return "cu13"
+
+
+@dataclass
+class ReleaseEnvironment:
+    """One release's own virtual environment under the cache directory."""
+
+    release: str
+    cuda: str
+    root: Path
+
+    @property
+    def path(self) -> Path:
+        return self.root / "tensorrt-rtx" / f"{self.release}-{self.cuda}"
+
+    @property
+    def python(self) -> Path:
+        return self.path / "bin" / "python"
+
+    @property
+    def marker(self) -> Path:
+        return self.path / "pipeline-env.json"
+
+    @property
+    def packages(self) -> list[str]:
+        return [f"{name.format(cuda=self.cuda)}=={self.release}" for name in PACKAGES]
+
+    def state(self) -> tuple[str, str]:
+        """("ready" | "missing" | "broken", why)."""
+        if not self.path.exists():
+            return "missing", f"TensorRT-RTX {self.release} ({self.cuda}) is not pulled"
+        if not self.marker.is_file() or not self.python.exists():
+            return "broken", f"the environment of TensorRT-RTX {self.release} at {self.path} is incomplete (an interrupted pull?)"
+        try:
+            facts = json.loads(self.marker.read_text())
+        except (OSError, ValueError):
+            return "broken", f"{self.marker} is unreadable"
+        if facts.get("release") != self.release:
+            return "broken", f"{self.path} holds release {facts.get('release')}, not {self.release}"
+        return "ready", f"TensorRT-RTX {self.release} ({self.cuda}) at {self.path}"
+
+    def facts(self) -> dict[str, Any]:
+        return json.loads(self.marker.read_text())
+
+    def create(self, reporter, timeout_s: float) -> dict[str, Any]:
+        """Install the release into a fresh environment, check it, then move it into place.
+
+        Everything happens in a sibling folder first: an interrupted or failed pull never leaves
+        something that looks like a pulled release.
+        """
+        from pipeline.runtimes.process import run_logged
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        partial = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.", suffix=".partial", dir=self.path.parent))
+        log_path = self.path.parent / f"{self.path.name}.pull.log"
+        try:
+            subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(partial)], check=True, capture_output=True, text=True)
+            python = partial / "bin" / "python"
+            argv = [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-input", "--disable-pip-version-check", "--progress-bar", "off", *self.packages]
+            finished = run_logged(argv, log_path=log_path, timeout_s=timeout_s, reporter=reporter, what="pip install of TensorRT-RTX")
+            if finished.exit_code != 0:
+                raise pip_failure(self.release, self.packages, finished.output, log_path)
+            facts = probe(python, timeout_s=120)
+            if facts.get("release") != self.release:
+                raise PipelineError(f"the wheels installed for TensorRT-RTX {self.release} report release {facts.get('release')}.", hint=f"pip's log: {log_path}")
+            facts.update(
+                release=self.release,
+                cuda=self.cuda,
+                packages=self.packages,
+                created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            )
+            (partial / "pipeline-env.json").write_text(json.dumps(facts, indent=2) + "\n")
+            if self.path.exists():
+                shutil.rmtree(self.path)
+            os.replace(partial, self.path)
+            return facts
+        except subprocess.CalledProcessError as exc:
+            raise EnvironmentMissing(f"could not create a virtual environment with {sys.executable}: {exc.stderr.strip()}") from exc
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
+
+
+def pip_failure(release: str, packages: list[str], output: str, log_path: Path) -> PipelineError:
+    """pip's failure, said in the pipeline's terms."""
+    versions = re.search(r"\(from versions: ([^)]*)\)", output)
+    if "No matching distribution" in output or versions:
+        known = versions.group(1).strip() if versions else ""
+        return UsageError(
+            f"TensorRT-RTX release {release} is not on the package index ({packages[0]}).",
+            hint=f"releases there: {known}; set `release` in pipeline.toml" if known and known != "none" else f"pip's log: {log_path}",
+        )
+    if re.search(r"(?i)connection|resolve|network|timed out|proxy", output):
+        return EnvironmentMissing(
+            f"could not download TensorRT-RTX {release}: the package index is not reachable.",
+            hint=f"check the network or pip's index settings; pip's log: {log_path}",
+        )
+    last = next((line for line in reversed(output.splitlines()) if line.startswith("ERROR")), "pip failed")
+    return PipelineError(f"installing TensorRT-RTX {release} failed: {last}", hint=f"pip's log: {log_path}")
+
+
+def probe(python: Path, timeout_s: float) -> dict[str, Any]:
+    """What the release in an environment says about itself (its version, the targets it knows)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        result = Path(scratch) / "version.json"
+        completed = subprocess.run([str(python), "-I", str(DRIVER), "version", str(result)], capture_output=True, text=True, timeout=timeout_s)
+        if completed.returncode != 0 or not result.exists():
+            tail = (completed.stderr or completed.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise PipelineError(f"TensorRT-RTX in {python.parent.parent} does not load: {tail[0]}", hint="pull it again to repair it")
+        return json.loads(result.read_text())
+
+
+class TensorRtRtxRuntime(EngineRuntime):
+    kind = "tensorrt-rtx"
+    Spec = TensorRtRtxSpec
+    engine_suffix = ".engine"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.environment = ReleaseEnvironment(self.spec.release, cuda_flavour(self.spec.cuda), cache_dir())
+
+    @property
+    def version(self) -> str:
+        return self.spec.release
+
+    def targets(self) -> tuple[str, ...]:
+        """The architectures a build compiles for; () means the compiler's own default."""
+        if self.spec.archs:
+            return tuple(self.spec.archs)
+        local = self._local_arch()
+        return (local,) if local else ()
+
+    def _local_arch(self) -> str | None:
+        gpus = nvidia_gpus()
+        capability = gpus[0].compute_capability if gpus else None
+        return next((arch for arch, cc in ARCHS.items() if cc == capability), None)
+
+    def _describe_targets(self) -> str:
+        targets = self.targets()
+        return "+".join(targets) if targets else "the compiler's default targets (a portable engine)"
+
+    def identity(self) -> dict[str, Any]:
+        return {"runtime": "tensorrt-rtx", "release": self.spec.release, "cuda": self.environment.cuda, "targets": list(self.targets())}
+
+    def describe(self) -> str:
+        return f"TensorRT-RTX {self.spec.release} ({self.environment.cuda}), builds for {self._describe_targets()}"
+
+    def status(self) -> ToolchainStatus:
+        state, why = self.environment.state()
+        if state != "ready":
+            return ToolchainStatus(present=False, usable=False, detail=f"{why} (`pipeline toolchains pull {self.name}`)")
+        runs = self._cannot_run_here(self.targets())
+        detail = f"{why}; runs its engines here: " + ("yes" if runs is None else f"no ({runs})")
+        return ToolchainStatus(present=True, usable=True, detail=detail, pin=" ".join(self.environment.packages))
+
+    def pin(self) -> dict[str, Any] | None:
+        state, why = self.environment.state()
+        if state != "ready":
+            raise EnvironmentMissing(f"{why}.", hint=f"`pipeline toolchains pull {self.name}` first")
+        facts = self.environment.facts()
+        return {"pin": " ".join(facts["packages"]), "release": facts["release"], "cuda": facts["cuda"], "packages": facts["packages"]}
+
+    def pull(self) -> None:
+        state, why = self.environment.state()
+        if state == "ready":
+            self.reporter.info(f"ready    {self.name}: {why} (already pulled)")
+            return
+        if state == "broken":
+            self.reporter.warn(f"{why}; creating it again")
+        self.reporter.info(f"pull     {self.name}: pip install {' '.join(self.environment.packages)} (about 100 MB) into {self.environment.path}")
+        with self.reporter.working("pull", self.name):
+            facts = self.environment.create(self.reporter, self.spec.timeout_s)
+        self.reporter.info(f"ready    {self.name}: TensorRT-RTX {facts['release']} ({facts['cuda']}), targets {', '.join(facts['targets'])}")
+
+    def check_usable(self) -> None:
+        state, why = self.environment.state()
+        if state != "ready":
+            raise EnvironmentMissing(f"{why}.", hint=f"run `pipeline toolchains pull {self.name}` (it installs the release's wheels into {self.environment.path})")
+
+    # --- build -----------------------------------------------------------------------------------
+
+    def _build_argv(self, onnx_path: Path, engine_path: Path, variant: VariantSpec, result_path: Path) -> list[str]:
+        argv = [str(self.environment.python), "-I", str(DRIVER), "build", str(result_path), "--onnx", str(onnx_path), "--engine", str(engine_path)]
+        for arch in self.targets():
+            argv += ["--arch", arch.upper()]
+        if variant.sparsity == "2:4":
+            argv.append("--sparse")
+        if self.spec.builder_optimization_level is not None:
+            argv += ["--optimization-level", str(self.spec.builder_optimization_level)]
+        return argv
+
+    def _settings(self, variant: VariantSpec) -> dict[str, Any]:
+        return {
+            "release": self.spec.release,
+            "cuda": self.environment.cuda,
+            "targets": list(self.targets()),
+            "strongly_typed": True,
+            "sparse_weights": variant.sparsity == "2:4",
+            "builder_optimization_level": self.spec.builder_optimization_level,
+            "profiling_verbosity": "detailed",
+            "timing_cache": None,  # a no-op since TensorRT-RTX 1.2 (see the driver)
+        }
+
+    def build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec) -> BuildResult:
+        from pipeline.runtimes.process import run_logged
+        from pipeline.trtexec.exports import layer_info_from_dump
+
+        log_path = sidecar(engine_path, ".build.log")
+        result_path = sidecar(engine_path, ".build-result.json.partial")
+        for stale in (".layers.json", ".profile.json", ".profile.log"):
+            sidecar(engine_path, stale).unlink(missing_ok=True)  # an earlier build's, which this one replaces
+        argv = self._build_argv(onnx_path, engine_path, variant, result_path)
+        try:
+            finished = run_logged(argv, log_path=log_path, timeout_s=self.spec.timeout_s, reporter=self.reporter, what=f"TensorRT-RTX {self.spec.release} build")
+            result = self._read_result(result_path, finished, log_path, "build")
+        finally:
+            result_path.unlink(missing_ok=True)
+        if finished.exit_code == 2 and result.get("unknown_targets"):
+            raise UsageError(
+                f"TensorRT-RTX {self.spec.release} cannot target {', '.join(t.lower() for t in result['unknown_targets'])}.",
+                hint=f"this release targets {', '.join(t.lower() for t in result['known_targets'])}",
+            )
+        compiler = {
+            "release": result.get("release"),
+            "targets": [t.lower() for t in result.get("targets", [])] or "default",
+            "build_s": result.get("build_s"),
+            "parsed": result.get("parsed"),
+            "parser_errors": result.get("parser_errors", []),
+            "errors": result.get("errors", []),
+            "warnings": result.get("warnings", []),
+        }
+        settings = self._settings(variant)
+        if not result.get("built"):
+            raise RefusedByTool(
+                self._refusal(onnx_path, result),
+                hint=f"full log: {log_path}",
+                result=BuildResult(engine_path=None, settings=settings, command=argv, sidecars={"build_log": log_path}, evidence={"compiler": compiler}),
+            )
+        if not engine_path.exists() or engine_path.stat().st_size == 0:
+            raise PipelineError(f"TensorRT-RTX reported a build but wrote no engine to {engine_path}.", hint=f"full log: {log_path}")
+        sidecars = {"build_log": log_path}
+        audit = None
+        layers = layer_info_from_dump(finished.output)
+        if layers is not None:
+            layers_path = sidecar(engine_path, ".layers.json")
+            from pipeline.artifacts import atomic_write_text
+
+            atomic_write_text(layers_path, layers.model_dump_json(indent=1) + "\n")
+            sidecars["layer_info"] = layers_path
+            audit = layers.audit(variant.precision)
+            compiler["layers"] = len(layers.layers)
+            if audit.warning:
+                self.reporter.warn(f"{engine_path.name}: {audit.warning}")
+        compiler["engine_bytes"] = result.get("engine_bytes")
+        return BuildResult(
+            engine_path=engine_path,
+            settings=settings,
+            command=argv,
+            notes=[audit.warning] if audit and audit.warning else [],
+            sidecars=sidecars,
+            evidence={"compiler": compiler, "precision_audit": audit.model_dump() if audit else None},
+        )
+
+    def _refusal(self, onnx_path: Path, result: dict) -> str:
+        """The compiler's reason, node name first, without its source-file locations."""
+        release = f"TensorRT-RTX {result.get('release') or self.spec.release}"
+        with contextlib.suppress(ValueError):
+            onnx_path = onnx_path.relative_to(self.workspace_root)
+        if not result.get("parsed"):
+            errors = result.get("parser_errors") or []
+            first = errors[0] if errors else {}
+            return f"{release} could not parse {onnx_path}: {first.get('node', '?')}: {tidy(first.get('message', 'no reason given'))}"
+        reason = next((tidy(e) for e in result.get("errors", []) if "Error Code" in e or "Exception" in e), None)
+        targets = "+".join(t.lower() for t in result.get("targets", [])) or "its default targets"
+        return f"{release} refused to build {onnx_path} for {targets}: {reason or 'no reason given (see the log)'}"
+
+    def _read_result(self, path: Path, finished, log_path: Path, what: str) -> dict:
+        if finished.killed:
+            raise PipelineError(f"TensorRT-RTX {what} was killed (out of memory, or stopped).", hint=f"log so far: {log_path}")
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            last = next((line for line in reversed(finished.output.splitlines()) if line.strip()), "no output")
+            raise PipelineError(
+                f"TensorRT-RTX {self.spec.release} {what} ended with exit status {finished.exit_code} without a result: {last}",
+                hint=f"full log: {log_path}; a broken environment is repaired by `pipeline toolchains pull {self.name}`",
+            )
+
+    def describe_build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec) -> list[str]:
+        state, _ = self.environment.state()
+        argv = self._build_argv(onnx_path, engine_path, variant, sidecar(engine_path, ".build-result.json"))
+        sparse = ", 2:4 sparse weights" if variant.sparsity == "2:4" else ""
+        return [
+            f"build: TensorRT-RTX {self.spec.release} ({self.environment.cuda}, {'pulled' if state == 'ready' else 'not pulled yet'}): "
+            f"strongly typed, for {self._describe_targets()}{sparse} → {engine_path}",
+            f"build: {' '.join(argv)}",
+        ]
+
+    # --- profile ---------------------------------------------------------------------------------
+
+    def _cannot_run_here(self, targets) -> str | None:
+        gpus = nvidia_gpus()
+        supported = ", ".join(RUNS_ON)
+        if not gpus:
+            return f"no NVIDIA GPU here; TensorRT-RTX engines run on compute capability {supported}"
+        gpu = gpus[0]
+        if gpu.compute_capability not in RUNS_ON:
+            return f"{gpu.name} (compute capability {gpu.compute_capability}) cannot run TensorRT-RTX engines; they run on compute capability {supported}"
+        if targets and gpu.compute_capability not in {ARCHS[t] for t in targets}:
+            return f"the engine was built for {'+'.join(targets)}, and this GPU, {gpu.name}, is compute capability {gpu.compute_capability}"
+        return None
+
+    def cannot_profile_reason(self, build_settings: dict[str, Any]) -> str | None:
+        return self._cannot_run_here(tuple(build_settings.get("targets") or ()))
+
+    def runtime_cache_path(self, engine_dir: Path) -> Path:
+        # Kernels are compiled for the GPU at hand: one cache per toolchain and GPU model.
+        gpus = nvidia_gpus()
+        slug = re.sub(r"[^a-z0-9]+", "-", gpus[0].name.lower()).strip("-") if gpus else "any-gpu"
+        return engine_dir / f"runtime-cache-{slug}.bin"
+
+    def _profile_argv(self, engine_path: Path, settings: ProfileSettings, result_path: Path) -> list[str]:
+        return [
+            str(self.environment.python), "-I", str(DRIVER), "profile", str(result_path),
+            "--engine", str(engine_path),
+            "--warmup-ms", f"{settings.warmup_ms:g}",
+            "--iterations", str(settings.iterations),
+            "--duration-s", f"{settings.duration_s:g}",
+            "--layer-profile-runs", str(LAYER_PROFILE_RUNS),
+            "--runtime-cache", str(self.runtime_cache_path(engine_path.parent)),
+        ]  # fmt: skip
+
+    def profile(self, engine_path: Path, settings: ProfileSettings) -> ProfileResult:
+        from pipeline.artifacts import atomic_write_text
+        from pipeline.runtimes.process import run_logged
+
+        log_path = sidecar(engine_path, ".profile.log")
+        result_path = sidecar(engine_path, ".profile-result.json.partial")
+        argv = self._profile_argv(engine_path, settings, result_path)
+        try:
+            finished = run_logged(argv, log_path=log_path, timeout_s=self.spec.timeout_s, reporter=self.reporter, what=f"TensorRT-RTX {self.spec.release} profile")
+            result = self._read_result(result_path, finished, log_path, "profile")
+        finally:
+            result_path.unlink(missing_ok=True)
+        device = result.get("device") or {}
+        if not result.get("ran"):
+            error = tidy(result.get("error", "the engine did not run"))
+            if result.get("out_of_memory"):
+                raise EnvironmentMissing(f"{engine_path.name}: {error}.", hint="a smaller batch_size for this model in pipeline.toml, or a GPU with more memory")
+            raise EnvironmentMissing(
+                f"TensorRT-RTX {self.spec.release} cannot run {engine_path.name} on {device.get('name', 'this machine')}: {error}",
+                hint=f"full log: {log_path}",
+            )
+        sidecars = {"profile_log": log_path}
+        layer_profile = result.get("layer_profile")
+        if layer_profile:
+            profile_path = sidecar(engine_path, ".profile.json")
+            atomic_write_text(profile_path, json.dumps(layer_profile, indent=1) + "\n")
+            sidecars["layer_profile"] = profile_path
+        warnings = [] if result.get("cuda_graph") else [f"timed without a CUDA graph: {result.get('cuda_graph_error')}"]
+        return ProfileResult(
+            per_iteration_ms=result["per_iteration_ms"],
+            total_walltime_s=result["walltime_s"],
+            device=f"TensorRT-RTX {self.spec.release} on {device.get('name')} (CC {device.get('compute_capability')})",
+            command=argv,
+            sidecars=sidecars,
+            metric="GPU compute time (CUDA events" + (", graph replay)" if result.get("cuda_graph") else ")"),
+            warnings=warnings + result.get("warnings", []),
+            evidence={
+                "compiler": {
+                    "release": result.get("release"),
+                    "device": device,
+                    "cuda_graph": result.get("cuda_graph"),
+                    "tensors": result.get("tensors"),
+                    "runtime_cache_loaded": result.get("runtime_cache_loaded", False),
+                    "layer_profile": layer_profile,
+                }
+            },
+        )
+
+    def describe_profile(self, engine_path: Path, settings: ProfileSettings) -> list[str]:
+        where = self._cannot_run_here(self.targets())
+        lines = [
+            f"profile: TensorRT-RTX {self.spec.release}: CUDA-graph replay timed with CUDA events, warm-up {settings.warmup_ms:g} ms, "
+            f"then ≥{settings.iterations} runs and ≥{settings.duration_s:g} s; per-layer times in a separate run"
+        ]
+        if where:
+            lines.append(f"profile: would be skipped here: {where}")
+        else:
+            lines.append(f"profile: {' '.join(self._profile_argv(engine_path, settings, sidecar(engine_path, '.profile-result.json')))}")
+        return lines
+
+
+# Runs of the separate per-layer profiling pass.
+LAYER_PROFILE_RUNS = 10
+
+
+def sidecar(engine_path: Path, suffix: str) -> Path:
+    """A file beside the engine named after it (the build writes the engine under a temporary name)."""
+    name = engine_path.name
+    if name.startswith(".") and name.endswith(".tmp"):
+        name = name[1:].rsplit(".", 2)[0]
+    stem = name[: -len(".engine")] if name.endswith(".engine") else name
+    return engine_path.parent / f"{stem}{suffix}"
+
+
+def tidy(message: str) -> str:
+    """A compiler message without the source locations and CUDA noise around the reason."""
+    lines = [line for line in message.splitlines() if "catchCudaError" not in line and not line.startswith("Invalid Node")]
+    text = " ".join(line.strip() for line in lines).strip() or message.strip()
+    text = re.sub(r"\s*In \w+ at /_src/\S+\)?", "", text)
+    text = re.sub(r"\[[\w.]+:\d+: \w+\] ", "", text)
+    return text.rstrip(" )") + (")" if text.count("(") > text.count(")") else "")
