@@ -23,7 +23,7 @@ from pipeline.artifacts import atomic_output, sha256_file
 from pipeline.calibration import calibration_batches, describe_source
 from pipeline.errors import PipelineError, require_module
 from pipeline.manifest import Artifact, ExportDetails, ParityCheck
-from pipeline.quantize import DEFAULT_WEIGHTS_DTYPE, MIN_OPSET, PRESETS, accuracy_proxy, export_quantized, load_modelopt, quantize_model, require_cuda_for
+from pipeline.quantize import DEFAULT_WEIGHTS_DTYPE, MIN_OPSET, PRESETS, TRACED_HIGH_PRECISION, accuracy_proxy, export_quantized, load_modelopt, quantize_model, require_cuda_for
 from pipeline.sparsify import onnx_sparsity, sparsify_model
 from pipeline.stage import Stage, StageOutcome
 
@@ -202,6 +202,10 @@ class ExportStage(Stage):
             dtype = torch.float16
             model = model.half()
         elif self.quantized:
+            if variant.precision in TRACED_HIGH_PRECISION and self.weights_dtype() == "fp16":
+                # Calibrated and traced in FP16, so the graph's high precision is FP16 (quantize.py).
+                dtype = torch.float16
+                model = model.half()
             with phase("quantize"):
                 model, quantization = quantize_model(model, variant.precision, batches, variant.conv_policy)
             quantization["weights_dtype"] = self.weights_dtype()
@@ -224,7 +228,7 @@ class ExportStage(Stage):
             try:
                 with phase("onnx_export"):
                     if self.quantized:
-                        exported = export_quantized(model, sample.to(device), tmp, self.opset(), self.weights_dtype(), variant.precision)
+                        exported = export_quantized(model, sample.to(device=device, dtype=dtype), tmp, self.opset(), self.weights_dtype(), variant.precision)
                         quantization["exporter"], traced_batch = exported.exporter, exported.traced_batch
                     else:
                         with torch.no_grad():

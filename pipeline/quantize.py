@@ -37,13 +37,16 @@ NEEDS_CUDA = BLOCK_FORMATS
 # Q/DQ with FP8 (and FP4) types is defined from opset 19 on.
 MIN_OPSET = {"fp8": 19, "mxfp8": 19, "nvfp4": 19}
 # High-precision tensors (non-quantized layers, scales, biases) in FP16 for strongly typed
-# TensorRT builds, except where ModelOpt 0.47 cannot produce it here:
-# * INT8: ModelOpt's FP16 INT8 graph is rejected by ONNX Runtime (a Cast type mismatch, seen with
-#   ONNX Runtime 1.31), and INT8 is the quantized variant ONNX Runtime runs;
-# * NVFP4: the FP16 conversion of FP4 graphs runs ModelOpt's AutoCast, which asks TensorRT's Python
-#   package for the shapes of the FP4 custom ops (seen failing without it on the lent H100).
-# The quantized weights themselves are INT8/FP8/FP4 either way.
-DEFAULT_WEIGHTS_DTYPE = {"int8": "fp32", "fp8": "fp16", "mxfp8": "fp16", "nvfp4": "fp32"}
+# TensorRT builds, except INT8: ModelOpt's FP16 INT8 graph is rejected by ONNX Runtime (a Cast type
+# mismatch, seen with ONNX Runtime 1.31), and INT8 is the quantized variant ONNX Runtime runs.
+# The quantized weights themselves are INT8/FP8/FP4 either way. NVFP4 gets its FP16 by tracing an
+# FP16 model (see TRACED_HIGH_PRECISION), not by ModelOpt's conversion.
+DEFAULT_WEIGHTS_DTYPE = {"int8": "fp32", "fp8": "fp16", "mxfp8": "fp16", "nvfp4": "fp16"}
+# Precisions whose high-precision dtype is the dtype the model is traced in: the export stage
+# converts the PyTorch model before calibrating it, and ModelOpt's exporter keeps the traced types.
+# ModelOpt's own FP16 conversion of FP4 graphs (AutoCast) asks TensorRT's Python package for the
+# shapes of the FP4 operators, and TensorRT is not something every machine that exports has.
+TRACED_HIGH_PRECISION = {"nvfp4"}
 # Cosine similarity to the FP32 model below which the accuracy proxy warns.
 ACCURACY_FLOOR = {"fp32": 0.9999, "fp16": 0.999, "int8": 0.99, "fp8": 0.99, "mxfp8": 0.98, "nvfp4": 0.95}
 SPARSE_ACCURACY_FLOOR = 0.9
@@ -214,16 +217,6 @@ def export_quantized(model, sample, path, opset: int, weights_dtype: str, precis
     """Write ``model`` as ONNX with real low-precision weights and the ops TensorRT parses."""
     require_module("onnxconverter_common", purpose="Exporting quantized ONNX", extra="export")
     import_modelopt("modelopt.torch._deploy.utils.torch_onnx", purpose="Exporting quantized ONNX")
-    if precision == "nvfp4" and weights_dtype == "fp16":
-        from importlib.util import find_spec
-
-        if find_spec("tensorrt") is None:
-            raise EnvironmentMissing(
-                "NVFP4 with FP16 weights needs TensorRT's Python package: ModelOpt converts FP4 graphs to FP16 "
-                "with its AutoCast, which asks TensorRT for the shapes of the FP4 operators.",
-                hint="install tensorrt (or export inside the NGC TensorRT container), or set weights_dtype = \"fp32\" "
-                "for this variant",
-            )
     from modelopt.torch.utils import standardize_named_model_args
 
     if precision == "int8" and sample.is_cuda:
@@ -247,7 +240,11 @@ def export_quantized(model, sample, path, opset: int, weights_dtype: str, precis
             )
         _export_int8(model, sample, path, opset, input_name, dynamic_axes)
         return QuantizedExport(INT8_EXPORTER, traced_batch)
-    _export_with_modelopt(model, sample, path, opset, weights_dtype, dynamic_axes)
+    if precision in TRACED_HIGH_PRECISION:
+        # "fp32" tells ModelOpt to convert nothing: the types are the traced model's.
+        _export_with_modelopt(model, sample, path, opset, "fp32", dynamic_axes, repair=lambda graph: make_fp4_graph_consistent(graph, weights_dtype))
+    else:
+        _export_with_modelopt(model, sample, path, opset, weights_dtype, dynamic_axes)
     return QuantizedExport(MODELOPT_EXPORTER, traced_batch)
 
 
@@ -256,7 +253,7 @@ MODELOPT_EXPORTER = "ModelOpt's ONNX exporter (get_onnx_bytes_and_metadata)"
 INT8_EXPORTER = "torch.onnx.export (TorchScript) with ModelOpt's INT8 graph clean-up"
 
 
-def _export_with_modelopt(model, sample, path, opset: int, weights_dtype: str, dynamic_axes) -> None:
+def _export_with_modelopt(model, sample, path, opset: int, weights_dtype: str, dynamic_axes, repair=None) -> None:
     from modelopt.torch._deploy.utils.torch_onnx import OnnxBytes, get_onnx_bytes_and_metadata
 
     with shape_inference_without_weights():
@@ -269,7 +266,15 @@ def _export_with_modelopt(model, sample, path, opset: int, weights_dtype: str, d
             f"the quantized ONNX came with external data files ({', '.join(files)}), which this pipeline does not "
             "handle yet (the model exceeds 2 GB).",
         )
-    path.write_bytes(next(iter(files.values())))
+    data = next(iter(files.values()))
+    if repair is None:
+        path.write_bytes(data)
+        return
+    import onnx
+
+    graph = onnx.load_from_string(data)
+    repair(graph)
+    onnx.save(graph, str(path))
 
 
 def _export_int8(model, sample, path, opset: int, input_name: str, dynamic_axes) -> None:
@@ -304,6 +309,86 @@ def _export_int8(model, sample, path, opset: int, input_name: str, dynamic_axes)
     graph = replace_zero_scale_with_smallest_nonzero(graph)  # TensorRT needs positive scales
     graph.ir_version = 10  # as ModelOpt sets it: ONNX Runtime does not read IR version 11 yet
     onnx.save(graph, str(path))
+
+
+# Ops that hand their input's data type through unchanged.
+_SAME_TYPE_OPS = {"Transpose", "Reshape", "Identity", "Squeeze", "Unsqueeze", "Flatten"}
+
+
+def make_fp4_graph_consistent(model, weights_dtype: str) -> int:
+    """Make ModelOpt's NVFP4 graph one a strongly typed TensorRT build accepts; returns the casts added.
+
+    ModelOpt 0.47's NVFP4 exporter dequantizes FP4 weights to FP32 and casts both inputs of each
+    FP4 matrix multiply to FP16, then its redundant-cast clean-up reads a type recorded before the
+    weights were replaced and drops the weight's cast whenever the traced model was FP16. What
+    comes out mixes types, and TensorRT's parser refuses it ("ElementWiseOperation SUM must have
+    same input types ... Float and Half" at the first bias add of an FP32 graph; "IMatrixMultiply-
+    Layer must have same input types" at the first FP4 MatMul of an FP16 one). Here, each MatMul
+    fed by an FP4 dequantization gets FP16 on both inputs, and in an FP32 graph its result goes
+    back to FP32 for the bias add that follows. Weights that ModelOpt also lists as graph inputs
+    stop being inputs: they are initializers, and an input is something the caller feeds.
+    """
+    from onnx import TensorProto, helper
+
+    graph = model.graph
+    producers = {output: node for node in graph.node for output in node.output}
+    initializer_types = {tensor.name: tensor.data_type for tensor in graph.initializer}
+    input_types = {value.name: value.type.tensor_type.elem_type for value in graph.input}
+
+    def dtype_of(name: str) -> int | None:
+        if name in initializer_types:
+            return initializer_types[name]
+        if name in input_types:
+            return input_types[name]
+        node = producers.get(name)
+        if node is None:
+            return None
+        if node.op_type == "Cast":
+            return next(helper.get_attribute_value(a) for a in node.attribute if a.name == "to")
+        if node.op_type == "DequantizeLinear":
+            return dtype_of(node.input[1])  # its output has its scale's type
+        if node.op_type == "Constant":
+            return next(a.t.data_type for a in node.attribute if a.name == "value")
+        if node.op_type in _SAME_TYPE_OPS:
+            return dtype_of(node.input[0])
+        return None
+
+    def from_fp4(name: str) -> bool:
+        node = producers.get(name)
+        while node is not None and node.op_type in _SAME_TYPE_OPS | {"Cast"}:
+            node = producers.get(node.input[0])
+        if node is None or node.op_type != "DequantizeLinear":
+            return False
+        quantized = node.input[0]
+        source = producers.get(quantized)
+        return initializer_types.get(quantized) == TensorProto.FLOAT4E2M1 or (
+            source is not None and source.op_type == "TRT_FP4DynamicQuantize"
+        )
+
+    # Rebuilt in order, each cast beside the MatMul it serves: the graph stays topologically sorted.
+    ordered, added = [], 0
+    for node in graph.node:
+        if node.op_type != "MatMul" or not any(from_fp4(name) for name in node.input[:2]):
+            ordered.append(node)
+            continue
+        for index, name in enumerate(node.input[:2]):
+            if dtype_of(name) != TensorProto.FLOAT16:
+                cast = f"{name}_to_fp16_for_{node.name}"
+                ordered.append(helper.make_node("Cast", [name], [cast], name=cast, to=TensorProto.FLOAT16))
+                node.input[index] = cast
+                added += 1
+        ordered.append(node)
+        if weights_dtype == "fp32":
+            result = node.output[0]
+            node.output[0] = f"{result}_fp16"
+            ordered.append(helper.make_node("Cast", [node.output[0]], [result], name=f"{result}_to_fp32", to=TensorProto.FLOAT))
+            added += 1
+    del graph.node[:]
+    graph.node.extend(ordered)
+    inputs = [value for value in graph.input if value.name not in initializer_types]
+    del graph.input[:]
+    graph.input.extend(inputs)
+    return added
 
 
 @contextmanager

@@ -300,3 +300,41 @@ def test_shape_inference_without_weights_gives_modelopts_export_byte_for_byte():
     with shape_inference_without_weights():
         shimmed = modelopt_onnx(model, sample, 19, "fp16")
     assert len(plain) > 300_000 and shimmed == plain  # test_vit's weights: most are big enough to be stripped
+
+
+def test_nvfp4_graph_is_fp16_with_every_fp4_matmul_reading_fp16(tmp_path, run_cli, monkeypatch):
+    """The form TensorRT's strongly typed parser accepts (tests/test_tensorrt_rtx.py builds it).
+
+    ModelOpt's own NVFP4 graph mixes FP32 and FP16 at the FP4 matrix multiplies; the pipeline
+    traces an FP16 model and gives each FP4 MatMul FP16 inputs (FP32 results where asked).
+    """
+    import onnx
+    from onnx import TensorProto
+
+    from tests.cpu_nvfp4 import nvfp4_without_cuda
+
+    catalog = write_catalog(tmp_path, CATALOG + '[variants.nvfp4_fp32]\nprecision = "nvfp4"\nweights_dtype = "fp32"\n')
+    with nvfp4_without_cuda(monkeypatch):
+        result = run_cli(catalog, "export", "--engine", "tiny_nvfp4", "--engine", "tiny_nvfp4_fp32")
+    assert result.exit_code == 0, result.err
+    for variant, high in (("nvfp4", TensorProto.FLOAT16), ("nvfp4_fp32", TensorProto.FLOAT)):
+        d = details(tmp_path, f"tiny_{variant}")
+        assert d.quantization["weights_dtype"] == ("fp16" if variant == "nvfp4" else "fp32")
+        assert d.onnx_audit["initializer_dtypes"]["FLOAT4E2M1"] > 0 and d.onnx_ops["trt::TRT_FP4DynamicQuantize"] > 0
+        graph = onnx.load(str(tmp_path / "models" / "tiny" / f"{variant}.onnx")).graph
+        # One input, the image: ModelOpt also lists the FP4 weights as inputs, and they are not.
+        assert [(v.name, v.type.tensor_type.elem_type) for v in graph.input] == [("input", high)]
+        producers = {out: node for node in graph.node for out in node.output}
+        consumers = {}
+        for node in graph.node:
+            for name in node.input:
+                consumers.setdefault(name, []).append(node)
+        # The quantized Linear layers (attention and MLP); attention's own products stay unquantized.
+        matmuls = [n for n in graph.node if n.op_type == "MatMul" and ("attn/qkv" in n.name or "attn/proj" in n.name or "mlp/fc" in n.name)]
+        assert matmuls
+        for node in matmuls:
+            for name in node.input:
+                cast = producers[name]
+                assert cast.op_type == "Cast" and cast.attribute[0].i == TensorProto.FLOAT16, (node.name, name)
+            if high == TensorProto.FLOAT:
+                assert [(c.op_type, c.attribute[0].i) for c in consumers[node.output[0]]] == [("Cast", TensorProto.FLOAT)]
