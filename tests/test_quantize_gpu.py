@@ -7,6 +7,7 @@ Export times are measured by scripts/benchmark_export.py, not asserted here.
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -87,10 +88,88 @@ def test_int8_is_calibrated_on_the_gpu_and_traced_on_the_cpu_at_a_small_batch(ex
 @pytest.mark.parametrize("precision", ["mxfp8", "nvfp4"])
 def test_block_format_exports_are_unchanged_by_weightless_shape_inference(precision):
     """The shim around ModelOpt's exporter must give its exact output for the CUDA-only formats too."""
-    from pipeline.quantize import DEFAULT_WEIGHTS_DTYPE, shape_inference_without_weights
+    from pipeline.quantize import DEFAULT_WEIGHTS_DTYPE, TRACED_HIGH_PRECISION, shape_inference_without_weights
 
+    # NVFP4's FP16 comes from the traced model; ModelOpt is asked to convert nothing ("fp32").
+    weights_dtype = "fp32" if precision in TRACED_HIGH_PRECISION else DEFAULT_WEIGHTS_DTYPE[precision]
     model = quantized_test_vit(precision, device="cuda")
     sample = torch.randn(2, 3, 160, 160, device="cuda")
-    plain = modelopt_onnx(model, sample, 19, DEFAULT_WEIGHTS_DTYPE[precision])
+    plain = modelopt_onnx(model, sample, 19, weights_dtype)
     with shape_inference_without_weights():
-        assert modelopt_onnx(model, sample, 19, DEFAULT_WEIGHTS_DTYPE[precision]) == plain
+        assert modelopt_onnx(model, sample, 19, weights_dtype) == plain
+
+
+# --- the exports above, compiled by a real TensorRT compiler ----------------------------------
+
+
+@pytest.fixture(scope="module")
+def rtx(exported):
+    """TensorRT-RTX 1.7 pulled into this workspace's cache (on a machine without the package
+    index, point pip at carried wheels: PIP_NO_INDEX=1 PIP_FIND_LINKS=DIR)."""
+    from pipeline.cli import main
+
+    if main(["--catalog", str(exported / "pipeline.toml"), "toolchains", "pull", "trt-rtx1.7"]) != 0:
+        pytest.skip("TensorRT-RTX 1.7.1.116 could not be pulled here (see the output above)")
+    return exported
+
+
+@pytest.mark.rtx
+@pytest.mark.parametrize("engine, intended", [("vit_nvfp4", "fp4"), ("vit_nvfp4_sparse", "fp4"), ("vit_mxfp8", "fp8"), ("vit_mxfp8_sparse", "fp8")])
+def test_block_format_exports_build_for_blackwell_sm120(rtx, engine, intended):
+    from pipeline.cli import main
+
+    assert main(["--catalog", str(rtx / "pipeline.toml"), "build", "--engine", engine, "--toolchain", "trt-rtx1.7", "--arch", "sm120"]) == 0
+    build = read_manifest(rtx / "manifests" / "trt-rtx1.7" / f"{engine}.json").build
+    assert build.status == "done" and build.details.settings["targets"] == ["sm120"]
+    assert intended in build.details.precision_audit["types_seen"], build.details.precision_audit
+    print(f"{engine}: built for sm120 in {build.duration_s:.1f} s, {build.outputs[0].size_bytes / 2**20:.1f} MiB, "
+          f"layers {build.details.precision_audit['output_types']}")
+
+
+@pytest.mark.rtx
+def test_this_gpu_refuses_tensorrt_rtx_engines_unless_it_is_an_rtx_class_gpu(rtx):
+    """The profile stage's skip, and the list it names, against what the runtime itself says here."""
+    import re
+    import subprocess
+
+    from pipeline.cli import main
+    from pipeline.environment import nvidia_gpus
+    from pipeline.runtimes.tensorrt_rtx import RUNS_ON
+
+    gpu = nvidia_gpus()[0]
+    if gpu.compute_capability in RUNS_ON:
+        pytest.skip(f"{gpu.name} runs TensorRT-RTX engines: the profile is timed, not skipped")
+    assert main(["--catalog", str(rtx / "pipeline.toml"), "profile", "--engine", "vit_mxfp8", "--toolchain", "trt-rtx1.7", "--arch", "sm120"]) == 0
+    profile = read_manifest(rtx / "manifests" / "trt-rtx1.7" / "vit_mxfp8.json").profile
+    assert profile.status == "skipped" and gpu.name in profile.reason and gpu.compute_capability in profile.reason
+    # Asked anyway, the runtime refuses the engine and names the GPUs it runs on.
+    from pipeline.runtimes.tensorrt_rtx import DRIVER, ReleaseEnvironment, cache_dir, cuda_flavour
+
+    env = ReleaseEnvironment("1.7.1.116", cuda_flavour("auto"), cache_dir())
+    result = rtx / "refused.json"
+    subprocess.run([str(env.python), "-I", str(DRIVER), "profile", str(result), "--engine", str(rtx / "engines" / "trt-rtx1.7" / "vit_mxfp8.engine")], check=True)
+    said = json.loads(result.read_text())
+    print("runtime:", said["error"])
+    assert said["ran"] is False and "cannot run on this GPU" in said["error"]
+    listed = re.search(r"Supported compute capabilities: ([\d. ]+)", said["error"]).group(1).split()
+    assert set(listed) <= set(RUNS_ON), listed
+
+
+@pytest.mark.rtx
+def test_the_drivers_cuda_timing_replays_a_graph_on_this_gpu(rtx):
+    """The driver's CUDA path (libcuda through ctypes, graph capture, event timing, trtexec's
+    warm-up/iterations/duration rules) on a GPU that cannot run TensorRT-RTX engines itself."""
+    import subprocess
+
+    from pipeline.environment import nvidia_gpus
+    from pipeline.runtimes.tensorrt_rtx import DRIVER, ReleaseEnvironment, cache_dir, cuda_flavour
+
+    env = ReleaseEnvironment("1.7.1.116", cuda_flavour("auto"), cache_dir())
+    result = rtx / "cuda-check.json"
+    subprocess.run([str(env.python), "-I", str(DRIVER), "cuda-check", str(result), "--warmup-ms", "50", "--iterations", "200", "--duration-s", "0.5"], check=True)
+    said = json.loads(result.read_text())
+    times = said["per_iteration_ms"]
+    assert said["device"]["name"] == nvidia_gpus()[0].name
+    assert len(times) >= 200 and said["walltime_s"] >= 0.5 and all(t > 0 for t in times)
+    median = sorted(times)[len(times) // 2]
+    print(f"memset of 64 MiB in a CUDA graph: median {median:.4f} ms over {len(times)} runs ({said['bytes'] / median / 1e6:.0f} GB/s)")

@@ -78,12 +78,12 @@ def normalise_arch(name: str) -> str:
     """``SM120`` or ``sm120`` → ``sm120``; anything else is a usage error naming the choices."""
     arch = name.strip().lower()
     if arch not in ARCHS:
-        close = difflib.get_close_matches(arch, list(ARCHS), n=1)
+        close = sorted(difflib.get_close_matches(arch, list(ARCHS), n=2))
         if re.fullmatch(r"sm\d+", arch) or not close:
             # A real architecture (sm90 is Hopper) that is simply not an RTX target.
             hint = "TensorRT-RTX targets RTX-class GPUs (Turing to Blackwell RTX), not datacenter parts such as Hopper (sm90)"
         else:
-            hint = f"did you mean {close[0]!r}?"
+            hint = f"did you mean {' or '.join(repr(c) for c in close)}?"
         raise UsageError(f"TensorRT-RTX cannot compile for {name!r}: its targets are {', '.join(ARCHS)}.", hint=hint)
     return arch
 
@@ -311,8 +311,6 @@ class TensorRtRtxRuntime(EngineRuntime):
 
         log_path = sidecar(engine_path, ".build.log")
         result_path = sidecar(engine_path, ".build-result.json.partial")
-        for stale in (".layers.json", ".profile.json", ".profile.log"):
-            sidecar(engine_path, stale).unlink(missing_ok=True)  # an earlier build's, which this one replaces
         argv = self._build_argv(onnx_path, engine_path, variant, result_path)
         try:
             finished = run_logged(argv, log_path=log_path, timeout_s=self.spec.timeout_s, reporter=self.reporter, what=f"TensorRT-RTX {self.spec.release} build")
@@ -334,7 +332,9 @@ class TensorRtRtxRuntime(EngineRuntime):
             "warnings": result.get("warnings", []),
         }
         settings = self._settings(variant)
+        layers_path = sidecar(engine_path, ".layers.json")
         if not result.get("built"):
+            layers_path.unlink(missing_ok=True)  # an earlier build's, which no longer describes anything
             raise RefusedByTool(
                 self._refusal(onnx_path, result),
                 hint=f"full log: {log_path}",
@@ -345,8 +345,9 @@ class TensorRtRtxRuntime(EngineRuntime):
         sidecars = {"build_log": log_path}
         audit = None
         layers = layer_info_from_dump(finished.output)
-        if layers is not None:
-            layers_path = sidecar(engine_path, ".layers.json")
+        if layers is None:
+            layers_path.unlink(missing_ok=True)
+        else:
             from pipeline.artifacts import atomic_write_text
 
             atomic_write_text(layers_path, layers.model_dump_json(indent=1) + "\n")
@@ -354,7 +355,7 @@ class TensorRtRtxRuntime(EngineRuntime):
             audit = layers.audit(variant.precision)
             compiler["layers"] = len(layers.layers)
             if audit.warning:
-                self.reporter.warn(f"{engine_path.name}: {audit.warning}")
+                self.reporter.warn(f"{sidecar(engine_path, self.engine_suffix).name}: {audit.warning}")
         compiler["engine_bytes"] = result.get("engine_bytes")
         return BuildResult(
             engine_path=engine_path,
