@@ -122,7 +122,8 @@ def rtx(exported):
 def test_block_format_exports_build_for_blackwell_sm120(rtx, engine, intended):
     from pipeline.cli import main
 
-    assert main(["--catalog", str(rtx / "pipeline.toml"), "build", "--engine", engine, "--toolchain", "trt-rtx1.7", "--arch", "sm120"]) == 0
+    args = ["--catalog", str(rtx / "pipeline.toml"), "build", "--engine", engine, "--toolchain", "trt-rtx1.7", "--arch", "sm120"]
+    assert main(args + ["--calib-samples", "16"]) == 0  # the calibration `exported` used: no re-export
     build = read_manifest(rtx / "manifests" / "trt-rtx1.7" / f"{engine}.json").build
     assert build.status == "done" and build.details.settings["targets"] == ["sm120"]
     assert intended in build.details.precision_audit["types_seen"], build.details.precision_audit
@@ -143,7 +144,7 @@ def test_this_gpu_refuses_tensorrt_rtx_engines_unless_it_is_an_rtx_class_gpu(rtx
     gpu = nvidia_gpus()[0]
     if gpu.compute_capability in RUNS_ON:
         pytest.skip(f"{gpu.name} runs TensorRT-RTX engines: the profile is timed, not skipped")
-    assert main(["--catalog", str(rtx / "pipeline.toml"), "profile", "--engine", "vit_mxfp8", "--toolchain", "trt-rtx1.7", "--arch", "sm120"]) == 0
+    assert main(["--catalog", str(rtx / "pipeline.toml"), "profile", "--engine", "vit_mxfp8", "--toolchain", "trt-rtx1.7", "--arch", "sm120", "--calib-samples", "16"]) == 0
     profile = read_manifest(rtx / "manifests" / "trt-rtx1.7" / "vit_mxfp8.json").profile
     assert profile.status == "skipped" and gpu.name in profile.reason and gpu.compute_capability in profile.reason
     # Asked anyway, the runtime refuses the engine and names the GPUs it runs on.
@@ -155,8 +156,10 @@ def test_this_gpu_refuses_tensorrt_rtx_engines_unless_it_is_an_rtx_class_gpu(rtx
     said = json.loads(result.read_text())
     print("runtime:", said["error"])
     assert said["ran"] is False and "cannot run on this GPU" in said["error"]
-    listed = re.search(r"Supported compute capabilities: ([\d. ]+)", said["error"]).group(1).split()
-    assert set(listed) <= set(RUNS_ON), listed
+    # It names the engine's targets (an sm120 engine: 12.0), and says this GPU is not one it supports.
+    listed = re.search(r"Supported compute capabilities: ([\d. ]+?)\.(?:\s|$)", said["error"]).group(1).split()
+    assert listed == ["12.0"] and set(listed) <= set(RUNS_ON), listed
+    assert "TensorRT-RTX does not support this compute capability" in said["error"]
 
 
 @pytest.mark.rtx
