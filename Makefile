@@ -3,6 +3,7 @@
 #   make demo                 set up (first time) and run the main job on ONNX Runtime
 #   make test                 set up (first time) and run the tests
 #   make engines TRT=10.14    build every variant of MODEL with that TensorRT toolchain
+#   make engines TOOLCHAIN=trt-rtx1.7 ARCH=sm120    … or with any toolchain, for chosen GPUs
 #   make profile TRT=10.14    profile them
 
 PYTHON ?= python3
@@ -14,7 +15,11 @@ PIPELINE := $(BIN)/pipeline
 TORCH_PACKAGES ?= torch==2.13.0 torchvision==0.28.0
 MODEL ?= vit
 TRT ?=
+TOOLCHAIN ?=
+ARCH ?=
 PYTEST_ARGS ?=
+# --trt VERSION or --toolchain NAME, and one --arch per architecture in ARCH.
+CHAIN = $(if $(TRT),--trt $(TRT),--toolchain $(TOOLCHAIN)) $(foreach arch,$(ARCH),--arch $(arch))
 
 .DEFAULT_GOAL := help
 .PHONY: help setup demo engines profile compare doctor test clean
@@ -33,13 +38,13 @@ $(VENV)/.installed: pyproject.toml
 demo: setup ## The main job on the embedded runtime: vit_tiny fp32/fp16/int8 → compare.
 	$(PIPELINE) run
 
-engines: setup ## Build every variant of MODEL (default vit) for TRT, e.g. make engines TRT=10.14.
-	@test -n "$(TRT)" || { echo "ERROR TRT is not set" >&2; echo "TIP make engines TRT=10.14" >&2; exit 2; }
-	$(PIPELINE) build --model $(MODEL) --trt $(TRT)
+engines: setup ## Build every variant of MODEL (default vit): make engines TRT=10.14, or TOOLCHAIN=trt-rtx1.7 ARCH=sm120.
+	@test -n "$(TRT)$(TOOLCHAIN)" || { echo "ERROR neither TRT nor TOOLCHAIN is set" >&2; echo "TIP make engines TRT=10.14 (or TOOLCHAIN=trt-rtx1.7 ARCH=sm120)" >&2; exit 2; }
+	$(PIPELINE) build --model $(MODEL) $(CHAIN)
 
-profile: setup ## Profile every variant of MODEL for TRT, e.g. make profile TRT=10.14.
-	@test -n "$(TRT)" || { echo "ERROR TRT is not set" >&2; echo "TIP make profile TRT=10.14" >&2; exit 2; }
-	$(PIPELINE) profile --model $(MODEL) --trt $(TRT)
+profile: setup ## Profile every variant of MODEL: make profile TRT=10.14 (or TOOLCHAIN=…).
+	@test -n "$(TRT)$(TOOLCHAIN)" || { echo "ERROR neither TRT nor TOOLCHAIN is set" >&2; echo "TIP make profile TRT=10.14" >&2; exit 2; }
+	$(PIPELINE) profile --model $(MODEL) $(CHAIN)
 
 compare: setup ## Print the comparison table from the saved manifests.
 	$(PIPELINE) compare

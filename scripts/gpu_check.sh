@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Everything that needs a CUDA GPU, in one go: the `gpu` tests and the export benchmark
-# (about 9 minutes on the lent H100).
+# (about 9 minutes on the lent H100). The gpu tests also build ViT-B's block formats with
+# TensorRT-RTX 1.7, which they pull; on a machine without the package index, give pip the wheels:
+# PIP_NO_INDEX=1 PIP_FIND_LINKS=DIR (tensorrt-rtx-cu13-libs and -bindings 1.7.1.116).
 #   bash scripts/gpu_check.sh OUT_DIR
 # Writes OUT_DIR/gpu-tests.log, OUT_DIR/benchmark.log, OUT_DIR/export-one-process.json and
 # OUT_DIR/export-fresh-processes.json.
