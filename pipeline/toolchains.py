@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pipeline.artifacts import atomic_write_text
 from pipeline.catalog import Catalog
-from pipeline.errors import PipelineError, UsageError
+from pipeline.errors import EnvironmentMissing, PipelineError, UsageError
 from pipeline.reporting import Reporter
 from pipeline.runtimes import create_runtime
 from pipeline.runtimes.base import ToolchainStatus
@@ -67,7 +67,13 @@ def lock(catalog: Catalog, names: list[str] | None, reporter: Reporter) -> Path:
     entries = read_lock(catalog.root)
     pinned = 0
     for name in names or list(catalog.toolchains):
-        pin = _runtime(catalog, name, reporter).pin()
+        try:
+            pin = _runtime(catalog, name, reporter).pin()
+        except EnvironmentMissing as exc:
+            if names:
+                raise
+            reporter.warn(f"{name} is not locked: {exc.message}")  # not here yet; the others still are
+            continue
         if pin is None:
             if names:
                 raise UsageError(f"toolchain {name!r} has nothing to pin.", hint="lock applies to images and pulled environments")

@@ -150,6 +150,26 @@ def test_pull_gives_each_release_its_own_environment(rtx_cache, workspace, run_c
 
 
 @pytest.mark.rtx
+def test_lock_pins_the_wheels_and_a_different_environment_is_warned_about(rtx_cache, workspace, run_cli):
+    locked = run_cli(workspace, "toolchains", "lock", "trt-rtx1.7")
+    assert locked.exit_code == 0, locked.err
+    lock_path = workspace.parent / "toolchains.lock.json"
+    entry = json.loads(lock_path.read_text())["toolchains"]["trt-rtx1.7"]
+    libs = next(name for name in entry["wheels"] if name.endswith("_libs"))
+    assert entry["pin"].startswith(entry["wheels"][libs]) and entry["wheels"][libs].startswith("sha256:")
+    quiet = run_cli(workspace, "build", "--engine", "vit_tiny_fp16", "--toolchain", "trt-rtx1.7", "--arch", "sm120")
+    assert quiet.exit_code == 0 and "toolchains.lock.json" not in quiet.err
+    entry["pin"] = "sha256:" + "0" * 64
+    lock_path.write_text(json.dumps({"schema_version": 1, "toolchains": {"trt-rtx1.7": entry}}))
+    try:
+        warned = run_cli(workspace, "build", "--engine", "vit_tiny_fp16", "--toolchain", "trt-rtx1.7", "--arch", "sm120")
+        assert warned.exit_code == 0, warned.err
+        assert "toolchains.lock.json pins sha256:0000" in warned.err
+    finally:
+        lock_path.unlink()
+
+
+@pytest.mark.rtx
 def test_every_cpu_exportable_variant_builds_for_sm89_and_sm120(workspace, run_cli):
     args = ["build", "--model", "vit_tiny", "--toolchain", "trt-rtx1.7", "--arch", "sm89", "--arch", "sm120"]
     for variant in CPU_VARIANTS:

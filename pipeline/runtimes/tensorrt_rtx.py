@@ -161,7 +161,11 @@ class ReleaseEnvironment:
         try:
             subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(partial)], check=True, capture_output=True, text=True)
             python = partial / "bin" / "python"
-            argv = [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-input", "--disable-pip-version-check", "--progress-bar", "off", *self.packages]
+            report = partial / "pip-report.json"
+            argv = [
+                sys.executable, "-m", "pip", "--python", str(python), "install", "--no-input", "--disable-pip-version-check",
+                "--progress-bar", "off", "--report", str(report), *self.packages,
+            ]  # fmt: skip
             finished = run_logged(argv, log_path=log_path, timeout_s=timeout_s, reporter=reporter, what="pip install of TensorRT-RTX")
             if finished.exit_code != 0:
                 raise pip_failure(self.release, self.packages, finished.output, log_path)
@@ -172,6 +176,7 @@ class ReleaseEnvironment:
                 release=self.release,
                 cuda=self.cuda,
                 packages=self.packages,
+                wheels=installed_wheels(report),
                 created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             )
             (partial / "pipeline-env.json").write_text(json.dumps(facts, indent=2) + "\n")
@@ -201,6 +206,21 @@ def pip_failure(release: str, packages: list[str], output: str, log_path: Path) 
         )
     last = next((line for line in reversed(output.splitlines()) if line.startswith("ERROR")), "pip failed")
     return PipelineError(f"installing TensorRT-RTX {release} failed: {last}", hint=f"pip's log: {log_path}")
+
+
+def installed_wheels(report: Path) -> dict[str, str]:
+    """The sha256 of each wheel pip installed (from its --report), what pins a release exactly."""
+    try:
+        installed = json.loads(report.read_text()).get("install", [])
+    except (OSError, ValueError):
+        return {}
+    wheels = {}
+    for item in installed:
+        hashes = ((item.get("download_info") or {}).get("archive_info") or {}).get("hashes") or {}
+        name = (item.get("metadata") or {}).get("name", "?")
+        if "sha256" in hashes:
+            wheels[name] = "sha256:" + hashes["sha256"]
+    return wheels
 
 
 def probe(python: Path, timeout_s: float) -> dict[str, Any]:
@@ -255,14 +275,14 @@ class TensorRtRtxRuntime(EngineRuntime):
             return ToolchainStatus(present=False, usable=False, detail=f"{why} (`pipeline toolchains pull {self.name}`)")
         runs = self._cannot_run_here(self.targets())
         detail = f"{why}; runs its engines here: " + ("yes" if runs is None else f"no ({runs})")
-        return ToolchainStatus(present=True, usable=True, detail=detail, pin=" ".join(self.environment.packages))
+        return ToolchainStatus(present=True, usable=True, detail=detail, pin=pin_of(self.environment.facts()))
 
     def pin(self) -> dict[str, Any] | None:
         state, why = self.environment.state()
         if state != "ready":
             raise EnvironmentMissing(f"{why}.", hint=f"`pipeline toolchains pull {self.name}` first")
         facts = self.environment.facts()
-        return {"pin": " ".join(facts["packages"]), "release": facts["release"], "cuda": facts["cuda"], "packages": facts["packages"]}
+        return {"pin": pin_of(facts), "release": facts["release"], "cuda": facts["cuda"], "packages": facts["packages"], "wheels": facts.get("wheels", {})}
 
     def pull(self) -> None:
         state, why = self.environment.state()
@@ -277,9 +297,18 @@ class TensorRtRtxRuntime(EngineRuntime):
         self.reporter.info(f"ready    {self.name}: TensorRT-RTX {facts['release']} ({facts['cuda']}), targets {', '.join(facts['targets'])}")
 
     def check_usable(self) -> None:
+        from pipeline.toolchains import read_lock
+
         state, why = self.environment.state()
         if state != "ready":
             raise EnvironmentMissing(f"{why}.", hint=f"run `pipeline toolchains pull {self.name}` (it installs the release's wheels into {self.environment.path})")
+        locked = (read_lock(self.workspace_root).get(self.name) or {}).get("pin")
+        here = pin_of(self.environment.facts())
+        if locked and locked != here:
+            self.reporter.warn(
+                f"toolchain {self.name}: the environment holds {here}, but toolchains.lock.json pins {locked}; "
+                "results may differ from the locked toolchain (`pipeline toolchains lock` records this one)"
+            )
 
     # --- build -----------------------------------------------------------------------------------
 
@@ -494,6 +523,15 @@ class TensorRtRtxRuntime(EngineRuntime):
         else:
             lines.append(f"profile: {' '.join(self._profile_argv(engine_path, settings, sidecar(engine_path, '.profile-result.json')))}")
         return lines
+
+
+def pin_of(facts: dict[str, Any]) -> str:
+    """The wheels' sha256 when pip reported them (they pin the release exactly), else their versions."""
+    wheels = facts.get("wheels") or {}
+    if wheels:
+        # The libraries' wheel first: it is the compiler (listings show the pin's first characters).
+        return " ".join(digest for _, digest in sorted(wheels.items(), key=lambda item: "_libs" not in item[0]))
+    return " ".join(facts.get("packages", []))
 
 
 # Runs of the separate per-layer profiling pass.
