@@ -100,10 +100,17 @@ def check_toolchains(catalog: Catalog) -> list[Check]:
     return [Check(f"toolchain {row.name}", row.status.usable, row.status.detail) for row in status(catalog, Reporter())]
 
 
+def check_runtime_kinds() -> list[Check]:
+    """What each kind of toolchain finds on this machine, named in the catalog or not."""
+    from pipeline.runtimes import runtime_classes
+
+    return [Check(*found) for found in (cls.machine_check() for cls in runtime_classes()) if found]
+
+
 def run_doctor(catalog: Catalog) -> list[Check]:
     checks = check_python()
     daemon, runtime = check_docker()
-    return checks + [check_cuda(), check_gpus(), daemon, runtime] + check_toolchains(catalog)
+    return checks + [check_cuda(), check_gpus(), daemon, runtime] + check_runtime_kinds() + check_toolchains(catalog)
 
 
 def render(checks: list[Check]):

@@ -147,6 +147,10 @@ def test_pull_gives_each_release_its_own_environment(rtx_cache, workspace, run_c
     assert f"TensorRT-RTX 1.7.1.116 ({cuda})" in listed.out and f"TensorRT-RTX 1.6.1.120 ({cuda})" in listed.out
     again = run_cli(workspace, "toolchains", "pull", "trt-rtx1.7")
     assert again.exit_code == 0 and "already pulled" in again.err
+    doctor = {check["name"]: check for check in json.loads(run_cli(workspace, "doctor", "--json").out)}
+    assert doctor["TensorRT-RTX releases"]["ok"]
+    assert f"1.6.1.120-{cuda}, 1.7.1.116-{cuda}" in doctor["TensorRT-RTX releases"]["detail"]
+    assert doctor["toolchain trt-rtx1.7"]["ok"] and "runs its engines here:" in doctor["toolchain trt-rtx1.7"]["detail"]
 
 
 @pytest.mark.rtx

@@ -34,6 +34,10 @@ def runtime_class(kind: str) -> type[EngineRuntime]:
     return getattr(importlib.import_module(module), name)
 
 
+def runtime_classes() -> list[type[EngineRuntime]]:
+    return [runtime_class(kind) for kind in RUNTIMES]
+
+
 def spec_class(kind: str | None):
     """The catalog settings class of a toolchain kind (LookupError for an unknown kind)."""
     return runtime_class(kind).Spec

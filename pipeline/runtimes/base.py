@@ -84,6 +84,12 @@ class EngineRuntime(ABC):
     @abstractmethod
     def status(self) -> ToolchainStatus: ...
 
+    @classmethod
+    def machine_check(cls) -> tuple[str, bool, str] | None:
+        """What this kind finds on the machine whatever the catalog names (for `pipeline doctor`):
+        (what, found, detail), or None when there is nothing to say."""
+        return None
+
     def pull(self) -> None:
         """Fetch what the toolchain needs (an image, an environment); `pipeline toolchains pull`."""
         self.reporter.info(f"nothing to pull for {self.name}: {self.describe()}")
@@ -102,6 +108,15 @@ class EngineRuntime(ABC):
     def cannot_profile_reason(self, build_settings: dict[str, Any]) -> str | None:
         """Why an engine it built (with these settings) cannot be timed on this machine, or None."""
         return None
+
+    def sidecar(self, engine_path: Path, suffix: str) -> Path:
+        """A file beside the engine, named after it (``vit_fp16.build.log``), also while the build
+        writes the engine under a temporary name (``.vit_fp16.engine.<random>.tmp``)."""
+        name = engine_path.name
+        if name.startswith(".") and name.endswith(".tmp"):
+            name = name[1:].rsplit(".", 2)[0]
+        stem = name[: -len(self.engine_suffix)] if name.endswith(self.engine_suffix) else name
+        return engine_path.parent / f"{stem}{suffix}"
 
     @abstractmethod
     def build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec) -> BuildResult:

@@ -132,14 +132,6 @@ class TrtexecRuntime(EngineRuntime):
             return "; ".join(reasons) + " (--force tries anyway)"
         return None
 
-    def _sidecar(self, engine_path: Path, suffix: str) -> Path:
-        name = engine_path.name
-        if name.startswith(".") and name.endswith(".tmp"):
-            # The build writes to a temporary engine name; sidecars belong to the final name.
-            name = name[1:].rsplit(".", 2)[0]
-        stem = name[: -len(self.engine_suffix)] if name.endswith(self.engine_suffix) else name
-        return engine_path.parent / f"{stem}{suffix}"
-
     def _partial(self, path: Path) -> Path:
         return path.parent / f".{path.name}.partial"
 
@@ -172,8 +164,8 @@ class TrtexecRuntime(EngineRuntime):
             )
 
     def build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec) -> BuildResult:
-        log_path = self._sidecar(engine_path, ".build.log")
-        layers_path = self._sidecar(engine_path, ".layers.json")
+        log_path = self.sidecar(engine_path, ".build.log")
+        layers_path = self.sidecar(engine_path, ".layers.json")
         layers_partial = self._partial(layers_path)
         argv = self._build_argv(onnx_path, engine_path, variant, layers_partial, self.reporter.verbose)
         try:
@@ -208,9 +200,9 @@ class TrtexecRuntime(EngineRuntime):
         )
 
     def profile(self, engine_path: Path, settings: ProfileSettings) -> ProfileResult:
-        log_path = self._sidecar(engine_path, ".profile.log")
-        times_path = self._sidecar(engine_path, ".times.json")
-        profile_path = self._sidecar(engine_path, ".profile.json")
+        log_path = self.sidecar(engine_path, ".profile.log")
+        times_path = self.sidecar(engine_path, ".times.json")
+        profile_path = self.sidecar(engine_path, ".profile.json")
         partials = {times_path: self._partial(times_path), profile_path: self._partial(profile_path)}
         argv = self._profile_argv(engine_path, settings, partials[times_path], partials[profile_path], self.reporter.verbose)
         try:
@@ -288,11 +280,11 @@ class TrtexecRuntime(EngineRuntime):
         ).argv(self.spec.trt, self.trtexec_path())
 
     def describe_build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec) -> list[str]:
-        argv = self._build_argv(onnx_path, engine_path, variant, self._sidecar(engine_path, ".layers.json"))
+        argv = self._build_argv(onnx_path, engine_path, variant, self.sidecar(engine_path, ".layers.json"))
         return [f"build: {self.where()}: {' '.join(argv)}"]
 
     def describe_profile(self, engine_path: Path, settings: ProfileSettings) -> list[str]:
-        argv = self._profile_argv(engine_path, settings, self._sidecar(engine_path, ".times.json"), self._sidecar(engine_path, ".profile.json"))
+        argv = self._profile_argv(engine_path, settings, self.sidecar(engine_path, ".times.json"), self.sidecar(engine_path, ".profile.json"))
         return [f"profile: {self.where()}: {' '.join(argv)}"]
 
     def where(self) -> str:

@@ -247,6 +247,14 @@ class TensorRtRtxRuntime(EngineRuntime):
     def version(self) -> str:
         return self.spec.release
 
+    @classmethod
+    def machine_check(cls) -> tuple[str, bool, str]:
+        root = cache_dir() / "tensorrt-rtx"
+        pulled = sorted(path.name for path in root.glob("*-cu1*") if (path / "pipeline-env.json").is_file()) if root.is_dir() else []
+        if not pulled:
+            return "TensorRT-RTX releases", False, f"none pulled in {root} (`pipeline toolchains pull trt-rtx1.7`)"
+        return "TensorRT-RTX releases", True, f"pulled in {root}: {', '.join(pulled)}"
+
     def targets(self) -> tuple[str, ...]:
         """The architectures a build compiles for; () means the compiler's own default."""
         if self.spec.archs:
@@ -335,17 +343,12 @@ class TensorRtRtxRuntime(EngineRuntime):
         }
 
     def build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec) -> BuildResult:
-        from pipeline.runtimes.process import run_logged
         from pipeline.trtexec.exports import layer_info_from_dump
 
-        log_path = sidecar(engine_path, ".build.log")
-        result_path = sidecar(engine_path, ".build-result.json.partial")
+        log_path = self.sidecar(engine_path, ".build.log")
+        result_path = self.sidecar(engine_path, ".build-result.json.partial")
         argv = self._build_argv(onnx_path, engine_path, variant, result_path)
-        try:
-            finished = run_logged(argv, log_path=log_path, timeout_s=self.spec.timeout_s, reporter=self.reporter, what=f"TensorRT-RTX {self.spec.release} build")
-            result = self._read_result(result_path, finished, log_path, "build")
-        finally:
-            result_path.unlink(missing_ok=True)
+        finished, result = self._run_driver(argv, result_path, log_path, "build")
         if finished.exit_code == 2 and result.get("unknown_targets"):
             raise UsageError(
                 f"TensorRT-RTX {self.spec.release} cannot target {', '.join(t.lower() for t in result['unknown_targets'])}.",
@@ -361,7 +364,7 @@ class TensorRtRtxRuntime(EngineRuntime):
             "warnings": result.get("warnings", []),
         }
         settings = self._settings(variant)
-        layers_path = sidecar(engine_path, ".layers.json")
+        layers_path = self.sidecar(engine_path, ".layers.json")
         if not result.get("built"):
             layers_path.unlink(missing_ok=True)  # an earlier build's, which no longer describes anything
             raise RefusedByTool(
@@ -384,7 +387,7 @@ class TensorRtRtxRuntime(EngineRuntime):
             audit = layers.audit(variant.precision)
             compiler["layers"] = len(layers.layers)
             if audit.warning:
-                self.reporter.warn(f"{sidecar(engine_path, self.engine_suffix).name}: {audit.warning}")
+                self.reporter.warn(f"{self.sidecar(engine_path, self.engine_suffix).name}: {audit.warning}")
         compiler["engine_bytes"] = result.get("engine_bytes")
         return BuildResult(
             engine_path=engine_path,
@@ -408,6 +411,16 @@ class TensorRtRtxRuntime(EngineRuntime):
         targets = "+".join(t.lower() for t in result.get("targets", [])) or "its default targets"
         return f"{release} refused to build {onnx_path} for {targets}: {reason or 'no reason given (see the log)'}"
 
+    def _run_driver(self, argv: list[str], result_path: Path, log_path: Path, what: str):
+        """Run the driver in the release's environment; its exit and the facts it wrote."""
+        from pipeline.runtimes import process
+
+        try:
+            finished = process.run_logged(argv, log_path=log_path, timeout_s=self.spec.timeout_s, reporter=self.reporter, what=f"TensorRT-RTX {self.spec.release} {what}")
+            return finished, self._read_result(result_path, finished, log_path, what)
+        finally:
+            result_path.unlink(missing_ok=True)
+
     def _read_result(self, path: Path, finished, log_path: Path, what: str) -> dict:
         if finished.killed:
             raise PipelineError(f"TensorRT-RTX {what} was killed (out of memory, or stopped).", hint=f"log so far: {log_path}")
@@ -422,7 +435,7 @@ class TensorRtRtxRuntime(EngineRuntime):
 
     def describe_build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec) -> list[str]:
         state, _ = self.environment.state()
-        argv = self._build_argv(onnx_path, engine_path, variant, sidecar(engine_path, ".build-result.json"))
+        argv = self._build_argv(onnx_path, engine_path, variant, self.sidecar(engine_path, ".build-result.json"))
         sparse = ", 2:4 sparse weights" if variant.sparsity == "2:4" else ""
         return [
             f"build: TensorRT-RTX {self.spec.release} ({self.environment.cuda}, {'pulled' if state == 'ready' else 'not pulled yet'}): "
@@ -466,16 +479,11 @@ class TensorRtRtxRuntime(EngineRuntime):
 
     def profile(self, engine_path: Path, settings: ProfileSettings) -> ProfileResult:
         from pipeline.artifacts import atomic_write_text
-        from pipeline.runtimes.process import run_logged
 
-        log_path = sidecar(engine_path, ".profile.log")
-        result_path = sidecar(engine_path, ".profile-result.json.partial")
+        log_path = self.sidecar(engine_path, ".profile.log")
+        result_path = self.sidecar(engine_path, ".profile-result.json.partial")
         argv = self._profile_argv(engine_path, settings, result_path)
-        try:
-            finished = run_logged(argv, log_path=log_path, timeout_s=self.spec.timeout_s, reporter=self.reporter, what=f"TensorRT-RTX {self.spec.release} profile")
-            result = self._read_result(result_path, finished, log_path, "profile")
-        finally:
-            result_path.unlink(missing_ok=True)
+        _, result = self._run_driver(argv, result_path, log_path, "profile")
         device = result.get("device") or {}
         if not result.get("ran"):
             error = tidy(result.get("error", "the engine did not run"))
@@ -488,7 +496,7 @@ class TensorRtRtxRuntime(EngineRuntime):
         sidecars = {"profile_log": log_path}
         layer_profile = result.get("layer_profile")
         if layer_profile:
-            profile_path = sidecar(engine_path, ".profile.json")
+            profile_path = self.sidecar(engine_path, ".profile.json")
             atomic_write_text(profile_path, json.dumps(layer_profile, indent=1) + "\n")
             sidecars["layer_profile"] = profile_path
         warnings = [] if result.get("cuda_graph") else [f"timed without a CUDA graph: {result.get('cuda_graph_error')}"]
@@ -521,7 +529,7 @@ class TensorRtRtxRuntime(EngineRuntime):
         if where:
             lines.append(f"profile: would be skipped here: {where}")
         else:
-            lines.append(f"profile: {' '.join(self._profile_argv(engine_path, settings, sidecar(engine_path, '.profile-result.json')))}")
+            lines.append(f"profile: {' '.join(self._profile_argv(engine_path, settings, self.sidecar(engine_path, '.profile-result.json')))}")
         return lines
 
 
@@ -536,15 +544,6 @@ def pin_of(facts: dict[str, Any]) -> str:
 
 # Runs of the separate per-layer profiling pass.
 LAYER_PROFILE_RUNS = 10
-
-
-def sidecar(engine_path: Path, suffix: str) -> Path:
-    """A file beside the engine named after it (the build writes the engine under a temporary name)."""
-    name = engine_path.name
-    if name.startswith(".") and name.endswith(".tmp"):
-        name = name[1:].rsplit(".", 2)[0]
-    stem = name[: -len(".engine")] if name.endswith(".engine") else name
-    return engine_path.parent / f"{stem}{suffix}"
 
 
 def tidy(message: str) -> str:
