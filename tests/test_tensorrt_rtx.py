@@ -377,6 +377,19 @@ def test_a_release_that_is_not_pulled_stops_the_run_with_the_command_that_pulls_
     assert not (plain.parent / "manifests" / "trt-rtx1.7").exists()
 
 
+def test_an_unreachable_package_index_is_a_missing_environment_and_leaves_nothing(plain, run_cli, monkeypatch, tmp_path):
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")  # nothing listens on the discard port
+    monkeypatch.setenv("PIP_RETRIES", "0")
+    monkeypatch.setenv("PIP_TIMEOUT", "2")
+    monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
+    result = run_cli(plain, "toolchains", "pull", "trt-rtx1.7")
+    assert result.exit_code == 3, result.err
+    assert "ERROR could not download TensorRT-RTX 1.7.1.116: the package index is not reachable, or does not carry tensorrt-rtx-cu13-libs" in result.err
+    assert "TIP check the network or pip's index settings" in result.err
+    releases = tmp_path / "empty-cache" / "tensorrt-rtx"
+    assert [p.name for p in releases.iterdir()] == ["1.7.1.116-cu13.pull.log"]  # the log of what pip said, nothing else
+
+
 def test_catalog_refuses_an_unknown_architecture_or_release_form(tmp_path):
     from pipeline.catalog import load_catalog
     from pipeline.errors import UsageError

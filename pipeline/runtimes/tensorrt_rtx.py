@@ -41,10 +41,11 @@ DRIVER = Path(__file__).with_name("tensorrt_rtx_driver.py")
 # the compute capability each stands for.
 ARCHS = {"sm75": "7.5", "sm80": "8.0", "sm86": "8.6", "sm89": "8.9", "sm120": "12.0", "sm121": "12.1"}
 Arch = Literal["sm75", "sm80", "sm86", "sm89", "sm120", "sm121"]
-# GPUs its engines run on. Source: the TensorRT-RTX support matrix (docs.nvidia.com/deeplearning/
+# GPUs its engines run on. Sources: the TensorRT-RTX support matrix (docs.nvidia.com/deeplearning/
 # tensorrt-rtx, "Supported Hardware": 7.5 Turing, 8.6 Ampere, 8.9 Ada, 12.0 Blackwell; 12.1 from
-# 1.5) and release 1.7.1.116's own refusal on an H100: "Supported compute capabilities: 8.0 8.6
-# 8.9 12.0 12.1".
+# 1.5), 8.0 from the list 1.7.1.116's runtime printed when it refused an engine on the lent H100
+# ("Supported compute capabilities: 8.0 8.6 8.9 12.0 12.1"), and that refusal itself for 9.0
+# ("TensorRT-RTX does not support this compute capability").
 RUNS_ON = ("7.5", "8.0", "8.6", "8.9", "12.0", "12.1")
 # The wheels of one release, in the CUDA flavour chosen for the machine.
 PACKAGES = ("tensorrt-rtx-{cuda}-libs", "tensorrt-rtx-{cuda}-bindings")
@@ -100,10 +101,10 @@ def cuda_flavour(choice: str) -> str:
     if choice != "auto":
         return choice
     gpus = nvidia_gpus()
-    if gpus and gpus[0].driver:
-        major = int(re.match(r"\d+", gpus[0].driver).group(0)) if re.match(r"\d+", gpus[0].driver) else 0
-        return "cu13" if major >= CUDA13_MIN_DRIVER else "cu12"
-    return "cu13"
+    branch = re.match(r"\d+", gpus[0].driver or "") if gpus else None
+    if branch is None:
+        return "cu13"  # no driver: builds need no CUDA, and cu13 is the current flavour
+    return "cu13" if int(branch.group(0)) >= CUDA13_MIN_DRIVER else "cu12"
 
 
 @dataclass
@@ -193,16 +194,20 @@ class ReleaseEnvironment:
 def pip_failure(release: str, packages: list[str], output: str, log_path: Path) -> PipelineError:
     """pip's failure, said in the pipeline's terms."""
     versions = re.search(r"\(from versions: ([^)]*)\)", output)
+    known = versions.group(1).strip() if versions else ""
+    unreachable = re.search(r"NewConnectionError|Connection refused|Name or service not known|Temporary failure in name resolution|Max retries exceeded|ProxyError|ReadTimeoutError", output)
+    if unreachable or known == "none":
+        # The wheels are on PyPI in every release: an index that offers none of them was not read
+        # (offline, pip says "from versions: none", with or without its retry warnings).
+        why = f" ({unreachable.group(0)})" if unreachable else ""
+        return EnvironmentMissing(
+            f"could not download TensorRT-RTX {release}: the package index is not reachable, or does not carry {packages[0].split('==')[0]}{why}.",
+            hint=f"check the network or pip's index settings (PIP_INDEX_URL; PIP_FIND_LINKS for wheels you carry); pip's log: {log_path}",
+        )
     if "No matching distribution" in output or versions:
-        known = versions.group(1).strip() if versions else ""
         return UsageError(
             f"TensorRT-RTX release {release} is not on the package index ({packages[0]}).",
-            hint=f"releases there: {known}; set `release` in pipeline.toml" if known and known != "none" else f"pip's log: {log_path}",
-        )
-    if re.search(r"(?i)connection|resolve|network|timed out|proxy", output):
-        return EnvironmentMissing(
-            f"could not download TensorRT-RTX {release}: the package index is not reachable.",
-            hint=f"check the network or pip's index settings; pip's log: {log_path}",
+            hint=f"releases there: {known}; set `release` in pipeline.toml" if known else f"pip's log: {log_path}",
         )
     last = next((line for line in reversed(output.splitlines()) if line.startswith("ERROR")), "pip failed")
     return PipelineError(f"installing TensorRT-RTX {release} failed: {last}", hint=f"pip's log: {log_path}")
