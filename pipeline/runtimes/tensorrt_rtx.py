@@ -361,7 +361,7 @@ class TensorRtRtxRuntime(EngineRuntime):
             )
         compiler = {
             "release": result.get("release"),
-            "targets": [t.lower() for t in result.get("targets", [])] or "default",
+            "targets": [t.lower() for t in result.get("targets", [])],  # []: the compiler's default
             "build_s": result.get("build_s"),
             "parsed": result.get("parsed"),
             "parser_errors": result.get("parser_errors", []),
@@ -436,7 +436,7 @@ class TensorRtRtxRuntime(EngineRuntime):
             raise PipelineError(
                 f"TensorRT-RTX {self.spec.release} {what} ended with exit status {finished.exit_code} without a result: {last}",
                 hint=f"full log: {log_path}; a broken environment is repaired by `pipeline toolchains pull {self.name}`",
-            )
+            ) from None
 
     def describe_build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec) -> list[str]:
         state, _ = self.environment.state()

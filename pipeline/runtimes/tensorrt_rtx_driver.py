@@ -401,7 +401,8 @@ def layer_profile(trt, context, cuda, stream, enqueue, runs: int) -> dict:
         def report_layer_time(self, layer_name, ms):
             totals[layer_name] = totals.get(layer_name, 0.0) + ms
 
-    context.profiler = Profiler()
+    profiler = Profiler()  # held here: the context does not keep the Python object alive
+    context.profiler = profiler
     for _ in range(runs):
         enqueue(stream)
         cuda.synchronize(stream)
