@@ -89,7 +89,7 @@ class ToolchainSpec(_Strict):
         """This toolchain building for other GPU architectures (`--arch`)."""
         raise UsageError(
             f"--arch does not apply to {self.kind} toolchains: they build for the GPU they run on.",
-            hint="--arch is for toolchains that compile ahead of time for a chosen GPU (kind tensorrt-rtx)",
+            hint="--arch is for toolchains that compile ahead of time for a chosen GPU; `pipeline models` says what each builds for",
         )
 
 
