@@ -128,9 +128,7 @@ class DockerRunner:
         return self.client.images.get(tag)
 
     def has_nvidia_runtime(self) -> bool:
-        """The daemon can hand GPUs to containers: an 'nvidia' runtime, or CDI specs (not verified)."""
-        info = self.client.info()
-        return "nvidia" in (info.get("Runtimes") or {}) or bool(info.get("CDISpecDirs"))
+        return nvidia_runtime(self.client.info()) is not None
 
     @staticmethod
     def digest(image) -> str:
@@ -232,6 +230,15 @@ class DockerRunner:
         if pending:
             chunks.append(pending)
             self.reporter.detail(pending)
+
+
+def nvidia_runtime(info: dict) -> str | None:
+    """How a daemon (its `docker info`) hands GPUs to containers, or None when it cannot."""
+    if "nvidia" in (info.get("Runtimes") or {}):
+        return "nvidia runtime registered"
+    if info.get("CDISpecDirs"):
+        return f"CDI spec dirs {', '.join(info['CDISpecDirs'])} (not verified)"
+    return None
 
 
 def _is_timeout(exc: Exception) -> bool:

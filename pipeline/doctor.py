@@ -83,13 +83,12 @@ def check_docker() -> tuple[Check, Check]:
             Check("Docker daemon", False, f"unreachable ({str(exc).splitlines()[0][:120]})"),
             Check("NVIDIA container runtime", False, "no Docker"),
         )
+    from pipeline.docker_runner import nvidia_runtime
+
     daemon = Check("Docker daemon", True, f"Docker {info.get('ServerVersion', '?')}")
-    runtimes = info.get("Runtimes") or {}
-    cdi = info.get("CDISpecDirs") or []
-    if "nvidia" in runtimes:
-        return daemon, Check("NVIDIA container runtime", True, "nvidia runtime registered")
-    if cdi:
-        return daemon, Check("NVIDIA container runtime", True, f"CDI spec dirs {', '.join(cdi)} (not verified)")
+    how = nvidia_runtime(info)
+    if how:
+        return daemon, Check("NVIDIA container runtime", True, how)
     return daemon, Check("NVIDIA container runtime", False, "no 'nvidia' runtime in the daemon (install nvidia-container-toolkit)")
 
 

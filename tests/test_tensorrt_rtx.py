@@ -19,55 +19,25 @@ import pytest
 from pipeline.artifacts import sha256_file
 from pipeline.environment import nvidia_gpus
 from pipeline.manifest import read_manifest
-from tests.conftest import write_catalog
+from tests.conftest import TINY_CATALOG, write_catalog
 
 CPU_VARIANTS = ("fp32", "fp16", "int8", "fp8", "fp16_sparse", "int8_sparse", "fp8_sparse")
 
-CATALOG = """
-opset = 17
-
-[defaults]
-models = ["vit_tiny"]
-variants = ["fp16"]
-toolchain = "trt-rtx1.7"
-
-[profile]
-warmup_ms = 5
-iterations = 5
-duration_s = 0.05
-
-[calibration]
-samples = 8
-batch_size = 4
-
+# The shared test catalog (timm's test_vit as "tiny", which exports NVFP4 in a second on the CPU),
+# with vit_tiny, the CPU-exportable variants it lacks, and the two TensorRT-RTX releases.
+CATALOG = TINY_CATALOG.replace("[models.tiny]", "[calibration]\nsamples = 8\nbatch_size = 4\n\n[models.tiny]") + """
 [models.vit_tiny]
 timm = "vit_tiny_patch16_224"
 batch_size = 4
 
-# timm's test_vit: NVFP4 exports in a second on the CPU.
-[models.tiny]
-timm = "test_vit"
-batch_size = 2
-
-[variants.fp32]
-precision = "fp32"
-[variants.fp16]
-precision = "fp16"
-[variants.int8]
-precision = "int8"
 [variants.fp8]
 precision = "fp8"
-[variants.fp16_sparse]
-precision = "fp16"
-sparsity = "2:4"
 [variants.int8_sparse]
 precision = "int8"
 sparsity = "2:4"
 [variants.fp8_sparse]
 precision = "fp8"
 sparsity = "2:4"
-[variants.nvfp4]
-precision = "nvfp4"
 [variants.nvfp4_sparse]
 precision = "nvfp4"
 sparsity = "2:4"
@@ -82,9 +52,6 @@ release = "1.7.1.116"
 [toolchains."trt-rtx1.6"]
 kind = "tensorrt-rtx"
 release = "1.6.1.120"
-
-[toolchains.onnxruntime]
-kind = "onnxruntime"
 """
 
 

@@ -50,7 +50,6 @@ class TrtexecSpec(ToolchainSpec):
     use_cuda_graph: bool = True
     no_data_transfers: bool = True
     spin_wait: bool = True
-    baselines: tuple[str, ...] = ("fp16", "fp32")
 
     def tensorrt_release(self) -> str | None:
         return self.trt

@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from pipeline.artifacts import atomic_write_text
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
 from pipeline.environment import nvidia_gpus
 from pipeline.errors import EnvironmentMissing, PipelineError, RefusedByTool, UsageError
@@ -69,7 +70,6 @@ class TensorRtRtxSpec(ToolchainSpec):
     # A build or profile run longer than this is killed.
     timeout_s: float = Field(default=3600.0, gt=0)
     builder_optimization_level: int | None = Field(default=None, ge=0, le=5)
-    baselines: tuple[str, ...] = ("fp16", "fp32")
 
     def with_targets(self, targets: tuple[str, ...]) -> "TensorRtRtxSpec":
         return self.model_copy(update={"archs": tuple(normalise_arch(target) for target in targets)})
@@ -385,8 +385,6 @@ class TensorRtRtxRuntime(EngineRuntime):
         if layers is None:
             layers_path.unlink(missing_ok=True)
         else:
-            from pipeline.artifacts import atomic_write_text
-
             atomic_write_text(layers_path, layers.model_dump_json(indent=1) + "\n")
             sidecars["layer_info"] = layers_path
             audit = layers.audit(variant.precision)
@@ -483,8 +481,6 @@ class TensorRtRtxRuntime(EngineRuntime):
         ]  # fmt: skip
 
     def profile(self, engine_path: Path, settings: ProfileSettings) -> ProfileResult:
-        from pipeline.artifacts import atomic_write_text
-
         log_path = self.sidecar(engine_path, ".profile.log")
         result_path = self.sidecar(engine_path, ".profile-result.json.partial")
         argv = self._profile_argv(engine_path, settings, result_path)
