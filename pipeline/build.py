@@ -69,7 +69,7 @@ class BuildStage(Stage):
         engine_path = self.engine_path()
         try:
             with atomic_output(engine_path) as tmp:
-                result = self.runtime.build(onnx_path, tmp, self.variant_spec)
+                result = self.runtime.build(onnx_path, tmp, self.variant_spec, self.model_source())
         except RefusedByTool as exc:
             if exc.result is not None:
                 # The compiler's reason and log are recorded, and an engine from an earlier build

@@ -22,7 +22,7 @@ CATALOG_FILENAME = "pipeline.toml"
 # Names become file and directory names: no separators, no leading dot, nothing to escape.
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.\-]{0,63}$")
 
-Precision = Literal["fp32", "fp16", "int8", "fp8", "mxfp8", "nvfp4"]
+Precision = Literal["fp32", "fp16", "bf16", "int8", "fp8", "mxfp8", "nvfp4"]
 
 # Directory names under manifests/ that are not toolchains.
 RESERVED_NAMES = {"export"}
@@ -126,6 +126,9 @@ class Catalog(_Strict):
     calibration: CalibrationSettings = CalibrationSettings()
     defaults: Defaults = Defaults()
     opset: int = Field(default=17, ge=13)
+    # The toolchain every engine is measured against in `pipeline compare` (PyTorch eager): each
+    # row's speedup over the same model and variant there. None: no such column.
+    baseline_toolchain: str | None = None
     # Directory the outputs (models/, engines/, manifests/) live under; set by load_catalog.
     root: Path = Field(default=Path("."), exclude=True)
 
@@ -183,6 +186,7 @@ class Catalog(_Strict):
             ("defaults.models", self.defaults.models, self.models),
             ("defaults.variants", self.defaults.variants, self.variants),
             ("defaults.toolchain", (self.defaults.toolchain,), self.toolchains),
+            ("baseline_toolchain", (self.baseline_toolchain,) if self.baseline_toolchain else (), self.toolchains),
         ):
             for name in names:
                 if name not in table:

@@ -49,6 +49,10 @@ class ComparisonRow:
     change_ms: float | None = None
     change_pct: float | None = None
     change_significant: bool | None = None
+    # Speedup over the catalog's baseline toolchain (PyTorch eager) for the same model and variant.
+    baseline_toolchain: str | None = None
+    vs_baseline_toolchain: float | None = None
+    vs_baseline_toolchain_significant: bool | None = None
     engine_mb: float | None = None
     build_s: float | None = None
     accuracy_cosine: float | None = None
@@ -166,7 +170,7 @@ def build_rows(catalog: Catalog, manifests: list[EngineManifest], toolchain_orde
             samples = np.asarray(d.per_iteration_ms)
             row.status = f"measured ({d.metric})"
             row.device = d.device
-            row.gpu = (d.trtexec or {}).get("device", {}).get("name") if d.trtexec else None
+            row.gpu = d.gpu or ((d.trtexec or {}).get("device", {}).get("name") if d.trtexec else None)
             row.batch_size = d.batch_size
             row.median_ms = d.latency_ms.median
             row.median_ci_ms = bootstrap_median_ci(samples)
@@ -180,12 +184,14 @@ def build_rows(catalog: Catalog, manifests: list[EngineManifest], toolchain_orde
             if flops:
                 row.matmul_gflops = flops / 1e9
                 row.achieved_tflops = flops / (row.median_ms / 1000.0) / 1e12
-                peak = peak_tflops(row.gpu, "fp32" if m.precision == "fp32" else ("fp16" if m.precision == "fp16" else m.precision))
+                peak = peak_tflops(row.gpu, m.precision)
                 row.peak_fraction = row.achieved_tflops / peak if peak else None
         rows.append(row)
 
     _speedups(catalog, rows)
     _toolchain_changes(rows, toolchain_order)
+    if catalog.baseline_toolchain:
+        _against_baseline_toolchain(rows, catalog.baseline_toolchain)
     variant_order = {name: i for i, name in enumerate(catalog.variants)}
     chain_order = {name: i for i, name in enumerate(toolchain_order or sorted({r.toolchain for r in rows}))}
     rows.sort(key=lambda r: (r.model, variant_order.get(r.variant, len(variant_order)), r.variant, chain_order.get(r.toolchain, 99)))
@@ -238,6 +244,21 @@ def _toolchain_changes(rows: list[ComparisonRow], order: list[str] | None) -> No
         row.change_pct = row.change_ms / ref.median_ms * 100
         low, high = median_difference_ci(row.samples_ms, ref.samples_ms)
         row.change_significant = not (low <= 0.0 <= high)
+
+
+def _against_baseline_toolchain(rows: list[ComparisonRow], baseline: str) -> None:
+    from pipeline.stats import median_difference_ci
+
+    measured = {(r.model, r.variant, r.batch_size): r for r in rows if r.median_ms and r.toolchain == baseline}
+    for row in rows:
+        base = measured.get((row.model, row.variant, row.batch_size))
+        if row.median_ms is None or base is None:
+            continue
+        row.baseline_toolchain = baseline
+        row.vs_baseline_toolchain = base.median_ms / row.median_ms
+        if base is not row:
+            low, high = median_difference_ci(row.samples_ms, base.samples_ms)
+            row.vs_baseline_toolchain_significant = not (low <= 0.0 <= high)
 
 
 # --- regression gate -------------------------------------------------------------------------------
@@ -294,7 +315,7 @@ def render_gate(results: list[Regression], threshold: float) -> str:
 
 # --- rendering -----------------------------------------------------------------------------------
 
-HEADERS = ("engine", "toolchain", "median ms", "p99 ms", "CV", "img/s", "speedup", "vs ref toolchain", "engine MB", "build s", "vs FP32 cos", "layer audit", "TFLOP/s (peak %)", "status")
+HEADERS = ("engine", "toolchain", "median ms", "p99 ms", "CV", "img/s", "speedup", "vs baseline toolchain", "vs ref toolchain", "engine MB", "build s", "vs FP32 cos", "layer audit", "TFLOP/s (peak %)", "status")
 
 
 def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
@@ -306,6 +327,10 @@ def _cells(row: ComparisonRow) -> tuple[str, ...]:
     if row.speedup is not None:
         mark = "" if row.speedup_significant in (None, True) else "~"
         speedup = f"{mark}{row.speedup:.2f}x vs {row.baseline}"
+    against = "–"
+    if row.vs_baseline_toolchain is not None:
+        mark = "" if row.vs_baseline_toolchain_significant in (None, True) else "~"
+        against = f"{mark}{row.vs_baseline_toolchain:.2f}x vs {row.baseline_toolchain}"
     change = "–"
     if row.change_pct is not None:
         mark = "" if row.change_significant else "~"
@@ -321,6 +346,7 @@ def _cells(row: ComparisonRow) -> tuple[str, ...]:
         _fmt(row.cv * 100 if row.cv is not None else None, ".1f", "%"),
         _fmt(row.images_per_s, ".1f"),
         speedup,
+        against,
         change,
         _fmt(row.engine_mb, ".1f"),
         _fmt(row.build_s, ".1f"),
@@ -352,7 +378,7 @@ def render_table(rows: list[ComparisonRow]):
     for model in dict.fromkeys(r.model for r in rows):
         table = Table(title=f"{model}: medians of per-iteration latency; speedup within each toolchain", caption="~ = within noise")
         for header in HEADERS:
-            left = header in ("engine", "toolchain", "status", "layer audit", "vs ref toolchain", "speedup")
+            left = header in ("engine", "toolchain", "status", "layer audit", "vs baseline toolchain", "vs ref toolchain", "speedup")
             table.add_column(header, justify="left" if left else "right", no_wrap=header not in ("status", "layer audit"))
         for row in (r for r in rows if r.model == model):
             table.add_row(*_cells(row), style=None if row.median_ms is not None else "dim")

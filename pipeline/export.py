@@ -23,6 +23,7 @@ from pipeline.artifacts import atomic_output, sha256_file
 from pipeline.calibration import calibration_batches, describe_source
 from pipeline.errors import PipelineError, require_module
 from pipeline.manifest import Artifact, ExportDetails, ParityCheck
+from pipeline.models import TORCH_DTYPES
 from pipeline.quantize import DEFAULT_WEIGHTS_DTYPE, MIN_OPSET, PRESETS, TRACED_HIGH_PRECISION, accuracy_proxy, export_quantized, load_modelopt, quantize_model, require_cuda_for
 from pipeline.sparsify import onnx_sparsity, sparsify_model
 from pipeline.stage import Stage, StageOutcome
@@ -34,10 +35,15 @@ from pipeline.stage import Stage, StageOutcome
 PARITY_TOLERANCE = {
     "fp32": (1e-3, 0.99999),
     "fp16": (2e-2, 0.999),
+    "bf16": (1e-1, 0.995),
     "int8": (1.5e-1, 0.99),
     "fp8": (1.5e-1, 0.99),
     "mxfp8": (2.5e-1, 0.98),
     "nvfp4": (2.5e-1, 0.98),
+}
+# Precisions whose plain ONNX graphs ONNX Runtime cannot run, so parity is not checked (measured).
+NO_ONNXRUNTIME_KERNELS = {
+    "bf16": "ONNX Runtime's CPU execution provider has no bfloat16 kernels for Conv and MatMul",
 }
 INPUT_NAME, OUTPUT_NAME = "input", "logits"
 # Samples the parity check runs for graphs traced with a dynamic batch (CPU traces): more than the
@@ -83,7 +89,7 @@ class ExportStage(Stage):
         spec, variant = self.model_spec, self.variant_spec
         checkpoint = None
         if spec.checkpoint is not None:
-            checkpoint = {"path": str(spec.checkpoint), "sha256": self.ctx.workspace.hashes.sha256(self.checkpoint_path())}
+            checkpoint = {"path": str(spec.checkpoint), "sha256": self.ctx.workspace.hashes.sha256(self.model_source().checkpoint_path())}
         params = {
             "timm_model": spec.timm,
             "batch_size": spec.batch_size,
@@ -115,17 +121,6 @@ class ExportStage(Stage):
                 versions[dist] = None
         return versions
 
-    def checkpoint_path(self) -> Path:
-        path = Path(self.model_spec.checkpoint).expanduser()
-        if not path.is_absolute():
-            path = self.ctx.workspace.root / path
-        if not path.is_file():
-            raise PipelineError(
-                f"checkpoint {path} for model {self.engine.model!r} does not exist.",
-                hint="fix `checkpoint` in pipeline.toml, or remove it to export with random weights",
-            )
-        return path
-
     def run_impl(self, inputs: list[Artifact]) -> StageOutcome:
         with self.ctx.reporter.captured("export"):
             outcome = self._export()
@@ -139,7 +134,9 @@ class ExportStage(Stage):
         variant = self.variant_spec
         phase = Phases()
         with phase("import"):
-            timm = _import_timm()
+            from pipeline.torch_import import import_timm
+
+            import_timm()  # timed here, not in create_model
             import torch
 
             require_cuda_for(variant.precision)  # before ModelOpt's seconds of imports, not after
@@ -148,27 +145,15 @@ class ExportStage(Stage):
                 load_modelopt(purpose=f"Exporting {self.engine.name}")
 
         spec = self.model_spec
-        torch.manual_seed(spec.seed)
-        kwargs: dict[str, Any] = {}
+        source = self.model_source()
         weights = f"random-init (seed {spec.seed})"
         if spec.checkpoint is not None:
-            path = self.checkpoint_path()
-            kwargs["checkpoint_path"] = str(path)
-            weights = f"checkpoint {spec.checkpoint} (sha256 {sha256_file(path)[:16]}…)"
-        try:
-            with phase("create_model"):
-                model = timm.create_model(spec.timm, pretrained=False, **kwargs)
-        except Exception as exc:  # timm raises RuntimeError/KeyError/… for unknown names and bad weights
-            raise PipelineError(
-                f"timm could not create {spec.timm!r}: {exc}",
-                hint="check the model name with timm.list_models() and the checkpoint file",
-            ) from exc
-        model.eval()
+            weights = f"checkpoint {spec.checkpoint} (sha256 {sha256_file(source.checkpoint_path())[:16]}…)"
+        with phase("create_model"):
+            model = source.create()
 
-        channels, height, width = model.pretrained_cfg.get("input_size", (3, 224, 224))
-        if spec.image_size:
-            height = width = spec.image_size
-        input_shape = (spec.batch_size, channels, height, width)
+        input_shape = source.input_shape(model)
+        channels, height, width = input_shape[1:]
         # On the GPU when there is one (block formats need it), with TF32 off so the FP32 reference
         # that parity is checked against is real FP32.
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -177,8 +162,7 @@ class ExportStage(Stage):
             torch.backends.cudnn.allow_tf32 = False
         with phase("to_device"):
             model = model.to(device)
-        generator = torch.Generator().manual_seed(spec.seed + 1)
-        sample = torch.randn(*input_shape, generator=generator)
+        sample = source.sample_input(input_shape)
 
         calibration = None
         batches = []
@@ -198,9 +182,9 @@ class ExportStage(Stage):
 
         quantization = None
         dtype = torch.float32
-        if variant.precision == "fp16":
-            dtype = torch.float16
-            model = model.half()
+        if variant.precision in ("fp16", "bf16"):
+            dtype = getattr(torch, TORCH_DTYPES[variant.precision])
+            model = model.to(dtype)
         elif self.quantized:
             if variant.precision in TRACED_HIGH_PRECISION and self.weights_dtype() == "fp16":
                 # Calibrated and traced in FP16, so the graph's high precision is FP16 (quantize.py).
@@ -259,6 +243,8 @@ class ExportStage(Stage):
             parity, parity_skipped = None, None
             if custom:
                 parity_skipped = f"the graph uses TensorRT-only operators ({', '.join(custom)}), which ONNX Runtime cannot run"
+            elif variant.precision in NO_ONNXRUNTIME_KERNELS:
+                parity_skipped = NO_ONNXRUNTIME_KERNELS[variant.precision]
             else:
                 # A graph traced with a dynamic batch is checked at a batch it was not traced at, which
                 # also shows that the batch axis really is free before it is pinned below.
@@ -309,7 +295,7 @@ class ExportStage(Stage):
             onnx_audit=audit,
             timings_s=phase.seconds,
         )
-        note = f" (parity: cosine {parity.cosine_similarity:.6f})" if parity else " (parity: TensorRT-only ops, not run)"
+        note = f" (parity: cosine {parity.cosine_similarity:.6f})" if parity else f" (parity not run: {parity_skipped})"
         if accuracy:
             note += f", vs FP32: cosine {accuracy['cosine_similarity']:.4f}"
         if sparsification:
@@ -336,12 +322,6 @@ class Phases:
                 self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - start, 3)
 
         return timed()
-
-
-def _import_timm():
-    from pipeline.torch_import import import_timm
-
-    return import_timm()
 
 
 def name_io(model) -> bool:

@@ -130,9 +130,14 @@ class ProfileDetails(_Model):
     # Kept so reports can test significance (bootstrap) and draw CDFs without re-measuring.
     per_iteration_ms: list[float]
     warnings: list[str] = []
+    # The GPU it was timed on, by name, when the runtime knows it (for the roofline's peaks).
+    gpu: str | None = None
     image: str | None = None
     image_digest: str | None = None
     trtexec: dict[str, Any] | None = None
+    # How a runtime in this process ran it (PyTorch: backend, versions, compile and prepare
+    # time, peak GPU memory allocated and reserved).
+    execution: dict[str, Any] | None = None
 
 
 StageDetails = Annotated[Union[ExportDetails, BuildDetails, ProfileDetails], Field(discriminator="kind")]

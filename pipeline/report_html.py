@@ -24,7 +24,7 @@ tr.unmeasured td { color: #889; }
 .note { color: #556; font-size: 0.85rem; max-width: 60rem; }
 img { max-width: 100%; border: 1px solid #dde; margin: 0.5rem 0; }
 """
-LEFT = {"engine", "toolchain", "status", "layer audit", "vs ref toolchain", "speedup"}
+LEFT = {"engine", "toolchain", "status", "layer audit", "vs baseline toolchain", "vs ref toolchain", "speedup"}
 
 
 def _png(figure) -> str:

@@ -13,13 +13,14 @@ from __future__ import annotations
 # nvidia.com/en-us/data-center/a100), NVIDIA L4 datasheet (FP16 121, FP8 242.5, INT8 242.5;
 # nvidia.com/en-us/data-center/l4). The datasheets quote sparse figures at twice these.
 GPU_PEAK_TFLOPS = {
-    "NVIDIA H100 80GB HBM3": {"fp32": 494.7, "fp16": 989.4, "int8": 1978.9, "fp8": 1978.9},
-    "NVIDIA H100 PCIe": {"fp32": 378.0, "fp16": 756.0, "int8": 1513.0, "fp8": 1513.0},
-    "NVIDIA A100-SXM4-80GB": {"fp32": 156.0, "fp16": 312.0, "int8": 624.0},
-    "NVIDIA A100-SXM4-40GB": {"fp32": 156.0, "fp16": 312.0, "int8": 624.0},
-    "NVIDIA L4": {"fp32": 60.0, "fp16": 121.0, "int8": 242.5, "fp8": 242.5},
+    "NVIDIA H100 80GB HBM3": {"fp32": 494.7, "fp16": 989.4, "bf16": 989.4, "int8": 1978.9, "fp8": 1978.9},
+    "NVIDIA H100 PCIe": {"fp32": 378.0, "fp16": 756.0, "bf16": 756.0, "int8": 1513.0, "fp8": 1513.0},
+    "NVIDIA A100-SXM4-80GB": {"fp32": 156.0, "fp16": 312.0, "bf16": 312.0, "int8": 624.0},
+    "NVIDIA A100-SXM4-40GB": {"fp32": 156.0, "fp16": 312.0, "bf16": 312.0, "int8": 624.0},
+    "NVIDIA L4": {"fp32": 60.0, "fp16": 121.0, "bf16": 121.0, "int8": 242.5, "fp8": 242.5},
 }
-# fp32 above is TF32 tensor-core throughput, which TensorRT uses for FP32 by default.
+# The datasheets quote one "BF16 | FP16 Tensor Core" figure. fp32 above is TF32 tensor-core
+# throughput, which TensorRT uses for FP32 by default (PyTorch only with tf32 = true).
 
 
 def peak_tflops(gpu_name: str | None, precision: str) -> float | None:

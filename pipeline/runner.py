@@ -65,12 +65,14 @@ def run_engines(ctx: RunContext, engines: list[EngineRef], toolchain: str | None
 
 def describe(ctx: RunContext, engines: list[EngineRef], toolchain: str, until: str) -> list[str]:
     """What `--dry-run` prints: each engine's stages and the exact work they would do."""
+    from pipeline.models import ModelSource
     from pipeline.runtimes import get_runtime
 
     runtime = get_runtime(ctx, toolchain)
     lines = []
     for engine in engines:
         variant = ctx.catalog.variant(engine.variant)
+        source = ModelSource(engine.model, ctx.catalog.model(engine.model), ctx.workspace.root)
         reason = runtime.unsupported_reason(variant)
         if reason:
             lines.append(f"{engine.name}: would be skipped: {reason}")
@@ -78,7 +80,7 @@ def describe(ctx: RunContext, engines: list[EngineRef], toolchain: str, until: s
         onnx = ctx.workspace.relative(ctx.workspace.onnx_path(engine))
         engine_file = ctx.workspace.relative(ctx.workspace.engine_dir(toolchain) / f"{engine.name}{runtime.engine_suffix}")
         lines.append(f"{engine.name}: export → {onnx}")
-        lines.extend(f"{engine.name}: {line}" for line in runtime.describe_build(ctx.workspace.root / onnx, ctx.workspace.root / engine_file, variant))
+        lines.extend(f"{engine.name}: {line}" for line in runtime.describe_build(ctx.workspace.root / onnx, ctx.workspace.root / engine_file, variant, source))
         if until == "profile":
             lines.extend(f"{engine.name}: {line}" for line in runtime.describe_profile(ctx.workspace.root / engine_file, ctx.catalog.profile))
     return lines

@@ -22,6 +22,7 @@ from pipeline.catalog import Catalog, EngineRef
 from pipeline.environment import capture_environment
 from pipeline.errors import RefusedByTool
 from pipeline.manifest import Artifact, EngineManifest, StageRecord, read_manifest
+from pipeline.models import ModelSource
 from pipeline.reporting import Reporter
 from pipeline.workspace import Workspace
 
@@ -60,6 +61,10 @@ class Stage(ABC):
         self.toolchain = toolchain
         self.model_spec = ctx.catalog.model(engine.model)
         self.variant_spec = ctx.catalog.variant(engine.variant)
+
+    def model_source(self) -> ModelSource:
+        """The PyTorch model this engine comes from."""
+        return ModelSource(self.engine.model, self.model_spec, self.ctx.workspace.root)
 
     # --- what subclasses describe -----------------------------------------------------------
 

@@ -21,6 +21,7 @@ RUNTIMES = {
     "trtexec-container": "pipeline.runtimes.tensorrt:TrtexecContainerRuntime",
     "trtexec-local": "pipeline.runtimes.tensorrt:TrtexecLocalRuntime",
     "tensorrt-rtx": "pipeline.runtimes.tensorrt_rtx:TensorRtRtxRuntime",
+    "torch": "pipeline.runtimes.pytorch:TorchRuntime",
 }
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
+from pipeline.models import ModelSource
 from pipeline.reporting import Reporter
 
 
@@ -119,14 +120,17 @@ class EngineRuntime(ABC):
         return engine_path.parent / f"{stem}{suffix}"
 
     @abstractmethod
-    def build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec) -> BuildResult:
-        """Write the engine to ``engine_path`` (the caller makes that write atomic)."""
+    def build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec, source: ModelSource) -> BuildResult:
+        """Write the engine to ``engine_path`` (the caller makes that write atomic).
+
+        ``onnx_path`` is the exported graph, ``source`` the PyTorch model it was exported from:
+        compilers read the first, runtimes that run PyTorch itself start from the second."""
 
     @abstractmethod
     def profile(self, engine_path: Path, settings: ProfileSettings) -> ProfileResult: ...
 
     @abstractmethod
-    def describe_build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec) -> list[str]:
+    def describe_build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec, source: ModelSource) -> list[str]:
         """The exact work ``build`` would do, for --dry-run."""
 
     @abstractmethod

@@ -14,11 +14,12 @@ from typing import Any, Literal
 
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
 from pipeline.errors import PipelineError, require_module
+from pipeline.models import ModelSource
 from pipeline.runtimes.base import BuildResult, EngineRuntime, ProfileResult, ToolchainStatus
 
 # Precisions whose ONNX form (plain FP32/FP16 graphs, INT8 QuantizeLinear/DequantizeLinear) this
 # runtime executes; verified on the CPU execution provider. FP8, MXFP8 and NVFP4 graphs use
-# TensorRT-specific operators or types, so they are TensorRT-only.
+# TensorRT-specific operators or types, and the CPU provider has no BF16 Conv or MatMul kernels.
 SUPPORTED_PRECISIONS = ("fp32", "fp16", "int8")
 
 _ORT_TO_NUMPY = {
@@ -95,10 +96,7 @@ class OnnxRuntimeRuntime(EngineRuntime):
 
     def unsupported_reason(self, variant: VariantSpec) -> str | None:
         if variant.precision not in SUPPORTED_PRECISIONS:
-            return (
-                f"{variant.precision} needs TensorRT; the onnxruntime toolchain runs "
-                f"{', '.join(SUPPORTED_PRECISIONS)} engines"
-            )
+            return f"the onnxruntime toolchain runs {', '.join(SUPPORTED_PRECISIONS)} engines, not {variant.precision}"
         return None
 
     def _session(self, path: Path, level, optimized_out: Path | None = None):
@@ -116,7 +114,7 @@ class OnnxRuntimeRuntime(EngineRuntime):
                 hint="run with -v for details; `pipeline doctor` shows the installed runtime",
             ) from exc
 
-    def build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec) -> BuildResult:
+    def build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec, source: ModelSource) -> BuildResult:
         ort = _ort()
         self._session(onnx_path, ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED, optimized_out=engine_path)
         if not engine_path.exists() or engine_path.stat().st_size == 0:
@@ -126,7 +124,7 @@ class OnnxRuntimeRuntime(EngineRuntime):
             settings={"graph_optimization_level": "ORT_ENABLE_EXTENDED", "providers": self.providers()},
         )
 
-    def describe_build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec) -> list[str]:
+    def describe_build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec, source: ModelSource) -> list[str]:
         return [
             f"build: onnxruntime {self.version} {self.providers()[0]}: optimise {onnx_path.name} "
             f"(ORT_ENABLE_EXTENDED) → {engine_path}"

@@ -25,6 +25,7 @@ from pydantic import Field, model_validator
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
 from pipeline.environment import nvidia_gpus
 from pipeline.errors import EnvironmentMissing, PipelineError, RefusedByTool
+from pipeline.models import ModelSource
 from pipeline.runtimes.base import BuildResult, EngineRuntime, ProfileResult, ToolchainStatus
 from pipeline.trtexec.command import BuildCommand, ProfileCommand
 from pipeline.trtexec.exports import read_layer_info, read_profile, read_times
@@ -162,7 +163,7 @@ class TrtexecRuntime(EngineRuntime):
                 hint=f"fix `trt` (or the image) of [toolchains.\"{self.name}\"] in pipeline.toml",
             )
 
-    def build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec) -> BuildResult:
+    def build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec, source: ModelSource) -> BuildResult:
         log_path = self.sidecar(engine_path, ".build.log")
         layers_path = self.sidecar(engine_path, ".layers.json")
         layers_partial = self._partial(layers_path)
@@ -278,7 +279,7 @@ class TrtexecRuntime(EngineRuntime):
             verbose=verbose,
         ).argv(self.spec.trt, self.trtexec_path())
 
-    def describe_build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec) -> list[str]:
+    def describe_build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec, source: ModelSource) -> list[str]:
         argv = self._build_argv(onnx_path, engine_path, variant, self.sidecar(engine_path, ".layers.json"))
         return [f"build: {self.where()}: {' '.join(argv)}"]
 

@@ -34,6 +34,7 @@ from pipeline.artifacts import atomic_write_text
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
 from pipeline.environment import nvidia_gpus
 from pipeline.errors import EnvironmentMissing, PipelineError, RefusedByTool, UsageError
+from pipeline.models import ModelSource
 from pipeline.runtimes.base import BuildResult, EngineRuntime, ProfileResult, ToolchainStatus
 
 DRIVER = Path(__file__).with_name("tensorrt_rtx_driver.py")
@@ -347,7 +348,7 @@ class TensorRtRtxRuntime(EngineRuntime):
             "timing_cache": None,  # a no-op since TensorRT-RTX 1.2 (see the driver)
         }
 
-    def build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec) -> BuildResult:
+    def build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec, source: ModelSource) -> BuildResult:
         from pipeline.trtexec.exports import layer_info_from_dump
 
         log_path = self.sidecar(engine_path, ".build.log")
@@ -436,7 +437,7 @@ class TensorRtRtxRuntime(EngineRuntime):
                 hint=f"full log: {log_path}; a broken environment is repaired by `pipeline toolchains pull {self.name}`",
             ) from None
 
-    def describe_build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec) -> list[str]:
+    def describe_build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec, source: ModelSource) -> list[str]:
         state, _ = self.environment.state()
         argv = self._build_argv(onnx_path, engine_path, variant, self.sidecar(engine_path, ".build-result.json"))
         sparse = ", 2:4 sparse weights" if variant.sparsity == "2:4" else ""

@@ -94,7 +94,7 @@ class LayerInfo(BaseModel):
 
 
 # The data type a variant's layers should show when TensorRT honoured its precision.
-INTENDED_DTYPE = {"fp16": "fp16", "int8": "int8", "fp8": "fp8", "mxfp8": "fp8", "nvfp4": "fp4"}
+INTENDED_DTYPE = {"fp16": "fp16", "bf16": "bf16", "int8": "int8", "fp8": "fp8", "mxfp8": "fp8", "nvfp4": "fp4"}
 
 # TensorRT prints data types by name ("Half") or inside format descriptions
 # ("Channel major FP16 format where channel % 8 == 0"). Checked in order: BFloat16 before Float.

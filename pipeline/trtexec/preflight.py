@@ -3,7 +3,7 @@
 Sources: the TensorRT support matrix (docs.nvidia.com/deeplearning/tensorrt/latest/getting-started/
 support-matrix.html) and release notes: FP8 needs compute capability 8.9 (Ada) or newer; NVFP4
 arrived in TensorRT 10.8 and MXFP8 in 10.12, both for Blackwell (CC 10.0 and 12.0); structured
-2:4 sparsity needs Ampere (CC 8.0); from TensorRT 10.5 INT8 needs CC 7.5 (Turing) or newer.
+2:4 sparsity and BF16 need Ampere (CC 8.0); from TensorRT 10.5 INT8 needs CC 7.5 (Turing) or newer.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ def unsupported_reasons(precision: str, sparse: bool, trt_version: str, compute_
     trt = parse_version(trt_version)[:2]
     cc = _cc(compute_capability)
     reasons = []
+    if precision == "bf16" and cc < (8, 0):
+        reasons.append(f"BF16 needs compute capability 8.0 or newer; this GPU is {compute_capability}")
     if precision == "fp8" and cc < (8, 9):
         reasons.append(f"FP8 needs compute capability 8.9 or newer; this GPU is {compute_capability}")
     if precision == "nvfp4":

@@ -1,0 +1,457 @@
+"""PyTorch itself: eager, ``torch.compile`` (Inductor) and CUDA graphs — the baseline every
+engine is measured against, because it is what users run before they have an engine.
+
+The stages mean what they mean for every toolchain:
+
+* **build** writes the runnable model (``engines/<toolchain>/<engine>.pt``: the timm architecture's
+  name and its weights in the variant's precision, so the file pins exactly what is timed) and
+  prepares it: for ``compile`` the compilation, timed, with the graph breaks counted and where
+  Inductor keeps its cache recorded; for ``cudagraphs`` the capture.
+* **profile** times it like trtexec times an engine: warm up for a duration, then at least N runs
+  and at least S seconds. On a GPU each run is bracketed by CUDA events and synchronised, so a
+  run's time is its latency on the GPU; on the CPU it is host time. A profile right after the build,
+  in the same process, reuses the prepared model; a later one prepares it again from Inductor's
+  cache (recorded as ``prepare_s``).
+
+Quantized and 2:4-sparse variants are ModelOpt's fake-quantized or pruned-dense PyTorch models:
+they compute in high precision and time nothing a deployment would run, so they are recorded as
+skipped here. Their engines are TensorRT's job.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+from pydantic import model_validator
+
+from pipeline.artifacts import sha256_file
+from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
+from pipeline.environment import nvidia_gpus
+from pipeline.errors import EnvironmentMissing, PipelineError, RefusedByTool
+from pipeline.models import TORCH_DTYPES, ModelSource
+from pipeline.runtimes.base import BuildResult, EngineRuntime, ProfileResult, ToolchainStatus
+
+# What the engine file holds; checked on load so a stray .pt is a clear error, not a crash.
+ENGINE_FORMAT = "trt-pipeline torch model"
+ENGINE_FORMAT_VERSION = 1
+# Runs before CUDA-graph capture, on a side stream, as PyTorch's CUDA graph notes ask.
+CAPTURE_WARMUP_RUNS = 3
+
+Backend = Literal["eager", "compile", "cudagraphs"]
+CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+
+
+class TorchSpec(ToolchainSpec):
+    """PyTorch running the model itself: eager, torch.compile, or eager captured in a CUDA graph."""
+
+    kind: Literal["torch"]
+    backend: Backend = "eager"
+    # torch.compile's mode (Inductor); only for backend = "compile". None: torch's "default".
+    mode: CompileMode | None = None
+    # Fail the build on any graph break instead of running the broken graph piecewise.
+    fullgraph: bool = False
+    # FP32 matrix products on TF32 tensor cores. Off is PyTorch's default (real FP32); TensorRT
+    # uses TF32 for FP32 by default, so turn it on for a like-for-like FP32 comparison.
+    tf32: bool = False
+
+    @model_validator(mode="after")
+    def _compile_options_need_compile(self):
+        if self.backend != "compile" and (self.mode is not None or self.fullgraph):
+            raise ValueError(f'mode and fullgraph are torch.compile settings: they need backend = "compile" (got backend = "{self.backend}")')
+        return self
+
+
+class CompileFailed(Exception):
+    """torch.compile refused the model: a fact about the model and the release, recorded by the
+    build as a refusal (see RefusedByTool)."""
+
+    def __init__(self, message: str, hint: str, facts: dict[str, Any]):
+        super().__init__(message)
+        self.message, self.hint, self.facts = message, hint, facts
+
+
+@dataclass
+class Prepared:
+    """A model ready to time: one call of ``run`` is one inference on the fixed input."""
+
+    engine_sha256: str
+    run: Callable[[], Any]
+    device: str
+    batch_size: int
+    # What preparing it took and found (compile time, graph breaks), for the manifests.
+    facts: dict[str, Any] = field(default_factory=dict)
+
+
+def _torch():
+    from pipeline.torch_import import import_timm
+
+    import_timm()  # timm's own import quirks (pipeline/torch_import.py) are handled once there
+    import torch
+
+    return torch
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+class TorchRuntime(EngineRuntime):
+    kind = "torch"
+    Spec = TorchSpec
+    engine_suffix = ".pt"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # The last model this runtime prepared, kept so a profile right after its build does not
+        # compile again. One at a time: a ViT-B holds hundreds of MB of GPU memory.
+        self._prepared: Prepared | None = None
+
+    # --- what it is -----------------------------------------------------------------------------
+
+    @property
+    def version(self) -> str:
+        return _version("torch") or "not installed"
+
+    @property
+    def mode(self) -> str | None:
+        return (self.spec.mode or "default") if self.spec.backend == "compile" else None
+
+    def identity(self) -> dict[str, Any]:
+        # Read from package metadata and nvidia-smi, so a warm rerun need not import torch.
+        return {
+            "runtime": "torch",
+            "torch": self.version,
+            "timm": _version("timm"),
+            "triton": _version("triton"),
+            "backend": self.spec.backend,
+            "mode": self.mode,
+            "fullgraph": self.spec.fullgraph,
+            "tf32": self.spec.tf32,
+            "gpus": [gpu.name for gpu in nvidia_gpus()],
+        }
+
+    def describe(self) -> str:
+        what = {"eager": "eager", "compile": f"torch.compile (Inductor, mode {self.mode})", "cudagraphs": "eager in a CUDA graph"}
+        return f"PyTorch {self.version}: {what[self.spec.backend]}"
+
+    def status(self) -> ToolchainStatus:
+        if find_spec("torch") is None:
+            return ToolchainStatus(present=False, usable=False, detail="torch is not installed (`make setup`)")
+        problem = self._machine_problem()
+        if problem:
+            return ToolchainStatus(present=True, usable=False, detail=problem[0])
+        return ToolchainStatus(present=True, usable=True, detail=f"torch {self.version}, {self.describe()}")
+
+    def _machine_problem(self) -> tuple[str, str] | None:
+        """(what is missing, how to get it) for this backend on this machine, or None."""
+        cuda = self._cuda_available()
+        if self.spec.backend == "cudagraphs" and not cuda:
+            return (
+                f"toolchain {self.name} captures CUDA graphs, which need an NVIDIA GPU; torch {self.version} sees none.",
+                "use a toolchain that runs on the CPU here (torch-eager, torch-inductor), or run on a GPU machine",
+            )
+        if self.spec.backend == "compile":
+            if cuda and find_spec("triton") is None:
+                return (
+                    f"toolchain {self.name} compiles with Inductor, which needs Triton on GPUs; it is not installed.",
+                    "install the triton release your torch was built with (CUDA wheels of torch bring it)",
+                )
+            if not cuda and not any(shutil.which(cxx) for cxx in (os.environ.get("CXX", ""), "g++", "clang++", "c++") if cxx):
+                return (
+                    f"toolchain {self.name} compiles with Inductor, which needs a C++ compiler on the CPU; none is on PATH.",
+                    "install one (`apt-get install g++`) or set CXX",
+                )
+        return None
+
+    @staticmethod
+    def _cuda_available() -> bool:
+        if not nvidia_gpus():  # no driver: no need to import torch to know
+            return False
+        return _torch().cuda.is_available()
+
+    def check_usable(self) -> None:
+        if find_spec("torch") is None:
+            _torch()  # raises EnvironmentMissing with the install hint
+        problem = self._machine_problem()
+        if problem:
+            raise EnvironmentMissing(problem[0], hint=problem[1])
+
+    def unsupported_reason(self, variant: VariantSpec) -> str | None:
+        if variant.precision not in TORCH_DTYPES:
+            return f"{variant.precision} in PyTorch is fake quantization (high-precision arithmetic): it times nothing a deployment runs"
+        if variant.sparsity:
+            return "2:4 sparsity in PyTorch is a pruned dense model (no sparse kernels): it times nothing a deployment runs"
+        return None
+
+    # --- build: the runnable model ----------------------------------------------------------------
+
+    def settings(self, precision: str, device: str) -> dict[str, Any]:
+        settings: dict[str, Any] = {"backend": self.spec.backend, "dtype": TORCH_DTYPES[precision], "device": device, "tf32": self.spec.tf32}
+        if self.spec.backend == "compile":
+            settings.update(mode=self.mode, fullgraph=self.spec.fullgraph, dynamic=False)
+        return settings
+
+    def describe_build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec, source: ModelSource) -> list[str]:
+        prepare = {
+            "eager": "nothing to prepare",
+            "compile": f"torch.compile(mode={self.mode!r}, fullgraph={self.spec.fullgraph}, dynamic=False), compiled by one run "
+            "(Inductor's cache: $TORCHINDUCTOR_CACHE_DIR, else torchinductor_<user> in the temp directory)",
+            "cudagraphs": "capture one run in a CUDA graph",
+        }[self.spec.backend]
+        return [
+            f"build: torch {self.version}: timm {source.spec.timm} ({TORCH_DTYPES.get(variant.precision, variant.precision)}) "
+            f"→ {engine_path}; {prepare}"
+        ]
+
+    def build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec, source: ModelSource) -> BuildResult:
+        torch = _torch()
+        dtype = getattr(torch, TORCH_DTYPES[variant.precision])
+        model = source.create().to(dtype)
+        shape = source.input_shape(model)
+        torch.save(
+            {
+                "format": ENGINE_FORMAT,
+                "format_version": ENGINE_FORMAT_VERSION,
+                "timm_model": source.spec.timm,
+                "precision": variant.precision,
+                "input_shape": list(shape),
+                "state_dict": model.state_dict(),
+            },
+            engine_path,
+        )
+        device = "cuda" if self._cuda_available() else "cpu"
+        settings = self.settings(variant.precision, device)
+        self._prepared = None  # free the previous model's memory before preparing this one
+        try:
+            self._prepared = self._prepare(model, shape, dtype, device, sha256_file(engine_path))
+        except CompileFailed as exc:
+            result = BuildResult(engine_path=None, settings=settings, evidence={"compiler": {**self.versions(), **exc.facts}})
+            raise RefusedByTool(exc.message, exc.hint, result=result) from exc.__cause__
+        facts = self._prepared.facts
+        notes = []
+        if facts.get("graph_breaks"):
+            notes.append(f"{facts['graph_breaks']} graph break(s): the model runs as {facts['graphs']} compiled graphs with eager code between them")
+            self.reporter.warn(f"{engine_path.name}: {notes[-1]} (set fullgraph = true to refuse them)")
+        return BuildResult(engine_path=engine_path, settings=settings, notes=notes, evidence={"compiler": {**self.versions(), **facts}})
+
+    def versions(self) -> dict[str, Any]:
+        torch = _torch()
+        cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+        return {"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": cudnn, "triton": _version("triton"), "timm": _version("timm")}
+
+    def _prepare(self, model, shape, dtype, device: str, engine_sha256: str) -> Prepared:
+        torch = _torch()
+        if device == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = self.spec.tf32
+            torch.backends.cudnn.allow_tf32 = self.spec.tf32
+        batch = shape[0]
+        with out_of_memory_as_error(batch):
+            model = model.to(device)
+            example = torch.randn(*shape, generator=torch.Generator().manual_seed(0)).to(device=device, dtype=dtype)
+            facts: dict[str, Any] = {}
+            if self.spec.backend == "eager":
+                run = _no_grad(lambda: model(example))
+            elif self.spec.backend == "cudagraphs":
+                run = _capture(torch, model, example)
+            else:
+                run, facts = self._compile(torch, model, example)
+        return Prepared(engine_sha256, run, device, batch, facts)
+
+    def _compile(self, torch, model, example):
+        import torch._dynamo
+        from torch._inductor.runtime import cache_dir_utils
+
+        # A fresh Dynamo state per model: its code cache is keyed on forward(), which every timm
+        # ViT shares, and past its recompile limit Dynamo silently falls back to eager.
+        torch._dynamo.reset()
+        counters = torch._dynamo.utils.counters
+        counters.clear()
+        compiled = torch.compile(model, mode=self.mode, fullgraph=self.spec.fullgraph, dynamic=False)
+        started = time.perf_counter()
+        try:
+            with torch.no_grad():
+                compiled(example)
+            if example.is_cuda:
+                torch.cuda.synchronize()
+        except torch.cuda.OutOfMemoryError:
+            raise
+        except Exception as exc:  # Dynamo/Inductor raise many types: Unsupported, BackendCompilerFailed, …
+            text = str(exc).strip()
+            first = text.splitlines()[0] if text else type(exc).__name__
+            fullgraph = self.spec.fullgraph and "graph break" in text.lower()
+            raise CompileFailed(
+                f"torch.compile failed: {first}",
+                "the model breaks the graph and the toolchain has fullgraph = true; set it to false to run the pieces"
+                if fullgraph
+                else "run with -v for the compiler's traceback; try another mode, or the torch-eager toolchain",
+                {"error": text[:4000], "error_type": type(exc).__name__, "compile_s": round(time.perf_counter() - started, 3)},
+            ) from exc
+        facts = {
+            "compile_s": round(time.perf_counter() - started, 3),
+            "graphs": int(counters["stats"]["unique_graphs"]),
+            "graph_breaks": int(sum(counters["graph_break"].values())),
+            "graph_break_reasons": sorted(counters["graph_break"])[:20],
+            "inductor_cache_dir": cache_dir_utils.cache_dir(),
+            "inductor_cache_hits": int(counters["inductor"]["fxgraph_cache_hit"]),
+        }
+
+        def run():
+            # Compiled modes that use CUDA graphs (max-autotune, reduce-overhead) reuse their
+            # output buffers; marking each inference as a new step lets them.
+            torch.compiler.cudagraph_mark_step_begin()
+            return compiled(example)
+
+        return _no_grad(run), facts
+
+    # --- profile ------------------------------------------------------------------------------------
+
+    def describe_profile(self, engine_path: Path, settings: ProfileSettings) -> list[str]:
+        clock = "CUDA events around each synchronised run on the GPU (host time on a CPU)"
+        return [
+            f"profile: torch {self.version} {self.spec.backend}: {engine_path.name}, warm-up {settings.warmup_ms:g} ms, "
+            f"then ≥{settings.iterations} runs and ≥{settings.duration_s:g} s; {clock}"
+        ]
+
+    def load(self, engine_path: Path) -> Prepared:
+        """The prepared model for this engine file: the one the build left, else prepared again."""
+        sha = sha256_file(engine_path)
+        if self._prepared is not None and self._prepared.engine_sha256 == sha:
+            return self._prepared
+        self._prepared = None
+        torch = _torch()
+        from pipeline.torch_import import import_timm
+
+        try:
+            saved = torch.load(engine_path, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise PipelineError(f"{engine_path} is not a readable PyTorch file: {exc}", hint="rebuild it with --force") from exc
+        if not isinstance(saved, dict) or saved.get("format") != ENGINE_FORMAT or saved.get("format_version") != ENGINE_FORMAT_VERSION:
+            raise PipelineError(f"{engine_path} was not written by this pipeline's torch toolchain.", hint="rebuild it with --force")
+        model = import_timm().create_model(saved["timm_model"], pretrained=False)
+        dtype = getattr(torch, TORCH_DTYPES[saved["precision"]])
+        model.load_state_dict(saved["state_dict"])
+        model = model.eval().to(dtype)
+        device = "cuda" if self._cuda_available() else "cpu"
+        started = time.perf_counter()
+        try:
+            prepared = self._prepare(model, tuple(saved["input_shape"]), dtype, device, sha)
+        except CompileFailed as exc:
+            raise PipelineError(f"{engine_path.name} no longer compiles here: {exc.message}", hint=exc.hint) from exc.__cause__
+        prepared.facts["prepare_s"] = round(time.perf_counter() - started, 3)
+        self._prepared = prepared
+        return prepared
+
+    def profile(self, engine_path: Path, settings: ProfileSettings) -> ProfileResult:
+        prepared = self.load(engine_path)
+        torch = _torch()
+        cuda = prepared.device == "cuda"
+        gpu = torch.cuda.get_device_name() if cuda else None
+        with out_of_memory_as_error(prepared.batch_size):
+            if cuda:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+            times_ms, elapsed = time_runs(torch, prepared.run, settings, cuda)
+        execution: dict[str, Any] = {**self.versions(), **self.settings_in_force(prepared), **prepared.facts}
+        if cuda:
+            execution["peak_memory_mib"] = {
+                "allocated": round(torch.cuda.max_memory_allocated() / 2**20, 1),
+                "reserved": round(torch.cuda.max_memory_reserved() / 2**20, 1),
+            }
+            execution["compute_capability"] = "%d.%d" % torch.cuda.get_device_capability()
+        return ProfileResult(
+            per_iteration_ms=times_ms,
+            total_walltime_s=elapsed,
+            device=f"torch {self.spec.backend} on {gpu or 'CPU'}",
+            metric="GPU time (CUDA events)" if cuda else "host latency",
+            evidence={"gpu": gpu, "execution": execution},
+        )
+
+    def settings_in_force(self, prepared: Prepared) -> dict[str, Any]:
+        return {"backend": self.spec.backend, "mode": self.mode, "device": prepared.device, "tf32": self.spec.tf32}
+
+
+def _no_grad(fn):
+    import torch
+
+    def run():
+        with torch.no_grad():
+            return fn()
+
+    return run
+
+
+def _capture(torch, model, example):
+    """Eager ``model(example)`` captured once in a CUDA graph; each call replays it."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad(), torch.cuda.stream(stream):
+        for _ in range(CAPTURE_WARMUP_RUNS):  # lazy initialisation happens outside the capture
+            model(example)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph):
+        model(example)
+    return graph.replay
+
+
+def time_runs(torch, run: Callable[[], Any], settings: ProfileSettings, cuda: bool) -> tuple[list[float], float]:
+    """trtexec's rules: warm up for warmup_ms, then until BOTH `iterations` runs and `duration_s`."""
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    warmup_end = time.perf_counter() + settings.warmup_ms / 1000.0
+    while True:
+        run()
+        sync()
+        if time.perf_counter() >= warmup_end:
+            break
+    times_ms: list[float] = []
+    if cuda:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    started = time.perf_counter()
+    while True:
+        if cuda:
+            start.record()
+            run()
+            end.record()
+            end.synchronize()
+            times_ms.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter_ns()
+            run()
+            times_ms.append((time.perf_counter_ns() - t0) / 1e6)
+        elapsed = time.perf_counter() - started
+        if len(times_ms) >= settings.iterations and elapsed >= settings.duration_s:
+            return times_ms, elapsed
+
+
+class out_of_memory_as_error:
+    """A CUDA out-of-memory error as a user error naming the batch and the free memory; the
+    pipeline goes on with the other engines."""
+
+    def __init__(self, batch_size: int):
+        self.batch_size = batch_size
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, traceback):
+        import torch
+
+        if kind is None or not issubclass(kind, torch.cuda.OutOfMemoryError):
+            return False
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info()
+        raise PipelineError(
+            f"out of GPU memory at batch size {self.batch_size}: {free / 2**20:,.0f} MiB free of {total / 2**20:,.0f} MiB "
+            f"on {torch.cuda.get_device_name()} after the attempt.",
+            hint="lower the model's batch_size in pipeline.toml, or free the GPU (nvidia-smi lists what holds it)",
+        ) from exc
