@@ -99,6 +99,9 @@ class ProfileSettings(_Strict):
     warmup_ms: float = Field(default=200.0, ge=0)
     iterations: int = Field(default=10, ge=1)  # a minimum, like trtexec
     duration_s: float = Field(default=3.0, ge=0)  # also a minimum: both bounds must be met
+    # Whole measurements per profile, each with its own warm-up; the record keeps the last one's
+    # samples and every one's median, whose spread says how repeatable the number is.
+    repeats: int = Field(default=1, ge=1, le=100)
 
 
 class CalibrationSettings(_Strict):

@@ -124,6 +124,22 @@ def apply_calibration(state, calib_dir, calib_samples) -> None:
     state._catalog = state.catalog.model_copy(update={"calibration": settings.model_copy(update=updates)})
 
 
+def repeat_option(func):
+    return click.option(
+        "--repeat",
+        type=click.IntRange(min=1, max=100),
+        metavar="N",
+        help="Measure each engine N times (each with its own warm-up) and record every run's median and their "
+        "spread, so you can tell a repeatable number from a lucky one. Default: the catalog's [profile] repeats.",
+    )(func)
+
+
+def apply_repeat(state, repeat) -> None:
+    if repeat is not None:
+        settings = state.catalog.profile
+        state._catalog = state.catalog.model_copy(update={"profile": settings.model_copy(update={"repeats": repeat})})
+
+
 def select_engines(catalog, engines, models, variants):
     """The one place selection options are combined and checked."""
     from pipeline.catalog import EngineRef
@@ -234,10 +250,11 @@ def engine_stage_options(func):
     return func
 
 
-def _stage_command(state: _State, engines, models, variants, toolchain, trt, archs, force, dry_run, calib_dir, calib_samples, until):
+def _stage_command(state: _State, engines, models, variants, toolchain, trt, archs, force, dry_run, calib_dir, calib_samples, until, repeat=None):
     from pipeline.runner import run_engines
 
     apply_calibration(state, calib_dir, calib_samples)
+    apply_repeat(state, repeat)
     refs = select_engines(state.catalog, engines, models, variants)
     chain = select_toolchain(state, toolchain, trt, archs)
     ctx = state.context(force)
@@ -260,6 +277,7 @@ def build(state: _State, **options):
 
 @cli.command()
 @engine_stage_options
+@repeat_option
 @pass_state
 def profile(state: _State, **options):
     """Time engines (building them first if needed); results go to manifests/<toolchain>/."""
@@ -271,8 +289,9 @@ def profile(state: _State, **options):
 @toolchain_options
 @force_option
 @calibration_options
+@repeat_option
 @pass_state
-def run(state: _State, engines, models, variants, toolchain, trt, archs, force, calib_dir, calib_samples):
+def run(state: _State, engines, models, variants, toolchain, trt, archs, force, calib_dir, calib_samples, repeat):
     """Export, build and profile a selection, then print the comparison.
 
     With no selection it runs the catalog's defaults: the demo on ONNX Runtime.
@@ -280,6 +299,7 @@ def run(state: _State, engines, models, variants, toolchain, trt, archs, force, 
     from pipeline.runner import run_engines
 
     apply_calibration(state, calib_dir, calib_samples)
+    apply_repeat(state, repeat)
     refs = select_engines(state.catalog, engines, models, variants)
     chain = select_toolchain(state, toolchain, trt, archs)
     run_engines(state.context(force), refs, chain, until="profile")

@@ -129,6 +129,10 @@ class ProfileDetails(_Model):
     images_per_s: float
     # Kept so reports can test significance (bootstrap) and draw CDFs without re-measuring.
     per_iteration_ms: list[float]
+    # With [profile] repeats > 1: each measurement's median (the last is the one above) and the
+    # coefficient of variation across them.
+    repeat_medians_ms: list[float] = []
+    repeat_cv: float | None = None
     warnings: list[str] = []
     # The GPU it was timed on, by name, when the runtime knows it (for the roofline's peaks).
     gpu: str | None = None

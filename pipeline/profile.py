@@ -70,8 +70,14 @@ class ProfileStage(Stage):
 
     def run_impl(self, inputs: list[Artifact]) -> StageOutcome:
         engine_path = self.ctx.workspace.root / inputs[0].path
-        result = self.runtime.profile(engine_path, self.settings)
+        medians = []
+        for run in range(self.settings.repeats):
+            if run:
+                self.ctx.reporter.detail(f"{self.engine.name}: measurement {run + 1} of {self.settings.repeats}")
+            result = self.runtime.profile(engine_path, self.settings)
+            medians.append(LatencyStats.from_values(result.per_iteration_ms).median)
         stats = LatencyStats.from_values(result.per_iteration_ms)
+        repeat_cv = LatencyStats.from_values(medians).cv if len(medians) > 1 else None
         qps = result.throughput_qps if result.throughput_qps else 1000.0 / stats.mean
         for warning in result.warnings:
             if warning.startswith("* "):  # trtexec's own judgement of the measurement
@@ -87,13 +93,13 @@ class ProfileStage(Stage):
             throughput_qps=qps,
             images_per_s=qps * self.model_spec.batch_size,
             per_iteration_ms=[round(v, 6) for v in result.per_iteration_ms],
+            repeat_medians_ms=[round(v, 6) for v in medians] if len(medians) > 1 else [],
+            repeat_cv=repeat_cv,
             warnings=result.warnings,
             **result.evidence,
         )
         outputs = [self.ctx.workspace.artifact(role, path) for role, path in result.sidecars.items()]
-        return StageOutcome(
-            outputs=outputs,
-            details=details,
-            command=result.command,
-            note=f": median {stats.median:.2f} ms, {details.images_per_s:.1f} img/s over {stats.count} runs",
-        )
+        note = f": median {stats.median:.2f} ms, {details.images_per_s:.1f} img/s over {stats.count} runs"
+        if repeat_cv is not None:
+            note += f"; {len(medians)} measurements, medians {min(medians):.3f}–{max(medians):.3f} ms (CV {repeat_cv:.2%})"
+        return StageOutcome(outputs=outputs, details=details, command=result.command, note=note)

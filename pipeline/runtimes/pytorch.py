@@ -150,7 +150,7 @@ class TorchRuntime(EngineRuntime):
         problem = self._machine_problem()
         if problem:
             return ToolchainStatus(present=True, usable=False, detail=problem[0])
-        return ToolchainStatus(present=True, usable=True, detail=f"torch {self.version}, {self.describe()}")
+        return ToolchainStatus(present=True, usable=True, detail=self.describe())
 
     def _machine_problem(self) -> tuple[str, str] | None:
         """(what is missing, how to get it) for this backend on this machine, or None."""
@@ -158,7 +158,7 @@ class TorchRuntime(EngineRuntime):
         if self.spec.backend == "cudagraphs" and not cuda:
             return (
                 f"toolchain {self.name} captures CUDA graphs, which need an NVIDIA GPU; torch {self.version} sees none.",
-                "use a toolchain that runs on the CPU here (torch-eager, torch-inductor), or run on a GPU machine",
+                "here, use a torch toolchain whose backend is eager or compile; or run on a GPU machine",
             )
         if self.spec.backend == "compile":
             if cuda and find_spec("triton") is None:
