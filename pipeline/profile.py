@@ -75,7 +75,7 @@ class ProfileStage(Stage):
             if run:
                 self.ctx.reporter.detail(f"{self.engine.name}: measurement {run + 1} of {self.settings.repeats}")
             result = self.runtime.profile(engine_path, self.settings)
-            medians.append(LatencyStats.from_values(result.per_iteration_ms).median)
+            medians.append(round(LatencyStats.from_values(result.per_iteration_ms).median, 6))
         stats = LatencyStats.from_values(result.per_iteration_ms)
         repeat_cv = LatencyStats.from_values(medians).cv if len(medians) > 1 else None
         qps = result.throughput_qps if result.throughput_qps else 1000.0 / stats.mean
@@ -93,7 +93,7 @@ class ProfileStage(Stage):
             throughput_qps=qps,
             images_per_s=qps * self.model_spec.batch_size,
             per_iteration_ms=[round(v, 6) for v in result.per_iteration_ms],
-            repeat_medians_ms=[round(v, 6) for v in medians] if len(medians) > 1 else [],
+            repeat_medians_ms=medians if len(medians) > 1 else [],
             repeat_cv=repeat_cv,
             warnings=result.warnings,
             **result.evidence,

@@ -79,7 +79,7 @@ def test_variant_with_unknown_precision_lists_allowed_values(tmp_path):
     with pytest.raises(UsageError) as info:
         load_catalog(path)
     assert "variants.int8.precision" in info.value.message
-    assert "'fp32', 'fp16', 'int8', 'fp8', 'mxfp8' or 'nvfp4'" in info.value.message
+    assert "'fp32', 'fp16', 'bf16', 'int8', 'fp8', 'mxfp8' or 'nvfp4'" in info.value.message
 
 
 def test_ambiguous_engine_names_are_caught_at_load(tmp_path):

@@ -21,7 +21,7 @@ from pipeline.environment import nvidia_gpus
 from pipeline.manifest import read_manifest
 from tests.conftest import TINY_CATALOG, write_catalog
 
-CPU_VARIANTS = ("fp32", "fp16", "int8", "fp8", "fp16_sparse", "int8_sparse", "fp8_sparse")
+CPU_VARIANTS = ("fp32", "fp16", "bf16", "int8", "fp8", "fp16_sparse", "int8_sparse", "fp8_sparse")
 
 # The shared test catalog (timm's test_vit as "tiny", which exports NVFP4 in a second on the CPU),
 # with vit_tiny, the CPU-exportable variants it lacks, and the two TensorRT-RTX releases.
@@ -32,6 +32,8 @@ batch_size = 4
 
 [variants.fp8]
 precision = "fp8"
+[variants.bf16]
+precision = "bf16"
 [variants.int8_sparse]
 precision = "int8"
 sparsity = "2:4"
@@ -184,6 +186,14 @@ def test_fp8_for_sm80_is_refused_with_the_compilers_reason_and_recorded(workspac
     assert build.details.settings["targets"] == ["sm80"]
     # The sm120 engine no longer matches what the manifest describes, so it is gone.
     assert not engine.exists() and not list(engine.parent.glob(".vit_tiny_fp8*"))
+
+
+@pytest.mark.rtx
+def test_bf16_for_turing_is_refused_for_its_data_type(workspace, run_cli):
+    refused = run_cli(workspace, "build", "--engine", "vit_tiny_bf16", "--toolchain", "trt-rtx1.7", "--arch", "sm75")
+    assert refused.exit_code == 1
+    assert "Cannot compile for target(s) sm75, because the model contains HW-specific datatypes: b16" in refused.err
+    assert manifest(workspace.parent, "trt-rtx1.7", "vit_tiny_bf16").build.status == "failed"
 
 
 @pytest.mark.rtx

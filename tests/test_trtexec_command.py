@@ -19,7 +19,7 @@ HELP_FILES = {
     "10.14.1": "trt10.14.1_help.txt",
     "10.16.1": "trt10.16.1_help.txt",
 }
-PRECISIONS = ("fp32", "fp16", "int8", "fp8", "mxfp8", "nvfp4")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8", "mxfp8", "nvfp4")
 
 
 def help_flags(version: str) -> set[str]:
@@ -41,7 +41,7 @@ def build_argvs(version: str):
         try:
             yield precision, command.argv(version)
         except UsageError:
-            assert version.startswith("8.") and precision in ("mxfp8", "nvfp4")
+            assert version.startswith("8.") and precision in ("bf16", "mxfp8", "nvfp4")
 
 
 def profile_argv(version: str) -> list[str]:
@@ -83,8 +83,9 @@ def test_tensorrt_8_uses_weak_typing_and_cannot_do_block_formats():
     argvs = dict(build_argvs("8.6.1"))
     assert {"--fp16", "--int8"} <= flags(argvs["int8"])
     assert "--stronglyTyped" not in flags(argvs["fp16"])
-    with pytest.raises(UsageError, match="needs a strongly typed build"):
-        BuildCommand(onnx="a", engine="b", precision="nvfp4").argv("8.6.1")
+    for precision in ("nvfp4", "bf16"):  # 8.6.1's help has no --bf16
+        with pytest.raises(UsageError, match="needs a strongly typed build"):
+            BuildCommand(onnx="a", engine="b", precision=precision).argv("8.6.1")
 
 
 def test_build_command_in_full():
@@ -130,6 +131,8 @@ def test_profile_command_uses_trtexec_units():
         ("mxfp8", False, "10.12", "10.0", []),
         ("fp16", True, "10.14.1", "7.5", ["2:4 sparsity needs compute capability 8.0"]),
         ("fp16", True, "10.14.1", "8.0", []),
+        ("bf16", False, "10.14.1", "7.5", ["BF16 needs compute capability 8.0"]),
+        ("bf16", False, "10.14.1", "8.0", []),
         ("int8", False, "10.5", "7.0", ["INT8 on TensorRT 10.5+ needs compute capability 7.5"]),
         ("int8", False, "10.4", "7.0", []),
         ("nvfp4", True, "10.6", "7.5", ["NVFP4 needs TensorRT 10.8", "NVFP4 needs a Blackwell", "2:4 sparsity needs"]),

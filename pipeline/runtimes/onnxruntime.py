@@ -95,8 +95,13 @@ class OnnxRuntimeRuntime(EngineRuntime):
             _ort()
 
     def unsupported_reason(self, variant: VariantSpec) -> str | None:
+        if variant.precision == "bf16":
+            return "ONNX Runtime's CPU execution provider has no bfloat16 Conv or MatMul kernels"
         if variant.precision not in SUPPORTED_PRECISIONS:
-            return f"the onnxruntime toolchain runs {', '.join(SUPPORTED_PRECISIONS)} engines, not {variant.precision}"
+            return (
+                f"{variant.precision} needs TensorRT; the onnxruntime toolchain runs "
+                f"{', '.join(SUPPORTED_PRECISIONS)} engines"
+            )
         return None
 
     def _session(self, path: Path, level, optimized_out: Path | None = None):

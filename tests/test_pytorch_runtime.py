@@ -1,0 +1,316 @@
+"""The torch toolchains: PyTorch eager, torch.compile and CUDA graphs, timed like engines.
+
+On the CPU with timm's test_vit (Inductor compiles it in seconds); the CUDA-graph backend and
+CUDA-event timing have GPU tests at the end, skipped with the reason elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+
+import pytest
+
+from pipeline.manifest import read_manifest
+from tests.conftest import TINY_CATALOG, write_catalog
+
+torch = pytest.importorskip("torch")
+
+TORCH_TOOLCHAINS = """
+[variants.bf16]
+precision = "bf16"
+
+[toolchains.torch-eager]
+kind = "torch"
+baselines = ["fp32"]
+
+[toolchains.torch-inductor]
+kind = "torch"
+backend = "compile"
+mode = "default"
+baselines = ["fp32"]
+
+[toolchains.torch-cudagraphs]
+kind = "torch"
+backend = "cudagraphs"
+"""
+# A top-level key: before the tables, or TOML puts it in the last one.
+CATALOG = 'baseline_toolchain = "torch-eager"\n' + TINY_CATALOG + TORCH_TOOLCHAINS
+
+
+def register_graph_break_model() -> str:
+    """A timm model whose forward() breaks Dynamo's graph in the middle."""
+    from timm.models import register_model
+
+    from pipeline.torch_import import import_timm
+
+    timm = import_timm()
+    name = "graph_break_net"
+    if name in timm.list_models(name):
+        return name
+
+    class GraphBreakNet(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = torch.nn.Conv2d(3, 8, 3)
+            self.head = torch.nn.Linear(8, 10)
+            self.pretrained_cfg = {"input_size": (3, 32, 32)}
+
+        def forward(self, x):
+            features = self.stem(x).mean((2, 3))
+            torch._dynamo.graph_break()  # a no-op outside Dynamo, so the ONNX export is unaffected
+            return self.head(features)
+
+    def graph_break_net(pretrained=False, **kwargs):
+        return GraphBreakNet()
+
+    register_model(graph_break_net)
+    return name
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    """fp32 on ONNX Runtime, torch-eager and torch-inductor, and the variants torch skips."""
+    from pipeline.cli import main
+
+    catalog = write_catalog(tmp_path_factory.mktemp("torch"), CATALOG)
+    for toolchain in ("onnxruntime", "torch-eager", "torch-inductor"):
+        assert main(["--catalog", str(catalog), "run", "--variant", "fp32", "--toolchain", toolchain]) == 0
+    assert main(["--catalog", str(catalog), "build", "--variant", "int8", "--variant", "fp16_sparse", "--toolchain", "torch-eager"]) == 0
+    return catalog
+
+
+def manifest(catalog, toolchain: str, engine: str = "tiny_fp32"):
+    return read_manifest(catalog.parent / "manifests" / toolchain / f"{engine}.json")
+
+
+def test_eager_and_compile_build_the_runnable_model_and_time_it_on_the_cpu(workspace):
+    for toolchain, backend in (("torch-eager", "eager"), ("torch-inductor", "compile")):
+        m = manifest(workspace, toolchain)
+        assert m.build.status == "done" and m.profile.status == "done"
+        assert m.build.details.runtime == "torch" and m.build.details.settings["backend"] == backend
+        assert m.build.details.settings["dtype"] == "float32" and m.build.details.settings["device"] == "cpu"
+        # The engine file pins exactly what is timed: the architecture and its weights.
+        engine = next(a for a in m.build.outputs if a.role == "engine")
+        saved = torch.load(workspace.parent / engine.path, weights_only=True)
+        assert saved["timm_model"] == "test_vit" and saved["input_shape"] == [2, 3, 160, 160]
+        assert all(t.dtype == torch.float32 for t in saved["state_dict"].values() if t.is_floating_point())
+        profile = m.profile.details
+        assert profile.metric == "host latency" and profile.device == f"torch {backend} on CPU"
+        assert profile.iterations == len(profile.per_iteration_ms) >= 5
+        assert profile.execution["torch"] == torch.__version__ and profile.execution["backend"] == backend
+
+
+def test_same_weights_as_the_export(workspace):
+    """The torch engines hold the weights the ONNX was exported from (same seed, same model)."""
+    import onnx
+    from onnx import numpy_helper
+
+    saved = torch.load(workspace.parent / "engines" / "torch-eager" / "tiny_fp32.pt", weights_only=True)
+    graph = onnx.load(str(workspace.parent / "models" / "tiny" / "fp32.onnx"))
+    initializers = {init.name: numpy_helper.to_array(init) for init in graph.graph.initializer}
+    weight = saved["state_dict"]["head.weight"].numpy()
+    assert any(value.shape == weight.shape and (value == weight).all() for value in initializers.values())
+
+
+def test_compile_time_and_graphs_are_recorded(workspace):
+    compiler = manifest(workspace, "torch-inductor").build.details.compiler
+    assert compiler["compile_s"] > 0
+    assert compiler["graphs"] == 1 and compiler["graph_breaks"] == 0
+    assert compiler["inductor_cache_dir"]
+    settings = manifest(workspace, "torch-inductor").build.details.settings
+    assert settings["mode"] == "default" and settings["fullgraph"] is False and settings["dynamic"] is False
+
+
+def test_quantized_and_sparse_variants_are_recorded_as_skipped(workspace):
+    int8 = manifest(workspace, "torch-eager", "tiny_int8").build
+    assert int8.status == "skipped" and "fake quantization" in int8.reason
+    sparse = manifest(workspace, "torch-eager", "tiny_fp16_sparse").build
+    assert sparse.status == "skipped" and "pruned dense model" in sparse.reason
+
+
+def test_compare_shows_torch_rows_beside_onnxruntime_with_the_speedup_over_eager(workspace, run_cli):
+    result = run_cli(workspace, "compare", "--format", "json")
+    assert result.exit_code == 0, result.err
+    rows = {(r["engine"], r["toolchain"]): r for r in json.loads(result.out)}
+    eager = rows[("tiny_fp32", "torch-eager")]
+    assert eager["vs_baseline_toolchain"] == 1.0 and eager["baseline_toolchain"] == "torch-eager"
+    for toolchain in ("onnxruntime", "torch-inductor"):
+        row = rows[("tiny_fp32", toolchain)]
+        assert row["vs_baseline_toolchain"] == pytest.approx(eager["median_ms"] / row["median_ms"])
+    table = run_cli(workspace, "compare", "--format", "md").out
+    assert "x vs torch-eager" in table
+
+
+def test_a_warm_rerun_does_nothing_and_a_new_mode_recompiles(workspace, run_cli):
+    before = manifest(workspace, "torch-inductor")
+    again = run_cli(workspace, "run", "--variant", "fp32", "--toolchain", "torch-inductor")
+    assert again.exit_code == 0, again.err
+    assert manifest(workspace, "torch-inductor") == before  # nothing compiled, nothing measured
+    assert again.err.count("didn't change, skipping") == 3  # export, build, profile
+
+    workspace.write_text(workspace.read_text().replace('mode = "default"', 'mode = "max-autotune-no-cudagraphs"'))
+    try:
+        changed = run_cli(workspace, "run", "--variant", "fp32", "--toolchain", "torch-inductor")
+        assert changed.exit_code == 0, changed.err
+        after = manifest(workspace, "torch-inductor")
+        assert after.build.fingerprint != before.build.fingerprint
+        assert after.build.details.settings["mode"] == "max-autotune-no-cudagraphs"
+        assert after.build.details.compiler["compile_s"] > 0
+        assert after.profile.finished_at > before.profile.finished_at
+    finally:
+        workspace.write_text(workspace.read_text().replace('mode = "max-autotune-no-cudagraphs"', 'mode = "default"'))
+
+
+def test_repeat_measures_several_times_and_records_each_median(workspace, run_cli):
+    result = run_cli(workspace, "profile", "--engine", "tiny_fp32", "--toolchain", "torch-eager", "--repeat", "3")
+    assert result.exit_code == 0, result.err
+    details = manifest(workspace, "torch-eager").profile.details
+    assert len(details.repeat_medians_ms) == 3
+    assert details.repeat_medians_ms[-1] == pytest.approx(details.latency_ms.median, abs=1e-6)
+    medians = details.repeat_medians_ms
+    assert details.repeat_cv == pytest.approx(statistics.stdev(medians) / statistics.fmean(medians))
+    assert "3 measurements" in result.err
+
+
+def test_bf16_runs_on_torch_and_is_skipped_by_onnxruntime_with_the_reason(workspace, run_cli):
+    result = run_cli(workspace, "run", "--variant", "bf16", "--toolchain", "torch-eager")
+    assert result.exit_code == 0, result.err
+    m = manifest(workspace, "torch-eager", "tiny_bf16")
+    assert m.build.details.settings["dtype"] == "bfloat16" and m.profile.status == "done"
+    export = read_manifest(workspace.parent / "manifests" / "export" / "tiny_bf16.json").export.details
+    assert export.input_dtype == "bfloat16" and export.parity is None
+    assert "no bfloat16 kernels" in export.parity_skipped
+    skipped = run_cli(workspace, "build", "--variant", "bf16", "--toolchain", "onnxruntime")
+    assert skipped.exit_code == 0
+    assert "no bfloat16 Conv or MatMul kernels" in manifest(workspace, "onnxruntime", "tiny_bf16").build.reason
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown on machines without CUDA")
+def test_cuda_graphs_without_a_gpu_is_a_clear_error(workspace, run_cli):
+    result = run_cli(workspace, "run", "--variant", "fp32", "--toolchain", "torch-cudagraphs")
+    assert result.exit_code == 3
+    assert "ERROR toolchain torch-cudagraphs captures CUDA graphs, which need an NVIDIA GPU" in result.err
+    assert "TIP" in result.err and "Traceback" not in result.err
+
+
+def test_graph_breaks_are_counted_and_fullgraph_refuses_them(tmp_path, run_cli):
+    model = register_graph_break_model()
+    catalog = write_catalog(
+        tmp_path / "ws",
+        f"""
+        [models.net]
+        timm = "{model}"
+        batch_size = 2
+        [variants.fp32]
+        precision = "fp32"
+        [toolchains.onnxruntime]
+        kind = "onnxruntime"
+        [toolchains.torch-compile]
+        kind = "torch"
+        backend = "compile"
+        [toolchains.torch-fullgraph]
+        kind = "torch"
+        backend = "compile"
+        fullgraph = true
+        [defaults]
+        models = ["net"]
+        variants = ["fp32"]
+        """,
+    )
+    pieces = run_cli(catalog, "build", "--engine", "net_fp32", "--toolchain", "torch-compile")
+    assert pieces.exit_code == 0, pieces.err
+    build = manifest(catalog, "torch-compile", "net_fp32").build
+    assert build.status == "done"
+    assert build.details.compiler["graph_breaks"] >= 1 and build.details.compiler["graphs"] >= 2
+    assert "graph break" in build.details.notes[0]
+    assert "graph break" in pieces.err  # warned, with the setting that refuses them
+
+    refused = run_cli(catalog, "build", "--engine", "net_fp32", "--toolchain", "torch-fullgraph")
+    assert refused.exit_code == 1
+    assert "ERROR torch.compile failed:" in refused.err and "fullgraph = true" in refused.err
+    record = manifest(catalog, "torch-fullgraph", "net_fp32").build
+    assert record.status == "failed" and record.reason.startswith("torch.compile failed:")
+    assert record.details.compiler["error_type"] and "graph_break" in record.details.compiler["error"].lower().replace(" ", "_")
+    assert not list((catalog.parent / "engines" / "torch-fullgraph").glob("*"))  # no engine, nothing half-written
+
+
+def test_ctrl_c_during_a_compile_leaves_nothing_that_looks_valid(tmp_path, run_cli, monkeypatch):
+    tiny_catalog = write_catalog(tmp_path / "ws", CATALOG)
+    assert run_cli(tiny_catalog, "export", "--engine", "tiny_fp32").exit_code == 0
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "compile", interrupted)
+    result = run_cli(tiny_catalog, "build", "--engine", "tiny_fp32", "--toolchain", "torch-inductor")
+    assert result.exit_code == 130
+    assert "ERROR interrupted" in result.err
+    engines = tiny_catalog.parent / "engines" / "torch-inductor"
+    assert not engines.exists() or not list(engines.iterdir())
+    assert not (tiny_catalog.parent / "manifests" / "torch-inductor" / "tiny_fp32.json").exists()
+
+
+def test_out_of_memory_names_the_batch_and_the_free_memory(monkeypatch):
+    from pipeline.errors import PipelineError
+    from pipeline.runtimes.pytorch import out_of_memory_as_error
+
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (512 * 2**20, 80 * 2**30))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    with pytest.raises(PipelineError) as info:
+        with out_of_memory_as_error(batch_size=4096):
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+    assert info.value.message == "out of GPU memory at batch size 4096: 512 MiB free of 81,920 MiB on NVIDIA H100 80GB HBM3 after the attempt."
+    assert "batch_size" in info.value.hint
+    with pytest.raises(ValueError):  # anything else passes through untouched
+        with out_of_memory_as_error(batch_size=1):
+            raise ValueError("not memory")
+
+
+def test_catalog_keeps_compile_settings_to_the_compile_backend(tmp_path, run_cli):
+    catalog = write_catalog(tmp_path / "ws", TINY_CATALOG + '\n[toolchains.bad]\nkind = "torch"\nbackend = "eager"\nmode = "max-autotune"\n')
+    result = run_cli(catalog, "models")
+    assert result.exit_code == 2
+    assert 'toolchains.bad: mode and fullgraph are torch.compile settings: they need backend = "compile"' in result.err
+
+
+def test_dry_run_says_what_would_be_compiled_without_importing_torch(workspace, run_cli):
+    result = run_cli(workspace, "profile", "--engine", "tiny_fp32", "--toolchain", "torch-inductor", "--dry-run")
+    assert result.exit_code == 0
+    assert "torch.compile(mode='default', fullgraph=False, dynamic=False)" in result.out
+    assert "≥5 runs" in result.out
+
+
+# --- on a GPU ----------------------------------------------------------------------------------------
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU with CUDA: CUDA graphs and CUDA-event timing")
+
+
+@pytest.fixture(scope="module")
+def gpu_workspace(tmp_path_factory):
+    from pipeline.cli import main
+
+    catalog = write_catalog(tmp_path_factory.mktemp("torch-gpu"), CATALOG)
+    for toolchain in ("torch-eager", "torch-cudagraphs", "torch-inductor"):
+        assert main(["--catalog", str(catalog), "run", "--variant", "fp16", "--variant", "bf16", "--toolchain", toolchain]) == 0
+    return catalog
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("toolchain", ["torch-eager", "torch-cudagraphs", "torch-inductor"])
+@pytest.mark.parametrize("variant", ["fp16", "bf16"])
+def test_every_backend_is_timed_by_cuda_events_on_the_gpu(gpu_workspace, toolchain, variant):
+    m = manifest(gpu_workspace, toolchain, f"tiny_{variant}")
+    details = m.profile.details
+    assert details.metric == "GPU time (CUDA events)"
+    assert details.gpu == torch.cuda.get_device_name()
+    execution = details.execution
+    assert execution["cuda"] == torch.version.cuda and execution["device"] == "cuda"
+    # The weights stay on the GPU while it runs (a captured graph holds no reference to them).
+    weights_mib = sum(t.numel() * t.element_size() for t in torch.load(gpu_workspace.parent / m.build.outputs[0].path, weights_only=True)["state_dict"].values()) / 2**20
+    assert execution["peak_memory_mib"]["allocated"] >= weights_mib
+    assert execution["peak_memory_mib"]["reserved"] >= execution["peak_memory_mib"]["allocated"]
+    assert all(math.isfinite(v) and v > 0 for v in details.per_iteration_ms)
