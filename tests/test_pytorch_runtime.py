@@ -16,6 +16,8 @@ from pipeline.manifest import read_manifest
 from tests.conftest import TINY_CATALOG, write_catalog
 
 torch = pytest.importorskip("torch")
+# The same tests run on GPU machines, where the torch toolchains run on the GPU.
+ON_GPU = torch.cuda.is_available()
 
 TORCH_TOOLCHAINS = """
 [variants.bf16]
@@ -90,14 +92,17 @@ def test_eager_and_compile_build_the_runnable_model_and_time_it_on_the_cpu(works
         m = manifest(workspace, toolchain)
         assert m.build.status == "done" and m.profile.status == "done"
         assert m.build.details.runtime == "torch" and m.build.details.settings["backend"] == backend
-        assert m.build.details.settings["dtype"] == "float32" and m.build.details.settings["device"] == "cpu"
+        assert m.build.details.settings["dtype"] == "float32" and m.build.details.settings["device"] == ("cuda" if ON_GPU else "cpu")
         # The engine file pins exactly what is timed: the architecture and its weights.
         engine = next(a for a in m.build.outputs if a.role == "engine")
         saved = torch.load(workspace.parent / engine.path, weights_only=True)
         assert saved["timm_model"] == "test_vit" and saved["input_shape"] == [2, 3, 160, 160]
         assert all(t.dtype == torch.float32 for t in saved["state_dict"].values() if t.is_floating_point())
         profile = m.profile.details
-        assert profile.metric == "host latency" and profile.device == f"torch {backend} on CPU"
+        if ON_GPU:
+            assert profile.metric == "GPU time (CUDA events)" and profile.device == f"torch {backend} on {torch.cuda.get_device_name()}"
+        else:
+            assert profile.metric == "host latency" and profile.device == f"torch {backend} on CPU"
         assert profile.iterations == len(profile.per_iteration_ms) >= 5
         assert profile.execution["torch"] == torch.__version__ and profile.execution["backend"] == backend
 
