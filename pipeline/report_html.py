@@ -142,8 +142,10 @@ def render_html(rows: list[ComparisonRow], manifests: list[EngineManifest]) -> s
         f"<style>{STYLE}</style></head><body>",
         "<h1>Engine comparison</h1>",
         f'<p class="note">Rendered {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC} from {len(manifests)} manifests. '
-        "Latency is GPU compute time for TensorRT engines and host latency for ONNX Runtime. Speedups are within a "
-        "toolchain, against its baseline variant; the change column compares each toolchain with the first. "
+        "Latency is what each row's status names: GPU compute time for TensorRT engines, GPU time by CUDA events "
+        "for PyTorch on a GPU, host latency for ONNX Runtime and for PyTorch on a CPU. Speedups are within a "
+        "toolchain, against its baseline variant; the baseline-toolchain column is the speedup over the catalog's "
+        "baseline (PyTorch eager) for the same variant; the change column compares each toolchain with the first. "
         "<b>~</b> marks differences within the runs' own spread (the 95% bootstrap confidence interval of the "
         "difference of medians contains zero). TFLOP/s count MatMul/Gemm/Conv work; peak % uses datasheet peaks "
         "for known GPUs.</p>",
