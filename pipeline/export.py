@@ -25,6 +25,7 @@ from pipeline.errors import PipelineError, require_module
 from pipeline.manifest import Artifact, ExportDetails, ParityCheck
 from pipeline.models import TORCH_DTYPES
 from pipeline.quantize import DEFAULT_WEIGHTS_DTYPE, MIN_OPSET, PRESETS, TRACED_HIGH_PRECISION, accuracy_proxy, export_quantized, load_modelopt, quantize_model, require_cuda_for
+from pipeline.runtimes.onnxruntime import NO_CPU_KERNELS
 from pipeline.sparsify import onnx_sparsity, sparsify_model
 from pipeline.stage import Stage, StageOutcome
 
@@ -40,10 +41,6 @@ PARITY_TOLERANCE = {
     "fp8": (1.5e-1, 0.99),
     "mxfp8": (2.5e-1, 0.98),
     "nvfp4": (2.5e-1, 0.98),
-}
-# Precisions whose plain ONNX graphs ONNX Runtime cannot run, so parity is not checked (measured).
-NO_ONNXRUNTIME_KERNELS = {
-    "bf16": "ONNX Runtime's CPU execution provider has no bfloat16 kernels for Conv and MatMul",
 }
 INPUT_NAME, OUTPUT_NAME = "input", "logits"
 # Samples the parity check runs for graphs traced with a dynamic batch (CPU traces): more than the
@@ -243,8 +240,8 @@ class ExportStage(Stage):
             parity, parity_skipped = None, None
             if custom:
                 parity_skipped = f"the graph uses TensorRT-only operators ({', '.join(custom)}), which ONNX Runtime cannot run"
-            elif variant.precision in NO_ONNXRUNTIME_KERNELS:
-                parity_skipped = NO_ONNXRUNTIME_KERNELS[variant.precision]
+            elif variant.precision in NO_CPU_KERNELS:  # the parity check runs on ONNX Runtime's CPU provider
+                parity_skipped = NO_CPU_KERNELS[variant.precision]
             else:
                 # A graph traced with a dynamic batch is checked at a batch it was not traced at, which
                 # also shows that the batch axis really is free before it is pinned below.

@@ -21,6 +21,9 @@ from pipeline.runtimes.base import BuildResult, EngineRuntime, ProfileResult, To
 # runtime executes; verified on the CPU execution provider. FP8, MXFP8 and NVFP4 graphs use
 # TensorRT-specific operators or types, and the CPU provider has no BF16 Conv or MatMul kernels.
 SUPPORTED_PRECISIONS = ("fp32", "fp16", "int8")
+# Precisions whose plain graphs the CPU execution provider cannot run, and why (measured: it
+# refuses a BF16 graph at load, "Type 'tensor(bfloat16)' of input parameter ... of operator (Conv)").
+NO_CPU_KERNELS = {"bf16": "ONNX Runtime's CPU execution provider has no bfloat16 Conv or MatMul kernels"}
 
 _ORT_TO_NUMPY = {
     "tensor(float)": "float32",
@@ -95,8 +98,8 @@ class OnnxRuntimeRuntime(EngineRuntime):
             _ort()
 
     def unsupported_reason(self, variant: VariantSpec) -> str | None:
-        if variant.precision == "bf16":
-            return "ONNX Runtime's CPU execution provider has no bfloat16 Conv or MatMul kernels"
+        if variant.precision in NO_CPU_KERNELS:
+            return NO_CPU_KERNELS[variant.precision]
         if variant.precision not in SUPPORTED_PRECISIONS:
             return (
                 f"{variant.precision} needs TensorRT; the onnxruntime toolchain runs "
