@@ -45,6 +45,14 @@ class _State:
             force=force,
         )
 
+    def holding_workspace(self, wait: bool):
+        """The workspace lock, for commands that run stages (pipeline/workspace_lock.py)."""
+        from pipeline.reporting import Reporter
+        from pipeline.workspace import Workspace
+        from pipeline.workspace_lock import workspace_lock
+
+        return workspace_lock(Workspace(self.catalog.root).manifests_dir, Reporter(verbose=self.verbose), wait)
+
 
 pass_state = click.make_pass_decorator(_State)
 
@@ -98,6 +106,11 @@ def toolchain_options(func):
 
 
 def force_option(func):
+    func = click.option(
+        "--wait",
+        is_flag=True,
+        help="If another run holds this workspace, wait for it to finish instead of failing at once.",
+    )(func)
     return click.option("--force", is_flag=True, help="Re-run stages even when nothing changed.")(func)
 
 
@@ -229,7 +242,7 @@ def models(state: _State):
 @force_option
 @calibration_options
 @pass_state
-def export(state: _State, engines, models, variants, force, calib_dir, calib_samples):
+def export(state: _State, engines, models, variants, force, wait, calib_dir, calib_samples):
     """Export models to ONNX, sparsifying and quantizing as the variant needs.
 
     Writes models/<model>/<variant>.onnx. Quantized and sparse variants are calibrated on
@@ -239,7 +252,8 @@ def export(state: _State, engines, models, variants, force, calib_dir, calib_sam
 
     apply_calibration(state, calib_dir, calib_samples)
     refs = select_engines(state.catalog, engines, models, variants)
-    run_engines(state.context(force), refs, toolchain=None, until="export")
+    with state.holding_workspace(wait):
+        run_engines(state.context(force), refs, toolchain=None, until="export")
 
 
 def engine_stage_options(func):
@@ -250,7 +264,7 @@ def engine_stage_options(func):
     return func
 
 
-def _stage_command(state: _State, engines, models, variants, toolchain, trt, archs, force, dry_run, calib_dir, calib_samples, until, repeat=None):
+def _stage_command(state: _State, engines, models, variants, toolchain, trt, archs, force, wait, dry_run, calib_dir, calib_samples, until, repeat=None):
     from pipeline.runner import run_engines
 
     apply_calibration(state, calib_dir, calib_samples)
@@ -264,7 +278,8 @@ def _stage_command(state: _State, engines, models, variants, toolchain, trt, arc
         for line in describe(ctx, refs, chain, until):
             click.echo(line)
         return
-    run_engines(ctx, refs, chain, until=until)
+    with state.holding_workspace(wait):
+        run_engines(ctx, refs, chain, until=until)
 
 
 @cli.command()
@@ -291,7 +306,7 @@ def profile(state: _State, **options):
 @calibration_options
 @repeat_option
 @pass_state
-def run(state: _State, engines, models, variants, toolchain, trt, archs, force, calib_dir, calib_samples, repeat):
+def run(state: _State, engines, models, variants, toolchain, trt, archs, force, wait, calib_dir, calib_samples, repeat):
     """Export, build and profile a selection, then print the comparison.
 
     With no selection it runs the catalog's defaults: the demo on ONNX Runtime.
@@ -302,7 +317,8 @@ def run(state: _State, engines, models, variants, toolchain, trt, archs, force, 
     apply_repeat(state, repeat)
     refs = select_engines(state.catalog, engines, models, variants)
     chain = select_toolchain(state, toolchain, trt, archs)
-    run_engines(state.context(force), refs, chain, until="profile")
+    with state.holding_workspace(wait):
+        run_engines(state.context(force), refs, chain, until="profile")
     _print_comparison(state, [chain], "table", None)
 
 
@@ -415,14 +431,16 @@ def toolchains_list(state: _State):
 
 @toolchains.command("pull")
 @click.argument("names", nargs=-1)
+@click.option("--wait", is_flag=True, help="If another run holds this workspace, wait for it to finish instead of failing at once.")
 @pass_state
-def toolchains_pull(state: _State, names):
+def toolchains_pull(state: _State, names, wait):
     """Fetch what NAMES need (default: every toolchain): pull or build a container image, or
     create a TensorRT-RTX release's own environment. Re-pulling repairs a broken one."""
     from pipeline.reporting import Reporter
     from pipeline.toolchains import pull
 
-    pull(state.catalog, list(names) or None, Reporter(state.verbose))
+    with state.holding_workspace(wait):
+        pull(state.catalog, list(names) or None, Reporter(state.verbose))
 
 
 @toolchains.command("lock")

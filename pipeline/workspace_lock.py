@@ -1,0 +1,99 @@
+"""One command that runs stages at a time per workspace.
+
+Two runs on one workspace race on the same ONNX, engine and manifest files, and, worse, time
+their engines on the same cores at the same time: both "succeed" with numbers that look valid and
+are wrong. So every command that runs stages (`run`, `export`, `build`, `profile`, `toolchains
+pull`) holds this lock for its whole duration; read-only commands (`compare`, `models`, `doctor`,
+`trtexec parse`, `--dry-run`) never take it.
+
+The lock is an advisory ``flock`` on ``manifests/.workspace.lock``: the kernel releases it when
+its holder exits, however it exits, so a killed run never blocks the next one. The file also says
+who holds it (pid, command, since), for the message a second run prints; a holder that releases
+it normally empties the file, so text left in it when the lock is free means the last holder died
+holding it, and the next run says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shlex
+import socket
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Iterator
+
+from pipeline.errors import PipelineError
+
+LOCK_NAME = ".workspace.lock"
+
+
+def lock_path(manifests_dir: Path) -> Path:
+    return Path(manifests_dir) / LOCK_NAME
+
+
+def _describe(holder: dict) -> str:
+    since = holder.get("since", "?")
+    with contextlib.suppress(ValueError, TypeError):
+        since = datetime.fromisoformat(since).strftime("%Y-%m-%d %H:%M:%S")
+    host = holder.get("host")
+    where = f" on {host}" if host and host != socket.gethostname() else ""
+    return f"pid {holder.get('pid', '?')}{where}, `{holder.get('command', '?')}`, since {since}"
+
+
+def _read(fd: int) -> dict | None:
+    os.lseek(fd, 0, os.SEEK_SET)
+    text = os.read(fd, 65536).decode("utf-8", "replace").strip()
+    if not text:
+        return None
+    try:
+        holder = json.loads(text)
+    except ValueError:
+        return {"command": "unknown (unreadable lock file)"}
+    return holder if isinstance(holder, dict) else None
+
+
+def _write(fd: int, holder: dict) -> None:
+    os.ftruncate(fd, 0)
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.write(fd, json.dumps(holder).encode())
+    os.fsync(fd)
+
+
+@contextlib.contextmanager
+def workspace_lock(manifests_dir: Path, reporter, wait: bool = False, argv: list[str] | None = None) -> Iterator[None]:
+    """Hold the workspace for the duration of the block; fail at once, or wait, if another holds it."""
+    path = lock_path(manifests_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    held = False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read(fd) or {}
+            if not wait:
+                raise PipelineError(
+                    f"another pipeline run holds this workspace ({_describe(holder)}).",
+                    hint="let it finish, or pass --wait to start as soon as it does; runs that overlap would "
+                    "time their engines on the same machine at the same time",
+                ) from None
+            reporter.info(f"waiting for the run holding this workspace to finish ({_describe(holder)}) …")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        held = True
+        left = _read(fd)
+        if left is not None:
+            reporter.warn(
+                f"the previous run on this workspace ({_describe(left)}) stopped without releasing it (killed?); "
+                "taking it over. Stages it had not finished left no results, and they run again"
+            )
+        command = shlex.join(["pipeline", *(sys.argv[1:] if argv is None else argv)])
+        _write(fd, {"pid": os.getpid(), "host": socket.gethostname(), "command": command, "since": datetime.now().astimezone().isoformat(timespec="seconds")})
+        yield
+    finally:
+        if held:
+            os.ftruncate(fd, 0)  # released normally: nothing left to warn the next run about
+        os.close(fd)  # closing the descriptor releases the flock

@@ -1,0 +1,98 @@
+"""One run at a time per workspace, tested with real concurrent `pipeline` processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import TINY_CATALOG, write_catalog
+
+# Long enough a profile that a second process certainly starts while the first holds the lock.
+CATALOG = TINY_CATALOG.replace("duration_s = 0.05", "duration_s = 4")
+
+
+def pipeline(catalog, *args: str, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "pipeline.cli", "--catalog", str(catalog), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kwargs,
+    )
+
+
+def finish(process: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
+    _, err = process.communicate(timeout=timeout)
+    return process.returncode, err
+
+
+def holder(catalog) -> dict:
+    """Who holds the lock, once a process has taken it."""
+    path = catalog.parent / "manifests" / ".workspace.lock"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().strip():
+            return json.loads(path.read_text())
+        time.sleep(0.05)
+    raise AssertionError("no process took the workspace lock")
+
+
+@pytest.fixture
+def catalog(tmp_path):
+    return write_catalog(tmp_path / "ws", CATALOG)
+
+
+def test_a_second_run_fails_at_once_naming_the_first(catalog):
+    first = pipeline(catalog, "run", "--variant", "fp32")
+    try:
+        assert holder(catalog)["pid"] == first.pid
+        code, err = finish(pipeline(catalog, "run", "--variant", "fp32"))
+        assert first.poll() is None  # the second gave up while the first was still running
+        assert code == 1
+        assert f"ERROR another pipeline run holds this workspace (pid {first.pid}, `pipeline --catalog {catalog} run --variant fp32`, since " in err
+        assert "TIP" in err and "--wait" in err
+    finally:
+        assert finish(first)[0] == 0
+
+
+def test_wait_queues_behind_the_first_and_then_finds_nothing_to_redo(catalog):
+    first = pipeline(catalog, "run", "--variant", "fp32")
+    holder(catalog)
+    second = pipeline(catalog, "run", "--variant", "fp32", "--wait")
+    code, err = finish(second)
+    first_code, _ = finish(first)
+    assert first_code == 0 and code == 0
+    assert "waiting for the run holding this workspace to finish (pid" in err
+    assert err.count("didn't change, skipping") == 3  # export, build and profile were the first's
+
+
+def test_a_holder_killed_with_sigkill_is_taken_over_with_a_warning(catalog):
+    first = pipeline(catalog, "run", "--variant", "fp32")
+    holder(catalog)
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait()
+    code, err = finish(pipeline(catalog, "run", "--variant", "fp32"))
+    assert code == 0, err
+    assert f"WARNING the previous run on this workspace (pid {first.pid}, " in err and "stopped without releasing it" in err
+    # Released normally this time: the next run has nothing to warn about.
+    code, err = finish(pipeline(catalog, "run", "--variant", "fp32"))
+    assert code == 0 and "WARNING" not in err
+
+
+def test_read_only_commands_take_no_lock(tmp_path):
+    catalog = write_catalog(tmp_path / "ws", TINY_CATALOG.replace("duration_s = 0.05", "duration_s = 15"))
+    first = pipeline(catalog, "run", "--variant", "fp32")
+    try:
+        holder(catalog)
+        for args in (("models",), ("doctor",), ("profile", "--variant", "fp32", "--dry-run")):
+            code, err = finish(pipeline(catalog, *args))
+            assert code == 0, (args, err)
+        assert first.poll() is None
+    finally:
+        assert finish(first)[0] == 0
