@@ -330,22 +330,28 @@ def run(state: _State, engines, models, variants, toolchain, trt, archs, force, 
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write to this file (html default: reports/compare.html).")
 @click.option("--baseline", metavar="DIR|REF", help="Regression gate: compare with the manifests in DIR or at git ref REF.")
 @click.option("--fail-above", type=click.FloatRange(min=0), default=5.0, show_default=True, metavar="PCT", help="With --baseline: fail when an engine got slower than PCT percent beyond the noise.")
+@click.option("--wide", is_flag=True, help="Terminal table: every column, however wide (default: every column that fits, else a compact set).")
+@click.option("--columns", metavar="LIST", help="Terminal table: these columns, comma-separated, e.g. median,p99,cv,status (an unknown name lists them).")
+@click.option("--noisy-cv", type=click.FloatRange(min=0), metavar="PCT", help="Flag measurements whose CV is above PCT percent as noisy (default 10).")
 @pass_state
-def compare(state: _State, toolchains, trts, models, fmt, out, baseline, fail_above):
+def compare(state: _State, toolchains, trts, models, fmt, out, baseline, fail_above, wide, columns, noisy_cv):
     """Put profiled engines side by side, from the saved manifests (never re-measures).
 
     \b
     Per model: variant x toolchain with median/p99 latency, throughput, speedup against the
-    toolchain's baseline variant, the change against the first toolchain, engine size, build
-    time, accuracy proxy, layer-precision audit and roofline. "~" marks differences within
-    the runs' own spread. With --baseline it also gates: exit 1 naming every engine that got
-    slower than --fail-above percent beyond the noise.
+    toolchain's baseline variant and against the catalog's baseline toolchain, the change
+    against the first toolchain, engine size, build time, accuracy proxy, layer-precision audit
+    and roofline. "~" marks differences within the runs' own spread; measurements taken on a
+    busy machine or with a high CV are flagged. In a terminal the table fits its width (and
+    $COLUMNS when piped): every column when they fit, else a compact set with notes under it;
+    --wide or --columns choose. With --baseline it also gates: exit 1 naming every engine that
+    got slower than --fail-above percent beyond the noise.
     """
     catalog = state.catalog
     names = list(toolchains) + [catalog.toolchain_for_trt(v) for v in trts]
     if fmt == "html" and out is None:
         out = catalog.root / "reports" / "compare.html"
-    _print_comparison(state, names or None, fmt, out, list(models) or None)
+    _print_comparison(state, names or None, fmt, out, list(models) or None, columns, wide, noisy_cv)
     if baseline is not None:
         _gate(state, names or None, baseline, fail_above)
 
@@ -369,20 +375,34 @@ def _gate(state: _State, toolchains, baseline: str, fail_above: float) -> None:
         )
 
 
-def _print_comparison(state: _State, toolchains, fmt, out, models=None):
+def _print_comparison(state: _State, toolchains, fmt, out, models=None, columns=None, wide=False, noisy_cv=None):
+    from pipeline.compare import NOISY_CV, parse_columns
     from pipeline.compare import compare as compare_manifests
     from pipeline.compare import render_markdown, write_output
     from pipeline.reporting import stdout_console
     from pipeline.workspace import Workspace
 
-    rows, rendered = compare_manifests(state.catalog, Workspace(state.catalog.root), toolchains, fmt, models)
+    console = stdout_console()
+    rows, rendered = compare_manifests(
+        state.catalog,
+        Workspace(state.catalog.root),
+        toolchains,
+        fmt,
+        models,
+        width=console.width,
+        columns=parse_columns(columns) if columns else None,
+        wide=wide,
+        noisy_cv=NOISY_CV if noisy_cv is None else noisy_cv / 100,
+    )
     if out is not None:
         write_output(rendered if isinstance(rendered, str) else render_markdown(rows), out)
         click.echo(f"wrote {out}", err=True)
     elif isinstance(rendered, str):
         click.echo(rendered, nl=False)
     else:
-        stdout_console().print(rendered)
+        if wide:  # every column, as wide as that takes: lines may wrap, no number is cut
+            console.width = 1000
+        console.print(rendered)
 
 
 @cli.command()
@@ -463,7 +483,7 @@ def trtexec():
 @trtexec.command("parse")
 @click.argument("log", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--exports", type=click.Path(file_okay=False, path_type=Path), help="Folder with the JSON written by --exportTimes/--exportProfile/--exportLayerInfo.")
-@click.option("--precision", type=click.Choice(["fp16", "int8", "fp8", "mxfp8", "nvfp4"]), help="Intended precision, for the layer-precision audit.")
+@click.option("--precision", type=click.Choice(["fp16", "bf16", "int8", "fp8", "mxfp8", "nvfp4"]), help="Intended precision, for the layer-precision audit.")
 @click.option("--json", "as_json", is_flag=True, help="Print the parsed run as JSON.")
 def trtexec_parse(log, exports, precision, as_json):
     """Parse a trtexec log (and its JSON exports) into structured facts.

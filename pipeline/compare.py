@@ -16,7 +16,7 @@ import json
 import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from pipeline.catalog import Catalog
 from pipeline.errors import PipelineError, UsageError
@@ -61,6 +61,8 @@ class ComparisonRow:
     matmul_gflops: float | None = None
     achieved_tflops: float | None = None
     peak_fraction: float | None = None
+    # Why the number may not be trusted: a busy machine, a noisy run (see measurement_flags).
+    flags: list[str] = field(default_factory=list)
     # Per-iteration times and layer timings, for plots and significance; not in tabular output.
     samples_ms: list[float] = field(default_factory=list, repr=False)
     layers: list[tuple[str, float]] = field(default_factory=list, repr=False)
@@ -68,6 +70,10 @@ class ComparisonRow:
     @property
     def engine(self) -> str:
         return f"{self.model}_{self.variant}"
+
+    @property
+    def full_status(self) -> str:
+        return "; ".join([self.status, *self.flags])
 
     def public(self) -> dict[str, Any]:
         data = asdict(self)
@@ -132,7 +138,38 @@ def _load_from_git(ref: str, workspace: Workspace, toolchains: list[str] | None)
 # --- rows ----------------------------------------------------------------------------------------
 
 
-def build_rows(catalog: Catalog, manifests: list[EngineManifest], toolchain_order: list[str] | None = None) -> list[ComparisonRow]:
+# A run whose coefficient of variation is above this is flagged noisy (`--noisy-cv`). ONNX Runtime
+# on a quiet CPU stays within a few percent; the lent H100's noisiest PyTorch run had 17%.
+NOISY_CV = 0.10
+# A machine whose 1-minute load average exceeds this many runnable tasks per CPU was busy: the
+# measurement shared its cores (two concurrent profiles on 2 CPUs measured ~4; one alone ~2).
+BUSY_LOAD_PER_CPU = 1.5
+
+
+def measurement_flags(details, noisy_cv: float = NOISY_CV) -> list[str]:
+    """Why a measurement may not be trusted, from what the profile recorded; empty when none."""
+    flags = []
+    if details.latency_ms.cv > noisy_cv:
+        flags.append(f"noisy: CV {details.latency_ms.cv:.1%} is above {noisy_cv:.0%}")
+    load = details.machine_load or {}
+    for when in ("start", "end"):
+        facts = load.get(when) or {}
+        averages, cpus = facts.get("load_average"), facts.get("cpu_count")
+        if averages and cpus and averages[0] > BUSY_LOAD_PER_CPU * cpus:
+            flags.append(f"busy machine: load average {averages[0]:g} on {cpus} CPUs at the {when}")
+            break
+    for when in ("start", "end"):
+        others = (load.get(when) or {}).get("gpu_processes") or []
+        if others:
+            names = ", ".join(sorted({f"{p['name']} (pid {p['pid']})" for p in others}))
+            flags.append(f"busy GPU: other processes used it at the {when}: {names}")
+            break
+    return flags
+
+
+def build_rows(
+    catalog: Catalog, manifests: list[EngineManifest], toolchain_order: list[str] | None = None, noisy_cv: float = NOISY_CV
+) -> list[ComparisonRow]:
     import numpy as np
 
     from pipeline.roofline import peak_tflops
@@ -179,6 +216,7 @@ def build_rows(catalog: Catalog, manifests: list[EngineManifest], toolchain_orde
             row.cv = d.latency_ms.cv
             row.images_per_s = d.images_per_s
             row.samples_ms = list(d.per_iteration_ms)
+            row.flags = measurement_flags(d, noisy_cv)
             row.layers = _layer_times(d.trtexec)
             flops = flops_by_model.get((m.model, d.batch_size))
             if flops:
@@ -315,46 +353,90 @@ def render_gate(results: list[Regression], threshold: float) -> str:
 
 # --- rendering -----------------------------------------------------------------------------------
 
-HEADERS = ("engine", "toolchain", "median ms", "p99 ms", "CV", "img/s", "speedup", "vs baseline toolchain", "vs ref toolchain", "engine MB", "build s", "vs FP32 cos", "layer audit", "TFLOP/s (peak %)", "status")
-
-
 def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
     return "–" if value is None else f"{value:{spec}}{suffix}"
 
 
+def _marked(value: float | None, significant: bool | None, text: str) -> str:
+    if value is None:
+        return "–"
+    return ("" if significant in (None, True) else "~") + text
+
+
+def _roofline(row: ComparisonRow) -> str:
+    if row.achieved_tflops is None:
+        return "–"
+    return f"{row.achieved_tflops:.3g}" + (f" ({row.peak_fraction:.0%})" if row.peak_fraction is not None else "")
+
+
+def _change(row: ComparisonRow) -> str:
+    if row.change_pct is None:
+        return "–"
+    return ("" if row.change_significant else "~") + f"{row.change_pct:+.1f}% ({row.change_ms:+.3f} ms) vs {row.reference_toolchain}"
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of the comparison: its name for --columns, its header, and how a row fills it."""
+
+    key: str
+    header: str
+    cell: Callable[[ComparisonRow], str]
+    # Words, left-aligned, that may wrap in a narrow terminal; numbers are never wrapped or cut.
+    text: bool = False
+    # The header in a compact table, on two lines where that saves width.
+    short_header: str | None = None
+
+
+COLUMNS = (
+    Column("engine", "engine", lambda r: r.engine, text=True),
+    Column("variant", "variant", lambda r: r.variant, text=True),
+    Column("toolchain", "toolchain", lambda r: r.toolchain, text=True),
+    Column("median", "median ms", lambda r: _fmt(r.median_ms, ".3f")),
+    Column("p99", "p99 ms", lambda r: _fmt(r.p99_ms, ".3f")),
+    Column("cv", "CV", lambda r: _fmt(r.cv * 100 if r.cv is not None else None, ".1f", "%")),
+    Column("img/s", "img/s", lambda r: _fmt(r.images_per_s, ".1f")),
+    Column("speedup", "speedup", lambda r: _marked(r.speedup, r.speedup_significant, f"{r.speedup or 0:.2f}x vs {r.baseline}"), text=True),
+    Column(
+        "vs-baseline-toolchain",
+        "vs baseline toolchain",
+        lambda r: _marked(r.vs_baseline_toolchain, r.vs_baseline_toolchain_significant, f"{r.vs_baseline_toolchain or 0:.2f}x vs {r.baseline_toolchain}"),
+        text=True,
+        short_header="vs baseline\ntoolchain",
+    ),
+    Column("vs-ref-toolchain", "vs ref toolchain", _change, text=True, short_header="vs ref\ntoolchain"),
+    Column("engine-mb", "engine MB", lambda r: _fmt(r.engine_mb, ".1f")),
+    Column("build-s", "build s", lambda r: _fmt(r.build_s, ".1f")),
+    Column("accuracy", "vs FP32 cos", lambda r: _fmt(r.accuracy_cosine, ".4f")),
+    Column("audit", "layer audit", lambda r: r.audit or "–", text=True),
+    Column("tflops", "TFLOP/s (peak %)", _roofline, short_header="TFLOP/s\n(peak %)"),
+    Column("status", "status", lambda r: r.full_status, text=True),
+)
+COLUMNS_BY_KEY = {column.key: column for column in COLUMNS}
+# Every column: files (markdown, HTML) and wide terminals.
+WIDE = tuple(c for c in COLUMNS if c.key != "variant")
+# Narrower sets, tried in turn when every column does not fit. The model is the table's title; the
+# speedups' references and the status's details are notes under it. COMPACT fits 80 columns.
+MEDIUM = ("variant", "toolchain", "median", "p99", "cv", "img/s", "speedup", "vs-baseline-toolchain", "vs-ref-toolchain", "tflops", "status")
+COMPACT = ("variant", "toolchain", "median", "p99", "img/s", "speedup", "status")
+HEADERS = tuple(c.header for c in WIDE)
+
+
 def _cells(row: ComparisonRow) -> tuple[str, ...]:
-    speedup = "–"
-    if row.speedup is not None:
-        mark = "" if row.speedup_significant in (None, True) else "~"
-        speedup = f"{mark}{row.speedup:.2f}x vs {row.baseline}"
-    against = "–"
-    if row.vs_baseline_toolchain is not None:
-        mark = "" if row.vs_baseline_toolchain_significant in (None, True) else "~"
-        against = f"{mark}{row.vs_baseline_toolchain:.2f}x vs {row.baseline_toolchain}"
-    change = "–"
-    if row.change_pct is not None:
-        mark = "" if row.change_significant else "~"
-        change = f"{mark}{row.change_pct:+.1f}% ({row.change_ms:+.3f} ms) vs {row.reference_toolchain}"
-    roofline = "–"
-    if row.achieved_tflops is not None:
-        roofline = f"{row.achieved_tflops:.3g}" + (f" ({row.peak_fraction:.0%})" if row.peak_fraction is not None else "")
-    return (
-        row.engine,
-        row.toolchain,
-        _fmt(row.median_ms, ".3f"),
-        _fmt(row.p99_ms, ".3f"),
-        _fmt(row.cv * 100 if row.cv is not None else None, ".1f", "%"),
-        _fmt(row.images_per_s, ".1f"),
-        speedup,
-        against,
-        change,
-        _fmt(row.engine_mb, ".1f"),
-        _fmt(row.build_s, ".1f"),
-        _fmt(row.accuracy_cosine, ".4f"),
-        row.audit or "–",
-        roofline,
-        row.status,
-    )
+    return tuple(column.cell(row) for column in WIDE)
+
+
+def parse_columns(text: str) -> tuple[str, ...]:
+    """`--columns median,p99,status` → column keys, checked (engine and toolchain always lead)."""
+    keys = [key.strip() for key in text.split(",") if key.strip()]
+    unknown = [key for key in keys if key not in COLUMNS_BY_KEY]
+    if unknown or not keys:
+        raise UsageError(
+            f"unknown column(s) {', '.join(map(repr, unknown)) or '(none given)'} for --columns.",
+            hint=f"choose from {', '.join(COLUMNS_BY_KEY)}",
+        )
+    lead = [] if {"engine", "variant"} & set(keys) else ["variant"]
+    return tuple(dict.fromkeys([*lead, *([] if "toolchain" in keys else ["toolchain"]), *keys]))
 
 
 def render_markdown(rows: list[ComparisonRow]) -> str:
@@ -370,20 +452,136 @@ def render_markdown(rows: list[ComparisonRow]) -> str:
     return "\n".join(out) + "\n"
 
 
-def render_table(rows: list[ComparisonRow]):
+class _Notes:
+    """Numbered notes under a compact table: one per distinct text, in order of first use."""
+
+    def __init__(self):
+        self.texts: dict[str, int] = {}
+
+    def mark(self, text: str) -> str:
+        number = self.texts.setdefault(text, len(self.texts) + 1)
+        return f"[{number}]"
+
+    def lines(self) -> list[str]:
+        return [f"[{n}] {text}" for text, n in self.texts.items()]
+
+
+def _compact_status(row: ComparisonRow, notes: _Notes) -> str:
+    word = row.status.split(" ", 1)[0].rstrip(":")
+    word = {"build": "refused", "not": "not profiled"}.get(word, word)
+    if row.flags:
+        word = "busy" if any(flag.startswith("busy") for flag in row.flags) else "noisy"
+    return f"{word} {notes.mark(row.full_status)}"
+
+
+def render_table(rows: list[ComparisonRow], width: int, columns: tuple[str, ...] | None = None, wide: bool = False):
+    """The comparison for a terminal ``width`` columns wide, every number whole.
+
+    Every column when they fit (or with ``wide``, at whatever width that takes), else the compact
+    set; ``columns`` chooses them. Long texts wrap; numbers and names are never cut.
+    """
     from rich.console import Group
+
+    if columns is None and not wide:
+        everything = _tables(rows, WIDE, compact=False)
+        if _fits(everything, width):
+            return everything
+        medium = _tables(rows, tuple(COLUMNS_BY_KEY[key] for key in MEDIUM), compact=True)
+        if _fits(medium, width):
+            return medium
+        columns = COMPACT
+    chosen = tuple(COLUMNS_BY_KEY[key] for key in columns) if columns else WIDE
+    return _tables(rows, chosen, compact=bool(columns)) or Group()
+
+
+def _fits(tables, width: int) -> bool:
+    """Whether every table's natural width (long texts wrapped at WRAP_AT) fits in ``width``."""
+    import io
+
+    from rich.console import Console
+    from rich.measure import Measurement
     from rich.table import Table
 
-    tables = []
+    console = Console(file=io.StringIO(), width=10_000)
+    return all(Measurement.get(console, console.options, part).maximum <= width for part in tables.renderables if isinstance(part, Table))
+
+
+# Long texts (a skip reason, the layer audit) wrap at this width in a wide table.
+WRAP_AT = 36
+
+
+def _tables(rows: list[ComparisonRow], columns: tuple[Column, ...], compact: bool):
+    from rich import box
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    parts = []
     for model in dict.fromkeys(r.model for r in rows):
-        table = Table(title=f"{model}: medians of per-iteration latency; speedup within each toolchain", caption="~ = within noise")
-        for header in HEADERS:
-            left = header in ("engine", "toolchain", "status", "layer audit", "vs baseline toolchain", "vs ref toolchain", "speedup")
-            table.add_column(header, justify="left" if left else "right", no_wrap=header not in ("status", "layer audit"))
-        for row in (r for r in rows if r.model == model):
-            table.add_row(*_cells(row), style=None if row.median_ms is not None else "dim")
-        tables.append(table)
-    return Group(*tables)
+        model_rows = [r for r in rows if r.model == model]
+        notes = _Notes() if compact else None
+        table = Table(
+            title=f"{model}: medians of per-iteration latency",
+            box=box.SIMPLE_HEAD,
+            collapse_padding=True,
+            pad_edge=False,
+            title_justify="left",
+        )
+        for column in columns:
+            cells = [_cell(column, row, notes) for row in model_rows]
+            header = (column.short_header or column.header) if compact else column.header
+            if column.key in ("status", "audit"):
+                table.add_column(header, justify="left", overflow="fold", max_width=None if compact else WRAP_AT)
+            elif column.text:
+                table.add_column(header, justify="left", no_wrap=True)
+            else:
+                widest = max([*map(len, header.splitlines()), *map(len, cells)])
+                table.add_column(header, justify="right", no_wrap=True, min_width=widest)
+        for row in model_rows:
+            table.add_row(*(_cell(column, row, notes) for column in columns), style=None if row.median_ms is not None else "dim")
+        parts.append(table)
+        footer = ["~ = within the runs' own spread"]
+        if notes is not None:
+            footer += _reference_notes(model_rows, {c.key for c in columns})
+        parts.append(Text("\n".join(footer + (notes.lines() if notes else [])), style="dim"))
+        parts.append(Text(""))
+    return Group(*parts) if parts else None
+
+
+def _reference_notes(rows: list[ComparisonRow], keys: set[str]) -> list[str]:
+    """What the speedup columns of a compact table are measured against (named in the cells of a wide one)."""
+    notes = []
+    if "speedup" in keys:
+        bases: dict[str, list[str]] = {}
+        for row in rows:
+            if row.baseline and row.toolchain not in bases.get(row.baseline, []):
+                bases.setdefault(row.baseline, []).append(row.toolchain)
+        if len(bases) == 1:
+            notes.append(f"speedup: against the {next(iter(bases))} variant of the same toolchain")
+        elif bases:
+            notes.append("speedup: against the toolchain's " + "; ".join(f"{b} variant ({', '.join(t)})" for b, t in bases.items()))
+    reference = next((r.baseline_toolchain for r in rows if r.baseline_toolchain), None)
+    if "vs-baseline-toolchain" in keys and reference:
+        notes.append(f"vs baseline toolchain: speedup over {reference}, same variant")
+    reference = next((r.reference_toolchain for r in rows if r.reference_toolchain), None)
+    if "vs-ref-toolchain" in keys and reference:
+        notes.append(f"vs ref toolchain: change against {reference}, same variant")
+    return notes
+
+
+def _cell(column: Column, row: ComparisonRow, notes: _Notes | None) -> str:
+    """A cell of a wide table, or its short form in a compact one (references go in the notes)."""
+    if notes is None:
+        return column.cell(row)
+    if column.key == "status":
+        return _compact_status(row, notes)
+    if column.key == "speedup":
+        return _marked(row.speedup, row.speedup_significant, f"{row.speedup or 0:.2f}x")
+    if column.key == "vs-baseline-toolchain":
+        return _marked(row.vs_baseline_toolchain, row.vs_baseline_toolchain_significant, f"{row.vs_baseline_toolchain or 0:.2f}x")
+    if column.key == "vs-ref-toolchain" and row.change_pct is not None:
+        return ("" if row.change_significant else "~") + f"{row.change_pct:+.1f}%"
+    return column.cell(row)
 
 
 def render_json(rows: list[ComparisonRow]) -> str:
@@ -408,8 +606,13 @@ def compare(
     toolchains: list[str] | None,
     fmt: str,
     models: list[str] | None = None,
+    width: int = 200,
+    columns: tuple[str, ...] | None = None,
+    wide: bool = False,
+    noisy_cv: float = NOISY_CV,
 ):
-    """Rows plus their rendering in ``fmt`` (a rich renderable for "table", text otherwise)."""
+    """Rows plus their rendering in ``fmt`` (a rich renderable for "table", at ``width``
+    columns, text otherwise)."""
     if fmt not in FORMATS:
         raise UsageError(f"unknown format {fmt!r}.", hint=f"use one of {', '.join(FORMATS)}")
     for name in toolchains or []:
@@ -417,7 +620,7 @@ def compare(
     for name in models or []:
         catalog.model(name)
     manifests = [m for m in load_manifests(workspace.manifests_dir, toolchains) if not models or m.model in models]
-    rows = build_rows(catalog, manifests, toolchains)
+    rows = build_rows(catalog, manifests, toolchains, noisy_cv)
     if not rows:
         raise PipelineError(
             f"no engine manifests under {workspace.manifests_dir}" + (f" for {', '.join(toolchains)}" if toolchains else "") + ".",
@@ -433,7 +636,7 @@ def compare(
         from pipeline.report_html import render_html
 
         return rows, render_html(rows, manifests)
-    return rows, render_table(rows)
+    return rows, render_table(rows, width, columns, wide)
 
 
 def write_output(text: str, out: Path) -> None:

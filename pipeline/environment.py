@@ -114,3 +114,56 @@ def capture_environment(root: Path) -> Environment:
         git_dirty=dirty,
         pipeline_version=__version__,
     )
+
+
+def _smi_rows(smi: str, query: str, what: str) -> list[list[str]]:
+    try:
+        out = subprocess.run(
+            [smi, f"--query-{what}={query}", "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=20
+        )
+    except (OSError, subprocess.SubprocessError):
+        return []
+    if out.returncode != 0:
+        return []
+    return [[field.strip() for field in line.split(",")] for line in out.stdout.strip().splitlines() if line.strip()]
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:  # "[N/A]", "[Not Supported]"
+        return None
+
+
+def machine_load() -> dict:
+    """How busy the machine is right now, for judging a measurement taken on it: the load average
+    against the CPU count, and per GPU its utilisation, clocks and the processes using it (this
+    process excluded). What cannot be read is left out."""
+    load: dict = {"cpu_count": os.cpu_count() or 1}
+    try:
+        load["load_average"] = [round(value, 2) for value in os.getloadavg()]
+    except OSError:  # not available on this platform
+        pass
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return load
+    fields = "name,utilization.gpu,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,memory.used"
+    load["gpus"] = [
+        {
+            "name": row[0],
+            "utilization_pct": _number(row[1]),
+            "sm_clock_mhz": _number(row[2]),
+            "max_sm_clock_mhz": _number(row[3]),
+            "memory_clock_mhz": _number(row[4]),
+            "temperature_c": _number(row[5]),
+            "memory_used_mib": _number(row[6]),
+        }
+        for row in _smi_rows(smi, fields, "gpu")
+        if len(row) >= 7
+    ]
+    load["gpu_processes"] = [
+        {"pid": int(row[0]), "name": row[1], "used_memory_mib": _number(row[2])}
+        for row in _smi_rows(smi, "pid,process_name,used_memory", "compute-apps")
+        if len(row) >= 3 and row[0].isdigit() and int(row[0]) != os.getpid()
+    ]
+    return load

@@ -133,6 +133,9 @@ class ProfileDetails(_Model):
     # coefficient of variation across them.
     repeat_medians_ms: list[float] = []
     repeat_cv: float | None = None
+    # The machine's load when the measurement started and ended: load average and CPU count, and
+    # per GPU its utilisation, clocks and the other processes using it (pipeline/environment.py).
+    machine_load: dict[str, Any] | None = None
     warnings: list[str] = []
     # The GPU it was timed on, by name, when the runtime knows it (for the roofline's peaks).
     gpu: str | None = None

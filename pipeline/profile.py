@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline.environment import cpu_name, nvidia_gpus
+from pipeline.environment import cpu_name, machine_load, nvidia_gpus
 from pipeline.errors import PipelineError
 from pipeline.manifest import Artifact, ProfileDetails, StageRecord, read_manifest
 from pipeline.runtimes import get_runtime
@@ -70,12 +70,15 @@ class ProfileStage(Stage):
 
     def run_impl(self, inputs: list[Artifact]) -> StageOutcome:
         engine_path = self.ctx.workspace.root / inputs[0].path
+        # The machine's load around the measurement, so a number taken on a busy machine shows it.
+        load_at_start = machine_load()
         medians = []
         for run in range(self.settings.repeats):
             if run:
                 self.ctx.reporter.detail(f"{self.engine.name}: measurement {run + 1} of {self.settings.repeats}")
             result = self.runtime.profile(engine_path, self.settings)
             medians.append(round(LatencyStats.from_values(result.per_iteration_ms).median, 6))
+        load_at_end = machine_load()
         stats = LatencyStats.from_values(result.per_iteration_ms)
         repeat_cv = LatencyStats.from_values(medians).cv if len(medians) > 1 else None
         qps = result.throughput_qps if result.throughput_qps else 1000.0 / stats.mean
@@ -95,6 +98,7 @@ class ProfileStage(Stage):
             per_iteration_ms=[round(v, 6) for v in result.per_iteration_ms],
             repeat_medians_ms=medians if len(medians) > 1 else [],
             repeat_cv=repeat_cv,
+            machine_load={"start": load_at_start, "end": load_at_end},
             warnings=result.warnings,
             **result.evidence,
         )

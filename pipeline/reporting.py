@@ -6,6 +6,7 @@ Progress goes to stderr so stdout stays clean for tables and JSON that scripts c
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from typing import Iterator
 
@@ -85,8 +86,9 @@ def print_error(message: str, hint: str | None = None) -> None:
 
 
 def stdout_console() -> Console:
-    """Tables for stdout; wide enough not to fold columns when piped to a file or CI log."""
+    """Tables for stdout: the terminal's width, or $COLUMNS; piped with neither, 200 columns, so
+    CI logs and files keep wide tables whole."""
     console = Console(highlight=False)
-    if not console.is_terminal:
+    if not console.is_terminal and not os.environ.get("COLUMNS", "").isdigit():
         console = Console(highlight=False, width=200)
     return console

@@ -106,8 +106,72 @@ def test_markdown_csv_and_table_formats(trt_workspace, run_cli):
     rows = list(csv.DictReader(io.StringIO(run_cli(trt_workspace, "compare", "--format", "csv").out)))
     assert len(rows) == 4 and {r["toolchain"] for r in rows} == {"trt10.14", "trt10.16"}
     assert float(rows[0]["median_ms"]) > 0 and ".." in rows[0]["median_ci_ms"]
-    table = run_cli(trt_workspace, "compare", "--models", "tiny")
-    assert "tiny_fp16" in table.out and "~ = within noise" in table.out
+    table = run_cli(trt_workspace, "compare", "--models", "tiny", "--wide")
+    assert "tiny_fp16" in table.out and "~ = within the runs' own spread" in table.out
+
+
+@pytest.mark.parametrize("width", [80, 100, 120, 200])
+def test_the_table_fits_the_terminal_with_every_number_whole(trt_workspace, run_cli, monkeypatch, width):
+    rows = json.loads(run_cli(trt_workspace, "compare", "--format", "json").out)
+    monkeypatch.setenv("COLUMNS", str(width))
+    out = run_cli(trt_workspace, "compare").out
+    assert max(map(len, out.splitlines())) <= width
+    assert "…" not in out
+    for row in rows:
+        line = next(l for l in out.splitlines() if l.split()[:2] == [row["variant"], row["toolchain"]])
+        for number in (f"{row['median_ms']:.3f}", f"{row['p99_ms']:.3f}", f"{row['images_per_s']:.1f}", f"{row['speedup']:.2f}x"):
+            assert number in line.split(), (width, number, line)
+        if width >= 120:  # room for the CV and the change against the first toolchain too
+            assert f"{row['cv'] * 100:.1f}%" in line.split()
+    assert "speedup: against the fp16 variant of the same toolchain" in out
+    assert "[1] measured (GPU compute time)" in out
+
+
+def test_wide_and_chosen_columns(trt_workspace, run_cli, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    wide = run_cli(trt_workspace, "compare", "--wide").out
+    assert "vs FP32 cos" in wide and "layer audit" in wide and max(map(len, wide.splitlines())) > 80
+    chosen = run_cli(trt_workspace, "compare", "--columns", "median,cv,build-s").out
+    header = next(line for line in chosen.splitlines() if "median ms" in line)
+    assert header.split() == ["variant", "toolchain", "median", "ms", "CV", "build", "s"]
+    bad = run_cli(trt_workspace, "compare", "--columns", "median,latency")
+    assert bad.exit_code == 2 and "unknown column(s) 'latency'" in bad.err and "median, p99" in bad.err
+
+
+def test_a_busy_or_noisy_measurement_is_flagged(trt_workspace, run_cli, monkeypatch):
+    path = trt_workspace.parent / "manifests" / "trt10.16" / "tiny_fp16.json"
+    manifest = read_manifest(path)
+    details = manifest.profile.details
+    load = {"start": {"cpu_count": 2, "load_average": [4.1, 2.0, 1.0]}, "end": {"cpu_count": 2, "load_average": [4.3, 2.1, 1.0], "gpu_processes": [{"pid": 4242, "name": "python3", "used_memory_mib": 900.0}]}}
+    noisy = details.latency_ms.model_copy(update={"cv": 0.25})
+    manifest.profile = manifest.profile.model_copy(update={"details": details.model_copy(update={"machine_load": load, "latency_ms": noisy})})
+    manifest.write(path)
+    rows = {(r["variant"], r["toolchain"]): r for r in json.loads(run_cli(trt_workspace, "compare", "--format", "json").out)}
+    assert rows[("fp16", "trt10.16")]["flags"] == [
+        "noisy: CV 25.0% is above 10%",
+        "busy machine: load average 4.1 on 2 CPUs at the start",
+        "busy GPU: other processes used it at the end: python3 (pid 4242)",
+    ]
+    assert rows[("fp16", "trt10.14")]["flags"] == []
+    monkeypatch.setenv("COLUMNS", "100")
+    out = run_cli(trt_workspace, "compare").out
+    line = next(l for l in out.splitlines() if l.split()[:2] == ["fp16", "trt10.16"])
+    mark = line.split()[-1]
+    assert line.split()[-2] == "busy" and f"{mark} measured (GPU compute time); noisy: CV 25.0%" in out
+    relaxed = json.loads(run_cli(trt_workspace, "compare", "--format", "json", "--noisy-cv", "30").out)
+    assert not any(f.startswith("noisy") for r in relaxed for f in r["flags"])
+    assert "busy machine: load average 4.1" in run_cli(trt_workspace, "compare", "--format", "md").out
+
+
+def test_piped_output_follows_columns(trt_workspace):
+    import os
+    import sys
+
+    env = {**os.environ, "COLUMNS": "90"}
+    out = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "--catalog", str(trt_workspace), "compare"], capture_output=True, text=True, env=env, check=True
+    ).stdout
+    assert max(map(len, out.splitlines())) <= 90 and "median ms" in out
 
 
 def test_html_from_tensorrt_manifests_has_the_top_layers(trt_workspace, run_cli):
