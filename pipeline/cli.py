@@ -493,20 +493,32 @@ def trtexec_parse(log, exports, precision, as_json):
     throughput_qps, latency_ms / gpu_compute_ms / enqueue_ms / h2d_ms / d2h_ms
     {min, max, mean, median, p90, p95, p99}, total_host_walltime_s, total_gpu_compute_s,
     warnings, errors[{code, message}], profile, options, exports. Absent facts are null.
+    Summary lines are read wherever they stand, also pasted without their "[date] [I]"
+    prefix or section header; text with neither a summary nor a PASSED/FAILED line exits 1.
     """
     import json
 
     from pipeline.trtexec.report import find_exports, parse_run, run_as_json
 
+    from pipeline.errors import PipelineError
+    from pipeline.trtexec.log import NOTHING_TO_REPORT
+
     run = parse_run(log, find_exports(exports) if exports else None, precision)
     if as_json:
         click.echo(json.dumps(run_as_json(run), indent=2))
-        return
-    from pipeline.trtexec.summary import render_run
+    else:
+        from pipeline.trtexec.summary import render_run
 
-    from pipeline.reporting import stdout_console
+        from pipeline.reporting import stdout_console
 
-    stdout_console().print(render_run(run))
+        stdout_console().print(render_run(run))
+    if NOTHING_TO_REPORT in run.log.warnings:
+        # Said after the (empty) result, and with a failing exit code, so a script cannot take a
+        # page of nulls for a measurement.
+        raise PipelineError(
+            f"{log}: {NOTHING_TO_REPORT}.",
+            hint="pass trtexec's whole output (`trtexec … | tee run.log`), or at least its performance summary lines",
+        )
 
 
 # --- the error boundary ---------------------------------------------------------------------

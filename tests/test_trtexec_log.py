@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -174,3 +175,59 @@ def test_control_characters_and_carriage_returns_are_tolerated():
     assert "\x1e" in text
     log = parse_log(text.replace("\n", "\r\n"))
     assert log.status == "PASSED" and log.options["Build Options"]["Profiling verbosity"] == "2"
+
+
+SUMMARY_LOGS = [p for p in LOGS if "=== Performance summary ===" in p.read_text(errors="replace")]
+_STAMP = re.compile(r"^\[[^\]]*\] \[[VIWEF]\] ")
+
+
+def _summary_block(text: str) -> list[str]:
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if "=== Performance summary ===" in line)
+    block = []
+    for line in lines[start + 1 :]:
+        if "[I]" not in line or not line.split("[I]", 1)[1].strip():
+            break
+        block.append(line)
+    return block
+
+
+@pytest.mark.parametrize("path", SUMMARY_LOGS, ids=lambda p: p.name)
+@pytest.mark.parametrize("pasted", ["without the header", "without prefixes either"])
+def test_summary_lines_pasted_alone_give_the_same_figures(path, pasted):
+    """What people paste into issues: the summary lines, perhaps with their "[date] [I]" cut off."""
+    full = read_log(path)
+    block = _summary_block(path.read_text(errors="replace"))
+    if pasted == "without prefixes either":
+        block = [_STAMP.sub("", line) for line in block]
+    log = parse_log("\n".join(block) + "\n")
+    assert full.has_summary and log.has_summary
+    for field in ("throughput_qps", "latency_ms", "gpu_compute_ms", "enqueue_ms", "h2d_ms", "d2h_ms", "total_host_walltime_s", "total_gpu_compute_s"):
+        assert getattr(log, field) == getattr(full, field), field
+    assert log.status is None and log.warnings == []  # a summary without a banner is fine
+
+
+def test_an_old_release_printing_only_the_99th_percentile_keeps_what_is_there():
+    text = "Latency: min = 0.5 ms, max = 1.5 ms, mean = 0.7 ms, median = 0.6 ms, percentile(99%) = 1.2 ms\n"
+    log = parse_log(text)
+    assert (log.latency_ms.median, log.latency_ms.p99, log.latency_ms.p90, log.latency_ms.p95) == (0.6, 1.2, None, None)
+
+
+def test_explanations_of_the_metrics_are_not_read_as_figures():
+    log = read_log(SAMPLES / "trt8.5.10_rtx2000adalaptop_onnx_best_dumpProfile_separateProfileRun_verbose.txt")
+    assert log.total_host_walltime_s == 3.00022  # not "the host walltime from when …" of the verbose explanations
+
+
+def test_text_with_neither_summary_nor_status_says_so(tmp_path, run_cli, tiny_catalog):
+    path = tmp_path / "partial.log"
+    path.write_text("[11/22/2026-22:00:00] [I] Loading supplied ONNX file\n[11/22/2026-22:00:01] [I] Input filename: m.onnx\n")
+    result = run_cli(tiny_catalog, "trtexec", "parse", str(path), "--json")
+    assert result.exit_code == 1
+    assert "no performance summary and no PASSED/FAILED line" in json.loads(result.out)["warnings"][-1]
+    assert f"ERROR {path}: no performance summary and no PASSED/FAILED line" in result.err and "TIP" in result.err
+    pasted = tmp_path / "pasted.log"
+    pasted.write_text("Throughput: 812.5 qps\nGPU Compute Time: min = 1.1 ms, max = 1.9 ms, mean = 1.2 ms, median = 1.2 ms, percentile(99%) = 1.6 ms\n")
+    result = run_cli(tiny_catalog, "trtexec", "parse", str(pasted), "--json")
+    assert result.exit_code == 0
+    data = json.loads(result.out)
+    assert data["throughput_qps"] == 812.5 and data["gpu_compute_ms"]["p99"] == 1.6

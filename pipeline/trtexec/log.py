@@ -46,6 +46,10 @@ SUMMARY_FIELDS = {
 }
 
 
+# Summary labels with one number (qps, s) rather than statistics.
+SUMMARY_TOTALS = ("Throughput", "Total Host Walltime", "Total GPU Compute Time")
+
+
 class TimingSummary(BaseModel):
     """One line of trtexec's performance summary, in milliseconds."""
 
@@ -125,6 +129,13 @@ class TrtexecLog(BaseModel):
     def finished(self) -> bool:
         return self.status is not None
 
+    @property
+    def has_summary(self) -> bool:
+        return any(
+            value is not None
+            for value in (self.throughput_qps, self.latency_ms, self.gpu_compute_ms, self.total_host_walltime_s)
+        ) or bool(self.other_summaries)
+
 
 def decode_version(code: str) -> str:
     """Banner code → release: 101601 → 10.16.1, 100300 → 10.3.0, 8510 → 8.5.10, 8601 → 8.6.1."""
@@ -190,6 +201,11 @@ def parse_log(text: str) -> TrtexecLog:
             continue
 
         prefixed = _PREFIX.match(line)
+        if not prefixed and _is_summary_line(line.strip()):
+            # Summary lines pasted without their "[date] [I]" prefix (as in issues and READMEs).
+            recognised += 1
+            _summary_line(log, line.strip())
+            continue
         if not prefixed:
             # Unprefixed lines continue the previous message: an error's "[6] …" detail is kept,
             # node and layer dumps are not needed for any report.
@@ -258,6 +274,9 @@ def parse_log(text: str) -> TrtexecLog:
             if not _summary_line(log, stripped):
                 in_summary = bool(stripped)
             continue
+        if severity == "I" and _is_summary_line(stripped):
+            _summary_line(log, stripped)  # outside its section: pasted without the header
+            continue
 
         trace = _TRACE.match(stripped)
         if trace:
@@ -299,7 +318,23 @@ def parse_log(text: str) -> TrtexecLog:
         )
     if log.status is None and log.command is not None:
         log.warnings.append("the log ends before trtexec finished (no PASSED/FAILED line): truncated or killed")
+    elif log.status is None and not log.has_summary:
+        log.warnings.append(NOTHING_TO_REPORT)
     return log
+
+
+NOTHING_TO_REPORT = "no performance summary and no PASSED/FAILED line: there is nothing to report from this text"
+
+
+def _is_summary_line(text: str) -> bool:
+    """A performance-summary line wherever it stands: a known label and its numbers."""
+    label, colon, rest = text.partition(":")
+    if not colon:
+        return False
+    label = label.strip()
+    if label in SUMMARY_FIELDS:
+        return _STAT.search(rest) is not None
+    return label in SUMMARY_TOTALS and bool(re.match(rf"\s*{_NUMBER}\s*(qps|s)\b", rest))
 
 
 def _summary_line(log: TrtexecLog, text: str) -> bool:
