@@ -306,3 +306,43 @@ def test_html_report_renders_in_chromium(ort_workspace, run_cli, tmp_path):
     assert colours is not None and len(colours) > 50  # tables and plots, not a blank page
     dom = subprocess.run([chromium, *flags, "--dump-dom", report.as_uri()], capture_output=True, text=True, timeout=120).stdout
     assert dom.count("<table") == 2 and dom.count("<img") >= 2 and "tiny_fp32" in dom
+
+
+def test_a_real_100_column_terminal_shows_every_number_whole(trt_workspace, run_cli):
+    """In a pseudo-terminal 100 columns wide, as in tmux, with no $COLUMNS to help."""
+    import fcntl
+    import os
+    import pty
+    import re
+    import struct
+    import sys
+    import termios
+
+    rows = json.loads(run_cli(trt_workspace, "compare", "--format", "json").out)
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 100, 0, 0))
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    env["TERM"] = "xterm-256color"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.cli", "--catalog", str(trt_workspace), "compare"],
+        stdin=follower, stdout=follower, stderr=follower, env=env, close_fds=True,
+    )  # fmt: skip
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the terminal closes when the process exits
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    assert process.wait(timeout=60) == 0
+    os.close(leader)
+    out = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", b"".join(chunks).decode())  # colours off
+    lines = out.replace("\r", "").splitlines()
+    assert max(map(len, lines)) <= 100 and "…" not in out
+    for row in rows:
+        line = next(l for l in lines if l.split()[:2] == [row["variant"], row["toolchain"]])
+        for number in (f"{row['median_ms']:.3f}", f"{row['p99_ms']:.3f}", f"{row['speedup']:.2f}x"):
+            assert number in line.split(), (number, line)

@@ -81,6 +81,16 @@ def test_profile_obeys_the_trtexec_bounds_and_keeps_every_iteration(demo):
     assert profile.device == "onnxruntime CPUExecutionProvider"
 
 
+def test_profile_records_the_machines_load_around_the_measurement(demo):
+    import os
+
+    details = read_manifest(demo / "manifests" / "onnxruntime" / "tiny_fp32.json").profile.details
+    for when in ("start", "end"):
+        load = details.machine_load[when]
+        assert load["cpu_count"] == os.cpu_count()
+        assert len(load["load_average"]) == 3 and all(value >= 0 for value in load["load_average"])
+
+
 def test_unsupported_variant_is_recorded_as_skipped_with_its_reason(demo):
     manifest = read_manifest(demo / "manifests" / "onnxruntime" / "tiny_nvfp4.json")
     assert manifest.build.status == "skipped" and "nvfp4 needs TensorRT" in manifest.build.reason
