@@ -67,8 +67,14 @@ def _write(fd: int, holder: dict) -> None:
 def workspace_lock(manifests_dir: Path, reporter, wait: bool = False, argv: list[str] | None = None) -> Iterator[None]:
     """Hold the workspace for the duration of the block; fail at once, or wait, if another holds it."""
     path = lock_path(manifests_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise PipelineError(
+            f"cannot lock the workspace: {path}: {exc.strerror or exc}.",
+            hint="the workspace (the folder holding pipeline.toml) must be writable",
+        ) from exc
     held = False
     try:
         try:
