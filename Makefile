@@ -4,6 +4,7 @@
 #   make test                 set up (first time) and run the tests
 #   make engines TRT=10.14    build every variant of MODEL with that TensorRT toolchain
 #   make engines TOOLCHAIN=trt-rtx1.7 ARCH=sm120    … or with any toolchain, for chosen GPUs
+#   make engines TRT=11.1 DRY_RUN=1                  print the exact commands and stop (no GPU needed)
 #   make profile TRT=10.14    profile them
 
 PYTHON ?= python3
@@ -40,11 +41,11 @@ demo: setup ## The main job on the embedded runtime: vit_tiny fp32/fp16/int8 →
 
 engines: setup ## Build every variant of MODEL (default vit): make engines TRT=10.14, or TOOLCHAIN=trt-rtx1.7 ARCH=sm120.
 	@test -n "$(TRT)$(TOOLCHAIN)" || { echo "ERROR neither TRT nor TOOLCHAIN is set" >&2; echo "TIP make engines TRT=10.14 (or TOOLCHAIN=trt-rtx1.7 ARCH=sm120)" >&2; exit 2; }
-	$(PIPELINE) build --model $(MODEL) $(CHAIN)
+	$(PIPELINE) build --model $(MODEL) $(CHAIN) $(if $(DRY_RUN),--dry-run)
 
 profile: setup ## Profile every variant of MODEL: make profile TRT=10.14 (or TOOLCHAIN=…).
 	@test -n "$(TRT)$(TOOLCHAIN)" || { echo "ERROR neither TRT nor TOOLCHAIN is set" >&2; echo "TIP make profile TRT=10.14" >&2; exit 2; }
-	$(PIPELINE) profile --model $(MODEL) $(CHAIN)
+	$(PIPELINE) profile --model $(MODEL) $(CHAIN) $(if $(DRY_RUN),--dry-run)
 
 compare: setup ## Print the comparison table from the saved manifests.
 	$(PIPELINE) compare

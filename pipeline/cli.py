@@ -394,6 +394,12 @@ def _print_comparison(state: _State, toolchains, fmt, out, models=None, columns=
         wide=wide,
         noisy_cv=NOISY_CV if noisy_cv is None else noisy_cv / 100,
     )
+    differently = [f"{r.engine} on {r.toolchain}: {flag}" for r in rows for flag in r.flags if flag.startswith("measured differently")]
+    if differently:
+        from pipeline.reporting import Reporter
+
+        for line in differently:
+            Reporter().warn(f"{line}; the comparison is not like for like")
     if out is not None:
         write_output(rendered if isinstance(rendered, str) else render_markdown(rows), out)
         click.echo(f"wrote {out}", err=True)

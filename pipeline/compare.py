@@ -63,6 +63,8 @@ class ComparisonRow:
     peak_fraction: float | None = None
     # Why the number may not be trusted: a busy machine, a noisy run (see measurement_flags).
     flags: list[str] = field(default_factory=list)
+    # What the timing included (CUDA graphs, data transfers, spin wait), where the runtime says.
+    measured_with: dict[str, bool] = field(default_factory=dict)
     # Per-iteration times and layer timings, for plots and significance; not in tabular output.
     samples_ms: list[float] = field(default_factory=list, repr=False)
     layers: list[tuple[str, float]] = field(default_factory=list, repr=False)
@@ -217,6 +219,7 @@ def build_rows(
             row.images_per_s = d.images_per_s
             row.samples_ms = list(d.per_iteration_ms)
             row.flags = measurement_flags(d, noisy_cv)
+            row.measured_with = dict(d.measured_with)
             row.layers = _layer_times(d.trtexec)
             flops = flops_by_model.get((m.model, d.batch_size))
             if flops:
@@ -278,6 +281,9 @@ def _toolchain_changes(rows: list[ComparisonRow], order: list[str] | None) -> No
         if row.median_ms is None or ref is None or row.toolchain == reference:
             continue
         row.reference_toolchain = reference
+        differ = [f"{key} {'on' if row.measured_with[key] else 'off'} here, {'on' if ref.measured_with[key] else 'off'} there" for key in sorted(row.measured_with.keys() & ref.measured_with.keys()) if row.measured_with[key] != ref.measured_with[key]]
+        if differ:
+            row.flags.append(f"measured differently from {reference}: {', '.join(differ)}")
         row.change_ms = row.median_ms - ref.median_ms
         row.change_pct = row.change_ms / ref.median_ms * 100
         low, high = median_difference_ci(row.samples_ms, ref.samples_ms)
@@ -469,8 +475,10 @@ class _Notes:
 def _compact_status(row: ComparisonRow, notes: _Notes) -> str:
     word = row.status.split(" ", 1)[0].rstrip(":")
     word = {"build": "refused", "not": "not profiled"}.get(word, word)
-    if row.flags:
-        word = "busy" if any(flag.startswith("busy") for flag in row.flags) else "noisy"
+    for kind in ("busy", "noisy", "measured differently"):
+        if any(flag.startswith(kind) for flag in row.flags):
+            word = "differs" if kind.startswith("measured") else kind
+            break
     return f"{word} {notes.mark(row.full_status)}"
 
 

@@ -139,6 +139,10 @@ class ProfileDetails(_Model):
     warnings: list[str] = []
     # The GPU it was timed on, by name, when the runtime knows it (for the roofline's peaks).
     gpu: str | None = None
+    # What the timing included, where the runtime has such settings: cuda_graph, data_transfers,
+    # spin_wait (trtexec; the same meaning on every release). Rows compared side by side that were
+    # measured under different settings are flagged by `pipeline compare`.
+    measured_with: dict[str, bool] = {}
     image: str | None = None
     image_digest: str | None = None
     trtexec: dict[str, Any] | None = None

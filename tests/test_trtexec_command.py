@@ -18,6 +18,9 @@ HELP_FILES = {
     "10.6.0": "trt10.6.0_help.txt",
     "10.14.1": "trt10.14.1_help.txt",
     "10.16.1": "trt10.16.1_help.txt",
+    # Rebuilt from NVIDIA's trtexec source (INDEX.md f); no real TensorRT 11 capture exists.
+    "11.0": "trt11.0_help_RECONSTRUCTED_from_oss_source.txt",
+    "11.1": "trt11.1_help_RECONSTRUCTED_from_oss_source.txt",
 }
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8", "mxfp8", "nvfp4")
 
@@ -44,11 +47,17 @@ def build_argvs(version: str):
             assert version.startswith("8.") and precision in ("bf16", "mxfp8", "nvfp4")
 
 
-def profile_argv(version: str) -> list[str]:
+def profile_argv(version: str, **settings) -> list[str]:
     return ProfileCommand(
         engine="/w/m.engine", warmup_ms=200, iterations=10, duration_s=3,
-        times_json="/w/t.json", profile_json="/w/p.json", verbose=True,
+        times_json="/w/t.json", profile_json="/w/p.json", verbose=True, **settings,
     ).argv(version)  # fmt: skip
+
+
+MEASUREMENT_SETTINGS = [
+    dict(use_cuda_graph=graph, no_data_transfers=no_transfers, spin_wait=spin)
+    for graph, no_transfers, spin in product((True, False), repeat=3)
+]
 
 
 def test_help_files_are_read():
@@ -62,7 +71,39 @@ def test_every_emitted_flag_exists_in_that_release(version):
     known = help_flags(version)
     for precision, argv in build_argvs(version):
         assert flags(argv) <= known, (precision, flags(argv) - known)
-    assert flags(profile_argv(version)) <= known
+    for settings in MEASUREMENT_SETTINGS:
+        assert flags(profile_argv(version, **settings)) <= known, settings
+
+
+def deprecated_flags(version: str) -> set[str]:
+    text = (SAMPLES / HELP_FILES[version]).read_text()
+    return {"--" + name for name in re.findall(r"^  --([A-Za-z0-9]+)\S*\s+\[Deprecated\]", text, re.M)}
+
+
+@pytest.mark.parametrize("version", ["11.0", "11.1"])
+def test_tensorrt_11_gets_no_deprecated_flag_and_the_opposites_when_a_setting_is_off(version):
+    deprecated = deprecated_flags(version)
+    assert {"--useCudaGraph", "--noDataTransfers", "--useSpinWait", "--separateProfileRun", "--stronglyTyped"} <= deprecated
+    for settings in MEASUREMENT_SETTINGS:
+        assert not flags(profile_argv(version, **settings)) & deprecated, settings
+    for precision, argv in build_argvs(version):
+        assert not flags(argv) & deprecated, precision
+    assert not {"--noCudaGraph", "--includeDataTransfers", "--noSpinWait"} & flags(profile_argv(version))  # the defaults
+    off = flags(profile_argv(version, use_cuda_graph=False, no_data_transfers=False, spin_wait=False))
+    assert {"--noCudaGraph", "--includeDataTransfers", "--noSpinWait"} <= off
+
+
+@pytest.mark.parametrize("version", ["10.14.1", "10.16.1"])
+def test_tensorrt_10_gets_the_explicit_flags_for_the_same_settings(version):
+    on = flags(profile_argv(version))
+    assert {"--useCudaGraph", "--noDataTransfers", "--useSpinWait", "--separateProfileRun"} <= on
+    off = flags(profile_argv(version, use_cuda_graph=False, no_data_transfers=False, spin_wait=False))
+    assert not {"--useCudaGraph", "--noDataTransfers", "--useSpinWait"} & off
+
+
+def test_the_settings_in_force_read_the_same_on_every_release():
+    command = ProfileCommand(engine="e", warmup_ms=1, iterations=1, duration_s=0, use_cuda_graph=False)
+    assert command.settings_in_force() == {"cuda_graph": False, "data_transfers": False, "spin_wait": True}
 
 
 @pytest.mark.parametrize("version", ["10.0.1", "10.6.0", "10.14.1", "10.16.1"])
@@ -76,7 +117,7 @@ def test_tensorrt_10_builds_are_strongly_typed_and_never_weakly_typed(version):
 def test_tensorrt_11_emits_none_of_the_removed_flags(version):
     for precision, argv in build_argvs(version):
         assert not set(WEAK_TYPING_FLAGS) & flags(argv)
-        assert "--stronglyTyped" not in argv  # implied: TensorRT 11 is strongly typed only
+        assert "--stronglyTyped" not in argv  # a deprecated no-op there: strong typing is the only kind
 
 
 def test_tensorrt_8_uses_weak_typing_and_cannot_do_block_formats():

@@ -231,3 +231,15 @@ def test_text_with_neither_summary_nor_status_says_so(tmp_path, run_cli, tiny_ca
     assert result.exit_code == 0
     data = json.loads(result.out)
     assert data["throughput_qps"] == 812.5 and data["gpu_compute_ms"]["p99"] == 1.6
+
+
+def test_tensorrt_11_deprecation_warnings_name_their_flag():
+    # The warning as ../shared/trtexec-samples/INDEX.md (f) quotes it from trtexec 11's source.
+    text = (
+        "[06/24/2026-10:00:01] [W] --useCudaGraph is deprecated. CUDA graph is now enabled by default. "
+        "Use --noCudaGraph to disable CUDA graph.\n"
+        "[06/24/2026-10:00:02] [W] * GPU compute time is unstable, with coefficient of variance = 3.1%.\n"
+    )
+    log = parse_log(text)
+    assert log.deprecated_flags == ["--useCudaGraph"]
+    assert log.warnings[:2] == [text.splitlines()[0].split("[W] ")[1], text.splitlines()[1].split("[W] ")[1]]

@@ -363,7 +363,11 @@ class TorchRuntime(EngineRuntime):
                 torch.cuda.reset_peak_memory_stats()
             times_ms, elapsed = time_runs(torch, prepared.run, settings, cuda)
         execution: dict[str, Any] = {**self.versions(), **self.settings_in_force(prepared), **prepared.facts}
+        measured_with = {}
         if cuda:
+            # Inputs already on the GPU; CUDA graphs by capture, or inside Inductor's CUDA-graph modes.
+            graphs = self.spec.backend == "cudagraphs" or self.mode in ("reduce-overhead", "max-autotune")
+            measured_with = {"cuda_graph": graphs, "data_transfers": False}
             execution["peak_memory_mib"] = {
                 "allocated": round(torch.cuda.max_memory_allocated() / 2**20, 1),
                 "reserved": round(torch.cuda.max_memory_reserved() / 2**20, 1),
@@ -374,7 +378,7 @@ class TorchRuntime(EngineRuntime):
             total_walltime_s=elapsed,
             device=f"torch {self.spec.backend} on {gpu or 'CPU'}",
             metric="GPU time (CUDA events)" if cuda else "host latency",
-            evidence={"gpu": gpu, "execution": execution},
+            evidence={"gpu": gpu, "execution": execution, "measured_with": measured_with},
         )
 
     def settings_in_force(self, prepared: Prepared) -> dict[str, Any]:

@@ -234,6 +234,8 @@ class TrtexecRuntime(EngineRuntime):
             throughput_qps=log.throughput_qps,
             warnings=list(log.warnings),
             evidence={
+                "gpu": log.device.name,
+                "measured_with": self._profile_command(engine_path, settings, times_path, profile_path).settings_in_force(),
                 "image": execution.image,
                 "image_digest": execution.image_digest,
                 "trtexec": {
@@ -266,6 +268,9 @@ class TrtexecRuntime(EngineRuntime):
         ).argv(self.spec.trt, self.trtexec_path())
 
     def _profile_argv(self, engine_path: Path, settings: ProfileSettings, times: Path, profile: Path, verbose: bool = False) -> list[str]:
+        return self._profile_command(engine_path, settings, times, profile, verbose).argv(self.spec.trt, self.trtexec_path())
+
+    def _profile_command(self, engine_path: Path, settings: ProfileSettings, times: Path, profile: Path, verbose: bool = False) -> ProfileCommand:
         return ProfileCommand(
             engine=self.container_path(engine_path),
             warmup_ms=settings.warmup_ms,
@@ -277,7 +282,7 @@ class TrtexecRuntime(EngineRuntime):
             no_data_transfers=self.spec.no_data_transfers,
             spin_wait=self.spec.spin_wait,
             verbose=verbose,
-        ).argv(self.spec.trt, self.trtexec_path())
+        )
 
     def describe_build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec, source: ModelSource) -> list[str]:
         argv = self._build_argv(onnx_path, engine_path, variant, self.sidecar(engine_path, ".layers.json"))

@@ -9,8 +9,17 @@ Each flag emitted here is checked by the tests against the recorded ``trtexec --
 * ``--fp16/--bf16/--int8/--fp8/--int4/--best`` are deprecated from 10.12 ("superseded by strong
   typing", 10.14.1 help) and removed in TensorRT 11, which builds strongly typed networks only.
   So they are emitted only for releases without ``--stronglyTyped``.
-* TensorRT 11 is strongly typed only; ``--stronglyTyped`` is left out there because strong typing
-  is implied, and a removed no-op flag would fail the run.
+* TensorRT 11 is strongly typed only; its ``--stronglyTyped`` is a deprecated no-op that prints a
+  warning, so it is left out there.
+* TensorRT 11 flipped the measurement defaults: CUDA graphs on, data transfers off, spin wait on,
+  a separate profile run always. ``--useCudaGraph``, ``--noDataTransfers``, ``--useSpinWait`` and
+  ``--separateProfileRun`` became deprecated no-ops there (each prints a warning); the opposites
+  ``--noCudaGraph``, ``--includeDataTransfers`` and ``--noSpinWait`` are new. A measurement setting
+  therefore means the same on every release: 10.x gets the explicit flag when it is on, 11.x the
+  opposite when it is off. (11.0/11.1 ``--help`` rebuilt from NVIDIA's trtexec source,
+  ``samples/common/sampleOptions.cpp`` at the 11.0 and 11.1 OSS releases; tested against them.)
+* TensorRT 11.1 can check accuracy itself: ``--loadRefOutputs`` with ``--accuracyAlgorithm`` and
+  ``--accuracyThreshold``; ``--loadInputs`` and ``--exportOutput`` exist in every release tested.
 """
 
 from __future__ import annotations
@@ -47,6 +56,24 @@ class Dialect:
     @property
     def weak_typing_deprecated(self) -> bool:
         return self.version[:2] >= (10, 12)
+
+    @property
+    def measures_with_graphs_by_default(self) -> bool:
+        """11.0+: CUDA graphs, no data transfers, spin wait and a separate profile run by default."""
+        return self.version[0] >= 11
+
+    @property
+    def checks_accuracy(self) -> bool:
+        """11.1+: --loadRefOutputs/--accuracyAlgorithm/--accuracyThreshold."""
+        return self.version[:2] >= (11, 1)
+
+    def measurement_flags(self, cuda_graph: bool, data_transfers: bool, spin_wait: bool) -> list[str]:
+        """The flags that give these measurement settings on this release (see the module notes)."""
+        if self.measures_with_graphs_by_default:
+            wanted = (("--noCudaGraph", not cuda_graph), ("--includeDataTransfers", data_transfers), ("--noSpinWait", not spin_wait))
+        else:
+            wanted = (("--useCudaGraph", cuda_graph), ("--noDataTransfers", not data_transfers), ("--useSpinWait", spin_wait))
+        return [flag for flag, needed in wanted if needed]
 
     def typing_flags(self, precision: str) -> list[str]:
         """Flags that make the engine run in ``precision``, given an ONNX exported for it."""
@@ -116,8 +143,16 @@ class ProfileCommand:
     spin_wait: bool = True
     verbose: bool = False
 
+    def settings_in_force(self) -> dict[str, bool]:
+        """What the timing included, the same on every release (recorded in the profile manifest)."""
+        return {
+            "cuda_graph": self.use_cuda_graph,
+            "data_transfers": not self.no_data_transfers,
+            "spin_wait": self.spin_wait,
+        }
+
     def argv(self, trt_version: str, executable: str = "trtexec") -> list[str]:
-        parse_version(trt_version)
+        dialect = Dialect(parse_version(trt_version))
         argv = [
             executable,
             f"--loadEngine={self.engine}",
@@ -125,17 +160,12 @@ class ProfileCommand:
             f"--iterations={self.iterations}",  # a minimum: runs continue until --duration too
             f"--duration={_number(self.duration_s)}",
         ]
-        if self.use_cuda_graph:
-            argv.append("--useCudaGraph")
-        if self.no_data_transfers:
-            argv.append("--noDataTransfers")
-        if self.spin_wait:
-            argv.append("--useSpinWait")
+        argv += dialect.measurement_flags(self.use_cuda_graph, not self.no_data_transfers, self.spin_wait)
         if self.times_json:
             argv.append(f"--exportTimes={self.times_json}")
         if self.profile_json:
-            # The per-layer profiler perturbs timing; a separate run keeps the summary clean.
-            argv += ["--separateProfileRun", "--dumpProfile", f"--exportProfile={self.profile_json}"]
+            # The per-layer profiler perturbs timing; a separate run keeps the summary clean (always so on 11.x).
+            argv += ([] if dialect.measures_with_graphs_by_default else ["--separateProfileRun"]) + ["--dumpProfile", f"--exportProfile={self.profile_json}"]
         if self.verbose:
             argv.append("--verbose")
         return argv

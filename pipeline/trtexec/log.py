@@ -33,6 +33,7 @@ _PROFILE_HEADER = re.compile(r"^=== Profile \((?P<iterations>\d+) iterations ?\)
 _NUMBER = r"[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"
 _ROW_NAME_LAST = re.compile(rf"^\s*(?P<numbers>(?:{_NUMBER}\s+){{3,4}})(?P<name>\S.*?)\s*$")
 _ROW_NAME_FIRST = re.compile(rf"^\s*(?P<name>\S.*?)\s+(?P<numbers>(?:{_NUMBER}\s+){{2,3}}{_NUMBER})\s*$")
+_DEPRECATED_FLAG = re.compile(r"^(--[A-Za-z0-9]+)(?:=\S*)? is deprecated\b")
 _ERROR_CODE = re.compile(r"Error Code (?P<code>\d+): ?(?P<message>.*)")
 _PARSER_ERROR = re.compile(r"^\[(?P<code>\d+)\] (?P<message>.+)$")
 
@@ -118,6 +119,8 @@ class TrtexecLog(BaseModel):
     total_host_walltime_s: float | None = None
     total_gpu_compute_s: float | None = None
     warnings: list[str] = []
+    # Flags trtexec warned are deprecated ("--useCudaGraph is deprecated. CUDA graph is now …").
+    deprecated_flags: list[str] = []
     errors: list[TrtexecError] = []
     trace: list[TraceAverage] = []
     trace_lines_omitted: int = 0
@@ -234,6 +237,9 @@ def parse_log(text: str) -> TrtexecLog:
             else:
                 log.warnings.append(stripped)
                 last_warning_index = len(log.warnings) - 1
+                deprecated = _DEPRECATED_FLAG.match(stripped)
+                if deprecated and deprecated.group(1) not in log.deprecated_flags:
+                    log.deprecated_flags.append(deprecated.group(1))
             continue
         last_warning_index = None
 
