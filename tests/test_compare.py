@@ -163,6 +163,20 @@ def test_a_busy_or_noisy_measurement_is_flagged(trt_workspace, run_cli, monkeypa
     assert "busy machine: load average 4.1" in run_cli(trt_workspace, "compare", "--format", "md").out
 
 
+def test_rows_measured_under_different_settings_are_flagged(trt_workspace, run_cli):
+    for toolchain, graphs in (("trt10.14", True), ("trt10.16", False)):
+        path = trt_workspace.parent / "manifests" / toolchain / "tiny_fp16.json"
+        manifest = read_manifest(path)
+        details = manifest.profile.details.model_copy(update={"measured_with": {"cuda_graph": graphs, "data_transfers": False, "spin_wait": True}})
+        manifest.profile = manifest.profile.model_copy(update={"details": details})
+        manifest.write(path)
+    result = run_cli(trt_workspace, "compare", "--trt", "10.14", "--trt", "10.16", "--format", "json")
+    rows = {(r["variant"], r["toolchain"]): r for r in json.loads(result.out)}
+    assert "measured differently from trt10.14: cuda_graph off here, on there" in rows[("fp16", "trt10.16")]["flags"]
+    assert "WARNING tiny_fp16 on trt10.16: measured differently from trt10.14" in result.err
+    assert not any(f.startswith("measured differently") for f in rows[("fp32", "trt10.16")]["flags"])  # nothing recorded there
+
+
 def test_piped_output_follows_columns(trt_workspace):
     import os
     import sys

@@ -184,3 +184,18 @@ def test_preflight_rules(precision, sparse, trt, cc, expected):
     assert len(reasons) == len(expected)
     for reason, start in zip(reasons, expected):
         assert reason.startswith(start)
+
+
+def test_a_trt11_profile_dry_run_carries_no_deprecated_flag(tmp_path, run_cli):
+    from tests.conftest import TINY_CATALOG, write_catalog
+
+    toolchain = '\n[toolchains."trt11.1"]\nkind = "trtexec-container"\ntrt = "11.1.0"\ndockerfile = "Dockerfile.tensorrt-tarball"\n'
+    catalog = write_catalog(tmp_path / "ws", TINY_CATALOG + toolchain)
+    result = run_cli(catalog, "profile", "--engine", "tiny_fp16", "--trt", "11.1", "--dry-run")
+    assert result.exit_code == 0, result.err
+    profile_line = next(line for line in result.out.splitlines() if "profile:" in line)
+    for flag in ("--useCudaGraph", "--noDataTransfers", "--useSpinWait", "--separateProfileRun", "--stronglyTyped"):
+        assert flag not in profile_line
+    catalog.write_text(catalog.read_text() + "use_cuda_graph = false\n")
+    result = run_cli(catalog, "profile", "--engine", "tiny_fp16", "--trt", "11.1", "--dry-run")
+    assert "--noCudaGraph" in next(line for line in result.out.splitlines() if "profile:" in line)
