@@ -48,14 +48,15 @@ class BuildStage(Stage):
         return record
 
     def inputs(self) -> list[Artifact]:
-        record = self.export_record()
-        for artifact in record.outputs:
+        # The ONNX only: the export's reference batch is what the profile checks engines against.
+        onnx = [artifact for artifact in self.export_record().outputs if artifact.role == "onnx"]
+        for artifact in onnx:
             if not self.ctx.workspace.is_intact(artifact):
                 raise PipelineError(
                     f"{artifact.path} changed since it was exported.",
                     hint=f"re-export it: `pipeline export --engine {self.engine.name} --force`",
                 )
-        return list(record.outputs)
+        return onnx
 
     def extra_manifest_fields(self) -> dict[str, Any]:
         # Each engine manifest carries its export record, so it is complete evidence on its own.

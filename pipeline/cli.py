@@ -333,8 +333,16 @@ def run(state: _State, engines, models, variants, toolchain, trt, archs, force, 
 @click.option("--wide", is_flag=True, help="Terminal table: every column, however wide (default: every column that fits, else a compact set).")
 @click.option("--columns", metavar="LIST", help="Terminal table: these columns, comma-separated, e.g. median,p99,cv,status (an unknown name lists them).")
 @click.option("--noisy-cv", type=click.FloatRange(min=0), metavar="PCT", help="Flag measurements whose CV is above PCT percent as noisy (default 10).")
+@click.option(
+    "--fail-accuracy-below",
+    "accuracy_thresholds",
+    multiple=True,
+    metavar="[cos=|top1=]X",
+    help="Exit 1 naming every engine whose own outputs fall below X against the FP32 model: cosine "
+    "similarity (0.99, cos=0.99) or top-1 agreement (top1=0.95). Repeatable.",
+)
 @pass_state
-def compare(state: _State, toolchains, trts, models, fmt, out, baseline, fail_above, wide, columns, noisy_cv):
+def compare(state: _State, toolchains, trts, models, fmt, out, baseline, fail_above, wide, columns, noisy_cv, accuracy_thresholds):
     """Put profiled engines side by side, from the saved manifests (never re-measures).
 
     \b
@@ -351,9 +359,33 @@ def compare(state: _State, toolchains, trts, models, fmt, out, baseline, fail_ab
     names = list(toolchains) + [catalog.toolchain_for_trt(v) for v in trts]
     if fmt == "html" and out is None:
         out = catalog.root / "reports" / "compare.html"
-    _print_comparison(state, names or None, fmt, out, list(models) or None, columns, wide, noisy_cv)
+    from pipeline.compare import parse_accuracy_threshold
+
+    thresholds = [parse_accuracy_threshold(text) for text in accuracy_thresholds]  # checked before any work
+    rows = _print_comparison(state, names or None, fmt, out, list(models) or None, columns, wide, noisy_cv)
+    if thresholds:
+        _accuracy_gate(rows, thresholds)
     if baseline is not None:
         _gate(state, names or None, baseline, fail_above)
+
+
+def _accuracy_gate(rows, thresholds) -> None:
+    from pipeline.compare import accuracy_gate
+    from pipeline.errors import PipelineError
+
+    checked, failures = accuracy_gate(rows, thresholds)
+    if not checked:
+        raise PipelineError(
+            "--fail-accuracy-below: no engine in the comparison had its own outputs checked.",
+            hint="profile the engines (`pipeline profile`); the accuracy proxy of an export is not an engine's accuracy",
+        )
+    wanted = ", ".join(f"{'cosine' if m == 'cos' else 'top-1'} ≥ {t:g}" for m, t in thresholds)
+    click.echo(f"Accuracy gate ({wanted}): {checked - len({f.split(':')[0] for f in failures})} of {checked} engines pass", err=True)
+    if failures:
+        raise PipelineError(
+            f"{len(failures)} accuracy check(s) failed: " + "; ".join(failures) + ".",
+            hint="the engines' own outputs against the FP32 model on the reference batch; `--format json` has every figure",
+        )
 
 
 def _gate(state: _State, toolchains, baseline: str, fail_above: float) -> None:
@@ -409,6 +441,7 @@ def _print_comparison(state: _State, toolchains, fmt, out, models=None, columns=
         if wide:  # every column, as wide as that takes: lines may wrap, no number is cut
             console.width = 1000
         console.print(rendered)
+    return rows
 
 
 @cli.command()

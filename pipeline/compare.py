@@ -55,8 +55,14 @@ class ComparisonRow:
     vs_baseline_toolchain_significant: bool | None = None
     engine_mb: float | None = None
     build_s: float | None = None
+    # Against the FP32 model's outputs: "measured" on the engine's own outputs, or the export's
+    # "proxy" (the fake-quantized PyTorch model) where no engine ran.
+    accuracy_source: str | None = None
     accuracy_cosine: float | None = None
     top1_agreement: float | None = None
+    top5_agreement: float | None = None
+    # Measured outputs that were NaN or Inf (then there is no cosine).
+    nonfinite_values: int | None = None
     audit: str | None = None
     matmul_gflops: float | None = None
     achieved_tflops: float | None = None
@@ -202,6 +208,7 @@ def build_rows(
             if audit:
                 row.audit = audit.get("warning") or ("ok: " + ", ".join(f"{k} {v}" for k, v in sorted(audit["output_types"].items())))
         if m.export is not None and m.export.details is not None and m.export.details.accuracy:
+            row.accuracy_source = "proxy"
             row.accuracy_cosine = m.export.details.accuracy["cosine_similarity"]
             row.top1_agreement = m.export.details.accuracy["top1_agreement"]
         if m.profile is not None and m.profile.status == "done" and m.profile.details is not None:
@@ -219,6 +226,14 @@ def build_rows(
             row.images_per_s = d.images_per_s
             row.samples_ms = list(d.per_iteration_ms)
             row.flags = measurement_flags(d, noisy_cv)
+            if d.accuracy:
+                row.accuracy_source = "measured"
+                row.accuracy_cosine = d.accuracy["cosine_similarity"]
+                row.top1_agreement = d.accuracy["top1_agreement"]
+                row.top5_agreement = d.accuracy.get("top5_agreement")
+                row.nonfinite_values = d.accuracy.get("nonfinite_values")
+                if d.accuracy.get("warning"):
+                    row.flags.append(f"inaccurate: {d.accuracy['warning']}")
             row.measured_with = dict(d.measured_with)
             row.layers = _layer_times(d.trtexec)
             flops = flops_by_model.get((m.model, d.batch_size))
@@ -357,6 +372,39 @@ def render_gate(results: list[Regression], threshold: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+def parse_accuracy_threshold(text: str) -> tuple[str, float]:
+    """`--fail-accuracy-below 0.99` (cosine), `cos=0.99` or `top1=0.95` → (metric, threshold)."""
+    metric, _, value = text.rpartition("=")
+    metric = {"": "cos", "cos": "cos", "cosine": "cos", "top1": "top1", "top-1": "top1"}.get(metric.strip().lower())
+    try:
+        threshold = float(value)
+    except ValueError:
+        threshold = None
+    if metric is None or threshold is None or not 0.0 <= threshold <= 1.0:
+        raise UsageError(
+            f"--fail-accuracy-below {text!r} is not a threshold.",
+            hint="give a cosine similarity or a top-1 agreement between 0 and 1: 0.99, cos=0.99 or top1=0.95",
+        )
+    return metric, threshold
+
+
+def accuracy_gate(rows: list[ComparisonRow], thresholds: list[tuple[str, float]]) -> tuple[int, list[str]]:
+    """(engines checked, failures): every engine whose own measured accuracy is below a threshold.
+    NaN or Inf outputs fail every threshold; the export's proxy is not an engine's accuracy."""
+    measured = [r for r in rows if r.accuracy_source == "measured"]
+    failures = []
+    for row in measured:
+        for metric, threshold in thresholds:
+            value = row.accuracy_cosine if metric == "cos" else row.top1_agreement
+            if row.nonfinite_values:
+                failures.append(f"{row.engine} on {row.toolchain}: {row.nonfinite_values} NaN/Inf outputs")
+                break
+            if value is None or value < threshold:
+                shown = "none" if value is None else (f"{value:.4f}" if metric == "cos" else f"{value:.0%}")
+                failures.append(f"{row.engine} on {row.toolchain}: {'cosine' if metric == 'cos' else 'top-1'} {shown} < {threshold:g}")
+    return len(measured), failures
+
+
 # --- rendering -----------------------------------------------------------------------------------
 
 def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
@@ -379,6 +427,12 @@ def _change(row: ComparisonRow) -> str:
     if row.change_pct is None:
         return "–"
     return ("" if row.change_significant else "~") + f"{row.change_pct:+.1f}% ({row.change_ms:+.3f} ms) vs {row.reference_toolchain}"
+
+
+def _accuracy(row: ComparisonRow, text: str) -> str:
+    if row.accuracy_source == "measured" and row.nonfinite_values:
+        return "NaN/Inf"
+    return f"{text} (proxy)" if row.accuracy_source == "proxy" and text != "–" else text
 
 
 @dataclass(frozen=True)
@@ -413,7 +467,8 @@ COLUMNS = (
     Column("vs-ref-toolchain", "vs ref toolchain", _change, text=True, short_header="vs ref\ntoolchain"),
     Column("engine-mb", "engine MB", lambda r: _fmt(r.engine_mb, ".1f")),
     Column("build-s", "build s", lambda r: _fmt(r.build_s, ".1f")),
-    Column("accuracy", "vs FP32 cos", lambda r: _fmt(r.accuracy_cosine, ".4f")),
+    Column("accuracy", "vs FP32 cos", lambda r: _accuracy(r, _fmt(r.accuracy_cosine, ".4f")), short_header="cos vs\nFP32"),
+    Column("top1", "top-1 vs FP32", lambda r: _accuracy(r, _fmt(r.top1_agreement * 100 if r.top1_agreement is not None else None, ".0f", "%")), short_header="top-1"),
     Column("audit", "layer audit", lambda r: r.audit or "–", text=True),
     Column("tflops", "TFLOP/s (peak %)", _roofline, short_header="TFLOP/s\n(peak %)"),
     Column("status", "status", lambda r: r.full_status, text=True),
@@ -423,7 +478,7 @@ COLUMNS_BY_KEY = {column.key: column for column in COLUMNS}
 WIDE = tuple(c for c in COLUMNS if c.key != "variant")
 # Narrower sets, tried in turn when every column does not fit. The model is the table's title; the
 # speedups' references and the status's details are notes under it. COMPACT fits 80 columns.
-MEDIUM = ("variant", "toolchain", "median", "p99", "cv", "img/s", "speedup", "vs-baseline-toolchain", "vs-ref-toolchain", "tflops", "status")
+MEDIUM = ("variant", "toolchain", "median", "p99", "cv", "img/s", "speedup", "vs-baseline-toolchain", "vs-ref-toolchain", "accuracy", "top1", "status")
 COMPACT = ("variant", "toolchain", "median", "p99", "img/s", "speedup", "status")
 HEADERS = tuple(c.header for c in WIDE)
 
@@ -475,7 +530,7 @@ class _Notes:
 def _compact_status(row: ComparisonRow, notes: _Notes) -> str:
     word = row.status.split(" ", 1)[0].rstrip(":")
     word = {"build": "refused", "not": "not profiled"}.get(word, word)
-    for kind in ("busy", "noisy", "measured differently"):
+    for kind in ("inaccurate", "busy", "noisy", "measured differently"):
         if any(flag.startswith(kind) for flag in row.flags):
             word = "differs" if kind.startswith("measured") else kind
             break
@@ -574,6 +629,10 @@ def _reference_notes(rows: list[ComparisonRow], keys: set[str]) -> list[str]:
     reference = next((r.reference_toolchain for r in rows if r.reference_toolchain), None)
     if "vs-ref-toolchain" in keys and reference:
         notes.append(f"vs ref toolchain: change against {reference}, same variant")
+    if {"accuracy", "top1"} & keys and any(r.accuracy_source for r in rows):
+        notes.append("cos, top-1: the engine's own outputs against the FP32 PyTorch model's on the reference batch")
+        if any(r.accuracy_source == "proxy" for r in rows):
+            notes.append("*: accuracy proxy (the fake-quantized PyTorch model), where no engine's outputs were checked")
     return notes
 
 
@@ -587,6 +646,8 @@ def _cell(column: Column, row: ComparisonRow, notes: _Notes | None) -> str:
         return _marked(row.speedup, row.speedup_significant, f"{row.speedup or 0:.2f}x")
     if column.key == "vs-baseline-toolchain":
         return _marked(row.vs_baseline_toolchain, row.vs_baseline_toolchain_significant, f"{row.vs_baseline_toolchain or 0:.2f}x")
+    if column.key in ("accuracy", "top1") and row.accuracy_source == "proxy" and row.accuracy_cosine is not None:
+        return column.cell(row).replace(" (proxy)", "*")  # the note under the table says what * is
     if column.key == "vs-ref-toolchain" and row.change_pct is not None:
         return ("" if row.change_significant else "~") + f"{row.change_pct:+.1f}%"
     return column.cell(row)

@@ -160,6 +160,9 @@ class ExportStage(Stage):
         with phase("to_device"):
             model = model.to(device)
         sample = source.sample_input(input_shape)
+        with phase("fp32_reference"), torch.no_grad():
+            # What every engine of this variant is checked against (pipeline/accuracy.py).
+            fp32_output = model(sample.to(device)).float().cpu()
 
         calibration = None
         batches = []
@@ -273,6 +276,7 @@ class ExportStage(Stage):
                     )
             audit = onnx_audit(graph, tmp.stat().st_size)
 
+        reference = self.write_reference(sample.to(dtype), fp32_output)
         details = ExportDetails(
             timm_model=spec.timm,
             weights=weights,
@@ -290,6 +294,7 @@ class ExportStage(Stage):
             parity_skipped=parity_skipped,
             onnx_ops=ops,
             onnx_audit=audit,
+            reference=reference,
             timings_s=phase.seconds,
         )
         note = f" (parity: cosine {parity.cosine_similarity:.6f})" if parity else f" (parity not run: {parity_skipped})"
@@ -297,7 +302,27 @@ class ExportStage(Stage):
             note += f", vs FP32: cosine {accuracy['cosine_similarity']:.4f}"
         if sparsification:
             note += f", {sparsification['onnx']['weights_2_4']} weights 2:4-sparse"
-        return StageOutcome(outputs=[self.ctx.workspace.artifact("onnx", onnx_path)], details=details, note=note)
+        input_path, output_path = self.ctx.workspace.reference_paths(self.engine)
+        outputs = [
+            self.ctx.workspace.artifact("onnx", onnx_path),
+            self.ctx.workspace.artifact("reference_input", input_path),
+            self.ctx.workspace.artifact("reference_output", output_path),
+        ]
+        return StageOutcome(outputs=outputs, details=details, note=note)
+
+    def write_reference(self, engine_input, fp32_output) -> dict[str, Any]:
+        """The reference batch in the engine's input dtype and the FP32 model's outputs for it."""
+        from pipeline.accuracy import write_tensor
+
+        described = {"description": f"the FP32 PyTorch model on a seeded random batch (seed {self.model_spec.seed + 1})"}
+        for key, name, tensor, path in zip(
+            ("input", "output"), (INPUT_NAME, OUTPUT_NAME), (engine_input, fp32_output), self.ctx.workspace.reference_paths(self.engine)
+        ):
+            with atomic_output(path) as tmp:
+                write_tensor(tensor, tmp)
+            dtype = str(tensor.dtype).replace("torch.", "")
+            described[key] = {"name": name, "path": self.ctx.workspace.relative(path), "shape": list(tensor.shape), "dtype": dtype}
+        return described
 
 
 class Phases:

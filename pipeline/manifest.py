@@ -87,8 +87,12 @@ class ExportDetails(_Model):
     # 2:4 sparsification: method, per-layer sparsity in PyTorch, and the check of the ONNX weights.
     sparsification: dict[str, Any] | None = None
     calibration: dict[str, Any] | None = None
-    # The variant's PyTorch outputs against the dense FP32 model's (cosine, max error, top-1).
+    # The variant's PyTorch outputs against the dense FP32 model's (cosine, max error, top-1): the
+    # accuracy proxy, for engines that never ran.
     accuracy: dict[str, Any] | None = None
+    # The reference batch every engine of this variant is checked on: its description and the
+    # input and FP32-output files (name, path, shape, dtype), see pipeline/accuracy.py.
+    reference: dict[str, Any] | None = None
     parity: ParityCheck | None = None
     # Why the ONNX could not be run in ONNX Runtime (TensorRT-only operators).
     parity_skipped: str | None = None
@@ -149,6 +153,10 @@ class ProfileDetails(_Model):
     # How a runtime in this process ran it (PyTorch: backend, versions, compile and prepare
     # time, peak GPU memory allocated and reserved).
     execution: dict[str, Any] | None = None
+    # The engine's own outputs on the reference batch against the FP32 model's (AccuracyFigures),
+    # or why they were not checked.
+    accuracy: dict[str, Any] | None = None
+    accuracy_skipped: str | None = None
 
 
 StageDetails = Annotated[Union[ExportDetails, BuildDetails, ProfileDetails], Field(discriminator="kind")]

@@ -14,6 +14,8 @@ from pipeline.stats import LatencyStats
 
 
 class ProfileStage(Stage):
+    """Time the engine, then check its own outputs on the reference batch (pipeline/accuracy.py)."""
+
     name = "profile"
 
     def __init__(self, ctx, engine, toolchain: str):
@@ -66,7 +68,23 @@ class ProfileStage(Stage):
                     f"{artifact.path} changed since it was built.",
                     hint=f"rebuild it: `pipeline build --engine {self.engine.name} --toolchain {self.toolchain} --force`",
                 )
-        return [a for a in build.outputs if a.role == "engine"]
+        engine = [a for a in build.outputs if a.role == "engine"]
+        # The reference batch is an input too: a changed one re-checks the engine's accuracy.
+        export = self.export_record()
+        references = [a for a in (export.outputs if export else []) if a.role.startswith("reference_")]
+        for artifact in references:
+            if not self.ctx.workspace.is_intact(artifact):
+                raise PipelineError(
+                    f"{artifact.path} changed since it was exported.",
+                    hint=f"re-export it: `pipeline export --engine {self.engine.name} --force`",
+                )
+        return engine + references
+
+    def export_record(self) -> StageRecord | None:
+        try:
+            return read_manifest(self.manifest_path()).export
+        except FileNotFoundError:
+            return None
 
     def run_impl(self, inputs: list[Artifact]) -> StageOutcome:
         engine_path = self.ctx.workspace.root / inputs[0].path
@@ -102,8 +120,47 @@ class ProfileStage(Stage):
             warnings=result.warnings,
             **result.evidence,
         )
-        outputs = [self.ctx.workspace.artifact(role, path) for role, path in result.sidecars.items()]
+        accuracy, accuracy_skipped, checked = self.check_accuracy(engine_path)
+        details.accuracy, details.accuracy_skipped = accuracy, accuracy_skipped
+        sidecars = {**result.sidecars, **(checked.sidecars if checked else {})}
+        outputs = [self.ctx.workspace.artifact(role, path) for role, path in sidecars.items()]
         note = f": median {stats.median:.2f} ms, {details.images_per_s:.1f} img/s over {stats.count} runs"
+        if accuracy:
+            cosine = accuracy["cosine_similarity"]
+            note += f"; vs FP32 cosine {'NaN/Inf' if cosine is None else f'{cosine:.5f}'}, top-1 {accuracy['top1_agreement']:.0%}"
         if repeat_cv is not None:
             note += f"; {len(medians)} measurements, medians {min(medians):.3f}–{max(medians):.3f} ms (CV {repeat_cv:.2%})"
         return StageOutcome(outputs=outputs, details=details, command=result.command, note=note)
+
+    def check_accuracy(self, engine_path: Path):
+        """(figures, why not checked, the reference run) for this engine on its reference batch."""
+        from pipeline.accuracy import ReferenceBatch, compare_outputs
+
+        export = self.export_record()
+        reference = ReferenceBatch.from_export(export.details, self.ctx.workspace.root) if export and export.details else None
+        if reference is None:
+            return None, "its export has no reference batch (exported by an earlier version): re-export with --force", None
+        run = self.runtime.run_reference(engine_path, reference)
+        if run is None:
+            return None, f"the {self.runtime.kind} runtime does not run engines on given inputs", None
+        if reference.output.name not in run.outputs:
+            raise PipelineError(
+                f"{engine_path.name} has outputs {sorted(run.outputs)}; the reference is for {reference.output.name!r}.",
+                hint="the engine's output names differ from the ONNX's; rebuild it from this export (`--force`)",
+            )
+        figures = compare_outputs(
+            reference.output.as_float32(),
+            run.outputs[reference.output.name],
+            precision=reference.precision,
+            sparse=reference.sparse,
+            description=reference.description,
+            checked_by=run.checked_by,
+        )
+        verdict = run.tool.get(reference.output.name)
+        if verdict is not None:
+            figures.tool_loss, figures.tool_failed = verdict["loss"], verdict["failed"]
+            if verdict["failed"] and figures.warning is None:
+                figures.warning = f"trtexec's own check failed: cosine loss {verdict['loss']:g} >= threshold {verdict['threshold']:g}"
+        if figures.warning:
+            self.ctx.reporter.warn(f"{self.engine.name} on {self.toolchain}: {figures.warning}")
+        return figures.model_dump(), None, run

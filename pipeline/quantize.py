@@ -47,9 +47,6 @@ DEFAULT_WEIGHTS_DTYPE = {"int8": "fp32", "fp8": "fp16", "mxfp8": "fp16", "nvfp4"
 # ModelOpt's own FP16 conversion of FP4 graphs (AutoCast) asks TensorRT's Python package for the
 # shapes of the FP4 operators, and TensorRT is not something every machine that exports has.
 TRACED_HIGH_PRECISION = {"nvfp4"}
-# Cosine similarity to the FP32 model below which the accuracy proxy warns.
-ACCURACY_FLOOR = {"fp32": 0.9999, "fp16": 0.999, "int8": 0.99, "fp8": 0.99, "mxfp8": 0.98, "nvfp4": 0.95}
-SPARSE_ACCURACY_FLOOR = 0.9
 
 FP8_OVERRIDE = {"num_bits": (4, 3), "axis": None}
 # Tracing runs the model forward, and one batch-64 forward of ViT-B takes 4-5 s on the CPU (the
@@ -443,7 +440,9 @@ def accuracy_proxy(reference_outputs, outputs, precision: str, sparse: bool) -> 
     cosine = float(torch.nn.functional.cosine_similarity(ref.flatten(), out.flatten(), dim=0))
     per_sample = torch.nn.functional.cosine_similarity(ref, out, dim=1)
     top1 = float((ref.argmax(dim=1) == out.argmax(dim=1)).float().mean())
-    floor = min(ACCURACY_FLOOR.get(precision, 0.99), SPARSE_ACCURACY_FLOOR if sparse else 1.0)
+    from pipeline.accuracy import accuracy_floor
+
+    floor = accuracy_floor(precision, sparse)
     result = {
         "reference": "the dense FP32 PyTorch model on the same inputs",
         "samples": int(ref.shape[0]),

@@ -39,6 +39,11 @@ class Workspace:
     def onnx_path(self, engine: EngineRef) -> Path:
         return self.models_dir / engine.model / f"{engine.variant}.onnx"
 
+    def reference_paths(self, engine: EngineRef) -> tuple[Path, Path]:
+        """The variant's reference batch and the FP32 model's outputs for it (pipeline/accuracy.py)."""
+        folder = self.models_dir / engine.model
+        return folder / f"{engine.variant}.ref-input.bin", folder / f"{engine.variant}.ref-output.bin"
+
     def export_manifest_path(self, engine: EngineRef) -> Path:
         return self.manifests_dir / "export" / f"{engine.name}.json"
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from tests.conftest import SAMPLES
 
 STANDIN = Path(__file__).parent / "standin" / "trtexec"
-BUSYBOX_APPLETS = ("sh", "cat", "cp", "echo", "id", "ls", "rm", "sleep", "touch", "tr", "kill", "printf")
+BUSYBOX_APPLETS = ("sh", "cat", "cp", "echo", "id", "ls", "rm", "sleep", "touch", "tr", "kill", "printf", "od", "awk", "sed", "wc")
 
 
 def why_unavailable() -> str | None:

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pipeline.manifest import read_manifest
@@ -40,14 +42,69 @@ def test_every_manifest_validates_and_pins_its_artefacts_by_content(demo):
         for stage in (manifest.export, manifest.build, manifest.profile):
             assert stage is not None and stage.status == "done"
         artefacts = manifest.export.outputs + manifest.build.outputs
-        assert {a.role for a in artefacts} == {"onnx", "engine"}
+        assert {a.role for a in artefacts} == {"onnx", "reference_input", "reference_output", "engine"}
         for artefact in artefacts:
             path = demo / artefact.path
             assert artefact.sha256 == _sha256(path)
             assert artefact.size_bytes == path.stat().st_size
-        assert manifest.build.inputs == manifest.export.outputs  # the engine was built from that ONNX
+        assert manifest.build.inputs == [a for a in manifest.export.outputs if a.role == "onnx"]  # built from that ONNX
         assert manifest.environment.cpu_count >= 1
         assert "onnxruntime" in manifest.environment.packages
+
+
+def test_every_engine_shows_its_own_accuracy_against_the_fp32_model(demo, run_cli, monkeypatch):
+    floors = {"fp32": 0.9999, "fp16": 0.999, "int8": 0.99}
+    for variant, floor in floors.items():
+        details = read_manifest(demo / "manifests" / "onnxruntime" / f"tiny_{variant}.json").profile.details
+        accuracy = details.accuracy
+        assert accuracy["checked_by"].startswith("onnxruntime ") and accuracy["checked_by"].endswith(", in this process")
+        assert accuracy["samples"] == 2 and accuracy["cosine_floor"] == floor
+        assert accuracy["cosine_similarity"] >= floor and accuracy["top1_agreement"] == 1.0, (variant, accuracy)
+    rows = {r["variant"]: r for r in json.loads(run_cli(demo / "pipeline.toml", "compare", "--format", "json").out)}
+    for variant in floors:
+        assert rows[variant]["accuracy_source"] == "measured"
+        assert rows[variant]["accuracy_cosine"] >= floors[variant] and rows[variant]["top1_agreement"] == 1.0
+    monkeypatch.setenv("COLUMNS", "120")
+    table = run_cli(demo / "pipeline.toml", "compare").out
+    line = next(line for line in table.splitlines() if line.split()[:2] == ["int8", "onnxruntime"])
+    assert f"{rows['int8']['accuracy_cosine']:.4f}" in line.split() and "100%" in line.split()
+    gate = run_cli(demo / "pipeline.toml", "compare", "--fail-accuracy-below", "0.99", "--fail-accuracy-below", "top1=1")
+    assert gate.exit_code == 0 and "3 of 3 engines pass" in gate.err
+
+
+def test_an_engine_with_damaged_weights_shows_the_drop_and_fails_the_gate(demo, run_cli):
+    """An exporter bug, simulated: the ONNX's weights change after the export recorded them."""
+    import onnx
+    from onnx import numpy_helper
+
+    from pipeline.workspace import Workspace
+
+    ws = demo.parent / "damaged"
+    shutil.copytree(demo, ws)
+    onnx_path = ws / "models" / "tiny" / "fp32.onnx"
+    graph = onnx.load(str(onnx_path))
+    for init in graph.graph.initializer:
+        if init.name.startswith("head.") and len(init.dims) == 2:
+            rng = np.random.default_rng(0)
+            damaged = numpy_helper.to_array(init) + rng.normal(0, 0.5, tuple(init.dims)).astype(np.float32)
+            init.CopyFrom(numpy_helper.from_array(damaged, init.name))
+    onnx.save(graph, str(onnx_path))
+    export_path = ws / "manifests" / "export" / "tiny_fp32.json"
+    export = read_manifest(export_path)
+    onnx_artifact = Workspace(ws).artifact("onnx", onnx_path)
+    outputs = [onnx_artifact if a.role == "onnx" else a for a in export.export.outputs]
+    export.export = export.export.model_copy(update={"outputs": outputs})
+    export.write(export_path)
+
+    result = run_cli(ws / "pipeline.toml", "run", "--variant", "fp32")
+    assert result.exit_code == 0, result.err
+    assert "WARNING tiny_fp32 on onnxruntime: cosine similarity to FP32" in result.err
+    accuracy = read_manifest(ws / "manifests" / "onnxruntime" / "tiny_fp32.json").profile.details.accuracy
+    assert accuracy["cosine_similarity"] < 0.5 and accuracy["top1_agreement"] < 1.0
+    gate = run_cli(ws / "pipeline.toml", "compare", "--format", "json", "--fail-accuracy-below", "0.99")
+    assert gate.exit_code == 1
+    assert f"ERROR 1 accuracy check(s) failed: tiny_fp32 on onnxruntime: cosine {accuracy['cosine_similarity']:.4f} < 0.99." in gate.err
+    assert "2 of 3 engines pass" in gate.err
 
 
 def test_export_checked_the_onnx_against_pytorch(demo):

@@ -6,6 +6,7 @@ The `trtexec` here is the stand-in script (tests/standin/trtexec) replaying reco
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -17,7 +18,7 @@ from tests.dockerd import STANDIN, standin_files
 
 @pytest.fixture
 def local_install(tmp_path, monkeypatch):
-    def install(mode: str = "ok", timeout_s: float = 60):
+    def install(mode: str = "ok", timeout_s: float = 60, trt: str = "10.14.1"):
         root = tmp_path / f"TensorRT-{mode}"
         (root / "bin").mkdir(parents=True)
         (root / "lib").mkdir()
@@ -25,9 +26,12 @@ def local_install(tmp_path, monkeypatch):
         data = tmp_path / f"standin-{mode}"
         data.mkdir()
         for name, content in standin_files(mode).items():
+            if trt.startswith("11.") and name.endswith(".log"):
+                # No real TensorRT 11 log exists: the recorded one, as release 11.1.0 would label it.
+                content = content.replace(b"[TensorRT v101401]", b"[TensorRT v110100]").replace(b"TensorRT version: 10.14.1", b"TensorRT version: 11.1.0")
             (data / name).write_bytes(content)
         monkeypatch.setenv("STANDIN_DIR", str(data))
-        extra = f'\n[toolchains.local]\nkind = "trtexec-local"\ntrt = "10.14.1"\ntrt_root = "{root}"\ngpus = "none"\ntimeout_s = {timeout_s}\n'
+        extra = f'\n[toolchains.local]\nkind = "trtexec-local"\ntrt = "{trt}"\ntrt_root = "{root}"\ngpus = "none"\ntimeout_s = {timeout_s}\n'
         return write_catalog(tmp_path / "ws", TINY_CATALOG + extra)
 
     return install
@@ -43,6 +47,47 @@ def test_local_build_and_profile(local_install, run_cli):
     assert manifest.build.details.trtexec["trt_version"] == "10.14.1"
     assert manifest.profile.details.metric == "GPU compute time"
     assert (catalog.parent / "engines" / "local" / "tiny_fp32.build.log").read_text().count("&&&& PASSED") == 1
+    # The accuracy check: one inference on the reference batch, its --exportOutput file parsed. (The
+    # stand-in answers with the reference itself, so the figures are perfect; the plumbing is real.)
+    accuracy = manifest.profile.details.accuracy
+    assert accuracy["checked_by"] == "trtexec 10.14.1 --loadInputs/--exportOutput"
+    assert accuracy["cosine_similarity"] == pytest.approx(1.0, abs=1e-6) and accuracy["top1_agreement"] == 1.0
+    reference = next(a for a in manifest.profile.outputs if a.role == "reference_outputs")
+    assert reference.path == "engines/local/tiny_fp32.outputs.json"
+    reference_log = (catalog.parent / "engines" / "local" / "tiny_fp32.reference.log").read_text()
+    assert f"--loadInputs=input:{catalog.parent / 'models' / 'tiny' / 'fp32.ref-input.bin'}" in reference_log
+    assert "--iterations=1" in reference_log and "--loadRefOutputs" not in reference_log  # 10.x cannot check itself
+
+
+def test_nan_outputs_are_reported_as_such(local_install, run_cli):
+    catalog = local_install("nan")
+    result = run_cli(catalog, "run", "--engine", "tiny_fp32", "--toolchain", "local")
+    assert result.exit_code == 0, result.err
+    accuracy = read_manifest(catalog.parent / "manifests" / "local" / "tiny_fp32.json").profile.details.accuracy
+    assert accuracy["cosine_similarity"] is None and accuracy["nonfinite_values"] == 2000
+    assert accuracy["warning"] == "2000 of 2000 output values are NaN or Inf"
+    assert "WARNING tiny_fp32 on local: 2000 of 2000 output values are NaN or Inf" in result.err
+
+
+@pytest.mark.parametrize("mode", ["ok", "inaccurate"])
+def test_tensorrt_11_1_checks_accuracy_itself_and_its_verdict_is_recorded(local_install, run_cli, mode):
+    catalog = local_install(mode, trt="11.1.0")
+    result = run_cli(catalog, "run", "--engine", "tiny_fp32", "--toolchain", "local")
+    assert result.exit_code == 0, result.err
+    ws = catalog.parent
+    log = (ws / "engines" / "local" / "tiny_fp32.reference.log").read_text()
+    assert f"--loadRefOutputs=logits:{ws / 'models' / 'tiny' / 'fp32.ref-output.bin'}" in log
+    assert "--accuracyAlgorithm=cos" in log and "--accuracyThreshold=0.0001" in log  # 1 - the fp32 floor
+    accuracy = read_manifest(ws / "manifests" / "local" / "tiny_fp32.json").profile.details.accuracy
+    assert accuracy["checked_by"] == "trtexec 11.1.0 --loadInputs/--exportOutput and trtexec's own --loadRefOutputs check (cos)"
+    if mode == "ok":
+        assert accuracy["tool_loss"] == 0.0 and accuracy["tool_failed"] is False and accuracy["warning"] is None
+    else:  # recorded as an accuracy failure with its figure, not a crash
+        assert accuracy["tool_loss"] == 0.25 and accuracy["tool_failed"] is True
+        assert accuracy["warning"] == "trtexec's own check failed: cosine loss 0.25 >= threshold 0.0001"
+        gate = run_cli(catalog, "compare", "--format", "json", "--fail-accuracy-below", "0.5")
+        assert gate.exit_code == 0  # the figures computed from its outputs pass; its own verdict is in the status
+        assert "inaccurate: trtexec's own check failed" in json.loads(gate.out)[0]["status"] + "".join(json.loads(gate.out)[0]["flags"])
 
 
 def test_local_timeout_kills_trtexec(local_install, run_cli):

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from pipeline.accuracy import ReferenceBatch
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
 from pipeline.models import ModelSource
 from pipeline.reporting import Reporter
@@ -37,6 +38,20 @@ class ProfileResult:
     throughput_qps: float | None = None
     warnings: list[str] = field(default_factory=list)
     evidence: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ReferenceRun:
+    """An engine run on the reference batch (pipeline/accuracy.py), for its accuracy."""
+
+    # Output tensors by name, as arrays.
+    outputs: dict[str, Any]
+    # How it was run, for the manifest ("onnxruntime 1.32.0 CPUExecutionProvider, in-process").
+    checked_by: str
+    # The tool's own accuracy verdict by tensor name, where it has one (trtexec 11.1).
+    tool: dict[str, Any] = field(default_factory=dict)
+    sidecars: dict[str, Path] = field(default_factory=dict)
+    command: list[str] | None = None
 
 
 @dataclass
@@ -128,6 +143,11 @@ class EngineRuntime(ABC):
 
     @abstractmethod
     def profile(self, engine_path: Path, settings: ProfileSettings) -> ProfileResult: ...
+
+    def run_reference(self, engine_path: Path, reference: ReferenceBatch) -> ReferenceRun | None:
+        """Run the engine once on the reference batch; None when this runtime cannot feed an engine
+        given inputs (the profile then records that its accuracy was not checked)."""
+        return None
 
     @abstractmethod
     def describe_build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec, source: ModelSource) -> list[str]:

@@ -12,10 +12,11 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
+from pipeline.accuracy import ReferenceBatch
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
 from pipeline.errors import PipelineError, require_module
 from pipeline.models import ModelSource
-from pipeline.runtimes.base import BuildResult, EngineRuntime, ProfileResult, ToolchainStatus
+from pipeline.runtimes.base import BuildResult, EngineRuntime, ProfileResult, ReferenceRun, ToolchainStatus
 
 # Precisions whose ONNX form (plain FP32/FP16 graphs, INT8 QuantizeLinear/DequantizeLinear) this
 # runtime executes; verified on the CPU execution provider. FP8, MXFP8 and NVFP4 graphs use
@@ -143,6 +144,23 @@ class OnnxRuntimeRuntime(EngineRuntime):
             f"profile: onnxruntime {self.version} {self.providers()[0]}: {engine_path.name}, warm-up "
             f"{settings.warmup_ms:g} ms, then ≥{settings.iterations} runs and ≥{settings.duration_s:g} s"
         ]
+
+    def run_reference(self, engine_path: Path, reference: ReferenceBatch) -> ReferenceRun:
+        ort = _ort()
+        session = self._session(engine_path, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+        (spec,) = session.get_inputs()
+        if spec.name != reference.input.name:
+            raise PipelineError(
+                f"{engine_path.name} takes input {spec.name!r}; the reference batch is for {reference.input.name!r}.",
+                hint="the engine and the reference come from different exports; re-export and rebuild (`--force`)",
+            )
+        feed = reference.input.as_float32().astype(_ORT_TO_NUMPY.get(spec.type, "float32"))
+        outputs = session.run(None, {spec.name: feed})
+        names = [output.name for output in session.get_outputs()]
+        return ReferenceRun(
+            outputs=dict(zip(names, outputs)),
+            checked_by=f"onnxruntime {self.version} {session.get_providers()[0]}, in this process",
+        )
 
     def profile(self, engine_path: Path, settings: ProfileSettings) -> ProfileResult:
         import numpy as np

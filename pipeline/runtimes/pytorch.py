@@ -32,11 +32,12 @@ from typing import Any, Callable, Literal
 from pydantic import model_validator
 
 from pipeline.artifacts import sha256_file
+from pipeline.accuracy import ReferenceBatch
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
 from pipeline.environment import nvidia_gpus
 from pipeline.errors import EnvironmentMissing, PipelineError, RefusedByTool
 from pipeline.models import TORCH_DTYPES, ModelSource
-from pipeline.runtimes.base import BuildResult, EngineRuntime, ProfileResult, ToolchainStatus
+from pipeline.runtimes.base import BuildResult, EngineRuntime, ProfileResult, ReferenceRun, ToolchainStatus
 
 # What the engine file holds; checked on load so a stray .pt is a clear error, not a crash.
 ENGINE_FORMAT = "trt-pipeline torch model"
@@ -79,14 +80,24 @@ class CompileFailed(Exception):
 
 @dataclass
 class Prepared:
-    """A model ready to time: one call of ``run`` is one inference on the fixed input."""
+    """A model ready to time: one call of ``run`` is one inference on ``example``, in place (a
+    CUDA graph reads its input from a fixed address), returning the output."""
 
     engine_sha256: str
     run: Callable[[], Any]
+    example: Any
     device: str
     batch_size: int
     # What preparing it took and found (compile time, graph breaks), for the manifests.
     facts: dict[str, Any] = field(default_factory=dict)
+
+    def infer(self, values):
+        """The output for these input values (a float32 array of the example's shape)."""
+        import torch
+
+        with torch.no_grad():
+            self.example.copy_(torch.from_numpy(values).to(dtype=self.example.dtype))
+            return self.run().detach().float().cpu().numpy().copy()
 
 
 def _torch():
@@ -265,7 +276,7 @@ class TorchRuntime(EngineRuntime):
                 run = _capture(torch, model, example)
             else:
                 run, facts = self._compile(torch, model, example)
-        return Prepared(engine_sha256, run, device, batch, facts)
+        return Prepared(engine_sha256, run, example, device, batch, facts)
 
     def _compile(self, torch, model, example):
         import torch._dynamo
@@ -381,6 +392,20 @@ class TorchRuntime(EngineRuntime):
             evidence={"gpu": gpu, "execution": execution, "measured_with": measured_with},
         )
 
+    def run_reference(self, engine_path: Path, reference: ReferenceBatch) -> ReferenceRun:
+        prepared = self.load(engine_path)
+        if list(prepared.example.shape) != list(reference.input.shape):
+            raise PipelineError(
+                f"{engine_path.name} takes a {list(prepared.example.shape)} input; the reference batch is {list(reference.input.shape)}.",
+                hint="the engine and the reference come from different exports; rebuild it (`--force`)",
+            )
+        with out_of_memory_as_error(prepared.batch_size):
+            output = prepared.infer(reference.input.as_float32())
+        return ReferenceRun(
+            outputs={reference.output.name: output},
+            checked_by=f"torch {self.version} {self.spec.backend} on {prepared.device}, in this process",
+        )
+
     def settings_in_force(self, prepared: Prepared) -> dict[str, Any]:
         return {"backend": self.spec.backend, "mode": self.mode, "device": prepared.device, "tf32": self.spec.tf32}
 
@@ -405,21 +430,23 @@ def _capture(torch, model, example):
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.no_grad(), torch.cuda.graph(graph):
-        model(example)
-
-    return GraphReplay(graph, keep_alive=(model, example))
+        output = model(example)
+    return GraphReplay(graph, output, keep_alive=(model, example))
 
 
 @dataclass
 class GraphReplay:
-    """One call replays the captured graph. The graph reads the weights and the input at the
-    addresses they had during capture but holds no reference to them, so this does."""
+    """One call replays the captured graph and returns its output tensor (overwritten by the next
+    replay). The graph reads the weights and the input at the addresses they had during capture
+    but holds no reference to them, so this does."""
 
     graph: Any
+    output: Any
     keep_alive: tuple
 
     def __call__(self):
         self.graph.replay()
+        return self.output
 
 
 def time_runs(torch, run: Callable[[], Any], settings: ProfileSettings, cuda: bool) -> tuple[list[float], float]:

@@ -22,12 +22,13 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from pipeline.accuracy import ReferenceBatch, parse_accuracy_lines, read_trtexec_outputs
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
 from pipeline.environment import nvidia_gpus
 from pipeline.errors import EnvironmentMissing, PipelineError, RefusedByTool
 from pipeline.models import ModelSource
-from pipeline.runtimes.base import BuildResult, EngineRuntime, ProfileResult, ToolchainStatus
-from pipeline.trtexec.command import BuildCommand, ProfileCommand
+from pipeline.runtimes.base import BuildResult, EngineRuntime, ProfileResult, ReferenceRun, ToolchainStatus
+from pipeline.trtexec.command import BuildCommand, ProfileCommand, ReferenceCommand
 from pipeline.trtexec.exports import read_layer_info, read_profile, read_times
 from pipeline.trtexec.log import TrtexecLog, parse_log
 from pipeline.trtexec.preflight import unsupported_reasons
@@ -244,6 +245,38 @@ class TrtexecRuntime(EngineRuntime):
                     "exported_profile": json.loads(layer_profile.model_dump_json()) if layer_profile else None,
                 },
             },
+        )
+
+    def run_reference(self, engine_path: Path, reference: ReferenceBatch) -> ReferenceRun:
+        log_path = self.sidecar(engine_path, ".reference.log")
+        outputs_path = self.sidecar(engine_path, ".outputs.json")
+        partial = self._partial(outputs_path)
+        argv = ReferenceCommand(
+            engine=self.container_path(engine_path),
+            inputs={reference.input.name: self.container_path(reference.input.path)},
+            outputs_json=self.container_path(partial),
+            reference_outputs={reference.output.name: self.container_path(reference.output.path)},
+            max_cosine_loss=1.0 - reference.cosine_floor,
+        ).argv(self.spec.trt, self.trtexec_path())
+        try:
+            execution = self.execute(argv, log_path, "accuracy check")
+            tool = parse_accuracy_lines(execution.log_text)
+            # trtexec's own accuracy verdict is a result to record, not a failure of the run.
+            if not any(entry["failed"] for entry in tool.values()):
+                self._check(execution, self._parse(execution), "accuracy check", argv, log_path)
+            if not partial.exists():
+                raise PipelineError(f"trtexec wrote no --exportOutput file for {engine_path.name}.", hint=f"full log: {log_path}")
+            os.replace(partial, outputs_path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                partial.unlink()
+        own_check = " and trtexec's own --loadRefOutputs check (cos)" if tool else ""
+        return ReferenceRun(
+            outputs=read_trtexec_outputs(outputs_path),
+            checked_by=f"trtexec {self.spec.trt} --loadInputs/--exportOutput{own_check}",
+            tool=tool,
+            sidecars={"reference_log": log_path, "reference_outputs": outputs_path},
+            command=argv,
         )
 
     def timing_cache_path(self, engine_dir: Path) -> Path:

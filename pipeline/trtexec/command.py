@@ -169,3 +169,39 @@ class ProfileCommand:
         if self.verbose:
             argv.append("--verbose")
         return argv
+
+
+@dataclass(frozen=True)
+class ReferenceCommand:
+    """One inference on given inputs, its outputs written out: the engine's accuracy check.
+
+    Every release tested has ``--loadInputs`` and ``--exportOutput``; from 11.1 trtexec also
+    compares the outputs with reference files itself (cosine loss, ``--accuracyThreshold``).
+    """
+
+    engine: str
+    inputs: dict[str, str]  # tensor name → raw binary file
+    outputs_json: str
+    reference_outputs: dict[str, str] | None = None  # tensor name → raw binary file (11.1+)
+    # Largest accepted cosine loss (1 - cosine similarity) for trtexec's own check.
+    max_cosine_loss: float | None = None
+
+    def argv(self, trt_version: str, executable: str = "trtexec") -> list[str]:
+        dialect = Dialect(parse_version(trt_version))
+        argv = [
+            executable,
+            f"--loadEngine={self.engine}",
+            "--loadInputs=" + ",".join(f"{name}:{path}" for name, path in self.inputs.items()),
+            # One inference is enough to read the outputs: no warm-up, no minimum duration.
+            "--warmUp=0",
+            "--iterations=1",
+            "--duration=0",
+            f"--exportOutput={self.outputs_json}",
+        ]
+        if dialect.checks_accuracy and self.reference_outputs and self.max_cosine_loss is not None:
+            argv += [
+                "--loadRefOutputs=" + ",".join(f"{name}:{path}" for name, path in self.reference_outputs.items()),
+                "--accuracyAlgorithm=cos",
+                f"--accuracyThreshold={self.max_cosine_loss:g}",
+            ]
+        return argv

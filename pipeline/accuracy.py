@@ -1,0 +1,225 @@
+"""Is the engine still accurate? Its own outputs against the FP32 PyTorch model's.
+
+The export stage writes one fixed reference batch per variant — the seeded input it checks parity
+on, in the dtype the engine takes — and the FP32 PyTorch model's outputs for it, as raw C-order
+binary files: the layout trtexec's ``--loadInputs`` and ``--loadRefOutputs`` read. After timing an
+engine, the profile stage has its runtime run that batch (`EngineRuntime.run_reference`) and turns
+the outputs into figures here: cosine similarity, max |error|, and top-1/top-5 agreement of the
+predicted classes. NaN or Inf in an engine's outputs is reported as such, never as accurate.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from pipeline.errors import PipelineError
+
+# Cosine similarity to FP32 below which a precision is reported as drifting. Tighter for formats
+# that keep 16 bits of mantissa-and-exponent, looser for block formats (as measured on ViT-B).
+ACCURACY_FLOOR = {"fp32": 0.9999, "fp16": 0.999, "bf16": 0.995, "int8": 0.99, "fp8": 0.99, "mxfp8": 0.98, "nvfp4": 0.95}
+SPARSE_ACCURACY_FLOOR = 0.9
+
+
+def accuracy_floor(precision: str, sparse: bool) -> float:
+    return min(ACCURACY_FLOOR.get(precision, 0.99), SPARSE_ACCURACY_FLOOR if sparse else 1.0)
+
+
+class AccuracyFigures(BaseModel):
+    """One engine's outputs against the FP32 reference's, on the reference batch."""
+
+    reference: str
+    checked_by: str
+    samples: int
+    # None when an output is NaN or Inf: such an engine has no accuracy to speak of.
+    cosine_similarity: float | None
+    min_sample_cosine_similarity: float | None
+    max_abs_error: float | None
+    top1_agreement: float
+    top5_agreement: float | None
+    nonfinite_values: int = 0
+    cosine_floor: float
+    # The checking tool's own verdict where it gives one (trtexec 11.1: loss = 1 - cosine).
+    tool_loss: float | None = None
+    tool_failed: bool | None = None
+    warning: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.warning is None
+
+
+# --- the reference batch ----------------------------------------------------------------------------
+
+# How each dtype is stored; bfloat16 has no numpy dtype, so it travels as its raw 16 bits.
+_NUMPY_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "uint16"}
+
+
+@dataclass(frozen=True)
+class ReferenceTensor:
+    name: str
+    path: Path
+    shape: tuple[int, ...]
+    dtype: str  # torch's name: float32, float16, bfloat16
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+
+    def as_float32(self):
+        """The values, as float32 (exact for every stored dtype)."""
+        import numpy as np
+
+        if self.dtype not in _NUMPY_DTYPES:
+            raise PipelineError(f"reference file {self.path} has dtype {self.dtype}, which this pipeline does not read.")
+        try:
+            raw = np.fromfile(self.path, dtype=_NUMPY_DTYPES[self.dtype])
+        except OSError as exc:
+            raise PipelineError(f"cannot read reference file {self.path}: {exc.strerror or exc}.", hint="re-export the engine") from exc
+        expected = int(np.prod(self.shape))
+        if raw.size != expected:
+            raise PipelineError(
+                f"reference file {self.path} holds {raw.size} {self.dtype} values; {list(self.shape)} needs {expected}.",
+                hint="it was changed or cut short; re-export it: `pipeline export --force`",
+            )
+        if self.dtype == "bfloat16":
+            raw = (raw.astype(np.uint32) << 16).view(np.float32)
+        return raw.astype(np.float32).reshape(self.shape)
+
+
+@dataclass(frozen=True)
+class ReferenceBatch:
+    """The fixed input of one variant's engine and the FP32 model's outputs for it."""
+
+    input: ReferenceTensor
+    output: ReferenceTensor
+    description: str
+    precision: str
+    sparse: bool
+
+    @property
+    def cosine_floor(self) -> float:
+        return accuracy_floor(self.precision, self.sparse)
+
+    @classmethod
+    def from_export(cls, details, root: Path) -> "ReferenceBatch | None":
+        """From an export record's details; None for exports made before reference batches."""
+        ref = getattr(details, "reference", None)
+        if not ref:
+            return None
+
+        def tensor(entry):
+            return ReferenceTensor(entry["name"], Path(root) / entry["path"], tuple(entry["shape"]), entry["dtype"])
+
+        return cls(tensor(ref["input"]), tensor(ref["output"]), ref["description"], details.precision, details.sparsity == "2:4")
+
+
+def write_tensor(tensor, path: Path) -> None:
+    """A torch tensor as raw C-order bytes in its own dtype (what trtexec's --loadInputs reads)."""
+    import torch
+
+    data = tensor.detach().cpu().contiguous()
+    if data.dtype == torch.bfloat16:
+        data = data.view(torch.int16)
+    data.numpy().tofile(path)
+
+
+# --- figures ------------------------------------------------------------------------------------------
+
+
+def compare_outputs(reference, output, *, precision: str, sparse: bool, description: str, checked_by: str) -> AccuracyFigures:
+    """An engine's output against the FP32 reference output (arrays of the same shape)."""
+    import numpy as np
+
+    ref = np.asarray(reference, dtype=np.float64)
+    out = np.asarray(output, dtype=np.float64)
+    if out.size != ref.size:
+        raise PipelineError(
+            f"the engine's output has {out.size} values ({list(out.shape)}); the reference has {ref.size} ({list(ref.shape)}).",
+            hint="the engine and the reference batch come from different exports; rebuild it (`--force`)",
+        )
+    out = out.reshape(ref.shape)
+    samples = ref.shape[0] if ref.ndim > 1 else 1
+    ref2, out2 = ref.reshape(samples, -1), out.reshape(samples, -1)
+    floor = accuracy_floor(precision, sparse)
+    nonfinite = int(np.size(out) - np.count_nonzero(np.isfinite(out)))
+    top1 = float(np.mean(np.argmax(np.nan_to_num(out2, nan=-np.inf), axis=1) == np.argmax(ref2, axis=1)))
+    top5 = None
+    if ref2.shape[1] >= 5:
+        predicted = np.argsort(-np.nan_to_num(out2, nan=-np.inf), axis=1)[:, :5]
+        top5 = float(np.mean([ref2[i].argmax() in predicted[i] for i in range(samples)]))
+    if nonfinite:
+        return AccuracyFigures(
+            reference=description, checked_by=checked_by, samples=samples, cosine_similarity=None,
+            min_sample_cosine_similarity=None, max_abs_error=None, top1_agreement=top1, top5_agreement=top5,
+            nonfinite_values=nonfinite, cosine_floor=floor,
+            warning=f"{nonfinite} of {out.size} output values are NaN or Inf",
+        )  # fmt: skip
+    cosine = _cosine(ref.ravel(), out.ravel())
+    per_sample = [_cosine(r, o) for r, o in zip(ref2, out2)]
+    figures = AccuracyFigures(
+        reference=description, checked_by=checked_by, samples=samples, cosine_similarity=cosine,
+        min_sample_cosine_similarity=min(per_sample), max_abs_error=float(np.max(np.abs(ref - out))),
+        top1_agreement=top1, top5_agreement=top5, cosine_floor=floor,
+    )  # fmt: skip
+    if cosine < floor:
+        figures.warning = f"cosine similarity to FP32 {cosine:.4f} is below {floor} for {precision}" + (" with 2:4 sparsity" if sparse else "")
+    return figures
+
+
+def _cosine(a, b) -> float:
+    import numpy as np
+
+    denominator = float(np.linalg.norm(a) * np.linalg.norm(b))
+    return float(np.dot(a, b) / denominator) if denominator else 0.0
+
+
+# --- what trtexec writes --------------------------------------------------------------------------------
+
+_NONFINITE = re.compile(r"(?<![\w.\"])(-?)(nan|inf)(?![\w\"])", re.I)
+ACCURACY_LINE = re.compile(r"Accuracy loss for tensor (?P<name>.+?) \((?P<algorithm>\w+)\): (?P<loss>\S+)(?: \[FAIL: >= threshold (?P<threshold>\S+)\])?")
+
+
+def read_trtexec_outputs(path: Path) -> dict[str, Any]:
+    """The file of trtexec's --exportOutput: name → array (shape from its "dimensions")."""
+    import numpy as np
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PipelineError(f"cannot read trtexec's output file {path}: {exc.strerror or exc}.") from exc
+    # trtexec prints non-finite floats as nan/inf, which JSON does not have.
+    text = _NONFINITE.sub(lambda m: "NaN" if m.group(2).lower() == "nan" else m.group(1) + "Infinity", text)
+    try:
+        entries = json.loads(text)
+        outputs = {}
+        for entry in entries:
+            shape = [int(d) for d in str(entry["dimensions"]).split("x") if d]
+            outputs[entry["name"]] = np.asarray(entry["values"], dtype=np.float32).reshape(shape)
+        return outputs
+    except (ValueError, KeyError, TypeError) as exc:
+        raise PipelineError(f"{path} is not a trtexec --exportOutput file: {exc}.") from exc
+
+
+def parse_accuracy_lines(text: str) -> dict[str, dict[str, Any]]:
+    """trtexec 11.1's own check: ``Accuracy loss for tensor <name> (<algorithm>): <loss>`` with
+    `` [FAIL: >= threshold <t>]`` when it failed; by tensor name."""
+    found = {}
+    for line in text.splitlines():
+        match = ACCURACY_LINE.search(line)
+        if match:
+            try:
+                loss = float(match.group("loss"))
+            except ValueError:
+                loss = float("nan")
+            found[match.group("name").strip("'")] = {
+                "algorithm": match.group("algorithm"),
+                "loss": loss,
+                "failed": match.group("threshold") is not None,
+                "threshold": float(match.group("threshold")) if match.group("threshold") else None,
+            }
+    return found
