@@ -201,8 +201,14 @@ def test_build_and_profile_record_what_trtexec_reported(docker_host, workspace, 
     assert any("auxiliary streams" in w for w in profile.warnings)
     assert manifest.profile.command[1] == "--loadEngine=/work/engines/standin/tiny_fp16.engine"
     assert "--warmUp=5" in manifest.profile.command  # the catalog's warmup_ms, in milliseconds
-    assert {a.role for a in manifest.profile.outputs} == {"profile_log", "times", "layer_profile"}
+    assert {a.role for a in manifest.profile.outputs} == {"profile_log", "times", "layer_profile", "reference_log", "reference_outputs"}
     assert not [p.name for p in engines.iterdir() if p.name.startswith(".")]  # no partial files left
+    # The accuracy run inside the container: the reference batch read from the read-only models
+    # mount, the outputs written to the engines mount (the stand-in echoes the FP32 reference).
+    reference_log = (engines / "tiny_fp16.reference.log").read_text()
+    assert "--loadInputs=input:/work/models/tiny/fp16.ref-input.bin" in reference_log and "models read-only" in reference_log
+    assert profile.accuracy["checked_by"] == "trtexec 10.14.1 --loadInputs/--exportOutput"
+    assert profile.accuracy["cosine_similarity"] == pytest.approx(1.0, abs=1e-6)
 
     table = run_cli(workspace, "compare", "--format", "md", "--toolchain", "standin")
     assert "| tiny_fp16 | standin |" in table.out
