@@ -42,6 +42,10 @@ class AccuracyFigures(BaseModel):
     max_abs_error: float | None
     top1_agreement: float
     top5_agreement: float | None
+    # Top-1 accuracy against the images' labels (`--eval-dir` with ImageNet classes), and the FP32
+    # model's own on the same images.
+    top1_accuracy: float | None = None
+    fp32_top1_accuracy: float | None = None
     nonfinite_values: int = 0
     cosine_floor: float
     # The checking tool's own verdict where it gives one (trtexec 11.1: loss = 1 - cosine).
@@ -100,6 +104,10 @@ class ReferenceBatch:
     description: str
     precision: str
     sparse: bool
+    # How many leading samples are distinct (images cycled to fill a batch repeat after these).
+    samples: int | None = None
+    # Class indices of those samples, when they are labelled images (ImageNet-1k folders).
+    labels: tuple[int, ...] | None = None
 
     @property
     def cosine_floor(self) -> float:
@@ -115,7 +123,11 @@ class ReferenceBatch:
         def tensor(entry):
             return ReferenceTensor(entry["name"], Path(root) / entry["path"], tuple(entry["shape"]), entry["dtype"])
 
-        return cls(tensor(ref["input"]), tensor(ref["output"]), ref["description"], details.precision, details.sparsity == "2:4")
+        labels = tuple(ref["labels"]) if ref.get("labels") else None
+        return cls(
+            tensor(ref["input"]), tensor(ref["output"]), ref["description"], details.precision, details.sparsity == "2:4",
+            ref.get("samples"), labels,
+        )  # fmt: skip
 
 
 def write_tensor(tensor, path: Path) -> None:
@@ -131,8 +143,11 @@ def write_tensor(tensor, path: Path) -> None:
 # --- figures ------------------------------------------------------------------------------------------
 
 
-def compare_outputs(reference, output, *, precision: str, sparse: bool, description: str, checked_by: str) -> AccuracyFigures:
-    """An engine's output against the FP32 reference output (arrays of the same shape)."""
+def compare_outputs(
+    reference, output, *, precision: str, sparse: bool, description: str, checked_by: str, samples: int | None = None, labels=None
+) -> AccuracyFigures:
+    """An engine's output against the FP32 reference output (arrays of the same shape), over the
+    first ``samples`` samples (the distinct ones), and against ``labels`` where there are some."""
     import numpy as np
 
     ref = np.asarray(reference, dtype=np.float64)
@@ -143,6 +158,8 @@ def compare_outputs(reference, output, *, precision: str, sparse: bool, descript
             hint="the engine and the reference batch come from different exports; rebuild it (`--force`)",
         )
     out = out.reshape(ref.shape)
+    if samples is not None and ref.ndim > 1:
+        ref, out = ref[:samples], out[:samples]
     samples = ref.shape[0] if ref.ndim > 1 else 1
     ref2, out2 = ref.reshape(samples, -1), out.reshape(samples, -1)
     floor = accuracy_floor(precision, sparse)
@@ -166,6 +183,10 @@ def compare_outputs(reference, output, *, precision: str, sparse: bool, descript
         min_sample_cosine_similarity=min(per_sample), max_abs_error=float(np.max(np.abs(ref - out))),
         top1_agreement=top1, top5_agreement=top5, cosine_floor=floor,
     )  # fmt: skip
+    if labels:
+        truth = np.asarray(labels[:samples])
+        figures.top1_accuracy = float(np.mean(np.argmax(out2, axis=1) == truth))
+        figures.fp32_top1_accuracy = float(np.mean(np.argmax(ref2, axis=1) == truth))
     if cosine < floor:
         figures.warning = f"cosine similarity to FP32 {cosine:.4f} is below {floor} for {precision}" + (" with 2:4 sparsity" if sparse else "")
     return figures

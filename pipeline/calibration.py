@@ -1,4 +1,5 @@
-"""Calibration (and accuracy-proxy) inputs: synthetic noise by default, or a folder of images.
+"""Calibration (and accuracy-proxy) inputs: synthetic noise by default, or a folder of images;
+and the images of an evaluation folder (`--eval-dir`), through the same timm preprocessing.
 
 Synthetic inputs need no dataset, which is why they are the default, but activation ranges
 calibrated on noise are not those of real images; the manifest says which source was used.
@@ -14,24 +15,42 @@ from pipeline.errors import PipelineError
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".ppm"}
 
 
-def image_files(directory: Path) -> list[Path]:
+def image_files(directory: Path, purpose: str = "calibration", option: str = "--calib-dir") -> list[Path]:
     directory = Path(directory)
     if not directory.is_dir():
-        raise PipelineError(f"calibration folder {directory} does not exist.", hint="pass an existing folder of images to --calib-dir")
+        raise PipelineError(f"{purpose} folder {directory} does not exist.", hint=f"pass an existing folder of images to {option}")
     files = sorted(p for p in directory.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
     if not files:
         raise PipelineError(
-            f"calibration folder {directory} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))}).",
-            hint="point --calib-dir at a folder of images, or leave it out to calibrate on synthetic inputs",
+            f"{purpose} folder {directory} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))}).",
+            hint=f"point {option} at a folder of images, or leave it out to use synthetic inputs",
         )
     return files
 
 
-def describe_source(directory: Path | None, samples: int, batch_size: int) -> dict[str, Any]:
+def load_images(model, files: list[Path], image_shape: tuple[int, int, int], purpose: str = "calibration"):
+    """Images through timm's evaluation transform for ``model``: a float32 CPU batch."""
+    import torch
+    from PIL import Image, UnidentifiedImageError
+    from timm.data import create_transform, resolve_data_config
+
+    config = resolve_data_config({"input_size": image_shape}, model=model)
+    transform = create_transform(**config)
+    tensors = []
+    for path in files:
+        try:
+            with Image.open(path) as image:
+                tensors.append(transform(image.convert("RGB")))
+        except (OSError, UnidentifiedImageError) as exc:
+            raise PipelineError(f"cannot read {purpose} image {path}: {exc}.", hint="remove or replace that file") from exc
+    return torch.stack(tensors)
+
+
+def describe_source(directory: Path | None, samples: int, batch_size: int, purpose: str = "calibration", option: str = "--calib-dir") -> dict[str, Any]:
     """What goes into the export fingerprint: the folder's file list (names, sizes, mtimes)."""
     if directory is None:
         return {"source": "synthetic (standard normal)", "samples": samples, "batch_size": batch_size}
-    files = image_files(directory)[:samples]
+    files = image_files(directory, purpose, option)[:samples]
     listing = [(str(p.relative_to(directory)), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
     return {"source": f"images in {directory}", "samples": len(files), "batch_size": batch_size, "files": listing}
 
@@ -45,16 +64,5 @@ def calibration_batches(model, directory: Path | None, samples: int, batch_size:
         sizes = [min(batch_size, samples - start) for start in range(0, samples, batch_size)]
         return [torch.randn(size, *image_shape, generator=generator) for size in sizes]
 
-    from PIL import Image, UnidentifiedImageError
-    from timm.data import create_transform, resolve_data_config
-
-    config = resolve_data_config({"input_size": image_shape}, model=model)
-    transform = create_transform(**config)
-    tensors = []
-    for path in image_files(directory)[:samples]:
-        try:
-            with Image.open(path) as image:
-                tensors.append(transform(image.convert("RGB")))
-        except (OSError, UnidentifiedImageError) as exc:
-            raise PipelineError(f"cannot read calibration image {path}: {exc}.", hint="remove or replace that file") from exc
-    return [torch.stack(tensors[start : start + batch_size]) for start in range(0, len(tensors), batch_size)]
+    images = load_images(model, image_files(directory)[:samples], image_shape)
+    return [images[start : start + batch_size] for start in range(0, len(images), batch_size)]

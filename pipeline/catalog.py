@@ -113,6 +113,14 @@ class CalibrationSettings(_Strict):
     batch_size: int = Field(default=8, ge=1)
 
 
+class EvaluationSettings(_Strict):
+    """Real images for the accuracy check (`--eval-dir`): the reference batch comes from them."""
+
+    # None: a seeded random batch. A folder (ImageFolder layout: one subfolder per class): its first
+    # images, a batch's worth, through timm's evaluation preprocessing.
+    directory: Path | None = None
+
+
 class Defaults(_Strict):
     """What `pipeline run` does when nothing is selected: the demo on the embedded runtime."""
 
@@ -127,6 +135,7 @@ class Catalog(_Strict):
     toolchains: dict[str, ToolchainSpec]
     profile: ProfileSettings = ProfileSettings()
     calibration: CalibrationSettings = CalibrationSettings()
+    evaluation: EvaluationSettings = EvaluationSettings()
     defaults: Defaults = Defaults()
     opset: int = Field(default=17, ge=13)
     # The toolchain every engine is measured against in `pipeline compare` (PyTorch eager): each

@@ -115,6 +115,13 @@ def force_option(func):
 
 
 def calibration_options(func):
+    func = click.option(
+        "--eval-dir",
+        type=click.Path(path_type=Path),
+        help="Check every engine's accuracy on images from this folder (ImageFolder layout; a batch's worth, "
+        "timm's preprocessing) instead of a seeded random batch; top-1 accuracy too where the folders are "
+        "ImageNet classes of a checkpoint.",
+    )(func)
     func = click.option("--calib-samples", type=click.IntRange(min=1), help="How many calibration inputs (default: the catalog's).")(func)
     func = click.option(
         "--calib-dir",
@@ -124,8 +131,11 @@ def calibration_options(func):
     return func
 
 
-def apply_calibration(state, calib_dir, calib_samples) -> None:
-    """Command-line calibration settings replace the catalog's for this run."""
+def apply_calibration(state, calib_dir, calib_samples, eval_dir=None) -> None:
+    """Command-line calibration and evaluation settings replace the catalog's for this run."""
+    if eval_dir is not None:
+        evaluation = state.catalog.evaluation.model_copy(update={"directory": Path(eval_dir).resolve()})
+        state._catalog = state.catalog.model_copy(update={"evaluation": evaluation})
     if calib_dir is None and calib_samples is None:
         return
     settings = state.catalog.calibration
@@ -242,7 +252,7 @@ def models(state: _State):
 @force_option
 @calibration_options
 @pass_state
-def export(state: _State, engines, models, variants, force, wait, calib_dir, calib_samples):
+def export(state: _State, engines, models, variants, force, wait, calib_dir, calib_samples, eval_dir):
     """Export models to ONNX, sparsifying and quantizing as the variant needs.
 
     Writes models/<model>/<variant>.onnx. Quantized and sparse variants are calibrated on
@@ -250,7 +260,7 @@ def export(state: _State, engines, models, variants, force, wait, calib_dir, cal
     """
     from pipeline.runner import run_engines
 
-    apply_calibration(state, calib_dir, calib_samples)
+    apply_calibration(state, calib_dir, calib_samples, eval_dir)
     refs = select_engines(state.catalog, engines, models, variants)
     with state.holding_workspace(wait):
         run_engines(state.context(force), refs, toolchain=None, until="export")
@@ -264,10 +274,10 @@ def engine_stage_options(func):
     return func
 
 
-def _stage_command(state: _State, engines, models, variants, toolchain, trt, archs, force, wait, dry_run, calib_dir, calib_samples, until, repeat=None):
+def _stage_command(state: _State, engines, models, variants, toolchain, trt, archs, force, wait, dry_run, calib_dir, calib_samples, eval_dir, until, repeat=None):
     from pipeline.runner import run_engines
 
-    apply_calibration(state, calib_dir, calib_samples)
+    apply_calibration(state, calib_dir, calib_samples, eval_dir)
     apply_repeat(state, repeat)
     refs = select_engines(state.catalog, engines, models, variants)
     chain = select_toolchain(state, toolchain, trt, archs)
@@ -306,14 +316,14 @@ def profile(state: _State, **options):
 @calibration_options
 @repeat_option
 @pass_state
-def run(state: _State, engines, models, variants, toolchain, trt, archs, force, wait, calib_dir, calib_samples, repeat):
+def run(state: _State, engines, models, variants, toolchain, trt, archs, force, wait, calib_dir, calib_samples, eval_dir, repeat):
     """Export, build and profile a selection, then print the comparison.
 
     With no selection it runs the catalog's defaults: the demo on ONNX Runtime.
     """
     from pipeline.runner import run_engines
 
-    apply_calibration(state, calib_dir, calib_samples)
+    apply_calibration(state, calib_dir, calib_samples, eval_dir)
     apply_repeat(state, repeat)
     refs = select_engines(state.catalog, engines, models, variants)
     chain = select_toolchain(state, toolchain, trt, archs)

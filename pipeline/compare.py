@@ -61,6 +61,8 @@ class ComparisonRow:
     accuracy_cosine: float | None = None
     top1_agreement: float | None = None
     top5_agreement: float | None = None
+    # Against the evaluation images' labels (`--eval-dir` with ImageNet classes of a checkpoint).
+    top1_accuracy: float | None = None
     # Measured outputs that were NaN or Inf (then there is no cosine).
     nonfinite_values: int | None = None
     audit: str | None = None
@@ -231,6 +233,7 @@ def build_rows(
                 row.accuracy_cosine = d.accuracy["cosine_similarity"]
                 row.top1_agreement = d.accuracy["top1_agreement"]
                 row.top5_agreement = d.accuracy.get("top5_agreement")
+                row.top1_accuracy = d.accuracy.get("top1_accuracy")
                 row.nonfinite_values = d.accuracy.get("nonfinite_values")
                 if d.accuracy.get("warning"):
                     row.flags.append(f"inaccurate: {d.accuracy['warning']}")
@@ -469,6 +472,7 @@ COLUMNS = (
     Column("build-s", "build s", lambda r: _fmt(r.build_s, ".1f")),
     Column("accuracy", "vs FP32 cos", lambda r: _accuracy(r, _fmt(r.accuracy_cosine, ".4f")), short_header="cos vs\nFP32"),
     Column("top1", "top-1 vs FP32", lambda r: _accuracy(r, _fmt(r.top1_agreement * 100 if r.top1_agreement is not None else None, ".0f", "%")), short_header="top-1"),
+    Column("top1-acc", "top-1 acc (labels)", lambda r: _fmt(r.top1_accuracy * 100 if r.top1_accuracy is not None else None, ".1f", "%")),
     Column("audit", "layer audit", lambda r: r.audit or "–", text=True),
     Column("tflops", "TFLOP/s (peak %)", _roofline, short_header="TFLOP/s\n(peak %)"),
     Column("status", "status", lambda r: r.full_status, text=True),

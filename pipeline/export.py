@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.artifacts import atomic_output, sha256_file
-from pipeline.calibration import calibration_batches, describe_source
+from pipeline.calibration import calibration_batches, describe_source, image_files, load_images
 from pipeline.errors import PipelineError, require_module
 from pipeline.manifest import Artifact, ExportDetails, ParityCheck
 from pipeline.models import TORCH_DTYPES
@@ -82,6 +82,20 @@ class ExportStage(Stage):
         directory = Path(directory).expanduser()
         return directory if directory.is_absolute() else self.ctx.workspace.root / directory
 
+    def _evaluation_dir(self) -> Path | None:
+        directory = self.ctx.catalog.evaluation.directory
+        if directory is None:
+            return None
+        directory = Path(directory).expanduser()
+        return directory if directory.is_absolute() else self.ctx.workspace.root / directory
+
+    def evaluation_params(self) -> dict[str, Any] | None:
+        directory = self._evaluation_dir()
+        if directory is None:
+            return None
+        batch = self.model_spec.batch_size
+        return describe_source(directory, batch, batch, "evaluation", "--eval-dir")
+
     def params(self) -> dict[str, Any]:
         spec, variant = self.model_spec, self.variant_spec
         checkpoint = None
@@ -98,6 +112,7 @@ class ExportStage(Stage):
             "sparsity": variant.sparsity,
             "parity_tolerance": PARITY_TOLERANCE[variant.precision],
             "calibration": self.calibration_params(),
+            "evaluation": self.evaluation_params(),
         }
         if self.quantized:
             params["quantization"] = {
@@ -160,9 +175,15 @@ class ExportStage(Stage):
         with phase("to_device"):
             model = model.to(device)
         sample = source.sample_input(input_shape)
-        with phase("fp32_reference"), torch.no_grad():
+        with phase("fp32_reference"):
             # What every engine of this variant is checked against (pipeline/accuracy.py).
-            fp32_output = model(sample.to(device)).float().cpu()
+            reference_input, reference_facts = self.reference_batch(model, sample)
+            with torch.no_grad():
+                fp32_output = model(reference_input.to(device)).float().cpu()
+            labels = reference_facts.get("labels")
+            if labels:
+                predicted = fp32_output[: len(labels)].argmax(dim=1)
+                reference_facts["fp32_top1_accuracy"] = float((predicted == torch.tensor(labels)).float().mean())
 
         calibration = None
         batches = []
@@ -276,7 +297,7 @@ class ExportStage(Stage):
                     )
             audit = onnx_audit(graph, tmp.stat().st_size)
 
-        reference = self.write_reference(sample.to(dtype), fp32_output)
+        reference = self.write_reference(reference_input.to(dtype), fp32_output, reference_facts)
         details = ExportDetails(
             timm_model=spec.timm,
             weights=weights,
@@ -310,11 +331,48 @@ class ExportStage(Stage):
         ]
         return StageOutcome(outputs=outputs, details=details, note=note)
 
-    def write_reference(self, engine_input, fp32_output) -> dict[str, Any]:
+    def reference_batch(self, model, sample):
+        """The batch every engine is checked on, and what it is: ``sample`` (seeded random), or the
+        first images of the evaluation folder (cycled to fill the batch) with their labels."""
+        directory = self._evaluation_dir()
+        batch = sample.shape[0]
+        if directory is None:
+            seeded = f"the FP32 PyTorch model on a seeded random batch (seed {self.model_spec.seed + 1})"
+            return sample, {"description": seeded, "samples": batch}
+        files = image_files(directory, "evaluation", "--eval-dir")
+        unique = min(len(files), batch)
+        chosen = [files[i % len(files)] for i in range(batch)]
+        images = load_images(model, chosen, tuple(sample.shape[1:]), "evaluation")
+        facts: dict[str, Any] = {
+            "description": f"the FP32 PyTorch model on {unique} images from {directory} (timm's evaluation preprocessing"
+            + (f"; repeated to fill the batch of {batch})" if unique < batch else ")"),
+            "samples": unique,
+            "images": [str(path.relative_to(directory)) for path in chosen[:unique]],
+        }
+        facts["labels"], facts["labels_skipped"] = self.image_labels(model, directory, chosen[:unique])
+        return images, facts
+
+    def image_labels(self, model, directory: Path, files: list[Path]) -> tuple[list[int] | None, str | None]:
+        """Class indices from ImageFolder names, when they are ImageNet-1k classes of a checkpoint."""
+        if self.model_spec.checkpoint is None:
+            return None, "the model has random weights (no checkpoint in the catalog): its classes mean nothing"
+        from timm.data import ImageNetInfo
+
+        synsets = ImageNetInfo().label_names()
+        if getattr(model, "num_classes", None) != len(synsets):
+            return None, f"the model has {getattr(model, 'num_classes', '?')} classes, not ImageNet-1k's {len(synsets)}"
+        index = {name: i for i, name in enumerate(synsets)}
+        folders = [path.relative_to(directory).parts[0] if len(path.relative_to(directory).parts) > 1 else "" for path in files]
+        unknown = sorted({folder for folder in folders if folder not in index})
+        if unknown:
+            return None, f"folder names {', '.join(repr(f) for f in unknown[:3])} are not ImageNet-1k synsets (such as 'n01440764')"
+        return [index[folder] for folder in folders], None
+
+    def write_reference(self, engine_input, fp32_output, facts: dict[str, Any]) -> dict[str, Any]:
         """The reference batch in the engine's input dtype and the FP32 model's outputs for it."""
         from pipeline.accuracy import write_tensor
 
-        described = {"description": f"the FP32 PyTorch model on a seeded random batch (seed {self.model_spec.seed + 1})"}
+        described = dict(facts)
         for key, name, tensor, path in zip(
             ("input", "output"), (INPUT_NAME, OUTPUT_NAME), (engine_input, fp32_output), self.ctx.workspace.reference_paths(self.engine)
         ):

@@ -128,6 +128,8 @@ class ProfileStage(Stage):
         if accuracy:
             cosine = accuracy["cosine_similarity"]
             note += f"; vs FP32 cosine {'NaN/Inf' if cosine is None else f'{cosine:.5f}'}, top-1 {accuracy['top1_agreement']:.0%}"
+            if accuracy.get("top1_accuracy") is not None:
+                note += f", top-1 accuracy {accuracy['top1_accuracy']:.1%} on the labelled images"
         if repeat_cv is not None:
             note += f"; {len(medians)} measurements, medians {min(medians):.3f}–{max(medians):.3f} ms (CV {repeat_cv:.2%})"
         return StageOutcome(outputs=outputs, details=details, command=result.command, note=note)
@@ -155,6 +157,8 @@ class ProfileStage(Stage):
             sparse=reference.sparse,
             description=reference.description,
             checked_by=run.checked_by,
+            samples=reference.samples,
+            labels=reference.labels,
         )
         verdict = run.tool.get(reference.output.name)
         if verdict is not None:

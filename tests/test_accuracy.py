@@ -109,3 +109,74 @@ def test_trtexec_11_1_accuracy_lines():
     found = parse_accuracy_lines(log)
     assert found["logits"] == {"algorithm": "cos", "loss": 0.000123, "failed": False, "threshold": None}
     assert found["aux:0"] == {"algorithm": "cos", "loss": 0.512, "failed": True, "threshold": 0.01}
+
+
+# --- real images: --eval-dir ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def eval_workspace(tmp_path):
+    """test_vit with a checkpoint that always predicts class 0, and an ImageFolder of three images
+    in two ImageNet classes: n01440764 (class 0, two images) and n01443537 (class 1, one)."""
+    torch = pytest.importorskip("torch")
+    from PIL import Image
+
+    from pipeline.torch_import import import_timm
+    from tests.conftest import TINY_CATALOG, write_catalog
+
+    model = import_timm().create_model("test_vit", pretrained=False)
+    with torch.no_grad():
+        model.head.bias[0] = 1e4
+    torch.save(model.state_dict(), tmp_path / "w.pth")
+    rng = np.random.default_rng(0)
+    for folder, count in (("n01440764", 2), ("n01443537", 1)):
+        (tmp_path / "images" / folder).mkdir(parents=True)
+        for i in range(count):
+            Image.fromarray(rng.integers(0, 255, (180, 200, 3), dtype=np.uint8)).save(tmp_path / "images" / folder / f"{i}.png")
+    catalog = TINY_CATALOG.replace("batch_size = 2", 'batch_size = 4\ncheckpoint = "w.pth"')
+    return write_catalog(tmp_path, catalog)
+
+
+def test_eval_dir_checks_engines_on_the_images_and_against_their_labels(eval_workspace, run_cli):
+    from pipeline.manifest import read_manifest
+
+    result = run_cli(eval_workspace, "run", "--variant", "fp32", "--eval-dir", str(eval_workspace.parent / "images"))
+    assert result.exit_code == 0, result.err
+    manifest = read_manifest(eval_workspace.parent / "manifests" / "onnxruntime" / "tiny_fp32.json")
+    reference = manifest.export.details.reference
+    assert reference["samples"] == 3 and reference["labels"] == [0, 0, 1]
+    assert reference["images"] == ["n01440764/0.png", "n01440764/1.png", "n01443537/0.png"]
+    assert "3 images from" in reference["description"] and "repeated to fill the batch of 4" in reference["description"]
+    assert reference["fp32_top1_accuracy"] == pytest.approx(2 / 3)  # it always answers class 0
+    accuracy = manifest.profile.details.accuracy
+    assert accuracy["samples"] == 3 and accuracy["top1_accuracy"] == pytest.approx(2 / 3)
+    assert accuracy["top1_agreement"] == 1.0 and accuracy["cosine_similarity"] > 0.9999
+    assert "top-1 accuracy 66.7% on the labelled images" in result.err
+
+
+def test_eval_dir_without_imagenet_folders_or_a_checkpoint_has_no_labels(eval_workspace, run_cli):
+    from pipeline.manifest import read_manifest
+
+    images = eval_workspace.parent / "images"
+    (images / "n01443537").rename(images / "cats")
+    assert run_cli(eval_workspace, "export", "--engine", "tiny_fp32", "--eval-dir", str(images)).exit_code == 0
+    reference = read_manifest(eval_workspace.parent / "manifests" / "export" / "tiny_fp32.json").export.details.reference
+    assert reference["labels"] is None and reference["labels_skipped"] == "folder names 'cats' are not ImageNet-1k synsets (such as 'n01440764')"
+    eval_workspace.write_text(eval_workspace.read_text().replace('checkpoint = "w.pth"\n', ""))
+    assert run_cli(eval_workspace, "export", "--engine", "tiny_fp32", "--eval-dir", str(images)).exit_code == 0
+    reference = read_manifest(eval_workspace.parent / "manifests" / "export" / "tiny_fp32.json").export.details.reference
+    assert reference["labels"] is None and "random weights" in reference["labels_skipped"]
+
+
+def test_an_empty_or_unreadable_eval_dir_is_a_clear_error(eval_workspace, run_cli, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = run_cli(eval_workspace, "export", "--engine", "tiny_fp32", "--eval-dir", str(empty))
+    assert result.exit_code == 1
+    assert f"ERROR evaluation folder {empty} holds no images" in result.err and "--eval-dir" in result.err
+    broken = tmp_path / "broken" / "n01440764"
+    broken.mkdir(parents=True)
+    (broken / "x.png").write_bytes(b"not a png")
+    result = run_cli(eval_workspace, "export", "--engine", "tiny_fp32", "--eval-dir", str(broken.parent))
+    assert result.exit_code == 1 and f"ERROR cannot read evaluation image {broken / 'x.png'}" in result.err
+    assert not (eval_workspace.parent / "models" / "tiny" / "fp32.onnx").exists()  # nothing half-written
