@@ -107,6 +107,20 @@ def test_an_engine_with_damaged_weights_shows_the_drop_and_fails_the_gate(demo, 
     assert "2 of 3 engines pass" in gate.err
 
 
+def test_engine_outputs_named_unlike_the_onnx_are_a_clear_error(demo, run_cli, monkeypatch):
+    from pipeline.runtimes.base import ReferenceRun
+    from pipeline.runtimes.onnxruntime import OnnxRuntimeRuntime
+
+    ws = demo.parent / "renamed"
+    shutil.copytree(demo, ws)
+    monkeypatch.setattr(OnnxRuntimeRuntime, "run_reference", lambda self, path, ref: ReferenceRun({"output_0": np.zeros((2, 1000))}, "test"))
+    result = run_cli(ws / "pipeline.toml", "profile", "--engine", "tiny_fp32", "--repeat", "2")
+    assert result.exit_code == 1
+    assert "ERROR tiny_fp32.onnx has outputs ['output_0']; the reference is for 'logits'." in result.err and "TIP" in result.err
+    # The measurement was not recorded half-checked: the manifest keeps the earlier profile.
+    assert read_manifest(ws / "manifests" / "onnxruntime" / "tiny_fp32.json").profile.details.repeat_medians_ms == []
+
+
 def test_export_checked_the_onnx_against_pytorch(demo):
     for variant, dtype in (("fp32", "float32"), ("fp16", "float16"), ("int8", "float32")):
         export = read_manifest(demo / "manifests" / "export" / f"tiny_{variant}.json").export
