@@ -99,6 +99,7 @@ def test_eager_and_compile_build_the_runnable_model_and_time_it_on_the_cpu(works
         assert saved["timm_model"] == "test_vit" and saved["input_shape"] == [2, 3, 160, 160]
         assert all(t.dtype == torch.float32 for t in saved["state_dict"].values() if t.is_floating_point())
         profile = m.profile.details
+        assert profile.accuracy["cosine_similarity"] > 0.9999 and profile.accuracy["top1_agreement"] == 1.0  # FP32 vs FP32
         if ON_GPU:
             assert profile.metric == "GPU time (CUDA events)" and profile.device == f"torch {backend} on {torch.cuda.get_device_name()}"
         else:
@@ -319,3 +320,7 @@ def test_every_backend_is_timed_by_cuda_events_on_the_gpu(gpu_workspace, toolcha
     assert execution["peak_memory_mib"]["allocated"] >= weights_mib
     assert execution["peak_memory_mib"]["reserved"] >= execution["peak_memory_mib"]["allocated"]
     assert all(math.isfinite(v) and v > 0 for v in details.per_iteration_ms)
+    # Its own outputs on the reference batch (through the captured graph's fixed input for CUDA graphs).
+    accuracy = details.accuracy
+    assert accuracy["checked_by"].startswith(f"torch {torch.__version__}") and "on cuda" in accuracy["checked_by"]
+    assert accuracy["cosine_similarity"] >= accuracy["cosine_floor"] and accuracy["top1_agreement"] == 1.0
