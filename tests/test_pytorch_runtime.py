@@ -322,5 +322,5 @@ def test_every_backend_is_timed_by_cuda_events_on_the_gpu(gpu_workspace, toolcha
     assert all(math.isfinite(v) and v > 0 for v in details.per_iteration_ms)
     # Its own outputs on the reference batch (through the captured graph's fixed input for CUDA graphs).
     accuracy = details.accuracy
-    assert accuracy["checked_by"].startswith(f"torch {torch.__version__}") and "on cuda" in accuracy["checked_by"]
-    assert accuracy["cosine_similarity"] >= accuracy["cosine_floor"] and accuracy["top1_agreement"] == 1.0
+    assert accuracy["checked_by"].startswith("torch ") and "on cuda, in this process" in accuracy["checked_by"]
+    assert accuracy["cosine_similarity"] >= accuracy["cosine_floor"] and accuracy["nonfinite_values"] == 0
