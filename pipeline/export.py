@@ -76,14 +76,13 @@ class ExportStage(Stage):
         return describe_source(directory, settings.samples, settings.batch_size)
 
     def _calibration_dir(self) -> Path | None:
-        directory = self.ctx.catalog.calibration.directory
-        if directory is None:
-            return None
-        directory = Path(directory).expanduser()
-        return directory if directory.is_absolute() else self.ctx.workspace.root / directory
+        return self._in_workspace(self.ctx.catalog.calibration.directory)
 
     def _evaluation_dir(self) -> Path | None:
-        directory = self.ctx.catalog.evaluation.directory
+        return self._in_workspace(self.ctx.catalog.evaluation.directory)
+
+    def _in_workspace(self, directory: Path | None) -> Path | None:
+        """A folder named in the catalog: relative paths are relative to the workspace."""
         if directory is None:
             return None
         directory = Path(directory).expanduser()
