@@ -81,10 +81,17 @@ class ProfileStage(Stage):
         return engine + references
 
     def export_record(self) -> StageRecord | None:
+        # The export manifest itself, not the copy in the engine manifest: an export that re-ran
+        # with a new reference batch but the same ONNX leaves the engine (and that copy) as it was.
         try:
-            return read_manifest(self.manifest_path()).export
+            return read_manifest(self.ctx.workspace.export_manifest_path(self.engine)).export
         except FileNotFoundError:
             return None
+
+    def extra_manifest_fields(self) -> dict[str, Any]:
+        # The engine manifest stays complete evidence: the export record its accuracy was checked against.
+        export = self.export_record()
+        return {"export": export} if export is not None else {}
 
     def run_impl(self, inputs: list[Artifact]) -> StageOutcome:
         engine_path = self.ctx.workspace.root / inputs[0].path

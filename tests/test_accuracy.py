@@ -154,6 +154,22 @@ def test_eval_dir_checks_engines_on_the_images_and_against_their_labels(eval_wor
     assert "top-1 accuracy 66.7% on the labelled images" in result.err
 
 
+def test_switching_to_eval_images_rechecks_without_rebuilding(eval_workspace, run_cli):
+    """Same model, same ONNX, a new reference batch: the engine stays, its accuracy is re-checked."""
+    from pipeline.manifest import read_manifest
+
+    assert run_cli(eval_workspace, "run", "--variant", "fp32").exit_code == 0
+    engine_manifest = eval_workspace.parent / "manifests" / "onnxruntime" / "tiny_fp32.json"
+    built = read_manifest(engine_manifest).build
+    result = run_cli(eval_workspace, "run", "--variant", "fp32", "--eval-dir", str(eval_workspace.parent / "images"))
+    assert result.exit_code == 0, result.err
+    after = read_manifest(engine_manifest)
+    assert after.build == built  # the ONNX did not change, so neither did the engine
+    assert after.profile.details.accuracy["top1_accuracy"] == pytest.approx(2 / 3)
+    export = read_manifest(eval_workspace.parent / "manifests" / "export" / "tiny_fp32.json").export
+    assert after.export == export  # the engine manifest carries the export it was checked against
+
+
 def test_eval_dir_without_imagenet_folders_or_a_checkpoint_has_no_labels(eval_workspace, run_cli):
     from pipeline.manifest import read_manifest
 
