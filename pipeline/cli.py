@@ -305,7 +305,8 @@ def build(state: _State, **options):
 @repeat_option
 @pass_state
 def profile(state: _State, **options):
-    """Time engines (building them first if needed); results go to manifests/<toolchain>/."""
+    """Time engines (building them first if needed), then check each one's outputs against the
+    FP32 model on the reference batch; results go to manifests/<toolchain>/."""
     _stage_command(state, **options, until="profile")
 
 
