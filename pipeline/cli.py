@@ -4,7 +4,8 @@ Only click is imported at start-up so `pipeline --help` stays instant; each comm
 it needs. ``main(argv)`` returns the exit code, so tests call it directly:
 
     0 success · 1 a stage failed · 2 bad usage · 3 this machine lacks something (GPU, Docker,
-    a package) · 130 interrupted · 70 a bug in the pipeline (printed with its traceback)
+    a package) · 130 interrupted (Ctrl-C) · 143 terminated (SIGTERM) · 70 a bug in the pipeline
+    (printed with its traceback)
 """
 
 from __future__ import annotations
@@ -16,6 +17,16 @@ from pathlib import Path
 import click
 
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a process SIGTERM ended
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM — what `docker stop`, schedulers and CI timeouts send — handled like Ctrl-C: the
+    same clean-up (partial files removed, child tools and containers stopped), exit 143."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
 EXIT_INTERNAL = 70
 
 
@@ -577,7 +588,12 @@ def trtexec_parse(log, exports, precision, as_json):
 def main(argv: list[str] | None = None) -> int:
     from pipeline.errors import PipelineError
 
+    import signal
+    import threading
+
     args = list(sys.argv[1:] if argv is None else argv)
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if on_main_thread else None
     try:
         cli.main(args=args, prog_name="pipeline", standalone_mode=False)
         return 0
@@ -586,9 +602,13 @@ def main(argv: list[str] | None = None) -> int:
     except click.ClickException as exc:
         exc.show()
         return exc.exit_code
-    except (click.exceptions.Abort, KeyboardInterrupt):
+    except (click.exceptions.Abort, KeyboardInterrupt) as exc:
         from pipeline.reporting import print_error
 
+        # click turns an interruption inside a command into Abort, keeping it as the cause.
+        if isinstance(exc, Terminated) or isinstance(exc.__cause__, Terminated):
+            print_error("terminated (SIGTERM); partial outputs were removed, finished ones are kept.")
+            return EXIT_TERMINATED
         print_error("interrupted; partial outputs were removed, finished ones are kept.")
         return EXIT_INTERRUPTED
     except PipelineError as exc:
@@ -611,6 +631,9 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         click.echo("INTERNAL ERROR: this is a bug in the pipeline; the traceback above helps fix it.", err=True)
         return EXIT_INTERNAL
+    finally:
+        if on_main_thread and previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -96,3 +96,20 @@ def test_read_only_commands_take_no_lock(tmp_path):
         assert first.poll() is None
     finally:
         assert finish(first)[0] == 0
+
+
+def test_sigterm_mid_run_cleans_up_like_ctrl_c(tmp_path):
+    """What `docker stop`, a scheduler or a CI timeout sends: exit 143, nothing half-written, the
+    workspace released normally."""
+    catalog = write_catalog(tmp_path / "ws", CATALOG)
+    run = pipeline(catalog, "run", "--variant", "fp32", "--variant", "fp16")
+    holder(catalog)
+    time.sleep(1.5)  # inside the first export
+    run.send_signal(signal.SIGTERM)
+    code, err = finish(run)
+    assert code == 143, err
+    assert "ERROR terminated (SIGTERM); partial outputs were removed, finished ones are kept." in err
+    leftovers = [p for p in (catalog.parent).rglob("*") if p.name.endswith(".tmp") or ".partial" in p.name]
+    assert leftovers == []
+    code, err = finish(pipeline(catalog, "run", "--variant", "fp32"))
+    assert code == 0 and "stopped without releasing it" not in err
