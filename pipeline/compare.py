@@ -546,8 +546,9 @@ def _compact_status(row: ComparisonRow, notes: _Notes) -> str:
 def render_table(rows: list[ComparisonRow], width: int, columns: tuple[str, ...] | None = None, wide: bool = False):
     """The comparison for a terminal ``width`` columns wide, every number whole.
 
-    Every column when they fit (or with ``wide``, at whatever width that takes), else the compact
-    set; ``columns`` chooses them. Long texts wrap; numbers and names are never cut.
+    Every column when they fit (or with ``wide``, at whatever width that takes), else the first
+    of MEDIUM, NARROW and COMPACT that fits; ``columns`` chooses them. Long texts wrap; numbers
+    and names are never cut.
     """
     from rich.console import Group
 
