@@ -147,7 +147,9 @@ def render_html(rows: list[ComparisonRow], manifests: list[EngineManifest]) -> s
         "toolchain, against its baseline variant; the baseline-toolchain column is the speedup over the catalog's "
         "baseline (PyTorch eager) for the same variant; the change column compares each toolchain with the first. "
         "<b>~</b> marks differences within the runs' own spread (the 95% bootstrap confidence interval of the "
-        "difference of medians contains zero). TFLOP/s count MatMul/Gemm/Conv work; peak % uses datasheet peaks "
+        "difference of medians contains zero). The accuracy columns compare each engine's own outputs with the FP32 "
+        "PyTorch model's on the reference batch ((proxy): the fake-quantized PyTorch model, where no engine ran). "
+        "TFLOP/s count MatMul/Gemm/Conv work; peak % uses datasheet peaks "
         "for known GPUs.</p>",
     ]
     for model in dict.fromkeys(r.model for r in rows):
