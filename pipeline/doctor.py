@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import platform
 from dataclasses import asdict, dataclass
-from importlib import metadata, util
+from importlib import util
 
 from pipeline.catalog import Catalog
-from pipeline.environment import nvidia_gpus
+from pipeline.environment import nvidia_gpus, package_version
 
 
 @dataclass
@@ -29,18 +29,11 @@ PYTHON_DEPS = (
 )
 
 
-def _version(dist: str) -> str | None:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def check_python() -> list[Check]:
     checks = [Check("python", True, platform.python_version())]
     for module, dist, required in PYTHON_DEPS:
         present = util.find_spec(module) is not None
-        version = _version(dist) if present else None
+        version = package_version(dist) if present else None
         if present:
             checks.append(Check(f"package {dist}", True, version or "installed"))
         else:

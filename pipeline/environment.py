@@ -27,14 +27,16 @@ TRACKED_PACKAGES = (
 )
 
 
+def package_version(name: str) -> str | None:
+    """An installed distribution's version, read from its metadata (no import); None if absent."""
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def package_versions(names=TRACKED_PACKAGES) -> dict[str, str]:
-    versions = {}
-    for name in names:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return versions
+    return {name: version for name in names if (version := package_version(name)) is not None}
 
 
 def cpu_name() -> str:

@@ -15,12 +15,12 @@ when every check has passed.
 from __future__ import annotations
 
 from collections import Counter
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from pipeline.artifacts import atomic_output, sha256_file
 from pipeline.calibration import calibration_batches, describe_source, image_files, load_images
+from pipeline.environment import package_version
 from pipeline.errors import PipelineError, require_module
 from pipeline.manifest import Artifact, ExportDetails, ParityCheck
 from pipeline.models import TORCH_DTYPES
@@ -124,13 +124,7 @@ class ExportStage(Stage):
         return params
 
     def identity(self) -> dict[str, Any]:
-        versions = {}
-        for dist in ("torch", "timm", "onnx", "nvidia-modelopt"):
-            try:
-                versions[dist] = metadata.version(dist)
-            except metadata.PackageNotFoundError:
-                versions[dist] = None
-        return versions
+        return {dist: package_version(dist) for dist in ("torch", "timm", "onnx", "nvidia-modelopt")}
 
     def run_impl(self, inputs: list[Artifact]) -> StageOutcome:
         with self.ctx.reporter.captured("export"):

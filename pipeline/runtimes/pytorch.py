@@ -24,7 +24,6 @@ import os
 import shutil
 import time
 from dataclasses import dataclass, field
-from importlib import metadata
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, Callable, Literal
@@ -34,7 +33,7 @@ from pydantic import model_validator
 from pipeline.artifacts import sha256_file
 from pipeline.accuracy import ReferenceBatch
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
-from pipeline.environment import nvidia_gpus
+from pipeline.environment import nvidia_gpus, package_version
 from pipeline.errors import EnvironmentMissing, PipelineError, RefusedByTool
 from pipeline.models import TORCH_DTYPES, ModelSource
 from pipeline.runtimes.base import BuildResult, EngineRuntime, ProfileResult, ReferenceRun, ToolchainStatus
@@ -109,13 +108,6 @@ def _torch():
     return torch
 
 
-def _version(dist: str) -> str | None:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 class TorchRuntime(EngineRuntime):
     kind = "torch"
     Spec = TorchSpec
@@ -131,7 +123,7 @@ class TorchRuntime(EngineRuntime):
 
     @property
     def version(self) -> str:
-        return _version("torch") or "not installed"
+        return package_version("torch") or "not installed"
 
     @property
     def mode(self) -> str | None:
@@ -142,8 +134,8 @@ class TorchRuntime(EngineRuntime):
         return {
             "runtime": "torch",
             "torch": self.version,
-            "timm": _version("timm"),
-            "triton": _version("triton"),
+            "timm": package_version("timm"),
+            "triton": package_version("triton"),
             "backend": self.spec.backend,
             "mode": self.mode,
             "fullgraph": self.spec.fullgraph,
@@ -258,7 +250,7 @@ class TorchRuntime(EngineRuntime):
     def versions(self) -> dict[str, Any]:
         torch = _torch()
         cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-        return {"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": cudnn, "triton": _version("triton"), "timm": _version("timm")}
+        return {"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": cudnn, "triton": package_version("triton"), "timm": package_version("timm")}
 
     def _prepare(self, model, shape, dtype, device: str, engine_sha256: str) -> Prepared:
         torch = _torch()
