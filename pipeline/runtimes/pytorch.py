@@ -30,7 +30,6 @@ from typing import Any, Callable, Literal
 
 from pydantic import model_validator
 
-from pipeline.artifacts import sha256_file
 from pipeline.accuracy import ReferenceBatch
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
 from pipeline.environment import nvidia_gpus, package_version
@@ -82,7 +81,9 @@ class Prepared:
     """A model ready to time: one call of ``run`` is one inference on ``example``, in place (a
     CUDA graph reads its input from a fixed address), returning the output."""
 
-    engine_sha256: str
+    # Which engine file this is: (inode, size, mtime), kept by the move the build's write ends
+    # with, so a profile can tell its own build's file without hashing hundreds of MB again.
+    engine_file: tuple[int, int, int]
     run: Callable[[], Any]
     example: Any
     device: str
@@ -236,7 +237,7 @@ class TorchRuntime(EngineRuntime):
         settings = self.settings(variant.precision, device)
         self._prepared = None  # free the previous model's memory before preparing this one
         try:
-            self._prepared = self._prepare(model, shape, dtype, device, sha256_file(engine_path))
+            self._prepared = self._prepare(model, shape, dtype, device, _file_identity(engine_path))
         except CompileFailed as exc:
             result = BuildResult(engine_path=None, settings=settings, evidence={"compiler": {**self.versions(), **exc.facts}})
             raise RefusedByTool(exc.message, exc.hint, result=result) from exc.__cause__
@@ -252,7 +253,7 @@ class TorchRuntime(EngineRuntime):
         cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
         return {"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": cudnn, "triton": package_version("triton"), "timm": package_version("timm")}
 
-    def _prepare(self, model, shape, dtype, device: str, engine_sha256: str) -> Prepared:
+    def _prepare(self, model, shape, dtype, device: str, engine_file: tuple[int, int, int]) -> Prepared:
         torch = _torch()
         if device == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = self.spec.tf32
@@ -268,7 +269,7 @@ class TorchRuntime(EngineRuntime):
                 run = _capture(torch, model, example)
             else:
                 run, facts = self._compile(torch, model, example)
-        return Prepared(engine_sha256, run, example, device, batch, facts)
+        return Prepared(engine_file, run, example, device, batch, facts)
 
     def _compile(self, torch, model, example):
         import torch._dynamo
@@ -328,8 +329,8 @@ class TorchRuntime(EngineRuntime):
 
     def load(self, engine_path: Path) -> Prepared:
         """The prepared model for this engine file: the one the build left, else prepared again."""
-        sha = sha256_file(engine_path)
-        if self._prepared is not None and self._prepared.engine_sha256 == sha:
+        identity = _file_identity(engine_path)
+        if self._prepared is not None and self._prepared.engine_file == identity:
             return self._prepared
         self._prepared = None
         torch = _torch()
@@ -348,7 +349,7 @@ class TorchRuntime(EngineRuntime):
         device = "cuda" if self._cuda_available() else "cpu"
         started = time.perf_counter()
         try:
-            prepared = self._prepare(model, tuple(saved["input_shape"]), dtype, device, sha)
+            prepared = self._prepare(model, tuple(saved["input_shape"]), dtype, device, identity)
         except CompileFailed as exc:
             raise PipelineError(f"{engine_path.name} no longer compiles here: {exc.message}", hint=exc.hint) from exc.__cause__
         prepared.facts["prepare_s"] = round(time.perf_counter() - started, 3)
@@ -400,6 +401,11 @@ class TorchRuntime(EngineRuntime):
 
     def settings_in_force(self, prepared: Prepared) -> dict[str, Any]:
         return {"backend": self.spec.backend, "mode": self.mode, "device": prepared.device, "tf32": self.spec.tf32}
+
+
+def _file_identity(path: Path) -> tuple[int, int, int]:
+    stat = Path(path).stat()
+    return stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
 def _no_grad(fn):
