@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +71,7 @@ class ProfileStage(Stage):
                 )
         engine = [a for a in build.outputs if a.role == "engine"]
         # The reference batch is an input too: a changed one re-checks the engine's accuracy.
-        export = self.export_record()
+        export = self.export_record
         references = [a for a in (export.outputs if export else []) if a.role.startswith("reference_")]
         for artifact in references:
             if not self.ctx.workspace.is_intact(artifact):
@@ -80,6 +81,7 @@ class ProfileStage(Stage):
                 )
         return engine + references
 
+    @functools.cached_property
     def export_record(self) -> StageRecord | None:
         # The export manifest itself, not the copy in the engine manifest: an export that re-ran
         # with a new reference batch but the same ONNX leaves the engine (and that copy) as it was.
@@ -90,7 +92,7 @@ class ProfileStage(Stage):
 
     def extra_manifest_fields(self) -> dict[str, Any]:
         # The engine manifest stays complete evidence: the export record its accuracy was checked against.
-        export = self.export_record()
+        export = self.export_record
         return {"export": export} if export is not None else {}
 
     def run_impl(self, inputs: list[Artifact]) -> StageOutcome:
@@ -145,7 +147,7 @@ class ProfileStage(Stage):
         """(figures, why not checked, the reference run) for this engine on its reference batch."""
         from pipeline.accuracy import ReferenceBatch, compare_outputs
 
-        export = self.export_record()
+        export = self.export_record
         reference = ReferenceBatch.from_export(export.details, self.ctx.workspace.root) if export and export.details else None
         if reference is None:
             return None, "its export has no reference batch (exported by an earlier version): re-export with --force", None
