@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sysconfig
 import time
 from dataclasses import dataclass, field
 from importlib.util import find_spec
@@ -174,6 +175,12 @@ class TorchRuntime(EngineRuntime):
                 return (
                     f"toolchain {self.name} compiles with Inductor, which needs a C++ compiler on the CPU; none is on PATH.",
                     "install one (`apt-get install g++`) or set CXX",
+                )
+            if not cuda and not (Path(sysconfig.get_paths()["include"]) / "Python.h").is_file():
+                # Inductor's CPU kernels are C++ that includes Python.h.
+                return (
+                    f"toolchain {self.name} compiles with Inductor, which needs Python's C headers on the CPU; Python.h is not installed.",
+                    "install them (`apt-get install python3-dev`, matching this Python)",
                 )
         return None
 
