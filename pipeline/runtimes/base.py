@@ -51,7 +51,6 @@ class ReferenceRun:
     # The tool's own accuracy verdict by tensor name, where it has one (trtexec 11.1).
     tool: dict[str, Any] = field(default_factory=dict)
     sidecars: dict[str, Path] = field(default_factory=dict)
-    command: list[str] | None = None
 
 
 @dataclass

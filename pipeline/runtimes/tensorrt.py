@@ -276,7 +276,6 @@ class TrtexecRuntime(EngineRuntime):
             checked_by=f"trtexec {self.spec.trt} --loadInputs/--exportOutput{own_check}",
             tool=tool,
             sidecars={"reference_log": log_path, "reference_outputs": outputs_path},
-            command=argv,
         )
 
     def timing_cache_path(self, engine_dir: Path) -> Path:
