@@ -20,13 +20,20 @@ class BuildStage(Stage):
         self.runtime = get_runtime(ctx, toolchain)
 
     def manifest_path(self) -> Path:
-        return self.ctx.workspace.manifest_path(self.toolchain, self.engine)
+        return self.ctx.workspace.manifest_path(self.toolchain, self.engine, self.ctx.gpu_type)
 
     def engine_path(self) -> Path:
-        return self.ctx.workspace.engine_dir(self.toolchain) / f"{self.engine.name}{self.runtime.engine_suffix}"
+        return self.ctx.workspace.engine_dir(self.toolchain, self.ctx.gpu_type) / f"{self.engine.name}{self.runtime.engine_suffix}"
 
     def params(self) -> dict[str, Any]:
-        return {"toolchain": self.toolchain, "precision": self.variant_spec.precision, "sparsity": self.variant_spec.sparsity}
+        return {
+            "toolchain": self.toolchain,
+            "precision": self.variant_spec.precision,
+            "sparsity": self.variant_spec.sparsity,
+            # The catalog's settings of the toolchain (targets, backend, image…): a cluster run decides
+            # what is up to date from params and inputs alone (pipeline/cluster/), so they belong here.
+            "toolchain_settings": self.runtime.spec.model_dump(mode="json", exclude={"source"}),
+        }
 
     def identity(self) -> dict[str, Any]:
         return self.runtime.identity()

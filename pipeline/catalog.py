@@ -129,6 +129,15 @@ class Defaults(_Strict):
     toolchain: str = "onnxruntime"
 
 
+class ClusterSettings(_Strict):
+    """What a cluster run (`--cluster`) needs to know beyond what Ray tells it."""
+
+    # Compute capability of GPU types the built-in table (pipeline/cluster/gpus.py) lacks, by the
+    # name nodes advertise them under: {"RTX-PRO-6000" = "12.0"}. Used to pick, per toolchain, the
+    # GPU types it can build for and time on.
+    gpu_types: dict[str, str] = {}
+
+
 class Catalog(_Strict):
     models: dict[str, ModelSpec]
     variants: dict[str, VariantSpec]
@@ -137,6 +146,7 @@ class Catalog(_Strict):
     calibration: CalibrationSettings = CalibrationSettings()
     evaluation: EvaluationSettings = EvaluationSettings()
     defaults: Defaults = Defaults()
+    cluster: ClusterSettings = ClusterSettings()
     opset: int = Field(default=17, ge=13)
     # The toolchain every engine is measured against in `pipeline compare` (PyTorch eager): each
     # row's speedup over the same model and variant there. None: no such column.

@@ -125,6 +125,24 @@ def force_option(func):
     return click.option("--force", is_flag=True, help="Re-run stages even when nothing changed.")(func)
 
 
+def cluster_options(func):
+    func = click.option(
+        "--gpu",
+        "gpu_types",
+        multiple=True,
+        metavar="TYPE",
+        help="With --cluster: build and time for this GPU type, e.g. H100 (repeatable). Default: every GPU "
+        "type the cluster has that the toolchain supports.",
+    )(func)
+    return click.option(
+        "--cluster",
+        metavar="ADDRESS",
+        envvar="RAY_ADDRESS",
+        help="Fan the work out over the Ray cluster at ADDRESS (HOST:PORT of its head; `local` starts one "
+        "here; default $RAY_ADDRESS). Each stage runs on a node that can run it; results land here.",
+    )(func)
+
+
 def calibration_options(func):
     func = click.option(
         "--eval-dir",
@@ -262,32 +280,45 @@ def models(state: _State):
 @selection_options
 @force_option
 @calibration_options
+@cluster_options
 @pass_state
-def export(state: _State, engines, models, variants, force, wait, calib_dir, calib_samples, eval_dir):
+def export(state: _State, engines, models, variants, force, wait, calib_dir, calib_samples, eval_dir, cluster, gpu_types):
     """Export models to ONNX, sparsifying and quantizing as the variant needs.
 
     Writes models/<model>/<variant>.onnx. Quantized and sparse variants are calibrated on
     synthetic inputs unless --calib-dir names a folder of images.
     """
-    from pipeline.runner import run_engines
-
     apply_calibration(state, calib_dir, calib_samples, eval_dir)
     refs = select_engines(state.catalog, engines, models, variants)
     with state.holding_workspace(wait):
-        run_engines(state.context(force), refs, toolchain=None, until="export")
+        _execute(state, state.context(force), refs, None, "export", cluster, gpu_types)
+
+
+def _execute(state: _State, ctx, refs, chain, until, cluster, gpu_types) -> None:
+    """Run the stages here, or on the Ray cluster named by --cluster."""
+    from pipeline.errors import UsageError
+
+    if not cluster:
+        if gpu_types:
+            raise UsageError("--gpu chooses among a cluster's GPU types; it needs --cluster.", hint="add --cluster HOST:PORT")
+        from pipeline.runner import run_engines
+
+        run_engines(ctx, refs, chain, until=until)
+        return
+    from pipeline.cluster.scheduler import run_on_cluster
+
+    run_on_cluster(ctx, cluster, refs, chain, until, tuple(gpu_types), state.verbose)
 
 
 def engine_stage_options(func):
     """What build and profile take: the selection, the toolchain, --force, --dry-run, calibration."""
     func = click.option("--dry-run", is_flag=True, help="Print what would run (the exact command and container) and stop.")(func)
-    for decorator in (calibration_options, force_option, toolchain_options, selection_options):
+    for decorator in (cluster_options, calibration_options, force_option, toolchain_options, selection_options):
         func = decorator(func)
     return func
 
 
-def _stage_command(state: _State, engines, models, variants, toolchain, trt, archs, force, wait, dry_run, calib_dir, calib_samples, eval_dir, until, repeat=None):
-    from pipeline.runner import run_engines
-
+def _stage_command(state: _State, engines, models, variants, toolchain, trt, archs, force, wait, dry_run, calib_dir, calib_samples, eval_dir, cluster, gpu_types, until, repeat=None):
     apply_calibration(state, calib_dir, calib_samples, eval_dir)
     apply_repeat(state, repeat)
     refs = select_engines(state.catalog, engines, models, variants)
@@ -300,7 +331,7 @@ def _stage_command(state: _State, engines, models, variants, toolchain, trt, arc
             click.echo(line)
         return
     with state.holding_workspace(wait):
-        run_engines(ctx, refs, chain, until=until)
+        _execute(state, ctx, refs, chain, until, cluster, gpu_types)
 
 
 @cli.command()
@@ -327,20 +358,19 @@ def profile(state: _State, **options):
 @force_option
 @calibration_options
 @repeat_option
+@cluster_options
 @pass_state
-def run(state: _State, engines, models, variants, toolchain, trt, archs, force, wait, calib_dir, calib_samples, eval_dir, repeat):
+def run(state: _State, engines, models, variants, toolchain, trt, archs, force, wait, calib_dir, calib_samples, eval_dir, repeat, cluster, gpu_types):
     """Export, build and profile a selection, then print the comparison.
 
     With no selection it runs the catalog's defaults: the demo on ONNX Runtime.
     """
-    from pipeline.runner import run_engines
-
     apply_calibration(state, calib_dir, calib_samples, eval_dir)
     apply_repeat(state, repeat)
     refs = select_engines(state.catalog, engines, models, variants)
     chain = select_toolchain(state, toolchain, trt, archs)
     with state.holding_workspace(wait):
-        run_engines(state.context(force), refs, chain, until="profile")
+        _execute(state, state.context(force), refs, chain, "profile", cluster, gpu_types)
     _print_comparison(state, [chain], "table", None)
 
 

@@ -43,6 +43,17 @@ class GpuInfo(_Model):
     memory_mib: int | None = None
 
 
+class ClusterNode(_Model):
+    """The Ray node a stage ran on, for stages a cluster run dispatched (pipeline/cluster/)."""
+
+    ray_node_id: str
+    address: str
+    # The GPU type the task was placed by (a Ray accelerator or `gpu_type:` resource), if any.
+    gpu_type: str | None = None
+    # Every GPU type and custom resource the node advertises.
+    resources: dict[str, float] = {}
+
+
 class Environment(_Model):
     """The machine and software a stage ran on."""
 
@@ -56,6 +67,8 @@ class Environment(_Model):
     git_commit: str | None = None
     git_dirty: bool | None = None
     pipeline_version: str
+    # Set when a cluster run dispatched the stage to a Ray node; None on a local run.
+    cluster_node: ClusterNode | None = None
 
 
 class ParityCheck(_Model):
@@ -190,6 +203,9 @@ class EngineManifest(_Model):
     sparsity: str | None = None
     # None for the toolchain-independent export manifest.
     toolchain: str | None = None
+    # The GPU type this engine was built and timed for on a cluster (`--gpu`, or every GPU type the
+    # cluster has); its outputs then live under engines/<toolchain>@<gpu>/. None on a local run.
+    gpu_type: str | None = None
     environment: Environment
     export: StageRecord | None = None
     build: StageRecord | None = None

@@ -25,7 +25,7 @@ class ProfileStage(Stage):
         self.settings = ctx.catalog.profile
 
     def manifest_path(self) -> Path:
-        return self.ctx.workspace.manifest_path(self.toolchain, self.engine)
+        return self.ctx.workspace.manifest_path(self.toolchain, self.engine, self.ctx.gpu_type)
 
     def params(self) -> dict[str, Any]:
         return {"settings": self.settings.model_dump(), "batch_size": self.model_spec.batch_size}

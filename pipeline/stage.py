@@ -40,6 +40,10 @@ class RunContext:
     argv: list[str] = field(default_factory=lambda: list(sys.argv))
     # Engine runtimes created during this run, by toolchain name (see pipeline.runtimes).
     runtimes: dict = field(default_factory=dict)
+    # The GPU type a cluster run builds and times for (pipeline/cluster/); None on a local run.
+    gpu_type: str | None = None
+    # The Ray node running this stage, recorded in the manifest's environment (cluster runs).
+    cluster_node: Any = None
 
 
 @dataclass
@@ -121,8 +125,15 @@ class Stage(ABC):
             precision=self.variant_spec.precision,
             sparsity=self.variant_spec.sparsity,
             toolchain=self.toolchain,
-            environment=capture_environment(self.ctx.workspace.root),
+            gpu_type=self.ctx.gpu_type if self.toolchain else None,
+            environment=self.environment(),
         )
+
+    def environment(self):
+        environment = capture_environment(self.ctx.workspace.root)
+        if self.ctx.cluster_node is not None:
+            environment = environment.model_copy(update={"cluster_node": self.ctx.cluster_node})
+        return environment
 
     def run(self) -> StageRecord:
         reporter = self.ctx.reporter
@@ -184,7 +195,7 @@ class Stage(ABC):
         manifest = manifest or self.new_manifest()
         updates: dict[str, Any] = {
             self.name: record,
-            "environment": capture_environment(self.ctx.workspace.root),
+            "environment": self.environment(),
             "precision": self.variant_spec.precision,
             "sparsity": self.variant_spec.sparsity,
         }

@@ -4,6 +4,9 @@
     engines/<toolchain>/<engine>.<ext>         built engines, with their build logs beside them
     manifests/export/<engine>.json            the export stage (shared by all toolchains)
     manifests/<toolchain>/<engine>.json       export + build + profile of one engine
+
+A cluster run that builds for several GPU types keeps each type's engines and manifests apart:
+engines/<toolchain>@<gpu>/ and manifests/<toolchain>@<gpu>/ (pipeline/cluster/).
 """
 
 from __future__ import annotations
@@ -14,6 +17,11 @@ from pathlib import Path
 from pipeline.artifacts import HashCache
 from pipeline.catalog import EngineRef
 from pipeline.manifest import Artifact
+
+
+def output_folder(toolchain: str, gpu_type: str | None = None) -> str:
+    """The folder name of one toolchain's outputs, per GPU type where a cluster run targets one."""
+    return f"{toolchain}@{gpu_type}" if gpu_type else toolchain
 
 
 @dataclass
@@ -47,11 +55,11 @@ class Workspace:
     def export_manifest_path(self, engine: EngineRef) -> Path:
         return self.manifests_dir / "export" / f"{engine.name}.json"
 
-    def engine_dir(self, toolchain: str) -> Path:
-        return self.engines_dir / toolchain
+    def engine_dir(self, toolchain: str, gpu_type: str | None = None) -> Path:
+        return self.engines_dir / output_folder(toolchain, gpu_type)
 
-    def manifest_path(self, toolchain: str, engine: EngineRef) -> Path:
-        return self.manifests_dir / toolchain / f"{engine.name}.json"
+    def manifest_path(self, toolchain: str, engine: EngineRef, gpu_type: str | None = None) -> Path:
+        return self.manifests_dir / output_folder(toolchain, gpu_type) / f"{engine.name}.json"
 
     def relative(self, path: Path) -> str:
         path = Path(path).resolve()

@@ -75,6 +75,10 @@ class EngineRuntime(ABC):
     Spec: ClassVar[type[ToolchainSpec]]
     #: File suffix of the engines it writes.
     engine_suffix: ClassVar[str]
+    #: Where a cluster run places this kind's work (pipeline/cluster/scheduler.py): "gpu" — built
+    #: and timed on a node of the GPU type it targets, one result per type; "ahead-of-time" — built
+    #: on any node, timed on a GPU it targets; "anywhere" — a CPU runtime, one result.
+    placement: ClassVar[str] = "gpu"
 
     def __init__(self, name: str, spec: ToolchainSpec, reporter: Reporter, workspace_root: Path, force: bool = False):
         self.name = name
@@ -87,6 +91,11 @@ class EngineRuntime(ABC):
     @property
     @abstractmethod
     def version(self) -> str: ...
+
+    def supports_gpu(self, compute_capability: str | None) -> bool:
+        """Whether this toolchain's engines run on a GPU of this compute capability (None: unknown),
+        for choosing a cluster's GPU types to build and time on."""
+        return True
 
     @abstractmethod
     def identity(self) -> dict[str, Any]:

@@ -52,6 +52,7 @@ class OnnxRuntimeRuntime(EngineRuntime):
     kind = "onnxruntime"
     Spec = OnnxRuntimeSpec
     engine_suffix = ".onnx"
+    placement = "anywhere"  # the CPU provider: any node
 
     @property
     def distribution(self) -> tuple[str, str]:

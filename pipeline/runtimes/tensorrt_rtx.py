@@ -244,6 +244,7 @@ class TensorRtRtxRuntime(EngineRuntime):
     kind = "tensorrt-rtx"
     Spec = TensorRtRtxSpec
     engine_suffix = ".engine"
+    placement = "ahead-of-time"
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -276,6 +277,10 @@ class TensorRtRtxRuntime(EngineRuntime):
     def _describe_targets(self) -> str:
         targets = self.targets()
         return "+".join(targets) if targets else "the compiler's default targets (a portable engine)"
+
+    def supports_gpu(self, compute_capability: str | None) -> bool:
+        allowed = {ARCHS[t] for t in self.targets()} if self.targets() else set(RUNS_ON)
+        return compute_capability in allowed
 
     def identity(self) -> dict[str, Any]:
         return {"runtime": "tensorrt-rtx", "release": self.spec.release, "cuda": self.environment.cuda, "targets": list(self.targets())}

@@ -1,0 +1,270 @@
+"""Connecting to a Ray cluster and learning what its nodes have.
+
+Every way a connection fails (nothing listening, a missing token, Ray or Python versions that
+differ from the driver's, Ray not installed) becomes one ``ERROR``/``TIP`` here, before anything
+is dispatched. Each node is then probed (pipeline/cluster/probe.py) for the pipeline's version,
+its Python and its GPUs, so a node that could not run a stage is named up front.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import socket
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline import __version__
+from pipeline.errors import EnvironmentMissing, UsageError
+
+# Ray's own resource for a node's NVIDIA GPU model (it detects "accelerator_type:H100" from the
+# driver), and the custom resource a node can declare for any GPU type (`ray start --resources
+# '{"gpu_type:RTX-PRO-6000": 1}'`, one unit per GPU). Either names a GPU type to place work by.
+RAY_ACCELERATOR_PREFIX = "accelerator_type:"
+DECLARED_GPU_PREFIX = "gpu_type:"
+# Ray's wait for the head's GCS, in seconds (its default is about 20 attempts a second apart);
+# a wrong address or a missing token is reported sooner. The user's own setting wins.
+CONNECT_WAIT_S = "8"
+TOKEN_HELP = (
+    "this cluster has Ray's token authentication on: `export RAY_AUTH_MODE=token` and give the driver "
+    "the cluster's token, in ~/.ray/auth_token, a file named by RAY_AUTH_TOKEN_PATH, or RAY_AUTH_TOKEN "
+    "(`ray get-auth-token` on the head prints it)"
+)
+SETUP_HELP = "install the cluster extra: `make setup EXTRAS=cluster` (or pip install -e '.[cluster]')"
+
+
+@dataclass
+class Node:
+    """One alive Ray node that can run tasks, as Ray and the probe describe it."""
+
+    node_id: str
+    address: str
+    resources: dict[str, float]
+    hostname: str = "?"
+    python: str | None = None
+    pipeline: str | None = None
+    packages: dict[str, str | None] = field(default_factory=dict)
+    gpus: list[dict] = field(default_factory=list)
+
+    @property
+    def gpu_types(self) -> tuple[str, ...]:
+        return gpu_types_of(self.resources)
+
+    @property
+    def cpus(self) -> float:
+        return self.resources.get("CPU", 0.0)
+
+    def label(self) -> str:
+        kinds = f" {'/'.join(self.gpu_types)}" if self.gpu_types else ""
+        return f"{self.hostname} {self.node_id[:8]}{kinds}"
+
+    def gpu_resources(self) -> dict[str, float]:
+        return {k: v for k, v in self.resources.items() if k.startswith((RAY_ACCELERATOR_PREFIX, DECLARED_GPU_PREFIX)) or k == "GPU"}
+
+
+def gpu_types_of(resources: dict[str, float]) -> tuple[str, ...]:
+    names = []
+    for key in resources:
+        for prefix in (RAY_ACCELERATOR_PREFIX, DECLARED_GPU_PREFIX):
+            if key.startswith(prefix) and key[len(prefix):] not in names:
+                names.append(key[len(prefix):])
+    return tuple(sorted(names))
+
+
+def placement_resources(node_resources: dict[str, float], gpu_type: str) -> dict[str, float]:
+    """What a task asks Ray for to land on a node with ``gpu_type`` and have one of its GPUs to
+    itself: a declared type is counted per GPU; Ray's own type goes with ``num_gpus``."""
+    declared = DECLARED_GPU_PREFIX + gpu_type
+    if declared in node_resources:
+        return {declared: 1.0}
+    return {RAY_ACCELERATOR_PREFIX + gpu_type: 0.001}
+
+
+@dataclass
+class Cluster:
+    address: str
+    nodes: list[Node]
+
+    @property
+    def gpu_types(self) -> tuple[str, ...]:
+        return tuple(sorted({t for node in self.nodes for t in node.gpu_types}))
+
+    def nodes_with(self, gpu_type: str) -> list[Node]:
+        return [node for node in self.nodes if gpu_type in node.gpu_types]
+
+    def node(self, node_id: str) -> Node | None:
+        return next((node for node in self.nodes if node.node_id == node_id), None)
+
+    def refresh(self) -> None:
+        """Which nodes are alive now (after one was lost)."""
+        import ray
+
+        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        self.nodes = [node for node in self.nodes if node.node_id in alive]
+
+
+def import_ray():
+    try:
+        import ray
+    except ImportError as exc:
+        raise EnvironmentMissing(f"--cluster needs Ray, which is not installed here ({exc}).", hint=SETUP_HELP) from exc
+    return ray
+
+
+def connect(address: str, verbose: bool = False) -> Cluster:
+    """Join the cluster at ``address`` ("local" starts a Ray instance on this machine) as a driver."""
+    ray = import_ray()
+    if ray.is_initialized():
+        ray.shutdown()
+    local = address == "local"
+    if not local:
+        _check_reachable(address)
+        os.environ.setdefault("RAY_gcs_server_port_wait_time_s", CONNECT_WAIT_S)
+    with _quiet_stderr(verbose) as noise:
+        try:
+            ray.init(
+                address=address,  # "local" always starts a new instance (None would join any on this machine)
+                namespace="trt-pipeline",
+                log_to_driver=verbose,
+                logging_level="WARNING",
+                include_dashboard=False if local else None,
+                configure_logging=True,
+            )
+        except Exception as exc:  # Ray raises ConnectionError, RuntimeError or its own types
+            raise _connection_error(address, exc, noise()) from exc
+    return Cluster(address=address, nodes=_nodes(ray))
+
+
+def disconnect() -> None:
+    with contextlib.suppress(Exception):
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+
+
+def _check_reachable(address: str) -> None:
+    match = re.fullmatch(r"\[?([^\]]+?)\]?:(\d+)", address.strip())
+    if not match:
+        raise UsageError(
+            f"--cluster {address!r} is not a Ray address.",
+            hint="give the head's HOST:PORT as `ray start --head` printed it (e.g. 10.0.0.5:6379), or `local`",
+        )
+    host, port = match.group(1), int(match.group(2))
+    try:
+        with socket.create_connection((host, port), timeout=5):
+            pass
+    except OSError as exc:
+        raise EnvironmentMissing(
+            f"cannot reach a Ray cluster at {address}: {exc.strerror or exc}.",
+            hint="start one with `ray start --head --port=PORT` (the README shows how), or check the address: "
+            "`ray status` on the head prints it",
+        ) from exc
+
+
+@contextlib.contextmanager
+def _quiet_stderr(verbose: bool):
+    """Ray's C++ core prints every connection retry to stderr; keep it for the error, not the screen."""
+    if verbose:
+        yield lambda: ""
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield lambda: (sink.seek(0), sink.read().decode(errors="replace"))[1]
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def _connection_error(address: str, exc: Exception, noise: str) -> EnvironmentMissing:
+    text = f"{exc}\n{exc.__cause__ or ''}\n{noise}"
+    if "Authentication token" in text or "InvalidAuthToken" in text or "AuthenticationError" in type(exc.__cause__).__name__:
+        return EnvironmentMissing(f"the Ray cluster at {address} refused this driver: it requires an authentication token.", hint=TOKEN_HELP)
+    if "Version mismatch" in text:
+        # Ray's own message names both sides' Ray and Python versions; keep those lines.
+        detail = " ".join(line.strip() for line in str(exc).splitlines() if "Ray:" in line or "Python:" in line or "version" in line.lower())
+        return EnvironmentMissing(
+            f"the Ray cluster at {address} runs a different Ray or Python than this driver ({detail or exc}).",
+            hint="a driver must run the cluster's Ray and Python versions exactly; install the cluster's versions here "
+            "(`ray --version`, `python --version` on the head)",
+        )
+    first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+    return EnvironmentMissing(
+        f"could not join the Ray cluster at {address}: {first}",
+        hint="check the address (`ray status` on the head) and that this machine runs the cluster's Ray version; -v shows Ray's log",
+    )
+
+
+def _nodes(ray) -> list[Node]:
+    nodes = []
+    for info in ray.nodes():
+        if not info.get("Alive"):
+            continue
+        resources = {k: float(v) for k, v in (info.get("Resources") or {}).items() if not k.startswith("node:")}
+        if resources.get("CPU", 0) <= 0 and not gpu_types_of(resources):
+            continue  # a head started with --num-cpus=0 runs no tasks
+        nodes.append(Node(node_id=info["NodeID"], address=info.get("NodeManagerAddress", "?"), resources=resources))
+    return nodes
+
+
+def probe(cluster: Cluster) -> None:
+    """Ask every node what it has; refuse a cluster with a node that cannot run the pipeline."""
+    import ray
+    from ray import cloudpickle
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from pipeline.cluster import probe as probe_module
+
+    if not cluster.nodes:
+        raise EnvironmentMissing(
+            f"the Ray cluster at {cluster.address} has no node that runs tasks (no CPUs or GPUs advertised).",
+            hint="add a worker: `ray start --address HEAD:PORT` on a machine with the pipeline installed",
+        )
+    # Sent by value: the probe answers even where the pipeline is not importable.
+    cloudpickle.register_pickle_by_value(probe_module)
+    remote = ray.remote(num_cpus=0, max_retries=1)(probe_module.probe_node)
+    refs = {
+        node.node_id: remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False)).remote()
+        for node in cluster.nodes
+    }
+    problems = []
+    for node in cluster.nodes:
+        try:
+            facts = ray.get(refs[node.node_id], timeout=120)
+        except Exception as exc:
+            problems.append(f"node {node.node_id[:8]} ({node.address}) did not answer: {str(exc).splitlines()[0]}")
+            continue
+        node.hostname = facts["hostname"]
+        node.python = facts["python"]
+        node.pipeline = facts["pipeline"]
+        node.packages = facts["packages"]
+        node.gpus = facts["gpus"]
+        if node.pipeline is None:
+            problems.append(f"node {node.label()} ({node.address}) has no trt-pipeline installed (Python {facts['executable']})")
+        elif node.pipeline != __version__:
+            problems.append(f"node {node.label()} runs trt-pipeline {node.pipeline}, this driver {__version__}")
+        else:
+            missing = [name for name in ("torch", "timm", "onnx", "onnxruntime") if not facts["packages"].get(name)]
+            if missing:
+                problems.append(f"node {node.label()} lacks {', '.join(missing)}")
+    if problems:
+        raise EnvironmentMissing(
+            "; ".join(problems) + ".",
+            hint="install the pipeline on every node as on this one: `make setup EXTRAS=cluster` in the same checkout, "
+            "then restart that node's `ray start`",
+        )
+
+
+def driver_workspace_key(root: Path) -> str:
+    """What tells one driver's workspace from another's in node-side caches and logs."""
+    import hashlib
+    import platform
+
+    return hashlib.sha256(f"{platform.node()}:{Path(root).resolve()}".encode()).hexdigest()[:16]

@@ -1,0 +1,55 @@
+"""What a Ray node has, asked before anything is dispatched to it.
+
+This module is sent to the nodes by value (``register_pickle_by_value``), not imported there, so it
+answers even on a node where the pipeline is not installed: that is exactly the node it must be
+able to name. It therefore uses the standard library only, inside the function.
+"""
+
+from __future__ import annotations
+
+
+def probe_node() -> dict:
+    """The node's identity, the pipeline's version there and its GPUs (nvidia-smi)."""
+    import os
+    import platform
+    import shutil
+    import subprocess
+    import sys
+    from importlib import metadata
+
+    def version(name):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
+    try:
+        import ray
+
+        node_id = ray.get_runtime_context().get_node_id()
+    except Exception:  # the probe must answer whatever else is wrong on the node
+        node_id = None
+    gpus = []
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run(
+                [smi, "--query-gpu=name,compute_cap,driver_version", "--format=csv,noheader"],
+                capture_output=True, text=True, timeout=20,
+            ).stdout
+            for line in out.strip().splitlines():
+                fields = [field.strip() for field in line.split(",")]
+                if len(fields) >= 3:
+                    gpus.append({"name": fields[0], "compute_capability": fields[1], "driver": fields[2]})
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return {
+        "node_id": node_id,
+        "hostname": platform.node(),
+        "python": platform.python_version(),
+        "executable": sys.executable,
+        "pipeline": version("trt-pipeline"),
+        "packages": {name: version(name) for name in ("ray", "torch", "timm", "onnx", "onnxruntime", "nvidia-modelopt")},
+        "gpus": gpus,
+        "cpu_count": os.cpu_count() or 1,
+    }

@@ -1,0 +1,181 @@
+"""One stage of one engine, run on a Ray node in a scratch workspace of its own.
+
+The driver sends the stage's inputs (files by content, manifests as text); the node rebuilds the
+slice of the workspace the stage reads, runs the very same Stage class a local run uses, and hands
+back the manifest it wrote and the files it made. Nothing on the node outlives the task but its
+content-addressed cache (pipeline/cluster/transfer.py), so two drivers sharing a cluster never see
+each other's workspaces.
+
+The task is a Ray streaming generator: its first item says which node it started on (the driver's
+live view), its last is the :class:`StageResult`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.catalog import Catalog, EngineRef
+from pipeline.cluster.transfer import FileRef, NodeBlobs, OutputFile, node_cache_dir, read_chunks
+
+
+@dataclass
+class StageRequest:
+    stage: str  # "export" | "build" | "profile"
+    engine: EngineRef
+    toolchain: str | None
+    gpu_type: str | None  # the output folder's GPU type (engines/<toolchain>@<gpu>/)
+    placed_by: str | None  # the GPU type the task was placed by, recorded with the node
+    catalog: Catalog
+    files: list[FileRef]
+    manifests: dict[str, str]  # workspace-relative path → JSON text
+    known: frozenset[str]  # sha256 of contents the driver already holds
+    force: bool = False
+    verbose: bool = False
+
+
+@dataclass
+class StageResult:
+    node_id: str
+    status: str  # "done" | "skipped" | "failed" (recorded refusal) | "error" (nothing recorded)
+    manifest_path: str | None = None
+    manifest_text: str | None = None
+    outputs: list[OutputFile] = field(default_factory=list)
+    error: tuple[str, str | None, int] | None = None  # message, hint, exit code
+    messages: str = ""
+    seconds: float = 0.0
+    bytes_fetched: int = 0
+
+
+def run_stage(request: StageRequest):
+    """The Ray task (a streaming generator): where it started, then what it did."""
+    import ray
+
+    node_id = ray.get_runtime_context().get_node_id()
+    yield ("started", node_id)
+    yield execute(request, node_id)
+
+
+def execute(request: StageRequest, node_id: str) -> StageResult:
+    from rich.console import Console
+
+    from pipeline.errors import PipelineError, RefusedByTool
+    from pipeline.reporting import Reporter
+
+    started = time.perf_counter()
+    buffer = io.StringIO()
+    reporter = Reporter(request.verbose, console=Console(file=buffer, width=200, no_color=True, highlight=False, soft_wrap=True))
+    blobs = NodeBlobs()
+    result = StageResult(node_id=node_id, status="error")
+    try:
+        scratch = _scratch_dir()
+    except OSError as exc:
+        result.error = (f"node {node_id[:8]} could not create a scratch workspace in {node_cache_dir()}: {exc.strerror or exc}.", "free space on that node, or set PIPELINE_CACHE_DIR there", 1)
+        return result
+    try:
+        for ref in request.files:
+            blobs.materialize(ref, scratch / ref.path)
+        for path, text in request.manifests.items():
+            (scratch / path).parent.mkdir(parents=True, exist_ok=True)
+            (scratch / path).write_text(text)
+        stage = _stage(request, scratch, reporter, node_id)
+        try:
+            if request.toolchain is not None:
+                from pipeline.runtimes import get_runtime
+
+                get_runtime(stage.ctx, request.toolchain).check_usable()
+            record = stage.run()
+            result.status = record.status
+        except RefusedByTool as exc:
+            result.status = "failed" if exc.outcome is not None else "error"
+            result.error = (exc.message, exc.hint, exc.exit_code)
+        manifest = stage.manifest_path()
+        if result.status != "error" and manifest.is_file():
+            from pipeline.manifest import read_manifest
+
+            result.manifest_path = stage.ctx.workspace.relative(manifest)
+            result.manifest_text = manifest.read_text()
+            record = read_manifest(manifest).stage(request.stage)
+            for artifact in record.outputs if record else []:
+                path = scratch / artifact.path
+                blobs.keep(path, artifact.sha256)
+                chunks = None if artifact.sha256 in request.known else read_chunks(path)
+                result.outputs.append(OutputFile(artifact.path, artifact.sha256, artifact.size_bytes, chunks))
+    except PipelineError as exc:
+        result.status, result.error = "error", (exc.message, exc.hint, exc.exit_code)
+    except OSError as exc:  # the node's disk filled up, a permission: the node's problem, said so
+        result.status = "error"
+        result.error = (f"node {node_id[:8]}: {exc.strerror or exc} ({getattr(exc, 'filename', '') or ''}).", "free space on that node (its cache: PIPELINE_CACHE_DIR)", 1)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    result.messages = buffer.getvalue()
+    result.seconds = time.perf_counter() - started
+    result.bytes_fetched = blobs.bytes_fetched
+    return result
+
+
+def _stage(request: StageRequest, scratch: Path, reporter, node_id: str):
+    from pipeline.stage import RunContext
+    from pipeline.workspace import Workspace
+
+    catalog = request.catalog.model_copy(update={"root": scratch})
+    ctx = RunContext(
+        catalog=catalog,
+        workspace=Workspace(scratch),
+        reporter=reporter,
+        force=request.force,
+        gpu_type=request.gpu_type,
+        cluster_node=_cluster_node(node_id, request.placed_by),
+    )
+    if request.stage == "export":
+        from pipeline.export import ExportStage
+
+        return ExportStage(ctx, request.engine)
+    if request.stage == "build":
+        from pipeline.build import BuildStage
+
+        return BuildStage(ctx, request.engine, request.toolchain)
+    from pipeline.profile import ProfileStage
+
+    return ProfileStage(ctx, request.engine, request.toolchain)
+
+
+def _cluster_node(node_id: str, placed_by: str | None):
+    import ray
+
+    from pipeline.cluster.connection import gpu_types_of
+    from pipeline.manifest import ClusterNode
+
+    info = next((n for n in ray.nodes() if n["NodeID"] == node_id), {})
+    resources = {k: float(v) for k, v in (info.get("Resources") or {}).items() if not k.startswith("node:")}
+    shown = {k: v for k, v in resources.items() if k in ("CPU", "GPU") or any(k.endswith(":" + t) for t in gpu_types_of(resources))}
+    return ClusterNode(ray_node_id=node_id, address=info.get("NodeManagerAddress", "?"), gpu_type=placed_by, resources=shown)
+
+
+def _scratch_dir() -> Path:
+    """A fresh workspace for one task; those of tasks whose process is gone (a cancelled or killed
+    task) are removed first."""
+    work = node_cache_dir() / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    for old in work.glob("task-*"):
+        with contextlib.suppress(ValueError, IndexError):
+            pid = int(old.name.split("-")[1])
+            if not _alive(pid):
+                shutil.rmtree(old, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"task-{os.getpid()}-", dir=work))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
