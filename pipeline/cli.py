@@ -378,6 +378,7 @@ def run(state: _State, engines, models, variants, toolchain, trt, archs, force, 
 @click.option("--toolchain", "toolchains", multiple=True, metavar="T", help="Only these toolchains, in this order (repeatable).")
 @click.option("--trt", "trts", multiple=True, metavar="VERSION", help="Only the toolchains of these TensorRT versions, in this order.")
 @click.option("--models", "models", multiple=True, metavar="M", help="Only these models (repeatable).")
+@click.option("--gpu", "gpu_types", multiple=True, metavar="TYPE", help="Only engines a cluster run built and timed for this GPU type (repeatable).")
 @click.option("--format", "fmt", type=click.Choice(["table", "md", "html", "json", "csv"]), default="table", show_default=True)
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write to this file (html default: reports/compare.html).")
 @click.option("--baseline", metavar="DIR|REF", help="Regression gate: compare with the manifests in DIR or at git ref REF.")
@@ -394,11 +395,11 @@ def run(state: _State, engines, models, variants, toolchain, trt, archs, force, 
     "similarity (0.99, cos=0.99) or top-1 agreement (top1=0.95). Repeatable.",
 )
 @pass_state
-def compare(state: _State, toolchains, trts, models, fmt, out, baseline, fail_above, wide, columns, noisy_cv, accuracy_thresholds):
+def compare(state: _State, toolchains, trts, models, gpu_types, fmt, out, baseline, fail_above, wide, columns, noisy_cv, accuracy_thresholds):
     """Put profiled engines side by side, from the saved manifests (never re-measures).
 
     \b
-    Per model: variant x toolchain with median/p99 latency, throughput, speedup against the
+    Per model: variant x toolchain (x GPU type, for cluster runs) with median/p99 latency, throughput, speedup against the
     toolchain's baseline variant and against the catalog's baseline toolchain, the change
     against the first toolchain, engine size, build time, accuracy proxy, layer-precision audit
     and roofline. "~" marks differences within the runs' own spread; measurements taken on a
@@ -414,7 +415,7 @@ def compare(state: _State, toolchains, trts, models, fmt, out, baseline, fail_ab
     from pipeline.compare import parse_accuracy_threshold
 
     thresholds = [parse_accuracy_threshold(text) for text in accuracy_thresholds]  # checked before any work
-    rows = _print_comparison(state, names or None, fmt, out, list(models) or None, columns, wide, noisy_cv)
+    rows = _print_comparison(state, names or None, fmt, out, list(models) or None, columns, wide, noisy_cv, list(gpu_types) or None)
     if thresholds:
         _accuracy_gate(rows, thresholds)
     if baseline is not None:
@@ -459,7 +460,7 @@ def _gate(state: _State, toolchains, baseline: str, fail_above: float) -> None:
         )
 
 
-def _print_comparison(state: _State, toolchains, fmt, out, models=None, columns=None, wide=False, noisy_cv=None):
+def _print_comparison(state: _State, toolchains, fmt, out, models=None, columns=None, wide=False, noisy_cv=None, gpu_types=None):
     from pipeline.compare import NOISY_CV, parse_columns
     from pipeline.compare import compare as compare_manifests
     from pipeline.compare import render_markdown, write_output
@@ -477,6 +478,7 @@ def _print_comparison(state: _State, toolchains, fmt, out, models=None, columns=
         columns=parse_columns(columns) if columns else None,
         wide=wide,
         noisy_cv=NOISY_CV if noisy_cv is None else noisy_cv / 100,
+        gpu_types=gpu_types,
     )
     differently = [f"{r.engine} on {r.toolchain}: {flag}" for r in rows for flag in r.flags if flag.startswith("measured differently")]
     if differently:

@@ -21,7 +21,7 @@ from typing import Any, Callable
 from pipeline.catalog import Catalog
 from pipeline.errors import PipelineError, UsageError
 from pipeline.manifest import EngineManifest, read_manifest
-from pipeline.workspace import Workspace
+from pipeline.workspace import Workspace, output_folder
 
 FORMATS = ("table", "md", "html", "json", "csv")
 
@@ -32,6 +32,9 @@ class ComparisonRow:
     variant: str
     toolchain: str
     status: str  # "measured (<metric>)", or why there is no number
+    # The GPU type a cluster run built and timed this engine for (manifests/<toolchain>@<gpu>/);
+    # rows are compared only with rows of the same GPU type. None on a local run.
+    gpu_type: str | None = None
     device: str | None = None
     gpu: str | None = None
     batch_size: int | None = None
@@ -85,6 +88,11 @@ class ComparisonRow:
     def full_status(self) -> str:
         return "; ".join([self.status, *self.flags])
 
+    @property
+    def target(self) -> str:
+        """The toolchain, with the GPU type where the row has one: how tables label a row."""
+        return f"{self.toolchain}@{self.gpu_type}" if self.gpu_type else self.toolchain
+
     def public(self) -> dict[str, Any]:
         data = asdict(self)
         data.pop("samples_ms")
@@ -101,7 +109,7 @@ def load_manifests(manifests_dir: Path, toolchains: list[str] | None = None) -> 
         return []
     manifests = []
     for directory in sorted(p for p in manifests_dir.iterdir() if p.is_dir() and p.name != "export"):
-        if toolchains and directory.name not in toolchains:
+        if toolchains and directory.name.split("@")[0] not in toolchains:  # <toolchain>@<gpu> for cluster runs
             continue
         for path in sorted(directory.glob("*.json")):
             manifests.append(read_manifest(path))
@@ -134,7 +142,7 @@ def _load_from_git(ref: str, workspace: Workspace, toolchains: list[str] | None)
     manifests = []
     for name in listing:
         parts = Path(name).parts
-        if len(parts) != 3 or parts[1] == "export" or (toolchains and parts[1] not in toolchains):
+        if len(parts) != 3 or parts[1] == "export" or (toolchains and parts[1].split("@")[0] not in toolchains):
             continue
         manifests.append(EngineManifest.model_validate_json(git("show", f"{ref}:{name}")))
     if not manifests:
@@ -193,7 +201,7 @@ def build_rows(
             flops_by_model[(m.model, m.export.details.input_shape[0])] = audit["matmul_flops"]
 
     for m in manifests:
-        row = ComparisonRow(model=m.model, variant=m.variant, toolchain=m.toolchain or "?", status="not profiled")
+        row = ComparisonRow(model=m.model, variant=m.variant, toolchain=m.toolchain or "?", gpu_type=m.gpu_type, status="not profiled")
         if m.build is not None and m.build.status == "skipped":
             row.status = f"skipped: {m.build.reason}"
         elif m.build is not None and m.build.status == "failed":
@@ -253,7 +261,7 @@ def build_rows(
         _against_baseline_toolchain(rows, catalog.baseline_toolchain)
     variant_order = {name: i for i, name in enumerate(catalog.variants)}
     chain_order = {name: i for i, name in enumerate(toolchain_order or sorted({r.toolchain for r in rows}))}
-    rows.sort(key=lambda r: (r.model, variant_order.get(r.variant, len(variant_order)), r.variant, chain_order.get(r.toolchain, 99)))
+    rows.sort(key=lambda r: (r.model, variant_order.get(r.variant, len(variant_order)), r.variant, chain_order.get(r.toolchain, 99), r.gpu_type or ""))
     return rows
 
 
@@ -270,13 +278,13 @@ def _layer_times(trtexec: dict | None) -> list[tuple[str, float]]:
 def _speedups(catalog: Catalog, rows: list[ComparisonRow]) -> None:
     from pipeline.stats import median_difference_ci
 
-    measured = {(r.model, r.toolchain, r.variant): r for r in rows if r.median_ms}
+    measured = {(r.model, r.toolchain, r.gpu_type, r.variant): r for r in rows if r.median_ms}
     for row in rows:
         if row.median_ms is None:
             continue
         spec = catalog.toolchains.get(row.toolchain)
         for name in spec.baselines if spec else ("fp16", "fp32"):
-            base = measured.get((row.model, row.toolchain, name))
+            base = measured.get((row.model, row.toolchain, row.gpu_type, name))
             if base is not None:
                 row.baseline = name
                 row.speedup = base.median_ms / row.median_ms
@@ -293,9 +301,9 @@ def _toolchain_changes(rows: list[ComparisonRow], order: list[str] | None) -> No
     if len(chains) < 2:
         return
     reference = chains[0]
-    by_key = {(r.model, r.variant, r.toolchain): r for r in rows if r.median_ms}
+    by_key = {(r.model, r.variant, r.toolchain, r.gpu_type): r for r in rows if r.median_ms}
     for row in rows:
-        ref = by_key.get((row.model, row.variant, reference))
+        ref = by_key.get((row.model, row.variant, reference, row.gpu_type))
         if row.median_ms is None or ref is None or row.toolchain == reference:
             continue
         row.reference_toolchain = reference
@@ -311,9 +319,9 @@ def _toolchain_changes(rows: list[ComparisonRow], order: list[str] | None) -> No
 def _against_baseline_toolchain(rows: list[ComparisonRow], baseline: str) -> None:
     from pipeline.stats import median_difference_ci
 
-    measured = {(r.model, r.variant, r.batch_size): r for r in rows if r.median_ms and r.toolchain == baseline}
+    measured = {(r.model, r.variant, r.batch_size, r.gpu_type): r for r in rows if r.median_ms and r.toolchain == baseline}
     for row in rows:
-        base = measured.get((row.model, row.variant, row.batch_size))
+        base = measured.get((row.model, row.variant, row.batch_size, row.gpu_type))
         if row.median_ms is None or base is None:
             continue
         row.baseline_toolchain = baseline
@@ -344,7 +352,7 @@ def regression_gate(current: list[EngineManifest], baseline: list[EngineManifest
 
     def measured(manifests):
         return {
-            (m.engine, m.toolchain): m.profile.details
+            (m.engine, output_folder(m.toolchain or "?", m.gpu_type)): m.profile.details
             for m in manifests
             if m.profile is not None and m.profile.status == "done" and m.profile.details is not None
         }
@@ -400,11 +408,11 @@ def accuracy_gate(rows: list[ComparisonRow], thresholds: list[tuple[str, float]]
         for metric, threshold in thresholds:
             value = row.accuracy_cosine if metric == "cos" else row.top1_agreement
             if row.nonfinite_values:
-                failures.append(f"{row.engine} on {row.toolchain}: {row.nonfinite_values} NaN/Inf outputs")
+                failures.append(f"{row.engine} on {row.target}: {row.nonfinite_values} NaN/Inf outputs")
                 break
             if value is None or value < threshold:
                 shown = "none" if value is None else (f"{value:.4f}" if metric == "cos" else f"{value:.0%}")
-                failures.append(f"{row.engine} on {row.toolchain}: {'cosine' if metric == 'cos' else 'top-1'} {shown} < {threshold:g}")
+                failures.append(f"{row.engine} on {row.target}: {'cosine' if metric == 'cos' else 'top-1'} {shown} < {threshold:g}")
     return len(measured), failures
 
 
@@ -454,7 +462,7 @@ class Column:
 COLUMNS = (
     Column("engine", "engine", lambda r: r.engine, text=True),
     Column("variant", "variant", lambda r: r.variant, text=True),
-    Column("toolchain", "toolchain", lambda r: r.toolchain, text=True),
+    Column("toolchain", "toolchain", lambda r: r.target, text=True),
     Column("median", "median ms", lambda r: _fmt(r.median_ms, ".3f")),
     Column("p99", "p99 ms", lambda r: _fmt(r.p99_ms, ".3f")),
     Column("cv", "CV", lambda r: _fmt(r.cv * 100 if r.cv is not None else None, ".1f", "%")),
@@ -687,6 +695,7 @@ def compare(
     columns: tuple[str, ...] | None = None,
     wide: bool = False,
     noisy_cv: float = NOISY_CV,
+    gpu_types: list[str] | None = None,
 ):
     """Rows plus their rendering in ``fmt`` (a rich renderable for "table", at ``width``
     columns, text otherwise)."""
@@ -697,6 +706,15 @@ def compare(
     for name in models or []:
         catalog.model(name)
     manifests = [m for m in load_manifests(workspace.manifests_dir, toolchains) if not models or m.model in models]
+    if gpu_types:
+        have = sorted({m.gpu_type for m in manifests if m.gpu_type})
+        unknown = [t for t in gpu_types if t not in have]
+        if unknown:
+            raise UsageError(
+                f"no engine was built for {', '.join(unknown)}; the GPU types measured here are: {', '.join(have) or 'none (no cluster run chose one)'}.",
+                hint="GPU types come from cluster runs (`--cluster … --gpu TYPE`)",
+            )
+        manifests = [m for m in manifests if m.gpu_type in gpu_types]
     rows = build_rows(catalog, manifests, toolchains, noisy_cv)
     if not rows:
         raise PipelineError(

@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 
 from pipeline.compare import HEADERS, ComparisonRow, _cells
 from pipeline.manifest import EngineManifest
+from pipeline.workspace import output_folder
 
 STYLE = """
 body { font-family: -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2rem; color: #1d2330; }
@@ -47,13 +48,13 @@ def _latency_bars(rows: list[ComparisonRow]) -> str | None:
     if not measured:
         return None
     variants = list(dict.fromkeys(r.variant for r in measured))
-    chains = list(dict.fromkeys(r.toolchain for r in measured))
+    chains = list(dict.fromkeys(r.target for r in measured))
     width = 0.8 / len(chains)
     figure, axis = plt.subplots(figsize=(max(6, 1.2 * len(variants) * len(chains)), 4))
     for i, chain in enumerate(chains):
         xs, medians, low, high = [], [], [], []
         for j, variant in enumerate(variants):
-            row = next((r for r in measured if r.variant == variant and r.toolchain == chain), None)
+            row = next((r for r in measured if r.variant == variant and r.target == chain), None)
             if row is None:
                 continue
             xs.append(j + i * width)
@@ -81,7 +82,7 @@ def _latency_cdf(rows: list[ComparisonRow]) -> str | None:
     figure, axis = plt.subplots(figsize=(7, 4))
     for row in measured:
         values = np.sort(np.asarray(row.samples_ms))
-        axis.step(values, np.arange(1, values.size + 1) / values.size, where="post", label=f"{row.variant} · {row.toolchain}")
+        axis.step(values, np.arange(1, values.size + 1) / values.size, where="post", label=f"{row.variant} · {row.target}")
     axis.set_xlabel("per-iteration latency, ms")
     axis.set_ylabel("fraction of iterations")
     axis.grid(alpha=0.3)
@@ -101,7 +102,7 @@ def _top_layers(row: ComparisonRow, top: int = 12) -> str | None:
     figure, axis = plt.subplots(figsize=(8, 0.35 * len(layers) + 1))
     axis.barh([name if len(name) < 60 else name[:57] + "…" for name, _ in layers], [ms for _, ms in layers], color="#76b900")
     axis.set_xlabel("average time per iteration, ms")
-    axis.set_title(f"{row.engine} on {row.toolchain}: top {len(layers)} layers")
+    axis.set_title(f"{row.engine} on {row.target}: top {len(layers)} layers")
     return _png(figure)
 
 
@@ -120,8 +121,9 @@ def _environment(manifests: list[EngineManifest]) -> str:
     seen = {}
     for m in manifests:
         env = m.environment
-        gpus = ", ".join(f"{g.name} (driver {g.driver})" for g in env.gpus) or "none"
-        key = (m.toolchain, env.hostname, env.cpu, gpus)
+        gpus = ", ".join(f"{g.name} (driver {g.driver})" for g in env.gpus) or (f"{m.gpu_type} (placed by)" if m.gpu_type else "none")
+        host = env.hostname + (f" · Ray node {env.cluster_node.ray_node_id[:8]}" if env.cluster_node else "")
+        key = (output_folder(m.toolchain or "?", m.gpu_type), host, env.cpu, gpus)
         seen[key] = (env.packages.get("onnxruntime") or "–", env.git_commit or "–")
     rows = "".join(
         f'<tr><td class="text">{html.escape(str(k[0]))}</td><td class="text">{html.escape(k[1])}</td>'

@@ -121,3 +121,37 @@ def run_cli(capsys):
 @pytest.fixture
 def tiny_catalog(tmp_path) -> Path:
     return write_catalog(tmp_path / "ws")
+
+
+# The two TensorRT-RTX releases the tests build with, as catalog entries.
+RTX_TOOLCHAINS = """
+[toolchains."trt-rtx1.7"]
+kind = "tensorrt-rtx"
+release = "1.7.1.116"
+
+[toolchains."trt-rtx1.6"]
+kind = "tensorrt-rtx"
+release = "1.6.1.120"
+"""
+
+
+@pytest.fixture(scope="session")
+def rtx_cache(tmp_path_factory):
+    """Both releases pulled once for the session, the way a user pulls them."""
+    from pipeline.cli import main
+
+    cache = tmp_path_factory.mktemp("rtx-cache")
+    previous = os.environ.get("PIPELINE_CACHE_DIR")
+    os.environ["PIPELINE_CACHE_DIR"] = str(cache)
+    catalog = write_catalog(tmp_path_factory.mktemp("rtx-pull"), TINY_CATALOG + RTX_TOOLCHAINS)
+    code = main(["--catalog", str(catalog), "toolchains", "pull", "trt-rtx1.7", "trt-rtx1.6"])
+    if code != 0:
+        why = f"could not pull TensorRT-RTX from the package index (exit status {code}; see the output above)"
+        if os.environ.get("PIPELINE_REQUIRE_RTX") == "1":
+            pytest.fail(why + "; PIPELINE_REQUIRE_RTX=1 requires these tests to run")
+        pytest.skip(why)
+    yield cache
+    if previous is None:
+        os.environ.pop("PIPELINE_CACHE_DIR", None)
+    else:
+        os.environ["PIPELINE_CACHE_DIR"] = previous

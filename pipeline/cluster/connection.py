@@ -187,6 +187,9 @@ def _connection_error(address: str, exc: Exception, noise: str) -> EnvironmentMi
     text = f"{exc}\n{exc.__cause__ or ''}\n{noise}"
     if "Authentication token" in text or "InvalidAuthToken" in text or "AuthenticationError" in type(exc.__cause__).__name__:
         return EnvironmentMissing(f"the Ray cluster at {address} refused this driver: it requires an authentication token.", hint=TOKEN_HELP)
+    if "RAY_AUTH_TOKEN" in text:  # a token was named but cannot be read
+        first = next(line.strip() for line in text.splitlines() if "RAY_AUTH_TOKEN" in line)
+        return EnvironmentMissing(f"this driver's token for the Ray cluster at {address} is unusable: {first}", hint=TOKEN_HELP)
     if "Version mismatch" in text:
         # Ray's own message names both sides' Ray and Python versions; keep those lines.
         detail = " ".join(line.strip() for line in str(exc).splitlines() if "Ray:" in line or "Python:" in line or "version" in line.lower())

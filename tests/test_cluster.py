@@ -1,0 +1,216 @@
+"""`--cluster`: the engine matrix on a real three-node Ray cluster (tests/raycluster.py).
+
+A head (no CPUs: it runs nothing) and two workers, each advertising a different GPU type as a
+custom resource, all started with `ray start` on loopback with token authentication on; each node
+has its own cache, so nothing reaches a node but through Ray's object store. The drivers are the
+real `pipeline` command. Without root or Ray the module skips and says why; `.ci/run` sets
+PIPELINE_REQUIRE_CLUSTER=1, which makes that a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from pipeline.artifacts import sha256_file
+from pipeline.manifest import read_manifest
+from tests import raycluster
+from tests.conftest import RTX_TOOLCHAINS, TINY_CATALOG, write_catalog
+from tests.dockerd import STANDIN, standin_files
+
+WHY = raycluster.why_unavailable()
+if WHY and os.environ.get("PIPELINE_REQUIRE_CLUSTER") == "1":
+    raise RuntimeError(f"PIPELINE_REQUIRE_CLUSTER=1, but the cluster tests cannot run: {WHY}")
+pytestmark = pytest.mark.skipif(WHY is not None, reason=WHY or "")
+
+WORKERS = {"w-h100": {"gpu_type:H100": 1}, "w-b200": {"gpu_type:B200": 1}}
+
+# The demo's model and variants, ONNX Runtime, TensorRT-RTX for two architectures, and trtexec
+# installed on the nodes (the stand-in script replaying recorded TensorRT 10.14 output).
+CATALOG = TINY_CATALOG + RTX_TOOLCHAINS.replace('release = "1.7.1.116"', 'release = "1.7.1.116"\narchs = ["sm89", "sm120"]') + """
+[models.vit_tiny]
+timm = "vit_tiny_patch16_224"
+batch_size = 4
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster(rtx_cache, tmp_path_factory):
+    root = tmp_path_factory.mktemp("ray")
+    trt_root = root / "TensorRT"
+    (trt_root / "bin").mkdir(parents=True)
+    (trt_root / "lib").mkdir()
+    trt_root.joinpath("bin", "trtexec").write_bytes(STANDIN.read_bytes())
+    trt_root.joinpath("bin", "trtexec").chmod(0o755)
+    standin = root / "standin"
+    standin.mkdir()
+    for name, content in standin_files("ok").items():
+        (standin / name).write_bytes(content)
+    cluster = raycluster.LoopbackCluster(root)
+    cluster.trt_root = trt_root
+    try:
+        cluster.start(WORKERS, shared_cache=rtx_cache, extra_env={"STANDIN_DIR": str(standin)})
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def catalog_in(tmp_path, name: str, extra: str = "") -> "os.PathLike":
+    return write_catalog(tmp_path / name, CATALOG + extra)
+
+
+def node_ids(cluster_run_err: str) -> dict[str, str]:
+    """GPU type → Ray node id, from the driver's listing of the cluster."""
+    line = next(line for line in cluster_run_err.splitlines() if line.startswith("cluster "))
+    found = {}
+    for part in line.split("— ", 1)[1].split("; "):
+        _host, short, *kinds = part.split()
+        for kind in kinds:
+            found[kind] = short
+    return found
+
+
+def test_the_demo_matrix_runs_across_the_cluster_and_equals_a_local_run(cluster, tmp_path, run_cli):
+    remote = catalog_in(tmp_path, "cluster")
+    variants = ["--model", "vit_tiny", "--variant", "fp32", "--variant", "fp16", "--variant", "int8"]
+    ran = cluster.pipeline(remote, "run", "--cluster", cluster.address, *variants)
+    assert ran.returncode == 0, ran.stderr
+    built = cluster.pipeline(remote, "build", "--cluster", cluster.address, "--toolchain", "trt-rtx1.7", *variants)
+    assert built.returncode == 0, built.stderr
+    assert "3 task(s) dispatched" in built.stderr  # the exports were reused, not run again
+
+    local = catalog_in(tmp_path, "local")
+    assert run_cli(local, "run", *variants).exit_code == 0
+    assert run_cli(local, "build", "--toolchain", "trt-rtx1.7", *variants).exit_code == 0
+
+    workers = set(node_ids(ran.stderr).values())
+    assert len(workers) == 2
+    for variant in ("fp32", "fp16", "int8"):
+        engine = f"vit_tiny_{variant}"
+        for toolchain, stages in (("onnxruntime", ("export", "build", "profile")), ("trt-rtx1.7", ("export", "build"))):
+            here = read_manifest(remote.parent / "manifests" / toolchain / f"{engine}.json")
+            there = read_manifest(local.parent / "manifests" / toolchain / f"{engine}.json")
+            assert here.gpu_type is None  # neither toolchain is tied to a GPU type
+            for stage in stages:
+                record = here.stage(stage)
+                assert record.status == "done", (engine, toolchain, stage, record.reason)
+                for artifact in record.outputs:
+                    # Every file the manifest names is in the driver's workspace, intact.
+                    assert sha256_file(remote.parent / artifact.path) == artifact.sha256
+            # Same ONNX, same reference batch, same engines as a local run: the cluster changes where,
+            # not what. (The FP32 model's outputs on that batch are sums of floats, whose order
+            # follows the thread count: a node with one CPU agrees to rounding, not to the bit.)
+            exported = {a.role: a for a in here.export.outputs}
+            locally = {a.role: a for a in there.export.outputs}
+            for role in ("onnx", "reference_input"):
+                assert exported[role].sha256 == locally[role].sha256, role
+            np.testing.assert_allclose(
+                np.fromfile(remote.parent / exported["reference_output"].path, dtype=np.float32),
+                np.fromfile(local.parent / locally["reference_output"].path, dtype=np.float32),
+                rtol=1e-4, atol=1e-5,
+            )
+            engine_file = next(a for a in here.build.outputs if a.role == "engine")
+            assert engine_file.sha256 == next(a for a in there.build.outputs if a.role == "engine").sha256
+            assert here.environment.cluster_node is None or here.environment.cluster_node.ray_node_id[:8] in workers
+        ort = read_manifest(remote.parent / "manifests" / "onnxruntime" / f"{engine}.json")
+        assert ort.environment.cluster_node.ray_node_id[:8] in workers  # the node the profile ran on
+        assert ort.profile.details.accuracy["cosine_similarity"] > 0.99
+        rtx = read_manifest(remote.parent / "manifests" / "trt-rtx1.7" / f"{engine}.json")
+        assert rtx.build.details.settings["targets"] == ["sm89", "sm120"]
+        assert rtx.environment.cluster_node.ray_node_id[:8] in workers
+        export = read_manifest(remote.parent / "manifests" / "export" / f"{engine}.json")
+        assert export.environment.cluster_node.ray_node_id[:8] in workers
+    # Runs on loopback only: every node the manifests name is 127.0.0.1.
+    assert {read_manifest(p).environment.cluster_node.address for p in (remote.parent / "manifests").glob("*/*.json")} == {"127.0.0.1"}
+
+    again = cluster.pipeline(remote, "run", "--cluster", cluster.address, *variants)
+    assert again.returncode == 0, again.stderr
+    assert "0 task(s) dispatched" in again.stderr and again.stderr.count("didn't change") == 9
+    rebuilt = cluster.pipeline(remote, "build", "--cluster", cluster.address, "--toolchain", "trt-rtx1.7", *variants)
+    assert rebuilt.returncode == 0 and "0 task(s) dispatched" in rebuilt.stderr
+
+
+def test_each_gpu_type_gets_its_own_engine_built_and_timed_on_a_node_of_that_type(cluster, tmp_path):
+    extra = f'\n[toolchains.trt-local]\nkind = "trtexec-local"\ntrt = "10.14.1"\ntrt_root = "{cluster.trt_root}"\ngpus = "none"\n'
+    catalog = catalog_in(tmp_path, "gpus", extra)
+    result = cluster.pipeline(catalog, "run", "--cluster", cluster.address, "--engine", "tiny_fp32", "--toolchain", "trt-local")
+    assert result.returncode == 0, result.stderr
+    nodes = node_ids(result.stderr)
+    ws = catalog.parent
+    for gpu in ("H100", "B200"):  # by default, every GPU type the cluster has
+        manifest = read_manifest(ws / "manifests" / f"trt-local@{gpu}" / "tiny_fp32.json")
+        assert manifest.gpu_type == gpu and manifest.toolchain == "trt-local"
+        node = manifest.environment.cluster_node
+        assert node.gpu_type == gpu and node.resources[f"gpu_type:{gpu}"] == 1.0
+        assert node.ray_node_id.startswith(nodes[gpu])
+        assert manifest.profile.status == "done"
+        engine = next(a for a in manifest.build.outputs if a.role == "engine")
+        assert engine.path == f"engines/trt-local@{gpu}/tiny_fp32.engine" and sha256_file(ws / engine.path) == engine.sha256
+    # The comparison has the GPU type as a dimension, and --gpu picks one.
+    compared = cluster.pipeline(catalog, "compare", "--format", "json")
+    rows = json.loads(compared.stdout)
+    assert sorted(r["gpu_type"] for r in rows if r["toolchain"] == "trt-local") == ["B200", "H100"]
+    table = cluster.pipeline(catalog, "compare")
+    assert "trt-local@H100" in table.stdout and "trt-local@B200" in table.stdout
+    picked = cluster.pipeline(catalog, "compare", "--gpu", "H100")
+    assert picked.returncode == 0 and "H100" in picked.stdout and "B200" not in picked.stdout
+
+    only = cluster.pipeline(catalog, "build", "--cluster", cluster.address, "--engine", "tiny_fp32", "--toolchain", "trt-local", "--gpu", "A100")
+    assert only.returncode == 2
+    assert "no node of the cluster has A100; its GPU types are: B200, H100" in only.stderr
+
+
+def test_connection_failures_are_explained(cluster, tmp_path):
+    catalog = catalog_in(tmp_path, "bad")
+    unreachable = cluster.pipeline(catalog, "run", "--cluster", "127.0.0.1:1", "--engine", "tiny_fp32")
+    assert unreachable.returncode == 3
+    assert "ERROR cannot reach a Ray cluster at 127.0.0.1:1" in unreachable.stderr and "TIP start one with `ray start --head" in unreachable.stderr
+    assert "Traceback" not in unreachable.stderr
+    malformed = cluster.pipeline(catalog, "run", "--cluster", "head-node", "--engine", "tiny_fp32")
+    assert malformed.returncode == 2 and "is not a Ray address" in malformed.stderr
+
+    started = time.monotonic()
+    # A driver that knows nothing of the token (Ray's default mode, no token file in its home).
+    no_token = cluster.pipeline(catalog, "run", "--cluster", cluster.address, "--engine", "tiny_fp32", env={"RAY_AUTH_TOKEN_PATH": None, "RAY_AUTH_MODE": None})
+    assert no_token.returncode == 3, no_token.stderr
+    assert "ERROR the Ray cluster at 127.0.0.1:6379 refused this driver: it requires an authentication token." in no_token.stderr
+    assert "TIP this cluster has Ray's token authentication on: `export RAY_AUTH_MODE=token`" in no_token.stderr
+    assert "Traceback" not in no_token.stderr and time.monotonic() - started < 60
+    # One that names a token file that is not there.
+    missing = cluster.pipeline(catalog, "run", "--cluster", cluster.address, "--engine", "tiny_fp32", env={"RAY_AUTH_TOKEN_PATH": str(tmp_path / "none")})
+    assert missing.returncode == 3 and "token for the Ray cluster at 127.0.0.1:6379 is unusable: RAY_AUTH_TOKEN_PATH is set but" in missing.stderr
+    assert not (catalog.parent / "manifests" / "onnxruntime").exists()
+
+    no_gpu = cluster.pipeline(catalog, "run", "--engine", "tiny_fp32", "--gpu", "H100")
+    assert no_gpu.returncode == 2 and "--gpu chooses among a cluster's GPU types; it needs --cluster" in no_gpu.stderr
+
+
+def test_a_worker_killed_mid_run_is_survived(cluster, tmp_path):
+    catalog = catalog_in(tmp_path, "kill")
+    driver = cluster.popen(catalog, "run", "--cluster", cluster.address, "--model", "tiny", "--variant", "fp32", "--variant", "fp16", "--variant", "int8")
+    lines, victim = [], None
+    try:
+        for line in driver.stderr:
+            lines.append(line)
+            if victim is None and line.startswith("cluster "):
+                victim = node_ids(line)["B200"]
+            if victim and line.startswith("running") and line.rstrip().endswith(f"{victim} B200"):
+                cluster.nodes["w-b200"].kill(signal.SIGKILL)  # the node and every Ray process on it
+                break
+        err = "".join(lines) + driver.stderr.read()
+        driver.wait(timeout=600)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+        cluster.restart("w-b200")
+    assert driver.returncode == 0, err
+    assert "retrying on another node" in err
+    for variant in ("fp32", "fp16", "int8"):
+        manifest = read_manifest(catalog.parent / "manifests" / "onnxruntime" / f"tiny_{variant}.json")
+        assert manifest.profile.status == "done"
+        assert not list((catalog.parent / "models").rglob(".*.tmp"))
