@@ -1,6 +1,7 @@
 # Set-up and everyday jobs. `make help` lists them.
 #
 #   make demo                 set up (first time) and run the main job on ONNX Runtime
+#   make setup EXTRAS=cluster also install Ray, for `--cluster` (each node of a cluster needs it too)
 #   make test                 set up (first time) and run the tests
 #   make engines TRT=10.14    build every variant of MODEL with that TensorRT toolchain
 #   make engines TOOLCHAIN=trt-rtx1.7 ARCH=sm120    … or with any toolchain, for chosen GPUs
@@ -19,6 +20,8 @@ TRT ?=
 TOOLCHAIN ?=
 ARCH ?=
 PYTEST_ARGS ?=
+# Optional extras beside the default ones, comma-separated: cluster (Ray, for --cluster).
+EXTRAS ?=
 # --trt VERSION or --toolchain NAME, and one --arch per architecture in ARCH.
 CHAIN = $(if $(TRT),--trt $(TRT),--toolchain $(TOOLCHAIN)) $(foreach arch,$(ARCH),--arch $(arch))
 
@@ -28,13 +31,17 @@ CHAIN = $(if $(TRT),--trt $(TRT),--toolchain $(TOOLCHAIN)) $(foreach arch,$(ARCH
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
-setup: $(VENV)/.installed ## Create .venv and install the pipeline with its test tools.
+setup: $(VENV)/.installed ## Create .venv and install the pipeline with its test tools (EXTRAS=cluster adds Ray).
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml $(if $(EXTRAS),FORCE)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(if $(strip $(TORCH_PACKAGES)),$(BIN)/python -m pip install -q $(TORCH_PACKAGES))
-	$(BIN)/python -m pip install -q -e '.[all,test]'
+	$(BIN)/python -m pip install -q -e '.[all,test$(if $(EXTRAS),$(comma)$(EXTRAS))]'
 	touch $@
+
+comma := ,
+.PHONY: FORCE
+FORCE:
 
 demo: setup ## The main job on the embedded runtime: vit_tiny fp32/fp16/int8 → compare.
 	$(PIPELINE) run

@@ -305,7 +305,7 @@ def _execute(state: _State, ctx, refs, chain, until, cluster, gpu_types) -> None
 
         run_engines(ctx, refs, chain, until=until)
         return
-    from pipeline.cluster.scheduler import run_on_cluster
+    from pipeline.cluster.supervisor import run_on_cluster
 
     run_on_cluster(ctx, cluster, refs, chain, until, tuple(gpu_types), state.verbose)
 

@@ -70,7 +70,7 @@ class LoopbackCluster:
     def _in_namespace(self, argv: list[str]) -> list[str]:
         return ["nsenter", f"--net=/proc/{self.namespace.pid}/ns/net", "--", *argv]
 
-    def start(self, workers: dict[str, dict], shared_cache: Path | None = None, extra_env: dict | None = None) -> None:
+    def start(self, workers: dict[str, dict], extra_env: dict | None = None) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         token = self.root / "auth_token"
         token.write_text(secrets.token_hex(32))
@@ -91,19 +91,24 @@ class LoopbackCluster:
         time.sleep(0.3)
         # A short temp dir: Ray's socket paths must stay under the Unix limit.
         self.temp_dir = Path(f"/tmp/rt-{secrets.token_hex(3)}")
-        self._start_node("head", {}, head=True, shared_cache=shared_cache)
+        self._start_node("head", {}, head=True)
         for name, resources in workers.items():
-            self._start_node(name, resources, shared_cache=shared_cache)
+            self._start_node(name, resources)
 
-    def _start_node(self, name: str, resources: dict, head: bool = False, shared_cache: Path | None = None) -> RayNode:
-        cache = self.root / f"cache-{name}"
-        cache.mkdir(exist_ok=True)
-        if shared_cache is not None:
-            # Pulled toolchains (TensorRT-RTX environments) are shared; the blob caches are not.
-            for entry in shared_cache.iterdir():
-                link = cache / entry.name
+    def share_toolchains(self, cache: Path) -> None:
+        """Give every node the toolchains pulled into ``cache`` (TensorRT-RTX environments), as if
+        each had pulled them itself; their content-addressed caches stay their own."""
+        for name in self.nodes:
+            node_cache = self.root / f"cache-{name}"
+            node_cache.mkdir(exist_ok=True)
+            for entry in cache.iterdir():
+                link = node_cache / entry.name
                 if entry.name != "cluster" and not link.exists():
                     link.symlink_to(entry)
+
+    def _start_node(self, name: str, resources: dict, head: bool = False) -> RayNode:
+        cache = self.root / f"cache-{name}"
+        cache.mkdir(exist_ok=True)
         node = RayNode(name, resources, cache, self.root / f"{name}.log")
         argv = [str(BIN / "ray"), "start", "--node-ip-address=127.0.0.1", "--disable-usage-stats", f"--temp-dir={self.temp_dir}", "--block"]
         if head:
@@ -125,6 +130,23 @@ class LoopbackCluster:
         old = self.nodes[name]
         old.kill()
         self._start_node(name, old.resources)
+        self.wait_for_alive(len(self.nodes))
+
+    def wait_for_alive(self, count: int, timeout: float = 120) -> None:
+        """Until Ray counts exactly ``count`` alive nodes (a killed node is declared dead only after
+        its health checks fail)."""
+        code = (
+            "import ray, time\n"
+            f"ray.init(address='{self.address}', log_to_driver=False, logging_level='ERROR')\n"
+            f"deadline = time.time() + {timeout}\n"
+            f"while sum(n['Alive'] for n in ray.nodes()) != {count} and time.time() < deadline:\n"
+            "    time.sleep(1)\n"
+            f"print(sum(n['Alive'] for n in ray.nodes()))\n"
+        )
+        result = self.python(code, timeout=timeout + 30)
+        lines = result.stdout.strip().splitlines()
+        if not lines or lines[-1] != str(count):
+            raise RuntimeError(f"the cluster did not settle at {count} alive nodes: {result.stdout} {result.stderr[-2000:]}")
 
     def pipeline(self, catalog: Path, *args: str, timeout: float = 600, cache: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
         """`pipeline --catalog CATALOG ARGS…` as a driver inside the cluster's namespace."""

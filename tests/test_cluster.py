@@ -40,7 +40,7 @@ batch_size = 4
 
 
 @pytest.fixture(scope="module")
-def cluster(rtx_cache, tmp_path_factory):
+def cluster(tmp_path_factory):
     root = tmp_path_factory.mktemp("ray")
     trt_root = root / "TensorRT"
     (trt_root / "bin").mkdir(parents=True)
@@ -54,7 +54,7 @@ def cluster(rtx_cache, tmp_path_factory):
     cluster = raycluster.LoopbackCluster(root)
     cluster.trt_root = trt_root
     try:
-        cluster.start(WORKERS, shared_cache=rtx_cache, extra_env={"STANDIN_DIR": str(standin)})
+        cluster.start(WORKERS, extra_env={"STANDIN_DIR": str(standin)})
         yield cluster
     finally:
         cluster.stop()
@@ -75,7 +75,8 @@ def node_ids(cluster_run_err: str) -> dict[str, str]:
     return found
 
 
-def test_the_demo_matrix_runs_across_the_cluster_and_equals_a_local_run(cluster, tmp_path, run_cli):
+def test_the_demo_matrix_runs_across_the_cluster_and_equals_a_local_run(cluster, rtx_cache, tmp_path, run_cli):
+    cluster.share_toolchains(rtx_cache)
     remote = catalog_in(tmp_path, "cluster")
     variants = ["--model", "vit_tiny", "--variant", "fp32", "--variant", "fp16", "--variant", "int8"]
     ran = cluster.pipeline(remote, "run", "--cluster", cluster.address, *variants)
@@ -214,3 +215,48 @@ def test_a_worker_killed_mid_run_is_survived(cluster, tmp_path):
         manifest = read_manifest(catalog.parent / "manifests" / "onnxruntime" / f"tiny_{variant}.json")
         assert manifest.profile.status == "done"
         assert not list((catalog.parent / "models").rglob(".*.tmp"))
+
+
+def test_sigterm_mid_run_cancels_and_keeps_the_workspace_consistent(cluster, tmp_path):
+    catalog = catalog_in(tmp_path, "term")
+    driver = cluster.popen(catalog, "run", "--cluster", cluster.address, "--model", "tiny", "--variant", "fp32", "--variant", "fp16")
+    lines = []
+    for line in driver.stderr:
+        lines.append(line)
+        if line.startswith("running"):
+            time.sleep(1)  # the export is under way on its node
+            driver.send_signal(signal.SIGTERM)
+            break
+    err = "".join(lines) + driver.stderr.read()
+    assert driver.wait(timeout=120) == 143, err
+    assert "ERROR terminated (SIGTERM); partial outputs were removed" in err and "Traceback" not in err
+    ws = catalog.parent
+    # Nothing half-written: any manifest there names files that are there, and no temp file is left.
+    for path in (ws / "manifests").glob("*/*.json"):
+        for record in filter(None, (read_manifest(path).stage(s) for s in ("export", "build", "profile"))):
+            assert all(sha256_file(ws / a.path) == a.sha256 for a in record.outputs)
+    assert not [p for p in ws.rglob(".*.tmp")]
+    # The same command then finishes the job.
+    again = cluster.pipeline(catalog, "run", "--cluster", cluster.address, "--model", "tiny", "--variant", "fp32", "--variant", "fp16")
+    assert again.returncode == 0, again.stderr
+
+
+def test_losing_the_head_is_explained_and_finished_results_are_kept(cluster, tmp_path):
+    """Last in this module: it takes the cluster down."""
+    catalog = catalog_in(tmp_path, "head")
+    driver = cluster.popen(catalog, "run", "--cluster", cluster.address, "--model", "tiny", "--variant", "fp32", "--variant", "fp16", "--variant", "int8")
+    lines = []
+    for line in driver.stderr:
+        lines.append(line)
+        if line.startswith("done"):
+            cluster.nodes["head"].kill(signal.SIGKILL)
+            break
+    err = "".join(lines) + driver.stderr.read()
+    assert driver.wait(timeout=120) == 3, err
+    assert "ERROR the Ray driver ended without a result" in err and "usually the cluster's head at 127.0.0.1:6379, goes away" in err
+    assert "TIP check the head (`ray status`)" in err
+    finished = list((catalog.parent / "manifests").glob("*/*.json"))
+    assert finished  # what had finished before the head went is in the workspace, whole
+    for path in finished:
+        for record in filter(None, (read_manifest(path).stage(s) for s in ("export", "build", "profile"))):
+            assert all(sha256_file(catalog.parent / a.path) == a.sha256 for a in record.outputs)

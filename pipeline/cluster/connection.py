@@ -15,7 +15,6 @@ import socket
 import sys
 import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from pipeline import __version__
 from pipeline.errors import EnvironmentMissing, UsageError
@@ -135,7 +134,20 @@ def connect(address: str, verbose: bool = False) -> Cluster:
             )
         except Exception as exc:  # Ray raises ConnectionError, RuntimeError or its own types
             raise _connection_error(address, exc, noise()) from exc
+    _keep_sigterm()
     return Cluster(address=address, nodes=_nodes(ray))
+
+
+def _keep_sigterm() -> None:
+    """ray.init installs its own SIGTERM handler (a stack dump, then death); SIGTERM must stay what
+    it is everywhere in the pipeline: Ctrl-C's clean-up, then exit 143."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        from pipeline.cli import _raise_terminated
+
+        signal.signal(signal.SIGTERM, _raise_terminated)
 
 
 def disconnect() -> None:
@@ -146,14 +158,26 @@ def disconnect() -> None:
             ray.shutdown()
 
 
-def _check_reachable(address: str) -> None:
+def _host_port(address: str) -> tuple[str, int]:
     match = re.fullmatch(r"\[?([^\]]+?)\]?:(\d+)", address.strip())
     if not match:
         raise UsageError(
             f"--cluster {address!r} is not a Ray address.",
             hint="give the head's HOST:PORT as `ray start --head` printed it (e.g. 10.0.0.5:6379), or `local`",
         )
-    host, port = match.group(1), int(match.group(2))
+    return match.group(1), int(match.group(2))
+
+
+def head_reachable(address: str) -> bool:
+    try:
+        with socket.create_connection(_host_port(address), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def _check_reachable(address: str) -> None:
+    host, port = _host_port(address)
     try:
         with socket.create_connection((host, port), timeout=5):
             pass
@@ -244,19 +268,9 @@ def probe(cluster: Cluster) -> None:
         except Exception as exc:
             problems.append(f"node {node.node_id[:8]} ({node.address}) did not answer: {str(exc).splitlines()[0]}")
             continue
-        node.hostname = facts["hostname"]
-        node.python = facts["python"]
-        node.pipeline = facts["pipeline"]
-        node.packages = facts["packages"]
-        node.gpus = facts["gpus"]
-        if node.pipeline is None:
-            problems.append(f"node {node.label()} ({node.address}) has no trt-pipeline installed (Python {facts['executable']})")
-        elif node.pipeline != __version__:
-            problems.append(f"node {node.label()} runs trt-pipeline {node.pipeline}, this driver {__version__}")
-        else:
-            missing = [name for name in ("torch", "timm", "onnx", "onnxruntime") if not facts["packages"].get(name)]
-            if missing:
-                problems.append(f"node {node.label()} lacks {', '.join(missing)}")
+        problem = describe_node(node, facts)
+        if problem:
+            problems.append(problem)
     if problems:
         raise EnvironmentMissing(
             "; ".join(problems) + ".",
@@ -265,9 +279,18 @@ def probe(cluster: Cluster) -> None:
         )
 
 
-def driver_workspace_key(root: Path) -> str:
-    """What tells one driver's workspace from another's in node-side caches and logs."""
-    import hashlib
-    import platform
-
-    return hashlib.sha256(f"{platform.node()}:{Path(root).resolve()}".encode()).hexdigest()[:16]
+def describe_node(node: Node, facts: dict) -> str | None:
+    """Record what the probe found on ``node``; what would stop it running a stage, or None."""
+    node.hostname = facts["hostname"]
+    node.python = facts["python"]
+    node.pipeline = facts["pipeline"]
+    node.packages = facts["packages"]
+    node.gpus = facts["gpus"]
+    if node.pipeline is None:
+        return f"node {node.label()} ({node.address}) has no trt-pipeline installed (its Python: {facts['executable']})"
+    if node.pipeline != __version__:
+        return f"node {node.label()} runs trt-pipeline {node.pipeline}, this driver {__version__}"
+    missing = [name for name in ("torch", "timm", "onnx", "onnxruntime") if not facts["packages"].get(name)]
+    if missing:
+        return f"node {node.label()} lacks {', '.join(missing)}"
+    return None

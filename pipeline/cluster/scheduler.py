@@ -36,8 +36,12 @@ from pipeline.stage import RunContext
 MAX_ATTEMPTS = 3
 # Precisions whose export needs a CUDA GPU (ModelOpt's MXFP8/NVFP4 quantizers).
 CUDA_EXPORTS = ("mxfp8", "nvfp4")
-# How often the live view and the feasibility check run while tasks are out, in seconds.
+# How often the live view updates while tasks are out, and how often the head and the queued
+# tasks' feasibility are checked, in seconds; after HEAD_MISSES checks without an answer from the
+# head the run stops (Ray would end the driver itself after about a minute, without a word).
 TICK_S = 0.5
+CHECK_EVERY_S = 5.0
+HEAD_MISSES = 3
 
 
 @dataclass
@@ -333,29 +337,70 @@ class ClusterRun:
         return [job for job in self.jobs() if job.handle is not None]
 
     def run(self) -> RunSummary:
-        import ray
+        import contextlib
 
         self.plan()
         self.reporter.info(
             f"cluster  {self.cluster.address}: {len(self.cluster.nodes)} node(s) — "
             + "; ".join(n.label() for n in self.cluster.nodes)
         )
+        console = self.reporter.console
+        # In a terminal, one line under the log keeps the counts and the elapsed time current.
+        live = console.status(self._status_text()) if console.is_terminal else contextlib.nullcontext()
         try:
-            self.advance()
-            last_check = time.monotonic()
-            while self.running():
-                handles = {job.handle: job for job in self.running()}
-                ready, _ = ray.wait(list(handles), num_returns=1, timeout=TICK_S)
-                for handle in ready:
-                    self._receive(handles[handle])
-                if time.monotonic() - last_check > 5:
-                    self._check_stuck()
-                    last_check = time.monotonic()
-                self.advance()
+            with live as status:
+                self._loop(status)
         except KeyboardInterrupt:
             self.cancel()
             raise
         return self.summary()
+
+    def _loop(self, status) -> None:
+        import ray
+
+        self.advance()
+        last_check = time.monotonic()
+        while self.running():
+            handles = {job.handle: job for job in self.running()}
+            ready, _ = ray.wait(list(handles), num_returns=1, timeout=TICK_S)
+            for handle in ready:
+                self._receive(handles[handle])
+            if time.monotonic() - last_check > CHECK_EVERY_S:
+                self._check_head()
+                self._check_stuck()
+                last_check = time.monotonic()
+            self.advance()
+            if status is not None:
+                status.update(self._status_text())
+
+    def _status_text(self) -> str:
+        counts: dict[str, int] = {}
+        for job in self.jobs():
+            counts[job.state] = counts.get(job.state, 0) + 1
+        finished = sum(counts.get(state, 0) for state in ("done", "unchanged", "skipped"))
+        return (
+            f"{counts.get('running', 0)} running · {counts.get('queued', 0)} queued · {counts.get('waiting', 0)} waiting · "
+            f"{finished} finished · {counts.get('failed', 0)} failed · {_clock(time.monotonic() - self.started)}"
+        )
+
+    def _check_head(self) -> None:
+        """Ray ends a driver whose head stays unreachable for a minute, with no word about why; a
+        lost head is noticed here first and said plainly. Finished results are already written."""
+        if self.cluster.address == "local":
+            return
+        from pipeline.cluster.connection import head_reachable
+
+        if head_reachable(self.cluster.address):
+            self.head_misses = 0
+            return
+        self.head_misses = getattr(self, "head_misses", 0) + 1
+        if self.head_misses >= HEAD_MISSES:
+            finished = sum(1 for job in self.jobs() if job.state in ("done", "unchanged", "skipped"))
+            raise EnvironmentMissing(
+                f"lost the Ray cluster's head at {self.cluster.address}: it has not answered for {HEAD_MISSES * CHECK_EVERY_S:.0f}s. "
+                f"{finished} of {len(self.jobs())} stages had finished; their results are in the workspace.",
+                hint="restart the head (`ray start --head …`) and its workers, then run the same command: finished stages are not run again",
+            )
 
     def _receive(self, job: Job) -> None:
         import ray
@@ -478,6 +523,23 @@ class ClusterRun:
                 pass
             job.state, job.handle = "cancelled", None
 
+    def _print_table(self) -> None:
+        from rich.table import Table
+
+        ran = [job for job in self.jobs() if job.state not in ("unchanged",) or self.verbose]
+        if not ran:
+            return
+        table = Table(title="cluster run", title_justify="left", box=None, pad_edge=False)
+        for column in ("engine", "stage", "toolchain", "node", "result", "seconds", "tries"):
+            table.add_column(column, justify="right" if column in ("seconds", "tries") else "left")
+        for job in ran:
+            result = job.state + (f" ({job.note})" if job.note else "")
+            table.add_row(
+                job.engine.name, job.stage, job.target, job.node.label() if job.node else "–", result,
+                f"{job.seconds:.1f}" if job.seconds else "–", str(job.attempts or "–"),
+            )
+        self.reporter.console.print(table)
+
     def summary(self) -> RunSummary:
         summary = RunSummary()
         failures: dict[str, PipelineError] = {}
@@ -492,12 +554,18 @@ class ClusterRun:
         for job in self.jobs():
             counts[job.state] = counts.get(job.state, 0) + 1
         elapsed = time.monotonic() - self.started
+        self._print_table()
         self.reporter.info(
             f"summary  {self.dispatched} task(s) dispatched in {elapsed:.1f}s — "
             + ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
             + f"; sent {_size(self.blobs.bytes_put)}, nodes fetched {_size(self.bytes_fetched)}, received {_size(self.bytes_back)}"
         )
         return summary
+
+
+def _clock(seconds: float) -> str:
+    minutes, seconds = divmod(int(seconds), 60)
+    return f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
 
 
 def _normalised(value) -> str:
@@ -508,22 +576,13 @@ def _size(n: int) -> str:
     return f"{n / (1 << 20):.1f} MiB" if n >= 1 << 20 else f"{n / 1024:.0f} KiB"
 
 
-def run_on_cluster(ctx: RunContext, address: str, engines: list[EngineRef], toolchain: str | None, until: str, gpu_types: tuple[str, ...] = (), verbose: bool = False) -> RunSummary:
-    """What `--cluster ADDRESS` does for run/export/build/profile."""
+def drive(ctx: RunContext, address: str, engines: list[EngineRef], toolchain: str | None, until: str, gpu_types: tuple[str, ...] = (), verbose: bool = False) -> RunSummary:
+    """Join the cluster, check its nodes, run the matrix (in the Ray driver process)."""
     from pipeline.cluster.connection import connect, disconnect, probe
 
     cluster = connect(address, verbose)
     try:
         probe(cluster)
-        scheduler = ClusterRun(ctx, cluster, engines, toolchain, until, gpu_types, verbose)
-        summary = scheduler.run()
+        return ClusterRun(ctx, cluster, engines, toolchain, until, gpu_types, verbose).run()
     finally:
         disconnect()
-    if summary.failed:
-        names = ", ".join(name for name, _ in summary.failed)
-        worst = EnvironmentMissing if all(isinstance(e, EnvironmentMissing) for _, e in summary.failed) else PipelineError
-        raise worst(
-            f"{len(summary.failed)} of {len(engines)} engines failed: {names}.",
-            hint="the errors above say why; every finished result is kept in the workspace",
-        )
-    return summary

@@ -1,0 +1,97 @@
+"""The Ray driver runs in a child process that the `pipeline` command watches.
+
+Ray ends a driver abruptly, from C++ and without a word, when the node it is attached to (the
+head, where drivers usually run) goes away. In a child process that exit can be seen and
+explained: the command says the head was lost, and every result the child had finished is
+already in the workspace (it writes each as it arrives). The child has a process group of its
+own, so whatever Ray signals there stays there; Ctrl-C and SIGTERM come to this process and are
+passed on, and the child cancels what is outstanding before both end.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from pipeline.errors import EnvironmentMissing, PipelineError
+from pipeline.runner import RunSummary
+
+# Seconds to let the child cancel its tasks after an interruption before it is killed.
+CANCEL_GRACE_S = 30
+
+
+def run_on_cluster(ctx, address: str, engines, toolchain, until: str, gpu_types: tuple[str, ...] = (), verbose: bool = False) -> RunSummary:
+    """What `--cluster ADDRESS` does for run/export/build/profile."""
+    import multiprocessing
+
+    spawn = multiprocessing.get_context("spawn")  # a fresh interpreter: Ray must not inherit a fork
+    receive, send = spawn.Pipe(duplex=False)
+    settings = (ctx.catalog, ctx.force, ctx.argv, address, engines, toolchain, until, gpu_types, verbose)
+    child = spawn.Process(target=_child, args=(send, settings), name="pipeline-cluster-driver")
+    child.start()
+    send.close()
+    try:
+        child.join()
+    except KeyboardInterrupt as exc:
+        from pipeline.cli import Terminated
+
+        # The child has a process group of its own (below): pass Ctrl-C or SIGTERM on to it.
+        if child.is_alive():
+            os.kill(child.pid, signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
+        child.join(CANCEL_GRACE_S)
+        if child.is_alive():
+            child.kill()
+        raise
+    try:
+        outcome = receive.recv() if receive.poll() else None
+    except EOFError:  # the child ended before it could say anything
+        outcome = None
+    if outcome is None or outcome[0] == "interrupted":
+        # Nobody interrupted this process, yet the driver stopped: Ray ended it (on losing its node
+        # it exits, or interrupts the driver's main thread).
+        raise EnvironmentMissing(
+            f"the Ray driver ended without a result (exit status {child.exitcode}): Ray ends a driver when the node it "
+            f"runs on, usually the cluster's head at {address}, goes away. Every stage that had finished is in the workspace.",
+            hint="check the head (`ray status`), restart it and its workers if needed, then run the same command: "
+            "finished stages are not run again",
+        )
+    kind, payload = outcome
+    if kind == "error":
+        cls, message, hint = payload
+        raise cls(message, hint)
+    summary = payload
+    if summary.failed:
+        names = ", ".join(name for name, _ in summary.failed)
+        worst = EnvironmentMissing if all(isinstance(e, EnvironmentMissing) for _, e in summary.failed) else PipelineError
+        raise worst(
+            f"{len(summary.failed)} of {len(engines)} engines failed: {names}.",
+            hint="the errors above say why; every finished result is kept in the workspace",
+        )
+    return summary
+
+
+def _child(send, settings) -> None:
+    from pipeline.cli import _raise_terminated
+    from pipeline.cluster.scheduler import drive
+    from pipeline.reporting import Reporter
+    from pipeline.stage import RunContext
+    from pipeline.workspace import Workspace
+
+    # A process group of its own: what Ray signals when it loses its node stays in this process.
+    os.setsid()
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    catalog, force, argv, address, engines, toolchain, until, gpu_types, verbose = settings
+    ctx = RunContext(catalog=catalog, workspace=Workspace(catalog.root), reporter=Reporter(verbose=verbose), force=force, argv=argv)
+    try:
+        summary = drive(ctx, address, engines, toolchain, until, gpu_types, verbose)
+        send.send(("ok", RunSummary(summary.succeeded, [(name, _plain(exc)) for name, exc in summary.failed])))
+    except PipelineError as exc:
+        send.send(("error", (type(exc) if type(exc).__module__ == "pipeline.errors" else PipelineError, exc.message, exc.hint)))
+    except KeyboardInterrupt:
+        send.send(("interrupted", None))
+
+
+def _plain(exc: PipelineError) -> PipelineError:
+    """The error as its plain class, so it crosses the pipe whatever it carried."""
+    cls = type(exc) if type(exc).__module__ == "pipeline.errors" else PipelineError
+    return cls(exc.message, exc.hint)
