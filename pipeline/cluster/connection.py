@@ -113,6 +113,20 @@ def import_ray():
     return ray
 
 
+def preflight(address: str) -> None:
+    """What can be checked without starting Ray: that it is installed and the head answers."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("ray") is not None
+    except (ValueError, AttributeError):  # a module entry without a spec: not importable either
+        found = False
+    if not found:
+        raise EnvironmentMissing("--cluster needs Ray, which is not installed here.", hint=SETUP_HELP)
+    if address != "local":
+        _check_reachable(address)
+
+
 def connect(address: str, verbose: bool = False) -> Cluster:
     """Join the cluster at ``address`` ("local" starts a Ray instance on this machine) as a driver."""
     ray = import_ray()
@@ -215,10 +229,12 @@ def _connection_error(address: str, exc: Exception, noise: str) -> EnvironmentMi
         first = next(line.strip() for line in text.splitlines() if "RAY_AUTH_TOKEN" in line)
         return EnvironmentMissing(f"this driver's token for the Ray cluster at {address} is unusable: {first}", hint=TOKEN_HELP)
     if "Version mismatch" in text:
-        # Ray's own message names both sides' Ray and Python versions; keep those lines.
-        detail = " ".join(line.strip() for line in str(exc).splitlines() if "Ray:" in line or "Python:" in line or "version" in line.lower())
+        # Ray's message (ray/_private/utils.py, check_version_info) lists the cluster's Ray and
+        # Python, then this process's.
+        found = re.findall(r"Ray: (\S+)\s+Python: (\S+)", text)
+        detail = f"cluster: Ray {found[0][0]}, Python {found[0][1]}; this driver: Ray {found[1][0]}, Python {found[1][1]}" if len(found) >= 2 else str(exc).strip()
         return EnvironmentMissing(
-            f"the Ray cluster at {address} runs a different Ray or Python than this driver ({detail or exc}).",
+            f"the Ray cluster at {address} runs a different Ray or Python than this driver ({detail}).",
             hint="a driver must run the cluster's Ray and Python versions exactly; install the cluster's versions here "
             "(`ray --version`, `python --version` on the head)",
         )

@@ -24,6 +24,9 @@ def run_on_cluster(ctx, address: str, engines, toolchain, until: str, gpu_types:
     """What `--cluster ADDRESS` does for run/export/build/profile."""
     import multiprocessing
 
+    from pipeline.cluster.connection import preflight
+
+    preflight(address)
     spawn = multiprocessing.get_context("spawn")  # a fresh interpreter: Ray must not inherit a fork
     receive, send = spawn.Pipe(duplex=False)
     settings = (ctx.catalog, ctx.force, ctx.argv, address, engines, toolchain, until, gpu_types, verbose)

@@ -1,0 +1,66 @@
+"""What `--cluster` does before and without a cluster: Ray stays out of the way, and Ray's failures
+read as the pipeline's own errors. (tests/test_cluster.py runs a real cluster.)"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from pipeline.cluster.connection import Node, _connection_error, describe_node, gpu_types_of, placement_resources
+from pipeline.errors import EnvironmentMissing
+
+
+def test_ray_is_never_imported_without_cluster():
+    code = "import sys; from pipeline.cli import main; main(['--help']); main(['models']); assert 'ray' not in sys.modules, 'ray was imported'"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="tests/..")
+    assert result.returncode == 0, result.stderr
+
+
+def test_cluster_without_ray_installed_says_how_to_install_it(tiny_catalog, run_cli, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # what an environment without the extra sees
+    result = run_cli(tiny_catalog, "run", "--cluster", "127.0.0.1:6379")
+    assert result.exit_code == 3
+    assert "ERROR --cluster needs Ray, which is not installed here." in result.err
+    assert "TIP install the cluster extra: `make setup EXTRAS=cluster`" in result.err
+
+
+def test_gpu_types_come_from_rays_accelerators_and_declared_resources():
+    resources = {"CPU": 8, "GPU": 8, "accelerator_type:H100": 1, "gpu_type:H100-SXM": 8, "memory": 1}
+    assert gpu_types_of(resources) == ("H100", "H100-SXM")
+    # A declared type is counted per GPU; Ray's own type is a marker that goes with num_gpus.
+    assert placement_resources(resources, "H100-SXM") == {"gpu_type:H100-SXM": 1.0}
+    assert placement_resources(resources, "H100") == {"accelerator_type:H100": 0.001}
+
+
+def test_a_node_without_the_pipeline_or_with_another_version_is_named():
+    from pipeline import __version__
+
+    facts = {"hostname": "gpu-7", "python": "3.11.7", "executable": "/usr/bin/python3", "pipeline": None, "packages": {}, "gpus": []}
+    node = Node("abcdef0123", "10.0.0.7", {"CPU": 4, "gpu_type:B200": 1})
+    assert describe_node(node, facts) == "node gpu-7 abcdef01 B200 (10.0.0.7) has no trt-pipeline installed (its Python: /usr/bin/python3)"
+    assert describe_node(node, {**facts, "pipeline": "0.0.1"}) == f"node gpu-7 abcdef01 B200 runs trt-pipeline 0.0.1, this driver {__version__}"
+    lacking = {**facts, "pipeline": __version__, "packages": {"torch": "2.13.0", "timm": "1.0", "onnx": None, "onnxruntime": "1.23"}}
+    assert describe_node(node, lacking) == "node gpu-7 abcdef01 B200 lacks onnx"
+    whole = {**lacking, "packages": {name: "1" for name in ("torch", "timm", "onnx", "onnxruntime")}}
+    assert describe_node(node, whole) is None
+
+
+@pytest.mark.parametrize(
+    "raised, expected",
+    [
+        # Ray's words (ray/_private/utils.py, check_version_info) when driver and cluster differ.
+        (
+            RuntimeError(
+                "Version mismatch: The cluster was started with:\n    Ray: 2.60.0\n    Python: 3.12.3\n"
+                "This process on node 10.0.0.2 was started with:\n    Ray: 2.59.0\n    Python: 3.11.7\n"
+            ),
+            "runs a different Ray or Python than this driver (cluster: Ray 2.60.0, Python 3.12.3; this driver: Ray 2.59.0, Python 3.11.7)",
+        ),
+        (ConnectionError("Failed to connect to Ray cluster at 10.0.0.1:6379"), "could not join the Ray cluster at 10.0.0.1:6379: Failed to connect"),
+    ],
+)
+def test_rays_connection_failures_become_pipeline_errors(raised, expected):
+    error = _connection_error("10.0.0.1:6379", raised, "")
+    assert isinstance(error, EnvironmentMissing) and expected in error.message and error.hint
