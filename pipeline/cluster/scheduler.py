@@ -558,7 +558,8 @@ class ClusterRun:
         self.reporter.info(
             f"summary  {self.dispatched} task(s) dispatched in {elapsed:.1f}s — "
             + ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
-            + f"; sent {_size(self.blobs.bytes_put)}, nodes fetched {_size(self.bytes_fetched)}, received {_size(self.bytes_back)}"
+            + f"; over the network: nodes fetched {_size(self.bytes_fetched)} of the {_size(self.blobs.bytes_put)} offered, "
+            f"and sent back {_size(self.bytes_back)}"
         )
         return summary
 
