@@ -39,7 +39,7 @@ def test_a_node_without_the_pipeline_or_with_another_version_is_named():
 
     facts = {"hostname": "gpu-7", "python": "3.11.7", "executable": "/usr/bin/python3", "pipeline": None, "packages": {}, "gpus": []}
     node = Node("abcdef0123", "10.0.0.7", {"CPU": 4, "gpu_type:B200": 1})
-    assert describe_node(node, facts) == "node gpu-7 abcdef01 B200 (10.0.0.7) has no trt-pipeline installed (its Python: /usr/bin/python3)"
+    assert describe_node(node, facts) == "node gpu-7 abcdef01 B200 (10.0.0.7) cannot import trt-pipeline (its Python: /usr/bin/python3)"
     assert describe_node(node, {**facts, "pipeline": "0.0.1"}) == f"node gpu-7 abcdef01 B200 runs trt-pipeline 0.0.1, this driver {__version__}"
     lacking = {**facts, "pipeline": __version__, "packages": {"torch": "2.13.0", "timm": "1.0", "onnx": None, "onnxruntime": "1.23"}}
     assert describe_node(node, lacking) == "node gpu-7 abcdef01 B200 lacks onnx"

@@ -303,7 +303,7 @@ def describe_node(node: Node, facts: dict) -> str | None:
     node.packages = facts["packages"]
     node.gpus = facts["gpus"]
     if node.pipeline is None:
-        return f"node {node.label()} ({node.address}) has no trt-pipeline installed (its Python: {facts['executable']})"
+        return f"node {node.label()} ({node.address}) cannot import trt-pipeline (its Python: {facts['executable']})"
     if node.pipeline != __version__:
         return f"node {node.label()} runs trt-pipeline {node.pipeline}, this driver {__version__}"
     missing = [name for name in ("torch", "timm", "onnx", "onnxruntime") if not facts["packages"].get(name)]

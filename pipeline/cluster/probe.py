@@ -26,7 +26,8 @@ def probe_node() -> dict:
     try:
         import ray
 
-        node_id = ray.get_runtime_context().get_node_id()
+        # Outside a task, asking for the context would start (or join) a Ray instance.
+        node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
     except Exception:  # the probe must answer whatever else is wrong on the node
         node_id = None
     gpus = []
@@ -43,12 +44,22 @@ def probe_node() -> dict:
                     gpus.append({"name": fields[0], "compute_capability": fields[1], "driver": fields[2]})
         except (OSError, subprocess.SubprocessError):
             pass
+    # The package the tasks will import (installed, or on PYTHONPATH): its own version, or None.
+    try:
+        import importlib.util
+
+        import pipeline
+
+        ours = importlib.util.find_spec("pipeline.cluster.worker") is not None
+        product = getattr(pipeline, "__version__", None) if ours else None
+    except ImportError:
+        product = None
     return {
         "node_id": node_id,
         "hostname": platform.node(),
         "python": platform.python_version(),
         "executable": sys.executable,
-        "pipeline": version("trt-pipeline"),
+        "pipeline": product,
         "packages": {name: version(name) for name in ("ray", "torch", "timm", "onnx", "onnxruntime", "nvidia-modelopt")},
         "gpus": gpus,
         "cpu_count": os.cpu_count() or 1,

@@ -122,6 +122,11 @@ class ClusterRun:
                 "or pick from the types above with --gpu",
             )
         if self.runtime is None or self.runtime.placement != "gpu":
+            if requested and self.runtime is not None:
+                self.reporter.warn(
+                    f"--gpu chooses the GPU types of toolchains built per GPU (trtexec, PyTorch); {self.toolchain} "
+                    f"({self.runtime.placement.replace('-', ' ')}) makes one engine, placed as the README's cluster section says"
+                )
             return [None]
         chosen = list(requested) or [t for t in have if self.runtime.supports_gpu(self._capability(t))]
         return chosen or [None]
@@ -269,6 +274,10 @@ class ClusterRun:
             options["resources"] = placement_resources(node.resources, gpu_type)
             if node.resources.get("GPU"):
                 options["num_gpus"] = 1
+        if options.get("num_gpus"):
+            # The worker process ends with its task: an idle worker keeping a CUDA context (and its
+            # memory) on the GPU would sit beside the next measurement there (seen on an H100).
+            options["max_calls"] = 1
         return options, gpu_type
 
     def feasible(self, job: Job) -> bool:
@@ -531,7 +540,8 @@ class ClusterRun:
             return
         table = Table(title="cluster run", title_justify="left", box=None, pad_edge=False)
         for column in ("engine", "stage", "toolchain", "node", "result", "seconds", "tries"):
-            table.add_column(column, justify="right" if column in ("seconds", "tries") else "left")
+            # Names are never cut short: a narrow terminal wraps them instead.
+            table.add_column(column, justify="right" if column in ("seconds", "tries") else "left", overflow="fold")
         for job in ran:
             result = job.state + (f" ({job.note})" if job.note else "")
             table.add_row(
