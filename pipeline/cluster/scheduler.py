@@ -274,10 +274,6 @@ class ClusterRun:
             options["resources"] = placement_resources(node.resources, gpu_type)
             if node.resources.get("GPU"):
                 options["num_gpus"] = 1
-        if options.get("num_gpus"):
-            # The worker process ends with its task: an idle worker keeping a CUDA context (and its
-            # memory) on the GPU would sit beside the next measurement there (seen on an H100).
-            options["max_calls"] = 1
         return options, gpu_type
 
     def feasible(self, job: Job) -> bool:
@@ -293,7 +289,10 @@ class ClusterRun:
         from pipeline.cluster.worker import run_stage
 
         options, job.placed_by = self.placement(job)
-        remote = ray.remote(num_returns="streaming", max_retries=0)(run_stage)
+        # A task on a GPU ends its worker process with it: an idle worker keeping its CUDA context
+        # (and memory) would sit beside the next measurement on that GPU (seen on an H100).
+        max_calls = 1 if options.get("num_gpus") else 0
+        remote = ray.remote(num_returns="streaming", max_retries=0, max_calls=max_calls)(run_stage)
         job.handle = remote.options(**options).remote(self.request(job))
         job.attempts += 1
         job.state = "queued"

@@ -59,6 +59,8 @@ def run_on_cluster(ctx, address: str, engines, toolchain, until: str, gpu_types:
             "finished stages are not run again",
         )
     kind, payload = outcome
+    if kind == "bug":
+        raise RuntimeError(f"the cluster driver failed (its traceback is above): {payload}")
     if kind == "error":
         cls, message, hint = payload
         raise cls(message, hint)
@@ -92,6 +94,11 @@ def _child(send, settings) -> None:
         send.send(("error", (type(exc) if type(exc).__module__ == "pipeline.errors" else PipelineError, exc.message, exc.hint)))
     except KeyboardInterrupt:
         send.send(("interrupted", None))
+    except Exception as exc:  # a bug: its traceback here, and the command exits as for any bug
+        import traceback
+
+        traceback.print_exc()
+        send.send(("bug", f"{type(exc).__name__}: {exc}"))
 
 
 def _plain(exc: PipelineError) -> PipelineError:
