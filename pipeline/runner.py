@@ -14,6 +14,17 @@ class RunSummary:
     succeeded: list[str] = field(default_factory=list)
     failed: list[tuple[str, PipelineError]] = field(default_factory=list)
 
+    def raise_for_failures(self, requested: int) -> "RunSummary":
+        """One error naming every failed engine (exit 3 when each failed for want of something)."""
+        if self.failed:
+            names = ", ".join(name for name, _ in self.failed)
+            worst = EnvironmentMissing if all(isinstance(e, EnvironmentMissing) for _, e in self.failed) else PipelineError
+            raise worst(
+                f"{len(self.failed)} of {requested} engines failed: {names}.",
+                hint="the errors above say why; the other engines' results are kept",
+            )
+        return self
+
 
 def run_engine(ctx: RunContext, engine: EngineRef, toolchain: str | None, until: str) -> None:
     """Run every stage up to ``until`` for one engine. Stages before it are skipped when unchanged."""
@@ -53,14 +64,7 @@ def run_engines(ctx: RunContext, engines: list[EngineRef], toolchain: str | None
                 raise
             print_error(f"{engine.name}: {exc.message}", exc.hint)
             summary.failed.append((engine.name, exc))
-    if summary.failed:
-        names = ", ".join(name for name, _ in summary.failed)
-        worst = EnvironmentMissing if all(isinstance(e, EnvironmentMissing) for _, e in summary.failed) else PipelineError
-        raise worst(
-            f"{len(summary.failed)} of {len(engines)} engines failed: {names}.",
-            hint="the errors above say why; the other engines' results are kept",
-        )
-    return summary
+    return summary.raise_for_failures(len(engines))
 
 
 def describe(ctx: RunContext, engines: list[EngineRef], toolchain: str, until: str) -> list[str]:

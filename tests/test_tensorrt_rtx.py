@@ -19,7 +19,7 @@ import pytest
 from pipeline.artifacts import sha256_file
 from pipeline.environment import nvidia_gpus
 from pipeline.manifest import read_manifest
-from tests.conftest import TINY_CATALOG, write_catalog
+from tests.conftest import RTX_TOOLCHAINS, TINY_CATALOG, write_catalog
 
 CPU_VARIANTS = ("fp32", "fp16", "bf16", "int8", "fp8", "fp16_sparse", "int8_sparse", "fp8_sparse")
 
@@ -46,15 +46,7 @@ sparsity = "2:4"
 [variants.nvfp4_fp32]
 precision = "nvfp4"
 weights_dtype = "fp32"
-
-[toolchains."trt-rtx1.7"]
-kind = "tensorrt-rtx"
-release = "1.7.1.116"
-
-[toolchains."trt-rtx1.6"]
-kind = "tensorrt-rtx"
-release = "1.6.1.120"
-"""
+""" + RTX_TOOLCHAINS
 
 
 def manifest(ws, toolchain, engine):

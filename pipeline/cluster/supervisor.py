@@ -64,15 +64,7 @@ def run_on_cluster(ctx, address: str, engines, toolchain, until: str, gpu_types:
     if kind == "error":
         cls, message, hint = payload
         raise cls(message, hint)
-    summary = payload
-    if summary.failed:
-        names = ", ".join(name for name, _ in summary.failed)
-        worst = EnvironmentMissing if all(isinstance(e, EnvironmentMissing) for _, e in summary.failed) else PipelineError
-        raise worst(
-            f"{len(summary.failed)} of {len(engines)} engines failed: {names}.",
-            hint="the errors above say why; every finished result is kept in the workspace",
-        )
-    return summary
+    return payload.raise_for_failures(len(engines))
 
 
 def _child(send, settings) -> None:
