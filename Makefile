@@ -6,6 +6,7 @@
 #   make engines TRT=10.14    build every variant of MODEL with that TensorRT toolchain
 #   make engines TOOLCHAIN=trt-rtx1.7 ARCH=sm120    … or with any toolchain, for chosen GPUs
 #   make engines TRT=11.1 DRY_RUN=1                  print the exact commands and stop (no GPU needed)
+#   make engines TRT=10.14 CLUSTER=head:6379         … on a Ray cluster, for every GPU type it has
 #   make profile TRT=10.14    profile them
 
 PYTHON ?= python3
@@ -22,8 +23,10 @@ ARCH ?=
 PYTEST_ARGS ?=
 # Optional extras beside the default ones, comma-separated: cluster (Ray, for --cluster).
 EXTRAS ?=
-# --trt VERSION or --toolchain NAME, and one --arch per architecture in ARCH.
-CHAIN = $(if $(TRT),--trt $(TRT),--toolchain $(TOOLCHAIN)) $(foreach arch,$(ARCH),--arch $(arch))
+# A Ray cluster's HOST:PORT to fan the work out over (README: "Beyond one machine").
+CLUSTER ?=
+# --trt VERSION or --toolchain NAME, one --arch per architecture in ARCH, and --cluster.
+CHAIN = $(if $(TRT),--trt $(TRT),--toolchain $(TOOLCHAIN)) $(foreach arch,$(ARCH),--arch $(arch)) $(if $(CLUSTER),--cluster $(CLUSTER))
 
 .DEFAULT_GOAL := help
 .PHONY: help setup demo engines profile compare doctor test clean
