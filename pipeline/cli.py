@@ -311,7 +311,7 @@ def _execute(state: _State, ctx, refs, chain, until, cluster, gpu_types) -> None
 
 
 def engine_stage_options(func):
-    """What build and profile take: the selection, the toolchain, --force, --dry-run, calibration."""
+    """What build and profile take: the selection, the toolchain, --force, --dry-run, calibration, --cluster."""
     func = click.option("--dry-run", is_flag=True, help="Print what would run (the exact command and container) and stop.")(func)
     for decorator in (cluster_options, calibration_options, force_option, toolchain_options, selection_options):
         func = decorator(func)
