@@ -191,6 +191,24 @@ def test_connection_failures_are_explained(cluster, tmp_path):
     assert no_gpu.returncode == 2 and "--gpu chooses among a cluster's GPU types; it needs --cluster" in no_gpu.stderr
 
 
+def test_two_drivers_on_one_cluster_keep_their_workspaces_apart(cluster, tmp_path):
+    # Two workspaces whose models differ (another seed), run at the same time on the same nodes.
+    first = catalog_in(tmp_path, "first")
+    second = write_catalog(tmp_path / "second", CATALOG.replace('timm = "test_vit"', 'timm = "test_vit"\nseed = 7'))
+    drivers = [cluster.popen(catalog, "run", "--cluster", cluster.address, "--engine", "tiny_fp32") for catalog in (first, second)]
+    outputs = [driver.communicate(timeout=600) for driver in drivers]
+    for driver, (_, err) in zip(drivers, outputs):
+        assert driver.returncode == 0, err
+    onnx = []
+    for catalog in (first, second):
+        manifest = read_manifest(catalog.parent / "manifests" / "onnxruntime" / "tiny_fp32.json")
+        for record in (manifest.export, manifest.build, manifest.profile):
+            assert all(sha256_file(catalog.parent / a.path) == a.sha256 for a in record.outputs)
+        onnx.append(next(a.sha256 for a in manifest.export.outputs if a.role == "onnx"))
+        assert manifest.export.params["seed"] == (7 if catalog == second else 0)
+    assert onnx[0] != onnx[1]  # each workspace got its own model's ONNX, not the other's
+
+
 def test_a_worker_killed_mid_run_is_survived(cluster, tmp_path):
     catalog = catalog_in(tmp_path, "kill")
     driver = cluster.popen(catalog, "run", "--cluster", cluster.address, "--model", "tiny", "--variant", "fp32", "--variant", "fp16", "--variant", "int8")
