@@ -106,7 +106,11 @@ class NodeBlobs:
         if not blob.is_file():
             with contextlib.suppress(OSError, PipelineError):  # only an optimisation
                 with atomic_output(blob) as tmp:
-                    shutil.copyfile(path, tmp)
+                    try:  # a second name for the file, not a second copy (the scratch one goes)
+                        tmp.unlink()
+                        os.link(path, tmp)
+                    except OSError:
+                        shutil.copyfile(path, tmp)
 
     @staticmethod
     def _link(blob: Path, dest: Path) -> None:
