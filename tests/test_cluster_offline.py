@@ -64,3 +64,50 @@ def test_a_node_without_the_pipeline_or_with_another_version_is_named():
 def test_rays_connection_failures_become_pipeline_errors(raised, expected):
     error = _connection_error("10.0.0.1:6379", raised, "")
     assert isinstance(error, EnvironmentMissing) and expected in error.message and error.hint
+
+
+def test_each_kind_of_work_is_placed_where_it_can_run(tmp_path):
+    """Placement decisions for a cluster with a real H100 (Ray's own resources), a node declaring
+    an RTX PRO 6000, and a CPU-only node — no Ray needed to decide them."""
+    from pipeline.catalog import EngineRef, load_catalog
+    from pipeline.cluster.connection import Cluster
+    from pipeline.cluster.scheduler import ClusterRun, Job
+    from pipeline.errors import UsageError
+    from pipeline.stage import RunContext
+    from pipeline.workspace import Workspace
+    from tests.conftest import RTX_TOOLCHAINS, TINY_CATALOG, write_catalog
+
+    extra = '\n[toolchains.trt-local]\nkind = "trtexec-local"\ntrt = "10.14.1"\ngpus = "none"\n'
+    catalog = load_catalog(write_catalog(tmp_path, TINY_CATALOG + extra + RTX_TOOLCHAINS.replace('release = "1.7.1.116"', 'release = "1.7.1.116"\narchs = ["sm120"]')))
+    ctx = RunContext(catalog=catalog, workspace=Workspace(catalog.root))
+    h100 = Node("a" * 56, "10.0.0.1", {"CPU": 16, "GPU": 1, "accelerator_type:H100": 1})
+    rtx = Node("b" * 56, "10.0.0.2", {"CPU": 8, "gpu_type:RTX-PRO-6000": 1})
+    cpu = Node("c" * 56, "10.0.0.3", {"CPU": 4})
+    cluster = Cluster("10.0.0.1:6379", [h100, rtx, cpu])
+    engine = EngineRef("tiny", "fp16")
+
+    trt = ClusterRun(ctx, cluster, [engine], "trt-local", "profile")
+    assert trt.targets == ["H100", "RTX-PRO-6000"]  # every GPU type the toolchain supports
+    assert trt.placement(Job("build", engine, "trt-local", "H100")) == ({"num_cpus": 1, "resources": {"accelerator_type:H100": 0.001}, "num_gpus": 1}, "H100")
+    # A profile has its node to itself: as many CPUs as the smallest node has.
+    assert trt.placement(Job("profile", engine, "trt-local", "RTX-PRO-6000")) == ({"num_cpus": 4, "resources": {"gpu_type:RTX-PRO-6000": 1.0}}, "RTX-PRO-6000")
+    assert ClusterRun(ctx, cluster, [engine], "trt-local", "profile", ("H100",)).targets == ["H100"]
+    with pytest.raises(UsageError, match="no node of the cluster has A100; its GPU types are: H100, RTX-PRO-6000"):
+        ClusterRun(ctx, cluster, [engine], "trt-local", "profile", ("A100",))
+
+    # TensorRT-RTX for sm120: built anywhere, timed on the RTX PRO 6000 (compute capability 12.0),
+    # never on the H100 (9.0), which its engines do not run on.
+    aot = ClusterRun(ctx, cluster, [engine], "trt-rtx1.7", "profile")
+    assert aot.targets == [None]
+    assert aot.placement(Job("build", engine, "trt-rtx1.7")) == ({"num_cpus": 1}, None)
+    assert aot.placement(Job("profile", engine, "trt-rtx1.7")) == ({"num_cpus": 4, "resources": {"gpu_type:RTX-PRO-6000": 1.0}}, "RTX-PRO-6000")
+
+    ort = ClusterRun(ctx, cluster, [engine], "onnxruntime", "profile")
+    assert ort.targets == [None] and ort.placement(Job("build", engine, "onnxruntime")) == ({"num_cpus": 1}, None)
+
+    # NVFP4's export needs CUDA: a node with Ray's GPU resource, and a clear error without one.
+    nvfp4 = EngineRef("tiny", "nvfp4")
+    assert ort.placement(Job("export", nvfp4)) == ({"num_cpus": 1, "num_gpus": 1}, None)
+    no_gpu = ClusterRun(ctx, Cluster("10.0.0.3:6379", [cpu]), [nvfp4], "onnxruntime", "profile")
+    with pytest.raises(EnvironmentMissing, match="exporting tiny_nvfp4 needs a CUDA GPU, and no node of the cluster has one"):
+        no_gpu.placement(Job("export", nvfp4))
