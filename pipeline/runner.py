@@ -26,6 +26,21 @@ class RunSummary:
         return self
 
 
+def stage_for(ctx: RunContext, name: str, engine: EngineRef, toolchain: str | None = None):
+    """The Stage object of one stage by name ("export", "build", "profile")."""
+    if name == "export":
+        from pipeline.export import ExportStage
+
+        return ExportStage(ctx, engine)
+    if name == "build":
+        from pipeline.build import BuildStage
+
+        return BuildStage(ctx, engine, toolchain)
+    from pipeline.profile import ProfileStage
+
+    return ProfileStage(ctx, engine, toolchain)
+
+
 def run_engine(ctx: RunContext, engine: EngineRef, toolchain: str | None, until: str) -> None:
     """Run every stage up to ``until`` for one engine. Stages before it are skipped when unchanged."""
     from pipeline.build import BuildStage

@@ -60,8 +60,12 @@ class Node:
         kinds = f" {'/'.join(self.gpu_types)}" if self.gpu_types else ""
         return f"{self.hostname} {self.node_id[:8]}{kinds}"
 
-    def gpu_resources(self) -> dict[str, float]:
-        return {k: v for k, v in self.resources.items() if k.startswith((RAY_ACCELERATOR_PREFIX, DECLARED_GPU_PREFIX)) or k == "GPU"}
+
+def compute_resources(resources: dict) -> dict[str, float]:
+    """What of a node's Ray resources says what it computes with: CPUs, GPUs and GPU types."""
+    return {
+        k: float(v) for k, v in resources.items() if k in ("CPU", "GPU") or k.startswith((RAY_ACCELERATOR_PREFIX, DECLARED_GPU_PREFIX))
+    }
 
 
 def gpu_types_of(resources: dict[str, float]) -> tuple[str, ...]:
@@ -250,7 +254,7 @@ def _nodes(ray) -> list[Node]:
     for info in ray.nodes():
         if not info.get("Alive"):
             continue
-        resources = {k: float(v) for k, v in (info.get("Resources") or {}).items() if not k.startswith("node:")}
+        resources = compute_resources(info.get("Resources") or {})
         if resources.get("CPU", 0) <= 0 and not gpu_types_of(resources):
             continue  # a head started with --num-cpus=0 runs no tasks
         nodes.append(Node(node_id=info["NodeID"], address=info.get("NodeManagerAddress", "?"), resources=resources))

@@ -29,7 +29,7 @@ from pipeline.catalog import EngineRef
 from pipeline.cluster.connection import Cluster, Node, placement_resources
 from pipeline.cluster.transfer import DriverBlobs
 from pipeline.errors import EnvironmentMissing, PipelineError, UsageError
-from pipeline.runner import RunSummary
+from pipeline.runner import RunSummary, stage_for
 from pipeline.stage import RunContext
 
 # Attempts per task when its node or worker is lost (the first run included).
@@ -56,8 +56,6 @@ class Job:
     placed_by: str | None = None
     node: Node | None = None
     attempts: int = 0
-    submitted_at: float = 0.0
-    started_at: float = 0.0
     seconds: float = 0.0
     error: PipelineError | None = None
     note: str = ""
@@ -108,6 +106,7 @@ class ClusterRun:
         self.bytes_back = 0
         self.bytes_fetched = 0
         self.started = time.monotonic()
+        self.head_misses = 0  # checks in a row the head did not answer
 
     # --- planning ------------------------------------------------------------------------------
 
@@ -162,17 +161,7 @@ class ClusterRun:
             catalog=self.ctx.catalog, workspace=self.ctx.workspace, reporter=self.reporter, force=self.ctx.force,
             runtimes=self.ctx.runtimes, gpu_type=job.gpu_type,
         )
-        if job.stage == "export":
-            from pipeline.export import ExportStage
-
-            return ExportStage(ctx, job.engine)
-        if job.stage == "build":
-            from pipeline.build import BuildStage
-
-            return BuildStage(ctx, job.engine, job.toolchain)
-        from pipeline.profile import ProfileStage
-
-        return ProfileStage(ctx, job.engine, job.toolchain)
+        return stage_for(ctx, job.stage, job.engine, job.toolchain)
 
     def up_to_date(self, job: Job) -> bool:
         """A record with these parameters, its inputs and outputs intact: nothing to send."""
@@ -296,7 +285,6 @@ class ClusterRun:
         job.handle = remote.options(**options).remote(self.request(job))
         job.attempts += 1
         job.state = "queued"
-        job.submitted_at = time.monotonic()
         self.dispatched += 1
 
     def advance(self) -> None:
@@ -337,9 +325,9 @@ class ClusterRun:
         except PipelineError as exc:
             self._fail(job, exc)
 
-    def _fail(self, job: Job, exc: PipelineError, state: str = "failed") -> None:
-        job.state, job.error, job.handle = state, exc, None
-        self.reporter.console.print(f"[red]{state:<9}[/] {job.stage:<8} {job.engine.name} {job.target}: {exc.message}")
+    def _fail(self, job: Job, exc: PipelineError) -> None:
+        job.state, job.error, job.handle = "failed", exc, None
+        self.reporter.console.print(f"[red]{'failed':<9}[/] {job.stage:<8} {job.engine.name} {job.target}: {exc.message}")
 
     def running(self) -> list[Job]:
         return [job for job in self.jobs() if job.handle is not None]
@@ -401,7 +389,7 @@ class ClusterRun:
         if head_reachable(self.cluster.address):
             self.head_misses = 0
             return
-        self.head_misses = getattr(self, "head_misses", 0) + 1
+        self.head_misses += 1
         if self.head_misses >= HEAD_MISSES:
             finished = sum(1 for job in self.jobs() if job.state in ("done", "unchanged", "skipped"))
             raise EnvironmentMissing(
@@ -415,14 +403,14 @@ class ClusterRun:
 
         try:
             ref = next(job.handle)
-            kind, payload = ray.get(ref) if job.state == "queued" else ("result", ray.get(ref))
+            kind, payload = ray.get(ref)
         except StopIteration:
             return
         except Exception as exc:  # the node or worker died, or the task raised: Ray's own errors
             self._lost(job, exc)
             return
         if kind == "started":
-            job.state, job.started_at = "running", time.monotonic()
+            job.state = "running"
             job.node = self.cluster.node(payload) or Node(payload, "?", {})
             self.reporter.console.print(f"[cyan]running[/]   {job.stage:<8} {job.engine.name} {job.target} on {job.node.label()}")
             return

@@ -59,7 +59,7 @@ def run_stage(request: StageRequest):
 
     node_id = ray.get_runtime_context().get_node_id()
     yield ("started", node_id)
-    yield execute(request, node_id)
+    yield ("result", execute(request, node_id))
 
 
 def execute(request: StageRequest, node_id: str) -> StageResult:
@@ -121,6 +121,7 @@ def execute(request: StageRequest, node_id: str) -> StageResult:
 
 
 def _stage(request: StageRequest, scratch: Path, reporter, node_id: str):
+    from pipeline.runner import stage_for
     from pipeline.stage import RunContext
     from pipeline.workspace import Workspace
 
@@ -133,29 +134,18 @@ def _stage(request: StageRequest, scratch: Path, reporter, node_id: str):
         gpu_type=request.gpu_type,
         cluster_node=_cluster_node(node_id, request.placed_by),
     )
-    if request.stage == "export":
-        from pipeline.export import ExportStage
-
-        return ExportStage(ctx, request.engine)
-    if request.stage == "build":
-        from pipeline.build import BuildStage
-
-        return BuildStage(ctx, request.engine, request.toolchain)
-    from pipeline.profile import ProfileStage
-
-    return ProfileStage(ctx, request.engine, request.toolchain)
+    return stage_for(ctx, request.stage, request.engine, request.toolchain)
 
 
 def _cluster_node(node_id: str, placed_by: str | None):
     import ray
 
-    from pipeline.cluster.connection import gpu_types_of
+    from pipeline.cluster.connection import compute_resources
     from pipeline.manifest import ClusterNode
 
     info = next((n for n in ray.nodes() if n["NodeID"] == node_id), {})
-    resources = {k: float(v) for k, v in (info.get("Resources") or {}).items() if not k.startswith("node:")}
-    shown = {k: v for k, v in resources.items() if k in ("CPU", "GPU") or any(k.endswith(":" + t) for t in gpu_types_of(resources))}
-    return ClusterNode(ray_node_id=node_id, address=info.get("NodeManagerAddress", "?"), gpu_type=placed_by, resources=shown)
+    resources = compute_resources(info.get("Resources") or {})
+    return ClusterNode(ray_node_id=node_id, address=info.get("NodeManagerAddress", "?"), gpu_type=placed_by, resources=resources)
 
 
 def _scratch_dir() -> Path:
