@@ -14,17 +14,8 @@ from pipeline.cli import main
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-def _samples_dir() -> Path:
-    """Recorded trtexec output: $TRTEXEC_SAMPLES, or shared/ beside or inside the checkout."""
-    if os.environ.get("TRTEXEC_SAMPLES"):
-        return Path(os.environ["TRTEXEC_SAMPLES"])
-    for candidate in (REPO_ROOT.parent / "shared" / "trtexec-samples", REPO_ROOT / "shared" / "trtexec-samples"):
-        if candidate.is_dir():
-            return candidate
-    return REPO_ROOT.parent / "shared" / "trtexec-samples"
-
-
-SAMPLES = _samples_dir()
+# Recorded trtexec output (tests/data/trtexec/README.md says where each file came from).
+SAMPLES = Path(__file__).parent / "data" / "trtexec"
 
 # timm's `test_vit` (371k parameters, 160x160) keeps every export a real export that takes seconds.
 TINY_CATALOG = """

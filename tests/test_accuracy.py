@@ -100,7 +100,7 @@ def test_a_file_that_is_not_an_export_is_refused(tmp_path):
 
 
 def test_trtexec_11_1_accuracy_lines():
-    # The line format of samples/common/sampleInference.cpp in TensorRT 11.1 (INDEX.md f).
+    # The line format of samples/common/sampleInference.cpp in the TensorRT 11.1 OSS release (NVIDIA/TensorRT@82d1dca8).
     log = (
         "[06/24/2026-10:00:00] [I] Accuracy loss for tensor logits (cos): 0.000123\n"
         "[06/24/2026-10:00:00] [I] Accuracy loss for tensor 'aux:0' (cos): 0.512000 [FAIL: >= threshold 0.010000]\n"

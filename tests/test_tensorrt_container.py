@@ -1,7 +1,7 @@
 """TensorRT container toolchains against a real Docker Engine that these tests start themselves.
 
 TensorRT cannot run here, so the image holds a stand-in `trtexec` (tests/standin/trtexec) that
-replays logs recorded from real trtexec runs (../shared/trtexec-samples) and writes the files
+replays logs recorded from real trtexec runs (tests/data/trtexec) and writes the files
 trtexec writes. These tests therefore prove the plumbing — mounts, user, no network, exit codes,
 timeouts, cleanup, log capture, parsing into manifests — not TensorRT's behaviour.
 """

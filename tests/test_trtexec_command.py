@@ -18,8 +18,8 @@ HELP_FILES = {
     "10.6.0": "trt10.6.0_help.txt",
     "10.14.1": "trt10.14.1_help.txt",
     "10.16.1": "trt10.16.1_help.txt",
-    # Rebuilt from NVIDIA's trtexec source (INDEX.md f); no real TensorRT 11 capture exists.
-    "11.0": "trt11.0_help_RECONSTRUCTED_from_oss_source.txt",
+    "11.0": "trt11.0.0_help.txt",
+    # Rebuilt from NVIDIA's trtexec source (tests/data/trtexec/README.md): no real 11.1 capture exists.
     "11.1": "trt11.1_help_RECONSTRUCTED_from_oss_source.txt",
 }
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8", "mxfp8", "nvfp4")

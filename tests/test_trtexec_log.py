@@ -1,4 +1,4 @@
-"""The trtexec log parser against real logs from TensorRT 8.5 to 10.16 (../shared/trtexec-samples)."""
+"""The trtexec log parser against real logs from TensorRT 8.5 to 11.0 (tests/data/trtexec)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ from pipeline.errors import PipelineError
 from pipeline.trtexec.log import decode_version, parse_log, read_log
 from tests.conftest import SAMPLES
 
-LOGS = sorted(p for p in SAMPLES.glob("*.txt") if "_help" not in p.name and "exportTimes" not in p.name)
+# Every whole log: not the help texts, not the exportTimes JSON kept as .json.txt.
+LOGS = sorted(p for p in SAMPLES.glob("*.txt") if "_help" not in p.name and not p.name.endswith(".json.txt"))
 
 
 def test_the_recorded_samples_are_present():
-    assert len(LOGS) == 10, f"expected the recorded trtexec logs in {SAMPLES}"
+    assert len(LOGS) == 17, f"expected the recorded trtexec logs in {SAMPLES}"
 
 
 @pytest.mark.parametrize("path", LOGS, ids=lambda p: p.name)
@@ -234,7 +235,7 @@ def test_text_with_neither_summary_nor_status_says_so(tmp_path, run_cli, tiny_ca
 
 
 def test_tensorrt_11_deprecation_warnings_name_their_flag():
-    # The warning as ../shared/trtexec-samples/INDEX.md (f) quotes it from trtexec 11's source.
+    # The wording trtexec 11 prints (tests/data/trtexec/trt11.0.0_b200_loadEngine_deprecated_…_verbose.txt).
     text = (
         "[06/24/2026-10:00:01] [W] --useCudaGraph is deprecated. CUDA graph is now enabled by default. "
         "Use --noCudaGraph to disable CUDA graph.\n"
