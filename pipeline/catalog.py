@@ -63,7 +63,7 @@ class VariantSpec(_Strict):
     sparsity_method: Literal["sparse_magnitude", "sparsegpt"] = "sparse_magnitude"
     # Convolutions in block formats (mxfp8/nvfp4): left unquantized, or quantized as FP8.
     conv_policy: Literal["exclude", "fp8"] = "exclude"
-    # Weight dtype of quantized ONNX; default per precision (see pipeline/quantize.py).
+    # Weight dtype of quantized ONNX; default per precision (see pipeline/stages/quantize.py).
     weights_dtype: Literal["fp32", "fp16"] | None = None
     description: str = ""
 

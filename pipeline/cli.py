@@ -46,7 +46,7 @@ class _State:
 
     def context(self, force: bool = False):
         from pipeline.reporting import Reporter
-        from pipeline.stage import RunContext
+        from pipeline.stages.base import RunContext
         from pipeline.workspace import Workspace
 
         return RunContext(
@@ -301,7 +301,7 @@ def _execute(state: _State, ctx, refs, chain, until, cluster, gpu_types) -> None
     if not cluster:
         if gpu_types:
             raise UsageError("--gpu chooses among a cluster's GPU types; it needs --cluster.", hint="add --cluster HOST:PORT")
-        from pipeline.runner import run_engines
+        from pipeline.stages.runner import run_engines
 
         run_engines(ctx, refs, chain, until=until)
         return
@@ -325,7 +325,7 @@ def _stage_command(state: _State, engines, models, variants, toolchain, trt, arc
     chain = select_toolchain(state, toolchain, trt, archs)
     ctx = state.context(force)
     if dry_run:
-        from pipeline.runner import describe
+        from pipeline.stages.runner import describe
 
         for line in describe(ctx, refs, chain, until):
             click.echo(line)

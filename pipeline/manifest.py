@@ -92,7 +92,7 @@ class ExportDetails(_Model):
     input_dtype: str
     opset: int
     # Set when the graph was traced at this smaller batch with a dynamic batch axis, then pinned
-    # to input_shape's batch (CPU traces of quantized models; see pipeline/quantize.py).
+    # to input_shape's batch (CPU traces of quantized models; see pipeline/stages/quantize.py).
     traced_batch: int | None = None
     precision: str
     sparsity: str | None = None

@@ -71,7 +71,7 @@ def quantized_test_vit(precision: str, device: str = "cpu"):
     """timm's test_vit, seeded and calibrated with ModelOpt on one random batch."""
     import torch
 
-    from pipeline.quantize import quantize_model
+    from pipeline.stages.quantize import quantize_model
     from pipeline.torch_import import import_timm
 
     torch.manual_seed(0)

@@ -37,15 +37,15 @@ def fake_nvfp4(inputs, block_size, amax, num_bits, exponent_bits, scale_num_bits
 @contextlib.contextmanager
 def nvfp4_without_cuda(monkeypatch):
     """Within: NVFP4 quantization runs on the CPU with the stand-in kernel."""
-    import pipeline.export
-    import pipeline.quantize
-    from pipeline.quantize import load_modelopt
+    import pipeline.stages.export
+    import pipeline.stages.quantize
+    from pipeline.stages.quantize import load_modelopt
 
     load_modelopt("NVFP4 test exports")
     from modelopt.torch.quantization import tensor_quant
 
     monkeypatch.setattr(tensor_quant, "dynamic_block_quantize_op", fake_nvfp4)
-    monkeypatch.setattr(pipeline.quantize, "NEEDS_CUDA", {"mxfp8"})
-    for module in (pipeline.quantize, pipeline.export):
+    monkeypatch.setattr(pipeline.stages.quantize, "NEEDS_CUDA", {"mxfp8"})
+    for module in (pipeline.stages.quantize, pipeline.stages.export):
         monkeypatch.setattr(module, "require_cuda_for", lambda precision: None)
     yield

@@ -73,7 +73,7 @@ def test_each_kind_of_work_is_placed_where_it_can_run(tmp_path):
     from pipeline.cluster.connection import Cluster
     from pipeline.cluster.scheduler import ClusterRun, Job
     from pipeline.errors import UsageError
-    from pipeline.stage import RunContext
+    from pipeline.stages.base import RunContext
     from pipeline.workspace import Workspace
     from tests.conftest import RTX_TOOLCHAINS, TINY_CATALOG, write_catalog
 

@@ -262,7 +262,7 @@ def test_full_disk_during_export_leaves_nothing_that_looks_valid(tiny_catalog, r
 
 
 def test_failed_parity_check_keeps_no_onnx(tiny_catalog, run_cli, monkeypatch):
-    from pipeline import export
+    from pipeline.stages import export
 
     monkeypatch.setitem(export.PARITY_TOLERANCE, "fp32", (0.0, 1.1))  # impossible to meet
     result = run_cli(tiny_catalog, "export", "--engine", "tiny_fp32")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pipeline.manifest import read_manifest
-from pipeline.quantize import INT8_EXPORTER, MODELOPT_EXPORTER
+from pipeline.stages.quantize import INT8_EXPORTER, MODELOPT_EXPORTER
 from tests.conftest import TINY_CATALOG, modelopt_onnx, quantized_test_vit, write_catalog
 
 CATALOG = TINY_CATALOG.replace(
@@ -76,7 +76,7 @@ def test_cpu_traces_use_a_small_batch_and_pin_the_models_batch(exported):
     import onnx
     import onnxruntime as ort
 
-    from pipeline.quantize import CPU_TRACE_BATCH
+    from pipeline.stages.quantize import CPU_TRACE_BATCH
 
     int8 = details(exported, "tiny_b6_int8")
     assert int8.traced_batch == CPU_TRACE_BATCH == 2 and int8.input_shape == [6, 3, 160, 160]
@@ -120,7 +120,7 @@ def test_accuracy_proxy_is_recorded_for_every_calibrated_variant(exported):
 def test_sparse_weights_keep_the_2_4_pattern_in_the_onnx(exported):
     import onnx
 
-    from pipeline.sparsify import has_2_4_pattern, onnx_sparsity
+    from pipeline.stages.sparsify import has_2_4_pattern, onnx_sparsity
 
     for engine in ("tiny_fp16_sparse", "tiny_int8_sparse", "tiny_fp8_sparse"):
         s = details(exported, engine).sparsification
@@ -183,9 +183,9 @@ def test_empty_or_unreadable_calibration_folder(tmp_path, run_cli):
 
 
 def test_weights_over_the_onnx_size_limit_are_refused_clearly(tmp_path, run_cli, monkeypatch):
-    import pipeline.quantize
+    import pipeline.stages.quantize
 
-    monkeypatch.setattr(pipeline.quantize, "PROTOBUF_LIMIT_BYTES", 1000)  # test_vit's weights are 1.5 MB
+    monkeypatch.setattr(pipeline.stages.quantize, "PROTOBUF_LIMIT_BYTES", 1000)  # test_vit's weights are 1.5 MB
     catalog = write_catalog(tmp_path / "ws", CATALOG)
     result = run_cli(catalog, "export", "--engine", "tiny_int8")
     assert result.exit_code == 1 and "exceed 2 GB" in result.err
@@ -201,7 +201,7 @@ def test_calib_dir_option_overrides_the_catalog(tmp_path, run_cli):
 def test_block_format_exclusions_are_found_by_rule():
     import torch.nn as nn
 
-    from pipeline.quantize import classifier_head, plan_exclusions
+    from pipeline.stages.quantize import classifier_head, plan_exclusions
     from pipeline.torch_import import import_timm
 
     timm = import_timm()
@@ -223,7 +223,7 @@ def test_a_model_without_sparsifiable_layers_is_refused():
     import torch.nn as nn
 
     from pipeline.errors import PipelineError
-    from pipeline.sparsify import sparsify_model
+    from pipeline.stages.sparsify import sparsify_model
 
     with pytest.raises(PipelineError, match="no layer of this model could be 2:4-sparsified"):
         sparsify_model(nn.Sequential(nn.Linear(3, 5)), "sparse_magnitude", [])
@@ -241,7 +241,7 @@ def test_int8_export_gives_the_graph_modelopts_exporter_gives(tmp_path):
     import onnxruntime as ort
     import torch
 
-    from pipeline.quantize import INT8_EXPORTER, export_quantized
+    from pipeline.stages.quantize import INT8_EXPORTER, export_quantized
 
     model = quantized_test_vit("int8")
     sample = torch.randn(2, 3, 160, 160)
@@ -273,7 +273,7 @@ def test_modelopt_is_loaded_without_its_hugging_face_plugins(tmp_path):
     (fake / "__init__.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
     script = (
         "import sys, torch\n"
-        "from pipeline.quantize import load_modelopt, quantize_model\n"
+        "from pipeline.stages.quantize import load_modelopt, quantize_model\n"
         "from pipeline.torch_import import import_timm\n"
         "load_modelopt('test')\n"
         "loaded = set(sys.modules)\n"
@@ -292,7 +292,7 @@ def test_modelopt_is_loaded_without_its_hugging_face_plugins(tmp_path):
 def test_shape_inference_without_weights_gives_modelopts_export_byte_for_byte():
     import torch
 
-    from pipeline.quantize import shape_inference_without_weights
+    from pipeline.stages.quantize import shape_inference_without_weights
 
     model = quantized_test_vit("fp8")
     sample = torch.randn(2, 3, 160, 160)

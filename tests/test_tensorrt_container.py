@@ -303,9 +303,9 @@ def test_profiling_an_engine_from_another_release_is_refused(docker_host, worksp
     assert run_cli(workspace, "build", "--engine", "tiny_fp32", "--toolchain", "standin").exit_code == 0
     from pipeline.catalog import load_catalog
     from pipeline.errors import PipelineError
-    from pipeline.profile import ProfileStage
+    from pipeline.stages.profile import ProfileStage
     from pipeline.reporting import Reporter
-    from pipeline.stage import RunContext
+    from pipeline.stages.base import RunContext
     from pipeline.workspace import Workspace
 
     workspace.write_text(workspace.read_text().replace('trt = "10.14.1"\nimage = "standin-trtexec:ok"\ngpus = "none"\ntimeout_s = 60', 'trt = "10.14.2"\nimage = "standin-trtexec:ok"\ngpus = "none"\ntimeout_s = 60'))

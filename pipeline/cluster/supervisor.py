@@ -14,7 +14,7 @@ import os
 import signal
 
 from pipeline.errors import EnvironmentMissing, PipelineError
-from pipeline.runner import RunSummary
+from pipeline.stages.runner import RunSummary
 
 # Seconds to let the child cancel its tasks after an interruption before it is killed.
 CANCEL_GRACE_S = 30
@@ -71,7 +71,7 @@ def _child(send, settings) -> None:
     from pipeline.cli import _raise_terminated
     from pipeline.cluster.scheduler import drive
     from pipeline.reporting import Reporter
-    from pipeline.stage import RunContext
+    from pipeline.stages.base import RunContext
     from pipeline.workspace import Workspace
 
     # A process group of its own: what Ray signals when it loses its node stays in this process.

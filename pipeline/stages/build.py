@@ -9,7 +9,7 @@ from pipeline.artifacts import atomic_output
 from pipeline.errors import PipelineError, RefusedByTool
 from pipeline.manifest import Artifact, BuildDetails, StageRecord, read_manifest
 from pipeline.runtimes import get_runtime
-from pipeline.stage import Stage, StageOutcome
+from pipeline.stages.base import Stage, StageOutcome
 
 
 class BuildStage(Stage):

@@ -10,7 +10,7 @@ from pipeline.environment import cpu_name, machine_load, nvidia_gpus
 from pipeline.errors import PipelineError
 from pipeline.manifest import Artifact, ProfileDetails, StageRecord, read_manifest
 from pipeline.runtimes import get_runtime
-from pipeline.stage import Stage, StageOutcome
+from pipeline.stages.base import Stage, StageOutcome
 from pipeline.stats import LatencyStats
 
 

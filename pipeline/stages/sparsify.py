@@ -25,7 +25,7 @@ def _passes_weight_through(op_type: str) -> bool:
 def sparsify_model(model, method: str, batches) -> tuple[Any, dict[str, Any]]:
     if method not in METHODS:
         raise PipelineError(f"unknown sparsity method {method!r}.", hint=f"use one of {', '.join(METHODS)}")
-    from pipeline.quantize import import_modelopt
+    from pipeline.stages.quantize import import_modelopt
 
     mts = import_modelopt("modelopt.torch.sparsity", purpose="2:4 sparsification")
     config: dict[str, Any] = {}

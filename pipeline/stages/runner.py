@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from pipeline.catalog import EngineRef
 from pipeline.errors import EnvironmentMissing, PipelineError
-from pipeline.stage import STAGE_ORDER, RunContext
+from pipeline.stages.base import STAGE_ORDER, RunContext
 
 
 @dataclass
@@ -29,23 +29,23 @@ class RunSummary:
 def stage_for(ctx: RunContext, name: str, engine: EngineRef, toolchain: str | None = None):
     """The Stage object of one stage by name ("export", "build", "profile")."""
     if name == "export":
-        from pipeline.export import ExportStage
+        from pipeline.stages.export import ExportStage
 
         return ExportStage(ctx, engine)
     if name == "build":
-        from pipeline.build import BuildStage
+        from pipeline.stages.build import BuildStage
 
         return BuildStage(ctx, engine, toolchain)
-    from pipeline.profile import ProfileStage
+    from pipeline.stages.profile import ProfileStage
 
     return ProfileStage(ctx, engine, toolchain)
 
 
 def run_engine(ctx: RunContext, engine: EngineRef, toolchain: str | None, until: str) -> None:
     """Run every stage up to ``until`` for one engine. Stages before it are skipped when unchanged."""
-    from pipeline.build import BuildStage
-    from pipeline.export import ExportStage
-    from pipeline.profile import ProfileStage
+    from pipeline.stages.build import BuildStage
+    from pipeline.stages.export import ExportStage
+    from pipeline.stages.profile import ProfileStage
 
     wanted = STAGE_ORDER[: STAGE_ORDER.index(until) + 1]
     if toolchain is None:

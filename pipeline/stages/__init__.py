@@ -1,0 +1,3 @@
+"""The stages an engine goes through (export → build → profile), their shared base and the runner
+that chains them.
+"""
