@@ -412,7 +412,7 @@ def compare(state: _State, toolchains, trts, models, gpu_types, fmt, out, baseli
     names = list(toolchains) + [catalog.toolchain_for_trt(v) for v in trts]
     if fmt == "html" and out is None:
         out = catalog.root / "reports" / "compare.html"
-    from pipeline.compare import parse_accuracy_threshold
+    from pipeline.report.compare import parse_accuracy_threshold
 
     thresholds = [parse_accuracy_threshold(text) for text in accuracy_thresholds]  # checked before any work
     rows = _print_comparison(state, names or None, fmt, out, list(models) or None, columns, wide, noisy_cv, list(gpu_types) or None)
@@ -423,7 +423,7 @@ def compare(state: _State, toolchains, trts, models, gpu_types, fmt, out, baseli
 
 
 def _accuracy_gate(rows, thresholds) -> None:
-    from pipeline.compare import accuracy_gate
+    from pipeline.report.compare import accuracy_gate
     from pipeline.errors import PipelineError
 
     checked, failures = accuracy_gate(rows, thresholds)
@@ -442,7 +442,7 @@ def _accuracy_gate(rows, thresholds) -> None:
 
 
 def _gate(state: _State, toolchains, baseline: str, fail_above: float) -> None:
-    from pipeline.compare import load_baseline, load_manifests, regression_gate, render_gate
+    from pipeline.report.compare import load_baseline, load_manifests, regression_gate, render_gate
     from pipeline.errors import PipelineError
     from pipeline.workspace import Workspace
 
@@ -461,9 +461,9 @@ def _gate(state: _State, toolchains, baseline: str, fail_above: float) -> None:
 
 
 def _print_comparison(state: _State, toolchains, fmt, out, models=None, columns=None, wide=False, noisy_cv=None, gpu_types=None):
-    from pipeline.compare import NOISY_CV, parse_columns
-    from pipeline.compare import compare as compare_manifests
-    from pipeline.compare import render_markdown, write_output
+    from pipeline.report.compare import NOISY_CV, parse_columns
+    from pipeline.report.compare import compare as compare_manifests
+    from pipeline.report.compare import render_markdown, write_output
     from pipeline.reporting import stdout_console
     from pipeline.workspace import Workspace
 

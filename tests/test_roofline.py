@@ -1,7 +1,7 @@
 import pytest
 from onnx import TensorProto, helper
 
-from pipeline.roofline import matmul_flops, peak_tflops
+from pipeline.report.roofline import matmul_flops, peak_tflops
 
 
 def _model(nodes, inputs, outputs, initializers=()):

@@ -442,7 +442,7 @@ def op_histogram(model) -> dict[str, int]:
 def onnx_audit(model, size_bytes: int) -> dict[str, Any]:
     import onnx
 
-    from pipeline.roofline import matmul_flops
+    from pipeline.report.roofline import matmul_flops
 
     dtypes = Counter(onnx.TensorProto.DataType.Name(t.data_type) for t in model.graph.initializer)
     return {

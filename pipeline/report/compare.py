@@ -190,7 +190,7 @@ def build_rows(
 ) -> list[ComparisonRow]:
     import numpy as np
 
-    from pipeline.roofline import peak_tflops
+    from pipeline.report.roofline import peak_tflops
     from pipeline.stats import bootstrap_median_ci
 
     rows: list[ComparisonRow] = []
@@ -728,7 +728,7 @@ def compare(
     if fmt == "csv":
         return rows, render_csv(rows)
     if fmt == "html":
-        from pipeline.report_html import render_html
+        from pipeline.report.html import render_html
 
         return rows, render_html(rows, manifests)
     return rows, render_table(rows, width, columns, wide)

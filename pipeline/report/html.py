@@ -11,7 +11,7 @@ import html
 import io
 from datetime import datetime, timezone
 
-from pipeline.compare import HEADERS, ComparisonRow, _cells
+from pipeline.report.compare import HEADERS, ComparisonRow, _cells
 from pipeline.manifest import EngineManifest
 from pipeline.workspace import output_folder
 
