@@ -505,7 +505,7 @@ def doctor(state: _State, as_json):
     """What this machine can run: Python deps, CUDA, GPU, Docker, NVIDIA runtime, toolchains."""
     import json
 
-    from pipeline.doctor import as_dicts, render, run_doctor
+    from pipeline.runtimes.doctor import as_dicts, render, run_doctor
     from pipeline.reporting import stdout_console
 
     checks = run_doctor(state.catalog)
@@ -528,7 +528,7 @@ def toolchains_list(state: _State):
     from rich.table import Table
 
     from pipeline.reporting import Reporter, stdout_console
-    from pipeline.toolchains import status
+    from pipeline.runtimes.toolchains import status
 
     rows = status(state.catalog, Reporter(state.verbose))
     table = Table(title="Toolchains")
@@ -550,7 +550,7 @@ def toolchains_pull(state: _State, names, wait):
     """Fetch what NAMES need (default: every toolchain): pull or build a container image, or
     create a TensorRT-RTX release's own environment. Re-pulling repairs a broken one."""
     from pipeline.reporting import Reporter
-    from pipeline.toolchains import pull
+    from pipeline.runtimes.toolchains import pull
 
     with state.holding_workspace(wait):
         pull(state.catalog, list(names) or None, Reporter(state.verbose))
@@ -562,7 +562,7 @@ def toolchains_pull(state: _State, names, wait):
 def toolchains_lock(state: _State, names):
     """Record what pins each toolchain (image digest, installed wheels) in toolchains.lock.json."""
     from pipeline.reporting import Reporter
-    from pipeline.toolchains import lock
+    from pipeline.runtimes.toolchains import lock
 
     path = lock(state.catalog, list(names) or None, Reporter(state.verbose))
     click.echo(f"wrote {path}", err=True)

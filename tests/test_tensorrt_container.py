@@ -105,8 +105,8 @@ def _engine_dir(catalog, toolchain):
 
 
 def test_runner_isolates_the_container(docker_host, tmp_path, monkeypatch):
-    from pipeline import docker_runner
-    from pipeline.docker_runner import DockerRunner, Mount
+    from pipeline.runtimes import container
+    from pipeline.runtimes.container import DockerRunner, Mount
     from pipeline.reporting import Reporter
 
     inputs, outputs = tmp_path / "in", tmp_path / "out"
@@ -114,8 +114,8 @@ def test_runner_isolates_the_container(docker_host, tmp_path, monkeypatch):
     outputs.mkdir()
     outputs.chmod(0o777)
     (inputs / "data.txt").write_text("input")
-    monkeypatch.setattr(docker_runner.os, "getuid", lambda: 4321)
-    monkeypatch.setattr(docker_runner.os, "getgid", lambda: 4322)
+    monkeypatch.setattr(container.os, "getuid", lambda: 4321)
+    monkeypatch.setattr(container.os, "getgid", lambda: 4322)
     script = (
         "echo uid=$(id -u):$(id -g); echo net=$(ls /sys/class/net | tr '\\n' ' '); cat /in/data.txt; echo; "
         "touch /in/x 2>/dev/null && echo in-writable || echo in-read-only; echo made > /out/made.txt; exit 3"
@@ -136,7 +136,7 @@ def test_runner_isolates_the_container(docker_host, tmp_path, monkeypatch):
 
 
 def test_runner_kills_on_timeout_and_removes_the_container(docker_host, tmp_path):
-    from pipeline.docker_runner import DockerRunner
+    from pipeline.runtimes.container import DockerRunner
     from pipeline.errors import PipelineError
     from pipeline.reporting import Reporter
 

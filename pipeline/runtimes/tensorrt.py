@@ -379,7 +379,7 @@ class TrtexecContainerRuntime(TrtexecRuntime):
     @property
     def runner(self):
         if self._runner is None:
-            from pipeline.docker_runner import DockerRunner
+            from pipeline.runtimes.container import DockerRunner
 
             self._runner = DockerRunner(self.reporter)
         return self._runner
@@ -396,7 +396,7 @@ class TrtexecContainerRuntime(TrtexecRuntime):
         return {"image": self.image_name, "digest": self._digest}
 
     def _check_lock(self, digest: str) -> None:
-        from pipeline.toolchains import read_lock
+        from pipeline.runtimes.toolchains import read_lock
 
         locked = read_lock(self.workspace_root).get(self.name)
         if locked and locked.get("digest") and locked["digest"] != digest:
@@ -407,7 +407,7 @@ class TrtexecContainerRuntime(TrtexecRuntime):
             )
 
     def execute(self, argv: list[str], log_path: Path, what: str) -> Execution:
-        from pipeline.docker_runner import Mount
+        from pipeline.runtimes.container import Mount
 
         root = self.workspace_root
         engine_dir = root / "engines" / self.name

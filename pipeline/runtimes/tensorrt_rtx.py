@@ -316,7 +316,7 @@ class TensorRtRtxRuntime(EngineRuntime):
         self.reporter.info(f"ready    {self.name}: TensorRT-RTX {facts['release']} ({facts['cuda']}), targets {', '.join(facts['targets'])}")
 
     def check_usable(self) -> None:
-        from pipeline.toolchains import read_lock
+        from pipeline.runtimes.toolchains import read_lock
 
         state, why = self.environment.state()
         if state != "ready":

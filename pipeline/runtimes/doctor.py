@@ -76,7 +76,7 @@ def check_docker() -> tuple[Check, Check]:
             Check("Docker daemon", False, f"unreachable ({str(exc).splitlines()[0][:120]})"),
             Check("NVIDIA container runtime", False, "no Docker"),
         )
-    from pipeline.docker_runner import nvidia_runtime
+    from pipeline.runtimes.container import nvidia_runtime
 
     daemon = Check("Docker daemon", True, f"Docker {info.get('ServerVersion', '?')}")
     how = nvidia_runtime(info)
@@ -87,7 +87,7 @@ def check_docker() -> tuple[Check, Check]:
 
 def check_toolchains(catalog: Catalog) -> list[Check]:
     from pipeline.reporting import Reporter
-    from pipeline.toolchains import status
+    from pipeline.runtimes.toolchains import status
 
     return [Check(f"toolchain {row.name}", row.status.usable, row.status.detail) for row in status(catalog, Reporter())]
 
