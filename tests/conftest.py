@@ -72,7 +72,7 @@ def quantized_test_vit(precision: str, device: str = "cpu"):
     import torch
 
     from pipeline.stages.quantize import quantize_model
-    from pipeline.torch_import import import_timm
+    from pipeline.models.torch_import import import_timm
 
     torch.manual_seed(0)
     model = import_timm().create_model("test_vit").eval().to(device)

@@ -121,7 +121,7 @@ def eval_workspace(tmp_path):
     torch = pytest.importorskip("torch")
     from PIL import Image
 
-    from pipeline.torch_import import import_timm
+    from pipeline.models.torch_import import import_timm
     from tests.conftest import TINY_CATALOG, write_catalog
 
     model = import_timm().create_model("test_vit", pretrained=False)

@@ -279,7 +279,7 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path, run_cli):
 
 
 def test_local_checkpoint_is_loaded_and_recorded(tmp_path, run_cli):
-    from pipeline.torch_import import import_timm
+    from pipeline.models.torch_import import import_timm
 
     timm = import_timm()
     import torch

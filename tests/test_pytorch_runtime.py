@@ -45,7 +45,7 @@ def register_graph_break_model() -> str:
     """A timm model whose forward() breaks Dynamo's graph in the middle."""
     from timm.models import register_model
 
-    from pipeline.torch_import import import_timm
+    from pipeline.models.torch_import import import_timm
 
     timm = import_timm()
     name = "graph_break_net"

@@ -202,7 +202,7 @@ def test_block_format_exclusions_are_found_by_rule():
     import torch.nn as nn
 
     from pipeline.stages.quantize import classifier_head, plan_exclusions
-    from pipeline.torch_import import import_timm
+    from pipeline.models.torch_import import import_timm
 
     timm = import_timm()
     vit = timm.create_model("test_vit")
@@ -274,7 +274,7 @@ def test_modelopt_is_loaded_without_its_hugging_face_plugins(tmp_path):
     script = (
         "import sys, torch\n"
         "from pipeline.stages.quantize import load_modelopt, quantize_model\n"
-        "from pipeline.torch_import import import_timm\n"
+        "from pipeline.models.torch_import import import_timm\n"
         "load_modelopt('test')\n"
         "loaded = set(sys.modules)\n"
         "model = import_timm().create_model('test_vit').eval()\n"

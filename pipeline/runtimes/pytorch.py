@@ -35,7 +35,7 @@ from pipeline.accuracy import ReferenceBatch
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
 from pipeline.environment import nvidia_gpus, package_version
 from pipeline.errors import EnvironmentMissing, PipelineError, RefusedByTool
-from pipeline.models import TORCH_DTYPES, ModelSource
+from pipeline.models.timm import TORCH_DTYPES, ModelSource
 from pipeline.runtimes.base import BuildResult, EngineRuntime, ProfileResult, ReferenceRun, ToolchainStatus
 
 # What the engine file holds; checked on load so a stray .pt is a clear error, not a crash.
@@ -102,9 +102,9 @@ class Prepared:
 
 
 def _torch():
-    from pipeline.torch_import import import_timm
+    from pipeline.models.torch_import import import_timm
 
-    import_timm()  # timm's own import quirks (pipeline/torch_import.py) are handled once there
+    import_timm()  # timm's own import quirks (pipeline/models/torch_import.py) are handled once there
     import torch
 
     return torch
@@ -341,7 +341,7 @@ class TorchRuntime(EngineRuntime):
             return self._prepared
         self._prepared = None
         torch = _torch()
-        from pipeline.torch_import import import_timm
+        from pipeline.models.torch_import import import_timm
 
         try:
             saved = torch.load(engine_path, map_location="cpu", weights_only=True)

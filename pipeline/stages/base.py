@@ -22,7 +22,7 @@ from pipeline.catalog import Catalog, EngineRef
 from pipeline.environment import capture_environment
 from pipeline.errors import RefusedByTool
 from pipeline.manifest import Artifact, EngineManifest, StageRecord, read_manifest
-from pipeline.models import ModelSource
+from pipeline.models.timm import ModelSource
 from pipeline.reporting import Reporter
 from pipeline.workspace import Workspace
 

@@ -23,7 +23,7 @@ from pipeline.stages.calibration import calibration_batches, describe_source, im
 from pipeline.environment import package_version
 from pipeline.errors import PipelineError, require_module
 from pipeline.manifest import Artifact, ExportDetails, ParityCheck
-from pipeline.models import TORCH_DTYPES
+from pipeline.models.timm import TORCH_DTYPES
 from pipeline.stages.quantize import DEFAULT_WEIGHTS_DTYPE, MIN_OPSET, PRESETS, TRACED_HIGH_PRECISION, accuracy_proxy, export_quantized, load_modelopt, quantize_model, require_cuda_for
 from pipeline.runtimes.onnxruntime import NO_CPU_KERNELS
 from pipeline.stages.sparsify import onnx_sparsity, sparsify_model
@@ -139,7 +139,7 @@ class ExportStage(Stage):
         variant = self.variant_spec
         phase = Phases()
         with phase("import"):
-            from pipeline.torch_import import import_timm
+            from pipeline.models.torch_import import import_timm
 
             import_timm()  # timed here, not in create_model
             import torch

@@ -84,7 +84,7 @@ def run_engines(ctx: RunContext, engines: list[EngineRef], toolchain: str | None
 
 def describe(ctx: RunContext, engines: list[EngineRef], toolchain: str, until: str) -> list[str]:
     """What `--dry-run` prints: each engine's stages and the exact work they would do."""
-    from pipeline.models import ModelSource
+    from pipeline.models.timm import ModelSource
     from pipeline.runtimes import get_runtime
 
     runtime = get_runtime(ctx, toolchain)

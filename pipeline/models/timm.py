@@ -42,7 +42,7 @@ class ModelSource:
 
     def create(self):
         """The model in eval mode on the CPU, in FP32, with the catalog's weights."""
-        from pipeline.torch_import import import_timm
+        from pipeline.models.torch_import import import_timm
 
         timm = import_timm()
         import torch

@@ -1,0 +1,1 @@
+"""Where the PyTorch models engines come from: one module per model family."""
