@@ -16,17 +16,6 @@ from pathlib import Path
 
 import click
 
-EXIT_INTERRUPTED = 130
-EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a process SIGTERM ended
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM — what `docker stop`, schedulers and CI timeouts send — handled like Ctrl-C: the
-    same clean-up (partial files removed, child tools and containers stopped), exit 143."""
-
-
-def _raise_terminated(signum, frame):
-    raise Terminated()
 EXIT_INTERNAL = 70
 
 
@@ -619,15 +608,12 @@ def trtexec_parse(log, exports, precision, as_json):
 
 def main(argv: list[str] | None = None) -> int:
     from pipeline.errors import PipelineError
-
-    import signal
-    import threading
+    from pipeline.signals import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, sigterm_as_interrupt
 
     args = list(sys.argv[1:] if argv is None else argv)
-    on_main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _raise_terminated) if on_main_thread else None
     try:
-        cli.main(args=args, prog_name="pipeline", standalone_mode=False)
+        with sigterm_as_interrupt():
+            cli.main(args=args, prog_name="pipeline", standalone_mode=False)
         return 0
     except click.exceptions.Exit as exc:
         return exc.exit_code
@@ -663,9 +649,6 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         click.echo("INTERNAL ERROR: this is a bug in the pipeline; the traceback above helps fix it.", err=True)
         return EXIT_INTERNAL
-    finally:
-        if on_main_thread and previous is not None:
-            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -159,13 +159,9 @@ def connect(address: str, verbose: bool = False) -> Cluster:
 def _keep_sigterm() -> None:
     """ray.init installs its own SIGTERM handler (a stack dump, then death); SIGTERM must stay what
     it is everywhere in the pipeline: Ctrl-C's clean-up, then exit 143."""
-    import signal
-    import threading
+    from pipeline.signals import terminate_like_interrupt
 
-    if threading.current_thread() is threading.main_thread():
-        from pipeline.cli import _raise_terminated
-
-        signal.signal(signal.SIGTERM, _raise_terminated)
+    terminate_like_interrupt()
 
 
 def disconnect() -> None:

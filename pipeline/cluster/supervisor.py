@@ -36,7 +36,7 @@ def run_on_cluster(ctx, address: str, engines, toolchain, until: str, gpu_types:
     try:
         child.join()
     except KeyboardInterrupt as exc:
-        from pipeline.cli import Terminated
+        from pipeline.signals import Terminated
 
         # The child has a process group of its own (below): pass Ctrl-C or SIGTERM on to it.
         if child.is_alive():
@@ -68,15 +68,15 @@ def run_on_cluster(ctx, address: str, engines, toolchain, until: str, gpu_types:
 
 
 def _child(send, settings) -> None:
-    from pipeline.cli import _raise_terminated
     from pipeline.cluster.scheduler import drive
     from pipeline.reporting import Reporter
+    from pipeline.signals import terminate_like_interrupt
     from pipeline.stages.base import RunContext
     from pipeline.workspace import Workspace
 
     # A process group of its own: what Ray signals when it loses its node stays in this process.
     os.setsid()
-    signal.signal(signal.SIGTERM, _raise_terminated)
+    terminate_like_interrupt()
     catalog, force, argv, address, engines, toolchain, until, gpu_types, verbose = settings
     ctx = RunContext(catalog=catalog, workspace=Workspace(catalog.root), reporter=Reporter(verbose=verbose), force=force, argv=argv)
     try:
