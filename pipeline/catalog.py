@@ -11,13 +11,15 @@ import difflib
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from pipeline.errors import PipelineError, UsageError
 
 CATALOG_FILENAME = "pipeline.toml"
+# The validation context key of the toolchain kinds' settings lookup (see read_catalog).
+TOOLCHAIN_SETTINGS = "toolchain_settings"
 
 # Names become file and directory names: no separators, no leading dot, nothing to escape.
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.\-]{0,63}$")
@@ -151,17 +153,19 @@ class Catalog(_Strict):
     # The toolchain every engine is measured against in `pipeline compare` (PyTorch eager): each
     # row's speedup over the same model and variant there. None: no such column.
     baseline_toolchain: str | None = None
-    # Directory the outputs (models/, engines/, manifests/) live under; set by load_catalog.
+    # Directory the outputs (models/, engines/, manifests/) live under; set by read_catalog.
     root: Path = Field(default=Path("."), exclude=True)
 
     @field_validator("toolchains", mode="before")
     @classmethod
-    def _validate_toolchains_by_kind(cls, table: Any) -> Any:
-        """Each toolchain table against the settings of its kind (pipeline/runtimes registers them)."""
-        from pipeline.runtimes import spec_class
-
+    def _validate_toolchains_by_kind(cls, table: Any, info: ValidationInfo) -> Any:
+        """Each toolchain table against the settings of its kind. The kinds are registered above this
+        module (pipeline/runtimes), which hands their lookup in as the validation context."""
         if not isinstance(table, dict):
             return table
+        spec_class = (info.context or {}).get(TOOLCHAIN_SETTINGS)
+        if spec_class is None:
+            raise ValueError("toolchain tables need their kinds' settings: load the catalog with pipeline.runtimes.load_catalog")
         specs, problems = {}, []
         for name, raw in table.items():
             if isinstance(raw, ToolchainSpec):
@@ -308,7 +312,9 @@ def find_catalog(start: Path | None = None) -> Path:
     )
 
 
-def load_catalog(path: Path | None = None) -> Catalog:
+def read_catalog(path: Path | None, toolchain_settings: Callable[[str | None], type[ToolchainSpec]]) -> Catalog:
+    """The catalog at ``path`` (default: found from here up), each toolchain table validated by the
+    settings class ``toolchain_settings(kind)`` returns (LookupError for an unknown kind)."""
     try:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10
@@ -324,7 +330,7 @@ def load_catalog(path: Path | None = None) -> Catalog:
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{path} is not valid TOML: {exc}.", hint="fix the line named above")
     try:
-        catalog = Catalog.model_validate(raw)
+        catalog = Catalog.model_validate(raw, context={TOOLCHAIN_SETTINGS: toolchain_settings})
     except ValidationError as exc:
         raise UsageError(f"{path} is not a valid catalog:\n{_describe(exc, indent='  ')}", hint=f"see the comments in {CATALOG_FILENAME}")
     return catalog.model_copy(update={"root": path.parent.resolve()})

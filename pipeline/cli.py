@@ -28,7 +28,7 @@ class _State:
     @property
     def catalog(self):
         if self._catalog is None:
-            from pipeline.catalog import load_catalog
+            from pipeline.runtimes import load_catalog
 
             self._catalog = load_catalog(self.catalog_path)
         return self._catalog

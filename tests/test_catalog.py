@@ -2,7 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.catalog import EngineRef, load_catalog
+from pipeline.catalog import EngineRef
+from pipeline.runtimes import load_catalog
 from pipeline.errors import UsageError
 from tests.conftest import REPO_ROOT, TINY_CATALOG, write_catalog
 

@@ -301,7 +301,7 @@ def test_lock_pins_digests_and_builds_warn_when_the_image_changed(docker_host, w
 
 def test_profiling_an_engine_from_another_release_is_refused(docker_host, workspace, run_cli):
     assert run_cli(workspace, "build", "--engine", "tiny_fp32", "--toolchain", "standin").exit_code == 0
-    from pipeline.catalog import load_catalog
+    from pipeline.runtimes import load_catalog
     from pipeline.errors import PipelineError
     from pipeline.stages.profile import ProfileStage
     from pipeline.reporting import Reporter

@@ -12,6 +12,7 @@ import functools
 import importlib
 from pathlib import Path
 
+from pipeline.catalog import Catalog, read_catalog
 from pipeline.errors import EnvironmentMissing
 from pipeline.runtimes.base import EngineRuntime
 
@@ -42,6 +43,12 @@ def runtime_classes() -> list[type[EngineRuntime]]:
 def spec_class(kind: str | None):
     """The catalog settings class of a toolchain kind (LookupError for an unknown kind)."""
     return runtime_class(kind).Spec
+
+
+def load_catalog(path: Path | None = None) -> Catalog:
+    """The catalog at ``path`` (default: pipeline.toml found from here up), every toolchain table
+    validated against the settings of its kind."""
+    return read_catalog(path, spec_class)
 
 
 def create_runtime(name: str, spec, reporter, workspace_root: Path, force: bool = False) -> EngineRuntime:
