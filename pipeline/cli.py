@@ -401,7 +401,7 @@ def compare(state: _State, toolchains, trts, models, gpu_types, fmt, out, baseli
     names = list(toolchains) + [catalog.toolchain_for_trt(v) for v in trts]
     if fmt == "html" and out is None:
         out = catalog.root / "reports" / "compare.html"
-    from pipeline.report.compare import parse_accuracy_threshold
+    from pipeline.report.gates import parse_accuracy_threshold
 
     thresholds = [parse_accuracy_threshold(text) for text in accuracy_thresholds]  # checked before any work
     rows = _print_comparison(state, names or None, fmt, out, list(models) or None, columns, wide, noisy_cv, list(gpu_types) or None)
@@ -412,7 +412,7 @@ def compare(state: _State, toolchains, trts, models, gpu_types, fmt, out, baseli
 
 
 def _accuracy_gate(rows, thresholds) -> None:
-    from pipeline.report.compare import accuracy_gate
+    from pipeline.report.gates import accuracy_gate
     from pipeline.errors import PipelineError
 
     checked, failures = accuracy_gate(rows, thresholds)
@@ -431,7 +431,8 @@ def _accuracy_gate(rows, thresholds) -> None:
 
 
 def _gate(state: _State, toolchains, baseline: str, fail_above: float) -> None:
-    from pipeline.report.compare import load_baseline, load_manifests, regression_gate, render_gate
+    from pipeline.report.gates import regression_gate, render_gate
+    from pipeline.report.rows import load_baseline, load_manifests
     from pipeline.errors import PipelineError
     from pipeline.workspace import Workspace
 
@@ -450,9 +451,10 @@ def _gate(state: _State, toolchains, baseline: str, fail_above: float) -> None:
 
 
 def _print_comparison(state: _State, toolchains, fmt, out, models=None, columns=None, wide=False, noisy_cv=None, gpu_types=None):
-    from pipeline.report.compare import NOISY_CV, parse_columns
     from pipeline.report.compare import compare as compare_manifests
-    from pipeline.report.compare import render_markdown, write_output
+    from pipeline.report.compare import write_output
+    from pipeline.report.rows import NOISY_CV
+    from pipeline.report.tables import parse_columns, render_markdown
     from pipeline.reporting import stdout_console
     from pipeline.workspace import Workspace
 

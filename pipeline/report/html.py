@@ -11,7 +11,8 @@ import html
 import io
 from datetime import datetime, timezone
 
-from pipeline.report.compare import HEADERS, ComparisonRow, _cells
+from pipeline.report.rows import ComparisonRow
+from pipeline.report.tables import HEADERS, row_cells
 from pipeline.manifest import EngineManifest
 from pipeline.workspace import output_folder
 
@@ -111,7 +112,7 @@ def _table(rows: list[ComparisonRow]) -> str:
     body = []
     for row in rows:
         cells = "".join(
-            f'<td class="{"text" if header in LEFT else "num"}">{html.escape(cell)}</td>' for header, cell in zip(HEADERS, _cells(row))
+            f'<td class="{"text" if header in LEFT else "num"}">{html.escape(cell)}</td>' for header, cell in zip(HEADERS, row_cells(row))
         )
         body.append(f'<tr class="{"measured" if row.median_ms is not None else "unmeasured"}">{cells}</tr>')
     return f'<table class="comparison"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'

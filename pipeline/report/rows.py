@@ -1,0 +1,325 @@
+"""Comparison rows: one per profiled engine (variant × toolchain × GPU type), built from the saved
+manifests, with the measurement's flags and every speedup it is compared by. A difference whose
+bootstrap confidence interval (of the difference of medians, from the per-iteration times)
+contains zero is marked not significant: it is within the runs' own spread.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.catalog import Catalog
+from pipeline.errors import PipelineError
+from pipeline.manifest import EngineManifest, read_manifest
+from pipeline.workspace import Workspace
+
+
+FORMATS = ("table", "md", "html", "json", "csv")
+
+
+@dataclass
+class ComparisonRow:
+    model: str
+    variant: str
+    toolchain: str
+    status: str  # "measured (<metric>)", or why there is no number
+    # The GPU type a cluster run built and timed this engine for (manifests/<toolchain>@<gpu>/);
+    # rows are compared only with rows of the same GPU type. None on a local run.
+    gpu_type: str | None = None
+    device: str | None = None
+    gpu: str | None = None
+    batch_size: int | None = None
+    median_ms: float | None = None
+    median_ci_ms: tuple[float, float] | None = None
+    p5_ms: float | None = None
+    p95_ms: float | None = None
+    p99_ms: float | None = None
+    cv: float | None = None
+    images_per_s: float | None = None
+    baseline: str | None = None
+    speedup: float | None = None
+    speedup_significant: bool | None = None
+    reference_toolchain: str | None = None
+    change_ms: float | None = None
+    change_pct: float | None = None
+    change_significant: bool | None = None
+    # Speedup over the catalog's baseline toolchain (PyTorch eager) for the same model and variant.
+    baseline_toolchain: str | None = None
+    vs_baseline_toolchain: float | None = None
+    vs_baseline_toolchain_significant: bool | None = None
+    engine_mb: float | None = None
+    build_s: float | None = None
+    # Against the FP32 model's outputs: "measured" on the engine's own outputs, or the export's
+    # "proxy" (the fake-quantized PyTorch model) where no engine ran.
+    accuracy_source: str | None = None
+    accuracy_cosine: float | None = None
+    top1_agreement: float | None = None
+    top5_agreement: float | None = None
+    # Against the evaluation images' labels (`--eval-dir` with ImageNet classes of a checkpoint).
+    top1_accuracy: float | None = None
+    # Measured outputs that were NaN or Inf (then there is no cosine).
+    nonfinite_values: int | None = None
+    audit: str | None = None
+    matmul_gflops: float | None = None
+    achieved_tflops: float | None = None
+    peak_fraction: float | None = None
+    # Why the number may not be trusted: a busy machine, a noisy run (see measurement_flags).
+    flags: list[str] = field(default_factory=list)
+    # What the timing included (CUDA graphs, data transfers, spin wait), where the runtime says.
+    measured_with: dict[str, bool] = field(default_factory=dict)
+    # Per-iteration times and layer timings, for plots and significance; not in tabular output.
+    samples_ms: list[float] = field(default_factory=list, repr=False)
+    layers: list[tuple[str, float]] = field(default_factory=list, repr=False)
+
+    @property
+    def engine(self) -> str:
+        return f"{self.model}_{self.variant}"
+
+    @property
+    def full_status(self) -> str:
+        return "; ".join([self.status, *self.flags])
+
+    @property
+    def target(self) -> str:
+        """The toolchain, with the GPU type where the row has one: how tables label a row."""
+        return f"{self.toolchain}@{self.gpu_type}" if self.gpu_type else self.toolchain
+
+    def public(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("samples_ms")
+        data.pop("layers")
+        data["engine"] = self.engine
+        return data
+
+
+# --- loading ---------------------------------------------------------------------------------------
+
+
+def load_manifests(manifests_dir: Path, toolchains: list[str] | None = None) -> list[EngineManifest]:
+    if not manifests_dir.is_dir():
+        return []
+    manifests = []
+    for directory in sorted(p for p in manifests_dir.iterdir() if p.is_dir() and p.name != "export"):
+        if toolchains and directory.name.split("@")[0] not in toolchains:  # <toolchain>@<gpu> for cluster runs
+            continue
+        for path in sorted(directory.glob("*.json")):
+            manifests.append(read_manifest(path))
+    return manifests
+
+
+def load_baseline(spec: str, workspace: Workspace, toolchains: list[str] | None) -> list[EngineManifest]:
+    """Manifests from a directory (a workspace or its manifests/) or from a git ref."""
+    path = Path(spec)
+    if path.is_dir():
+        root = path / "manifests" if (path / "manifests").is_dir() else path
+        manifests = load_manifests(root, toolchains)
+        if not manifests:
+            raise PipelineError(f"baseline {spec} holds no engine manifests.", hint="pass the manifests/ folder of an earlier run")
+        return manifests
+    return _load_from_git(spec, workspace, toolchains)
+
+
+def _load_from_git(ref: str, workspace: Workspace, toolchains: list[str] | None) -> list[EngineManifest]:
+    def git(*args: str) -> str:
+        result = subprocess.run(["git", *args], cwd=workspace.root, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise PipelineError(
+                f"baseline {ref!r} is neither a directory nor a git ref with manifests: {result.stderr.strip() or 'git failed'}",
+                hint="pass a manifests directory, or a branch/commit that has manifests/ committed",
+            )
+        return result.stdout
+
+    listing = [p for p in git("ls-tree", "-r", "--name-only", ref, "--", "manifests/").splitlines() if p.endswith(".json")]
+    manifests = []
+    for name in listing:
+        parts = Path(name).parts
+        if len(parts) != 3 or parts[1] == "export" or (toolchains and parts[1].split("@")[0] not in toolchains):
+            continue
+        manifests.append(EngineManifest.model_validate_json(git("show", f"{ref}:{name}")))
+    if not manifests:
+        raise PipelineError(
+            f"git ref {ref!r} has no engine manifests under manifests/ (they are git-ignored by default).",
+            hint="commit manifests to a results branch, or pass a directory with --baseline",
+        )
+    return manifests
+
+
+# --- rows ----------------------------------------------------------------------------------------
+
+
+# A run whose coefficient of variation is above this is flagged noisy (`--noisy-cv`). ONNX Runtime
+# on a quiet CPU stays within a few percent; the lent H100's noisiest PyTorch run had 17%.
+NOISY_CV = 0.10
+# A machine whose 1-minute load average exceeds this many runnable tasks per CPU was busy: the
+# measurement shared its cores (two concurrent profiles on 2 CPUs measured ~4; one alone ~2).
+BUSY_LOAD_PER_CPU = 1.5
+
+
+def measurement_flags(details, noisy_cv: float = NOISY_CV) -> list[str]:
+    """Why a measurement may not be trusted, from what the profile recorded; empty when none."""
+    flags = []
+    if details.latency_ms.cv > noisy_cv:
+        flags.append(f"noisy: CV {details.latency_ms.cv:.1%} is above {noisy_cv:.0%}")
+    load = details.machine_load or {}
+    for when in ("start", "end"):
+        facts = load.get(when) or {}
+        averages, cpus = facts.get("load_average"), facts.get("cpu_count")
+        if averages and cpus and averages[0] > BUSY_LOAD_PER_CPU * cpus:
+            flags.append(f"busy machine: load average {averages[0]:g} on {cpus} CPUs at the {when}")
+            break
+    for when in ("start", "end"):
+        others = (load.get(when) or {}).get("gpu_processes") or []
+        if others:
+            names = ", ".join(sorted({f"{p['name']} (pid {p['pid']})" for p in others}))
+            flags.append(f"busy GPU: other processes used it at the {when}: {names}")
+            break
+    return flags
+
+
+def build_rows(
+    catalog: Catalog, manifests: list[EngineManifest], toolchain_order: list[str] | None = None, noisy_cv: float = NOISY_CV
+) -> list[ComparisonRow]:
+    import numpy as np
+
+    from pipeline.report.roofline import peak_tflops
+    from pipeline.stats import bootstrap_median_ci
+
+    rows: list[ComparisonRow] = []
+    flops_by_model: dict[tuple[str, int], float] = {}
+    for m in manifests:
+        audit = m.export.details.onnx_audit if m.export and m.export.details else {}
+        if audit.get("matmul_flops") and m.export.details.input_shape:
+            flops_by_model[(m.model, m.export.details.input_shape[0])] = audit["matmul_flops"]
+
+    for m in manifests:
+        row = ComparisonRow(model=m.model, variant=m.variant, toolchain=m.toolchain or "?", gpu_type=m.gpu_type, status="not profiled")
+        if m.build is not None and m.build.status == "skipped":
+            row.status = f"skipped: {m.build.reason}"
+        elif m.build is not None and m.build.status == "failed":
+            row.status = f"build refused: {m.build.reason}"
+            row.build_s = m.build.duration_s
+        elif m.profile is not None and m.profile.status == "skipped":
+            row.status = f"skipped: {m.profile.reason}"
+        if m.build is not None and m.build.status == "done":
+            engine = next((a for a in m.build.outputs if a.role == "engine"), None)
+            row.engine_mb = engine.size_bytes / 2**20 if engine else None
+            row.build_s = m.build.duration_s
+            details = m.build.details
+            audit = details.precision_audit if details is not None else None
+            if audit:
+                row.audit = audit.get("warning") or ("ok: " + ", ".join(f"{k} {v}" for k, v in sorted(audit["output_types"].items())))
+        if m.export is not None and m.export.details is not None and m.export.details.accuracy:
+            row.accuracy_source = "proxy"
+            row.accuracy_cosine = m.export.details.accuracy["cosine_similarity"]
+            row.top1_agreement = m.export.details.accuracy["top1_agreement"]
+        if m.profile is not None and m.profile.status == "done" and m.profile.details is not None:
+            d = m.profile.details
+            samples = np.asarray(d.per_iteration_ms)
+            row.status = f"measured ({d.metric})"
+            row.device = d.device
+            row.gpu = d.gpu or ((d.trtexec or {}).get("device", {}).get("name") if d.trtexec else None)
+            row.batch_size = d.batch_size
+            row.median_ms = d.latency_ms.median
+            row.median_ci_ms = bootstrap_median_ci(samples)
+            row.p5_ms, row.p95_ms = (float(v) for v in np.percentile(samples, [5, 95]))
+            row.p99_ms = d.latency_ms.p99
+            row.cv = d.latency_ms.cv
+            row.images_per_s = d.images_per_s
+            row.samples_ms = list(d.per_iteration_ms)
+            row.flags = measurement_flags(d, noisy_cv)
+            if d.accuracy:
+                row.accuracy_source = "measured"
+                row.accuracy_cosine = d.accuracy["cosine_similarity"]
+                row.top1_agreement = d.accuracy["top1_agreement"]
+                row.top5_agreement = d.accuracy.get("top5_agreement")
+                row.top1_accuracy = d.accuracy.get("top1_accuracy")
+                row.nonfinite_values = d.accuracy.get("nonfinite_values")
+                if d.accuracy.get("warning"):
+                    row.flags.append(f"inaccurate: {d.accuracy['warning']}")
+            row.measured_with = dict(d.measured_with)
+            row.layers = _layer_times(d.trtexec)
+            flops = flops_by_model.get((m.model, d.batch_size))
+            if flops:
+                row.matmul_gflops = flops / 1e9
+                row.achieved_tflops = flops / (row.median_ms / 1000.0) / 1e12
+                peak = peak_tflops(row.gpu, m.precision)
+                row.peak_fraction = row.achieved_tflops / peak if peak else None
+        rows.append(row)
+
+    _speedups(catalog, rows)
+    _toolchain_changes(rows, toolchain_order)
+    if catalog.baseline_toolchain:
+        _against_baseline_toolchain(rows, catalog.baseline_toolchain)
+    variant_order = {name: i for i, name in enumerate(catalog.variants)}
+    chain_order = {name: i for i, name in enumerate(toolchain_order or sorted({r.toolchain for r in rows}))}
+    rows.sort(key=lambda r: (r.model, variant_order.get(r.variant, len(variant_order)), r.variant, chain_order.get(r.toolchain, 99), r.gpu_type or ""))
+    return rows
+
+
+def _layer_times(trtexec: dict | None) -> list[tuple[str, float]]:
+    if not trtexec:
+        return []
+    profile = trtexec.get("exported_profile") or {}
+    layers = [(l["name"], l["average_ms"]) for l in profile.get("layers", [])]
+    if not layers:
+        layers = [(l["name"], l["average_ms"]) for l in ((trtexec.get("profile") or {}).get("layers") or [])]
+    return layers
+
+
+def _speedups(catalog: Catalog, rows: list[ComparisonRow]) -> None:
+    from pipeline.stats import median_difference_ci
+
+    measured = {(r.model, r.toolchain, r.gpu_type, r.variant): r for r in rows if r.median_ms}
+    for row in rows:
+        if row.median_ms is None:
+            continue
+        spec = catalog.toolchains.get(row.toolchain)
+        for name in spec.baselines if spec else ("fp16", "fp32"):
+            base = measured.get((row.model, row.toolchain, row.gpu_type, name))
+            if base is not None:
+                row.baseline = name
+                row.speedup = base.median_ms / row.median_ms
+                if base is not row:
+                    low, high = median_difference_ci(row.samples_ms, base.samples_ms)
+                    row.speedup_significant = not (low <= 0.0 <= high)
+                break
+
+
+def _toolchain_changes(rows: list[ComparisonRow], order: list[str] | None) -> None:
+    from pipeline.stats import median_difference_ci
+
+    chains = order or sorted({r.toolchain for r in rows if r.median_ms})
+    if len(chains) < 2:
+        return
+    reference = chains[0]
+    by_key = {(r.model, r.variant, r.toolchain, r.gpu_type): r for r in rows if r.median_ms}
+    for row in rows:
+        ref = by_key.get((row.model, row.variant, reference, row.gpu_type))
+        if row.median_ms is None or ref is None or row.toolchain == reference:
+            continue
+        row.reference_toolchain = reference
+        differ = [f"{key} {'on' if row.measured_with[key] else 'off'} here, {'on' if ref.measured_with[key] else 'off'} there" for key in sorted(row.measured_with.keys() & ref.measured_with.keys()) if row.measured_with[key] != ref.measured_with[key]]
+        if differ:
+            row.flags.append(f"measured differently from {reference}: {', '.join(differ)}")
+        row.change_ms = row.median_ms - ref.median_ms
+        row.change_pct = row.change_ms / ref.median_ms * 100
+        low, high = median_difference_ci(row.samples_ms, ref.samples_ms)
+        row.change_significant = not (low <= 0.0 <= high)
+
+
+def _against_baseline_toolchain(rows: list[ComparisonRow], baseline: str) -> None:
+    from pipeline.stats import median_difference_ci
+
+    measured = {(r.model, r.variant, r.batch_size, r.gpu_type): r for r in rows if r.median_ms and r.toolchain == baseline}
+    for row in rows:
+        base = measured.get((row.model, row.variant, row.batch_size, row.gpu_type))
+        if row.median_ms is None or base is None:
+            continue
+        row.baseline_toolchain = baseline
+        row.vs_baseline_toolchain = base.median_ms / row.median_ms
+        if base is not row:
+            low, high = median_difference_ci(row.samples_ms, base.samples_ms)
+            row.vs_baseline_toolchain_significant = not (low <= 0.0 <= high)
