@@ -3,6 +3,7 @@
 #   make demo                 set up (first time) and run the main job on ONNX Runtime
 #   make setup EXTRAS=cluster also install Ray, for `--cluster` (each node of a cluster needs it too)
 #   make test                 set up (first time) and run the tests
+#   make lint                 ruff and the import-layer contract, as CI runs them
 #   make engines TRT=10.14    build every variant of MODEL with that TensorRT toolchain
 #   make engines TOOLCHAIN=trt-rtx1.7 ARCH=sm120    … or with any toolchain, for chosen GPUs
 #   make engines TRT=11.1 DRY_RUN=1                  print the exact commands and stop (no GPU needed)
@@ -29,7 +30,7 @@ CLUSTER ?=
 CHAIN = $(if $(TRT),--trt $(TRT),--toolchain $(TOOLCHAIN)) $(foreach arch,$(ARCH),--arch $(arch)) $(if $(CLUSTER),--cluster $(CLUSTER))
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo engines profile compare doctor test clean
+.PHONY: help setup demo engines profile compare doctor test lint clean
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -65,6 +66,11 @@ doctor: setup ## Show what this machine can run.
 
 test: setup ## Run the test suite (GPU/Docker tests skip with their reason when unavailable).
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: setup ## Check style (ruff) and the architecture's import layers (import-linter).
+	$(BIN)/ruff check pipeline tests scripts
+	$(BIN)/ruff format --check pipeline tests scripts
+	$(BIN)/lint-imports
 
 clean: ## Delete the outputs: models/ engines/ manifests/ reports/.
 	rm -rf models engines manifests reports

@@ -114,7 +114,7 @@ class ReferenceBatch:
         return accuracy_floor(self.precision, self.sparse)
 
     @classmethod
-    def from_export(cls, details, root: Path) -> "ReferenceBatch | None":
+    def from_export(cls, details, root: Path) -> ReferenceBatch | None:
         """From an export record's details; None for exports made before reference batches."""
         ref = getattr(details, "reference", None)
         if not ref:

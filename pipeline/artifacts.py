@@ -13,8 +13,8 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from pipeline.errors import PipelineError
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
@@ -87,7 +88,7 @@ class ToolchainSpec(_Strict):
         """The TensorRT release this toolchain provides, for `--trt VERSION`; None when it is not one."""
         return None
 
-    def with_targets(self, targets: tuple[str, ...]) -> "ToolchainSpec":
+    def with_targets(self, targets: tuple[str, ...]) -> ToolchainSpec:
         """This toolchain building for other GPU architectures (`--arch`)."""
         raise UsageError(
             f"--arch does not apply to {self.kind} toolchains: they build for the GPU they run on.",
@@ -230,7 +231,7 @@ class Catalog(_Strict):
     def toolchain(self, name: str) -> ToolchainSpec:
         return self.toolchains[_lookup("toolchain", name, self.toolchains)]
 
-    def with_targets(self, toolchain: str, targets: tuple[str, ...]) -> "Catalog":
+    def with_targets(self, toolchain: str, targets: tuple[str, ...]) -> Catalog:
         """This catalog with ``toolchain`` compiling for other GPU architectures (`--arch`)."""
         spec = self.toolchain(toolchain).with_targets(targets)
         return self.model_copy(update={"toolchains": {**self.toolchains, toolchain: spec}})
@@ -324,15 +325,15 @@ def read_catalog(path: Path | None, toolchain_settings: Callable[[str | None], t
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise UsageError(f"catalog {path} does not exist.", hint="pass --catalog PATH to an existing file")
+        raise UsageError(f"catalog {path} does not exist.", hint="pass --catalog PATH to an existing file") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise PipelineError(f"cannot read catalog {path}: {exc}")
+        raise PipelineError(f"cannot read catalog {path}: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{path} is not valid TOML: {exc}.", hint="fix the line named above")
+        raise UsageError(f"{path} is not valid TOML: {exc}.", hint="fix the line named above") from None
     try:
         catalog = Catalog.model_validate(raw, context={TOOLCHAIN_SETTINGS: toolchain_settings})
     except ValidationError as exc:
-        raise UsageError(f"{path} is not a valid catalog:\n{_describe(exc, indent='  ')}", hint=f"see the comments in {CATALOG_FILENAME}")
+        raise UsageError(f"{path} is not a valid catalog:\n{_describe(exc, indent='  ')}", hint=f"see the comments in {CATALOG_FILENAME}") from None
     return catalog.model_copy(update={"root": path.parent.resolve()})
 
 

@@ -412,8 +412,8 @@ def compare(state: _State, toolchains, trts, models, gpu_types, fmt, out, baseli
 
 
 def _accuracy_gate(rows, thresholds) -> None:
-    from pipeline.report.gates import accuracy_gate
     from pipeline.errors import PipelineError
+    from pipeline.report.gates import accuracy_gate
 
     checked, failures = accuracy_gate(rows, thresholds)
     if not checked:
@@ -431,9 +431,9 @@ def _accuracy_gate(rows, thresholds) -> None:
 
 
 def _gate(state: _State, toolchains, baseline: str, fail_above: float) -> None:
+    from pipeline.errors import PipelineError
     from pipeline.report.gates import regression_gate, render_gate
     from pipeline.report.rows import load_baseline, load_manifests
-    from pipeline.errors import PipelineError
     from pipeline.workspace import Workspace
 
     workspace = Workspace(state.catalog.root)
@@ -496,8 +496,8 @@ def doctor(state: _State, as_json):
     """What this machine can run: Python deps, CUDA, GPU, Docker, NVIDIA runtime, toolchains."""
     import json
 
-    from pipeline.runtimes.doctor import as_dicts, render, run_doctor
     from pipeline.reporting import stdout_console
+    from pipeline.runtimes.doctor import as_dicts, render, run_doctor
 
     checks = run_doctor(state.catalog)
     if as_json:
@@ -582,18 +582,16 @@ def trtexec_parse(log, exports, precision, as_json):
     """
     import json
 
-    from pipeline.trtexec.report import find_exports, parse_run, run_as_json
-
     from pipeline.errors import PipelineError
     from pipeline.trtexec.log import NOTHING_TO_REPORT
+    from pipeline.trtexec.report import find_exports, parse_run, run_as_json
 
     run = parse_run(log, find_exports(exports) if exports else None, precision)
     if as_json:
         click.echo(json.dumps(run_as_json(run), indent=2))
     else:
-        from pipeline.trtexec.summary import render_run
-
         from pipeline.reporting import stdout_console
+        from pipeline.trtexec.summary import render_run
 
         stdout_console().print(render_run(run))
     if NOTHING_TO_REPORT in run.log.warnings:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -172,7 +172,7 @@ class ProfileDetails(_Model):
     accuracy_skipped: str | None = None
 
 
-StageDetails = Annotated[Union[ExportDetails, BuildDetails, ProfileDetails], Field(discriminator="kind")]
+StageDetails = Annotated[ExportDetails | BuildDetails | ProfileDetails, Field(discriminator="kind")]
 
 
 class StageRecord(_Model):

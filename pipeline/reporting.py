@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import Iterator
+from collections.abc import Iterator
 
 from rich.console import Console
 from rich.markup import escape

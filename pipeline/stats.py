@@ -7,7 +7,7 @@ ONNX Runtime timings and trtexec's ``--exportTimes`` per-iteration records both 
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 from pydantic import BaseModel
 
@@ -28,7 +28,7 @@ class LatencyStats(BaseModel):
     cv: float
 
     @classmethod
-    def from_values(cls, values_ms: Sequence[float]) -> "LatencyStats":
+    def from_values(cls, values_ms: Sequence[float]) -> LatencyStats:
         import numpy as np
 
         if len(values_ms) == 0:

@@ -22,9 +22,9 @@ import os
 import shlex
 import socket
 import sys
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Iterator
 
 from pipeline.errors import PipelineError
 

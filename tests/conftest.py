@@ -71,8 +71,8 @@ def quantized_test_vit(precision: str, device: str = "cpu"):
     """timm's test_vit, seeded and calibrated with ModelOpt on one random batch."""
     import torch
 
-    from pipeline.stages.quantize import quantize_model
     from pipeline.models.torch_import import import_timm
+    from pipeline.stages.quantize import quantize_model
 
     torch.manual_seed(0)
     model = import_timm().create_model("test_vit").eval().to(device)

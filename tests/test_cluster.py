@@ -60,7 +60,7 @@ def cluster(tmp_path_factory):
         cluster.stop()
 
 
-def catalog_in(tmp_path, name: str, extra: str = "") -> "os.PathLike":
+def catalog_in(tmp_path, name: str, extra: str = "") -> os.PathLike:
     return write_catalog(tmp_path / name, CATALOG + extra)
 
 

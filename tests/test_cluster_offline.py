@@ -70,10 +70,10 @@ def test_each_kind_of_work_is_placed_where_it_can_run(tmp_path):
     """Placement decisions for a cluster with a real H100 (Ray's own resources), a node declaring
     an RTX PRO 6000, and a CPU-only node — no Ray needed to decide them."""
     from pipeline.catalog import EngineRef
-    from pipeline.runtimes import load_catalog
     from pipeline.cluster.connection import Cluster
     from pipeline.cluster.scheduler import ClusterRun, Job
     from pipeline.errors import UsageError
+    from pipeline.runtimes import load_catalog
     from pipeline.stages.base import RunContext
     from pipeline.workspace import Workspace
     from tests.conftest import RTX_TOOLCHAINS, TINY_CATALOG, write_catalog

@@ -118,7 +118,7 @@ def test_the_table_fits_the_terminal_with_every_number_whole(trt_workspace, run_
     assert max(map(len, out.splitlines())) <= width
     assert "…" not in out
     for row in rows:
-        line = next(l for l in out.splitlines() if l.split()[:2] == [row["variant"], row["toolchain"]])
+        line = next(candidate for candidate in out.splitlines() if candidate.split()[:2] == [row["variant"], row["toolchain"]])
         for number in (f"{row['median_ms']:.3f}", f"{row['p99_ms']:.3f}", f"{row['images_per_s']:.1f}", f"{row['speedup']:.2f}x"):
             assert number in line.split(), (width, number, line)
         if width >= 120:  # room for the CV and the change against the first toolchain too
@@ -155,7 +155,7 @@ def test_a_busy_or_noisy_measurement_is_flagged(trt_workspace, run_cli, monkeypa
     assert rows[("fp16", "trt10.14")]["flags"] == []
     monkeypatch.setenv("COLUMNS", "100")
     out = run_cli(trt_workspace, "compare").out
-    line = next(l for l in out.splitlines() if l.split()[:2] == ["fp16", "trt10.16"])
+    line = next(candidate for candidate in out.splitlines() if candidate.split()[:2] == ["fp16", "trt10.16"])
     mark = line.split()[-1]
     assert line.split()[-2] == "busy" and f"{mark} measured (GPU compute time); noisy: CV 25.0%" in out
     relaxed = json.loads(run_cli(trt_workspace, "compare", "--format", "json", "--noisy-cv", "30").out)
@@ -357,6 +357,6 @@ def test_a_real_100_column_terminal_shows_every_number_whole(trt_workspace, run_
     lines = out.replace("\r", "").splitlines()
     assert max(map(len, lines)) <= 100 and "…" not in out
     for row in rows:
-        line = next(l for l in lines if l.split()[:2] == [row["variant"], row["toolchain"]])
+        line = next(candidate for candidate in lines if candidate.split()[:2] == [row["variant"], row["toolchain"]])
         for number in (f"{row['median_ms']:.3f}", f"{row['p99_ms']:.3f}", f"{row['speedup']:.2f}x"):
             assert number in line.split(), (number, line)

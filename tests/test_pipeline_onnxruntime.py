@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -216,9 +216,9 @@ def test_changing_profile_settings_reprofiles_without_rebuilding(demo, run_cli):
     assert result.exit_code == 0
     assert "export   tiny_fp32" in result.err and "build    tiny_fp32" in result.err
     lines = result.err.splitlines()
-    assert "didn't change" in next(l for l in lines if l.startswith("export"))
-    assert "didn't change" in next(l for l in lines if l.startswith("build"))
-    assert "done" in next(l for l in lines if l.startswith("profile"))
+    assert "didn't change" in next(candidate for candidate in lines if candidate.startswith("export"))
+    assert "didn't change" in next(candidate for candidate in lines if candidate.startswith("build"))
+    assert "done" in next(candidate for candidate in lines if candidate.startswith("profile"))
     assert read_manifest(ws / "manifests" / "onnxruntime" / "tiny_fp32.json").profile.details.iterations >= 7
 
 
@@ -233,10 +233,10 @@ def test_a_tampered_onnx_is_re_exported_and_force_reruns(demo, run_cli):
     onnx_path.write_bytes(b"not an onnx model")
     result = run_cli(catalog, "build", "--engine", "tiny_fp32")
     assert result.exit_code == 0
-    assert [l.split()[0] for l in result.err.splitlines() if "done" in l] == ["export"]
+    assert [candidate.split()[0] for candidate in result.err.splitlines() if "done" in candidate] == ["export"]
     assert _sha256(onnx_path) == good  # same seed, same model: the export is reproducible
     # The build's input is identified by content, and the content is back to what it was built from.
-    assert "didn't change" in next(l for l in result.err.splitlines() if l.startswith("build"))
+    assert "didn't change" in next(candidate for candidate in result.err.splitlines() if candidate.startswith("build"))
     forced = run_cli(catalog, "export", "--engine", "tiny_fp32", "--force")
     assert forced.exit_code == 0 and "didn't change" not in forced.err
 

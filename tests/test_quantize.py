@@ -201,8 +201,8 @@ def test_calib_dir_option_overrides_the_catalog(tmp_path, run_cli):
 def test_block_format_exclusions_are_found_by_rule():
     import torch.nn as nn
 
-    from pipeline.stages.quantize import classifier_head, plan_exclusions
     from pipeline.models.torch_import import import_timm
+    from pipeline.stages.quantize import classifier_head, plan_exclusions
 
     timm = import_timm()
     vit = timm.create_model("test_vit")

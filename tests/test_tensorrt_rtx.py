@@ -338,8 +338,8 @@ def test_an_unreachable_package_index_is_a_missing_environment_and_leaves_nothin
 
 
 def test_catalog_refuses_an_unknown_architecture_or_release_form(tmp_path):
-    from pipeline.runtimes import load_catalog
     from pipeline.errors import UsageError
+    from pipeline.runtimes import load_catalog
 
     bad = CATALOG.replace('release = "1.7.1.116"', 'release = "1.7"\narchs = ["sm90"]')
     with pytest.raises(UsageError) as info:

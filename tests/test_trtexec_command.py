@@ -115,7 +115,7 @@ def test_tensorrt_10_builds_are_strongly_typed_and_never_weakly_typed(version):
 
 @pytest.mark.parametrize("version", ["11.0", "11.1.0"])
 def test_tensorrt_11_emits_none_of_the_removed_flags(version):
-    for precision, argv in build_argvs(version):
+    for _precision, argv in build_argvs(version):
         assert not set(WEAK_TYPING_FLAGS) & flags(argv)
         assert "--stronglyTyped" not in argv  # a deprecated no-op there: strong typing is the only kind
 

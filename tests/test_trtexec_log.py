@@ -140,7 +140,7 @@ def test_layer_profile_in_the_8x_layout_with_right_aligned_names():
     assert profile.layers[0].name == "QuantizeLinear_2"
     assert (profile.layers[0].total_ms, profile.layers[0].median_ms) == (85.71, 0.0079)
     assert profile.layers[-1].name == "Softmax_312"
-    long_name = next(l for l in profile.layers if l.name.startswith("fc.weight"))
+    long_name = next(layer for layer in profile.layers if layer.name.startswith("fc.weight"))
     assert long_name.name.endswith("(Unnamed Layer* 356) [ElementWise]") and long_name.total_ms == 97.60
     assert profile.total.total_ms == 2689.67
     assert log.gpu_compute_ms.median == 0.134155  # the separate profile run keeps the summary

@@ -29,8 +29,8 @@ from pipeline.catalog import EngineRef
 from pipeline.cluster.connection import Cluster, Node, placement_resources
 from pipeline.cluster.transfer import DriverBlobs
 from pipeline.errors import EnvironmentMissing, PipelineError, UsageError
-from pipeline.stages.runner import RunSummary, stage_for
 from pipeline.stages.base import RunContext
+from pipeline.stages.runner import RunSummary, stage_for
 
 # Attempts per task when its node or worker is lost (the first run included).
 MAX_ATTEMPTS = 3

@@ -121,8 +121,8 @@ def execute(request: StageRequest, node_id: str) -> StageResult:
 
 
 def _stage(request: StageRequest, scratch: Path, reporter, node_id: str):
-    from pipeline.stages.runner import stage_for
     from pipeline.stages.base import RunContext
+    from pipeline.stages.runner import stage_for
     from pipeline.workspace import Workspace
 
     catalog = request.catalog.model_copy(update={"root": scratch})

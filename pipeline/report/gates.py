@@ -11,6 +11,7 @@ from pipeline.manifest import EngineManifest
 from pipeline.report.rows import ComparisonRow
 from pipeline.workspace import output_folder
 
+
 @dataclass
 class Regression:
     engine: str

@@ -11,9 +11,9 @@ import html
 import io
 from datetime import datetime, timezone
 
+from pipeline.manifest import EngineManifest
 from pipeline.report.rows import ComparisonRow
 from pipeline.report.tables import HEADERS, row_cells
-from pipeline.manifest import EngineManifest
 from pipeline.workspace import output_folder
 
 STYLE = """

@@ -16,7 +16,6 @@ from pipeline.errors import PipelineError
 from pipeline.manifest import EngineManifest, read_manifest
 from pipeline.workspace import Workspace
 
-
 FORMATS = ("table", "md", "html", "json", "csv")
 
 
@@ -263,9 +262,9 @@ def _layer_times(trtexec: dict | None) -> list[tuple[str, float]]:
     if not trtexec:
         return []
     profile = trtexec.get("exported_profile") or {}
-    layers = [(l["name"], l["average_ms"]) for l in profile.get("layers", [])]
+    layers = [(entry["name"], entry["average_ms"]) for entry in profile.get("layers", [])]
     if not layers:
-        layers = [(l["name"], l["average_ms"]) for l in ((trtexec.get("profile") or {}).get("layers") or [])]
+        layers = [(entry["name"], entry["average_ms"]) for entry in ((trtexec.get("profile") or {}).get("layers") or [])]
     return layers
 
 

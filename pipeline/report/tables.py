@@ -7,11 +7,12 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from pipeline.errors import UsageError
 from pipeline.report.rows import ComparisonRow
+
 
 def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
     return "–" if value is None else f"{value:{spec}}{suffix}"

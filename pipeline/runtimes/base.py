@@ -122,7 +122,7 @@ class EngineRuntime(ABC):
         """What `pipeline toolchains lock` records for this toolchain; None: nothing to pin."""
         return None
 
-    def check_usable(self) -> None:
+    def check_usable(self) -> None:  # noqa: B027 — optional: most kinds are usable wherever they import
         """Raise EnvironmentMissing when this machine cannot use the toolchain at all."""
 
     def unsupported_reason(self, variant: VariantSpec) -> str | None:

@@ -62,8 +62,9 @@ def check_gpus() -> Check:
 
 def check_docker() -> tuple[Check, Check]:
     try:
-        import docker
         from docker.errors import DockerException
+
+        import docker
     except ImportError:
         missing = Check("Docker daemon", False, "the docker Python package is not installed")
         return missing, Check("NVIDIA container runtime", False, "no Docker")

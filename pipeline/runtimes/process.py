@@ -61,7 +61,7 @@ def run_logged(
         process.wait()
         reader.join(timeout=5)
         atomic_write_text(log_path, "".join(lines))
-        raise PipelineError(f"{what} ran past its {timeout_s:g} s limit and was killed.", hint=f"log so far: {log_path}")
+        raise PipelineError(f"{what} ran past its {timeout_s:g} s limit and was killed.", hint=f"log so far: {log_path}") from None
     finally:
         if process.poll() is None:  # Ctrl-C: do not leave the tool running
             _kill_group(process)

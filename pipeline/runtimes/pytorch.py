@@ -24,10 +24,11 @@ import os
 import shutil
 import sysconfig
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from pydantic import model_validator
 
@@ -383,7 +384,7 @@ class TorchRuntime(EngineRuntime):
                 "allocated": round(torch.cuda.max_memory_allocated() / 2**20, 1),
                 "reserved": round(torch.cuda.max_memory_reserved() / 2**20, 1),
             }
-            execution["compute_capability"] = "%d.%d" % torch.cuda.get_device_capability()
+            execution["compute_capability"] = "{}.{}".format(*torch.cuda.get_device_capability())
         return ProfileResult(
             per_iteration_ms=times_ms,
             total_walltime_s=elapsed,

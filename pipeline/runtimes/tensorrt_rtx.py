@@ -72,7 +72,7 @@ class TensorRtRtxSpec(ToolchainSpec):
     timeout_s: float = Field(default=3600.0, gt=0)
     builder_optimization_level: int | None = Field(default=None, ge=0, le=5)
 
-    def with_targets(self, targets: tuple[str, ...]) -> "TensorRtRtxSpec":
+    def with_targets(self, targets: tuple[str, ...]) -> TensorRtRtxSpec:
         return self.model_copy(update={"archs": tuple(normalise_arch(target) for target in targets)})
 
 

@@ -19,15 +19,25 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.artifacts import atomic_output, sha256_file
-from pipeline.stages.calibration import calibration_batches, describe_source, image_files, load_images
 from pipeline.environment import package_version
 from pipeline.errors import PipelineError, require_module
 from pipeline.manifest import Artifact, ExportDetails, ParityCheck
 from pipeline.models.timm import TORCH_DTYPES
-from pipeline.stages.quantize import DEFAULT_WEIGHTS_DTYPE, MIN_OPSET, PRESETS, TRACED_HIGH_PRECISION, accuracy_proxy, export_quantized, load_modelopt, quantize_model, require_cuda_for
 from pipeline.runtimes.onnxruntime import NO_CPU_KERNELS
-from pipeline.stages.sparsify import onnx_sparsity, sparsify_model
 from pipeline.stages.base import Stage, StageOutcome
+from pipeline.stages.calibration import calibration_batches, describe_source, image_files, load_images
+from pipeline.stages.quantize import (
+    DEFAULT_WEIGHTS_DTYPE,
+    MIN_OPSET,
+    PRESETS,
+    TRACED_HIGH_PRECISION,
+    accuracy_proxy,
+    export_quantized,
+    load_modelopt,
+    quantize_model,
+    require_cuda_for,
+)
+from pipeline.stages.sparsify import onnx_sparsity, sparsify_model
 
 # How far the ONNX Runtime output may drift from PyTorch's on the same input, per precision:
 # (max |error| relative to the largest |reference| value (at least 1), cosine similarity floor).

@@ -14,7 +14,7 @@ class RunSummary:
     succeeded: list[str] = field(default_factory=list)
     failed: list[tuple[str, PipelineError]] = field(default_factory=list)
 
-    def raise_for_failures(self, requested: int) -> "RunSummary":
+    def raise_for_failures(self, requested: int) -> RunSummary:
         """One error naming every failed engine (exit 3 when each failed for want of something)."""
         if self.failed:
             names = ", ".join(name for name, _ in self.failed)

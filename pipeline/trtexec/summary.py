@@ -36,7 +36,7 @@ def render_run(run: TrtexecRun):
         layers = Table(title=f"Slowest layers ({log.profile.iterations} iterations)")
         for column in ("layer", "avg ms", "%"):
             layers.add_column(column, justify="left" if column == "layer" else "right")
-        for layer in sorted(log.profile.layers, key=lambda l: -l.average_ms)[:10]:
+        for layer in sorted(log.profile.layers, key=lambda entry: -entry.average_ms)[:10]:
             layers.add_row(layer.name[:90], f"{layer.average_ms:g}", f"{layer.percent:g}")
         parts.append(layers)
     if run.precision_audit is not None:
