@@ -188,7 +188,9 @@ def compare_outputs(
         figures.top1_accuracy = float(np.mean(np.argmax(out2, axis=1) == truth))
         figures.fp32_top1_accuracy = float(np.mean(np.argmax(ref2, axis=1) == truth))
     if cosine < floor:
-        figures.warning = f"cosine similarity to FP32 {cosine:.4f} is below {floor} for {precision}" + (" with 2:4 sparsity" if sparse else "")
+        figures.warning = f"cosine similarity to FP32 {cosine:.4f} is below {floor} for {precision}" + (
+            " with 2:4 sparsity" if sparse else ""
+        )
     return figures
 
 
@@ -202,7 +204,9 @@ def _cosine(a, b) -> float:
 # --- what trtexec writes --------------------------------------------------------------------------------
 
 _NONFINITE = re.compile(r"(?<![\w.\"])(-?)(nan|inf)(?![\w\"])", re.I)
-ACCURACY_LINE = re.compile(r"Accuracy loss for tensor (?P<name>.+?) \((?P<algorithm>\w+)\): (?P<loss>\S+)(?: \[FAIL: >= threshold (?P<threshold>\S+)\])?")
+ACCURACY_LINE = re.compile(
+    r"Accuracy loss for tensor (?P<name>.+?) \((?P<algorithm>\w+)\): (?P<loss>\S+)(?: \[FAIL: >= threshold (?P<threshold>\S+)\])?"
+)
 
 
 def read_trtexec_outputs(path: Path) -> dict[str, Any]:

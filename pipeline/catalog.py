@@ -191,8 +191,7 @@ class Catalog(_Strict):
         for name in table:
             if not NAME_RE.match(name) or name in RESERVED_NAMES:
                 raise ValueError(
-                    f"name {name!r} is not allowed: use lowercase letters, digits, '_', '.', '-' "
-                    f"(and not {sorted(RESERVED_NAMES)})"
+                    f"name {name!r} is not allowed: use lowercase letters, digits, '_', '.', '-' (and not {sorted(RESERVED_NAMES)})"
                 )
         return table
 
@@ -239,17 +238,14 @@ class Catalog(_Strict):
     def toolchain_for_trt(self, version: str) -> str:
         """The toolchain providing TensorRT ``version`` ("10.14" matches trt = "10.14" or "10.14.1")."""
         releases = {name: spec.tensorrt_release() for name, spec in self.toolchains.items()}
-        matches = [
-            name for name, release in releases.items() if release and (release == version or release.startswith(version + "."))
-        ]
+        matches = [name for name, release in releases.items() if release and (release == version or release.startswith(version + "."))]
         if len(matches) == 1:
             return matches[0]
         known = sorted({release for release in releases.values() if release})
         if not matches:
             raise UsageError(
                 f"no toolchain provides TensorRT {version}.",
-                hint=f"known TensorRT versions: {', '.join(known) or 'none'}; add one under [toolchains] in "
-                f"{CATALOG_FILENAME}",
+                hint=f"known TensorRT versions: {', '.join(known) or 'none'}; add one under [toolchains] in {CATALOG_FILENAME}",
             )
         raise UsageError(
             f"TensorRT {version} is provided by several toolchains: {', '.join(matches)}.",
@@ -333,7 +329,9 @@ def read_catalog(path: Path | None, toolchain_settings: Callable[[str | None], t
     try:
         catalog = Catalog.model_validate(raw, context={TOOLCHAIN_SETTINGS: toolchain_settings})
     except ValidationError as exc:
-        raise UsageError(f"{path} is not a valid catalog:\n{_describe(exc, indent='  ')}", hint=f"see the comments in {CATALOG_FILENAME}") from None
+        raise UsageError(
+            f"{path} is not a valid catalog:\n{_describe(exc, indent='  ')}", hint=f"see the comments in {CATALOG_FILENAME}"
+        ) from None
     return catalog.model_copy(update={"root": path.parent.resolve()})
 
 

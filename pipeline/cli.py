@@ -86,8 +86,12 @@ def cli(ctx: click.Context, catalog: Path | None, verbose: bool):
 
 def selection_options(func):
     func = click.option("--variant", "variants", multiple=True, metavar="V", help="Variant(s) of the selected models (repeatable).")(func)
-    func = click.option("--model", "models", multiple=True, metavar="M", help="Model(s); alone, selects all their variants (repeatable).")(func)
-    func = click.option("--engine", "engines", multiple=True, metavar="NAME", help="Engine(s) by name, e.g. vit_tiny_fp16 (repeatable).")(func)
+    func = click.option("--model", "models", multiple=True, metavar="M", help="Model(s); alone, selects all their variants (repeatable).")(
+        func
+    )
+    func = click.option("--engine", "engines", multiple=True, metavar="NAME", help="Engine(s) by name, e.g. vit_tiny_fp16 (repeatable).")(
+        func
+    )
     return func
 
 
@@ -307,7 +311,25 @@ def engine_stage_options(func):
     return func
 
 
-def _stage_command(state: _State, engines, models, variants, toolchain, trt, archs, force, wait, dry_run, calib_dir, calib_samples, eval_dir, cluster, gpu_types, until, repeat=None):
+def _stage_command(
+    state: _State,
+    engines,
+    models,
+    variants,
+    toolchain,
+    trt,
+    archs,
+    force,
+    wait,
+    dry_run,
+    calib_dir,
+    calib_samples,
+    eval_dir,
+    cluster,
+    gpu_types,
+    until,
+    repeat=None,
+):
     apply_calibration(state, calib_dir, calib_samples, eval_dir)
     apply_repeat(state, repeat)
     refs = select_engines(state.catalog, engines, models, variants)
@@ -349,7 +371,23 @@ def profile(state: _State, **options):
 @repeat_option
 @cluster_options
 @pass_state
-def run(state: _State, engines, models, variants, toolchain, trt, archs, force, wait, calib_dir, calib_samples, eval_dir, repeat, cluster, gpu_types):
+def run(
+    state: _State,
+    engines,
+    models,
+    variants,
+    toolchain,
+    trt,
+    archs,
+    force,
+    wait,
+    calib_dir,
+    calib_samples,
+    eval_dir,
+    repeat,
+    cluster,
+    gpu_types,
+):
     """Export, build and profile a selection, then print the comparison.
 
     With no selection it runs the catalog's defaults: the demo on ONNX Runtime.
@@ -367,14 +405,31 @@ def run(state: _State, engines, models, variants, toolchain, trt, archs, force, 
 @click.option("--toolchain", "toolchains", multiple=True, metavar="T", help="Only these toolchains, in this order (repeatable).")
 @click.option("--trt", "trts", multiple=True, metavar="VERSION", help="Only the toolchains of these TensorRT versions, in this order.")
 @click.option("--models", "models", multiple=True, metavar="M", help="Only these models (repeatable).")
-@click.option("--gpu", "gpu_types", multiple=True, metavar="TYPE", help="Only engines a cluster run built and timed for this GPU type (repeatable).")
+@click.option(
+    "--gpu", "gpu_types", multiple=True, metavar="TYPE", help="Only engines a cluster run built and timed for this GPU type (repeatable)."
+)
 @click.option("--format", "fmt", type=click.Choice(["table", "md", "html", "json", "csv"]), default="table", show_default=True)
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write to this file (html default: reports/compare.html).")
 @click.option("--baseline", metavar="DIR|REF", help="Regression gate: compare with the manifests in DIR or at git ref REF.")
-@click.option("--fail-above", type=click.FloatRange(min=0), default=5.0, show_default=True, metavar="PCT", help="With --baseline: fail when an engine got slower than PCT percent beyond the noise.")
-@click.option("--wide", is_flag=True, help="Terminal table: every column, however wide (default: every column that fits, else a compact set).")
-@click.option("--columns", metavar="LIST", help="Terminal table: these columns, comma-separated, e.g. median,p99,cv,status (an unknown name lists them).")
-@click.option("--noisy-cv", type=click.FloatRange(min=0), metavar="PCT", help="Flag measurements whose CV is above PCT percent as noisy (default 10).")
+@click.option(
+    "--fail-above",
+    type=click.FloatRange(min=0),
+    default=5.0,
+    show_default=True,
+    metavar="PCT",
+    help="With --baseline: fail when an engine got slower than PCT percent beyond the noise.",
+)
+@click.option(
+    "--wide", is_flag=True, help="Terminal table: every column, however wide (default: every column that fits, else a compact set)."
+)
+@click.option(
+    "--columns",
+    metavar="LIST",
+    help="Terminal table: these columns, comma-separated, e.g. median,p99,cv,status (an unknown name lists them).",
+)
+@click.option(
+    "--noisy-cv", type=click.FloatRange(min=0), metavar="PCT", help="Flag measurements whose CV is above PCT percent as noisy (default 10)."
+)
 @click.option(
     "--fail-accuracy-below",
     "accuracy_thresholds",
@@ -384,7 +439,9 @@ def run(state: _State, engines, models, variants, toolchain, trt, archs, force, 
     "similarity (0.99, cos=0.99) or top-1 agreement (top1=0.95). Repeatable.",
 )
 @pass_state
-def compare(state: _State, toolchains, trts, models, gpu_types, fmt, out, baseline, fail_above, wide, columns, noisy_cv, accuracy_thresholds):
+def compare(
+    state: _State, toolchains, trts, models, gpu_types, fmt, out, baseline, fail_above, wide, columns, noisy_cv, accuracy_thresholds
+):
     """Put profiled engines side by side, from the saved manifests (never re-measures).
 
     \b
@@ -437,7 +494,9 @@ def _gate(state: _State, toolchains, baseline: str, fail_above: float) -> None:
     from pipeline.workspace import Workspace
 
     workspace = Workspace(state.catalog.root)
-    results = regression_gate(load_manifests(workspace.manifests_dir, toolchains), load_baseline(baseline, workspace, toolchains), fail_above)
+    results = regression_gate(
+        load_manifests(workspace.manifests_dir, toolchains), load_baseline(baseline, workspace, toolchains), fail_above
+    )
     if not results:
         raise PipelineError(f"no engine was measured both now and in baseline {baseline}.", hint="compare the same engines and toolchains")
     click.echo(render_gate(results, fail_above), nl=False)
@@ -566,8 +625,16 @@ def trtexec():
 
 @trtexec.command("parse")
 @click.argument("log", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--exports", type=click.Path(file_okay=False, path_type=Path), help="Folder with the JSON written by --exportTimes/--exportProfile/--exportLayerInfo.")
-@click.option("--precision", type=click.Choice(["fp16", "bf16", "int8", "fp8", "mxfp8", "nvfp4"]), help="Intended precision, for the layer-precision audit.")
+@click.option(
+    "--exports",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder with the JSON written by --exportTimes/--exportProfile/--exportLayerInfo.",
+)
+@click.option(
+    "--precision",
+    type=click.Choice(["fp16", "bf16", "int8", "fp8", "mxfp8", "nvfp4"]),
+    help="Intended precision, for the layer-precision audit.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the parsed run as JSON.")
 def trtexec_parse(log, exports, precision, as_json):
     """Parse a trtexec log (and its JSON exports) into structured facts.

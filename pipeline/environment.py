@@ -89,14 +89,10 @@ def git_state(root: Path) -> tuple[str | None, bool | None]:
     if not git:
         return None, None
     try:
-        commit = subprocess.run(
-            [git, "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
-        )
+        commit = subprocess.run([git, "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
         if commit.returncode != 0:
             return None, None
-        dirty = subprocess.run(
-            [git, "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True, timeout=10
-        )
+        dirty = subprocess.run([git, "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True, timeout=10)
         return commit.stdout.strip(), bool(dirty.stdout.strip()) if dirty.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         return None, None
@@ -120,9 +116,7 @@ def capture_environment(root: Path) -> Environment:
 
 def _smi_rows(smi: str, query: str, what: str) -> list[list[str]]:
     try:
-        out = subprocess.run(
-            [smi, f"--query-{what}={query}", "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=20
-        )
+        out = subprocess.run([smi, f"--query-{what}={query}", "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.SubprocessError):
         return []
     if out.returncode != 0:

@@ -239,8 +239,7 @@ def read_manifest(path: Path) -> EngineManifest:
         return EngineManifest.model_validate(raw)
     except ValidationError as exc:
         raise PipelineError(
-            f"manifest {path} does not match the schema: {exc.errors()[0]['msg']} at "
-            f"{'.'.join(str(p) for p in exc.errors()[0]['loc'])}.",
+            f"manifest {path} does not match the schema: {exc.errors()[0]['msg']} at {'.'.join(str(p) for p in exc.errors()[0]['loc'])}.",
             hint="delete it and re-run the stage that wrote it (`--force`)",
         ) from exc
 

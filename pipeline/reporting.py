@@ -19,7 +19,6 @@ class Reporter:
         self.verbose = verbose
         self.console = console or Console(stderr=True, highlight=False, soft_wrap=True)
 
-
     def _line(self, stage: str, engine: str, text: str) -> None:
         self.console.print(f"{stage:<8} {escape(engine):<26} {text}")
 

@@ -97,7 +97,15 @@ def workspace_lock(manifests_dir: Path, reporter, wait: bool = False, argv: list
                 "taking it over. Stages it had not finished left no results, and they run again"
             )
         command = shlex.join(["pipeline", *(sys.argv[1:] if argv is None else argv)])
-        _write(fd, {"pid": os.getpid(), "host": socket.gethostname(), "command": command, "since": datetime.now().astimezone().isoformat(timespec="seconds")})
+        _write(
+            fd,
+            {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "command": command,
+                "since": datetime.now().astimezone().isoformat(timespec="seconds"),
+            },
+        )
         yield
     finally:
         if held:

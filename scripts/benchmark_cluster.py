@@ -73,6 +73,7 @@ def main() -> None:
             started = time.perf_counter()
             round_trip()
             serial.append(time.perf_counter() - started)
+
         def burst() -> float:
             started = time.perf_counter()
             handles = [task.remote() for _ in range(args.tasks)]
@@ -83,9 +84,11 @@ def main() -> None:
 
         burst()  # the first burst also starts the worker processes Ray adds for it
         parallel = burst()
-        print(f"dispatch: one task at a time {statistics.median(serial) * 1e3:.1f} ms median round trip "
-              f"(p90 {statistics.quantiles(serial, n=10)[-1] * 1e3:.1f} ms); {args.tasks} at once {parallel / args.tasks * 1e3:.2f} ms per task "
-              "(worker processes already started)")
+        print(
+            f"dispatch: one task at a time {statistics.median(serial) * 1e3:.1f} ms median round trip "
+            f"(p90 {statistics.quantiles(serial, n=10)[-1] * 1e3:.1f} ms); {args.tasks} at once {parallel / args.tasks * 1e3:.2f} ms per task "
+            "(worker processes already started)"
+        )
 
         others = [n for n in cluster.nodes if n.node_id != driver_node]
         target = others[0] if others else cluster.nodes[0]
@@ -112,8 +115,10 @@ def main() -> None:
                 back = time.perf_counter() - started
                 received = sum(len(c) for c in chunks)
                 assert received == size << 20
-                print(f"transfer {size:4d} MiB to {where}: put {size / put:7.0f} MiB/s, node fetch+verify {size / fetch:7.0f} MiB/s "
-                      f"(task {size / there:6.0f} MiB/s end to end), there and back {2 * size / back:6.0f} MiB/s")
+                print(
+                    f"transfer {size:4d} MiB to {where}: put {size / put:7.0f} MiB/s, node fetch+verify {size / fetch:7.0f} MiB/s "
+                    f"(task {size / there:6.0f} MiB/s end to end), there and back {2 * size / back:6.0f} MiB/s"
+                )
     finally:
         disconnect()
 

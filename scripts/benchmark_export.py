@@ -55,7 +55,16 @@ def time_exports(model: str, variants: list[str], calib_samples: int) -> list[di
     workspace = Path(tempfile.mkdtemp(prefix="bench-"))
     shutil.copy(REPO / "pipeline.toml", workspace / "pipeline.toml")
     engines = [f"{model}_{variant}" for variant in variants]
-    command = [sys.executable, "-m", "pipeline.cli", "--catalog", str(workspace / "pipeline.toml"), "export", "--calib-samples", str(calib_samples)]
+    command = [
+        sys.executable,
+        "-m",
+        "pipeline.cli",
+        "--catalog",
+        str(workspace / "pipeline.toml"),
+        "export",
+        "--calib-samples",
+        str(calib_samples),
+    ]
     for engine in engines:
         command += ["--engine", engine]
     # faulthandler: a crash in a native library still shows where Python was.
@@ -97,7 +106,9 @@ def time_modelopt_kernels(names=KERNELS) -> list[dict]:
     for name in names:
         cache = tempfile.mkdtemp(prefix="torch-ext-")
         code = f"import time; t=time.perf_counter(); from modelopt.torch.quantization import extensions as e; ext=e.{name}(); print(round(time.perf_counter()-t,2), ext is not None)"
-        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ, TORCH_EXTENSIONS_DIR=cache))
+        result = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ, TORCH_EXTENSIONS_DIR=cache)
+        )
         last = (result.stdout.strip().splitlines() or ["? False"])[-1].split()
         rows.append({"extension": name, "seconds": float(last[0]) if last[0] != "?" else None, "built": last[-1] == "True"})
         shutil.rmtree(cache, ignore_errors=True)
@@ -112,7 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=1, help="Export each variant this many times (later runs show warm caches).")
     parser.add_argument("--one-process", action="store_true", help="Export all variants in one process, as `make engines` does.")
     parser.add_argument(
-        "--modelopt-kernels", nargs="*", choices=KERNELS, metavar="NAME",
+        "--modelopt-kernels",
+        nargs="*",
+        choices=KERNELS,
+        metavar="NAME",
         help=f"Also time the builds of ModelOpt's CUDA kernels (all, or some of: {', '.join(KERNELS)}).",
     )
     parser.add_argument("--out", type=Path)
@@ -129,7 +143,10 @@ def main(argv: list[str] | None = None) -> int:
         rows = [time_export(args.model, variant, args.calib_samples) for variant in args.variants for _ in range(args.repeat)]
     for row in rows:
         report["exports"].append(row)
-        print(f"{row['engine']:<22} process {row['process_s']:>7.2f} s ({row['engines_in_process']} engine(s)), stage {row.get('stage_s', '–')} s ({row.get('stage_without_imports_s', '–')} s without imports), exit {row['exit_code']}", flush=True)
+        print(
+            f"{row['engine']:<22} process {row['process_s']:>7.2f} s ({row['engines_in_process']} engine(s)), stage {row.get('stage_s', '–')} s ({row.get('stage_without_imports_s', '–')} s without imports), exit {row['exit_code']}",
+            flush=True,
+        )
         if row.get("phases_s"):
             print("    " + ", ".join(f"{k} {v:.1f}" for k, v in row["phases_s"].items()), flush=True)
         if row["exit_code"] != 0:

@@ -148,7 +148,9 @@ class LoopbackCluster:
         if not lines or lines[-1] != str(count):
             raise RuntimeError(f"the cluster did not settle at {count} alive nodes: {result.stdout} {result.stderr[-2000:]}")
 
-    def pipeline(self, catalog: Path, *args: str, timeout: float = 600, cache: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    def pipeline(
+        self, catalog: Path, *args: str, timeout: float = 600, cache: Path | None = None, env: dict | None = None
+    ) -> subprocess.CompletedProcess:
         """`pipeline --catalog CATALOG ARGS…` as a driver inside the cluster's namespace."""
         return subprocess.run(
             self._in_namespace([str(BIN / "pipeline"), "--catalog", str(catalog), *args]),
@@ -168,7 +170,9 @@ class LoopbackCluster:
         )
 
     def python(self, code: str, timeout: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run(self._in_namespace([sys.executable, "-c", code]), env=self.driver_env(), capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            self._in_namespace([sys.executable, "-c", code]), env=self.driver_env(), capture_output=True, text=True, timeout=timeout
+        )
 
     def driver_env(self, cache: Path | None = None, extra: dict | None = None) -> dict:
         env = {**self.env, "PIPELINE_CACHE_DIR": str(cache or self.root / "cache-driver"), "COLUMNS": "200", **(extra or {})}

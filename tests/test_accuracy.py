@@ -177,7 +177,10 @@ def test_eval_dir_without_imagenet_folders_or_a_checkpoint_has_no_labels(eval_wo
     (images / "n01443537").rename(images / "cats")
     assert run_cli(eval_workspace, "export", "--engine", "tiny_fp32", "--eval-dir", str(images)).exit_code == 0
     reference = read_manifest(eval_workspace.parent / "manifests" / "export" / "tiny_fp32.json").export.details.reference
-    assert reference["labels"] is None and reference["labels_skipped"] == "folder names 'cats' are not ImageNet-1k synsets (such as 'n01440764')"
+    assert (
+        reference["labels"] is None
+        and reference["labels_skipped"] == "folder names 'cats' are not ImageNet-1k synsets (such as 'n01440764')"
+    )
     eval_workspace.write_text(eval_workspace.read_text().replace('checkpoint = "w.pth"\n', ""))
     assert run_cli(eval_workspace, "export", "--engine", "tiny_fp32", "--eval-dir", str(images)).exit_code == 0
     reference = read_manifest(eval_workspace.parent / "manifests" / "export" / "tiny_fp32.json").export.details.reference

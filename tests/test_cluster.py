@@ -32,11 +32,15 @@ WORKERS = {"w-h100": {"gpu_type:H100": 1}, "w-b200": {"gpu_type:B200": 1}}
 
 # The demo's model and variants, ONNX Runtime, TensorRT-RTX for two architectures, and trtexec
 # installed on the nodes (the stand-in script replaying recorded TensorRT 10.14 output).
-CATALOG = TINY_CATALOG + RTX_TOOLCHAINS.replace('release = "1.7.1.116"', 'release = "1.7.1.116"\narchs = ["sm89", "sm120"]') + """
+CATALOG = (
+    TINY_CATALOG
+    + RTX_TOOLCHAINS.replace('release = "1.7.1.116"', 'release = "1.7.1.116"\narchs = ["sm89", "sm120"]')
+    + """
 [models.vit_tiny]
 timm = "vit_tiny_patch16_224"
 batch_size = 4
 """
+)
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +117,8 @@ def test_the_demo_matrix_runs_across_the_cluster_and_equals_a_local_run(cluster,
             np.testing.assert_allclose(
                 np.fromfile(remote.parent / exported["reference_output"].path, dtype=np.float32),
                 np.fromfile(local.parent / locally["reference_output"].path, dtype=np.float32),
-                rtol=1e-4, atol=1e-5,
+                rtol=1e-4,
+                atol=1e-5,
             )
             engine_file = next(a for a in here.build.outputs if a.role == "engine")
             assert engine_file.sha256 == next(a for a in there.build.outputs if a.role == "engine").sha256
@@ -161,7 +166,9 @@ def test_each_gpu_type_gets_its_own_engine_built_and_timed_on_a_node_of_that_typ
     picked = cluster.pipeline(catalog, "compare", "--gpu", "H100")
     assert picked.returncode == 0 and "H100" in picked.stdout and "B200" not in picked.stdout
 
-    only = cluster.pipeline(catalog, "build", "--cluster", cluster.address, "--engine", "tiny_fp32", "--toolchain", "trt-local", "--gpu", "A100")
+    only = cluster.pipeline(
+        catalog, "build", "--cluster", cluster.address, "--engine", "tiny_fp32", "--toolchain", "trt-local", "--gpu", "A100"
+    )
     assert only.returncode == 2
     assert "no node of the cluster has A100; its GPU types are: B200, H100" in only.stderr
 
@@ -170,21 +177,31 @@ def test_connection_failures_are_explained(cluster, tmp_path):
     catalog = catalog_in(tmp_path, "bad")
     unreachable = cluster.pipeline(catalog, "run", "--cluster", "127.0.0.1:1", "--engine", "tiny_fp32")
     assert unreachable.returncode == 3
-    assert "ERROR cannot reach a Ray cluster at 127.0.0.1:1" in unreachable.stderr and "TIP start one with `ray start --head" in unreachable.stderr
+    assert (
+        "ERROR cannot reach a Ray cluster at 127.0.0.1:1" in unreachable.stderr
+        and "TIP start one with `ray start --head" in unreachable.stderr
+    )
     assert "Traceback" not in unreachable.stderr
     malformed = cluster.pipeline(catalog, "run", "--cluster", "head-node", "--engine", "tiny_fp32")
     assert malformed.returncode == 2 and "is not a Ray address" in malformed.stderr
 
     started = time.monotonic()
     # A driver that knows nothing of the token (Ray's default mode, no token file in its home).
-    no_token = cluster.pipeline(catalog, "run", "--cluster", cluster.address, "--engine", "tiny_fp32", env={"RAY_AUTH_TOKEN_PATH": None, "RAY_AUTH_MODE": None})
+    no_token = cluster.pipeline(
+        catalog, "run", "--cluster", cluster.address, "--engine", "tiny_fp32", env={"RAY_AUTH_TOKEN_PATH": None, "RAY_AUTH_MODE": None}
+    )
     assert no_token.returncode == 3, no_token.stderr
     assert "ERROR the Ray cluster at 127.0.0.1:6379 refused this driver: it requires an authentication token." in no_token.stderr
     assert "TIP this cluster has Ray's token authentication on: `export RAY_AUTH_MODE=token`" in no_token.stderr
     assert "Traceback" not in no_token.stderr and time.monotonic() - started < 60
     # One that names a token file that is not there.
-    missing = cluster.pipeline(catalog, "run", "--cluster", cluster.address, "--engine", "tiny_fp32", env={"RAY_AUTH_TOKEN_PATH": str(tmp_path / "none")})
-    assert missing.returncode == 3 and "token for the Ray cluster at 127.0.0.1:6379 is unusable: RAY_AUTH_TOKEN_PATH is set but" in missing.stderr
+    missing = cluster.pipeline(
+        catalog, "run", "--cluster", cluster.address, "--engine", "tiny_fp32", env={"RAY_AUTH_TOKEN_PATH": str(tmp_path / "none")}
+    )
+    assert (
+        missing.returncode == 3
+        and "token for the Ray cluster at 127.0.0.1:6379 is unusable: RAY_AUTH_TOKEN_PATH is set but" in missing.stderr
+    )
     assert not (catalog.parent / "manifests" / "onnxruntime").exists()
 
     no_gpu = cluster.pipeline(catalog, "run", "--engine", "tiny_fp32", "--gpu", "H100")
@@ -211,7 +228,9 @@ def test_two_drivers_on_one_cluster_keep_their_workspaces_apart(cluster, tmp_pat
 
 def test_a_worker_killed_mid_run_is_survived(cluster, tmp_path):
     catalog = catalog_in(tmp_path, "kill")
-    driver = cluster.popen(catalog, "run", "--cluster", cluster.address, "--model", "tiny", "--variant", "fp32", "--variant", "fp16", "--variant", "int8")
+    driver = cluster.popen(
+        catalog, "run", "--cluster", cluster.address, "--model", "tiny", "--variant", "fp32", "--variant", "fp16", "--variant", "int8"
+    )
     lines, victim = [], None
     try:
         for line in driver.stderr:
@@ -262,7 +281,9 @@ def test_sigterm_mid_run_cancels_and_keeps_the_workspace_consistent(cluster, tmp
 def test_losing_the_head_is_explained_and_finished_results_are_kept(cluster, tmp_path):
     """Last in this module: it takes the cluster down."""
     catalog = catalog_in(tmp_path, "head")
-    driver = cluster.popen(catalog, "run", "--cluster", cluster.address, "--model", "tiny", "--variant", "fp32", "--variant", "fp16", "--variant", "int8")
+    driver = cluster.popen(
+        catalog, "run", "--cluster", cluster.address, "--model", "tiny", "--variant", "fp32", "--variant", "fp16", "--variant", "int8"
+    )
     lines = []
     for line in driver.stderr:
         lines.append(line)

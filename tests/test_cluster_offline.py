@@ -13,7 +13,9 @@ from pipeline.errors import EnvironmentMissing
 
 
 def test_ray_is_never_imported_without_cluster():
-    code = "import sys; from pipeline.cli import main; main(['--help']); main(['models']); assert 'ray' not in sys.modules, 'ray was imported'"
+    code = (
+        "import sys; from pipeline.cli import main; main(['--help']); main(['models']); assert 'ray' not in sys.modules, 'ray was imported'"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="tests/..")
     assert result.returncode == 0, result.stderr
 
@@ -40,7 +42,10 @@ def test_a_node_without_the_pipeline_or_with_another_version_is_named():
     facts = {"hostname": "gpu-7", "python": "3.11.7", "executable": "/usr/bin/python3", "pipeline": None, "packages": {}, "gpus": []}
     node = Node("abcdef0123", "10.0.0.7", {"CPU": 4, "gpu_type:B200": 1})
     assert describe_node(node, facts) == "node gpu-7 abcdef01 B200 (10.0.0.7) cannot import trt-pipeline (its Python: /usr/bin/python3)"
-    assert describe_node(node, {**facts, "pipeline": "0.0.1"}) == f"node gpu-7 abcdef01 B200 runs trt-pipeline 0.0.1, this driver {__version__}"
+    assert (
+        describe_node(node, {**facts, "pipeline": "0.0.1"})
+        == f"node gpu-7 abcdef01 B200 runs trt-pipeline 0.0.1, this driver {__version__}"
+    )
     lacking = {**facts, "pipeline": __version__, "packages": {"torch": "2.13.0", "timm": "1.0", "onnx": None, "onnxruntime": "1.23"}}
     assert describe_node(node, lacking) == "node gpu-7 abcdef01 B200 lacks onnx"
     whole = {**lacking, "packages": {name: "1" for name in ("torch", "timm", "onnx", "onnxruntime")}}
@@ -58,7 +63,10 @@ def test_a_node_without_the_pipeline_or_with_another_version_is_named():
             ),
             "runs a different Ray or Python than this driver (cluster: Ray 2.60.0, Python 3.12.3; this driver: Ray 2.59.0, Python 3.11.7)",
         ),
-        (ConnectionError("Failed to connect to Ray cluster at 10.0.0.1:6379"), "could not join the Ray cluster at 10.0.0.1:6379: Failed to connect"),
+        (
+            ConnectionError("Failed to connect to Ray cluster at 10.0.0.1:6379"),
+            "could not join the Ray cluster at 10.0.0.1:6379: Failed to connect",
+        ),
     ],
 )
 def test_rays_connection_failures_become_pipeline_errors(raised, expected):
@@ -79,7 +87,11 @@ def test_each_kind_of_work_is_placed_where_it_can_run(tmp_path):
     from tests.conftest import RTX_TOOLCHAINS, TINY_CATALOG, write_catalog
 
     extra = '\n[toolchains.trt-local]\nkind = "trtexec-local"\ntrt = "10.14.1"\ngpus = "none"\n'
-    catalog = load_catalog(write_catalog(tmp_path, TINY_CATALOG + extra + RTX_TOOLCHAINS.replace('release = "1.7.1.116"', 'release = "1.7.1.116"\narchs = ["sm120"]')))
+    catalog = load_catalog(
+        write_catalog(
+            tmp_path, TINY_CATALOG + extra + RTX_TOOLCHAINS.replace('release = "1.7.1.116"', 'release = "1.7.1.116"\narchs = ["sm120"]')
+        )
+    )
     ctx = RunContext(catalog=catalog, workspace=Workspace(catalog.root))
     h100 = Node("a" * 56, "10.0.0.1", {"CPU": 16, "GPU": 1, "accelerator_type:H100": 1})
     rtx = Node("b" * 56, "10.0.0.2", {"CPU": 8, "gpu_type:RTX-PRO-6000": 1})
@@ -89,9 +101,15 @@ def test_each_kind_of_work_is_placed_where_it_can_run(tmp_path):
 
     trt = ClusterRun(ctx, cluster, [engine], "trt-local", "profile")
     assert trt.targets == ["H100", "RTX-PRO-6000"]  # every GPU type the toolchain supports
-    assert trt.placement(Job("build", engine, "trt-local", "H100")) == ({"num_cpus": 1, "resources": {"accelerator_type:H100": 0.001}, "num_gpus": 1}, "H100")
+    assert trt.placement(Job("build", engine, "trt-local", "H100")) == (
+        {"num_cpus": 1, "resources": {"accelerator_type:H100": 0.001}, "num_gpus": 1},
+        "H100",
+    )
     # A profile has its node to itself: as many CPUs as the smallest node has.
-    assert trt.placement(Job("profile", engine, "trt-local", "RTX-PRO-6000")) == ({"num_cpus": 4, "resources": {"gpu_type:RTX-PRO-6000": 1.0}}, "RTX-PRO-6000")
+    assert trt.placement(Job("profile", engine, "trt-local", "RTX-PRO-6000")) == (
+        {"num_cpus": 4, "resources": {"gpu_type:RTX-PRO-6000": 1.0}},
+        "RTX-PRO-6000",
+    )
     assert ClusterRun(ctx, cluster, [engine], "trt-local", "profile", ("H100",)).targets == ["H100"]
     with pytest.raises(UsageError, match="no node of the cluster has A100; its GPU types are: H100, RTX-PRO-6000"):
         ClusterRun(ctx, cluster, [engine], "trt-local", "profile", ("A100",))
@@ -101,7 +119,10 @@ def test_each_kind_of_work_is_placed_where_it_can_run(tmp_path):
     aot = ClusterRun(ctx, cluster, [engine], "trt-rtx1.7", "profile")
     assert aot.targets == [None]
     assert aot.placement(Job("build", engine, "trt-rtx1.7")) == ({"num_cpus": 1}, None)
-    assert aot.placement(Job("profile", engine, "trt-rtx1.7")) == ({"num_cpus": 4, "resources": {"gpu_type:RTX-PRO-6000": 1.0}}, "RTX-PRO-6000")
+    assert aot.placement(Job("profile", engine, "trt-rtx1.7")) == (
+        {"num_cpus": 4, "resources": {"gpu_type:RTX-PRO-6000": 1.0}},
+        "RTX-PRO-6000",
+    )
 
     ort = ClusterRun(ctx, cluster, [engine], "onnxruntime", "profile")
     assert ort.targets == [None] and ort.placement(Job("build", engine, "onnxruntime")) == ({"num_cpus": 1}, None)

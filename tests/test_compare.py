@@ -19,12 +19,15 @@ from pipeline.trtexec.exports import read_layer_info
 from pipeline.trtexec.log import read_log
 from tests.conftest import SAMPLES, TINY_CATALOG, write_catalog
 
-TRT_CATALOG = TINY_CATALOG + """
+TRT_CATALOG = (
+    TINY_CATALOG
+    + """
 [toolchains."trt10.16"]
 kind = "trtexec-container"
 trt = "10.16.0"
 image = "nvcr.io/nvidia/tensorrt:example"
 """
+)
 # Two releases on the same GPU (RTX 6000 Ada), same command: a real release-to-release comparison.
 RECORDED = {
     "trt10.14": SAMPLES / "trt10.14.1_rtx6000ada_onnx_build_and_run_default.txt",
@@ -142,9 +145,18 @@ def test_a_busy_or_noisy_measurement_is_flagged(trt_workspace, run_cli, monkeypa
     path = trt_workspace.parent / "manifests" / "trt10.16" / "tiny_fp16.json"
     manifest = read_manifest(path)
     details = manifest.profile.details
-    load = {"start": {"cpu_count": 2, "load_average": [4.1, 2.0, 1.0]}, "end": {"cpu_count": 2, "load_average": [4.3, 2.1, 1.0], "gpu_processes": [{"pid": 4242, "name": "python3", "used_memory_mib": 900.0}]}}
+    load = {
+        "start": {"cpu_count": 2, "load_average": [4.1, 2.0, 1.0]},
+        "end": {
+            "cpu_count": 2,
+            "load_average": [4.3, 2.1, 1.0],
+            "gpu_processes": [{"pid": 4242, "name": "python3", "used_memory_mib": 900.0}],
+        },
+    }
     noisy = details.latency_ms.model_copy(update={"cv": 0.25})
-    manifest.profile = manifest.profile.model_copy(update={"details": details.model_copy(update={"machine_load": load, "latency_ms": noisy})})
+    manifest.profile = manifest.profile.model_copy(
+        update={"details": details.model_copy(update={"machine_load": load, "latency_ms": noisy})}
+    )
     manifest.write(path)
     rows = {(r["variant"], r["toolchain"]): r for r in json.loads(run_cli(trt_workspace, "compare", "--format", "json").out)}
     assert rows[("fp16", "trt10.16")]["flags"] == [
@@ -167,7 +179,9 @@ def test_rows_measured_under_different_settings_are_flagged(trt_workspace, run_c
     for toolchain, graphs in (("trt10.14", True), ("trt10.16", False)):
         path = trt_workspace.parent / "manifests" / toolchain / "tiny_fp16.json"
         manifest = read_manifest(path)
-        details = manifest.profile.details.model_copy(update={"measured_with": {"cuda_graph": graphs, "data_transfers": False, "spin_wait": True}})
+        details = manifest.profile.details.model_copy(
+            update={"measured_with": {"cuda_graph": graphs, "data_transfers": False, "spin_wait": True}}
+        )
         manifest.profile = manifest.profile.model_copy(update={"details": details})
         manifest.write(path)
     result = run_cli(trt_workspace, "compare", "--trt", "10.14", "--trt", "10.16", "--format", "json")
@@ -183,7 +197,11 @@ def test_piped_output_follows_columns(trt_workspace):
 
     env = {**os.environ, "COLUMNS": "90"}
     out = subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "--catalog", str(trt_workspace), "compare"], capture_output=True, text=True, env=env, check=True
+        [sys.executable, "-m", "pipeline.cli", "--catalog", str(trt_workspace), "compare"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
     ).stdout
     assert max(map(len, out.splitlines())) <= 90 and "median ms" in out
 

@@ -113,7 +113,9 @@ def test_engine_outputs_named_unlike_the_onnx_are_a_clear_error(demo, run_cli, m
 
     ws = demo.parent / "renamed"
     shutil.copytree(demo, ws)
-    monkeypatch.setattr(OnnxRuntimeRuntime, "run_reference", lambda self, path, ref: ReferenceRun({"output_0": np.zeros((2, 1000))}, "test"))
+    monkeypatch.setattr(
+        OnnxRuntimeRuntime, "run_reference", lambda self, path, ref: ReferenceRun({"output_0": np.zeros((2, 1000))}, "test")
+    )
     result = run_cli(ws / "pipeline.toml", "profile", "--engine", "tiny_fp32", "--repeat", "2")
     assert result.exit_code == 1
     assert "ERROR tiny_fp32.onnx has outputs ['output_0']; the reference is for 'logits'." in result.err and "TIP" in result.err

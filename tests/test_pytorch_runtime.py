@@ -268,7 +268,9 @@ def test_out_of_memory_names_the_batch_and_the_free_memory(monkeypatch):
     with pytest.raises(PipelineError) as info:
         with out_of_memory_as_error(batch_size=4096):
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
-    assert info.value.message == "out of GPU memory at batch size 4096: 512 MiB free of 81,920 MiB on NVIDIA H100 80GB HBM3 after the attempt."
+    assert (
+        info.value.message == "out of GPU memory at batch size 4096: 512 MiB free of 81,920 MiB on NVIDIA H100 80GB HBM3 after the attempt."
+    )
     assert "batch_size" in info.value.hint
     with pytest.raises(ValueError):  # anything else passes through untouched
         with out_of_memory_as_error(batch_size=1):
@@ -276,7 +278,9 @@ def test_out_of_memory_names_the_batch_and_the_free_memory(monkeypatch):
 
 
 def test_catalog_keeps_compile_settings_to_the_compile_backend(tmp_path, run_cli):
-    catalog = write_catalog(tmp_path / "ws", TINY_CATALOG + '\n[toolchains.bad]\nkind = "torch"\nbackend = "eager"\nmode = "max-autotune"\n')
+    catalog = write_catalog(
+        tmp_path / "ws", TINY_CATALOG + '\n[toolchains.bad]\nkind = "torch"\nbackend = "eager"\nmode = "max-autotune"\n'
+    )
     result = run_cli(catalog, "models")
     assert result.exit_code == 2
     assert 'toolchains.bad: mode and fullgraph are torch.compile settings: they need backend = "compile"' in result.err
@@ -316,7 +320,13 @@ def test_every_backend_is_timed_by_cuda_events_on_the_gpu(gpu_workspace, toolcha
     execution = details.execution
     assert execution["cuda"] == torch.version.cuda and execution["device"] == "cuda"
     # The weights stay on the GPU while it runs (a captured graph holds no reference to them).
-    weights_mib = sum(t.numel() * t.element_size() for t in torch.load(gpu_workspace.parent / m.build.outputs[0].path, weights_only=True)["state_dict"].values()) / 2**20
+    weights_mib = (
+        sum(
+            t.numel() * t.element_size()
+            for t in torch.load(gpu_workspace.parent / m.build.outputs[0].path, weights_only=True)["state_dict"].values()
+        )
+        / 2**20
+    )
     assert execution["peak_memory_mib"]["allocated"] >= weights_mib
     assert execution["peak_memory_mib"]["reserved"] >= execution["peak_memory_mib"]["allocated"]
     assert all(math.isfinite(v) and v > 0 for v in details.per_iteration_ms)

@@ -11,10 +11,12 @@ from pipeline.manifest import read_manifest
 from pipeline.stages.quantize import INT8_EXPORTER, MODELOPT_EXPORTER
 from tests.conftest import TINY_CATALOG, modelopt_onnx, quantized_test_vit, write_catalog
 
-CATALOG = TINY_CATALOG.replace(
-    "[models.tiny]",
-    "[calibration]\nsamples = 8\nbatch_size = 4\n\n[models.tiny]",
-) + """
+CATALOG = (
+    TINY_CATALOG.replace(
+        "[models.tiny]",
+        "[calibration]\nsamples = 8\nbatch_size = 4\n\n[models.tiny]",
+    )
+    + """
 [variants.fp8]
 precision = "fp8"
 [variants.int8_sparse]
@@ -30,6 +32,7 @@ sparsity = "2:4"
 timm = "test_vit"
 batch_size = 6
 """
+)
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +40,16 @@ def exported(tmp_path_factory):
     from pipeline.cli import main
 
     catalog = write_catalog(tmp_path_factory.mktemp("quant"), CATALOG)
-    engines = ["tiny_fp32", "tiny_int8", "tiny_fp8", "tiny_fp16_sparse", "tiny_int8_sparse", "tiny_fp8_sparse", "tiny_b6_int8", "tiny_b6_fp8"]
+    engines = [
+        "tiny_fp32",
+        "tiny_int8",
+        "tiny_fp8",
+        "tiny_fp16_sparse",
+        "tiny_int8_sparse",
+        "tiny_fp8_sparse",
+        "tiny_b6_int8",
+        "tiny_b6_fp8",
+    ]
     assert main(["--catalog", str(catalog), "export", *(a for e in engines for a in ("--engine", e))]) == 0
     return catalog.parent
 
@@ -256,7 +268,9 @@ def test_int8_export_gives_the_graph_modelopts_exporter_gives(tmp_path):
     ours_w, theirs_w = weights(ours), weights(theirs)
     assert ours_w.keys() == theirs_w.keys() and all(np.array_equal(ours_w[k], theirs_w[k]) for k in ours_w)
     feed = np.random.default_rng(1).standard_normal((2, 3, 160, 160), dtype=np.float32)
-    run = lambda graph: ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {graph.graph.input[0].name: feed})[0]
+    run = lambda graph: ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {graph.graph.input[0].name: feed}
+    )[0]
     np.testing.assert_array_equal(run(ours), run(theirs))
 
 

@@ -20,7 +20,10 @@ from tests.conftest import REPO_ROOT, modelopt_onnx, quantized_test_vit
 torch = pytest.importorskip("torch")
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU with CUDA: MXFP8/NVFP4 fake quantization is CUDA-only, and INT8 takes another path there"),
+    pytest.mark.skipif(
+        not torch.cuda.is_available(),
+        reason="needs an NVIDIA GPU with CUDA: MXFP8/NVFP4 fake quantization is CUDA-only, and INT8 takes another path there",
+    ),
 ]
 
 ENGINES = ("vit_mxfp8", "vit_nvfp4", "vit_nvfp4_sparse", "vit_mxfp8_sparse", "vit_int8")
@@ -118,7 +121,9 @@ def rtx(exported):
 
 
 @pytest.mark.rtx
-@pytest.mark.parametrize("engine, intended", [("vit_nvfp4", "fp4"), ("vit_nvfp4_sparse", "fp4"), ("vit_mxfp8", "fp8"), ("vit_mxfp8_sparse", "fp8")])
+@pytest.mark.parametrize(
+    "engine, intended", [("vit_nvfp4", "fp4"), ("vit_nvfp4_sparse", "fp4"), ("vit_mxfp8", "fp8"), ("vit_mxfp8_sparse", "fp8")]
+)
 def test_block_format_exports_build_for_blackwell_sm120(rtx, engine, intended):
     from pipeline.cli import main
 
@@ -127,8 +132,10 @@ def test_block_format_exports_build_for_blackwell_sm120(rtx, engine, intended):
     build = read_manifest(rtx / "manifests" / "trt-rtx1.7" / f"{engine}.json").build
     assert build.status == "done" and build.details.settings["targets"] == ["sm120"]
     assert intended in build.details.precision_audit["types_seen"], build.details.precision_audit
-    print(f"{engine}: built for sm120 in {build.duration_s:.1f} s, {build.outputs[0].size_bytes / 2**20:.1f} MiB, "
-          f"layers {build.details.precision_audit['output_types']}")
+    print(
+        f"{engine}: built for sm120 in {build.duration_s:.1f} s, {build.outputs[0].size_bytes / 2**20:.1f} MiB, "
+        f"layers {build.details.precision_audit['output_types']}"
+    )
 
 
 @pytest.mark.rtx
@@ -144,7 +151,24 @@ def test_this_gpu_refuses_tensorrt_rtx_engines_unless_it_is_an_rtx_class_gpu(rtx
     gpu = nvidia_gpus()[0]
     if gpu.compute_capability in RUNS_ON:
         pytest.skip(f"{gpu.name} runs TensorRT-RTX engines: the profile is timed, not skipped")
-    assert main(["--catalog", str(rtx / "pipeline.toml"), "profile", "--engine", "vit_mxfp8", "--toolchain", "trt-rtx1.7", "--arch", "sm120", "--calib-samples", "16"]) == 0
+    assert (
+        main(
+            [
+                "--catalog",
+                str(rtx / "pipeline.toml"),
+                "profile",
+                "--engine",
+                "vit_mxfp8",
+                "--toolchain",
+                "trt-rtx1.7",
+                "--arch",
+                "sm120",
+                "--calib-samples",
+                "16",
+            ]
+        )
+        == 0
+    )
     profile = read_manifest(rtx / "manifests" / "trt-rtx1.7" / "vit_mxfp8.json").profile
     assert profile.status == "skipped" and gpu.name in profile.reason and gpu.compute_capability in profile.reason
     # Asked anyway, the runtime refuses the engine and names the GPUs it runs on.
@@ -152,7 +176,10 @@ def test_this_gpu_refuses_tensorrt_rtx_engines_unless_it_is_an_rtx_class_gpu(rtx
 
     env = ReleaseEnvironment("1.7.1.116", cuda_flavour("auto"), cache_dir())
     result = rtx / "refused.json"
-    subprocess.run([str(env.python), "-I", str(DRIVER), "profile", str(result), "--engine", str(rtx / "engines" / "trt-rtx1.7" / "vit_mxfp8.engine")], check=True)
+    subprocess.run(
+        [str(env.python), "-I", str(DRIVER), "profile", str(result), "--engine", str(rtx / "engines" / "trt-rtx1.7" / "vit_mxfp8.engine")],
+        check=True,
+    )
     said = json.loads(result.read_text())
     print("runtime:", said["error"])
     assert said["ran"] is False and "cannot run on this GPU" in said["error"]
@@ -173,7 +200,10 @@ def test_the_drivers_cuda_timing_replays_a_graph_on_this_gpu(rtx):
 
     env = ReleaseEnvironment("1.7.1.116", cuda_flavour("auto"), cache_dir())
     result = rtx / "cuda-check.json"
-    subprocess.run([str(env.python), "-I", str(DRIVER), "cuda-check", str(result), "--warmup-ms", "50", "--iterations", "200", "--duration-s", "0.5"], check=True)
+    subprocess.run(
+        [str(env.python), "-I", str(DRIVER), "cuda-check", str(result), "--warmup-ms", "50", "--iterations", "200", "--duration-s", "0.5"],
+        check=True,
+    )
     said = json.loads(result.read_text())
     times = said["per_iteration_ms"]
     assert said["device"]["name"] == nvidia_gpus()[0].name

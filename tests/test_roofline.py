@@ -14,7 +14,10 @@ def test_matmul_and_conv_flops_are_counted_from_shapes():
     k = helper.make_tensor("k", TensorProto.FLOAT, [8, 3, 2, 2], [0.0] * 96)
     model = _model(
         [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Conv", ["img", "k"], ["z"], strides=[2, 2])],
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, 3]), helper.make_tensor_value_info("img", TensorProto.FLOAT, [1, 3, 4, 4])],
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, 3]),
+            helper.make_tensor_value_info("img", TensorProto.FLOAT, [1, 3, 4, 4]),
+        ],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None), helper.make_tensor_value_info("z", TensorProto.FLOAT, None)],
         [w, k],
     )

@@ -308,7 +308,12 @@ def test_profiling_an_engine_from_another_release_is_refused(docker_host, worksp
     from pipeline.stages.profile import ProfileStage
     from pipeline.workspace import Workspace
 
-    workspace.write_text(workspace.read_text().replace('trt = "10.14.1"\nimage = "standin-trtexec:ok"\ngpus = "none"\ntimeout_s = 60', 'trt = "10.14.2"\nimage = "standin-trtexec:ok"\ngpus = "none"\ntimeout_s = 60'))
+    workspace.write_text(
+        workspace.read_text().replace(
+            'trt = "10.14.1"\nimage = "standin-trtexec:ok"\ngpus = "none"\ntimeout_s = 60',
+            'trt = "10.14.2"\nimage = "standin-trtexec:ok"\ngpus = "none"\ntimeout_s = 60',
+        )
+    )
     catalog = load_catalog(workspace)
     ctx = RunContext(catalog=catalog, workspace=Workspace(catalog.root), reporter=Reporter())
     with pytest.raises(PipelineError, match="was built by trtexec-container 10.14.1, but toolchain standin is 10.14.2"):

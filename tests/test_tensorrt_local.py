@@ -28,10 +28,14 @@ def local_install(tmp_path, monkeypatch):
         for name, content in standin_files(mode).items():
             if trt.startswith("11.") and name.endswith(".log"):
                 # No real TensorRT 11 log exists: the recorded one, as release 11.1.0 would label it.
-                content = content.replace(b"[TensorRT v101401]", b"[TensorRT v110100]").replace(b"TensorRT version: 10.14.1", b"TensorRT version: 11.1.0")
+                content = content.replace(b"[TensorRT v101401]", b"[TensorRT v110100]").replace(
+                    b"TensorRT version: 10.14.1", b"TensorRT version: 11.1.0"
+                )
             (data / name).write_bytes(content)
         monkeypatch.setenv("STANDIN_DIR", str(data))
-        extra = f'\n[toolchains.local]\nkind = "trtexec-local"\ntrt = "{trt}"\ntrt_root = "{root}"\ngpus = "none"\ntimeout_s = {timeout_s}\n'
+        extra = (
+            f'\n[toolchains.local]\nkind = "trtexec-local"\ntrt = "{trt}"\ntrt_root = "{root}"\ngpus = "none"\ntimeout_s = {timeout_s}\n'
+        )
         return write_catalog(tmp_path / "ws", TINY_CATALOG + extra)
 
     return install

@@ -25,7 +25,9 @@ CPU_VARIANTS = ("fp32", "fp16", "bf16", "int8", "fp8", "fp16_sparse", "int8_spar
 
 # The shared test catalog (timm's test_vit as "tiny", which exports NVFP4 in a second on the CPU),
 # with vit_tiny, the CPU-exportable variants it lacks, and the two TensorRT-RTX releases.
-CATALOG = TINY_CATALOG.replace("[models.tiny]", "[calibration]\nsamples = 8\nbatch_size = 4\n\n[models.tiny]") + """
+CATALOG = (
+    TINY_CATALOG.replace("[models.tiny]", "[calibration]\nsamples = 8\nbatch_size = 4\n\n[models.tiny]")
+    + """
 [models.vit_tiny]
 timm = "vit_tiny_patch16_224"
 batch_size = 4
@@ -46,7 +48,9 @@ sparsity = "2:4"
 [variants.nvfp4_fp32]
 precision = "nvfp4"
 weights_dtype = "fp32"
-""" + RTX_TOOLCHAINS
+"""
+    + RTX_TOOLCHAINS
+)
 
 
 def manifest(ws, toolchain, engine):
@@ -169,7 +173,9 @@ def test_bf16_for_turing_is_refused_for_its_data_type(workspace, run_cli):
 @pytest.mark.rtx
 def test_two_releases_side_by_side_show_what_each_refused(workspace, run_cli):
     for toolchain in ("trt-rtx1.6", "trt-rtx1.7"):
-        run_cli(workspace, "build", "--model", "vit_tiny", "--variant", "fp16", "--variant", "int8", "--toolchain", toolchain, "--arch", "sm120")
+        run_cli(
+            workspace, "build", "--model", "vit_tiny", "--variant", "fp16", "--variant", "int8", "--toolchain", toolchain, "--arch", "sm120"
+        )
     result = run_cli(workspace, "compare", "--toolchain", "trt-rtx1.6", "--toolchain", "trt-rtx1.7", "--format", "json")
     assert result.exit_code == 0, result.err
     rows = {(r["engine"], r["toolchain"]): r for r in json.loads(result.out)}
@@ -270,7 +276,9 @@ def test_ctrl_c_during_a_build_stops_the_compiler_and_leaves_no_engine(workspace
             return super().wait(timeout)
 
     # Only the pipeline's own child processes are interrupted, not every subprocess of the test.
-    fake = types.SimpleNamespace(Popen=InterruptedPopen, PIPE=subprocess.PIPE, STDOUT=subprocess.STDOUT, TimeoutExpired=subprocess.TimeoutExpired)
+    fake = types.SimpleNamespace(
+        Popen=InterruptedPopen, PIPE=subprocess.PIPE, STDOUT=subprocess.STDOUT, TimeoutExpired=subprocess.TimeoutExpired
+    )
     monkeypatch.setattr(process, "subprocess", fake)
     before = manifest(workspace.parent, "trt-rtx1.7", "vit_tiny_fp32").build
     result = run_cli(workspace, "build", "--engine", "vit_tiny_fp32", "--toolchain", "trt-rtx1.7", "--arch", "sm86", "--force")
@@ -297,7 +305,9 @@ def plain(tmp_path, monkeypatch):
 
 
 def test_dry_run_names_release_environment_and_targets_without_a_pulled_release(plain, run_cli, tmp_path):
-    result = run_cli(plain, "build", "--engine", "vit_tiny_fp8_sparse", "--toolchain", "trt-rtx1.7", "--arch", "SM120", "--arch", "sm89", "--dry-run")
+    result = run_cli(
+        plain, "build", "--engine", "vit_tiny_fp8_sparse", "--toolchain", "trt-rtx1.7", "--arch", "SM120", "--arch", "sm89", "--dry-run"
+    )
     assert result.exit_code == 0, result.err
     assert "build: TensorRT-RTX 1.7.1.116 (cu13, not pulled yet): strongly typed, for sm120+sm89, 2:4 sparse weights" in result.out
     assert f"{tmp_path / 'empty-cache' / 'tensorrt-rtx' / '1.7.1.116-cu13' / 'bin' / 'python'} -I" in result.out
@@ -331,7 +341,10 @@ def test_an_unreachable_package_index_is_a_missing_environment_and_leaves_nothin
     monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
     result = run_cli(plain, "toolchains", "pull", "trt-rtx1.7")
     assert result.exit_code == 3, result.err
-    assert "ERROR could not download TensorRT-RTX 1.7.1.116: the package index is not reachable, or does not carry tensorrt-rtx-cu13-libs" in result.err
+    assert (
+        "ERROR could not download TensorRT-RTX 1.7.1.116: the package index is not reachable, or does not carry tensorrt-rtx-cu13-libs"
+        in result.err
+    )
     assert "TIP check the network or pip's index settings" in result.err
     releases = tmp_path / "empty-cache" / "tensorrt-rtx"
     assert [p.name for p in releases.iterdir()] == ["1.7.1.116-cu13.pull.log"]  # the log of what pip said, nothing else

@@ -29,7 +29,10 @@ def test_truncated_export_times_are_recovered_and_recomputed():
 
 
 def test_complete_export_times(tmp_path):
-    records = [{"startEnqMs": i, "endEnqMs": i + 0.01, "computeMs": 1.0 + i / 100, "latencyMs": 1.2 + i / 100, "h2dMs": 0.1, "d2hMs": 0.1} for i in range(50)]
+    records = [
+        {"startEnqMs": i, "endEnqMs": i + 0.01, "computeMs": 1.0 + i / 100, "latencyMs": 1.2 + i / 100, "h2dMs": 0.1, "d2hMs": 0.1}
+        for i in range(50)
+    ]
     path = tmp_path / "t.json"
     path.write_text(json.dumps(records))
     times = read_times(path)

@@ -99,7 +99,7 @@ def test_failed_build_lists_errors_with_the_parser_code():
     assert log.warnings == ["--plugins flag has been deprecated, use --staticPlugins flag instead."]
     coded = [e for e in log.errors if e.code is not None]
     assert len(coded) == 1 and coded[0].code == 6
-    assert 'Plugin not found, are the plugin name, version, and namespace correct?' in coded[0].message
+    assert "Plugin not found, are the plugin name, version, and namespace correct?" in coded[0].message
     assert [e.message for e in log.errors][-4:] == [
         "Failed to parse onnx file",
         "Parsing model failed",
@@ -203,7 +203,16 @@ def test_summary_lines_pasted_alone_give_the_same_figures(path, pasted):
         block = [_STAMP.sub("", line) for line in block]
     log = parse_log("\n".join(block) + "\n")
     assert full.has_summary and log.has_summary
-    for field in ("throughput_qps", "latency_ms", "gpu_compute_ms", "enqueue_ms", "h2d_ms", "d2h_ms", "total_host_walltime_s", "total_gpu_compute_s"):
+    for field in (
+        "throughput_qps",
+        "latency_ms",
+        "gpu_compute_ms",
+        "enqueue_ms",
+        "h2d_ms",
+        "d2h_ms",
+        "total_host_walltime_s",
+        "total_gpu_compute_s",
+    ):
         assert getattr(log, field) == getattr(full, field), field
     assert log.status is None and log.warnings == []  # a summary without a banner is fine
 
@@ -227,7 +236,9 @@ def test_text_with_neither_summary_nor_status_says_so(tmp_path, run_cli, tiny_ca
     assert "no performance summary and no PASSED/FAILED line" in json.loads(result.out)["warnings"][-1]
     assert f"ERROR {path}: no performance summary and no PASSED/FAILED line" in result.err and "TIP" in result.err
     pasted = tmp_path / "pasted.log"
-    pasted.write_text("Throughput: 812.5 qps\nGPU Compute Time: min = 1.1 ms, max = 1.9 ms, mean = 1.2 ms, median = 1.2 ms, percentile(99%) = 1.6 ms\n")
+    pasted.write_text(
+        "Throughput: 812.5 qps\nGPU Compute Time: min = 1.1 ms, max = 1.9 ms, mean = 1.2 ms, median = 1.2 ms, percentile(99%) = 1.6 ms\n"
+    )
     result = run_cli(tiny_catalog, "trtexec", "parse", str(pasted), "--json")
     assert result.exit_code == 0
     data = json.loads(result.out)

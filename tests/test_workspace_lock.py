@@ -55,7 +55,10 @@ def test_a_second_run_fails_at_once_naming_the_first(catalog):
         code, err = finish(pipeline(catalog, "run", "--variant", "fp32"))
         assert first.poll() is None  # the second gave up while the first was still running
         assert code == 1
-        assert f"ERROR another pipeline run holds this workspace (pid {first.pid}, `pipeline --catalog {catalog} run --variant fp32`, since " in err
+        assert (
+            f"ERROR another pipeline run holds this workspace (pid {first.pid}, `pipeline --catalog {catalog} run --variant fp32`, since "
+            in err
+        )
         assert "TIP" in err and "--wait" in err
     finally:
         assert finish(first)[0] == 0

@@ -63,17 +63,15 @@ class Node:
 
 def compute_resources(resources: dict) -> dict[str, float]:
     """What of a node's Ray resources says what it computes with: CPUs, GPUs and GPU types."""
-    return {
-        k: float(v) for k, v in resources.items() if k in ("CPU", "GPU") or k.startswith((RAY_ACCELERATOR_PREFIX, DECLARED_GPU_PREFIX))
-    }
+    return {k: float(v) for k, v in resources.items() if k in ("CPU", "GPU") or k.startswith((RAY_ACCELERATOR_PREFIX, DECLARED_GPU_PREFIX))}
 
 
 def gpu_types_of(resources: dict[str, float]) -> tuple[str, ...]:
     names = []
     for key in resources:
         for prefix in (RAY_ACCELERATOR_PREFIX, DECLARED_GPU_PREFIX):
-            if key.startswith(prefix) and key[len(prefix):] not in names:
-                names.append(key[len(prefix):])
+            if key.startswith(prefix) and key[len(prefix) :] not in names:
+                names.append(key[len(prefix) :])
     return tuple(sorted(names))
 
 
@@ -224,7 +222,9 @@ def _quiet_stderr(verbose: bool):
 def _connection_error(address: str, exc: Exception, noise: str) -> EnvironmentMissing:
     text = f"{exc}\n{exc.__cause__ or ''}\n{noise}"
     if "Authentication token" in text or "InvalidAuthToken" in text or "AuthenticationError" in type(exc.__cause__).__name__:
-        return EnvironmentMissing(f"the Ray cluster at {address} refused this driver: it requires an authentication token.", hint=TOKEN_HELP)
+        return EnvironmentMissing(
+            f"the Ray cluster at {address} refused this driver: it requires an authentication token.", hint=TOKEN_HELP
+        )
     if "RAY_AUTH_TOKEN" in text:  # a token was named but cannot be read
         first = next(line.strip() for line in text.splitlines() if "RAY_AUTH_TOKEN" in line)
         return EnvironmentMissing(f"this driver's token for the Ray cluster at {address} is unusable: {first}", hint=TOKEN_HELP)
@@ -232,7 +232,11 @@ def _connection_error(address: str, exc: Exception, noise: str) -> EnvironmentMi
         # Ray's message (ray/_private/utils.py, check_version_info) lists the cluster's Ray and
         # Python, then this process's.
         found = re.findall(r"Ray: (\S+)\s+Python: (\S+)", text)
-        detail = f"cluster: Ray {found[0][0]}, Python {found[0][1]}; this driver: Ray {found[1][0]}, Python {found[1][1]}" if len(found) >= 2 else str(exc).strip()
+        detail = (
+            f"cluster: Ray {found[0][0]}, Python {found[0][1]}; this driver: Ray {found[1][0]}, Python {found[1][1]}"
+            if len(found) >= 2
+            else str(exc).strip()
+        )
         return EnvironmentMissing(
             f"the Ray cluster at {address} runs a different Ray or Python than this driver ({detail}).",
             hint="a driver must run the cluster's Ray and Python versions exactly; install the cluster's versions here "

@@ -36,7 +36,9 @@ def probe_node() -> dict:
         try:
             out = subprocess.run(
                 [smi, "--query-gpu=name,compute_cap,driver_version", "--format=csv,noheader"],
-                capture_output=True, text=True, timeout=20,
+                capture_output=True,
+                text=True,
+                timeout=20,
             ).stdout
             for line in out.strip().splitlines():
                 fields = [field.strip() for field in line.split(",")]

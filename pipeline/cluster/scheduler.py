@@ -85,7 +85,16 @@ class Chain:
 
 
 class ClusterRun:
-    def __init__(self, ctx: RunContext, cluster: Cluster, engines: list[EngineRef], toolchain: str | None, until: str, gpu_types: tuple[str, ...] = (), verbose: bool = False):
+    def __init__(
+        self,
+        ctx: RunContext,
+        cluster: Cluster,
+        engines: list[EngineRef],
+        toolchain: str | None,
+        until: str,
+        gpu_types: tuple[str, ...] = (),
+        verbose: bool = False,
+    ):
         self.ctx = ctx
         self.cluster = cluster
         self.engines = engines
@@ -158,8 +167,12 @@ class ClusterRun:
 
     def _stage(self, job: Job):
         ctx = RunContext(
-            catalog=self.ctx.catalog, workspace=self.ctx.workspace, reporter=self.reporter, force=self.ctx.force,
-            runtimes=self.ctx.runtimes, gpu_type=job.gpu_type,
+            catalog=self.ctx.catalog,
+            workspace=self.ctx.workspace,
+            reporter=self.reporter,
+            force=self.ctx.force,
+            runtimes=self.ctx.runtimes,
+            gpu_type=job.gpu_type,
         )
         return stage_for(ctx, job.stage, job.engine, job.toolchain)
 
@@ -337,8 +350,7 @@ class ClusterRun:
 
         self.plan()
         self.reporter.info(
-            f"cluster  {self.cluster.address}: {len(self.cluster.nodes)} node(s) — "
-            + "; ".join(n.label() for n in self.cluster.nodes)
+            f"cluster  {self.cluster.address}: {len(self.cluster.nodes)} node(s) — " + "; ".join(n.label() for n in self.cluster.nodes)
         )
         console = self.reporter.console
         # In a terminal, one line under the log keeps the counts and the elapsed time current.
@@ -425,7 +437,13 @@ class ClusterRun:
         if isinstance(exc, exceptions.RayTaskError):
             # A bug inside the task: report it as such (with Ray's traceback under -v), never retried.
             first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-            self._fail(job, PipelineError(f"internal error on node {job.node.label() if job.node else '?'}: {first}", hint="this is a bug in the pipeline; -v shows the traceback"))
+            self._fail(
+                job,
+                PipelineError(
+                    f"internal error on node {job.node.label() if job.node else '?'}: {first}",
+                    hint="this is a bug in the pipeline; -v shows the traceback",
+                ),
+            )
             if self.verbose:
                 self.reporter.info(str(exc))
             return
@@ -433,12 +451,26 @@ class ClusterRun:
         self.cluster.refresh()
         reason = f"{type(exc).__name__} on {where}"
         if job.attempts >= MAX_ATTEMPTS:
-            self._fail(job, PipelineError(f"lost {job.attempts} times ({reason}); giving up.", hint="`ray status` on the head shows the nodes; the other engines' results are kept"))
+            self._fail(
+                job,
+                PipelineError(
+                    f"lost {job.attempts} times ({reason}); giving up.",
+                    hint="`ray status` on the head shows the nodes; the other engines' results are kept",
+                ),
+            )
             return
         if not self.feasible(job):
-            self._fail(job, EnvironmentMissing(f"its node was lost ({reason}) and no other node has {job.placed_by}.", hint="start another node of that type and run again: finished results are kept"))
+            self._fail(
+                job,
+                EnvironmentMissing(
+                    f"its node was lost ({reason}) and no other node has {job.placed_by}.",
+                    hint="start another node of that type and run again: finished results are kept",
+                ),
+            )
             return
-        self.reporter.warn(f"{job.stage} {job.engine.name} {job.target}: {reason}; retrying on another node (attempt {job.attempts + 1} of {MAX_ATTEMPTS})")
+        self.reporter.warn(
+            f"{job.stage} {job.engine.name} {job.target}: {reason}; retrying on another node (attempt {job.attempts + 1} of {MAX_ATTEMPTS})"
+        )
         job.handle, job.node = None, None
         self._try_submit(job)
 
@@ -453,7 +485,12 @@ class ClusterRun:
         for job in queued:
             if not self.feasible(job):
                 ray.cancel(job.handle, force=True)
-                self._fail(job, EnvironmentMissing(f"no node of the cluster has {job.placed_by} any more.", hint="start a node of that type and run again"))
+                self._fail(
+                    job,
+                    EnvironmentMissing(
+                        f"no node of the cluster has {job.placed_by} any more.", hint="start a node of that type and run again"
+                    ),
+                )
 
     def _finish(self, job: Job, result) -> None:
         from pipeline.manifest import read_manifest
@@ -463,7 +500,9 @@ class ClusterRun:
         self.bytes_fetched += result.bytes_fetched
         if result.messages.strip():
             for line in result.messages.rstrip().splitlines():
-                self.reporter.console.print(f"          [dim]{job.node.label() if job.node else ''} │[/] {line}", markup=True, highlight=False)
+                self.reporter.console.print(
+                    f"          [dim]{job.node.label() if job.node else ''} │[/] {line}", markup=True, highlight=False
+                )
         if result.manifest_text is not None:
             try:
                 self._write(result)
@@ -473,12 +512,20 @@ class ClusterRun:
                 return
         if result.status == "error" or result.status == "failed":
             message, hint, code = result.error
-            error = (EnvironmentMissing if code == EnvironmentMissing.exit_code else UsageError if code == UsageError.exit_code else PipelineError)(message, hint)
+            error = (
+                EnvironmentMissing
+                if code == EnvironmentMissing.exit_code
+                else UsageError
+                if code == UsageError.exit_code
+                else PipelineError
+            )(message, hint)
             self._fail(job, error)
             return
         job.state = result.status
         where = job.node.label() if job.node else result.node_id[:8]
-        self.reporter.console.print(f"[green]{job.state:<9}[/] {job.stage:<8} {job.engine.name} {job.target} in {result.seconds:.1f}s on {where}")
+        self.reporter.console.print(
+            f"[green]{job.state:<9}[/] {job.stage:<8} {job.engine.name} {job.target} in {result.seconds:.1f}s on {where}"
+        )
 
     def _write(self, result) -> None:
         """The task's files, then its manifest, each atomically: a crash between leaves files a
@@ -532,8 +579,13 @@ class ClusterRun:
         for job in ran:
             result = job.state + (f" ({job.note})" if job.note else "")
             table.add_row(
-                job.engine.name, job.stage, job.target, job.node.label() if job.node else "–", result,
-                f"{job.seconds:.1f}" if job.seconds else "–", str(job.attempts or "–"),
+                job.engine.name,
+                job.stage,
+                job.target,
+                job.node.label() if job.node else "–",
+                result,
+                f"{job.seconds:.1f}" if job.seconds else "–",
+                str(job.attempts or "–"),
             )
         self.reporter.console.print(table)
 
@@ -574,7 +626,15 @@ def _size(n: int) -> str:
     return f"{n / (1 << 20):.1f} MiB" if n >= 1 << 20 else f"{n / 1024:.0f} KiB"
 
 
-def drive(ctx: RunContext, address: str, engines: list[EngineRef], toolchain: str | None, until: str, gpu_types: tuple[str, ...] = (), verbose: bool = False) -> RunSummary:
+def drive(
+    ctx: RunContext,
+    address: str,
+    engines: list[EngineRef],
+    toolchain: str | None,
+    until: str,
+    gpu_types: tuple[str, ...] = (),
+    verbose: bool = False,
+) -> RunSummary:
     """Join the cluster, check its nodes, run the matrix (in the Ray driver process)."""
     from pipeline.cluster.connection import connect, disconnect, probe
 

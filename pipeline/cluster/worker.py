@@ -76,7 +76,11 @@ def execute(request: StageRequest, node_id: str) -> StageResult:
     try:
         scratch = _scratch_dir()
     except OSError as exc:
-        result.error = (f"node {node_id[:8]} could not create a scratch workspace in {node_cache_dir()}: {exc.strerror or exc}.", "free space on that node, or set PIPELINE_CACHE_DIR there", 1)
+        result.error = (
+            f"node {node_id[:8]} could not create a scratch workspace in {node_cache_dir()}: {exc.strerror or exc}.",
+            "free space on that node, or set PIPELINE_CACHE_DIR there",
+            1,
+        )
         return result
     try:
         for ref in request.files:
@@ -111,7 +115,11 @@ def execute(request: StageRequest, node_id: str) -> StageResult:
         result.status, result.error = "error", (exc.message, exc.hint, exc.exit_code)
     except OSError as exc:  # the node's disk filled up, a permission: the node's problem, said so
         result.status = "error"
-        result.error = (f"node {node_id[:8]}: {exc.strerror or exc} ({getattr(exc, 'filename', '') or ''}).", "free space on that node (its cache: PIPELINE_CACHE_DIR)", 1)
+        result.error = (
+            f"node {node_id[:8]}: {exc.strerror or exc} ({getattr(exc, 'filename', '') or ''}).",
+            "free space on that node (its cache: PIPELINE_CACHE_DIR)",
+            1,
+        )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     result.messages = buffer.getvalue()

@@ -43,8 +43,14 @@ def regression_gate(current: list[EngineManifest], baseline: list[EngineManifest
         low, high = median_difference_ci(new.per_iteration_ms, old.per_iteration_ms)
         results.append(
             Regression(
-                engine=key[0], toolchain=key[1] or "?", baseline_ms=old.latency_ms.median, current_ms=new.latency_ms.median,
-                change_pct=change, ci_low_ms=low, ci_high_ms=high, regressed=change > fail_above_pct and low > 0.0,
+                engine=key[0],
+                toolchain=key[1] or "?",
+                baseline_ms=old.latency_ms.median,
+                current_ms=new.latency_ms.median,
+                change_pct=change,
+                ci_low_ms=low,
+                ci_high_ms=high,
+                regressed=change > fail_above_pct and low > 0.0,
             )  # fmt: skip
         )
     return results

@@ -159,7 +159,10 @@ def render_html(rows: list[ComparisonRow], manifests: list[EngineManifest]) -> s
         model_rows = [r for r in rows if r.model == model]
         parts.append(f"<h2>{html.escape(model)}</h2>")
         parts.append(_table(model_rows))
-        for title, image in (("Latency by variant and toolchain", _latency_bars(model_rows)), ("Latency distribution", _latency_cdf(model_rows))):
+        for title, image in (
+            ("Latency by variant and toolchain", _latency_bars(model_rows)),
+            ("Latency distribution", _latency_cdf(model_rows)),
+        ):
             if image:
                 parts.append(f'<h3>{title}</h3><img alt="{html.escape(title)}" src="{image}">')
         for row in model_rows:

@@ -254,7 +254,15 @@ def build_rows(
         _against_baseline_toolchain(rows, catalog.baseline_toolchain)
     variant_order = {name: i for i, name in enumerate(catalog.variants)}
     chain_order = {name: i for i, name in enumerate(toolchain_order or sorted({r.toolchain for r in rows}))}
-    rows.sort(key=lambda r: (r.model, variant_order.get(r.variant, len(variant_order)), r.variant, chain_order.get(r.toolchain, 99), r.gpu_type or ""))
+    rows.sort(
+        key=lambda r: (
+            r.model,
+            variant_order.get(r.variant, len(variant_order)),
+            r.variant,
+            chain_order.get(r.toolchain, 99),
+            r.gpu_type or "",
+        )
+    )
     return rows
 
 
@@ -300,7 +308,11 @@ def _toolchain_changes(rows: list[ComparisonRow], order: list[str] | None) -> No
         if row.median_ms is None or ref is None or row.toolchain == reference:
             continue
         row.reference_toolchain = reference
-        differ = [f"{key} {'on' if row.measured_with[key] else 'off'} here, {'on' if ref.measured_with[key] else 'off'} there" for key in sorted(row.measured_with.keys() & ref.measured_with.keys()) if row.measured_with[key] != ref.measured_with[key]]
+        differ = [
+            f"{key} {'on' if row.measured_with[key] else 'off'} here, {'on' if ref.measured_with[key] else 'off'} there"
+            for key in sorted(row.measured_with.keys() & ref.measured_with.keys())
+            if row.measured_with[key] != ref.measured_with[key]
+        ]
         if differ:
             row.flags.append(f"measured differently from {reference}: {', '.join(differ)}")
         row.change_ms = row.median_ms - ref.median_ms

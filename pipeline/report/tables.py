@@ -67,7 +67,9 @@ COLUMNS = (
     Column(
         "vs-baseline-toolchain",
         "vs baseline toolchain",
-        lambda r: _marked(r.vs_baseline_toolchain, r.vs_baseline_toolchain_significant, f"{r.vs_baseline_toolchain or 0:.2f}x vs {r.baseline_toolchain}"),
+        lambda r: _marked(
+            r.vs_baseline_toolchain, r.vs_baseline_toolchain_significant, f"{r.vs_baseline_toolchain or 0:.2f}x vs {r.baseline_toolchain}"
+        ),
         text=True,
         short_header="vs baseline\ntoolchain",
     ),
@@ -75,7 +77,12 @@ COLUMNS = (
     Column("engine-mb", "engine MB", lambda r: _fmt(r.engine_mb, ".1f")),
     Column("build-s", "build s", lambda r: _fmt(r.build_s, ".1f")),
     Column("accuracy", "vs FP32 cos", lambda r: _accuracy(r, _fmt(r.accuracy_cosine, ".4f")), short_header="cos vs\nFP32"),
-    Column("top1", "top-1 vs FP32", lambda r: _accuracy(r, _fmt(r.top1_agreement * 100 if r.top1_agreement is not None else None, ".0f", "%")), short_header="top-1"),
+    Column(
+        "top1",
+        "top-1 vs FP32",
+        lambda r: _accuracy(r, _fmt(r.top1_agreement * 100 if r.top1_agreement is not None else None, ".0f", "%")),
+        short_header="top-1",
+    ),
     Column("top1-acc", "top-1 acc (labels)", lambda r: _fmt(r.top1_accuracy * 100 if r.top1_accuracy is not None else None, ".1f", "%")),
     Column("audit", "layer audit", lambda r: r.audit or "–", text=True),
     Column("tflops", "TFLOP/s (peak %)", _roofline, short_header="TFLOP/s\n(peak %)"),
@@ -87,7 +94,20 @@ WIDE = tuple(c for c in COLUMNS if c.key != "variant")
 # Narrower sets, tried in turn when every column does not fit (NARROW, with the accuracy, fits about
 # 95 columns). The model is the table's title; the speedups' references and the status's details
 # are notes under it. COMPACT fits 80 columns.
-MEDIUM = ("variant", "toolchain", "median", "p99", "cv", "img/s", "speedup", "vs-baseline-toolchain", "vs-ref-toolchain", "accuracy", "top1", "status")
+MEDIUM = (
+    "variant",
+    "toolchain",
+    "median",
+    "p99",
+    "cv",
+    "img/s",
+    "speedup",
+    "vs-baseline-toolchain",
+    "vs-ref-toolchain",
+    "accuracy",
+    "top1",
+    "status",
+)
 NARROW = ("variant", "toolchain", "median", "p99", "img/s", "speedup", "accuracy", "top1", "status")
 COMPACT = ("variant", "toolchain", "median", "p99", "img/s", "speedup", "status")
 HEADERS = tuple(c.header for c in WIDE)

@@ -118,7 +118,9 @@ class DockerRunner:
     def build_image(self, context: Path, dockerfile: str, tag: str, buildargs: dict[str, str] | None = None):
         docker = _docker()
         try:
-            for event in self.client.api.build(path=str(context), dockerfile=dockerfile, tag=tag, buildargs=buildargs or {}, decode=True, rm=True):
+            for event in self.client.api.build(
+                path=str(context), dockerfile=dockerfile, tag=tag, buildargs=buildargs or {}, decode=True, rm=True
+            ):
                 if "error" in event:
                     raise PipelineError(f"building image {tag} from {context / dockerfile} failed: {event['error'].strip()}")
                 if event.get("stream", "").strip():
@@ -244,4 +246,3 @@ def nvidia_runtime(info: dict) -> str | None:
 def _is_timeout(exc: Exception) -> bool:
     name = type(exc).__name__
     return "Timeout" in name or "ConnectionError" in name
-

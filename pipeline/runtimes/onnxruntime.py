@@ -103,10 +103,7 @@ class OnnxRuntimeRuntime(EngineRuntime):
         if variant.precision in NO_CPU_KERNELS:
             return NO_CPU_KERNELS[variant.precision]
         if variant.precision not in SUPPORTED_PRECISIONS:
-            return (
-                f"{variant.precision} needs TensorRT; the onnxruntime toolchain runs "
-                f"{', '.join(SUPPORTED_PRECISIONS)} engines"
-            )
+            return f"{variant.precision} needs TensorRT; the onnxruntime toolchain runs {', '.join(SUPPORTED_PRECISIONS)} engines"
         return None
 
     def _session(self, path: Path, level, optimized_out: Path | None = None):
@@ -135,10 +132,7 @@ class OnnxRuntimeRuntime(EngineRuntime):
         )
 
     def describe_build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec, source: ModelSource) -> list[str]:
-        return [
-            f"build: onnxruntime {self.version} {self.providers()[0]}: optimise {onnx_path.name} "
-            f"(ORT_ENABLE_EXTENDED) → {engine_path}"
-        ]
+        return [f"build: onnxruntime {self.version} {self.providers()[0]}: optimise {onnx_path.name} (ORT_ENABLE_EXTENDED) → {engine_path}"]
 
     def describe_profile(self, engine_path: Path, settings: ProfileSettings) -> list[str]:
         return [

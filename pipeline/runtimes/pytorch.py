@@ -65,7 +65,9 @@ class TorchSpec(ToolchainSpec):
     @model_validator(mode="after")
     def _compile_options_need_compile(self):
         if self.backend != "compile" and (self.mode is not None or self.fullgraph):
-            raise ValueError(f'mode and fullgraph are torch.compile settings: they need backend = "compile" (got backend = "{self.backend}")')
+            raise ValueError(
+                f'mode and fullgraph are torch.compile settings: they need backend = "compile" (got backend = "{self.backend}")'
+            )
         return self
 
 
@@ -208,7 +210,12 @@ class TorchRuntime(EngineRuntime):
     # --- build: the runnable model ----------------------------------------------------------------
 
     def settings(self, precision: str, device: str) -> dict[str, Any]:
-        settings: dict[str, Any] = {"backend": self.spec.backend, "dtype": TORCH_DTYPES[precision], "device": device, "tf32": self.spec.tf32}
+        settings: dict[str, Any] = {
+            "backend": self.spec.backend,
+            "dtype": TORCH_DTYPES[precision],
+            "device": device,
+            "tf32": self.spec.tf32,
+        }
         if self.spec.backend == "compile":
             settings.update(mode=self.mode, fullgraph=self.spec.fullgraph, dynamic=False)
         return settings
@@ -252,14 +259,22 @@ class TorchRuntime(EngineRuntime):
         facts = self._prepared.facts
         notes = []
         if facts.get("graph_breaks"):
-            notes.append(f"{facts['graph_breaks']} graph break(s): the model runs as {facts['graphs']} compiled graphs with eager code between them")
+            notes.append(
+                f"{facts['graph_breaks']} graph break(s): the model runs as {facts['graphs']} compiled graphs with eager code between them"
+            )
             self.reporter.warn(f"{engine_path.name}: {notes[-1]} (set fullgraph = true to refuse them)")
         return BuildResult(engine_path=engine_path, settings=settings, notes=notes, evidence={"compiler": {**self.versions(), **facts}})
 
     def versions(self) -> dict[str, Any]:
         torch = _torch()
         cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-        return {"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": cudnn, "triton": package_version("triton"), "timm": package_version("timm")}
+        return {
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "cudnn": cudnn,
+            "triton": package_version("triton"),
+            "timm": package_version("timm"),
+        }
 
     def _prepare(self, model, shape, dtype, device: str, engine_file: tuple[int, int, int]) -> Prepared:
         torch = _torch()

@@ -154,14 +154,20 @@ class TrtexecRuntime(EngineRuntime):
             hint = f"full log: {log_path}; command: {' '.join(argv)}"
             if what == "build" and log.status == "FAILED" and not killed:
                 # TensorRT itself ran and said no (a parser or builder error): recorded in the manifest.
-                evidence = {"image": execution.image, "image_digest": execution.image_digest, "trtexec": json.loads(log.model_dump_json(exclude={"trace"}))}
-                raise RefusedByTool(message, hint, result=BuildResult(engine_path=None, command=argv, sidecars={"build_log": log_path}, evidence=evidence))
+                evidence = {
+                    "image": execution.image,
+                    "image_digest": execution.image_digest,
+                    "trtexec": json.loads(log.model_dump_json(exclude={"trace"})),
+                }
+                raise RefusedByTool(
+                    message, hint, result=BuildResult(engine_path=None, command=argv, sidecars={"build_log": log_path}, evidence=evidence)
+                )
             raise PipelineError(message, hint=hint)
         claimed = self.spec.trt
         if log.trt_version and not (log.trt_version == claimed or log.trt_version.startswith(claimed + ".")):
             raise PipelineError(
                 f"toolchain {self.name} claims TensorRT {claimed}, but trtexec{where} reports {log.trt_version}.",
-                hint=f"fix `trt` (or the image) of [toolchains.\"{self.name}\"] in pipeline.toml",
+                hint=f'fix `trt` (or the image) of [toolchains."{self.name}"] in pipeline.toml',
             )
 
     def build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec, source: ModelSource) -> BuildResult:
@@ -241,7 +247,9 @@ class TrtexecRuntime(EngineRuntime):
                 "image_digest": execution.image_digest,
                 "trtexec": {
                     **json.loads(log.model_dump_json(exclude={"trace"})),
-                    "exported_times": json.loads(times.model_dump_json(include={"count", "truncated", "gpu_compute", "latency", "enqueue"})),
+                    "exported_times": json.loads(
+                        times.model_dump_json(include={"count", "truncated", "gpu_compute", "latency", "enqueue"})
+                    ),
                     "exported_profile": json.loads(layer_profile.model_dump_json()) if layer_profile else None,
                 },
             },
@@ -302,7 +310,9 @@ class TrtexecRuntime(EngineRuntime):
     def _profile_argv(self, engine_path: Path, settings: ProfileSettings, times: Path, profile: Path, verbose: bool = False) -> list[str]:
         return self._profile_command(engine_path, settings, times, profile, verbose).argv(self.spec.trt, self.trtexec_path())
 
-    def _profile_command(self, engine_path: Path, settings: ProfileSettings, times: Path, profile: Path, verbose: bool = False) -> ProfileCommand:
+    def _profile_command(
+        self, engine_path: Path, settings: ProfileSettings, times: Path, profile: Path, verbose: bool = False
+    ) -> ProfileCommand:
         return ProfileCommand(
             engine=self.container_path(engine_path),
             warmup_ms=settings.warmup_ms,
@@ -321,7 +331,9 @@ class TrtexecRuntime(EngineRuntime):
         return [f"build: {self.where()}: {' '.join(argv)}"]
 
     def describe_profile(self, engine_path: Path, settings: ProfileSettings) -> list[str]:
-        argv = self._profile_argv(engine_path, settings, self.sidecar(engine_path, ".times.json"), self.sidecar(engine_path, ".profile.json"))
+        argv = self._profile_argv(
+            engine_path, settings, self.sidecar(engine_path, ".times.json"), self.sidecar(engine_path, ".profile.json")
+        )
         return [f"profile: {self.where()}: {' '.join(argv)}"]
 
     def where(self) -> str:
@@ -345,7 +357,9 @@ class TrtexecContainerRuntime(TrtexecRuntime):
         return self.spec.image or f"trt-pipeline/{self.name}:latest"
 
     def describe(self) -> str:
-        return f"TensorRT {self.spec.trt} in image {self.image_name}" + (f" (docker/{self.spec.dockerfile})" if self.spec.dockerfile else "")
+        return f"TensorRT {self.spec.trt} in image {self.image_name}" + (
+            f" (docker/{self.spec.dockerfile})" if self.spec.dockerfile else ""
+        )
 
     def status(self) -> ToolchainStatus:
         try:
@@ -359,7 +373,9 @@ class TrtexecContainerRuntime(TrtexecRuntime):
             if not self.runner.has_nvidia_runtime():
                 missing.append("NVIDIA container runtime")
         detail = self.describe() + (f"; missing: {', '.join(missing)}" if missing else "")
-        return ToolchainStatus(present=image is not None, usable=not missing, detail=detail, pin=self.runner.digest(image) if image is not None else None)
+        return ToolchainStatus(
+            present=image is not None, usable=not missing, detail=detail, pin=self.runner.digest(image) if image is not None else None
+        )
 
     def pull(self) -> None:
         if self.spec.dockerfile:
@@ -473,5 +489,7 @@ class TrtexecLocalRuntime(TrtexecRuntime):
         if self.spec.trt_root is not None:
             lib = str(Path(self.spec.trt_root) / "lib")
             env["LD_LIBRARY_PATH"] = lib + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
-        finished = run_logged(argv, log_path=log_path, timeout_s=self.spec.timeout_s, reporter=self.reporter, what=f"trtexec {what}", env=env)
+        finished = run_logged(
+            argv, log_path=log_path, timeout_s=self.spec.timeout_s, reporter=self.reporter, what=f"trtexec {what}", env=env
+        )
         return Execution(finished.exit_code, finished.output)

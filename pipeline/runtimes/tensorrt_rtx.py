@@ -173,7 +173,10 @@ class ReleaseEnvironment:
                 raise pip_failure(self.release, self.packages, finished.output, log_path)
             facts = probe(python, timeout_s=120)
             if facts.get("release") != self.release:
-                raise PipelineError(f"the wheels installed for TensorRT-RTX {self.release} report release {facts.get('release')}.", hint=f"pip's log: {log_path}")
+                raise PipelineError(
+                    f"the wheels installed for TensorRT-RTX {self.release} report release {facts.get('release')}.",
+                    hint=f"pip's log: {log_path}",
+                )
             facts.update(
                 release=self.release,
                 cuda=self.cuda,
@@ -196,7 +199,10 @@ def pip_failure(release: str, packages: list[str], output: str, log_path: Path) 
     """pip's failure, said in the pipeline's terms."""
     versions = re.search(r"\(from versions: ([^)]*)\)", output)
     known = versions.group(1).strip() if versions else ""
-    unreachable = re.search(r"NewConnectionError|Connection refused|Name or service not known|Temporary failure in name resolution|Max retries exceeded|ProxyError|ReadTimeoutError", output)
+    unreachable = re.search(
+        r"NewConnectionError|Connection refused|Name or service not known|Temporary failure in name resolution|Max retries exceeded|ProxyError|ReadTimeoutError",
+        output,
+    )
     if unreachable or known == "none":
         # The wheels are on PyPI in every release: an index that offers none of them was not read
         # (offline, pip says "from versions: none", with or without its retry warnings).
@@ -233,7 +239,9 @@ def probe(python: Path, timeout_s: float) -> dict[str, Any]:
     """What the release in an environment says about itself (its version, the targets it knows)."""
     with tempfile.TemporaryDirectory() as scratch:
         result = Path(scratch) / "version.json"
-        completed = subprocess.run([str(python), "-I", str(DRIVER), "version", str(result)], capture_output=True, text=True, timeout=timeout_s)
+        completed = subprocess.run(
+            [str(python), "-I", str(DRIVER), "version", str(result)], capture_output=True, text=True, timeout=timeout_s
+        )
         if completed.returncode != 0 or not result.exists():
             tail = (completed.stderr or completed.stdout).strip().splitlines()[-1:] or ["no output"]
             raise PipelineError(f"TensorRT-RTX in {python.parent.parent} does not load: {tail[0]}", hint="pull it again to repair it")
@@ -301,7 +309,13 @@ class TensorRtRtxRuntime(EngineRuntime):
         if state != "ready":
             raise EnvironmentMissing(f"{why}.", hint=f"`pipeline toolchains pull {self.name}` first")
         facts = self.environment.facts()
-        return {"pin": pin_of(facts), "release": facts["release"], "cuda": facts["cuda"], "packages": facts["packages"], "wheels": facts.get("wheels", {})}
+        return {
+            "pin": pin_of(facts),
+            "release": facts["release"],
+            "cuda": facts["cuda"],
+            "packages": facts["packages"],
+            "wheels": facts.get("wheels", {}),
+        }
 
     def pull(self) -> None:
         state, why = self.environment.state()
@@ -310,17 +324,24 @@ class TensorRtRtxRuntime(EngineRuntime):
             return
         if state == "broken":
             self.reporter.warn(f"{why}; creating it again")
-        self.reporter.info(f"pull     {self.name}: pip install {' '.join(self.environment.packages)} (about 100 MB) into {self.environment.path}")
+        self.reporter.info(
+            f"pull     {self.name}: pip install {' '.join(self.environment.packages)} (about 100 MB) into {self.environment.path}"
+        )
         with self.reporter.working("pull", self.name):
             facts = self.environment.create(self.reporter, self.spec.timeout_s)
-        self.reporter.info(f"ready    {self.name}: TensorRT-RTX {facts['release']} ({facts['cuda']}), targets {', '.join(facts['targets'])}")
+        self.reporter.info(
+            f"ready    {self.name}: TensorRT-RTX {facts['release']} ({facts['cuda']}), targets {', '.join(facts['targets'])}"
+        )
 
     def check_usable(self) -> None:
         from pipeline.runtimes.toolchains import read_lock
 
         state, why = self.environment.state()
         if state != "ready":
-            raise EnvironmentMissing(f"{why}.", hint=f"run `pipeline toolchains pull {self.name}` (it installs the release's wheels into {self.environment.path})")
+            raise EnvironmentMissing(
+                f"{why}.",
+                hint=f"run `pipeline toolchains pull {self.name}` (it installs the release's wheels into {self.environment.path})",
+            )
         locked = (read_lock(self.workspace_root).get(self.name) or {}).get("pin")
         here = pin_of(self.environment.facts())
         if locked and locked != here:
@@ -332,7 +353,17 @@ class TensorRtRtxRuntime(EngineRuntime):
     # --- build -----------------------------------------------------------------------------------
 
     def _build_argv(self, onnx_path: Path, engine_path: Path, variant: VariantSpec, result_path: Path) -> list[str]:
-        argv = [str(self.environment.python), "-I", str(DRIVER), "build", str(result_path), "--onnx", str(onnx_path), "--engine", str(engine_path)]
+        argv = [
+            str(self.environment.python),
+            "-I",
+            str(DRIVER),
+            "build",
+            str(result_path),
+            "--onnx",
+            str(onnx_path),
+            "--engine",
+            str(engine_path),
+        ]
         for arch in self.targets():
             argv += ["--arch", arch.upper()]
         if variant.sparsity == "2:4":
@@ -381,7 +412,9 @@ class TensorRtRtxRuntime(EngineRuntime):
             raise RefusedByTool(
                 self._refusal(onnx_path, result),
                 hint=f"full log: {log_path}",
-                result=BuildResult(engine_path=None, settings=settings, command=argv, sidecars={"build_log": log_path}, evidence={"compiler": compiler}),
+                result=BuildResult(
+                    engine_path=None, settings=settings, command=argv, sidecars={"build_log": log_path}, evidence={"compiler": compiler}
+                ),
             )
         if not engine_path.exists() or engine_path.stat().st_size == 0:
             raise PipelineError(f"TensorRT-RTX reported a build but wrote no engine to {engine_path}.", hint=f"full log: {log_path}")
@@ -425,7 +458,13 @@ class TensorRtRtxRuntime(EngineRuntime):
         from pipeline.runtimes import process
 
         try:
-            finished = process.run_logged(argv, log_path=log_path, timeout_s=self.spec.timeout_s, reporter=self.reporter, what=f"TensorRT-RTX {self.spec.release} {what}")
+            finished = process.run_logged(
+                argv,
+                log_path=log_path,
+                timeout_s=self.spec.timeout_s,
+                reporter=self.reporter,
+                what=f"TensorRT-RTX {self.spec.release} {what}",
+            )
             return finished, self._read_result(result_path, finished, log_path, what)
         finally:
             result_path.unlink(missing_ok=True)
@@ -495,7 +534,9 @@ class TensorRtRtxRuntime(EngineRuntime):
         if not result.get("ran"):
             error = tidy(result.get("error", "the engine did not run"))
             if result.get("out_of_memory"):
-                raise EnvironmentMissing(f"{engine_path.name}: {error}.", hint="a smaller batch_size for this model in pipeline.toml, or a GPU with more memory")
+                raise EnvironmentMissing(
+                    f"{engine_path.name}: {error}.", hint="a smaller batch_size for this model in pipeline.toml, or a GPU with more memory"
+                )
             raise EnvironmentMissing(
                 f"TensorRT-RTX {self.spec.release} cannot run {engine_path.name} on {device.get('name', 'this machine')}: {error}",
                 hint=f"full log: {log_path}",
@@ -536,7 +577,9 @@ class TensorRtRtxRuntime(EngineRuntime):
         if where:
             lines.append(f"profile: would be skipped here: {where}")
         else:
-            lines.append(f"profile: {' '.join(self._profile_argv(engine_path, settings, self.sidecar(engine_path, '.profile-result.json')))}")
+            lines.append(
+                f"profile: {' '.join(self._profile_argv(engine_path, settings, self.sidecar(engine_path, '.profile-result.json')))}"
+            )
         return lines
 
 

@@ -306,7 +306,9 @@ def profile(args) -> int:
     with open(args.engine, "rb") as handle:
         engine = trt.Runtime(logger).deserialize_cuda_engine(handle.read())
     if engine is None:
-        result["error"] = next((e for e in logger.errors if "cannot run" in e), logger.errors[0] if logger.errors else "the engine did not load")
+        result["error"] = next(
+            (e for e in logger.errors if "cannot run" in e), logger.errors[0] if logger.errors else "the engine did not load"
+        )
         result["errors"] = logger.errors
         write_result(args.result, result)
         return 0
@@ -333,7 +335,9 @@ def profile(args) -> int:
         if exc.code != CUDA_ERROR_OUT_OF_MEMORY:
             raise
         free, total = cuda.free_and_total()
-        result["error"] = f"out of GPU memory allocating the engine's inputs and outputs ({free / 2**20:.0f} MiB free of {total / 2**20:.0f} MiB)"
+        result["error"] = (
+            f"out of GPU memory allocating the engine's inputs and outputs ({free / 2**20:.0f} MiB free of {total / 2**20:.0f} MiB)"
+        )
         result["out_of_memory"] = True
         write_result(args.result, result)
         return 0

@@ -46,7 +46,9 @@ def load_images(model, files: list[Path], image_shape: tuple[int, int, int], pur
     return torch.stack(tensors)
 
 
-def describe_source(directory: Path | None, samples: int, batch_size: int, purpose: str = "calibration", option: str = "--calib-dir") -> dict[str, Any]:
+def describe_source(
+    directory: Path | None, samples: int, batch_size: int, purpose: str = "calibration", option: str = "--calib-dir"
+) -> dict[str, Any]:
     """What goes into the export fingerprint: the folder's file list (names, sizes, mtimes)."""
     if directory is None:
         return {"source": "synthetic (standard normal)", "samples": samples, "batch_size": batch_size}

@@ -194,7 +194,9 @@ class ExportStage(Stage):
         if self.needs_calibration:
             settings = self.ctx.catalog.calibration
             with phase("calibration_data"):
-                batches = calibration_batches(model, self._calibration_dir(), settings.samples, settings.batch_size, (channels, height, width), spec.seed + 2)
+                batches = calibration_batches(
+                    model, self._calibration_dir(), settings.samples, settings.batch_size, (channels, height, width), spec.seed + 2
+                )
                 calibration = {k: v for k, v in self.calibration_params().items() if k != "files"}
                 with torch.no_grad():
                     reference_outputs = [model(b.to(device)).cpu() for b in batches]
@@ -236,7 +238,9 @@ class ExportStage(Stage):
             try:
                 with phase("onnx_export"):
                     if self.quantized:
-                        exported = export_quantized(model, sample.to(device=device, dtype=dtype), tmp, self.opset(), self.weights_dtype(), variant.precision)
+                        exported = export_quantized(
+                            model, sample.to(device=device, dtype=dtype), tmp, self.opset(), self.weights_dtype(), variant.precision
+                        )
                         quantization["exporter"], traced_batch = exported.exporter, exported.traced_batch
                     else:
                         with torch.no_grad():
@@ -443,9 +447,7 @@ def pin_batch(model, batch_size: int) -> None:
 
 def op_histogram(model) -> dict[str, int]:
     """Node count per operator; custom domains are prefixed (``trt::TRT_FP4QDQ``)."""
-    counts = Counter(
-        node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}" for node in model.graph.node
-    )
+    counts = Counter(node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}" for node in model.graph.node)
     return dict(sorted(counts.items()))
 
 

@@ -102,8 +102,7 @@ def require_cuda_for(precision: str) -> None:
 
     if precision in NEEDS_CUDA and not torch.cuda.is_available():
         raise EnvironmentMissing(
-            f"{precision} quantization needs a CUDA GPU (ModelOpt's {precision} kernels are CUDA-only), "
-            "and this machine has none.",
+            f"{precision} quantization needs a CUDA GPU (ModelOpt's {precision} kernels are CUDA-only), and this machine has none.",
             hint="run this export on a machine with an NVIDIA GPU, or pick int8/fp8",
         )
 
@@ -182,11 +181,7 @@ def quantize_model(model, precision: str, batches, conv_policy: str = "exclude")
 
 
 def _count_enabled_weight_quantizers(model) -> int:
-    return sum(
-        1
-        for name, module in model.named_modules()
-        if name.endswith("weight_quantizer") and getattr(module, "is_enabled", False)
-    )
+    return sum(1 for name, module in model.named_modules() if name.endswith("weight_quantizer") and getattr(module, "is_enabled", False))
 
 
 def _use_pytorch_kernels_for(precision: str) -> None:
@@ -239,7 +234,9 @@ def export_quantized(model, sample, path, opset: int, weights_dtype: str, precis
         return QuantizedExport(INT8_EXPORTER, traced_batch)
     if precision in TRACED_HIGH_PRECISION:
         # "fp32" tells ModelOpt to convert nothing: the types are the traced model's.
-        _export_with_modelopt(model, sample, path, opset, "fp32", dynamic_axes, repair=lambda graph: make_fp4_graph_consistent(graph, weights_dtype))
+        _export_with_modelopt(
+            model, sample, path, opset, "fp32", dynamic_axes, repair=lambda graph: make_fp4_graph_consistent(graph, weights_dtype)
+        )
     else:
         _export_with_modelopt(model, sample, path, opset, weights_dtype, dynamic_axes)
     return QuantizedExport(MODELOPT_EXPORTER, traced_batch)
@@ -292,8 +289,13 @@ def _export_int8(model, sample, path, opset: int, input_name: str, dynamic_axes)
 
     with torch.inference_mode():
         torch.onnx.export(
-            model, (sample,), str(path), input_names=[input_name], opset_version=opset,
-            dynamic_axes=dynamic_axes, dynamo=False,
+            model,
+            (sample,),
+            str(path),
+            input_names=[input_name],
+            opset_version=opset,
+            dynamic_axes=dynamic_axes,
+            dynamo=False,
         )
     graph = onnx.load(str(path))
     cleaned = gs.import_onnx(graph)

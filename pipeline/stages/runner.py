@@ -99,7 +99,12 @@ def describe(ctx: RunContext, engines: list[EngineRef], toolchain: str, until: s
         onnx = ctx.workspace.relative(ctx.workspace.onnx_path(engine))
         engine_file = ctx.workspace.relative(ctx.workspace.engine_dir(toolchain) / f"{engine.name}{runtime.engine_suffix}")
         lines.append(f"{engine.name}: export → {onnx}")
-        lines.extend(f"{engine.name}: {line}" for line in runtime.describe_build(ctx.workspace.root / onnx, ctx.workspace.root / engine_file, variant, source))
+        lines.extend(
+            f"{engine.name}: {line}"
+            for line in runtime.describe_build(ctx.workspace.root / onnx, ctx.workspace.root / engine_file, variant, source)
+        )
         if until == "profile":
-            lines.extend(f"{engine.name}: {line}" for line in runtime.describe_profile(ctx.workspace.root / engine_file, ctx.catalog.profile))
+            lines.extend(
+                f"{engine.name}: {line}" for line in runtime.describe_profile(ctx.workspace.root / engine_file, ctx.catalog.profile)
+            )
     return lines

@@ -39,8 +39,7 @@ def sparsify_model(model, method: str, batches) -> tuple[Any, dict[str, Any]]:
     sparse = [name for name, layer in layers.items() if layer["pattern_2_4"]]
     if not sparse:
         raise PipelineError(
-            "no layer of this model could be 2:4-sparsified (ModelOpt needs Linear/Conv layers whose input "
-            "dimension is a multiple of 4).",
+            "no layer of this model could be 2:4-sparsified (ModelOpt needs Linear/Conv layers whose input dimension is a multiple of 4).",
             hint="pick a dense variant for this model",
         )
     return model, {"tool": "nvidia-modelopt", "method": method, "layers": layers, "sparsified_layers": len(sparse)}

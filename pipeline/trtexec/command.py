@@ -165,7 +165,10 @@ class ProfileCommand:
             argv.append(f"--exportTimes={self.times_json}")
         if self.profile_json:
             # The per-layer profiler perturbs timing; a separate run keeps the summary clean (always so on 11.x).
-            argv += ([] if dialect.measures_with_graphs_by_default else ["--separateProfileRun"]) + ["--dumpProfile", f"--exportProfile={self.profile_json}"]
+            argv += ([] if dialect.measures_with_graphs_by_default else ["--separateProfileRun"]) + [
+                "--dumpProfile",
+                f"--exportProfile={self.profile_json}",
+            ]
         if self.verbose:
             argv.append("--verbose")
         return argv

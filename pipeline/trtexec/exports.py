@@ -195,7 +195,7 @@ def read_profile(path: Path) -> ExportedProfile:
 def read_layer_info(path: Path) -> LayerInfo:
     data, _ = _load_json(path)
     if not isinstance(data, dict) or "Layers" not in data:
-        raise PipelineError(f"{path} is not a trtexec --exportLayerInfo file (no \"Layers\").")
+        raise PipelineError(f'{path} is not a trtexec --exportLayerInfo file (no "Layers").')
     raw_layers = data.get("Layers") or []
     bindings = data.get("Bindings") or []
     if all(isinstance(layer, str) for layer in raw_layers):

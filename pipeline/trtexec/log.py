@@ -135,8 +135,7 @@ class TrtexecLog(BaseModel):
     @property
     def has_summary(self) -> bool:
         return any(
-            value is not None
-            for value in (self.throughput_qps, self.latency_ms, self.gpu_compute_ms, self.total_host_walltime_s)
+            value is not None for value in (self.throughput_qps, self.latency_ms, self.gpu_compute_ms, self.total_host_walltime_s)
         ) or bool(self.other_summaries)
 
 

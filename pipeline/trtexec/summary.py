@@ -22,14 +22,24 @@ def render_run(run: TrtexecRun):
         header.append(f" · {device.name} (CC {device.compute_capability}, {device.sms} SMs, {device.memory_mib} MiB)")
     parts.append(header)
     if log.throughput_qps is not None:
-        parts.append(Text(f"Throughput {log.throughput_qps} qps · host walltime {log.total_host_walltime_s} s · GPU compute {log.total_gpu_compute_s} s"))
+        parts.append(
+            Text(
+                f"Throughput {log.throughput_qps} qps · host walltime {log.total_host_walltime_s} s · GPU compute {log.total_gpu_compute_s} s"
+            )
+        )
     timings = Table(title="Performance summary (ms)")
     for column in ("metric", "min", "median", "mean", "p90", "p95", "p99", "max"):
         timings.add_column(column, justify="left" if column == "metric" else "right")
     for label, field in _FIELDS:
         summary = getattr(log, field)
         if summary is not None:
-            timings.add_row(label, *(f"{getattr(summary, k):g}" if getattr(summary, k) is not None else "–" for k in ("min", "median", "mean", "p90", "p95", "p99", "max")))
+            timings.add_row(
+                label,
+                *(
+                    f"{getattr(summary, k):g}" if getattr(summary, k) is not None else "–"
+                    for k in ("min", "median", "mean", "p90", "p95", "p99", "max")
+                ),
+            )
     if timings.row_count:
         parts.append(timings)
     if log.profile and log.profile.layers:
