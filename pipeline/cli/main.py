@@ -717,6 +717,3 @@ def main(argv: list[str] | None = None) -> int:
         click.echo("INTERNAL ERROR: this is a bug in the pipeline; the traceback above helps fix it.", err=True)
         return EXIT_INTERNAL
 
-
-if __name__ == "__main__":
-    sys.exit(main())
