@@ -265,6 +265,64 @@ class Catalog(_Strict):
     def engine_names(self) -> list[str]:
         return [f"{m}_{v}" for m in self.models for v in self.variants]
 
+    # --- what a command selects and overrides (the one place options are combined and checked) ---
+
+    def select(self, engines: tuple[str, ...] = (), models: tuple[str, ...] = (), variants: tuple[str, ...] = ()) -> list[EngineRef]:
+        """The engines named by --engine, or by --model/--variant (a model alone: all its variants;
+        nothing: the catalog's defaults), each once, in order."""
+        if engines and (models or variants):
+            raise UsageError("--engine cannot be combined with --model/--variant.", hint="name engines one way or the other")
+        if engines:
+            refs = [self.engine(name) for name in engines]
+        else:
+            chosen_models = models or self.defaults.models
+            if variants:
+                chosen_variants = variants
+            elif models:
+                chosen_variants = tuple(self.variants)
+            else:
+                chosen_variants = self.defaults.variants
+            for name in chosen_models:
+                self.model(name)
+            for name in chosen_variants:
+                self.variant(name)
+            refs = [EngineRef(m, v) for m in chosen_models for v in chosen_variants]
+        return list(dict.fromkeys(refs))
+
+    def toolchain_named(self, toolchain: str | None = None, trt: str | None = None) -> str:
+        """The toolchain named by --toolchain or --trt, else the catalog's default."""
+        if toolchain and trt:
+            raise UsageError("--toolchain and --trt name the same thing; give one.", hint=f"e.g. --trt {trt}")
+        if trt:
+            return self.toolchain_for_trt(trt)
+        name = toolchain or self.defaults.toolchain
+        self.toolchain(name)
+        return name
+
+    def with_overrides(
+        self,
+        calib_dir: Path | None = None,
+        calib_samples: int | None = None,
+        eval_dir: Path | None = None,
+        repeats: int | None = None,
+    ) -> Catalog:
+        """This catalog with a run's command-line settings in place of its own (None keeps the catalog's)."""
+        catalog = self
+        if eval_dir is not None:
+            catalog = catalog.model_copy(
+                update={"evaluation": catalog.evaluation.model_copy(update={"directory": Path(eval_dir).resolve()})}
+            )
+        calibration: dict[str, Any] = {}
+        if calib_dir is not None:
+            calibration["directory"] = Path(calib_dir).resolve()
+        if calib_samples is not None:
+            calibration["samples"] = calib_samples
+        if calibration:
+            catalog = catalog.model_copy(update={"calibration": catalog.calibration.model_copy(update=calibration)})
+        if repeats is not None:
+            catalog = catalog.model_copy(update={"profile": catalog.profile.model_copy(update={"repeats": repeats})})
+        return catalog
+
 
 @dataclass(frozen=True, order=True)
 class EngineRef:

@@ -16,6 +16,16 @@ from pathlib import Path
 
 import click
 
+from pipeline.cli.options import (
+    calibration_options,
+    cluster_options,
+    engine_stage_options,
+    force_option,
+    repeat_option,
+    selection_options,
+    toolchain_options,
+)
+
 EXIT_INTERNAL = 70
 
 
@@ -44,6 +54,17 @@ class _State:
             reporter=Reporter(verbose=self.verbose),
             force=force,
         )
+
+    def override(self, calib_dir=None, calib_samples=None, eval_dir=None, repeat=None) -> None:
+        """This run's command-line settings in place of the catalog's."""
+        self._catalog = self.catalog.with_overrides(calib_dir, calib_samples, eval_dir, repeat)
+
+    def toolchain(self, toolchain: str | None, trt: str | None, archs: tuple[str, ...] = ()) -> str:
+        """The toolchain named by --toolchain or --trt (or the catalog's default), with --arch applied."""
+        name = self.catalog.toolchain_named(toolchain, trt)
+        if archs:
+            self._catalog = self.catalog.with_targets(name, archs)
+        return name
 
     def holding_workspace(self, wait: bool):
         """The workspace lock, for commands that run stages (pipeline/workspace_lock.py)."""
@@ -79,156 +100,6 @@ def cli(ctx: click.Context, catalog: Path | None, verbose: bool):
     Quick start (no GPU needed):  pipeline run
     """
     ctx.obj = _State(catalog, verbose)
-
-
-# --- selection ----------------------------------------------------------------------------------
-
-
-def selection_options(func):
-    func = click.option("--variant", "variants", multiple=True, metavar="V", help="Variant(s) of the selected models (repeatable).")(func)
-    func = click.option("--model", "models", multiple=True, metavar="M", help="Model(s); alone, selects all their variants (repeatable).")(
-        func
-    )
-    func = click.option("--engine", "engines", multiple=True, metavar="NAME", help="Engine(s) by name, e.g. vit_tiny_fp16 (repeatable).")(
-        func
-    )
-    return func
-
-
-def toolchain_options(func):
-    func = click.option(
-        "--arch",
-        "archs",
-        multiple=True,
-        metavar="SM",
-        help="GPU architecture to compile for, e.g. sm120 (repeatable; ahead-of-time toolchains such as TensorRT-RTX). "
-        "Default: the toolchain's archs in pipeline.toml, else this machine's GPU.",
-    )(func)
-    func = click.option("--trt", metavar="VERSION", help="The toolchain providing this TensorRT version, e.g. 10.14.")(func)
-    func = click.option("--toolchain", metavar="T", help="Toolchain by name (default: the catalog's, onnxruntime).")(func)
-    return func
-
-
-def force_option(func):
-    func = click.option(
-        "--wait",
-        is_flag=True,
-        help="If another run holds this workspace, wait for it to finish instead of failing at once.",
-    )(func)
-    return click.option("--force", is_flag=True, help="Re-run stages even when nothing changed.")(func)
-
-
-def cluster_options(func):
-    func = click.option(
-        "--gpu",
-        "gpu_types",
-        multiple=True,
-        metavar="TYPE",
-        help="With --cluster: build and time for this GPU type, e.g. H100 (repeatable). Default: every GPU "
-        "type the cluster has that the toolchain supports.",
-    )(func)
-    return click.option(
-        "--cluster",
-        metavar="ADDRESS",
-        envvar="RAY_ADDRESS",
-        help="Fan the work out over the Ray cluster at ADDRESS (HOST:PORT of its head; `local` starts one "
-        "here; default $RAY_ADDRESS). Each stage runs on a node that can run it; results land here.",
-    )(func)
-
-
-def calibration_options(func):
-    func = click.option(
-        "--eval-dir",
-        type=click.Path(path_type=Path),
-        help="Check every engine's accuracy on images from this folder (ImageFolder layout; a batch's worth, "
-        "timm's preprocessing) instead of a seeded random batch; top-1 accuracy too where the folders are "
-        "ImageNet classes of a checkpoint.",
-    )(func)
-    func = click.option("--calib-samples", type=click.IntRange(min=1), help="How many calibration inputs (default: the catalog's).")(func)
-    func = click.option(
-        "--calib-dir",
-        type=click.Path(path_type=Path),
-        help="Calibrate on the images in this folder (timm's preprocessing) instead of synthetic inputs.",
-    )(func)
-    return func
-
-
-def apply_calibration(state, calib_dir, calib_samples, eval_dir=None) -> None:
-    """Command-line calibration and evaluation settings replace the catalog's for this run."""
-    if eval_dir is not None:
-        evaluation = state.catalog.evaluation.model_copy(update={"directory": Path(eval_dir).resolve()})
-        state._catalog = state.catalog.model_copy(update={"evaluation": evaluation})
-    if calib_dir is None and calib_samples is None:
-        return
-    settings = state.catalog.calibration
-    updates = {}
-    if calib_dir is not None:
-        updates["directory"] = Path(calib_dir).resolve()
-    if calib_samples is not None:
-        updates["samples"] = calib_samples
-    state._catalog = state.catalog.model_copy(update={"calibration": settings.model_copy(update=updates)})
-
-
-def repeat_option(func):
-    return click.option(
-        "--repeat",
-        type=click.IntRange(min=1, max=100),
-        metavar="N",
-        help="Measure each engine N times (each with its own warm-up) and record every run's median and their "
-        "spread, so you can tell a repeatable number from a lucky one. Default: the catalog's [profile] repeats.",
-    )(func)
-
-
-def apply_repeat(state, repeat) -> None:
-    if repeat is not None:
-        settings = state.catalog.profile
-        state._catalog = state.catalog.model_copy(update={"profile": settings.model_copy(update={"repeats": repeat})})
-
-
-def select_engines(catalog, engines, models, variants):
-    """The one place selection options are combined and checked."""
-    from pipeline.catalog import EngineRef
-    from pipeline.errors import UsageError
-
-    if engines and (models or variants):
-        raise UsageError("--engine cannot be combined with --model/--variant.", hint="name engines one way or the other")
-    if engines:
-        refs = [catalog.engine(name) for name in engines]
-    else:
-        chosen_models = models or catalog.defaults.models
-        if variants:
-            chosen_variants = variants
-        elif models:
-            chosen_variants = tuple(catalog.variants)
-        else:
-            chosen_variants = catalog.defaults.variants
-        for name in chosen_models:
-            catalog.model(name)
-        for name in chosen_variants:
-            catalog.variant(name)
-        refs = [EngineRef(m, v) for m in chosen_models for v in chosen_variants]
-    return list(dict.fromkeys(refs))
-
-
-def select_toolchain(state, toolchain: str | None, trt: str | None, archs: tuple[str, ...] = ()) -> str:
-    """The toolchain named by --toolchain or --trt (or the catalog's default), with --arch applied."""
-    catalog = state.catalog
-    name = _toolchain_name(catalog, toolchain, trt)
-    if archs:
-        state._catalog = catalog.with_targets(name, archs)
-    return name
-
-
-def _toolchain_name(catalog, toolchain: str | None, trt: str | None) -> str:
-    from pipeline.errors import UsageError
-
-    if toolchain and trt:
-        raise UsageError("--toolchain and --trt name the same thing; give one.", hint=f"e.g. --trt {trt}")
-    if trt:
-        return catalog.toolchain_for_trt(trt)
-    name = toolchain or catalog.defaults.toolchain
-    catalog.toolchain(name)
-    return name
 
 
 # --- commands -----------------------------------------------------------------------------------
@@ -281,34 +152,25 @@ def export(state: _State, engines, models, variants, force, wait, calib_dir, cal
     Writes models/<model>/<variant>.onnx. Quantized and sparse variants are calibrated on
     synthetic inputs unless --calib-dir names a folder of images.
     """
-    apply_calibration(state, calib_dir, calib_samples, eval_dir)
-    refs = select_engines(state.catalog, engines, models, variants)
+    state.override(calib_dir, calib_samples, eval_dir)
+    refs = state.catalog.select(engines, models, variants)
     with state.holding_workspace(wait):
-        _execute(state, state.context(force), refs, None, "export", cluster, gpu_types)
+        _launcher(state, cluster, gpu_types).run(state.context(force), refs, None, "export")
 
 
-def _execute(state: _State, ctx, refs, chain, until, cluster, gpu_types) -> None:
-    """Run the stages here, or on the Ray cluster named by --cluster."""
+def _launcher(state: _State, cluster: str | None, gpu_types):
+    """Where the stages run: in this process, or on the Ray cluster named by --cluster."""
     from pipeline.errors import UsageError
 
     if not cluster:
         if gpu_types:
             raise UsageError("--gpu chooses among a cluster's GPU types; it needs --cluster.", hint="add --cluster HOST:PORT")
-        from pipeline.stages.runner import run_engines
+        from pipeline.stages.runner import LocalLauncher
 
-        run_engines(ctx, refs, chain, until=until)
-        return
-    from pipeline.cluster.supervisor import run_on_cluster
+        return LocalLauncher()
+    from pipeline.cluster.supervisor import ClusterLauncher
 
-    run_on_cluster(ctx, cluster, refs, chain, until, tuple(gpu_types), state.verbose)
-
-
-def engine_stage_options(func):
-    """What build and profile take: the selection, the toolchain, --force, --dry-run, calibration, --cluster."""
-    func = click.option("--dry-run", is_flag=True, help="Print what would run (the exact command and container) and stop.")(func)
-    for decorator in (cluster_options, calibration_options, force_option, toolchain_options, selection_options):
-        func = decorator(func)
-    return func
+    return ClusterLauncher(cluster, tuple(gpu_types), state.verbose)
 
 
 def _stage_command(
@@ -330,10 +192,9 @@ def _stage_command(
     until,
     repeat=None,
 ):
-    apply_calibration(state, calib_dir, calib_samples, eval_dir)
-    apply_repeat(state, repeat)
-    refs = select_engines(state.catalog, engines, models, variants)
-    chain = select_toolchain(state, toolchain, trt, archs)
+    state.override(calib_dir, calib_samples, eval_dir, repeat)
+    refs = state.catalog.select(engines, models, variants)
+    chain = state.toolchain(toolchain, trt, archs)
     ctx = state.context(force)
     if dry_run:
         from pipeline.stages.runner import describe
@@ -342,7 +203,7 @@ def _stage_command(
             click.echo(line)
         return
     with state.holding_workspace(wait):
-        _execute(state, ctx, refs, chain, until, cluster, gpu_types)
+        _launcher(state, cluster, gpu_types).run(ctx, refs, chain, until)
 
 
 @cli.command()
@@ -392,12 +253,11 @@ def run(
 
     With no selection it runs the catalog's defaults: the demo on ONNX Runtime.
     """
-    apply_calibration(state, calib_dir, calib_samples, eval_dir)
-    apply_repeat(state, repeat)
-    refs = select_engines(state.catalog, engines, models, variants)
-    chain = select_toolchain(state, toolchain, trt, archs)
+    state.override(calib_dir, calib_samples, eval_dir, repeat)
+    refs = state.catalog.select(engines, models, variants)
+    chain = state.toolchain(toolchain, trt, archs)
     with state.holding_workspace(wait):
-        _execute(state, state.context(force), refs, chain, "profile", cluster, gpu_types)
+        _launcher(state, cluster, gpu_types).run(state.context(force), refs, chain, "profile")
     _print_comparison(state, [chain], "table", None)
 
 
@@ -463,50 +323,14 @@ def compare(
     thresholds = [parse_accuracy_threshold(text) for text in accuracy_thresholds]  # checked before any work
     rows = _print_comparison(state, names or None, fmt, out, list(models) or None, columns, wide, noisy_cv, list(gpu_types) or None)
     if thresholds:
-        _accuracy_gate(rows, thresholds)
+        from pipeline.report.gates import check_accuracy
+
+        check_accuracy(rows, thresholds, say=lambda text: click.echo(text, err=True))
     if baseline is not None:
-        _gate(state, names or None, baseline, fail_above)
+        from pipeline.report.gates import check_regressions
+        from pipeline.workspace import Workspace
 
-
-def _accuracy_gate(rows, thresholds) -> None:
-    from pipeline.errors import PipelineError
-    from pipeline.report.gates import accuracy_gate
-
-    checked, failures = accuracy_gate(rows, thresholds)
-    if not checked:
-        raise PipelineError(
-            "--fail-accuracy-below: no engine in the comparison had its own outputs checked.",
-            hint="profile the engines (`pipeline profile`); the accuracy proxy of an export is not an engine's accuracy",
-        )
-    wanted = ", ".join(f"{'cosine' if m == 'cos' else 'top-1'} ≥ {t:g}" for m, t in thresholds)
-    click.echo(f"Accuracy gate ({wanted}): {checked - len({f.split(':')[0] for f in failures})} of {checked} engines pass", err=True)
-    if failures:
-        raise PipelineError(
-            f"{len(failures)} accuracy check(s) failed: " + "; ".join(failures) + ".",
-            hint="the engines' own outputs against the FP32 model on the reference batch; `--format json` has every figure",
-        )
-
-
-def _gate(state: _State, toolchains, baseline: str, fail_above: float) -> None:
-    from pipeline.errors import PipelineError
-    from pipeline.report.gates import regression_gate, render_gate
-    from pipeline.report.rows import load_baseline, load_manifests
-    from pipeline.workspace import Workspace
-
-    workspace = Workspace(state.catalog.root)
-    results = regression_gate(
-        load_manifests(workspace.manifests_dir, toolchains), load_baseline(baseline, workspace, toolchains), fail_above
-    )
-    if not results:
-        raise PipelineError(f"no engine was measured both now and in baseline {baseline}.", hint="compare the same engines and toolchains")
-    click.echo(render_gate(results, fail_above), nl=False)
-    regressed = [r for r in results if r.regressed]
-    if regressed:
-        names = ", ".join(f"{r.engine} on {r.toolchain} ({r.change_pct:+.1f}%)" for r in regressed)
-        raise PipelineError(
-            f"{len(regressed)} engine(s) got slower than {fail_above:g}% beyond the noise: {names}.",
-            hint="the lines marked REGRESSED above show the medians and the confidence interval",
-        )
+        check_regressions(Workspace(catalog.root), names or None, baseline, fail_above, say=lambda text: click.echo(text, nl=False))
 
 
 def _print_comparison(state: _State, toolchains, fmt, out, models=None, columns=None, wide=False, noisy_cv=None, gpu_types=None):
@@ -716,4 +540,3 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         click.echo("INTERNAL ERROR: this is a bug in the pipeline; the traceback above helps fix it.", err=True)
         return EXIT_INTERNAL
-

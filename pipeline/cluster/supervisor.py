@@ -12,12 +12,25 @@ from __future__ import annotations
 
 import os
 import signal
+from dataclasses import dataclass
 
 from pipeline.errors import EnvironmentMissing, PipelineError
 from pipeline.stages.runner import RunSummary
 
 # Seconds to let the child cancel its tasks after an interruption before it is killed.
 CANCEL_GRACE_S = 30
+
+
+@dataclass(frozen=True)
+class ClusterLauncher:
+    """Runs the stages as Ray tasks on the cluster at ``address``, placed by GPU type."""
+
+    address: str
+    gpu_types: tuple[str, ...] = ()
+    verbose: bool = False
+
+    def run(self, ctx, engines, toolchain, until: str) -> RunSummary:
+        return run_on_cluster(ctx, self.address, engines, toolchain, until, self.gpu_types, self.verbose)
 
 
 def run_on_cluster(ctx, address: str, engines, toolchain, until: str, gpu_types: tuple[str, ...] = (), verbose: bool = False) -> RunSummary:

@@ -4,12 +4,13 @@ a baseline's manifests) and the accuracy gate (each engine's own outputs against
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from pipeline.errors import UsageError
+from pipeline.errors import PipelineError, UsageError
 from pipeline.manifest import EngineManifest
-from pipeline.report.rows import ComparisonRow
-from pipeline.workspace import output_folder
+from pipeline.report.rows import ComparisonRow, load_baseline, load_manifests
+from pipeline.workspace import Workspace, output_folder
 
 
 @dataclass
@@ -101,3 +102,40 @@ def accuracy_gate(rows: list[ComparisonRow], thresholds: list[tuple[str, float]]
 
 
 # --- rendering -----------------------------------------------------------------------------------
+
+
+def check_accuracy(rows: list[ComparisonRow], thresholds: list[tuple[str, float]], say: Callable[[str], None]) -> None:
+    """`compare --fail-accuracy-below`: say how many engines pass, then raise naming every one that does not."""
+    checked, failures = accuracy_gate(rows, thresholds)
+    if not checked:
+        raise PipelineError(
+            "--fail-accuracy-below: no engine in the comparison had its own outputs checked.",
+            hint="profile the engines (`pipeline profile`); the accuracy proxy of an export is not an engine's accuracy",
+        )
+    wanted = ", ".join(f"{'cosine' if m == 'cos' else 'top-1'} ≥ {t:g}" for m, t in thresholds)
+    say(f"Accuracy gate ({wanted}): {checked - len({f.split(':')[0] for f in failures})} of {checked} engines pass")
+    if failures:
+        raise PipelineError(
+            f"{len(failures)} accuracy check(s) failed: " + "; ".join(failures) + ".",
+            hint="the engines' own outputs against the FP32 model on the reference batch; `--format json` has every figure",
+        )
+
+
+def check_regressions(
+    workspace: Workspace, toolchains: list[str] | None, baseline: str, fail_above: float, say: Callable[[str], None]
+) -> None:
+    """`compare --baseline`: say each engine's change against the baseline's manifests, then raise
+    naming every engine that got slower than ``fail_above`` percent beyond the noise."""
+    results = regression_gate(
+        load_manifests(workspace.manifests_dir, toolchains), load_baseline(baseline, workspace, toolchains), fail_above
+    )
+    if not results:
+        raise PipelineError(f"no engine was measured both now and in baseline {baseline}.", hint="compare the same engines and toolchains")
+    say(render_gate(results, fail_above))
+    regressed = [r for r in results if r.regressed]
+    if regressed:
+        names = ", ".join(f"{r.engine} on {r.toolchain} ({r.change_pct:+.1f}%)" for r in regressed)
+        raise PipelineError(
+            f"{len(regressed)} engine(s) got slower than {fail_above:g}% beyond the noise: {names}.",
+            hint="the lines marked REGRESSED above show the medians and the confidence interval",
+        )

@@ -82,6 +82,14 @@ def run_engines(ctx: RunContext, engines: list[EngineRef], toolchain: str | None
     return summary.raise_for_failures(len(engines))
 
 
+class LocalLauncher:
+    """Runs the stages in this process (the cluster's launcher, pipeline/cluster/, runs the same
+    stages on Ray nodes); the command line chooses one, and a stage never knows which."""
+
+    def run(self, ctx: RunContext, engines: list[EngineRef], toolchain: str | None, until: str) -> RunSummary:
+        return run_engines(ctx, engines, toolchain, until)
+
+
 def describe(ctx: RunContext, engines: list[EngineRef], toolchain: str, until: str) -> list[str]:
     """What `--dry-run` prints: each engine's stages and the exact work they would do."""
     from pipeline.models.timm import ModelSource

@@ -1,0 +1,96 @@
+"""The option groups commands share, defined once: which engines (selection), which toolchain,
+--force/--wait, calibration and evaluation data, --repeat, --cluster/--gpu.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+def selection_options(func):
+    func = click.option("--variant", "variants", multiple=True, metavar="V", help="Variant(s) of the selected models (repeatable).")(func)
+    func = click.option("--model", "models", multiple=True, metavar="M", help="Model(s); alone, selects all their variants (repeatable).")(
+        func
+    )
+    func = click.option("--engine", "engines", multiple=True, metavar="NAME", help="Engine(s) by name, e.g. vit_tiny_fp16 (repeatable).")(
+        func
+    )
+    return func
+
+
+def toolchain_options(func):
+    func = click.option(
+        "--arch",
+        "archs",
+        multiple=True,
+        metavar="SM",
+        help="GPU architecture to compile for, e.g. sm120 (repeatable; ahead-of-time toolchains such as TensorRT-RTX). "
+        "Default: the toolchain's archs in pipeline.toml, else this machine's GPU.",
+    )(func)
+    func = click.option("--trt", metavar="VERSION", help="The toolchain providing this TensorRT version, e.g. 10.14.")(func)
+    func = click.option("--toolchain", metavar="T", help="Toolchain by name (default: the catalog's, onnxruntime).")(func)
+    return func
+
+
+def force_option(func):
+    func = click.option(
+        "--wait",
+        is_flag=True,
+        help="If another run holds this workspace, wait for it to finish instead of failing at once.",
+    )(func)
+    return click.option("--force", is_flag=True, help="Re-run stages even when nothing changed.")(func)
+
+
+def cluster_options(func):
+    func = click.option(
+        "--gpu",
+        "gpu_types",
+        multiple=True,
+        metavar="TYPE",
+        help="With --cluster: build and time for this GPU type, e.g. H100 (repeatable). Default: every GPU "
+        "type the cluster has that the toolchain supports.",
+    )(func)
+    return click.option(
+        "--cluster",
+        metavar="ADDRESS",
+        envvar="RAY_ADDRESS",
+        help="Fan the work out over the Ray cluster at ADDRESS (HOST:PORT of its head; `local` starts one "
+        "here; default $RAY_ADDRESS). Each stage runs on a node that can run it; results land here.",
+    )(func)
+
+
+def calibration_options(func):
+    func = click.option(
+        "--eval-dir",
+        type=click.Path(path_type=Path),
+        help="Check every engine's accuracy on images from this folder (ImageFolder layout; a batch's worth, "
+        "timm's preprocessing) instead of a seeded random batch; top-1 accuracy too where the folders are "
+        "ImageNet classes of a checkpoint.",
+    )(func)
+    func = click.option("--calib-samples", type=click.IntRange(min=1), help="How many calibration inputs (default: the catalog's).")(func)
+    func = click.option(
+        "--calib-dir",
+        type=click.Path(path_type=Path),
+        help="Calibrate on the images in this folder (timm's preprocessing) instead of synthetic inputs.",
+    )(func)
+    return func
+
+
+def repeat_option(func):
+    return click.option(
+        "--repeat",
+        type=click.IntRange(min=1, max=100),
+        metavar="N",
+        help="Measure each engine N times (each with its own warm-up) and record every run's median and their "
+        "spread, so you can tell a repeatable number from a lucky one. Default: the catalog's [profile] repeats.",
+    )(func)
+
+
+def engine_stage_options(func):
+    """What build and profile take: the selection, the toolchain, --force, --dry-run, calibration, --cluster."""
+    func = click.option("--dry-run", is_flag=True, help="Print what would run (the exact command and container) and stop.")(func)
+    for decorator in (cluster_options, calibration_options, force_option, toolchain_options, selection_options):
+        func = decorator(func)
+    return func
