@@ -1,5 +1,5 @@
-"""The PyTorch models engines come from: a timm architecture with seeded random weights, or a
-local checkpoint. Weights are never downloaded (offline machines).
+"""timm image classifiers: an architecture by name with seeded random weights, or a local
+checkpoint. Weights are never downloaded (offline machines).
 
 The export stage traces these models to ONNX; runtimes that run PyTorch itself (the ``torch``
 toolchains) start from the same model, so both describe the same weights.
@@ -7,41 +7,21 @@ toolchains) start from the same model, so both describe the same weights.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from pipeline.catalog import ModelSpec
 from pipeline.errors import PipelineError
-
-# torch dtype name of each precision a PyTorch model runs natively; quantized precisions are
-# fake-quantized graphs in PyTorch and have no entry.
-TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+from pipeline.models.base import ModelSource
 
 
-@dataclass(frozen=True)
-class ModelSource:
-    """One catalog model, with its checkpoint (if any) resolved against the workspace."""
+class TimmModel(ModelSource):
+    """A timm architecture fed one NCHW image batch."""
 
-    name: str
-    spec: ModelSpec
-    workspace_root: Path
+    family = "timm"
 
-    def checkpoint_path(self) -> Path | None:
-        if self.spec.checkpoint is None:
-            return None
-        path = Path(self.spec.checkpoint).expanduser()
-        if not path.is_absolute():
-            path = self.workspace_root / path
-        if not path.is_file():
-            raise PipelineError(
-                f"checkpoint {path} for model {self.name!r} does not exist.",
-                hint="fix `checkpoint` in pipeline.toml, or remove it to export with random weights",
-            )
-        return path
+    def describe(self) -> str:
+        return self.spec.timm
 
     def create(self):
-        """The model in eval mode on the CPU, in FP32, with the catalog's weights."""
         from pipeline.models.torch_import import import_timm
 
         timm = import_timm()
@@ -69,7 +49,7 @@ class ModelSource:
         return (self.spec.batch_size, channels, height, width)
 
     def sample_input(self, shape):
-        """The fixed random batch every stage feeds this model (seeded from the model's seed)."""
+        """Seeded from the model's seed, so every stage and every run feeds the same batch."""
         import torch
 
         generator = torch.Generator().manual_seed(self.spec.seed + 1)

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 from pipeline.accuracy import ReferenceBatch
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
-from pipeline.models.timm import ModelSource
+from pipeline.models import ModelSource
 from pipeline.reporting import Reporter
 
 

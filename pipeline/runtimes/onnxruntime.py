@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pipeline.accuracy import ReferenceBatch
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
 from pipeline.errors import PipelineError, require_module
-from pipeline.models.timm import ModelSource
+from pipeline.models import ModelSource
 from pipeline.runtimes.base import BuildResult, EngineRuntime, ProfileResult, ReferenceRun, ToolchainStatus
 
 # Precisions whose ONNX form (plain FP32/FP16 graphs, INT8 QuantizeLinear/DequantizeLinear) this

@@ -36,7 +36,7 @@ from pipeline.accuracy import ReferenceBatch
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
 from pipeline.environment import nvidia_gpus, package_version
 from pipeline.errors import EnvironmentMissing, PipelineError, RefusedByTool
-from pipeline.models.timm import TORCH_DTYPES, ModelSource
+from pipeline.models import TORCH_DTYPES, ModelSource
 from pipeline.runtimes.base import BuildResult, EngineRuntime, ProfileResult, ReferenceRun, ToolchainStatus
 
 # What the engine file holds; checked on load so a stray .pt is a clear error, not a crash.

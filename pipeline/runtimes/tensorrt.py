@@ -26,7 +26,7 @@ from pipeline.accuracy import ReferenceBatch, parse_accuracy_lines, read_trtexec
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
 from pipeline.environment import nvidia_gpus
 from pipeline.errors import EnvironmentMissing, PipelineError, RefusedByTool
-from pipeline.models.timm import ModelSource
+from pipeline.models import ModelSource
 from pipeline.runtimes.base import BuildResult, EngineRuntime, ProfileResult, ReferenceRun, ToolchainStatus
 from pipeline.trtexec.command import BuildCommand, ProfileCommand, ReferenceCommand
 from pipeline.trtexec.exports import read_layer_info, read_profile, read_times

@@ -34,7 +34,7 @@ from pipeline.artifacts import atomic_write_text
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
 from pipeline.environment import nvidia_gpus
 from pipeline.errors import EnvironmentMissing, PipelineError, RefusedByTool, UsageError
-from pipeline.models.timm import ModelSource
+from pipeline.models import ModelSource
 from pipeline.runtimes.base import BuildResult, EngineRuntime, ProfileResult, ToolchainStatus
 
 DRIVER = Path(__file__).with_name("tensorrt_rtx_driver.py")

@@ -22,7 +22,7 @@ from pipeline.catalog import Catalog, EngineRef
 from pipeline.environment import capture_environment
 from pipeline.errors import RefusedByTool
 from pipeline.manifest import Artifact, EngineManifest, StageRecord, read_manifest
-from pipeline.models.timm import ModelSource
+from pipeline.models import ModelSource, model_source
 from pipeline.reporting import Reporter
 from pipeline.workspace import Workspace
 
@@ -68,7 +68,7 @@ class Stage(ABC):
 
     def model_source(self) -> ModelSource:
         """The PyTorch model this engine comes from."""
-        return ModelSource(self.engine.model, self.model_spec, self.ctx.workspace.root)
+        return model_source(self.engine.model, self.model_spec, self.ctx.workspace.root)
 
     # --- what subclasses describe -----------------------------------------------------------
 

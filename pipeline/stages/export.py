@@ -22,7 +22,7 @@ from pipeline.artifacts import atomic_output, sha256_file
 from pipeline.environment import package_version
 from pipeline.errors import PipelineError, require_module
 from pipeline.manifest import Artifact, ExportDetails, ParityCheck
-from pipeline.models.timm import TORCH_DTYPES
+from pipeline.models import TORCH_DTYPES
 from pipeline.runtimes.onnxruntime import NO_CPU_KERNELS
 from pipeline.stages.base import Stage, StageOutcome
 from pipeline.stages.calibration import calibration_batches, describe_source, image_files, load_images
@@ -233,7 +233,7 @@ class ExportStage(Stage):
         onnx = require_module("onnx", purpose="ONNX export")
         onnx_path = self.ctx.workspace.onnx_path(self.engine)
         with atomic_output(onnx_path) as tmp:
-            self.ctx.reporter.detail(f"export {spec.timm} {list(input_shape)} opset {self.opset()} → {tmp}")
+            self.ctx.reporter.detail(f"export {source.describe()} {list(input_shape)} opset {self.opset()} → {tmp}")
             traced_batch = None
             try:
                 with phase("onnx_export"):

@@ -92,14 +92,14 @@ class LocalLauncher:
 
 def describe(ctx: RunContext, engines: list[EngineRef], toolchain: str, until: str) -> list[str]:
     """What `--dry-run` prints: each engine's stages and the exact work they would do."""
-    from pipeline.models.timm import ModelSource
+    from pipeline.models import model_source
     from pipeline.runtimes import get_runtime
 
     runtime = get_runtime(ctx, toolchain)
     lines = []
     for engine in engines:
         variant = ctx.catalog.variant(engine.variant)
-        source = ModelSource(engine.model, ctx.catalog.model(engine.model), ctx.workspace.root)
+        source = model_source(engine.model, ctx.catalog.model(engine.model), ctx.workspace.root)
         reason = runtime.unsupported_reason(variant)
         if reason:
             lines.append(f"{engine.name}: would be skipped: {reason}")
