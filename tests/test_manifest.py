@@ -1,4 +1,6 @@
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -43,3 +45,23 @@ def test_schema_violation_is_reported_with_its_location(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(PipelineError, match="environment.cpu_count"):
         read_manifest(path)
+
+
+def test_manifests_of_the_previous_layout_are_read_and_compared(tmp_path, run_cli):
+    from tests.conftest import REPO_ROOT
+
+    recorded = Path(__file__).parent / "data" / "manifests" / "landed-bdf42fb"
+    int8 = read_manifest(recorded / "onnxruntime" / "vit_tiny_int8.json")
+    assert (int8.engine, int8.toolchain, int8.profile.status) == ("vit_tiny_int8", "onnxruntime", "done")
+    assert int8.profile.details.latency_ms.median > 0 and int8.profile.details.accuracy["cosine_similarity"] > 0.99
+    assert read_manifest(recorded / "export" / "vit_tiny_int8.json").export.details.parity.passed
+
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    shutil.copy(REPO_ROOT / "pipeline.toml", workspace / "pipeline.toml")
+    shutil.copytree(recorded, workspace / "manifests")
+    result = run_cli(workspace / "pipeline.toml", "compare", "--format", "json")
+    assert result.exit_code == 0, result.err
+    rows = {row["variant"]: row for row in json.loads(result.out)}
+    assert set(rows) == {"fp32", "int8"}
+    assert rows["int8"]["median_ms"] == int8.profile.details.latency_ms.median
