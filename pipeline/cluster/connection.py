@@ -196,7 +196,7 @@ def _check_reachable(address: str) -> None:
     except OSError as exc:
         raise EnvironmentMissing(
             f"cannot reach a Ray cluster at {address}: {exc.strerror or exc}.",
-            hint="start one with `ray start --head --port=PORT` (the README shows how), or check the address: "
+            hint="start one with `ray start --head --port=PORT` (docs/cluster.md shows how), or check the address: "
             "`ray status` on the head prints it",
         ) from exc
 

@@ -133,7 +133,7 @@ class ClusterRun:
             if requested and self.runtime is not None:
                 self.reporter.warn(
                     f"--gpu chooses the GPU types of toolchains built per GPU (trtexec, PyTorch); {self.toolchain} "
-                    f"({self.runtime.placement.replace('-', ' ')}) makes one engine, placed as the README's cluster section says"
+                    f"({self.runtime.placement.replace('-', ' ')}) makes one engine, placed as docs/cluster.md says"
                 )
             return [None]
         chosen = list(requested) or [t for t in have if self.runtime.supports_gpu(self._capability(t))]
