@@ -191,7 +191,8 @@ def _stage_command(
     gpu_types,
     until,
     repeat=None,
-):
+) -> str:
+    """Select, settle the toolchain, then print the work (--dry-run) or do it; the toolchain's name."""
     state.override(calib_dir, calib_samples, eval_dir, repeat)
     refs = state.catalog.select(engines, models, variants)
     chain = state.toolchain(toolchain, trt, archs)
@@ -201,9 +202,10 @@ def _stage_command(
 
         for line in describe(ctx, refs, chain, until):
             click.echo(line)
-        return
+        return chain
     with state.holding_workspace(wait):
         _launcher(state, cluster, gpu_types).run(ctx, refs, chain, until)
+    return chain
 
 
 @cli.command()
@@ -232,32 +234,12 @@ def profile(state: _State, **options):
 @repeat_option
 @cluster_options
 @pass_state
-def run(
-    state: _State,
-    engines,
-    models,
-    variants,
-    toolchain,
-    trt,
-    archs,
-    force,
-    wait,
-    calib_dir,
-    calib_samples,
-    eval_dir,
-    repeat,
-    cluster,
-    gpu_types,
-):
+def run(state: _State, **options):
     """Export, build and profile a selection, then print the comparison.
 
     With no selection it runs the catalog's defaults: the demo on ONNX Runtime.
     """
-    state.override(calib_dir, calib_samples, eval_dir, repeat)
-    refs = state.catalog.select(engines, models, variants)
-    chain = state.toolchain(toolchain, trt, archs)
-    with state.holding_workspace(wait):
-        _launcher(state, cluster, gpu_types).run(state.context(force), refs, chain, "profile")
+    chain = _stage_command(state, **options, dry_run=False, until="profile")
     _print_comparison(state, [chain], "table", None)
 
 
