@@ -9,9 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import statistics
-import sysconfig
 from pathlib import Path
 
 import pytest
@@ -25,16 +23,17 @@ ON_GPU = torch.cuda.is_available()
 
 
 def _why_no_inductor() -> str | None:
-    """Why torch.compile cannot compile here, or None. Inductor's CPU kernels are C++ that includes
-    Python.h; a plain machine may have neither. `.ci/run` installs both and sets
+    """Why torch.compile cannot compile here, as the toolchain itself says (on a plain machine:
+    no C++ compiler, or no Python headers), or None. `.ci/run` installs both and sets
     PIPELINE_REQUIRE_COMPILER=1, so there these tests run, or fail saying what is missing."""
-    if ON_GPU or os.environ.get("PIPELINE_REQUIRE_COMPILER") == "1":
+    if os.environ.get("PIPELINE_REQUIRE_COMPILER") == "1":
         return None
-    if not any(shutil.which(cxx) for cxx in (os.environ.get("CXX", ""), "g++", "clang++", "c++") if cxx):
-        return "torch.compile on the CPU needs a C++ compiler: apt-get install g++ (.ci/run installs it)"
-    if not (Path(sysconfig.get_paths()["include"]) / "Python.h").is_file():
-        return "torch.compile on the CPU needs Python's headers: apt-get install python3-dev (.ci/run installs them)"
-    return None
+    from pipeline.reporting import Reporter
+    from pipeline.runtimes import create_runtime, spec_class
+
+    spec = spec_class("torch").model_validate({"kind": "torch", "backend": "compile"})
+    status = create_runtime("torch-inductor", spec, Reporter(), Path.cwd()).status()
+    return None if status.usable else f"{status.detail} (.ci/run installs what it needs)"
 
 
 NO_INDUCTOR = _why_no_inductor()
