@@ -61,3 +61,17 @@ def test_difference_of_medians_is_significant_only_beyond_the_noise():
     assert low > 0  # 10% slower: real
     low, high = median_difference_ci(rng.normal(10.0, 1.0, 400), a)
     assert low <= 0 <= high  # two samples of the same distribution: within noise
+
+
+def test_the_batched_intervals_are_exactly_the_one_by_one_ones():
+    """A report computes its intervals together (pipeline/stats.py); each must be bit for bit what
+    the one-series functions give, whatever the lengths (odd, even, one value), ties and repeats."""
+    from pipeline.stats import bootstrap_median_ci, bootstrap_median_cis, median_difference_ci, median_difference_cis
+
+    rng = np.random.default_rng(7)
+    series = [list(rng.lognormal(3.0, 0.2, n)) for n in (1, 2, 3, 14, 15, 15, 16, 40, 7, 300)]
+    series += [list(series[3]), [5.0] * 15, [1.0, 2.0, 2.0, 2.0, 3.0, 3.0]]
+    assert bootstrap_median_cis(series) == [bootstrap_median_ci(values) for values in series]
+    pairs = [(new, old) for new in series for old in series]
+    assert median_difference_cis(pairs) == [median_difference_ci(new, old) for new, old in pairs]
+    assert median_difference_cis([]) == [] and bootstrap_median_cis([]) == []

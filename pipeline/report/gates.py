@@ -27,7 +27,7 @@ class Regression:
 
 def regression_gate(current: list[EngineManifest], baseline: list[EngineManifest], fail_above_pct: float) -> list[Regression]:
     """Every engine measured in both; `regressed` when slower by more than the threshold AND the noise."""
-    from pipeline.stats import median_difference_ci
+    from pipeline.stats import median_difference_cis
 
     def measured(manifests):
         return {
@@ -38,10 +38,11 @@ def regression_gate(current: list[EngineManifest], baseline: list[EngineManifest
 
     now, before = measured(current), measured(baseline)
     results = []
-    for key in sorted(now.keys() & before.keys(), key=str):
+    keys = sorted(now.keys() & before.keys(), key=str)
+    intervals = median_difference_cis([(now[key].per_iteration_ms, before[key].per_iteration_ms) for key in keys])
+    for key, (low, high) in zip(keys, intervals):
         new, old = now[key], before[key]
         change = (new.latency_ms.median - old.latency_ms.median) / old.latency_ms.median * 100
-        low, high = median_difference_ci(new.per_iteration_ms, old.per_iteration_ms)
         results.append(
             Regression(
                 engine=key[0],

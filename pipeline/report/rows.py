@@ -184,7 +184,7 @@ def build_rows(
     import numpy as np
 
     from pipeline.report.roofline import peak_tflops
-    from pipeline.stats import bootstrap_median_ci
+    from pipeline.stats import bootstrap_median_cis
 
     rows: list[ComparisonRow] = []
     flops_by_model: dict[tuple[str, int], float] = {}
@@ -222,7 +222,6 @@ def build_rows(
             row.gpu = d.gpu or ((d.trtexec or {}).get("device", {}).get("name") if d.trtexec else None)
             row.batch_size = d.batch_size
             row.median_ms = d.latency_ms.median
-            row.median_ci_ms = bootstrap_median_ci(samples)
             row.p5_ms, row.p95_ms = (float(v) for v in np.percentile(samples, [5, 95]))
             row.p99_ms = d.latency_ms.p99
             row.cv = d.latency_ms.cv
@@ -248,10 +247,15 @@ def build_rows(
                 row.peak_fraction = row.achieved_tflops / peak if peak else None
         rows.append(row)
 
-    _speedups(catalog, rows)
-    _toolchain_changes(rows, toolchain_order)
+    measured = [row for row in rows if row.samples_ms]
+    for row, interval in zip(measured, bootstrap_median_cis([row.samples_ms for row in measured])):
+        row.median_ci_ms = interval
+    # Each comparison names the two rows and the field its significance goes in; the intervals
+    # of all of them are computed together (pipeline/stats.py).
+    comparisons = _speedups(catalog, rows) + _toolchain_changes(rows, toolchain_order)
     if catalog.baseline_toolchain:
-        _against_baseline_toolchain(rows, catalog.baseline_toolchain)
+        comparisons += _against_baseline_toolchain(rows, catalog.baseline_toolchain)
+    _mark_significance(comparisons)
     variant_order = {name: i for i, name in enumerate(catalog.variants)}
     chain_order = {name: i for i, name in enumerate(toolchain_order or sorted({r.toolchain for r in rows}))}
     rows.sort(
@@ -276,9 +280,22 @@ def _layer_times(trtexec: dict | None) -> list[tuple[str, float]]:
     return layers
 
 
-def _speedups(catalog: Catalog, rows: list[ComparisonRow]) -> None:
-    from pipeline.stats import median_difference_ci
+# (row, its baseline row, the field of row that says whether they differ beyond the noise)
+Comparison = tuple[ComparisonRow, ComparisonRow, str]
 
+
+def _mark_significance(comparisons: list[Comparison]) -> None:
+    """Set each comparison's field: True when the 95% bootstrap interval of the difference of the
+    two medians excludes zero."""
+    from pipeline.stats import median_difference_cis
+
+    intervals = median_difference_cis([(row.samples_ms, base.samples_ms) for row, base, _ in comparisons])
+    for (row, _, field_name), (low, high) in zip(comparisons, intervals):
+        setattr(row, field_name, not (low <= 0.0 <= high))
+
+
+def _speedups(catalog: Catalog, rows: list[ComparisonRow]) -> list[Comparison]:
+    comparisons: list[Comparison] = []
     measured = {(r.model, r.toolchain, r.gpu_type, r.variant): r for r in rows if r.median_ms}
     for row in rows:
         if row.median_ms is None:
@@ -290,17 +307,16 @@ def _speedups(catalog: Catalog, rows: list[ComparisonRow]) -> None:
                 row.baseline = name
                 row.speedup = base.median_ms / row.median_ms
                 if base is not row:
-                    low, high = median_difference_ci(row.samples_ms, base.samples_ms)
-                    row.speedup_significant = not (low <= 0.0 <= high)
+                    comparisons.append((row, base, "speedup_significant"))
                 break
+    return comparisons
 
 
-def _toolchain_changes(rows: list[ComparisonRow], order: list[str] | None) -> None:
-    from pipeline.stats import median_difference_ci
-
+def _toolchain_changes(rows: list[ComparisonRow], order: list[str] | None) -> list[Comparison]:
+    comparisons: list[Comparison] = []
     chains = order or sorted({r.toolchain for r in rows if r.median_ms})
     if len(chains) < 2:
-        return
+        return comparisons
     reference = chains[0]
     by_key = {(r.model, r.variant, r.toolchain, r.gpu_type): r for r in rows if r.median_ms}
     for row in rows:
@@ -317,13 +333,12 @@ def _toolchain_changes(rows: list[ComparisonRow], order: list[str] | None) -> No
             row.flags.append(f"measured differently from {reference}: {', '.join(differ)}")
         row.change_ms = row.median_ms - ref.median_ms
         row.change_pct = row.change_ms / ref.median_ms * 100
-        low, high = median_difference_ci(row.samples_ms, ref.samples_ms)
-        row.change_significant = not (low <= 0.0 <= high)
+        comparisons.append((row, ref, "change_significant"))
+    return comparisons
 
 
-def _against_baseline_toolchain(rows: list[ComparisonRow], baseline: str) -> None:
-    from pipeline.stats import median_difference_ci
-
+def _against_baseline_toolchain(rows: list[ComparisonRow], baseline: str) -> list[Comparison]:
+    comparisons: list[Comparison] = []
     measured = {(r.model, r.variant, r.batch_size, r.gpu_type): r for r in rows if r.median_ms and r.toolchain == baseline}
     for row in rows:
         base = measured.get((row.model, row.variant, row.batch_size, row.gpu_type))
@@ -332,5 +347,5 @@ def _against_baseline_toolchain(rows: list[ComparisonRow], baseline: str) -> Non
         row.baseline_toolchain = baseline
         row.vs_baseline_toolchain = base.median_ms / row.median_ms
         if base is not row:
-            low, high = median_difference_ci(row.samples_ms, base.samples_ms)
-            row.vs_baseline_toolchain_significant = not (low <= 0.0 <= high)
+            comparisons.append((row, base, "vs_baseline_toolchain_significant"))
+    return comparisons
