@@ -95,7 +95,8 @@ def median_difference_ci(
 # the value at which those counts, accumulated in rank order, pass the middle.
 
 
-@functools.lru_cache(maxsize=256)
+# Few lengths recur in one report; a long trtexec run's counts are tens of MB, so keep only a few.
+@functools.lru_cache(maxsize=16)
 def _draw_counts(lengths: tuple[int, ...], resamples: int, seed: int):
     """The counts of the last of consecutive draws `rng.choice(series, (resamples, n))` for the
     series lengths in order, from a fresh generator seeded with ``seed``."""
@@ -106,7 +107,8 @@ def _draw_counts(lengths: tuple[int, ...], resamples: int, seed: int):
         # Generator.choice with replacement draws exactly these indices (checked by the tests).
         indices = rng.integers(0, n, size=(resamples, n))
     cells = indices + np.arange(resamples)[:, None] * n
-    return np.bincount(cells.ravel(), minlength=resamples * n).reshape(resamples, n)
+    counts = np.bincount(cells.ravel(), minlength=resamples * n).reshape(resamples, n)
+    return counts.astype(np.int16 if n < 2**15 else np.int32)
 
 
 def _medians_of_resamples(series: list[Sequence[float]], counts):
@@ -117,8 +119,8 @@ def _medians_of_resamples(series: list[Sequence[float]], counts):
     raw = np.asarray(series, dtype=np.float64)
     order = np.argsort(raw, axis=1, kind="stable")
     values = np.take_along_axis(raw, order, axis=1)
-    kind = np.int16 if n < 2**15 else np.int32
-    by_position = np.ascontiguousarray(counts.T.astype(kind))  # (n, resamples)
+    kind = counts.dtype
+    by_position = np.ascontiguousarray(counts.T)  # (n, resamples)
     middle = [(n + 1) // 2] if n % 2 else [n // 2, n // 2 + 1]  # 1-based ranks of the middle value(s)
     drawn = np.zeros((len(series), resamples), dtype=kind)  # values drawn so far, in rank order
     below = [np.zeros((len(series), resamples), dtype=kind) for _ in middle]  # ranks that fall short of each middle
@@ -174,7 +176,7 @@ def median_difference_cis(
 
 
 class _unique:
-    """The distinct series of a list (by identity or content) and, for each item, its one copy's index."""
+    """The distinct series of a list (by content) and, for each item, the index of its one copy."""
 
     def __init__(self, items: list[Sequence[float]]):
         seen: dict[tuple[float, ...], int] = {}
