@@ -53,42 +53,26 @@ class LatencyStats(BaseModel):
         )
 
 
-def _resampled_medians(values_ms: Sequence[float], rng, resamples: int):
-    import numpy as np
-
-    values = np.asarray(values_ms, dtype=np.float64)
-    return np.median(rng.choice(values, size=(resamples, values.size), replace=True), axis=1)
-
-
-def _interval(samples, confidence: float) -> tuple[float, float]:
-    import numpy as np
-
-    tail = (1.0 - confidence) / 2 * 100
-    low, high = np.percentile(samples, [tail, 100 - tail])
-    return float(low), float(high)
-
-
 def bootstrap_median_ci(values_ms: Sequence[float], confidence: float = 0.95, resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
-    """Confidence interval of the median by resampling the per-iteration times."""
-    import numpy as np
-
-    return _interval(_resampled_medians(values_ms, np.random.default_rng(seed), resamples), confidence)
+    """Confidence interval of the median by resampling the per-iteration times: the percentiles of
+    the medians of ``resamples`` draws `rng.choice(values, len(values))` from a generator seeded
+    with ``seed``."""
+    return bootstrap_median_cis([values_ms], confidence, resamples, seed)[0]
 
 
 def median_difference_ci(
     new_ms: Sequence[float], old_ms: Sequence[float], confidence: float = 0.95, resamples: int = 2000, seed: int = 0
 ) -> tuple[float, float]:
-    """Confidence interval of median(new) - median(old); excluding 0 means the change is real."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    return _interval(_resampled_medians(new_ms, rng, resamples) - _resampled_medians(old_ms, rng, resamples), confidence)
+    """Confidence interval of median(new) - median(old); excluding 0 means the change is real. The
+    new series is resampled first, the old one next, from one generator seeded with ``seed``."""
+    return median_difference_cis([(new_ms, old_ms)], confidence, resamples, seed)[0]
 
 
 # --- the same intervals for many series at once -------------------------------------------------
 #
-# A report with thousands of rows needs thousands of the intervals above. Each is exactly what the
-# functions above return for it — same seed, same draws, same arithmetic — computed from two facts.
+# A report with thousands of rows needs thousands of the intervals above. Each is exactly what
+# resampling each series on its own gives — same seed, same draws, same arithmetic (the tests hold
+# it to that textbook computation) — computed from two facts.
 # The draws depend only on the series' lengths, never on their values, so every series of one
 # length shares one set of resample indices, kept as counts (how often each position was drawn in
 # each resample). And a resample's median is an order statistic: with a series sorted once, it is
