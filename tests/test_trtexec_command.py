@@ -103,7 +103,7 @@ def test_tensorrt_10_gets_the_explicit_flags_for_the_same_settings(version):
 
 def test_the_settings_in_force_read_the_same_on_every_release():
     command = ProfileCommand(engine="e", warmup_ms=1, iterations=1, duration_s=0, use_cuda_graph=False)
-    assert command.settings_in_force() == {"cuda_graph": False, "data_transfers": False, "spin_wait": True}
+    assert command.settings_in_force() == {"cuda_graph": False, "data_transfers": False, "spin_wait": True, "host_sync_per_run": False}
 
 
 @pytest.mark.parametrize("version", ["10.0.1", "10.6.0", "10.14.1", "10.16.1"])

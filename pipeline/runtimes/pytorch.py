@@ -8,8 +8,10 @@ The stages mean what they mean for every toolchain:
   prepares it: for ``compile`` the compilation, timed, with the graph breaks counted and where
   Inductor keeps its cache recorded; for ``cudagraphs`` the capture.
 * **profile** times it like trtexec times an engine: warm up for a duration, then at least N runs
-  and at least S seconds. On a GPU each run is bracketed by CUDA events and synchronised, so a
-  run's time is its latency on the GPU; on the CPU it is host time. A profile right after the build,
+  and at least S seconds. On a GPU the runs are enqueued back to back and each is bracketed by
+  CUDA events (``time_runs``), so a run's time is the GPU's, as trtexec's GPU compute time is; the
+  host-synchronised latency is kept beside it as a second figure. On the CPU a run's time is host
+  time. A profile right after the build,
   in the same process, reuses the prepared model; a later one prepares it again from Inductor's
   cache (recorded as ``prepare_s``).
 
@@ -344,7 +346,7 @@ class TorchRuntime(EngineRuntime):
     # --- profile ------------------------------------------------------------------------------------
 
     def describe_profile(self, engine_path: Path, settings: ProfileSettings) -> list[str]:
-        clock = "CUDA events around each synchronised run on the GPU (host time on a CPU)"
+        clock = "runs enqueued back to back, each timed by CUDA events on the GPU, like trtexec (host time on a CPU)"
         return [
             f"profile: torch {self.version} {self.spec.backend}: {engine_path.name}, warm-up {settings.warmup_ms:g} ms, "
             f"then ≥{settings.iterations} runs and ≥{settings.duration_s:g} s; {clock}"
@@ -389,12 +391,14 @@ class TorchRuntime(EngineRuntime):
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
             times_ms, elapsed = time_runs(torch, prepared.run, settings, cuda)
+            latency = host_latency(torch, prepared.run, settings) if cuda else None
         execution: dict[str, Any] = {**self.versions(), **self.settings_in_force(prepared), **prepared.facts}
         measured_with = {}
         if cuda:
-            # The input is already on the GPU. (CUDA graphs are the backend being compared here,
-            # not a measurement setting, so they are not listed.)
-            measured_with = {"data_transfers": False}
+            # The input is already on the GPU; runs are enqueued back to back like trtexec's. (CUDA
+            # graphs are the backend being compared here, not a measurement setting: not listed.)
+            measured_with = {"data_transfers": False, "host_sync_per_run": False}
+            execution["host_latency_ms"] = latency
             execution["peak_memory_mib"] = {
                 "allocated": round(torch.cuda.max_memory_allocated() / 2**20, 1),
                 "reserved": round(torch.cuda.max_memory_reserved() / 2**20, 1),
@@ -470,8 +474,23 @@ class GraphReplay:
         return self.output
 
 
+# How many runs may be enqueued ahead of the oldest one not yet finished: enough that the GPU
+# always has the next run queued while the host enqueues the one after, few enough that a
+# stopped measurement drains at once.
+QUEUE_DEPTH = 4
+# The host-synchronised latency (the second figure) is taken over at most this long.
+HOST_LATENCY_MAX_S = 1.0
+
+
 def time_runs(torch, run: Callable[[], Any], settings: ProfileSettings, cuda: bool) -> tuple[list[float], float]:
-    """trtexec's rules: warm up for warmup_ms, then until BOTH `iterations` runs and `duration_s`."""
+    """trtexec's rules: warm up for warmup_ms, then until BOTH `iterations` runs and `duration_s`.
+
+    On a GPU, trtexec's method: runs are enqueued back to back (a bounded queue, no host
+    synchronisation between them) and each is timed on the GPU by a pair of CUDA events, so a run's
+    time is what the GPU spent from its first kernel's launch to its last kernel's end. A host that
+    waits for every run would leave the GPU idle between launches inside the timed window and time
+    PyTorch slower than an engine timed by trtexec. On the CPU a run's time is host time.
+    Returns (per-run milliseconds, seconds the measurement took)."""
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     warmup_end = time.perf_counter() + settings.warmup_ms / 1000.0
     while True:
@@ -479,24 +498,60 @@ def time_runs(torch, run: Callable[[], Any], settings: ProfileSettings, cuda: bo
         sync()
         if time.perf_counter() >= warmup_end:
             break
-    times_ms: list[float] = []
     if cuda:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        return _time_enqueued_back_to_back(torch, run, settings)
+    times_ms: list[float] = []
     started = time.perf_counter()
     while True:
-        if cuda:
-            start.record()
-            run()
-            end.record()
-            end.synchronize()
-            times_ms.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter_ns()
-            run()
-            times_ms.append((time.perf_counter_ns() - t0) / 1e6)
+        t0 = time.perf_counter_ns()
+        run()
+        times_ms.append((time.perf_counter_ns() - t0) / 1e6)
         elapsed = time.perf_counter() - started
         if len(times_ms) >= settings.iterations and elapsed >= settings.duration_s:
             return times_ms, elapsed
+
+
+def _time_enqueued_back_to_back(torch, run: Callable[[], Any], settings: ProfileSettings) -> tuple[list[float], float]:
+    # A ring of event pairs, one per run in flight; a slot is read (and its run waited for) only
+    # when the ring comes round to it again, so the host blocks only while QUEUE_DEPTH runs are queued.
+    slots = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(QUEUE_DEPTH)]
+    times_ms: list[float] = []
+    enqueued = 0
+    started = time.perf_counter()
+    while True:
+        start, end = slots[enqueued % QUEUE_DEPTH]
+        if enqueued >= QUEUE_DEPTH:  # the slot's previous run: wait for it and keep its time
+            end.synchronize()
+            times_ms.append(start.elapsed_time(end))
+        start.record()
+        run()
+        end.record()
+        enqueued += 1
+        if enqueued >= settings.iterations and time.perf_counter() - started >= settings.duration_s:
+            break
+    for index in range(max(0, enqueued - QUEUE_DEPTH), enqueued):  # drain, oldest first
+        start, end = slots[index % QUEUE_DEPTH]
+        end.synchronize()
+        times_ms.append(start.elapsed_time(end))
+    return times_ms, time.perf_counter() - started
+
+
+def host_latency(torch, run: Callable[[], Any], settings: ProfileSettings) -> dict[str, Any]:
+    """The second figure on a GPU: wall time of a run the host waits for (launch, GPU work and the
+    synchronisation), what a caller that needs each result before sending the next sees.
+    Taken after the measurement, warm, over `iterations` runs or HOST_LATENCY_MAX_S, whichever
+    ends first (at least 3 runs)."""
+    from pipeline.stats import LatencyStats
+
+    times_ms: list[float] = []
+    started = time.perf_counter()
+    while len(times_ms) < 3 or (len(times_ms) < settings.iterations and time.perf_counter() - started < HOST_LATENCY_MAX_S):
+        t0 = time.perf_counter_ns()
+        run()
+        torch.cuda.synchronize()
+        times_ms.append((time.perf_counter_ns() - t0) / 1e6)
+    stats = LatencyStats.from_values(times_ms)
+    return {"median_ms": round(stats.median, 4), "mean_ms": round(stats.mean, 4), "p99_ms": round(stats.p99, 4), "runs": stats.count}
 
 
 class out_of_memory_as_error:

@@ -247,27 +247,38 @@ class Cuda:
         self.call("cuGraphLaunch", executable, stream)
 
 
+# Runs enqueued ahead of the oldest unfinished one (the product's torch runtime uses the same).
+QUEUE_DEPTH = 4
+
+
 def timed_runs(cuda: Cuda, stream, launch, warmup_ms: float, iterations: int, duration_s: float) -> tuple[list[float], float]:
     """trtexec's rules: warm up for ``warmup_ms`` milliseconds, then run until BOTH at least
-    ``iterations`` runs and ``duration_s`` seconds are done. Each run is timed on the GPU with a
-    pair of events around it."""
+    ``iterations`` runs and ``duration_s`` seconds are done. Runs are enqueued back to back (at
+    most QUEUE_DEPTH in flight, no host synchronisation between them), each timed on the GPU by a
+    pair of events around it, as trtexec times an engine."""
     warm_until = time.perf_counter() + warmup_ms / 1000.0
     while True:
         launch(stream)
         cuda.synchronize(stream)
         if time.perf_counter() >= warm_until:
             break
-    start, end = cuda.event(), cuda.event()
+    slots = [(cuda.event(), cuda.event()) for _ in range(QUEUE_DEPTH)]
     times: list[float] = []
+    enqueued = 0
     began = time.perf_counter()
     while True:
+        start, end = slots[enqueued % QUEUE_DEPTH]
+        if enqueued >= QUEUE_DEPTH:  # the slot's previous run: waits for it, keeps its time
+            times.append(cuda.elapsed_ms(start, end))
         cuda.record(start, stream)
         launch(stream)
         cuda.record(end, stream)
-        times.append(cuda.elapsed_ms(start, end))
-        elapsed = time.perf_counter() - began
-        if len(times) >= iterations and elapsed >= duration_s:
-            return times, elapsed
+        enqueued += 1
+        if enqueued >= iterations and time.perf_counter() - began >= duration_s:
+            break
+    for index in range(max(0, enqueued - QUEUE_DEPTH), enqueued):  # drain, oldest first
+        times.append(cuda.elapsed_ms(*slots[index % QUEUE_DEPTH]))
+    return times, time.perf_counter() - began
 
 
 def random_bytes_for(dtype_name: str, count: int, rng: random.Random) -> bytes:

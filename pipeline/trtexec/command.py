@@ -149,6 +149,9 @@ class ProfileCommand:
             "cuda_graph": self.use_cuda_graph,
             "data_transfers": not self.no_data_transfers,
             "spin_wait": self.spin_wait,
+            # trtexec always enqueues inferences back to back, timing each on the GPU; recorded so a
+            # runtime timed otherwise (a host that waits for every run) is flagged beside it.
+            "host_sync_per_run": False,
         }
 
     def argv(self, trt_version: str, executable: str = "trtexec") -> list[str]:

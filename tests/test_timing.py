@@ -1,0 +1,151 @@
+"""The GPU timing method every runtime shares with trtexec: runs enqueued back to back, a bounded
+queue, each run timed by its own pair of events, no host synchronisation between runs.
+
+A simulated GPU stands in for CUDA (no GPU here): it executes enqueued work in order on its own
+clock, so the tests can see what the host waited for and whether the GPU ever sat idle."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from pipeline.catalog import ProfileSettings
+from pipeline.runtimes import pytorch, tensorrt_rtx_driver
+
+
+class SimulatedGpu:
+    """One stream. A launch costs the host `enqueue_ms`, then the GPU `kernel_ms`; the GPU starts a
+    piece of work once the host has enqueued it and the previous piece has ended. An event is
+    stamped when the GPU reaches it, so a run's time runs from when the GPU reached its start event
+    (right after the previous run, or when the host recorded it) to the end of its kernel."""
+
+    def __init__(self, kernel_ms: float, enqueue_ms: float):
+        self.kernel_ms, self.enqueue_ms = kernel_ms, enqueue_ms
+        self.host_ms = 0.0
+        self.gpu_free_at = 0.0
+        self.launched = 0  # runs launched so far
+        self.stream_syncs = 0
+        self.waits: list[int] = []  # per event wait: runs launched after the one waited for
+        self.idle_ms = 0.0  # GPU idle time between timed runs
+
+    def launch(self):
+        self.host_ms += self.enqueue_ms
+        begins = max(self.gpu_free_at, self.host_ms)
+        if self.measuring:
+            if self.first_timed is None:
+                self.first_timed = self.launched
+            elif self.launched > self.first_timed:
+                self.idle_ms += begins - self.gpu_free_at
+        self.gpu_free_at = begins + self.kernel_ms
+        self.launched += 1
+
+    measuring = False
+    first_timed: int | None = None
+
+    def record(self, event):
+        event.at = max(self.gpu_free_at, self.host_ms)
+        event.run = self.launched
+
+    def wait(self, event):
+        self.waits.append(self.launched - event.run)
+        self.host_ms = max(self.host_ms, event.at)
+
+    def synchronize(self):
+        self.stream_syncs += 1
+        self.host_ms = max(self.host_ms, self.gpu_free_at)
+
+
+def fake_torch(gpu: SimulatedGpu):
+    class Event:
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+
+        def record(self):
+            gpu.record(self)
+
+        def synchronize(self):
+            gpu.wait(self)
+
+        def elapsed_time(self, end):
+            return end.at - self.at
+
+    return types.SimpleNamespace(cuda=types.SimpleNamespace(Event=Event, synchronize=gpu.synchronize))
+
+
+class FakeDriverCuda:
+    def __init__(self, gpu: SimulatedGpu):
+        self.gpu = gpu
+
+    def event(self):
+        return types.SimpleNamespace()
+
+    def record(self, event, stream):
+        self.gpu.record(event)
+
+    def elapsed_ms(self, start, end):
+        self.gpu.wait(end)
+        return end.at - start.at
+
+    def synchronize(self, stream):
+        self.gpu.synchronize()
+
+
+def run_torch_timer(gpu, settings):
+    torch = fake_torch(gpu)
+
+    def run():
+        gpu.measuring = gpu.stream_syncs > 0  # the warm-up ends with a synchronisation
+        gpu.launch()
+
+    return pytorch.time_runs(torch, run, settings, cuda=True)
+
+
+def run_driver_timer(gpu, settings):
+    def launch(stream):
+        gpu.measuring = gpu.stream_syncs > 0
+        gpu.launch()
+
+    return tensorrt_rtx_driver.timed_runs(FakeDriverCuda(gpu), None, launch, settings.warmup_ms, settings.iterations, settings.duration_s)
+
+
+TIMERS = [pytest.param(run_torch_timer, id="torch"), pytest.param(run_driver_timer, id="tensorrt-rtx")]
+
+
+@pytest.mark.parametrize("timer", TIMERS)
+def test_a_gpu_bound_model_is_timed_back_to_back_with_a_bounded_queue(timer):
+    gpu = SimulatedGpu(kernel_ms=5.0, enqueue_ms=1.0)
+    times, _ = timer(gpu, ProfileSettings(warmup_ms=0, iterations=40, duration_s=0))
+    # Every run is timed, in order; the first also holds its own launch (the GPU was idle).
+    assert len(times) == 40 and times == pytest.approx([6.0] + [5.0] * 39)
+    # The host synchronised the stream only to end the warm-up, never between timed runs...
+    assert gpu.stream_syncs == 1
+    # ...waited only for a run with QUEUE_DEPTH - 1 more queued behind it (while measuring),
+    assert min(gpu.waits[: 40 - pytorch.QUEUE_DEPTH]) == pytorch.QUEUE_DEPTH - 1
+    assert max(gpu.waits) <= pytorch.QUEUE_DEPTH
+    # ...so the GPU never idled between runs: the runs' times add up to the time it was busy.
+    assert gpu.idle_ms == 0.0 and sum(times) == pytest.approx(6.0 + 39 * 5.0)
+
+
+@pytest.mark.parametrize("timer", TIMERS)
+def test_a_launch_bound_model_is_timed_from_its_first_launch_to_its_end(timer):
+    # The host takes longer to enqueue a run than the GPU to execute it (eager PyTorch on a small
+    # batch): the GPU waits for the host inside each run, and that wait is the model's real cost.
+    # Each run then takes what the host takes to enqueue one, as N runs between two events would say.
+    gpu = SimulatedGpu(kernel_ms=1.0, enqueue_ms=3.0)
+    times, _ = timer(gpu, ProfileSettings(warmup_ms=0, iterations=12, duration_s=0))
+    assert len(times) == 12 and times == pytest.approx([4.0] + [3.0] * 11)
+    assert gpu.stream_syncs == 1
+
+
+@pytest.mark.parametrize("timer", TIMERS)
+def test_fewer_runs_than_the_queue_holds_are_all_timed(timer):
+    gpu = SimulatedGpu(kernel_ms=2.0, enqueue_ms=0.5)
+    times, _ = timer(gpu, ProfileSettings(warmup_ms=0, iterations=2, duration_s=0))
+    assert times == pytest.approx([2.5, 2.0])
+
+
+def test_both_timers_keep_the_same_queue_depth():
+    # The driver runs in the compiler's own environment and cannot import the product: the same
+    # rule is written twice, and this keeps the two in step.
+    assert tensorrt_rtx_driver.QUEUE_DEPTH == pytorch.QUEUE_DEPTH
