@@ -102,9 +102,14 @@ class ProfileSettings(_Strict):
     warmup_ms: float = Field(default=200.0, ge=0)
     iterations: int = Field(default=10, ge=1)  # a minimum, like trtexec
     duration_s: float = Field(default=3.0, ge=0)  # also a minimum: both bounds must be met
-    # Whole measurements per profile, each with its own warm-up; the record keeps the last one's
-    # samples and every one's median, whose spread says how repeatable the number is.
+    # Whole measurements per profile, each with its own warm-up. The row's figures pool the runs of
+    # all of them; each one's median is kept too, and their spread says how repeatable the number is.
     repeats: int = Field(default=1, ge=1, le=100)
+    # With repeats > 1: when the measurements' medians disagree by more than this coefficient of
+    # variation, they are all taken again, up to `retakes` times; a profile that never settles is
+    # recorded as unstable rather than measured.
+    max_repeat_cv: float = Field(default=0.02, gt=0)
+    retakes: int = Field(default=2, ge=0, le=10)
 
 
 class CalibrationSettings(_Strict):

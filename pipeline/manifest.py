@@ -146,12 +146,20 @@ class ProfileDetails(_Model):
     images_per_s: float
     # Kept so reports can test significance (bootstrap) and draw CDFs without re-measuring.
     per_iteration_ms: list[float]
-    # With [profile] repeats > 1: each measurement's median (the last is the one above) and the
-    # coefficient of variation across them.
+    # With [profile] repeats > 1: each measurement's median and the coefficient of variation
+    # across them.
     repeat_medians_ms: list[float] = []
     repeat_cv: float | None = None
+    # How many measurements per_iteration_ms and latency_ms pool (their runs together); None in
+    # manifests written before repeats were pooled, whose figures are the last measurement's.
+    repeats_pooled: int | None = None
+    # Earlier takes of the repeats, discarded because their medians disagreed beyond the catalog's
+    # max_repeat_cv: each take's medians. stable is False when the last take disagreed too.
+    retaken_medians_ms: list[list[float]] = []
+    stable: bool | None = None
     # The machine's load when the measurement started and ended: load average and CPU count, and
-    # per GPU its utilisation, clocks and the other processes using it (pipeline/environment.py).
+    # per GPU its utilisation, clocks and the other processes using it (pipeline/environment.py);
+    # "during": what was seen while each measurement ran (pipeline/machine_watch.py).
     machine_load: dict[str, Any] | None = None
     warnings: list[str] = []
     # The GPU it was timed on, by name, when the runtime knows it (for the roofline's peaks).

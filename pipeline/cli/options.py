@@ -83,8 +83,10 @@ def repeat_option(func):
         "--repeat",
         type=click.IntRange(min=1, max=100),
         metavar="N",
-        help="Measure each engine N times (each with its own warm-up) and record every run's median and their "
-        "spread, so you can tell a repeatable number from a lucky one. Default: the catalog's [profile] repeats.",
+        help="Measure each engine N times (each with its own warm-up). The row pools the runs of all N; every "
+        "measurement's median and their spread are kept, and measurements that disagree beyond [profile] "
+        "max_repeat_cv are taken again (up to [profile] retakes times) or the row is marked unstable. "
+        "Default: the catalog's [profile] repeats.",
     )(func)
 
 

@@ -163,6 +163,12 @@ def measurement_flags(details, noisy_cv: float = NOISY_CV) -> list[str]:
     if details.latency_ms.cv > noisy_cv:
         flags.append(f"noisy: CV {details.latency_ms.cv:.1%} is above {noisy_cv:.0%}")
     load = details.machine_load or {}
+    if load.get("during"):
+        # What was seen while each measurement ran (pipeline/machine_watch.py); the load averages
+        # around it are older evidence, kept for manifests written before the measurement was watched.
+        from pipeline.machine_watch import verdict
+
+        return flags + verdict(load["during"])
     for when in ("start", "end"):
         facts = load.get(when) or {}
         averages, cpus = facts.get("load_average"), facts.get("cpu_count")
@@ -218,6 +224,11 @@ def build_rows(
             d = m.profile.details
             samples = np.asarray(d.per_iteration_ms)
             row.status = f"measured ({d.metric})"
+            if d.stable is False:
+                row.status = (
+                    f"unstable ({d.metric}): the {len(d.repeat_medians_ms)} measurements' medians disagree "
+                    f"(CV {d.repeat_cv:.1%} > {d.settings.max_repeat_cv:.0%}) after {len(d.retaken_medians_ms)} retake(s)"
+                )
             row.device = d.device
             row.gpu = d.gpu or ((d.trtexec or {}).get("device", {}).get("name") if d.trtexec else None)
             row.batch_size = d.batch_size

@@ -8,6 +8,7 @@ from typing import Any
 
 from pipeline.environment import cpu_name, machine_load, nvidia_gpus
 from pipeline.errors import PipelineError
+from pipeline.machine_watch import MachineWatch, verdict
 from pipeline.manifest import Artifact, ProfileDetails, StageRecord, read_manifest
 from pipeline.runtimes import get_runtime
 from pipeline.stages.base import Stage, StageOutcome
@@ -97,51 +98,89 @@ class ProfileStage(Stage):
 
     def run_impl(self, inputs: list[Artifact]) -> StageOutcome:
         engine_path = self.ctx.workspace.root / inputs[0].path
-        # The machine's load around the measurement, so a number taken on a busy machine shows it.
+        settings = self.settings
+        # The machine's load around the measurement, and what it did during each one, so a number
+        # taken on a busy machine shows it.
         load_at_start = machine_load()
-        medians = []
-        for run in range(self.settings.repeats):
-            if run:
-                self.ctx.reporter.detail(f"{self.engine.name}: measurement {run + 1} of {self.settings.repeats}")
-            result = self.runtime.profile(engine_path, self.settings)
-            medians.append(round(LatencyStats.from_values(result.per_iteration_ms).median, 6))
+        retaken: list[list[float]] = []
+        while True:
+            results, watched = self._measure(engine_path, take=len(retaken))
+            medians = [round(LatencyStats.from_values(r.per_iteration_ms).median, 6) for r in results]
+            repeat_cv = LatencyStats.from_values(medians).cv if len(medians) > 1 else None
+            stable = repeat_cv is None or repeat_cv <= settings.max_repeat_cv
+            if stable or len(retaken) >= settings.retakes:
+                break
+            retaken.append(medians)
+            self.ctx.reporter.warn(
+                f"{self.engine.name}: the {len(medians)} measurements disagree (medians {min(medians):.3f}–{max(medians):.3f} ms, "
+                f"CV {repeat_cv:.2%} > {settings.max_repeat_cv:.0%}): taking them again ({len(retaken)} of {settings.retakes})"
+            )
         load_at_end = machine_load()
-        stats = LatencyStats.from_values(result.per_iteration_ms)
-        repeat_cv = LatencyStats.from_values(medians).cv if len(medians) > 1 else None
-        qps = result.throughput_qps if result.throughput_qps else 1000.0 / stats.mean
-        for warning in result.warnings:
+        result = results[-1]
+        # The row's figures pool every run of every measurement: the median of the pooled runs,
+        # with the measurements' own medians and their CV beside it.
+        pooled = [value for r in results for value in r.per_iteration_ms]
+        stats = LatencyStats.from_values(pooled)
+        own_qps = [r.throughput_qps for r in results if r.throughput_qps]
+        qps = sum(own_qps) / len(own_qps) if len(own_qps) == len(results) else 1000.0 / stats.mean
+        warnings = list(dict.fromkeys(w for r in results for w in r.warnings))
+        for warning in warnings:
             if warning.startswith("* "):  # trtexec's own judgement of the measurement
                 self.ctx.reporter.warn(f"{self.engine.name}: {warning[2:]}")
+        for flag in verdict(watched):
+            self.ctx.reporter.warn(f"{self.engine.name}: {flag}")
+        if not stable:
+            self.ctx.reporter.warn(
+                f"{self.engine.name}: unstable: the measurements still disagree after {len(retaken)} retake(s) "
+                f"(CV {repeat_cv:.2%} > {settings.max_repeat_cv:.0%}); recorded as unstable"
+            )
         details = ProfileDetails(
-            settings=self.settings,
+            settings=settings,
             batch_size=self.model_spec.batch_size,
             device=result.device,
             metric=result.metric,
             iterations=stats.count,
-            total_walltime_s=result.total_walltime_s,
+            total_walltime_s=sum(r.total_walltime_s for r in results),
             latency_ms=stats,
             throughput_qps=qps,
             images_per_s=qps * self.model_spec.batch_size,
-            per_iteration_ms=[round(v, 6) for v in result.per_iteration_ms],
+            per_iteration_ms=[round(v, 6) for v in pooled],
             repeat_medians_ms=medians if len(medians) > 1 else [],
             repeat_cv=repeat_cv,
-            machine_load={"start": load_at_start, "end": load_at_end},
-            warnings=result.warnings,
+            repeats_pooled=len(results),
+            retaken_medians_ms=retaken,
+            stable=stable if len(medians) > 1 else None,
+            machine_load={"start": load_at_start, "end": load_at_end, "during": watched},
+            warnings=warnings,
             **result.evidence,
         )
         accuracy, accuracy_skipped, checked = self.check_accuracy(engine_path)
         details.accuracy, details.accuracy_skipped = accuracy, accuracy_skipped
         sidecars = {**result.sidecars, **(checked.sidecars if checked else {})}
         outputs = [self.ctx.workspace.artifact(role, path) for role, path in sidecars.items()]
-        note = f": median {stats.median:.2f} ms, {details.images_per_s:.1f} img/s over {stats.count} runs"
+        pooled_from = f" of {len(results)} measurements pooled" if len(results) > 1 else ""
+        note = f": median {stats.median:.2f} ms, {details.images_per_s:.1f} img/s over {stats.count} runs{pooled_from}"
         if accuracy:
             cosine = accuracy["cosine_similarity"]
             note += f"; vs FP32 cosine {'NaN/Inf' if cosine is None else f'{cosine:.5f}'}, top-1 {accuracy['top1_agreement']:.0%}"
             if accuracy.get("top1_accuracy") is not None:
                 note += f", top-1 accuracy {accuracy['top1_accuracy']:.1%} on the labelled images"
         if repeat_cv is not None:
-            note += f"; {len(medians)} measurements, medians {min(medians):.3f}–{max(medians):.3f} ms (CV {repeat_cv:.2%})"
+            note += f"; their medians {min(medians):.3f}–{max(medians):.3f} ms (CV {repeat_cv:.2%}{'' if stable else ', unstable'})"
         return StageOutcome(outputs=outputs, details=details, command=result.command, note=note)
+
+    def _measure(self, engine_path: Path, take: int) -> tuple[list, list[dict]]:
+        """`repeats` measurements, each watched (pipeline/machine_watch.py): (results, what was seen)."""
+        results, watched = [], []
+        repeats = self.settings.repeats
+        for run in range(repeats):
+            if repeats > 1 or take:
+                again = f", take {take + 1}" if take else ""
+                self.ctx.reporter.detail(f"{self.engine.name}: measurement {run + 1} of {repeats}{again}")
+            with MachineWatch() as watch:
+                results.append(self.runtime.profile(engine_path, self.settings))
+            watched.append(watch.summary)
+        return results, watched
 
     def check_accuracy(self, engine_path: Path):
         """(figures, why not checked, the reference run) for this engine on its reference batch."""

@@ -1,0 +1,295 @@
+"""What the machine was doing *while* a measurement ran, and whether that makes it untrustworthy.
+
+A load average read before and after a profile misses contention that starts less than about a
+minute earlier (it is a one-minute moving average), so the profile watches the measurement itself:
+
+* **CPU contention**: Linux's pressure stall information (``/proc/pressure/cpu``, "some": the share
+  of time at least one runnable task waited for a CPU; kernel 4.20+, Documentation/accounting/psi.rst),
+  as the whole measurement's share and the worst half-second window's. Where the kernel has no PSI:
+  the CPU time other processes took (``/proc/stat`` less this process's own), and whether the CPUs
+  were saturated.
+* **GPU state** through NVML (``nvidia-ml-py``, where it and a driver are present): clock event
+  ("throttle") reasons, SM clocks, temperature, the other processes on the GPU and which of them
+  ran kernels (per-process SM utilisation).
+
+``verdict`` turns what was seen during a profile's measurements into the flags a comparison shows
+(``busy: …``, ``throttled: …``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+PSI_CPU = Path("/proc/pressure/cpu")
+SAMPLE_INTERVAL_S = 0.5
+# A measurement is busy when other tasks waited for a CPU this share of its time on average, or
+# in its worst window. The pipeline's own threads are not enough to reach it: a quiet 2-core
+# machine shows well under 1 % while ONNX Runtime's threads run (measured in the tests).
+BUSY_CPU_PRESSURE = 0.10
+BUSY_CPU_PRESSURE_PEAK = 0.25
+# Without PSI: the CPUs count as saturated above this share of their capacity, with at least half
+# a CPU of it taken by other processes.
+SATURATED_CPU_SHARE = 0.90
+OTHERS_CPUS_AT_LEAST = 0.5
+
+# NVML's clock event reasons that lower the clocks (nvml.h, nvmlClocksEventReason*; idle,
+# application clocks, sync boost and display clocks do not). All are recorded.
+CLOCK_REASONS = {
+    0x4: "software power cap",
+    0x8: "hardware slowdown",
+    0x20: "software thermal slowdown",
+    0x40: "hardware thermal slowdown",
+    0x80: "hardware power brake",
+}
+# The ones that mark a measurement throttled. The software power cap is not among them: a
+# datacenter GPU under full load runs at its power limit as a matter of course (the lent H100 does
+# on every ViT-B measurement, SM clock about 1.6-1.8 GHz of 1.98), and so does the deployment.
+THROTTLING = {0x8, 0x20, 0x40, 0x80}
+
+
+def _psi_some_total_us() -> int | None:
+    try:
+        for line in PSI_CPU.read_text().splitlines():
+            if line.startswith("some "):
+                return int(line.rsplit("total=", 1)[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _cpu_busy_s() -> float | None:
+    """Seconds of CPU time the whole machine has spent busy since boot (every CPU together)."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[1:9])
+    except (OSError, ValueError, IndexError):
+        return None
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_s() -> float:
+    times = os.times()
+    return times.user + times.system + times.children_user + times.children_system
+
+
+class _Nvml:
+    """The GPUs through NVML; absent (``available`` False) without nvidia-ml-py or a driver."""
+
+    def __init__(self):
+        self.available = False
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.nvml = pynvml
+            self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            self.available = bool(self.handles)
+        except Exception:  # not installed, no driver, no permission: nothing to watch
+            return
+        # Renamed from "throttle reasons" to "clock event reasons" in recent drivers; either works.
+        self._reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
+            pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None
+        )
+
+    def sample(self, since_us: int) -> list[dict[str, Any]]:
+        nvml, samples = self.nvml, []
+        for index, handle in enumerate(self.handles):
+            sample: dict[str, Any] = {"index": index}
+            for key, read in (
+                ("reasons", lambda h: self._reasons(h) if self._reasons else 0),
+                ("sm_clock_mhz", lambda h: nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM)),
+                ("temperature_c", lambda h: nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU)),
+                ("processes", lambda h: [p.pid for p in nvml.nvmlDeviceGetComputeRunningProcesses(h)]),
+                ("sm_use", lambda h: self._sm_use(h, since_us)),
+            ):
+                try:
+                    sample[key] = read(handle)
+                except Exception:  # a query this GPU or driver does not support
+                    pass
+            samples.append(sample)
+        return samples
+
+    def _sm_use(self, handle, since_us: int) -> dict[int, int]:
+        """Each process's SM utilisation (%) in NVML's samples since ``since_us`` (CPU time, µs)."""
+        try:
+            found = self.nvml.nvmlDeviceGetProcessUtilization(handle, since_us)
+        except self.nvml.NVMLError_NotFound:  # no process used the GPU since then
+            return {}
+        use: dict[int, int] = {}
+        for process in found:
+            use[process.pid] = max(use.get(process.pid, 0), int(process.smUtil))
+        return use
+
+    def close(self):
+        if self.available:
+            try:
+                self.nvml.nvmlShutdown()
+            except Exception:
+                pass
+
+
+class MachineWatch:
+    """Samples the machine every SAMPLE_INTERVAL_S while the block runs; ``summary`` afterwards.
+
+    >>> with MachineWatch() as watch:
+    ...     measure()
+    >>> watch.summary  # {"seconds": …, "cpu_pressure": {"average": …, "peak": …}, …}
+    """
+
+    def __init__(self, interval_s: float = SAMPLE_INTERVAL_S, watch_gpus: bool = True):
+        self.interval_s = interval_s
+        self.watch_gpus = watch_gpus
+        self.summary: dict[str, Any] = {}
+        self._stop = threading.Event()
+        self._windows: list[float] = []
+        self._gpu_samples: list[list[dict[str, Any]]] = []
+
+    def __enter__(self):
+        self._nvml = _Nvml() if self.watch_gpus else None
+        self._started = time.monotonic()
+        self._since_us = int(time.time() * 1e6)
+        self._psi_start = _psi_some_total_us()
+        self._busy_start, self._own_start = _cpu_busy_s(), _own_cpu_s()
+        self._thread = threading.Thread(target=self._sample_until_stopped, name="machine-watch", daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample_until_stopped(self):
+        last_psi, last_at = self._psi_start, time.monotonic()
+        while not self._stop.wait(self.interval_s):
+            now, psi = time.monotonic(), _psi_some_total_us()
+            if psi is not None and last_psi is not None and now > last_at:
+                self._windows.append((psi - last_psi) / 1e6 / (now - last_at))
+            last_psi, last_at = psi, now
+            if self._nvml is not None and self._nvml.available:
+                self._gpu_samples.append(self._nvml.sample(self._since_us))
+                self._since_us = int(time.time() * 1e6)
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        seconds = time.monotonic() - self._started
+        summary: dict[str, Any] = {"seconds": round(seconds, 3), "cpu_count": os.cpu_count() or 1}
+        psi_end = _psi_some_total_us()
+        if self._psi_start is not None and psi_end is not None and seconds > 0:
+            average = (psi_end - self._psi_start) / 1e6 / seconds
+            summary["cpu_pressure"] = {"average": round(average, 4), "peak": round(max(self._windows, default=average), 4)}
+        busy_end = _cpu_busy_s()
+        if self._busy_start is not None and busy_end is not None and seconds > 0:
+            own = _own_cpu_s() - self._own_start
+            summary["cpus_used"] = {
+                "all": round((busy_end - self._busy_start) / seconds, 3),
+                "others": round(max(0.0, busy_end - self._busy_start - own) / seconds, 3),
+            }
+        if self._gpu_samples:
+            summary["gpus"] = _summarise_gpus(self._gpu_samples)
+        if self._nvml is not None:
+            self._nvml.close()
+        self.summary = summary
+        return False
+
+
+def _summarise_gpus(samples: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    me = os.getpid()
+    gpus = []
+    for index in range(len(samples[0])):
+        seen = [sample[index] for sample in samples if index < len(sample)]
+        reasons = 0
+        for sample in seen:
+            reasons |= int(sample.get("reasons") or 0)
+        clocks = [s["sm_clock_mhz"] for s in seen if "sm_clock_mhz" in s]
+        temperatures = [s["temperature_c"] for s in seen if "temperature_c" in s]
+        # Inside a container NVML may list processes by the host's pids, so this process need not
+        # appear as itself; then the one that is this measurement is the busiest (or the only) one.
+        most = max((s.get("processes") or [] for s in seen), key=len, default=[])
+        use: dict[int, int] = {}
+        for sample in seen:
+            for pid, percent in (sample.get("sm_use") or {}).items():
+                use[pid] = max(use.get(pid, 0), percent)
+        ours = me if me in most or me in use else max(use, key=use.get, default=most[0] if most else None)
+        others = len([pid for pid in set(most) | set(use) if pid != ours])
+        # A process that holds a context but runs nothing does not compete for the GPU; where NVML
+        # reports per-process use, only the ones that ran kernels count as contention.
+        measured_use = any("sm_use" in sample for sample in seen)
+        competing = len([pid for pid, percent in use.items() if pid != ours and percent > 0]) if measured_use else others
+        gpus.append(
+            {
+                "index": index,
+                "clock_reasons": [name for bit, name in CLOCK_REASONS.items() if reasons & bit],
+                "throttled_by": [name for bit, name in CLOCK_REASONS.items() if reasons & bit and bit in THROTTLING],
+                "sm_clock_mhz": [min(clocks), max(clocks)] if clocks else None,
+                "max_temperature_c": max(temperatures) if temperatures else None,
+                "other_processes": others,
+                "competing_processes": competing,
+            }
+        )
+    return gpus
+
+
+def merge(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """One summary for several measurements: CPU shares weighted by their durations, the worst
+    window, every GPU's reasons together, its clock range and its hottest reading."""
+    summaries = [s for s in summaries if s]
+    if len(summaries) <= 1:
+        return summaries[0] if summaries else {}
+    seconds = sum(s["seconds"] for s in summaries) or 1.0
+    merged: dict[str, Any] = {"seconds": round(seconds, 3), "cpu_count": summaries[0]["cpu_count"]}
+
+    def weighted(key, field):
+        return round(sum(s[key][field] * s["seconds"] for s in summaries) / seconds, 4)
+
+    if all("cpu_pressure" in s for s in summaries):
+        merged["cpu_pressure"] = {"average": weighted("cpu_pressure", "average"), "peak": max(s["cpu_pressure"]["peak"] for s in summaries)}
+    if all("cpus_used" in s for s in summaries):
+        merged["cpus_used"] = {"all": weighted("cpus_used", "all"), "others": weighted("cpus_used", "others")}
+    gpus: dict[int, dict[str, Any]] = {}
+    for summary in summaries:
+        for gpu in summary.get("gpus") or []:
+            into = gpus.setdefault(
+                gpu["index"],
+                {"index": gpu["index"], "clock_reasons": [], "throttled_by": [], "other_processes": 0, "competing_processes": 0},
+            )
+            for key in ("clock_reasons", "throttled_by"):
+                into[key] = [name for name in CLOCK_REASONS.values() if name in into[key] or name in (gpu.get(key) or [])]
+            for key in ("other_processes", "competing_processes"):
+                into[key] = max(into[key], gpu.get(key, gpu.get("other_processes")) or 0)
+            if gpu.get("sm_clock_mhz"):
+                low, high = into.get("sm_clock_mhz") or gpu["sm_clock_mhz"]
+                into["sm_clock_mhz"] = [min(low, gpu["sm_clock_mhz"][0]), max(high, gpu["sm_clock_mhz"][1])]
+            if gpu.get("max_temperature_c") is not None:
+                into["max_temperature_c"] = max(into.get("max_temperature_c") or gpu["max_temperature_c"], gpu["max_temperature_c"])
+    if gpus:
+        merged["gpus"] = [gpus[index] for index in sorted(gpus)]
+    return merged
+
+
+def verdict(summaries: list[dict[str, Any]]) -> list[str]:
+    """The flags what was seen during a profile's measurements earns: ``busy: …``, ``throttled: …``."""
+    summary = merge(summaries)
+    flags = []
+    pressure, used = summary.get("cpu_pressure"), summary.get("cpus_used")
+    if pressure is not None:
+        if pressure["average"] >= BUSY_CPU_PRESSURE or pressure["peak"] >= BUSY_CPU_PRESSURE_PEAK:
+            flags.append(
+                f"busy: runnable tasks waited for a CPU {pressure['average']:.0%} of the measurement "
+                f"(worst half second {pressure['peak']:.0%})"
+                + (f"; other processes used {used['others']:.1f} of {summary['cpu_count']} CPUs" if used else "")
+            )
+    elif used is not None:
+        cpus = summary["cpu_count"]
+        if used["all"] >= SATURATED_CPU_SHARE * cpus and used["others"] >= OTHERS_CPUS_AT_LEAST:
+            flags.append(f"busy: the {cpus} CPUs were saturated; other processes used {used['others']:.1f} of them")
+    for gpu in summary.get("gpus") or []:
+        competing = gpu.get("competing_processes", gpu.get("other_processes"))
+        if competing:
+            flags.append(f"busy: {competing} other process(es) ran on GPU {gpu['index']} during the measurement")
+        if gpu.get("throttled_by"):
+            clocks, hottest = gpu.get("sm_clock_mhz"), gpu.get("max_temperature_c")
+            seen = [f"SM clock {clocks[0]}–{clocks[1]} MHz"] if clocks else []
+            seen += [f"up to {hottest} °C"] if hottest is not None else []
+            flags.append(f"throttled: GPU {gpu['index']} {', '.join(gpu['throttled_by'])}" + (f" ({', '.join(seen)})" if seen else ""))
+    return flags

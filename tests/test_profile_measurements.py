@@ -1,0 +1,184 @@
+"""What a profile makes of its measurements: repeats pooled, disagreeing repeats taken again or
+marked unstable, and a machine that was busy while it measured flagged as such."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import pytest
+
+from pipeline import machine_watch
+from pipeline.manifest import read_manifest
+from pipeline.runtimes.base import ProfileResult
+from pipeline.runtimes.onnxruntime import OnnxRuntimeRuntime
+from tests.conftest import TINY_CATALOG, write_catalog
+
+
+def catalog_with(tmp_path, profile: str):
+    text = TINY_CATALOG.replace("[profile]\n", f"[profile]\n{profile}\n")
+    return write_catalog(tmp_path / "ws", text)
+
+
+def scripted_measurements(monkeypatch, takes: list[list[float]]):
+    """ONNX Runtime's profile returns these per-run times, one list per measurement, in order."""
+    remaining = list(takes)
+
+    def profile(self, engine_path, settings):
+        values = remaining.pop(0)
+        return ProfileResult(per_iteration_ms=values, total_walltime_s=0.01 * len(values), device="scripted")
+
+    monkeypatch.setattr(OnnxRuntimeRuntime, "profile", profile)
+    return remaining
+
+
+def profile_details(catalog):
+    return read_manifest(catalog.parent / "manifests" / "onnxruntime" / "tiny_fp32.json").profile.details
+
+
+def test_repeats_are_pooled_and_each_median_kept(tmp_path, run_cli, monkeypatch):
+    catalog = catalog_with(tmp_path, "")
+    takes = [[10.0, 10.2, 10.4, 10.1], [10.3, 10.1, 10.2], [10.0, 10.5, 10.2, 10.3, 10.1]]
+    left = scripted_measurements(monkeypatch, takes)
+    result = run_cli(catalog, "run", "--variant", "fp32", "--repeat", "3")
+    assert result.exit_code == 0, result.err
+    assert left == []
+    details = profile_details(catalog)
+    pooled = [value for take in takes for value in take]
+    assert details.per_iteration_ms == pooled and details.iterations == len(pooled) and details.repeats_pooled == 3
+    assert details.latency_ms.median == pytest.approx(statistics.median(pooled))
+    assert details.repeat_medians_ms == pytest.approx([statistics.median(take) for take in takes])
+    assert details.stable is True and details.retaken_medians_ms == []
+    # Each measurement was watched while it ran.
+    assert len(details.machine_load["during"]) == 3 and all(s["seconds"] >= 0 for s in details.machine_load["during"])
+    assert f"over {len(pooled)} runs of 3 measurements pooled" in result.err
+
+
+def test_repeats_that_disagree_are_taken_again_until_they_agree(tmp_path, run_cli, monkeypatch):
+    catalog = catalog_with(tmp_path, "max_repeat_cv = 0.05\nretakes = 2")
+    left = scripted_measurements(monkeypatch, [[5.0] * 3, [9.0] * 3, [6.0] * 3, [6.1] * 3])
+    result = run_cli(catalog, "run", "--variant", "fp32", "--repeat", "2")
+    assert result.exit_code == 0, result.err
+    assert left == []
+    details = profile_details(catalog)
+    assert details.retaken_medians_ms == [[5.0, 9.0]] and details.repeat_medians_ms == [6.0, 6.1]
+    assert details.per_iteration_ms == [6.0] * 3 + [6.1] * 3 and details.stable is True
+    assert "taking them again (1 of 2)" in result.err
+    compared = run_cli(catalog, "compare", "--format", "json")
+    row = next(r for r in json.loads(compared.out) if r["variant"] == "fp32")
+    assert row["status"].startswith("measured")
+
+
+def test_repeats_that_never_agree_are_recorded_as_unstable(tmp_path, run_cli, monkeypatch):
+    catalog = catalog_with(tmp_path, "max_repeat_cv = 0.05\nretakes = 1")
+    left = scripted_measurements(monkeypatch, [[5.0] * 3, [9.0] * 3, [4.0] * 3, [8.0] * 3])
+    result = run_cli(catalog, "run", "--variant", "fp32", "--repeat", "2")
+    assert result.exit_code == 0, result.err
+    assert left == []  # one retake, as the catalog bounds it, then no more
+    details = profile_details(catalog)
+    assert details.stable is False and details.retaken_medians_ms == [[5.0, 9.0]] and details.repeat_medians_ms == [4.0, 8.0]
+    assert "unstable" in result.err
+    compared = run_cli(catalog, "compare", "--format", "json")
+    row = next(r for r in json.loads(compared.out) if r["variant"] == "fp32")
+    assert row["status"].startswith("unstable") and "after 1 retake(s)" in row["status"]
+
+
+def start_cpu_hogs(count: int) -> list[subprocess.Popen]:
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+
+
+@pytest.fixture(params=["pressure stall information", "other processes' CPU time"])
+def cpu_evidence(request, monkeypatch, tmp_path):
+    """Each way the watch sees CPU contention: PSI where the kernel has it, CPU time otherwise."""
+    if request.param.startswith("pressure"):
+        if machine_watch._psi_some_total_us() is None:
+            pytest.skip("this kernel has no /proc/pressure/cpu (PSI); the CPU-time fallback is tested beside this")
+    else:
+        monkeypatch.setattr(machine_watch, "PSI_CPU", tmp_path / "no-psi")
+    return request.param
+
+
+def test_cpu_hogs_started_just_before_a_profile_mark_the_row_busy(tmp_path, run_cli, cpu_evidence):
+    catalog = catalog_with(tmp_path, "").parent / "pipeline.toml"
+    catalog.write_text(catalog.read_text().replace("duration_s = 0.05", "duration_s = 1.5"))
+    result = run_cli(catalog, "build", "--variant", "fp32")
+    assert result.exit_code == 0, result.err
+    quiet = run_cli(catalog, "profile", "--variant", "fp32", "--force")
+    assert quiet.exit_code == 0, quiet.err
+    assert not [f for f in machine_watch.verdict(profile_details(catalog).machine_load["during"]) if f.startswith("busy")]
+
+    hogs = start_cpu_hogs(os.cpu_count() or 1)
+    try:
+        time.sleep(1.0)  # far too short for the one-minute load average to notice
+        busy = run_cli(catalog, "profile", "--variant", "fp32", "--force")
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    assert busy.exit_code == 0, busy.err
+    assert "busy:" in busy.err
+    compared = run_cli(catalog, "compare", "--format", "json")
+    row = next(r for r in json.loads(compared.out) if r["variant"] == "fp32")
+    assert any(flag.startswith("busy: ") for flag in row["flags"]), row["flags"]
+
+
+def test_gpu_throttling_and_other_processes_seen_during_a_measurement_are_flagged():
+    me = os.getpid()
+    samples = [
+        [{"index": 0, "reasons": 0x1, "sm_clock_mhz": 1980, "temperature_c": 60, "processes": [me]}],
+        [{"index": 0, "reasons": 0x20 | 0x4, "sm_clock_mhz": 1410, "temperature_c": 87, "processes": [me, 4242]}],
+    ]
+    (gpu,) = machine_watch._summarise_gpus(samples)
+    assert gpu["clock_reasons"] == ["software power cap", "software thermal slowdown"] and gpu["sm_clock_mhz"] == [1410, 1980]
+    assert gpu["throttled_by"] == ["software thermal slowdown"]
+    quiet = {"seconds": 1.0, "cpu_count": 16, "cpu_pressure": {"average": 0.0, "peak": 0.01}}
+    flags = machine_watch.verdict([quiet, {**quiet, "gpus": [gpu]}])
+    assert flags == [
+        "busy: 1 other process(es) ran on GPU 0 during the measurement",
+        "throttled: GPU 0 software thermal slowdown (SM clock 1410–1980 MHz, up to 87 °C)",
+    ]
+
+
+def test_running_at_the_power_limit_is_recorded_but_is_not_throttling():
+    # What the lent H100 reports under a ViT-B load: its software power cap, clocks below maximum.
+    samples = [
+        [{"index": 0, "reasons": 0x4, "sm_clock_mhz": clock, "temperature_c": 58, "processes": [os.getpid()]}] for clock in (1605, 1815)
+    ]
+    (gpu,) = machine_watch._summarise_gpus(samples)
+    assert gpu["clock_reasons"] == ["software power cap"] and gpu["throttled_by"] == []
+    assert machine_watch.verdict([{"seconds": 3.0, "cpu_count": 16, "gpus": [gpu]}]) == []
+
+
+def test_in_a_container_the_one_process_nvml_lists_is_the_measurement():
+    # NVML lists host pids inside a container: one process that is not this one is the measurement's own.
+    (alone,) = machine_watch._summarise_gpus([[{"index": 0, "reasons": 0x1, "processes": [31337]}]])
+    assert alone["other_processes"] == 0 and machine_watch.verdict([{"seconds": 1.0, "cpu_count": 1, "gpus": [alone]}]) == []
+
+
+def test_a_process_that_holds_the_gpu_but_runs_nothing_is_not_contention():
+    # Seen on the lent H100: the process that launched the pipeline held a CUDA context, idle.
+    me = os.getpid()
+    samples = [[{"index": 0, "reasons": 0x4, "processes": [me, 4242], "sm_use": {me: 97, 4242: 0}}]]
+    (gpu,) = machine_watch._summarise_gpus(samples)
+    assert gpu["other_processes"] == 1 and gpu["competing_processes"] == 0
+    assert machine_watch.verdict([{"seconds": 1.0, "cpu_count": 16, "gpus": [gpu]}]) == []
+    # One that ran kernels meanwhile is; in a container (host pids) the busiest process is the measurement.
+    (shared,) = machine_watch._summarise_gpus([[{"index": 0, "processes": [100, 200], "sm_use": {100: 90, 200: 35}}]])
+    assert shared["competing_processes"] == 1
+    assert machine_watch.verdict([{"seconds": 1.0, "cpu_count": 16, "gpus": [shared]}]) == [
+        "busy: 1 other process(es) ran on GPU 0 during the measurement"
+    ]
+
+
+def test_several_measurements_are_judged_together():
+    calm = {"seconds": 3.0, "cpu_count": 2, "cpu_pressure": {"average": 0.01, "peak": 0.02}, "cpus_used": {"all": 1.0, "others": 0.0}}
+    contended = {"seconds": 1.0, "cpu_count": 2, "cpu_pressure": {"average": 0.30, "peak": 0.50}, "cpus_used": {"all": 2.0, "others": 1.0}}
+    merged = machine_watch.merge([calm, contended])
+    assert merged["cpu_pressure"] == {"average": pytest.approx(0.0825), "peak": 0.5}
+    assert merged["cpus_used"] == {"all": 1.25, "others": 0.25}
+    (flag,) = machine_watch.verdict([calm, contended])
+    assert flag.startswith("busy: runnable tasks waited for a CPU 8% of the measurement (worst half second 50%)")
