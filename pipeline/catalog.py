@@ -292,6 +292,13 @@ class Catalog(_Strict):
             for name in chosen_variants:
                 self.variant(name)
             refs = [EngineRef(m, v) for m in chosen_models for v in chosen_variants]
+            if not refs:
+                empty = "[defaults] models" if not chosen_models else ("[defaults] variants" if not models else "[variants]")
+                raise UsageError(
+                    f"nothing is selected: the catalog's {empty} is empty.",
+                    hint="name what to run with --model M / --variant V (or --engine), or list them in the catalog "
+                    f"(known models: {', '.join(self.models) or 'none'}; variants: {', '.join(self.variants) or 'none'})",
+                )
         return list(dict.fromkeys(refs))
 
     def toolchain_named(self, toolchain: str | None = None, trt: str | None = None) -> str:

@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from pipeline.artifacts import atomic_write_text
 from pipeline.catalog import ProfileSettings
@@ -218,6 +218,14 @@ class EngineManifest(_Model):
     export: StageRecord | None = None
     build: StageRecord | None = None
     profile: StageRecord | None = None
+    # Where it was read from (a path, or ref:path in git), for errors about its contents.
+    _source: str | None = PrivateAttr(default=None)
+
+    def __eq__(self, other: object) -> bool:
+        # Two manifests are equal when their contents are, wherever each was read from.
+        return isinstance(other, EngineManifest) and self.model_dump() == other.model_dump()
+
+    __hash__ = None  # mutable, like every pydantic model
 
     def stage(self, name: str) -> StageRecord | None:
         return getattr(self, name)
@@ -229,7 +237,7 @@ class EngineManifest(_Model):
 def read_manifest(path: Path) -> EngineManifest:
     """Read and validate one manifest; a broken file is a user-facing error naming it."""
     try:
-        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+        text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise
     except (OSError, ValueError) as exc:
@@ -237,19 +245,54 @@ def read_manifest(path: Path) -> EngineManifest:
             f"manifest {path} is unreadable: {exc}.",
             hint="delete it and re-run the stage that wrote it (`--force`)",
         ) from exc
+    return parse_manifest(text, str(path))
+
+
+def parse_manifest(text: str, source: str) -> EngineManifest:
+    """Validate a manifest's text; ``source`` (a path, or ``ref:path`` in git) names it in errors."""
+    try:
+        raw = json.loads(text)
+    except ValueError as exc:
+        raise PipelineError(
+            f"manifest {source} is not JSON: {exc}.", hint="delete it and re-run the stage that wrote it (`--force`)"
+        ) from exc
     version = raw.get("schema_version") if isinstance(raw, dict) else None
     if version != SCHEMA_VERSION:
         raise PipelineError(
-            f"manifest {path} has schema_version {version!r}; this pipeline reads {SCHEMA_VERSION}.",
+            f"manifest {source} has schema_version {version!r}; this pipeline reads {SCHEMA_VERSION}.",
             hint="re-run the stages with --force to rewrite it",
         )
     try:
-        return EngineManifest.model_validate(raw)
+        manifest = EngineManifest.model_validate(raw)
     except ValidationError as exc:
+        errors = exc.errors()
+        unknown = [_where(e["loc"]) for e in errors if e["type"] == "extra_forbidden"]
+        if unknown:
+            # A field this version does not know: written by a newer pipeline (a results branch
+            # other machines push to), not damaged.
+            raise PipelineError(
+                f"manifest {source} has field(s) this version of the pipeline does not know: {', '.join(unknown[:5])}; "
+                "it was written by a newer version.",
+                hint="upgrade this checkout (git pull; make setup) to read it, or compare against results written by this version",
+            ) from exc
+        first = errors[0]
         raise PipelineError(
-            f"manifest {path} does not match the schema: {exc.errors()[0]['msg']} at {'.'.join(str(p) for p in exc.errors()[0]['loc'])}.",
+            f"manifest {source} does not match the schema: {first['msg']} at {_where(first['loc'])}.",
             hint="delete it and re-run the stage that wrote it (`--force`)",
         ) from exc
+    manifest._source = source
+    return manifest
+
+
+def _where(loc: tuple) -> str:
+    """A validation error's location as the file's keys: pydantic puts the tag of the stage
+    details' union (``details.profile.…``) into it, which the file does not have."""
+    keys = [
+        str(part)
+        for index, part in enumerate(loc)
+        if not (index and loc[index - 1] == "details" and part in ("export", "build", "profile"))
+    ]
+    return ".".join(keys)
 
 
 def manifest_json_schema() -> dict:

@@ -84,10 +84,18 @@ def print_error(message: str, hint: str | None = None) -> None:
     sys.stderr.flush()
 
 
+class _StdoutConsole(Console):
+    def on_broken_pipe(self) -> None:
+        # rich exits 1 when the reader goes away (`pipeline compare | head`); a closed pipe is the
+        # reader's choice, not a failure: the CLI's error boundary ends the command quietly with 0.
+        self.quiet = True
+        raise BrokenPipeError
+
+
 def stdout_console() -> Console:
     """Tables for stdout: the terminal's width, or $COLUMNS; piped with neither, 200 columns, so
     CI logs and files keep wide tables whole."""
-    console = Console(highlight=False)
+    console = _StdoutConsole(highlight=False)
     if not console.is_terminal and not os.environ.get("COLUMNS", "").isdigit():
-        console = Console(highlight=False, width=200)
+        console = _StdoutConsole(highlight=False, width=200)
     return console

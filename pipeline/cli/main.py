@@ -480,6 +480,25 @@ def trtexec_parse(log, exports, precision, as_json):
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        code = _run(argv)
+        sys.stdout.flush()  # here, not at interpreter exit, so a reader that went away is handled
+        return code
+    except SystemExit as exc:
+        # click answers a closed stdout inside a command with sys.exit(1), after wrapping stdout so
+        # that later flushes are silent (click.core.Command.main, EPIPE).
+        from click.utils import _PacifyFlushWrapper
+
+        if isinstance(sys.stdout, _PacifyFlushWrapper):
+            return 0
+        raise exc
+    except BrokenPipeError:
+        # stdout closed early (`pipeline compare | head`): the reader's choice, not an error.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _run(argv: list[str] | None) -> int:
     from pipeline.errors import PipelineError
     from pipeline.signals import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, sigterm_as_interrupt
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from pipeline.catalog import Catalog
 from pipeline.errors import PipelineError
-from pipeline.manifest import EngineManifest, read_manifest
+from pipeline.manifest import EngineManifest, parse_manifest, read_manifest
 from pipeline.workspace import Workspace
 
 FORMATS = ("table", "md", "html", "json", "csv")
@@ -137,7 +137,7 @@ def _load_from_git(ref: str, workspace: Workspace, toolchains: list[str] | None)
         parts = Path(name).parts
         if len(parts) != 3 or parts[1] == "export" or (toolchains and parts[1].split("@")[0] not in toolchains):
             continue
-        manifests.append(EngineManifest.model_validate_json(git("show", f"{ref}:{name}")))
+        manifests.append(parse_manifest(git("show", f"{ref}:{name}"), f"{ref}:{name}"))
     if not manifests:
         raise PipelineError(
             f"git ref {ref!r} has no engine manifests under manifests/ (they are git-ignored by default).",
@@ -187,9 +187,7 @@ def measurement_flags(details, noisy_cv: float = NOISY_CV) -> list[str]:
 def build_rows(
     catalog: Catalog, manifests: list[EngineManifest], toolchain_order: list[str] | None = None, noisy_cv: float = NOISY_CV
 ) -> list[ComparisonRow]:
-    import numpy as np
 
-    from pipeline.report.roofline import peak_tflops
     from pipeline.stats import bootstrap_median_cis
 
     rows: list[ComparisonRow] = []
@@ -200,63 +198,15 @@ def build_rows(
             flops_by_model[(m.model, m.export.details.input_shape[0])] = audit["matmul_flops"]
 
     for m in manifests:
-        row = ComparisonRow(model=m.model, variant=m.variant, toolchain=m.toolchain or "?", gpu_type=m.gpu_type, status="not profiled")
-        if m.build is not None and m.build.status == "skipped":
-            row.status = f"skipped: {m.build.reason}"
-        elif m.build is not None and m.build.status == "failed":
-            row.status = f"build refused: {m.build.reason}"
-            row.build_s = m.build.duration_s
-        elif m.profile is not None and m.profile.status == "skipped":
-            row.status = f"skipped: {m.profile.reason}"
-        if m.build is not None and m.build.status == "done":
-            engine = next((a for a in m.build.outputs if a.role == "engine"), None)
-            row.engine_mb = engine.size_bytes / 2**20 if engine else None
-            row.build_s = m.build.duration_s
-            details = m.build.details
-            audit = details.precision_audit if details is not None else None
-            if audit:
-                row.audit = audit.get("warning") or ("ok: " + ", ".join(f"{k} {v}" for k, v in sorted(audit["output_types"].items())))
-        if m.export is not None and m.export.details is not None and m.export.details.accuracy:
-            row.accuracy_source = "proxy"
-            row.accuracy_cosine = m.export.details.accuracy["cosine_similarity"]
-            row.top1_agreement = m.export.details.accuracy["top1_agreement"]
-        if m.profile is not None and m.profile.status == "done" and m.profile.details is not None:
-            d = m.profile.details
-            samples = np.asarray(d.per_iteration_ms)
-            row.status = f"measured ({d.metric})"
-            if d.stable is False:
-                row.status = (
-                    f"unstable ({d.metric}): the {len(d.repeat_medians_ms)} measurements' medians disagree "
-                    f"(CV {d.repeat_cv:.1%} > {d.settings.max_repeat_cv:.0%}) after {len(d.retaken_medians_ms)} retake(s)"
-                )
-            row.device = d.device
-            row.gpu = d.gpu or ((d.trtexec or {}).get("device", {}).get("name") if d.trtexec else None)
-            row.batch_size = d.batch_size
-            row.median_ms = d.latency_ms.median
-            row.p5_ms, row.p95_ms = (float(v) for v in np.percentile(samples, [5, 95]))
-            row.p99_ms = d.latency_ms.p99
-            row.cv = d.latency_ms.cv
-            row.images_per_s = d.images_per_s
-            row.samples_ms = list(d.per_iteration_ms)
-            row.flags = measurement_flags(d, noisy_cv)
-            if d.accuracy:
-                row.accuracy_source = "measured"
-                row.accuracy_cosine = d.accuracy["cosine_similarity"]
-                row.top1_agreement = d.accuracy["top1_agreement"]
-                row.top5_agreement = d.accuracy.get("top5_agreement")
-                row.top1_accuracy = d.accuracy.get("top1_accuracy")
-                row.nonfinite_values = d.accuracy.get("nonfinite_values")
-                if d.accuracy.get("warning"):
-                    row.flags.append(f"inaccurate: {d.accuracy['warning']}")
-            row.measured_with = dict(d.measured_with)
-            row.layers = _layer_times(d.trtexec)
-            flops = flops_by_model.get((m.model, d.batch_size))
-            if flops:
-                row.matmul_gflops = flops / 1e9
-                row.achieved_tflops = flops / (row.median_ms / 1000.0) / 1e12
-                peak = peak_tflops(row.gpu, m.precision)
-                row.peak_fraction = row.achieved_tflops / peak if peak else None
-        rows.append(row)
+        try:
+            rows.append(_row(m, flops_by_model, noisy_cv))
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError, ZeroDivisionError) as exc:
+            # Typed fields are checked when a manifest is read; the free-form ones (accuracy, the
+            # machine's load, trtexec's figures) are read here, and a hand edit can break them.
+            raise PipelineError(
+                f"manifest {m._source or m.engine} holds a value compare cannot use: {type(exc).__name__}: {exc}.",
+                hint="restore the file (git checkout), or re-run the stage that wrote it with --force",
+            ) from exc
 
     measured = [row for row in rows if row.samples_ms]
     for row, interval in zip(measured, bootstrap_median_cis([row.samples_ms for row in measured])):
@@ -279,6 +229,72 @@ def build_rows(
         )
     )
     return rows
+
+
+def _row(m: EngineManifest, flops_by_model: dict, noisy_cv: float) -> ComparisonRow:
+    import numpy as np
+
+    from pipeline.report.roofline import peak_tflops
+
+    row = ComparisonRow(model=m.model, variant=m.variant, toolchain=m.toolchain or "?", gpu_type=m.gpu_type, status="not profiled")
+    if m.build is not None and m.build.status == "skipped":
+        row.status = f"skipped: {m.build.reason}"
+    elif m.build is not None and m.build.status == "failed":
+        row.status = f"build refused: {m.build.reason}"
+        row.build_s = m.build.duration_s
+    elif m.profile is not None and m.profile.status == "skipped":
+        row.status = f"skipped: {m.profile.reason}"
+    if m.build is not None and m.build.status == "done":
+        engine = next((a for a in m.build.outputs if a.role == "engine"), None)
+        row.engine_mb = engine.size_bytes / 2**20 if engine else None
+        row.build_s = m.build.duration_s
+        details = m.build.details
+        audit = details.precision_audit if details is not None else None
+        if audit:
+            row.audit = audit.get("warning") or ("ok: " + ", ".join(f"{k} {v}" for k, v in sorted(audit["output_types"].items())))
+    if m.export is not None and m.export.details is not None and m.export.details.accuracy:
+        row.accuracy_source = "proxy"
+        row.accuracy_cosine = m.export.details.accuracy["cosine_similarity"]
+        row.top1_agreement = m.export.details.accuracy["top1_agreement"]
+    if m.profile is not None and m.profile.status == "done" and m.profile.details is not None:
+        d = m.profile.details
+        if not d.per_iteration_ms or not d.latency_ms.median > 0:
+            raise ValueError(f"its profile has {len(d.per_iteration_ms)} per-iteration times and a median of {d.latency_ms.median} ms")
+        samples = np.asarray(d.per_iteration_ms)
+        row.status = f"measured ({d.metric})"
+        if d.stable is False:
+            row.status = (
+                f"unstable ({d.metric}): the {len(d.repeat_medians_ms)} measurements' medians disagree "
+                f"(CV {d.repeat_cv:.1%} > {d.settings.max_repeat_cv:.0%}) after {len(d.retaken_medians_ms)} retake(s)"
+            )
+        row.device = d.device
+        row.gpu = d.gpu or ((d.trtexec or {}).get("device", {}).get("name") if d.trtexec else None)
+        row.batch_size = d.batch_size
+        row.median_ms = d.latency_ms.median
+        row.p5_ms, row.p95_ms = (float(v) for v in np.percentile(samples, [5, 95]))
+        row.p99_ms = d.latency_ms.p99
+        row.cv = d.latency_ms.cv
+        row.images_per_s = d.images_per_s
+        row.samples_ms = list(d.per_iteration_ms)
+        row.flags = measurement_flags(d, noisy_cv)
+        if d.accuracy:
+            row.accuracy_source = "measured"
+            row.accuracy_cosine = d.accuracy["cosine_similarity"]
+            row.top1_agreement = d.accuracy["top1_agreement"]
+            row.top5_agreement = d.accuracy.get("top5_agreement")
+            row.top1_accuracy = d.accuracy.get("top1_accuracy")
+            row.nonfinite_values = d.accuracy.get("nonfinite_values")
+            if d.accuracy.get("warning"):
+                row.flags.append(f"inaccurate: {d.accuracy['warning']}")
+        row.measured_with = dict(d.measured_with)
+        row.layers = _layer_times(d.trtexec)
+        flops = flops_by_model.get((m.model, d.batch_size))
+        if flops:
+            row.matmul_gflops = flops / 1e9
+            row.achieved_tflops = flops / (row.median_ms / 1000.0) / 1e12
+            peak = peak_tflops(row.gpu, m.precision)
+            row.peak_fraction = row.achieved_tflops / peak if peak else None
+    return row
 
 
 def _layer_times(trtexec: dict | None) -> list[tuple[str, float]]:

@@ -137,7 +137,7 @@ class ExportStage(Stage):
         return {dist: package_version(dist) for dist in ("torch", "timm", "onnx", "nvidia-modelopt")}
 
     def run_impl(self, inputs: list[Artifact]) -> StageOutcome:
-        with self.ctx.reporter.captured("export"):
+        with self.ctx.reporter.captured("export"), out_of_memory_as_error(self.model_spec.batch_size, self.engine.name):
             outcome = self._export()
         # Said after the tools' output is released, so it is not swallowed with it.
         accuracy = outcome.details.accuracy
@@ -181,7 +181,7 @@ class ExportStage(Stage):
         with phase("fp32_reference"):
             # What every engine of this variant is checked against (pipeline/accuracy.py).
             reference_input, reference_facts = self.reference_batch(model, sample)
-            with torch.no_grad():
+            with torch.no_grad(), input_refused_as_error(source.describe(), input_shape, model):
                 fp32_output = model(reference_input.to(device)).float().cpu()
             labels = reference_facts.get("labels")
             if labels:
@@ -507,3 +507,60 @@ def check_parity(onnx_path: Path, sample, reference, precision: str) -> ParityCh
         cosine_similarity_floor=floor,
         passed=bool(max_abs <= limit and cosine >= floor),
     )
+
+
+class out_of_memory_as_error:
+    """Running out of memory anywhere in an export (a batch too large for the host or the GPU, a
+    container's memory limit) as a user error naming the batch size, not a crash."""
+
+    def __init__(self, batch_size: int, engine: str):
+        self.batch_size, self.engine = batch_size, engine
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, traceback):
+        if kind is None:
+            return False
+        import torch
+
+        gpu = issubclass(kind, torch.cuda.OutOfMemoryError)
+        # PyTorch's CPU allocator raises RuntimeError("… DefaultCPUAllocator: can't allocate memory …").
+        host = issubclass(kind, MemoryError) or (issubclass(kind, RuntimeError) and "can't allocate memory" in str(exc))
+        if not (gpu or host):
+            return False
+        where = "GPU" if gpu else "host"
+        if gpu:
+            torch.cuda.empty_cache()
+            free, total = torch.cuda.mem_get_info()
+            where += f" ({free / 2**20:,.0f} MiB free of {total / 2**20:,.0f} MiB after the attempt)"
+        raise PipelineError(
+            f"out of {where} memory exporting {self.engine} at batch size {self.batch_size}.",
+            hint="lower the model's batch_size in pipeline.toml (engines keep it; the export needs the model and a few batches in memory), "
+            "or free memory",
+        ) from exc
+
+
+class input_refused_as_error:
+    """The model's own refusal of the input the catalog asks for (timm's ViTs assert that the image
+    size matches their patches and position embeddings) as a user error naming the shape."""
+
+    def __init__(self, description: str, shape, model):
+        self.description, self.shape, self.model = description, tuple(shape), model
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, traceback):
+        import torch
+
+        if kind is None or issubclass(kind, torch.cuda.OutOfMemoryError) or "can't allocate memory" in str(exc):
+            return False
+        if not issubclass(kind, (AssertionError, RuntimeError, ValueError)):
+            return False
+        native = getattr(self.model, "pretrained_cfg", {}).get("input_size")
+        raise PipelineError(
+            f"{self.description} cannot take a {'×'.join(map(str, self.shape))} input: {str(exc).strip() or kind.__name__}",
+            hint=(f"its own input is {'×'.join(map(str, native))}; " if native else "")
+            + "set the model's image_size in pipeline.toml to a size it accepts, or remove it",
+        ) from exc

@@ -1,0 +1,128 @@
+"""Faults users and operators run into, each ending with a clear message and the right exit code."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+RECORDED = Path(__file__).parent / "data" / "manifests" / "landed-bdf42fb"
+
+
+@pytest.fixture
+def recorded_workspace(tmp_path) -> Path:
+    """A workspace holding real manifests (vit_tiny fp32 and int8 on ONNX Runtime)."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    shutil.copy(REPO_ROOT / "pipeline.toml", workspace / "pipeline.toml")
+    shutil.copytree(RECORDED, workspace / "manifests")
+    return workspace
+
+
+def edit_manifest(path: Path, change) -> None:
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("fmt", ["table", "md", "json", "csv"])
+def test_a_reader_that_goes_away_ends_compare_quietly_with_0(recorded_workspace, fmt):
+    # `pipeline compare | head`: the reader closes the pipe before (or while) compare writes.
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.cli", "--catalog", str(recorded_workspace / "pipeline.toml"), "compare", "--format", fmt],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=REPO_ROOT,
+    )
+    process.stdout.close()
+    err = process.stderr.read().decode()
+    assert process.wait(timeout=120) == 0, err
+    assert "Traceback" not in err and "ERROR" not in err
+
+
+def test_a_baseline_written_by_a_newer_version_says_so(recorded_workspace, run_cli, tmp_path):
+    baseline = tmp_path / "baseline"
+    shutil.copytree(recorded_workspace / "manifests", baseline)
+    edit_manifest(baseline / "onnxruntime" / "vit_tiny_int8.json", lambda d: d["profile"]["details"].update(power_w=612.0))
+    result = run_cli(recorded_workspace / "pipeline.toml", "compare", "--baseline", str(baseline))
+    assert result.exit_code == 1
+    assert "vit_tiny_int8.json has field(s) this version of the pipeline does not know: profile.details.power_w" in result.err
+    assert "written by a newer version" in result.err and "upgrade this checkout" in result.err
+    assert "Traceback" not in result.err
+
+
+def test_a_baseline_from_git_written_by_a_newer_version_names_the_ref_and_file(recorded_workspace, run_cli):
+    def git(*args):
+        subprocess.run(["git", *args], cwd=recorded_workspace, check=True, capture_output=True)
+
+    git("init", "-q")
+    edit_manifest(recorded_workspace / "manifests" / "onnxruntime" / "vit_tiny_fp32.json", lambda d: d.update(signed_by="ci"))
+    git("add", "-f", "manifests")
+    git("-c", "user.name=ci", "-c", "user.email=ci@example.invalid", "commit", "-qm", "results")
+    shutil.rmtree(recorded_workspace / "manifests")
+    shutil.copytree(RECORDED, recorded_workspace / "manifests")
+    result = run_cli(recorded_workspace / "pipeline.toml", "compare", "--baseline", "HEAD")
+    assert result.exit_code == 1
+    assert "manifest HEAD:manifests/onnxruntime/vit_tiny_fp32.json has field(s) this version" in result.err
+    assert "signed_by" in result.err and "Traceback" not in result.err
+
+
+HAND_EDITS = {
+    "no per-iteration times": lambda d: d["profile"]["details"].update(per_iteration_ms=[]),
+    "a zero median": lambda d: d["profile"]["details"]["latency_ms"].update(median=0.0),
+    "accuracy without top-1": lambda d: d["profile"]["details"]["accuracy"].pop("top1_agreement"),
+    "a load average that is text": lambda d: d["profile"]["details"]["machine_load"]["start"].update(load_average="high"),
+}
+
+
+@pytest.mark.parametrize("edit", HAND_EDITS.values(), ids=HAND_EDITS.keys())
+def test_a_hand_edited_manifest_is_named_instead_of_crashing_compare(recorded_workspace, run_cli, edit):
+    path = recorded_workspace / "manifests" / "onnxruntime" / "vit_tiny_int8.json"
+    edit_manifest(path, edit)
+    result = run_cli(recorded_workspace / "pipeline.toml", "compare")
+    assert result.exit_code == 1
+    assert f"manifest {path} holds a value compare cannot use" in result.err
+    assert "re-run the stage that wrote it with --force" in result.err and "Traceback" not in result.err
+
+
+def tiny_workspace(tmp_path, replace: tuple[str, str] | None = None) -> Path:
+    from tests.conftest import TINY_CATALOG, write_catalog
+
+    text = TINY_CATALOG.replace(*replace) if replace else TINY_CATALOG
+    return write_catalog(tmp_path / "ws", text)
+
+
+def test_an_image_size_the_model_cannot_take_names_the_shape_and_its_own_size(tmp_path, run_cli):
+    catalog = tiny_workspace(tmp_path, ("batch_size = 2", "batch_size = 2\nimage_size = 150"))
+    result = run_cli(catalog, "run", "--variant", "fp32")
+    assert result.exit_code == 1
+    assert "test_vit cannot take a 2×3×150×150 input: Input height (150) should be divisible by patch size (16)" in result.err
+    assert "its own input is 3×160×160" in result.err and "Traceback" not in result.err
+    assert not list((tmp_path / "ws").rglob("*.onnx")) and not list((tmp_path / "ws").rglob(".*.tmp"))
+
+
+@pytest.mark.skipif(
+    Path("/proc/sys/vm/overcommit_memory").exists() and Path("/proc/sys/vm/overcommit_memory").read_text().strip() == "1",
+    reason="this kernel overcommits every allocation (vm.overcommit_memory = 1): a batch too large for memory would be killed, not refused",
+)
+def test_a_batch_too_large_for_memory_is_named_instead_of_crashing(tmp_path, run_cli):
+    # 4096 images of 16000×16000: terabytes, refused by the allocator at once.
+    catalog = tiny_workspace(tmp_path, ("batch_size = 2", "batch_size = 4096\nimage_size = 16000"))
+    result = run_cli(catalog, "run", "--variant", "fp32")
+    assert result.exit_code == 1
+    assert "out of host memory exporting tiny_fp32 at batch size 4096" in result.err
+    assert "lower the model's batch_size" in result.err and "Traceback" not in result.err
+
+
+def test_an_empty_selection_says_what_is_empty_and_what_to_name(tmp_path, run_cli):
+    catalog = tiny_workspace(tmp_path, ('variants = ["fp32", "fp16", "int8"]', "variants = []"))
+    result = run_cli(catalog, "run")
+    assert result.exit_code == 2
+    assert "nothing is selected: the catalog's [defaults] variants is empty" in result.err
+    assert "--variant V" in result.err and "variants: fp32, fp16, int8" in result.err
