@@ -19,7 +19,9 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import shlex
+import shutil
 import socket
 import sys
 from collections.abc import Iterator
@@ -97,17 +99,53 @@ def workspace_lock(manifests_dir: Path, reporter, wait: bool = False, argv: list
                 "taking it over. Stages it had not finished left no results, and they run again"
             )
         command = shlex.join(["pipeline", *(sys.argv[1:] if argv is None else argv)])
-        _write(
-            fd,
-            {
-                "pid": os.getpid(),
-                "host": socket.gethostname(),
-                "command": command,
-                "since": datetime.now().astimezone().isoformat(timespec="seconds"),
-            },
-        )
+        try:
+            _write(
+                fd,
+                {
+                    "pid": os.getpid(),
+                    "host": socket.gethostname(),
+                    "command": command,
+                    "since": datetime.now().astimezone().isoformat(timespec="seconds"),
+                },
+            )
+        except OSError as exc:
+            raise PipelineError(
+                f"cannot take the workspace lock: writing {path} failed: {exc.strerror or exc}.",
+                hint=f"free space on that disk ({_free_space(path.parent)} free now), or run in a workspace on another one",
+            ) from exc
+        removed = remove_leftovers(manifests_dir.parent)
+        if removed:
+            reporter.warn(f"removed {len(removed)} half-written file(s) a killed run left behind: {', '.join(removed[:3])}")
         yield
     finally:
         if held:
             os.ftruncate(fd, 0)  # released normally: nothing left to warn the next run about
         os.close(fd)  # closing the descriptor releases the flock
+
+
+# What atomic_output (pipeline/artifacts.py) writes before the move that completes a file:
+# ".<name>.<8 random characters>.tmp" beside it. Only a run that was killed leaves one.
+_LEFTOVER = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp$")
+_OUTPUT_DIRS = ("models", "engines", "manifests", "reports")
+
+
+def remove_leftovers(root: Path) -> list[str]:
+    """Delete the half-written files killed runs left in the workspace's output folders; called
+    with the lock held, so no live run is writing them. Returns their paths, relative to ``root``."""
+    removed = []
+    for directory in _OUTPUT_DIRS:
+        for path in sorted((root / directory).rglob(".*.tmp")) if (root / directory).is_dir() else []:
+            if _LEFTOVER.match(path.name) and path.is_file():
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                    removed.append(str(path.relative_to(root)))
+    return removed
+
+
+def _free_space(directory: Path) -> str:
+    try:
+        free = shutil.disk_usage(directory).free
+    except OSError:
+        return "unknown"
+    return f"{free / 2**20:,.0f} MiB"

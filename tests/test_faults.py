@@ -126,3 +126,20 @@ def test_an_empty_selection_says_what_is_empty_and_what_to_name(tmp_path, run_cl
     assert result.exit_code == 2
     assert "nothing is selected: the catalog's [defaults] variants is empty" in result.err
     assert "--variant V" in result.err and "variants: fp32, fp16, int8" in result.err
+
+
+def test_a_decompression_bomb_among_the_evaluation_images_is_named(tmp_path, run_cli, monkeypatch):
+    from PIL import Image
+
+    catalog = tiny_workspace(tmp_path)
+    images = tmp_path / "images" / "cat"
+    images.mkdir(parents=True)
+    for index in range(2):
+        Image.new("RGB", (64, 64), (index * 90, 30, 200)).save(images / f"{index}.png")
+    # Pillow refuses images of more than twice MAX_IMAGE_PIXELS; lowered here so a 64×64 file
+    # stands in for a 40000×40000 one that decodes to gigabytes.
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+    result = run_cli(catalog, "run", "--variant", "fp32", "--eval-dir", str(tmp_path / "images"))
+    assert result.exit_code == 1
+    assert f"evaluation image {images / '0.png'} is too large to decode safely" in result.err
+    assert "downscaled copy" in result.err and "Traceback" not in result.err

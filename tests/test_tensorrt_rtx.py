@@ -97,6 +97,26 @@ def test_pull_gives_each_release_its_own_environment(rtx_cache, workspace, run_c
 
 
 @pytest.mark.rtx
+def test_a_pull_ignores_a_pythonpath_that_already_holds_the_release(rtx_cache, workspace, run_cli, monkeypatch, tmp_path):
+    # NGC containers and HPC module systems put packages on PYTHONPATH; pip then used to report the
+    # release "already satisfied" and leave the new environment empty. An install location set
+    # for pip (PIP_TARGET) must not redirect it either.
+    from pipeline.runtimes.tensorrt_rtx import cuda_flavour
+
+    cuda = cuda_flavour("auto")
+    (site,) = (rtx_cache / "tensorrt-rtx" / f"1.7.1.116-{cuda}").glob("lib/python*/site-packages")
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    monkeypatch.setenv("PIP_TARGET", str(tmp_path / "elsewhere"))
+    monkeypatch.setenv("PIPELINE_CACHE_DIR", str(tmp_path / "cache"))
+    result = run_cli(workspace, "toolchains", "pull", "trt-rtx1.7")
+    assert result.exit_code == 0, result.err
+    env = tmp_path / "cache" / "tensorrt-rtx" / f"1.7.1.116-{cuda}"
+    assert list(env.glob("lib/python*/site-packages/tensorrt_rtx*")), "the release was not installed into its environment"
+    assert json.loads((env / "pipeline-env.json").read_text())["release"] == "1.7.1.116"
+    assert not (tmp_path / "elsewhere").exists()
+
+
+@pytest.mark.rtx
 def test_lock_pins_the_wheels_and_a_different_environment_is_warned_about(rtx_cache, workspace, run_cli):
     locked = run_cli(workspace, "toolchains", "lock", "trt-rtx1.7")
     assert locked.exit_code == 0, locked.err

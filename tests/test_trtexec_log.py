@@ -255,3 +255,16 @@ def test_tensorrt_11_deprecation_warnings_name_their_flag():
     log = parse_log(text)
     assert log.deprecated_flags == ["--useCudaGraph"]
     assert log.warnings[:2] == [text.splitlines()[0].split("[W] ")[1], text.splitlines()[1].split("[W] ")[1]]
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-8-sig", "utf-32"])
+def test_a_log_saved_in_another_unicode_encoding_reads_the_same(tmp_path, run_cli, tiny_catalog, encoding):
+    # Windows PowerShell's `trtexec … > run.log` writes UTF-16 LE with a byte-order mark ("utf-16"
+    # here); "utf-16-le" is the same without one.
+    original = SAMPLES / "trt10.16.1_h100_loadEngine_useCudaGraph_noDataTransfers_spinWait_verbose.txt"
+    converted = tmp_path / "run.log"
+    converted.write_bytes(original.read_text(encoding="utf-8").encode(encoding))
+    expected = run_cli(tiny_catalog, "trtexec", "parse", str(original), "--json")
+    result = run_cli(tiny_catalog, "trtexec", "parse", str(converted), "--json")
+    assert result.exit_code == expected.exit_code == 0, result.err
+    assert json.loads(result.out) == json.loads(expected.out)

@@ -116,3 +116,21 @@ def test_sigterm_mid_run_cleans_up_like_ctrl_c(tmp_path):
     assert leftovers == []
     code, err = finish(pipeline(catalog, "run", "--variant", "fp32"))
     assert code == 0 and "stopped without releasing it" not in err
+
+
+def test_the_next_run_removes_the_half_written_file_of_a_run_killed_mid_export(catalog):
+    first = pipeline(catalog, "run", "--variant", "fp32")
+    models = catalog.parent / "models"
+    deadline = time.monotonic() + 120
+    leftovers = []
+    while not leftovers and time.monotonic() < deadline and first.poll() is None:
+        leftovers = list(models.rglob(".*.tmp")) if models.is_dir() else []
+        time.sleep(0.005)
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait()
+    assert leftovers, "the export finished before it could be killed mid-write"
+    assert [p for p in leftovers if p.exists()], "the kill left no half-written file to clean up"
+    code, err = finish(pipeline(catalog, "run", "--variant", "fp32"))
+    assert code == 0, err
+    assert "removed 1 half-written file(s) a killed run left behind: models/" in err
+    assert not list(catalog.parent.rglob(".*.tmp"))

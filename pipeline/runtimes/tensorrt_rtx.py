@@ -168,7 +168,9 @@ class ReleaseEnvironment:
                 sys.executable, "-m", "pip", "--python", str(python), "install", "--no-input", "--disable-pip-version-check",
                 "--progress-bar", "off", "--report", str(report), *self.packages,
             ]  # fmt: skip
-            finished = run_logged(argv, log_path=log_path, timeout_s=timeout_s, reporter=reporter, what="pip install of TensorRT-RTX")
+            finished = run_logged(
+                argv, log_path=log_path, timeout_s=timeout_s, reporter=reporter, what="pip install of TensorRT-RTX", env=pip_environment()
+            )
             if finished.exit_code != 0:
                 raise pip_failure(self.release, self.packages, finished.output, log_path)
             facts = probe(python, timeout_s=120)
@@ -193,6 +195,20 @@ class ReleaseEnvironment:
             raise EnvironmentMissing(f"could not create a virtual environment with {sys.executable}: {exc.stderr.strip()}") from exc
         finally:
             shutil.rmtree(partial, ignore_errors=True)
+
+
+# What the caller's shell may set that would make pip look at, or install into, somewhere other
+# than the new environment: with PYTHONPATH holding TensorRT-RTX (NGC containers and HPC module
+# systems set it), pip reports the packages "already satisfied" and installs nothing.
+_NOT_FOR_PIP = ("PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE", "PIP_TARGET", "PIP_PREFIX", "PIP_ROOT", "PIP_USER", "PIP_REQUIRE_VIRTUALENV")
+
+
+def pip_environment() -> dict[str, str]:
+    """The environment pip installs a release with: the caller's, less what points it elsewhere.
+    Where pip finds packages (PIP_INDEX_URL, PIP_FIND_LINKS, PIP_NO_INDEX, proxies) is kept."""
+    env = {key: value for key, value in os.environ.items() if key not in _NOT_FOR_PIP}
+    env["PYTHONNOUSERSITE"] = "1"  # nor the user's site-packages
+    return env
 
 
 def pip_failure(release: str, packages: list[str], output: str, log_path: Path) -> PipelineError:

@@ -43,6 +43,12 @@ def load_images(model, files: list[Path], image_shape: tuple[int, int, int], pur
                 tensors.append(transform(image.convert("RGB")))
         except (OSError, UnidentifiedImageError) as exc:
             raise PipelineError(f"cannot read {purpose} image {path}: {exc}.", hint="remove or replace that file") from exc
+        except Image.DecompressionBombError as exc:
+            # Pillow refuses images of more than twice Image.MAX_IMAGE_PIXELS before decoding them.
+            raise PipelineError(
+                f"{purpose} image {path} is too large to decode safely: {exc}",
+                hint="remove it, or replace it with a downscaled copy (the model sees it resized anyway)",
+            ) from exc
     return torch.stack(tensors)
 
 

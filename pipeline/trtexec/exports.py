@@ -16,6 +16,7 @@ from pydantic import BaseModel
 
 from pipeline.errors import PipelineError
 from pipeline.stats import LatencyStats
+from pipeline.trtexec.text import read_text
 
 
 class IterationTimes(BaseModel):
@@ -125,7 +126,7 @@ def normalise_dtype(text: str) -> str:
 def _load_json(path: Path) -> tuple[Any, bool]:
     """The parsed document and whether it had to be recovered from a cut-off file."""
     try:
-        text = Path(path).read_text(encoding="utf-8", errors="replace")
+        text = read_text(path)
     except OSError as exc:
         raise PipelineError(f"cannot read {path}: {exc.strerror or exc}.") from exc
     try:

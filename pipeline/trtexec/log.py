@@ -16,6 +16,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from pipeline.errors import PipelineError
+from pipeline.trtexec.text import read_text
 
 _PREFIX = re.compile(r"^\[(?P<stamp>[^\]]*)\] \[(?P<severity>[VIWEF])\] ?(?P<message>.*)$")
 _BANNER = re.compile(
@@ -397,7 +398,7 @@ def _profile_row(message: str, layout: str) -> LayerTime | None:
 
 def read_log(path: Path) -> TrtexecLog:
     try:
-        text = Path(path).read_text(encoding="utf-8", errors="replace")
+        text = read_text(path)
     except OSError as exc:
         raise PipelineError(f"cannot read trtexec log {path}: {exc.strerror or exc}.") from exc
     return parse_log(text)

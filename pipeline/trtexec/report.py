@@ -11,6 +11,7 @@ from pydantic import BaseModel
 from pipeline.errors import PipelineError
 from pipeline.trtexec.exports import ExportedProfile, IterationTimes, LayerInfo, PrecisionAudit, read_layer_info, read_profile, read_times
 from pipeline.trtexec.log import TrtexecLog, read_log
+from pipeline.trtexec.text import read_text
 
 
 class TrtexecRun(BaseModel):
@@ -24,7 +25,7 @@ class TrtexecRun(BaseModel):
 def classify_export(path: Path) -> str | None:
     """Which --export* flag wrote this file, judged by its content (names vary by user)."""
     try:
-        head = Path(path).read_text(encoding="utf-8", errors="replace")[:4096]
+        head = read_text(path)[:4096]
     except OSError:
         return None
     if '"computeMs"' in head or '"startEnqMs"' in head:
