@@ -424,3 +424,14 @@ def test_compiler_messages_lose_their_source_locations():
         "ITensor::getDimensions: Error Code 4: API Usage Error (/blocks/blocks.0/attn/qkv/Add: ElementWiseOperation SUM must have "
         "same input types. But they are of types Float and Half.)"
     )
+
+
+def test_a_cache_dir_that_is_a_file_is_named_with_the_setting(plain, run_cli, tmp_path, monkeypatch):
+    not_a_folder = tmp_path / "cache"
+    not_a_folder.write_text("a file where the cache should be\n")
+    monkeypatch.setenv("PIPELINE_CACHE_DIR", str(not_a_folder))
+    result = run_cli(plain, "toolchains", "pull", "trt-rtx1.7")
+    assert result.exit_code == 3
+    assert f"cannot create the release's environment under {not_a_folder / 'tensorrt-rtx'}: Not a directory" in result.err
+    assert f"PIPELINE_CACHE_DIR must name a directory this user can write (it names {not_a_folder})" in result.err
+    assert "Traceback" not in result.err and not_a_folder.read_text().startswith("a file")

@@ -157,8 +157,15 @@ class ReleaseEnvironment:
         """
         from pipeline.runtimes.process import run_logged
 
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        partial = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.", suffix=".partial", dir=self.path.parent))
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            partial = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.", suffix=".partial", dir=self.path.parent))
+        except OSError as exc:
+            setting = "PIPELINE_CACHE_DIR" if os.environ.get("PIPELINE_CACHE_DIR") else "the user's cache directory (XDG_CACHE_HOME)"
+            raise EnvironmentMissing(
+                f"cannot create the release's environment under {self.path.parent}: {exc.strerror or exc} ({exc.filename or self.path.parent}).",
+                hint=f"{setting} must name a directory this user can write (it names {cache_dir()})",
+            ) from exc
         log_path = self.path.parent / f"{self.path.name}.pull.log"
         try:
             subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(partial)], check=True, capture_output=True, text=True)
