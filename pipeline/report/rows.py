@@ -187,7 +187,6 @@ def measurement_flags(details, noisy_cv: float = NOISY_CV) -> list[str]:
 def build_rows(
     catalog: Catalog, manifests: list[EngineManifest], toolchain_order: list[str] | None = None, noisy_cv: float = NOISY_CV
 ) -> list[ComparisonRow]:
-
     from pipeline.stats import bootstrap_median_cis
 
     rows: list[ComparisonRow] = []

@@ -14,6 +14,7 @@ when every check has passed.
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -520,11 +521,12 @@ class out_of_memory_as_error:
         return self
 
     def __exit__(self, kind, exc, traceback):
-        if kind is None:
+        # Only memory errors are this one's business; anything else (a Ctrl-C or SIGTERM in the
+        # middle of importing torch, say) passes through untouched, without importing torch here.
+        if kind is None or not issubclass(kind, (MemoryError, RuntimeError)):
             return False
-        import torch
-
-        gpu = issubclass(kind, torch.cuda.OutOfMemoryError)
+        torch = sys.modules.get("torch")
+        gpu = torch is not None and issubclass(kind, torch.cuda.OutOfMemoryError)
         # PyTorch's CPU allocator raises RuntimeError("… DefaultCPUAllocator: can't allocate memory …").
         host = issubclass(kind, MemoryError) or (issubclass(kind, RuntimeError) and "can't allocate memory" in str(exc))
         if not (gpu or host):
@@ -552,12 +554,11 @@ class input_refused_as_error:
         return self
 
     def __exit__(self, kind, exc, traceback):
-        import torch
-
-        if kind is None or issubclass(kind, torch.cuda.OutOfMemoryError) or "can't allocate memory" in str(exc):
+        if kind is None or not issubclass(kind, (AssertionError, RuntimeError, ValueError)):
             return False
-        if not issubclass(kind, (AssertionError, RuntimeError, ValueError)):
-            return False
+        torch = sys.modules.get("torch")
+        if (torch is not None and issubclass(kind, torch.cuda.OutOfMemoryError)) or "can't allocate memory" in str(exc):
+            return False  # out of memory: out_of_memory_as_error's
         native = getattr(self.model, "pretrained_cfg", {}).get("input_size")
         raise PipelineError(
             f"{self.description} cannot take a {'×'.join(map(str, self.shape))} input: {str(exc).strip() or kind.__name__}",
