@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import sysconfig
 import time
 from collections.abc import Callable
@@ -554,25 +555,46 @@ def host_latency(torch, run: Callable[[], Any], settings: ProfileSettings) -> di
     return {"median_ms": round(stats.median, 4), "mean_ms": round(stats.mean, 4), "p99_ms": round(stats.p99, 4), "runs": stats.count}
 
 
-class out_of_memory_as_error:
-    """A CUDA out-of-memory error as a user error naming the batch and the free memory; the
-    pipeline goes on with the other engines."""
+def is_out_of_memory(kind: type[BaseException], exc: BaseException | None) -> str | None:
+    """ "GPU" or "host" when this exception is PyTorch (or Python) running out of memory, else None.
+    Decided without importing torch, so a Ctrl-C in the middle of its import passes untouched."""
+    if not issubclass(kind, (MemoryError, RuntimeError)):
+        return None
+    torch = sys.modules.get("torch")
+    if torch is not None and issubclass(kind, torch.cuda.OutOfMemoryError):
+        return "GPU"
+    # PyTorch's CPU allocator raises RuntimeError("… DefaultCPUAllocator: can't allocate memory …").
+    if issubclass(kind, MemoryError) or "can't allocate memory" in str(exc):
+        return "host"
+    return None
 
-    def __init__(self, batch_size: int):
-        self.batch_size = batch_size
+
+class out_of_memory_as_error:
+    """Running out of GPU or host memory as a user error naming the batch (and the GPU's free
+    memory), not a crash; the pipeline goes on with the other engines. ``doing`` says what ran
+    out ("exporting vit_fp16")."""
+
+    def __init__(self, batch_size: int, doing: str | None = None):
+        self.batch_size, self.doing = batch_size, doing
 
     def __enter__(self):
         return self
 
     def __exit__(self, kind, exc, traceback):
-        import torch
-
-        if kind is None or not issubclass(kind, torch.cuda.OutOfMemoryError):
+        where = is_out_of_memory(kind, exc) if kind is not None else None
+        if where is None:
             return False
+        doing = f" {self.doing}" if self.doing else ""
+        if where == "host":
+            raise PipelineError(
+                f"out of host memory{doing} at batch size {self.batch_size}.",
+                hint="lower the model's batch_size in pipeline.toml, or free memory",
+            ) from exc
+        torch = sys.modules["torch"]
         torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info()
         raise PipelineError(
-            f"out of GPU memory at batch size {self.batch_size}: {free / 2**20:,.0f} MiB free of {total / 2**20:,.0f} MiB "
+            f"out of GPU memory{doing} at batch size {self.batch_size}: {free / 2**20:,.0f} MiB free of {total / 2**20:,.0f} MiB "
             f"on {torch.cuda.get_device_name()} after the attempt.",
             hint="lower the model's batch_size in pipeline.toml, or free the GPU (nvidia-smi lists what holds it)",
         ) from exc

@@ -14,7 +14,6 @@ when every check has passed.
 
 from __future__ import annotations
 
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from pipeline.errors import PipelineError, require_module
 from pipeline.manifest import Artifact, ExportDetails, ParityCheck
 from pipeline.models import TORCH_DTYPES
 from pipeline.runtimes.onnxruntime import NO_CPU_KERNELS
+from pipeline.runtimes.pytorch import is_out_of_memory, out_of_memory_as_error
 from pipeline.stages.base import Stage, StageOutcome
 from pipeline.stages.calibration import calibration_batches, describe_source, image_files, load_images
 from pipeline.stages.quantize import (
@@ -138,7 +138,8 @@ class ExportStage(Stage):
         return {dist: package_version(dist) for dist in ("torch", "timm", "onnx", "nvidia-modelopt")}
 
     def run_impl(self, inputs: list[Artifact]) -> StageOutcome:
-        with self.ctx.reporter.captured("export"), out_of_memory_as_error(self.model_spec.batch_size, self.engine.name):
+        # A batch too large for the host or the GPU (or a container's memory limit), anywhere in the export.
+        with self.ctx.reporter.captured("export"), out_of_memory_as_error(self.model_spec.batch_size, f"exporting {self.engine.name}"):
             outcome = self._export()
         # Said after the tools' output is released, so it is not swallowed with it.
         accuracy = outcome.details.accuracy
@@ -510,39 +511,6 @@ def check_parity(onnx_path: Path, sample, reference, precision: str) -> ParityCh
     )
 
 
-class out_of_memory_as_error:
-    """Running out of memory anywhere in an export (a batch too large for the host or the GPU, a
-    container's memory limit) as a user error naming the batch size, not a crash."""
-
-    def __init__(self, batch_size: int, engine: str):
-        self.batch_size, self.engine = batch_size, engine
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, exc, traceback):
-        # Only memory errors are this one's business; anything else (a Ctrl-C or SIGTERM in the
-        # middle of importing torch, say) passes through untouched, without importing torch here.
-        if kind is None or not issubclass(kind, (MemoryError, RuntimeError)):
-            return False
-        torch = sys.modules.get("torch")
-        gpu = torch is not None and issubclass(kind, torch.cuda.OutOfMemoryError)
-        # PyTorch's CPU allocator raises RuntimeError("… DefaultCPUAllocator: can't allocate memory …").
-        host = issubclass(kind, MemoryError) or (issubclass(kind, RuntimeError) and "can't allocate memory" in str(exc))
-        if not (gpu or host):
-            return False
-        where = "GPU" if gpu else "host"
-        if gpu:
-            torch.cuda.empty_cache()
-            free, total = torch.cuda.mem_get_info()
-            where += f" ({free / 2**20:,.0f} MiB free of {total / 2**20:,.0f} MiB after the attempt)"
-        raise PipelineError(
-            f"out of {where} memory exporting {self.engine} at batch size {self.batch_size}.",
-            hint="lower the model's batch_size in pipeline.toml (engines keep it; the export needs the model and a few batches in memory), "
-            "or free memory",
-        ) from exc
-
-
 class input_refused_as_error:
     """The model's own refusal of the input the catalog asks for (timm's ViTs assert that the image
     size matches their patches and position embeddings) as a user error naming the shape."""
@@ -554,11 +522,8 @@ class input_refused_as_error:
         return self
 
     def __exit__(self, kind, exc, traceback):
-        if kind is None or not issubclass(kind, (AssertionError, RuntimeError, ValueError)):
-            return False
-        torch = sys.modules.get("torch")
-        if (torch is not None and issubclass(kind, torch.cuda.OutOfMemoryError)) or "can't allocate memory" in str(exc):
-            return False  # out of memory: out_of_memory_as_error's
+        if kind is None or not issubclass(kind, (AssertionError, RuntimeError, ValueError)) or is_out_of_memory(kind, exc):
+            return False  # out of memory is out_of_memory_as_error's
         native = getattr(self.model, "pretrained_cfg", {}).get("input_size")
         raise PipelineError(
             f"{self.description} cannot take a {'×'.join(map(str, self.shape))} input: {str(exc).strip() or kind.__name__}",
