@@ -7,8 +7,10 @@ The manifests are copies of a real one (tests/data/manifests: vit_tiny on ONNX R
 the pipeline) under other model names, six per model (fp32/fp16/int8 × onnxruntime/torch-eager),
 each with its own seeded per-iteration times, so every comparison the report makes (speedup over
 the baseline variant, change against the first toolchain, against the baseline toolchain) is made
-for every row. The command runs in this process as a user's would; the figure depends on the
-machine: report it with the machine named.
+for every row. The command runs in a fresh Python process, as a user's would (imports included),
+in three states of the compare cache (manifests/.compare-cache.json): cold (none, the first compare
+of a folder), warm (nothing changed since the last compare) and after one profile rewrote one
+manifest. The figure depends on the machine: report it with the machine named.
 """
 
 from __future__ import annotations
@@ -16,9 +18,12 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import platform
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -59,18 +64,26 @@ def write_workspace(root: Path, count: int, iterations: int) -> None:
 
 
 def time_compare(catalog: Path, fmt: str) -> float:
-    import contextlib
-    import io
-
-    from pipeline.cli import main
-
     started = time.perf_counter()
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        code = main(["--catalog", str(catalog), "compare", "--format", fmt])
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "--catalog", str(catalog), "compare", "--format", fmt],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "120"},
+    )
     elapsed = time.perf_counter() - started
-    if code != 0:
-        raise SystemExit(f"pipeline compare --format {fmt} exited {code}")
+    if result.returncode != 0:
+        raise SystemExit(f"pipeline compare --format {fmt} exited {result.returncode}: {result.stderr}")
     return elapsed
+
+
+def touch_one(root: Path) -> None:
+    """What a profile of one engine does to the folder: one manifest rewritten."""
+    path = next((root / "manifests" / TOOLCHAINS[0]).glob("*.json"))
+    manifest = json.loads(path.read_text())
+    manifest["profile"]["details"]["per_iteration_ms"][0] *= 1.01
+    path.write_text(json.dumps(manifest))
 
 
 def main() -> None:
@@ -85,9 +98,18 @@ def main() -> None:
         print(
             f"{args.manifests} manifests, {args.iterations} iterations each; {platform.node()}, {platform.processor() or platform.machine()}"
         )
+        catalog, cache = workspace / "pipeline.toml", workspace / "manifests" / ".compare-cache.json"
         for fmt in ("table", "json"):
-            times = [time_compare(workspace / "pipeline.toml", fmt) for _ in range(args.repeat)]
-            print(f"compare --format {fmt:5}: median {statistics.median(times):.2f} s (runs: {', '.join(f'{t:.2f}' for t in times)})")
+            cold, warm, changed = [], [], []
+            for _ in range(args.repeat):
+                cache.unlink(missing_ok=True)
+                cold.append(time_compare(catalog, fmt))
+                warm.append(time_compare(catalog, fmt))
+                touch_one(workspace)
+                changed.append(time_compare(catalog, fmt))
+            for state, times in (("cold cache", cold), ("warm cache", warm), ("one manifest changed", changed)):
+                runs = ", ".join(f"{t:.2f}" for t in times)
+                print(f"compare --format {fmt:5} {state:21}: median {statistics.median(times):.2f} s (runs: {runs})")
     finally:
         shutil.rmtree(workspace)
 

@@ -130,6 +130,35 @@ def test_the_table_fits_the_terminal_with_every_number_whole(trt_workspace, run_
     assert "[1] measured (GPU compute time)" in out
 
 
+@pytest.mark.parametrize("width", [60, 80, 120])
+def test_long_reasons_wrap_inside_the_terminal_and_keep_every_word(trt_workspace, run_cli, monkeypatch, width):
+    """A refusal's reason is long (the compiler's message); the table wraps it, and the notes under a
+    compact table, within the width, and loses no word of it."""
+    path = trt_workspace.parent / "manifests" / "trt10.16" / "tiny_fp32.json"
+    manifest = read_manifest(path)
+    reason = (
+        "trtexec exited 1: [E] Error[4]: IBuilder::buildSerializedNetwork: Error Code 4: API Usage Error "
+        "(Network has dynamic or shape inputs, but no optimization profile has been defined.) and the "
+        "engine_with_a_very_long_name_that_cannot_break_anywhere_at_all_in_any_terminal was not written"
+    )
+    manifest.build = manifest.build.model_copy(update={"status": "failed", "reason": reason})
+    manifest.profile = None
+    manifest.write(path)
+    monkeypatch.setenv("COLUMNS", str(width))
+    for args in ((), ("--columns", "median,status"), ("--columns", "audit,status")):
+        out = run_cli(trt_workspace, "compare", *args).out
+        if width >= 80:  # the compact set fits 80 columns; in fewer, lines are printed whole for the terminal to wrap
+            assert max(map(len, out.splitlines())) <= width, (args, out)
+        elif "audit,status" not in args:
+            assert all(f"{m:.3f}" in out.split() for m in (0.046, 0.028, 0.050)), out
+        words = " ".join(out.split())
+        for word in reason.split():
+            if len(word) < width - 20:  # a word longer than the status column is folded across lines
+                assert word in words, (word, args)
+    wide = run_cli(trt_workspace, "compare", "--wide").out
+    assert "refused" not in wide.split() and "build refused: trtexec exited 1:" in " ".join(wide.split())
+
+
 def test_wide_and_chosen_columns(trt_workspace, run_cli, monkeypatch):
     monkeypatch.setenv("COLUMNS", "80")
     wide = run_cli(trt_workspace, "compare", "--wide").out

@@ -348,9 +348,9 @@ def _print_comparison(state: _State, toolchains, fmt, out, models=None, columns=
     elif isinstance(rendered, str):
         click.echo(rendered, nl=False)
     else:
-        if wide:  # every column, as wide as that takes: lines may wrap, no number is cut
-            console.width = 1000
-        console.print(rendered)
+        # Laid out for the terminal's width already; a table that cannot fit (a very narrow
+        # terminal, --wide) is printed whole for the terminal to wrap, never cut.
+        console.print(rendered, crop=False)
     return rows
 
 

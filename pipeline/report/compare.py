@@ -14,7 +14,8 @@ from pathlib import Path
 
 from pipeline.catalog import Catalog
 from pipeline.errors import PipelineError, UsageError
-from pipeline.report.rows import NOISY_CV, build_rows, load_manifests
+from pipeline.report.row_cache import workspace_cache
+from pipeline.report.rows import NOISY_CV, attach_timings, compare_rows, load_manifests, manifest_paths
 from pipeline.report.tables import render_csv, render_json, render_markdown, render_table
 from pipeline.workspace import Workspace
 
@@ -41,17 +42,19 @@ def compare(
         catalog.toolchain(name)
     for name in models or []:
         catalog.model(name)
-    manifests = [m for m in load_manifests(workspace.manifests_dir, toolchains) if not models or m.model in models]
+    cache = workspace_cache(workspace.manifests_dir, noisy_cv)
+    rows = [row for row in cache.rows(manifest_paths(workspace.manifests_dir, toolchains)) if not models or row.model in models]
     if gpu_types:
-        have = sorted({m.gpu_type for m in manifests if m.gpu_type})
+        have = sorted({row.gpu_type for row in rows if row.gpu_type})
         unknown = [t for t in gpu_types if t not in have]
         if unknown:
             raise UsageError(
                 f"no engine was built for {', '.join(unknown)}; the GPU types measured here are: {', '.join(have) or 'none (no cluster run chose one)'}.",
                 hint="GPU types come from cluster runs (`--cluster … --gpu TYPE`)",
             )
-        manifests = [m for m in manifests if m.gpu_type in gpu_types]
-    rows = build_rows(catalog, manifests, toolchains, noisy_cv)
+        rows = [row for row in rows if row.gpu_type in gpu_types]
+    rows = compare_rows(catalog, rows, toolchains, cache)
+    cache.save()
     if not rows:
         raise PipelineError(
             f"no engine manifests under {workspace.manifests_dir}" + (f" for {', '.join(toolchains)}" if toolchains else "") + ".",
@@ -66,7 +69,11 @@ def compare(
     if fmt == "html":
         from pipeline.report.html import render_html
 
-        return rows, render_html(rows, manifests)
+        # The plots need every run's times and the layer profiles, which cached rows do not keep.
+        by_source = {m._source: m for m in load_manifests(workspace.manifests_dir, toolchains)}
+        for row in rows:
+            attach_timings(row, by_source[row.source])
+        return rows, render_html(rows, [by_source[row.source] for row in rows])
     return rows, render_table(rows, width, columns, wide)
 
 

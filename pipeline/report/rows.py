@@ -7,7 +7,7 @@ contains zero is marked not significant: it is within the runs' own spread.
 from __future__ import annotations
 
 import subprocess
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +72,12 @@ class ComparisonRow:
     # Per-iteration times and layer timings, for plots and significance; not in tabular output.
     samples_ms: list[float] = field(default_factory=list, repr=False)
     layers: list[tuple[str, float]] = field(default_factory=list, repr=False)
+    # Not shown either: the manifest the row was read from (to read its samples again when a
+    # cached row is compared anew), the variant's precision and the FLOPs its model's export
+    # counted (batch, matmul FLOPs), from which the roofline of every row of that model is filled.
+    source: str | None = field(default=None, repr=False)
+    precision: str | None = field(default=None, repr=False)
+    export_flops: tuple[int, float] | None = field(default=None, repr=False)
 
     @property
     def engine(self) -> str:
@@ -87,26 +93,53 @@ class ComparisonRow:
         return f"{self.toolchain}@{self.gpu_type}" if self.gpu_type else self.toolchain
 
     def public(self) -> dict[str, Any]:
-        data = asdict(self)
-        data.pop("samples_ms")
-        data.pop("layers")
+        data = {name: shallow_copy(getattr(self, name)) for name in PUBLIC_FIELDS}
         data["engine"] = self.engine
         return data
+
+
+PRIVATE_FIELDS = ("samples_ms", "layers", "source", "precision", "export_flops")
+# What compare_rows fills in from the other rows; the rest of a row comes from its manifest alone.
+FILLED_BY_COMPARISON = (
+    "baseline",
+    "speedup",
+    "speedup_significant",
+    "reference_toolchain",
+    "change_ms",
+    "change_pct",
+    "change_significant",
+    "baseline_toolchain",
+    "vs_baseline_toolchain",
+    "vs_baseline_toolchain_significant",
+    "matmul_gflops",
+    "achieved_tflops",
+    "peak_fraction",
+)
+PUBLIC_FIELDS = tuple(f.name for f in fields(ComparisonRow) if f.name not in PRIVATE_FIELDS)
+
+
+def shallow_copy(value: Any) -> Any:
+    # The fields are flat: one level of copying keeps callers from mutating the row.
+    return value.copy() if isinstance(value, (list, dict)) else value
 
 
 # --- loading ---------------------------------------------------------------------------------------
 
 
-def load_manifests(manifests_dir: Path, toolchains: list[str] | None = None) -> list[EngineManifest]:
+def manifest_paths(manifests_dir: Path, toolchains: list[str] | None = None) -> list[Path]:
+    """The engine manifests under manifests/<toolchain>[@<gpu>]/, in a stable order."""
     if not manifests_dir.is_dir():
         return []
-    manifests = []
+    paths = []
     for directory in sorted(p for p in manifests_dir.iterdir() if p.is_dir() and p.name != "export"):
         if toolchains and directory.name.split("@")[0] not in toolchains:  # <toolchain>@<gpu> for cluster runs
             continue
-        for path in sorted(directory.glob("*.json")):
-            manifests.append(read_manifest(path))
-    return manifests
+        paths.extend(sorted(directory.glob("*.json")))
+    return paths
+
+
+def load_manifests(manifests_dir: Path, toolchains: list[str] | None = None) -> list[EngineManifest]:
+    return [read_manifest(path) for path in manifest_paths(manifests_dir, toolchains)]
 
 
 def load_baseline(spec: str, workspace: Workspace, toolchains: list[str] | None) -> list[EngineManifest]:
@@ -184,38 +217,47 @@ def measurement_flags(details, noisy_cv: float = NOISY_CV) -> list[str]:
     return flags
 
 
+def row_of(m: EngineManifest, noisy_cv: float = NOISY_CV) -> ComparisonRow:
+    """The manifest's row on its own: everything but the comparisons with other rows and the roofline."""
+    try:
+        return _row(m, noisy_cv)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, ZeroDivisionError) as exc:
+        # Typed fields are checked when a manifest is read; the free-form ones (accuracy, the
+        # machine's load, trtexec's figures) are read here, and a hand edit can break them.
+        raise PipelineError(
+            f"manifest {m._source or m.engine} holds a value compare cannot use: {type(exc).__name__}: {exc}.",
+            hint="restore the file (git checkout), or re-run the stage that wrote it with --force",
+        ) from exc
+
+
 def build_rows(
-    catalog: Catalog, manifests: list[EngineManifest], toolchain_order: list[str] | None = None, noisy_cv: float = NOISY_CV
+    catalog: Catalog,
+    manifests: list[EngineManifest],
+    toolchain_order: list[str] | None = None,
+    noisy_cv: float = NOISY_CV,
 ) -> list[ComparisonRow]:
-    from pipeline.stats import bootstrap_median_cis
+    """The rows of these manifests, compared (nothing remembered between calls)."""
+    from pipeline.report.row_cache import RowCache
 
-    rows: list[ComparisonRow] = []
-    flops_by_model: dict[tuple[str, int], float] = {}
-    for m in manifests:
-        audit = m.export.details.onnx_audit if m.export and m.export.details else {}
-        if audit.get("matmul_flops") and m.export.details.input_shape:
-            flops_by_model[(m.model, m.export.details.input_shape[0])] = audit["matmul_flops"]
+    return compare_rows(catalog, [row_of(m, noisy_cv) for m in manifests], toolchain_order, RowCache(None, noisy_cv))
 
-    for m in manifests:
-        try:
-            rows.append(_row(m, flops_by_model, noisy_cv))
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError, ZeroDivisionError) as exc:
-            # Typed fields are checked when a manifest is read; the free-form ones (accuracy, the
-            # machine's load, trtexec's figures) are read here, and a hand edit can break them.
-            raise PipelineError(
-                f"manifest {m._source or m.engine} holds a value compare cannot use: {type(exc).__name__}: {exc}.",
-                hint="restore the file (git checkout), or re-run the stage that wrote it with --force",
-            ) from exc
 
-    measured = [row for row in rows if row.samples_ms]
-    for row, interval in zip(measured, bootstrap_median_cis([row.samples_ms for row in measured])):
-        row.median_ci_ms = interval
+def compare_rows(catalog: Catalog, rows: list[ComparisonRow], toolchain_order: list[str] | None, cache) -> list[ComparisonRow]:
+    """Fill in what each row is compared by (speedups, changes, their significance, the roofline)
+    and sort the rows; ``cache`` (a RowCache) supplies and keeps the confidence intervals."""
+    flops_by_model = {(row.model, row.export_flops[0]): row.export_flops[1] for row in rows if row.export_flops}
+    for row in rows:
+        _add_roofline(row, flops_by_model)
+    cache.fill_median_cis(rows)
     # Each comparison names the two rows and the field its significance goes in; the intervals
-    # of all of them are computed together (pipeline/stats.py).
+    # of all of them are computed together (pipeline/stats.py), or remembered from an earlier call.
     comparisons = _speedups(catalog, rows) + _toolchain_changes(rows, toolchain_order)
     if catalog.baseline_toolchain:
         comparisons += _against_baseline_toolchain(rows, catalog.baseline_toolchain)
-    _mark_significance(comparisons)
+    intervals = cache.difference_cis([(row, base) for row, base, _ in comparisons])
+    for (row, _, field_name), (low, high) in zip(comparisons, intervals):
+        # Significant when the 95% bootstrap interval of the difference of the medians excludes zero.
+        setattr(row, field_name, not (low <= 0.0 <= high))
     variant_order = {name: i for i, name in enumerate(catalog.variants)}
     chain_order = {name: i for i, name in enumerate(toolchain_order or sorted({r.toolchain for r in rows}))}
     rows.sort(
@@ -230,12 +272,11 @@ def build_rows(
     return rows
 
 
-def _row(m: EngineManifest, flops_by_model: dict, noisy_cv: float) -> ComparisonRow:
-    import numpy as np
-
-    from pipeline.report.roofline import peak_tflops
-
-    row = ComparisonRow(model=m.model, variant=m.variant, toolchain=m.toolchain or "?", gpu_type=m.gpu_type, status="not profiled")
+def _row(m: EngineManifest, noisy_cv: float) -> ComparisonRow:
+    row = ComparisonRow(
+        model=m.model, variant=m.variant, toolchain=m.toolchain or "?", gpu_type=m.gpu_type, status="not profiled", source=m._source
+    )
+    row.precision = m.precision
     if m.build is not None and m.build.status == "skipped":
         row.status = f"skipped: {m.build.reason}"
     elif m.build is not None and m.build.status == "failed":
@@ -251,15 +292,19 @@ def _row(m: EngineManifest, flops_by_model: dict, noisy_cv: float) -> Comparison
         audit = details.precision_audit if details is not None else None
         if audit:
             row.audit = audit.get("warning") or ("ok: " + ", ".join(f"{k} {v}" for k, v in sorted(audit["output_types"].items())))
-    if m.export is not None and m.export.details is not None and m.export.details.accuracy:
-        row.accuracy_source = "proxy"
-        row.accuracy_cosine = m.export.details.accuracy["cosine_similarity"]
-        row.top1_agreement = m.export.details.accuracy["top1_agreement"]
+    if m.export is not None and m.export.details is not None:
+        export = m.export.details
+        if export.accuracy:
+            row.accuracy_source = "proxy"
+            row.accuracy_cosine = export.accuracy["cosine_similarity"]
+            row.top1_agreement = export.accuracy["top1_agreement"]
+        flops = (export.onnx_audit or {}).get("matmul_flops")
+        if flops and export.input_shape:
+            row.export_flops = (export.input_shape[0], float(flops))
     if m.profile is not None and m.profile.status == "done" and m.profile.details is not None:
         d = m.profile.details
         if not d.per_iteration_ms or not d.latency_ms.median > 0:
             raise ValueError(f"its profile has {len(d.per_iteration_ms)} per-iteration times and a median of {d.latency_ms.median} ms")
-        samples = np.asarray(d.per_iteration_ms)
         row.status = f"measured ({d.metric})"
         if d.stable is False:
             row.status = (
@@ -270,11 +315,11 @@ def _row(m: EngineManifest, flops_by_model: dict, noisy_cv: float) -> Comparison
         row.gpu = d.gpu or ((d.trtexec or {}).get("device", {}).get("name") if d.trtexec else None)
         row.batch_size = d.batch_size
         row.median_ms = d.latency_ms.median
-        row.p5_ms, row.p95_ms = (float(v) for v in np.percentile(samples, [5, 95]))
+        row.p5_ms, row.p95_ms = _percentiles(d.per_iteration_ms, (5, 95))
         row.p99_ms = d.latency_ms.p99
         row.cv = d.latency_ms.cv
         row.images_per_s = d.images_per_s
-        row.samples_ms = list(d.per_iteration_ms)
+        attach_timings(row, m)
         row.flags = measurement_flags(d, noisy_cv)
         if d.accuracy:
             row.accuracy_source = "measured"
@@ -286,14 +331,41 @@ def _row(m: EngineManifest, flops_by_model: dict, noisy_cv: float) -> Comparison
             if d.accuracy.get("warning"):
                 row.flags.append(f"inaccurate: {d.accuracy['warning']}")
         row.measured_with = dict(d.measured_with)
-        row.layers = _layer_times(d.trtexec)
-        flops = flops_by_model.get((m.model, d.batch_size))
-        if flops:
-            row.matmul_gflops = flops / 1e9
-            row.achieved_tflops = flops / (row.median_ms / 1000.0) / 1e12
-            peak = peak_tflops(row.gpu, m.precision)
-            row.peak_fraction = row.achieved_tflops / peak if peak else None
     return row
+
+
+def attach_timings(row: ComparisonRow, m: EngineManifest) -> None:
+    """The row's per-iteration and per-layer times, from its manifest (a cached row has neither)."""
+    if m.profile is not None and m.profile.status == "done" and m.profile.details is not None:
+        row.samples_ms = list(m.profile.details.per_iteration_ms)
+        row.layers = _layer_times(m.profile.details.trtexec)
+
+
+def _percentiles(values: list[float], percents: tuple[float, ...]) -> tuple[float, ...]:
+    """numpy.percentile's default (linear) method, without numpy's per-call cost: compare reads
+    thousands of rows."""
+    ordered = sorted(values)
+    last = len(ordered) - 1
+    result = []
+    for percent in percents:
+        position = percent / 100 * last
+        below = int(position)
+        low, high = ordered[below], ordered[min(below + 1, last)]
+        weight = position - below
+        # numpy's interpolation, term for term, so the figures agree to the last bit.
+        result.append(high - (high - low) * (1 - weight) if weight >= 0.5 else low + (high - low) * weight)
+    return tuple(result)
+
+
+def _add_roofline(row: ComparisonRow, flops_by_model: dict[tuple[str, int], float]) -> None:
+    from pipeline.report.roofline import peak_tflops
+
+    flops = flops_by_model.get((row.model, row.batch_size)) if row.median_ms else None
+    if flops:
+        row.matmul_gflops = flops / 1e9
+        row.achieved_tflops = flops / (row.median_ms / 1000.0) / 1e12
+        peak = peak_tflops(row.gpu, row.precision)
+        row.peak_fraction = row.achieved_tflops / peak if peak else None
 
 
 def _layer_times(trtexec: dict | None) -> list[tuple[str, float]]:
@@ -308,16 +380,6 @@ def _layer_times(trtexec: dict | None) -> list[tuple[str, float]]:
 
 # (row, its baseline row, the field of row that says whether they differ beyond the noise)
 Comparison = tuple[ComparisonRow, ComparisonRow, str]
-
-
-def _mark_significance(comparisons: list[Comparison]) -> None:
-    """Set each comparison's field: True when the 95% bootstrap interval of the difference of the
-    two medians excludes zero."""
-    from pipeline.stats import median_difference_cis
-
-    intervals = median_difference_cis([(row.samples_ms, base.samples_ms) for row, base, _ in comparisons])
-    for (row, _, field_name), (low, high) in zip(comparisons, intervals):
-        setattr(row, field_name, not (low <= 0.0 <= high))
 
 
 def _speedups(catalog: Catalog, rows: list[ComparisonRow]) -> list[Comparison]:

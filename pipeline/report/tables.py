@@ -5,6 +5,7 @@ format renders the same rows and the same cells; the HTML report uses them too.
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 from collections.abc import Callable
@@ -169,79 +170,134 @@ def _compact_status(row: ComparisonRow, notes: _Notes) -> str:
 
 
 def render_table(rows: list[ComparisonRow], width: int, columns: tuple[str, ...] | None = None, wide: bool = False):
-    """The comparison for a terminal ``width`` columns wide, every number whole.
+    """The comparison for a terminal ``width`` columns wide, every number whole, as rich Text.
 
     Every column when they fit (or with ``wide``, at whatever width that takes), else the first
     of MEDIUM, NARROW and COMPACT that fits; ``columns`` chooses them. Long texts wrap; numbers
     and names are never cut.
     """
-    from rich.console import Group
-
+    by_model: dict[str, list[ComparisonRow]] = {}
+    for row in rows:
+        by_model.setdefault(row.model, []).append(row)
     if columns is None and not wide:
-        everything = _tables(rows, WIDE, compact=False)
-        if _fits(everything, width):
-            return everything
-        for keys in (MEDIUM, NARROW):
-            tables = _tables(rows, tuple(COLUMNS_BY_KEY[key] for key in keys), compact=True)
-            if _fits(tables, width):
-                return tables
+        for keys, compact in ((tuple(c.key for c in WIDE), False), (MEDIUM, True), (NARROW, True)):
+            tables = [_TextTable(model, model_rows, keys, compact) for model, model_rows in by_model.items()]
+            if all(table.width <= width for table in tables):
+                return _text(tables, width)
         columns = COMPACT
-    chosen = tuple(COLUMNS_BY_KEY[key] for key in columns) if columns else WIDE
-    return _tables(rows, chosen, compact=bool(columns)) or Group()
-
-
-def _fits(tables, width: int) -> bool:
-    """Whether every table's natural width (long texts wrapped at WRAP_AT) fits in ``width``."""
-    import io
-
-    from rich.console import Console
-    from rich.measure import Measurement
-    from rich.table import Table
-
-    console = Console(file=io.StringIO(), width=10_000)
-    return all(Measurement.get(console, console.options, part).maximum <= width for part in tables.renderables if isinstance(part, Table))
+    keys = columns or tuple(c.key for c in WIDE)
+    tables = [_TextTable(model, model_rows, keys, compact=bool(columns)) for model, model_rows in by_model.items()]
+    if wide:
+        return _text(tables, None)
+    for table in tables:
+        table.narrow_to(width)
+    return _text(tables, width)
 
 
 # Long texts (a skip reason, the layer audit) wrap at this width in a wide table.
 WRAP_AT = 36
+# Between two columns.
+GAP = "  "
 
 
-def _tables(rows: list[ComparisonRow], columns: tuple[Column, ...], compact: bool):
-    from rich import box
-    from rich.console import Group
-    from rich.table import Table
-    from rich.text import Text
+class _TextTable:
+    """One model's table as lines of text: the terminal table is drawn here rather than by rich's
+    Table, which measures and renders every cell through its layout engine and took about 10 s for
+    a results folder of 3000 manifests (scripts/benchmark_compare.py)."""
 
-    parts = []
-    for model in dict.fromkeys(r.model for r in rows):
-        model_rows = [r for r in rows if r.model == model]
-        notes = _Notes() if compact else None
-        table = Table(
-            title=f"{model}: medians of per-iteration latency",
-            box=box.SIMPLE_HEAD,
-            collapse_padding=True,
-            pad_edge=False,
-            title_justify="left",
-        )
-        for column in columns:
-            cells = [_cell(column, row, notes) for row in model_rows]
-            header = (column.short_header or column.header) if compact else column.header
-            if column.key in ("status", "audit"):
-                table.add_column(header, justify="left", overflow="fold", max_width=None if compact else WRAP_AT)
-            elif column.text:
-                table.add_column(header, justify="left", no_wrap=True)
-            else:
-                widest = max([*map(len, header.splitlines()), *map(len, cells)])
-                table.add_column(header, justify="right", no_wrap=True, min_width=widest)
-        for row in model_rows:
-            table.add_row(*(_cell(column, row, notes) for column in columns), style=None if row.median_ms is not None else "dim")
-        parts.append(table)
-        footer = ["~ = within the runs' own spread"]
-        if notes is not None:
-            footer += _reference_notes(model_rows, {c.key for c in columns})
-        parts.append(Text("\n".join(footer + (notes.lines() if notes else [])), style="dim"))
-        parts.append(Text(""))
-    return Group(*parts) if parts else None
+    def __init__(self, model: str, rows: list[ComparisonRow], keys: tuple[str, ...], compact: bool):
+        self.model, self.rows = model, rows
+        self.columns = [COLUMNS_BY_KEY[key] for key in keys]
+        self.notes = _Notes() if compact else None
+        self.headers = [((c.short_header or c.header) if compact else c.header).splitlines() for c in self.columns]
+        self.cells = [[_cell(column, row, self.notes) for column in self.columns] for row in rows]
+        # Words that may wrap (the status, the layer audit): at WRAP_AT in a wide table.
+        self.wraps = [column.key in ("status", "audit") for column in self.columns]
+        self.widths = []
+        for index, header in enumerate(self.headers):
+            widest = max([_cell_len(line) for line in header] + [_cell_len(cells[index]) for cells in self.cells])
+            if self.wraps[index] and not compact:
+                widest = max([_cell_len(line) for line in header] + [min(WRAP_AT, widest)])
+            self.widths.append(widest)
+
+    @property
+    def width(self) -> int:
+        return sum(self.widths) + len(GAP) * (len(self.widths) - 1)
+
+    def narrow_to(self, width: int) -> None:
+        """Wrap the long texts narrower where the table is still wider than the terminal (numbers keep their width)."""
+        for index, wraps in enumerate(self.wraps):
+            excess = self.width - width
+            if wraps and excess > 0:
+                floor = max([12] + [len(line) for line in self.headers[index]])
+                self.widths[index] = max(floor, self.widths[index] - excess)
+
+    def lines(self, width: int | None) -> list[tuple[str, str | None]]:
+        """(text, style) of each line: the title, the header, a rule, the rows and the notes
+        (wrapped at ``width``, with a hanging indent)."""
+        out: list[tuple[str, str | None]] = [(f"{self.model}: medians of per-iteration latency", "italic")]
+        height = max(len(header) for header in self.headers)
+        for line in range(height):
+            # Headers sit on the last lines, over their numbers.
+            texts = [header[line - height + len(header)] if line >= height - len(header) else "" for header in self.headers]
+            out.append((self._join(texts), "bold"))
+        out.append(("─" * self.width, None))
+        for row, cells in zip(self.rows, self.cells):
+            wrapped = [_wrap(text, self.widths[i]) if self.wraps[i] else [text] for i, text in enumerate(cells)]
+            for line in range(max(map(len, wrapped))):
+                texts = [parts[line] if line < len(parts) else "" for parts in wrapped]
+                out.append((self._join(texts), None if row.median_ms is not None else "dim"))
+        footer = ["", "~ = within the runs' own spread"]
+        if self.notes is not None:
+            footer += _reference_notes(self.rows, {c.key for c in self.columns}) + self.notes.lines()
+        for note in footer:
+            out += [(line, "dim") for line in (_wrap(note, width, indent="    ") if width else [note])]
+        return out + [("", None)]
+
+    def _join(self, texts: list[str]) -> str:
+        parts = []
+        for text, width, column in zip(texts, self.widths, self.columns):
+            padding = " " * max(0, width - _cell_len(text))
+            parts.append(text + padding if column.text else padding + text)
+        return GAP.join(parts).rstrip()
+
+
+def _wrap(text: str, width: int, indent: str = "") -> list[str]:
+    import textwrap
+
+    if len(text) <= width:
+        return [text]
+    return textwrap.wrap(text, width, subsequent_indent=indent, break_long_words=True, break_on_hyphens=False) or [""]
+
+
+def _text(tables: list[_TextTable], width: int | None) -> _Lines:
+    return _Lines([line for table in tables for line in table.lines(width)])
+
+
+class _Lines:
+    """Styled lines for rich to print as they are: laid out here already, so rich neither wraps
+    nor measures them again (which, over thousands of rows, took longer than everything else)."""
+
+    def __init__(self, lines: list[tuple[str, str | None]]):
+        self.lines = lines
+
+    def __rich_console__(self, console, options):
+        from rich.segment import Segment
+
+        styles: dict[str | None, object] = {None: None}
+        for text, style in self.lines:
+            if style not in styles:
+                styles[style] = console.get_style(style)
+            yield Segment(text, styles[style])
+            yield Segment.line()
+
+
+@functools.lru_cache(maxsize=4096)
+def _cell_len(text: str) -> int:
+    """Terminal columns the text takes (CJK characters take two); most cells repeat ("–", "1.00x")."""
+    from rich.cells import cell_len
+
+    return len(text) if text.isascii() else cell_len(text)
 
 
 def _reference_notes(rows: list[ComparisonRow], keys: set[str]) -> list[str]:

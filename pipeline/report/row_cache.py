@@ -1,0 +1,168 @@
+"""What `compare` remembers between calls, so a results folder of thousands of manifests compares
+in about a second: each manifest's row and the bootstrap confidence intervals, kept in one JSON
+file beside the manifests (``manifests/.compare-cache.json``).
+
+A row is reused only while its manifest is the same file — same size, modification time and inode
+(a manifest rewritten by a stage, edited by hand or checked out again is read anew) — and only by
+the same code: the cache is keyed by a digest of the modules that compute rows and intervals, so an
+upgraded checkout starts afresh rather than showing rows computed the old way. An interval of a
+difference is kept per pair of manifest versions. The bootstrap is seeded and its draws depend only
+on the series' lengths (pipeline/stats.py), so a remembered interval is the one a fresh
+computation gives, bit for bit.
+
+The cache is an optimisation: a missing, unreadable or unwritable cache file costs time, never a
+result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from dataclasses import fields
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+from pipeline.manifest import read_manifest
+from pipeline.report.rows import FILLED_BY_COMPARISON, ComparisonRow, attach_timings, row_of, shallow_copy
+
+CACHE_NAME = ".compare-cache.json"
+# What a cached row is made from: a change to any of these modules invalidates every entry.
+_CODE = (
+    "pipeline/manifest.py",
+    "pipeline/machine_watch.py",
+    "pipeline/stats.py",
+    "pipeline/report/rows.py",
+    "pipeline/report/row_cache.py",
+)
+# Cached with the row: everything but what compare_rows fills in from other rows, and the samples
+# (which can be many thousands per row; read again from the manifest when an interval is missing).
+_KEPT = tuple(f.name for f in fields(ComparisonRow) if f.name not in ("samples_ms", "layers", *FILLED_BY_COMPARISON))
+_TUPLES = ("median_ci_ms", "export_flops")
+
+
+def _code_digest() -> str:
+    root = Path(__file__).resolve().parents[2]
+    digest = hashlib.sha256()
+    for name in _CODE:
+        digest.update((root / name).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+class RowCache:
+    """Rows by manifest, and confidence intervals by manifest version; ``cache_file`` None keeps
+    nothing between calls."""
+
+    def __init__(self, cache_file: Path | None, noisy_cv: float):
+        self.cache_file = cache_file
+        self.noisy_cv = noisy_cv
+        self._rows: dict[str, dict] = {}  # manifest path -> {"stat": [...], "noisy_cv": x, "row": {...}}
+        self._pairs: dict[str, list[float]] = {}  # "<version of row>|<version of base>" -> [low, high]
+        self._versions: dict[str, str] = {}  # manifest path -> its version in this call
+        self._dirty = False
+        if cache_file is not None:
+            self._load()
+
+    # --- the file ---------------------------------------------------------------------------------
+
+    def _load(self) -> None:
+        try:
+            data = json.loads(self.cache_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return
+        if not isinstance(data, dict) or data.get("code") != _code_digest():
+            self._dirty = True  # written by other code: replaced by this call's
+            return
+        self._rows = data.get("rows") or {}
+        self._pairs = data.get("pairs") or {}
+
+    def save(self) -> None:
+        if self.cache_file is None or not self._dirty:
+            return
+        from pipeline.artifacts import atomic_write_text
+
+        # Forget manifests that are gone, and intervals of versions no row has any more.
+        self._rows = {path: entry for path, entry in self._rows.items() if os.path.exists(path)}
+        current = {_version(path, entry["stat"]) for path, entry in self._rows.items()}
+        self._pairs = {key: value for key, value in self._pairs.items() if set(key.split("\n")) <= current}
+        data = {"code": _code_digest(), "rows": self._rows, "pairs": self._pairs}
+        with contextlib.suppress(PipelineError, OSError):
+            atomic_write_text(self.cache_file, json.dumps(data, separators=(",", ":")))
+        self._dirty = False
+
+    # --- rows -------------------------------------------------------------------------------------
+
+    def rows(self, paths: list[Path]) -> list[ComparisonRow]:
+        """The row of each manifest: remembered while the file is unchanged, else read."""
+        rows = [self.row(path) for path in paths]
+        unseen = self._rows.keys() - self._versions.keys()  # other toolchains' rows, or deleted manifests
+        if any(not os.path.exists(path) for path in unseen):
+            self._dirty = True  # saving forgets them
+        return rows
+
+    def row(self, path: Path) -> ComparisonRow:
+        key = str(path)
+        stat = path.stat()
+        signature = [stat.st_size, stat.st_mtime_ns, stat.st_ino]
+        self._versions[key] = _version(key, signature)
+        entry = self._rows.get(key)
+        if entry is not None and entry.get("stat") == signature and entry.get("noisy_cv") == self.noisy_cv:
+            kept = {name: shallow_copy(value) for name, value in entry["row"].items()}
+            for name in _TUPLES:
+                if kept.get(name) is not None:
+                    kept[name] = tuple(kept[name])
+            return ComparisonRow(**kept)
+        row = row_of(read_manifest(path), self.noisy_cv)
+        self._remember(key, signature, row)
+        return row
+
+    def _remember(self, key: str, signature: list[int], row: ComparisonRow) -> None:
+        self._rows[key] = {"stat": signature, "noisy_cv": self.noisy_cv, "row": {name: shallow_copy(getattr(row, name)) for name in _KEPT}}
+        self._dirty = True
+
+    def samples(self, row: ComparisonRow) -> list[float]:
+        """A row's per-iteration times: a cached row does not keep them, so its manifest is read."""
+        if not row.samples_ms and row.source and row.median_ms is not None:
+            attach_timings(row, read_manifest(Path(row.source)))
+        return row.samples_ms
+
+    # --- intervals --------------------------------------------------------------------------------
+
+    def fill_median_cis(self, rows: list[ComparisonRow]) -> None:
+        """Each measured row's 95% bootstrap interval of its median, where the row has none yet."""
+        from pipeline.stats import bootstrap_median_cis
+
+        missing = [row for row in rows if row.median_ms is not None and row.median_ci_ms is None]
+        for row, interval in zip(missing, bootstrap_median_cis([self.samples(row) for row in missing])):
+            row.median_ci_ms = interval
+            entry = self._rows.get(row.source or "")
+            if entry is not None:
+                entry["row"]["median_ci_ms"] = interval
+                self._dirty = True
+
+    def difference_cis(self, pairs: list[tuple[ComparisonRow, ComparisonRow]]) -> list[tuple[float, float]]:
+        """The 95% bootstrap interval of median(row) - median(base) for each pair."""
+        from pipeline.stats import median_difference_cis
+
+        keys = [self._pair_key(row, base) for row, base in pairs]
+        missing = [i for i, key in enumerate(keys) if key is None or key not in self._pairs]
+        computed = median_difference_cis([(self.samples(pairs[i][0]), self.samples(pairs[i][1])) for i in missing])
+        for i, interval in zip(missing, computed):
+            if keys[i] is not None:
+                self._pairs[keys[i]] = list(interval)
+                self._dirty = True
+        fresh = dict(zip(missing, computed))
+        return [fresh[i] if i in fresh else tuple(self._pairs[key]) for i, key in enumerate(keys)]
+
+    def _pair_key(self, row: ComparisonRow, base: ComparisonRow) -> str | None:
+        new, old = self._versions.get(row.source or ""), self._versions.get(base.source or "")
+        return f"{new}\n{old}" if new and old else None
+
+
+def _version(path: str, signature: list[int]) -> str:
+    return f"{path}:{':'.join(map(str, signature))}"
+
+
+def workspace_cache(manifests_dir: Path, noisy_cv: float) -> RowCache:
+    return RowCache(manifests_dir / CACHE_NAME, noisy_cv)

@@ -1,0 +1,120 @@
+"""`compare` remembers rows and confidence intervals between calls (pipeline/report/row_cache.py):
+what it shows must be exactly what a compare without the cache shows, whatever happened to the
+manifests or the cache file in between."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline.manifest import read_manifest
+from pipeline.report.row_cache import CACHE_NAME
+from tests.test_compare import trt_workspace  # noqa: F401  (the fixture)
+
+FORMATS = ("json", "md", "csv")
+
+
+def _outputs(run_cli, catalog) -> dict[str, str]:
+    outputs = {}
+    for fmt in FORMATS:
+        result = run_cli(catalog, "compare", "--format", fmt)
+        assert result.exit_code == 0, result.err
+        outputs[fmt] = result.out
+    outputs["table"] = run_cli(catalog, "compare", "--wide").out
+    return outputs
+
+
+def _uncached(run_cli, catalog) -> dict[str, str]:
+    cache = catalog.parent / "manifests" / CACHE_NAME
+    cache.unlink(missing_ok=True)
+    result = _outputs(run_cli, catalog)
+    cache.unlink(missing_ok=True)
+    return result
+
+
+def test_a_warm_compare_reads_no_manifest_and_shows_the_same(trt_workspace, run_cli, monkeypatch):  # noqa: F811
+    cold = _outputs(run_cli, trt_workspace)
+    cache = trt_workspace.parent / "manifests" / CACHE_NAME
+    assert cache.is_file()
+    kept = json.loads(cache.read_text())
+    assert len(kept["rows"]) == 4 and kept["pairs"]  # every row, and the intervals of its comparisons
+
+    def refuse(path):
+        raise AssertionError(f"a warm compare read {path}")
+
+    monkeypatch.setattr("pipeline.report.row_cache.read_manifest", refuse)
+    assert _outputs(run_cli, trt_workspace) == cold
+
+
+def test_a_rewritten_manifest_is_read_again_with_its_comparisons(trt_workspace, run_cli):  # noqa: F811
+    _outputs(run_cli, trt_workspace)
+    path = trt_workspace.parent / "manifests" / "trt10.16" / "tiny_fp16.json"
+    manifest = read_manifest(path)
+    details = manifest.profile.details
+    slower = [value * 3 for value in details.per_iteration_ms]  # now slower than 10.14, not faster
+    stats = details.latency_ms.model_copy(update={"median": details.latency_ms.median * 3})
+    manifest.profile.details = details.model_copy(update={"per_iteration_ms": slower, "latency_ms": stats})
+    manifest.write(path)
+    warm = _outputs(run_cli, trt_workspace)
+    rows = {(r["variant"], r["toolchain"]): r for r in json.loads(warm["json"])}
+    assert rows[("fp16", "trt10.16")]["median_ms"] == pytest.approx(details.latency_ms.median * 3)
+    assert rows[("fp16", "trt10.16")]["change_pct"] > 0
+    assert warm == _uncached(run_cli, trt_workspace)
+
+
+def test_a_deleted_manifest_leaves_the_comparison_and_the_cache(trt_workspace, run_cli):  # noqa: F811
+    _outputs(run_cli, trt_workspace)
+    (trt_workspace.parent / "manifests" / "trt10.14" / "tiny_fp32.json").unlink()
+    warm = _outputs(run_cli, trt_workspace)
+    assert ("fp32", "trt10.14") not in {(r["variant"], r["toolchain"]) for r in json.loads(warm["json"])}
+    kept = json.loads((trt_workspace.parent / "manifests" / CACHE_NAME).read_text())
+    assert len(kept["rows"]) == 3 and not any("trt10.14/tiny_fp32.json" in key for key in kept["pairs"])
+    assert warm == _uncached(run_cli, trt_workspace)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param(lambda path: path.write_text("{not json"), id="not JSON"),
+        pytest.param(lambda path: path.write_text("[]"), id="not an object"),
+        pytest.param(lambda path: path.write_bytes(b"\xff\xfe\x00garbage"), id="binary"),
+    ],
+)
+def test_a_damaged_cache_costs_time_never_a_result(trt_workspace, run_cli, damage):  # noqa: F811
+    expected = _uncached(run_cli, trt_workspace)
+    cache = trt_workspace.parent / "manifests" / CACHE_NAME
+    damage(cache)
+    assert _outputs(run_cli, trt_workspace) == expected
+    assert json.loads(cache.read_text())["rows"]  # rewritten whole
+
+
+def test_rows_computed_by_other_code_are_not_shown(trt_workspace, run_cli):  # noqa: F811
+    """A cache written by another version of the pipeline (its code digest differs) is ignored,
+    however plausible its rows look."""
+    expected = _uncached(run_cli, trt_workspace)
+    _outputs(run_cli, trt_workspace)
+    cache = trt_workspace.parent / "manifests" / CACHE_NAME
+    kept = json.loads(cache.read_text())
+    for entry in kept["rows"].values():
+        if entry["row"]["median_ms"] is not None:
+            entry["row"]["median_ms"] = 999.0
+    kept["code"] = "0" * 16
+    cache.write_text(json.dumps(kept))
+    assert _outputs(run_cli, trt_workspace) == expected
+
+
+def test_a_cache_that_cannot_be_written_is_no_error(trt_workspace, run_cli):  # noqa: F811
+    expected = _uncached(run_cli, trt_workspace)
+    (trt_workspace.parent / "manifests" / CACHE_NAME).mkdir()  # a directory where the file would go
+    assert _outputs(run_cli, trt_workspace) == expected
+
+
+def test_another_noisy_threshold_is_not_answered_from_the_cache(trt_workspace, run_cli):  # noqa: F811
+    expected = _uncached(run_cli, trt_workspace)
+    _outputs(run_cli, trt_workspace)
+    flagged = json.loads(run_cli(trt_workspace, "compare", "--format", "json", "--noisy-cv", "0.01").out)
+    assert all(any(flag.startswith("noisy") for flag in row["flags"]) for row in flagged)
+    again = json.loads(run_cli(trt_workspace, "compare", "--format", "json").out)
+    assert not any(flag.startswith("noisy") for row in again if row["toolchain"] == "trt10.14" for flag in row["flags"])
+    assert _outputs(run_cli, trt_workspace) == expected
