@@ -230,18 +230,6 @@ def row_of(m: EngineManifest, noisy_cv: float = NOISY_CV) -> ComparisonRow:
         ) from exc
 
 
-def build_rows(
-    catalog: Catalog,
-    manifests: list[EngineManifest],
-    toolchain_order: list[str] | None = None,
-    noisy_cv: float = NOISY_CV,
-) -> list[ComparisonRow]:
-    """The rows of these manifests, compared (nothing remembered between calls)."""
-    from pipeline.report.row_cache import RowCache
-
-    return compare_rows(catalog, [row_of(m, noisy_cv) for m in manifests], toolchain_order, RowCache(None, noisy_cv))
-
-
 def compare_rows(catalog: Catalog, rows: list[ComparisonRow], toolchain_order: list[str] | None, cache) -> list[ComparisonRow]:
     """Fill in what each row is compared by (speedups, changes, their significance, the roofline)
     and sort the rows; ``cache`` (a RowCache) supplies and keeps the confidence intervals."""
