@@ -3,8 +3,11 @@ read as the pipeline's own errors. (tests/test_cluster.py runs a real cluster.)"
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -133,3 +136,81 @@ def test_each_kind_of_work_is_placed_where_it_can_run(tmp_path):
     no_gpu = ClusterRun(ctx, Cluster("10.0.0.3:6379", [cpu]), [nvfp4], "onnxruntime", "profile")
     with pytest.raises(EnvironmentMissing, match="exporting tiny_nvfp4 needs a CUDA GPU, and no node of the cluster has one"):
         no_gpu.placement(Job("export", nvfp4))
+
+
+class _Listener:
+    """A loopback server that greets each connection its own way (runs in a thread)."""
+
+    def __init__(self, answer):
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.server.getsockname()[1]}"
+        self.answer = answer
+        self.held = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                connection, _ = self.server.accept()
+            except OSError:
+                return
+            self.held.append(connection)
+            self.answer(connection)
+
+    def close(self):
+        self.server.close()
+        for connection in self.held:
+            connection.close()
+
+
+def _http1(connection):
+    connection.recv(1024)
+    connection.sendall(b"HTTP/1.0 400 Bad request version\r\nContent-Type: text/html\r\n\r\n<html>nope</html>")
+    connection.close()
+
+
+def _redis(connection):
+    connection.sendall(b"-ERR unknown command 'PRI'\r\n")
+    connection.close()
+
+
+def _silent(connection):
+    pass  # accepts, reads nothing, says nothing: what Ray itself would retry for minutes
+
+
+def _http2(connection):
+    connection.sendall(bytes([0, 0, 6, 4, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 100]))  # a SETTINGS frame, as a gRPC server sends
+
+
+@pytest.mark.parametrize(
+    "answer, said",
+    [
+        (_http1, "it answered 'HTTP/1.0 400 Bad request version'"),
+        (_redis, "it answered \"-ERR unknown command 'PRI'\""),
+        (_silent, "it said nothing in 3 s"),
+    ],
+)
+def test_a_port_where_something_other_than_ray_listens_is_named_within_seconds(tiny_catalog, run_cli, answer, said):
+    pytest.importorskip("ray", reason="the check runs after --cluster has found Ray installed (the cluster extra)")
+    listener = _Listener(answer)
+    try:
+        started = time.monotonic()
+        result = run_cli(tiny_catalog, "run", "--cluster", listener.address, "--engine", "tiny_fp32")
+        elapsed = time.monotonic() - started
+    finally:
+        listener.close()
+    assert result.exit_code == 3, result.err
+    assert f"ERROR {listener.address} is not a Ray cluster's head: something listens there, but not Ray's GCS ({said})." in result.err
+    assert "TIP give the port `ray start --head` printed" in result.err and "Traceback" not in result.err
+    assert elapsed < 15
+    assert not (tiny_catalog.parent / "manifests" / "onnxruntime").exists()
+
+
+def test_a_server_that_speaks_http2_passes_the_check():
+    from pipeline.cluster.connection import _check_reachable
+
+    listener = _Listener(_http2)
+    try:
+        _check_reachable(listener.address)  # no error: Ray (gRPC) is what answers like this
+    finally:
+        listener.close()

@@ -188,17 +188,54 @@ def head_reachable(address: str) -> bool:
         return False
 
 
+# Seconds a head has to answer the HTTP/2 greeting below; Ray's answers at once.
+PROTOCOL_WAIT_S = 3.0
+# HTTP/2's client connection preface and an empty SETTINGS frame (RFC 9113 §3.4, §6.5): a server
+# must answer with a SETTINGS frame of its own (frame type 0x4, the fourth byte of the 9-byte
+# frame header). Ray's head is the GCS, a gRPC server, so HTTP/2; anything else listening on the
+# port (an HTTP/1 server, Redis, a database, a port that accepts and says nothing) does not, and
+# Ray itself would retry such a port for minutes instead of failing.
+_HTTP2_GREETING = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+_SETTINGS_FRAME = 4
+
+
 def _check_reachable(address: str) -> None:
     host, port = _host_port(address)
     try:
-        with socket.create_connection((host, port), timeout=5):
-            pass
+        with socket.create_connection((host, port), timeout=5) as connection:
+            answer = _greet(connection)
     except OSError as exc:
         raise EnvironmentMissing(
             f"cannot reach a Ray cluster at {address}: {exc.strerror or exc}.",
             hint="start one with `ray start --head --port=PORT` (docs/cluster.md shows how), or check the address: "
             "`ray status` on the head prints it",
         ) from exc
+    if answer is not None and not (len(answer) >= 9 and answer[3] == _SETTINGS_FRAME):
+        first_line = answer.strip().split(b"\n")[0][:60].decode("utf-8", "replace").strip()
+        heard = f"it answered {first_line!r}" if answer else f"it said nothing in {PROTOCOL_WAIT_S:g} s"
+        raise EnvironmentMissing(
+            f"{address} is not a Ray cluster's head: something listens there, but not Ray's GCS ({heard}).",
+            hint="give the port `ray start --head` printed (6379 unless --port chose another): `ray status` on the head prints the address",
+        )
+
+
+def _greet(connection: socket.socket) -> bytes | None:
+    """What the server answers to an HTTP/2 greeting (its first bytes); None where it cannot be told
+    (Ray with TLS on wants a TLS handshake first)."""
+    if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+        return None
+    connection.settimeout(PROTOCOL_WAIT_S)
+    answer = b""
+    try:
+        connection.sendall(_HTTP2_GREETING)
+        while len(answer) < 9:
+            chunk = connection.recv(64)
+            if not chunk:
+                break
+            answer += chunk
+    except OSError:  # a timeout: it said nothing; or reset by a server that did not like the greeting
+        pass
+    return answer
 
 
 @contextlib.contextmanager
