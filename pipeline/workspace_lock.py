@@ -10,7 +10,9 @@ The lock is an advisory ``flock`` on ``manifests/.workspace.lock``: the kernel r
 its holder exits, however it exits, so a killed run never blocks the next one. The file also says
 who holds it (pid, command, since), for the message a second run prints; a holder that releases
 it normally empties the file, so text left in it when the lock is free means the last holder died
-holding it, and the next run says so.
+holding it, and the next run says so. A child process that writes to the workspace on the
+command's behalf (the `--cluster` driver) inherits the locked descriptor (`inherited_lock`), so
+the lock stays held while either lives.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from pathlib import Path
 from pipeline.errors import PipelineError
 
 LOCK_NAME = ".workspace.lock"
+# The descriptor holding each workspace's lock in this process, by lock file.
+_HELD: dict[Path, int] = {}
 
 
 def lock_path(manifests_dir: Path) -> Path:
@@ -117,11 +121,38 @@ def workspace_lock(manifests_dir: Path, reporter, wait: bool = False, argv: list
         removed = remove_leftovers(manifests_dir.parent)
         if removed:
             reporter.warn(f"removed {len(removed)} half-written file(s) a killed run left behind: {', '.join(removed[:3])}")
+        _HELD[path] = fd
         yield
     finally:
+        _HELD.pop(path, None)
         if held:
             os.ftruncate(fd, 0)  # released normally: nothing left to warn the next run about
         os.close(fd)  # closing the descriptor releases the flock
+
+
+class InheritedLock:
+    """The held lock, for a child process started with multiprocessing's spawn: pickled into the
+    child as a duplicate of the descriptor. An flock belongs to the open file, which the duplicate
+    shares, so the child holds the lock for as long as it lives, even past this process's death
+    (kill -9): the next run waits for the child, never races it."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __reduce__(self):
+        from multiprocessing.reduction import DupFd
+
+        return (_adopt, (DupFd(self.fd),))
+
+
+def _adopt(duplicate) -> InheritedLock:
+    return InheritedLock(duplicate.detach())
+
+
+def inherited_lock(manifests_dir: Path) -> InheritedLock | None:
+    """The workspace's lock as this process holds it, to pass to a child; None when not held here."""
+    fd = _HELD.get(lock_path(manifests_dir))
+    return InheritedLock(fd) if fd is not None else None
 
 
 # What atomic_output (pipeline/artifacts.py) writes before the move that completes a file:

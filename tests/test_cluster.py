@@ -9,10 +9,12 @@ PIPELINE_REQUIRE_CLUSTER=1, which makes that a failure.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -276,6 +278,88 @@ def test_sigterm_mid_run_cancels_and_keeps_the_workspace_consistent(cluster, tmp
     # The same command then finishes the job.
     again = cluster.pipeline(catalog, "run", "--cluster", cluster.address, "--model", "tiny", "--variant", "fp32", "--variant", "fp16")
     assert again.returncode == 0, again.stderr
+
+
+def _descendants(pid: int) -> set[int]:
+    """``pid`` and every process below it, from /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        current = todo.pop()
+        found.add(current)
+        todo += children.get(current, [])
+    return found
+
+
+def _alive(pids: set[int]) -> set[int]:
+    return {pid for pid in pids if Path(f"/proc/{pid}").exists() and "(Z)" not in _state(pid)}
+
+
+def _state(pid: int) -> str:
+    try:
+        return "(" + Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] + ")"
+    except OSError:
+        return "(gone)"
+
+
+def _running_stages() -> list[str]:
+    """Ray workers executing a pipeline stage now, on any node (all on this machine)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text.startswith("ray::run_stage"):
+            found.append(text.strip())
+    return found
+
+
+def test_a_killed_cluster_command_takes_its_driver_and_work_with_it(cluster, tmp_path):
+    """kill -9 of the command: the driver child it started cancels what it dispatched and ends, and
+    holds the workspace lock until it has, so the next run waits instead of racing it."""
+    catalog = catalog_in(tmp_path, "sigkill")
+    args = ("run", "--cluster", cluster.address, "--model", "tiny", "--variant", "fp32", "--variant", "fp16", "--variant", "int8")
+    driver = cluster.popen(catalog, *args)
+    lock = catalog.parent / "manifests" / ".workspace.lock"
+    lines = []
+    for line in driver.stderr:
+        lines.append(line)
+        if line.startswith("running"):
+            time.sleep(1)  # a stage is under way on its node
+            break
+    processes = _descendants(driver.pid)
+    assert len(processes) >= 2, "".join(lines)  # the command and its driver child
+    driver.kill()
+    driver.wait(timeout=10)
+    with open(lock, "a") as handle:
+        with pytest.raises(BlockingIOError):  # the driver child still holds the workspace
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    deadline = time.monotonic() + 45
+    while _alive(processes) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(processes), {pid: _state(pid) for pid in _alive(processes)}
+    with open(lock, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free once the child has ended
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    deadline = time.monotonic() + 60
+    while _running_stages() and time.monotonic() < deadline:  # Ray ends a finished job's tasks
+        time.sleep(0.5)
+    assert not _running_stages()
+    # The workspace is consistent and the same command finishes the job.
+    again = cluster.pipeline(catalog, *args)
+    assert again.returncode == 0, again.stderr
+    assert "stopped without releasing it (killed?)" in again.stderr
+    ws = catalog.parent
+    for path in (ws / "manifests").glob("*/*.json"):
+        for record in filter(None, (read_manifest(path).stage(s) for s in ("export", "build", "profile"))):
+            assert all(sha256_file(ws / a.path) == a.sha256 for a in record.outputs)
 
 
 def test_losing_the_head_is_explained_and_finished_results_are_kept(cluster, tmp_path):

@@ -6,12 +6,18 @@ explained: the command says the head was lost, and every result the child had fi
 already in the workspace (it writes each as it arrives). The child has a process group of its
 own, so whatever Ray signals there stays there; Ctrl-C and SIGTERM come to this process and are
 passed on, and the child cancels what is outstanding before both end.
+
+The child holds the workspace lock with this process (it inherits the locked descriptor) and
+watches it: if this process dies without a word (kill -9, the OOM killer), the child cancels the
+work it dispatched and ends, and until it has, the next run on the workspace waits for it.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 from dataclasses import dataclass
 
 from pipeline.errors import EnvironmentMissing, PipelineError
@@ -19,6 +25,8 @@ from pipeline.stages.runner import RunSummary
 
 # Seconds to let the child cancel its tasks after an interruption before it is killed.
 CANCEL_GRACE_S = 30
+# How often the child looks for its parent.
+PARENT_POLL_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -38,12 +46,14 @@ def run_on_cluster(ctx, address: str, engines, toolchain, until: str, gpu_types:
     import multiprocessing
 
     from pipeline.cluster.connection import preflight
+    from pipeline.workspace_lock import inherited_lock
 
     preflight(address)
     spawn = multiprocessing.get_context("spawn")  # a fresh interpreter: Ray must not inherit a fork
     receive, send = spawn.Pipe(duplex=False)
     settings = (ctx.catalog, ctx.force, ctx.argv, address, engines, toolchain, until, gpu_types, verbose)
-    child = spawn.Process(target=_child, args=(send, settings), name="pipeline-cluster-driver")
+    lock = inherited_lock(ctx.workspace.manifests_dir)
+    child = spawn.Process(target=_child, args=(send, settings, lock, os.getpid()), name="pipeline-cluster-driver")
     child.start()
     send.close()
     try:
@@ -80,7 +90,7 @@ def run_on_cluster(ctx, address: str, engines, toolchain, until: str, gpu_types:
     return payload.raise_for_failures(len(engines))
 
 
-def _child(send, settings) -> None:
+def _child(send, settings, lock, parent: int) -> None:
     from pipeline.cluster.scheduler import drive
     from pipeline.reporting import Reporter
     from pipeline.signals import terminate_like_interrupt
@@ -90,20 +100,37 @@ def _child(send, settings) -> None:
     # A process group of its own: what Ray signals when it loses its node stays in this process.
     os.setsid()
     terminate_like_interrupt()
+    # `lock` (the workspace lock's descriptor) stays open until this process ends.
+    threading.Thread(target=_end_with_parent, args=(parent,), name="parent-watch", daemon=True).start()
     catalog, force, argv, address, engines, toolchain, until, gpu_types, verbose = settings
     ctx = RunContext(catalog=catalog, workspace=Workspace(catalog.root), reporter=Reporter(verbose=verbose), force=force, argv=argv)
     try:
         summary = drive(ctx, address, engines, toolchain, until, gpu_types, verbose)
-        send.send(("ok", RunSummary(summary.succeeded, [(name, _plain(exc)) for name, exc in summary.failed])))
+        outcome = ("ok", RunSummary(summary.succeeded, [(name, _plain(exc)) for name, exc in summary.failed]))
     except PipelineError as exc:
-        send.send(("error", (type(exc) if type(exc).__module__ == "pipeline.errors" else PipelineError, exc.message, exc.hint)))
+        outcome = ("error", (type(exc) if type(exc).__module__ == "pipeline.errors" else PipelineError, exc.message, exc.hint))
     except KeyboardInterrupt:
-        send.send(("interrupted", None))
+        outcome = ("interrupted", None)
     except Exception as exc:  # a bug: its traceback here, and the command exits as for any bug
         import traceback
 
         traceback.print_exc()
-        send.send(("bug", f"{type(exc).__name__}: {exc}"))
+        outcome = ("bug", f"{type(exc).__name__}: {exc}")
+    try:
+        send.send(outcome)
+    except OSError:  # the parent is gone: nobody to tell
+        pass
+
+
+def _end_with_parent(parent: int) -> None:
+    """When the command that started this driver dies unannounced, interrupt the driver as Ctrl-C
+    would (it cancels what it dispatched and writes nothing more), and end it if that takes longer
+    than the parent would have waited."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(CANCEL_GRACE_S)
+    os._exit(1)
 
 
 def _plain(exc: PipelineError) -> PipelineError:
