@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +27,29 @@ def write_failed(path: Path, exc: OSError) -> PipelineError:
         f"could not write {path}: {exc.strerror or exc}.",
         hint="check free space and permissions of that directory, then run the same command again",
     )
+
+
+def storage_shortfall(directory: Path, needed_bytes: int, what: str = "the file") -> str | None:
+    """Why ``what``, of up to about ``needed_bytes``, cannot be written into ``directory`` — this process's
+    file-size limit (`ulimit -f`) or the disk's free space — or None. A tool that writes its own
+    output (ONNX Runtime, a compiler) reports such a failure in its own words ("Protobuf
+    serialization failed"), which read as a fault of its input; this names the cause instead."""
+    import resource
+
+    limit, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if limit != resource.RLIM_INFINITY and limit < needed_bytes:
+        return f"this process may write files of at most {_mib(limit)} (its file-size limit, `ulimit -f`), and {what} takes up to about {_mib(needed_bytes)}"
+    try:
+        free = shutil.disk_usage(directory).free
+    except OSError:
+        return None
+    if free < needed_bytes:
+        return f"the disk holding {directory} has {_mib(free)} free, and {what} takes up to about {_mib(needed_bytes)}"
+    return None
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2**20:,.1f} MiB"
 
 
 @contextlib.contextmanager

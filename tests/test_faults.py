@@ -143,3 +143,74 @@ def test_a_decompression_bomb_among_the_evaluation_images_is_named(tmp_path, run
     assert result.exit_code == 1
     assert f"evaluation image {images / '0.png'} is too large to decode safely" in result.err
     assert "downscaled copy" in result.err and "Traceback" not in result.err
+
+
+def _build_in_subprocess(catalog: Path, preexec=None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "--catalog", str(catalog), "build", "--variant", "fp32"],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        preexec_fn=preexec,
+        timeout=300,
+    )
+
+
+def test_a_file_size_limit_while_the_engine_is_written_is_named_not_blamed_on_the_onnx(tmp_path, run_cli):
+    import resource
+
+    catalog = tiny_workspace(tmp_path)
+    assert run_cli(catalog, "export", "--variant", "fp32").exit_code == 0
+    onnx = tmp_path / "ws" / "models" / "tiny" / "fp32.onnx"
+    limit = onnx.stat().st_size // 2  # room for manifests and the lock, not for the engine
+
+    result = _build_in_subprocess(catalog, lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
+    assert result.returncode == 1, result.stderr
+    assert "ERROR could not write the engine tiny_fp32.onnx: this process may write files of at most" in result.stderr
+    assert "(its file-size limit, `ulimit -f`), and the engine takes up to about" in result.stderr
+    assert "raise the limit" in result.stderr and "Traceback" not in result.stderr
+    assert not list((tmp_path / "ws" / "engines").rglob("*.onnx")) and not list((tmp_path / "ws").rglob(".*.tmp"))
+    manifest = tmp_path / "ws" / "manifests" / "onnxruntime" / "tiny_fp32.json"
+    assert not manifest.exists() or "build" not in json.loads(manifest.read_text())  # no refusal recorded: the ONNX is fine
+    assert _build_in_subprocess(catalog).returncode == 0  # and once the limit is gone, it builds
+
+
+def _small_disk(directory: Path, size: int):
+    """Mount a tmpfs of ``size`` bytes at ``directory`` (root only); skip the test where that cannot be done."""
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("a real full disk is a small tmpfs mounted for the test, which needs root")
+    directory.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    return directory
+
+
+def test_a_full_disk_while_the_engine_is_written_is_named_with_its_free_space(tmp_path, run_cli):
+    catalog = tiny_workspace(tmp_path)
+    assert run_cli(catalog, "export", "--variant", "fp32").exit_code == 0
+    onnx = tmp_path / "ws" / "models" / "tiny" / "fp32.onnx"
+    engines = _small_disk(tmp_path / "ws" / "engines", onnx.stat().st_size // 2)
+    try:
+        result = run_cli(catalog, "build", "--variant", "fp32")
+        assert result.exit_code == 1, result.err
+        assert f"ERROR could not write the engine tiny_fp32.onnx: the disk holding {engines / 'onnxruntime'} has" in result.err
+        assert "MiB free, and the engine takes up to about" in result.err and "Traceback" not in result.err
+        assert not list(engines.rglob("*.onnx")) and not list(engines.rglob(".*.tmp"))
+    finally:
+        subprocess.run(["umount", str(engines)], check=True)
+
+
+def test_a_full_disk_when_taking_the_lock_names_the_free_space(tmp_path, run_cli):
+    catalog = tiny_workspace(tmp_path)
+    manifests = _small_disk(tmp_path / "ws" / "manifests", 4096)
+    try:
+        (manifests / "filler").write_bytes(b"\0" * 4096)  # full
+        result = run_cli(catalog, "export", "--variant", "fp32")
+        assert result.exit_code == 1, result.err
+        assert "ERROR cannot take the workspace lock: writing" in result.err and "No space left on device" in result.err
+        assert "(0 MiB free now)" in result.err and "Traceback" not in result.err
+    finally:
+        subprocess.run(["umount", str(manifests)], check=True)

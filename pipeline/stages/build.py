@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline.artifacts import atomic_output
+from pipeline.artifacts import atomic_output, storage_shortfall
 from pipeline.errors import PipelineError, RefusedByTool
 from pipeline.manifest import Artifact, BuildDetails, StageRecord, read_manifest
 from pipeline.runtimes import get_runtime
@@ -78,7 +78,17 @@ class BuildStage(Stage):
         try:
             with atomic_output(engine_path) as tmp:
                 result = self.runtime.build(onnx_path, tmp, self.variant_spec, self.model_source())
-        except RefusedByTool as exc:
+        except PipelineError as exc:
+            # An engine is about the size of its ONNX or smaller; a tool that could not write it
+            # says so in its own words, which read as a fault of the ONNX or of the compiler.
+            shortfall = storage_shortfall(engine_path.parent, onnx_path.stat().st_size, what="the engine")
+            if shortfall is not None:
+                raise PipelineError(
+                    f"could not write the engine {engine_path.name}: {shortfall}. (What the tool said: {exc.message.rstrip('.')}.)",
+                    hint="free space there, raise the limit, or keep the workspace on a larger disk; then run the same command again",
+                ) from exc
+            if not isinstance(exc, RefusedByTool):
+                raise
             if exc.result is not None:
                 # The compiler's reason and log are recorded, and an engine from an earlier build
                 # goes: the manifest now says this configuration has none.
