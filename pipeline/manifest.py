@@ -156,6 +156,10 @@ class ProfileDetails(_Model):
     # Earlier takes of the repeats, discarded because their medians disagreed beyond the catalog's
     # max_repeat_cv: each take's medians. stable is False when the last take disagreed too.
     retaken_medians_ms: list[list[float]] = []
+    # Whether the retakes ran in a new process that loaded the engine afresh (runtimes that time
+    # inside the pipeline's own process); None where nothing was retaken or the runtime's every
+    # measurement is a process of its own (trtexec, the TensorRT-RTX driver).
+    retaken_in_fresh_process: bool | None = None
     stable: bool | None = None
     # The machine's load when the measurement started and ended: load average and CPU count, and
     # per GPU its utilisation, clocks and the other processes using it (pipeline/environment.py);

@@ -33,6 +33,18 @@ def scripted_measurements(monkeypatch, takes: list[list[float]]):
         return ProfileResult(per_iteration_ms=values, total_walltime_s=0.01 * len(values), device="scripted")
 
     monkeypatch.setattr(OnnxRuntimeRuntime, "profile", profile)
+
+    def retake_here(catalog, toolchain, engine_path, settings, verbose):
+        # Retakes run in a fresh process, which this scripting cannot reach: run them here instead
+        # (test_a_retake_runs_in_a_fresh_process checks the real thing).
+        results, watched = [], []
+        for _ in range(settings.repeats):
+            with machine_watch.MachineWatch() as watch:
+                results.append(profile(None, engine_path, settings))
+            watched.append(watch.summary)
+        return results, watched
+
+    monkeypatch.setattr("pipeline.stages.fresh_measurement.measure_in_fresh_process", retake_here)
     return remaining
 
 
@@ -85,6 +97,44 @@ def test_repeats_that_never_agree_are_recorded_as_unstable(tmp_path, run_cli, mo
     compared = run_cli(catalog, "compare", "--format", "json")
     row = next(r for r in json.loads(compared.out) if r["variant"] == "fp32")
     assert row["status"].startswith("unstable") and "after 1 retake(s)" in row["status"]
+
+
+def test_a_retake_runs_in_a_fresh_process(tmp_path, run_cli, monkeypatch):
+    """The first measurements are scripted in this process and disagree; the retake cannot see the
+    scripting, so its figures are ONNX Runtime's own, measured in a new interpreter."""
+    catalog = catalog_with(tmp_path, "max_repeat_cv = 0.5\nretakes = 1")
+    first = [[1.0] * 3, [9.0] * 3]
+
+    def profile(self, engine_path, settings):
+        if not first:
+            raise AssertionError("the retake ran in the pipeline's own process")
+        return ProfileResult(per_iteration_ms=first.pop(0), total_walltime_s=0.03, device="scripted")
+
+    monkeypatch.setattr(OnnxRuntimeRuntime, "profile", profile)
+    result = run_cli(catalog, "-v", "run", "--variant", "fp32", "--repeat", "2")
+    assert result.exit_code == 0, result.err
+    assert "2 measurement(s), take 2, in a fresh process" in result.err
+    details = profile_details(catalog)
+    assert details.retaken_medians_ms == [[1.0, 9.0]] and details.retaken_in_fresh_process is True
+    assert details.device.startswith("onnxruntime") and details.repeats_pooled == 2
+    assert 1.0 not in details.per_iteration_ms and 9.0 not in details.per_iteration_ms
+    assert len(details.machine_load["during"]) == 2  # each fresh measurement watched too
+
+
+def test_a_retake_whose_process_fails_names_the_engine(tmp_path, run_cli, monkeypatch):
+    catalog = catalog_with(tmp_path, "max_repeat_cv = 0.05\nretakes = 1")
+    first = [[5.0] * 3, [9.0] * 3]
+
+    def profile(self, engine_path, settings):
+        if first:
+            engine_path.write_bytes(b"not an ONNX model any more")  # what the fresh process will load
+            return ProfileResult(per_iteration_ms=first.pop(0), total_walltime_s=0.03, device="scripted")
+        raise AssertionError("the retake ran in the pipeline's own process")
+
+    monkeypatch.setattr(OnnxRuntimeRuntime, "profile", profile)
+    result = run_cli(catalog, "run", "--variant", "fp32", "--repeat", "2")
+    assert result.exit_code == 1, result.err
+    assert "ERROR ONNX Runtime could not load tiny_fp32.onnx" in result.err and "Traceback" not in result.err
 
 
 def start_cpu_hogs(count: int) -> list[subprocess.Popen]:

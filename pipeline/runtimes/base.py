@@ -79,6 +79,10 @@ class EngineRuntime(ABC):
     #: and timed on a node of the GPU type it targets, one result per type; "ahead-of-time" — built
     #: on any node, timed on a GPU it targets; "anywhere" — a CPU runtime, one result.
     placement: ClassVar[str] = "gpu"
+    #: Whether `profile` times the engine inside the pipeline's own process (rather than in a
+    #: tool's process of its own): a retake of its measurement then runs in a fresh process
+    #: (pipeline/stages/fresh_measurement.py).
+    measures_in_this_process: ClassVar[bool] = False
 
     def __init__(self, name: str, spec: ToolchainSpec, reporter: Reporter, workspace_root: Path, force: bool = False):
         self.name = name

@@ -53,6 +53,7 @@ class OnnxRuntimeRuntime(EngineRuntime):
     Spec = OnnxRuntimeSpec
     engine_suffix = ".onnx"
     placement = "anywhere"  # the CPU provider: any node
+    measures_in_this_process = True
 
     @property
     def distribution(self) -> tuple[str, str]:

@@ -120,6 +120,7 @@ class TorchRuntime(EngineRuntime):
     kind = "torch"
     Spec = TorchSpec
     engine_suffix = ".pt"
+    measures_in_this_process = True
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

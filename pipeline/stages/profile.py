@@ -149,6 +149,7 @@ class ProfileStage(Stage):
             repeat_cv=repeat_cv,
             repeats_pooled=len(results),
             retaken_medians_ms=retaken,
+            retaken_in_fresh_process=self.runtime.measures_in_this_process if retaken else None,
             stable=stable if len(medians) > 1 else None,
             machine_load={"start": load_at_start, "end": load_at_end, "during": watched},
             warnings=warnings,
@@ -170,9 +171,15 @@ class ProfileStage(Stage):
         return StageOutcome(outputs=outputs, details=details, command=result.command, note=note)
 
     def _measure(self, engine_path: Path, take: int) -> tuple[list, list[dict]]:
-        """`repeats` measurements, each watched (pipeline/machine_watch.py): (results, what was seen)."""
-        results, watched = [], []
+        """`repeats` measurements, each watched (pipeline/machine_watch.py): (results, what was seen).
+        A retake (``take`` > 0) of a runtime that times in this process runs in a fresh one."""
         repeats = self.settings.repeats
+        if take and self.runtime.measures_in_this_process:
+            from pipeline.stages.fresh_measurement import measure_in_fresh_process
+
+            self.ctx.reporter.detail(f"{self.engine.name}: {repeats} measurement(s), take {take + 1}, in a fresh process")
+            return measure_in_fresh_process(self.ctx.catalog, self.toolchain, engine_path, self.settings, self.ctx.reporter.verbose)
+        results, watched = [], []
         for run in range(repeats):
             if repeats > 1 or take:
                 again = f", take {take + 1}" if take else ""
