@@ -26,6 +26,29 @@ class BuildResult:
     evidence: dict[str, Any] = field(default_factory=dict)
 
 
+class MeasurementProgress:
+    """Says every few runs what is left of a measurement, by trtexec's two bounds (at least
+    `iterations` runs and at least `duration_s` seconds), for the running stage's spinner."""
+
+    EVERY = 16  # runs between two reports: the measured loop stays free of host work
+
+    def __init__(self, reporter: Reporter | None, settings: ProfileSettings):
+        self.reporter, self.settings = reporter, settings
+
+    def warming_up(self) -> None:
+        if self.reporter is not None:
+            self.reporter.progress(f"warming up ({self.settings.warmup_ms:g} ms)")
+
+    def __call__(self, runs: int, elapsed_s: float) -> None:
+        if self.reporter is None or runs % self.EVERY:
+            return
+        left_s = self.settings.duration_s - elapsed_s
+        if left_s > 0:
+            self.reporter.progress(f"measuring: {left_s:.1f} s left, {runs} runs")
+        else:
+            self.reporter.progress(f"measuring: {runs} of at least {self.settings.iterations} runs")
+
+
 @dataclass
 class ProfileResult:
     per_iteration_ms: list[float]

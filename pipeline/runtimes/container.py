@@ -226,7 +226,7 @@ class DockerRunner:
                 *lines, pending = text.split("\n")
                 for line in lines:
                     chunks.append(line + "\n")
-                    self.reporter.detail(line)
+                    self.reporter.tool_output("trtexec", line)
         except Exception:  # the container was removed under us (Ctrl-C): keep what we have
             pass
         if pending:

@@ -16,7 +16,7 @@ from pipeline.accuracy import ReferenceBatch
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
 from pipeline.errors import PipelineError, require_module
 from pipeline.models import ModelSource
-from pipeline.runtimes.base import BuildResult, EngineRuntime, ProfileResult, ReferenceRun, ToolchainStatus
+from pipeline.runtimes.base import BuildResult, EngineRuntime, MeasurementProgress, ProfileResult, ReferenceRun, ToolchainStatus
 
 # Precisions whose ONNX form (plain FP32/FP16 graphs, INT8 QuantizeLinear/DequantizeLinear) this
 # runtime executes; verified on the CPU execution provider. FP8, MXFP8 and NVFP4 graphs use
@@ -175,6 +175,8 @@ class OnnxRuntimeRuntime(EngineRuntime):
             feeds[spec.name] = rng.standard_normal(spec.shape).astype(dtype)
 
         run = session.run
+        progress = MeasurementProgress(self.reporter, settings)
+        progress.warming_up()
         # Warm-up is a duration, like trtexec's --warmUp (milliseconds), not a count.
         warmup_end = time.perf_counter() + settings.warmup_ms / 1000.0
         while True:
@@ -192,6 +194,7 @@ class OnnxRuntimeRuntime(EngineRuntime):
             elapsed = time.perf_counter() - started
             if len(timings_ms) >= settings.iterations and elapsed >= settings.duration_s:
                 break
+            progress(len(timings_ms), elapsed)
         return ProfileResult(
             per_iteration_ms=timings_ms,
             total_walltime_s=elapsed,

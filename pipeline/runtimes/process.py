@@ -49,7 +49,7 @@ def run_logged(
         assert process.stdout is not None
         for line in process.stdout:
             lines.append(line)
-            reporter.detail(line.rstrip("\n"))
+            reporter.tool_output(what, line.rstrip("\n"))
 
     # Read in a thread so the time limit holds even when the tool hangs without printing.
     reader = threading.Thread(target=follow, daemon=True)

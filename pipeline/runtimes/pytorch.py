@@ -40,7 +40,7 @@ from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
 from pipeline.environment import nvidia_gpus, package_version
 from pipeline.errors import EnvironmentMissing, PipelineError, RefusedByTool
 from pipeline.models import TORCH_DTYPES, ModelSource
-from pipeline.runtimes.base import BuildResult, EngineRuntime, ProfileResult, ReferenceRun, ToolchainStatus
+from pipeline.runtimes.base import BuildResult, EngineRuntime, MeasurementProgress, ProfileResult, ReferenceRun, ToolchainStatus
 
 # What the engine file holds; checked on load so a stray .pt is a clear error, not a crash.
 ENGINE_FORMAT = "trt-pipeline torch model"
@@ -293,8 +293,10 @@ class TorchRuntime(EngineRuntime):
             if self.spec.backend == "eager":
                 run = _no_grad(lambda: model(example))
             elif self.spec.backend == "cudagraphs":
+                self.reporter.progress("capturing a CUDA graph")
                 run = _capture(torch, model, example)
             else:
+                self.reporter.progress(f"compiling with torch.compile (mode {self.mode or 'default'})")
                 run, facts = self._compile(torch, model, example)
         return Prepared(engine_file, run, example, device, batch, facts)
 
@@ -392,7 +394,7 @@ class TorchRuntime(EngineRuntime):
             if cuda:
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
-            times_ms, elapsed = time_runs(torch, prepared.run, settings, cuda)
+            times_ms, elapsed = time_runs(torch, prepared.run, settings, cuda, MeasurementProgress(self.reporter, settings))
             latency = host_latency(torch, prepared.run, settings) if cuda else None
         execution: dict[str, Any] = {**self.versions(), **self.settings_in_force(prepared), **prepared.facts}
         measured_with = {}
@@ -484,7 +486,9 @@ QUEUE_DEPTH = 4
 HOST_LATENCY_MAX_S = 1.0
 
 
-def time_runs(torch, run: Callable[[], Any], settings: ProfileSettings, cuda: bool) -> tuple[list[float], float]:
+def time_runs(
+    torch, run: Callable[[], Any], settings: ProfileSettings, cuda: bool, progress: MeasurementProgress | None = None
+) -> tuple[list[float], float]:
     """trtexec's rules: warm up for warmup_ms, then until BOTH `iterations` runs and `duration_s`.
 
     On a GPU, trtexec's method: runs are enqueued back to back (a bounded queue, no host
@@ -493,6 +497,8 @@ def time_runs(torch, run: Callable[[], Any], settings: ProfileSettings, cuda: bo
     waits for every run would leave the GPU idle between launches inside the timed window and time
     PyTorch slower than an engine timed by trtexec. On the CPU a run's time is host time.
     Returns (per-run milliseconds, seconds the measurement took)."""
+    progress = progress or MeasurementProgress(None, settings)
+    progress.warming_up()
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     warmup_end = time.perf_counter() + settings.warmup_ms / 1000.0
     while True:
@@ -501,7 +507,7 @@ def time_runs(torch, run: Callable[[], Any], settings: ProfileSettings, cuda: bo
         if time.perf_counter() >= warmup_end:
             break
     if cuda:
-        return _time_enqueued_back_to_back(torch, run, settings)
+        return _time_enqueued_back_to_back(torch, run, settings, progress)
     times_ms: list[float] = []
     started = time.perf_counter()
     while True:
@@ -511,9 +517,10 @@ def time_runs(torch, run: Callable[[], Any], settings: ProfileSettings, cuda: bo
         elapsed = time.perf_counter() - started
         if len(times_ms) >= settings.iterations and elapsed >= settings.duration_s:
             return times_ms, elapsed
+        progress(len(times_ms), elapsed)
 
 
-def _time_enqueued_back_to_back(torch, run: Callable[[], Any], settings: ProfileSettings) -> tuple[list[float], float]:
+def _time_enqueued_back_to_back(torch, run: Callable[[], Any], settings: ProfileSettings, progress) -> tuple[list[float], float]:
     # A ring of event pairs, one per run in flight; a slot is read (and its run waited for) only
     # when the ring comes round to it again, so the host blocks only while QUEUE_DEPTH runs are queued.
     slots = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(QUEUE_DEPTH)]
@@ -529,8 +536,10 @@ def _time_enqueued_back_to_back(torch, run: Callable[[], Any], settings: Profile
         run()
         end.record()
         enqueued += 1
-        if enqueued >= settings.iterations and time.perf_counter() - started >= settings.duration_s:
+        elapsed = time.perf_counter() - started
+        if enqueued >= settings.iterations and elapsed >= settings.duration_s:
             break
+        progress(enqueued, elapsed)
     for index in range(max(0, enqueued - QUEUE_DEPTH), enqueued):  # drain, oldest first
         start, end = slots[index % QUEUE_DEPTH]
         end.synchronize()

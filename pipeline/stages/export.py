@@ -149,7 +149,7 @@ class ExportStage(Stage):
 
     def _export(self) -> StageOutcome:
         variant = self.variant_spec
-        phase = Phases()
+        phase = Phases(self.ctx.reporter)
         with phase("import"):
             from pipeline.models.torch_import import import_timm
 
@@ -219,7 +219,7 @@ class ExportStage(Stage):
                 dtype = torch.float16
                 model = model.half()
             with phase("quantize"):
-                model, quantization = quantize_model(model, variant.precision, batches, variant.conv_policy)
+                model, quantization = quantize_model(model, variant.precision, batches, variant.conv_policy, self.ctx.reporter.progress)
             quantization["weights_dtype"] = self.weights_dtype()
             quantization["calibration"] = calibration
 
@@ -393,10 +393,12 @@ class ExportStage(Stage):
 
 
 class Phases:
-    """Wall time of each part of an export, recorded so slow exports can be explained."""
+    """Wall time of each part of an export, recorded so slow exports can be explained; the part
+    under way is shown beside the stage's spinner."""
 
-    def __init__(self):
+    def __init__(self, reporter=None):
         self.seconds: dict[str, float] = {}
+        self.reporter = reporter
 
     def __call__(self, name: str):
         import contextlib
@@ -404,6 +406,8 @@ class Phases:
 
         @contextlib.contextmanager
         def timed():
+            if self.reporter is not None:
+                self.reporter.step(name.replace("_", " "))
             start = time.perf_counter()
             try:
                 yield

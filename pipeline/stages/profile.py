@@ -178,12 +178,14 @@ class ProfileStage(Stage):
             from pipeline.stages.fresh_measurement import measure_in_fresh_process
 
             self.ctx.reporter.detail(f"{self.engine.name}: {repeats} measurement(s), take {take + 1}, in a fresh process")
+            self.ctx.reporter.step(f"{repeats} measurement(s), take {take + 1}, in a fresh process")
             return measure_in_fresh_process(self.ctx.catalog, self.toolchain, engine_path, self.settings, self.ctx.reporter.verbose)
         results, watched = [], []
         for run in range(repeats):
             if repeats > 1 or take:
                 again = f", take {take + 1}" if take else ""
                 self.ctx.reporter.detail(f"{self.engine.name}: measurement {run + 1} of {repeats}{again}")
+                self.ctx.reporter.step(f"measurement {run + 1} of {repeats}{again}")
             with MachineWatch() as watch:
                 results.append(self.runtime.profile(engine_path, self.settings))
             watched.append(watch.summary)
@@ -193,6 +195,7 @@ class ProfileStage(Stage):
         """(figures, why not checked, the reference run) for this engine on its reference batch."""
         from pipeline.accuracy import ReferenceBatch, compare_outputs
 
+        self.ctx.reporter.step("checking its outputs on the reference batch")
         export = self.export_record
         reference = ReferenceBatch.from_export(export.details, self.ctx.workspace.root) if export and export.details else None
         if reference is None:

@@ -145,8 +145,9 @@ def classifier_head(model) -> str | None:
     return linears[-1] if linears else None
 
 
-def quantize_model(model, precision: str, batches, conv_policy: str = "exclude"):
-    """Calibrate ``model`` in place with ModelOpt; returns it and what the manifest records."""
+def quantize_model(model, precision: str, batches, conv_policy: str = "exclude", progress=None):
+    """Calibrate ``model`` in place with ModelOpt; returns it and what the manifest records.
+    ``progress`` (a text callback) hears each calibration batch."""
     import torch
 
     if precision not in PRESETS:
@@ -166,7 +167,9 @@ def quantize_model(model, precision: str, batches, conv_policy: str = "exclude")
 
     def forward_loop(m):
         with torch.no_grad():
-            for batch in batches:
+            for number, batch in enumerate(batches, 1):
+                if progress is not None:
+                    progress(f"calibrating: batch {number} of {len(batches)}")
                 m(batch.to(device=device, dtype=dtype))
 
     model = mtq.quantize(model, config, forward_loop)

@@ -1,0 +1,95 @@
+"""Progress inside long work: in a terminal the running stage's spinner says what it is doing
+(calibration batches, the export's parts, measurements and their time left); piped, one line per
+stage and nothing else."""
+
+from __future__ import annotations
+
+import io
+import os
+import pty
+import re
+import select
+import subprocess
+import sys
+import time
+
+from rich.console import Console
+
+from pipeline.reporting import Reporter, _shortened
+from tests.conftest import REPO_ROOT, TINY_CATALOG, write_catalog
+
+
+def test_the_spinner_says_the_step_what_is_under_way_and_the_time_taken():
+    reporter = Reporter(console=Console(file=io.StringIO(), force_terminal=True))
+    reporter.progress("ignored: no stage is running")
+    with reporter.working("profile", "vit_fp16"):
+        assert reporter.activity.text() == "profile vit_fp16 … 0:00"
+        reporter.step("measurement 2 of 3")
+        reporter.progress("measuring: 1.2 s left, 48 runs")
+        assert reporter.activity.text() == "profile vit_fp16 … measurement 2 of 3: measuring: 1.2 s left, 48 runs · 0:00"
+        reporter.activity.started -= 75
+        reporter.step("checking its outputs on the reference batch")  # a new step clears what the last one was doing
+        assert reporter.activity.text() == "profile vit_fp16 … checking its outputs on the reference batch · 1:15"
+        reporter.tool_output("trtexec build", "[11/23/2026-20:01:02] [I] [TRT] Detected 1 inputs and 1 output network tensors.")
+        assert reporter.activity.doing == "trtexec build: Detected 1 inputs and 1 output network tensors."
+    assert reporter.activity is None
+
+
+def test_tool_lines_are_shortened_to_what_they_say():
+    assert _shortened("[I] GPU Compute Time: min = 0.1 ms") == "GPU Compute Time: min = 0.1 ms"
+    assert _shortened("   [W] [TRT] Make sure input input_ids has Int64 binding.") == "Make sure input input_ids has Int64 binding."
+    long = _shortened("Collecting tensorrt-rtx-cu13-libs==1.7.1.116 " + "x" * 100)
+    assert len(long) == 70 and long.endswith("…")
+
+
+def test_a_run_reports_calibration_batches_export_parts_and_measurements(tmp_path, run_cli, monkeypatch):
+    said: list[str] = []
+    monkeypatch.setattr(Reporter, "step", lambda self, text: said.append(f"step {text}"))
+    monkeypatch.setattr(Reporter, "progress", lambda self, text: said.append(text))
+    catalog = write_catalog(tmp_path / "ws", TINY_CATALOG.replace("duration_s = 0.05", "duration_s = 0.5"))
+    result = run_cli(catalog, "run", "--variant", "int8", "--repeat", "2")
+    assert result.exit_code == 0, result.err
+    calibrating = [text for text in said if text.startswith("calibrating: batch")]
+    assert calibrating and calibrating[0] == f"calibrating: batch 1 of {len(calibrating)}"
+    for step in ("step onnx export", "step quantize", "step parity", "step measurement 1 of 2", "step measurement 2 of 2"):
+        assert step in said, step
+    assert "step checking its outputs on the reference batch" in said
+    assert "warming up (5 ms)" in said
+    left = [float(m.group(1)) for text in said if (m := re.match(r"measuring: ([\d.]+) s left, \d+ runs", text))]
+    assert left and all(0 <= value <= 0.5 for value in left) and max(left) > 0.2
+    # Piped, as here: one line per stage, none of the above.
+    assert "calibrating" not in result.err and "measuring" not in result.err and "s left" not in result.err
+
+
+def test_in_a_real_terminal_the_spinner_shows_the_measurement_and_its_time_left(tmp_path):
+    catalog = write_catalog(tmp_path / "ws", TINY_CATALOG.replace("duration_s = 0.05", "duration_s = 3"))
+    leader, follower = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.cli", "--catalog", str(catalog), "run", "--variant", "fp32"],
+        stdin=follower,
+        stdout=follower,
+        stderr=follower,
+        cwd=REPO_ROOT,
+        env={**os.environ, "COLUMNS": "160", "TERM": "xterm"},
+        close_fds=True,
+    )
+    os.close(follower)
+    screen = b""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([leader], [], [], 1)
+        if ready:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the terminal closed: the command ended
+                break
+            if not chunk:
+                break
+            screen += chunk
+        elif process.poll() is not None:
+            break
+    os.close(leader)
+    assert process.wait(timeout=60) == 0, screen.decode(errors="replace")
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.decode(errors="replace"))
+    assert re.search(r"profile tiny_fp32 … measuring: [\d.]+ s left, \d+ runs · 0:0\d", text), text
+    assert "profile  tiny_fp32" in text and "done in" in text  # the stage's own line, as when piped
