@@ -118,3 +118,15 @@ def test_another_noisy_threshold_is_not_answered_from_the_cache(trt_workspace, r
     again = json.loads(run_cli(trt_workspace, "compare", "--format", "json").out)
     assert not any(flag.startswith("noisy") for row in again if row["toolchain"] == "trt10.14" for flag in row["flags"])
     assert _outputs(run_cli, trt_workspace) == expected
+
+
+def test_a_cache_entry_damaged_by_hand_is_read_anew(trt_workspace, run_cli):  # noqa: F811
+    expected = _uncached(run_cli, trt_workspace)
+    _outputs(run_cli, trt_workspace)
+    cache = trt_workspace.parent / "manifests" / CACHE_NAME
+    kept = json.loads(cache.read_text())
+    first, second, *_ = kept["rows"]
+    kept["rows"][first]["row"] = {"median_ms": 1.0}  # fields missing
+    kept["rows"][second] = "not an entry"
+    cache.write_text(json.dumps(kept))
+    assert _outputs(run_cli, trt_workspace) == expected

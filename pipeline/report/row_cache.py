@@ -58,7 +58,7 @@ class RowCache:
         self.cache_file = cache_file
         self.noisy_cv = noisy_cv
         self._rows: dict[str, dict] = {}  # manifest path -> {"stat": [...], "noisy_cv": x, "row": {...}}
-        self._pairs: dict[str, list[float]] = {}  # "<version of row>|<version of base>" -> [low, high]
+        self._pairs: dict[str, list[float]] = {}  # "<version of row>\n<version of base>" -> [low, high]
         self._versions: dict[str, str] = {}  # manifest path -> its version in this call
         self._dirty = False
         if cache_file is not None:
@@ -74,8 +74,9 @@ class RowCache:
         if not isinstance(data, dict) or data.get("code") != _code_digest():
             self._dirty = True  # written by other code: replaced by this call's
             return
-        self._rows = data.get("rows") or {}
-        self._pairs = data.get("pairs") or {}
+        rows, pairs = data.get("rows"), data.get("pairs")
+        self._rows = rows if isinstance(rows, dict) else {}
+        self._pairs = pairs if isinstance(pairs, dict) else {}
 
     def save(self) -> None:
         if self.cache_file is None or not self._dirty:
@@ -107,12 +108,15 @@ class RowCache:
         signature = [stat.st_size, stat.st_mtime_ns, stat.st_ino]
         self._versions[key] = _version(key, signature)
         entry = self._rows.get(key)
-        if entry is not None and entry.get("stat") == signature and entry.get("noisy_cv") == self.noisy_cv:
-            kept = {name: shallow_copy(value) for name, value in entry["row"].items()}
-            for name in _TUPLES:
-                if kept.get(name) is not None:
-                    kept[name] = tuple(kept[name])
-            return ComparisonRow(**kept)
+        if isinstance(entry, dict) and entry.get("stat") == signature and entry.get("noisy_cv") == self.noisy_cv:
+            try:
+                kept = {name: shallow_copy(value) for name, value in entry["row"].items()}
+                for name in _TUPLES:
+                    if kept.get(name) is not None:
+                        kept[name] = tuple(kept[name])
+                return ComparisonRow(**kept)
+            except (KeyError, TypeError, AttributeError):  # an entry damaged by hand: read the manifest
+                pass
         row = row_of(read_manifest(path), self.noisy_cv)
         self._remember(key, signature, row)
         return row
