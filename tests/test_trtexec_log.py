@@ -268,3 +268,104 @@ def test_a_log_saved_in_another_unicode_encoding_reads_the_same(tmp_path, run_cl
     result = run_cli(tiny_catalog, "trtexec", "parse", str(converted), "--json")
     assert result.exit_code == expected.exit_code == 0, result.err
     assert json.loads(result.out) == json.loads(expected.out)
+
+
+# --- every input's shapes ------------------------------------------------------------------------
+
+
+def _shapes(log, name, io="input"):
+    tensor = next(t for t in log.tensors if t.name == name and t.io == io)
+    return {k: (v.min, v.opt, v.max) for k, v in tensor.profiles.items()}, tensor.inference, tensor.binding, tensor.dtype
+
+
+def test_a_dynamic_build_keeps_its_profile_and_the_shape_it_ran_at():
+    log = read_log(SAMPLES / "trt10.16.1_h100_onnx_saveEngine_fp16_dynamic_skipInference_verbose.txt")
+    assert _shapes(log, "x") == ({0: ("1x1x28x28", "4x1x28x28", "16x1x28x28")}, "4x1x28x28", None, None)
+
+
+def test_a_static_build_and_run_keeps_every_binding_with_its_type():
+    log = read_log(SAMPLES / "trt10.16.0_rtx6000ada_onnx_saveEngine_build_and_run_enqueue_bound_warning.txt")
+    assert [(t.name, t.io) for t in log.tensors] == [("x", "input"), ("y", "output"), ("z", "output")]
+    assert _shapes(log, "x") == ({0: ("1x1x28x28", "1x1x28x28", "1x1x28x28")}, None, "1x1x28x28", "fp32")
+    x = log.tensors[0]
+    assert x.automatic == "1x1x28x28" and x.ran_at == "1x1x28x28"  # trtexec chose it: no shapes were given
+    assert _shapes(log, "z", "output") == ({}, None, "1", "int64")
+
+
+def test_the_8x_wordings_of_shapes_and_bindings():
+    run = read_log(SAMPLES / "trt8.6.0_rtx3090_loadEngine_verbose_run.txt")
+    assert _shapes(run, "tensor-0") == ({0: ("4x1x28x28", "4x1x28x28", "4x1x28x28")}, "4x1x28x28", "4x1x28x28", None)
+    built = read_log(SAMPLES / "trt8.5.10_rtx2000adalaptop_onnx_best_dumpProfile_separateProfileRun_verbose.txt")
+    assert _shapes(built, "inputs.1") == ({}, None, "1x3x224x224", None)
+    assert _shapes(built, "528", "output") == ({}, None, "1x1000", None)
+
+
+def test_every_input_of_a_log_with_several_is_kept():
+    """Lines verbatim from a public TensorRT 8.4 log of a three-input BERT engine (its run part; the
+    recorded samples here all have one input)."""
+    text = "\n".join(
+        [
+            "[10/11/2023-09:46:16] [I] Using random values for input input_ids",
+            "[10/11/2023-09:46:16] [I] Created input binding for input_ids with dimensions 32x128",
+            "[10/11/2023-09:46:16] [I] Using random values for input attention_mask",
+            "[10/11/2023-09:46:16] [I] Created input binding for attention_mask with dimensions 32x128",
+            "[10/11/2023-09:46:16] [I] Using random values for input token_type_ids",
+            "[10/11/2023-09:46:16] [I] Created input binding for token_type_ids with dimensions 32x128",
+            "[10/11/2023-09:46:16] [I] Using random values for output output_0",
+            "[10/11/2023-09:46:16] [I] Created output binding for output_0 with dimensions 32x6",
+            "[10/11/2023-09:46:16] [I] Starting inference",
+            "&&&& PASSED TensorRT.trtexec [TensorRT v8401] # trtexec --onnx=/data0/shouxieai/bert/onnx/trans/robert-wma.onnx "
+            "--saveEngine=/data0/shouxieai/bert/trt/bert_trans_fp16.trt --fp16 --memPoolSize=workspace:8192 "
+            "--shapes=input_ids:32x128,attention_mask:32x128,token_type_ids:32x128 --useCudaGraph --device=0",
+        ]
+    )
+    log = parse_log(text)
+    assert [(t.name, t.io, t.ran_at) for t in log.tensors] == [
+        ("input_ids", "input", "32x128"),
+        ("attention_mask", "input", "32x128"),
+        ("token_type_ids", "input", "32x128"),
+        ("output_0", "output", "32x6"),
+    ]
+
+
+def test_the_10x_options_echo_names_the_profile_of_each_input():
+    """The first line is verbatim from a public TensorRT 10.x log (one input); the others are written in
+    the same wording for a second input and a second profile, which no recorded log has: no input's
+    line may overwrite another's."""
+    text = "\n".join(
+        [
+            "[06/17/2025-18:44:33] [I] === Build Options ===",
+            "[06/17/2025-18:44:33] [I] Input build shape (profile 0): images=1x3x640x640+3x3x640x640+10x3x640x640",
+            "[06/17/2025-18:44:33] [I] Input build shape (profile 0): scale=1x2+3x2+10x2",
+            "[06/17/2025-18:44:33] [I] Input build shape (profile 1): images=1x3x320x320+1x3x320x320+1x3x320x320",
+            "[06/17/2025-18:44:33] [I] Input calibration shapes: model",
+            "[06/17/2025-18:44:33] [I] === Inference Options ===",
+            "[06/17/2025-18:44:33] [I] Input inference shape : images=3x3x640x640",
+            "[06/17/2025-18:44:33] [I] Input inference shape : scale=3x2",
+        ]
+    )
+    log = parse_log(text)
+    assert _shapes(log, "images") == (
+        {0: ("1x3x640x640", "3x3x640x640", "10x3x640x640"), 1: ("1x3x320x320", "1x3x320x320", "1x3x320x320")},
+        "3x3x640x640",
+        None,
+        None,
+    )
+    assert _shapes(log, "scale") == ({0: ("1x2", "3x2", "10x2")}, "3x2", None, None)
+
+
+def test_parse_shows_every_input_with_what_it_was_built_for_and_ran_at(run_cli, tiny_catalog):
+    result = run_cli(
+        tiny_catalog, "trtexec", "parse", str(SAMPLES / "trt10.16.1_h100_onnx_saveEngine_fp16_dynamic_skipInference_verbose.txt")
+    )
+    assert result.exit_code == 0, result.err
+    cells = [line.replace("│", " ").split() for line in result.out.splitlines()]
+    assert ["x", "input", "1x1x28x28", "4x1x28x28", "16x1x28x28", "4x1x28x28", "–"] in cells
+    as_json = run_cli(tiny_catalog, "trtexec", "parse", "--json", str(SAMPLES / "trt10.16.1_h100_onnx_build_and_run_default.txt"))
+    tensors = json.loads(as_json.out)["tensors"]
+    assert [(t["name"], t["io"], t["dtype"], t["ran_at"]) for t in tensors] == [
+        ("x", "input", "fp32", "1x1x28x28"),
+        ("y", "output", "fp32", "1x10"),
+        ("z", "output", "int64", "1"),
+    ]
+    assert tensors[0]["profiles"] == {"0": {"min": "1x1x28x28", "opt": "1x1x28x28", "max": "1x1x28x28"}}

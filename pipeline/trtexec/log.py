@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, computed_field
 
 from pipeline.errors import PipelineError
 from pipeline.trtexec.text import read_text
@@ -37,6 +37,27 @@ _ROW_NAME_FIRST = re.compile(rf"^\s*(?P<name>\S.*?)\s+(?P<numbers>(?:{_NUMBER}\s
 _DEPRECATED_FLAG = re.compile(r"^(--[A-Za-z0-9]+)(?:=\S*)? is deprecated\b")
 _ERROR_CODE = re.compile(r"Error Code (?P<code>\d+): ?(?P<message>.*)")
 _PARSER_ERROR = re.compile(r"^\[(?P<code>\d+)\] (?P<message>.+)$")
+# Each input's shapes, in every wording trtexec has printed them (samples/common/sampleOptions.cpp
+# and sampleEngines.cpp of the TensorRT OSS release): the options echo, one line per input
+# ("Input build shape: x=1x3+2x3+4x3" in 8.x, "Input build shape (profile 0): x=…" in 10.x; the
+# plural "… shapes: model" when none were given), what the builder and the context were told, and
+# the bindings created for the run ("Created input binding for x with dimensions 32x128" in 8.x,
+# "Input binding for x with dimensions 1x1x28x28 and type fp32 is created." in 10.x).
+_BUILD_SHAPE = re.compile(
+    r"^Input build shape(?: \(profile (?P<profile>\d+)\))?\s*:\s*(?P<name>.+)=(?P<min>[\dx]*)\+(?P<opt>[\dx]*)\+(?P<max>[\dx]*)$"
+)
+_INFERENCE_SHAPE = re.compile(r"^Input inference shape(?: \(profile \d+\))?\s*:\s*(?P<name>.+)=(?P<dims>[\dx]*)$")
+_PROFILE_SET = re.compile(
+    r"^Set shape of input tensor (?P<name>.+) for optimization profile (?P<profile>\d+) to: MIN=(?P<min>\S*) OPT=(?P<opt>\S*) MAX=(?P<max>\S*)$"
+)
+_CONTEXT_SET = re.compile(r"^Set shape of input tensor (?P<name>.+) to: (?P<dims>\S*)$")
+_BINDING = re.compile(
+    r"^(?:Created (?P<io8>input|output) binding for (?P<name8>.+) with dimensions (?P<dims8>\S*)"
+    r"|(?P<io>Input|Output) binding for (?P<name>.+) with dimensions (?P<dims>\S*)(?: and type (?P<dtype>\S+))? is created\.)$"
+)
+_AUTOMATIC_SHAPE = re.compile(
+    r"^Dynamic dimensions required for input: (?P<name>.+), but no shapes were provided\. Automatically overriding shape to: (?P<dims>\S+)$"
+)
 
 # Performance-summary labels → the names used in JSON. Every other label is kept under its own.
 SUMMARY_FIELDS = {
@@ -101,6 +122,36 @@ class LayerProfile(BaseModel):
     layout: Literal["name-first (8.x)", "name-last (10.x)"] | None = None
 
 
+class ProfileShapes(BaseModel):
+    """An input's range in one optimization profile, as trtexec prints dimensions ("1x128")."""
+
+    min: str
+    opt: str
+    max: str
+
+
+class TensorShapes(BaseModel):
+    """What one input or output of the engine was built for and ran at."""
+
+    name: str
+    io: Literal["input", "output"] = "input"
+    # Per optimization profile: the range it was built for (--minShapes/--optShapes/--maxShapes).
+    profiles: dict[int, ProfileShapes] = {}
+    # The shape inference ran at (--shapes, or what trtexec chose).
+    inference: str | None = None
+    # trtexec's own choice for a dynamic input given no shapes ("Automatically overriding shape to").
+    automatic: str | None = None
+    # The buffer the run used, and its type where trtexec says (10.x).
+    binding: str | None = None
+    dtype: str | None = None
+
+    @computed_field
+    @property
+    def ran_at(self) -> str | None:
+        """The shape of the run: an input's inference shape, else its binding, else trtexec's choice."""
+        return self.binding if self.io == "output" else (self.inference or self.binding or self.automatic)
+
+
 class TrtexecLog(BaseModel):
     trt_version: str | None = None
     version_code: str | None = None  # as in the banner: "v101601"
@@ -126,8 +177,19 @@ class TrtexecLog(BaseModel):
     trace: list[TraceAverage] = []
     trace_lines_omitted: int = 0
     profile: LayerProfile | None = None
+    # Every input's shapes (and the outputs' bindings), in the order the log names them.
+    tensors: list[TensorShapes] = []
     # Facts read from other lines: engine size, build time, memory.
     facts: dict[str, str] = {}
+
+    def tensor(self, name: str, io: str = "input") -> TensorShapes:
+        """The tensor of that name, added when first named."""
+        for tensor in self.tensors:
+            if tensor.name == name and tensor.io == io:
+                return tensor
+        tensor = TensorShapes(name=name, io=io)
+        self.tensors.append(tensor)
+        return tensor
 
     @property
     def finished(self) -> bool:
@@ -237,6 +299,9 @@ def parse_log(text: str) -> TrtexecLog:
             else:
                 log.warnings.append(stripped)
                 last_warning_index = len(log.warnings) - 1
+                automatic = _AUTOMATIC_SHAPE.match(stripped)
+                if automatic:
+                    log.tensor(automatic.group("name")).automatic = automatic.group("dims")
                 deprecated = _DEPRECATED_FLAG.match(stripped)
                 if deprecated and deprecated.group(1) not in log.deprecated_flags:
                     log.deprecated_flags.append(deprecated.group(1))
@@ -300,6 +365,8 @@ def parse_log(text: str) -> TrtexecLog:
             log.trace_lines_omitted += int(omitted.group("count"))
             continue
 
+        if severity == "I" and _shape_line(log, stripped):
+            continue
         if stripped.startswith("TensorRT version:"):
             log.trt_version = stripped.split(":", 1)[1].strip()
             continue
@@ -330,6 +397,30 @@ def parse_log(text: str) -> TrtexecLog:
 
 
 NOTHING_TO_REPORT = "no performance summary and no PASSED/FAILED line: there is nothing to report from this text"
+
+
+def _shape_line(log: TrtexecLog, text: str) -> bool:
+    """Record an input's or output's shapes from this line; False when it names none."""
+    found = _BUILD_SHAPE.match(text) or _PROFILE_SET.match(text)
+    if found:
+        profile = int(found.group("profile") or 0)
+        shapes = ProfileShapes(min=found.group("min"), opt=found.group("opt"), max=found.group("max"))
+        log.tensor(found.group("name").strip()).profiles[profile] = shapes
+        return True
+    found = _INFERENCE_SHAPE.match(text) or _CONTEXT_SET.match(text)
+    if found:
+        log.tensor(found.group("name").strip()).inference = found.group("dims")
+        return True
+    found = _BINDING.match(text)
+    if found:
+        if found.group("name8") is not None:
+            tensor = log.tensor(found.group("name8"), found.group("io8"))
+            tensor.binding = found.group("dims8")
+        else:
+            tensor = log.tensor(found.group("name"), found.group("io").lower())
+            tensor.binding, tensor.dtype = found.group("dims"), found.group("dtype") or tensor.dtype
+        return True
+    return False
 
 
 def _is_summary_line(text: str) -> bool:

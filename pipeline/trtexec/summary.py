@@ -42,6 +42,8 @@ def render_run(run: TrtexecRun):
             )
     if timings.row_count:
         parts.append(timings)
+    if log.tensors:
+        parts.append(_tensors(log))
     if log.profile and log.profile.layers:
         layers = Table(title=f"Slowest layers ({log.profile.iterations} iterations)")
         for column in ("layer", "avg ms", "%"):
@@ -59,3 +61,19 @@ def render_run(run: TrtexecRun):
     for error in log.errors:
         parts.append(Text(f"error{f' {error.code}' if error.code is not None else ''}: {error.message}", style="red"))
     return Group(*parts)
+
+
+def _tensors(log) -> Table:
+    """Each input with the range it was built for (per optimization profile) and the shape it ran at;
+    each output with its binding."""
+    table = Table(title="Inputs and outputs")
+    for column in ("tensor", "io", "min", "opt", "max", "ran at", "type"):
+        table.add_column(column, justify="left" if column in ("tensor", "io", "type") else "right")
+    for tensor in log.tensors:
+        ran_at = tensor.ran_at or "–"
+        profiles = sorted(tensor.profiles.items()) or [(None, None)]
+        for index, (number, shapes) in enumerate(profiles):
+            label = tensor.name if number is None or len(profiles) == 1 else f"{tensor.name} (profile {number})"
+            built = (shapes.min, shapes.opt, shapes.max) if shapes is not None else ("–", "–", "–")
+            table.add_row(label, tensor.io, *built, ran_at if index == 0 else "", tensor.dtype or "–")
+    return table
