@@ -8,7 +8,7 @@ from itertools import product
 import pytest
 
 from pipeline.errors import UsageError
-from pipeline.trtexec.command import WEAK_TYPING_FLAGS, BuildCommand, ProfileCommand
+from pipeline.trtexec.command import WEAK_TYPING_FLAGS, BuildCommand, ProfileCommand, shapes_spec
 from pipeline.trtexec.preflight import unsupported_reasons
 from tests.conftest import SAMPLES
 
@@ -35,11 +35,16 @@ def flags(argv: list[str]) -> set[str]:
     return {arg.split("=", 1)[0] for arg in argv[1:]}
 
 
+# A transformer's two dynamic inputs: batch × sequence from 1×16 to 4×512.
+RANGES = {"input_ids": ((1, 16), (2, 128), (4, 512)), "attention_mask": ((1, 16), (2, 128), (4, 512))}
+
+
 def build_argvs(version: str):
-    for precision, sparse, verbose in product(PRECISIONS, (False, True), (False, True)):
+    for precision, sparse, verbose, ranges in product(PRECISIONS, (False, True), (False, True), ({}, RANGES)):
         command = BuildCommand(
             onnx="/w/m.onnx", engine="/w/m.engine", precision=precision, sparse=sparse,
             timing_cache="/w/t.cache", layer_info="/w/m.layers.json", optimization_level=5, verbose=verbose,
+            shape_ranges=ranges,
         )  # fmt: skip
         try:
             yield precision, command.argv(version)
@@ -50,7 +55,8 @@ def build_argvs(version: str):
 def profile_argv(version: str, **settings) -> list[str]:
     return ProfileCommand(
         engine="/w/m.engine", warmup_ms=200, iterations=10, duration_s=3,
-        times_json="/w/t.json", profile_json="/w/p.json", verbose=True, **settings,
+        times_json="/w/t.json", profile_json="/w/p.json", verbose=True,
+        shapes={"input_ids": (2, 512), "attention_mask": (2, 512)}, **settings,
     ).argv(version)  # fmt: skip
 
 
@@ -199,3 +205,20 @@ def test_a_trt11_profile_dry_run_carries_no_deprecated_flag(tmp_path, run_cli):
     catalog.write_text(catalog.read_text() + "use_cuda_graph = false\n")
     result = run_cli(catalog, "profile", "--engine", "tiny_fp16", "--trt", "11.1", "--dry-run")
     assert "--noCudaGraph" in next(line for line in result.out.splitlines() if "profile:" in line)
+
+
+@pytest.mark.parametrize("version", sorted(HELP_FILES))
+def test_a_dynamic_engine_is_built_for_every_input_range_and_timed_at_a_point(version):
+    argvs = [argv for _, argv in build_argvs(version) if "--minShapes=input_ids:1x16,attention_mask:1x16" in argv]
+    assert argvs  # every precision the release can build, with the ranges
+    for argv in argvs:
+        assert "--optShapes=input_ids:2x128,attention_mask:2x128" in argv
+        assert "--maxShapes=input_ids:4x512,attention_mask:4x512" in argv
+    assert "--shapes=input_ids:2x512,attention_mask:2x512" in profile_argv(version)
+    static = BuildCommand(onnx="/w/m.onnx", engine="/w/m.engine", precision="fp16").argv(version)
+    assert not {"--minShapes", "--optShapes", "--maxShapes"} & flags(static)
+
+
+def test_shape_specs_quote_names_trtexec_would_split_and_write_scalars_as_it_asks():
+    assert shapes_spec({"input_ids": (2, 512)}) == "input_ids:2x512"
+    assert shapes_spec({"onnx::Add_5": (1, 320), "x,y": (4,), "step": ()}) == "'onnx::Add_5':1x320,'x,y':4,step:scalar"

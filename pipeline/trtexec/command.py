@@ -24,7 +24,7 @@ Each flag emitted here is checked by the tests against the recorded ``trtexec --
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pipeline.errors import UsageError
 
@@ -100,6 +100,22 @@ def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
+# An input's dimensions, e.g. (2, 512); () for a scalar.
+Dims = tuple[int, ...]
+
+
+def shapes_spec(shapes: dict[str, Dims]) -> str:
+    """The value of --shapes/--minShapes/--optShapes/--maxShapes: ``name:2x512`` per input,
+    comma-separated. As every release's --help says: a name holding ':' or ',' goes in single quotes
+    (the pipeline passes argv without a shell, so the quotes reach trtexec as they are), and a 0-D
+    shape is ``scalar``."""
+    parts = []
+    for name, dims in shapes.items():
+        quoted = f"'{name}'" if (":" in name or "," in name) else name
+        parts.append(f"{quoted}:{'x'.join(map(str, dims)) if dims else 'scalar'}")
+    return ",".join(parts)
+
+
 @dataclass(frozen=True)
 class BuildCommand:
     onnx: str
@@ -110,11 +126,17 @@ class BuildCommand:
     layer_info: str | None = None
     optimization_level: int | None = None
     verbose: bool = False
+    # The dynamic range of each dynamic input (min, opt, max): one optimization profile.
+    shape_ranges: dict[str, tuple[Dims, Dims, Dims]] = field(default_factory=dict)
 
     def argv(self, trt_version: str, executable: str = "trtexec") -> list[str]:
         dialect = Dialect(parse_version(trt_version))
         argv = [executable, f"--onnx={self.onnx}", f"--saveEngine={self.engine}"]
         argv += dialect.typing_flags(self.precision)
+        if self.shape_ranges:
+            # trtexec needs all three for every dynamic input; each flag lists every input.
+            for flag, index in (("--minShapes", 0), ("--optShapes", 1), ("--maxShapes", 2)):
+                argv.append(f"{flag}={shapes_spec({name: dims[index] for name, dims in self.shape_ranges.items()})}")
         if self.sparse:
             argv.append("--sparsity=enable")
         if self.optimization_level is not None:
@@ -142,6 +164,8 @@ class ProfileCommand:
     no_data_transfers: bool = True
     spin_wait: bool = True
     verbose: bool = False
+    # The shape point to run at, per dynamic input (--shapes); empty for a static engine.
+    shapes: dict[str, Dims] = field(default_factory=dict)
 
     def settings_in_force(self) -> dict[str, bool]:
         """What the timing included, the same on every release (recorded in the profile manifest)."""
@@ -164,6 +188,8 @@ class ProfileCommand:
             f"--duration={_number(self.duration_s)}",
         ]
         argv += dialect.measurement_flags(self.use_cuda_graph, not self.no_data_transfers, self.spin_wait)
+        if self.shapes:
+            argv.append(f"--shapes={shapes_spec(self.shapes)}")
         if self.times_json:
             argv.append(f"--exportTimes={self.times_json}")
         if self.profile_json:
