@@ -18,6 +18,12 @@ class PipelineError(Exception):
         self.message = message
         self.hint = hint
 
+    def plain(self) -> PipelineError:
+        """This error as its plain class from this module (which sets the exit code), message and
+        hint only: what crosses a pipe from a child process, whatever else it carried."""
+        cls = type(self) if type(self).__module__ == __name__ else PipelineError
+        return cls(self.message, self.hint)
+
 
 class UsageError(PipelineError):
     """The request itself is wrong: an unknown name, a forbidden option combination."""

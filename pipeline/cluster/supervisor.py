@@ -85,8 +85,7 @@ def run_on_cluster(ctx, address: str, engines, toolchain, until: str, gpu_types:
     if kind == "bug":
         raise RuntimeError(f"the cluster driver failed (its traceback is above): {payload}")
     if kind == "error":
-        cls, message, hint = payload
-        raise cls(message, hint)
+        raise payload
     return payload.raise_for_failures(len(engines))
 
 
@@ -106,9 +105,9 @@ def _child(send, settings, lock, parent: int) -> None:
     ctx = RunContext(catalog=catalog, workspace=Workspace(catalog.root), reporter=Reporter(verbose=verbose), force=force, argv=argv)
     try:
         summary = drive(ctx, address, engines, toolchain, until, gpu_types, verbose)
-        outcome = ("ok", RunSummary(summary.succeeded, [(name, _plain(exc)) for name, exc in summary.failed]))
+        outcome = ("ok", RunSummary(summary.succeeded, [(name, exc.plain()) for name, exc in summary.failed]))
     except PipelineError as exc:
-        outcome = ("error", (type(exc) if type(exc).__module__ == "pipeline.errors" else PipelineError, exc.message, exc.hint))
+        outcome = ("error", exc.plain())
     except KeyboardInterrupt:
         outcome = ("interrupted", None)
     except Exception as exc:  # a bug: its traceback here, and the command exits as for any bug
@@ -131,9 +130,3 @@ def _end_with_parent(parent: int) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(CANCEL_GRACE_S)
     os._exit(1)
-
-
-def _plain(exc: PipelineError) -> PipelineError:
-    """The error as its plain class, so it crosses the pipe whatever it carried."""
-    cls = type(exc) if type(exc).__module__ == "pipeline.errors" else PipelineError
-    return cls(exc.message, exc.hint)

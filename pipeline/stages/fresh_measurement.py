@@ -45,8 +45,7 @@ def measure_in_fresh_process(catalog, toolchain: str, engine_path: Path, setting
         )
     kind, payload = outcome
     if kind == "error":
-        cls, message, hint = payload
-        raise cls(message, hint)
+        raise payload
     return payload
 
 
@@ -64,6 +63,4 @@ def _child(send, catalog, toolchain: str, engine_path: Path, settings, verbose: 
             watched.append(watch.summary)
         send.send(("ok", (results, watched)))
     except PipelineError as exc:
-        # Its own class where it is one of pipeline.errors' (they carry the exit code), else the base.
-        cls = type(exc) if type(exc).__module__ == "pipeline.errors" else PipelineError
-        send.send(("error", (cls, exc.message, exc.hint)))
+        send.send(("error", exc.plain()))
