@@ -170,7 +170,7 @@ def _compact_status(row: ComparisonRow, notes: _Notes) -> str:
 
 
 def render_table(rows: list[ComparisonRow], width: int, columns: tuple[str, ...] | None = None, wide: bool = False):
-    """The comparison for a terminal ``width`` columns wide, every number whole, as rich Text.
+    """The comparison for a terminal ``width`` columns wide, every number whole: lines laid out here, for rich to print.
 
     Every column when they fit (or with ``wide``, at whatever width that takes), else the first
     of MEDIUM, NARROW and COMPACT that fits; ``columns`` chooses them. Long texts wrap; numbers
