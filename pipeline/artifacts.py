@@ -39,13 +39,18 @@ def storage_shortfall(directory: Path, needed_bytes: int, what: str = "the file"
     limit, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
     if limit != resource.RLIM_INFINITY and limit < needed_bytes:
         return f"this process may write files of at most {_mib(limit)} (its file-size limit, `ulimit -f`), and {what} takes up to about {_mib(needed_bytes)}"
-    try:
-        free = shutil.disk_usage(directory).free
-    except OSError:
-        return None
-    if free < needed_bytes:
+    free = free_bytes(directory)
+    if free is not None and free < needed_bytes:
         return f"the disk holding {directory} has {_mib(free)} free, and {what} takes up to about {_mib(needed_bytes)}"
     return None
+
+
+def free_bytes(directory: Path) -> int | None:
+    """Free space on the disk holding ``directory``; None where it cannot be read."""
+    try:
+        return shutil.disk_usage(directory).free
+    except OSError:
+        return None
 
 
 def _mib(size: int) -> str:

@@ -23,7 +23,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import socket
 import sys
 from collections.abc import Iterator
@@ -175,8 +174,7 @@ def remove_leftovers(root: Path) -> list[str]:
 
 
 def _free_space(directory: Path) -> str:
-    try:
-        free = shutil.disk_usage(directory).free
-    except OSError:
-        return "unknown"
-    return f"{free / 2**20:,.0f} MiB"
+    from pipeline.artifacts import free_bytes
+
+    free = free_bytes(directory)
+    return "unknown" if free is None else f"{free / 2**20:,.0f} MiB"
