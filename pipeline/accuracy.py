@@ -40,7 +40,8 @@ class AccuracyFigures(BaseModel):
     cosine_similarity: float | None
     min_sample_cosine_similarity: float | None
     max_abs_error: float | None
-    top1_agreement: float
+    # None where the output is not class scores (a transformer's hidden states).
+    top1_agreement: float | None
     top5_agreement: float | None
     # Top-1 accuracy against the images' labels (`--eval-dir` with ImageNet classes), and the FP32
     # model's own on the same images.
@@ -61,7 +62,7 @@ class AccuracyFigures(BaseModel):
 # --- the reference batch ----------------------------------------------------------------------------
 
 # How each dtype is stored; bfloat16 has no numpy dtype, so it travels as its raw 16 bits.
-_NUMPY_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "uint16"}
+_NUMPY_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "uint16", "int64": "int64", "int32": "int32"}
 
 
 @dataclass(frozen=True)
@@ -74,8 +75,19 @@ class ReferenceTensor:
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
 
+    @property
+    def is_integer(self) -> bool:
+        return self.dtype.startswith("int")
+
+    def values(self):
+        """The values in their own type (integers as integers), floating ones as float32."""
+        return self._read(integers_as_float=False)
+
     def as_float32(self):
-        """The values, as float32 (exact for every stored dtype)."""
+        """The values, as float32 (exact for every stored floating dtype)."""
+        return self._read(integers_as_float=True)
+
+    def _read(self, integers_as_float: bool):
         import numpy as np
 
         if self.dtype not in _NUMPY_DTYPES:
@@ -92,14 +104,17 @@ class ReferenceTensor:
             )
         if self.dtype == "bfloat16":
             raw = (raw.astype(np.uint32) << 16).view(np.float32)
+        if self.is_integer and not integers_as_float:
+            return raw.reshape(self.shape)
         return raw.astype(np.float32).reshape(self.shape)
 
 
 @dataclass(frozen=True)
 class ReferenceBatch:
-    """The fixed input of one variant's engine and the FP32 model's outputs for it."""
+    """The fixed inputs of one variant's engine (at one shape point, for models with several) and
+    the FP32 model's outputs for them."""
 
-    input: ReferenceTensor
+    inputs: tuple[ReferenceTensor, ...]
     output: ReferenceTensor
     description: str
     precision: str
@@ -109,13 +124,28 @@ class ReferenceBatch:
     # Class indices of those samples, when they are labelled images (ImageNet-1k folders).
     labels: tuple[int, ...] | None = None
 
+    # The shape point these inputs are at ("2x512"); None for a model of one shape.
+    shape: str | None = None
+
+    @property
+    def input(self) -> ReferenceTensor:
+        """The one input of a single-input model."""
+        if len(self.inputs) != 1:
+            raise PipelineError(f"the reference batch has {len(self.inputs)} inputs; this runtime feeds engines one.")
+        return self.inputs[0]
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {tensor.name: tensor.shape for tensor in self.inputs}
+
     @property
     def cosine_floor(self) -> float:
         return accuracy_floor(self.precision, self.sparse)
 
     @classmethod
-    def from_export(cls, details, root: Path) -> ReferenceBatch | None:
-        """From an export record's details; None for exports made before reference batches."""
+    def from_export(cls, details, root: Path, shape: str | None = None) -> ReferenceBatch | None:
+        """From an export record's details, at shape point ``shape`` for models with several;
+        None for exports made before reference batches (or before that point was exported)."""
         ref = getattr(details, "reference", None)
         if not ref:
             return None
@@ -123,9 +153,17 @@ class ReferenceBatch:
         def tensor(entry):
             return ReferenceTensor(entry["name"], Path(root) / entry["path"], tuple(entry["shape"]), entry["dtype"])
 
+        if "points" in ref:
+            point = ref["points"].get(shape)
+            if point is None:
+                return None
+            return cls(
+                tuple(tensor(entry) for entry in point["inputs"]), tensor(point["output"]), ref["description"],
+                details.precision, details.sparsity == "2:4", point.get("samples"), None, shape,
+            )  # fmt: skip
         labels = tuple(ref["labels"]) if ref.get("labels") else None
         return cls(
-            tensor(ref["input"]), tensor(ref["output"]), ref["description"], details.precision, details.sparsity == "2:4",
+            (tensor(ref["input"]),), tensor(ref["output"]), ref["description"], details.precision, details.sparsity == "2:4",
             ref.get("samples"), labels,
         )  # fmt: skip
 
@@ -164,9 +202,11 @@ def compare_outputs(
     ref2, out2 = ref.reshape(samples, -1), out.reshape(samples, -1)
     floor = accuracy_floor(precision, sparse)
     nonfinite = int(np.size(out) - np.count_nonzero(np.isfinite(out)))
-    top1 = float(np.mean(np.argmax(np.nan_to_num(out2, nan=-np.inf), axis=1) == np.argmax(ref2, axis=1)))
+    # Top-k agreement where the output is class scores (samples × classes), not hidden states.
+    classes = ref.ndim == 2
+    top1 = float(np.mean(np.argmax(np.nan_to_num(out2, nan=-np.inf), axis=1) == np.argmax(ref2, axis=1))) if classes else None
     top5 = None
-    if ref2.shape[1] >= 5:
+    if classes and ref2.shape[1] >= 5:
         predicted = np.argsort(-np.nan_to_num(out2, nan=-np.inf), axis=1)[:, :5]
         top5 = float(np.mean([ref2[i].argmax() in predicted[i] for i in range(samples)]))
     if nonfinite:

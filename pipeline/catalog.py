@@ -21,6 +21,8 @@ from pipeline.errors import PipelineError, UsageError
 CATALOG_FILENAME = "pipeline.toml"
 # The validation context key of the toolchain kinds' settings lookup (see read_catalog).
 TOOLCHAIN_SETTINGS = "toolchain_settings"
+# … and of the model families' settings (see read_catalog).
+MODEL_SETTINGS = "model_settings"
 
 # Names become file and directory names: no separators, no leading dot, nothing to escape.
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.\-]{0,63}$")
@@ -45,16 +47,55 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class ModelSpec(_Strict):
-    """A timm model and how to feed it."""
+SHAPE_RE = re.compile(r"^[1-9][0-9]*(x[1-9][0-9]*)*$")
 
-    timm: str = Field(description="timm model name, e.g. vit_base_patch16_224")
-    batch_size: int = Field(gt=0, le=4096)
-    # None: the model's own pretrained_cfg input size.
-    image_size: int | None = Field(default=None, gt=0)
+
+def check_shape(text: str) -> str:
+    """A shape point as the catalog writes it: sizes of the model's dynamic axes joined by 'x' ("2x512")."""
+    if not isinstance(text, str) or not SHAPE_RE.match(text):
+        raise ValueError(f"{text!r} is not a shape: write the sizes of the model's dynamic axes joined by 'x', e.g. \"2x512\"")
+    return text
+
+
+class ShapeRange(_Strict):
+    """The range of shapes an engine is built for (TensorRT's optimization profile)."""
+
+    min: str
+    opt: str
+    max: str
+
+    @field_validator("min", "opt", "max")
+    @classmethod
+    def _shape(cls, value: str) -> str:
+        return check_shape(value)
+
+
+class ModelSpec(_Strict):
+    """What every model family shares. Each family (pipeline/models/) adds its own fields in a
+    subclass; the catalog validates a ``[models.NAME]`` table with the class of the family whose
+    key it has (``timm = "…"``, ``transformers = "…"``)."""
+
     # Weights are never downloaded (offline machines): random init unless a local file is named.
     checkpoint: Path | None = None
     seed: int = 0
+    # The shape points to measure, as sizes of the family's dynamic axes ("2x512": batch 2,
+    # sequence 512). Empty: the model's one fixed shape (timm: batch_size and image size).
+    shapes: tuple[str, ...] = ()
+    # What engines are built for: min/opt/max of every dynamic axis; None: from the points.
+    shape_range: ShapeRange | None = None
+
+    @field_validator("shapes")
+    @classmethod
+    def _shapes(cls, shapes: tuple[str, ...]) -> tuple[str, ...]:
+        for shape in shapes:
+            check_shape(shape)
+        if len(set(shapes)) != len(shapes):
+            raise ValueError(f"shape points are listed twice: {sorted(s for s in set(shapes) if shapes.count(s) > 1)}")
+        return shapes
+
+    def family(self) -> str:
+        """The family this model belongs to (the key its table names its model with)."""
+        raise NotImplementedError
 
 
 class VariantSpec(_Strict):
@@ -186,6 +227,33 @@ class Catalog(_Strict):
                 for line in _describe(exc).splitlines():
                     whole_table = line.startswith("(top level)")
                     problems.append(f"toolchains.{name}{line.removeprefix('(top level)') if whole_table else '.' + line}")
+        if problems:
+            raise ValueError("\n".join(problems))
+        return specs
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _validate_models_by_family(cls, table: Any, info: ValidationInfo) -> Any:
+        """Each model table against the settings of its family, found by the family's key
+        (pipeline/models registers the families and hands their lookup in as the context)."""
+        if not isinstance(table, dict):
+            return table
+        spec_class = (info.context or {}).get(MODEL_SETTINGS)
+        if spec_class is None:
+            raise ValueError("model tables need their families' settings: load the catalog with pipeline.runtimes.load_catalog")
+        specs, problems = {}, []
+        for name, raw in table.items():
+            if isinstance(raw, ModelSpec):
+                specs[name] = raw
+                continue
+            try:
+                specs[name] = spec_class(raw).model_validate(raw)
+            except LookupError as exc:
+                problems.append(f"models.{name}: {exc.args[0]}")
+            except ValidationError as exc:
+                for line in _describe(exc).splitlines():
+                    whole_table = line.startswith("(top level)")
+                    problems.append(f"models.{name}{line.removeprefix('(top level)') if whole_table else '.' + line}")
         if problems:
             raise ValueError("\n".join(problems))
         return specs
@@ -379,9 +447,14 @@ def find_catalog(start: Path | None = None) -> Path:
     )
 
 
-def read_catalog(path: Path | None, toolchain_settings: Callable[[str | None], type[ToolchainSpec]]) -> Catalog:
+def read_catalog(
+    path: Path | None,
+    toolchain_settings: Callable[[str | None], type[ToolchainSpec]],
+    model_settings: Callable[[Any], type[ModelSpec]],
+) -> Catalog:
     """The catalog at ``path`` (default: found from here up), each toolchain table validated by the
-    settings class ``toolchain_settings(kind)`` returns (LookupError for an unknown kind)."""
+    settings class ``toolchain_settings(kind)`` returns (LookupError for an unknown kind), each
+    model table by ``model_settings(table)``'s (LookupError when no family's key is there)."""
     try:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10
@@ -397,7 +470,7 @@ def read_catalog(path: Path | None, toolchain_settings: Callable[[str | None], t
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{path} is not valid TOML: {exc}.", hint="fix the line named above") from None
     try:
-        catalog = Catalog.model_validate(raw, context={TOOLCHAIN_SETTINGS: toolchain_settings})
+        catalog = Catalog.model_validate(raw, context={TOOLCHAIN_SETTINGS: toolchain_settings, MODEL_SETTINGS: model_settings})
     except ValidationError as exc:
         raise UsageError(
             f"{path} is not a valid catalog:\n{_describe(exc, indent='  ')}", hint=f"see the comments in {CATALOG_FILENAME}"

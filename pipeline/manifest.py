@@ -86,10 +86,21 @@ class ParityCheck(_Model):
 
 class ExportDetails(_Model):
     kind: Literal["export"] = "export"
-    timm_model: str
+    # The timm architecture, for timm models; `source` says what any model is.
+    timm_model: str | None = None
+    source: str | None = None
     weights: str  # "random-init (seed N)" or "checkpoint <path>"
+    # The shape and floating type of the first input as traced (the model's one shape, or its
+    # smallest shape point).
     input_shape: list[int]
     input_dtype: str
+    # Every input of the graph: name, dims (sizes, or names of dynamic axes), dtype, kind.
+    inputs: list[dict[str, Any]] = []
+    output: str | None = None
+    # The shape points ("2x512") the reference and parity cover; empty for a model of one shape.
+    shape_points: list[str] = []
+    # Which exporter wrote the graph (torch.export-based, TorchScript, ModelOpt's).
+    exporter: str | None = None
     opset: int
     # Set when the graph was traced at this smaller batch with a dynamic batch axis, then pinned
     # to input_shape's batch (CPU traces of quantized models; see pipeline/stages/quantize.py).
@@ -106,7 +117,9 @@ class ExportDetails(_Model):
     # The reference batch every engine of this variant is checked on: its description and the
     # input and FP32-output files (name, path, shape, dtype), see pipeline/accuracy.py.
     reference: dict[str, Any] | None = None
+    # The worst of the shape points' checks, when there are several (parity_by_shape).
     parity: ParityCheck | None = None
+    parity_by_shape: dict[str, ParityCheck] = {}
     # Why the ONNX could not be run in ONNX Runtime (TensorRT-only operators).
     parity_skipped: str | None = None
     onnx_ops: dict[str, int] = {}
@@ -143,7 +156,12 @@ class ProfileDetails(_Model):
     total_walltime_s: float
     latency_ms: LatencyStats
     throughput_qps: float
+    # Samples per second: images, or sequences for token inputs (sample_unit says which).
     images_per_s: float
+    sample_unit: str = "img"
+    # Each input's shape as measured (name → dims), and the tokens per second of sequence models.
+    input_shapes: dict[str, list[int]] = {}
+    tokens_per_s: float | None = None
     # Kept so reports can test significance (bootstrap) and draw CDFs without re-measuring.
     per_iteration_ms: list[float]
     # With [profile] repeats > 1: each measurement's median and the coefficient of variation
@@ -218,6 +236,9 @@ class EngineManifest(_Model):
     # The GPU type this engine was built and timed for on a cluster (`--gpu`, or every GPU type the
     # cluster has); its outputs then live under engines/<toolchain>@<gpu>/. None on a local run.
     gpu_type: str | None = None
+    # The shape point this manifest's profile is at ("2x512"), for models measured at several;
+    # None for a model of one shape, and for the engine's own manifest (export and build).
+    shape: str | None = None
     environment: Environment
     export: StageRecord | None = None
     build: StageRecord | None = None

@@ -4,6 +4,7 @@
     engines/<toolchain>/<engine>.<ext>         built engines, with their build logs beside them
     manifests/export/<engine>.json            the export stage (shared by all toolchains)
     manifests/<toolchain>/<engine>.json       export + build + profile of one engine
+    manifests/<toolchain>/<engine>@<shape>.json   … profiled at one shape point (models with several)
 
 A cluster run that builds for several GPU types keeps each type's engines and manifests apart:
 engines/<toolchain>@<gpu>/ and manifests/<toolchain>@<gpu>/ (pipeline/cluster/).
@@ -52,14 +53,22 @@ class Workspace:
         folder = self.models_dir / engine.model
         return folder / f"{engine.variant}.ref-input.bin", folder / f"{engine.variant}.ref-output.bin"
 
+    def reference_point_paths(self, engine: EngineRef, point: str, inputs: list[str]) -> tuple[dict[str, Path], Path]:
+        """The reference inputs at one shape point ("2x512"), by input name, and the FP32 outputs for them."""
+        folder = self.models_dir / engine.model
+        stem = f"{engine.variant}.ref-{point}"
+        return {name: folder / f"{stem}.{name}.bin" for name in inputs}, folder / f"{stem}.output.bin"
+
     def export_manifest_path(self, engine: EngineRef) -> Path:
         return self.manifests_dir / "export" / f"{engine.name}.json"
 
     def engine_dir(self, toolchain: str, gpu_type: str | None = None) -> Path:
         return self.engines_dir / output_folder(toolchain, gpu_type)
 
-    def manifest_path(self, toolchain: str, engine: EngineRef, gpu_type: str | None = None) -> Path:
-        return self.manifests_dir / output_folder(toolchain, gpu_type) / f"{engine.name}.json"
+    def manifest_path(self, toolchain: str, engine: EngineRef, gpu_type: str | None = None, shape: str | None = None) -> Path:
+        """The engine's manifest, or its profile at one shape point ("2x512") for models with several."""
+        name = f"{engine.name}@{shape}" if shape else engine.name
+        return self.manifests_dir / output_folder(toolchain, gpu_type) / f"{name}.json"
 
     def relative(self, path: Path) -> str:
         path = Path(path).resolve()

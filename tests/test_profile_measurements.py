@@ -28,19 +28,19 @@ def scripted_measurements(monkeypatch, takes: list[list[float]]):
     """ONNX Runtime's profile returns these per-run times, one list per measurement, in order."""
     remaining = list(takes)
 
-    def profile(self, engine_path, settings):
+    def profile(self, engine_path, settings, workload=None):
         values = remaining.pop(0)
         return ProfileResult(per_iteration_ms=values, total_walltime_s=0.01 * len(values), device="scripted")
 
     monkeypatch.setattr(OnnxRuntimeRuntime, "profile", profile)
 
-    def retake_here(catalog, toolchain, engine_path, settings, verbose):
+    def retake_here(catalog, toolchain, engine_path, settings, workload, verbose):
         # Retakes run in a fresh process, which this scripting cannot reach: run them here instead
         # (test_a_retake_runs_in_a_fresh_process checks the real thing).
         results, watched = [], []
         for _ in range(settings.repeats):
             with machine_watch.MachineWatch() as watch:
-                results.append(profile(None, engine_path, settings))
+                results.append(profile(None, engine_path, settings, workload))
             watched.append(watch.summary)
         return results, watched
 
@@ -105,7 +105,7 @@ def test_a_retake_runs_in_a_fresh_process(tmp_path, run_cli, monkeypatch):
     catalog = catalog_with(tmp_path, "max_repeat_cv = 0.5\nretakes = 1")
     first = [[1.0] * 3, [9.0] * 3]
 
-    def profile(self, engine_path, settings):
+    def profile(self, engine_path, settings, workload=None):
         if not first:
             raise AssertionError("the retake ran in the pipeline's own process")
         return ProfileResult(per_iteration_ms=first.pop(0), total_walltime_s=0.03, device="scripted")
@@ -125,7 +125,7 @@ def test_a_retake_whose_process_fails_names_the_engine(tmp_path, run_cli, monkey
     catalog = catalog_with(tmp_path, "max_repeat_cv = 0.05\nretakes = 1")
     first = [[5.0] * 3, [9.0] * 3]
 
-    def profile(self, engine_path, settings):
+    def profile(self, engine_path, settings, workload=None):
         if first:
             engine_path.write_bytes(b"not an ONNX model any more")  # what the fresh process will load
             return ProfileResult(per_iteration_ms=first.pop(0), total_walltime_s=0.03, device="scripted")

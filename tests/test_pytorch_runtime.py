@@ -118,7 +118,8 @@ def test_eager_and_compile_build_the_runnable_model_and_time_it_on_the_cpu(works
         # The engine file pins exactly what is timed: the architecture and its weights.
         engine = next(a for a in m.build.outputs if a.role == "engine")
         saved = torch.load(workspace.parent / engine.path, weights_only=True)
-        assert saved["timm_model"] == "test_vit" and saved["input_shape"] == [2, 3, 160, 160]
+        assert saved["source"]["family"] == "timm" and saved["source"]["spec"]["timm"] == "test_vit"
+        assert saved["input_shapes"] == [[2, 3, 160, 160]]
         assert all(t.dtype == torch.float32 for t in saved["state_dict"].values() if t.is_floating_point())
         profile = m.profile.details
         assert profile.accuracy["cosine_similarity"] > 0.9999 and profile.accuracy["top1_agreement"] == 1.0  # FP32 vs FP32

@@ -257,7 +257,7 @@ def test_int8_export_gives_the_graph_modelopts_exporter_gives(tmp_path):
 
     model = quantized_test_vit("int8")
     sample = torch.randn(2, 3, 160, 160)
-    exported = export_quantized(model, sample, tmp_path / "int8.onnx", 17, "fp32", "int8")
+    exported = export_quantized(model, (sample,), tmp_path / "int8.onnx", 17, "fp32", "int8")
     assert exported.exporter == INT8_EXPORTER and exported.traced_batch is None
     ours = onnx.load(str(tmp_path / "int8.onnx"))
     theirs = onnx.load_from_string(modelopt_onnx(model, sample, 17, "fp32"))

@@ -116,11 +116,14 @@ def models(state: _State):
     catalog = state.catalog
     console = stdout_console()
     table = Table(title=f"Models ({catalog.root / 'pipeline.toml'})")
-    for column in ("model", "timm", "batch", "weights"):
+    from pipeline.models import model_source
+
+    for column in ("model", "source", "shapes", "weights"):
         table.add_column(column)
     for name, spec in catalog.models.items():
         weights = f"checkpoint {spec.checkpoint}" if spec.checkpoint else f"random init (seed {spec.seed})"
-        table.add_row(name, spec.timm, str(spec.batch_size), weights)
+        source = model_source(name, spec, catalog.root)
+        table.add_row(name, source.describe(), source.shapes_summary(), weights)
     console.print(table)
     variants = Table(title="Variants")
     for column in ("variant", "precision", "sparsity"):

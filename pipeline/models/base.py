@@ -1,28 +1,114 @@
 """What the stages and runtimes ask of a model, whatever family it comes from.
 
-A family (timm today) is one module in this package with one class behind :class:`ModelSource`,
+A family (timm, transformers) is one module in this package with one class behind
+:class:`ModelSource` and its catalog settings (a :class:`~pipeline.catalog.ModelSpec` subclass),
 registered in ``pipeline/models/__init__.py``. Export, build and profile hold a ModelSource and
 never check which family it is.
+
+A model has named inputs (:class:`ModelInput`), each with dimensions that are fixed sizes or
+named axes ("batch", "sequence"). A :class:`ShapePoint` gives every named axis a size: it is one
+column of the comparison, and what the engine is measured at.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 from pipeline.catalog import ModelSpec
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, UsageError
 
 # torch dtype name of each precision a PyTorch model runs natively; quantized precisions are
 # fake-quantized graphs in PyTorch and have no entry.
 TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+# The dtype a model input declares when it takes the model's own floating type (images):
+# float32 in an FP32 export, float16 in an FP16 one.
+MODEL_FLOAT = "float"
+
+
+@dataclass(frozen=True)
+class ModelInput:
+    """One input of a model, as its ONNX graph names it."""
+
+    name: str
+    # Fixed sizes, or the names of the axes that vary between shape points ("batch", "sequence").
+    dims: tuple[int | str, ...]
+    # numpy's name ("int64"), or MODEL_FLOAT for the model's floating type.
+    dtype: str
+    # What its values are, so seeded inputs make sense: "image", "token_ids", "attention_mask",
+    # "token_type_ids" or "values" (standard normal).
+    kind: str = "values"
+
+    def shape_at(self, point: ShapePoint) -> tuple[int, ...]:
+        return tuple(point.size(dim) if isinstance(dim, str) else dim for dim in self.dims)
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "dims": list(self.dims), "dtype": self.dtype, "kind": self.kind}
+
+
+@dataclass(frozen=True)
+class ShapePoint:
+    """A size for every dynamic axis of a model, e.g. batch 2 × sequence 512 ("2x512")."""
+
+    axes: tuple[tuple[str, int], ...]
+
+    @classmethod
+    def parse(cls, text: str, axis_names: tuple[str, ...], model: str) -> ShapePoint:
+        """A catalog shape ("2x512") as sizes of ``axis_names`` (("batch", "sequence"))."""
+        sizes = [int(part) for part in text.split("x")]
+        if len(sizes) != len(axis_names):
+            raise UsageError(
+                f"model {model!r}: shape {text!r} has {len(sizes)} size(s), but the model's dynamic axes are {' × '.join(axis_names)}.",
+                hint=f"write one size per axis, e.g. {'x'.join(['2', '512', '64'][: len(axis_names)])!r}",
+            )
+        return cls(tuple(zip(axis_names, sizes)))
+
+    @property
+    def label(self) -> str:
+        return "x".join(str(size) for _, size in self.axes)
+
+    def size(self, axis: str) -> int:
+        for name, size in self.axes:
+            if name == axis:
+                return size
+        raise KeyError(axis)
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.axes)
+
+    def __str__(self) -> str:
+        return self.label
+
+
+@dataclass(frozen=True)
+class PointShapes:
+    """Every input's shape at one shape point: what a runtime needs to describe a measurement
+    there (the reference batch, :class:`~pipeline.accuracy.ReferenceBatch`, has the same two
+    fields and the values besides)."""
+
+    shape: str
+    shapes: dict[str, tuple[int, ...]]
 
 
 class ModelSource(ABC):
     """One catalog model: how to create it (never a download) and what it is fed."""
 
     family: ClassVar[str]
+    #: The catalog settings of this family (its table key is ``family``).
+    Spec: ClassVar[type[ModelSpec]]
+    #: How its plain (unquantized) exports are written: "dynamo" (torch.export-based) or
+    #: "torchscript". Quantized exports go through ModelOpt's exporter, which is TorchScript.
+    exporter: ClassVar[str] = "torchscript"
+    #: Whether quantization is limited to the Linear layers (transformers), as opposed to
+    #: ModelOpt's preset everywhere it applies.
+    quantize_linear_only: ClassVar[bool] = False
+    #: The unit of one sample's work, for throughput: "img" (images/s) or "seq" (sequences/s,
+    #: and tokens/s from the sequence axis).
+    sample_unit: ClassVar[str] = "img"
+    #: Distributions beyond torch, timm, onnx and ModelOpt whose version changes its exports.
+    packages: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, name: str, spec: ModelSpec, workspace_root: Path):
         self.name = name
@@ -33,17 +119,125 @@ class ModelSource(ABC):
     def describe(self) -> str:
         """What the model is, for logs and dry runs (e.g. a timm architecture name)."""
 
+    def facts(self) -> dict[str, Any]:
+        """What identifies the model beyond its weights, for the export's fingerprint and manifest."""
+        return {"family": self.family, "source": self.describe()}
+
     @abstractmethod
     def create(self) -> Any:
         """The model in eval mode on the CPU, in FP32, with the catalog's weights."""
 
-    @abstractmethod
-    def input_shape(self, model) -> tuple[int, ...]:
-        """The shape of the batch every stage feeds the model."""
+    def runnable(self, model) -> Any:
+        """``model`` as a module whose forward takes the inputs in order and returns the one output
+        tensor that is exported, compared and checked (a transformer's last hidden state)."""
+        return model
 
     @abstractmethod
-    def sample_input(self, shape):
-        """The fixed, seeded batch of that shape that export traces and checks parity with."""
+    def inputs(self, model) -> list[ModelInput]:
+        """The model's inputs, in forward()'s order."""
+
+    def shapes_at(self, point: ShapePoint, model=None) -> PointShapes:
+        """Each input's shape at ``point``, by name."""
+        return PointShapes(point.label, {i.name: i.shape_at(point) for i in self.inputs(model)})
+
+    def output_name(self) -> str:
+        return "logits"
+
+    def dynamic_axes(self) -> tuple[str, ...]:
+        """The axes that vary between shape points, in the order the catalog's shapes give them."""
+        return ()
+
+    def shapes_summary(self) -> str:
+        """The shapes it is measured at, in a few words (`pipeline models`)."""
+        axes = " × ".join(self.dynamic_axes())
+        return f"{', '.join(self.spec.shapes)} ({axes})" if self.spec.shapes else "–"
+
+    def shape_points(self) -> list[ShapePoint]:
+        """The catalog's shape points; empty for a model of one fixed shape."""
+        return [ShapePoint.parse(text, self.dynamic_axes(), self.name) for text in self.spec.shapes]
+
+    def shape_range(self) -> tuple[ShapePoint, ShapePoint, ShapePoint] | None:
+        """The (min, opt, max) shapes engines are built for: the catalog's `shape_range`, else
+        from the points: the smallest and largest size of each axis, and for opt the median of
+        each axis's sizes (the upper one of two), where TensorRT tunes its kernels. None for a
+        model of one shape. A point outside a given range is refused here, before any work."""
+        points = self.shape_points()
+        if not points:
+            return None
+        axes = self.dynamic_axes()
+        given = self.spec.shape_range
+        if given is not None:
+            low, opt, high = (ShapePoint.parse(text, axes, self.name) for text in (given.min, given.opt, given.max))
+            for name, size in low.axes:
+                if not size <= opt.size(name) <= high.size(name):
+                    raise UsageError(
+                        f"model {self.name!r}: shape_range {given.min} / {given.opt} / {given.max} is not ordered in {name}.",
+                        hint="give min ≤ opt ≤ max for every axis",
+                    )
+            outside = [p.label for p in points if any(not low.size(a) <= s <= high.size(a) for a, s in p.axes)]
+            if outside:
+                raise UsageError(
+                    f"model {self.name!r}: shape point(s) {', '.join(outside)} lie outside the engines' shape_range "
+                    f"(min {given.min}, max {given.max}), so no engine could run them.",
+                    hint="widen shape_range, or drop those points from shapes",
+                )
+            return low, opt, high
+
+        def pick(choose) -> ShapePoint:
+            return ShapePoint(tuple((axis, choose(sorted(p.size(axis) for p in points))) for axis in axes))
+
+        return pick(lambda sizes: sizes[0]), pick(lambda sizes: sizes[len(sizes) // 2]), pick(lambda sizes: sizes[-1])
+
+    def input_ranges(self, model=None) -> dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]:
+        """(min, opt, max) shape of every input with a dynamic axis, by name; empty for one shape."""
+        shape_range = self.shape_range()
+        if shape_range is None:
+            return {}
+        return {
+            i.name: tuple(i.shape_at(point) for point in shape_range)
+            for i in self.inputs(model)
+            if any(isinstance(dim, str) for dim in i.dims)
+        }
+
+    def check_point(self, model, point: ShapePoint) -> None:  # noqa: B027 — optional: most models take any size
+        """Raise a user error when the model cannot take this shape (a sequence beyond its positions)."""
+
+    @abstractmethod
+    def sample_inputs(self, model, point: ShapePoint | None, seed: int) -> tuple:
+        """Seeded inputs at ``point`` (None: the model's one fixed shape), as CPU tensors in
+        inputs()'s order; integer inputs hold valid token ids and masks."""
+
+    def describe_calibration(self, directory: Path | None, samples: int, batch_size: int) -> dict[str, Any]:
+        """What calibration_batches feeds, for the manifest."""
+        if directory is not None:
+            raise UsageError(
+                f"model {self.name!r} calibrates on seeded inputs of its own; a calibration folder ({directory}) is for image models.",
+                hint="leave out --calib-dir (and [calibration] directory) for this model",
+            )
+        return {"source": "seeded synthetic inputs at the first shape point", "samples": samples, "batch_size": batch_size}
+
+    def describe_evaluation(self, directory: Path) -> dict[str, Any]:
+        """What an evaluation folder (`--eval-dir`) gives this model's reference batch."""
+        raise UsageError(
+            f"model {self.name!r} has no use for an evaluation folder of images ({directory}).",
+            hint="leave out --eval-dir for this model",
+        )
+
+    def calibration_batches(self, model, directory: Path | None, samples: int, batch_size: int) -> list[tuple]:
+        """Inputs for quantization and sparsegpt calibration, as tuples in inputs()'s order."""
+        points = self.shape_points()
+        point = points[0] if points else None
+        batches = []
+        for number, start in enumerate(range(0, samples, batch_size)):
+            count = min(batch_size, samples - start)
+            batch = self.sample_inputs(model, self.at_batch(point, count), self.spec.seed + 2 + number)
+            batches.append(batch)
+        return batches
+
+    def at_batch(self, point: ShapePoint | None, batch: int) -> ShapePoint | None:
+        if point is None:
+            return None
+        return ShapePoint(tuple((axis, batch if axis == "batch" else size) for axis, size in point.axes))
 
     def checkpoint_path(self) -> Path | None:
         """The catalog's local weights file (relative paths from the workspace), or None for seeded random weights."""

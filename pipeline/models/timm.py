@@ -7,16 +7,40 @@ toolchains) start from the same model, so both describe the same weights.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+from pydantic import Field, field_validator
+
+from pipeline.catalog import ModelSpec
 from pipeline.errors import PipelineError
-from pipeline.models.base import ModelSource
+from pipeline.models.base import MODEL_FLOAT, ModelInput, ModelSource, ShapePoint
+
+
+class TimmSpec(ModelSpec):
+    """A timm model and how to feed it: one image batch of a fixed size."""
+
+    timm: str = Field(description="timm model name, e.g. vit_base_patch16_224")
+    batch_size: int = Field(gt=0, le=4096)
+    # None: the model's own pretrained_cfg input size.
+    image_size: int | None = Field(default=None, gt=0)
+
+    @field_validator("shapes")
+    @classmethod
+    def _one_shape(cls, shapes: tuple[str, ...]) -> tuple[str, ...]:
+        if shapes:
+            raise ValueError("timm models have one shape: set batch_size (and image_size) instead of shapes")
+        return shapes
+
+    def family(self) -> str:
+        return "timm"
 
 
 class TimmModel(ModelSource):
     """A timm architecture fed one NCHW image batch."""
 
     family = "timm"
+    Spec = TimmSpec
 
     def describe(self) -> str:
         return self.spec.timm
@@ -41,6 +65,16 @@ class TimmModel(ModelSource):
             ) from exc
         return model.eval()
 
+    def facts(self) -> dict[str, Any]:
+        return {"timm_model": self.spec.timm, "batch_size": self.spec.batch_size, "image_size": self.spec.image_size}
+
+    def shapes_summary(self) -> str:
+        size = f", {self.spec.image_size}px" if self.spec.image_size else ""
+        return f"batch {self.spec.batch_size}{size}"
+
+    def inputs(self, model) -> list[ModelInput]:
+        return [ModelInput("input", self.input_shape(model), MODEL_FLOAT, kind="image")]
+
     def input_shape(self, model) -> tuple[int, int, int, int]:
         """(batch, channels, height, width): the catalog's batch and image size, else the model's own."""
         channels, height, width = model.pretrained_cfg.get("input_size", (3, 224, 224))
@@ -48,9 +82,28 @@ class TimmModel(ModelSource):
             height = width = self.spec.image_size
         return (self.spec.batch_size, channels, height, width)
 
-    def sample_input(self, shape):
-        """Seeded from the model's seed, so every stage and every run feeds the same batch."""
+    def sample_inputs(self, model, point: ShapePoint | None, seed: int) -> tuple:
+        """A standard normal batch seeded from ``seed``, so every stage and every run feeds the same one."""
         import torch
 
-        generator = torch.Generator().manual_seed(self.spec.seed + 1)
-        return torch.randn(*shape, generator=generator)
+        generator = torch.Generator().manual_seed(seed)
+        return (torch.randn(*self.input_shape(model), generator=generator),)
+
+    def describe_calibration(self, directory: Path | None, samples: int, batch_size: int) -> dict[str, Any]:
+        from pipeline.models.images import describe_source
+
+        return describe_source(directory, samples, batch_size)
+
+    def describe_evaluation(self, directory: Path) -> dict[str, Any]:
+        from pipeline.models.images import describe_source
+
+        batch = self.spec.batch_size
+        return describe_source(directory, batch, batch, "evaluation", "--eval-dir")
+
+    def calibration_batches(self, model, directory: Path | None, samples: int, batch_size: int) -> list[tuple]:
+        """Images from ``directory`` through timm's transforms, else standard normal batches."""
+        from pipeline.models.images import calibration_batches
+
+        _, channels, height, width = self.input_shape(model)
+        batches = calibration_batches(model, directory, samples, batch_size, (channels, height, width), self.spec.seed + 2)
+        return [(batch,) for batch in batches]

@@ -28,6 +28,9 @@ class ComparisonRow:
     # The GPU type a cluster run built and timed this engine for (manifests/<toolchain>@<gpu>/);
     # rows are compared only with rows of the same GPU type. None on a local run.
     gpu_type: str | None = None
+    # The shape point measured ("2x512"), for models measured at several; rows are compared only
+    # with rows of the same shape.
+    shape: str | None = None
     device: str | None = None
     gpu: str | None = None
     batch_size: int | None = None
@@ -37,7 +40,10 @@ class ComparisonRow:
     p95_ms: float | None = None
     p99_ms: float | None = None
     cv: float | None = None
+    # Samples per second in the model's unit ("img" images, "seq" sequences), and tokens per second.
     images_per_s: float | None = None
+    sample_unit: str = "img"
+    tokens_per_s: float | None = None
     baseline: str | None = None
     speedup: float | None = None
     speedup_significant: bool | None = None
@@ -82,6 +88,11 @@ class ComparisonRow:
     @property
     def engine(self) -> str:
         return f"{self.model}_{self.variant}"
+
+    @property
+    def point(self) -> tuple[str | None, str | None]:
+        """What a row is compared within: its GPU type and shape point."""
+        return self.gpu_type, self.shape
 
     @property
     def full_status(self) -> str:
@@ -134,8 +145,16 @@ def manifest_paths(manifests_dir: Path, toolchains: list[str] | None = None) -> 
     for directory in sorted(p for p in manifests_dir.iterdir() if p.is_dir() and p.name != "export"):
         if toolchains and directory.name.split("@")[0] not in toolchains:  # <toolchain>@<gpu> for cluster runs
             continue
-        paths.extend(sorted(directory.glob("*.json")))
+        paths.extend(directory / name for name in engine_manifest_names(sorted(p.name for p in directory.glob("*.json"))))
     return paths
+
+
+def engine_manifest_names(names: list[str]) -> list[str]:
+    """The manifests of one folder that are rows: a model measured at several shape points has one
+    per point (``bert_fp16@2x512.json``), and its engine's own (``bert_fp16.json``, export and
+    build) is left out, its build being in each of them."""
+    measured_at_points = {name.partition("@")[0] for name in names if "@" in name}
+    return [name for name in names if "@" in name or name.removesuffix(".json") not in measured_at_points]
 
 
 def load_manifests(manifests_dir: Path, toolchains: list[str] | None = None) -> list[EngineManifest]:
@@ -165,6 +184,10 @@ def _load_from_git(ref: str, workspace: Workspace, toolchains: list[str] | None)
         return result.stdout
 
     listing = [p for p in git("ls-tree", "-r", "--name-only", ref, "--", "manifests/").splitlines() if p.endswith(".json")]
+    by_folder: dict[str, list[str]] = {}
+    for name in listing:
+        by_folder.setdefault(str(Path(name).parent), []).append(Path(name).name)
+    listing = [f"{folder}/{name}" for folder, names in by_folder.items() for name in engine_manifest_names(sorted(names))]
     manifests = []
     for name in listing:
         parts = Path(name).parts
@@ -253,6 +276,7 @@ def compare_rows(catalog: Catalog, rows: list[ComparisonRow], toolchain_order: l
             r.model,
             variant_order.get(r.variant, len(variant_order)),
             r.variant,
+            _shape_order(r.shape),
             chain_order.get(r.toolchain, 99),
             r.gpu_type or "",
         )
@@ -260,9 +284,21 @@ def compare_rows(catalog: Catalog, rows: list[ComparisonRow], toolchain_order: l
     return rows
 
 
+def _shape_order(shape: str | None) -> tuple[int, ...]:
+    """Shape points in the order of their sizes, the later axes first (sequence, then batch):
+    2x512, 4x512, 2x2048, …"""
+    return tuple(reversed([int(size) for size in shape.split("x")])) if shape else ()
+
+
 def _row(m: EngineManifest, noisy_cv: float) -> ComparisonRow:
     row = ComparisonRow(
-        model=m.model, variant=m.variant, toolchain=m.toolchain or "?", gpu_type=m.gpu_type, status="not profiled", source=m._source
+        model=m.model,
+        variant=m.variant,
+        toolchain=m.toolchain or "?",
+        gpu_type=m.gpu_type,
+        shape=m.shape,
+        status="not profiled",
+        source=m._source,
     )
     row.precision = m.precision
     if m.build is not None and m.build.status == "skipped":
@@ -287,7 +323,7 @@ def _row(m: EngineManifest, noisy_cv: float) -> ComparisonRow:
             row.accuracy_cosine = export.accuracy["cosine_similarity"]
             row.top1_agreement = export.accuracy["top1_agreement"]
         flops = (export.onnx_audit or {}).get("matmul_flops")
-        if flops and export.input_shape:
+        if flops and export.input_shape and not export.shape_points:  # a graph of one shape: its FLOPs per batch
             row.export_flops = (export.input_shape[0], float(flops))
     if m.profile is not None and m.profile.status == "done" and m.profile.details is not None:
         d = m.profile.details
@@ -307,6 +343,8 @@ def _row(m: EngineManifest, noisy_cv: float) -> ComparisonRow:
         row.p99_ms = d.latency_ms.p99
         row.cv = d.latency_ms.cv
         row.images_per_s = d.images_per_s
+        row.sample_unit = d.sample_unit
+        row.tokens_per_s = d.tokens_per_s
         attach_timings(row, m)
         row.flags = measurement_flags(d, noisy_cv)
         if d.accuracy:
@@ -372,13 +410,13 @@ Comparison = tuple[ComparisonRow, ComparisonRow, str]
 
 def _speedups(catalog: Catalog, rows: list[ComparisonRow]) -> list[Comparison]:
     comparisons: list[Comparison] = []
-    measured = {(r.model, r.toolchain, r.gpu_type, r.variant): r for r in rows if r.median_ms}
+    measured = {(r.model, r.toolchain, r.point, r.variant): r for r in rows if r.median_ms}
     for row in rows:
         if row.median_ms is None:
             continue
         spec = catalog.toolchains.get(row.toolchain)
         for name in spec.baselines if spec else ("fp16", "fp32"):
-            base = measured.get((row.model, row.toolchain, row.gpu_type, name))
+            base = measured.get((row.model, row.toolchain, row.point, name))
             if base is not None:
                 row.baseline = name
                 row.speedup = base.median_ms / row.median_ms
@@ -394,9 +432,9 @@ def _toolchain_changes(rows: list[ComparisonRow], order: list[str] | None) -> li
     if len(chains) < 2:
         return comparisons
     reference = chains[0]
-    by_key = {(r.model, r.variant, r.toolchain, r.gpu_type): r for r in rows if r.median_ms}
+    by_key = {(r.model, r.variant, r.toolchain, r.point): r for r in rows if r.median_ms}
     for row in rows:
-        ref = by_key.get((row.model, row.variant, reference, row.gpu_type))
+        ref = by_key.get((row.model, row.variant, reference, row.point))
         if row.median_ms is None or ref is None or row.toolchain == reference:
             continue
         row.reference_toolchain = reference
@@ -415,9 +453,9 @@ def _toolchain_changes(rows: list[ComparisonRow], order: list[str] | None) -> li
 
 def _against_baseline_toolchain(rows: list[ComparisonRow], baseline: str) -> list[Comparison]:
     comparisons: list[Comparison] = []
-    measured = {(r.model, r.variant, r.batch_size, r.gpu_type): r for r in rows if r.median_ms and r.toolchain == baseline}
+    measured = {(r.model, r.variant, r.batch_size, r.point): r for r in rows if r.median_ms and r.toolchain == baseline}
     for row in rows:
-        base = measured.get((row.model, row.variant, row.batch_size, row.gpu_type))
+        base = measured.get((row.model, row.variant, row.batch_size, row.point))
         if row.median_ms is None or base is None:
             continue
         row.baseline_toolchain = baseline

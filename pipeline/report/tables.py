@@ -60,10 +60,12 @@ COLUMNS = (
     Column("engine", "engine", lambda r: r.engine, text=True),
     Column("variant", "variant", lambda r: r.variant, text=True),
     Column("toolchain", "toolchain", lambda r: r.target, text=True),
+    Column("shape", "shape", lambda r: r.shape.replace("x", "×") if r.shape else "–", text=True),
     Column("median", "median ms", lambda r: _fmt(r.median_ms, ".3f")),
     Column("p99", "p99 ms", lambda r: _fmt(r.p99_ms, ".3f")),
     Column("cv", "CV", lambda r: _fmt(r.cv * 100 if r.cv is not None else None, ".1f", "%")),
     Column("img/s", "img/s", lambda r: _fmt(r.images_per_s, ".1f")),
+    Column("tok/s", "tokens/s", lambda r: _fmt(r.tokens_per_s, ",.0f")),
     Column("speedup", "speedup", lambda r: _marked(r.speedup, r.speedup_significant, f"{r.speedup or 0:.2f}x vs {r.baseline}"), text=True),
     Column(
         "vs-baseline-toolchain",
@@ -98,10 +100,12 @@ WIDE = tuple(c for c in COLUMNS if c.key != "variant")
 MEDIUM = (
     "variant",
     "toolchain",
+    "shape",
     "median",
     "p99",
     "cv",
     "img/s",
+    "tok/s",
     "speedup",
     "vs-baseline-toolchain",
     "vs-ref-toolchain",
@@ -109,8 +113,23 @@ MEDIUM = (
     "top1",
     "status",
 )
-NARROW = ("variant", "toolchain", "median", "p99", "img/s", "speedup", "accuracy", "top1", "status")
-COMPACT = ("variant", "toolchain", "median", "p99", "img/s", "speedup", "status")
+NARROW = ("variant", "toolchain", "shape", "median", "p99", "img/s", "tok/s", "speedup", "accuracy", "top1", "status")
+COMPACT = ("variant", "toolchain", "shape", "median", "p99", "tok/s", "img/s", "speedup", "status")
+# Columns a model's table shows only when one of its rows has a value there (shape points, tokens).
+OPTIONAL = {"shape": lambda r: r.shape, "tok/s": lambda r: r.tokens_per_s}
+
+
+def columns_for(rows: list[ComparisonRow], keys: tuple[str, ...]) -> tuple[str, ...]:
+    """``keys`` without the optional columns none of ``rows`` fills (a timm model has no shape points)."""
+    return tuple(key for key in keys if key not in OPTIONAL or any(OPTIONAL[key](row) for row in rows))
+
+
+def samples_header(rows: list[ComparisonRow]) -> str:
+    """The throughput column's header in the model's unit: img/s, or seq/s for token inputs."""
+    units = {row.sample_unit for row in rows}
+    return f"{units.pop()}/s" if len(units) == 1 else "samples/s"
+
+
 HEADERS = tuple(c.header for c in WIDE)
 
 
@@ -135,11 +154,14 @@ def parse_columns(text: str) -> tuple[str, ...]:
 def render_markdown(rows: list[ComparisonRow]) -> str:
     out = []
     for model in dict.fromkeys(r.model for r in rows):
+        model_rows = [r for r in rows if r.model == model]
+        columns = [COLUMNS_BY_KEY[key] for key in columns_for(model_rows, tuple(c.key for c in WIDE))]
+        headers = [samples_header(model_rows) if c.key == "img/s" else c.header for c in columns]
         out.append(f"### {model}\n")
-        out.append("| " + " | ".join(HEADERS) + " |")
-        out.append("|" + "|".join("---" for _ in HEADERS) + "|")
-        for row in (r for r in rows if r.model == model):
-            out.append("| " + " | ".join(c.replace("|", "\\|") for c in row_cells(row)) + " |")
+        out.append("| " + " | ".join(headers) + " |")
+        out.append("|" + "|".join("---" for _ in headers) + "|")
+        for row in model_rows:
+            out.append("| " + " | ".join(column.cell(row).replace("|", "\\|") for column in columns) + " |")
         out.append("")
     out.append("`~`: within the runs' own spread (95% bootstrap CI of the median difference contains 0).")
     return "\n".join(out) + "\n"
@@ -207,9 +229,12 @@ class _TextTable:
 
     def __init__(self, model: str, rows: list[ComparisonRow], keys: tuple[str, ...], compact: bool):
         self.model, self.rows = model, rows
-        self.columns = [COLUMNS_BY_KEY[key] for key in keys]
+        self.columns = [COLUMNS_BY_KEY[key] for key in columns_for(rows, keys)]
         self.notes = _Notes() if compact else None
-        self.headers = [((c.short_header or c.header) if compact else c.header).splitlines() for c in self.columns]
+        self.headers = [
+            [samples_header(rows)] if c.key == "img/s" else ((c.short_header or c.header) if compact else c.header).splitlines()
+            for c in self.columns
+        ]
         self.cells = [[_cell(column, row, self.notes) for column in self.columns] for row in rows]
         # Words that may wrap (the status, the layer audit): at WRAP_AT in a wide table.
         self.wraps = [column.key in ("status", "audit") for column in self.columns]

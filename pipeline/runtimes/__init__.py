@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pipeline.catalog import Catalog, read_catalog
 from pipeline.errors import EnvironmentMissing
+from pipeline.models import spec_class as model_spec_class
 from pipeline.runtimes.base import EngineRuntime
 
 # kind → "module:class". Modules are imported when a catalog names their kind, not before.
@@ -47,8 +48,8 @@ def spec_class(kind: str | None):
 
 def load_catalog(path: Path | None = None) -> Catalog:
     """The catalog at ``path`` (default: pipeline.toml found from here up), every toolchain table
-    validated against the settings of its kind."""
-    return read_catalog(path, spec_class)
+    validated against the settings of its kind and every model table against its family's."""
+    return read_catalog(path, spec_class, model_spec_class)
 
 
 def create_runtime(name: str, spec, reporter, workspace_root: Path, force: bool = False) -> EngineRuntime:

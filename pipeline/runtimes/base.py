@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 from pipeline.accuracy import ReferenceBatch
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
-from pipeline.models import ModelSource
+from pipeline.models import ModelSource, PointShapes
 from pipeline.reporting import Reporter
 
 
@@ -177,7 +177,9 @@ class EngineRuntime(ABC):
         compilers read the first, runtimes that run PyTorch itself start from the second."""
 
     @abstractmethod
-    def profile(self, engine_path: Path, settings: ProfileSettings) -> ProfileResult: ...
+    def profile(self, engine_path: Path, settings: ProfileSettings, workload: ReferenceBatch | None = None) -> ProfileResult:
+        """Time the engine. ``workload`` is what to feed at a shape point (its inputs' shapes and
+        seeded values), for models measured at several; None: the engine's one fixed shape."""
 
     def run_reference(self, engine_path: Path, reference: ReferenceBatch) -> ReferenceRun | None:
         """Run the engine once on the reference batch; None when this runtime cannot feed an engine
@@ -189,5 +191,5 @@ class EngineRuntime(ABC):
         """The exact work ``build`` would do, for --dry-run."""
 
     @abstractmethod
-    def describe_profile(self, engine_path: Path, settings: ProfileSettings) -> list[str]:
-        """The exact work ``profile`` would do, for --dry-run."""
+    def describe_profile(self, engine_path: Path, settings: ProfileSettings, workload: PointShapes | None = None) -> list[str]:
+        """The exact work ``profile`` would do (at a shape point's input shapes), for --dry-run."""

@@ -38,6 +38,10 @@ _ORT_TO_NUMPY = {
 }
 
 
+def _shapes_text(shapes: dict[str, tuple[int, ...]]) -> str:
+    return ", ".join(f"{name} {'×'.join(map(str, dims))}" for name, dims in shapes.items())
+
+
 def _ort():
     return require_module("onnxruntime", purpose="The onnxruntime toolchain", extra=None)
 
@@ -135,44 +139,57 @@ class OnnxRuntimeRuntime(EngineRuntime):
     def describe_build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec, source: ModelSource) -> list[str]:
         return [f"build: onnxruntime {self.version} {self.providers()[0]}: optimise {onnx_path.name} (ORT_ENABLE_EXTENDED) → {engine_path}"]
 
-    def describe_profile(self, engine_path: Path, settings: ProfileSettings) -> list[str]:
+    def describe_profile(self, engine_path: Path, settings: ProfileSettings, workload=None) -> list[str]:
+        at = f" at {_shapes_text(workload.shapes)}" if workload is not None else ""
         return [
-            f"profile: onnxruntime {self.version} {self.providers()[0]}: {engine_path.name}, warm-up "
+            f"profile: onnxruntime {self.version} {self.providers()[0]}: {engine_path.name}{at}, warm-up "
             f"{settings.warmup_ms:g} ms, then ≥{settings.iterations} runs and ≥{settings.duration_s:g} s"
         ]
 
     def run_reference(self, engine_path: Path, reference: ReferenceBatch) -> ReferenceRun:
         ort = _ort()
         session = self._session(engine_path, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
-        (spec,) = session.get_inputs()
-        if spec.name != reference.input.name:
-            raise PipelineError(
-                f"{engine_path.name} takes input {spec.name!r}; the reference batch is for {reference.input.name!r}.",
-                hint="the engine and the reference come from different exports; re-export and rebuild (`--force`)",
-            )
-        feed = reference.input.as_float32().astype(_ORT_TO_NUMPY.get(spec.type, "float32"))
-        outputs = session.run(None, {spec.name: feed})
+        outputs = session.run(None, self._feeds(session, engine_path, reference))
         names = [output.name for output in session.get_outputs()]
         return ReferenceRun(
             outputs=dict(zip(names, outputs)),
             checked_by=f"onnxruntime {self.version} {session.get_providers()[0]}, in this process",
         )
 
-    def profile(self, engine_path: Path, settings: ProfileSettings) -> ProfileResult:
+    def _feeds(self, session, engine_path: Path, batch: ReferenceBatch) -> dict[str, Any]:
+        """The batch's tensors by the engine's input names, each in the type the engine takes."""
+        given = {tensor.name: tensor for tensor in batch.inputs}
+        wanted = [spec.name for spec in session.get_inputs()]
+        if sorted(given) != sorted(wanted):
+            raise PipelineError(
+                f"{engine_path.name} takes input(s) {', '.join(map(repr, wanted))}; the reference batch has {', '.join(map(repr, given))}.",
+                hint="the engine and the reference come from different exports; re-export and rebuild (`--force`)",
+            )
+        feeds = {}
+        for spec in session.get_inputs():
+            tensor = given[spec.name]
+            values = tensor.values() if tensor.is_integer else tensor.as_float32()
+            feeds[spec.name] = values.astype(_ORT_TO_NUMPY.get(spec.type, str(values.dtype)))
+        return feeds
+
+    def profile(self, engine_path: Path, settings: ProfileSettings, workload: ReferenceBatch | None = None) -> ProfileResult:
         import numpy as np
 
         ort = _ort()
         session = self._session(engine_path, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
-        rng = np.random.default_rng(0)
-        feeds = {}
-        for spec in session.get_inputs():
-            if any(not isinstance(dim, int) for dim in spec.shape):
-                raise PipelineError(
-                    f"input {spec.name!r} of {engine_path.name} has a dynamic shape {spec.shape}.",
-                    hint="export with a static batch (the default)",
-                )
-            dtype = _ORT_TO_NUMPY.get(spec.type, "float32")
-            feeds[spec.name] = rng.standard_normal(spec.shape).astype(dtype)
+        if workload is not None:
+            feeds = self._feeds(session, engine_path, workload)
+        else:
+            rng = np.random.default_rng(0)
+            feeds = {}
+            for spec in session.get_inputs():
+                if any(not isinstance(dim, int) for dim in spec.shape):
+                    raise PipelineError(
+                        f"input {spec.name!r} of {engine_path.name} has a dynamic shape {spec.shape}, and no shape point was given.",
+                        hint="list the model's shape points in pipeline.toml (`shapes`), or export with a static batch",
+                    )
+                dtype = _ORT_TO_NUMPY.get(spec.type, "float32")
+                feeds[spec.name] = rng.standard_normal(spec.shape).astype(dtype)
 
         run = session.run
         progress = MeasurementProgress(self.reporter, settings)

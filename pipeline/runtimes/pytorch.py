@@ -44,7 +44,8 @@ from pipeline.runtimes.base import BuildResult, EngineRuntime, MeasurementProgre
 
 # What the engine file holds; checked on load so a stray .pt is a clear error, not a crash.
 ENGINE_FORMAT = "trt-pipeline torch model"
-ENGINE_FORMAT_VERSION = 1
+# 2: the model is described by its family and catalog settings (1: a timm architecture's name).
+ENGINE_FORMAT_VERSION = 2
 # Runs before CUDA-graph capture, on a side stream, as PyTorch's CUDA graph notes ask.
 CAPTURE_WARMUP_RUNS = 3
 
@@ -85,25 +86,33 @@ class CompileFailed(Exception):
 
 @dataclass
 class Prepared:
-    """A model ready to time: one call of ``run`` is one inference on ``example``, in place (a
-    CUDA graph reads its input from a fixed address), returning the output."""
+    """A model ready to time: one call of ``run`` is one inference on ``examples``, in place (a
+    CUDA graph reads its inputs from fixed addresses), returning the output."""
 
     # Which engine file this is: (inode, size, mtime), kept by the move the build's write ends
     # with, so a profile can tell its own build's file without hashing hundreds of MB again.
     engine_file: tuple[int, int, int]
     run: Callable[[], Any]
-    example: Any
+    examples: tuple
     device: str
-    batch_size: int
+    # The shape point it was prepared at ("2x512"); None for a model of one shape.
+    shape: str | None
     # What preparing it took and found (compile time, graph breaks), for the manifests.
     facts: dict[str, Any] = field(default_factory=dict)
+    # The loaded model, kept to prepare it at another shape point without reading the file again.
+    model: Any = None
 
-    def infer(self, values):
-        """The output for these input values (a float32 array of the example's shape)."""
+    @property
+    def batch_size(self) -> int:
+        return int(self.examples[0].shape[0])
+
+    def infer(self, values: tuple):
+        """The output for these input values (arrays of the examples' shapes)."""
         import torch
 
         with torch.no_grad():
-            self.example.copy_(torch.from_numpy(values).to(dtype=self.example.dtype))
+            for example, value in zip(self.examples, values):
+                example.copy_(torch.from_numpy(value).to(dtype=example.dtype))
             return self.run().detach().float().cpu().numpy().copy()
 
 
@@ -150,6 +159,7 @@ class TorchRuntime(EngineRuntime):
             "fullgraph": self.spec.fullgraph,
             "tf32": self.spec.tf32,
             "gpus": [gpu.name for gpu in nvidia_gpus()],
+            "engine_format": ENGINE_FORMAT_VERSION,
         }
 
     def describe(self) -> str:
@@ -232,22 +242,27 @@ class TorchRuntime(EngineRuntime):
             "cudagraphs": "capture one run in a CUDA graph",
         }[self.spec.backend]
         return [
-            f"build: torch {self.version}: timm {source.spec.timm} ({TORCH_DTYPES.get(variant.precision, variant.precision)}) "
-            f"→ {engine_path}; {prepare}"
+            f"build: torch {self.version}: {source.describe()} ({TORCH_DTYPES.get(variant.precision, variant.precision)}) → {engine_path}; {prepare}"
         ]
 
     def build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec, source: ModelSource) -> BuildResult:
         torch = _torch()
         dtype = getattr(torch, TORCH_DTYPES[variant.precision])
-        model = source.create().to(dtype)
-        shape = source.input_shape(model)
+        created = source.create()
+        model = source.runnable(created).to(dtype)
+        points = source.shape_points()
+        # Prepared (compiled, captured) at the first shape point; the others are prepared when
+        # they are profiled.
+        point = points[0] if points else None
+        examples = source.sample_inputs(created, point, 0)
         torch.save(
             {
                 "format": ENGINE_FORMAT,
                 "format_version": ENGINE_FORMAT_VERSION,
-                "timm_model": source.spec.timm,
+                # What makes the model again: its family and catalog settings (weights below).
+                "source": {"name": source.name, "family": source.family, "spec": source.spec.model_dump(mode="json")},
                 "precision": variant.precision,
-                "input_shape": list(shape),
+                "input_shapes": [list(t.shape) for t in examples],
                 "state_dict": model.state_dict(),
             },
             engine_path,
@@ -256,7 +271,7 @@ class TorchRuntime(EngineRuntime):
         settings = self.settings(variant.precision, device)
         self._prepared = None  # free the previous model's memory before preparing this one
         try:
-            self._prepared = self._prepare(model, shape, dtype, device, _file_identity(engine_path))
+            self._prepared = self._prepare(model, examples, dtype, device, _file_identity(engine_path), point and point.label)
         except CompileFailed as exc:
             result = BuildResult(engine_path=None, settings=settings, evidence={"compiler": {**self.versions(), **exc.facts}})
             raise RefusedByTool(exc.message, exc.hint, result=result) from exc.__cause__
@@ -280,27 +295,27 @@ class TorchRuntime(EngineRuntime):
             "timm": package_version("timm"),
         }
 
-    def _prepare(self, model, shape, dtype, device: str, engine_file: tuple[int, int, int]) -> Prepared:
+    def _prepare(self, model, examples: tuple, dtype, device: str, engine_file: tuple[int, int, int], shape: str | None) -> Prepared:
+        """``model`` ready to run on ``examples`` (CPU tensors; floating ones become ``dtype``)."""
         torch = _torch()
         if device == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = self.spec.tf32
             torch.backends.cudnn.allow_tf32 = self.spec.tf32
-        batch = shape[0]
-        with out_of_memory_as_error(batch):
+        with out_of_memory_as_error(int(examples[0].shape[0]), shape=shape):
             model = model.to(device)
-            example = torch.randn(*shape, generator=torch.Generator().manual_seed(0)).to(device=device, dtype=dtype)
+            placed = tuple(t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device) for t in examples)
             facts: dict[str, Any] = {}
             if self.spec.backend == "eager":
-                run = _no_grad(lambda: model(example))
+                run = _no_grad(lambda: model(*placed))
             elif self.spec.backend == "cudagraphs":
                 self.reporter.progress("capturing a CUDA graph")
-                run = _capture(torch, model, example)
+                run = _capture(torch, model, placed)
             else:
                 self.reporter.progress(f"compiling with torch.compile (mode {self.mode or 'default'})")
-                run, facts = self._compile(torch, model, example)
-        return Prepared(engine_file, run, example, device, batch, facts)
+                run, facts = self._compile(torch, model, placed)
+        return Prepared(engine_file, run, placed, device, shape, facts, model)
 
-    def _compile(self, torch, model, example):
+    def _compile(self, torch, model, examples: tuple):
         import torch._dynamo
         from torch._inductor.runtime import cache_dir_utils
 
@@ -314,8 +329,8 @@ class TorchRuntime(EngineRuntime):
         try:
             # Inductor prints its autotuning tables: shown with -v, like the export's tools.
             with torch.no_grad(), self.reporter.captured("torch.compile"):
-                compiled(example)
-            if example.is_cuda:
+                compiled(*examples)
+            if examples[0].is_cuda:
                 torch.cuda.synchronize()
         except torch.cuda.OutOfMemoryError:
             raise
@@ -343,54 +358,83 @@ class TorchRuntime(EngineRuntime):
             # Compiled modes that use CUDA graphs (max-autotune, reduce-overhead) reuse their
             # output buffers; marking each inference as a new step lets them.
             torch.compiler.cudagraph_mark_step_begin()
-            return compiled(example)
+            return compiled(*examples)
 
         return _no_grad(run), facts
 
     # --- profile ------------------------------------------------------------------------------------
 
-    def describe_profile(self, engine_path: Path, settings: ProfileSettings) -> list[str]:
+    def describe_profile(self, engine_path: Path, settings: ProfileSettings, workload=None) -> list[str]:
         clock = "runs enqueued back to back, each timed by CUDA events on the GPU, like trtexec (host time on a CPU)"
+        at = " at " + ", ".join(f"{n} {'×'.join(map(str, d))}" for n, d in workload.shapes.items()) if workload is not None else ""
         return [
-            f"profile: torch {self.version} {self.spec.backend}: {engine_path.name}, warm-up {settings.warmup_ms:g} ms, "
+            f"profile: torch {self.version} {self.spec.backend}: {engine_path.name}{at}, warm-up {settings.warmup_ms:g} ms, "
             f"then ≥{settings.iterations} runs and ≥{settings.duration_s:g} s; {clock}"
         ]
 
-    def load(self, engine_path: Path) -> Prepared:
-        """The prepared model for this engine file: the one the build left, else prepared again."""
+    def load(self, engine_path: Path, workload: ReferenceBatch | None = None) -> Prepared:
+        """The prepared model for this engine file at the workload's shape point: the one the build
+        (or the last profile) left, else prepared again — from the file, or from the model already
+        loaded when only the shape point differs."""
         identity = _file_identity(engine_path)
-        if self._prepared is not None and self._prepared.engine_file == identity:
-            return self._prepared
-        self._prepared = None
+        shape = workload.shape if workload is not None else None
+        prepared = self._prepared
+        if prepared is not None and prepared.engine_file == identity and prepared.shape == shape:
+            return prepared
         torch = _torch()
-        from pipeline.models.torch_import import import_timm
-
-        try:
-            saved = torch.load(engine_path, map_location="cpu", weights_only=True)
-        except Exception as exc:
-            raise PipelineError(f"{engine_path} is not a readable PyTorch file: {exc}", hint="rebuild it with --force") from exc
-        if not isinstance(saved, dict) or saved.get("format") != ENGINE_FORMAT or saved.get("format_version") != ENGINE_FORMAT_VERSION:
-            raise PipelineError(f"{engine_path} was not written by this pipeline's torch toolchain.", hint="rebuild it with --force")
-        model = import_timm().create_model(saved["timm_model"], pretrained=False)
-        dtype = getattr(torch, TORCH_DTYPES[saved["precision"]])
-        model.load_state_dict(saved["state_dict"])
-        model = model.eval().to(dtype)
+        saved = None
+        if prepared is not None and prepared.engine_file == identity:
+            model = prepared.model
+        else:
+            self._prepared = prepared = None
+            saved = self._read(engine_path)
+            model = self._model_from(saved)
+        dtype = next(model.parameters()).dtype
+        if workload is not None:
+            examples = tuple(torch.from_numpy(t.values() if t.is_integer else t.as_float32()) for t in workload.inputs)
+        else:
+            shapes = saved["input_shapes"] if saved is not None else [list(t.shape) for t in prepared.examples]
+            examples = (torch.randn(*shapes[0], generator=torch.Generator().manual_seed(0)),)
         device = "cuda" if self._cuda_available() else "cpu"
+        self._prepared = None  # one prepared model at a time
         started = time.perf_counter()
         try:
-            prepared = self._prepare(model, tuple(saved["input_shape"]), dtype, device, identity)
+            prepared = self._prepare(model, examples, dtype, device, identity, shape)
         except CompileFailed as exc:
             raise PipelineError(f"{engine_path.name} no longer compiles here: {exc.message}", hint=exc.hint) from exc.__cause__
         prepared.facts["prepare_s"] = round(time.perf_counter() - started, 3)
         self._prepared = prepared
         return prepared
 
-    def profile(self, engine_path: Path, settings: ProfileSettings) -> ProfileResult:
-        prepared = self.load(engine_path)
+    def _read(self, engine_path: Path) -> dict[str, Any]:
+        torch = _torch()
+        try:
+            saved = torch.load(engine_path, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise PipelineError(f"{engine_path} is not a readable PyTorch file: {exc}", hint="rebuild it with --force") from exc
+        if not isinstance(saved, dict) or saved.get("format") != ENGINE_FORMAT or saved.get("format_version") != ENGINE_FORMAT_VERSION:
+            raise PipelineError(f"{engine_path} was not written by this pipeline's torch toolchain.", hint="rebuild it with --force")
+        return saved
+
+    def _model_from(self, saved: dict[str, Any]):
+        """The model an engine file describes, with its weights, in its precision, in eval mode."""
+        from pipeline.models import model_source, source_class
+
+        torch = _torch()
+        described = saved["source"]
+        spec = source_class(described["family"]).Spec.model_validate(described["spec"])
+        source = model_source(described["name"], spec, self.workspace_root)
+        dtype = getattr(torch, TORCH_DTYPES[saved["precision"]])
+        model = source.runnable(source.create()).to(dtype)
+        model.load_state_dict(saved["state_dict"])
+        return model.eval()
+
+    def profile(self, engine_path: Path, settings: ProfileSettings, workload: ReferenceBatch | None = None) -> ProfileResult:
+        prepared = self.load(engine_path, workload)
         torch = _torch()
         cuda = prepared.device == "cuda"
         gpu = torch.cuda.get_device_name() if cuda else None
-        with out_of_memory_as_error(prepared.batch_size):
+        with out_of_memory_as_error(prepared.batch_size, shape=prepared.shape):
             if cuda:
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
@@ -417,14 +461,16 @@ class TorchRuntime(EngineRuntime):
         )
 
     def run_reference(self, engine_path: Path, reference: ReferenceBatch) -> ReferenceRun:
-        prepared = self.load(engine_path)
-        if list(prepared.example.shape) != list(reference.input.shape):
+        prepared = self.load(engine_path, reference if reference.shape else None)
+        expected = [list(t.shape) for t in prepared.examples]
+        given = [list(t.shape) for t in reference.inputs]
+        if expected != given:
             raise PipelineError(
-                f"{engine_path.name} takes a {list(prepared.example.shape)} input; the reference batch is {list(reference.input.shape)}.",
+                f"{engine_path.name} takes input(s) of shape {expected}; the reference batch has {given}.",
                 hint="the engine and the reference come from different exports; rebuild it (`--force`)",
             )
-        with out_of_memory_as_error(prepared.batch_size):
-            output = prepared.infer(reference.input.as_float32())
+        with out_of_memory_as_error(prepared.batch_size, shape=prepared.shape):
+            output = prepared.infer(tuple(t.values() if t.is_integer else t.as_float32() for t in reference.inputs))
         return ReferenceRun(
             outputs={reference.output.name: output},
             checked_by=f"torch {self.version} {self.spec.backend} on {prepared.device}, in this process",
@@ -449,18 +495,18 @@ def _no_grad(fn):
     return run
 
 
-def _capture(torch, model, example):
-    """Eager ``model(example)`` captured once in a CUDA graph; each call replays it."""
+def _capture(torch, model, examples: tuple):
+    """Eager ``model(*examples)`` captured once in a CUDA graph; each call replays it."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.no_grad(), torch.cuda.stream(stream):
         for _ in range(CAPTURE_WARMUP_RUNS):  # lazy initialisation happens outside the capture
-            model(example)
+            model(*examples)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.no_grad(), torch.cuda.graph(graph):
-        output = model(example)
-    return GraphReplay(graph, output, keep_alive=(model, example))
+        output = model(*examples)
+    return GraphReplay(graph, output, keep_alive=(model, examples))
 
 
 @dataclass
@@ -580,12 +626,20 @@ def is_out_of_memory(kind: type[BaseException], exc: BaseException | None) -> st
 
 
 class out_of_memory_as_error:
-    """Running out of GPU or host memory as a user error naming the batch (and the GPU's free
-    memory), not a crash; the pipeline goes on with the other engines. ``doing`` says what ran
-    out ("exporting vit_fp16")."""
+    """Running out of GPU or host memory as a user error naming the batch or shape (and the GPU's
+    free memory), not a crash; the pipeline goes on with the other engines. ``doing`` says what
+    ran out ("exporting vit_fp16"); ``shape`` names a shape point ("4x4096") instead of the batch."""
 
-    def __init__(self, batch_size: int, doing: str | None = None):
-        self.batch_size, self.doing = batch_size, doing
+    def __init__(self, batch_size: int | None = None, doing: str | None = None, shape: str | None = None):
+        self.batch_size, self.doing, self.shape = batch_size, doing, shape
+
+    @property
+    def at(self) -> str:
+        return f"shape {self.shape.replace('x', '×')}" if self.shape else f"batch size {self.batch_size}"
+
+    @property
+    def smaller(self) -> str:
+        return "measure smaller shape points (`shapes` in pipeline.toml)" if self.shape else "lower the model's batch_size in pipeline.toml"
 
     def __enter__(self):
         return self
@@ -597,14 +651,14 @@ class out_of_memory_as_error:
         doing = f" {self.doing}" if self.doing else ""
         if where == "host":
             raise PipelineError(
-                f"out of host memory{doing} at batch size {self.batch_size}.",
-                hint="lower the model's batch_size in pipeline.toml, or free memory",
+                f"out of host memory{doing} at {self.at}.",
+                hint=f"{self.smaller}, or free memory",
             ) from exc
         torch = sys.modules["torch"]
         torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info()
         raise PipelineError(
-            f"out of GPU memory{doing} at batch size {self.batch_size}: {free / 2**20:,.0f} MiB free of {total / 2**20:,.0f} MiB "
+            f"out of GPU memory{doing} at {self.at}: {free / 2**20:,.0f} MiB free of {total / 2**20:,.0f} MiB "
             f"on {torch.cuda.get_device_name()} after the attempt.",
-            hint="lower the model's batch_size in pipeline.toml, or free the GPU (nvidia-smi lists what holds it)",
+            hint=f"{self.smaller}, or free the GPU (nvidia-smi lists what holds it)",
         ) from exc

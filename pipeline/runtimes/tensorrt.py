@@ -174,7 +174,7 @@ class TrtexecRuntime(EngineRuntime):
         log_path = self.sidecar(engine_path, ".build.log")
         layers_path = self.sidecar(engine_path, ".layers.json")
         layers_partial = self._partial(layers_path)
-        argv = self._build_argv(onnx_path, engine_path, variant, layers_partial, self.reporter.verbose)
+        argv = self._build_argv(onnx_path, engine_path, variant, layers_partial, source.input_ranges(), self.reporter.verbose)
         try:
             execution = self.execute(argv, log_path, "build")
             log = self._parse(execution)
@@ -206,12 +206,15 @@ class TrtexecRuntime(EngineRuntime):
             },
         )
 
-    def profile(self, engine_path: Path, settings: ProfileSettings) -> ProfileResult:
-        log_path = self.sidecar(engine_path, ".profile.log")
-        times_path = self.sidecar(engine_path, ".times.json")
-        profile_path = self.sidecar(engine_path, ".profile.json")
+    def profile(self, engine_path: Path, settings: ProfileSettings, workload: ReferenceBatch | None = None) -> ProfileResult:
+        # One set of files per shape point: vit_fp16.profile.log, bert_fp16@2x512.profile.log.
+        point = f"@{workload.shape}" if workload is not None and workload.shape else ""
+        log_path = self.sidecar(engine_path, f"{point}.profile.log")
+        times_path = self.sidecar(engine_path, f"{point}.times.json")
+        profile_path = self.sidecar(engine_path, f"{point}.profile.json")
         partials = {times_path: self._partial(times_path), profile_path: self._partial(profile_path)}
-        argv = self._profile_argv(engine_path, settings, partials[times_path], partials[profile_path], self.reporter.verbose)
+        shapes = workload.shapes if workload is not None else None
+        argv = self._profile_argv(engine_path, settings, partials[times_path], partials[profile_path], shapes, self.reporter.verbose)
         try:
             execution = self.execute(argv, log_path, "profile")
             log = self._parse(execution)
@@ -242,7 +245,7 @@ class TrtexecRuntime(EngineRuntime):
             warnings=list(log.warnings),
             evidence={
                 "gpu": log.device.name,
-                "measured_with": self._profile_command(engine_path, settings, times_path, profile_path).settings_in_force(),
+                "measured_with": self._profile_command(engine_path, settings, times_path, profile_path, shapes).settings_in_force(),
                 "image": execution.image,
                 "image_digest": execution.image_digest,
                 "trtexec": {
@@ -256,15 +259,17 @@ class TrtexecRuntime(EngineRuntime):
         )
 
     def run_reference(self, engine_path: Path, reference: ReferenceBatch) -> ReferenceRun:
-        log_path = self.sidecar(engine_path, ".reference.log")
-        outputs_path = self.sidecar(engine_path, ".outputs.json")
+        point = f"@{reference.shape}" if reference.shape else ""
+        log_path = self.sidecar(engine_path, f"{point}.reference.log")
+        outputs_path = self.sidecar(engine_path, f"{point}.outputs.json")
         partial = self._partial(outputs_path)
         argv = ReferenceCommand(
             engine=self.container_path(engine_path),
-            inputs={reference.input.name: self.container_path(reference.input.path)},
+            inputs={tensor.name: self.container_path(tensor.path) for tensor in reference.inputs},
             outputs_json=self.container_path(partial),
             reference_outputs={reference.output.name: self.container_path(reference.output.path)},
             max_cosine_loss=1.0 - reference.cosine_floor,
+            shapes=dict(reference.shapes) if reference.shape else {},
         ).argv(self.spec.trt, self.trtexec_path())
         try:
             execution = self.execute(argv, log_path, "accuracy check")
@@ -295,7 +300,9 @@ class TrtexecRuntime(EngineRuntime):
     def trtexec_path(self) -> str:
         return self.spec.trtexec
 
-    def _build_argv(self, onnx_path: Path, engine_path: Path, variant: VariantSpec, layer_info: Path, verbose: bool = False) -> list[str]:
+    def _build_argv(
+        self, onnx_path: Path, engine_path: Path, variant: VariantSpec, layer_info: Path, shape_ranges=None, verbose: bool = False
+    ) -> list[str]:
         return BuildCommand(
             onnx=self.container_path(onnx_path),
             engine=self.container_path(engine_path),
@@ -304,14 +311,17 @@ class TrtexecRuntime(EngineRuntime):
             timing_cache=self.container_path(self.timing_cache_path(engine_path.parent)),
             layer_info=self.container_path(layer_info),
             optimization_level=self.spec.builder_optimization_level,
+            shape_ranges=dict(shape_ranges or {}),
             verbose=verbose,
         ).argv(self.spec.trt, self.trtexec_path())
 
-    def _profile_argv(self, engine_path: Path, settings: ProfileSettings, times: Path, profile: Path, verbose: bool = False) -> list[str]:
-        return self._profile_command(engine_path, settings, times, profile, verbose).argv(self.spec.trt, self.trtexec_path())
+    def _profile_argv(
+        self, engine_path: Path, settings: ProfileSettings, times: Path, profile: Path, shapes=None, verbose: bool = False
+    ) -> list[str]:
+        return self._profile_command(engine_path, settings, times, profile, shapes, verbose).argv(self.spec.trt, self.trtexec_path())
 
     def _profile_command(
-        self, engine_path: Path, settings: ProfileSettings, times: Path, profile: Path, verbose: bool = False
+        self, engine_path: Path, settings: ProfileSettings, times: Path, profile: Path, shapes=None, verbose: bool = False
     ) -> ProfileCommand:
         return ProfileCommand(
             engine=self.container_path(engine_path),
@@ -323,17 +333,19 @@ class TrtexecRuntime(EngineRuntime):
             use_cuda_graph=self.spec.use_cuda_graph,
             no_data_transfers=self.spec.no_data_transfers,
             spin_wait=self.spec.spin_wait,
+            shapes=dict(shapes or {}),
             verbose=verbose,
         )
 
     def describe_build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec, source: ModelSource) -> list[str]:
-        argv = self._build_argv(onnx_path, engine_path, variant, self.sidecar(engine_path, ".layers.json"))
+        argv = self._build_argv(onnx_path, engine_path, variant, self.sidecar(engine_path, ".layers.json"), source.input_ranges())
         return [f"build: {self.where()}: {' '.join(argv)}"]
 
-    def describe_profile(self, engine_path: Path, settings: ProfileSettings) -> list[str]:
-        argv = self._profile_argv(
-            engine_path, settings, self.sidecar(engine_path, ".times.json"), self.sidecar(engine_path, ".profile.json")
-        )
+    def describe_profile(self, engine_path: Path, settings: ProfileSettings, workload=None) -> list[str]:
+        point = f"@{workload.shape}" if workload is not None else ""
+        shapes = workload.shapes if workload is not None else None
+        times, profile = self.sidecar(engine_path, f"{point}.times.json"), self.sidecar(engine_path, f"{point}.profile.json")
+        argv = self._profile_argv(engine_path, settings, times, profile, shapes)
         return [f"profile: {self.where()}: {' '.join(argv)}"]
 
     def where(self) -> str:

@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from pipeline.accuracy import ReferenceBatch
 from pipeline.artifacts import atomic_write_text
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
 from pipeline.environment import nvidia_gpus
@@ -375,7 +376,7 @@ class TensorRtRtxRuntime(EngineRuntime):
 
     # --- build -----------------------------------------------------------------------------------
 
-    def _build_argv(self, onnx_path: Path, engine_path: Path, variant: VariantSpec, result_path: Path) -> list[str]:
+    def _build_argv(self, onnx_path: Path, engine_path: Path, variant: VariantSpec, result_path: Path, shape_ranges=None) -> list[str]:
         argv = [
             str(self.environment.python),
             "-I",
@@ -393,6 +394,8 @@ class TensorRtRtxRuntime(EngineRuntime):
             argv.append("--sparse")
         if self.spec.builder_optimization_level is not None:
             argv += ["--optimization-level", str(self.spec.builder_optimization_level)]
+        for name, dims in (shape_ranges or {}).items():  # the optimization profile, per dynamic input
+            argv += ["--shape-range", f"{name}={'/'.join('x'.join(map(str, d)) for d in dims)}"]
         return argv
 
     def _settings(self, variant: VariantSpec) -> dict[str, Any]:
@@ -412,7 +415,7 @@ class TensorRtRtxRuntime(EngineRuntime):
 
         log_path = self.sidecar(engine_path, ".build.log")
         result_path = self.sidecar(engine_path, ".build-result.json.partial")
-        argv = self._build_argv(onnx_path, engine_path, variant, result_path)
+        argv = self._build_argv(onnx_path, engine_path, variant, result_path, source.input_ranges())
         finished, result = self._run_driver(argv, result_path, log_path, "build")
         if finished.exit_code == 2 and result.get("unknown_targets"):
             raise UsageError(
@@ -506,8 +509,14 @@ class TensorRtRtxRuntime(EngineRuntime):
 
     def describe_build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec, source: ModelSource) -> list[str]:
         state, _ = self.environment.state()
-        argv = self._build_argv(onnx_path, engine_path, variant, self.sidecar(engine_path, ".build-result.json"))
+        ranges = source.input_ranges()
+        argv = self._build_argv(onnx_path, engine_path, variant, self.sidecar(engine_path, ".build-result.json"), ranges)
         sparse = ", 2:4 sparse weights" if variant.sparsity == "2:4" else ""
+        if ranges:
+            sparse += ", optimization profile " + "; ".join(
+                f"{name} min {'×'.join(map(str, lo))} opt {'×'.join(map(str, opt))} max {'×'.join(map(str, hi))}"
+                for name, (lo, opt, hi) in ranges.items()
+            )
         return [
             f"build: TensorRT-RTX {self.spec.release} ({self.environment.cuda}, {'pulled' if state == 'ready' else 'not pulled yet'}): "
             f"strongly typed, for {self._describe_targets()}{sparse} → {engine_path}",
@@ -537,7 +546,13 @@ class TensorRtRtxRuntime(EngineRuntime):
         slug = re.sub(r"[^a-z0-9]+", "-", gpus[0].name.lower()).strip("-") if gpus else "any-gpu"
         return engine_dir / f"runtime-cache-{slug}.bin"
 
-    def _profile_argv(self, engine_path: Path, settings: ProfileSettings, result_path: Path) -> list[str]:
+    def _profile_argv(self, engine_path: Path, settings: ProfileSettings, result_path: Path, workload=None) -> list[str]:
+        at = []
+        if workload is not None:  # a shape point of an engine built for a range: its shapes, and its values where known
+            for name, dims in workload.shapes.items():
+                at += ["--shape", f"{name}={'x'.join(map(str, dims))}"]
+            for tensor in getattr(workload, "inputs", ()):
+                at += ["--load", f"{tensor.name}={tensor.path}"]
         return [
             str(self.environment.python), "-I", str(DRIVER), "profile", str(result_path),
             "--engine", str(engine_path),
@@ -546,19 +561,26 @@ class TensorRtRtxRuntime(EngineRuntime):
             "--duration-s", f"{settings.duration_s:g}",
             "--layer-profile-runs", str(LAYER_PROFILE_RUNS),
             "--runtime-cache", str(self.runtime_cache_path(engine_path.parent)),
-        ]  # fmt: skip
+        ] + at  # fmt: skip
 
-    def profile(self, engine_path: Path, settings: ProfileSettings) -> ProfileResult:
-        log_path = self.sidecar(engine_path, ".profile.log")
-        result_path = self.sidecar(engine_path, ".profile-result.json.partial")
-        argv = self._profile_argv(engine_path, settings, result_path)
+    def profile(self, engine_path: Path, settings: ProfileSettings, workload: ReferenceBatch | None = None) -> ProfileResult:
+        point = f"@{workload.shape}" if workload is not None and workload.shape else ""
+        log_path = self.sidecar(engine_path, f"{point}.profile.log")
+        result_path = self.sidecar(engine_path, f"{point}.profile-result.json.partial")
+        argv = self._profile_argv(engine_path, settings, result_path, workload)
         _, result = self._run_driver(argv, result_path, log_path, "profile")
         device = result.get("device") or {}
         if not result.get("ran"):
             error = tidy(result.get("error", "the engine did not run"))
             if result.get("out_of_memory"):
                 raise EnvironmentMissing(
-                    f"{engine_path.name}: {error}.", hint="a smaller batch_size for this model in pipeline.toml, or a GPU with more memory"
+                    f"{engine_path.name}{' at ' + workload.shape if point else ''}: {error}.",
+                    hint="a smaller batch_size or shape point for this model in pipeline.toml, or a GPU with more memory",
+                )
+            if result.get("outside_profile"):
+                raise PipelineError(
+                    f"{engine_path.name}: {error}.",
+                    hint="the engine's optimization profile does not cover this shape point; rebuild it (`--force`)",
                 )
             raise EnvironmentMissing(
                 f"TensorRT-RTX {self.spec.release} cannot run {engine_path.name} on {device.get('name', 'this machine')}: {error}",
@@ -567,7 +589,7 @@ class TensorRtRtxRuntime(EngineRuntime):
         sidecars = {"profile_log": log_path}
         layer_profile = result.get("layer_profile")
         if layer_profile:
-            profile_path = self.sidecar(engine_path, ".profile.json")
+            profile_path = self.sidecar(engine_path, f"{point}.profile.json")
             atomic_write_text(profile_path, json.dumps(layer_profile, indent=1) + "\n")
             sidecars["layer_profile"] = profile_path
         warnings = [] if result.get("cuda_graph") else [f"timed without a CUDA graph: {result.get('cuda_graph_error')}"]
@@ -591,7 +613,7 @@ class TensorRtRtxRuntime(EngineRuntime):
             },
         )
 
-    def describe_profile(self, engine_path: Path, settings: ProfileSettings) -> list[str]:
+    def describe_profile(self, engine_path: Path, settings: ProfileSettings, workload=None) -> list[str]:
         where = self._cannot_run_here(self.targets())
         lines = [
             f"profile: TensorRT-RTX {self.spec.release}: CUDA-graph replay timed with CUDA events, warm-up {settings.warmup_ms:g} ms, "
@@ -601,7 +623,7 @@ class TensorRtRtxRuntime(EngineRuntime):
             lines.append(f"profile: would be skipped here: {where}")
         else:
             lines.append(
-                f"profile: {' '.join(self._profile_argv(engine_path, settings, self.sidecar(engine_path, '.profile-result.json')))}"
+                f"profile: {' '.join(self._profile_argv(engine_path, settings, self.sidecar(engine_path, '.profile-result.json'), workload))}"
             )
         return lines
 

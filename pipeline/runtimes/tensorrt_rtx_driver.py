@@ -126,6 +126,13 @@ def build(args) -> int:
             config.set_flag(trt.BuilderFlag.SPARSE_WEIGHTS)
         if args.optimization_level is not None:
             config.builder_optimization_level = args.optimization_level
+        if args.shape_range:
+            # One optimization profile: the (min, opt, max) shape of every dynamic input.
+            optimization = builder.create_optimization_profile()
+            for name, (low, opt, high) in parse_shape_options(args.shape_range, 3).items():
+                optimization.set_shape(name, low, opt, high)
+            config.add_optimization_profile(optimization)
+            result["shape_ranges"] = args.shape_range
         # No timing cache: its operations are no-ops since TensorRT-RTX 1.2 (the bindings' own
         # deprecation notice). What a GPU compiles is kept in the runtime cache (profile).
         try:
@@ -281,6 +288,18 @@ def timed_runs(cuda: Cuda, stream, launch, warmup_ms: float, iterations: int, du
     return times, time.perf_counter() - began
 
 
+def parse_shape_options(options: list[str], count: int) -> dict[str, list[tuple[int, ...]]]:
+    """``NAME=2x512`` (count 1) or ``NAME=1x16/2x512/4x4096`` (count 3) options, by input name."""
+    shapes = {}
+    for option in options:
+        name, _, text = option.rpartition("=")
+        parts = text.split("/")
+        if not name or len(parts) != count:
+            raise SystemExit(f"bad shape option {option!r}")
+        shapes[name] = [tuple(int(size) for size in part.split("x")) for part in parts]
+    return shapes
+
+
 def random_bytes_for(dtype_name: str, count: int, rng: random.Random) -> bytes:
     """``count`` values of a TensorRT data type, standard-normal for floats (as trtexec fills inputs)."""
     # A random block repeated: packing tens of millions of values one by one takes seconds.
@@ -324,6 +343,14 @@ def profile(args) -> int:
         write_result(args.result, result)
         return 0
     context, cache = execution_context(engine, args.runtime_cache, result)
+    for name, (shape,) in parse_shape_options(args.shape, 1).items():
+        # An engine built for a range of shapes runs at the one given here.
+        if not context.set_input_shape(name, shape):
+            result["error"] = f"input {name!r} cannot take shape {'x'.join(map(str, shape))}: " + "; ".join(logger.errors[-2:])
+            result["outside_profile"] = True
+            write_result(args.result, result)
+            return 0
+    given = dict(option.rpartition("=")[::2] for option in args.load)
 
     rng = random.Random(0)
     tensors = []
@@ -338,7 +365,13 @@ def profile(args) -> int:
             size = int(count * dtype.itemsize + 0.5)
             pointer = cuda.malloc(size)
             is_input = engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT
-            if is_input:
+            if is_input and name in given:  # the workload's own values (token ids, masks)
+                with open(given[name], "rb") as handle:
+                    data = handle.read()
+                if len(data) != size:
+                    raise SystemExit(f"{given[name]} holds {len(data)} bytes; input {name!r} of shape {shape} takes {size}")
+                cuda.upload(pointer, data)
+            elif is_input:
                 cuda.upload(pointer, random_bytes_for(dtype.name, count, rng))
             context.set_tensor_address(name, pointer)
             tensors.append({"name": name, "shape": shape, "dtype": dtype.name, "input": is_input, "bytes": size})
@@ -456,6 +489,7 @@ def main(argv: list[str] | None = None) -> int:
     build_args.add_argument("--arch", action="append", default=[])
     build_args.add_argument("--sparse", action="store_true")
     build_args.add_argument("--optimization-level", type=int)
+    build_args.add_argument("--shape-range", action="append", default=[], help="NAME=MIN/OPT/MAX, e.g. input_ids=1x16/2x512/4x4096")
     for name in ("profile", "cuda-check"):
         timing = commands.add_parser(name)
         timing.add_argument("result")
@@ -466,6 +500,8 @@ def main(argv: list[str] | None = None) -> int:
             timing.add_argument("--engine", required=True)
             timing.add_argument("--layer-profile-runs", type=int, default=0)
             timing.add_argument("--runtime-cache")
+            timing.add_argument("--shape", action="append", default=[], help="NAME=2x512: run a dynamic input at this shape")
+            timing.add_argument("--load", action="append", default=[], help="NAME=FILE: an input's raw values")
     args = parser.parse_args(argv)
     handler = {"version": version, "build": build, "profile": profile, "cuda-check": cuda_check}[args.command]
     return handler(args)

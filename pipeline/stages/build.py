@@ -26,7 +26,7 @@ class BuildStage(Stage):
         return self.ctx.workspace.engine_dir(self.toolchain, self.ctx.gpu_type) / f"{self.engine.name}{self.runtime.engine_suffix}"
 
     def params(self) -> dict[str, Any]:
-        return {
+        params = {
             "toolchain": self.toolchain,
             "precision": self.variant_spec.precision,
             "sparsity": self.variant_spec.sparsity,
@@ -34,6 +34,10 @@ class BuildStage(Stage):
             # what is up to date from params and inputs alone (pipeline/cluster/), so they belong here.
             "toolchain_settings": self.runtime.spec.model_dump(mode="json", exclude={"source"}),
         }
+        shape_range = self.model_source().shape_range()
+        if shape_range is not None:  # the optimization profile engines of several shapes are built for
+            params["shape_range"] = dict(zip(("min", "opt", "max"), (point.label for point in shape_range)))
+        return params
 
     def identity(self) -> dict[str, Any]:
         return self.runtime.identity()

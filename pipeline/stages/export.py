@@ -23,16 +23,17 @@ from pipeline.environment import package_version
 from pipeline.errors import PipelineError, require_module
 from pipeline.manifest import Artifact, ExportDetails, ParityCheck
 from pipeline.models import TORCH_DTYPES
+from pipeline.models.images import image_files, load_images
 from pipeline.runtimes.onnxruntime import NO_CPU_KERNELS
 from pipeline.runtimes.pytorch import is_out_of_memory, out_of_memory_as_error
 from pipeline.stages.base import Stage, StageOutcome
-from pipeline.stages.calibration import calibration_batches, describe_source, image_files, load_images
 from pipeline.stages.quantize import (
     DEFAULT_WEIGHTS_DTYPE,
     MIN_OPSET,
     PRESETS,
     TRACED_HIGH_PRECISION,
     accuracy_proxy,
+    as_inputs,
     export_quantized,
     load_modelopt,
     quantize_model,
@@ -53,7 +54,6 @@ PARITY_TOLERANCE = {
     "mxfp8": (2.5e-1, 0.98),
     "nvfp4": (2.5e-1, 0.98),
 }
-INPUT_NAME, OUTPUT_NAME = "input", "logits"
 # Samples the parity check runs for graphs traced with a dynamic batch (CPU traces): more than the
 # traced batch, fewer than a batch of 64, which takes ONNX Runtime seconds on the CPU.
 PARITY_SAMPLES_DYNAMIC = 8
@@ -83,8 +83,7 @@ class ExportStage(Stage):
 
     def calibration_params(self) -> dict[str, Any] | None:
         settings = self.ctx.catalog.calibration
-        directory = self._calibration_dir()
-        return describe_source(directory, settings.samples, settings.batch_size)
+        return self.model_source().describe_calibration(self._calibration_dir(), settings.samples, settings.batch_size)
 
     def _calibration_dir(self) -> Path | None:
         return self._in_workspace(self.ctx.catalog.calibration.directory)
@@ -103,18 +102,16 @@ class ExportStage(Stage):
         directory = self._evaluation_dir()
         if directory is None:
             return None
-        batch = self.model_spec.batch_size
-        return describe_source(directory, batch, batch, "evaluation", "--eval-dir")
+        return self.model_source().describe_evaluation(directory)
 
     def params(self) -> dict[str, Any]:
         spec, variant = self.model_spec, self.variant_spec
+        source = self.model_source()
         checkpoint = None
         if spec.checkpoint is not None:
-            checkpoint = {"path": str(spec.checkpoint), "sha256": self.ctx.workspace.hashes.sha256(self.model_source().checkpoint_path())}
+            checkpoint = {"path": str(spec.checkpoint), "sha256": self.ctx.workspace.hashes.sha256(source.checkpoint_path())}
         params = {
-            "timm_model": spec.timm,
-            "batch_size": spec.batch_size,
-            "image_size": spec.image_size,
+            **source.facts(),
             "seed": spec.seed,
             "checkpoint": checkpoint,
             "opset": self.opset(),
@@ -124,6 +121,8 @@ class ExportStage(Stage):
             "calibration": self.calibration_params(),
             "evaluation": self.evaluation_params(),
         }
+        if spec.shapes:
+            params["shapes"] = list(spec.shapes)
         if self.quantized:
             params["quantization"] = {
                 "preset": PRESETS[variant.precision],
@@ -135,11 +134,15 @@ class ExportStage(Stage):
         return params
 
     def identity(self) -> dict[str, Any]:
-        return {dist: package_version(dist) for dist in ("torch", "timm", "onnx", "nvidia-modelopt")}
+        dists = ("torch", "timm", "onnx", "nvidia-modelopt", *self.model_source().packages)
+        return {dist: package_version(dist) for dist in dists}
 
     def run_impl(self, inputs: list[Artifact]) -> StageOutcome:
         # A batch too large for the host or the GPU (or a container's memory limit), anywhere in the export.
-        with self.ctx.reporter.captured("export"), out_of_memory_as_error(self.model_spec.batch_size, f"exporting {self.engine.name}"):
+        points = self.model_source().shape_points()
+        largest = max(points, key=lambda p: [size for _, size in p.axes]).label if points else None
+        batch = getattr(self.model_spec, "batch_size", None)
+        with self.ctx.reporter.captured("export"), out_of_memory_as_error(batch, f"exporting {self.engine.name}", shape=largest):
             outcome = self._export()
         # Said after the tools' output is released, so it is not swallowed with it.
         accuracy = outcome.details.accuracy
@@ -150,6 +153,7 @@ class ExportStage(Stage):
     def _export(self) -> StageOutcome:
         variant = self.variant_spec
         phase = Phases(self.ctx.reporter)
+        source = self.model_source()
         with phase("import"):
             from pipeline.models.torch_import import import_timm
 
@@ -162,15 +166,17 @@ class ExportStage(Stage):
                 load_modelopt(purpose=f"Exporting {self.engine.name}")
 
         spec = self.model_spec
-        source = self.model_source()
         weights = f"random-init (seed {spec.seed})"
         if spec.checkpoint is not None:
             weights = f"checkpoint {spec.checkpoint} (sha256 {sha256_file(source.checkpoint_path())[:16]}…)"
         with phase("create_model"):
             model = source.create()
 
-        input_shape = source.input_shape(model)
-        channels, height, width = input_shape[1:]
+        points = source.shape_points()
+        source.shape_range()  # a point outside the engines' range is refused before any work
+        for point in points:
+            source.check_point(model, point)
+        model_inputs = source.inputs(model)
         # On the GPU when there is one (block formats need it), with TF32 off so the FP32 reference
         # that parity is checked against is real FP32.
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -179,15 +185,29 @@ class ExportStage(Stage):
             torch.backends.cudnn.allow_tf32 = False
         with phase("to_device"):
             model = model.to(device)
-        sample = source.sample_input(input_shape)
+        runnable = source.runnable(model)
+        # What the graph is traced with: the model's one shape, or its smallest shape point.
+        trace_point = min(points, key=lambda p: [size for _, size in p.axes]) if points else None
+        sample = source.sample_inputs(model, trace_point, spec.seed + 1)
+        input_shape = tuple(sample[0].shape)
         with phase("fp32_reference"):
-            # What every engine of this variant is checked against (pipeline/accuracy.py).
-            reference_input, reference_facts = self.reference_batch(model, sample)
+            # What every engine of this variant is checked against (pipeline/accuracy.py): one
+            # batch per shape point, or the one batch of a model of one shape.
+            if points:
+                references = {p.label: source.sample_inputs(model, p, spec.seed + 1) for p in points}
+                reference_facts = {
+                    "description": f"the FP32 PyTorch model on seeded inputs at each shape point (seed {spec.seed + 1})",
+                }
+            else:
+                reference_input, reference_facts = self.reference_batch(model, sample[0])
+                references = {None: (reference_input,)}
+            fp32_outputs = {}
             with torch.no_grad(), input_refused_as_error(source.describe(), input_shape, model):
-                fp32_output = model(reference_input.to(device)).float().cpu()
+                for label, feeds in references.items():
+                    fp32_outputs[label] = runnable(*as_inputs(feeds, device, torch.float32)).float().cpu()
             labels = reference_facts.get("labels")
             if labels:
-                predicted = fp32_output[: len(labels)].argmax(dim=1)
+                predicted = fp32_outputs[None][: len(labels)].argmax(dim=1)
                 reference_facts["fp32_top1_accuracy"] = float((predicted == torch.tensor(labels)).float().mean())
 
         calibration = None
@@ -196,30 +216,31 @@ class ExportStage(Stage):
         if self.needs_calibration:
             settings = self.ctx.catalog.calibration
             with phase("calibration_data"):
-                batches = calibration_batches(
-                    model, self._calibration_dir(), settings.samples, settings.batch_size, (channels, height, width), spec.seed + 2
-                )
+                batches = source.calibration_batches(model, self._calibration_dir(), settings.samples, settings.batch_size)
                 calibration = {k: v for k, v in self.calibration_params().items() if k != "files"}
                 with torch.no_grad():
-                    reference_outputs = [model(b.to(device)).cpu() for b in batches]
+                    reference_outputs = [runnable(*as_inputs(b, device, torch.float32)).cpu() for b in batches]
 
         sparsification = None
         if variant.sparsity:
             with phase("sparsify"):
                 model, sparsification = sparsify_model(model, variant.sparsity_method, batches)
+                runnable = source.runnable(model)
 
         quantization = None
         dtype = torch.float32
         if variant.precision in ("fp16", "bf16"):
             dtype = getattr(torch, TORCH_DTYPES[variant.precision])
-            model = model.to(dtype)
+            runnable = runnable.to(dtype)
         elif self.quantized:
             if variant.precision in TRACED_HIGH_PRECISION and self.weights_dtype() == "fp16":
                 # Calibrated and traced in FP16, so the graph's high precision is FP16 (quantize.py).
                 dtype = torch.float16
-                model = model.half()
+                runnable = runnable.half()
             with phase("quantize"):
-                model, quantization = quantize_model(model, variant.precision, batches, variant.conv_policy, self.ctx.reporter.progress)
+                runnable, quantization = quantize_model(
+                    runnable, variant.precision, batches, variant.conv_policy, self.ctx.reporter.progress, source.quantize_linear_only
+                )
             quantization["weights_dtype"] = self.weights_dtype()
             quantization["calibration"] = calibration
 
@@ -227,39 +248,51 @@ class ExportStage(Stage):
         with phase("accuracy_and_reference"):
             if batches:
                 with torch.no_grad():
-                    outputs = [model(b.to(device=device, dtype=dtype)).float().cpu() for b in batches]
+                    outputs = [runnable(*as_inputs(b, device, dtype)).float().cpu() for b in batches]
                 accuracy = accuracy_proxy(reference_outputs, outputs, variant.precision, bool(variant.sparsity))
+            variant_outputs = {}
             with torch.no_grad():
-                reference = model(sample.to(device=device, dtype=dtype)).float().cpu().numpy()
+                if points:
+                    for label, feeds in references.items():
+                        variant_outputs[label] = runnable(*as_inputs(feeds, device, dtype)).float().cpu().numpy()
+                else:  # parity is checked on the seeded sample (the reference may be images)
+                    variant_outputs[None] = runnable(*as_inputs(sample, device, dtype)).float().cpu().numpy()
 
         onnx = require_module("onnx", purpose="ONNX export")
         onnx_path = self.ctx.workspace.onnx_path(self.engine)
+        input_names = [i.name for i in model_inputs]
+        dynamic_axes = {i.name: {axis: dim for axis, dim in enumerate(i.dims) if isinstance(dim, str)} for i in model_inputs}
+        dynamic_axes = {name: axes for name, axes in dynamic_axes.items() if axes}
+        exporter = None
         with atomic_output(onnx_path) as tmp:
-            self.ctx.reporter.detail(f"export {source.describe()} {list(input_shape)} opset {self.opset()} → {tmp}")
+            shapes = ", ".join(f"{i.name} {list(i.dims)}" for i in model_inputs)
+            self.ctx.reporter.detail(f"export {source.describe()} ({shapes}) opset {self.opset()} → {tmp}")
             traced_batch = None
             try:
                 with phase("onnx_export"):
+                    traced = as_inputs(sample, device, dtype)
                     if self.quantized:
                         exported = export_quantized(
-                            model, sample.to(device=device, dtype=dtype), tmp, self.opset(), self.weights_dtype(), variant.precision
+                            runnable, traced, tmp, self.opset(), self.weights_dtype(), variant.precision, dynamic_axes
                         )
                         quantization["exporter"], traced_batch = exported.exporter, exported.traced_batch
+                        exporter = exported.exporter
                     else:
-                        with torch.no_grad():
-                            torch.onnx.export(
-                                model,
-                                (sample.to(device=device, dtype=dtype),),
-                                str(tmp),
-                                input_names=[INPUT_NAME],
-                                output_names=[OUTPUT_NAME],
-                                opset_version=self.opset(),
-                                # The TorchScript exporter: ModelOpt's exporter is built on it too.
-                                dynamo=False,
-                            )
+                        exporter = plain_export(
+                            runnable,
+                            traced,
+                            tmp,
+                            input_names,
+                            source.output_name(),
+                            self.opset(),
+                            source.exporter,
+                            dynamic_axes,
+                            self.ctx.reporter,
+                        )
                 # One load for every check: these graphs are hundreds of MB.
                 with phase("onnx_checks"):
                     graph = onnx.load(str(tmp), load_external_data=False)
-                    renamed = self.quantized and name_io(graph)
+                    renamed = name_io(graph, input_names, source.output_name())
                     onnx.checker.check_model(graph)
             except (OSError, PipelineError):
                 raise
@@ -270,24 +303,31 @@ class ExportStage(Stage):
                 ) from exc
             ops = op_histogram(graph)
             custom = sorted(op for op in ops if "::" in op)
-            parity, parity_skipped = None, None
+            parity, parity_skipped, parity_by_shape = None, None, {}
             if custom:
                 parity_skipped = f"the graph uses TensorRT-only operators ({', '.join(custom)}), which ONNX Runtime cannot run"
             elif variant.precision in NO_CPU_KERNELS:  # the parity check runs on ONNX Runtime's CPU provider
                 parity_skipped = NO_CPU_KERNELS[variant.precision]
+            elif points:
+                # Each shape point the engines are measured at: the graph's axes really are free.
+                with phase("parity"):
+                    for label, feeds in references.items():
+                        parity_by_shape[label] = check_parity(tmp, [t.numpy() for t in feeds], variant_outputs[label], variant.precision)
+                parity = min(parity_by_shape.values(), key=lambda check: (check.passed, check.cosine_similarity))
             else:
                 # A graph traced with a dynamic batch is checked at a batch it was not traced at, which
                 # also shows that the batch axis really is free before it is pinned below.
                 checked = min(spec.batch_size, PARITY_SAMPLES_DYNAMIC) if traced_batch else spec.batch_size
                 with phase("parity"):
-                    parity = check_parity(tmp, sample[:checked].numpy(), reference[:checked], variant.precision)
-                if not parity.passed:
-                    raise PipelineError(
-                        f"exported {self.engine.name} does not match PyTorch: max |error| {parity.max_abs_error:.3g} "
-                        f"(limit {parity.max_abs_error_limit:.3g}), cosine similarity {parity.cosine_similarity:.6f} "
-                        f"(floor {parity.cosine_similarity_floor}).",
-                        hint="the ONNX was not kept; try another opset (`opset` in pipeline.toml)",
-                    )
+                    parity = check_parity(tmp, [sample[0][:checked].numpy()], variant_outputs[None][:checked], variant.precision)
+            if parity is not None and not parity.passed:
+                where = next((f" at {label}" for label, check in parity_by_shape.items() if check is parity), "")
+                raise PipelineError(
+                    f"exported {self.engine.name} does not match PyTorch{where}: max |error| {parity.max_abs_error:.3g} "
+                    f"(limit {parity.max_abs_error_limit:.3g}), cosine similarity {parity.cosine_similarity:.6f} "
+                    f"(floor {parity.cosine_similarity_floor}).",
+                    hint="the ONNX was not kept; try another opset (`opset` in pipeline.toml)",
+                )
             if traced_batch:
                 pin_batch(graph, spec.batch_size)
             if renamed or traced_batch:
@@ -306,12 +346,21 @@ class ExportStage(Stage):
                     )
             audit = onnx_audit(graph, tmp.stat().st_size)
 
-        reference = self.write_reference(reference_input.to(dtype), fp32_output, reference_facts)
+        if points:
+            reference = self.write_point_references(references, fp32_outputs, model_inputs, dtype, reference_facts)
+        else:
+            reference = self.write_reference(model_inputs[0].name, references[None][0].to(dtype), fp32_outputs[None], reference_facts)
+        facts = source.facts()
         details = ExportDetails(
-            timm_model=spec.timm,
+            timm_model=facts.get("timm_model"),
+            source=source.describe(),
             weights=weights,
             input_shape=list(input_shape),
             input_dtype=str(dtype).replace("torch.", ""),
+            inputs=[i.describe() for i in model_inputs],
+            output=source.output_name(),
+            shape_points=[p.label for p in points],
+            exporter=exporter,
             opset=self.opset(),
             traced_batch=traced_batch,
             precision=variant.precision,
@@ -321,6 +370,7 @@ class ExportStage(Stage):
             calibration=calibration,
             accuracy=accuracy,
             parity=parity,
+            parity_by_shape=parity_by_shape,
             parity_skipped=parity_skipped,
             onnx_ops=ops,
             onnx_audit=audit,
@@ -328,16 +378,14 @@ class ExportStage(Stage):
             timings_s=phase.seconds,
         )
         note = f" (parity: cosine {parity.cosine_similarity:.6f})" if parity else f" (parity not run: {parity_skipped})"
+        if parity_by_shape:
+            note = f" (parity at {len(parity_by_shape)} shapes: cosine ≥ {parity.cosine_similarity:.6f})"
         if accuracy:
             note += f", vs FP32: cosine {accuracy['cosine_similarity']:.4f}"
         if sparsification:
             note += f", {sparsification['onnx']['weights_2_4']} weights 2:4-sparse"
-        input_path, output_path = self.ctx.workspace.reference_paths(self.engine)
-        outputs = [
-            self.ctx.workspace.artifact("onnx", onnx_path),
-            self.ctx.workspace.artifact("reference_input", input_path),
-            self.ctx.workspace.artifact("reference_output", output_path),
-        ]
+        outputs = [self.ctx.workspace.artifact("onnx", onnx_path)]
+        outputs += [self.ctx.workspace.artifact(role, self.ctx.workspace.root / path) for role, path in reference_files(reference)]
         return StageOutcome(outputs=outputs, details=details, note=note)
 
     def reference_batch(self, model, sample):
@@ -377,19 +425,58 @@ class ExportStage(Stage):
             return None, f"folder names {', '.join(repr(f) for f in unknown[:3])} are not ImageNet-1k synsets (such as 'n01440764')"
         return [index[folder] for folder in folders], None
 
-    def write_reference(self, engine_input, fp32_output, facts: dict[str, Any]) -> dict[str, Any]:
+    def write_reference(self, input_name: str, engine_input, fp32_output, facts: dict[str, Any]) -> dict[str, Any]:
         """The reference batch in the engine's input dtype and the FP32 model's outputs for it."""
         from pipeline.accuracy import write_tensor
 
         described = dict(facts)
+        names = (input_name, self.model_source().output_name())
         for key, name, tensor, path in zip(
-            ("input", "output"), (INPUT_NAME, OUTPUT_NAME), (engine_input, fp32_output), self.ctx.workspace.reference_paths(self.engine)
+            ("input", "output"), names, (engine_input, fp32_output), self.ctx.workspace.reference_paths(self.engine)
         ):
             with atomic_output(path) as tmp:
                 write_tensor(tensor, tmp)
             dtype = str(tensor.dtype).replace("torch.", "")
             described[key] = {"name": name, "path": self.ctx.workspace.relative(path), "shape": list(tensor.shape), "dtype": dtype}
         return described
+
+    def write_point_references(self, references, fp32_outputs, model_inputs, dtype, facts: dict[str, Any]) -> dict[str, Any]:
+        """Each shape point's reference inputs (floating ones in the engine's dtype, integer ones
+        as they are) and the FP32 model's outputs for them."""
+        from pipeline.accuracy import write_tensor
+
+        workspace = self.ctx.workspace
+        described: dict[str, Any] = {**facts, "points": {}}
+        names = [i.name for i in model_inputs]
+        for label, feeds in references.items():
+            input_paths, output_path = workspace.reference_point_paths(self.engine, label, names)
+            entries = []
+            for name, tensor in zip(names, feeds):
+                tensor = tensor.to(dtype) if tensor.is_floating_point() else tensor
+                with atomic_output(input_paths[name]) as tmp:
+                    write_tensor(tensor, tmp)
+                entries.append(_tensor_entry(name, workspace.relative(input_paths[name]), tensor))
+            with atomic_output(output_path) as tmp:
+                write_tensor(fp32_outputs[label], tmp)
+            output = _tensor_entry(self.model_source().output_name(), workspace.relative(output_path), fp32_outputs[label])
+            described["points"][label] = {"inputs": entries, "output": output, "samples": int(feeds[0].shape[0])}
+        return described
+
+
+def _tensor_entry(name: str, path: str, tensor) -> dict[str, Any]:
+    return {"name": name, "path": path, "shape": list(tensor.shape), "dtype": str(tensor.dtype).replace("torch.", "")}
+
+
+def reference_files(reference: dict[str, Any]) -> list[tuple[str, str]]:
+    """(role, path) of every file of an export's reference: the one batch's input and output, or
+    each shape point's inputs and output."""
+    if "points" not in reference:
+        return [("reference_input", reference["input"]["path"]), ("reference_output", reference["output"]["path"])]
+    files = []
+    for label, point in reference["points"].items():
+        files += [(f"reference_input@{label}:{entry['name']}", entry["path"]) for entry in point["inputs"]]
+        files.append((f"reference_output@{label}", point["output"]["path"]))
+    return files
 
 
 class Phases:
@@ -417,13 +504,14 @@ class Phases:
         return timed()
 
 
-def name_io(model) -> bool:
-    """Give ModelOpt's exports the names plain exports have ("input", "logits"); True if renamed."""
+def name_io(model, input_names: list[str], output_name: str) -> bool:
+    """Give the graph's inputs and its one output the model family's names (ModelOpt's exports
+    name them after forward()'s parameters and its last node); True if anything was renamed."""
     renames = {}
-    if len(model.graph.input) == 1:
-        renames[model.graph.input[0].name] = INPUT_NAME
+    if len(model.graph.input) == len(input_names):
+        renames.update({value.name: name for value, name in zip(model.graph.input, input_names)})
     if len(model.graph.output) == 1:
-        renames[model.graph.output[0].name] = OUTPUT_NAME
+        renames[model.graph.output[0].name] = output_name
     renames = {old: new for old, new in renames.items() if old != new}
     if not renames:
         return False
@@ -433,6 +521,51 @@ def name_io(model) -> bool:
         node.input[:] = [renames.get(n, n) for n in node.input]
         node.output[:] = [renames.get(n, n) for n in node.output]
     return True
+
+
+def plain_export(
+    model, args: tuple, path: Path, input_names: list[str], output_name: str, opset: int, exporter: str, dynamic_axes, reporter
+) -> str:
+    """Export an unquantized model with the family's exporter; returns which one, for the manifest.
+
+    The torch.export-based exporter (``dynamo=True``) is the one PyTorch keeps; the TorchScript one
+    is deprecated ("will be removed") and used only for models of one fixed shape (timm), whose
+    graphs it writes as ModelOpt's quantized exports (also TorchScript) do, so variants compare."""
+    import torch
+
+    if exporter == "dynamo":
+        dims: dict[str, Any] = {}
+        dynamic_shapes = []
+        for name in input_names:
+            axes = dynamic_axes.get(name, {})
+            dynamic_shapes.append({axis: dims.setdefault(label, torch.export.Dim(label, min=1)) for axis, label in axes.items()} or None)
+        with torch.no_grad(), reporter.captured("torch.onnx.export"):
+            torch.onnx.export(
+                model,
+                args,
+                str(path),
+                input_names=input_names,
+                output_names=[output_name],
+                opset_version=opset,
+                dynamic_shapes=tuple(dynamic_shapes),
+                dynamo=True,
+                # The graph as exported: the exporter's own optimisation pass is what is checked.
+                external_data=False,
+            )
+        return f"torch.onnx.export (torch.export-based, dynamo=True), torch {torch.__version__}"
+    with torch.no_grad():
+        torch.onnx.export(
+            model,
+            args,
+            str(path),
+            input_names=input_names,
+            output_names=[output_name],
+            opset_version=opset,
+            dynamic_axes=dynamic_axes or None,
+            # The TorchScript exporter: ModelOpt's exporter is built on it too.
+            dynamo=False,
+        )
+    return f"torch.onnx.export (TorchScript), torch {torch.__version__}"
 
 
 def pin_batch(model, batch_size: int) -> None:
@@ -474,7 +607,10 @@ def onnx_audit(model, size_bytes: int) -> dict[str, Any]:
     }
 
 
-def check_parity(onnx_path: Path, sample, reference, precision: str) -> ParityCheck:
+def check_parity(onnx_path: Path, feeds: list, reference, precision: str) -> ParityCheck:
+    """ONNX Runtime's output of the graph on ``feeds`` (arrays in the graph's input order, as the
+    names are given after this check; floating ones get the graph's floating type) against
+    ``reference``, PyTorch's on the same inputs."""
     import numpy as np
     import onnxruntime as ort
 
@@ -485,9 +621,12 @@ def check_parity(onnx_path: Path, sample, reference, precision: str) -> ParityCh
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     try:
         session = ort.InferenceSession(str(onnx_path), sess_options=options, providers=["CPUExecutionProvider"])
-        feed_type = session.get_inputs()[0].type
-        feed = sample.astype(np.float16 if "float16" in feed_type else np.float32)
-        output = session.run(None, {session.get_inputs()[0].name: feed})[0].astype(np.float64)
+        typed = {}
+        for spec, value in zip(session.get_inputs(), feeds):
+            if np.issubdtype(value.dtype, np.floating):
+                value = value.astype(np.float16 if "float16" in spec.type else np.float32)
+            typed[spec.name] = value
+        output = session.run(None, typed)[0].astype(np.float64)
     except Exception as exc:
         raise PipelineError(
             f"ONNX Runtime could not run the exported model: {str(exc).strip().splitlines()[0]}",

@@ -19,12 +19,13 @@ from pipeline.errors import PipelineError
 STOP_GRACE_S = 10
 
 
-def measure_in_fresh_process(catalog, toolchain: str, engine_path: Path, settings, verbose: bool) -> tuple[list, list[dict]]:
-    """``settings.repeats`` measurements of the engine in a new interpreter, each watched:
-    (results, what was seen during each), as ProfileStage._measure returns them."""
+def measure_in_fresh_process(catalog, toolchain: str, engine_path: Path, settings, workload, verbose: bool) -> tuple[list, list[dict]]:
+    """``settings.repeats`` measurements of the engine in a new interpreter, each watched, fed
+    ``workload`` (the inputs at a shape point, or None): (results, what was seen during each), as
+    ProfileStage._measure returns them."""
     spawn = multiprocessing.get_context("spawn")  # a new interpreter, not a copy of this one
     receive, send = spawn.Pipe(duplex=False)
-    child = spawn.Process(target=_child, args=(send, catalog, toolchain, engine_path, settings, verbose), name="pipeline-retake")
+    child = spawn.Process(target=_child, args=(send, catalog, toolchain, engine_path, settings, workload, verbose), name="pipeline-retake")
     child.start()
     send.close()
     try:
@@ -49,7 +50,7 @@ def measure_in_fresh_process(catalog, toolchain: str, engine_path: Path, setting
     return payload
 
 
-def _child(send, catalog, toolchain: str, engine_path: Path, settings, verbose: bool) -> None:
+def _child(send, catalog, toolchain: str, engine_path: Path, settings, workload, verbose: bool) -> None:
     from pipeline.machine_watch import MachineWatch
     from pipeline.reporting import Reporter
     from pipeline.runtimes import create_runtime
@@ -59,7 +60,7 @@ def _child(send, catalog, toolchain: str, engine_path: Path, settings, verbose: 
         results, watched = [], []
         for _ in range(settings.repeats):
             with MachineWatch() as watch:
-                results.append(runtime.profile(engine_path, settings))
+                results.append(runtime.profile(engine_path, settings, workload))
             watched.append(watch.summary)
         send.send(("ok", (results, watched)))
     except PipelineError as exc:

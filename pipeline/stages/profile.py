@@ -20,16 +20,24 @@ class ProfileStage(Stage):
 
     name = "profile"
 
-    def __init__(self, ctx, engine, toolchain: str):
+    def __init__(self, ctx, engine, toolchain: str, shape: str | None = None):
         super().__init__(ctx, engine, toolchain)
         self.runtime = get_runtime(ctx, toolchain)
         self.settings = ctx.catalog.profile
+        # The shape point measured ("2x512"), for models with several; its own manifest.
+        self.shape = shape
 
     def manifest_path(self) -> Path:
+        return self.ctx.workspace.manifest_path(self.toolchain, self.engine, self.ctx.gpu_type, self.shape)
+
+    def engine_manifest_path(self) -> Path:
+        """Where the engine's build is recorded (the same file, for a model of one shape)."""
         return self.ctx.workspace.manifest_path(self.toolchain, self.engine, self.ctx.gpu_type)
 
     def params(self) -> dict[str, Any]:
-        return {"settings": self.settings.model_dump(), "batch_size": self.model_spec.batch_size}
+        if self.shape is None:
+            return {"settings": self.settings.model_dump(), "batch_size": self.model_spec.batch_size}
+        return {"settings": self.settings.model_dump(), "shape": self.shape}
 
     def identity(self) -> dict[str, Any]:
         # A measurement belongs to the machine it was taken on: a different CPU or GPU re-measures.
@@ -38,7 +46,7 @@ class ProfileStage(Stage):
 
     def build_record(self) -> StageRecord | None:
         try:
-            return read_manifest(self.manifest_path()).build
+            return read_manifest(self.engine_manifest_path()).build
         except FileNotFoundError:
             return None
 
@@ -73,7 +81,7 @@ class ProfileStage(Stage):
         engine = [a for a in build.outputs if a.role == "engine"]
         # The reference batch is an input too: a changed one re-checks the engine's accuracy.
         export = self.export_record
-        references = [a for a in (export.outputs if export else []) if a.role.startswith("reference_")]
+        references = [a for a in (export.outputs if export else []) if self._is_reference(a.role)]
         for artifact in references:
             if not self.ctx.workspace.is_intact(artifact):
                 raise PipelineError(
@@ -81,6 +89,29 @@ class ProfileStage(Stage):
                     hint=f"re-export it: `pipeline export --engine {self.engine.name} --force`",
                 )
         return engine + references
+
+    def _is_reference(self, role: str) -> bool:
+        """A reference file of this profile's shape point (``reference_input@2x512:input_ids``)."""
+        if not role.startswith("reference_"):
+            return False
+        point = role.partition("@")[2].partition(":")[0] or None
+        return point == self.shape
+
+    def workload(self):
+        """The inputs measured at this shape point (the reference batch there); None for a model of
+        one shape, whose runtimes feed seeded inputs of the engine's own shape."""
+        from pipeline.accuracy import ReferenceBatch
+
+        if self.shape is None:
+            return None
+        export = self.export_record
+        reference = ReferenceBatch.from_export(export.details, self.ctx.workspace.root, self.shape) if export else None
+        if reference is None:
+            raise PipelineError(
+                f"the export of {self.engine.name} has no inputs at shape {self.shape}.",
+                hint=f"re-export it: `pipeline export --engine {self.engine.name} --force`",
+            )
+        return reference
 
     @functools.cached_property
     def export_record(self) -> StageRecord | None:
@@ -94,17 +125,21 @@ class ProfileStage(Stage):
     def extra_manifest_fields(self) -> dict[str, Any]:
         # The engine manifest stays complete evidence: the export record its accuracy was checked against.
         export = self.export_record
-        return {"export": export} if export is not None else {}
+        fields: dict[str, Any] = {"export": export} if export is not None else {}
+        if self.shape is not None:
+            fields.update(shape=self.shape, build=self.build_record())
+        return fields
 
     def run_impl(self, inputs: list[Artifact]) -> StageOutcome:
         engine_path = self.ctx.workspace.root / inputs[0].path
         settings = self.settings
+        workload = self.workload()
         # The machine's load around the measurement, and what it did during each one, so a number
         # taken on a busy machine shows it.
         load_at_start = machine_load()
         retaken: list[list[float]] = []
         while True:
-            results, watched = self._measure(engine_path, take=len(retaken))
+            results, watched = self._measure(engine_path, workload, take=len(retaken))
             medians = [round(LatencyStats.from_values(r.per_iteration_ms).median, 6) for r in results]
             repeat_cv = LatencyStats.from_values(medians).cv if len(medians) > 1 else None
             stable = repeat_cv is None or repeat_cv <= settings.max_repeat_cv
@@ -134,16 +169,24 @@ class ProfileStage(Stage):
                 f"{self.engine.name}: unstable: the measurements still disagree after {len(retaken)} retake(s) "
                 f"(CV {repeat_cv:.2%} > {settings.max_repeat_cv:.0%}); recorded as unstable"
             )
+        source = self.model_source()
+        batch = workload.inputs[0].shape[0] if workload else self.model_spec.batch_size
+        tokens = None
+        if workload is not None and "sequence" in source.dynamic_axes():
+            tokens = qps * workload.inputs[0].shape[0] * workload.inputs[0].shape[1]
         details = ProfileDetails(
             settings=settings,
-            batch_size=self.model_spec.batch_size,
+            batch_size=batch,
             device=result.device,
             metric=result.metric,
             iterations=stats.count,
             total_walltime_s=sum(r.total_walltime_s for r in results),
             latency_ms=stats,
             throughput_qps=qps,
-            images_per_s=qps * self.model_spec.batch_size,
+            images_per_s=qps * batch,
+            sample_unit=source.sample_unit,
+            input_shapes={name: list(shape) for name, shape in workload.shapes.items()} if workload else {},
+            tokens_per_s=tokens,
             per_iteration_ms=[round(v, 6) for v in pooled],
             repeat_medians_ms=medians if len(medians) > 1 else [],
             repeat_cv=repeat_cv,
@@ -155,22 +198,26 @@ class ProfileStage(Stage):
             warnings=warnings,
             **result.evidence,
         )
-        accuracy, accuracy_skipped, checked = self.check_accuracy(engine_path)
+        accuracy, accuracy_skipped, checked = self.check_accuracy(engine_path, workload)
         details.accuracy, details.accuracy_skipped = accuracy, accuracy_skipped
         sidecars = {**result.sidecars, **(checked.sidecars if checked else {})}
         outputs = [self.ctx.workspace.artifact(role, path) for role, path in sidecars.items()]
         pooled_from = f" of {len(results)} measurements pooled" if len(results) > 1 else ""
-        note = f": median {stats.median:.2f} ms, {details.images_per_s:.1f} img/s over {stats.count} runs{pooled_from}"
+        rate = f"{tokens:,.0f} tokens/s" if tokens else f"{details.images_per_s:.1f} {source.sample_unit}/s"
+        at = f" at {self.shape}" if self.shape else ""
+        note = f"{at}: median {stats.median:.2f} ms, {rate} over {stats.count} runs{pooled_from}"
         if accuracy:
             cosine = accuracy["cosine_similarity"]
-            note += f"; vs FP32 cosine {'NaN/Inf' if cosine is None else f'{cosine:.5f}'}, top-1 {accuracy['top1_agreement']:.0%}"
+            note += f"; vs FP32 cosine {'NaN/Inf' if cosine is None else f'{cosine:.5f}'}"
+            if accuracy["top1_agreement"] is not None:
+                note += f", top-1 {accuracy['top1_agreement']:.0%}"
             if accuracy.get("top1_accuracy") is not None:
                 note += f", top-1 accuracy {accuracy['top1_accuracy']:.1%} on the labelled images"
         if repeat_cv is not None:
             note += f"; their medians {min(medians):.3f}–{max(medians):.3f} ms (CV {repeat_cv:.2%}{'' if stable else ', unstable'})"
         return StageOutcome(outputs=outputs, details=details, command=result.command, note=note)
 
-    def _measure(self, engine_path: Path, take: int) -> tuple[list, list[dict]]:
+    def _measure(self, engine_path: Path, workload, take: int) -> tuple[list, list[dict]]:
         """`repeats` measurements, each watched (pipeline/machine_watch.py): (results, what was seen).
         A retake (``take`` > 0) of a runtime that times in this process runs in a fresh one."""
         repeats = self.settings.repeats
@@ -179,7 +226,9 @@ class ProfileStage(Stage):
 
             self.ctx.reporter.detail(f"{self.engine.name}: {repeats} measurement(s), take {take + 1}, in a fresh process")
             self.ctx.reporter.step(f"{repeats} measurement(s), take {take + 1}, in a fresh process")
-            return measure_in_fresh_process(self.ctx.catalog, self.toolchain, engine_path, self.settings, self.ctx.reporter.verbose)
+            return measure_in_fresh_process(
+                self.ctx.catalog, self.toolchain, engine_path, self.settings, workload, self.ctx.reporter.verbose
+            )
         results, watched = [], []
         for run in range(repeats):
             if repeats > 1 or take:
@@ -187,17 +236,20 @@ class ProfileStage(Stage):
                 self.ctx.reporter.detail(f"{self.engine.name}: measurement {run + 1} of {repeats}{again}")
                 self.ctx.reporter.step(f"measurement {run + 1} of {repeats}{again}")
             with MachineWatch() as watch:
-                results.append(self.runtime.profile(engine_path, self.settings))
+                results.append(self.runtime.profile(engine_path, self.settings, workload))
             watched.append(watch.summary)
         return results, watched
 
-    def check_accuracy(self, engine_path: Path):
-        """(figures, why not checked, the reference run) for this engine on its reference batch."""
+    def check_accuracy(self, engine_path: Path, workload=None):
+        """(figures, why not checked, the reference run) for this engine on its reference batch
+        (the workload's, at a shape point)."""
         from pipeline.accuracy import ReferenceBatch, compare_outputs
 
         self.ctx.reporter.step("checking its outputs on the reference batch")
         export = self.export_record
-        reference = ReferenceBatch.from_export(export.details, self.ctx.workspace.root) if export and export.details else None
+        reference = workload
+        if reference is None:
+            reference = ReferenceBatch.from_export(export.details, self.ctx.workspace.root) if export and export.details else None
         if reference is None:
             return None, "its export has no reference batch (exported by an earlier version): re-export with --force", None
         run = self.runtime.run_reference(engine_path, reference)

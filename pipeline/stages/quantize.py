@@ -145,9 +145,10 @@ def classifier_head(model) -> str | None:
     return linears[-1] if linears else None
 
 
-def quantize_model(model, precision: str, batches, conv_policy: str = "exclude", progress=None):
+def quantize_model(model, precision: str, batches, conv_policy: str = "exclude", progress=None, linear_only: bool = False):
     """Calibrate ``model`` in place with ModelOpt; returns it and what the manifest records.
-    ``progress`` (a text callback) hears each calibration batch."""
+    ``progress`` (a text callback) hears each calibration batch. ``linear_only`` leaves every
+    layer but the Linear ones unquantized (transformers: their LayerNorms and embeddings)."""
     import torch
 
     if precision not in PRESETS:
@@ -170,9 +171,11 @@ def quantize_model(model, precision: str, batches, conv_policy: str = "exclude",
             for number, batch in enumerate(batches, 1):
                 if progress is not None:
                     progress(f"calibrating: batch {number} of {len(batches)}")
-                m(batch.to(device=device, dtype=dtype))
+                m(*as_inputs(batch, device, dtype))
 
     model = mtq.quantize(model, config, forward_loop)
+    if linear_only:
+        excluded.update(_disable_outside_linear(model))
     info: dict[str, Any] = {
         "tool": "nvidia-modelopt",
         "preset": PRESETS[precision],
@@ -181,6 +184,30 @@ def quantize_model(model, precision: str, batches, conv_policy: str = "exclude",
         "quantized_layers": _count_enabled_weight_quantizers(model),
     }
     return model, info
+
+
+def _disable_outside_linear(model) -> dict[str, str]:
+    """Turn off the quantizers ModelOpt's preset put on layers other than Linear (a transformer's
+    LayerNorm inputs): TensorRT quantizes matrix multiplies, and the TorchScript export writes no
+    Q/DQ for a LayerNorm's input, so the graph would not be the model that was calibrated."""
+    import torch.nn as nn
+
+    disabled = {}
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear):
+            continue
+        for child_name, child in module.named_children():
+            if child_name.endswith("_quantizer") and getattr(child, "is_enabled", False):
+                child.disable()
+                disabled[name] = f"{type(module).__name__}: only Linear layers are quantized in this model"
+    return disabled
+
+
+def as_inputs(batch, device, dtype) -> tuple:
+    """A batch (one tensor, or a tuple of the model's inputs) on ``device``, its floating tensors
+    in ``dtype``: token ids and attention masks keep their integer types."""
+    tensors = batch if isinstance(batch, tuple) else (batch,)
+    return tuple(t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device) for t in tensors)
 
 
 def _count_enabled_weight_quantizers(model) -> int:
@@ -208,40 +235,48 @@ class QuantizedExport:
     traced_batch: int | None
 
 
-def export_quantized(model, sample, path, opset: int, weights_dtype: str, precision: str) -> QuantizedExport:
-    """Write ``model`` as ONNX with real low-precision weights and the ops TensorRT parses."""
+def export_quantized(model, args: tuple, path, opset: int, weights_dtype: str, precision: str, dynamic_axes=None) -> QuantizedExport:
+    """Write ``model`` as ONNX with real low-precision weights and the ops TensorRT parses.
+
+    ``args`` are the model's inputs in forward()'s order; ``dynamic_axes`` (input name → axis → name)
+    the axes the graph keeps free, as the model family declares them. Without any, a CPU trace of
+    a large batch keeps the batch free (CPU_TRACE_BATCH) and reports the batch it traced."""
     require_module("onnxconverter_common", purpose="Exporting quantized ONNX", extra="export")
     import_modelopt("modelopt.torch._deploy.utils.torch_onnx", purpose="Exporting quantized ONNX")
     from modelopt.torch.utils import standardize_named_model_args
 
-    if precision == "int8" and sample.is_cuda:
+    on_cuda = any(getattr(a, "is_cuda", False) for a in args)
+    if precision == "int8" and on_cuda:
         # TorchScript tracing of ModelOpt's INT8 fake-quant model crashes the process (SIGSEGV)
         # on CUDA with torch 2.11 (seen on the lent H100); traced on the CPU it exports the same graph.
-        model, sample = model.cpu(), sample.cpu()
+        model, args, on_cuda = model.cpu(), tuple(a.cpu() for a in args), False
     # ModelOpt names the graph's inputs after the forward() parameters, with this helper.
-    named_args, _ = standardize_named_model_args(model, (sample,))
-    input_name = next(iter(named_args))
-    dynamic_axes: dict[str, dict[int, str]] = {}
+    named_args, _ = standardize_named_model_args(model, args)
+    input_names = list(named_args)[: len(args)]
     traced_batch = None
-    if not sample.is_cuda and sample.shape[0] > CPU_TRACE_BATCH:
-        sample = sample[:CPU_TRACE_BATCH]
-        traced_batch = CPU_TRACE_BATCH
-        dynamic_axes = {input_name: {0: "batch"}}
+    if dynamic_axes:
+        dynamic_axes = {name: dict(axes) for name, axes in dynamic_axes.items()}
+    else:
+        dynamic_axes = {}
+        if len(args) == 1 and not on_cuda and args[0].shape[0] > CPU_TRACE_BATCH:
+            args = (args[0][:CPU_TRACE_BATCH],)
+            traced_batch = CPU_TRACE_BATCH
+            dynamic_axes = {input_names[0]: {0: "batch"}}
     if precision == "int8" and weights_dtype == "fp32":
         if sum(t.numel() * t.element_size() for t in model.state_dict().values()) >= PROTOBUF_LIMIT_BYTES:
             raise PipelineError(
                 "the model's weights exceed 2 GB, the most one ONNX file holds; external weight files are not "
                 "handled by this pipeline yet.",
             )
-        _export_int8(model, sample, path, opset, input_name, dynamic_axes)
+        _export_int8(model, args, path, opset, input_names, dynamic_axes)
         return QuantizedExport(INT8_EXPORTER, traced_batch)
     if precision in TRACED_HIGH_PRECISION:
         # "fp32" tells ModelOpt to convert nothing: the types are the traced model's.
         _export_with_modelopt(
-            model, sample, path, opset, "fp32", dynamic_axes, repair=lambda graph: make_fp4_graph_consistent(graph, weights_dtype)
+            model, args, path, opset, "fp32", dynamic_axes, repair=lambda graph: make_fp4_graph_consistent(graph, weights_dtype)
         )
     else:
-        _export_with_modelopt(model, sample, path, opset, weights_dtype, dynamic_axes)
+        _export_with_modelopt(model, args, path, opset, weights_dtype, dynamic_axes)
     return QuantizedExport(MODELOPT_EXPORTER, traced_batch)
 
 
@@ -250,13 +285,11 @@ MODELOPT_EXPORTER = "ModelOpt's ONNX exporter (get_onnx_bytes_and_metadata)"
 INT8_EXPORTER = "torch.onnx.export (TorchScript) with ModelOpt's INT8 graph clean-up"
 
 
-def _export_with_modelopt(model, sample, path, opset: int, weights_dtype: str, dynamic_axes, repair=None) -> None:
+def _export_with_modelopt(model, args: tuple, path, opset: int, weights_dtype: str, dynamic_axes, repair=None) -> None:
     from modelopt.torch._deploy.utils.torch_onnx import OnnxBytes, get_onnx_bytes_and_metadata
 
     with shape_inference_without_weights():
-        onnx_bytes, _ = get_onnx_bytes_and_metadata(
-            model, (sample,), onnx_opset=opset, weights_dtype=weights_dtype, dynamic_axes=dynamic_axes
-        )
+        onnx_bytes, _ = get_onnx_bytes_and_metadata(model, args, onnx_opset=opset, weights_dtype=weights_dtype, dynamic_axes=dynamic_axes)
     files = OnnxBytes.from_bytes(onnx_bytes).onnx_model
     if len(files) != 1:
         raise PipelineError(
@@ -274,7 +307,7 @@ def _export_with_modelopt(model, sample, path, opset: int, weights_dtype: str, d
     onnx.save(graph, str(path))
 
 
-def _export_int8(model, sample, path, opset: int, input_name: str, dynamic_axes) -> None:
+def _export_int8(model, args: tuple, path, opset: int, input_names: list[str], dynamic_axes) -> None:
     """The graph ModelOpt's exporter writes for INT8 with FP32 weights, without its overhead.
 
     For that case ModelOpt 0.47's exporter is the TorchScript export (its quantizers emit
@@ -293,9 +326,9 @@ def _export_int8(model, sample, path, opset: int, input_name: str, dynamic_axes)
     with torch.inference_mode():
         torch.onnx.export(
             model,
-            (sample,),
+            args,
             str(path),
-            input_names=[input_name],
+            input_names=input_names,
             opset_version=opset,
             dynamic_axes=dynamic_axes,
             dynamo=False,
@@ -444,7 +477,9 @@ def accuracy_proxy(reference_outputs, outputs, precision: str, sparse: bool) -> 
     out = torch.cat([o.float().flatten(1) for o in outputs])
     cosine = float(torch.nn.functional.cosine_similarity(ref.flatten(), out.flatten(), dim=0))
     per_sample = torch.nn.functional.cosine_similarity(ref, out, dim=1)
-    top1 = float((ref.argmax(dim=1) == out.argmax(dim=1)).float().mean())
+    # Top-1 agreement where the outputs are class scores (samples × classes), not hidden states.
+    classes = reference_outputs[0].dim() == 2
+    top1 = float((ref.argmax(dim=1) == out.argmax(dim=1)).float().mean()) if classes else None
     from pipeline.accuracy import accuracy_floor
 
     floor = accuracy_floor(precision, sparse)
@@ -462,6 +497,6 @@ def accuracy_proxy(reference_outputs, outputs, precision: str, sparse: bool) -> 
         result["warning"] = (
             f"outputs drift from FP32: cosine similarity {cosine:.4f} is below {floor} for {precision}"
             + (" with 2:4 sparsity" if sparse else "")
-            + f" (top-1 agreement {top1:.0%})"
+            + (f" (top-1 agreement {top1:.0%})" if top1 is not None else "")
         )
     return result

@@ -59,7 +59,16 @@ def run_engine(ctx: RunContext, engine: EngineRef, toolchain: str | None, until:
     if "build" in wanted:
         build.run()
     if "profile" in wanted:
-        ProfileStage(ctx, engine, toolchain).run()
+        for shape in shapes_to_profile(ctx, engine):
+            ProfileStage(ctx, engine, toolchain, shape).run()
+
+
+def shapes_to_profile(ctx: RunContext, engine: EngineRef) -> list[str | None]:
+    """The shape points a profile of this engine measures ("2x512", …), or [None] for a model of one shape."""
+    from pipeline.models import model_source
+
+    points = model_source(engine.model, ctx.catalog.model(engine.model), ctx.workspace.root).shape_points()
+    return [point.label for point in points] or [None]
 
 
 def run_engines(ctx: RunContext, engines: list[EngineRef], toolchain: str | None, until: str) -> RunSummary:
@@ -112,7 +121,10 @@ def describe(ctx: RunContext, engines: list[EngineRef], toolchain: str, until: s
             for line in runtime.describe_build(ctx.workspace.root / onnx, ctx.workspace.root / engine_file, variant, source)
         )
         if until == "profile":
-            lines.extend(
-                f"{engine.name}: {line}" for line in runtime.describe_profile(ctx.workspace.root / engine_file, ctx.catalog.profile)
-            )
+            for point in source.shape_points() or [None]:
+                workload = source.shapes_at(point) if point else None
+                lines.extend(
+                    f"{engine.name}: {line}"
+                    for line in runtime.describe_profile(ctx.workspace.root / engine_file, ctx.catalog.profile, workload)
+                )
     return lines

@@ -25,14 +25,16 @@ def _passes_weight_through(op_type: str) -> bool:
 def sparsify_model(model, method: str, batches) -> tuple[Any, dict[str, Any]]:
     if method not in METHODS:
         raise PipelineError(f"unknown sparsity method {method!r}.", hint=f"use one of {', '.join(METHODS)}")
-    from pipeline.stages.quantize import import_modelopt
+    from pipeline.stages.quantize import as_inputs, import_modelopt
 
     mts = import_modelopt("modelopt.torch.sparsity", purpose="2:4 sparsification")
     config: dict[str, Any] = {}
     if method == "sparsegpt":
         device = next(model.parameters()).device
         dtype = next(model.parameters()).dtype
-        config = {"data_loader": [b.to(device=device, dtype=dtype) for b in batches], "collect_func": lambda batch: batch}
+        loader = [as_inputs(b, device, dtype) for b in batches]
+        # ModelOpt calls the model on what collect_func returns: the one tensor of a one-input model.
+        config = {"data_loader": [b[0] if len(b) == 1 else b for b in loader], "collect_func": lambda batch: batch}
     model = mts.sparsify(model, method, config=config)
     model = mts.export(model)  # bake the masks into the weights
     layers = torch_sparsity(model)

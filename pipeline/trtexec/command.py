@@ -217,6 +217,8 @@ class ReferenceCommand:
     reference_outputs: dict[str, str] | None = None  # tensor name → raw binary file (11.1+)
     # Largest accepted cosine loss (1 - cosine similarity) for trtexec's own check.
     max_cosine_loss: float | None = None
+    # The inputs' shapes, for an engine built with dynamic shapes (--shapes); empty for a static one.
+    shapes: dict[str, Dims] = field(default_factory=dict)
 
     def argv(self, trt_version: str, executable: str = "trtexec") -> list[str]:
         dialect = Dialect(parse_version(trt_version))
@@ -224,6 +226,7 @@ class ReferenceCommand:
             executable,
             f"--loadEngine={self.engine}",
             "--loadInputs=" + ",".join(f"{name}:{path}" for name, path in self.inputs.items()),
+            *([f"--shapes={shapes_spec(self.shapes)}"] if self.shapes else []),
             # One inference is enough to read the outputs: no warm-up, no minimum duration.
             "--warmUp=0",
             "--iterations=1",

@@ -1,0 +1,264 @@
+"""Hugging Face transformers models: a model class built from its config class's defaults with the
+catalog's overrides (random weights, seeded), or from a local folder holding ``config.json`` and
+optionally weights. Never a download, never code from a model repository (``trust_remote_code``).
+
+Their inputs are token ids and an attention mask (and token type ids where the class takes
+them), with dynamic batch and sequence axes; the catalog's shape points ("2x512") are batch ×
+sequence. The output every stage compares is the first one the model returns: the last hidden
+state of a base model, the logits of a task head.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from pipeline.catalog import ModelSpec
+from pipeline.errors import EnvironmentMissing, PipelineError, UsageError
+from pipeline.models.base import ModelInput, ModelSource, ShapePoint
+
+# What each input the pipeline knows how to fill holds.
+INPUT_KINDS = {"input_ids": "token_ids", "attention_mask": "attention_mask", "token_type_ids": "token_type_ids"}
+AXES = ("batch", "sequence")
+
+
+class TransformersSpec(ModelSpec):
+    """A Hugging Face transformers model class, e.g. ``BertModel`` or ``ModernBertModel``."""
+
+    transformers: str = Field(description="the model class in transformers, e.g. ModernBertModel")
+    # Overrides of the config class's defaults (e.g. num_hidden_layers = 2); checked against its keys.
+    config: dict[str, Any] = {}
+    # A local folder with config.json (and optionally weights): used instead of the class defaults.
+    path: Path | None = None
+    # The attention implementation transformers runs (and the export traces): "sdpa" or "eager".
+    attn_implementation: Literal["sdpa", "eager"] = "sdpa"
+    # The inputs fed (each one the class's forward() takes); the graph has them in this order.
+    inputs: tuple[Literal["input_ids", "attention_mask", "token_type_ids"], ...] = ("input_ids", "attention_mask")
+    # Pad the sequences after the first of each batch to a seeded length (half to all of the
+    # sequence), their attention mask zero beyond it, as real batches of text are.
+    padding: bool = True
+
+    @field_validator("inputs")
+    @classmethod
+    def _needs_ids(cls, inputs: tuple[str, ...]) -> tuple[str, ...]:
+        if "input_ids" not in inputs:
+            raise ValueError("the inputs must include input_ids")
+        if len(set(inputs)) != len(inputs):
+            raise ValueError("an input is listed twice")
+        # In forward()'s order: exporters name the graph's inputs by position.
+        return tuple(name for name in INPUT_KINDS if name in inputs)
+
+    def family(self) -> str:
+        return "transformers"
+
+
+def import_transformers():
+    """transformers, or exit 3 with how to install it."""
+    from pipeline.models.torch_import import import_timm
+
+    import_timm()  # torch, and torchvision's quirk on CPU-only torch (transformers imports it too)
+    try:
+        import transformers
+    except ImportError as exc:
+        raise EnvironmentMissing(
+            f"Hugging Face transformers models need the transformers package, which is not installed ({exc}).",
+            hint="`make setup` installs it; or `pip install 'trt-pipeline[export]'`",
+        ) from None
+    return transformers
+
+
+class TransformersModel(ModelSource):
+    """A transformers model class with token inputs of dynamic batch and sequence."""
+
+    family = "transformers"
+    Spec = TransformersSpec
+    exporter = "dynamo"
+    quantize_linear_only = True
+    sample_unit = "seq"
+    packages = ("transformers",)
+
+    def describe(self) -> str:
+        where = f" from {self.spec.path}" if self.spec.path else ""
+        return f"transformers {self.spec.transformers}{where} ({self.spec.attn_implementation} attention)"
+
+    def describe_calibration(self, directory: Path | None, samples: int, batch_size: int) -> dict[str, Any]:
+        described = super().describe_calibration(directory, samples, batch_size)
+        return {**described, "source": "seeded token ids (uniform over the vocabulary) and attention masks at the first shape point"}
+
+    def facts(self) -> dict[str, Any]:
+        facts: dict[str, Any] = {
+            "transformers_class": self.spec.transformers,
+            "config": dict(sorted(self.spec.config.items())),
+            "attn_implementation": self.spec.attn_implementation,
+            "inputs": list(self.spec.inputs),
+            "padding": self.spec.padding,
+        }
+        if self.spec.path is not None:
+            folder = self.folder()
+            facts["path"] = str(self.spec.path)
+            facts["files"] = {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file()}
+        return facts
+
+    # --- the model ------------------------------------------------------------------------------
+
+    def folder(self) -> Path:
+        folder = Path(self.spec.path).expanduser()
+        if not folder.is_absolute():
+            folder = self.workspace_root / folder
+        if not folder.is_dir():
+            raise UsageError(f"model {self.name!r}: folder {folder} does not exist.", hint="fix `path` in pipeline.toml")
+        config = folder / "config.json"
+        if not config.is_file():
+            raise UsageError(
+                f"model {self.name!r}: {folder} has no config.json, which says what the model is.",
+                hint="point `path` at a folder saved by save_pretrained(), or remove it to build the model from its config class",
+            )
+        try:
+            raw = json.loads(config.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"model {self.name!r}: {config} is not readable JSON: {exc}.") from None
+        if isinstance(raw, dict) and raw.get("auto_map"):
+            raise UsageError(
+                f"model {self.name!r}: {config} maps the model to code of its own (auto_map: {', '.join(raw['auto_map'])}); "
+                "running a model repository's code (trust_remote_code) is refused.",
+                hint="use a model class that transformers itself provides",
+            )
+        return folder
+
+    def model_class(self):
+        transformers = import_transformers()
+        name = self.spec.transformers
+        cls = getattr(transformers, name, None) if name.isidentifier() else None
+        if cls is None or not inspect.isclass(cls) or not hasattr(cls, "config_class"):
+            known = [n for n in dir(transformers) if n.endswith(("Model", "ForSequenceClassification", "ForMaskedLM", "ForCausalLM"))]
+            close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+            raise UsageError(
+                f"model {self.name!r}: transformers {transformers.__version__} has no model class {name!r}.",
+                hint=(f"did you mean {' or '.join(repr(c) for c in close)}? " if close else "")
+                + "models whose code lives in their repository (trust_remote_code) are not run",
+            )
+        return cls
+
+    def model_config(self, cls):
+        """The config: the folder's config.json or the class defaults, with the catalog's overrides."""
+        overrides = dict(self.spec.config)
+        if self.spec.path is not None:
+            config = cls.config_class.from_pretrained(str(self.folder()), local_files_only=True)
+        else:
+            config = cls.config_class()
+        known = set(config.to_dict())
+        unknown = sorted(key for key in overrides if key not in known)
+        if unknown:
+            close = {key: difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6) for key in unknown}
+            suggestions = [f"{key!r} → {close[key][0]!r}" for key in unknown if close[key]]
+            raise UsageError(
+                f"model {self.name!r}: {cls.config_class.__name__} has no key(s) {', '.join(repr(k) for k in unknown)}.",
+                hint=(f"did you mean {', '.join(suggestions)}? " if suggestions else "")
+                + f"its keys: {', '.join(sorted(k for k in known if not k.startswith('_')))}",
+            )
+        for key, value in overrides.items():
+            setattr(config, key, value)
+        config._attn_implementation = self.spec.attn_implementation
+        return config
+
+    def create(self):
+        import torch
+
+        cls = self.model_class()
+        config = self.model_config(cls)
+        parameters = inspect.signature(cls.forward).parameters
+        missing = [name for name in self.spec.inputs if name not in parameters]
+        if missing:
+            raise UsageError(
+                f"model {self.name!r}: {cls.__name__}.forward() takes no {', '.join(missing)}.",
+                hint="set `inputs` to ones it takes (of input_ids, attention_mask, token_type_ids)",
+            )
+        torch.manual_seed(self.spec.seed)
+        try:
+            if self.spec.path is not None and _has_weights(self.folder()):
+                model = cls.from_pretrained(
+                    str(self.folder()), config=config, local_files_only=True, trust_remote_code=False, torch_dtype=torch.float32
+                )
+            else:
+                model = cls(config)
+        except (ValueError, RuntimeError, OSError, TypeError) as exc:
+            raise PipelineError(
+                f"transformers could not create {cls.__name__} for model {self.name!r}: {str(exc).strip().splitlines()[0]}",
+                hint="check the model's config overrides in pipeline.toml",
+            ) from exc
+        return model.float().eval()
+
+    def runnable(self, model):
+        return _FirstOutput(model, self.spec.inputs).eval()
+
+    # --- inputs ---------------------------------------------------------------------------------
+
+    def inputs(self, model) -> list[ModelInput]:
+        return [ModelInput(name, AXES, "int64", INPUT_KINDS[name]) for name in self.spec.inputs]
+
+    def output_name(self) -> str:
+        return "last_hidden_state" if self.spec.transformers.endswith("Model") else "logits"
+
+    def dynamic_axes(self) -> tuple[str, ...]:
+        return AXES
+
+    def check_point(self, model, point: ShapePoint) -> None:
+        config = getattr(model, "config", None)
+        limit = getattr(config, "max_position_embeddings", None)
+        if limit is not None and point.size("sequence") > limit:
+            raise UsageError(
+                f"model {self.name!r}: shape {point} has sequence length {point.size('sequence')}, longer than the "
+                f"model's max_position_embeddings ({limit}).",
+                hint=f"measure at sequences of at most {limit}, or raise max_position_embeddings in the model's config",
+            )
+
+    def sample_inputs(self, model, point: ShapePoint | None, seed: int) -> tuple:
+        """Token ids drawn uniformly from the vocabulary, an attention mask (sequences after the first
+        padded to a seeded length when `padding` is on) and zero token types, all seeded."""
+        import torch
+
+        if point is None:
+            raise PipelineError(f"model {self.name!r} has no shape points.", hint='list them in pipeline.toml, e.g. shapes = ["2x128"]')
+        batch, sequence = point.size("batch"), point.size("sequence")
+        generator = torch.Generator().manual_seed(seed)
+        vocab = int(getattr(model.config, "vocab_size", 2) if model is not None else 2)
+        ids = torch.randint(0, vocab, (batch, sequence), generator=generator, dtype=torch.int64)
+        mask = torch.ones(batch, sequence, dtype=torch.int64)
+        if self.spec.padding and sequence > 1:
+            for row in range(1, batch):
+                length = int(torch.randint(max(1, sequence // 2), sequence + 1, (1,), generator=generator))
+                mask[row, length:] = 0
+        values = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros(batch, sequence, dtype=torch.int64)}
+        return tuple(values[name] for name in self.spec.inputs)
+
+
+def _has_weights(folder: Path) -> bool:
+    return any(folder.glob("*.safetensors")) or any(folder.glob("pytorch_model*.bin"))
+
+
+def _first_output_module():
+    import torch
+
+    class FirstOutput(torch.nn.Module):
+        """A transformers model called with its inputs by name, returning its first output. The
+        parameters are named so that exporters name the graph's inputs after them."""
+
+        def __init__(self, model, names: tuple[str, ...]):
+            super().__init__()
+            self.model, self.names = model, names
+            self.config = model.config
+
+        def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+            given = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+            return self.model(**{name: given[name] for name in self.names})[0]
+
+    return FirstOutput
+
+
+def _FirstOutput(model, names):  # noqa: N802 — reads as the class it builds
+    return _first_output_module()(model, tuple(names))

@@ -1,0 +1,314 @@
+"""Hugging Face transformers models through every stage: token inputs with dynamic batch and
+sequence, measured at each shape point (pipeline/models/transformers.py).
+
+A 2-layer BERT from BertConfig with random weights (no download) keeps each export a real one
+that takes seconds.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import write_catalog
+from tests.test_trtexec_command import help_flags
+
+pytest.importorskip("transformers", reason="the transformers family needs the transformers package (`make setup` installs it)")
+
+BERT_CATALOG = """
+opset = 17
+baseline_toolchain = "torch-eager"
+
+[defaults]
+models = ["bert"]
+variants = ["fp32", "int8"]
+toolchain = "onnxruntime"
+
+[profile]
+warmup_ms = 5
+iterations = 5
+duration_s = 0.05
+
+[models.bert]
+transformers = "BertModel"
+config = { hidden_size = 32, num_hidden_layers = 2, num_attention_heads = 2, intermediate_size = 64, vocab_size = 512, max_position_embeddings = 64 }
+shapes = ["2x8", "3x24"]
+
+[variants.fp32]
+precision = "fp32"
+[variants.fp16]
+precision = "fp16"
+[variants.int8]
+precision = "int8"
+[variants.fp8]
+precision = "fp8"
+
+[toolchains.onnxruntime]
+kind = "onnxruntime"
+baselines = ["fp32"]
+
+[toolchains.torch-eager]
+kind = "torch"
+backend = "eager"
+baselines = ["fp32"]
+
+[toolchains."trt10.14"]
+kind = "trtexec-container"
+trt = "10.14.1"
+image = "nvcr.io/nvidia/tensorrt:25.11-py3"
+
+[toolchains."trt11.1"]
+kind = "trtexec-container"
+trt = "11.1.0"
+dockerfile = "Dockerfile.tensorrt-tarball"
+"""
+
+
+def manifest(ws: Path, folder: str, name: str) -> dict:
+    return json.loads((ws / "manifests" / folder / f"{name}.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def bert_ws(tmp_path_factory):
+    """bert fp32/int8 on ONNX Runtime and fp32/fp16 on PyTorch eager, each at both shape points."""
+    from pipeline.cli import main
+
+    catalog = write_catalog(tmp_path_factory.mktemp("bert"), BERT_CATALOG)
+    assert main(["--catalog", str(catalog), "run"]) == 0
+    assert main(["--catalog", str(catalog), "run", "--toolchain", "torch-eager", "--variant", "fp32", "--variant", "fp16"]) == 0
+    return catalog.parent
+
+
+def test_the_export_keeps_batch_and_sequence_dynamic_and_checks_parity_at_every_point(bert_ws):
+    import onnx
+
+    graph = onnx.load(str(bert_ws / "models" / "bert" / "fp32.onnx"))
+    inputs = {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in graph.graph.input}
+    assert inputs == {"input_ids": ["batch", "sequence"], "attention_mask": ["batch", "sequence"]}
+    assert [o.name for o in graph.graph.output] == ["last_hidden_state"]
+    export = manifest(bert_ws, "export", "bert_fp32")["export"]["details"]
+    assert export["exporter"].startswith("torch.onnx.export (torch.export-based")
+    assert export["shape_points"] == ["2x8", "3x24"]
+    assert set(export["parity_by_shape"]) == {"2x8", "3x24"}
+    assert all(check["passed"] and check["cosine_similarity"] > 0.99999 for check in export["parity_by_shape"].values())
+    assert export["inputs"][0] == {"name": "input_ids", "dims": ["batch", "sequence"], "dtype": "int64", "kind": "token_ids"}
+    # The int8 graph is ModelOpt's (TorchScript), quantizing only Linear layers, still dynamic.
+    int8 = manifest(bert_ws, "export", "bert_int8")["export"]["details"]
+    assert int8["exporter"].startswith("torch.onnx.export (TorchScript) with ModelOpt")
+    assert int8["quantization"]["quantized_layers"] > 0
+    assert all("only Linear layers" in why for why in int8["quantization"]["excluded_layers"].values())
+    assert all(check["passed"] for check in int8["parity_by_shape"].values())
+    graph = onnx.load(str(bert_ws / "models" / "bert" / "int8.onnx"))
+    assert "QuantizeLinear" in {node.op_type for node in graph.graph.node}
+    assert [d.dim_param for d in graph.graph.input[0].type.tensor_type.shape.dim] == ["batch", "sequence"]
+
+
+def test_reference_inputs_are_valid_tokens_and_masks_at_each_point(bert_ws):
+    import numpy as np
+
+    reference = manifest(bert_ws, "export", "bert_fp32")["export"]["details"]["reference"]
+    point = reference["points"]["3x24"]
+    ids, mask = (np.fromfile(bert_ws / entry["path"], dtype=entry["dtype"]).reshape(entry["shape"]) for entry in point["inputs"])
+    assert ids.shape == mask.shape == (3, 24)
+    assert 0 <= ids.min() and ids.max() < 512  # inside the vocabulary
+    assert set(np.unique(mask)) <= {0, 1} and mask[0].all() and not mask.all()  # later sequences padded
+    assert point["output"]["shape"] == [3, 24, 32]
+
+
+def test_every_shape_point_is_profiled_on_its_own_with_tokens_per_second(bert_ws):
+    for toolchain, variants in (("onnxruntime", ("fp32", "int8")), ("torch-eager", ("fp32", "fp16"))):
+        for variant in variants:
+            engine = manifest(bert_ws, toolchain, f"bert_{variant}")
+            assert engine["build"]["params"]["shape_range"] == {"min": "2x8", "opt": "3x24", "max": "3x24"}
+            assert engine["profile"] is None  # the engine's own manifest holds its build; each point its profile
+            for shape, (batch, sequence) in (("2x8", (2, 8)), ("3x24", (3, 24))):
+                point = manifest(bert_ws, toolchain, f"bert_{variant}@{shape}")
+                assert point["shape"] == shape and point["build"] == engine["build"]
+                details = point["profile"]["details"]
+                assert details["batch_size"] == batch and details["sample_unit"] == "seq"
+                assert details["input_shapes"] == {"input_ids": [batch, sequence], "attention_mask": [batch, sequence]}
+                assert details["tokens_per_s"] == pytest.approx(details["throughput_qps"] * batch * sequence)
+                accuracy = details["accuracy"]
+                assert accuracy["cosine_similarity"] >= accuracy["cosine_floor"], (toolchain, variant, shape)
+                assert accuracy["top1_agreement"] is None  # hidden states are not classes
+
+
+def test_compare_has_one_row_per_shape_point_and_compares_only_within_a_shape(bert_ws, run_cli):
+    result = run_cli(bert_ws / "pipeline.toml", "compare", "--format", "json")
+    assert result.exit_code == 0, result.err
+    rows = json.loads(result.out)
+    assert sorted((r["toolchain"], r["variant"], r["shape"]) for r in rows) == sorted(
+        (t, v, s) for t, vs in (("onnxruntime", ("fp32", "int8")), ("torch-eager", ("fp32", "fp16"))) for v in vs for s in ("2x8", "3x24")
+    )
+    by_key = {(r["toolchain"], r["variant"], r["shape"]): r for r in rows}
+    for (toolchain, variant, shape), row in by_key.items():
+        assert row["tokens_per_s"] > 0 and row["sample_unit"] == "seq"
+        base = by_key[(toolchain, "fp32", shape)]
+        assert row["speedup"] == pytest.approx(base["median_ms"] / row["median_ms"])
+        if variant == "fp32":
+            eager = by_key[("torch-eager", "fp32", shape)]
+            assert row["vs_baseline_toolchain"] == pytest.approx(eager["median_ms"] / row["median_ms"])
+    table = run_cli(bert_ws / "pipeline.toml", "compare", "--wide")
+    assert table.exit_code == 0, table.err
+    header = next(line for line in table.out.splitlines() if "median ms" in line)
+    assert "shape" in header and "tokens/s" in header and "seq/s" in header and "img/s" not in header
+    assert sum("3×24" in line for line in table.out.splitlines()) == 4
+
+
+def test_fp8_export_writes_tensorrt_qdq_on_a_dynamic_graph(tmp_path, run_cli):
+    catalog = write_catalog(tmp_path / "ws", BERT_CATALOG)
+    result = run_cli(catalog, "export", "--engine", "bert_fp8")
+    assert result.exit_code == 0, result.err
+    details = manifest(catalog.parent, "export", "bert_fp8")["export"]["details"]
+    assert any(op.startswith("trt::") for op in details["onnx_ops"])
+    assert "TensorRT-only operators" in details["parity_skipped"]
+    assert [i["dims"] for i in details["inputs"]] == [["batch", "sequence"]] * 2
+
+
+@pytest.mark.parametrize("version", ["10.14", "11.1"])
+def test_dry_runs_print_the_optimization_profile_and_one_point_per_profile(version, tmp_path, run_cli):
+    catalog = write_catalog(tmp_path / "ws", BERT_CATALOG)
+    build = run_cli(catalog, "build", "--engine", "bert_fp16", "--trt", version, "--dry-run")
+    assert build.exit_code == 0, build.err
+    line = next(line for line in build.out.splitlines() if "trtexec --onnx" in line)
+    for flag, shape in (("--minShapes", "2x8"), ("--optShapes", "3x24"), ("--maxShapes", "3x24")):
+        assert f"{flag}=input_ids:{shape},attention_mask:{shape}" in line
+    argv = line[line.index("trtexec ") :].split()
+    full = {"10.14": "10.14.1", "11.1": "11.1"}[version]
+    assert {arg.split("=", 1)[0] for arg in argv[1:]} <= help_flags(full)
+    profile = run_cli(catalog, "profile", "--engine", "bert_fp16", "--trt", version, "--dry-run")
+    assert profile.exit_code == 0, profile.err
+    runs = [line for line in profile.out.splitlines() if "trtexec --loadEngine" in line]
+    assert [run.split("--shapes=")[1].split()[0] for run in runs] == [
+        "input_ids:2x8,attention_mask:2x8",
+        "input_ids:3x24,attention_mask:3x24",
+    ]
+    assert "bert_fp16@3x24.times.json" in runs[1]
+
+
+def test_a_torch_engine_of_a_transformer_loads_again_in_a_new_runtime(bert_ws):
+    """The engine file describes the model by family and settings: a fresh runtime (a later
+    command) rebuilds it at another shape point and gets the same outputs as the profile did."""
+    from pipeline.accuracy import ReferenceBatch
+    from pipeline.reporting import Reporter
+    from pipeline.runtimes import create_runtime, load_catalog
+
+    catalog = load_catalog(bert_ws / "pipeline.toml")
+    runtime = create_runtime("torch-eager", catalog.toolchain("torch-eager"), Reporter(), bert_ws)
+    details = manifest(bert_ws, "export", "bert_fp32")["export"]["details"]
+    from pipeline.manifest import ExportDetails
+
+    export = ExportDetails.model_validate(details)
+    for shape in ("3x24", "2x8"):
+        reference = ReferenceBatch.from_export(export, bert_ws, shape)
+        run = runtime.run_reference(bert_ws / "engines" / "torch-eager" / "bert_fp32.pt", reference)
+        import numpy as np
+
+        expected = reference.output.as_float32()
+        assert np.allclose(run.outputs["last_hidden_state"], expected, atol=1e-4), shape
+
+
+# --- bad input ---------------------------------------------------------------------------------------
+
+
+SHAPES = 'shapes = ["2x8", "3x24"]'
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message", "tip"),
+    [
+        ('"BertModel"', '"BertModle"', "has no model class 'BertModle'", "did you mean 'BertModel'"),
+        ("hidden_size = 32,", "hiden_size = 32,", "BertConfig has no key(s) 'hiden_size'", "'hiden_size' → 'hidden_size'"),
+        (SHAPES, 'shapes = ["2x8", "3x100"]', "longer than the model's max_position_embeddings (64)", "at most 64"),
+        (SHAPES, 'shapes = ["2x8x4"]', "has 3 size(s), but the model's dynamic axes are batch × sequence", "one size per axis"),
+        (SHAPES, SHAPES + '\nshape_range = { min = "1x8", opt = "2x8", max = "2x16" }', "lie outside the engines' shape_range", "widen"),
+    ],
+    ids=["unknown-class", "unknown-config-key", "sequence-too-long", "wrong-shape", "outside-range"],
+)
+def test_bad_models_are_refused_with_what_to_do(old, new, message, tip, tmp_path, run_cli):
+    assert old in BERT_CATALOG
+    catalog = write_catalog(tmp_path / "ws", BERT_CATALOG.replace(old, new, 1))
+    result = run_cli(catalog, "run", "--variant", "fp32")
+    assert result.exit_code == 2, result.err
+    assert message in result.err and tip in result.err
+    assert "Traceback" not in result.err
+    assert not (catalog.parent / "models" / "bert" / "fp32.onnx").exists()
+
+
+def test_a_local_folder_needs_config_json_and_code_of_its_own_is_refused(tmp_path, run_cli):
+    folder = tmp_path / "ws" / "my-bert"
+    folder.mkdir(parents=True)
+    text = BERT_CATALOG.replace('transformers = "BertModel"', 'transformers = "BertModel"\npath = "my-bert"')
+    catalog = write_catalog(tmp_path / "ws", text)
+    result = run_cli(catalog, "export", "--engine", "bert_fp32")
+    assert result.exit_code == 2 and "has no config.json" in result.err, result.err
+    (folder / "config.json").write_text(json.dumps({"model_type": "bert", "auto_map": {"AutoModel": "modeling_evil.EvilModel"}}))
+    result = run_cli(catalog, "export", "--engine", "bert_fp32")
+    assert result.exit_code == 2 and "trust_remote_code) is refused" in result.err, result.err
+
+
+def test_a_local_folder_with_config_and_weights_is_used_as_saved(tmp_path, run_cli):
+    import torch
+    from transformers import BertConfig, BertModel
+
+    folder = tmp_path / "ws" / "my-bert"
+    config = BertConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, vocab_size=300, max_position_embeddings=64
+    )
+    torch.manual_seed(7)
+    BertModel(config).save_pretrained(folder)
+    text = BERT_CATALOG.replace('transformers = "BertModel"', 'transformers = "BertModel"\npath = "my-bert"').replace(
+        "config = { hidden_size = 32, num_hidden_layers = 2, num_attention_heads = 2, intermediate_size = 64, vocab_size = 512, max_position_embeddings = 64 }\n",
+        "",
+    )
+    catalog = write_catalog(tmp_path / "ws", text)
+    result = run_cli(catalog, "run", "--variant", "fp32")
+    assert result.exit_code == 0, result.err
+    export = manifest(catalog.parent, "export", "bert_fp32")["export"]
+    assert "config.json" in export["params"]["files"] and "model.safetensors" in export["params"]["files"]
+    import numpy as np
+
+    ids = export["details"]["reference"]["points"]["3x24"]["inputs"][0]
+    assert np.fromfile(catalog.parent / ids["path"], dtype="int64").max() < 300  # the folder's vocabulary
+
+
+def test_calibration_images_are_refused_for_a_transformer(tmp_path, run_cli):
+    catalog = write_catalog(tmp_path / "ws", BERT_CATALOG)
+    (tmp_path / "images").mkdir()
+    result = run_cli(catalog, "export", "--engine", "bert_int8", "--calib-dir", str(tmp_path / "images"))
+    assert result.exit_code == 2, result.err
+    assert "calibrates on seeded inputs of its own" in result.err
+
+
+def test_the_catalog_names_what_a_model_table_lacks(tmp_path, run_cli):
+    text = BERT_CATALOG.replace('transformers = "BertModel"', 'transfomers = "BertModel"')
+    result = run_cli(write_catalog(tmp_path / "ws", text), "models")
+    assert result.exit_code == 2
+    assert "models.bert: names no model: did you mean 'transformers'?" in result.err
+
+
+@pytest.mark.rtx
+def test_tensorrt_rtx_builds_the_transformer_for_its_shape_range(rtx_cache, tmp_path, run_cli):
+    """A real TensorRT-RTX 1.7 build, ahead of time for SM89 and SM120, with the optimization
+    profile of the model's shape points (it cannot run here: no GPU)."""
+    from tests.conftest import RTX_TOOLCHAINS
+
+    catalog = write_catalog(tmp_path / "ws", BERT_CATALOG + RTX_TOOLCHAINS)
+    for variant in ("fp16", "fp8"):
+        args = ("build", "--engine", f"bert_{variant}", "--toolchain", "trt-rtx1.7", "--arch", "sm89", "--arch", "sm120")
+        result = run_cli(catalog, *args)
+        assert result.exit_code == 0, result.err
+        build = manifest(catalog.parent, "trt-rtx1.7", f"bert_{variant}")["build"]
+        assert build["status"] == "done", build["reason"]
+        assert build["params"]["shape_range"] == {"min": "2x8", "opt": "3x24", "max": "3x24"}
+        argv = " ".join(build["command"])
+        assert "--shape-range input_ids=2x8/3x24/3x24 --shape-range attention_mask=2x8/3x24/3x24" in argv
+        assert build["details"]["compiler"]["targets"] == ["SM89", "SM120"] or set(build["details"]["settings"]["targets"]) == {
+            "sm89",
+            "sm120",
+        }
+        assert (catalog.parent / "engines" / "trt-rtx1.7" / f"bert_{variant}.engine").stat().st_size > 0
+    dry = run_cli(catalog, "profile", "--engine", "bert_fp16", "--toolchain", "trt-rtx1.7", "--arch", "sm120", "--dry-run")
+    assert dry.exit_code == 0, dry.err
