@@ -251,8 +251,10 @@ def test_a_local_folder_needs_config_json_and_code_of_its_own_is_refused(tmp_pat
 
 def test_a_local_folder_with_config_and_weights_is_used_as_saved(tmp_path, run_cli):
     import torch
-    from transformers import BertConfig, BertModel
 
+    from pipeline.models.transformers import import_transformers
+
+    BertConfig, BertModel = import_transformers().BertConfig, import_transformers().BertModel  # noqa: N806 — their names
     folder = tmp_path / "ws" / "my-bert"
     config = BertConfig(
         hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, vocab_size=300, max_position_embeddings=64
@@ -312,3 +314,92 @@ def test_tensorrt_rtx_builds_the_transformer_for_its_shape_range(rtx_cache, tmp_
         assert (catalog.parent / "engines" / "trt-rtx1.7" / f"bert_{variant}.engine").stat().st_size > 0
     dry = run_cli(catalog, "profile", "--engine", "bert_fp16", "--toolchain", "trt-rtx1.7", "--arch", "sm120", "--dry-run")
     assert dry.exit_code == 0, dry.err
+
+
+# --- a user's own ONNX ---------------------------------------------------------------------------------
+
+
+def user_onnx(path: Path) -> None:
+    """What a user brings: a small BERT exported plainly, two int64 inputs with named dynamic axes."""
+    import torch
+
+    from pipeline.models.transformers import import_transformers
+
+    BertConfig, BertModel = import_transformers().BertConfig, import_transformers().BertModel  # noqa: N806 — their names
+    torch.manual_seed(3)
+    config = BertConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, vocab_size=200, max_position_embeddings=64
+    )
+    model = BertModel(config).eval()
+
+    class Encoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bert = model
+
+        def forward(self, input_ids, attention_mask):
+            return self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    ids, mask = torch.randint(0, 200, (2, 8)), torch.ones(2, 8, dtype=torch.int64)
+    axes = {0: "batch", 1: "sequence"}
+    torch.onnx.export(
+        Encoder().eval(), (ids, mask), str(path), input_names=["input_ids", "attention_mask"], output_names=["hidden"],
+        dynamic_axes={"input_ids": axes, "attention_mask": axes}, opset_version=17, dynamo=False,
+    )  # fmt: skip
+
+
+ONNX_MODEL = """
+[models.mine]
+onnx = "encoder.onnx"
+shapes = ["2x8", "4x32"]
+"""
+
+
+def test_a_users_onnx_goes_through_build_profile_and_compare_without_an_export(tmp_path, run_cli):
+    import numpy as np
+
+    ws = tmp_path / "ws"
+    catalog = write_catalog(ws, BERT_CATALOG.replace('models = ["bert"]', 'models = ["mine"]') + ONNX_MODEL)
+    user_onnx(ws / "encoder.onnx")
+    listed = run_cli(catalog, "models")
+    assert "ONNX file encoder.onnx" in listed.out and "2x8, 4x32 (batch × sequence)" in listed.out
+    result = run_cli(catalog, "run", "--model", "mine")
+    assert result.exit_code == 0, result.err
+    export = manifest(ws, "export", "mine_fp32")["export"]
+    assert export["details"]["exporter"] == "none: encoder.onnx taken as it is"
+    assert export["params"]["files"] == {"encoder.onnx": export["params"]["files"]["encoder.onnx"]}
+    assert (ws / "models" / "mine" / "fp32.onnx").read_bytes() == (ws / "encoder.onnx").read_bytes()
+    ids = export["details"]["reference"]["points"]["4x32"]["inputs"][0]
+    assert np.fromfile(ws / ids["path"], dtype="int64").max() < 200  # below the embedding table's rows, read from the graph
+    for shape in ("2x8", "4x32"):
+        details = manifest(ws, "onnxruntime", f"mine_fp32@{shape}")["profile"]["details"]
+        assert details["accuracy"]["cosine_similarity"] > 0.9999 and details["tokens_per_s"] > 0
+    # The other variants need a PyTorch model: recorded as skipped, with the reason.
+    int8 = manifest(ws, "onnxruntime", "mine_int8@2x8")
+    assert int8["profile"]["status"] == "skipped" and "a user's ONNX is built as it is" in int8["profile"]["reason"]
+    rows = json.loads(run_cli(catalog, "compare", "--format", "json").out)
+    assert sorted((r["variant"], r["shape"]) for r in rows if r["median_ms"]) == [("fp32", "2x8"), ("fp32", "4x32")]
+    assert all(r["status"].startswith("skipped: a user's ONNX") for r in rows if r["variant"] != "fp32")
+    assert len(rows) == 8  # fp32, fp16, int8 and fp8 at both points
+    eager = run_cli(catalog, "build", "--engine", "mine_fp32", "--toolchain", "torch-eager")
+    assert eager.exit_code == 0 and "has no PyTorch model to run" in eager.err
+    dry = run_cli(catalog, "build", "--engine", "mine_fp32", "--trt", "10.14", "--dry-run")
+    assert "--minShapes=input_ids:2x8,attention_mask:2x8" in dry.out and "--maxShapes=input_ids:4x32,attention_mask:4x32" in dry.out
+
+
+def test_a_users_onnx_without_shapes_for_its_axes_is_refused_with_its_inputs(tmp_path, run_cli):
+    ws = tmp_path / "ws"
+    catalog = write_catalog(ws, BERT_CATALOG + ONNX_MODEL.replace('shapes = ["2x8", "4x32"]\n', ""))
+    user_onnx(ws / "encoder.onnx")
+    result = run_cli(catalog, "export", "--engine", "mine_fp32")
+    assert result.exit_code == 2, result.err
+    assert "gives no shape for the graph's dynamic axes batch × sequence" in result.err
+    assert "input_ids [batch, sequence]; attention_mask [batch, sequence]" in result.err
+    catalog.write_text(
+        catalog.read_text().replace('onnx = "encoder.onnx"', 'onnx = "encoder.onnx"\naxes = ["batch", "tokens"]\nshapes = ["2x8"]')
+    )
+    result = run_cli(catalog, "export", "--engine", "mine_fp32")
+    assert result.exit_code == 2 and "axes ['batch', 'tokens'] contradict the graph" in result.err, result.err
+    catalog.write_text(catalog.read_text().replace('onnx = "encoder.onnx"', 'onnx = "missing.onnx"'))
+    result = run_cli(catalog, "export", "--engine", "mine_fp32")
+    assert result.exit_code == 2 and "missing.onnx does not exist" in result.err, result.err

@@ -17,6 +17,7 @@ from pipeline.models.base import TORCH_DTYPES, ModelInput, ModelSource, PointSha
 FAMILIES = {
     "timm": "pipeline.models.timm:TimmModel",
     "transformers": "pipeline.models.transformers:TransformersModel",
+    "onnx": "pipeline.models.onnx_file:OnnxModel",
 }
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pipeline.catalog import ModelSpec
+from pipeline.catalog import ModelSpec, VariantSpec
 from pipeline.errors import PipelineError, UsageError
 
 # torch dtype name of each precision a PyTorch model runs natively; quantized precisions are
@@ -67,7 +67,8 @@ class ShapePoint:
 
     @property
     def label(self) -> str:
-        return "x".join(str(size) for _, size in self.axes)
+        """ "2x512"; "static" for the one shape of a graph without dynamic axes."""
+        return "x".join(str(size) for _, size in self.axes) or "static"
 
     def size(self, axis: str) -> int:
         for name, size in self.axes:
@@ -109,6 +110,9 @@ class ModelSource(ABC):
     sample_unit: ClassVar[str] = "img"
     #: Distributions beyond torch, timm, onnx and ModelOpt whose version changes its exports.
     packages: ClassVar[tuple[str, ...]] = ()
+    #: Whether there is a PyTorch model to export (and for the torch toolchains to run); a user's
+    #: ONNX file has none: it is taken as it is.
+    has_pytorch_model: ClassVar[bool] = True
 
     def __init__(self, name: str, spec: ModelSpec, workspace_root: Path):
         self.name = name
@@ -122,6 +126,14 @@ class ModelSource(ABC):
     def facts(self) -> dict[str, Any]:
         """What identifies the model beyond its weights, for the export's fingerprint and manifest."""
         return {"family": self.family, "source": self.describe()}
+
+    def input_files(self) -> list[Path]:
+        """Files the model is read from (beyond a checkpoint), pinned by content in the export's fingerprint."""
+        return []
+
+    def unsupported_variant(self, variant: VariantSpec) -> str | None:
+        """Why this model cannot be made in ``variant`` at all (recorded as a skip), or None."""
+        return None
 
     @abstractmethod
     def create(self) -> Any:

@@ -156,6 +156,10 @@ class EngineRuntime(ABC):
         """Why this runtime cannot build ``variant`` here, or None."""
         return None
 
+    def unsupported_model(self, source: ModelSource) -> str | None:
+        """Why this runtime cannot build engines of this model at all, or None."""
+        return None
+
     def cannot_profile_reason(self, build_settings: dict[str, Any]) -> str | None:
         """Why an engine it built (with these settings) cannot be timed on this machine, or None."""
         return None

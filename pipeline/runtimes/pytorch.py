@@ -221,6 +221,11 @@ class TorchRuntime(EngineRuntime):
             return "2:4 sparsity in PyTorch is a pruned dense model (no sparse kernels): it times nothing a deployment runs"
         return None
 
+    def unsupported_model(self, source: ModelSource) -> str | None:
+        if not source.has_pytorch_model:
+            return f"{source.describe()} has no PyTorch model to run"
+        return None
+
     # --- build: the runnable model ----------------------------------------------------------------
 
     def settings(self, precision: str, device: str) -> dict[str, Any]:

@@ -43,7 +43,12 @@ class BuildStage(Stage):
         return self.runtime.identity()
 
     def skip_reason(self) -> str | None:
-        return self.runtime.unsupported_reason(self.variant_spec)
+        source = self.model_source()
+        return (
+            source.unsupported_variant(self.variant_spec)
+            or self.runtime.unsupported_model(source)
+            or self.runtime.unsupported_reason(self.variant_spec)
+        )
 
     def export_record(self) -> StageRecord:
         path = self.ctx.workspace.export_manifest_path(self.engine)

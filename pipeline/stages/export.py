@@ -123,6 +123,9 @@ class ExportStage(Stage):
         }
         if spec.shapes:
             params["shapes"] = list(spec.shapes)
+        files = source.input_files()
+        if files:  # the file a model is read from, by content: a changed file is taken again
+            params["files"] = {self.ctx.workspace.relative(path): self.ctx.workspace.hashes.sha256(path) for path in files}
         if self.quantized:
             params["quantization"] = {
                 "preset": PRESETS[variant.precision],
@@ -133,6 +136,9 @@ class ExportStage(Stage):
             params["sparsity_method"] = variant.sparsity_method
         return params
 
+    def skip_reason(self) -> str | None:
+        return self.model_source().unsupported_variant(self.variant_spec)
+
     def identity(self) -> dict[str, Any]:
         dists = ("torch", "timm", "onnx", "nvidia-modelopt", *self.model_source().packages)
         return {dist: package_version(dist) for dist in dists}
@@ -142,8 +148,9 @@ class ExportStage(Stage):
         points = self.model_source().shape_points()
         largest = max(points, key=lambda p: [size for _, size in p.axes]).label if points else None
         batch = getattr(self.model_spec, "batch_size", None)
+        source = self.model_source()
         with self.ctx.reporter.captured("export"), out_of_memory_as_error(batch, f"exporting {self.engine.name}", shape=largest):
-            outcome = self._export()
+            outcome = self._export() if source.has_pytorch_model else self._take_onnx(source)
         # Said after the tools' output is released, so it is not swallowed with it.
         accuracy = outcome.details.accuracy
         if accuracy and accuracy["warning"]:
@@ -388,6 +395,66 @@ class ExportStage(Stage):
         outputs += [self.ctx.workspace.artifact(role, self.ctx.workspace.root / path) for role, path in reference_files(reference)]
         return StageOutcome(outputs=outputs, details=details, note=note)
 
+    def _take_onnx(self, source) -> StageOutcome:
+        """A user's ONNX file: checked, copied in as it is, and run in ONNX Runtime at each shape
+        point for the reference every engine built from it is checked against."""
+        import shutil
+
+        import onnx
+        import torch
+
+        phase = Phases(self.ctx.reporter)
+        path = source.path()
+        with phase("onnx_checks"):
+            graph = source.graph
+            if any(t.data_location == onnx.TensorProto.EXTERNAL for t in graph.graph.initializer):
+                raise PipelineError(
+                    f"{path} keeps its weights in external data files, which this pipeline does not copy yet.",
+                    hint="save the model with its weights inside the file (onnx.save(..., save_as_external_data=False), up to 2 GB)",
+                )
+            try:
+                onnx.checker.check_model(str(path))
+            except Exception as exc:  # onnx.checker.ValidationError and friends
+                raise PipelineError(f"{path} is not a valid ONNX model: {str(exc).strip().splitlines()[0]}") from exc
+        points = source.shape_points()
+        source.shape_range()
+        model_inputs = source.inputs()
+        references = {p.label: source.sample_inputs(None, p, self.model_spec.seed + 1) for p in points}
+        fp32_outputs = {}
+        with phase("fp32_reference"):
+            for label, feeds in references.items():
+                output = run_onnx(path, [t.numpy() for t in feeds])
+                fp32_outputs[label] = torch.from_numpy(output.astype("float32"))
+        onnx_path = self.ctx.workspace.onnx_path(self.engine)
+        with atomic_output(onnx_path) as tmp:
+            shutil.copyfile(path, tmp)
+        facts = {
+            "description": f"{source.describe()} itself in ONNX Runtime (CPU, FP32) on seeded inputs at each shape point (seed {self.model_spec.seed + 1})"
+        }
+        reference = self.write_point_references(references, fp32_outputs, model_inputs, torch.float32, facts)
+        floats = [i.dtype for i in model_inputs if not i.dtype.startswith(("int", "bool"))]
+        first = references[points[0].label][0]
+        details = ExportDetails(
+            source=source.describe(),
+            weights=f"as in {source.spec.onnx}",
+            input_shape=list(first.shape),
+            input_dtype=floats[0] if floats else str(first.dtype).replace("torch.", ""),
+            inputs=[i.describe() for i in model_inputs],
+            output=source.output_name(),
+            shape_points=[p.label for p in points],
+            exporter=f"none: {source.spec.onnx} taken as it is",
+            opset=next((entry.version for entry in graph.opset_import if entry.domain in ("", "ai.onnx")), 0),
+            precision=self.variant_spec.precision,
+            parity_skipped="the reference is this ONNX file's own outputs (there is no PyTorch model to compare it with)",
+            onnx_ops=op_histogram(graph),
+            onnx_audit=onnx_audit(graph, path.stat().st_size),
+            reference=reference,
+            timings_s=phase.seconds,
+        )
+        outputs = [self.ctx.workspace.artifact("onnx", onnx_path)]
+        outputs += [self.ctx.workspace.artifact(role, self.ctx.workspace.root / p) for role, p in reference_files(reference)]
+        return StageOutcome(outputs=outputs, details=details, note=f" (taken as it is; reference at {len(points)} shape point(s))")
+
     def reference_batch(self, model, sample):
         """The batch every engine is checked on, and what it is: ``sample`` (seeded random), or the
         first images of the evaluation folder (cycled to fill the batch) with their labels."""
@@ -605,6 +672,22 @@ def onnx_audit(model, size_bytes: int) -> dict[str, Any]:
         "initializers": len(model.graph.initializer),
         "size_bytes": size_bytes,
     }
+
+
+def run_onnx(onnx_path: Path, feeds: list):
+    """The graph's first output on ``feeds`` (in its input order) in ONNX Runtime on the CPU."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    try:
+        session = ort.InferenceSession(str(onnx_path), sess_options=options, providers=["CPUExecutionProvider"])
+        return session.run(None, dict(zip((i.name for i in session.get_inputs()), feeds)))[0]
+    except Exception as exc:
+        raise PipelineError(
+            f"ONNX Runtime could not run {onnx_path.name}: {str(exc).strip().splitlines()[0]}",
+            hint="check the model's shape points and input values (`vocab_size`) in pipeline.toml; -v shows more",
+        ) from exc
 
 
 def check_parity(onnx_path: Path, feeds: list, reference, precision: str) -> ParityCheck:
