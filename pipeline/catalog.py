@@ -83,6 +83,9 @@ class ModelSpec(_Strict):
     shapes: tuple[str, ...] = ()
     # What engines are built for: min/opt/max of every dynamic axis; None: from the points.
     shape_range: ShapeRange | None = None
+    # An engine per shape point, built for exactly that shape, instead of one for the range
+    # (static engines are often faster; compare a static model with a dynamic one to see by how much).
+    static: bool = False
 
     @field_validator("shapes")
     @classmethod

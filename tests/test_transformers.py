@@ -403,3 +403,43 @@ def test_a_users_onnx_without_shapes_for_its_axes_is_refused_with_its_inputs(tmp
     catalog.write_text(catalog.read_text().replace('onnx = "encoder.onnx"', 'onnx = "missing.onnx"'))
     result = run_cli(catalog, "export", "--engine", "mine_fp32")
     assert result.exit_code == 2 and "missing.onnx does not exist" in result.err, result.err
+
+
+def test_a_static_model_gets_an_engine_per_shape_point(tmp_path, run_cli):
+    text = BERT_CATALOG.replace(SHAPES, SHAPES + "\nstatic = true")
+    catalog = write_catalog(tmp_path / "ws", text)
+    result = run_cli(catalog, "run", "--variant", "fp32")
+    assert result.exit_code == 0, result.err
+    ws = catalog.parent
+    assert sorted(p.name for p in (ws / "engines" / "onnxruntime").glob("*.onnx")) == ["bert_fp32@2x8.onnx", "bert_fp32@3x24.onnx"]
+    assert not (ws / "manifests" / "onnxruntime" / "bert_fp32.json").exists()
+    for shape in ("2x8", "3x24"):
+        point = manifest(ws, "onnxruntime", f"bert_fp32@{shape}")
+        assert point["build"]["params"]["shape_range"] == {"min": shape, "opt": shape, "max": shape}
+        assert point["profile"]["status"] == "done" and point["profile"]["inputs"][0]["path"].endswith(f"bert_fp32@{shape}.onnx")
+    dry = run_cli(catalog, "profile", "--engine", "bert_fp16", "--trt", "10.14", "--dry-run")
+    assert dry.exit_code == 0, dry.err
+    for shape in ("2x8", "3x24"):
+        assert f"--saveEngine=/work/engines/trt10.14/bert_fp16@{shape}.engine" in dry.out
+        assert f"--minShapes=input_ids:{shape},attention_mask:{shape}" in dry.out
+        assert f"--loadEngine=/work/engines/trt10.14/bert_fp16@{shape}.engine" in dry.out
+
+
+def test_the_shipped_catalog_has_bert_tiny_and_modernbert_ready(tmp_path, run_cli):
+    import shutil
+
+    from tests.conftest import REPO_ROOT
+
+    shutil.copy(REPO_ROOT / "pipeline.toml", tmp_path / "pipeline.toml")
+    catalog = tmp_path / "pipeline.toml"
+    listed = run_cli(catalog, "models")
+    assert "transformers ModernBertModel (sdpa attention)" in listed.out
+    assert "2x512, 4x512, 2x2048, 4x2048, 2x4096, 4x4096 (batch × sequence)" in listed.out
+    build = run_cli(catalog, "build", "--engine", "modernbert_bf16", "--trt", "10.14", "--dry-run")
+    assert build.exit_code == 0, build.err
+    for flag, shape in (("--minShapes", "2x512"), ("--optShapes", "4x2048"), ("--maxShapes", "4x4096")):
+        assert f"{flag}=input_ids:{shape},attention_mask:{shape}" in build.out
+    profile = run_cli(catalog, "profile", "--engine", "modernbert_fp16", "--toolchain", "torch-eager", "--dry-run")
+    assert profile.exit_code == 0, profile.err
+    assert sum("profile: torch" in line for line in profile.out.splitlines()) == 6
+    assert "at input_ids 4×4096, attention_mask 4×4096" in profile.out

@@ -30,7 +30,7 @@ from pipeline.cluster.connection import Cluster, Node, placement_resources
 from pipeline.cluster.transfer import DriverBlobs
 from pipeline.errors import EnvironmentMissing, PipelineError, UsageError
 from pipeline.stages.base import RunContext
-from pipeline.stages.runner import RunSummary, stage_for
+from pipeline.stages.runner import RunSummary, builds_of, shapes_to_profile, stage_for
 
 # Attempts per task when its node or worker is lost (the first run included).
 MAX_ATTEMPTS = 3
@@ -52,6 +52,8 @@ class Job:
     engine: EngineRef
     toolchain: str | None = None
     gpu_type: str | None = None  # the output folder's GPU type
+    # The shape point of a profile (models with several), and of a build (static models).
+    shape: str | None = None
     state: str = "waiting"  # waiting · queued · running · done · unchanged · skipped · failed · cancelled
     placed_by: str | None = None
     node: Node | None = None
@@ -64,7 +66,8 @@ class Job:
     @property
     def target(self) -> str:
         where = self.toolchain or "export"
-        return f"{where}@{self.gpu_type}" if self.gpu_type else where
+        where = f"{where}@{self.gpu_type}" if self.gpu_type else where
+        return f"{where} at {self.shape}" if self.shape else where
 
     @property
     def finished(self) -> bool:
@@ -153,11 +156,14 @@ class ClusterRun:
             export = self.exports.setdefault(engine, Job("export", engine))
             if self.toolchain is None:
                 continue
+            builds, points = builds_of(self.ctx, engine), shapes_to_profile(self.ctx, engine)
             for target in self.targets:
-                stages = [Job("build", engine, self.toolchain, target)]
-                if self.until == "profile":
-                    stages.append(Job("profile", engine, self.toolchain, target))
-                self.chains.append(Chain(export, stages))
+                for built in builds:  # one engine; or, for a static model, one per shape point
+                    stages = [Job("build", engine, self.toolchain, target, built)]
+                    if self.until == "profile":
+                        measured = [built] if built is not None else points
+                        stages += [Job("profile", engine, self.toolchain, target, shape) for shape in measured]
+                    self.chains.append(Chain(export, stages))
         return self.jobs()
 
     def jobs(self) -> list[Job]:
@@ -174,7 +180,7 @@ class ClusterRun:
             runtimes=self.ctx.runtimes,
             gpu_type=job.gpu_type,
         )
-        return stage_for(ctx, job.stage, job.engine, job.toolchain)
+        return stage_for(ctx, job.stage, job.engine, job.toolchain, job.shape)
 
     def up_to_date(self, job: Job) -> bool:
         """A record with these parameters, its inputs and outputs intact: nothing to send."""
@@ -218,7 +224,9 @@ class ClusterRun:
         if job.stage != "export":
             export = send_manifest(workspace.export_manifest_path(job.engine), keep=("export",))
             keep = ("export",) if job.stage == "build" else ("export", "build")
-            own = send_manifest(workspace.manifest_path(job.toolchain, job.engine, job.gpu_type), keep=keep)
+            # The manifest holding the engine's build: its own, or a static engine's of its point.
+            built_at = job.shape if self.ctx.catalog.model(job.engine.model).static else None
+            own = send_manifest(workspace.manifest_path(job.toolchain, job.engine, job.gpu_type, built_at), keep=keep)
             records = [export.export if export else None] + ([own.build] if own is not None and job.stage == "profile" else [])
             for record in records:
                 for artifact in record.outputs if record is not None else []:
@@ -229,6 +237,7 @@ class ClusterRun:
             engine=job.engine,
             toolchain=job.toolchain,
             gpu_type=job.gpu_type,
+            shape=job.shape,
             placed_by=job.placed_by,
             catalog=self.ctx.catalog,
             files=list(files.values()),

@@ -38,6 +38,8 @@ class StageRequest:
     known: frozenset[str]  # sha256 of contents the driver already holds
     force: bool = False
     verbose: bool = False
+    # The shape point of a profile (models with several), and of a static model's build.
+    shape: str | None = None
 
 
 @dataclass
@@ -142,7 +144,7 @@ def _stage(request: StageRequest, scratch: Path, reporter, node_id: str):
         gpu_type=request.gpu_type,
         cluster_node=_cluster_node(node_id, request.placed_by),
     )
-    return stage_for(ctx, request.stage, request.engine, request.toolchain)
+    return stage_for(ctx, request.stage, request.engine, request.toolchain, request.shape)
 
 
 def _cluster_node(node_id: str, placed_by: str | None):

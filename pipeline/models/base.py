@@ -118,6 +118,9 @@ class ModelSource(ABC):
         self.name = name
         self.spec = spec
         self.workspace_root = workspace_root
+        # Set for the engine of one point of a static model (`static = true`): it is built for
+        # exactly that shape.
+        self.static_point: ShapePoint | None = None
 
     @abstractmethod
     def describe(self) -> str:
@@ -173,6 +176,8 @@ class ModelSource(ABC):
         from the points: the smallest and largest size of each axis, and for opt the median of
         each axis's sizes (the upper one of two), where TensorRT tunes its kernels. None for a
         model of one shape. A point outside a given range is refused here, before any work."""
+        if self.static_point is not None:
+            return self.static_point, self.static_point, self.static_point
         points = self.shape_points()
         if not points:
             return None

@@ -48,14 +48,15 @@ def _latency_bars(rows: list[ComparisonRow]) -> str | None:
     measured = [r for r in rows if r.median_ms is not None]
     if not measured:
         return None
-    variants = list(dict.fromkeys(r.variant for r in measured))
+    # One group of bars per variant, and per shape point for models measured at several.
+    variants = list(dict.fromkeys((r.variant, r.shape) for r in measured))
     chains = list(dict.fromkeys(r.target for r in measured))
     width = 0.8 / len(chains)
     figure, axis = plt.subplots(figsize=(max(6, 1.2 * len(variants) * len(chains)), 4))
     for i, chain in enumerate(chains):
         xs, medians, low, high = [], [], [], []
         for j, variant in enumerate(variants):
-            row = next((r for r in measured if r.variant == variant and r.target == chain), None)
+            row = next((r for r in measured if (r.variant, r.shape) == variant and r.target == chain), None)
             if row is None:
                 continue
             xs.append(j + i * width)
@@ -63,7 +64,8 @@ def _latency_bars(rows: list[ComparisonRow]) -> str | None:
             low.append(row.median_ms - row.p5_ms)
             high.append(row.p95_ms - row.median_ms)
         axis.bar(xs, medians, width, yerr=[low, high], capsize=3, label=chain)
-    axis.set_xticks(np.arange(len(variants)) + width * (len(chains) - 1) / 2, variants)
+    labels = [f"{variant} {shape.replace('x', '×')}" if shape else variant for variant, shape in variants]
+    axis.set_xticks(np.arange(len(variants)) + width * (len(chains) - 1) / 2, labels)
     axis.set_ylabel("median latency, ms (whiskers: p5–p95)")
     axis.legend(title="toolchain")
     axis.grid(axis="y", alpha=0.3)
@@ -83,7 +85,12 @@ def _latency_cdf(rows: list[ComparisonRow]) -> str | None:
     figure, axis = plt.subplots(figsize=(7, 4))
     for row in measured:
         values = np.sort(np.asarray(row.samples_ms))
-        axis.step(values, np.arange(1, values.size + 1) / values.size, where="post", label=f"{row.variant} · {row.target}")
+        axis.step(
+            values,
+            np.arange(1, values.size + 1) / values.size,
+            where="post",
+            label=" · ".join(filter(None, (row.variant, row.shape, row.target))),
+        )
     axis.set_xlabel("per-iteration latency, ms")
     axis.set_ylabel("fraction of iterations")
     axis.grid(alpha=0.3)

@@ -62,15 +62,19 @@ class TorchSpec(ToolchainSpec):
     mode: CompileMode | None = None
     # Fail the build on any graph break instead of running the broken graph piecewise.
     fullgraph: bool = False
+    # torch.compile's `dynamic`: False specialises the compiled graph to each shape point's shapes,
+    # True compiles it for symbolic shapes. Either way every point is compiled (warmed) before it
+    # is timed: a compilation is never inside a measurement.
+    dynamic: bool = False
     # FP32 matrix products on TF32 tensor cores. Off is PyTorch's default (real FP32); TensorRT
     # uses TF32 for FP32 by default, so turn it on for a like-for-like FP32 comparison.
     tf32: bool = False
 
     @model_validator(mode="after")
     def _compile_options_need_compile(self):
-        if self.backend != "compile" and (self.mode is not None or self.fullgraph):
+        if self.backend != "compile" and (self.mode is not None or self.fullgraph or self.dynamic):
             raise ValueError(
-                f'mode and fullgraph are torch.compile settings: they need backend = "compile" (got backend = "{self.backend}")'
+                f'mode, fullgraph and dynamic are torch.compile settings: they need backend = "compile" (got backend = "{self.backend}")'
             )
         return self
 
@@ -236,13 +240,13 @@ class TorchRuntime(EngineRuntime):
             "tf32": self.spec.tf32,
         }
         if self.spec.backend == "compile":
-            settings.update(mode=self.mode, fullgraph=self.spec.fullgraph, dynamic=False)
+            settings.update(mode=self.mode, fullgraph=self.spec.fullgraph, dynamic=self.spec.dynamic)
         return settings
 
     def describe_build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec, source: ModelSource) -> list[str]:
         prepare = {
             "eager": "nothing to prepare",
-            "compile": f"torch.compile(mode={self.mode!r}, fullgraph={self.spec.fullgraph}, dynamic=False), compiled by one run "
+            "compile": f"torch.compile(mode={self.mode!r}, fullgraph={self.spec.fullgraph}, dynamic={self.spec.dynamic}), compiled by one run "
             "(Inductor's cache: $TORCHINDUCTOR_CACHE_DIR, else torchinductor_<user> in the temp directory)",
             "cudagraphs": "capture one run in a CUDA graph",
         }[self.spec.backend]
@@ -256,9 +260,9 @@ class TorchRuntime(EngineRuntime):
         created = source.create()
         model = source.runnable(created).to(dtype)
         points = source.shape_points()
-        # Prepared (compiled, captured) at the first shape point; the others are prepared when
-        # they are profiled.
-        point = points[0] if points else None
+        # Prepared (compiled, captured) at the first shape point (a static engine's own); the others
+        # are prepared when they are profiled.
+        point = source.static_point or (points[0] if points else None)
         examples = source.sample_inputs(created, point, 0)
         torch.save(
             {
@@ -329,7 +333,7 @@ class TorchRuntime(EngineRuntime):
         torch._dynamo.reset()
         counters = torch._dynamo.utils.counters
         counters.clear()
-        compiled = torch.compile(model, mode=self.mode, fullgraph=self.spec.fullgraph, dynamic=False)
+        compiled = torch.compile(model, mode=self.mode, fullgraph=self.spec.fullgraph, dynamic=self.spec.dynamic)
         started = time.perf_counter()
         try:
             # Inductor prints its autotuning tables: shown with -v, like the export's tools.

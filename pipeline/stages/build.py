@@ -15,15 +15,25 @@ from pipeline.stages.base import Stage, StageOutcome
 class BuildStage(Stage):
     name = "build"
 
-    def __init__(self, ctx, engine, toolchain: str):
+    def __init__(self, ctx, engine, toolchain: str, shape: str | None = None):
         super().__init__(ctx, engine, toolchain)
         self.runtime = get_runtime(ctx, toolchain)
+        # The one shape point a static model's engine is built for (an engine per point); None
+        # for an engine of the model's whole shape range (or of its one shape).
+        self.shape = shape
+
+    def model_source(self):
+        source = super().model_source()
+        if self.shape is not None:
+            source.static_point = next(point for point in source.shape_points() if point.label == self.shape)
+        return source
 
     def manifest_path(self) -> Path:
-        return self.ctx.workspace.manifest_path(self.toolchain, self.engine, self.ctx.gpu_type)
+        return self.ctx.workspace.manifest_path(self.toolchain, self.engine, self.ctx.gpu_type, self.shape)
 
     def engine_path(self) -> Path:
-        return self.ctx.workspace.engine_dir(self.toolchain, self.ctx.gpu_type) / f"{self.engine.name}{self.runtime.engine_suffix}"
+        name = f"{self.engine.name}@{self.shape}" if self.shape else self.engine.name
+        return self.ctx.workspace.engine_dir(self.toolchain, self.ctx.gpu_type) / f"{name}{self.runtime.engine_suffix}"
 
     def params(self) -> dict[str, Any]:
         params = {
@@ -76,10 +86,12 @@ class BuildStage(Stage):
 
     def extra_manifest_fields(self) -> dict[str, Any]:
         # Each engine manifest carries its export record, so it is complete evidence on its own.
+        fields: dict[str, Any] = {"shape": self.shape} if self.shape else {}
         try:
-            return {"export": read_manifest(self.ctx.workspace.export_manifest_path(self.engine)).export}
+            fields["export"] = read_manifest(self.ctx.workspace.export_manifest_path(self.engine)).export
         except FileNotFoundError:
-            return {}
+            pass
+        return fields
 
     def run_impl(self, inputs: list[Artifact]) -> StageOutcome:
         onnx_path = self.ctx.workspace.root / next(a.path for a in inputs if a.role == "onnx")

@@ -31,8 +31,10 @@ class ProfileStage(Stage):
         return self.ctx.workspace.manifest_path(self.toolchain, self.engine, self.ctx.gpu_type, self.shape)
 
     def engine_manifest_path(self) -> Path:
-        """Where the engine's build is recorded (the same file, for a model of one shape)."""
-        return self.ctx.workspace.manifest_path(self.toolchain, self.engine, self.ctx.gpu_type)
+        """Where the engine's build is recorded: the same file for a model of one shape and for a
+        static model's engine of this point, the engine's own for an engine of a shape range."""
+        shape = self.shape if self.model_spec.static else None
+        return self.ctx.workspace.manifest_path(self.toolchain, self.engine, self.ctx.gpu_type, shape)
 
     def params(self) -> dict[str, Any]:
         if self.shape is None:

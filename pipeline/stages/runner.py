@@ -26,8 +26,9 @@ class RunSummary:
         return self
 
 
-def stage_for(ctx: RunContext, name: str, engine: EngineRef, toolchain: str | None = None):
-    """The Stage object of one stage by name ("export", "build", "profile")."""
+def stage_for(ctx: RunContext, name: str, engine: EngineRef, toolchain: str | None = None, shape: str | None = None):
+    """The Stage object of one stage by name ("export", "build", "profile"), at a shape point
+    (profiles of models with several; builds too, for static ones)."""
     if name == "export":
         from pipeline.stages.export import ExportStage
 
@@ -35,10 +36,10 @@ def stage_for(ctx: RunContext, name: str, engine: EngineRef, toolchain: str | No
     if name == "build":
         from pipeline.stages.build import BuildStage
 
-        return BuildStage(ctx, engine, toolchain)
+        return BuildStage(ctx, engine, toolchain, shape)
     from pipeline.stages.profile import ProfileStage
 
-    return ProfileStage(ctx, engine, toolchain)
+    return ProfileStage(ctx, engine, toolchain, shape)
 
 
 def run_engine(ctx: RunContext, engine: EngineRef, toolchain: str | None, until: str) -> None:
@@ -51,15 +52,22 @@ def run_engine(ctx: RunContext, engine: EngineRef, toolchain: str | None, until:
     if toolchain is None:
         ExportStage(ctx, engine).run()
         return
-    build = BuildStage(ctx, engine, toolchain)
+    builds = builds_of(ctx, engine)
     # A variant the toolchain cannot run is recorded as skipped without exporting it first:
     # exporting nvfp4 on a CPU-only machine would fail for a reason that does not matter here.
-    if build.skip_reason() is None:
+    if BuildStage(ctx, engine, toolchain, builds[0]).skip_reason() is None:
         ExportStage(ctx, engine).run()
-    if "build" in wanted:
-        build.run()
-    if "profile" in wanted:
-        for shape in shapes_to_profile(ctx, engine):
+    if builds == [None]:  # one engine, profiled at every point
+        if "build" in wanted:
+            BuildStage(ctx, engine, toolchain).run()
+        if "profile" in wanted:
+            for shape in shapes_to_profile(ctx, engine):
+                ProfileStage(ctx, engine, toolchain, shape).run()
+        return
+    for shape in builds:  # a static model: an engine per point, each profiled at its own
+        if "build" in wanted:
+            BuildStage(ctx, engine, toolchain, shape).run()
+        if "profile" in wanted:
             ProfileStage(ctx, engine, toolchain, shape).run()
 
 
@@ -69,6 +77,11 @@ def shapes_to_profile(ctx: RunContext, engine: EngineRef) -> list[str | None]:
 
     points = model_source(engine.model, ctx.catalog.model(engine.model), ctx.workspace.root).shape_points()
     return [point.label for point in points] or [None]
+
+
+def builds_of(ctx: RunContext, engine: EngineRef) -> list[str | None]:
+    """The shape points built separately (a static model: an engine per point), or [None]: one engine."""
+    return shapes_to_profile(ctx, engine) if ctx.catalog.model(engine.model).static else [None]
 
 
 def run_engines(ctx: RunContext, engines: list[EngineRef], toolchain: str | None, until: str) -> RunSummary:
@@ -101,30 +114,27 @@ class LocalLauncher:
 
 def describe(ctx: RunContext, engines: list[EngineRef], toolchain: str, until: str) -> list[str]:
     """What `--dry-run` prints: each engine's stages and the exact work they would do."""
-    from pipeline.models import model_source
-    from pipeline.runtimes import get_runtime
+    from pipeline.stages.build import BuildStage
 
-    runtime = get_runtime(ctx, toolchain)
     lines = []
     for engine in engines:
         variant = ctx.catalog.variant(engine.variant)
-        source = model_source(engine.model, ctx.catalog.model(engine.model), ctx.workspace.root)
-        reason = runtime.unsupported_reason(variant)
+        reason = BuildStage(ctx, engine, toolchain).skip_reason()
         if reason:
             lines.append(f"{engine.name}: would be skipped: {reason}")
             continue
-        onnx = ctx.workspace.relative(ctx.workspace.onnx_path(engine))
-        engine_file = ctx.workspace.relative(ctx.workspace.engine_dir(toolchain) / f"{engine.name}{runtime.engine_suffix}")
-        lines.append(f"{engine.name}: export → {onnx}")
-        lines.extend(
-            f"{engine.name}: {line}"
-            for line in runtime.describe_build(ctx.workspace.root / onnx, ctx.workspace.root / engine_file, variant, source)
-        )
-        if until == "profile":
-            for point in source.shape_points() or [None]:
+        onnx = ctx.workspace.root / ctx.workspace.onnx_path(engine)
+        lines.append(f"{engine.name}: export → {ctx.workspace.relative(onnx)}")
+        for built in builds_of(ctx, engine):  # one engine; a static model's, one per shape point
+            build = BuildStage(ctx, engine, toolchain, built)
+            source, engine_file = build.model_source(), build.engine_path()
+            lines.extend(f"{engine.name}: {line}" for line in build.runtime.describe_build(onnx, engine_file, variant, source))
+            if until != "profile":
+                continue
+            points = [source.static_point] if source.static_point else source.shape_points() or [None]
+            for point in points:
                 workload = source.shapes_at(point) if point else None
                 lines.extend(
-                    f"{engine.name}: {line}"
-                    for line in runtime.describe_profile(ctx.workspace.root / engine_file, ctx.catalog.profile, workload)
+                    f"{engine.name}: {line}" for line in build.runtime.describe_profile(engine_file, ctx.catalog.profile, workload)
                 )
     return lines
