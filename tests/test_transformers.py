@@ -443,3 +443,23 @@ def test_the_shipped_catalog_has_bert_tiny_and_modernbert_ready(tmp_path, run_cl
     assert profile.exit_code == 0, profile.err
     assert sum("profile: torch" in line for line in profile.out.splitlines()) == 6
     assert "at input_ids 4×4096, attention_mask 4×4096" in profile.out
+
+
+def test_quantization_calibrates_on_the_users_tokens_checked_against_the_vocabulary(tmp_path, run_cli):
+    import numpy as np
+
+    text = BERT_CATALOG.replace(SHAPES, SHAPES + '\ncalibration_tokens = "tokens.npy"')
+    catalog = write_catalog(tmp_path / "ws", text)
+    tokens = np.random.default_rng(0).integers(0, 512, size=(12, 16))
+    np.save(catalog.parent / "tokens.npy", tokens)
+    result = run_cli(catalog, "export", "--engine", "bert_int8", "--calib-samples", "10")
+    assert result.exit_code == 0, result.err
+    export = manifest(catalog.parent, "export", "bert_int8")["export"]
+    assert export["details"]["calibration"]["source"] == "token ids from tokens.npy"
+    assert export["details"]["accuracy"]["samples"] == 10
+    assert "tokens.npy" in export["params"]["files"]
+    tokens[7, 3] = 512
+    np.save(catalog.parent / "tokens.npy", tokens)
+    result = run_cli(catalog, "export", "--engine", "bert_int8")
+    assert result.exit_code == 2, result.err
+    assert "token id 512 at row 7, position 3 of" in result.err and "outside the vocabulary (0 to 511)" in result.err

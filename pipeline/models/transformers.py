@@ -42,6 +42,9 @@ class TransformersSpec(ModelSpec):
     # Pad the sequences after the first of each batch to a seeded length (half to all of the
     # sequence), their attention mask zero beyond it, as real batches of text are.
     padding: bool = True
+    # Token ids to calibrate quantization on instead of seeded ones: a .npy file of integers,
+    # one sequence per row (samples × sequence), every id inside the vocabulary.
+    calibration_tokens: Path | None = None
 
     @field_validator("inputs")
     @classmethod
@@ -88,7 +91,57 @@ class TransformersModel(ModelSource):
 
     def describe_calibration(self, directory: Path | None, samples: int, batch_size: int) -> dict[str, Any]:
         described = super().describe_calibration(directory, samples, batch_size)
+        if self.spec.calibration_tokens is not None:
+            return {**described, "source": f"token ids from {self.spec.calibration_tokens}"}
         return {**described, "source": "seeded token ids (uniform over the vocabulary) and attention masks at the first shape point"}
+
+    def input_files(self) -> list[Path]:
+        return [self.tokens_path()] if self.spec.calibration_tokens is not None else []
+
+    def tokens_path(self) -> Path:
+        path = Path(self.spec.calibration_tokens).expanduser()
+        path = path if path.is_absolute() else self.workspace_root / path
+        if not path.is_file():
+            raise UsageError(
+                f"model {self.name!r}: calibration_tokens file {path} does not exist.", hint="fix `calibration_tokens` in pipeline.toml"
+            )
+        return path
+
+    def calibration_batches(self, model, directory: Path | None, samples: int, batch_size: int) -> list[tuple]:
+        """The user's token ids (checked against the vocabulary), else seeded ones."""
+        if self.spec.calibration_tokens is None:
+            return super().calibration_batches(model, directory, samples, batch_size)
+        import numpy as np
+        import torch
+
+        path = self.tokens_path()
+        try:
+            tokens = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"model {self.name!r}: {path} is not a .npy array: {exc}.") from None
+        if tokens.ndim != 2 or not np.issubdtype(tokens.dtype, np.integer) or not tokens.size:
+            raise UsageError(
+                f"model {self.name!r}: {path} holds a {tokens.dtype} array of shape {list(tokens.shape)}; token ids are integers, "
+                "one sequence per row (samples × sequence).",
+            )
+        vocab = int(model.config.vocab_size)
+        bad = np.argwhere((tokens < 0) | (tokens >= vocab))
+        if bad.size:
+            row, column = (int(i) for i in bad[0])
+            raise UsageError(
+                f"model {self.name!r}: token id {int(tokens[row, column])} at row {row}, position {column} of {path} is outside "
+                f"the vocabulary (0 to {vocab - 1}); {len(bad)} id(s) are.",
+                hint="tokenize with the model's own tokenizer, or set vocab_size in its config",
+            )
+        limit = getattr(model.config, "max_position_embeddings", None)
+        if limit is not None and tokens.shape[1] > limit:
+            raise UsageError(f"model {self.name!r}: the sequences of {path} are {tokens.shape[1]} long; the model takes at most {limit}.")
+        tokens = torch.from_numpy(tokens[:samples].astype(np.int64))
+        values = {"attention_mask": torch.ones_like(tokens), "token_type_ids": torch.zeros_like(tokens)}
+        return [
+            tuple(batch if name == "input_ids" else values[name][start : start + batch_size] for name in self.spec.inputs)
+            for start, batch in ((start, tokens[start : start + batch_size]) for start in range(0, len(tokens), batch_size))
+        ]
 
     def facts(self) -> dict[str, Any]:
         facts: dict[str, Any] = {
