@@ -156,7 +156,8 @@ class ProfileDetails(_Model):
     total_walltime_s: float
     latency_ms: LatencyStats
     throughput_qps: float
-    # Samples per second: images, or sequences for token inputs (sample_unit says which).
+    # Samples per second: images, sequences for token inputs, or samples of another model's inputs
+    # (sample_unit: "img", "seq" or "sample").
     images_per_s: float
     sample_unit: str = "img"
     # Each input's shape as measured (name → dims), and the tokens per second of sequence models.

@@ -269,7 +269,7 @@ def test_a_local_folder_with_config_and_weights_is_used_as_saved(tmp_path, run_c
     result = run_cli(catalog, "run", "--variant", "fp32")
     assert result.exit_code == 0, result.err
     export = manifest(catalog.parent, "export", "bert_fp32")["export"]
-    assert "config.json" in export["params"]["files"] and "model.safetensors" in export["params"]["files"]
+    assert {"my-bert/config.json", "my-bert/model.safetensors"} <= set(export["params"]["files"])  # pinned by content
     import numpy as np
 
     ids = export["details"]["reference"]["points"]["3x24"]["inputs"][0]
@@ -463,3 +463,31 @@ def test_quantization_calibrates_on_the_users_tokens_checked_against_the_vocabul
     result = run_cli(catalog, "export", "--engine", "bert_int8")
     assert result.exit_code == 2, result.err
     assert "token id 512 at row 7, position 3 of" in result.err and "outside the vocabulary (0 to 511)" in result.err
+
+
+def test_a_users_onnx_is_checked_against_the_reference_the_user_gives(tmp_path, run_cli):
+    import numpy as np
+    import onnxruntime as ort
+
+    ws = tmp_path / "ws"
+    catalog = write_catalog(ws, BERT_CATALOG + ONNX_MODEL + 'reference = "ref"\n')
+    user_onnx(ws / "encoder.onnx")
+    (ws / "ref").mkdir()
+    session = ort.InferenceSession(str(ws / "encoder.onnx"), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(5)
+    for batch, sequence in ((2, 8), (4, 32)):
+        ids, mask = rng.integers(0, 200, (batch, sequence)), np.ones((batch, sequence), dtype=np.int64)
+        (hidden,) = session.run(None, {"input_ids": ids, "attention_mask": mask})
+        np.savez(ws / "ref" / f"{batch}x{sequence}.npz", input_ids=ids, attention_mask=mask, hidden=hidden * (1 if batch == 2 else -1))
+    result = run_cli(catalog, "run", "--engine", "mine_fp32")
+    assert result.exit_code == 0, result.err
+    export = manifest(ws, "export", "mine_fp32")["export"]
+    assert export["details"]["reference"]["description"] == "the inputs and outputs given in ref, at each shape point"
+    assert {"ref/2x8.npz", "ref/4x32.npz"} <= set(export["params"]["files"])
+    good = manifest(ws, "onnxruntime", "mine_fp32@2x8")["profile"]["details"]["accuracy"]
+    bad = manifest(ws, "onnxruntime", "mine_fp32@4x32")["profile"]["details"]["accuracy"]
+    assert good["cosine_similarity"] > 0.9999 and good["warning"] is None
+    assert bad["cosine_similarity"] < -0.99 and bad["warning"]  # the given outputs disagree: said so
+    (ws / "ref" / "4x32.npz").unlink()
+    result = run_cli(catalog, "export", "--engine", "mine_fp32")
+    assert result.exit_code == 2 and "has no 4x32.npz" in result.err, result.err

@@ -105,9 +105,6 @@ class ModelSource(ABC):
     #: Whether quantization is limited to the Linear layers (transformers), as opposed to
     #: ModelOpt's preset everywhere it applies.
     quantize_linear_only: ClassVar[bool] = False
-    #: The unit of one sample's work, for throughput: "img" (images/s) or "seq" (sequences/s,
-    #: and tokens/s from the sequence axis).
-    sample_unit: ClassVar[str] = "img"
     #: Distributions beyond torch, timm, onnx and ModelOpt whose version changes its exports.
     packages: ClassVar[tuple[str, ...]] = ()
     #: Whether there is a PyTorch model to export (and for the torch toolchains to run); a user's

@@ -37,6 +37,10 @@ class OnnxSpec(ModelSpec):
     vocab_size: int | None = Field(default=None, gt=1)
     # Pad the sequences after the first of each batch (attention masks zero at their end).
     padding: bool = True
+    # A folder of the user's own reference, one `<point>.npz` per shape point ("2x128.npz") holding
+    # an array per graph input and one for its first output, by name: engines are then checked on
+    # these inputs against these outputs, instead of seeded inputs and the file's own outputs.
+    reference: Path | None = None
 
     def family(self) -> str:
         return "onnx"
@@ -49,7 +53,6 @@ class OnnxModel(ModelSource):
     Spec = OnnxSpec
     exporter = "none"
     has_pytorch_model = False
-    sample_unit = "seq"
 
     def path(self) -> Path:
         path = Path(self.spec.onnx).expanduser()
@@ -71,7 +74,61 @@ class OnnxModel(ModelSource):
         }
 
     def input_files(self) -> list[Path]:
-        return [self.path()]
+        return [self.path(), *self.reference_files().values()]
+
+    def reference_files(self) -> dict[str, Path]:
+        """The user's reference file of each shape point, by point; empty without `reference`."""
+        if self.spec.reference is None:
+            return {}
+        folder = Path(self.spec.reference).expanduser()
+        folder = folder if folder.is_absolute() else self.workspace_root / folder
+        files = {point.label: folder / f"{point.label}.npz" for point in self.shape_points()}
+        missing = [path.name for path in files.values() if not path.is_file()]
+        if missing:
+            raise UsageError(
+                f"model {self.name!r}: the reference folder {folder} has no {', '.join(missing)}.",
+                hint="save one .npz per shape point with an array per input and one for the output, named as in the graph",
+            )
+        return files
+
+    def describe_reference(self, seed: int) -> str:
+        """What engines of this model are checked against, for the manifest."""
+        if self.spec.reference is not None:
+            return f"the inputs and outputs given in {self.spec.reference}, at each shape point"
+        return f"{self.describe()} itself in ONNX Runtime (CPU, FP32) on seeded inputs at each shape point (seed {seed})"
+
+    def user_reference(self, point: ShapePoint) -> tuple[tuple, Any] | None:
+        """(inputs in the graph's order, output) from the user's reference at ``point``, checked
+        against the graph's names and the point's shapes; None without `reference`."""
+        files = self.reference_files()
+        if not files:
+            return None
+        import numpy as np
+        import torch
+
+        path = files[point.label]
+        try:
+            with np.load(path, allow_pickle=False) as archive:
+                arrays = {name: archive[name] for name in archive.files}
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"model {self.name!r}: {path} is not a readable .npz file: {exc}.") from None
+        wanted = [i.name for i in self.inputs()] + [self.output_name()]
+        missing = [name for name in wanted if name not in arrays]
+        if missing:
+            raise UsageError(
+                f"model {self.name!r}: {path} has no array(s) {', '.join(map(repr, missing))} (it has {', '.join(map(repr, arrays)) or 'none'}).",
+                hint="name the arrays after the graph's inputs and its first output",
+            )
+        inputs = []
+        for spec in self.inputs():
+            value = arrays[spec.name]
+            if tuple(value.shape) != spec.shape_at(point):
+                raise UsageError(
+                    f"model {self.name!r}: {spec.name!r} in {path} has shape {list(value.shape)}; at shape point {point} it is "
+                    f"{list(spec.shape_at(point))}.",
+                )
+            inputs.append(torch.from_numpy(value.astype(spec.dtype)))
+        return tuple(inputs), torch.from_numpy(arrays[self.output_name()].astype("float32"))
 
     @property
     def graph(self):

@@ -82,7 +82,6 @@ class TransformersModel(ModelSource):
     Spec = TransformersSpec
     exporter = "dynamo"
     quantize_linear_only = True
-    sample_unit = "seq"
     packages = ("transformers",)
 
     def describe(self) -> str:
@@ -96,7 +95,9 @@ class TransformersModel(ModelSource):
         return {**described, "source": "seeded token ids (uniform over the vocabulary) and attention masks at the first shape point"}
 
     def input_files(self) -> list[Path]:
-        return [self.tokens_path()] if self.spec.calibration_tokens is not None else []
+        """The local folder's files (config and weights) and the calibration tokens, if any."""
+        files = sorted(p for p in self.folder().iterdir() if p.is_file()) if self.spec.path is not None else []
+        return files + ([self.tokens_path()] if self.spec.calibration_tokens is not None else [])
 
     def tokens_path(self) -> Path:
         path = Path(self.spec.calibration_tokens).expanduser()
@@ -152,9 +153,7 @@ class TransformersModel(ModelSource):
             "padding": self.spec.padding,
         }
         if self.spec.path is not None:
-            folder = self.folder()
             facts["path"] = str(self.spec.path)
-            facts["files"] = {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file()}
         return facts
 
     # --- the model ------------------------------------------------------------------------------

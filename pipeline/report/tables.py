@@ -127,7 +127,7 @@ def columns_for(rows: list[ComparisonRow], keys: tuple[str, ...]) -> tuple[str, 
 def samples_header(rows: list[ComparisonRow]) -> str:
     """The throughput column's header in the model's unit: img/s, or seq/s for token inputs."""
     units = {row.sample_unit for row in rows}
-    return f"{units.pop()}/s" if len(units) == 1 else "samples/s"
+    return {"img": "img/s", "seq": "seq/s"}.get(units.pop(), "samples/s") if len(units) == 1 else "samples/s"
 
 
 HEADERS = tuple(c.header for c in WIDE)

@@ -8,9 +8,10 @@ ctypes, because the environment holds nothing else.
 
     python tensorrt_rtx_driver.py version RESULT
     python tensorrt_rtx_driver.py build RESULT --onnx M --engine E [--arch SM120 ...] [--sparse]
-                                        [--optimization-level N]
+                                        [--optimization-level N] [--shape-range NAME=MIN/OPT/MAX ...]
     python tensorrt_rtx_driver.py profile RESULT --engine E --warmup-ms W --iterations N
                                         --duration-s D [--layer-profile-runs K] [--runtime-cache F]
+                                        [--shape NAME=2x512 ...] [--load NAME=FILE ...]
     python tensorrt_rtx_driver.py cuda-check RESULT --warmup-ms W --iterations N --duration-s D
 
 The compiler's log goes to stdout, a line per message, marked like trtexec's ("[E]", "[W]",

@@ -171,11 +171,9 @@ class ProfileStage(Stage):
                 f"{self.engine.name}: unstable: the measurements still disagree after {len(retaken)} retake(s) "
                 f"(CV {repeat_cv:.2%} > {settings.max_repeat_cv:.0%}); recorded as unstable"
             )
-        source = self.model_source()
         batch = workload.inputs[0].shape[0] if workload else self.model_spec.batch_size
-        tokens = None
-        if workload is not None and "sequence" in source.dynamic_axes():
-            tokens = qps * workload.inputs[0].shape[0] * workload.inputs[0].shape[1]
+        unit, tokens_per_run = self.work_per_run(workload)
+        tokens = qps * tokens_per_run if tokens_per_run else None
         details = ProfileDetails(
             settings=settings,
             batch_size=batch,
@@ -186,7 +184,7 @@ class ProfileStage(Stage):
             latency_ms=stats,
             throughput_qps=qps,
             images_per_s=qps * batch,
-            sample_unit=source.sample_unit,
+            sample_unit=unit,
             input_shapes={name: list(shape) for name, shape in workload.shapes.items()} if workload else {},
             tokens_per_s=tokens,
             per_iteration_ms=[round(v, 6) for v in pooled],
@@ -205,7 +203,7 @@ class ProfileStage(Stage):
         sidecars = {**result.sidecars, **(checked.sidecars if checked else {})}
         outputs = [self.ctx.workspace.artifact(role, path) for role, path in sidecars.items()]
         pooled_from = f" of {len(results)} measurements pooled" if len(results) > 1 else ""
-        rate = f"{tokens:,.0f} tokens/s" if tokens else f"{details.images_per_s:.1f} {source.sample_unit}/s"
+        rate = f"{tokens:,.0f} tokens/s" if tokens else f"{details.images_per_s:.1f} {unit}/s"
         at = f" at {self.shape}" if self.shape else ""
         note = f"{at}: median {stats.median:.2f} ms, {rate} over {stats.count} runs{pooled_from}"
         if accuracy:
@@ -218,6 +216,23 @@ class ProfileStage(Stage):
         if repeat_cv is not None:
             note += f"; their medians {min(medians):.3f}–{max(medians):.3f} ms (CV {repeat_cv:.2%}{'' if stable else ', unstable'})"
         return StageOutcome(outputs=outputs, details=details, command=result.command, note=note)
+
+    def work_per_run(self, workload) -> tuple[str, int | None]:
+        """(what a sample is, tokens per run): "seq" and the size of the token ids where the model
+        takes them (batch × sequence), "img" for images, else "sample" — from the inputs' kinds the
+        export recorded."""
+        export = self.export_record
+        kinds = {entry["name"]: entry.get("kind") for entry in (export.details.inputs if export and export.details else [])}
+        if workload is not None:
+            for tensor in workload.inputs:
+                if kinds.get(tensor.name) == "token_ids":
+                    count = 1
+                    for size in tensor.shape:
+                        count *= size
+                    return "seq", count
+        if "image" in kinds.values() or not kinds:  # exports before inputs were recorded are timm's
+            return "img", None
+        return "sample", None
 
     def _measure(self, engine_path: Path, workload, take: int) -> tuple[list, list[dict]]:
         """`repeats` measurements, each watched (pipeline/machine_watch.py): (results, what was seen).
