@@ -395,8 +395,12 @@ def test_a_compiler_killed_mid_build_is_reported_as_such(tmp_path, monkeypatch):
     monkeypatch.setattr(process, "run_logged", killed)
     spec = TensorRtRtxSpec(kind="tensorrt-rtx", release="1.7.1.116", archs=("sm120",))
     runtime = TensorRtRtxRuntime("trt-rtx1.7", spec, Reporter(), tmp_path)
+    from pipeline.models import model_source
+    from pipeline.models.timm import TimmSpec
+
+    source = model_source("tiny", TimmSpec(timm="test_vit", batch_size=2), tmp_path)
     with pytest.raises(PipelineError) as info:
-        runtime.build(tmp_path / "model.onnx", tmp_path / "model.engine", VariantSpec(precision="fp16"), source=None)
+        runtime.build(tmp_path / "model.onnx", tmp_path / "model.engine", VariantSpec(precision="fp16"), source=source)
     assert not isinstance(info.value, RefusedByTool)  # the machine's failure, not a fact about the model
     assert info.value.message == "TensorRT-RTX build was killed (out of memory, or stopped)."
     assert info.value.hint == f"log so far: {tmp_path / 'model.build.log'}"
