@@ -83,6 +83,19 @@ class ShapePoint:
         return self.label
 
 
+def attention_mask(shape: tuple[int, ...], dtype, generator, padding: bool):
+    """A batch's attention mask: ones, and with ``padding`` each sequence after the first cut to
+    a seeded length between half and all of it (zeros beyond), as batches of real text are."""
+    import torch
+
+    mask = torch.ones(shape, dtype=dtype)
+    if padding and len(shape) == 2 and shape[1] > 1:
+        for row in range(1, shape[0]):
+            length = int(torch.randint(max(1, shape[1] // 2), shape[1] + 1, (1,), generator=generator))
+            mask[row, length:] = 0
+    return mask
+
+
 @dataclass(frozen=True)
 class PointShapes:
     """Every input's shape at one shape point: what a runtime needs to describe a measurement

@@ -19,7 +19,7 @@ from pydantic import Field
 
 from pipeline.catalog import ModelSpec, VariantSpec
 from pipeline.errors import PipelineError, UsageError
-from pipeline.models.base import ModelInput, ModelSource, ShapePoint
+from pipeline.models.base import ModelInput, ModelSource, ShapePoint, attention_mask
 
 # ONNX element types the pipeline feeds, by their numpy names (onnx.TensorProto values).
 _ELEMENT_TYPES = {1: "float32", 10: "float16", 16: "bfloat16", 6: "int32", 7: "int64", 9: "bool"}
@@ -235,12 +235,7 @@ class OnnxModel(ModelSource):
             shape = spec.shape_at(point) if point is not None else tuple(spec.dims)
             dtype = getattr(torch, spec.dtype)
             if spec.kind == "attention_mask":
-                mask = torch.ones(shape, dtype=dtype)
-                if self.spec.padding and len(shape) == 2 and shape[1] > 1:
-                    for row in range(1, shape[0]):
-                        length = int(torch.randint(max(1, shape[1] // 2), shape[1] + 1, (1,), generator=generator))
-                        mask[row, length:] = 0
-                tensors.append(mask)
+                tensors.append(attention_mask(shape, dtype, generator, self.spec.padding))
             elif spec.kind == "token_ids":
                 tensors.append(torch.randint(0, self.vocabulary(spec.name), shape, generator=generator, dtype=dtype))
             else:

@@ -20,7 +20,7 @@ from pydantic import Field, field_validator
 
 from pipeline.catalog import ModelSpec
 from pipeline.errors import EnvironmentMissing, PipelineError, UsageError
-from pipeline.models.base import ModelInput, ModelSource, ShapePoint
+from pipeline.models.base import ModelInput, ModelSource, ShapePoint, attention_mask
 
 # What each input the pipeline knows how to fill holds.
 INPUT_KINDS = {"input_ids": "token_ids", "attention_mask": "attention_mask", "token_type_ids": "token_type_ids"}
@@ -280,11 +280,7 @@ class TransformersModel(ModelSource):
         generator = torch.Generator().manual_seed(seed)
         vocab = int(getattr(model.config, "vocab_size", 2) if model is not None else 2)
         ids = torch.randint(0, vocab, (batch, sequence), generator=generator, dtype=torch.int64)
-        mask = torch.ones(batch, sequence, dtype=torch.int64)
-        if self.spec.padding and sequence > 1:
-            for row in range(1, batch):
-                length = int(torch.randint(max(1, sequence // 2), sequence + 1, (1,), generator=generator))
-                mask[row, length:] = 0
+        mask = attention_mask((batch, sequence), torch.int64, generator, self.spec.padding)
         values = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros(batch, sequence, dtype=torch.int64)}
         return tuple(values[name] for name in self.spec.inputs)
 
