@@ -289,6 +289,9 @@ def test_the_catalog_names_what_a_model_table_lacks(tmp_path, run_cli):
     result = run_cli(write_catalog(tmp_path / "ws", text), "models")
     assert result.exit_code == 2
     assert "models.bert: names no model: did you mean 'transformers'?" in result.err
+    result = run_cli(write_catalog(tmp_path / "ws2", BERT_CATALOG.replace(SHAPES, "")), "models")
+    assert result.exit_code == 2
+    assert "models.bert: a transformers model is measured at shape points" in result.err, result.err
 
 
 @pytest.mark.rtx

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from pipeline.catalog import ModelSpec
 from pipeline.errors import EnvironmentMissing, PipelineError, UsageError
@@ -45,6 +45,12 @@ class TransformersSpec(ModelSpec):
     # Token ids to calibrate quantization on instead of seeded ones: a .npy file of integers,
     # one sequence per row (samples × sequence), every id inside the vocabulary.
     calibration_tokens: Path | None = None
+
+    @model_validator(mode="after")
+    def _needs_points(self):
+        if not self.shapes:
+            raise ValueError('a transformers model is measured at shape points: list them, e.g. shapes = ["2x512"] (batch x sequence)')
+        return self
 
     @field_validator("inputs")
     @classmethod
