@@ -216,23 +216,9 @@ class Catalog(_Strict):
         spec_class = (info.context or {}).get(TOOLCHAIN_SETTINGS)
         if spec_class is None:
             raise ValueError("toolchain tables need their kinds' settings: load the catalog with pipeline.runtimes.load_catalog")
-        specs, problems = {}, []
-        for name, raw in table.items():
-            if isinstance(raw, ToolchainSpec):
-                specs[name] = raw
-                continue
-            kind = raw.get("kind") if isinstance(raw, dict) else None
-            try:
-                specs[name] = spec_class(kind).model_validate(raw)
-            except LookupError as exc:
-                problems.append(f"toolchains.{name}.kind: {exc.args[0]}")
-            except ValidationError as exc:
-                for line in _describe(exc).splitlines():
-                    whole_table = line.startswith("(top level)")
-                    problems.append(f"toolchains.{name}{line.removeprefix('(top level)') if whole_table else '.' + line}")
-        if problems:
-            raise ValueError("\n".join(problems))
-        return specs
+        return _validate_by_settings(
+            "toolchains", table, ToolchainSpec, lambda raw: spec_class(raw.get("kind") if isinstance(raw, dict) else None), ".kind"
+        )
 
     @field_validator("models", mode="before")
     @classmethod
@@ -244,22 +230,7 @@ class Catalog(_Strict):
         spec_class = (info.context or {}).get(MODEL_SETTINGS)
         if spec_class is None:
             raise ValueError("model tables need their families' settings: load the catalog with pipeline.runtimes.load_catalog")
-        specs, problems = {}, []
-        for name, raw in table.items():
-            if isinstance(raw, ModelSpec):
-                specs[name] = raw
-                continue
-            try:
-                specs[name] = spec_class(raw).model_validate(raw)
-            except LookupError as exc:
-                problems.append(f"models.{name}: {exc.args[0]}")
-            except ValidationError as exc:
-                for line in _describe(exc).splitlines():
-                    whole_table = line.startswith("(top level)")
-                    problems.append(f"models.{name}{line.removeprefix('(top level)') if whole_table else '.' + line}")
-        if problems:
-            raise ValueError("\n".join(problems))
-        return specs
+        return _validate_by_settings("models", table, ModelSpec, spec_class, "")
 
     @field_validator("models", "variants", "toolchains")
     @classmethod
@@ -420,6 +391,29 @@ class EngineRef:
 
     def __str__(self) -> str:
         return self.name
+
+
+def _validate_by_settings(section: str, table: dict, base: type[BaseModel], settings_of, lookup_field: str) -> dict:
+    """Each entry of a table validated by the settings class ``settings_of(entry)`` names (a
+    toolchain's kind's, a model's family's), every problem of every entry reported at once and
+    located ("toolchains.NAME.kind: …", "models.NAME.shapes: …"). ``settings_of`` raises
+    LookupError for an entry it can place nowhere; that is reported at ``lookup_field``."""
+    specs, problems = {}, []
+    for name, raw in table.items():
+        if isinstance(raw, base):
+            specs[name] = raw
+            continue
+        try:
+            specs[name] = settings_of(raw).model_validate(raw)
+        except LookupError as exc:
+            problems.append(f"{section}.{name}{lookup_field}: {exc.args[0]}")
+        except ValidationError as exc:
+            for line in _describe(exc).splitlines():
+                whole_table = line.startswith("(top level)")
+                problems.append(f"{section}.{name}{line.removeprefix('(top level)') if whole_table else '.' + line}")
+    if problems:
+        raise ValueError("\n".join(problems))
+    return specs
 
 
 def _lookup(kind: str, name: str, known) -> str:

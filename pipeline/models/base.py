@@ -266,13 +266,16 @@ class ModelSource(ABC):
             return None
         return ShapePoint(tuple((axis, batch if axis == "batch" else size) for axis, size in point.axes))
 
+    def in_workspace(self, path: Path) -> Path:
+        """A path from the catalog: ``~`` expanded, relative ones from the workspace."""
+        path = Path(path).expanduser()
+        return path if path.is_absolute() else self.workspace_root / path
+
     def checkpoint_path(self) -> Path | None:
         """The catalog's local weights file (relative paths from the workspace), or None for seeded random weights."""
         if self.spec.checkpoint is None:
             return None
-        path = Path(self.spec.checkpoint).expanduser()
-        if not path.is_absolute():
-            path = self.workspace_root / path
+        path = self.in_workspace(self.spec.checkpoint)
         if not path.is_file():
             raise PipelineError(
                 f"checkpoint {path} for model {self.name!r} does not exist.",

@@ -55,9 +55,7 @@ class OnnxModel(ModelSource):
     has_pytorch_model = False
 
     def path(self) -> Path:
-        path = Path(self.spec.onnx).expanduser()
-        if not path.is_absolute():
-            path = self.workspace_root / path
+        path = self.in_workspace(self.spec.onnx)
         if not path.is_file():
             raise UsageError(f"model {self.name!r}: ONNX file {path} does not exist.", hint="fix `onnx` in pipeline.toml")
         return path
@@ -80,8 +78,7 @@ class OnnxModel(ModelSource):
         """The user's reference file of each shape point, by point; empty without `reference`."""
         if self.spec.reference is None:
             return {}
-        folder = Path(self.spec.reference).expanduser()
-        folder = folder if folder.is_absolute() else self.workspace_root / folder
+        folder = self.in_workspace(self.spec.reference)
         files = {point.label: folder / f"{point.label}.npz" for point in self.shape_points()}
         missing = [path.name for path in files.values() if not path.is_file()]
         if missing:

@@ -11,6 +11,7 @@ state of a base model, the logits of a task head.
 from __future__ import annotations
 
 import difflib
+import functools
 import inspect
 import json
 from pathlib import Path
@@ -106,8 +107,7 @@ class TransformersModel(ModelSource):
         return files + ([self.tokens_path()] if self.spec.calibration_tokens is not None else [])
 
     def tokens_path(self) -> Path:
-        path = Path(self.spec.calibration_tokens).expanduser()
-        path = path if path.is_absolute() else self.workspace_root / path
+        path = self.in_workspace(self.spec.calibration_tokens)
         if not path.is_file():
             raise UsageError(
                 f"model {self.name!r}: calibration_tokens file {path} does not exist.", hint="fix `calibration_tokens` in pipeline.toml"
@@ -165,9 +165,7 @@ class TransformersModel(ModelSource):
     # --- the model ------------------------------------------------------------------------------
 
     def folder(self) -> Path:
-        folder = Path(self.spec.path).expanduser()
-        if not folder.is_absolute():
-            folder = self.workspace_root / folder
+        folder = self.in_workspace(self.spec.path)
         if not folder.is_dir():
             raise UsageError(f"model {self.name!r}: folder {folder} does not exist.", hint="fix `path` in pipeline.toml")
         config = folder / "config.json"
@@ -252,7 +250,7 @@ class TransformersModel(ModelSource):
         return model.float().eval()
 
     def runnable(self, model):
-        return _FirstOutput(model, self.spec.inputs).eval()
+        return _first_output_class()(model, tuple(self.spec.inputs)).eval()
 
     # --- inputs ---------------------------------------------------------------------------------
 
@@ -295,7 +293,9 @@ def _has_weights(folder: Path) -> bool:
     return any(folder.glob("*.safetensors")) or any(folder.glob("pytorch_model*.bin"))
 
 
-def _first_output_module():
+@functools.cache
+def _first_output_class():
+    """The wrapper class, made on first use: torch is not imported with this module."""
     import torch
 
     class FirstOutput(torch.nn.Module):
@@ -312,7 +312,3 @@ def _first_output_module():
             return self.model(**{name: given[name] for name in self.names})[0]
 
     return FirstOutput
-
-
-def _FirstOutput(model, names):  # noqa: N802 — reads as the class it builds
-    return _first_output_module()(model, tuple(names))

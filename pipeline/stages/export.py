@@ -604,37 +604,20 @@ def plain_export(
 
     if exporter == "dynamo":
         dims: dict[str, Any] = {}
-        dynamic_shapes = []
-        for name in input_names:
-            axes = dynamic_axes.get(name, {})
-            dynamic_shapes.append({axis: dims.setdefault(label, torch.export.Dim(label, min=1)) for axis, label in axes.items()} or None)
-        with torch.no_grad(), reporter.captured("torch.onnx.export"):
-            torch.onnx.export(
-                model,
-                args,
-                str(path),
-                input_names=input_names,
-                output_names=[output_name],
-                opset_version=opset,
-                dynamic_shapes=tuple(dynamic_shapes),
-                dynamo=True,
-                # The graph as exported: the exporter's own optimisation pass is what is checked.
-                external_data=False,
-            )
-        return f"torch.onnx.export (torch.export-based, dynamo=True), torch {torch.__version__}"
-    with torch.no_grad():
-        torch.onnx.export(
-            model,
-            args,
-            str(path),
-            input_names=input_names,
-            output_names=[output_name],
-            opset_version=opset,
-            dynamic_axes=dynamic_axes or None,
-            # The TorchScript exporter: ModelOpt's exporter is built on it too.
-            dynamo=False,
-        )
-    return f"torch.onnx.export (TorchScript), torch {torch.__version__}"
+        shapes = [
+            {axis: dims.setdefault(label, torch.export.Dim(label, min=1)) for axis, label in dynamic_axes.get(name, {}).items()} or None
+            for name in input_names
+        ]
+        # external_data=False: the weights stay in the one file, as every other export writes them.
+        options = {"dynamic_shapes": tuple(shapes), "dynamo": True, "external_data": False}
+        written_by = "torch.export-based, dynamo=True"
+    else:
+        # The TorchScript exporter: ModelOpt's exporter is built on it too.
+        options = {"dynamic_axes": dynamic_axes or None, "dynamo": False}
+        written_by = "TorchScript"
+    with torch.no_grad(), reporter.captured("torch.onnx.export"):
+        torch.onnx.export(model, args, str(path), input_names=input_names, output_names=[output_name], opset_version=opset, **options)
+    return f"torch.onnx.export ({written_by}), torch {torch.__version__}"
 
 
 def pin_batch(model, batch_size: int) -> None:
