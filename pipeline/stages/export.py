@@ -368,7 +368,7 @@ class ExportStage(Stage):
             output=source.output_name(),
             shape_points=[p.label for p in points],
             exporter=exporter,
-            opset=self.opset(),
+            opset=graph_opset(graph, self.opset()),
             traced_batch=traced_batch,
             precision=variant.precision,
             sparsity=variant.sparsity,
@@ -592,6 +592,10 @@ def name_io(model, input_names: list[str], output_name: str) -> bool:
     return True
 
 
+# The lowest opset the torch.export-based exporter writes natively (torch/onnx/_internal/exporter/_compat.py warns below it).
+DYNAMO_LOWEST_OPSET = 18
+
+
 def plain_export(
     model, args: tuple, path: Path, input_names: list[str], output_name: str, opset: int, exporter: str, dynamic_axes, reporter
 ) -> str:
@@ -603,6 +607,10 @@ def plain_export(
     import torch
 
     if exporter == "dynamo":
+        # Its operators are implemented from opset 18; asked for less it converts the graph down,
+        # which fails where an operator's form changed (torch 2.11, ModernBERT at 17: "Unrecognized
+        # attribute: num_outputs for operator Split"). The opset the graph has is recorded.
+        opset = max(opset, DYNAMO_LOWEST_OPSET)
         dims: dict[str, Any] = {}
         shapes = [
             {axis: dims.setdefault(label, torch.export.Dim(label, min=1)) for axis, label in dynamic_axes.get(name, {}).items()} or None
@@ -634,6 +642,11 @@ def pin_batch(model, batch_size: int) -> None:
     # Intermediate shapes inferred at export still name the symbolic batch; shape inference
     # (TensorRT's, or the FLOP count's) recomputes them from the pinned input.
     del model.graph.value_info[:]
+
+
+def graph_opset(model, default: int) -> int:
+    """The opset of the graph's default domain, as written (the exporter may raise the one asked for)."""
+    return next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), default)
 
 
 def op_histogram(model) -> dict[str, int]:
