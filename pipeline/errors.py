@@ -53,6 +53,12 @@ class RefusedByTool(PipelineError):
         self.outcome = None
 
 
+class OutOfMemory(RefusedByTool):
+    """The work did not fit in the GPU's (or the host's) memory at this size: like a refusal, a fact
+    about the model, the shape and the machine, recorded for that engine or shape point while the
+    others go on."""
+
+
 def require_module(module: str, *, purpose: str, extra: str | None = "export"):
     """Import a dependency or explain how to install it (``extra=None``: a core dependency)."""
     import importlib

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.environment import cpu_name, machine_load, nvidia_gpus
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, RefusedByTool
 from pipeline.machine_watch import MachineWatch, verdict
 from pipeline.manifest import Artifact, ProfileDetails, StageRecord, read_manifest
 from pipeline.runtimes import get_runtime
@@ -133,6 +133,15 @@ class ProfileStage(Stage):
         return fields
 
     def run_impl(self, inputs: list[Artifact]) -> StageOutcome:
+        try:
+            return self._profile(inputs)
+        except RefusedByTool as exc:
+            # Out of memory at this shape point, say: recorded in its manifest as failed, with the
+            # reason, so the sweep's table shows it; the other points and engines still run.
+            exc.outcome = StageOutcome(outputs=[])
+            raise
+
+    def _profile(self, inputs: list[Artifact]) -> StageOutcome:
         engine_path = self.ctx.workspace.root / inputs[0].path
         settings = self.settings
         workload = self.workload()

@@ -61,14 +61,42 @@ def run_engine(ctx: RunContext, engine: EngineRef, toolchain: str | None, until:
         if "build" in wanted:
             BuildStage(ctx, engine, toolchain).run()
         if "profile" in wanted:
-            for shape in shapes_to_profile(ctx, engine):
-                ProfileStage(ctx, engine, toolchain, shape).run()
+            points = shapes_to_profile(ctx, engine)
+            _each_point(ctx, engine, points, lambda shape: ProfileStage(ctx, engine, toolchain, shape).run())
         return
-    for shape in builds:  # a static model: an engine per point, each profiled at its own
+
+    def build_and_profile(shape: str | None) -> None:  # a static model: an engine per point, each profiled at its own
         if "build" in wanted:
             BuildStage(ctx, engine, toolchain, shape).run()
         if "profile" in wanted:
             ProfileStage(ctx, engine, toolchain, shape).run()
+
+    _each_point(ctx, engine, builds, build_and_profile)
+
+
+def _each_point(ctx: RunContext, engine: EngineRef, points: list[str | None], work) -> None:
+    """``work`` at every shape point; a point that fails (out of memory at the largest, say) is
+    reported and recorded, and the others still run. One error afterwards names the failed ones."""
+    from pipeline.reporting import print_error
+
+    if points == [None]:
+        work(None)
+        return
+    failed: list[tuple[str, PipelineError]] = []
+    for shape in points:
+        try:
+            work(shape)
+        except EnvironmentMissing:
+            raise  # the machine lacks something: every point would fail the same way
+        except PipelineError as exc:
+            print_error(f"{engine.name} at {shape}: {exc.message}", exc.hint)
+            failed.append((shape, exc))
+    if failed:
+        raise PipelineError(
+            f"{engine.name}: {len(failed)} of {len(points)} shape points failed ({', '.join(shape for shape, _ in failed)}); "
+            "the errors above say why.",
+            hint="each is recorded in its point's manifest; `pipeline compare` shows them beside the others",
+        )
 
 
 def shapes_to_profile(ctx: RunContext, engine: EngineRef) -> list[str | None]:
