@@ -343,15 +343,12 @@ class Catalog(_Strict):
                 )
         return list(dict.fromkeys(refs))
 
-    def toolchain_named(self, toolchain: str | None = None, trt: str | None = None) -> str:
-        """The toolchain named by --toolchain or --trt, else the catalog's default."""
-        if toolchain and trt:
-            raise UsageError("--toolchain and --trt name the same thing; give one.", hint=f"e.g. --trt {trt}")
-        if trt:
-            return self.toolchain_for_trt(trt)
-        name = toolchain or self.defaults.toolchain
-        self.toolchain(name)
-        return name
+    def toolchains_named(self, toolchains: tuple[str, ...] = (), trts: tuple[str, ...] = ()) -> list[str]:
+        """The toolchains named by --toolchain and --trt (each once, in the order given), else the catalog's default."""
+        names = [*toolchains, *(self.toolchain_for_trt(version) for version in trts)] or [self.defaults.toolchain]
+        for name in names:
+            self.toolchain(name)
+        return list(dict.fromkeys(names))
 
     def with_overrides(
         self,

@@ -46,10 +46,25 @@ def test_engine_and_model_selection_cannot_be_mixed(run_cli, tiny_catalog):
     assert "--engine cannot be combined with --model/--variant" in result.err
 
 
-def test_toolchain_and_trt_cannot_both_be_given(run_cli, tiny_catalog):
-    result = run_cli(tiny_catalog, "build", "--engine", "tiny_fp32", "--toolchain", "onnxruntime", "--trt", "10.14")
-    assert result.exit_code == 2
-    assert "--toolchain and --trt name the same thing" in result.err
+def test_toolchains_and_trt_releases_make_one_sweep_each_named_once(run_cli, tiny_catalog):
+    result = run_cli(
+        tiny_catalog,
+        "build",
+        "--engine",
+        "tiny_fp32",
+        "--toolchain",
+        "onnxruntime",
+        "--trt",
+        "10.14",
+        "--toolchain",
+        "onnxruntime",
+        "--dry-run",
+    )
+    assert result.exit_code == 0, result.err
+    headers = [line for line in result.out.splitlines() if line.startswith("# ")]
+    assert headers == ["# onnxruntime", "# trt10.14"]
+    trtexec = result.out.split("# trt10.14")[1]
+    assert "trtexec" in trtexec and "trtexec" not in result.out.split("# trt10.14")[0]
 
 
 def test_unknown_trt_version_lists_known_ones(run_cli, tiny_catalog):

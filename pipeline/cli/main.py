@@ -59,12 +59,22 @@ class _State:
         """This run's command-line settings in place of the catalog's."""
         self._catalog = self.catalog.with_overrides(calib_dir, calib_samples, eval_dir, repeat)
 
-    def toolchain(self, toolchain: str | None, trt: str | None, archs: tuple[str, ...] = ()) -> str:
-        """The toolchain named by --toolchain or --trt (or the catalog's default), with --arch applied."""
-        name = self.catalog.toolchain_named(toolchain, trt)
+    def toolchains(self, toolchains: tuple[str, ...], trts: tuple[str, ...], archs: tuple[str, ...] = ()) -> list[str]:
+        """The toolchains named by --toolchain and --trt (or the catalog's default), with --arch
+        applied to those that compile ahead of time (a sweep may mix them with others)."""
+        from pipeline.errors import UsageError
+
+        names = self.catalog.toolchains_named(toolchains, trts)
         if archs:
-            self._catalog = self.catalog.with_targets(name, archs)
-        return name
+            refusals = []
+            for name in names:
+                try:
+                    self._catalog = self.catalog.with_targets(name, archs)
+                except UsageError as exc:
+                    refusals.append(exc)
+            if len(refusals) == len(names):
+                raise refusals[0]
+        return names
 
     def holding_workspace(self, wait: bool):
         """The workspace lock, for commands that run stages (pipeline/workspace_lock.py)."""
@@ -181,8 +191,8 @@ def _stage_command(
     engines,
     models,
     variants,
-    toolchain,
-    trt,
+    toolchains,
+    trts,
     archs,
     force,
     wait,
@@ -194,21 +204,44 @@ def _stage_command(
     gpu_types,
     until,
     repeat=None,
-) -> str:
-    """Select, settle the toolchain, then print the work (--dry-run) or do it; the toolchain's name."""
+) -> list[str]:
+    """Select, settle the toolchains, then print the work (--dry-run) or do it, one toolchain after
+    the other (a failure in one does not stop the next); the toolchains' names."""
+    from pipeline.errors import EnvironmentMissing, PipelineError
+
     state.override(calib_dir, calib_samples, eval_dir, repeat)
     refs = state.catalog.select(engines, models, variants)
-    chain = state.toolchain(toolchain, trt, archs)
+    chains = state.toolchains(toolchains, trts, archs)
     ctx = state.context(force)
     if dry_run:
         from pipeline.stages.runner import describe
 
-        for line in describe(ctx, refs, chain, until):
-            click.echo(line)
-        return chain
+        for chain in chains:
+            if len(chains) > 1:
+                click.echo(f"# {chain}")
+            for line in describe(ctx, refs, chain, until):
+                click.echo(line)
+        return chains
+    failed: list[tuple[str, PipelineError]] = []
     with state.holding_workspace(wait):
-        _launcher(state, cluster, gpu_types).run(ctx, refs, chain, until)
-    return chain
+        launcher = _launcher(state, cluster, gpu_types)
+        for chain in chains:
+            try:
+                launcher.run(ctx, refs, chain, until)
+            except PipelineError as exc:
+                if len(chains) == 1:
+                    raise
+                from pipeline.reporting import print_error
+
+                print_error(f"{chain}: {exc.message}", exc.hint)
+                failed.append((chain, exc))
+    if failed:
+        worst = EnvironmentMissing if all(isinstance(exc, EnvironmentMissing) for _, exc in failed) else PipelineError
+        raise worst(
+            f"{len(failed)} of {len(chains)} toolchains failed: {', '.join(chain for chain, _ in failed)}.",
+            hint="the errors above say why; what the others measured is kept",
+        )
+    return chains
 
 
 @cli.command()
@@ -242,14 +275,26 @@ def run(state: _State, **options):
 
     With no selection it runs the catalog's defaults: the demo on ONNX Runtime.
     """
-    chain = _stage_command(state, **options, dry_run=False, until="profile")
-    _print_comparison(state, [chain], "table", None)
+    from pipeline.errors import PipelineError, UsageError
+
+    try:
+        chains = _stage_command(state, **options, dry_run=False, until="profile")
+    except PipelineError as exc:
+        if isinstance(exc, UsageError):
+            raise
+        # What did run (the other shape points and toolchains of a sweep) is still worth seeing.
+        try:
+            _print_comparison(state, state.catalog.toolchains_named(options["toolchains"], options["trts"]), "table", None)
+        except PipelineError:
+            pass  # nothing was measured: the error says why
+        raise
+    _print_comparison(state, chains, "table", None)
 
 
 @cli.command()
 @click.option("--toolchain", "toolchains", multiple=True, metavar="T", help="Only these toolchains, in this order (repeatable).")
 @click.option("--trt", "trts", multiple=True, metavar="VERSION", help="Only the toolchains of these TensorRT versions, in this order.")
-@click.option("--models", "models", multiple=True, metavar="M", help="Only these models (repeatable).")
+@click.option("--model", "--models", "models", multiple=True, metavar="M", help="Only these models (repeatable).")
 @click.option(
     "--gpu", "gpu_types", multiple=True, metavar="TYPE", help="Only engines a cluster run built and timed for this GPU type (repeatable)."
 )
@@ -276,6 +321,13 @@ def run(state: _State, **options):
     "--noisy-cv", type=click.FloatRange(min=0), metavar="PCT", help="Flag measurements whose CV is above PCT percent as noisy (default 10)."
 )
 @click.option(
+    "--metric",
+    type=click.Choice(["ms", "tokens", "memory"]),
+    default="ms",
+    show_default=True,
+    help="What the sweep tables (a model measured at shape points) show per point: median latency, tokens/s, or GPU memory.",
+)
+@click.option(
     "--fail-accuracy-below",
     "accuracy_thresholds",
     multiple=True,
@@ -285,10 +337,16 @@ def run(state: _State, **options):
 )
 @pass_state
 def compare(
-    state: _State, toolchains, trts, models, gpu_types, fmt, out, baseline, fail_above, wide, columns, noisy_cv, accuracy_thresholds
+    state: _State, toolchains, trts, models, gpu_types, fmt, out, baseline, fail_above, wide, columns, noisy_cv, metric, accuracy_thresholds
 ):
     """Put profiled engines side by side, from the saved manifests (never re-measures).
 
+    \b
+    The answer first: per model and shape point, the fastest engine whose own accuracy meets the
+    floor (--fail-accuracy-below, else each precision's own check), its speedup over the
+    catalog's baseline toolchain, and what was left out and why. A model measured at shape points
+    then gets its sweep: a line per variant x toolchain, a column per point (--metric), and
+    where one toolchain overtakes another, in words.
     \b
     Per model: variant x toolchain (x GPU type, for cluster runs) with median/p99 latency, throughput, speedup against the
     toolchain's baseline variant and against the catalog's baseline toolchain, the change
@@ -306,7 +364,9 @@ def compare(
     from pipeline.report.gates import parse_accuracy_threshold
 
     thresholds = [parse_accuracy_threshold(text) for text in accuracy_thresholds]  # checked before any work
-    rows = _print_comparison(state, names or None, fmt, out, list(models) or None, columns, wide, noisy_cv, list(gpu_types) or None)
+    rows = _print_comparison(
+        state, names or None, fmt, out, list(models) or None, columns, wide, noisy_cv, list(gpu_types) or None, metric, thresholds
+    )
     if thresholds:
         from pipeline.report.gates import check_accuracy
 
@@ -318,15 +378,19 @@ def compare(
         check_regressions(Workspace(catalog.root), names or None, baseline, fail_above, say=lambda text: click.echo(text, nl=False))
 
 
-def _print_comparison(state: _State, toolchains, fmt, out, models=None, columns=None, wide=False, noisy_cv=None, gpu_types=None):
+def _print_comparison(
+    state: _State, toolchains, fmt, out, models=None, columns=None, wide=False, noisy_cv=None, gpu_types=None, metric="ms", thresholds=()
+):
     from pipeline.report.compare import compare as compare_manifests
     from pipeline.report.compare import write_output
     from pipeline.report.rows import NOISY_CV
-    from pipeline.report.tables import parse_columns, render_markdown
+    from pipeline.report.tables import parse_columns
     from pipeline.reporting import stdout_console
     from pipeline.workspace import Workspace
 
     console = stdout_console()
+    if out is not None and fmt == "table":
+        fmt = "md"  # a file gets the table as markdown
     rows, rendered = compare_manifests(
         state.catalog,
         Workspace(state.catalog.root),
@@ -338,6 +402,8 @@ def _print_comparison(state: _State, toolchains, fmt, out, models=None, columns=
         wide=wide,
         noisy_cv=NOISY_CV if noisy_cv is None else noisy_cv / 100,
         gpu_types=gpu_types,
+        metric=metric,
+        thresholds=thresholds,
     )
     differently = [f"{r.engine} on {r.toolchain}: {flag}" for r in rows for flag in r.flags if flag.startswith("measured differently")]
     if differently:
@@ -346,7 +412,7 @@ def _print_comparison(state: _State, toolchains, fmt, out, models=None, columns=
         for line in differently:
             Reporter().warn(f"{line}; the comparison is not like for like")
     if out is not None:
-        write_output(rendered if isinstance(rendered, str) else render_markdown(rows), out)
+        write_output(rendered, out)
         click.echo(f"wrote {out}", err=True)
     elif isinstance(rendered, str):
         click.echo(rendered, nl=False)

@@ -29,8 +29,16 @@ def toolchain_options(func):
         help="GPU architecture to compile for, e.g. sm120 (repeatable; ahead-of-time toolchains such as TensorRT-RTX). "
         "Default: the toolchain's archs in pipeline.toml, else this machine's GPU.",
     )(func)
-    func = click.option("--trt", metavar="VERSION", help="The toolchain providing this TensorRT version, e.g. 10.14.")(func)
-    func = click.option("--toolchain", metavar="T", help="Toolchain by name (default: the catalog's, onnxruntime).")(func)
+    func = click.option(
+        "--trt", "trts", multiple=True, metavar="VERSION", help="The toolchain providing this TensorRT version, e.g. 10.14 (repeatable)."
+    )(func)
+    func = click.option(
+        "--toolchain",
+        "toolchains",
+        multiple=True,
+        metavar="T",
+        help="Toolchain by name (repeatable: a sweep runs each in turn; default: the catalog's, onnxruntime).",
+    )(func)
     return func
 
 
