@@ -157,6 +157,15 @@ class ModelSource(ABC):
         tensor that is exported, compared and checked (a transformer's last hidden state)."""
         return model
 
+    def use_attention(self, model, implementation: str) -> None:
+        """Switch ``model`` (as ``runnable`` made it) to an attention implementation: "sdpa" (PyTorch's
+        fused scaled-dot-product attention) or "eager" (the model's own matmul-softmax-matmul), as a
+        torch toolchain's `attn_implementation` asks. Raises UsageError where the model has no such choice."""
+        raise UsageError(
+            f"model {self.name!r} ({self.describe()}) has no choice of attention implementation.",
+            hint="leave attn_implementation unset for the torch toolchains that run it",
+        )
+
     @abstractmethod
     def inputs(self, model) -> list[ModelInput]:
         """The model's inputs, in forward()'s order."""

@@ -72,6 +72,15 @@ class TimmModel(ModelSource):
         size = f", {self.spec.image_size}px" if self.spec.image_size else ""
         return f"batch {self.spec.batch_size}{size}"
 
+    def use_attention(self, model, implementation: str) -> None:
+        # timm's attention blocks choose per module: `fused_attn` calls F.scaled_dot_product_attention,
+        # otherwise they compute q·kᵀ, softmax and ·v themselves (timm/layers/attention.py).
+        blocks = [module for module in model.modules() if hasattr(module, "fused_attn")]
+        if not blocks:
+            super().use_attention(model, implementation)
+        for module in blocks:
+            module.fused_attn = implementation == "sdpa"
+
     def inputs(self, model) -> list[ModelInput]:
         return [ModelInput("input", self.input_shape(model), MODEL_FLOAT, kind="image")]
 

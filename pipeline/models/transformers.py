@@ -252,6 +252,19 @@ class TransformersModel(ModelSource):
     def runnable(self, model):
         return _first_output_class()(model, tuple(self.spec.inputs)).eval()
 
+    def use_attention(self, model, implementation: str) -> None:
+        inner = model.model
+        try:
+            if hasattr(inner, "set_attn_implementation"):
+                inner.set_attn_implementation(implementation)
+            else:  # releases before it: the attention modules read the config at each call
+                inner.config._attn_implementation = implementation
+        except (ValueError, ImportError) as exc:  # transformers' own word on what this class supports
+            raise UsageError(
+                f"model {self.name!r}: {type(model.model).__name__} cannot use {implementation} attention: {str(exc).strip().splitlines()[0]}",
+                hint="choose another attn_implementation for the toolchain",
+            ) from exc
+
     # --- inputs ---------------------------------------------------------------------------------
 
     def inputs(self, model) -> list[ModelInput]:

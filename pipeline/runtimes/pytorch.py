@@ -38,7 +38,7 @@ from pydantic import model_validator
 from pipeline.accuracy import ReferenceBatch
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
 from pipeline.environment import nvidia_gpus, package_version
-from pipeline.errors import EnvironmentMissing, PipelineError, RefusedByTool
+from pipeline.errors import EnvironmentMissing, OutOfMemory, PipelineError, RefusedByTool
 from pipeline.models import TORCH_DTYPES, ModelSource
 from pipeline.runtimes.base import BuildResult, EngineRuntime, MeasurementProgress, ProfileResult, ReferenceRun, ToolchainStatus
 
@@ -51,6 +51,9 @@ CAPTURE_WARMUP_RUNS = 3
 
 Backend = Literal["eager", "compile", "cudagraphs"]
 CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+SdpaBackend = Literal["flash", "efficient", "cudnn", "math"]
+# torch.nn.attention.SDPBackend's member for each.
+SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION", "math": "MATH"}
 
 
 class TorchSpec(ToolchainSpec):
@@ -66,9 +69,21 @@ class TorchSpec(ToolchainSpec):
     # True compiles it for symbolic shapes. Either way every point is compiled (warmed) before it
     # is timed: a compilation is never inside a measurement.
     dynamic: bool = False
+    # The model's attention: "sdpa" (PyTorch's fused scaled-dot-product attention) or "eager" (the
+    # model's own matmul-softmax-matmul); None keeps the model's (the catalog's model setting).
+    attn_implementation: Literal["sdpa", "eager"] | None = None
+    # Which of PyTorch's SDPA kernels may run (torch.nn.attention.sdpa_kernel); None lets PyTorch
+    # choose per call. A kernel that cannot run this dtype or GPU is a refusal, with PyTorch's reason.
+    sdpa_backend: SdpaBackend | None = None
     # FP32 matrix products on TF32 tensor cores. Off is PyTorch's default (real FP32); TensorRT
     # uses TF32 for FP32 by default, so turn it on for a like-for-like FP32 comparison.
     tf32: bool = False
+
+    @model_validator(mode="after")
+    def _sdpa_backend_needs_sdpa(self):
+        if self.sdpa_backend is not None and self.attn_implementation == "eager":
+            raise ValueError('sdpa_backend chooses among SDPA kernels: it needs attn_implementation = "sdpa" (or unset), not "eager"')
+        return self
 
     @model_validator(mode="after")
     def _compile_options_need_compile(self):
@@ -79,9 +94,9 @@ class TorchSpec(ToolchainSpec):
         return self
 
 
-class CompileFailed(Exception):
-    """torch.compile refused the model: a fact about the model and the release, recorded by the
-    build as a refusal (see RefusedByTool)."""
+class NotPrepared(Exception):
+    """torch.compile, or the attention kernel the toolchain asks for, refused the model: a fact
+    about the model, the release and the GPU, recorded as a refusal (see RefusedByTool)."""
 
     def __init__(self, message: str, hint: str, facts: dict[str, Any]):
         super().__init__(message)
@@ -105,6 +120,11 @@ class Prepared:
     facts: dict[str, Any] = field(default_factory=dict)
     # The loaded model, kept to prepare it at another shape point without reading the file again.
     model: Any = None
+    # torch.compile's module and the shape point it was first compiled at: with `dynamic = true`
+    # it serves every point (compiled once for the range), the compilations another point still
+    # triggers counted as recompilations.
+    compiled: Any = None
+    compiled_at: str | None = None
 
     @property
     def batch_size(self) -> int:
@@ -161,14 +181,27 @@ class TorchRuntime(EngineRuntime):
             "backend": self.spec.backend,
             "mode": self.mode,
             "fullgraph": self.spec.fullgraph,
+            "dynamic": self.spec.dynamic,
             "tf32": self.spec.tf32,
+            "attn_implementation": self.spec.attn_implementation,
+            "sdpa_backend": self.spec.sdpa_backend,
             "gpus": [gpu.name for gpu in nvidia_gpus()],
             "engine_format": ENGINE_FORMAT_VERSION,
         }
 
     def describe(self) -> str:
-        what = {"eager": "eager", "compile": f"torch.compile (Inductor, mode {self.mode})", "cudagraphs": "eager in a CUDA graph"}
-        return f"PyTorch {self.version}: {what[self.spec.backend]}"
+        dynamic = ", once for every shape (dynamic)" if self.spec.dynamic else ""
+        what = {"eager": "eager", "compile": f"torch.compile (Inductor, mode {self.mode}{dynamic})", "cudagraphs": "eager in a CUDA graph"}
+        return f"PyTorch {self.version}: {what[self.spec.backend]}{self._attention_words()}"
+
+    def _attention_words(self) -> str:
+        """ ", sdpa attention (flash kernel)" for a toolchain that chooses; empty for the model's own."""
+        words = []
+        if self.spec.attn_implementation:
+            words.append(f"{self.spec.attn_implementation} attention")
+        if self.spec.sdpa_backend:
+            words.append(f"SDPA kernel {self.spec.sdpa_backend}")
+        return (", " + ", ".join(words)) if words else ""
 
     def status(self) -> ToolchainStatus:
         if find_spec("torch") is None:
@@ -238,6 +271,8 @@ class TorchRuntime(EngineRuntime):
             "dtype": TORCH_DTYPES[precision],
             "device": device,
             "tf32": self.spec.tf32,
+            "attn_implementation": self.spec.attn_implementation,
+            "sdpa_backend": self.spec.sdpa_backend,
         }
         if self.spec.backend == "compile":
             settings.update(mode=self.mode, fullgraph=self.spec.fullgraph, dynamic=self.spec.dynamic)
@@ -251,7 +286,8 @@ class TorchRuntime(EngineRuntime):
             "cudagraphs": "capture one run in a CUDA graph",
         }[self.spec.backend]
         return [
-            f"build: torch {self.version}: {source.describe()} ({TORCH_DTYPES.get(variant.precision, variant.precision)}) → {engine_path}; {prepare}"
+            f"build: torch {self.version}: {source.describe()} ({TORCH_DTYPES.get(variant.precision, variant.precision)})"
+            f"{self._attention_words()} → {engine_path}; {prepare}"
         ]
 
     def build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec, source: ModelSource) -> BuildResult:
@@ -259,6 +295,8 @@ class TorchRuntime(EngineRuntime):
         dtype = getattr(torch, TORCH_DTYPES[variant.precision])
         created = source.create()
         model = source.runnable(created).to(dtype)
+        if self.spec.attn_implementation:
+            source.use_attention(model, self.spec.attn_implementation)
         points = source.shape_points()
         # Prepared (compiled, captured) at the first shape point (a static engine's own); the others
         # are prepared when they are profiled.
@@ -281,7 +319,7 @@ class TorchRuntime(EngineRuntime):
         self._prepared = None  # free the previous model's memory before preparing this one
         try:
             self._prepared = self._prepare(model, examples, dtype, device, _file_identity(engine_path), point and point.label)
-        except CompileFailed as exc:
+        except NotPrepared as exc:
             result = BuildResult(engine_path=None, settings=settings, evidence={"compiler": {**self.versions(), **exc.facts}})
             raise RefusedByTool(exc.message, exc.hint, result=result) from exc.__cause__
         facts = self._prepared.facts
@@ -304,27 +342,91 @@ class TorchRuntime(EngineRuntime):
             "timm": package_version("timm"),
         }
 
-    def _prepare(self, model, examples: tuple, dtype, device: str, engine_file: tuple[int, int, int], shape: str | None) -> Prepared:
-        """``model`` ready to run on ``examples`` (CPU tensors; floating ones become ``dtype``)."""
+    def _prepare(
+        self,
+        model,
+        examples: tuple,
+        dtype,
+        device: str,
+        engine_file: tuple[int, int, int],
+        shape: str | None,
+        reuse: Prepared | None = None,
+    ) -> Prepared:
+        """``model`` ready to run on ``examples`` (CPU tensors; floating ones become ``dtype``), run
+        once (compiled, captured, warmed) so that nothing is compiled inside a measurement. ``reuse``:
+        the same model prepared at another shape point, whose dynamic compilation serves this one."""
         torch = _torch()
         if device == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = self.spec.tf32
             torch.backends.cudnn.allow_tf32 = self.spec.tf32
+        attention = self._attention_kernel(torch)
         with out_of_memory_as_error(int(examples[0].shape[0]), shape=shape):
             model = model.to(device)
             placed = tuple(t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device) for t in examples)
             facts: dict[str, Any] = {}
-            if self.spec.backend == "eager":
-                run = _no_grad(lambda: model(*placed))
-            elif self.spec.backend == "cudagraphs":
-                self.reporter.progress("capturing a CUDA graph")
-                run = _capture(torch, model, placed)
-            else:
-                self.reporter.progress(f"compiling with torch.compile (mode {self.mode or 'default'})")
-                run, facts = self._compile(torch, model, placed)
-        return Prepared(engine_file, run, placed, device, shape, facts, model)
+            compiled, compiled_at = None, None
+            with attention():
+                if self.spec.backend == "eager":
+                    run = _no_grad(lambda: model(*placed))
+                    self._first_run(torch, run)
+                elif self.spec.backend == "cudagraphs":
+                    self.reporter.progress("capturing a CUDA graph")
+                    run = self._first_run(torch, lambda: _capture(torch, model, placed))
+                else:
+                    if reuse is not None and reuse.compiled is not None and self.spec.dynamic:
+                        self.reporter.progress(f"warming the dynamic compilation at {shape}")
+                        compiled, compiled_at = reuse.compiled, reuse.compiled_at
+                        run, facts = self._warm_compiled(torch, compiled, placed, reuse.facts)
+                    else:
+                        self.reporter.progress(f"compiling with torch.compile (mode {self.mode or 'default'})")
+                        compiled, compiled_at = (
+                            torch.compile(model, mode=self.mode, fullgraph=self.spec.fullgraph, dynamic=self.spec.dynamic),
+                            shape,
+                        )
+                        run, facts = self._compile(torch, compiled, placed)
+            run = _within(attention, run)
+        return Prepared(engine_file, run, placed, device, shape, facts, model, compiled, compiled_at)
 
-    def _compile(self, torch, model, examples: tuple):
+    def _attention_kernel(self, torch):
+        """A fresh context per call that restricts SDPA to the toolchain's kernel (a no-op context without one)."""
+        import contextlib
+
+        if self.spec.sdpa_backend is None:
+            return contextlib.nullcontext
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        backend = getattr(SDPBackend, SDPA_BACKENDS[self.spec.sdpa_backend])
+        return lambda: sdpa_kernel([backend])
+
+    def _first_run(self, torch, run: Callable[[], Any]):
+        """``run()``, once, with the SDPA kernel PyTorch could not use turned into a refusal naming
+        PyTorch's reasons (its warnings say why each kernel was passed over)."""
+        import warnings
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                with torch.no_grad():
+                    return run()
+            except RuntimeError as exc:
+                refusal = self._attention_refusal(str(exc), [str(w.message) for w in caught])
+                if refusal is None:
+                    raise
+                raise refusal from exc
+
+    def _attention_refusal(self, error: str, warned: list[str]) -> NotPrepared | None:
+        if self.spec.sdpa_backend is None or not any(words in error for words in ("No available kernel", "No viable backend")):
+            return None
+        reasons = [w.strip().splitlines()[0] for w in warned if "kernel" in w.lower() or "attention" in w.lower()]
+        because = "; ".join(dict.fromkeys(reasons)) or error.strip().splitlines()[0]
+        return NotPrepared(
+            f"PyTorch cannot run scaled-dot-product attention with the {self.spec.sdpa_backend} kernel here: {because}",
+            "choose another sdpa_backend for this dtype and GPU, or leave it unset for PyTorch to choose",
+            {"sdpa_backend": self.spec.sdpa_backend, "error": error[:4000], "pytorch_warnings": warned[:20]},
+        )
+
+    def _compile(self, torch, compiled, examples: tuple):
+        """Compile ``compiled`` (torch.compile's module) by running it once on ``examples``."""
         import torch._dynamo
         from torch._inductor.runtime import cache_dir_utils
 
@@ -333,21 +435,23 @@ class TorchRuntime(EngineRuntime):
         torch._dynamo.reset()
         counters = torch._dynamo.utils.counters
         counters.clear()
-        compiled = torch.compile(model, mode=self.mode, fullgraph=self.spec.fullgraph, dynamic=self.spec.dynamic)
         started = time.perf_counter()
         try:
             # Inductor prints its autotuning tables: shown with -v, like the export's tools.
-            with torch.no_grad(), self.reporter.captured("torch.compile"):
-                compiled(*examples)
+            with self.reporter.captured("torch.compile"):
+                self._first_run(torch, lambda: compiled(*examples))
             if examples[0].is_cuda:
                 torch.cuda.synchronize()
-        except torch.cuda.OutOfMemoryError:
+        except (torch.cuda.OutOfMemoryError, NotPrepared):
             raise
         except Exception as exc:  # Dynamo/Inductor raise many types: Unsupported, BackendCompilerFailed, …
             text = str(exc).strip()
+            refusal = self._attention_refusal(text, [])
+            if refusal is not None:
+                raise refusal from exc
             first = text.splitlines()[0] if text else type(exc).__name__
             fullgraph = self.spec.fullgraph and "graph break" in text.lower()
-            raise CompileFailed(
+            raise NotPrepared(
                 f"torch.compile failed: {first}",
                 "the model breaks the graph and the toolchain has fullgraph = true; set it to false to run the pieces"
                 if fullgraph
@@ -361,15 +465,33 @@ class TorchRuntime(EngineRuntime):
             "graph_break_reasons": sorted(counters["graph_break"])[:20],
             "inductor_cache_dir": cache_dir_utils.cache_dir(),
             "inductor_cache_hits": int(counters["inductor"]["fxgraph_cache_hit"]),
+            "dynamic": self.spec.dynamic,
+            "recompiles": 0,
         }
+        return _compiled_run(torch, compiled, examples), facts
 
-        def run():
-            # Compiled modes that use CUDA graphs (max-autotune, reduce-overhead) reuse their
-            # output buffers; marking each inference as a new step lets them.
-            torch.compiler.cudagraph_mark_step_begin()
-            return compiled(*examples)
-
-        return _no_grad(run), facts
+    def _warm_compiled(self, torch, compiled, examples: tuple, compiled_facts: dict[str, Any]):
+        """The dynamic compilation, run once at another shape point: whatever Dynamo compiles
+        now (a guard the new shapes fail) is counted as recompilations, before any timing."""
+        counters = torch._dynamo.utils.counters
+        graphs_before = int(counters["stats"]["unique_graphs"])
+        started = time.perf_counter()
+        self._first_run(torch, lambda: compiled(*examples))
+        if examples[0].is_cuda:
+            torch.cuda.synchronize()
+        recompiles = int(counters["stats"]["unique_graphs"]) - graphs_before
+        facts = {
+            **{
+                key: compiled_facts[key]
+                for key in ("compile_s", "graphs", "graph_breaks", "graph_break_reasons", "inductor_cache_dir", "dynamic")
+            },
+            "compiled_at_another_point": True,
+            "warm_s": round(time.perf_counter() - started, 3),
+            "recompiles": recompiles,
+        }
+        if recompiles:
+            self.reporter.warn(f"torch.compile (dynamic) compiled {recompiles} more graph(s) for this shape point, before timing it")
+        return _compiled_run(torch, compiled, examples), facts
 
     # --- profile ------------------------------------------------------------------------------------
 
@@ -406,11 +528,15 @@ class TorchRuntime(EngineRuntime):
             examples = (torch.randn(*shapes[0], generator=torch.Generator().manual_seed(0)),)
         device = "cuda" if self._cuda_available() else "cpu"
         self._prepared = None  # one prepared model at a time
+        reuse = prepared if prepared is not None and prepared.engine_file == identity else None
         started = time.perf_counter()
         try:
-            prepared = self._prepare(model, examples, dtype, device, identity, shape)
-        except CompileFailed as exc:
-            raise PipelineError(f"{engine_path.name} no longer compiles here: {exc.message}", hint=exc.hint) from exc.__cause__
+            prepared = self._prepare(model, examples, dtype, device, identity, shape, reuse)
+        except NotPrepared as exc:
+            # Recorded in this point's profile manifest (this shape, this GPU, this release).
+            raise RefusedByTool(exc.message, exc.hint) from exc.__cause__
+        finally:
+            reuse = None
         prepared.facts["prepare_s"] = round(time.perf_counter() - started, 3)
         self._prepared = prepared
         return prepared
@@ -436,6 +562,8 @@ class TorchRuntime(EngineRuntime):
         dtype = getattr(torch, TORCH_DTYPES[saved["precision"]])
         model = source.runnable(source.create()).to(dtype)
         model.load_state_dict(saved["state_dict"])
+        if self.spec.attn_implementation:
+            source.use_attention(model, self.spec.attn_implementation)
         return model.eval()
 
     def profile(self, engine_path: Path, settings: ProfileSettings, workload: ReferenceBatch | None = None) -> ProfileResult:
@@ -443,6 +571,7 @@ class TorchRuntime(EngineRuntime):
         torch = _torch()
         cuda = prepared.device == "cuda"
         gpu = torch.cuda.get_device_name() if cuda else None
+        graphs_before = _compiled_graphs(torch)
         with out_of_memory_as_error(prepared.batch_size, shape=prepared.shape):
             if cuda:
                 torch.cuda.synchronize()
@@ -450,6 +579,16 @@ class TorchRuntime(EngineRuntime):
             times_ms, elapsed = time_runs(torch, prepared.run, settings, cuda, MeasurementProgress(self.reporter, settings))
             latency = host_latency(torch, prepared.run, settings) if cuda else None
         execution: dict[str, Any] = {**self.versions(), **self.settings_in_force(prepared), **prepared.facts}
+        warnings = []
+        if self.spec.backend == "compile":
+            # Each point is warmed before it is timed, so this stays 0; were it not, the figures
+            # would include the compiler's time, and the row says so.
+            execution["recompiles_during_measurement"] = _compiled_graphs(torch) - graphs_before
+            if execution["recompiles_during_measurement"]:
+                warnings.append(
+                    f"* torch.compile compiled {execution['recompiles_during_measurement']} graph(s) during the measurement: "
+                    "the figures include compilation"
+                )
         measured_with = {}
         if cuda:
             # The input is already on the GPU; runs are enqueued back to back like trtexec's. (CUDA
@@ -467,6 +606,7 @@ class TorchRuntime(EngineRuntime):
             device=f"torch {self.spec.backend} on {gpu or 'CPU'}",
             metric="GPU time (CUDA events)" if cuda else "host latency",
             evidence={"gpu": gpu, "execution": execution, "measured_with": measured_with},
+            warnings=warnings,
         )
 
     def run_reference(self, engine_path: Path, reference: ReferenceBatch) -> ReferenceRun:
@@ -486,12 +626,49 @@ class TorchRuntime(EngineRuntime):
         )
 
     def settings_in_force(self, prepared: Prepared) -> dict[str, Any]:
-        return {"backend": self.spec.backend, "mode": self.mode, "device": prepared.device, "tf32": self.spec.tf32}
+        return {
+            "backend": self.spec.backend,
+            "mode": self.mode,
+            "device": prepared.device,
+            "tf32": self.spec.tf32,
+            "attn_implementation": self.spec.attn_implementation,
+            "sdpa_backend": self.spec.sdpa_backend,
+        }
 
 
 def _file_identity(path: Path) -> tuple[int, int, int]:
     stat = Path(path).stat()
     return stat.st_ino, stat.st_size, stat.st_mtime_ns
+
+
+def _compiled_graphs(torch) -> int:
+    """How many graphs Dynamo has compiled since its last reset (0 when nothing was compiled)."""
+    dynamo = sys.modules.get("torch._dynamo")
+    return int(dynamo.utils.counters["stats"]["unique_graphs"]) if dynamo is not None else 0
+
+
+def _compiled_run(torch, compiled, examples: tuple):
+    def run():
+        # Compiled modes that use CUDA graphs (max-autotune, reduce-overhead) reuse their
+        # output buffers; marking each inference as a new step lets them.
+        torch.compiler.cudagraph_mark_step_begin()
+        return compiled(*examples)
+
+    return _no_grad(run)
+
+
+def _within(context, fn):
+    """``fn`` run inside a fresh ``context()`` each call (the SDPA kernel choice)."""
+    import contextlib
+
+    if context is contextlib.nullcontext:
+        return fn
+
+    def run():
+        with context():
+            return fn()
+
+    return run
 
 
 def _no_grad(fn):
@@ -659,14 +836,14 @@ class out_of_memory_as_error:
             return False
         doing = f" {self.doing}" if self.doing else ""
         if where == "host":
-            raise PipelineError(
+            raise OutOfMemory(
                 f"out of host memory{doing} at {self.at}.",
                 hint=f"{self.smaller}, or free memory",
             ) from exc
         torch = sys.modules["torch"]
         torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info()
-        raise PipelineError(
+        raise OutOfMemory(
             f"out of GPU memory{doing} at {self.at}: {free / 2**20:,.0f} MiB free of {total / 2**20:,.0f} MiB "
             f"on {torch.cuda.get_device_name()} after the attempt.",
             hint=f"{self.smaller}, or free the GPU (nvidia-smi lists what holds it)",
