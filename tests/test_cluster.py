@@ -161,7 +161,7 @@ def test_each_gpu_type_gets_its_own_engine_built_and_timed_on_a_node_of_that_typ
         assert engine.path == f"engines/trt-local@{gpu}/tiny_fp32.engine" and sha256_file(ws / engine.path) == engine.sha256
     # The comparison has the GPU type as a dimension, and --gpu picks one.
     compared = cluster.pipeline(catalog, "compare", "--format", "json")
-    rows = json.loads(compared.stdout)
+    rows = json.loads(compared.stdout)["rows"]
     assert sorted(r["gpu_type"] for r in rows if r["toolchain"] == "trt-local") == ["B200", "H100"]
     table = cluster.pipeline(catalog, "compare")
     assert "trt-local@H100" in table.stdout and "trt-local@B200" in table.stdout

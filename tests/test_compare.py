@@ -87,7 +87,7 @@ def trt_workspace(tmp_path):
 def test_tensorrt_releases_side_by_side(trt_workspace, run_cli):
     result = run_cli(trt_workspace, "compare", "--trt", "10.14", "--trt", "10.16", "--format", "json")
     assert result.exit_code == 0, result.err
-    rows = {(r["variant"], r["toolchain"]): r for r in json.loads(result.out)}
+    rows = {(r["variant"], r["toolchain"]): r for r in json.loads(result.out)["rows"]}
     old, new = rows[("fp16", "trt10.14")], rows[("fp16", "trt10.16")]
     assert old["status"] == "measured (GPU compute time)"
     log_14 = read_log(RECORDED["trt10.14"])
@@ -105,7 +105,8 @@ def test_tensorrt_releases_side_by_side(trt_workspace, run_cli):
 
 def test_markdown_csv_and_table_formats(trt_workspace, run_cli):
     md = run_cli(trt_workspace, "compare", "--format", "md").out
-    assert md.startswith("### tiny\n") and "| tiny_fp16 | trt10.16 |" in md and "vs trt10.14" in md
+    assert md.startswith("## The answer\n\n- tiny: fastest is ") and "\n### tiny\n" in md
+    assert "| tiny_fp16 | trt10.16 |" in md and "vs trt10.14" in md
     rows = list(csv.DictReader(io.StringIO(run_cli(trt_workspace, "compare", "--format", "csv").out)))
     assert len(rows) == 4 and {r["toolchain"] for r in rows} == {"trt10.14", "trt10.16"}
     assert float(rows[0]["median_ms"]) > 0 and ".." in rows[0]["median_ci_ms"]
@@ -115,7 +116,7 @@ def test_markdown_csv_and_table_formats(trt_workspace, run_cli):
 
 @pytest.mark.parametrize("width", [80, 100, 120, 200])
 def test_the_table_fits_the_terminal_with_every_number_whole(trt_workspace, run_cli, monkeypatch, width):
-    rows = json.loads(run_cli(trt_workspace, "compare", "--format", "json").out)
+    rows = json.loads(run_cli(trt_workspace, "compare", "--format", "json").out)["rows"]
     monkeypatch.setenv("COLUMNS", str(width))
     out = run_cli(trt_workspace, "compare").out
     assert max(map(len, out.splitlines())) <= width
@@ -187,7 +188,7 @@ def test_a_busy_or_noisy_measurement_is_flagged(trt_workspace, run_cli, monkeypa
         update={"details": details.model_copy(update={"machine_load": load, "latency_ms": noisy})}
     )
     manifest.write(path)
-    rows = {(r["variant"], r["toolchain"]): r for r in json.loads(run_cli(trt_workspace, "compare", "--format", "json").out)}
+    rows = {(r["variant"], r["toolchain"]): r for r in json.loads(run_cli(trt_workspace, "compare", "--format", "json").out)["rows"]}
     assert rows[("fp16", "trt10.16")]["flags"] == [
         "noisy: CV 25.0% is above 10%",
         "busy machine: load average 4.1 on 2 CPUs at the start",
@@ -199,7 +200,7 @@ def test_a_busy_or_noisy_measurement_is_flagged(trt_workspace, run_cli, monkeypa
     line = next(candidate for candidate in out.splitlines() if candidate.split()[:2] == ["fp16", "trt10.16"])
     mark = line.split()[-1]
     assert line.split()[-2] == "busy" and f"{mark} measured (GPU compute time); noisy: CV 25.0%" in out
-    relaxed = json.loads(run_cli(trt_workspace, "compare", "--format", "json", "--noisy-cv", "30").out)
+    relaxed = json.loads(run_cli(trt_workspace, "compare", "--format", "json", "--noisy-cv", "30").out)["rows"]
     assert not any(f.startswith("noisy") for r in relaxed for f in r["flags"])
     assert "busy machine: load average 4.1" in run_cli(trt_workspace, "compare", "--format", "md").out
 
@@ -214,7 +215,7 @@ def test_rows_measured_under_different_settings_are_flagged(trt_workspace, run_c
         manifest.profile = manifest.profile.model_copy(update={"details": details})
         manifest.write(path)
     result = run_cli(trt_workspace, "compare", "--trt", "10.14", "--trt", "10.16", "--format", "json")
-    rows = {(r["variant"], r["toolchain"]): r for r in json.loads(result.out)}
+    rows = {(r["variant"], r["toolchain"]): r for r in json.loads(result.out)["rows"]}
     assert "measured differently from trt10.14: cuda_graph off here, on there" in rows[("fp16", "trt10.16")]["flags"]
     assert "WARNING tiny_fp16 on trt10.16: measured differently from trt10.14" in result.err
     assert not any(f.startswith("measured differently") for f in rows[("fp32", "trt10.16")]["flags"])  # nothing recorded there
@@ -250,7 +251,9 @@ def test_differences_within_noise_are_marked(trt_workspace, run_cli, tmp_path):
     shutil.rmtree(manifests / "trt10.16")
     twin = trt_manifest("trt10.14", "fp16", 1.002).model_copy(update={"toolchain": "trt10.16"})
     twin.write(manifests / "trt10.16" / "tiny_fp16.json")
-    rows = {r["toolchain"]: r for r in json.loads(run_cli(trt_workspace, "compare", "--format", "json").out) if r["variant"] == "fp16"}
+    rows = {
+        r["toolchain"]: r for r in json.loads(run_cli(trt_workspace, "compare", "--format", "json").out)["rows"] if r["variant"] == "fp16"
+    }
     assert rows["trt10.16"]["change_significant"] is False
     assert "~+0.2%" in run_cli(trt_workspace, "compare", "--format", "md").out
 
@@ -379,7 +382,7 @@ def test_a_real_100_column_terminal_shows_every_number_whole(trt_workspace, run_
     import sys
     import termios
 
-    rows = json.loads(run_cli(trt_workspace, "compare", "--format", "json").out)
+    rows = json.loads(run_cli(trt_workspace, "compare", "--format", "json").out)["rows"]
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 100, 0, 0))
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}

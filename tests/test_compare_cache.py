@@ -57,7 +57,7 @@ def test_a_rewritten_manifest_is_read_again_with_its_comparisons(trt_workspace, 
     manifest.profile.details = details.model_copy(update={"per_iteration_ms": slower, "latency_ms": stats})
     manifest.write(path)
     warm = _outputs(run_cli, trt_workspace)
-    rows = {(r["variant"], r["toolchain"]): r for r in json.loads(warm["json"])}
+    rows = {(r["variant"], r["toolchain"]): r for r in json.loads(warm["json"])["rows"]}
     assert rows[("fp16", "trt10.16")]["median_ms"] == pytest.approx(details.latency_ms.median * 3)
     assert rows[("fp16", "trt10.16")]["change_pct"] > 0
     assert warm == _uncached(run_cli, trt_workspace)
@@ -67,7 +67,7 @@ def test_a_deleted_manifest_leaves_the_comparison_and_the_cache(trt_workspace, r
     _outputs(run_cli, trt_workspace)
     (trt_workspace.parent / "manifests" / "trt10.14" / "tiny_fp32.json").unlink()
     warm = _outputs(run_cli, trt_workspace)
-    assert ("fp32", "trt10.14") not in {(r["variant"], r["toolchain"]) for r in json.loads(warm["json"])}
+    assert ("fp32", "trt10.14") not in {(r["variant"], r["toolchain"]) for r in json.loads(warm["json"])["rows"]}
     kept = json.loads((trt_workspace.parent / "manifests" / CACHE_NAME).read_text())
     assert len(kept["rows"]) == 3 and not any("trt10.14/tiny_fp32.json" in key for key in kept["pairs"])
     assert warm == _uncached(run_cli, trt_workspace)
@@ -113,9 +113,9 @@ def test_a_cache_that_cannot_be_written_is_no_error(trt_workspace, run_cli):  # 
 def test_another_noisy_threshold_is_not_answered_from_the_cache(trt_workspace, run_cli):  # noqa: F811
     expected = _uncached(run_cli, trt_workspace)
     _outputs(run_cli, trt_workspace)
-    flagged = json.loads(run_cli(trt_workspace, "compare", "--format", "json", "--noisy-cv", "0.01").out)
+    flagged = json.loads(run_cli(trt_workspace, "compare", "--format", "json", "--noisy-cv", "0.01").out)["rows"]
     assert all(any(flag.startswith("noisy") for flag in row["flags"]) for row in flagged)
-    again = json.loads(run_cli(trt_workspace, "compare", "--format", "json").out)
+    again = json.loads(run_cli(trt_workspace, "compare", "--format", "json").out)["rows"]
     assert not any(flag.startswith("noisy") for row in again if row["toolchain"] == "trt10.14" for flag in row["flags"])
     assert _outputs(run_cli, trt_workspace) == expected
 

@@ -60,7 +60,7 @@ def test_every_engine_shows_its_own_accuracy_against_the_fp32_model(demo, run_cl
         assert accuracy["checked_by"].startswith("onnxruntime ") and accuracy["checked_by"].endswith(", in this process")
         assert accuracy["samples"] == 2 and accuracy["cosine_floor"] == floor
         assert accuracy["cosine_similarity"] >= floor and accuracy["top1_agreement"] == 1.0, (variant, accuracy)
-    rows = {r["variant"]: r for r in json.loads(run_cli(demo / "pipeline.toml", "compare", "--format", "json").out)}
+    rows = {r["variant"]: r for r in json.loads(run_cli(demo / "pipeline.toml", "compare", "--format", "json").out)["rows"]}
     for variant in floors:
         assert rows[variant]["accuracy_source"] == "measured"
         assert rows[variant]["accuracy_cosine"] >= floors[variant] and rows[variant]["top1_agreement"] == 1.0
@@ -175,10 +175,11 @@ def test_compare_renders_markdown_and_json_from_manifests(demo, run_cli):
     catalog = demo / "pipeline.toml"
     md = run_cli(catalog, "compare", "--format", "md")
     assert md.exit_code == 0
-    assert md.out.startswith("### tiny\n\n| engine | toolchain | median ms |")
+    assert md.out.startswith("## The answer\n\n- tiny: ")
+    assert "\n### tiny\n\n| engine | toolchain | median ms |" in md.out
     assert "| tiny_fp32 | onnxruntime |" in md.out and "1.00x vs fp32" in md.out
     assert "skipped: nvfp4 needs TensorRT" in md.out
-    rows = json.loads(run_cli(catalog, "compare", "--format", "json").out)
+    rows = json.loads(run_cli(catalog, "compare", "--format", "json").out)["rows"]
     by_variant = {r["variant"]: r for r in rows}
     fp32 = read_manifest(demo / "manifests" / "onnxruntime" / "tiny_fp32.json").profile.details
     assert by_variant["fp32"]["median_ms"] == fp32.latency_ms.median

@@ -81,7 +81,7 @@ def test_repeats_that_disagree_are_taken_again_until_they_agree(tmp_path, run_cl
     assert details.per_iteration_ms == [6.0] * 3 + [6.1] * 3 and details.stable is True
     assert "taking them again (1 of 2)" in result.err
     compared = run_cli(catalog, "compare", "--format", "json")
-    row = next(r for r in json.loads(compared.out) if r["variant"] == "fp32")
+    row = next(r for r in json.loads(compared.out)["rows"] if r["variant"] == "fp32")
     assert row["status"].startswith("measured")
 
 
@@ -95,7 +95,7 @@ def test_repeats_that_never_agree_are_recorded_as_unstable(tmp_path, run_cli, mo
     assert details.stable is False and details.retaken_medians_ms == [[5.0, 9.0]] and details.repeat_medians_ms == [4.0, 8.0]
     assert "unstable" in result.err
     compared = run_cli(catalog, "compare", "--format", "json")
-    row = next(r for r in json.loads(compared.out) if r["variant"] == "fp32")
+    row = next(r for r in json.loads(compared.out)["rows"] if r["variant"] == "fp32")
     assert row["status"].startswith("unstable") and "after 1 retake(s)" in row["status"]
 
 
@@ -172,7 +172,7 @@ def test_cpu_hogs_started_just_before_a_profile_mark_the_row_busy(tmp_path, run_
     assert busy.exit_code == 0, busy.err
     assert "busy:" in busy.err
     compared = run_cli(catalog, "compare", "--format", "json")
-    row = next(r for r in json.loads(compared.out) if r["variant"] == "fp32")
+    row = next(r for r in json.loads(compared.out)["rows"] if r["variant"] == "fp32")
     assert any(flag.startswith("busy: ") for flag in row["flags"]), row["flags"]
 
 

@@ -163,7 +163,7 @@ def test_quantized_and_sparse_variants_are_recorded_as_skipped(workspace):
 def test_compare_shows_torch_rows_beside_onnxruntime_with_the_speedup_over_eager(workspace, run_cli):
     result = run_cli(workspace, "compare", "--format", "json")
     assert result.exit_code == 0, result.err
-    rows = {(r["engine"], r["toolchain"]): r for r in json.loads(result.out)}
+    rows = {(r["engine"], r["toolchain"]): r for r in json.loads(result.out)["rows"]}
     eager = rows[("tiny_fp32", "torch-eager")]
     assert eager["vs_baseline_toolchain"] == 1.0 and eager["baseline_toolchain"] == "torch-eager"
     for toolchain in ("onnxruntime", *COMPILED):

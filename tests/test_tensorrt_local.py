@@ -91,7 +91,9 @@ def test_tensorrt_11_1_checks_accuracy_itself_and_its_verdict_is_recorded(local_
         assert accuracy["warning"] == "trtexec's own check failed: cosine loss 0.25 >= threshold 0.0001"
         gate = run_cli(catalog, "compare", "--format", "json", "--fail-accuracy-below", "0.5")
         assert gate.exit_code == 0  # the figures computed from its outputs pass; its own verdict is in the status
-        assert "inaccurate: trtexec's own check failed" in json.loads(gate.out)[0]["status"] + "".join(json.loads(gate.out)[0]["flags"])
+        assert "inaccurate: trtexec's own check failed" in json.loads(gate.out)["rows"][0]["status"] + "".join(
+            json.loads(gate.out)["rows"][0]["flags"]
+        )
 
 
 def test_local_timeout_kills_trtexec(local_install, run_cli):

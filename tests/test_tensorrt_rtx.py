@@ -198,7 +198,7 @@ def test_two_releases_side_by_side_show_what_each_refused(workspace, run_cli):
         )
     result = run_cli(workspace, "compare", "--toolchain", "trt-rtx1.6", "--toolchain", "trt-rtx1.7", "--format", "json")
     assert result.exit_code == 0, result.err
-    rows = {(r["engine"], r["toolchain"]): r for r in json.loads(result.out)}
+    rows = {(r["engine"], r["toolchain"]): r for r in json.loads(result.out)["rows"]}
     # Release 1.6 cannot compile vit_tiny's INT8 graph for SM120; 1.7 can.
     old, new = rows[("vit_tiny_int8", "trt-rtx1.6")], rows[("vit_tiny_int8", "trt-rtx1.7")]
     assert old["status"].startswith("build refused: TensorRT-RTX 1.6.1.120 refused to build models/vit_tiny/int8.onnx for sm120")

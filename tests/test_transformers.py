@@ -138,7 +138,7 @@ def test_every_shape_point_is_profiled_on_its_own_with_tokens_per_second(bert_ws
 def test_compare_has_one_row_per_shape_point_and_compares_only_within_a_shape(bert_ws, run_cli):
     result = run_cli(bert_ws / "pipeline.toml", "compare", "--format", "json")
     assert result.exit_code == 0, result.err
-    rows = json.loads(result.out)
+    rows = json.loads(result.out)["rows"]
     assert sorted((r["toolchain"], r["variant"], r["shape"]) for r in rows) == sorted(
         (t, v, s) for t, vs in (("onnxruntime", ("fp32", "int8")), ("torch-eager", ("fp32", "fp16"))) for v in vs for s in ("2x8", "3x24")
     )
@@ -154,7 +154,8 @@ def test_compare_has_one_row_per_shape_point_and_compares_only_within_a_shape(be
     assert table.exit_code == 0, table.err
     header = next(line for line in table.out.splitlines() if "median ms" in line)
     assert "shape" in header and "tokens/s" in header and "seq/s" in header and "img/s" not in header
-    assert sum("3×24" in line for line in table.out.splitlines()) == 4
+    detail = table.out.split("bert: medians of per-iteration latency")[1]  # the rows' table, after the answer and the sweep
+    assert sum("3×24" in line for line in detail.splitlines()) == 4
 
 
 def test_fp8_export_writes_tensorrt_qdq_on_a_dynamic_graph(tmp_path, run_cli):
@@ -380,7 +381,7 @@ def test_a_users_onnx_goes_through_build_profile_and_compare_without_an_export(t
     # The other variants need a PyTorch model: recorded as skipped, with the reason.
     int8 = manifest(ws, "onnxruntime", "mine_int8@2x8")
     assert int8["profile"]["status"] == "skipped" and "a user's ONNX is built as it is" in int8["profile"]["reason"]
-    rows = json.loads(run_cli(catalog, "compare", "--format", "json").out)
+    rows = json.loads(run_cli(catalog, "compare", "--format", "json").out)["rows"]
     assert sorted((r["variant"], r["shape"]) for r in rows if r["median_ms"]) == [("fp32", "2x8"), ("fp32", "4x32")]
     assert all(r["status"].startswith("skipped: a user's ONNX") for r in rows if r["variant"] != "fp32")
     assert len(rows) == 8  # fp32, fp16, int8 and fp8 at both points

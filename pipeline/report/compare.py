@@ -16,7 +16,8 @@ from pipeline.catalog import Catalog
 from pipeline.errors import PipelineError, UsageError
 from pipeline.report.row_cache import workspace_cache
 from pipeline.report.rows import NOISY_CV, attach_timings, compare_rows, load_manifests, manifest_paths
-from pipeline.report.tables import render_csv, render_json, render_markdown, render_table
+from pipeline.report.sweep import METRICS, sweeps, verdicts
+from pipeline.report.tables import Answer, render_csv, render_json, render_markdown, render_table
 from pipeline.workspace import Workspace
 
 FORMATS = ("table", "md", "html", "json", "csv")
@@ -33,11 +34,17 @@ def compare(
     wide: bool = False,
     noisy_cv: float = NOISY_CV,
     gpu_types: list[str] | None = None,
+    metric: str = "ms",
+    thresholds: list[tuple[str, float]] = (),
 ):
     """Rows plus their rendering in ``fmt`` (a rich renderable for "table", at ``width``
-    columns, text otherwise)."""
+    columns, text otherwise), the answer first: the verdict per model and shape point (the fastest
+    engine meeting ``thresholds``, else each precision's own accuracy check) and the sweep tables
+    in ``metric`` (pipeline/report/sweep.py)."""
     if fmt not in FORMATS:
         raise UsageError(f"unknown format {fmt!r}.", hint=f"use one of {', '.join(FORMATS)}")
+    if metric not in METRICS:
+        raise UsageError(f"unknown metric {metric!r}.", hint=f"use one of {', '.join(METRICS)}")
     for name in toolchains or []:
         catalog.toolchain(name)
     for name in models or []:
@@ -60,10 +67,12 @@ def compare(
             f"no engine manifests under {workspace.manifests_dir}" + (f" for {', '.join(toolchains)}" if toolchains else "") + ".",
             hint="run `pipeline run` (or `make demo`) first",
         )
+    verdict_list = verdicts(rows, catalog.baseline_toolchain, list(thresholds))
+    answer = Answer(verdict_list, sweeps(rows, verdict_list), metric)
     if fmt == "md":
-        return rows, render_markdown(rows)
+        return rows, render_markdown(rows, answer)
     if fmt == "json":
-        return rows, render_json(rows)
+        return rows, render_json(rows, answer)
     if fmt == "csv":
         return rows, render_csv(rows)
     if fmt == "html":
@@ -73,8 +82,8 @@ def compare(
         by_source = {m._source: m for m in load_manifests(workspace.manifests_dir, toolchains)}
         for row in rows:
             attach_timings(row, by_source[row.source])
-        return rows, render_html(rows, [by_source[row.source] for row in rows])
-    return rows, render_table(rows, width, columns, wide)
+        return rows, render_html(rows, [by_source[row.source] for row in rows], answer)
+    return rows, render_table(rows, width, columns, wide, answer)
 
 
 def write_output(text: str, out: Path) -> None:

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 
 from pipeline.manifest import EngineManifest
 from pipeline.report.rows import ComparisonRow
-from pipeline.report.tables import HEADERS, row_cells
+from pipeline.report.tables import HEADERS, Answer, row_cells
 from pipeline.workspace import output_folder
 
 STYLE = """
@@ -23,6 +23,8 @@ table { border-collapse: collapse; font-size: 0.85rem; margin: 1rem 0; }
 th, td { border: 1px solid #ccd; padding: 0.3rem 0.5rem; text-align: right; }
 th { background: #eef3e2; } td.text { text-align: left; }
 tr.unmeasured td { color: #889; }
+.verdict { background: #f4f8ea; border-left: 4px solid #76b900; padding: 0.6rem 1rem; max-width: 70rem; }
+.verdict li { margin: 0.3rem 0; } td.best { font-weight: bold; background: #eef7d8; } td.failed { color: #b22; }
 .note { color: #556; font-size: 0.85rem; max-width: 60rem; }
 img { max-width: 100%; border: 1px solid #dde; margin: 0.5rem 0; }
 """
@@ -114,6 +116,94 @@ def _top_layers(row: ComparisonRow, top: int = 12) -> str | None:
     return _png(figure)
 
 
+def _sweep_curves(sweep) -> str | None:
+    """Latency, tokens/s and GPU memory against sequence length: a line per variant × toolchain,
+    a column of panels per batch size; points that failed are marked where the line would go."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    batches = list(dict.fromkeys(shape.split("x")[0] for shape in sweep.shapes))
+    if any(len(shape.split("x")) != 2 for shape in sweep.shapes):
+        return None  # not batch × sequence: the table says it all
+    metrics = [("ms", "median latency, ms"), ("tokens", "tokens/s")]
+    if any(row.gpu_memory_mib for points in sweep.lines.values() for row in points.values()):
+        metrics.append(("memory", "GPU memory, MiB"))
+    figure, axes = plt.subplots(len(metrics), len(batches), figsize=(4.6 * len(batches), 3.2 * len(metrics)), squeeze=False, sharex="col")
+    for column, batch in enumerate(batches):
+        shapes = [shape for shape in sweep.shapes if shape.split("x")[0] == batch]
+        for row_index, (metric, label) in enumerate(metrics):
+            axis = axes[row_index][column]
+            for (variant, target), points in sweep.lines.items():
+                xs, ys, failed = [], [], []
+                for shape in shapes:
+                    row = points.get(shape)
+                    value = None
+                    if row is not None and row.median_ms is not None:
+                        value = {"ms": row.median_ms, "tokens": row.tokens_per_s, "memory": row.gpu_memory_mib}[metric]
+                    if value is not None:
+                        xs.append(int(shape.split("x")[1]))
+                        ys.append(value)
+                    elif row is not None and row.median_ms is None and row.status.startswith("failed"):
+                        failed.append(int(shape.split("x")[1]))
+                (line,) = axis.plot(xs, ys, marker="o", label=f"{target} · {variant}")
+                for x in failed:  # e.g. out of memory: where the line would have gone
+                    axis.axvline(x, color=line.get_color(), linestyle=":", alpha=0.6)
+                    axis.annotate(
+                        "✕ " + ("OOM" if "memory" in points[f"{batch}x{x}"].status else "failed"),
+                        (x, 0.95),
+                        xycoords=("data", "axes fraction"),
+                        color=line.get_color(),
+                        fontsize=8,
+                        ha="center",
+                    )
+            axis.set_xscale("log", base=2)
+            axis.grid(alpha=0.3)
+            if row_index == 0:
+                axis.set_title(f"batch {batch}")
+            if column == 0:
+                axis.set_ylabel(label)
+            if row_index == len(metrics) - 1:
+                axis.set_xlabel("sequence length")
+    axes[0][0].legend(fontsize=8)
+    figure.tight_layout()
+    return _png(figure)
+
+
+def _answer(answer: Answer) -> list[str]:
+    """The verdicts, at the top of the report."""
+    if not answer.verdicts:
+        return []
+    items = "".join(f"<li>{html.escape(text)}</li>" for text in answer.verdict_text())
+    return [f'<div class="verdict"><h2>The answer</h2><ul>{items}</ul></div>']
+
+
+def _sweep_section(answer: Answer, sweep) -> list[str]:
+    headers, cells = answer.sweep_table(sweep)
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = []
+    for row in cells:
+        tds = []
+        for index, cell in enumerate(row):
+            kind = (
+                "text" if index < 2 else ("best" if cell.startswith("*") else "failed" if not cell[:1].isdigit() and cell != "–" else "num")
+            )
+            tds.append(f'<td class="{kind}">{html.escape(cell.lstrip("*"))}</td>')
+        body.append(f"<tr>{''.join(tds)}</tr>")
+    parts = [
+        f"<h3>{html.escape(answer.sweep_title(sweep)).replace('(* the verdict', '(bold: the verdict')}</h3>",
+        f'<table class="sweep"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>',
+    ]
+    crossovers = sweep.crossovers()
+    if crossovers:
+        parts.append('<ul class="crossovers">' + "".join(f"<li>{html.escape(text)}</li>" for text in crossovers) + "</ul>")
+    image = _sweep_curves(sweep)
+    if image:
+        parts.append(f'<img alt="{html.escape(sweep.title)}: latency, tokens/s and memory against sequence length" src="{image}">')
+    return parts
+
+
 def _table(rows: list[ComparisonRow]) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in HEADERS)
     body = []
@@ -145,7 +235,8 @@ def _environment(manifests: list[EngineManifest]) -> str:
     )
 
 
-def render_html(rows: list[ComparisonRow], manifests: list[EngineManifest]) -> str:
+def render_html(rows: list[ComparisonRow], manifests: list[EngineManifest], answer: Answer | None = None) -> str:
+    answer = answer or Answer([], [])
     parts = [
         "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",
         "<title>Engine comparison</title>",
@@ -161,10 +252,14 @@ def render_html(rows: list[ComparisonRow], manifests: list[EngineManifest]) -> s
         "PyTorch model's on the reference batch ((proxy): the fake-quantized PyTorch model, where no engine ran). "
         "TFLOP/s count MatMul/Gemm/Conv work; peak % uses datasheet peaks "
         "for known GPUs.</p>",
+        *_answer(answer),
     ]
     for model in dict.fromkeys(r.model for r in rows):
         model_rows = [r for r in rows if r.model == model]
         parts.append(f"<h2>{html.escape(model)}</h2>")
+        for sweep in answer.sweeps:
+            if sweep.model == model:
+                parts += _sweep_section(answer, sweep)
         parts.append(_table(model_rows))
         for title, image in (
             ("Latency by variant and toolchain", _latency_bars(model_rows)),

@@ -57,6 +57,10 @@ class ComparisonRow:
     vs_baseline_toolchain_significant: bool | None = None
     engine_mb: float | None = None
     build_s: float | None = None
+    # What a run holds in GPU memory, and what that figure is: PyTorch's peak allocation during the
+    # measurement, or the TensorRT execution context's device memory (activations and scratch).
+    gpu_memory_mib: float | None = None
+    gpu_memory_kind: str | None = None
     # Against the FP32 model's outputs: "measured" on the engine's own outputs, or the export's
     # "proxy" (the fake-quantized PyTorch model) where no engine ran.
     accuracy_source: str | None = None
@@ -276,7 +280,7 @@ def compare_rows(catalog: Catalog, rows: list[ComparisonRow], toolchain_order: l
             r.model,
             variant_order.get(r.variant, len(variant_order)),
             r.variant,
-            _shape_order(r.shape),
+            shape_order(r.shape),
             chain_order.get(r.toolchain, 99),
             r.gpu_type or "",
         )
@@ -284,7 +288,7 @@ def compare_rows(catalog: Catalog, rows: list[ComparisonRow], toolchain_order: l
     return rows
 
 
-def _shape_order(shape: str | None) -> tuple[int, ...]:
+def shape_order(shape: str | None) -> tuple[int, ...]:
     """Shape points in the order of their sizes, the later axes first (sequence, then batch):
     2x512, 4x512, 2x2048, …"""
     return tuple(reversed([int(size) for size in shape.split("x")])) if shape else ()
@@ -308,6 +312,8 @@ def _row(m: EngineManifest, noisy_cv: float) -> ComparisonRow:
         row.build_s = m.build.duration_s
     elif m.profile is not None and m.profile.status == "skipped":
         row.status = f"skipped: {m.profile.reason}"
+    elif m.profile is not None and m.profile.status == "failed":
+        row.status = f"failed: {m.profile.reason}"
     if m.build is not None and m.build.status == "done":
         engine = next((a for a in m.build.outputs if a.role == "engine"), None)
         row.engine_mb = engine.size_bytes / 2**20 if engine else None
@@ -357,7 +363,22 @@ def _row(m: EngineManifest, noisy_cv: float) -> ComparisonRow:
             if d.accuracy.get("warning"):
                 row.flags.append(f"inaccurate: {d.accuracy['warning']}")
         row.measured_with = dict(d.measured_with)
+        row.gpu_memory_mib, row.gpu_memory_kind = _gpu_memory(d)
     return row
+
+
+def _gpu_memory(details) -> tuple[float | None, str | None]:
+    """(MiB, what it counts) from what the profile recorded, or (None, None)."""
+    peak = (details.execution or {}).get("peak_memory_mib") or {}
+    if peak.get("allocated") is not None:
+        return float(peak["allocated"]), "peak allocated by PyTorch"
+    text = ((details.trtexec or {}).get("facts") or {}).get("device_memory_size")
+    if text:
+        number, _, unit = text.partition(" ")
+        scale = {"MiB": 1.0, "KiB": 1 / 1024, "GiB": 1024.0, "B": 1 / 2**20}.get(unit.strip())
+        if scale is not None:
+            return float(number) * scale, "TensorRT execution context"
+    return None, None
 
 
 def attach_timings(row: ComparisonRow, m: EngineManifest) -> None:

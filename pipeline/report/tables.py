@@ -151,8 +151,8 @@ def parse_columns(text: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys([*lead, *([] if "toolchain" in keys else ["toolchain"]), *keys]))
 
 
-def render_markdown(rows: list[ComparisonRow]) -> str:
-    out = []
+def render_markdown(rows: list[ComparisonRow], answer: Answer | None = None) -> str:
+    out = [answer.markdown()] if answer is not None else []
     for model in dict.fromkeys(r.model for r in rows):
         model_rows = [r for r in rows if r.model == model]
         columns = [COLUMNS_BY_KEY[key] for key in columns_for(model_rows, tuple(c.key for c in WIDE))]
@@ -191,7 +191,9 @@ def _compact_status(row: ComparisonRow, notes: _Notes) -> str:
     return f"{word} {notes.mark(row.full_status)}"
 
 
-def render_table(rows: list[ComparisonRow], width: int, columns: tuple[str, ...] | None = None, wide: bool = False):
+def render_table(
+    rows: list[ComparisonRow], width: int, columns: tuple[str, ...] | None = None, wide: bool = False, answer: Answer | None = None
+):
     """The comparison for a terminal ``width`` columns wide, every number whole: lines laid out here, for rich to print.
 
     Every column when they fit (or with ``wide``, at whatever width that takes), else the first
@@ -205,15 +207,15 @@ def render_table(rows: list[ComparisonRow], width: int, columns: tuple[str, ...]
         for keys, compact in ((tuple(c.key for c in WIDE), False), (MEDIUM, True), (NARROW, True)):
             tables = [_TextTable(model, model_rows, keys, compact) for model, model_rows in by_model.items()]
             if all(table.width <= width for table in tables):
-                return _text(tables, width)
+                return _text(tables, width, answer)
         columns = COMPACT
     keys = columns or tuple(c.key for c in WIDE)
     tables = [_TextTable(model, model_rows, keys, compact=bool(columns)) for model, model_rows in by_model.items()]
     if wide:
-        return _text(tables, None)
+        return _text(tables, None, answer)
     for table in tables:
         table.narrow_to(width)
-    return _text(tables, width)
+    return _text(tables, width, answer)
 
 
 # Long texts (a skip reason, the layer audit) wrap at this width in a wide table.
@@ -295,8 +297,9 @@ def _wrap(text: str, width: int, indent: str = "") -> list[str]:
     return textwrap.wrap(text, width, subsequent_indent=indent, break_long_words=True, break_on_hyphens=False) or [""]
 
 
-def _text(tables: list[_TextTable], width: int | None) -> _Lines:
-    return _Lines([line for table in tables for line in table.lines(width)])
+def _text(tables: list[_TextTable], width: int | None, answer: Answer | None = None) -> _Lines:
+    lead = answer.lines(width) if answer is not None else []
+    return _Lines(lead + [line for table in tables for line in table.lines(width)])
 
 
 class _Lines:
@@ -367,8 +370,90 @@ def _cell(column: Column, row: ComparisonRow, notes: _Notes | None) -> str:
     return column.cell(row)
 
 
-def render_json(rows: list[ComparisonRow]) -> str:
-    return json.dumps([row.public() for row in rows], indent=2) + "\n"
+def render_json(rows: list[ComparisonRow], answer: Answer | None = None) -> str:
+    """{"verdicts": the answer per model and point, "sweeps": each model across its shape points
+    (with the crossovers in words), "rows": every row's figures}."""
+    answer = answer or Answer([], [], "ms")
+    data = {
+        "verdicts": [verdict.public() for verdict in answer.verdicts],
+        "sweeps": [sweep.public(answer.metric) for sweep in answer.sweeps],
+        "rows": [row.public() for row in rows],
+    }
+    return json.dumps(data, indent=2) + "\n"
+
+
+def _join_sweep(texts: list[str], widths: list[int]) -> str:
+    """A sweep table's line: the two names left-aligned, the figures right-aligned."""
+    return GAP.join(t.ljust(w) if i < 2 else t.rjust(w) for i, (t, w) in enumerate(zip(texts, widths))).rstrip()
+
+
+# --- the answer first: the verdicts and the sweeps (pipeline/report/sweep.py) ------------------
+
+
+METRIC_WORDS = {"ms": "median latency, ms", "tokens": "tokens/s", "memory": "GPU memory, MiB"}
+
+
+@dataclass
+class Answer:
+    """What every report opens with: a verdict per model and point, and the sweep tables."""
+
+    verdicts: list
+    sweeps: list
+    metric: str = "ms"
+
+    def verdict_text(self) -> list[str]:
+        return [" ".join(verdict.sentences()) for verdict in self.verdicts]
+
+    def sweep_table(self, sweep) -> tuple[list[str], list[list[str]]]:
+        """(headers, cells) of one sweep: a line per variant × toolchain, a column per shape point."""
+        headers = ["variant", "toolchain", *(shape.replace("x", "×") for shape in sweep.shapes)]
+        cells = [
+            [variant, target, *(sweep.cell((variant, target), shape, self.metric) for shape in sweep.shapes)]
+            for variant, target in sweep.lines
+        ]
+        return headers, cells
+
+    def sweep_title(self, sweep) -> str:
+        return f"{sweep.title}: {METRIC_WORDS[self.metric]} at each shape point (* the verdict's choice)"
+
+    def lines(self, width: int | None) -> list[tuple[str, str | None]]:
+        """The terminal's: the verdicts, then each sweep's table and crossovers."""
+        out: list[tuple[str, str | None]] = []
+        if self.verdicts:
+            out.append(("The answer: the fastest engine that meets the accuracy floor", "bold"))
+            for text in self.verdict_text():
+                out += [(line, None) for line in (_wrap(text, width, indent="    ") if width else [text])]
+            out.append(("", None))
+        for sweep in self.sweeps:
+            headers, cells = self.sweep_table(sweep)
+            widths = [max(_cell_len(text) for text in column) for column in zip(headers, *cells)]
+
+            join = functools.partial(_join_sweep, widths=widths)
+            out.append((self.sweep_title(sweep), "italic"))
+            out.append((join(headers), "bold"))
+            out.append(("─" * (sum(widths) + len(GAP) * (len(widths) - 1)), None))
+            out += [(join(row), None) for row in cells]
+            for sentence in sweep.crossovers():
+                out += [(line, "dim") for line in (_wrap(sentence, width, indent="    ") if width else [sentence])]
+            out.append(("", None))
+        return out
+
+    def markdown(self) -> str:
+        out = []
+        if self.verdicts:
+            out.append("## The answer\n")
+            out += [f"- {text}" for text in self.verdict_text()]
+            out.append("")
+        for sweep in self.sweeps:
+            headers, cells = self.sweep_table(sweep)
+            out.append(f"### {self.sweep_title(sweep)}\n")
+            out.append("| " + " | ".join(headers) + " |")
+            out.append("|" + "|".join("---" for _ in headers) + "|")
+            out += ["| " + " | ".join(cell.replace("|", "\\|").replace("*", "\\*") for cell in row) + " |" for row in cells]
+            out.append("")
+            out += [f"- {sentence}" for sentence in sweep.crossovers()]
+            out.append("")
+        return "\n".join(out) + ("\n" if out else "")
 
 
 def render_csv(rows: list[ComparisonRow]) -> str:

@@ -1,0 +1,261 @@
+"""Does a transformers sweep time PyTorch the way an independent measurement does? (GPU only)
+
+For each variant and torch toolchain: `pipeline run --model M --variant V --toolchain T --repeat N`
+in a workspace that is kept between calls (each toolchain can be a call of its own), then, in a
+process of its own, the same transformers class built from its config (random weights), in the
+same dtype, with the toolchain's attention implementation and backend, fed the same token ids and
+mask the product measured (its export's reference inputs at each shape point), timed independently:
+warm up for a second, then inferences enqueued back to back between two CUDA events, the total
+divided by the count, taken `--takes` times (median). Each point's product median must be within
+`--tolerance` of it.
+
+    python scripts/check_sweep_timing.py --workspace reports/gpu-sweep --out RESULTS \\
+        --model modernbert --variants bf16 fp16 --toolchains torch-eager torch-eager-attn torch-compile
+
+Appends to WORKSPACE/sweep-timing.json (one entry per variant × toolchain × shape point) and copies
+it, the pipeline log, the manifests and the comparison (html, md, json) to RESULTS. Exits 1 when
+any entry is outside the tolerance. The figures depend on the machine: report them with the GPU named.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from importlib.metadata import version
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+# Each take times at least this long (and at least 3 inferences).
+TAKE_S = 0.5
+
+
+def run_pipeline(workspace: Path, log: Path, *args: str) -> int:
+    command = [sys.executable, "-m", "pipeline.cli", "--catalog", str(workspace / "pipeline.toml"), *args]
+    with log.open("a") as out:
+        out.write(f"$ {' '.join(command)}\n")
+        out.flush()
+        started = time.perf_counter()
+        code = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO).returncode
+        out.write(f"(exit {code}, {time.perf_counter() - started:.1f} s)\n")
+    return code
+
+
+def independent_ms(job: dict) -> dict[str, dict]:
+    """Per-inference milliseconds at each shape point, one figure per take (or why it failed), and diagnostics."""
+    import numpy as np
+    import torch
+
+    sys.path.insert(0, str(REPO))
+    from pipeline.models.transformers import import_transformers
+
+    transformers = import_transformers()
+    cls = getattr(transformers, job["class"])
+    config = cls.config_class()
+    for key, value in job["config"].items():
+        setattr(config, key, value)
+    config._attn_implementation = job["attn"]
+    dtype = getattr(torch, job["dtype"])
+    torch.manual_seed(0)
+    model = cls(config).eval().to(device="cuda", dtype=dtype)
+    results: dict[str, list[float] | str] = {}
+    diagnostics: dict[str, dict] = {}
+    for shape, inputs in job["points"].items():
+        feeds = {name: torch.from_numpy(np.fromfile(path, dtype=np.int64).reshape(dims)).cuda() for name, (path, dims) in inputs.items()}
+        try:
+            with torch.no_grad():
+                if job["backend"] == "compile":
+                    torch._dynamo.reset()
+                    compiled = torch.compile(model, mode=job["mode"], dynamic=False)
+
+                    def infer(compiled=compiled, feeds=feeds):
+                        return compiled(**feeds)
+                else:
+
+                    def infer(feeds=feeds):
+                        return model(**feeds)
+
+                warmed, started = 0, time.perf_counter()
+                while time.perf_counter() - started < 1.0 or warmed < 3:
+                    infer()
+                    torch.cuda.synchronize()
+                    warmed += 1
+                one = (time.perf_counter() - started) / warmed
+                runs = max(3, min(500, int(TAKE_S / max(one, 1e-6))))
+                # A diagnostic beside it: the product's own timing method (each run bracketed by
+                # CUDA events, the median of the runs) on this process's model and inputs, to tell
+                # a difference of method from a difference of what is timed.
+                from pipeline.catalog import ProfileSettings
+                from pipeline.runtimes.pytorch import time_runs
+
+                product_method, _ = time_runs(torch, infer, ProfileSettings(warmup_ms=200, iterations=10, duration_s=1.0), True)
+                diagnostics[shape] = {"per_run_events_median_ms": statistics.median(product_method), "runs_per_take": runs}
+                if job.get("product_model") and job["backend"] != "compile":
+                    # And the model as the product builds it (its family's wrapper), timed the same way.
+                    wrapped = product_model(job, dtype)
+                    ordered = tuple(feeds[name] for name in job["input_order"])
+                    built, _ = time_runs(
+                        torch,
+                        lambda wrapped=wrapped, ordered=ordered: wrapped(*ordered),
+                        ProfileSettings(warmup_ms=200, iterations=10, duration_s=1.0),
+                        True,
+                    )
+                    diagnostics[shape]["product_built_model_ms"] = statistics.median(built)
+                    del wrapped
+                figures = []
+                for _ in range(job["takes"]):
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    for _ in range(runs):
+                        infer()
+                    end.record()
+                    end.synchronize()
+                    figures.append(start.elapsed_time(end) / runs)
+            results[shape] = figures
+        except torch.cuda.OutOfMemoryError as exc:
+            results[shape] = f"out of memory: {str(exc).splitlines()[0]}"
+            torch.cuda.empty_cache()
+    return {"takes": results, "diagnostics": diagnostics}
+
+
+def product_model(job: dict, dtype):
+    """The model as the pipeline's transformers family builds it (for the diagnostic only)."""
+    from pipeline.models import model_source
+    from pipeline.runtimes import load_catalog
+
+    catalog = load_catalog(Path(job["catalog"]))
+    source = model_source(job["model"], catalog.models[job["model"]], catalog.root)
+    model = source.runnable(source.create()).to(dtype)
+    if job["attn"]:
+        source.use_attention(model, job["attn"])
+    return model.eval().cuda()
+
+
+def main() -> int:
+    if sys.argv[1:2] == ["--independent"]:
+        print(json.dumps(independent_ms(json.loads(sys.argv[2]))))
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workspace", type=Path, required=True, help="kept between calls: the sweep's manifests and the results so far")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--model", default="modernbert")
+    parser.add_argument("--variants", nargs="+", default=["bf16", "fp16"])
+    parser.add_argument("--toolchains", nargs="+", default=["torch-eager", "torch-eager-attn", "torch-compile"])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--takes", type=int, default=5)
+    parser.add_argument("--tolerance", type=float, default=0.10)
+    parser.add_argument("--profile", default="warmup_ms = 500\niterations = 10\nduration_s = 1.0\n", help="the [profile] table")
+    args = parser.parse_args()
+
+    sys.path.insert(0, str(REPO))
+    from pipeline.accuracy import ReferenceBatch
+    from pipeline.manifest import read_manifest
+    from pipeline.runtimes import load_catalog
+
+    workspace = args.workspace.resolve()
+    workspace.mkdir(parents=True, exist_ok=True)
+    catalog_text = (REPO / "pipeline.toml").read_text()
+    start = catalog_text.index("[profile]")
+    end = catalog_text.index("\n[", start + 1)
+    (workspace / "pipeline.toml").write_text(catalog_text[:start] + "[profile]\n" + args.profile + catalog_text[end:])
+    catalog = load_catalog(workspace / "pipeline.toml")
+    spec = catalog.models[args.model]
+    log = workspace / "pipeline.log"
+    results_path = workspace / "sweep-timing.json"
+    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
+    results = json.loads(results_path.read_text()) if results_path.exists() else {"gpu": gpu, "torch": version("torch"), "entries": []}
+    failed = False
+    for variant in args.variants:
+        for toolchain in args.toolchains:
+            code = run_pipeline(
+                workspace, log, "run", "--model", args.model, "--variant", variant, "--toolchain", toolchain, "--repeat", str(args.repeat)
+            )
+            print(f"pipeline run {variant} {toolchain}: exit {code}", flush=True)
+            chain = catalog.toolchains[toolchain]
+            export = read_manifest(workspace / "manifests" / "export" / f"{args.model}_{variant}.json").export
+            points, manifests = {}, {}
+            for shape in export.details.shape_points:
+                reference = ReferenceBatch.from_export(export.details, workspace, shape)
+                points[shape] = {t.name: (str(t.path), list(t.shape)) for t in reference.inputs}
+                manifests[shape] = read_manifest(workspace / "manifests" / toolchain / f"{args.model}_{variant}@{shape}.json")
+            job = {
+                "class": spec.transformers,
+                "config": dict(spec.config),
+                "attn": chain.attn_implementation or spec.attn_implementation,
+                "dtype": DTYPES[catalog.variants[variant].precision],
+                "backend": chain.backend,
+                "mode": chain.mode,
+                "takes": args.takes,
+                "points": points,
+                "product_model": True,
+                "catalog": str(workspace / "pipeline.toml"),
+                "model": args.model,
+                "input_order": list(next(iter(points.values()))),
+            }
+            # In a process of its own, so no CUDA context of this script sits beside the next measurement.
+            measured = subprocess.run([sys.executable, __file__, "--independent", json.dumps(job)], capture_output=True, text=True)
+            if measured.returncode != 0:
+                print(f"the independent measurement failed:\n{measured.stderr[-3000:]}", flush=True)
+                failed = True
+                continue
+            answer = json.loads(measured.stdout.strip().splitlines()[-1])
+            independent, diagnostics = answer["takes"], answer["diagnostics"]
+            for shape, manifest in manifests.items():
+                profile = manifest.profile
+                entry = {"variant": variant, "toolchain": toolchain, "shape": shape, "status": profile.status if profile else None}
+                theirs = independent.get(shape)
+                if profile is None or profile.status != "done" or not isinstance(theirs, list):
+                    entry.update(reason=profile.reason if profile else None, independent=theirs)
+                    results["entries"].append(entry)
+                    print(f"{variant:5} {toolchain:17} {shape:7} product: {entry['reason']}  independent: {theirs}", flush=True)
+                    continue
+                details = profile.details
+                reference = statistics.median(theirs)
+                ratio = details.latency_ms.median / reference
+                within = abs(ratio - 1.0) <= args.tolerance
+                failed |= not within
+                execution = details.execution or {}
+                entry.update(
+                    product_median_ms=round(details.latency_ms.median, 4),
+                    repeat_medians_ms=details.repeat_medians_ms,
+                    repeat_cv=details.repeat_cv,
+                    stable=details.stable,
+                    tokens_per_s=details.tokens_per_s,
+                    peak_memory_mib=execution.get("peak_memory_mib"),
+                    recompiles=execution.get("recompiles"),
+                    recompiles_during_measurement=execution.get("recompiles_during_measurement"),
+                    compile_s=execution.get("compile_s"),
+                    independent_ms=[round(v, 4) for v in theirs],
+                    independent_median_ms=round(reference, 4),
+                    diagnostic=diagnostics.get(shape),
+                    ratio=round(ratio, 4),
+                    within_tolerance=within,
+                )
+                results["entries"].append(entry)
+                print(
+                    f"{variant:5} {toolchain:17} {shape:7} product {entry['product_median_ms']:9.3f} ms (repeat CV {details.repeat_cv or 0:.2%})  "
+                    f"independent {reference:9.3f} ms  ratio {ratio:.3f} {'ok' if within else 'OUTSIDE'}  "
+                    f"(its per-run events: {(diagnostics.get(shape) or {}).get('per_run_events_median_ms', float('nan')):.3f} ms)",
+                    flush=True,
+                )
+            results_path.write_text(json.dumps(results, indent=2))
+            # What is done so far comes back even if the call is cut off at its time limit.
+            args.out.mkdir(parents=True, exist_ok=True)
+            shutil.copy(results_path, args.out / "sweep-timing.json")
+            shutil.copy(log, args.out / "pipeline.log")
+    args.out.mkdir(parents=True, exist_ok=True)
+    for fmt, name in (("html", "compare.html"), ("md", "compare.md"), ("json", "compare.json")):
+        run_pipeline(workspace, log, "compare", "--model", args.model, "--format", fmt, "--out", str(args.out / name))
+    shutil.copy(results_path, args.out / "sweep-timing.json")
+    shutil.copy(log, args.out / "pipeline.log")
+    shutil.copytree(workspace / "manifests", args.out / "manifests", dirs_exist_ok=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,282 @@
+"""A sweep: one model at several shape points on several toolchains in one command, the answer
+first (pipeline/report/sweep.py), attention implementations and SDPA kernels as torch toolchain
+settings, a point that runs out of memory recorded while the others run, and torch.compile
+compiled once for a dynamic range with its recompilations counted.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pipeline.manifest import read_manifest
+from pipeline.report.rows import ComparisonRow
+from pipeline.report.sweep import sweeps, verdicts
+from tests.test_pytorch_runtime import needs_inductor
+
+pytest.importorskip("transformers", reason="the transformers family needs the transformers package (`make setup` installs it)")
+
+SWEEP_CATALOG = """
+opset = 17
+baseline_toolchain = "torch-eager"
+
+[defaults]
+models = ["bert"]
+variants = ["fp32"]
+toolchain = "onnxruntime"
+
+[profile]
+warmup_ms = 5
+iterations = 5
+duration_s = 0.05
+
+[models.bert]
+transformers = "BertModel"
+config = { hidden_size = 32, num_hidden_layers = 2, num_attention_heads = 2, intermediate_size = 64, vocab_size = 512, max_position_embeddings = 64 }
+shapes = ["2x8", "2x32", "4x32"]
+
+[variants.fp32]
+precision = "fp32"
+
+[toolchains.onnxruntime]
+kind = "onnxruntime"
+baselines = ["fp32"]
+
+[toolchains.torch-eager]
+kind = "torch"
+backend = "eager"
+
+[toolchains.torch-eager-attn]
+kind = "torch"
+backend = "eager"
+attn_implementation = "eager"
+
+[toolchains.torch-efficient]
+kind = "torch"
+backend = "eager"
+sdpa_backend = "efficient"
+
+[toolchains.torch-compile-dynamic]
+kind = "torch"
+backend = "compile"
+dynamic = true
+"""
+POINTS = ["2x8", "2x32", "4x32"]
+SWEPT = ("onnxruntime", "torch-eager", "torch-eager-attn")
+
+
+def point_manifest(workspace: Path, toolchain: str, shape: str):
+    return read_manifest(workspace / "manifests" / toolchain / f"bert_fp32@{shape}.json")
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory) -> Path:
+    """bert_fp32 on ONNX Runtime, eager PyTorch with SDPA and with its own attention, at three
+    points: one command."""
+    from pipeline.cli.main import main
+
+    workspace = tmp_path_factory.mktemp("sweep")
+    (workspace / "pipeline.toml").write_text(SWEEP_CATALOG)
+    argv = ["--catalog", str(workspace / "pipeline.toml"), "run", "--model", "bert"]
+    for toolchain in SWEPT:
+        argv += ["--toolchain", toolchain]
+    assert main(argv) == 0
+    return workspace
+
+
+def test_a_sweep_is_one_command_and_every_point_of_every_toolchain_is_measured(swept):
+    for toolchain in SWEPT:
+        for shape in POINTS:
+            profile = point_manifest(swept, toolchain, shape).profile
+            assert profile.status == "done", (toolchain, shape, profile.reason)
+            batch, sequence = map(int, shape.split("x"))
+            assert profile.details.tokens_per_s == pytest.approx(profile.details.throughput_qps * batch * sequence)
+    settings = point_manifest(swept, "torch-eager-attn", "2x32").profile.details.execution
+    assert settings["attn_implementation"] == "eager" and settings["sdpa_backend"] is None
+    assert point_manifest(swept, "torch-eager", "2x32").profile.details.execution["attn_implementation"] is None  # the model's own
+
+
+def test_the_sweep_table_has_a_column_per_point_and_the_answer_comes_first(swept, run_cli):
+    catalog = swept / "pipeline.toml"
+    table = run_cli(catalog, "compare", "--metric", "tokens")
+    assert table.exit_code == 0, table.err
+    lines = table.out.splitlines()
+    assert lines[0] == "The answer: the fastest engine that meets the accuracy floor"
+    assert [line.split(":")[0] for line in lines if line.startswith("bert at ")] == [f"bert at {p.replace('x', '×')}" for p in POINTS]
+    title = next(i for i, line in enumerate(lines) if line.startswith("bert: tokens/s at each shape point"))
+    assert lines[title + 1].split() == ["variant", "toolchain", "2×8", "2×32", "4×32"]
+    sweep_lines = {tuple(line.split()[:2]): line.split()[2:] for line in lines[title + 3 : title + 6]}
+    assert set(sweep_lines) == {("fp32", toolchain) for toolchain in SWEPT}
+    data = json.loads(run_cli(catalog, "compare", "--format", "json", "--metric", "tokens").out)
+    rows = {(r["toolchain"], r["shape"]): r for r in data["rows"]}
+    for (_, toolchain), cells in sweep_lines.items():
+        for shape, cell in zip(POINTS, cells):
+            assert float(cell.lstrip("*").replace(",", "")) == pytest.approx(rows[(toolchain, shape)]["tokens_per_s"], rel=1e-3, abs=1)
+    for verdict in data["verdicts"]:  # the fastest of the point's rows, marked in its column
+        left_out = {entry["toolchain"] for entry in verdict["excluded"]} if not verdict["untrusted"] else set()
+        at_point = [r for r in data["rows"] if r["shape"] == verdict["shape"] and r["toolchain"] not in left_out]
+        assert verdict["fastest"]["median_ms"] == min(r["median_ms"] for r in at_point)
+        column = POINTS.index(verdict["shape"])
+        assert sweep_lines[("fp32", verdict["fastest"]["toolchain"])][column].startswith("*")
+    (sweep,) = data["sweeps"]
+    assert sweep["shapes"] == POINTS and len(sweep["crossovers"]) == 3  # every two of the three toolchains
+    assert all(sentence.startswith("fp32: ") and " is faster than " in sentence for sentence in sweep["crossovers"])
+
+
+def test_the_html_report_opens_with_the_answer_and_draws_the_sweep(swept, run_cli):
+    result = run_cli(swept / "pipeline.toml", "compare", "--format", "html")
+    assert result.exit_code == 0, result.err
+    text = (swept / "reports" / "compare.html").read_text()
+    assert text.index('<div class="verdict">') < text.index('<table class="sweep">') < text.index('<table class="comparison">')
+    assert "latency, tokens/s and memory against sequence length" in text
+    assert '<ul class="crossovers">' in text
+
+
+def test_the_sweep_html_renders_in_chromium(swept, run_cli, tmp_path):
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("Chromium is not installed (apt-get install chromium; .ci/run installs it)")
+    assert run_cli(swept / "pipeline.toml", "compare", "--format", "html").exit_code == 0
+    report = swept / "reports" / "compare.html"
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([chromium, *flags, "--dump-dom", report.as_uri()], capture_output=True, text=True, timeout=120).stdout
+    assert 'class="verdict"' in dom and 'class="sweep"' in dom and "is faster than" in dom and dom.count("<img") >= 3
+
+
+def test_a_point_out_of_gpu_memory_is_recorded_and_the_rest_still_run(tmp_path, run_cli, monkeypatch):
+    """As on a GPU that cannot hold the largest point: PyTorch's OutOfMemoryError, with the GPU's
+    free and total memory named, for that point only."""
+    import torch
+
+    from pipeline.runtimes.pytorch import TorchRuntime, out_of_memory_as_error
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (512 * 2**20, 81_559 * 2**20))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "NVIDIA H100 80GB HBM3")
+    profile = TorchRuntime.profile
+
+    def profile_until_the_largest(self, engine_path, settings, workload=None):
+        if workload is not None and workload.shape == "4x32":
+            with out_of_memory_as_error(4, shape=workload.shape):
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 3.00 GiB")
+        return profile(self, engine_path, settings, workload)
+
+    monkeypatch.setattr(TorchRuntime, "profile", profile_until_the_largest)
+    (tmp_path / "pipeline.toml").write_text(SWEEP_CATALOG)
+    catalog = tmp_path / "pipeline.toml"
+    result = run_cli(catalog, "run", "--model", "bert", "--toolchain", "torch-eager", "--toolchain", "onnxruntime")
+    assert result.exit_code == 1
+    assert "bert_fp32 at 4x32: out of GPU memory at shape 4×32: 512 MiB free of 81,559 MiB on NVIDIA H100 80GB HBM3" in result.err
+    assert "1 of 2 toolchains failed: torch-eager" in result.err
+    failed = point_manifest(tmp_path, "torch-eager", "4x32").profile
+    assert failed.status == "failed" and failed.reason.startswith("out of GPU memory at shape 4×32: 512 MiB free of 81,559 MiB")
+    assert point_manifest(tmp_path, "torch-eager", "2x32").profile.status == "done"
+    assert point_manifest(tmp_path, "onnxruntime", "4x32").profile.status == "done"  # the next toolchain still ran
+    assert "The answer" in result.out  # the comparison of what did run, printed anyway
+
+    table = run_cli(catalog, "compare").out
+    eager = next(line for line in table.splitlines() if line.startswith("fp32     torch-eager "))
+    assert eager.endswith("out of memory")
+    verdict = next(line for line in table.splitlines() if line.startswith("bert at 4×32"))
+    assert "fastest is fp32 on onnxruntime" in verdict or "fastest of them is fp32 on onnxruntime" in verdict
+    (largest,) = [v for v in json.loads(run_cli(catalog, "compare", "--format", "json").out)["verdicts"] if v["shape"] == "4x32"]
+    assert {"variant": "fp32", "toolchain": "torch-eager", "why": failed.reason and f"failed: {failed.reason}"} in largest["excluded"]
+    assert "fp32 on torch-eager (failed: out of GPU memory at shape 4×32: 512 MiB free" in largest["text"]
+    assert run_cli(catalog, "compare", "--format", "html").exit_code == 0
+    html = (tmp_path / "reports" / "compare.html").read_text()
+    assert '<td class="failed">out of memory</td>' in html and "out of GPU memory at shape 4×32" in html
+
+
+def test_an_sdpa_kernel_pytorch_cannot_use_is_a_recorded_refusal_with_its_reason(tmp_path, run_cli):
+    (tmp_path / "pipeline.toml").write_text(SWEEP_CATALOG)
+    result = run_cli(tmp_path / "pipeline.toml", "build", "--engine", "bert_fp32", "--toolchain", "torch-efficient")
+    assert result.exit_code == 1
+    build = read_manifest(tmp_path / "manifests" / "torch-efficient" / "bert_fp32.json").build
+    assert build.status == "failed"
+    assert build.reason.startswith("PyTorch cannot run scaled-dot-product attention with the efficient kernel here: ")
+    assert build.details.compiler["sdpa_backend"] == "efficient" and build.details.compiler["error"]
+
+
+def test_a_toolchain_switches_the_attention_of_each_family(tmp_path):
+    from pipeline.models import model_source, spec_class
+    from pipeline.models.transformers import import_transformers
+
+    import_transformers()
+    spec = spec_class({"transformers": "BertModel"}).model_validate(
+        {
+            "transformers": "BertModel",
+            "config": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64},
+            "shapes": ["1x8"],
+        }
+    )
+    source = model_source("bert", spec, tmp_path)
+    model = source.runnable(source.create())
+    source.use_attention(model, "eager")
+    assert model.model.config._attn_implementation == "eager"
+    source.use_attention(model, "sdpa")
+    assert model.model.config._attn_implementation == "sdpa"
+
+    vit = model_source("vit", spec_class({"timm": "x"}).model_validate({"timm": "vit_tiny_patch16_224", "batch_size": 1}), tmp_path)
+    created = vit.create()
+    vit.use_attention(created, "eager")
+    blocks = [m for m in created.modules() if hasattr(m, "fused_attn")]
+    assert blocks and not any(m.fused_attn for m in blocks)
+
+
+@needs_inductor
+def test_torch_compile_dynamic_compiles_once_and_counts_what_each_point_recompiles(tmp_path, run_cli):
+    (tmp_path / "pipeline.toml").write_text(SWEEP_CATALOG)
+    result = run_cli(tmp_path / "pipeline.toml", "run", "--model", "bert", "--toolchain", "torch-compile-dynamic")
+    assert result.exit_code == 0, result.err
+    first, *others = (point_manifest(tmp_path, "torch-compile-dynamic", shape).profile.details.execution for shape in POINTS)
+    assert first["dynamic"] is True and first["recompiles"] == 0 and "compiled_at_another_point" not in first
+    for execution in others:
+        assert execution["compiled_at_another_point"] is True and execution["compile_s"] == first["compile_s"]
+        assert isinstance(execution["recompiles"], int) and execution["warm_s"] >= 0
+    for execution in (first, *others):
+        assert execution["recompiles_during_measurement"] == 0  # every point was warmed before it was timed
+
+
+def _row(toolchain, shape, median, **extra) -> ComparisonRow:
+    row = ComparisonRow(model="m", variant="fp16", toolchain=toolchain, status="measured (GPU time)", shape=shape, median_ms=median)
+    for key, value in extra.items():
+        setattr(row, key, value)
+    return row
+
+
+def test_the_verdict_skips_the_inaccurate_and_says_the_speedup_over_the_baseline():
+    rows = [
+        _row("torch-eager", "2x512", 20.0),
+        _row("trt", "2x512", 2.0, accuracy_source="measured", accuracy_cosine=0.97),
+        _row("inductor", "2x512", 5.0, accuracy_source="measured", accuracy_cosine=0.9999),
+        ComparisonRow(model="m", variant="fp16", toolchain="rtx", status="build refused: no kernel", shape="2x512"),
+        ComparisonRow(model="m", variant="fp16", toolchain="ort", status="skipped: needs CUDA", shape="2x512"),
+    ]
+    (verdict,) = verdicts(rows, "torch-eager", [("cos", 0.99)])
+    assert verdict.fastest.toolchain == "inductor" and verdict.speedup == pytest.approx(4.0)
+    text = " ".join(verdict.sentences())
+    assert text.startswith("m at 2×512: fastest is fp16 on inductor, 5.000 ms — 4.00× fp16 on torch-eager (20.000 ms).")
+    assert "fp16 on trt (below the accuracy floor: cosine 0.9700 < 0.99)" in text and "fp16 on rtx (build refused: no kernel)" in text
+    assert "1 not run" in text
+
+
+def test_a_crossover_is_said_where_the_lead_changes():
+    rows = [
+        _row("eager", "2x512", 20.0),
+        _row("eager", "2x2048", 22.0),
+        _row("eager", "2x4096", 40.0),
+        _row("inductor", "2x512", 6.0),
+        _row("inductor", "2x2048", 25.0),
+        _row("inductor", "2x4096", 60.0),
+    ]
+    (sweep,) = sweeps(rows, verdicts(rows, "eager"))
+    (sentence,) = sweep.crossovers()
+    assert sentence == (
+        "fp16: inductor is faster than eager by 3.33× at 2×512; eager is faster by 1.50× at 2×4096; "
+        "eager takes the lead between 2×512 and 2×2048."
+    )
+    assert [sweep.cell(("fp16", "eager"), shape, "ms") for shape in ("2x512", "2x2048")] == ["20.000", "*22.000"]
