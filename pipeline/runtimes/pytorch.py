@@ -195,7 +195,7 @@ class TorchRuntime(EngineRuntime):
         return f"PyTorch {self.version}: {what[self.spec.backend]}{self._attention_words()}"
 
     def _attention_words(self) -> str:
-        """ ", sdpa attention (flash kernel)" for a toolchain that chooses; empty for the model's own."""
+        """ ", sdpa attention, SDPA kernel flash" for a toolchain that chooses; empty for the model's own."""
         words = []
         if self.spec.attn_implementation:
             words.append(f"{self.spec.attn_implementation} attention")
@@ -535,8 +535,6 @@ class TorchRuntime(EngineRuntime):
         except NotPrepared as exc:
             # Recorded in this point's profile manifest (this shape, this GPU, this release).
             raise RefusedByTool(exc.message, exc.hint) from exc.__cause__
-        finally:
-            reuse = None
         prepared.facts["prepare_s"] = round(time.perf_counter() - started, 3)
         self._prepared = prepared
         return prepared
