@@ -62,6 +62,6 @@ def test_manifests_of_the_previous_layout_are_read_and_compared(tmp_path, run_cl
     shutil.copytree(recorded, workspace / "manifests")
     result = run_cli(workspace / "pipeline.toml", "compare", "--format", "json")
     assert result.exit_code == 0, result.err
-    rows = {row["variant"]: row for row in json.loads(result.out)}
+    rows = {row["variant"]: row for row in json.loads(result.out)["rows"]}
     assert set(rows) == {"fp32", "int8"}
     assert rows["int8"]["median_ms"] == int8.profile.details.latency_ms.median
