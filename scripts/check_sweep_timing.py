@@ -29,21 +29,10 @@ import time
 from importlib.metadata import version
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+from check_torch_timing import DTYPES, REPO, run_pipeline  # the timm check's, beside this script
+
 # Each take times at least this long (and at least 3 inferences).
 TAKE_S = 0.5
-
-
-def run_pipeline(workspace: Path, log: Path, *args: str) -> int:
-    command = [sys.executable, "-m", "pipeline.cli", "--catalog", str(workspace / "pipeline.toml"), *args]
-    with log.open("a") as out:
-        out.write(f"$ {' '.join(command)}\n")
-        out.flush()
-        started = time.perf_counter()
-        code = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO).returncode
-        out.write(f"(exit {code}, {time.perf_counter() - started:.1f} s)\n")
-    return code
 
 
 def independent_ms(job: dict) -> dict[str, dict]:
@@ -173,7 +162,18 @@ def main() -> int:
     for variant in args.variants:
         for toolchain in args.toolchains:
             code = run_pipeline(
-                workspace, log, "run", "--model", args.model, "--variant", variant, "--toolchain", toolchain, "--repeat", str(args.repeat)
+                workspace,
+                log,
+                "run",
+                "--model",
+                args.model,
+                "--variant",
+                variant,
+                "--toolchain",
+                toolchain,
+                "--repeat",
+                str(args.repeat),
+                check=False,  # a point out of memory exits 1; the others are still compared
             )
             print(f"pipeline run {variant} {toolchain}: exit {code}", flush=True)
             chain = catalog.toolchains[toolchain]
@@ -250,7 +250,7 @@ def main() -> int:
             shutil.copy(log, args.out / "pipeline.log")
     args.out.mkdir(parents=True, exist_ok=True)
     for fmt, name in (("html", "compare.html"), ("md", "compare.md"), ("json", "compare.json")):
-        run_pipeline(workspace, log, "compare", "--model", args.model, "--format", fmt, "--out", str(args.out / name))
+        run_pipeline(workspace, log, "compare", "--model", args.model, "--format", fmt, "--out", str(args.out / name), check=False)
     shutil.copy(results_path, args.out / "sweep-timing.json")
     shutil.copy(log, args.out / "pipeline.log")
     shutil.copytree(workspace / "manifests", args.out / "manifests", dirs_exist_ok=True)

@@ -28,7 +28,9 @@ REPO = Path(__file__).resolve().parents[1]
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
-def run_pipeline(workspace: Path, log: Path, *args: str) -> None:
+def run_pipeline(workspace: Path, log: Path, *args: str, check: bool = True) -> int:
+    """`pipeline ARGS` on the workspace's catalog, its output appended to ``log``; its exit code
+    (``check``: a failure ends the script)."""
     command = [sys.executable, "-m", "pipeline.cli", "--catalog", str(workspace / "pipeline.toml"), *args]
     with log.open("a") as out:
         out.write(f"$ {' '.join(command)}\n")
@@ -36,8 +38,9 @@ def run_pipeline(workspace: Path, log: Path, *args: str) -> None:
         started = time.perf_counter()
         code = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO).returncode
         out.write(f"(exit {code}, {time.perf_counter() - started:.1f} s)\n")
-    if code != 0:
+    if check and code != 0:
         raise SystemExit(f"pipeline {' '.join(args)} exited {code}: see {log}")
+    return code
 
 
 def independent_ms(model_name: str, batch: int, dtype_name: str, backend: str, mode: str | None, runs: int, takes: int) -> list[float]:

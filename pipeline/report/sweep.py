@@ -133,7 +133,8 @@ def verdicts(rows: list[ComparisonRow], baseline_toolchain: str | None, threshol
     groups: dict[tuple[str, str | None, str | None], list[ComparisonRow]] = {}
     for row in rows:
         groups.setdefault((row.model, row.gpu_type, row.shape), []).append(row)
-    keys = sorted(groups, key=lambda k: (list(dict.fromkeys(r.model for r in rows)).index(k[0]), k[1] or "", shape_order(k[2])))
+    model_order = {model: index for index, model in enumerate(dict.fromkeys(r.model for r in rows))}
+    keys = sorted(groups, key=lambda k: (model_order[k[0]], k[1] or "", shape_order(k[2])))
     out = []
     for model, gpu_type, shape in keys:
         group = groups[(model, gpu_type, shape)]
@@ -263,8 +264,7 @@ def _crossover(shapes: list[str], a: dict[str, ComparisonRow], b: dict[str, Comp
     shared = [s for s in shapes if a.get(s) and b.get(s) and a[s].median_ms and b[s].median_ms]
     if not shared:
         return None
-    first, last = a[shared[0]], b[shared[0]]
-    name_a, name_b = first.target, last.target
+    name_a, name_b = a[shared[0]].target, b[shared[0]].target
 
     def lead(shape: str) -> tuple[str, str, float]:
         """(faster, slower, by how much) at a point."""
@@ -272,7 +272,7 @@ def _crossover(shapes: list[str], a: dict[str, ComparisonRow], b: dict[str, Comp
         return (name_a, name_b, ms_b / ms_a) if ms_a <= ms_b else (name_b, name_a, ms_a / ms_b)
 
     start, end = lead(shared[0]), lead(shared[-1])
-    variant = first.variant
+    variant = a[shared[0]].variant
     if len(shared) == 1:
         return f"{variant}: {start[0]} is faster than {start[1]} by {start[2]:.2f}× at {times(shared[0])}."
     sentence = f"{variant}: {start[0]} is faster than {start[1]} by {start[2]:.2f}× at {times(shared[0])}"
