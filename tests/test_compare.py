@@ -15,7 +15,7 @@ import pytest
 
 from pipeline.manifest import Artifact, BuildDetails, EngineManifest, Environment, ExportDetails, ProfileDetails, StageRecord, read_manifest
 from pipeline.stats import LatencyStats
-from pipeline.trtexec.exports import read_layer_info
+from pipeline.trtexec.layers import read_layer_info
 from pipeline.trtexec.log import read_log
 from tests.conftest import SAMPLES, TINY_CATALOG, write_catalog
 

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from pipeline.errors import PipelineError
-from pipeline.trtexec.exports import layer_info_from_dump, normalise_dtype, read_layer_info, read_profile, read_times
+from pipeline.trtexec.exports import read_profile, read_times
+from pipeline.trtexec.layers import layer_info_from_dump, normalise_dtype, read_layer_info
 from pipeline.trtexec.report import classify_export, find_exports, parse_run, run_as_json
 from tests.conftest import SAMPLES
 
@@ -77,11 +78,18 @@ def test_precision_audit_flags_a_silent_fallback():
 
 
 def test_text_layer_dump_reads_like_the_exported_layer_info():
-    # --dumpLayerInfo prints the same layers that --exportLayerInfo wrote in the same run.
+    # --dumpLayerInfo prints the layers --exportLayerInfo writes; these two are of two builds of the
+    # same model that picked different kernels for two layers, and agree on everything else.
     dumped = layer_info_from_dump((SAMPLES / "trt10.16.1_h100_onnx_dumpLayerInfo_detailed_skipInference.txt").read_text(errors="replace"))
     exported = read_layer_info(LAYERS_1016)
     assert dumped.layer_names == exported.layer_names
-    assert dumped.layers[0]["LayerType"] == "CaskConvolution"
+    assert dumped.layers[0].layer_type == "CaskConvolution"
+    # \x1e joins the fused ONNX nodes inside the dumped line: the line must not be split there.
+    assert dumped.layers[0].onnx_nodes == ["node_conv2d", "node_relu"]
+    differing = [
+        a.name for a, b in zip(dumped.layers, exported.layers) if a.model_dump(exclude={"tactic"}) != b.model_dump(exclude={"tactic"})
+    ]
+    assert differing == []
     assert dumped.audit("fp32").output_types == exported.audit("fp32").output_types
     assert layer_info_from_dump("[I] no layers here\n") is None
 

@@ -29,7 +29,8 @@ from pipeline.errors import EnvironmentMissing, PipelineError, RefusedByTool
 from pipeline.models import ModelSource
 from pipeline.runtimes.base import BuildResult, EngineRuntime, ProfileResult, ReferenceRun, ToolchainStatus
 from pipeline.trtexec.command import BuildCommand, ProfileCommand, ReferenceCommand
-from pipeline.trtexec.exports import read_layer_info, read_profile, read_times
+from pipeline.trtexec.exports import read_profile, read_times
+from pipeline.trtexec.layers import read_layer_info
 from pipeline.trtexec.log import TrtexecLog, parse_log
 from pipeline.trtexec.preflight import unsupported_reasons
 
@@ -186,7 +187,10 @@ class TrtexecRuntime(EngineRuntime):
             if layers_partial.exists():
                 os.replace(layers_partial, layers_path)
                 sidecars["layer_info"] = layers_path
-                audit = read_layer_info(layers_path).audit(variant.precision)
+                info = read_layer_info(layers_path)
+                if info.unknown_keys:
+                    self.reporter.warn(f"{layers_path.name}: keys this version does not read: {', '.join(info.unknown_keys)}")
+                audit = info.audit(variant.precision)
                 if audit.warning:
                     self.reporter.warn(f"{engine_path.name}: {audit.warning}")
         finally:

@@ -411,7 +411,7 @@ class TensorRtRtxRuntime(EngineRuntime):
         }
 
     def build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec, source: ModelSource) -> BuildResult:
-        from pipeline.trtexec.exports import layer_info_from_dump
+        from pipeline.trtexec.layers import layer_info_from_dump
 
         log_path = self.sidecar(engine_path, ".build.log")
         result_path = self.sidecar(engine_path, ".build-result.json.partial")

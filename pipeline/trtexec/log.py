@@ -16,7 +16,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, computed_field
 
 from pipeline.errors import PipelineError
-from pipeline.trtexec.text import read_text
+from pipeline.trtexec.text import log_lines, read_text
 
 _PREFIX = re.compile(r"^\[(?P<stamp>[^\]]*)\] \[(?P<severity>[VIWEF])\] ?(?P<message>.*)$")
 _BANNER = re.compile(
@@ -251,7 +251,7 @@ def parse_log(text: str) -> TrtexecLog:
     last_warning_index: int | None = None
     recognised = 0
 
-    for raw in text.splitlines():
+    for raw in log_lines(text):
         line = raw.rstrip("\r").rstrip()
         banner = _BANNER.match(line)
         if banner:

@@ -9,7 +9,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from pipeline.errors import PipelineError
-from pipeline.trtexec.exports import ExportedProfile, IterationTimes, LayerInfo, PrecisionAudit, read_layer_info, read_profile, read_times
+from pipeline.trtexec.exports import ExportedProfile, IterationTimes, read_profile, read_times
+from pipeline.trtexec.layers import LayerInfo, PrecisionAudit, read_layer_info
 from pipeline.trtexec.log import TrtexecLog, read_log
 from pipeline.trtexec.text import read_text
 
@@ -72,7 +73,14 @@ def run_as_json(run: TrtexecRun) -> dict[str, Any]:
     if run.profile is not None:
         exports["profile"] = json.loads(run.profile.model_dump_json())
     if run.layer_info is not None:
-        exports["layer_info"] = {"verbosity": run.layer_info.verbosity, "layers": len(run.layer_info.layer_names)}
+        info = run.layer_info
+        exports["layer_info"] = {
+            "verbosity": info.verbosity,
+            "format": info.source_format,
+            "layers": len(info.layer_names),
+            "io_tensors": [json.loads(tensor.model_dump_json()) for tensor in info.io_tensors],
+            "unknown_keys": info.unknown_keys,
+        }
     if run.precision_audit is not None:
         exports["precision_audit"] = json.loads(run.precision_audit.model_dump_json())
     data["exports"] = exports

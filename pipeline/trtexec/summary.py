@@ -51,6 +51,13 @@ def render_run(run: TrtexecRun):
         for layer in sorted(log.profile.layers, key=lambda entry: -entry.average_ms)[:10]:
             layers.add_row(layer.name[:90], f"{layer.average_ms:g}", f"{layer.percent:g}")
         parts.append(layers)
+    if run.layer_info is not None and run.layer_info.unknown_keys:
+        parts.append(
+            Text(
+                f"warning: the layer information has keys this version does not know: {', '.join(run.layer_info.unknown_keys)}",
+                style="yellow",
+            )
+        )
     if run.precision_audit is not None:
         audit = run.precision_audit
         parts.append(Text(f"Layer output types: {audit.output_types}"))

@@ -34,3 +34,10 @@ def decode(data: bytes) -> str:
 def read_text(path: Path) -> str:
     """``decode`` of a file's bytes; raises OSError like Path.read_text."""
     return decode(Path(path).read_bytes())
+
+
+def log_lines(text: str) -> list[str]:
+    """The lines of tool output, split at line feeds only (a CR before one is dropped).
+    ``str.splitlines`` also splits at \\x1c–\\x1e, and TensorRT writes \\x1e inside a layer's
+    metadata to join the ONNX nodes it fused: that would cut a layer line in two."""
+    return [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
