@@ -8,7 +8,7 @@ import re
 import pytest
 
 from pipeline.errors import PipelineError
-from pipeline.trtexec.log import decode_version, parse_log, read_log
+from pipeline.trtexec.log import NOTHING_TO_REPORT, decode_version, parse_log, read_log
 from tests.conftest import SAMPLES
 
 # Every whole log: not the help texts, not the exportTimes JSON kept as .json.txt.
@@ -162,7 +162,9 @@ def test_truncated_log_is_read_and_flagged(tmp_path):
     log = parse_log(cut)
     assert log.status is None and log.latency_ms is None
     assert log.trt_version == "10.16.1" and log.device.name == "NVIDIA H100 PCIe"
-    assert "truncated or killed" in log.warnings[-1]
+    assert "truncated or killed" in log.warnings[-2]
+    # Cut before its summary, it has nothing to report: `trtexec parse` exits 1 (as the README says).
+    assert log.warnings[-1] == NOTHING_TO_REPORT
 
 
 @pytest.mark.parametrize("text", ["", "hello\nworld\n", "\x00\x01binary"])
@@ -369,3 +371,146 @@ def test_parse_shows_every_input_with_what_it_was_built_for_and_ran_at(run_cli, 
         ("z", "output", "int64", "1"),
     ]
     assert tensors[0]["profiles"] == {"0": {"min": "1x1x28x28", "opt": "1x1x28x28", "max": "1x1x28x28"}}
+
+
+# --- what people paste: any prefix or none, indented, several runs, cut short ---------------------
+
+GREPPED_SWEEP = SAMPLES / "trt11.0.0_b200_loadEngine_infStreams_1_2_4_GREPPED_summary_lines.log"
+
+
+@pytest.mark.parametrize("path", SUMMARY_LOGS, ids=lambda p: p.name)
+@pytest.mark.parametrize("form", ["severity only", "indented", "indented without prefixes"])
+def test_summary_lines_are_recognised_by_their_content(path, form):
+    full = read_log(path)
+    block = _summary_block(path.read_text(errors="replace"))
+    if form == "severity only":
+        block = [re.sub(r"^\[[^\]]*\] ", "", line) for line in block]  # "[I] Throughput: …"
+    elif form == "indented":
+        block = ["    " + line for line in block]
+    else:
+        block = ["  " + _STAMP.sub("", line) for line in block]
+    log = parse_log("\n".join(block) + "\n")
+    assert log.summaries == [full.summaries[-1].model_copy(update={"label": None})]
+
+
+def test_an_error_code_in_brackets_keeps_its_message_when_it_wraps():
+    text = (
+        "[11/02/2026-09:12:01] [E] Error[4]: [network.cpp::validate::3417] Error Code 4: Internal Error (input_ids: for dimension\n"
+        "number 1 in profile 0 does not match network definition (got min=1, opt=128, max=4096), expected min=opt=max=512).)\n"
+        "[11/02/2026-09:12:01] [E] Engine could not be created from network\n"
+        "&&&& FAILED TensorRT.trtexec [TensorRT v101401] [b48] # trtexec --onnx=bert.onnx\n"
+    )
+    log = parse_log(text)
+    first, second = log.errors
+    assert first.code == 4
+    assert first.message.endswith("expected min=opt=max=512).)") and "for dimension number 1 in profile 0" in first.message
+    assert (second.code, second.message) == (None, "Engine could not be created from network")
+
+
+def test_lines_after_a_complete_error_are_not_taken_for_its_continuation():
+    log = read_log(SAMPLES / "trt11.0.0_b200_onnx_stronglyTyped_noop_skipInference_then_removed_precision_flags.txt")
+    assert [e.message for e in log.errors] == [
+        "Unknown option: --fp16",
+        "Unknown option: --int8",
+        "Unknown option: --best",
+        "Unknown option: --precisionConstraints obey",
+    ]
+
+
+@pytest.mark.parametrize(
+    "warning, flag",
+    [
+        ("--workspace flag has been deprecated by --memPoolSize flag.", "--workspace"),  # 8.5/8.6
+        ("--buildOnly flag has been deprecated by --skipInference flag.", "--buildOnly"),
+        ("--profilingVerbosity=default has been deprecated by --profilingVerbosity=layer_names_only.", "--profilingVerbosity"),
+        ("--plugins flag has been deprecated, use --staticPlugins flag instead.", "--plugins"),  # 10.x
+        ("--sparsity=force has been deprecated. Please use <polygraphy surgeon prune> to rewrite the weights", "--sparsity"),
+        ("--useSpinWait is deprecated. Spin wait is now enabled by default. Use --noSpinWait to disable spin wait.", "--useSpinWait"),
+    ],
+)
+def test_deprecations_in_every_wording_trtexec_has_used(warning, flag):
+    # Wordings from samples/common/sampleOptions.cpp of TensorRT 8.6.1 and 11.1 (NVIDIA/TensorRT).
+    log = parse_log(f"[01/01/2026-00:00:00] [W] {warning}\n&&&& PASSED TensorRT.trtexec [TensorRT v8601] # trtexec\n")
+    assert log.deprecated_flags == [flag]
+
+
+def test_several_summaries_in_one_text_are_all_kept_in_order(run_cli, tiny_catalog):
+    log = read_log(GREPPED_SWEEP)
+    assert [(s.label, s.throughput_qps, s.gpu_compute_ms.median, s.total_gpu_compute_s) for s in log.summaries] == [
+        ("--- infStreams=1", 16179.7, 0.0588074, 2.86708),
+        ("--- infStreams=2", 29302.3, 0.0649414, 5.74258),
+        ("--- infStreams=4", 33918.6, 0.074585, 7.61806),
+    ]
+    assert log.throughput_qps == 33918.6  # the top level is the last run, and the warning says so
+    assert any(w.startswith("the text holds 3 runs' performance summaries (1: --- infStreams=1;") for w in log.warnings)
+    result = run_cli(tiny_catalog, "trtexec", "parse", str(GREPPED_SWEEP), "--json")
+    assert result.exit_code == 0
+    assert [s["throughput_qps"] for s in json.loads(result.out)["summaries"]] == [16179.7, 29302.3, 33918.6]
+    shown = run_cli(tiny_catalog, "trtexec", "parse", str(GREPPED_SWEEP))
+    assert "--- infStreams=2" in shown.out and "29302.3" in shown.out
+
+
+def test_a_log_cut_before_its_summary_exits_1_and_says_it_was_cut(tmp_path, run_cli, tiny_catalog):
+    text = (SAMPLES / "trt11.0.0_b200_loadEngine_dumpProfile_exportTimes_exportProfile.txt").read_text()
+    path = tmp_path / "cut.log"
+    path.write_text(text[: text.index("=== Performance summary ===")])
+    result = run_cli(tiny_catalog, "trtexec", "parse", str(path), "--json")
+    assert result.exit_code == 1
+    warnings = json.loads(result.out)["warnings"]
+    assert any("truncated or killed" in w for w in warnings) and warnings[-1] == NOTHING_TO_REPORT
+
+
+# Every recorded trtexec text: the whole logs and the grepped one.
+ALL_TEXTS = LOGS + [GREPPED_SWEEP]
+
+
+def _mutate(text: str, strip: bool, indent: str, crlf: bool) -> str:
+    lines = text.split("\n")
+    if strip:
+        lines = [_STAMP.sub("", line) for line in lines]
+    lines = [indent + line if line else line for line in lines]
+    return ("\r\n" if crlf else "\n").join(lines)
+
+
+def _figures(log) -> dict:
+    return {
+        "summaries": [s.model_dump(exclude={"label"}) for s in log.summaries],
+        "profile": log.profile.model_dump() if log.profile else None,
+        "trace": [t.model_dump() for t in log.trace],
+        "trt_version": log.trt_version,
+        "status": log.status,
+        "device": log.device.name,
+    }
+
+
+@pytest.mark.parametrize("path", ALL_TEXTS, ids=lambda p: p.name)
+def test_mutated_logs_keep_every_figure_that_remains(path):
+    """Property: prefixes stripped, lines indented, CRLF line ends, the text cut at any line — the
+    figures still in the text are read exactly, and none is invented."""
+    import random
+
+    original = path.read_text(errors="replace")
+    whole = _figures(parse_log(original))
+    rng = random.Random(path.name)
+    lines = original.split("\n")
+    for strip, indent, crlf in [(True, "", False), (False, "  ", True), (True, "\t", True)]:
+        mutated = _figures(parse_log(_mutate(original, strip, indent, crlf)))
+        assert mutated == whole, (strip, indent, crlf)
+        for cut in sorted(rng.sample(range(1, len(lines)), min(6, len(lines) - 1))):
+            text = _mutate("\n".join(lines[:cut]), strip, indent, crlf)
+            try:
+                part = _figures(parse_log(text))
+            except PipelineError:
+                continue  # nothing recognisable left before the cut: refused, never misread
+            # What was read is what the whole log says, summary line by summary line.
+            assert len(part["summaries"]) <= len(whole["summaries"])
+            for read, complete in zip(part["summaries"], whole["summaries"]):
+                assert {k: v for k, v in read.items() if v not in (None, {})} == {
+                    k: complete[k] for k, v in read.items() if v not in (None, {})
+                }
+            assert part["trace"] == whole["trace"][: len(part["trace"])]
+            if part["profile"] is not None:
+                assert part["profile"]["layers"] == whole["profile"]["layers"][: len(part["profile"]["layers"])]
+            assert part["trt_version"] in (None, whole["trt_version"])
+            assert part["device"] in (None, whole["device"])
+            assert part["status"] in (None, whole["status"])

@@ -18,7 +18,8 @@ from pydantic import BaseModel, Field, computed_field
 from pipeline.errors import PipelineError
 from pipeline.trtexec.text import log_lines, read_text
 
-_PREFIX = re.compile(r"^\[(?P<stamp>[^\]]*)\] \[(?P<severity>[VIWEF])\] ?(?P<message>.*)$")
+# "[date] [I] message", also pasted as "[I] message" and indented (inside a list, a quote).
+_PREFIX = re.compile(r"^\s*(?:\[(?P<stamp>[^\]]*)\]\s*)?\[(?P<severity>[VIWEF])\] ?(?P<message>.*)$")
 _BANNER = re.compile(
     r"^&&&& (?P<status>RUNNING|PASSED|FAILED|WAIVED) TensorRT\.trtexec \[TensorRT v(?P<code>\d+)\]"
     r"(?: \[(?P<build>b\d+)\])? # (?P<command>.*)$"
@@ -34,8 +35,12 @@ _PROFILE_HEADER = re.compile(r"^=== Profile \((?P<iterations>\d+) iterations ?\)
 _NUMBER = r"[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"
 _ROW_NAME_LAST = re.compile(rf"^\s*(?P<numbers>(?:{_NUMBER}\s+){{3,4}})(?P<name>\S.*?)\s*$")
 _ROW_NAME_FIRST = re.compile(rf"^\s*(?P<name>\S.*?)\s+(?P<numbers>(?:{_NUMBER}\s+){{2,3}}{_NUMBER})\s*$")
-_DEPRECATED_FLAG = re.compile(r"^(--[A-Za-z0-9]+)(?:=\S*)? is deprecated\b")
-_ERROR_CODE = re.compile(r"Error Code (?P<code>\d+): ?(?P<message>.*)")
+# Every wording trtexec has used: 8.x "--workspace flag has been deprecated by --memPoolSize flag",
+# 10.x "--plugins flag has been deprecated, use --staticPlugins flag instead.", 10.x/11.x
+# "--useCudaGraph is deprecated. CUDA graph is now enabled by default. …".
+_DEPRECATED_FLAG = re.compile(r"^(--[A-Za-z0-9]+)(?:=\S*)?(?: flag)? (?:is|has been) deprecated\b")
+# "Error Code 4: …" (TensorRT's error recorder) or "Error[4]: …" (trtexec's own prefix).
+_ERROR_CODE = re.compile(r"Error(?: Code |\[)(?P<code>\d+)\]?: ?(?P<message>.*)")
 _PARSER_ERROR = re.compile(r"^\[(?P<code>\d+)\] (?P<message>.+)$")
 # Each input's shapes, in every wording trtexec has printed them (samples/common/sampleOptions.cpp
 # and sampleEngines.cpp of the TensorRT OSS release): the options echo, one line per input
@@ -152,6 +157,49 @@ class TensorShapes(BaseModel):
         return self.binding if self.io == "output" else (self.inference or self.binding or self.automatic)
 
 
+class PerformanceSummary(BaseModel):
+    """One run's performance summary. A text can hold several (a sweep grepped into one file)."""
+
+    # What introduced it: the banner's command, or the free-standing line before it ("--- infStreams=2").
+    label: str | None = None
+    throughput_qps: float | None = None
+    latency_ms: TimingSummary | None = None
+    gpu_compute_ms: TimingSummary | None = None
+    enqueue_ms: TimingSummary | None = None
+    h2d_ms: TimingSummary | None = None
+    d2h_ms: TimingSummary | None = None
+    other_summaries: dict[str, TimingSummary] = {}
+    total_host_walltime_s: float | None = None
+    total_gpu_compute_s: float | None = None
+
+    def has(self, label: str) -> bool:
+        """Whether this summary already holds the line of that label."""
+        field = SUMMARY_FIELDS.get(label) or _TOTAL_FIELDS.get(label)
+        return getattr(self, field) is not None if field else label in self.other_summaries
+
+    @property
+    def empty(self) -> bool:
+        return not any(self.has(label) for label in (*SUMMARY_FIELDS, *_TOTAL_FIELDS)) and not self.other_summaries
+
+
+_TOTAL_FIELDS = {
+    "Throughput": "throughput_qps",
+    "Total Host Walltime": "total_host_walltime_s",
+    "Total GPU Compute Time": "total_gpu_compute_s",
+}
+SUMMARY_COPIED = (
+    "throughput_qps",
+    "latency_ms",
+    "gpu_compute_ms",
+    "enqueue_ms",
+    "h2d_ms",
+    "d2h_ms",
+    "other_summaries",
+    "total_host_walltime_s",
+    "total_gpu_compute_s",
+)
+
+
 class TrtexecLog(BaseModel):
     trt_version: str | None = None
     version_code: str | None = None  # as in the banner: "v101601"
@@ -170,6 +218,8 @@ class TrtexecLog(BaseModel):
     other_summaries: dict[str, TimingSummary] = {}
     total_host_walltime_s: float | None = None
     total_gpu_compute_s: float | None = None
+    # Every performance summary in the text, in order; the fields above are the last one's.
+    summaries: list[PerformanceSummary] = []
     warnings: list[str] = []
     # Flags trtexec warned are deprecated ("--useCudaGraph is deprecated. CUDA graph is now …").
     deprecated_flags: list[str] = []
@@ -242,56 +292,85 @@ _FACTS = (
 
 
 def parse_log(text: str) -> TrtexecLog:
+    """Every fact the text holds. Lines are recognised by their content: with or without the
+    ``[date] [I]`` prefix, indented or not, CRLF or LF, so a pasted fragment reads like a whole log."""
     log = TrtexecLog()
     section: str | None = None
     in_summary = False
+    summary = PerformanceSummary()
+    label: str | None = None  # what introduces the next summary
     profile: LayerProfile | None = None
     profile_layout: str | None = None
     last_error: TrtexecError | None = None
+    in_node_dump = False
     last_warning_index: int | None = None
-    recognised = 0
+    prefixed_lines = 0
+
+    def start_summary() -> PerformanceSummary:
+        nonlocal summary
+        if not summary.empty:
+            log.summaries.append(summary)
+            summary = PerformanceSummary()
+        summary.label = label
+        return summary
+
+    def summary_line(text: str, any_label: bool) -> bool:
+        """Put a summary line into the current summary, starting a new one when it already has
+        that line (the next run of a sweep)."""
+        nonlocal summary
+        name = text.partition(":")[0].strip()
+        if summary.has(name):
+            start_summary()
+        elif summary.empty:
+            summary.label = label
+        return _summary_line(summary, text, any_label)
 
     for raw in log_lines(text):
-        line = raw.rstrip("\r").rstrip()
-        banner = _BANNER.match(line)
+        line = raw.rstrip()
+        banner = _BANNER.match(line.strip())
         if banner:
-            recognised += 1
             log.version_code = "v" + banner.group("code")
             log.build_tag = banner.group("build")
             log.command = banner.group("command").strip()
+            label = log.command
             if log.trt_version is None:
                 log.trt_version = decode_version(banner.group("code"))
             if banner.group("status") != "RUNNING":
                 log.status = banner.group("status")
+            last_error = None
             continue
 
         prefixed = _PREFIX.match(line)
-        if not prefixed and _is_summary_line(line.strip()):
-            # Summary lines pasted without their "[date] [I]" prefix (as in issues and READMEs).
-            recognised += 1
-            _summary_line(log, line.strip())
-            continue
-        if not prefixed:
-            # Unprefixed lines continue the previous message: an error's "[6] …" detail is kept,
-            # node and layer dumps are not needed for any report.
+        if prefixed:
+            prefixed_lines += 1
+            severity, message = prefixed.group("severity"), prefixed.group("message")
+        elif in_node_dump:
+            continue  # the ONNX node an error is about, printed as protobuf text
+        elif last_error is not None and line.strip() and _continues(last_error.message, line.strip()):
+            # The rest of an error message ("[6] creator && …", or a message that wraps).
             detail = _PARSER_ERROR.match(line.strip())
-            if detail and last_error is not None:
+            if detail:
                 last_error.code = int(detail.group("code"))
                 last_error.message = f"{last_error.message} {detail.group('message')}".strip()
+            else:
+                last_error.message = f"{last_error.message} {line.strip()}"
             continue
-        recognised += 1
-        severity, message = prefixed.group("severity"), prefixed.group("message")
+        else:
+            # A line without a prefix is read like an [I] line: pasted text loses its prefixes.
+            severity, message = "I", line
         stripped = message.strip()
 
         if severity == "E":
-            coded = _ERROR_CODE.search(stripped)
             if stripped.startswith("[TRT] ModelImporter.cpp") and "--- " in stripped:
+                in_node_dump = "--- Begin node ---" in stripped
                 continue  # node dump delimiters
+            coded = _ERROR_CODE.search(stripped)
             error = TrtexecError(code=int(coded.group("code")) if coded else None, message=stripped)
             log.errors.append(error)
             last_error = error
             continue
         last_error = None
+        in_node_dump = False
 
         if severity == "W":
             if message.startswith("  ") and last_warning_index is not None:
@@ -325,28 +404,31 @@ def parse_log(text: str) -> TrtexecLog:
                 continue
             row = _profile_row(message, profile_layout)
             if row is None:
-                continue
-            if row.name == "Total":
+                profile = None  # not a row: the table ended without its blank line (a grepped text)
+            elif row.name == "Total":
                 profile.total = row
+                continue
             else:
                 profile.layers.append(row)
-            continue
+                continue
 
         sect = _SECTION.match(stripped)
         if sect:
             name = sect.group("name")
             in_summary = name == "Performance summary"
+            if in_summary:
+                start_summary()
             section = None if in_summary else name
             if section and (section.endswith("Options") or section == "Device Information"):
                 log.options.setdefault(section, {})
             continue
 
         if in_summary:
-            if not _summary_line(log, stripped):
+            if not summary_line(stripped, any_label=True):
                 in_summary = bool(stripped)
             continue
-        if severity == "I" and _is_summary_line(stripped):
-            _summary_line(log, stripped)  # outside its section: pasted without the header
+        if _is_summary_line(stripped):
+            summary_line(stripped, any_label=False)  # outside its section: pasted without the header
             continue
 
         trace = _TRACE.match(stripped)
@@ -383,17 +465,42 @@ def parse_log(text: str) -> TrtexecLog:
             fact = pattern.match(stripped)
             if fact:
                 log.facts[name] = fact.group(1).strip()
+                break
+        else:
+            if not prefixed and len(stripped) <= 120:
+                label = stripped  # a free-standing line: what a grepped sweep writes before each run
 
-    if recognised == 0:
+    if not summary.empty:
+        log.summaries.append(summary)
+    if log.summaries:
+        last = log.summaries[-1]
+        for field in SUMMARY_COPIED:
+            setattr(log, field, getattr(last, field))
+    if not (prefixed_lines or log.command or log.summaries or log.trace or log.profile or log.options):
         raise PipelineError(
-            "this does not look like trtexec output: no `&&&&` banner and no `[I]`/`[W]`/`[E]` lines.",
+            "this does not look like trtexec output: no `&&&&` banner, no `[I]`/`[W]`/`[E]` lines and no performance summary.",
             hint="pass the file trtexec printed to stdout (e.g. `trtexec … | tee build.log`)",
+        )
+    if len(log.summaries) > 1:
+        named = "; ".join(f"{index}: {s.label or 'unlabelled'}" for index, s in enumerate(log.summaries, 1))
+        log.warnings.append(
+            f"the text holds {len(log.summaries)} runs' performance summaries ({named}): each is under `summaries`, "
+            "the top-level figures are the last one's"
         )
     if log.status is None and log.command is not None:
         log.warnings.append("the log ends before trtexec finished (no PASSED/FAILED line): truncated or killed")
-    elif log.status is None and not log.has_summary:
+    if log.status is None and not log.has_summary:
         log.warnings.append(NOTHING_TO_REPORT)
     return log
+
+
+def _continues(message: str, line: str) -> bool:
+    """Whether an unprefixed line goes on with the error before it: a parser's "[6] …" detail, or
+    a message left open (ending in ":" or with a bracket not yet closed)."""
+    if _PARSER_ERROR.match(line):
+        return True
+    open_brackets = message.count("(") - message.count(")") + message.count("[") - message.count("]")
+    return message.endswith(":") or open_brackets > 0
 
 
 NOTHING_TO_REPORT = "no performance summary and no PASSED/FAILED line: there is nothing to report from this text"
@@ -434,23 +541,22 @@ def _is_summary_line(text: str) -> bool:
     return label in SUMMARY_TOTALS and bool(re.match(rf"\s*{_NUMBER}\s*(qps|s)\b", rest))
 
 
-def _summary_line(log: TrtexecLog, text: str) -> bool:
+def _summary_line(summary: PerformanceSummary, text: str, any_label: bool) -> bool:
+    """Read one summary line into ``summary``; labels other than trtexec's own only inside the
+    summary section (``any_label``)."""
     if not text or ":" not in text:
         return False
     label, rest = (part.strip() for part in text.split(":", 1))
-    if label == "Throughput":
+    if label in _TOTAL_FIELDS:
         values = _floats(rest)
-        log.throughput_qps = values[0] if values else None
-    elif label == "Total Host Walltime":
-        log.total_host_walltime_s = _floats(rest)[0]
-    elif label == "Total GPU Compute Time":
-        log.total_gpu_compute_s = _floats(rest)[0]
-    elif "=" in rest:
-        summary = _summary(rest)
+        if not values:
+            return False
+        setattr(summary, _TOTAL_FIELDS[label], values[0])
+    elif "=" in rest and (any_label or label in SUMMARY_FIELDS):
         if label in SUMMARY_FIELDS:
-            setattr(log, SUMMARY_FIELDS[label], summary)
+            setattr(summary, SUMMARY_FIELDS[label], _summary(rest))
         else:
-            log.other_summaries[label] = summary
+            summary.other_summaries[label] = _summary(rest)
     else:
         return False
     return True

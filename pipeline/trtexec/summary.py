@@ -21,12 +21,19 @@ def render_run(run: TrtexecRun):
     if device.name:
         header.append(f" · {device.name} (CC {device.compute_capability}, {device.sms} SMs, {device.memory_mib} MiB)")
     parts.append(header)
-    if log.throughput_qps is not None:
-        parts.append(
-            Text(
-                f"Throughput {log.throughput_qps} qps · host walltime {log.total_host_walltime_s} s · GPU compute {log.total_gpu_compute_s} s"
-            )
+    totals = [
+        f"{label} {value:g}{unit}"
+        for label, value, unit in (
+            ("Throughput", log.throughput_qps, " qps"),
+            ("host walltime", log.total_host_walltime_s, " s"),
+            ("GPU compute", log.total_gpu_compute_s, " s"),
         )
+        if value is not None
+    ]
+    if totals:
+        parts.append(Text(" · ".join(totals)))
+    if len(log.summaries) > 1:
+        parts.append(_runs(log))
     timings = Table(title="Performance summary (ms)")
     for column in ("metric", "min", "median", "mean", "p90", "p95", "p99", "max"):
         timings.add_column(column, justify="left" if column == "metric" else "right")
@@ -83,4 +90,26 @@ def _tensors(log) -> Table:
             label = tensor.name if number is None or len(profiles) == 1 else f"{tensor.name} (profile {number})"
             built = (shapes.min, shapes.opt, shapes.max) if shapes is not None else ("–", "–", "–")
             table.add_row(label, tensor.io, *built, ran_at if index == 0 else "", tensor.dtype or "–")
+    return table
+
+
+def _runs(log) -> Table:
+    """One line per performance summary of a text that holds several runs."""
+    table = Table(title=f"{len(log.summaries)} runs in this text (the figures above are the last one's)")
+    for column in ("run", "qps", "GPU median ms", "GPU mean ms", "GPU p99 ms", "total GPU s"):
+        table.add_column(column, justify="left" if column == "run" else "right")
+    for index, summary in enumerate(log.summaries, 1):
+        gpu = summary.gpu_compute_ms
+
+        def shown(value):
+            return f"{value:g}" if value is not None else "–"
+
+        table.add_row(
+            summary.label or str(index),
+            shown(summary.throughput_qps),
+            shown(gpu.median if gpu else None),
+            shown(gpu.mean if gpu else None),
+            shown(gpu.p99 if gpu else None),
+            shown(summary.total_gpu_compute_s),
+        )
     return table
