@@ -60,6 +60,34 @@ image = "nvcr.io/nvidia/tensorrt:25.11-py3"
 """
 
 
+@dataclass
+class Rendered:
+    dom: str
+    screenshot: Path
+
+
+def render_in_chromium(page: Path, scratch: Path, screenshot: bool = False) -> Rendered:
+    """The page as headless Chromium lays it out: its DOM after rendering, and a screenshot.
+    Skips, saying why, where Chromium is not installed (.ci/run installs it)."""
+    import shutil
+    import subprocess
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("Chromium is not installed (apt-get install chromium; .ci/run installs it)")
+    flags = [
+        "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", f"--user-data-dir={scratch / 'chromium-profile'}",
+    ]  # fmt: skip
+    shot = scratch / f"{page.stem}.png"
+    if screenshot:
+        subprocess.run(
+            [chromium, *flags, "--window-size=1400,1600", f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=120
+        )
+    dom = subprocess.run([chromium, *flags, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120).stdout
+    return Rendered(dom, shot)
+
+
 def write_catalog(directory: Path, text: str = TINY_CATALOG) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "pipeline.toml"

@@ -17,7 +17,7 @@ from pipeline.manifest import Artifact, BuildDetails, EngineManifest, Environmen
 from pipeline.stats import LatencyStats
 from pipeline.trtexec.layers import read_layer_info
 from pipeline.trtexec.log import read_log
-from tests.conftest import SAMPLES, TINY_CATALOG, write_catalog
+from tests.conftest import SAMPLES, TINY_CATALOG, render_in_chromium, write_catalog
 
 TRT_CATALOG = (
     TINY_CATALOG
@@ -352,23 +352,13 @@ def test_html_report_is_self_contained(ort_workspace, run_cli):
 
 
 def test_html_report_renders_in_chromium(ort_workspace, run_cli, tmp_path):
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        pytest.skip("Chromium is not installed (apt-get install chromium; .ci/run installs it)")
     from PIL import Image
 
     assert run_cli(ort_workspace, "compare", "--format", "html").exit_code == 0
-    report = ort_workspace.parent / "reports" / "compare.html"
-    flags = [
-        "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}",
-    ]  # fmt: skip
-    shot = tmp_path / "report.png"
-    subprocess.run([chromium, *flags, "--window-size=1400,1600", f"--screenshot={shot}", report.as_uri()], capture_output=True, timeout=120)
-    image = Image.open(shot).convert("RGB")
-    colours = image.getcolors(maxcolors=1_000_000)
+    rendered = render_in_chromium(ort_workspace.parent / "reports" / "compare.html", tmp_path, screenshot=True)
+    colours = Image.open(rendered.screenshot).convert("RGB").getcolors(maxcolors=1_000_000)
     assert colours is not None and len(colours) > 50  # tables and plots, not a blank page
-    dom = subprocess.run([chromium, *flags, "--dump-dom", report.as_uri()], capture_output=True, text=True, timeout=120).stdout
+    dom = rendered.dom
     assert dom.count("<table") == 2 and dom.count("<img") >= 2 and "tiny_fp32" in dom
 
 

@@ -7,8 +7,6 @@ compiled once for a dynamic range with its recompilations counted.
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,6 +14,7 @@ import pytest
 from pipeline.manifest import read_manifest
 from pipeline.report.rows import ComparisonRow
 from pipeline.report.sweep import sweeps, verdicts
+from tests.conftest import render_in_chromium
 from tests.test_pytorch_runtime import needs_inductor
 
 pytest.importorskip("transformers", reason="the transformers family needs the transformers package (`make setup` installs it)")
@@ -137,13 +136,8 @@ def test_the_html_report_opens_with_the_answer_and_draws_the_sweep(swept, run_cl
 
 
 def test_the_sweep_html_renders_in_chromium(swept, run_cli, tmp_path):
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        pytest.skip("Chromium is not installed (apt-get install chromium; .ci/run installs it)")
     assert run_cli(swept / "pipeline.toml", "compare", "--format", "html").exit_code == 0
-    report = swept / "reports" / "compare.html"
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}"]
-    dom = subprocess.run([chromium, *flags, "--dump-dom", report.as_uri()], capture_output=True, text=True, timeout=120).stdout
+    dom = render_in_chromium(swept / "reports" / "compare.html", tmp_path).dom
     assert 'class="verdict"' in dom and 'class="sweep"' in dom and "is faster than" in dom and dom.count("<img") >= 3
 
 

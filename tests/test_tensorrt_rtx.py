@@ -19,7 +19,8 @@ import pytest
 from pipeline.artifacts import sha256_file
 from pipeline.environment import nvidia_gpus
 from pipeline.manifest import read_manifest
-from tests.conftest import RTX_TOOLCHAINS, TINY_CATALOG, write_catalog
+from pipeline.trtexec.layers import read_layer_info
+from tests.conftest import RTX_TOOLCHAINS, TINY_CATALOG, render_in_chromium, write_catalog
 
 CPU_VARIANTS = ("fp32", "fp16", "bf16", "int8", "fp8", "fp16_sparse", "int8_sparse", "fp8_sparse")
 
@@ -159,6 +160,35 @@ def test_every_cpu_exportable_variant_builds_for_sm89_and_sm120(workspace, run_c
         if variant != "fp32":
             assert audit["intended_found"] is True, (variant, audit)
         assert (ws / "engines" / "trt-rtx1.7" / f"vit_tiny_{variant}.layers.json").is_file()
+
+
+@pytest.mark.rtx
+def test_diff_of_fp16_and_fp8_builds_names_the_layers_fp8_changed(workspace, run_cli, tmp_path):
+    """Two real TensorRT-RTX builds for SM89 (which this machine cannot run): layer types and
+    precisions only, from each build's layer dump."""
+    built = run_cli(
+        workspace, "build", "--model", "vit_tiny", "--variant", "fp16", "--variant", "fp8", "--toolchain", "trt-rtx1.7", "--arch", "sm89"
+    )
+    assert built.exit_code == 0, built.err
+    result = run_cli(workspace, "diff", "trt-rtx1.7/vit_tiny_fp16", "trt-rtx1.7/vit_tiny_fp8", "--format", "json")
+    assert result.exit_code == 0, result.err
+    data = json.loads(result.out)
+    layers = read_layer_info(workspace.parent / "engines" / "trt-rtx1.7" / "vit_tiny_fp8.layers.json")
+    fp8 = sum(1 for layer in layers.layers if layer.precision == "fp8")
+    assert fp8 >= 12  # at least the twelve blocks' quantized MatMuls
+    assert data["precision"][0] == f"B runs {fp8} layers in fp8, A none."
+    assert data["b"]["precisions"]["fp8"] == fp8 and "fp8" not in data["a"]["precisions"]
+    assert any("no per-layer times" in note for note in data["a"]["notes"])
+    # The quantized GEMMs are found beside their fp16 counterparts through the ONNX nodes they implement.
+    gemms = [r for r in data["rows"] if r["a"] and r["b"] and r["b_precision"] == "fp8" and r["a_precision"] == "fp16"]
+    assert len(gemms) >= 12 and all("precision" in r["changed"] for r in gemms)
+    assert data["counts"]["matched"] + data["counts"]["matched by ONNX nodes"] + data["counts"]["fused differently"] > 0
+    shown = run_cli(workspace, "diff", "trt-rtx1.7/vit_tiny_fp16", "trt-rtx1.7/vit_tiny_fp8")
+    assert f"B runs {fp8} layers in fp8, A none." in shown.out and "Every layer, A beside B" in shown.out
+    page = run_cli(workspace, "diff", "trt-rtx1.7/vit_tiny_fp16", "trt-rtx1.7/vit_tiny_fp8", "--format", "html")
+    assert page.exit_code == 0
+    dom = render_in_chromium(workspace.parent / "reports" / "diff.html", tmp_path).dom
+    assert f"B runs {fp8} layers in fp8, A none." in dom and "<table" in dom
 
 
 @pytest.mark.rtx

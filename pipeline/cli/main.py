@@ -440,6 +440,62 @@ def doctor(state: _State, as_json):
         stdout_console().print(render(checks))
 
 
+@cli.command()
+@click.argument("a")
+@click.argument("b")
+@click.option("--format", "fmt", type=click.Choice(["table", "md", "json", "html"]), default="table", show_default=True)
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write to this file (html default: reports/diff.html).")
+@pass_state
+def diff(state: _State, a, b, fmt, out):
+    """What changed between two engines, layer by layer: A and B side by side.
+
+    \b
+    A and B are each an engine of this workspace, TOOLCHAIN/ENGINE[@SHAPE]
+    (trt10.16/vit_fp16, trt-rtx1.7/vit_tiny_fp8), or trtexec output: a log with a
+    `=== Profile` table or a --dumpLayerInfo dump, --exportProfile / --exportLayerInfo JSON,
+    or a folder holding them. Two toolchains or releases of one engine, or two variants of one
+    model; engines of different models are refused.
+    \b
+    Shown: the precision each engine's layers compute in ("B runs 48 layers in fp4, A none"),
+    the total of the per-layer times, the ten layers that explain most of the difference, and
+    every layer with its time, precision, type and tactic. Layers are matched by name, then by
+    name without Myelin's numbering, then by the ONNX nodes they implement, so that layers two
+    builds fused differently are compared as a group; the rest is "only in A" / "only in B".
+    Per-layer times come from `pipeline profile` (trtexec's --exportProfile, TensorRT-RTX's
+    profiler); without them, layer types and precisions are compared.
+    """
+    from pipeline.report.layer_diff import diff as diff_engines
+    from pipeline.report.layer_diff import load_side, render_markdown, render_terminal
+
+    catalog = state.catalog if not (Path(a).exists() and Path(b).exists()) else None
+    result = diff_engines(load_side(a, catalog), load_side(b, catalog))
+    if fmt == "html" and out is None:
+        out = (catalog.root if catalog else Path.cwd()) / "reports" / "diff.html"
+    if fmt == "table" and out is None:
+        from pipeline.reporting import stdout_console
+
+        stdout_console().print(render_terminal(result), crop=False)
+        return
+    if fmt == "json":
+        import json
+
+        text = json.dumps(result.to_json(), indent=2) + "\n"
+    elif fmt == "html":
+        from pipeline.report.html import render_diff_html
+
+        text = render_diff_html(result)
+    else:
+        text = render_markdown(result)
+    if out is None:
+        click.echo(text, nl=False)
+    else:
+        from pipeline.report.compare import write_output
+
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_output(text, out)
+        click.echo(f"wrote {out}", err=True)
+
+
 @cli.group()
 def toolchains():
     """The toolchains: list them, fetch what they need (images, environments), pin them."""

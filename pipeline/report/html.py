@@ -275,3 +275,117 @@ def render_html(rows: list[ComparisonRow], manifests: list[EngineManifest], answ
     parts.append(_environment(manifests))
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+# --- what changed between two engines (pipeline diff) -------------------------------------------
+
+
+def _diff_bars(result, rows) -> str | None:
+    """Per-layer time, A beside B, for the rows that explain the difference."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not rows:
+        return None
+    rows = rows[::-1]
+    labels = []
+    for row in rows:
+        name = (row.a or row.b)[0].name + (" …" if len(row.a or row.b) > 1 else "")
+        labels.append(name if len(name) < 48 else name[:45] + "…")
+    positions = range(len(rows))
+    figure, axis = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.2))
+    height = 0.38
+    axis.barh([p + height / 2 for p in positions], [row.a_ms or 0 for row in rows], height, label=f"A: {result.a.label}", color="#8a9bb0")
+    axis.barh([p - height / 2 for p in positions], [row.b_ms or 0 for row in rows], height, label=f"B: {result.b.label}", color="#76b900")
+    axis.set_yticks(list(positions), labels)
+    axis.set_xlabel("average time per iteration, ms (0: the layer is not in that engine)")
+    axis.legend(loc="lower right")
+    axis.set_title("The layers that explain most of the difference")
+    return _png(figure)
+
+
+def layer_diff_section(result) -> str:
+    """One section: who A and B are, the precision verdict, the totals, bars per layer, the tables."""
+    from pipeline.report.layer_diff import header_lines
+
+    def cell(text, css: str = "") -> str:
+        return f'<td class="text{css}">{html.escape(str(text))}</td>'
+
+    def number(value, signed: bool = False) -> str:
+        return f"<td>{'–' if value is None else (f'{value:+.4f}' if signed else f'{value:.4f}')}</td>"
+
+    def names(layers) -> str:
+        return " + ".join(layer.name for layer in layers) or "–"
+
+    parts = ["<section><h2>What changed between the two engines, layer by layer</h2>"]
+    parts.append('<div class="verdict"><ul>' + "".join(f"<li><b>{html.escape(s)}</b></li>" for s in result.precision_verdict()))
+    parts += [f"<li>{html.escape(line)}</li>" for line in result.summary()] + ["</ul></div>"]
+    parts.append('<p class="note">' + "<br>".join(html.escape(line) for line in header_lines(result)) + "</p>")
+    top = result.top()
+    image = _diff_bars(result, top)
+    if image:
+        parts.append(f'<img alt="per-layer time, A beside B" src="{image}">')
+    header = "<tr><th>A</th><th>B</th><th>kind</th><th>A ms</th><th>B ms</th><th>Δ ms</th>"
+    if top:
+        parts.append("<h3>The layers that explain most of the difference</h3><table>" + header + "</tr>")
+        for row in top:
+            parts.append(
+                "<tr>"
+                + cell(names(row.a))
+                + cell(names(row.b))
+                + cell(row.kind)
+                + number(row.a_ms)
+                + number(row.b_ms)
+                + number(result.delta(row), signed=True)
+                + "</tr>"
+            )
+        parts.append("</table>")
+    parts.append(
+        "<h3>Every layer</h3><table>"
+        + header
+        + "<th>A precision</th><th>B precision</th><th>A type</th><th>B type</th><th>A tactic</th><th>B tactic</th></tr>"
+    )
+    for row in result.rows:
+        only = " failed" if row.kind.startswith("only") else ""
+        parts.append(
+            "<tr>"
+            + cell(names(row.a))
+            + cell(names(row.b))
+            + cell(row.kind, only)
+            + number(row.a_ms)
+            + number(row.b_ms)
+            + number(result.delta(row), signed=True)
+            + "".join(
+                cell(value or "–")
+                for value in (
+                    row.precision("a"),
+                    row.precision("b"),
+                    row.layer_type("a"),
+                    row.layer_type("b"),
+                    row.tactic("a"),
+                    row.tactic("b"),
+                )
+            )
+            + "</tr>"
+        )
+    parts.append("</table></section>")
+    return "\n".join(parts)
+
+
+def render_diff_html(result) -> str:
+    return "\n".join(
+        [
+            "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",
+            "<title>Layer diff</title>",
+            f"<style>{STYLE}</style></head><body>",
+            f"<h1>Layer diff: {html.escape(result.a.label)} vs {html.escape(result.b.label)}</h1>",
+            f'<p class="note">Rendered {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}. Layers are matched by name, then by name '
+            "without Myelin's per-graph numbering, then by the ONNX nodes they implement (layers fused differently are "
+            "compared as a group). Times are each engine's per-layer profile (a separate profiled run, so they add up to "
+            "more than the engine's own latency); Δ is B − A.</p>",
+            layer_diff_section(result),
+            "</body></html>",
+        ]
+    )
