@@ -63,6 +63,23 @@ def test_local_build_and_profile(local_install, run_cli):
     assert "--iterations=1" in reference_log and "--loadRefOutputs" not in reference_log  # 10.x cannot check itself
 
 
+def test_diff_of_two_workspace_engines_reads_their_layer_info_and_layer_profiles(local_install, run_cli):
+    # The stand-in replays the same recorded layer JSON (10.16.1) and --exportProfile (10.4.0) for
+    # every engine: two variants then agree layer for layer, and the diff says exactly that.
+    catalog = local_install("ok")
+    assert run_cli(catalog, "run", "--model", "tiny", "--variant", "fp32", "--variant", "fp16", "--toolchain", "local").exit_code == 0
+    result = run_cli(catalog, "diff", "local/tiny_fp32", "local/tiny_fp16", "--format", "json")
+    assert result.exit_code == 0, result.err
+    data = json.loads(result.out)
+    recorded = json.loads(standin_files("ok")["profile.json"])
+    assert data["a"]["layers_timed"] == data["b"]["layers_timed"] == len(recorded) - 1
+    assert data["a"]["iterations"] == recorded[0]["count"] and data["a"]["trt_version"] == "10.14.1"
+    assert data["counts"]["matched"] == len(recorded) - 1 and data["a"]["total_ms"] == data["b"]["total_ms"]
+    assert {row["delta_ms"] for row in data["rows"]} == {0.0}
+    # The profile (alexnet) and the layer information (the MNIST model) are of different builds.
+    assert any("describes 0 of the 14 profiled layers" in note for note in data["a"]["notes"])
+
+
 def test_nan_outputs_are_reported_as_such(local_install, run_cli):
     catalog = local_install("nan")
     result = run_cli(catalog, "run", "--engine", "tiny_fp32", "--toolchain", "local")

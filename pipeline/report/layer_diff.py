@@ -314,7 +314,7 @@ def diff(a: EngineSide, b: EngineSide) -> LayerDiff:
     layers_a, layers_b = side_layers(a), side_layers(b)
     for side, layers in ((a, layers_a), (b, layers_b)):
         if not layers:
-            raise PipelineError(f"{side.label} has neither per-layer times nor layer information.", hint=_how_to_get_layers(side))
+            raise PipelineError(f"{side.label} has neither per-layer times nor layer information.", hint=_how_to_get_layers())
     rows = match(layers_a, layers_b)
     if not any(row.a and row.b for row in rows):
         raise UsageError(
@@ -324,7 +324,7 @@ def diff(a: EngineSide, b: EngineSide) -> LayerDiff:
     return LayerDiff(a, b, rows)
 
 
-def _how_to_get_layers(side: EngineSide) -> str:
+def _how_to_get_layers() -> str:
     return (
         "`pipeline profile` writes the per-layer profile and `pipeline build` the layer information of a workspace "
         "engine; from trtexec: --dumpProfile --exportProfile=… for times, --profilingVerbosity=detailed "
@@ -373,24 +373,10 @@ def _from_workspace(toolchain: str, spec: str, catalog) -> EngineSide:
     layer_info = _artifact(built.build, "layer_info")
     if layer_info is not None:
         side.info = read_layer_info(workspace.root / layer_info)
-    profiled = built if not shape and built.profile else None
-    if shape or profiled is None:
-        candidates = (
-            [workspace.manifest_path(toolchain, ref, shape=shape)] if shape else sorted(built_path.parent.glob(f"{engine_name}@*.json"))
-        )
-        for candidate in candidates:
-            if candidate.exists():
-                profiled = read_manifest(candidate)
-                if not shape and profiled.shape:
-                    side.notes.append(f"per-layer times at {profiled.shape} (the first shape point profiled; name another as @SHAPE)")
-                break
+    profiled = _profiled(workspace, toolchain, ref, built, shape, side)
     layer_profile = _artifact(profiled.profile, "layer_profile") if profiled else None
     if layer_profile is not None:
-        profile = read_profile(workspace.root / layer_profile)
-        side.timed = [TimedLayer(layer.name, layer.average_ms, layer.percent) for layer in profile.layers]
-        side.iterations = profile.iterations
-        if profile.truncated:
-            side.notes.append(profile.stopped_at)
+        _take_profile(side, read_profile(workspace.root / layer_profile))
     else:
         side.notes.append(
             f"no per-layer times: `pipeline profile --engine {engine_name} --toolchain {toolchain}` writes them "
@@ -398,6 +384,40 @@ def _from_workspace(toolchain: str, spec: str, catalog) -> EngineSide:
         )
     _check_build_match(side)
     return side
+
+
+def _profiled(workspace, toolchain: str, ref, built, shape: str, side: EngineSide):
+    """The manifest whose profile has the per-layer times: the engine's own (one shape), the named
+    point's, or else the first point profiled (said in a note)."""
+    from pipeline.manifest import read_manifest
+
+    if not shape and built.profile:
+        return built
+    if shape:
+        path = workspace.manifest_path(toolchain, ref, shape=shape)
+        if not path.exists():
+            raise PipelineError(
+                f"{toolchain}/{ref.name} has not been profiled at {shape}.",
+                hint=f"pipeline profile --engine {ref.name} --toolchain {toolchain}",
+            )
+        return read_manifest(path)
+    from pipeline.report.rows import shape_order
+
+    points = workspace.manifest_path(toolchain, ref).parent.glob(f"{ref.name}@*.json")
+    for path in sorted(points, key=lambda p: shape_order(p.stem.partition("@")[2])):
+        point = read_manifest(path)
+        side.notes.append(f"per-layer times at {point.shape} (the first shape point profiled; name another as @SHAPE)")
+        return point
+    return None
+
+
+def _take_profile(side: EngineSide, profile, source: str | None = None) -> None:
+    """Per-layer times from an --exportProfile (or TensorRT-RTX) file or a log's Profile table."""
+    side.timed = [TimedLayer(layer.name, layer.average_ms, layer.percent) for layer in profile.layers]
+    side.iterations = profile.iterations
+    stopped = getattr(profile, "stopped_at", None)
+    if stopped:
+        side.notes.append(f"{source}: {stopped}" if source else stopped)
 
 
 def _artifact(record, role: str) -> str | None:
@@ -425,18 +445,10 @@ def _from_files(path: Path) -> EngineSide:
             document = json.loads(text)
         except ValueError:
             document = None
-        stripped = text.lstrip()
         if isinstance(document, dict) and ("Layers" in document or "layer_names" in document):
             side.info = layer_info_from_document(document, str(file))
-        elif (isinstance(document, list) or isinstance(document, dict)) and _is_profile(text):
-            profile = read_profile(file)
-            side.timed = [TimedLayer(layer.name, layer.average_ms, layer.percent) for layer in profile.layers]
-            side.iterations = profile.iterations
-        elif document is None and stripped.startswith("[") and _is_profile(text):
-            profile = read_profile(file)  # an --exportProfile cut off mid-file: what is complete
-            side.timed = [TimedLayer(layer.name, layer.average_ms, layer.percent) for layer in profile.layers]
-            side.iterations = profile.iterations
-            side.notes.append(f"{file.name}: {profile.stopped_at}")
+        elif _is_profile(text) and (document is not None or text.lstrip().startswith("[")):
+            _take_profile(side, read_profile(file), file.name)  # a cut-off --exportProfile: what is complete
         elif document is None:
             try:
                 log = parse_log(text)
@@ -444,15 +456,14 @@ def _from_files(path: Path) -> EngineSide:
                 continue  # not trtexec output: another file of the folder
             side.trt = side.trt or log.trt_version
             if log.profile and log.profile.layers and side.timed is None:
-                side.timed = [TimedLayer(layer.name, layer.average_ms, layer.percent) for layer in log.profile.layers]
-                side.iterations = log.profile.iterations
+                _take_profile(side, log.profile)
             dumped = layer_info_from_dump(text)
             if dumped is not None and side.info is None:
                 side.info = dumped
     if side.timed is None and side.info is None:
         raise PipelineError(
             f"{path} holds neither per-layer times nor layer information.",
-            hint=_how_to_get_layers(side),
+            hint=_how_to_get_layers(),
         )
     _check_build_match(side)
     return side

@@ -226,7 +226,9 @@ def _own_document(data: dict) -> LayerInfo:
 
 
 def _layer(entry: dict, unknown: list[str]) -> EngineLayer:
-    unknown += [f"Layers[].{key}" for key in entry if key not in _LAYER_KEYS and not _is_parameter(entry, key)]
+    # 10.x layers describe their parameters after "ParameterType" (Kernel, Weights, HasReLU…): known.
+    if "ParameterType" not in entry:
+        unknown += [f"Layers[].{key}" for key in entry if key not in _LAYER_KEYS]
     tactic = entry.get("TacticName") or entry.get("TacticValue")
     return EngineLayer(
         name=str(entry.get("Name", "")),
@@ -237,11 +239,6 @@ def _layer(entry: dict, unknown: list[str]) -> EngineLayer:
         tactic=str(tactic) if tactic not in (None, "") else None,
         onnx_nodes=onnx_nodes(str(entry.get("Metadata") or "")),
     )
-
-
-def _is_parameter(entry: dict, key: str) -> bool:
-    # 10.x layers describe their parameters after "ParameterType" (Kernel, Weights, HasReLU…).
-    return "ParameterType" in entry
 
 
 def _tensor(entry: dict, unknown: list[str]) -> LayerTensor:
