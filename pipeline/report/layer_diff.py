@@ -427,24 +427,16 @@ def _artifact(record, role: str) -> str | None:
 
 
 def _from_files(path: Path) -> EngineSide:
-    import json
 
     from pipeline.trtexec.exports import read_profile
     from pipeline.trtexec.layers import layer_info_from_document, layer_info_from_dump
     from pipeline.trtexec.log import parse_log
-    from pipeline.trtexec.text import read_text
+    from pipeline.trtexec.text import read_document
 
     files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
     side = EngineSide(label=path.name)
     for file in files:
-        try:
-            text = read_text(file)
-        except OSError as exc:
-            raise PipelineError(f"cannot read {file}: {exc.strerror or exc}.") from exc
-        try:
-            document = json.loads(text)
-        except ValueError:
-            document = None
+        text, document = read_document(file)
         if isinstance(document, dict) and ("Layers" in document or "layer_names" in document):
             side.info = layer_info_from_document(document, str(file))
         elif _is_profile(text) and (document is not None or text.lstrip().startswith("[")):

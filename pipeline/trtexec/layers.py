@@ -18,7 +18,6 @@ Both are read into the same typed layers. Keys this reader does not know are nam
 
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter
 from pathlib import Path
@@ -27,7 +26,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from pipeline.errors import PipelineError
-from pipeline.trtexec.text import log_lines, read_text
+from pipeline.trtexec.text import log_lines, read_document
 
 # --- data types ----------------------------------------------------------------------------------
 
@@ -380,14 +379,7 @@ def _objects(text: str) -> list[str]:
 def read_layer_info(path: Path) -> LayerInfo:
     """A file of layer information: ``--exportLayerInfo``'s JSON, this pipeline's saved layers, or a
     log holding a ``--dumpLayerInfo`` dump."""
-    try:
-        text = read_text(path)
-    except OSError as exc:
-        raise PipelineError(f"cannot read {path}: {exc.strerror or exc}.") from exc
-    try:
-        document = json.loads(text)
-    except ValueError:
-        document = None
+    text, document = read_document(path)
     if document is not None:
         return layer_info_from_document(document, str(path))
     dumped = layer_info_from_dump(text)

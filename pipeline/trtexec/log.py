@@ -74,8 +74,12 @@ SUMMARY_FIELDS = {
 }
 
 
-# Summary labels with one number (qps, s) rather than statistics.
-SUMMARY_TOTALS = ("Throughput", "Total Host Walltime", "Total GPU Compute Time")
+# Summary labels with one number (qps, s) rather than statistics, and where each is kept.
+_TOTAL_FIELDS = {
+    "Throughput": "throughput_qps",
+    "Total Host Walltime": "total_host_walltime_s",
+    "Total GPU Compute Time": "total_gpu_compute_s",
+}
 
 
 class TimingSummary(BaseModel):
@@ -157,20 +161,26 @@ class TensorShapes(BaseModel):
         return self.binding if self.io == "output" else (self.inference or self.binding or self.automatic)
 
 
-class PerformanceSummary(BaseModel):
-    """One run's performance summary. A text can hold several (a sweep grepped into one file)."""
+class SummaryFigures(BaseModel):
+    """The figures of trtexec's performance summary."""
 
-    # What introduced it: the banner's command, or the free-standing line before it ("--- infStreams=2").
-    label: str | None = None
     throughput_qps: float | None = None
     latency_ms: TimingSummary | None = None
     gpu_compute_ms: TimingSummary | None = None
     enqueue_ms: TimingSummary | None = None
     h2d_ms: TimingSummary | None = None
     d2h_ms: TimingSummary | None = None
+    # Summary lines with other labels, kept as printed.
     other_summaries: dict[str, TimingSummary] = {}
     total_host_walltime_s: float | None = None
     total_gpu_compute_s: float | None = None
+
+
+class PerformanceSummary(SummaryFigures):
+    """One run's performance summary. A text can hold several (a sweep grepped into one file)."""
+
+    # What introduced it: the banner's command, or the free-standing line before it ("--- infStreams=2").
+    label: str | None = None
 
     def has(self, label: str) -> bool:
         """Whether this summary already holds the line of that label."""
@@ -182,25 +192,7 @@ class PerformanceSummary(BaseModel):
         return not any(self.has(label) for label in (*SUMMARY_FIELDS, *_TOTAL_FIELDS)) and not self.other_summaries
 
 
-_TOTAL_FIELDS = {
-    "Throughput": "throughput_qps",
-    "Total Host Walltime": "total_host_walltime_s",
-    "Total GPU Compute Time": "total_gpu_compute_s",
-}
-SUMMARY_COPIED = (
-    "throughput_qps",
-    "latency_ms",
-    "gpu_compute_ms",
-    "enqueue_ms",
-    "h2d_ms",
-    "d2h_ms",
-    "other_summaries",
-    "total_host_walltime_s",
-    "total_gpu_compute_s",
-)
-
-
-class TrtexecLog(BaseModel):
+class TrtexecLog(SummaryFigures):
     trt_version: str | None = None
     version_code: str | None = None  # as in the banner: "v101601"
     build_tag: str | None = None  # "b11"
@@ -208,17 +200,8 @@ class TrtexecLog(BaseModel):
     status: Literal["PASSED", "FAILED", "WAIVED"] | None = None
     options: dict[str, dict[str, str]] = {}
     device: DeviceInfo = Field(default_factory=DeviceInfo)
-    throughput_qps: float | None = None
-    latency_ms: TimingSummary | None = None
-    gpu_compute_ms: TimingSummary | None = None
-    enqueue_ms: TimingSummary | None = None
-    h2d_ms: TimingSummary | None = None
-    d2h_ms: TimingSummary | None = None
-    # Summary lines with other labels, kept as printed.
-    other_summaries: dict[str, TimingSummary] = {}
-    total_host_walltime_s: float | None = None
-    total_gpu_compute_s: float | None = None
-    # Every performance summary in the text, in order; the fields above are the last one's.
+    # Every performance summary in the text, in order; the summary figures of the log itself
+    # (SummaryFigures) are the last one's.
     summaries: list[PerformanceSummary] = []
     warnings: list[str] = []
     # Flags trtexec warned are deprecated ("--useCudaGraph is deprecated. CUDA graph is now …").
@@ -474,7 +457,7 @@ def parse_log(text: str) -> TrtexecLog:
         log.summaries.append(summary)
     if log.summaries:
         last = log.summaries[-1]
-        for field in SUMMARY_COPIED:
+        for field in SummaryFigures.model_fields:
             setattr(log, field, getattr(last, field))
     if not (prefixed_lines or log.command or log.summaries or log.trace or log.profile or log.options):
         raise PipelineError(
@@ -538,7 +521,7 @@ def _is_summary_line(text: str) -> bool:
     label = label.strip()
     if label in SUMMARY_FIELDS:
         return _STAT.search(rest) is not None
-    return label in SUMMARY_TOTALS and bool(re.match(rf"\s*{_NUMBER}\s*(qps|s)\b", rest))
+    return label in _TOTAL_FIELDS and bool(re.match(rf"\s*{_NUMBER}\s*(qps|s)\b", rest))
 
 
 def _summary_line(summary: PerformanceSummary, text: str, any_label: bool) -> bool:

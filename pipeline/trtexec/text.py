@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import codecs
+import json
 from pathlib import Path
+from typing import Any
+
+from pipeline.errors import PipelineError
 
 # Byte-order marks, longest first (UTF-32's begin with UTF-16's). Windows PowerShell's `>` writes
 # UTF-16 LE with a BOM; Notepad and some editors save UTF-8 with one.
@@ -41,3 +45,16 @@ def log_lines(text: str) -> list[str]:
     ``str.splitlines`` also splits at \\x1c–\\x1e, and TensorRT writes \\x1e inside a layer's
     metadata to join the ONNX nodes it fused: that would cut a layer line in two."""
     return [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
+
+
+def read_document(path: Path) -> tuple[str, Any]:
+    """A file's text and, where the text is JSON, the parsed document (None otherwise).
+    An unreadable file is a user error naming it."""
+    try:
+        text = read_text(path)
+    except OSError as exc:
+        raise PipelineError(f"cannot read {path}: {exc.strerror or exc}.") from exc
+    try:
+        return text, json.loads(text)
+    except ValueError:
+        return text, None
