@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import PipelineError, UsageError
-from pipeline.trtexec.layers import NO_OUTPUT, EngineLayer, LayerInfo
+from pipeline.trtexec.layers import MATH_TYPES, NO_OUTPUT, EngineLayer, LayerInfo
 
 KINDS = ("matched", "matched by ONNX nodes", "fused differently", "only in A", "only in B")
 TOP = 10
@@ -139,9 +139,9 @@ class LayerDiff:
             missing = [side.label for side in (self.a, self.b) if side.info is None or not side.info.layers]
             return [f"no detailed layer information for {' and '.join(missing)}: precisions cannot be compared"]
         a, b = self.a.info.audit().precisions, self.b.info.audit().precisions
-        order = ("int4", "fp4", "int8", "fp8", "fp16", "bf16", "fp32")
         sentences = []
-        for precision in sorted(set(a) | set(b), key=lambda p: order.index(p) if p in order else len(order)):
+        narrowest_first = MATH_TYPES
+        for precision in sorted(set(a) | set(b), key=lambda p: narrowest_first.index(p) if p in narrowest_first else len(narrowest_first)):
             if precision == NO_OUTPUT or a.get(precision, 0) == b.get(precision, 0):
                 continue
             more, fewer = ("A", "B") if a.get(precision, 0) > b.get(precision, 0) else ("B", "A")

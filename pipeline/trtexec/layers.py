@@ -59,7 +59,7 @@ def normalise_dtype(text: str | None) -> str:
 
 # The data types a layer computes in, narrowest first. Scale types (e8m0) and index types (int32,
 # int64) say nothing about the math precision, so they never decide a layer's precision.
-_MATH_TYPES = ("int4", "fp4", "int8", "fp8", "fp16", "bf16", "fp32")
+MATH_TYPES = ("int4", "fp4", "int8", "fp8", "fp16", "bf16", "fp32")
 
 # The data type a variant's layers should show when TensorRT honoured its precision.
 INTENDED_DTYPE = {"fp16": "fp16", "bf16": "bf16", "int8": "int8", "fp8": "fp8", "mxfp8": "fp8", "nvfp4": "fp4"}
@@ -98,7 +98,7 @@ class EngineLayer(BaseModel):
         writes FP16 is an FP8 layer. Layers with no floating or integer math inputs fall back to
         their first output's type."""
         seen = {tensor.dtype for tensor in self.inputs + self.constants}
-        for dtype in _MATH_TYPES:
+        for dtype in MATH_TYPES:
             if dtype in seen:
                 return dtype
         return self.output_type
