@@ -29,7 +29,7 @@ import time
 from importlib.metadata import version
 from pathlib import Path
 
-from check_torch_timing import DTYPES, REPO, run_pipeline  # the timm check's, beside this script
+from check_torch_timing import DTYPES, REPO, run_pipeline, takes_ms  # the timm check's, beside this script
 
 # Each take times at least this long (and at least 3 inferences).
 TAKE_S = 0.5
@@ -96,15 +96,7 @@ def independent_ms(job: dict) -> dict[str, dict]:
                     )
                     diagnostics[shape]["product_built_model_ms"] = statistics.median(built)
                     del wrapped
-                figures = []
-                for _ in range(job["takes"]):
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    for _ in range(runs):
-                        infer()
-                    end.record()
-                    end.synchronize()
-                    figures.append(start.elapsed_time(end) / runs)
+                figures = takes_ms(torch, infer, runs, job["takes"])
             results[shape] = figures
         except torch.cuda.OutOfMemoryError as exc:
             results[shape] = f"out of memory: {str(exc).splitlines()[0]}"

@@ -78,15 +78,20 @@ def independent_ms(model_name: str, batch: int, dtype_name: str, backend: str, m
         while time.perf_counter() < warm_until:
             infer()
         torch.cuda.synchronize()
-        figures = []
-        for _ in range(takes):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(runs):
-                infer()
-            end.record()
-            end.synchronize()
-            figures.append(start.elapsed_time(end) / runs)
+        return takes_ms(torch, infer, runs, takes)
+
+
+def takes_ms(torch, infer, runs: int, takes: int) -> list[float]:
+    """Each take: `runs` inferences enqueued back to back between two CUDA events, the mean per run."""
+    figures = []
+    for _ in range(takes):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(runs):
+            infer()
+        end.record()
+        end.synchronize()
+        figures.append(start.elapsed_time(end) / runs)
     return figures
 
 

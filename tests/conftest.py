@@ -88,6 +88,36 @@ def render_in_chromium(page: Path, scratch: Path, screenshot: bool = False) -> R
     return Rendered(dom, shot)
 
 
+def tiny_bert_catalog(shapes: list[str], variants: list[str], defaults: list[str]) -> str:
+    """A catalog's head with a 2-layer BERT from transformers (random weights) measured at
+    ``shapes``, its variants and short measurement bounds; toolchains are the caller's."""
+
+    def listed(names: list[str]) -> str:
+        return "[" + ", ".join(f'"{name}"' for name in names) + "]"
+
+    head = f"""
+opset = 17
+baseline_toolchain = "torch-eager"
+
+[defaults]
+models = ["bert"]
+variants = {listed(defaults)}
+toolchain = "onnxruntime"
+
+[profile]
+warmup_ms = 5
+iterations = 5
+duration_s = 0.05
+
+[models.bert]
+transformers = "BertModel"
+config = {{ hidden_size = 32, num_hidden_layers = 2, num_attention_heads = 2, intermediate_size = 64, vocab_size = 512, max_position_embeddings = 64 }}
+shapes = {listed(shapes)}
+
+"""
+    return head + "".join(f'[variants.{name}]\nprecision = "{name}"\n' for name in variants)
+
+
 def write_catalog(directory: Path, text: str = TINY_CATALOG) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "pipeline.toml"

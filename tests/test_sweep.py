@@ -14,33 +14,14 @@ import pytest
 from pipeline.manifest import read_manifest
 from pipeline.report.rows import ComparisonRow
 from pipeline.report.sweep import sweeps, verdicts
-from tests.conftest import render_in_chromium
+from tests.conftest import render_in_chromium, tiny_bert_catalog
 from tests.test_pytorch_runtime import needs_inductor
 
 pytest.importorskip("transformers", reason="the transformers family needs the transformers package (`make setup` installs it)")
 
-SWEEP_CATALOG = """
-opset = 17
-baseline_toolchain = "torch-eager"
-
-[defaults]
-models = ["bert"]
-variants = ["fp32"]
-toolchain = "onnxruntime"
-
-[profile]
-warmup_ms = 5
-iterations = 5
-duration_s = 0.05
-
-[models.bert]
-transformers = "BertModel"
-config = { hidden_size = 32, num_hidden_layers = 2, num_attention_heads = 2, intermediate_size = 64, vocab_size = 512, max_position_embeddings = 64 }
-shapes = ["2x8", "2x32", "4x32"]
-
-[variants.fp32]
-precision = "fp32"
-
+SWEEP_CATALOG = (
+    tiny_bert_catalog(["2x8", "2x32", "4x32"], ["fp32"], defaults=["fp32"])
+    + """
 [toolchains.onnxruntime]
 kind = "onnxruntime"
 baselines = ["fp32"]
@@ -64,6 +45,7 @@ kind = "torch"
 backend = "compile"
 dynamic = true
 """
+)
 POINTS = ["2x8", "2x32", "4x32"]
 SWEPT = ("onnxruntime", "torch-eager", "torch-eager-attn")
 

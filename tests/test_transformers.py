@@ -12,39 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import write_catalog
+from tests.conftest import tiny_bert_catalog, write_catalog
 from tests.test_trtexec_command import help_flags
 
 pytest.importorskip("transformers", reason="the transformers family needs the transformers package (`make setup` installs it)")
 
-BERT_CATALOG = """
-opset = 17
-baseline_toolchain = "torch-eager"
-
-[defaults]
-models = ["bert"]
-variants = ["fp32", "int8"]
-toolchain = "onnxruntime"
-
-[profile]
-warmup_ms = 5
-iterations = 5
-duration_s = 0.05
-
-[models.bert]
-transformers = "BertModel"
-config = { hidden_size = 32, num_hidden_layers = 2, num_attention_heads = 2, intermediate_size = 64, vocab_size = 512, max_position_embeddings = 64 }
-shapes = ["2x8", "3x24"]
-
-[variants.fp32]
-precision = "fp32"
-[variants.fp16]
-precision = "fp16"
-[variants.int8]
-precision = "int8"
-[variants.fp8]
-precision = "fp8"
-
+BERT_CATALOG = (
+    tiny_bert_catalog(["2x8", "3x24"], ["fp32", "fp16", "int8", "fp8"], defaults=["fp32", "int8"])
+    + """
 [toolchains.onnxruntime]
 kind = "onnxruntime"
 baselines = ["fp32"]
@@ -64,6 +39,7 @@ kind = "trtexec-container"
 trt = "11.1.0"
 dockerfile = "Dockerfile.tensorrt-tarball"
 """
+)
 
 
 def manifest(ws: Path, folder: str, name: str) -> dict:
