@@ -12,10 +12,11 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from pipeline.accuracy import AccuracyFloor, parse_accuracy_threshold
 from pipeline.errors import PipelineError, UsageError
 
 CATALOG_FILENAME = "pipeline.toml"
@@ -57,6 +58,17 @@ def check_shape(text: str) -> str:
     return text
 
 
+def check_accuracy_floor(value: Any) -> tuple[str, ...]:
+    """An accuracy floor as the catalog writes it: one threshold ("cos=0.99", 0.99, "top1=0.95") or a list."""
+    texts = (value,) if isinstance(value, (str, int, float)) else tuple(value)
+    for text in texts:
+        parse_accuracy_threshold(str(text))
+    return tuple(str(text) for text in texts)
+
+
+AccuracyFloorTexts = Annotated[tuple[str, ...], BeforeValidator(check_accuracy_floor)]
+
+
 class ShapeRange(_Strict):
     """The range of shapes an engine is built for (TensorRT's optimization profile)."""
 
@@ -86,6 +98,9 @@ class ModelSpec(_Strict):
     # An engine per shape point, built for exactly that shape, instead of one for the range
     # (static engines are often faster; compare a static model with a dynamic one to see by how much).
     static: bool = False
+    # The accuracy an engine of this model must keep to be `pipeline compare`'s answer (replaces the
+    # catalog-wide `accuracy_floor`; [] = each precision's own check). None: the catalog's.
+    accuracy_floor: AccuracyFloorTexts | None = None
 
     @field_validator("shapes")
     @classmethod
@@ -203,6 +218,11 @@ class Catalog(_Strict):
     # The toolchain every engine is measured against in `pipeline compare` (PyTorch eager): each
     # row's speedup over the same model and variant there. None: no such column.
     baseline_toolchain: str | None = None
+    # The accuracy an engine must keep to be `pipeline compare`'s answer, the verdict per model and
+    # point: cosine similarity to the FP32 model's outputs ("cos=0.99", or 0.99) and/or top-1
+    # agreement ("top1=0.95"). A model's own `accuracy_floor` replaces it, and
+    # `compare --fail-accuracy-below` replaces both. Empty: each precision's own check.
+    accuracy_floor: AccuracyFloorTexts = ()
     # Directory the outputs (models/, engines/, manifests/) live under; set by read_catalog.
     root: Path = Field(default=Path("."), exclude=True)
 
@@ -276,6 +296,15 @@ class Catalog(_Strict):
 
     def toolchain(self, name: str) -> ToolchainSpec:
         return self.toolchains[_lookup("toolchain", name, self.toolchains)]
+
+    def accuracy_floor_for(self, model: str) -> AccuracyFloor:
+        """The floor the verdict holds ``model``'s engines to: the model's own, else the catalog's."""
+        spec = self.models.get(model)
+        if spec is not None and spec.accuracy_floor is not None:
+            texts, source = spec.accuracy_floor, f"models.{model} in {CATALOG_FILENAME}"
+        else:
+            texts, source = self.accuracy_floor, CATALOG_FILENAME
+        return AccuracyFloor(tuple(parse_accuracy_threshold(text) for text in texts), source)
 
     def with_targets(self, toolchain: str, targets: tuple[str, ...]) -> Catalog:
         """This catalog with ``toolchain`` compiling for other GPU architectures (`--arch`)."""

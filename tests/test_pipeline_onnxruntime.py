@@ -107,6 +107,50 @@ def test_an_engine_with_damaged_weights_shows_the_drop_and_fails_the_gate(demo, 
     assert "2 of 3 engines pass" in gate.err
 
 
+def test_the_answer_is_held_to_the_catalogs_accuracy_floor_unless_the_command_names_one(demo, run_cli):
+    ws = demo.parent / "floor"
+    shutil.copytree(demo, ws)
+    rows = {r["variant"]: r for r in json.loads(run_cli(ws / "pipeline.toml", "compare", "--format", "json").out)["rows"]}
+    cosines = sorted(rows[v]["accuracy_cosine"] for v in ("fp32", "fp16", "int8"))
+    # A floor between the least and the next most accurate engine: exactly one is left out.
+    floor = (cosines[0] + cosines[1]) / 2
+    least = next(v for v in ("fp32", "fp16", "int8") if rows[v]["accuracy_cosine"] == cosines[0])
+    catalog = ws / "pipeline.toml"
+
+    def verdict(*args, exit_code=0):
+        """The verdict, and the variants it left out for their accuracy (not for a noisy machine)."""
+        result = run_cli(catalog, "compare", "--format", "json", *args)
+        assert result.exit_code == exit_code, result.err
+        (only,) = json.loads(result.out)["verdicts"]
+        return only, {left["variant"]: left["why"] for left in only["excluded"] if left["why"].startswith("below the accuracy floor")}
+
+    plain, inaccurate = verdict()
+    assert plain["accuracy_floor"] == {"thresholds": [], "source": "each precision's own check"} and not inaccurate
+
+    catalog.write_text(f'accuracy_floor = "cos={floor:.9f}"\n' + catalog.read_text())
+    held, inaccurate = verdict()
+    assert held["accuracy_floor"] == {"thresholds": [{"metric": "cosine", "min": float(f"{floor:.9f}")}], "source": "pipeline.toml"}
+    assert inaccurate == {least: f"below the accuracy floor: cosine {cosines[0]:.4f} < {float(f'{floor:.9f}'):g}"}
+    assert held["fastest"]["variant"] != least and f"meeting cosine ≥ {float(f'{floor:.9f}'):g} (pipeline.toml)" in held["text"]
+
+    # A model's own floor replaces the catalog's; the command's replaces both.
+    text = catalog.read_text().replace("[models.tiny]\n", "[models.tiny]\naccuracy_floor = []\n", 1)
+    assert text != catalog.read_text()
+    catalog.write_text(text)
+    cleared, inaccurate = verdict()
+    assert cleared["accuracy_floor"]["source"] == "each precision's own check" and not inaccurate
+    catalog.write_text(text.replace("accuracy_floor = []", 'accuracy_floor = ["cos=0.5", "top1=0.5"]'))
+    own, inaccurate = verdict()
+    assert own["accuracy_floor"]["source"] == "models.tiny in pipeline.toml" and len(own["accuracy_floor"]["thresholds"]) == 2
+    assert not inaccurate
+    given, inaccurate = verdict("--fail-accuracy-below", f"{floor:.9f}", exit_code=1)  # and it gates
+    assert given["accuracy_floor"]["source"] == "--fail-accuracy-below" and list(inaccurate) == [least]
+
+    catalog.write_text(text.replace("accuracy_floor = []", 'accuracy_floor = "cosine=1.5"'))
+    bad = run_cli(catalog, "compare")
+    assert bad.exit_code == 2 and "models.tiny.accuracy_floor: not an accuracy threshold" in bad.err
+
+
 def test_engine_outputs_named_unlike_the_onnx_are_a_clear_error(demo, run_cli, monkeypatch):
     from pipeline.runtimes.base import ReferenceRun
     from pipeline.runtimes.onnxruntime import OnnxRuntimeRuntime

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.accuracy import AccuracyFloor
 from pipeline.manifest import read_manifest
 from pipeline.report.rows import ComparisonRow
 from pipeline.report.sweep import sweeps, verdicts
@@ -232,12 +233,42 @@ def test_the_verdict_skips_the_inaccurate_and_says_the_speedup_over_the_baseline
         ComparisonRow(model="m", variant="fp16", toolchain="rtx", status="build refused: no kernel", shape="2x512"),
         ComparisonRow(model="m", variant="fp16", toolchain="ort", status="skipped: needs CUDA", shape="2x512"),
     ]
-    (verdict,) = verdicts(rows, "torch-eager", [("cos", 0.99)])
+    (verdict,) = verdicts(rows, "torch-eager", {"m": AccuracyFloor((("cos", 0.99),))})
     assert verdict.fastest.toolchain == "inductor" and verdict.speedup == pytest.approx(4.0)
     text = " ".join(verdict.sentences())
-    assert text.startswith("m at 2×512: fastest is fp16 on inductor, 5.000 ms — 4.00× fp16 on torch-eager (20.000 ms).")
+    assert text.startswith(
+        "m at 2×512: fastest meeting cosine ≥ 0.99 is fp16 on inductor, 5.000 ms — 4.00× fp16 on torch-eager (20.000 ms)."
+    )
     assert "fp16 on trt (below the accuracy floor: cosine 0.9700 < 0.99)" in text and "fp16 on rtx (build refused: no kernel)" in text
     assert "1 not run" in text
+
+
+def test_when_every_measurement_is_noisy_the_answer_is_still_never_an_inaccurate_engine():
+    noisy = ["noisy: CV 40.0% is above 10%"]
+    rows = [
+        _row("torch-eager", "2x512", 20.0, flags=noisy),
+        _row("trt", "2x512", 2.0, accuracy_source="measured", accuracy_cosine=0.97, flags=noisy),
+        _row("inductor", "2x512", 5.0, accuracy_source="measured", accuracy_cosine=0.9999, flags=noisy),
+    ]
+    (verdict,) = verdicts(rows, "torch-eager", {"m": AccuracyFloor((("cos", 0.99),), "pipeline.toml")})
+    assert verdict.untrusted and verdict.fastest.toolchain == "inductor"
+    reasons = dict((row.toolchain, why) for row, why in verdict.excluded)
+    assert reasons["trt"] == "below the accuracy floor: cosine 0.9700 < 0.99" and reasons["inductor"].startswith("noisy")
+    assert "the fastest of them meeting cosine ≥ 0.99 (pipeline.toml) is fp16 on inductor" in " ".join(verdict.sentences())
+    (nothing,) = verdicts(rows[1:2], "torch-eager", {"m": AccuracyFloor((("cos", 0.99),), "pipeline.toml")})
+    assert nothing.sentences()[0] == "m at 2×512: no engine was measured and met the accuracy floor, cosine ≥ 0.99 (pipeline.toml)."
+
+
+def test_a_floor_given_replaces_each_precisions_own_check():
+    """nvfp4's own check wants cosine 0.95; a user who accepts 0.9 gets the engine at 0.93."""
+    rows = [
+        _row("torch-eager", "2x512", 20.0),
+        _row("trt", "2x512", 2.0, accuracy_source="measured", accuracy_cosine=0.93, flags=["inaccurate: cosine 0.9300 < 0.95"]),
+    ]
+    (own,) = verdicts(rows, "torch-eager")
+    assert own.fastest.toolchain == "torch-eager" and own.excluded[0][1].startswith("inaccurate")
+    (looser,) = verdicts(rows, "torch-eager", {"m": AccuracyFloor((("cos", 0.9),), "--fail-accuracy-below")})
+    assert looser.fastest.toolchain == "trt" and not looser.excluded
 
 
 def test_a_crossover_is_said_where_the_lead_changes():

@@ -333,7 +333,8 @@ def run(state: _State, **options):
     multiple=True,
     metavar="[cos=|top1=]X",
     help="Exit 1 naming every engine whose own outputs fall below X against the FP32 model: cosine "
-    "similarity (0.99, cos=0.99) or top-1 agreement (top1=0.95). Repeatable.",
+    "similarity (0.99, cos=0.99) or top-1 agreement (top1=0.95). Repeatable. Also the floor the "
+    "answer is held to, in place of the catalog's accuracy_floor.",
 )
 @pass_state
 def compare(
@@ -343,10 +344,10 @@ def compare(
 
     \b
     The answer first: per model and shape point, the fastest engine whose own accuracy meets the
-    floor (--fail-accuracy-below, else each precision's own check), its speedup over the
-    catalog's baseline toolchain, and what was left out and why. A model measured at shape points
-    then gets its sweep: a line per variant x toolchain, a column per point (--metric), and
-    where one toolchain overtakes another, in words.
+    floor (--fail-accuracy-below, else the catalog's accuracy_floor, else each precision's own
+    check), its speedup over the catalog's baseline toolchain, and what was left out and why.
+    A model measured at shape points then gets its sweep: a line per variant x toolchain, a
+    column per point (--metric), and where one toolchain overtakes another, in words.
     \b
     Per model: variant x toolchain (x GPU type, for cluster runs) with median/p99 latency, throughput, speedup against the
     toolchain's baseline variant and against the catalog's baseline toolchain, the change

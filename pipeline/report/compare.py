@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline.accuracy import AccuracyFloor, AccuracyThreshold
 from pipeline.catalog import Catalog
 from pipeline.errors import PipelineError, UsageError
 from pipeline.report.row_cache import workspace_cache
@@ -35,11 +36,12 @@ def compare(
     noisy_cv: float = NOISY_CV,
     gpu_types: list[str] | None = None,
     metric: str = "ms",
-    thresholds: list[tuple[str, float]] = (),
+    thresholds: list[AccuracyThreshold] = (),
 ):
     """Rows plus their rendering in ``fmt`` (a rich renderable for "table", at ``width``
     columns, text otherwise), the answer first: the verdict per model and shape point (the fastest
-    engine meeting ``thresholds``, else each precision's own accuracy check) and the sweep tables
+    engine meeting ``thresholds``, else the catalog's accuracy floor for the model, else each
+    precision's own accuracy check) and the sweep tables
     in ``metric`` (pipeline/report/sweep.py)."""
     if fmt not in FORMATS:
         raise UsageError(f"unknown format {fmt!r}.", hint=f"use one of {', '.join(FORMATS)}")
@@ -67,7 +69,9 @@ def compare(
             f"no engine manifests under {workspace.manifests_dir}" + (f" for {', '.join(toolchains)}" if toolchains else "") + ".",
             hint="run `pipeline run` (or `make demo`) first",
         )
-    verdict_list = verdicts(rows, catalog.baseline_toolchain, list(thresholds))
+    given = AccuracyFloor(tuple(thresholds), "--fail-accuracy-below")
+    floors = {model: given if thresholds else catalog.accuracy_floor_for(model) for model in {row.model for row in rows}}
+    verdict_list = verdicts(rows, catalog.baseline_toolchain, floors)
     answer = Answer(verdict_list, sweeps(rows, verdict_list), metric)
     if fmt == "md":
         return rows, render_markdown(rows, answer)

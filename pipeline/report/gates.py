@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pipeline.accuracy import THRESHOLD_FORMS, AccuracyFloor, AccuracyThreshold
+from pipeline.accuracy import parse_accuracy_threshold as accuracy_threshold
 from pipeline.errors import PipelineError, UsageError
 from pipeline.manifest import EngineManifest
 from pipeline.report.rows import ComparisonRow, load_baseline, load_manifests
@@ -69,23 +71,15 @@ def render_gate(results: list[Regression], threshold: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def parse_accuracy_threshold(text: str) -> tuple[str, float]:
+def parse_accuracy_threshold(text: str) -> AccuracyThreshold:
     """`--fail-accuracy-below 0.99` (cosine), `cos=0.99` or `top1=0.95` → (metric, threshold)."""
-    metric, _, value = text.rpartition("=")
-    metric = {"": "cos", "cos": "cos", "cosine": "cos", "top1": "top1", "top-1": "top1"}.get(metric.strip().lower())
     try:
-        threshold = float(value)
-    except ValueError:
-        threshold = None
-    if metric is None or threshold is None or not 0.0 <= threshold <= 1.0:
-        raise UsageError(
-            f"--fail-accuracy-below {text!r} is not a threshold.",
-            hint="give a cosine similarity or a top-1 agreement between 0 and 1: 0.99, cos=0.99 or top1=0.95",
-        )
-    return metric, threshold
+        return accuracy_threshold(text)
+    except ValueError as exc:
+        raise UsageError(f"--fail-accuracy-below {text!r} is not a threshold.", hint=f"give {THRESHOLD_FORMS}") from exc
 
 
-def accuracy_gate(rows: list[ComparisonRow], thresholds: list[tuple[str, float]]) -> tuple[int, list[str]]:
+def accuracy_gate(rows: list[ComparisonRow], thresholds: list[AccuracyThreshold]) -> tuple[int, list[str]]:
     """(engines checked, failures): every engine whose own measured accuracy is below a threshold.
     NaN or Inf outputs fail every threshold; the export's proxy is not an engine's accuracy."""
     measured = [r for r in rows if r.accuracy_source == "measured"]
@@ -96,7 +90,7 @@ def accuracy_gate(rows: list[ComparisonRow], thresholds: list[tuple[str, float]]
     return len(measured), failures
 
 
-def accuracy_shortfalls(row: ComparisonRow, thresholds: list[tuple[str, float]]) -> list[str]:
+def accuracy_shortfalls(row: ComparisonRow, thresholds: list[AccuracyThreshold]) -> list[str]:
     """Each threshold the row's own measured accuracy falls below ("cosine 0.9712 < 0.99")."""
     if row.nonfinite_values:
         return [f"{row.nonfinite_values} NaN/Inf outputs"]
@@ -114,7 +108,7 @@ def accuracy_shortfalls(row: ComparisonRow, thresholds: list[tuple[str, float]])
 # --- rendering -----------------------------------------------------------------------------------
 
 
-def check_accuracy(rows: list[ComparisonRow], thresholds: list[tuple[str, float]], say: Callable[[str], None]) -> None:
+def check_accuracy(rows: list[ComparisonRow], thresholds: list[AccuracyThreshold], say: Callable[[str], None]) -> None:
     """`compare --fail-accuracy-below`: say how many engines pass, then raise naming every one that does not."""
     checked, failures = accuracy_gate(rows, thresholds)
     if not checked:
@@ -122,8 +116,9 @@ def check_accuracy(rows: list[ComparisonRow], thresholds: list[tuple[str, float]
             "--fail-accuracy-below: no engine in the comparison had its own outputs checked.",
             hint="profile the engines (`pipeline profile`); the accuracy proxy of an export is not an engine's accuracy",
         )
-    wanted = ", ".join(f"{'cosine' if m == 'cos' else 'top-1'} ≥ {t:g}" for m, t in thresholds)
-    say(f"Accuracy gate ({wanted}): {checked - len({f.split(':')[0] for f in failures})} of {checked} engines pass")
+    say(
+        f"Accuracy gate ({AccuracyFloor(tuple(thresholds))}): {checked - len({f.split(':')[0] for f in failures})} of {checked} engines pass"
+    )
     if failures:
         raise PipelineError(
             f"{len(failures)} accuracy check(s) failed: " + "; ".join(failures) + ".",

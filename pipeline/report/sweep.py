@@ -16,12 +16,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.accuracy import AccuracyFloor, AccuracyThreshold
 from pipeline.report.gates import accuracy_shortfalls
 from pipeline.report.rows import ComparisonRow, shape_order
 
 METRICS = ("ms", "tokens", "memory")
-# Flags that make a row's number untrustworthy for a verdict (rows.measurement_flags words them).
-UNTRUSTED = ("inaccurate", "noisy", "busy", "throttled")
+# Flags that make a row's number untrustworthy for a verdict (rows.measurement_flags words them),
+# and the flag of an engine that failed its precision's own accuracy check.
+UNTRUSTED = ("noisy", "busy", "throttled")
+INACCURATE = "inaccurate"
 
 
 def times(shape: str | None) -> str:
@@ -32,19 +35,26 @@ def line_label(row: ComparisonRow) -> str:
     return f"{row.variant} on {row.target}"
 
 
-def exclusion(row: ComparisonRow, thresholds: list[tuple[str, float]]) -> str | None:
+def exclusion(row: ComparisonRow, thresholds: tuple[AccuracyThreshold, ...]) -> str | None:
     """Why the verdict leaves this row out, or None when it is a candidate."""
     if row.median_ms is None:
         return row.status
+    # Accuracy first: an engine below the floor is no answer even when every measurement is
+    # untrustworthy (the verdict then falls back on the rows left out for their measurement alone).
+    # A floor given replaces each precision's own check (its "inaccurate" flag).
+    if thresholds:
+        shortfalls = accuracy_shortfalls(row, thresholds) if row.accuracy_source == "measured" else []
+        if shortfalls:
+            return "below the accuracy floor: " + ", ".join(shortfalls)
+    else:
+        inaccurate = [flag for flag in row.flags if flag.startswith(INACCURATE)]
+        if inaccurate:
+            return inaccurate[0]
     if row.status.startswith("unstable"):
         return row.status.split(":", 1)[0] + ": its measurements disagree"
     for flag in row.flags:
         if flag.startswith(UNTRUSTED):
             return flag
-    if row.accuracy_source == "measured":
-        shortfalls = accuracy_shortfalls(row, thresholds)
-        if shortfalls:
-            return "below the accuracy floor: " + ", ".join(shortfalls)
     return None
 
 
@@ -64,6 +74,8 @@ class Verdict:
     # When every accurate measurement was untrustworthy (noisy, a busy machine): the fastest of
     # them, said with that caveat instead of no answer at all.
     untrusted: bool = False
+    # The accuracy the answer had to keep (--fail-accuracy-below, the catalog's, or each precision's own check).
+    floor: AccuracyFloor = AccuracyFloor()
 
     @property
     def speedup(self) -> float | None:
@@ -82,13 +94,14 @@ class Verdict:
 
     def sentences(self) -> list[str]:
         """The verdict in words: the answer, then what was left out and why."""
+        meeting = f" meeting {self.floor}" if self.floor.thresholds else ""
         if self.fastest is None:
-            answer = f"{self.where}: no engine was measured and met the accuracy floor."
+            answer = f"{self.where}: no engine was measured and met the accuracy floor{f', {self.floor}' if meeting else ''}."
         else:
             row = self.fastest
             rate = f", {row.tokens_per_s:,.0f} tokens/s" if row.tokens_per_s else ""
             fastest = "no measurement can be trusted (below); the fastest of them" if self.untrusted else "fastest"
-            answer = f"{self.where}: {fastest} is {line_label(row)}, {row.median_ms:.3f} ms{rate}"
+            answer = f"{self.where}: {fastest}{meeting} is {line_label(row)}, {row.median_ms:.3f} ms{rate}"
             if self.baseline is None:
                 answer += " (no baseline-toolchain row to compare with)."
             elif self.baseline is row:
@@ -122,14 +135,21 @@ class Verdict:
             "baseline": named(self.baseline),
             "speedup_over_baseline": self.speedup,
             "untrusted": self.untrusted,
+            "accuracy_floor": {
+                "thresholds": [
+                    {"metric": "cosine" if metric == "cos" else "top1", "min": value} for metric, value in self.floor.thresholds
+                ],
+                "source": self.floor.source if self.floor.thresholds else "each precision's own check",
+            },
             "excluded": [{"variant": r.variant, "toolchain": r.toolchain, "why": why} for r, why in self.excluded],
             "not_run": [{"variant": r.variant, "toolchain": r.toolchain, "why": r.status} for r in self.skipped],
             "text": " ".join(self.sentences()),
         }
 
 
-def verdicts(rows: list[ComparisonRow], baseline_toolchain: str | None, thresholds: list[tuple[str, float]] = ()) -> list[Verdict]:
-    """One verdict per model, shape point and GPU type, in the rows' order."""
+def verdicts(rows: list[ComparisonRow], baseline_toolchain: str | None, floors: dict[str, AccuracyFloor] | None = None) -> list[Verdict]:
+    """One verdict per model, shape point and GPU type, in the rows' order; each model's engines
+    held to its floor in ``floors`` (none there: each precision's own check)."""
     groups: dict[tuple[str, str | None, str | None], list[ComparisonRow]] = {}
     for row in rows:
         groups.setdefault((row.model, row.gpu_type, row.shape), []).append(row)
@@ -138,10 +158,10 @@ def verdicts(rows: list[ComparisonRow], baseline_toolchain: str | None, threshol
     out = []
     for model, gpu_type, shape in keys:
         group = groups[(model, gpu_type, shape)]
-        verdict = Verdict(model, shape, gpu_type, None, None)
+        verdict = Verdict(model, shape, gpu_type, None, None, floor=(floors or {}).get(model, AccuracyFloor()))
         candidates = []
         for row in group:
-            why = exclusion(row, list(thresholds))
+            why = exclusion(row, verdict.floor.thresholds)
             if why is None:
                 candidates.append(row)
             elif row.status.startswith("skipped"):
@@ -150,7 +170,7 @@ def verdicts(rows: list[ComparisonRow], baseline_toolchain: str | None, threshol
                 verdict.excluded.append((row, why))
         if not candidates:
             # Nothing clean: the accurate rows that only the measurement's conditions excluded.
-            candidates = [row for row, why in verdict.excluded if why.startswith(UNTRUSTED[1:]) or row.status.startswith("unstable")]
+            candidates = [row for row, why in verdict.excluded if why.startswith(UNTRUSTED) or row.status.startswith("unstable")]
             verdict.untrusted = bool(candidates)
         if candidates:
             verdict.fastest = min(candidates, key=lambda r: r.median_ms)
