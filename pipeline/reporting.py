@@ -2,8 +2,9 @@
 
 Progress goes to stderr so stdout stays clean for tables and JSON that scripts capture. In a
 terminal a running stage has a spinner that says what it is doing now and for how long
-("calibrating: batch 3 of 16 · 0:12", "measuring: 1.4 s left, 212 runs · 0:05"); piped, nothing
-but the stage's one line, so logs stay clean.
+("calibrating: batch 3 of 16 · 0:12", "measuring: 1.4 s left, 212 runs · 0:05"); piped, the
+stage's one line, and only for a stage still running after a minute, that same text once a
+minute, so logs stay clean and a long export is never silent.
 """
 
 from __future__ import annotations
@@ -30,9 +31,13 @@ class _Activity:
         self.started = time.monotonic()
 
     def text(self) -> str:
+        return f"{self.stage} {self.engine} … {self.now()}"
+
+    def now(self) -> str:
+        """What it does, and for how long so far: "calibrating: batch 3 of 16 · 0:12"."""
         elapsed = int(time.monotonic() - self.started)
         doing = ": ".join(part for part in (self.step, self.doing) if part)
-        return f"{self.stage} {self.engine} … {doing + ' · ' if doing else ''}{elapsed // 60}:{elapsed % 60:02d}"
+        return f"{doing + ' · ' if doing else ''}{elapsed // 60}:{elapsed % 60:02d}"
 
     def __rich__(self):
         from rich.text import Text
@@ -41,6 +46,9 @@ class _Activity:
 
 
 class Reporter:
+    # Piped (no spinner): how often a stage still running says what it is doing.
+    HEARTBEAT_S = 60.0
+
     def __init__(self, verbose: bool = False, console: Console | None = None):
         self.verbose = verbose
         self.console = console or Console(stderr=True, highlight=False, soft_wrap=True)
@@ -110,18 +118,38 @@ class Reporter:
 
     @contextlib.contextmanager
     def working(self, stage: str, engine: str) -> Iterator[None]:
-        """A spinner while a long stage runs, saying what it does (only on a terminal; logs stay clean)."""
-        if self.console.is_terminal and not self.verbose:
-            self.activity = _Activity(stage, engine)
-            try:
+        """While a stage runs, what it does: a spinner in a terminal; piped, a line a minute once
+        it has run that long (a quick stage adds nothing to a log)."""
+        self.activity = _Activity(stage, engine)
+        try:
+            if self.console.is_terminal and not self.verbose:
                 with self.console.status(self.activity):
                     yield
-            finally:
-                self.activity = None
-        else:
-            if self.verbose:
-                self._line(stage, engine, "running …")
+            else:
+                if self.verbose:
+                    self._line(stage, engine, "running …")
+                with self._heartbeat(self.activity):
+                    yield
+        finally:
+            self.activity = None
+
+    @contextlib.contextmanager
+    def _heartbeat(self, activity: _Activity) -> Iterator[None]:
+        import threading
+
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(self.HEARTBEAT_S):
+                self._line(activity.stage, activity.engine, f"… {activity.now()}")
+
+        thread = threading.Thread(target=beat, name="progress heartbeat", daemon=True)
+        thread.start()
+        try:
             yield
+        finally:
+            stop.set()
+            thread.join()
 
 
 # trtexec's and TensorRT's line prefixes: "[11/23/2026-20:01:02] [I] [TRT] ".

@@ -1,6 +1,6 @@
 """Progress inside long work: in a terminal the running stage's spinner says what it is doing
 (calibration batches, the export's parts, measurements and their time left); piped, one line per
-stage and nothing else."""
+stage, and a line a minute for a stage that runs longer."""
 
 from __future__ import annotations
 
@@ -33,6 +33,39 @@ def test_the_spinner_says_the_step_what_is_under_way_and_the_time_taken():
         reporter.tool_output("trtexec build", "[11/23/2026-20:01:02] [I] [TRT] Detected 1 inputs and 1 output network tensors.")
         assert reporter.activity.doing == "trtexec build: Detected 1 inputs and 1 output network tensors."
     assert reporter.activity is None
+
+
+def test_piped_a_long_stage_says_what_it_does_once_a_minute_and_a_quick_one_nothing(monkeypatch):
+    out = io.StringIO()
+    reporter = Reporter(console=Console(file=out, width=200))
+    with reporter.working("export", "modernbert_bf16"):
+        reporter.step("accuracy and reference")
+    assert out.getvalue() == ""  # done within the minute: the log holds only the stage's own line
+    monkeypatch.setattr(Reporter, "HEARTBEAT_S", 0.05)
+    with reporter.working("export", "modernbert_bf16"):
+        reporter.step("accuracy and reference")
+        reporter.progress("4×2048 (4 of 6)")
+        deadline = time.monotonic() + 10
+        while "4×2048" not in out.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.02)
+    said = out.getvalue().splitlines()
+    assert said and said[0] == "export   modernbert_bf16            … accuracy and reference: 4×2048 (4 of 6) · 0:00"
+    settled = out.getvalue()
+    time.sleep(0.2)
+    assert out.getvalue() == settled  # nothing once the stage is done
+
+
+def test_the_export_says_which_shape_point_it_is_at(tmp_path, run_cli, monkeypatch):
+    from tests.conftest import tiny_bert_catalog
+
+    said: list[str] = []
+    monkeypatch.setattr(Reporter, "progress", lambda self, text: said.append(text))
+    toolchains = '[toolchains.onnxruntime]\nkind = "onnxruntime"\n[toolchains.torch-eager]\nkind = "torch"\nbackend = "eager"\n'
+    catalog = write_catalog(tmp_path / "ws", tiny_bert_catalog(["2x8", "2x16"], ["fp16"], defaults=["fp16"]) + toolchains)
+    result = run_cli(catalog, "export", "--variant", "fp16")
+    assert result.exit_code == 0, result.err
+    # The FP32 reference, the variant's outputs, then parity in ONNX Runtime: each point in turn.
+    assert said == ["2×8 (1 of 2)", "2×16 (2 of 2)"] * 3
 
 
 def test_tool_lines_are_shortened_to_what_they_say():
