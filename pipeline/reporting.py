@@ -138,10 +138,13 @@ class Reporter:
         import threading
 
         stop = threading.Event()
+        # The stream as it is now: a stage that holds back a tool's output (`captured`) swaps
+        # sys.stderr for every thread, and these lines must not be held back with it.
+        console = Console(file=self.console.file, highlight=False, soft_wrap=True)
 
         def beat() -> None:
             while not stop.wait(self.HEARTBEAT_S):
-                self._line(activity.stage, activity.engine, f"… {activity.now()}")
+                console.print(f"{activity.stage:<8} {escape(activity.engine):<26} … {escape(activity.now())}")
 
         thread = threading.Thread(target=beat, name="progress heartbeat", daemon=True)
         thread.start()
