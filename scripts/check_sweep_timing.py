@@ -13,7 +13,10 @@ divided by the count, taken `--takes` times (median). Each point's product media
         --model modernbert --variants bf16 fp16 --toolchains torch-eager torch-eager-attn torch-compile
 
 Appends to WORKSPACE/sweep-timing.json (one entry per variant × toolchain × shape point) and copies
-it, the pipeline log, the manifests and the comparison (html, md, json) to RESULTS. Exits 1 when
+it, the pipeline log, the manifests (manifests.tar.gz) and the comparison (html, md, json) to
+RESULTS, after each toolchain. Each point's independent measurement runs in a process of its own;
+`--budget-s` starts nothing new after that many seconds, so a call with a time limit still ends
+with its results. Exits 1 when
 any entry is outside the tolerance. The figures depend on the machine: report them with the GPU named.
 """
 
@@ -96,7 +99,22 @@ def independent_ms(job: dict) -> dict[str, dict]:
                     )
                     diagnostics[shape]["product_built_model_ms"] = statistics.median(built)
                     del wrapped
-                figures = takes_ms(torch, infer, runs, job["takes"])
+                if job.get("gc_diagnostic") and job["backend"] != "compile":
+                    # Is a launch-bound point's spread the garbage collector's? Takes with it on and
+                    # off, interleaved so that drift of the host hits both alike.
+                    import gc
+
+                    figures, without_gc = [], []
+                    for _ in range(job["takes"]):
+                        figures += takes_ms(torch, infer, runs, 1)
+                        gc.disable()
+                        try:
+                            without_gc += takes_ms(torch, infer, runs, 1)
+                        finally:
+                            gc.enable()
+                    diagnostics[shape]["gc_disabled_ms"] = without_gc
+                else:
+                    figures = takes_ms(torch, infer, runs, job["takes"])
             results[shape] = figures
         except torch.cuda.OutOfMemoryError as exc:
             results[shape] = f"out of memory: {str(exc).splitlines()[0]}"
@@ -131,7 +149,13 @@ def main() -> int:
     parser.add_argument("--takes", type=int, default=5)
     parser.add_argument("--tolerance", type=float, default=0.10)
     parser.add_argument("--profile", default="warmup_ms = 500\niterations = 10\nduration_s = 1.0\n", help="the [profile] table")
+    parser.add_argument("--budget-s", type=float, help="start no new measurement after this many seconds (the call's time limit)")
+    parser.add_argument("--gc-diagnostic", action="store_true", help="eager: also take each point with the garbage collector off")
     args = parser.parse_args()
+    started = time.monotonic()
+
+    def out_of_time() -> bool:
+        return args.budget_s is not None and time.monotonic() - started > args.budget_s
 
     sys.path.insert(0, str(REPO))
     from pipeline.accuracy import ReferenceBatch
@@ -153,6 +177,9 @@ def main() -> int:
     failed = False
     for variant in args.variants:
         for toolchain in args.toolchains:
+            if out_of_time():
+                print(f"{variant} {toolchain}: not run, the time budget ran out", flush=True)
+                continue
             code = run_pipeline(
                 workspace,
                 log,
@@ -188,15 +215,25 @@ def main() -> int:
                 "catalog": str(workspace / "pipeline.toml"),
                 "model": args.model,
                 "input_order": list(next(iter(points.values()))),
+                "gc_diagnostic": args.gc_diagnostic,
             }
-            # In a process of its own, so no CUDA context of this script sits beside the next measurement.
-            measured = subprocess.run([sys.executable, __file__, "--independent", json.dumps(job)], capture_output=True, text=True)
-            if measured.returncode != 0:
-                print(f"the independent measurement failed:\n{measured.stderr[-3000:]}", flush=True)
-                failed = True
-                continue
-            answer = json.loads(measured.stdout.strip().splitlines()[-1])
-            independent, diagnostics = answer["takes"], answer["diagnostics"]
+            independent, diagnostics = {}, {}
+            for shape, inputs in points.items():
+                if out_of_time():
+                    independent[shape] = "not measured: the call's time budget ran out"
+                    continue
+                # Each point in a process of its own: no CUDA context of this script beside it, and
+                # what was measured survives a call cut off at its time limit.
+                job["points"] = {shape: inputs}
+                measured = subprocess.run([sys.executable, __file__, "--independent", json.dumps(job)], capture_output=True, text=True)
+                if measured.returncode != 0:
+                    print(f"the independent measurement at {shape} failed:\n{measured.stderr[-3000:]}", flush=True)
+                    independent[shape] = "failed"
+                    failed = True
+                    continue
+                answer = json.loads(measured.stdout.strip().splitlines()[-1])
+                independent.update(answer["takes"])
+                diagnostics.update(answer["diagnostics"])
             for shape, manifest in manifests.items():
                 profile = manifest.profile
                 entry = {"variant": variant, "toolchain": toolchain, "shape": shape, "status": profile.status if profile else None}
@@ -236,17 +273,23 @@ def main() -> int:
                     flush=True,
                 )
             results_path.write_text(json.dumps(results, indent=2))
-            # What is done so far comes back even if the call is cut off at its time limit.
-            args.out.mkdir(parents=True, exist_ok=True)
-            shutil.copy(results_path, args.out / "sweep-timing.json")
-            shutil.copy(log, args.out / "pipeline.log")
-    args.out.mkdir(parents=True, exist_ok=True)
+            save(results_path, log, workspace, args.out)  # what is done so far comes back even if the call is cut off
     for fmt, name in (("html", "compare.html"), ("md", "compare.md"), ("json", "compare.json")):
         run_pipeline(workspace, log, "compare", "--model", args.model, "--format", fmt, "--out", str(args.out / name), check=False)
-    shutil.copy(results_path, args.out / "sweep-timing.json")
-    shutil.copy(log, args.out / "pipeline.log")
-    shutil.copytree(workspace / "manifests", args.out / "manifests", dirs_exist_ok=True)
+    save(results_path, log, workspace, args.out)
     return 1 if failed else 0
+
+
+def save(results_path: Path, log: Path, workspace: Path, out: Path) -> None:
+    """The results, the log and the manifests (one archive: the device tool returns a few files)."""
+    import tarfile
+
+    out.mkdir(parents=True, exist_ok=True)
+    if results_path.exists():
+        shutil.copy(results_path, out / "sweep-timing.json")
+    shutil.copy(log, out / "pipeline.log")
+    with tarfile.open(out / "manifests.tar.gz", "w:gz") as archive:
+        archive.add(workspace / "manifests", arcname="manifests", filter=lambda info: None if info.name.endswith(".lock") else info)
 
 
 if __name__ == "__main__":
