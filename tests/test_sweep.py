@@ -116,6 +116,9 @@ def test_the_html_report_opens_with_the_answer_and_draws_the_sweep(swept, run_cl
     assert text.index('<div class="verdict">') < text.index('<table class="sweep">') < text.index('<table class="comparison">')
     assert "latency, tokens/s and memory against sequence length" in text
     assert '<ul class="crossovers">' in text
+    # The rows' throughput in the model's unit, as in the terminal and markdown.
+    rows_table = text[text.index('<table class="comparison">') :]
+    assert "<th>seq/s</th>" in rows_table and "<th>img/s</th>" not in rows_table
 
 
 def test_the_sweep_html_renders_in_chromium(swept, run_cli, tmp_path):

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 
 from pipeline.manifest import EngineManifest
 from pipeline.report.rows import ComparisonRow
-from pipeline.report.tables import HEADERS, Answer, row_cells
+from pipeline.report.tables import HEADERS, Answer, row_cells, samples_header
 from pipeline.workspace import output_folder
 
 STYLE = """
@@ -205,7 +205,8 @@ def _sweep_section(answer: Answer, sweep) -> list[str]:
 
 
 def _table(rows: list[ComparisonRow]) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in HEADERS)
+    # The throughput column in the model's unit (seq/s for token inputs), as in the other formats.
+    head = "".join(f"<th>{html.escape(samples_header(rows) if h == 'img/s' else h)}</th>" for h in HEADERS)
     body = []
     for row in rows:
         cells = "".join(

@@ -394,7 +394,7 @@ class ExportStage(Stage):
         )
         note = f" (parity: cosine {parity.cosine_similarity:.6f})" if parity else f" (parity not run: {parity_skipped})"
         if parity_by_shape:
-            note = f" (parity at {len(parity_by_shape)} shapes: cosine ≥ {parity.cosine_similarity:.6f})"
+            note = f" (parity at {len(parity_by_shape)} shape{'s' if len(parity_by_shape) > 1 else ''}: cosine ≥ {parity.cosine_similarity:.6f})"
         if accuracy:
             note += f", vs FP32: cosine {accuracy['cosine_similarity']:.4f}"
         if sparsification:
