@@ -72,6 +72,10 @@ def independent_ms(job: dict) -> dict[str, dict]:
                     def infer(feeds=feeds):
                         return model(**feeds)
 
+                # The first run compiles (torch.compile: tens of seconds); the warm-up and the
+                # estimate of one run's time come after it, or a take would be a handful of runs.
+                infer()
+                torch.cuda.synchronize()
                 warmed, started = 0, time.perf_counter()
                 while time.perf_counter() - started < 1.0 or warmed < 3:
                     infer()
@@ -151,6 +155,12 @@ def main() -> int:
     parser.add_argument("--profile", default="warmup_ms = 500\niterations = 10\nduration_s = 1.0\n", help="the [profile] table")
     parser.add_argument("--budget-s", type=float, help="start no new measurement after this many seconds (the call's time limit)")
     parser.add_argument("--gc-diagnostic", action="store_true", help="eager: also take each point with the garbage collector off")
+    parser.add_argument(
+        "--only",
+        choices=["product", "independent"],
+        help="product: the pipeline's sweep alone; independent: export (for the inputs) and the independent measurement "
+        "alone, compared with the product's manifests already in the workspace (from an earlier call)",
+    )
     args = parser.parse_args()
     started = time.monotonic()
 
@@ -180,21 +190,27 @@ def main() -> int:
             if out_of_time():
                 print(f"{variant} {toolchain}: not run, the time budget ran out", flush=True)
                 continue
-            code = run_pipeline(
-                workspace,
-                log,
-                "run",
-                "--model",
-                args.model,
-                "--variant",
-                variant,
-                "--toolchain",
-                toolchain,
-                "--repeat",
-                str(args.repeat),
-                check=False,  # a point out of memory exits 1; the others are still compared
-            )
-            print(f"pipeline run {variant} {toolchain}: exit {code}", flush=True)
+            if args.only == "independent":
+                code = run_pipeline(workspace, log, "export", "--model", args.model, "--variant", variant, check=False)
+            else:
+                code = run_pipeline(
+                    workspace,
+                    log,
+                    "run",
+                    "--model",
+                    args.model,
+                    "--variant",
+                    variant,
+                    "--toolchain",
+                    toolchain,
+                    "--repeat",
+                    str(args.repeat),
+                    check=False,  # a point out of memory exits 1; the others are still compared
+                )
+            print(f"pipeline {'export' if args.only == 'independent' else 'run'} {variant} {toolchain}: exit {code}", flush=True)
+            if args.only == "product":
+                save(results_path, log, workspace, args.out)
+                continue
             chain = catalog.toolchains[toolchain]
             export = read_manifest(workspace / "manifests" / "export" / f"{args.model}_{variant}.json").export
             points, manifests = {}, {}
