@@ -151,6 +151,32 @@ def test_the_answer_is_held_to_the_catalogs_accuracy_floor_unless_the_command_na
     assert bad.exit_code == 2 and "models.tiny.accuracy_floor: not an accuracy threshold" in bad.err
 
 
+def test_an_export_this_machine_cannot_redo_is_kept_when_only_the_tools_versions_changed(demo, run_cli, monkeypatch):
+    """An NVFP4 export made on a GPU machine, built ahead of time on one without CUDA: newer tools
+    here must not turn the export into a failure the machine cannot recover from."""
+    from pipeline.stages.export import ExportStage
+
+    ws = demo.parent / "elsewhere"
+    shutil.copytree(demo, ws)
+    manifest = ws / "manifests" / "export" / "tiny_int8.json"
+    before = read_manifest(manifest).export
+    real_identity = ExportStage.identity
+    monkeypatch.setattr(ExportStage, "identity", lambda self: {**real_identity(self), "torch": "0.0-other"})
+
+    monkeypatch.setattr(ExportStage, "cannot_redo_here", lambda self: "int8 quantization needs a CUDA GPU, and this machine has none.")
+    kept = run_cli(ws / "pipeline.toml", "build", "--variant", "int8")
+    assert kept.exit_code == 0, kept.err
+    assert "WARNING tiny_int8: kept the export made on" in kept.err and "0.0-other here" in kept.err
+    assert "this machine cannot redo it (int8 quantization needs a CUDA GPU, and this machine has none)" in kept.err
+    assert read_manifest(manifest).export.finished_at == before.finished_at
+
+    # A machine that can redo it does: the tools changed, so the export is made again.
+    monkeypatch.setattr(ExportStage, "cannot_redo_here", lambda self: None)
+    redone = run_cli(ws / "pipeline.toml", "build", "--variant", "int8")
+    assert redone.exit_code == 0, redone.err
+    assert "kept the export" not in redone.err and read_manifest(manifest).export.finished_at > before.finished_at
+
+
 def test_engine_outputs_named_unlike_the_onnx_are_a_clear_error(demo, run_cli, monkeypatch):
     from pipeline.runtimes.base import ReferenceRun
     from pipeline.runtimes.onnxruntime import OnnxRuntimeRuntime

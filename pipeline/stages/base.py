@@ -91,6 +91,12 @@ class Stage(ABC):
         """A reason this stage cannot run here; the stage is then recorded as skipped."""
         return None
 
+    def cannot_redo_here(self) -> str | None:
+        """Why this machine could not do this stage's work at all (an NVFP4 export without CUDA),
+        though it may still take what another machine did: then an intact earlier result with the
+        same settings and inputs, made with other tool versions, is kept rather than failing."""
+        return None
+
     @abstractmethod
     def run_impl(self, inputs: list[Artifact]) -> StageOutcome: ...
 
@@ -154,6 +160,11 @@ class Stage(ABC):
             reporter.unchanged(self.name, self.engine.name)
             self.ctx.workspace.hashes.save()
             return previous
+        kept = self._made_elsewhere(manifest, previous, params, inputs, reason)
+        if kept is not None:
+            reporter.warn(kept)
+            self.ctx.workspace.hashes.save()
+            return previous
 
         started = time.perf_counter()
         refused = None
@@ -190,6 +201,34 @@ class Stage(ABC):
         else:
             reporter.done(self.name, self.engine.name, elapsed, outcome.note)
         return record
+
+    def _made_elsewhere(self, manifest, previous: StageRecord | None, params, inputs, skip_reason) -> str | None:
+        """The warning that keeps ``previous`` when only the tools' versions changed and this
+        machine cannot redo the work (the export of a GPU machine, built here ahead of time)."""
+        if previous is None or self.ctx.force or previous.status != "done" or skip_reason is not None:
+            return None
+        if not all(self.ctx.workspace.is_intact(a) for a in previous.outputs):
+            return None
+
+        def same(a, b) -> bool:
+            return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+
+        if not same(previous.params, params) or [(a.role, a.sha256) for a in previous.inputs] != [(a.role, a.sha256) for a in inputs]:
+            return None
+        why = self.cannot_redo_here()
+        if why is None:
+            return None
+        there = manifest.environment.packages if manifest is not None else {}
+        changed = [
+            f"{name} {there[name]} there, {version or 'none'} here"
+            for name, version in self.identity().items()
+            if there.get(name) != version and name in there
+        ]
+        made = f"made on {manifest.environment.hostname}" if manifest is not None else "made elsewhere"
+        return (
+            f"{self.engine.name}: kept the {self.name} {made}" + (f" ({'; '.join(changed)})" if changed else " with other tool versions")
+            + f": this machine cannot redo it ({why.rstrip('.')}). `--force` would try, and fail."
+        )  # fmt: skip
 
     def save(self, manifest: EngineManifest | None, record: StageRecord) -> None:
         manifest = manifest or self.new_manifest()

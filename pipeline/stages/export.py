@@ -20,7 +20,7 @@ from typing import Any
 
 from pipeline.artifacts import atomic_output, sha256_file
 from pipeline.environment import package_version
-from pipeline.errors import PipelineError, require_module
+from pipeline.errors import EnvironmentMissing, PipelineError, require_module
 from pipeline.manifest import Artifact, ExportDetails, ParityCheck
 from pipeline.models import TORCH_DTYPES
 from pipeline.models.images import image_files, load_images
@@ -143,6 +143,16 @@ class ExportStage(Stage):
 
     def skip_reason(self) -> str | None:
         return self.model_source().unsupported_variant(self.variant_spec)
+
+    def cannot_redo_here(self) -> str | None:
+        # MXFP8/NVFP4 exports need CUDA; their graphs are built ahead of time on machines without
+        # (TensorRT-RTX), from the export a GPU machine made.
+        try:
+            if self.quantized:
+                require_cuda_for(self.variant_spec.precision)
+        except EnvironmentMissing as exc:
+            return exc.message
+        return None
 
     def identity(self) -> dict[str, Any]:
         dists = ("torch", "timm", "onnx", "nvidia-modelopt", *self.model_source().packages)
