@@ -296,6 +296,32 @@ def test_tensorrt_rtx_builds_the_transformer_for_its_shape_range(rtx_cache, tmp_
     assert dry.exit_code == 0, dry.err
 
 
+@pytest.mark.rtx
+def test_an_nvfp4_transformer_with_dynamic_sequence_builds_for_sm120(rtx_cache, tmp_path, run_cli, monkeypatch):
+    """ModelOpt's block-format graph of BERT reshapes the attention output to (batch, sequence, -1);
+    TensorRT must know the quantized axis' size when it builds. The export writes it out
+    (quantize.fix_block_axes); without that, TensorRT-RTX refuses the graph (as it did the NVFP4
+    and MXFP8 exports of the lent H100)."""
+    import pipeline.stages.quantize
+    from tests.conftest import RTX_TOOLCHAINS
+    from tests.cpu_nvfp4 import nvfp4_without_cuda
+
+    catalog = write_catalog(tmp_path / "ws", BERT_CATALOG + '[variants.nvfp4]\nprecision = "nvfp4"\n' + RTX_TOOLCHAINS)
+    args = ("build", "--engine", "bert_nvfp4", "--toolchain", "trt-rtx1.7", "--arch", "sm120")
+    with nvfp4_without_cuda(monkeypatch):
+        result = run_cli(catalog, *args)
+        assert result.exit_code == 0, result.err
+        build = manifest(catalog.parent, "trt-rtx1.7", "bert_nvfp4")["build"]
+        assert build["status"] == "done" and build["details"]["precision_audit"]["intended_found"] is True
+        assert "--shape-range input_ids=2x8/3x24/3x24" in " ".join(build["command"])
+
+        monkeypatch.setattr(pipeline.stages.quantize, "fix_block_axes", lambda model, sizes, axes: 0)
+        refused = run_cli(catalog, *args, "--force")
+    assert refused.exit_code == 1
+    assert "attention/output/dense/input_quantizer/TRT_FP4DynamicQuantize" in refused.err
+    assert "The input extent in the blocked axis should be known at build time" in refused.err
+
+
 # --- a user's own ONNX ---------------------------------------------------------------------------------
 
 

@@ -270,13 +270,14 @@ def export_quantized(model, args: tuple, path, opset: int, weights_dtype: str, p
             )
         _export_int8(model, args, path, opset, input_names, dynamic_axes)
         return QuantizedExport(INT8_EXPORTER, traced_batch)
+    repairs = []
     if precision in TRACED_HIGH_PRECISION:
-        # "fp32" tells ModelOpt to convert nothing: the types are the traced model's.
-        _export_with_modelopt(
-            model, args, path, opset, "fp32", dynamic_axes, repair=lambda graph: make_fp4_graph_consistent(graph, weights_dtype)
-        )
-    else:
-        _export_with_modelopt(model, args, path, opset, weights_dtype, dynamic_axes)
+        repairs.append(lambda graph: make_fp4_graph_consistent(graph, weights_dtype))
+    if precision in BLOCK_FORMATS and dynamic_axes:
+        sizes = {name: args[input_names.index(name)].shape for name in dynamic_axes if name in input_names}
+        repairs.append(lambda graph: fix_block_axes(graph, sizes, dynamic_axes))
+    # "fp32" tells ModelOpt to convert nothing: the types are the traced model's.
+    _export_with_modelopt(model, args, path, opset, "fp32" if precision in TRACED_HIGH_PRECISION else weights_dtype, dynamic_axes, repairs)
     return QuantizedExport(MODELOPT_EXPORTER, traced_batch)
 
 
@@ -285,7 +286,7 @@ MODELOPT_EXPORTER = "ModelOpt's ONNX exporter (get_onnx_bytes_and_metadata)"
 INT8_EXPORTER = "torch.onnx.export (TorchScript) with ModelOpt's INT8 graph clean-up"
 
 
-def _export_with_modelopt(model, args: tuple, path, opset: int, weights_dtype: str, dynamic_axes, repair=None) -> None:
+def _export_with_modelopt(model, args: tuple, path, opset: int, weights_dtype: str, dynamic_axes, repairs=()) -> None:
     from modelopt.torch._deploy.utils.torch_onnx import OnnxBytes, get_onnx_bytes_and_metadata
 
     with shape_inference_without_weights():
@@ -297,14 +298,102 @@ def _export_with_modelopt(model, args: tuple, path, opset: int, weights_dtype: s
             "handle yet (the model exceeds 2 GB).",
         )
     data = next(iter(files.values()))
-    if repair is None:
+    if not repairs:
         path.write_bytes(data)
         return
     import onnx
 
     graph = onnx.load_from_string(data)
-    repair(graph)
+    for repair in repairs:
+        repair(graph)
     onnx.save(graph, str(path))
+
+
+def fix_block_axes(model, sizes: dict[str, tuple[int, ...]], dynamic_axes: dict[str, dict[int, str]]) -> int:
+    """Write out the sizes a Reshape leaves as -1 where the graph fixes them; how many were.
+
+    TensorRT needs the extent of the axis a block format quantizes along at build time ("The
+    input extent in the blocked axis should be known at build time", TensorRT-RTX 1.7 on ModelOpt's
+    NVFP4 and MXFP8 graphs of BERT). A transformer's attention output is reshaped to
+    (batch, sequence, -1): with batch and sequence dynamic, the parser cannot tell that -1 is the
+    hidden size. Shape inference can, once the inputs have sizes: the graph's sizes are inferred
+    at the traced sizes and at other ones, and a -1 whose size is the same at both is that size.
+    """
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    other = {}  # each dynamic axis at another size: 2n + 3 (n + 3 apart, so no small divisor maps both alike)
+    for name, axes in dynamic_axes.items():
+        for axis, label in axes.items():
+            if name in sizes:
+                other.setdefault(label, 2 * sizes[name][axis] + 3)
+
+    def inferred(resize) -> dict[str, list[int | None]]:
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        for node in copy.graph.node:
+            if node.domain == "trt":  # TensorRT's own quantize ops: shape-preserving on their first output
+                node.op_type, node.domain = "Identity", ""
+                node.input[:], node.output[:] = node.input[:1], node.output[:1]
+                del node.attribute[:]
+        for tensor in copy.graph.input:
+            for axis, dim in enumerate(tensor.type.tensor_type.shape.dim):
+                if tensor.name in sizes:
+                    dim.dim_value = resize(tensor.name, axis)
+        del copy.graph.value_info[:]
+        with shape_inference_without_weights():
+            copy = onnx.shape_inference.infer_shapes(copy, data_prop=True)
+        return {
+            info.name: [d.dim_value if d.HasField("dim_value") else None for d in info.type.tensor_type.shape.dim]
+            for info in [*copy.graph.value_info, *copy.graph.output]
+        }
+
+    labels = {(name, axis): label for name, axes in dynamic_axes.items() for axis, label in axes.items()}
+    at_traced = inferred(lambda name, axis: sizes[name][axis])
+    at_other = inferred(lambda name, axis: other[labels[(name, axis)]] if (name, axis) in labels else sizes[name][axis])
+    graph = model.graph
+    producers = {output: node for node in graph.node for output in node.output}
+    fixed, before = 0, {}  # the new constants, by the Concat they go before
+    for node in list(graph.node):
+        if node.op_type != "Reshape":
+            continue
+        shape = producers.get(node.input[1])
+        first, second = at_traced.get(node.output[0]), at_other.get(node.output[0])
+        if shape is None or shape.op_type != "Concat" or first is None or second is None:
+            continue
+        position = 0
+        for slot, part in enumerate(shape.input):
+            source = producers.get(part)
+            length = (at_traced.get(part) or [None])[0]
+            if source is not None and source.op_type == "Constant" and source.attribute[0].name == "value":
+                value = numpy_helper.to_array(source.attribute[0].t).reshape(-1)
+                known = [
+                    first[position + k] if v == -1 and first[position + k] == second[position + k] else None for k, v in enumerate(value)
+                ]
+                if any(size is not None for size in known):
+                    # A constant of this Reshape's own (the one it came from may be shared).
+                    written = np.array([size if size is not None else v for size, v in zip(known, value)], dtype=value.dtype)
+                    constant = onnx.helper.make_node(
+                        "Constant",
+                        [],
+                        [f"{part}_sized_for_{node.name}"],
+                        value=numpy_helper.from_array(written),
+                        name=f"{source.name}_sized",
+                    )
+                    before.setdefault(shape.name, []).append(constant)
+                    shape.input[slot] = constant.output[0]
+                    fixed += sum(size is not None for size in known)
+                position += value.size
+            elif length is not None:
+                position += length
+            else:
+                break  # a part of unknown length: the positions after it cannot be told
+    if before:
+        nodes = [new for node in graph.node for new in [*before.get(node.name, []), node]]
+        del graph.node[:]
+        graph.node.extend(nodes)
+    return fixed
 
 
 def _export_int8(model, args: tuple, path, opset: int, input_names: list[str], dynamic_axes) -> None:
