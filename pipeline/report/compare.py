@@ -41,8 +41,7 @@ def compare(
     """Rows plus their rendering in ``fmt`` (a rich renderable for "table", at ``width``
     columns, text otherwise), the answer first: the verdict per model and shape point (the fastest
     engine meeting ``thresholds``, else the catalog's accuracy floor for the model, else each
-    precision's own accuracy check) and the sweep tables
-    in ``metric`` (pipeline/report/sweep.py)."""
+    precision's own accuracy check) and the sweep tables in ``metric`` (pipeline/report/sweep.py)."""
     if fmt not in FORMATS:
         raise UsageError(f"unknown format {fmt!r}.", hint=f"use one of {', '.join(FORMATS)}")
     if metric not in METRICS:

@@ -85,10 +85,13 @@ class ExportStage(Stage):
         settings = self.ctx.catalog.calibration
         return self.model_source().describe_calibration(self._calibration_dir(), settings.samples, settings.batch_size)
 
-    def _at_point(self, label: str | None, index: int, count: int) -> None:
-        """Say which shape point the export is at: a large model's points take minutes each on a CPU."""
-        if label is not None:
-            self.ctx.reporter.progress(f"{label.replace('x', '×')} ({index} of {count})")
+    def _each_point(self, references: dict):
+        """(label, inputs) of each reference batch, saying which shape point the export is at: a
+        large model's points take minutes each on a CPU."""
+        for index, (label, feeds) in enumerate(references.items(), 1):
+            if label is not None:
+                self.ctx.reporter.progress(f"{label.replace('x', '×')} ({index} of {len(references)})")
+            yield label, feeds
 
     def _calibration_dir(self) -> Path | None:
         return self._in_workspace(self.ctx.catalog.calibration.directory)
@@ -225,8 +228,7 @@ class ExportStage(Stage):
                 references = {None: (reference_input,)}
             fp32_outputs = {}
             with torch.no_grad(), input_refused_as_error(source.describe(), input_shape, model):
-                for index, (label, feeds) in enumerate(references.items(), 1):
-                    self._at_point(label, index, len(references))
+                for label, feeds in self._each_point(references):
                     fp32_outputs[label] = runnable(*as_inputs(feeds, device, torch.float32)).float().cpu()
             labels = reference_facts.get("labels")
             if labels:
@@ -276,8 +278,7 @@ class ExportStage(Stage):
             variant_outputs = {}
             with torch.no_grad():
                 if points:
-                    for index, (label, feeds) in enumerate(references.items(), 1):
-                        self._at_point(label, index, len(references))
+                    for label, feeds in self._each_point(references):
                         variant_outputs[label] = runnable(*as_inputs(feeds, device, dtype)).float().cpu().numpy()
                 else:  # parity is checked on the seeded sample (the reference may be images)
                     variant_outputs[None] = runnable(*as_inputs(sample, device, dtype)).float().cpu().numpy()
@@ -335,8 +336,7 @@ class ExportStage(Stage):
             elif points:
                 # Each shape point the engines are measured at: the graph's axes really are free.
                 with phase("parity"):
-                    for index, (label, feeds) in enumerate(references.items(), 1):
-                        self._at_point(label, index, len(references))
+                    for label, feeds in self._each_point(references):
                         parity_by_shape[label] = check_parity(tmp, [t.numpy() for t in feeds], variant_outputs[label], variant.precision)
                 parity = min(parity_by_shape.values(), key=lambda check: (check.passed, check.cosine_similarity))
             else:
