@@ -12,6 +12,9 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel
 
+# The interquartile range of a normal distribution, in standard deviations (2 × 0.6745).
+NORMAL_IQR_IN_STDEVS = 1.349
+
 
 class LatencyStats(BaseModel):
     """Summary of per-iteration times in milliseconds."""
@@ -25,8 +28,21 @@ class LatencyStats(BaseModel):
     p95: float
     p99: float
     stdev: float
-    # Coefficient of variation (stdev / mean): above a few percent the run was noisy.
+    # Coefficient of variation (stdev / mean). A few stalls of the host (a run 3x the median) raise
+    # it to 20-40% while the median does not move, so noise is judged by the quartiles (iqr_cv).
     cv: float
+    # The quartiles; None in manifests written before they were recorded.
+    p25: float | None = None
+    p75: float | None = None
+
+    @property
+    def iqr_cv(self) -> float | None:
+        """The spread of the middle half of the runs, as the CV of a normal distribution with that
+        interquartile range (IQR = 1.349 standard deviations): equal to the CV for well-behaved
+        runs, blind to a few outliers. None when the quartiles were not recorded."""
+        if self.p25 is None or self.p75 is None or self.median <= 0:
+            return None
+        return (self.p75 - self.p25) / NORMAL_IQR_IN_STDEVS / self.median
 
     @classmethod
     def from_values(cls, values_ms: Sequence[float]) -> LatencyStats:
@@ -38,7 +54,7 @@ class LatencyStats(BaseModel):
         mean = float(values.mean())
         # Sample standard deviation: these are samples of the engine's latency distribution.
         stdev = float(values.std(ddof=1)) if values.size > 1 else 0.0
-        p90, p95, p99, median = (float(v) for v in np.percentile(values, [90, 95, 99, 50]))
+        p25, p75, p90, p95, p99, median = (float(v) for v in np.percentile(values, [25, 75, 90, 95, 99, 50]))
         return cls(
             count=int(values.size),
             min=float(values.min()),
@@ -50,6 +66,8 @@ class LatencyStats(BaseModel):
             p99=p99,
             stdev=stdev,
             cv=stdev / mean if mean > 0 else math.nan,
+            p25=p25,
+            p75=p75,
         )
 
 

@@ -183,14 +183,17 @@ def test_a_busy_or_noisy_measurement_is_flagged(trt_workspace, run_cli, monkeypa
             "gpu_processes": [{"pid": 4242, "name": "python3", "used_memory_mib": 900.0}],
         },
     }
-    noisy = details.latency_ms.model_copy(update={"cv": 0.25})
+    # The middle half of the runs spread over 25% of the median (as a CV: IQR / 1.349).
+    median = details.latency_ms.median
+    half_width = 0.25 * 1.349 * median / 2
+    noisy = details.latency_ms.model_copy(update={"p25": median - half_width, "p75": median + half_width})
     manifest.profile = manifest.profile.model_copy(
         update={"details": details.model_copy(update={"machine_load": load, "latency_ms": noisy})}
     )
     manifest.write(path)
     rows = {(r["variant"], r["toolchain"]): r for r in json.loads(run_cli(trt_workspace, "compare", "--format", "json").out)["rows"]}
     assert rows[("fp16", "trt10.16")]["flags"] == [
-        "noisy: CV 25.0% is above 10%",
+        "noisy: interquartile CV 25.0% is above 10%",
         "busy machine: load average 4.1 on 2 CPUs at the start",
         "busy GPU: other processes used it at the end: python3 (pid 4242)",
     ]
@@ -199,10 +202,33 @@ def test_a_busy_or_noisy_measurement_is_flagged(trt_workspace, run_cli, monkeypa
     out = run_cli(trt_workspace, "compare").out
     line = next(candidate for candidate in out.splitlines() if candidate.split()[:2] == ["fp16", "trt10.16"])
     mark = line.split()[-1]
-    assert line.split()[-2] == "busy" and f"{mark} measured (GPU compute time); noisy: CV 25.0%" in out
+    assert line.split()[-2] == "busy" and f"{mark} measured (GPU compute time); noisy: interquartile CV 25.0%" in out
     relaxed = json.loads(run_cli(trt_workspace, "compare", "--format", "json", "--noisy-cv", "30").out)["rows"]
     assert not any(f.startswith("noisy") for r in relaxed for f in r["flags"])
     assert "busy machine: load average 4.1" in run_cli(trt_workspace, "compare", "--format", "md").out
+
+
+def test_noise_is_judged_by_the_quartiles_and_by_the_cv_where_they_were_not_recorded(trt_workspace, run_cli):
+    """A few stalled runs (CV 35%, quartiles 1% apart) leave the median alone: not noisy. A manifest
+    written before the quartiles were recorded is judged by its CV."""
+    path = trt_workspace.parent / "manifests" / "trt10.16" / "tiny_fp16.json"
+    manifest = read_manifest(path)
+    details = manifest.profile.details
+    median = details.latency_ms.median
+    stalled = details.latency_ms.model_copy(update={"cv": 0.35, "p25": median * 0.995, "p75": median * 1.005})
+    manifest.profile = manifest.profile.model_copy(update={"details": details.model_copy(update={"latency_ms": stalled})})
+    manifest.write(path)
+
+    def flags() -> list[str]:
+        rows = json.loads(run_cli(trt_workspace, "compare", "--format", "json").out)["rows"]
+        return next(r["flags"] for r in rows if (r["variant"], r["toolchain"]) == ("fp16", "trt10.16"))
+
+    assert flags() == []
+    raw = json.loads(path.read_text())
+    for key in ("p25", "p75"):
+        del raw["profile"]["details"]["latency_ms"][key]
+    path.write_text(json.dumps(raw))
+    assert flags() == ["noisy: CV 35.0% is above 10%"]
 
 
 def test_rows_measured_under_different_settings_are_flagged(trt_workspace, run_cli):

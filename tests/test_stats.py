@@ -33,6 +33,18 @@ def test_percentiles_are_ordered_on_skewed_data():
     assert stats.min <= stats.median <= stats.p90 <= stats.p95 <= stats.p99 <= stats.max
 
 
+def test_the_quartile_spread_ignores_a_few_stalls_that_the_cv_does_not():
+    steady = [10.0 + 0.01 * (i % 11) for i in range(200)]
+    stalled = LatencyStats.from_values(steady[:190] + [30.0] * 10)  # 5% of the runs at 3x
+    assert stalled.cv > 0.3 and stalled.iqr_cv < 0.01
+    assert stalled.median == pytest.approx(LatencyStats.from_values(steady).median, rel=1e-3)
+
+
+def test_the_quartile_spread_of_normal_runs_is_their_cv():
+    runs = LatencyStats.from_values(np.random.default_rng(0).normal(10.0, 0.5, 20000))
+    assert runs.iqr_cv == pytest.approx(runs.cv, rel=0.03)
+
+
 def test_empty_series_is_refused():
     with pytest.raises(ValueError, match="empty"):
         LatencyStats.from_values([])

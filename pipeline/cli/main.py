@@ -318,7 +318,10 @@ def run(state: _State, **options):
     help="Terminal table: these columns, comma-separated, e.g. median,p99,cv,status (an unknown name lists them).",
 )
 @click.option(
-    "--noisy-cv", type=click.FloatRange(min=0), metavar="PCT", help="Flag measurements whose CV is above PCT percent as noisy (default 10)."
+    "--noisy-cv",
+    type=click.FloatRange(min=0),
+    metavar="PCT",
+    help="Flag measurements whose spread is above PCT percent as noisy (default 10): the interquartile range as a CV, so a few outlying runs do not count.",
 )
 @click.option(
     "--metric",
