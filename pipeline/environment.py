@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import platform
@@ -163,3 +164,43 @@ def machine_load() -> dict:
         if len(row) >= 3 and row[0].isdigit() and int(row[0]) != os.getpid()
     ]
     return load
+
+
+@contextlib.contextmanager
+def running_on(cpus: tuple[int, ...] | None):
+    """This thread, and what it starts meanwhile (threads, processes), on ``cpus`` only; where it
+    ran before afterwards. None changes nothing."""
+    from pipeline.errors import PipelineError
+
+    if cpus is None:
+        yield
+        return
+    if not hasattr(os, "sched_setaffinity"):
+        raise PipelineError(
+            f"[profile] host_cpus = {list(cpus)}: this platform ({platform.system()}) cannot pin a process to CPUs.",
+            hint="remove host_cpus from [profile] in pipeline.toml",
+        )
+    allowed = os.sched_getaffinity(0)
+    missing = sorted(set(cpus) - allowed)
+    if missing:
+        raise PipelineError(
+            f"[profile] host_cpus = {list(cpus)}: this process may not run on CPU {', '.join(map(str, missing))}; "
+            f"it may run on {_ranges(sorted(allowed))}.",
+            hint="choose CPUs from that list in [profile] host_cpus in pipeline.toml",
+        )
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, allowed)
+
+
+def _ranges(numbers: list[int]) -> str:
+    """[0, 1, 2, 3, 8] -> "0-3, 8"."""
+    spans: list[list[int]] = []
+    for number in numbers:
+        if spans and number == spans[-1][1] + 1:
+            spans[-1][1] = number
+        else:
+            spans.append([number, number])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)

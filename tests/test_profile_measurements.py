@@ -232,3 +232,46 @@ def test_several_measurements_are_judged_together():
     assert merged["cpus_used"] == {"all": 1.25, "others": 0.25}
     (flag,) = machine_watch.verdict([calm, contended])
     assert flag.startswith("busy: runnable tasks waited for a CPU 8% of the measurement (worst half second 50%)")
+
+
+def test_host_cpus_pins_each_measurement_and_lets_go_after(tmp_path, run_cli, monkeypatch):
+    before = os.sched_getaffinity(0)
+    seen = []
+
+    def profile(self, engine_path, settings, workload=None):
+        seen.append(os.sched_getaffinity(0))
+        return ProfileResult(per_iteration_ms=[1.0, 1.1, 1.2], total_walltime_s=0.01, device="scripted")
+
+    monkeypatch.setattr(OnnxRuntimeRuntime, "profile", profile)
+    plain = catalog_with(tmp_path, "")
+    assert run_cli(plain, "run", "--variant", "fp32", "--repeat", "2").exit_code == 0
+    assert seen == [before, before]
+    # Pinning re-measures (the manifest records where it ran); leaving it unset kept the fingerprint
+    # of measurements taken before the setting existed, so the run above has no `host_cpus` in its params.
+    assert "host_cpus" not in read_manifest(plain.parent / "manifests" / "onnxruntime" / "tiny_fp32.json").profile.params["settings"]
+    cpu = min(before)
+    plain.write_text(plain.read_text().replace("[profile]\n", f"[profile]\nhost_cpus = [{cpu}]\n"))
+    seen.clear()
+    result = run_cli(plain, "run", "--variant", "fp32", "--repeat", "2")
+    assert result.exit_code == 0, result.err
+    assert seen == [{cpu}, {cpu}] and os.sched_getaffinity(0) == before
+    assert profile_details(plain).settings.host_cpus == (cpu,)
+
+
+def test_host_cpus_the_process_may_not_use_are_named_with_those_it_may(tmp_path, run_cli):
+    allowed = os.sched_getaffinity(0)
+    missing = max(allowed) + 1000
+    catalog = catalog_with(tmp_path, f"host_cpus = [{missing}]")
+    result = run_cli(catalog, "run", "--variant", "fp32")
+    assert result.exit_code == 1 and "Traceback" not in result.err
+    assert f"[profile] host_cpus = [{missing}]: this process may not run on CPU {missing}" in result.err
+    assert os.sched_getaffinity(0) == allowed
+    negative = catalog_with(tmp_path / "negative", "host_cpus = [-1]")
+    refused = run_cli(negative, "run", "--variant", "fp32")
+    assert refused.exit_code == 2 and "host_cpus" in refused.err and "CPU numbers start at 0" in refused.err
+
+
+def test_cpu_ranges_read_as_a_person_writes_them():
+    from pipeline.environment import _ranges
+
+    assert _ranges([0, 1, 2, 3, 8, 10, 11]) == "0-3, 8, 10-11" and _ranges([5]) == "5"

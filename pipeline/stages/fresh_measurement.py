@@ -51,6 +51,7 @@ def measure_in_fresh_process(catalog, toolchain: str, engine_path: Path, setting
 
 
 def _child(send, catalog, toolchain: str, engine_path: Path, settings, workload, verbose: bool) -> None:
+    from pipeline.environment import running_on
     from pipeline.machine_watch import MachineWatch
     from pipeline.reporting import Reporter
     from pipeline.runtimes import create_runtime
@@ -59,7 +60,7 @@ def _child(send, catalog, toolchain: str, engine_path: Path, settings, workload,
         runtime = create_runtime(toolchain, catalog.toolchain(toolchain), Reporter(verbose=verbose), catalog.root)
         results, watched = [], []
         for _ in range(settings.repeats):
-            with MachineWatch() as watch:
+            with MachineWatch() as watch, running_on(settings.host_cpus):
                 results.append(runtime.profile(engine_path, settings, workload))
             watched.append(watch.summary)
         send.send(("ok", (results, watched)))

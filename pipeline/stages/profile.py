@@ -6,7 +6,7 @@ import functools
 from pathlib import Path
 from typing import Any
 
-from pipeline.environment import cpu_name, machine_load, nvidia_gpus
+from pipeline.environment import cpu_name, machine_load, nvidia_gpus, running_on
 from pipeline.errors import PipelineError, RefusedByTool
 from pipeline.machine_watch import MachineWatch, verdict
 from pipeline.manifest import Artifact, ProfileDetails, StageRecord, read_manifest
@@ -37,9 +37,12 @@ class ProfileStage(Stage):
         return self.ctx.workspace.manifest_path(self.toolchain, self.engine, self.ctx.gpu_type, shape)
 
     def params(self) -> dict[str, Any]:
+        settings = self.settings.model_dump()
+        if settings["host_cpus"] is None:  # unset: measurements taken before the setting existed stay current
+            del settings["host_cpus"]
         if self.shape is None:
-            return {"settings": self.settings.model_dump(), "batch_size": self.model_spec.batch_size}
-        return {"settings": self.settings.model_dump(), "shape": self.shape}
+            return {"settings": settings, "batch_size": self.model_spec.batch_size}
+        return {"settings": settings, "shape": self.shape}
 
     def identity(self) -> dict[str, Any]:
         # A measurement belongs to the machine it was taken on: a different CPU or GPU re-measures.
@@ -261,7 +264,7 @@ class ProfileStage(Stage):
                 again = f", take {take + 1}" if take else ""
                 self.ctx.reporter.detail(f"{self.engine.name}: measurement {run + 1} of {repeats}{again}")
                 self.ctx.reporter.step(f"measurement {run + 1} of {repeats}{again}")
-            with MachineWatch() as watch:
+            with MachineWatch() as watch, running_on(self.settings.host_cpus):
                 results.append(self.runtime.profile(engine_path, self.settings, workload))
             watched.append(watch.summary)
         return results, watched
