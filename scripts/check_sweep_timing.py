@@ -5,9 +5,13 @@ in a workspace that is kept between calls (each toolchain can be a call of its o
 process of its own, the same transformers class built from its config (random weights), in the
 same dtype, with the toolchain's attention implementation and backend, fed the same token ids and
 mask the product measured (its export's reference inputs at each shape point), timed independently:
-warm up for a second, then inferences enqueued back to back between two CUDA events, the total
-divided by the count, taken `--takes` times (median). Each point's product median must be within
-`--tolerance` of it.
+warm up for a second, then takes of inferences enqueued back to back, a CUDA event recorded
+between each two (so each inference's time is the span between its events and the take's total is
+their sum), and one synchronisation at the end of the take: the median inference of each take, and
+the median of `--takes` such takes, is the figure the product's median must be within `--tolerance`
+of. The take's total divided by its count (the mean, which a few host stalls move and the median
+does not) is kept beside it. With `--host-cpus`, the product (`[profile] host_cpus`) and the
+independent process run on those CPUs alone.
 
     python scripts/check_sweep_timing.py --workspace reports/gpu-sweep --out RESULTS \\
         --model modernbert --variants bf16 fp16 --toolchains torch-eager torch-eager-attn torch-compile
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import statistics
 import subprocess
@@ -32,14 +37,33 @@ import time
 from importlib.metadata import version
 from pathlib import Path
 
-from check_torch_timing import DTYPES, REPO, run_pipeline, takes_ms  # the timm check's, beside this script
+from check_torch_timing import DTYPES, REPO, run_pipeline  # the timm check's, beside this script
 
 # Each take times at least this long (and at least 3 inferences).
 TAKE_S = 0.5
 
 
+def takes_ms(torch, infer, runs: int, takes: int) -> tuple[list[float], list[float]]:
+    """(the median inference of each take, the mean of each take): `runs` inferences enqueued back
+    to back with an event between each two, one synchronisation per take."""
+    medians, means = [], []
+    for _ in range(takes):
+        marks = [torch.cuda.Event(enable_timing=True) for _ in range(runs + 1)]
+        marks[0].record()
+        for mark in marks[1:]:
+            infer()
+            mark.record()
+        marks[-1].synchronize()
+        spans = [a.elapsed_time(b) for a, b in zip(marks, marks[1:])]
+        medians.append(statistics.median(spans))
+        means.append(marks[0].elapsed_time(marks[-1]) / runs)
+    return medians, means
+
+
 def independent_ms(job: dict) -> dict[str, dict]:
     """Per-inference milliseconds at each shape point, one figure per take (or why it failed), and diagnostics."""
+    import os
+
     import numpy as np
     import torch
 
@@ -57,6 +81,8 @@ def independent_ms(job: dict) -> dict[str, dict]:
     model = cls(config).eval().to(device="cuda", dtype=dtype)
     results: dict[str, list[float] | str] = {}
     diagnostics: dict[str, dict] = {}
+    if job.get("host_cpus"):  # where the product pins: its measuring thread, once the model is loaded
+        os.sched_setaffinity(0, job["host_cpus"])
     for shape, inputs in job["points"].items():
         feeds = {name: torch.from_numpy(np.fromfile(path, dtype=np.int64).reshape(dims)).cuda() for name, (path, dims) in inputs.items()}
         try:
@@ -108,17 +134,19 @@ def independent_ms(job: dict) -> dict[str, dict]:
                     # off, interleaved so that drift of the host hits both alike.
                     import gc
 
-                    figures, without_gc = [], []
+                    figures, means, without_gc = [], [], []
                     for _ in range(job["takes"]):
-                        figures += takes_ms(torch, infer, runs, 1)
+                        median, mean = takes_ms(torch, infer, runs, 1)
+                        figures, means = figures + median, means + mean
                         gc.disable()
                         try:
-                            without_gc += takes_ms(torch, infer, runs, 1)
+                            without_gc += takes_ms(torch, infer, runs, 1)[0]
                         finally:
                             gc.enable()
                     diagnostics[shape]["gc_disabled_ms"] = without_gc
                 else:
-                    figures = takes_ms(torch, infer, runs, job["takes"])
+                    figures, means = takes_ms(torch, infer, runs, job["takes"])
+                diagnostics[shape]["take_means_ms"] = means
             results[shape] = figures
         except torch.cuda.OutOfMemoryError as exc:
             results[shape] = f"out of memory: {str(exc).splitlines()[0]}"
@@ -154,6 +182,10 @@ def main() -> int:
     parser.add_argument("--tolerance", type=float, default=0.10)
     parser.add_argument("--profile", default="warmup_ms = 500\niterations = 10\nduration_s = 1.0\n", help="the [profile] table")
     parser.add_argument("--budget-s", type=float, help="start no new measurement after this many seconds (the call's time limit)")
+    parser.add_argument("--host-cpus", type=int, nargs="+", help="the CPUs both measurements run on ([profile] host_cpus)")
+    parser.add_argument(
+        "--product-model-diagnostic", action="store_true", help="eager: also time the model as the product builds it, in the same process"
+    )
     parser.add_argument("--gc-diagnostic", action="store_true", help="eager: also take each point with the garbage collector off")
     parser.add_argument(
         "--only",
@@ -177,7 +209,8 @@ def main() -> int:
     catalog_text = (REPO / "pipeline.toml").read_text()
     start = catalog_text.index("[profile]")
     end = catalog_text.index("\n[", start + 1)
-    (workspace / "pipeline.toml").write_text(catalog_text[:start] + "[profile]\n" + args.profile + catalog_text[end:])
+    profile = args.profile + (f"host_cpus = {args.host_cpus}\n" if args.host_cpus else "")
+    (workspace / "pipeline.toml").write_text(catalog_text[:start] + "[profile]\n" + profile + catalog_text[end:])
     catalog = load_catalog(workspace / "pipeline.toml")
     spec = catalog.models[args.model]
     log = workspace / "pipeline.log"
@@ -227,11 +260,12 @@ def main() -> int:
                 "mode": chain.mode,
                 "takes": args.takes,
                 "points": points,
-                "product_model": True,
+                "product_model": args.product_model_diagnostic,
                 "catalog": str(workspace / "pipeline.toml"),
                 "model": args.model,
                 "input_order": list(next(iter(points.values()))),
                 "gc_diagnostic": args.gc_diagnostic,
+                "host_cpus": args.host_cpus,
             }
             independent, diagnostics = {}, {}
             for shape, inputs in points.items():
@@ -277,6 +311,7 @@ def main() -> int:
                     compile_s=execution.get("compile_s"),
                     independent_ms=[round(v, 4) for v in theirs],
                     independent_median_ms=round(reference, 4),
+                    independent_mean_ms=round(statistics.median((diagnostics.get(shape) or {}).get("take_means_ms") or [math.nan]), 4),
                     diagnostic=diagnostics.get(shape),
                     ratio=round(ratio, 4),
                     within_tolerance=within,
@@ -284,7 +319,7 @@ def main() -> int:
                 results["entries"].append(entry)
                 print(
                     f"{variant:5} {toolchain:17} {shape:7} product {entry['product_median_ms']:9.3f} ms (repeat CV {details.repeat_cv or 0:.2%})  "
-                    f"independent {reference:9.3f} ms  ratio {ratio:.3f} {'ok' if within else 'OUTSIDE'}  "
+                    f"independent {reference:9.3f} ms (mean {entry['independent_mean_ms']:.3f})  ratio {ratio:.3f} {'ok' if within else 'OUTSIDE'}  "
                     f"(its per-run events: {(diagnostics.get(shape) or {}).get('per_run_events_median_ms', float('nan')):.3f} ms)",
                     flush=True,
                 )
