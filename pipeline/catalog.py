@@ -172,7 +172,8 @@ class ProfileSettings(_Strict):
     # The CPUs the measuring process runs on while it measures (Linux sched_setaffinity), and every
     # process it starts then. A launch-bound GPU measurement is the host's speed: on the lent H100
     # one process moved between 12.7 and 23.0 ms per run (ModernBERT 2x512, eager) while pinned to
-    # one core it stayed within 11.3-12.4. None: wherever the OS schedules it.
+    # one core it stayed within 11.3-12.4 (it still met the host's slow spells; docs/sweeps.md).
+    # None: wherever the OS schedules it.
     host_cpus: tuple[int, ...] | None = Field(default=None, min_length=1)
 
     @field_validator("host_cpus")
