@@ -12,6 +12,7 @@ from importlib import metadata
 from pathlib import Path
 
 from pipeline import __version__
+from pipeline.errors import PipelineError
 from pipeline.manifest import Environment, GpuInfo
 
 # Distributions whose versions change results; recorded in every manifest.
@@ -170,8 +171,6 @@ def machine_load() -> dict:
 def running_on(cpus: tuple[int, ...] | None):
     """This thread, and what it starts meanwhile (threads, processes), on ``cpus`` only; where it
     ran before afterwards. None changes nothing."""
-    from pipeline.errors import PipelineError
-
     if cpus is None:
         yield
         return

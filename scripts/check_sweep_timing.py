@@ -43,7 +43,7 @@ from check_torch_timing import DTYPES, REPO, run_pipeline  # the timm check's, b
 TAKE_S = 0.5
 
 
-def takes_ms(torch, infer, runs: int, takes: int) -> tuple[list[float], list[float]]:
+def take_medians_ms(torch, infer, runs: int, takes: int) -> tuple[list[float], list[float]]:
     """(the median inference of each take, the mean of each take): `runs` inferences enqueued back
     to back with an event between each two, one synchronisation per take."""
     medians, means = [], []
@@ -136,16 +136,16 @@ def independent_ms(job: dict) -> dict[str, dict]:
 
                     figures, means, without_gc = [], [], []
                     for _ in range(job["takes"]):
-                        median, mean = takes_ms(torch, infer, runs, 1)
+                        median, mean = take_medians_ms(torch, infer, runs, 1)
                         figures, means = figures + median, means + mean
                         gc.disable()
                         try:
-                            without_gc += takes_ms(torch, infer, runs, 1)[0]
+                            without_gc += take_medians_ms(torch, infer, runs, 1)[0]
                         finally:
                             gc.enable()
                     diagnostics[shape]["gc_disabled_ms"] = without_gc
                 else:
-                    figures, means = takes_ms(torch, infer, runs, job["takes"])
+                    figures, means = take_medians_ms(torch, infer, runs, job["takes"])
                 diagnostics[shape]["take_means_ms"] = means
             results[shape] = figures
         except torch.cuda.OutOfMemoryError as exc:

@@ -37,9 +37,8 @@ class ProfileStage(Stage):
         return self.ctx.workspace.manifest_path(self.toolchain, self.engine, self.ctx.gpu_type, shape)
 
     def params(self) -> dict[str, Any]:
-        settings = self.settings.model_dump()
-        if settings["host_cpus"] is None:  # unset: measurements taken before the setting existed stay current
-            del settings["host_cpus"]
+        # An unset host_cpus is left out, so measurements taken before the setting existed stay current.
+        settings = self.settings.model_dump(exclude_none=True)
         if self.shape is None:
             return {"settings": settings, "batch_size": self.model_spec.batch_size}
         return {"settings": settings, "shape": self.shape}
