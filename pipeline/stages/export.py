@@ -249,8 +249,10 @@ class ExportStage(Stage):
         sparsification = None
         if variant.sparsity:
             with phase("sparsify"):
-                model, sparsification = sparsify_model(model, variant.sparsity_method, batches)
-                runnable = source.runnable(model)
+                # The module that is exported: ModelOpt keeps its state on the root it converted,
+                # and quantizing a wrapper around a converted model fails ("Model has modelopt
+                # state but not the root!").
+                runnable, sparsification = sparsify_model(runnable, variant.sparsity_method, batches)
 
         quantization = None
         dtype = torch.float32

@@ -28,26 +28,64 @@ def sparsify_model(model, method: str, batches) -> tuple[Any, dict[str, Any]]:
     from pipeline.stages.quantize import as_inputs, import_modelopt
 
     mts = import_modelopt("modelopt.torch.sparsity", purpose="2:4 sparsification")
+    parameter = next(model.parameters())
+    device, dtype = parameter.device, parameter.dtype
     config: dict[str, Any] = {}
     if method == "sparsegpt":
-        device = next(model.parameters()).device
-        dtype = next(model.parameters()).dtype
         loader = [as_inputs(b, device, dtype) for b in batches]
         # ModelOpt calls the model on what collect_func returns: the one tensor of a one-input model.
         config = {"data_loader": [b[0] if len(b) == 1 else b for b in loader], "collect_func": lambda batch: batch}
     model = mts.sparsify(model, method, config=config)
     model = mts.export(model)  # bake the masks into the weights
-    layers = torch_sparsity(model)
+    layers = torch_sparsity(model, called=layers_called(model, as_inputs(batches[0], device, dtype)) if batches else None)
     sparse = [name for name, layer in layers.items() if layer["pattern_2_4"]]
     if not sparse:
         raise PipelineError(
             "no layer of this model could be 2:4-sparsified (ModelOpt needs Linear/Conv layers whose input dimension is a multiple of 4).",
             hint="pick a dense variant for this model",
         )
-    return model, {"tool": "nvidia-modelopt", "method": method, "layers": layers, "sparsified_layers": len(sparse)}
+    # What the ONNX must show: the sparse layers its forward uses. A layer the output does not
+    # depend on (BERT's pooler, beside the last hidden state) is not in the exported graph.
+    exported = [name for name in sparse if layers[name].get("called", True)]
+    return model, {"tool": "nvidia-modelopt", "method": method, "layers": layers, "sparsified_layers": len(exported)}
 
 
-def torch_sparsity(model) -> dict[str, dict[str, Any]]:
+def layers_called(model, inputs: tuple) -> set[str]:
+    """The Linear/Conv layers the output of ``model`` on ``inputs`` depends on: those whose weight
+    the autograd graph of one forward reaches. A layer that runs but feeds nothing returned
+    (BERT's pooler, beside the last hidden state) is not among them, as exporters leave it out."""
+    import torch
+    import torch.nn as nn
+
+    layers = {name: module.weight for name, module in model.named_modules() if isinstance(module, (nn.Linear, nn.Conv2d))}
+    wanted = {weight: weight.requires_grad for weight in layers.values()}
+    reached: set[int] = set()
+    try:
+        for weight in wanted:
+            weight.requires_grad_(True)
+        with torch.enable_grad():
+            output = model(*inputs)
+        outputs = output if isinstance(output, (tuple, list)) else (output,)
+        pending = [t.grad_fn for t in outputs if getattr(t, "grad_fn", None) is not None]
+        seen = set()
+        while pending:
+            node = pending.pop()
+            if node is None or node in seen:
+                continue
+            seen.add(node)
+            variable = getattr(node, "variable", None)  # AccumulateGrad: a leaf tensor
+            if variable is not None:
+                reached.add(id(variable))
+            pending.extend(next_node for next_node, _ in node.next_functions)
+    finally:
+        for weight, required in wanted.items():
+            weight.requires_grad_(required)
+    return {name for name, weight in layers.items() if id(weight) in reached}
+
+
+def torch_sparsity(model, called: set[str] | None = None) -> dict[str, dict[str, Any]]:
+    """Each Linear/Conv layer's zeros and 2:4 pattern; with ``called`` (layers_called), whether
+    the forward uses it."""
     import torch.nn as nn
 
     layers = {}
@@ -59,6 +97,8 @@ def torch_sparsity(model) -> dict[str, dict[str, Any]]:
                 "zero_fraction": float((weight == 0).mean()),
                 "pattern_2_4": bool(has_2_4_pattern(weight, axis=1)),
             }
+            if called is not None:
+                layers[name]["called"] = name in called
     return layers
 
 
