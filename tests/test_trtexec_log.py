@@ -364,6 +364,192 @@ def test_parse_shows_every_input_with_what_it_was_built_for_and_ran_at(run_cli, 
     assert tensors[0]["profiles"] == {"0": {"min": "1x1x28x28", "opt": "1x1x28x28", "max": "1x1x28x28"}}
 
 
+# --- shapes stated only by the command line trtexec echoes -----------------------------------------
+
+
+def _command_only(text: str) -> str:
+    """The log without a line that states a shape: the options echo, the context's and bindings'
+    shapes — what is left when a user cuts the echo before pasting."""
+    stating = ("Input build shape", "Input inference shape", "Input calibration shape", "Set shape of input tensor", "binding for ")
+    return "\n".join(line for line in text.split("\n") if line.startswith("&&&&") or not any(s in line for s in stating))
+
+
+def _inputs(log) -> dict:
+    return {t.name: ({k: (v.min, v.opt, v.max) for k, v in t.profiles.items()}, t.inference) for t in log.tensors if t.io == "input"}
+
+
+@pytest.mark.parametrize("path", LOGS, ids=lambda p: p.name)
+def test_shapes_cut_from_the_echo_are_read_from_the_command_trtexec_echoed(path):
+    """Every recorded log, its shape lines removed: the banner's command gives each input the
+    profiles and inference shape the echo gave, by trtexec's rules."""
+    text = path.read_text(errors="replace")
+    whole, cut = parse_log(text), parse_log(_command_only(text))
+    assert not any(t.from_command_line for t in whole.tensors)  # the echo states them: the command is not read
+    if re.search(r"^&&&& .*--(shapes|minShapes|optShapes|maxShapes)=", text, re.M):
+        stated = {name: shapes for name, shapes in _inputs(whole).items() if shapes != ({}, None)}
+        assert _inputs(cut) == stated and stated
+        assert all(t.from_command_line for t in cut.tensors if t.io == "input")
+    else:  # no shapes on its command line: none invented
+        assert all(shapes == ({}, None) for shapes in _inputs(cut).values())
+
+
+def test_a_build_with_only_opt_shapes_is_broadcast_as_trtexec_warns():
+    """Constructed: trtexec's banner alone, for a three-input build with --optShapes only (its
+    warning: "optShapes is being broadcasted to minShapes for tensor input_ids")."""
+    log = parse_log(
+        "&&&& RUNNING TensorRT.trtexec [TensorRT v101401] [b48] # trtexec --onnx=bert.onnx "
+        "--optShapes=input_ids:4x128,attention_mask:4x128,token_type_ids:4x128 --saveEngine=bert.plan\n"
+        "&&&& PASSED TensorRT.trtexec [TensorRT v101401] [b48] # trtexec --onnx=bert.onnx "
+        "--optShapes=input_ids:4x128,attention_mask:4x128,token_type_ids:4x128 --saveEngine=bert.plan\n"
+    )
+    assert _inputs(log) == {name: ({0: ("4x128", "4x128", "4x128")}, "4x128") for name in ("input_ids", "attention_mask", "token_type_ids")}
+    assert [t.from_command_line for t in log.tensors] == [True, True, True]
+
+
+@pytest.mark.parametrize(
+    "command, expected",
+    [
+        # min and max only: opt takes max; the inference shape is opt.
+        ("trtexec --onnx=m.onnx --minShapes=x:1x3 --maxShapes=x:8x3", {"x": ({0: ("1x3", "8x3", "8x3")}, "8x3")}),
+        # min only: every other one takes min.
+        ("trtexec --onnx=m.onnx --minShapes=x:2x3", {"x": ({0: ("2x3", "2x3", "2x3")}, "2x3")}),
+        # min and opt: max takes opt; --shapes sets the inference shape.
+        ("trtexec --onnx=m.onnx --minShapes=x:1x3 --optShapes=x:4x3 --shapes=x:2x3", {"x": ({0: ("1x3", "4x3", "4x3")}, "2x3")}),
+        # Only --shapes, in a build: built for exactly that shape.
+        ("trtexec --onnx=m.onnx --shapes=x:2x3,y:2x5", {"x": ({0: ("2x3",) * 3}, "2x3"), "y": ({0: ("2x5",) * 3}, "2x5")}),
+        # Loading an engine builds nothing: only the inference shape.
+        ("trtexec --loadEngine=m.plan --shapes=x:2x3", {"x": ({}, "2x3")}),
+        # Two profiles; the inference shape is profile 0's opt.
+        (
+            "trtexec --onnx=m.onnx --profile=0 --minShapes=x:1x3 --optShapes=x:2x3 --maxShapes=x:4x3 "
+            "--profile=1 --minShapes=x:8x3 --optShapes=x:16x3 --maxShapes=x:32x3",
+            {"x": ({0: ("1x3", "2x3", "4x3"), 1: ("8x3", "16x3", "32x3")}, "2x3")},
+        ),
+        # Quoted values, trtexec's quoted names with colons, a scalar.
+        (
+            "trtexec --onnx=m.onnx --minShapes=\"ids:1x8,mask:1x8\" --maxShapes='ids:4x64,mask:4x64' --shapes='input:0':2x16,step:scalar",
+            {
+                "ids": ({0: ("1x8", "4x64", "4x64")}, "4x64"),
+                "mask": ({0: ("1x8", "4x64", "4x64")}, "4x64"),
+                "input:0": ({0: ("2x16",) * 3}, "2x16"),
+                "step": ({0: ("",) * 3}, ""),
+            },
+        ),
+        # Windows: backslashes are paths, not escapes; a quoted path with a space.
+        (
+            'C:\\TensorRT-10.14\\bin\\trtexec.exe --onnx="C:\\My Models\\bert.onnx" --minShapes=input_ids:1x16 '
+            "--optShapes=input_ids:2x128 \"--maxShapes=input_ids:4x512\" --saveEngine=C:\\engines\\new.plan",
+            {"input_ids": ({0: ("1x16", "2x128", "4x512")}, "2x128")},
+        ),
+    ],
+)
+def test_shapes_on_the_command_line_read_as_trtexec_reads_them(command, expected):
+    """Constructed banners in trtexec's format: RUNNING, then FAILED (a build that failed still says
+    what it was asked for)."""
+    text = "".join(f"&&&& {status} TensorRT.trtexec [TensorRT v101401] [b48] # {command}\n" for status in ("RUNNING", "FAILED"))
+    log = parse_log(text)
+    assert log.status == "FAILED"
+    assert _inputs(log) == expected
+
+
+def test_the_echo_wins_over_the_command_line():
+    """Constructed: where the options echo states a shape, the command is not read for it."""
+    log = parse_log(
+        "&&&& RUNNING TensorRT.trtexec [TensorRT v101601] [b11] # trtexec --onnx=m.onnx --shapes=x:2x3,y:2x5\n"
+        "[07/07/2026-02:10:59] [I] Input build shape (profile 0): x=1x3+2x3+4x3\n"
+        "[07/07/2026-02:10:59] [I] Input inference shape : x=2x3\n"
+    )
+    assert _inputs(log) == {"x": ({0: ("1x3", "2x3", "4x3")}, "2x3"), "y": ({0: ("2x5",) * 3}, "2x5")}
+    assert [(t.name, t.from_command_line) for t in log.tensors] == [("x", False), ("y", True)]
+
+
+def test_parse_marks_the_shapes_it_read_from_the_command_line(tmp_path, run_cli, tiny_catalog):
+    path = tmp_path / "cut.log"
+    path.write_text(_command_only((SAMPLES / "trt10.16.1_h100_onnx_saveEngine_fp16_dynamic_skipInference_verbose.txt").read_text()))
+    result = run_cli(tiny_catalog, "trtexec", "parse", str(path))
+    assert result.exit_code == 0, result.err
+    cells = [line.replace("│", " ").split() for line in result.out.splitlines()]
+    assert ["x", "*", "input", "1x1x28x28", "4x1x28x28", "16x1x28x28", "4x1x28x28", "–"] in cells
+    assert "* shapes read from the command in trtexec's &&&& line" in " ".join(result.out.split())
+    tensors = json.loads(run_cli(tiny_catalog, "trtexec", "parse", str(path), "--json").out)["tensors"]
+    assert tensors[0]["from_command_line"] is True and tensors[0]["profiles"]["0"]["max"] == "16x1x28x28"
+
+
+# --- a wrapper's prefix before every line; a log pasted onto one line -----------------------------
+
+# Constructed prefixes of the kind benchmarking wrappers print before each line of the tool they
+# run; {n} is a number that changes from line to line (a wrapper's own time stamp).
+WRAPPERS = ["[INFO] ", "bench | ", "2026-11-24 10:15:{n:02d},{n:03d} [trtexec] INFO: ", "> "]
+
+
+@pytest.mark.parametrize("wrapper", WRAPPERS)
+def test_a_wrappers_prefix_before_every_line_is_taken_off(wrapper, tmp_path, run_cli, tiny_catalog):
+    text = (SAMPLES / "trt10.16.1_h100_onnx_build_and_run_default.txt").read_text()
+    wrapped = "\n".join(wrapper.format(n=number % 60) + line for number, line in enumerate(text.split("\n")))
+    assert parse_log(wrapped).model_dump() == parse_log(text).model_dump()
+    path = tmp_path / "wrapped.log"
+    path.write_text(wrapped)
+    result = run_cli(tiny_catalog, "trtexec", "parse", str(path), "--json")
+    assert result.exit_code == 0, result.err
+    assert json.loads(result.out)["latency_ms"]["median"] == 0.0440674
+
+
+def test_a_prefix_on_few_lines_is_not_a_wrappers():
+    """Constructed: one quoted line among plain ones keeps its quote mark."""
+    from pipeline.trtexec.log import trtexec_lines
+
+    lines = (SAMPLES / "trt10.16.1_h100_onnx_build_and_run_default.txt").read_text().split("\n")
+    lines[5] = "> " + lines[5]
+    assert trtexec_lines("\n".join(lines)) == lines
+
+
+@pytest.mark.parametrize("separator", [" / ", " | ", "\\n", "<br>", " ⏎ "])
+def test_a_log_pasted_onto_one_line_reads_like_the_log(separator, tmp_path, run_cli, tiny_catalog):
+    """A whole recorded log with its line feeds replaced by a separator, as chat exports and
+    generated reports write it."""
+    text = (SAMPLES / "trt10.16.1_h100_onnx_build_and_run_default.txt").read_text()
+    one_line = separator.join(text.rstrip("\n").split("\n"))
+    assert "\n" not in one_line
+    assert parse_log(one_line).model_dump() == parse_log(text).model_dump()
+    path = tmp_path / "one-line.log"
+    path.write_text(one_line)
+    result = run_cli(tiny_catalog, "trtexec", "parse", str(path), "--json")
+    assert result.exit_code == 0, result.err
+    read = json.loads(result.out)
+    assert (read["status"], read["throughput_qps"], read["device"]["name"]) == ("PASSED", 15374.3, "NVIDIA H100 PCIe")
+
+
+def test_untagged_lines_of_a_joined_log_are_split_where_trtexec_prints_them():
+    """The separator is also a line break before untagged lines trtexec prints (layer dumps, a
+    parser error's "[6] …" detail), and stays text where what follows is not such a line."""
+    text = (SAMPLES / "trt10.16.0_rtx6000ada_FAILED_custom_plugin_not_found.txt").read_text()
+    joined = parse_log(" / ".join(text.split("\n")))
+    assert joined.errors == parse_log(text).errors
+    assert any(
+        e.code == 6 and e.message.endswith('"Plugin not found, are the plugin name, version, and namespace correct?"')
+        for e in joined.errors
+    )
+    kept = parse_log("[07/07/2026-02:10:45] [I] a / b / [07/07/2026-02:10:45] [I] c / [07/07/2026-02:10:45] [W] d / e")
+    assert kept.warnings[0] == "d / e"
+
+
+def test_two_tags_on_a_line_are_not_a_joined_log():
+    from pipeline.trtexec.log import trtexec_lines
+
+    line = "[07/07/2026-02:10:45] [E] Error[4]: see [07/07/2026-02:10:44] [I] above"
+    assert trtexec_lines(line) == [line]
+
+
+def test_no_recorded_log_is_split_or_unwrapped():
+    """Nothing the parser read before reads differently: every recorded text's lines are its own."""
+    from pipeline.trtexec.log import trtexec_lines
+    from pipeline.trtexec.text import log_lines
+
+    for path in ALL_TEXTS:
+        text = path.read_text(errors="replace")
+        assert trtexec_lines(text) == log_lines(text), path.name
+
+
 # --- what people paste: any prefix or none, indented, several runs, cut short ---------------------
 
 GREPPED_SWEEP = SAMPLES / "trt11.0.0_b200_loadEngine_infStreams_1_2_4_GREPPED_summary_lines.log"
@@ -455,12 +641,28 @@ def test_a_log_cut_before_its_summary_exits_1_and_says_it_was_cut(tmp_path, run_
 ALL_TEXTS = LOGS + [GREPPED_SWEEP]
 
 
-def _mutate(text: str, strip: bool, indent: str, crlf: bool) -> str:
+# How people paste a log (the constructed ones: a wrapper's prefix, a separator for line feeds, the
+# options echo cut away), each applied to every recorded text.
+MUTATIONS = {
+    "prefixes stripped": {"strip": True},
+    "indented, CRLF": {"indent": "  ", "crlf": True},
+    "prefixes stripped, tab-indented, CRLF": {"strip": True, "indent": "\t", "crlf": True},
+    "a wrapper's prefix": {"wrap": "[INFO] "},
+    "a wrapper's prefix, CRLF": {"wrap": "bench | ", "crlf": True},
+    "joined by ' / '": {"join": " / "},
+    "joined by a literal \\n": {"join": "\\n"},
+    "the shape lines cut": {"shapes_cut": True},
+}
+
+
+def _mutate(text: str, strip=False, indent="", crlf=False, wrap="", join=None, shapes_cut=False) -> str:
+    if shapes_cut:
+        text = _command_only(text)
     lines = text.split("\n")
     if strip:
         lines = [_STAMP.sub("", line) for line in lines]
-    lines = [indent + line if line else line for line in lines]
-    return ("\r\n" if crlf else "\n").join(lines)
+    lines = [wrap + indent + line if line else line for line in lines]
+    return (join if join is not None else "\r\n" if crlf else "\n").join(lines)
 
 
 def _figures(log) -> dict:
@@ -471,37 +673,48 @@ def _figures(log) -> dict:
         "trt_version": log.trt_version,
         "status": log.status,
         "device": log.device.name,
+        "inputs": {name: shapes for name, shapes in _inputs(log).items() if shapes != ({}, None)},
     }
 
 
 @pytest.mark.parametrize("path", ALL_TEXTS, ids=lambda p: p.name)
-def test_mutated_logs_keep_every_figure_that_remains(path):
-    """Property: prefixes stripped, lines indented, CRLF line ends, the text cut at any line — the
-    figures still in the text are read exactly, and none is invented."""
+@pytest.mark.parametrize("mutation", MUTATIONS)
+def test_mutated_logs_keep_every_figure_that_remains(path, mutation):
+    """Property: prefixes stripped, lines indented, CRLF line ends, a wrapper's prefix on every line,
+    the lines joined by a separator, the shape lines cut, and the text cut at any line — the figures
+    still in the text are read exactly, and none is invented."""
     import random
 
+    settings = MUTATIONS[mutation]
     original = path.read_text(errors="replace")
     whole = _figures(parse_log(original))
-    rng = random.Random(path.name)
+    mutated = _figures(parse_log(_mutate(original, **settings)))
+    if settings.get("shapes_cut") and not re.search(r"^&&&& .*--(shapes|minShapes|optShapes|maxShapes)=", original, re.M):
+        whole["inputs"] = {}  # no shape on its command line: nothing to read them from
+    assert mutated == whole
+    rng = random.Random(path.name + mutation)
     lines = original.split("\n")
-    for strip, indent, crlf in [(True, "", False), (False, "  ", True), (True, "\t", True)]:
-        mutated = _figures(parse_log(_mutate(original, strip, indent, crlf)))
-        assert mutated == whole, (strip, indent, crlf)
-        for cut in sorted(rng.sample(range(1, len(lines)), min(6, len(lines) - 1))):
-            text = _mutate("\n".join(lines[:cut]), strip, indent, crlf)
-            try:
-                part = _figures(parse_log(text))
-            except PipelineError:
-                continue  # nothing recognisable left before the cut: refused, never misread
-            # What was read is what the whole log says, summary line by summary line.
-            assert len(part["summaries"]) <= len(whole["summaries"])
-            for read, complete in zip(part["summaries"], whole["summaries"]):
-                assert {k: v for k, v in read.items() if v not in (None, {})} == {
-                    k: complete[k] for k, v in read.items() if v not in (None, {})
-                }
-            assert part["trace"] == whole["trace"][: len(part["trace"])]
-            if part["profile"] is not None:
-                assert part["profile"]["layers"] == whole["profile"]["layers"][: len(part["profile"]["layers"])]
-            assert part["trt_version"] in (None, whole["trt_version"])
-            assert part["device"] in (None, whole["device"])
-            assert part["status"] in (None, whole["status"])
+    for cut in sorted(rng.sample(range(1, len(lines)), min(6, len(lines) - 1))):
+        kept = "\n".join(lines[:cut])
+        if "join" in settings and len(re.findall(r"^\[[^\]]*\] \[[VIWEF]\]", kept, re.M)) < 3:
+            continue  # fewer than three tagged lines on one line: too little to tell the separator by
+        try:
+            part = _figures(parse_log(_mutate(kept, **settings)))
+        except PipelineError:
+            continue  # nothing recognisable left before the cut: refused, never misread
+        # What was read is what the whole log says, summary line by summary line.
+        assert len(part["summaries"]) <= len(whole["summaries"])
+        for read, complete in zip(part["summaries"], whole["summaries"]):
+            assert {k: v for k, v in read.items() if v not in (None, {})} == {
+                k: complete[k] for k, v in read.items() if v not in (None, {})
+            }
+        assert part["trace"] == whole["trace"][: len(part["trace"])]
+        if part["profile"] is not None:
+            assert part["profile"]["layers"] == whole["profile"]["layers"][: len(part["profile"]["layers"])]
+        assert part["trt_version"] in (None, whole["trt_version"])
+        assert part["device"] in (None, whole["device"])
+        assert part["status"] in (None, whole["status"])
+        for name, (profiles, inference) in part["inputs"].items():
+            complete_profiles, complete_inference = whole["inputs"].get(name, ({}, None))
+            assert all(complete_profiles.get(index) == shapes for index, shapes in profiles.items()), (name, cut)
+            assert inference in (None, complete_inference), (name, cut)

@@ -10,12 +10,14 @@ between 8.x (name first) and 10.x (name last). Unknown lines are ignored, never 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field, computed_field
 
 from pipeline.errors import PipelineError
+from pipeline.trtexec.command_shapes import read_command_shapes
 from pipeline.trtexec.text import log_lines, read_text
 
 # "[date] [I] message", also pasted as "[I] message" and indented (inside a list, a quote).
@@ -153,6 +155,9 @@ class TensorShapes(BaseModel):
     # The buffer the run used, and its type where trtexec says (10.x).
     binding: str | None = None
     dtype: str | None = None
+    # Whether its profiles or inference shape were read from the command in trtexec's `&&&&`
+    # banner, because no other line of the text states them (an options echo cut away).
+    from_command_line: bool = False
 
     @computed_field
     @property
@@ -308,7 +313,7 @@ def parse_log(text: str) -> TrtexecLog:
             summary.label = label
         return _summary_line(summary, text, any_label)
 
-    for raw in log_lines(text):
+    for raw in trtexec_lines(text):
         line = raw.rstrip()
         banner = _BANNER.match(line.strip())
         if banner:
@@ -455,6 +460,8 @@ def parse_log(text: str) -> TrtexecLog:
 
     if not summary.empty:
         log.summaries.append(summary)
+    if log.command:
+        _shapes_from_command(log, log.command)
     if log.summaries:
         last = log.summaries[-1]
         for field in SummaryFigures.model_fields:
@@ -475,6 +482,99 @@ def parse_log(text: str) -> TrtexecLog:
     if log.status is None and not log.has_summary:
         log.warnings.append(NOTHING_TO_REPORT)
     return log
+
+
+def _shapes_from_command(log: TrtexecLog, command: str) -> None:
+    """Each input's profiles and inference shape from the command trtexec echoed, where no other
+    line of the text states them."""
+    shapes = read_command_shapes(command, log.trt_version)
+    for name in dict.fromkeys([*shapes.profiles, *shapes.inference]):
+        tensor = log.tensor(name)
+        for index, (low, opt, high) in shapes.profiles.get(name, {}).items():
+            if index not in tensor.profiles:
+                tensor.profiles[index] = ProfileShapes(min=low, opt=opt, max=high)
+                tensor.from_command_line = True
+        if tensor.inference is None and name in shapes.inference:
+            tensor.inference = shapes.inference[name]
+            tensor.from_command_line = True
+
+
+# Where a trtexec line starts inside a longer one: its banner, or a severity tag with or without
+# the date trtexec writes before it ("[07/07/2026-02:11:26] [I] ").
+_LINE_START = re.compile(
+    r"&&&& (?:RUNNING|PASSED|FAILED|WAIVED) TensorRT\.trtexec\b|\[\d{2}/\d{2}/\d{4}-\d{2}:\d{2}:\d{2}\] \[[VIWEF]\]|\[[VIWEF]\] "
+)
+# Lines trtexec prints without a severity tag, which may follow a separator in a joined log.
+# (A "[6] …" line is the detail of a parser error.)
+_UNTAGGED_START = re.compile(r"=== |Layer\(|Name: |Bindings:|--- |Average on \d|\.\.\. Omitting |\[\d+\] ")
+# Characters a line's own text ends with, never a separator's first.
+_LINE_END_CHARACTERS = re.compile(r"^[\w)\]}.%'\"]+")
+
+
+def trtexec_lines(text: str) -> list[str]:
+    """The text's lines as trtexec printed them: split at line feeds, a log pasted onto one line
+    split again at its separator, and a wrapper's prefix before every line taken off."""
+    lines = [piece for line in log_lines(text) for piece in _split_joined(line)]
+    return _without_wrapper_prefix(lines)
+
+
+def _split_joined(line: str) -> list[str]:
+    """A line holding several trtexec lines, joined by a separator (" / ", " | ", a literal "\\n"),
+    as its lines. The separator is what comes before every line start; the line is split there,
+    and at the separator where an untagged trtexec line (a layer, a section header) follows.
+    A line with fewer than three line starts is left alone."""
+    starts = [match.start() for match in _LINE_START.finditer(line)]
+    if len(starts) < 3:
+        return [line]
+    separator = _common_suffix([line[begin:end] for begin, end in zip(starts, starts[1:])])
+    end_of_line = _LINE_END_CHARACTERS.match(separator)
+    if end_of_line:
+        separator = separator[end_of_line.end() :]
+    if not separator.strip():  # joined by nothing but spaces: split only where a tagged line starts
+        return [line[begin:end] for begin, end in zip([0, *starts[1:]], [*starts[1:], len(line)])]
+    head = line[: starts[0]]
+    # Untagged lines before the first tagged one ("--- infStreams=1 / [date] [I] …"), unless what
+    # comes first is a prefix of the first line itself.
+    first = 0 if not head.endswith(separator) else starts[0]
+    pieces = _split_untagged(head[: -len(separator)], separator) if first else []
+    for begin, end in zip([first, *starts[1:]], [*starts[1:], len(line) + len(separator)]):
+        pieces += _split_untagged(line[begin : end - len(separator)], separator)
+    return [piece for piece in pieces if piece.strip()]
+
+
+def _split_untagged(piece: str, separator: str) -> list[str]:
+    """A piece between two tagged lines, split where the separator comes before an untagged line."""
+    parts = piece.split(separator)
+    joined = [parts[0]]
+    for part in parts[1:]:
+        if not part.strip() or _UNTAGGED_START.match(part.lstrip()):
+            joined.append(part)  # an empty line, or an untagged trtexec line
+        else:
+            joined[-1] += separator + part  # the separator's text belongs to the line
+    return joined
+
+
+def _common_suffix(texts: list[str]) -> str:
+    shortest = min(texts, key=len)
+    length = 0
+    while length < len(shortest) and all(text[len(text) - length - 1] == shortest[len(shortest) - length - 1] for text in texts):
+        length += 1
+    return shortest[len(shortest) - length :]
+
+
+def _without_wrapper_prefix(lines: list[str]) -> list[str]:
+    """``lines`` without the prefix a wrapper put before each of them ("[INFO] ", "bench | ", a
+    time stamp of its own): the text before trtexec's tag or banner, the same on nearly every
+    tagged line (digits may differ), taken off every line that starts with it."""
+    prefixes = [line[: match.start()] for line in lines if (match := _LINE_START.search(line))]
+    if len(prefixes) < 3:
+        return lines
+    shapes = Counter(re.sub(r"\d+", "0", prefix) for prefix in prefixes)
+    shape, count = shapes.most_common(1)[0]
+    if not shape.strip() or count < 0.9 * len(prefixes):
+        return lines
+    pattern = re.compile("".join(r"\d+" if part == "0" else re.escape(part) for part in re.split(r"(0)", shape) if part))
+    return [line[match.end() :] if (match := pattern.match(line)) else line for line in lines]
 
 
 def _continues(message: str, line: str) -> bool:

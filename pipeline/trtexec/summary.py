@@ -88,8 +88,11 @@ def _tensors(log) -> Table:
         profiles = sorted(tensor.profiles.items()) or [(None, None)]
         for index, (number, shapes) in enumerate(profiles):
             label = tensor.name if number is None or len(profiles) == 1 else f"{tensor.name} (profile {number})"
+            label += " *" if tensor.from_command_line else ""
             built = (shapes.min, shapes.opt, shapes.max) if shapes is not None else ("–", "–", "–")
             table.add_row(label, tensor.io, *built, ran_at if index == 0 else "", tensor.dtype or "–")
+    if any(tensor.from_command_line for tensor in log.tensors):
+        table.caption = "* shapes read from the command in trtexec's &&&& line: no other line of the text states them"
     return table
 
 
