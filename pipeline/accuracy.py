@@ -129,7 +129,10 @@ class ReferenceTensor:
         import numpy as np
 
         if self.dtype not in _NUMPY_DTYPES:
-            raise PipelineError(f"reference file {self.path} has dtype {self.dtype}, which this pipeline does not read.")
+            raise PipelineError(
+                f"reference file {self.path} has dtype {self.dtype}, which this pipeline does not read.",
+                hint="re-export the engine (--force)",
+            )
         try:
             raw = np.fromfile(self.path, dtype=_NUMPY_DTYPES[self.dtype])
         except OSError as exc:
@@ -294,7 +297,9 @@ def read_trtexec_outputs(path: Path) -> dict[str, Any]:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
-        raise PipelineError(f"cannot read trtexec's output file {path}: {exc.strerror or exc}.") from exc
+        raise PipelineError(
+            f"cannot read trtexec's output file {path}: {exc.strerror or exc}.", hint="profile the engine again (--force)"
+        ) from exc
     # trtexec prints non-finite floats as nan/inf, which JSON does not have.
     text = _NONFINITE.sub(lambda m: "NaN" if m.group(2).lower() == "nan" else m.group(1) + "Infinity", text)
     try:
@@ -305,7 +310,10 @@ def read_trtexec_outputs(path: Path) -> dict[str, Any]:
             outputs[entry["name"]] = np.asarray(entry["values"], dtype=np.float32).reshape(shape)
         return outputs
     except (ValueError, KeyError, TypeError) as exc:
-        raise PipelineError(f"{path} is not a trtexec --exportOutput file: {exc}.") from exc
+        raise PipelineError(
+            f"{path} is not a trtexec --exportOutput file: {exc}.",
+            hint="a run cut short writes a partial file: profile the engine again (--force)",
+        ) from exc
 
 
 def parse_accuracy_lines(text: str) -> dict[str, dict[str, Any]]:

@@ -502,7 +502,7 @@ def read_catalog(
     except FileNotFoundError:
         raise UsageError(f"catalog {path} does not exist.", hint="pass --catalog PATH to an existing file") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise PipelineError(f"cannot read catalog {path}: {exc}") from None
+        raise PipelineError(f"cannot read catalog {path}: {exc}", hint="pass --catalog PATH to a readable UTF-8 TOML file") from None
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{path} is not valid TOML: {exc}.", hint="fix the line named above") from None
     try:

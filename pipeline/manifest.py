@@ -12,10 +12,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError
 
 from pipeline.artifacts import atomic_write_text
-from pipeline.catalog import ProfileSettings
+from pipeline.catalog import ProfileSettings, check_shape
 from pipeline.errors import PipelineError
 from pipeline.stats import LatencyStats
 
@@ -225,6 +225,12 @@ class StageRecord(_Model):
     details: StageDetails | None = None
 
 
+def _shape_point(value: Any) -> Any:
+    """A shape point as the pipeline writes it ("2x512"), also as reports print it ("2×512": a
+    hand edit copied from a report reads the same)."""
+    return check_shape(value.replace("×", "x")) if isinstance(value, str) else value
+
+
 class EngineManifest(_Model):
     schema_version: int = SCHEMA_VERSION
     engine: str
@@ -239,7 +245,7 @@ class EngineManifest(_Model):
     gpu_type: str | None = None
     # The shape point this manifest's profile is at ("2x512"), for models measured at several;
     # None for a model of one shape, and for the engine's own manifest (export and build).
-    shape: str | None = None
+    shape: Annotated[str | None, BeforeValidator(_shape_point)] = None
     environment: Environment
     export: StageRecord | None = None
     build: StageRecord | None = None
@@ -306,8 +312,31 @@ def parse_manifest(text: str, source: str) -> EngineManifest:
             f"manifest {source} does not match the schema: {first['msg']} at {_where(first['loc'])}.",
             hint="delete it and re-run the stage that wrote it (`--force`)",
         ) from exc
+    _check_named_for(manifest, source)
     manifest._source = source
     return manifest
+
+
+def _check_named_for(manifest: EngineManifest, source: str) -> None:
+    """A manifest's file name (``<engine>[@<shape>].json``) and contents must name the same engine
+    and shape point: reports find a point's manifest by its name and show it by its contents, so
+    a file copied or edited into disagreement would be shown as another point (and compared with
+    itself)."""
+    name = source.replace("\\", "/").rsplit("/", 1)[-1]
+    if not name.endswith(".json"):
+        return
+    engine, _, shape = name.removesuffix(".json").partition("@")
+    named, holds = (engine, shape.replace("×", "x") or None), (manifest.engine, manifest.shape)
+    if named != holds:
+
+        def said(engine: str, shape: str | None) -> str:
+            return f"{engine} at shape point {shape}" if shape else f"{engine} (no shape point)"
+
+        toolchain = f" --toolchain {manifest.toolchain}" if manifest.toolchain else ""
+        raise PipelineError(
+            f"manifest {source} is named for {said(*named)} but holds {said(*holds)}.",
+            hint=f"a copy or an edit made them differ: delete it and run `pipeline profile --engine {engine}{toolchain}` again",
+        )
 
 
 def _where(loc: tuple) -> str:

@@ -438,7 +438,7 @@ def test_a_build_with_only_opt_shapes_is_broadcast_as_trtexec_warns():
         # Windows: backslashes are paths, not escapes; a quoted path with a space.
         (
             'C:\\TensorRT-10.14\\bin\\trtexec.exe --onnx="C:\\My Models\\bert.onnx" --minShapes=input_ids:1x16 '
-            "--optShapes=input_ids:2x128 \"--maxShapes=input_ids:4x512\" --saveEngine=C:\\engines\\new.plan",
+            '--optShapes=input_ids:2x128 "--maxShapes=input_ids:4x512" --saveEngine=C:\\engines\\new.plan',
             {"input_ids": ({0: ("1x16", "2x128", "4x512")}, "2x128")},
         ),
     ],

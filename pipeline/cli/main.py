@@ -471,10 +471,9 @@ def diff(state: _State, a, b, fmt, out):
     from pipeline.report.layer_diff import diff as diff_engines
     from pipeline.report.layer_diff import load_side, render_markdown, render_terminal
 
-    catalog = state.catalog if not (Path(a).exists() and Path(b).exists()) else None
-    result = diff_engines(load_side(a, catalog), load_side(b, catalog))
-    if fmt == "html" and out is None:
-        out = (catalog.root if catalog else Path.cwd()) / "reports" / "diff.html"
+    result = diff_engines(*(load_side(spec, lambda: state.catalog) for spec in (a, b)))
+    if fmt == "html" and out is None:  # beside the workspace whose engines were diffed, else here
+        out = (state.catalog.root if state._catalog is not None else Path.cwd()) / "reports" / "diff.html"
     if fmt == "table" and out is None:
         from pipeline.reporting import stdout_console
 

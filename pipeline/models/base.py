@@ -236,7 +236,18 @@ class ModelSource(ABC):
         }
 
     def check_point(self, model, point: ShapePoint) -> None:  # noqa: B027 — optional: most models take any size
-        """Raise a user error when the model cannot take this shape (a sequence beyond its positions)."""
+        """Raise a user error when the model cannot take this shape (a sequence beyond its positions).
+        ``model`` is None where none was created (a dry run): the family then reads what it needs
+        from its configuration."""
+
+    def check_points(self, model=None) -> list[ShapePoint]:
+        """The shape points, once the model can take each and the engines' range holds them all:
+        what an export would refuse, refused before any work (a dry run asks the same)."""
+        points = self.shape_points()
+        self.shape_range()
+        for point in points:
+            self.check_point(model, point)
+        return points
 
     @abstractmethod
     def sample_inputs(self, model, point: ShapePoint | None, seed: int) -> tuple:

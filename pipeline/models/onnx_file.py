@@ -108,7 +108,10 @@ class OnnxModel(ModelSource):
             with np.load(path, allow_pickle=False) as archive:
                 arrays = {name: archive[name] for name in archive.files}
         except (OSError, ValueError) as exc:
-            raise UsageError(f"model {self.name!r}: {path} is not a readable .npz file: {exc}.") from None
+            raise UsageError(
+                f"model {self.name!r}: {path} is not a readable .npz file: {exc}.",
+                hint="save it with numpy.savez(path, **{name: array}), an array per input and one for the output",
+            ) from None
         wanted = [i.name for i in self.inputs()] + [self.output_name()]
         missing = [name for name in wanted if name not in arrays]
         if missing:
@@ -123,18 +126,39 @@ class OnnxModel(ModelSource):
                 raise UsageError(
                     f"model {self.name!r}: {spec.name!r} in {path} has shape {list(value.shape)}; at shape point {point} it is "
                     f"{list(spec.shape_at(point))}.",
+                    hint=f"save the inputs of {path.name} at the sizes of shape point {point}",
                 )
             inputs.append(torch.from_numpy(value.astype(spec.dtype)))
         return tuple(inputs), torch.from_numpy(arrays[self.output_name()].astype("float32"))
 
     @property
     def graph(self):
+        """The graph as read from the file, once it is known to be a whole ONNX model: an empty
+        file, bytes that do not decode and a file cut short are refused here, before any use of
+        the graph, so each gets the same error whatever the catalog says of it."""
         path = self.path()
         stat = path.stat()
+        hint = f"export the model to ONNX again, or point `onnx` of models.{self.name} in pipeline.toml at the complete file"
+        if stat.st_size == 0:
+            raise UsageError(f"model {self.name!r}: {path} is empty (0 bytes): it holds no ONNX model.", hint=hint)
         try:
-            return _load_graph(str(path), stat.st_mtime_ns, stat.st_size)
+            graph = _load_graph(str(path), stat.st_mtime_ns, stat.st_size)
         except Exception as exc:  # onnx raises DecodeError and others for files that are not ONNX
-            raise UsageError(f"model {self.name!r}: {path} is not a readable ONNX file: {exc}.") from None
+            raise UsageError(
+                f"model {self.name!r}: {path} ({stat.st_size} bytes) is not an ONNX file, or one cut short: {str(exc).strip()}.", hint=hint
+            ) from None
+        missing = [
+            what
+            for what, there in (("ir_version", graph.ir_version), ("opset", graph.opset_import), ("graph output", graph.graph.output))
+            if not there
+        ]
+        if missing:
+            raise UsageError(
+                f"model {self.name!r}: {path} ({stat.st_size} bytes) is no whole ONNX model: it has no {', no '.join(missing)} "
+                "(a file cut short, or not ONNX).",
+                hint=hint,
+            )
+        return graph
 
     def create(self):
         raise PipelineError(f"model {self.name!r} is an ONNX file: it has no PyTorch model.")
@@ -168,7 +192,8 @@ class OnnxModel(ModelSource):
             dtype = _ELEMENT_TYPES.get(tensor.elem_type)
             if dtype is None:
                 raise UsageError(
-                    f"model {self.name!r}: input {value.name!r} has ONNX element type {tensor.elem_type}, which the pipeline does not feed."
+                    f"model {self.name!r}: input {value.name!r} has ONNX element type {tensor.elem_type}, which the pipeline does not feed.",
+                    hint=f"give the graph inputs of {', '.join(_ELEMENT_TYPES.values())} (a Cast after the input)",
                 )
             kind = "values"
             if dtype.startswith("int"):

@@ -125,11 +125,15 @@ class TransformersModel(ModelSource):
         try:
             tokens = np.load(path, allow_pickle=False)
         except (OSError, ValueError) as exc:
-            raise UsageError(f"model {self.name!r}: {path} is not a .npy array: {exc}.") from None
+            raise UsageError(
+                f"model {self.name!r}: {path} is not a .npy array: {exc}.",
+                hint="save the token ids with numpy.save(path, ids), an integer array of samples × sequence",
+            ) from None
         if tokens.ndim != 2 or not np.issubdtype(tokens.dtype, np.integer) or not tokens.size:
             raise UsageError(
                 f"model {self.name!r}: {path} holds a {tokens.dtype} array of shape {list(tokens.shape)}; token ids are integers, "
                 "one sequence per row (samples × sequence).",
+                hint="save a 2-D integer array: ids[None, :] for a single sequence, ids.reshape(-1, length) for one long one",
             )
         vocab = int(model.config.vocab_size)
         bad = np.argwhere((tokens < 0) | (tokens >= vocab))
@@ -142,7 +146,10 @@ class TransformersModel(ModelSource):
             )
         limit = getattr(model.config, "max_position_embeddings", None)
         if limit is not None and tokens.shape[1] > limit:
-            raise UsageError(f"model {self.name!r}: the sequences of {path} are {tokens.shape[1]} long; the model takes at most {limit}.")
+            raise UsageError(
+                f"model {self.name!r}: the sequences of {path} are {tokens.shape[1]} long; the model takes at most {limit}.",
+                hint=f"cut the sequences to at most {limit} tokens (ids[:, :{limit}])",
+            )
         tokens = torch.from_numpy(tokens[:samples].astype(np.int64))
         values = {"attention_mask": torch.ones_like(tokens), "token_type_ids": torch.zeros_like(tokens)}
         return [
@@ -177,7 +184,10 @@ class TransformersModel(ModelSource):
         try:
             raw = json.loads(config.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
-            raise UsageError(f"model {self.name!r}: {config} is not readable JSON: {exc}.") from None
+            raise UsageError(
+                f"model {self.name!r}: {config} is not readable JSON: {exc}.",
+                hint="save the folder again with save_pretrained(), or fix config.json",
+            ) from None
         if isinstance(raw, dict) and raw.get("auto_map"):
             raise UsageError(
                 f"model {self.name!r}: {config} maps the model to code of its own (auto_map: {', '.join(raw['auto_map'])}); "
@@ -277,14 +287,20 @@ class TransformersModel(ModelSource):
         return AXES
 
     def check_point(self, model, point: ShapePoint) -> None:
-        config = getattr(model, "config", None)
-        limit = getattr(config, "max_position_embeddings", None)
+        limit = getattr(getattr(model, "config", None), "max_position_embeddings", None) if model is not None else self._position_limit()
         if limit is not None and point.size("sequence") > limit:
             raise UsageError(
                 f"model {self.name!r}: shape {point} has sequence length {point.size('sequence')}, longer than the "
                 f"model's max_position_embeddings ({limit}).",
                 hint=f"measure at sequences of at most {limit}, or raise max_position_embeddings in the model's config",
             )
+
+    def _position_limit(self) -> int | None:
+        """The longest sequence the configuration allows, without creating the model (the class's
+        default configuration is read only when the catalog does not set it)."""
+        if "max_position_embeddings" in self.spec.config:
+            return int(self.spec.config["max_position_embeddings"])
+        return getattr(self.model_config(self.model_class()), "max_position_embeddings", None)
 
     def sample_inputs(self, model, point: ShapePoint | None, seed: int) -> tuple:
         """Token ids drawn uniformly from the vocabulary, an attention mask (sequences after the first

@@ -14,7 +14,9 @@ layers fused differently are compared as a group. What is left is "only in A" / 
 
 from __future__ import annotations
 
+import difflib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -335,17 +337,29 @@ def _how_to_get_layers() -> str:
 # --- loading a side ------------------------------------------------------------------------------
 
 
-def load_side(spec: str, catalog) -> EngineSide:
-    """An engine of the workspace (``TOOLCHAIN/ENGINE[@SHAPE]``) or trtexec output on disk."""
-    path = Path(spec)
+_SIDE_HINT = (
+    "name an engine as TOOLCHAIN/ENGINE (e.g. trt10.16/vit_fp16, trt-rtx1.7/vit_tiny_fp8@2x512), "
+    "or give trtexec output: a log, its --export* JSON, or a folder holding them"
+)
+
+
+def load_side(spec: str, catalog_of: Callable[[], Any]) -> EngineSide:
+    """An engine of the workspace (``TOOLCHAIN/ENGINE[@SHAPE]``) or trtexec output on disk.
+    ``catalog_of`` gives the catalog, read only for a side that names an engine."""
+    path = Path(spec).expanduser()
     if path.exists():
         return _from_files(path)
     toolchain, slash, engine = spec.partition("/")
-    if not slash or not engine:
+    # What only a path looks like: an engine is one toolchain and one name.
+    if path.is_absolute() or spec.startswith((".", "~")) or "\\" in spec or "/" in engine or not (slash and engine):
+        raise UsageError(f"{spec} does not exist: no such file or folder.", hint=_SIDE_HINT)
+    catalog = catalog_of()
+    if toolchain not in catalog.toolchains:
+        close = difflib.get_close_matches(toolchain, list(catalog.toolchains), n=1, cutoff=0.6)
         raise UsageError(
-            f"{spec!r} is neither a file nor an engine.",
-            hint="name an engine as TOOLCHAIN/ENGINE (e.g. trt10.16/vit_fp16, trt-rtx1.7/vit_tiny_fp8@2x512), "
-            "or give trtexec output: a log, its --export* JSON, or a folder holding them",
+            f"{spec} is no file or folder here, and {toolchain!r} is no toolchain of the catalog, so it names no engine either.",
+            hint=(f"did you mean {close[0]}/{engine}? " if close else "")
+            + f"the catalog's toolchains: {', '.join(catalog.toolchains)}; or give the path of trtexec output that exists",
         )
     return _from_workspace(toolchain, engine, catalog)
 
@@ -373,7 +387,7 @@ def _from_workspace(toolchain: str, spec: str, catalog) -> EngineSide:
     layer_info = _artifact(built.build, "layer_info")
     if layer_info is not None:
         side.info = read_layer_info(workspace.root / layer_info)
-    profiled = _profiled(workspace, toolchain, ref, built, shape, side)
+    profiled = _profiled(workspace, toolchain, ref, built, shape, side, catalog.model(ref.model).shapes)
     layer_profile = _artifact(profiled.profile, "layer_profile") if profiled else None
     if layer_profile is not None:
         _take_profile(side, read_profile(workspace.root / layer_profile))
@@ -386,26 +400,31 @@ def _from_workspace(toolchain: str, spec: str, catalog) -> EngineSide:
     return side
 
 
-def _profiled(workspace, toolchain: str, ref, built, shape: str, side: EngineSide):
+def _profiled(workspace, toolchain: str, ref, built, shape: str, side: EngineSide, points: tuple[str, ...]):
     """The manifest whose profile has the per-layer times: the engine's own (one shape), the named
-    point's, or else the first point profiled (said in a note)."""
+    point's, or else the first point profiled (said in a note). ``points`` are the model's shape
+    points in the catalog."""
     from pipeline.manifest import read_manifest
+    from pipeline.report.rows import shape_order
 
     if not shape and built.profile:
         return built
     if shape:
+        shape = shape.replace("×", "x")  # as the reports print it
         path = workspace.manifest_path(toolchain, ref, shape=shape)
-        if not path.exists():
-            raise PipelineError(
-                f"{toolchain}/{ref.name} has not been profiled at {shape}.",
-                hint=f"pipeline profile --engine {ref.name} --toolchain {toolchain}",
+        if path.exists():
+            return read_manifest(path)
+        if shape not in points:
+            raise UsageError(
+                f"{shape!r} is not a shape point of model {ref.model}: its points are {', '.join(points) or 'none (it has one shape)'}.",
+                hint=f"name one of them as {toolchain}/{ref.name}@POINT" if points else f"leave out @{shape}",
             )
-        return read_manifest(path)
-    from pipeline.report.rows import shape_order
-
-    points = workspace.manifest_path(toolchain, ref).parent.glob(f"{ref.name}@*.json")
-    for path in sorted(points, key=lambda p: shape_order(p.stem.partition("@")[2])):
-        point = read_manifest(path)
+        raise PipelineError(
+            f"{toolchain}/{ref.name} has not been profiled at {shape}.",
+            hint=f"pipeline profile --engine {ref.name} --toolchain {toolchain}",
+        )
+    found = [read_manifest(path) for path in workspace.manifest_path(toolchain, ref).parent.glob(f"{ref.name}@*.json")]
+    for point in sorted(found, key=lambda manifest: shape_order(manifest.shape)):
         side.notes.append(f"per-layer times at {point.shape} (the first shape point profiled; name another as @SHAPE)")
         return point
     return None

@@ -20,7 +20,7 @@ from typing import Any
 
 from pipeline.artifacts import atomic_output, sha256_file
 from pipeline.environment import package_version
-from pipeline.errors import EnvironmentMissing, PipelineError, require_module
+from pipeline.errors import EnvironmentMissing, PipelineError, UsageError, require_module
 from pipeline.manifest import Artifact, ExportDetails, ParityCheck
 from pipeline.models import TORCH_DTYPES
 from pipeline.models.images import image_files, load_images
@@ -197,10 +197,7 @@ class ExportStage(Stage):
         with phase("create_model"):
             model = source.create()
 
-        points = source.shape_points()
-        source.shape_range()  # a point outside the engines' range is refused before any work
-        for point in points:
-            source.check_point(model, point)
+        points = source.check_points(model)
         model_inputs = source.inputs(model)
         # On the GPU when there is one (block formats need it), with TF32 off so the FP32 reference
         # that parity is checked against is real FP32.
@@ -435,9 +432,11 @@ class ExportStage(Stage):
             try:
                 onnx.checker.check_model(str(path))
             except Exception as exc:  # onnx.checker.ValidationError and friends
-                raise PipelineError(f"{path} is not a valid ONNX model: {str(exc).strip().splitlines()[0]}") from exc
-        points = source.shape_points()
-        source.shape_range()
+                raise UsageError(
+                    f"model {source.name!r}: {path} is not a valid ONNX model: {str(exc).strip().splitlines()[0]}",
+                    hint="`python -c \"import onnx; onnx.checker.check_model('FILE', full_check=True)\"` says more; fix the graph or export it again",
+                ) from exc
+        points = source.check_points()
         model_inputs = source.inputs()
         references, fp32_outputs = {}, {}
         with phase("fp32_reference"):

@@ -151,6 +151,8 @@ def describe(ctx: RunContext, engines: list[EngineRef], toolchain: str, until: s
         if reason:
             lines.append(f"{engine.name}: would be skipped: {reason}")
             continue
+        # What the real run would refuse before any work (a point the model cannot take), refused here too.
+        BuildStage(ctx, engine, toolchain).model_source().check_points()
         onnx = ctx.workspace.root / ctx.workspace.onnx_path(engine)
         lines.append(f"{engine.name}: export → {ctx.workspace.relative(onnx)}")
         for built in builds_of(ctx, engine):  # one engine; a static model's, one per shape point
