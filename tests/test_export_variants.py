@@ -89,7 +89,7 @@ def test_every_variant_of_a_transformer_and_a_timm_model_exports_in_one_process(
             assert sparsification["sparsified_layers"] > 0
             assert sparsification["onnx"]["weights_2_4"] == sparsification["sparsified_layers"], (model, variant)
     pooler = export_details(ws, "bert_tiny_fp16_sparse")["sparsification"]["layers"]["model.pooler.dense"]
-    assert pooler == {"zero_fraction": 0.5, "pattern_2_4": True, "called": False}  # sparse, but not in the graph
+    assert pooler == {"zero_fraction": 0.5, "pattern_2_4": True, "feeds_output": False}  # sparse, but not in the graph
 
 
 def test_each_variant_is_what_it_would_be_alone(one_process, tmp_path):

@@ -37,7 +37,11 @@ def sparsify_model(model, method: str, batches) -> tuple[Any, dict[str, Any]]:
         config = {"data_loader": [b[0] if len(b) == 1 else b for b in loader], "collect_func": lambda batch: batch}
     model = mts.sparsify(model, method, config=config)
     model = mts.export(model)  # bake the masks into the weights
-    layers = torch_sparsity(model, called=layers_called(model, as_inputs(batches[0], device, dtype)) if batches else None)
+    feeding = None
+    if batches:  # one sample shows which layers the output depends on, whatever the batch
+        first = batches[0] if isinstance(batches[0], tuple) else (batches[0],)
+        feeding = layers_feeding_output(model, as_inputs(tuple(tensor[:1] for tensor in first), device, dtype))
+    layers = torch_sparsity(model, feeding)
     sparse = [name for name, layer in layers.items() if layer["pattern_2_4"]]
     if not sparse:
         raise PipelineError(
@@ -46,11 +50,11 @@ def sparsify_model(model, method: str, batches) -> tuple[Any, dict[str, Any]]:
         )
     # What the ONNX must show: the sparse layers its forward uses. A layer the output does not
     # depend on (BERT's pooler, beside the last hidden state) is not in the exported graph.
-    exported = [name for name in sparse if layers[name].get("called", True)]
+    exported = [name for name in sparse if layers[name].get("feeds_output", True)]
     return model, {"tool": "nvidia-modelopt", "method": method, "layers": layers, "sparsified_layers": len(exported)}
 
 
-def layers_called(model, inputs: tuple) -> set[str]:
+def layers_feeding_output(model, inputs: tuple) -> set[str]:
     """The Linear/Conv layers the output of ``model`` on ``inputs`` depends on: those whose weight
     the autograd graph of one forward reaches. A layer that runs but feeds nothing returned
     (BERT's pooler, beside the last hidden state) is not among them, as exporters leave it out."""
@@ -83,9 +87,9 @@ def layers_called(model, inputs: tuple) -> set[str]:
     return {name for name, weight in layers.items() if id(weight) in reached}
 
 
-def torch_sparsity(model, called: set[str] | None = None) -> dict[str, dict[str, Any]]:
-    """Each Linear/Conv layer's zeros and 2:4 pattern; with ``called`` (layers_called), whether
-    the forward uses it."""
+def torch_sparsity(model, feeding: set[str] | None = None) -> dict[str, dict[str, Any]]:
+    """Each Linear/Conv layer's zeros and 2:4 pattern; with ``feeding`` (layers_feeding_output),
+    whether the output depends on it."""
     import torch.nn as nn
 
     layers = {}
@@ -97,8 +101,8 @@ def torch_sparsity(model, called: set[str] | None = None) -> dict[str, dict[str,
                 "zero_fraction": float((weight == 0).mean()),
                 "pattern_2_4": bool(has_2_4_pattern(weight, axis=1)),
             }
-            if called is not None:
-                layers[name]["called"] = name in called
+            if feeding is not None:
+                layers[name]["feeds_output"] = name in feeding
     return layers
 
 
