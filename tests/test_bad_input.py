@@ -184,6 +184,17 @@ def times_only(ws: Path) -> None:
 LAYERS_110 = str(SAMPLES / "trt11.0.0_b200_exportLayerInfo_detailed.json")
 DRY_RUN = ("build", "--engine", "bert_fp16", "--trt", "10.14", "--dry-run")
 
+
+def with_tokens(files=None):
+    """bert calibrating INT8 on `calibration_tokens = "tokens.npy"`, made by ``files``."""
+    return bert(SHAPES, SHAPES + '\ncalibration_tokens = "tokens.npy"', "export", "--engine", "bert_int8", files=files)
+
+
+def with_folder(config: str | None):
+    """bert read from the folder my-bert, holding ``config`` as its config.json (None: nothing)."""
+    return bert('transformers = "BertModel"', 'transformers = "BertModel"\npath = "my-bert"', files=folder(config))
+
+
 CASES = [
     # Transformers catalogs.
     Case("unknown-class", "an unknown transformers class", bert('"BertModel"', '"BertModle"'), 2,
@@ -197,35 +208,34 @@ CASES = [
     Case("sequence-too-long-dry-run", "a sequence longer than", bert(SHAPES, 'shapes = ["2x8", "3x100"]', *DRY_RUN), 2,
          "longer than the model's max_position_embeddings (64)", "at most 64"),
     Case("folder-without-config", "a `path` folder without `config.json`",
-         bert('transformers = "BertModel"', 'transformers = "BertModel"\npath = "my-bert"', files=folder(None)), 2,
+         with_folder(None), 2,
          "has no config.json", "save_pretrained()"),
     Case("config-not-json", "a `config.json` that is not JSON",
-         bert('transformers = "BertModel"', 'transformers = "BertModel"\npath = "my-bert"', files=folder("{ not json")), 2,
+         with_folder("{ not json"), 2,
          "config.json is not readable JSON", "save the folder again"),
     Case("remote-code", "remote code (`auto_map`)",
-         bert('transformers = "BertModel"', 'transformers = "BertModel"\npath = "my-bert"',
-              files=folder(json.dumps({"model_type": "bert", "auto_map": {"AutoModel": "modeling_evil.EvilModel"}}))), 2,
+         with_folder(json.dumps({"model_type": "bert", "auto_map": {"AutoModel": "modeling_evil.EvilModel"}})), 2,
          "running a model repository's code (trust_remote_code) is refused", "a model class that transformers itself provides"),
     Case("calibration-images", "a calibration folder of images for a transformer",
          bert("", "", "export", "--engine", "bert_int8", "--calib-dir", "images", files=lambda ws: (ws / "images").mkdir()), 2,
          "calibrates on seeded inputs of its own", "leave out --calib-dir"),
     Case("tokens-missing", "`calibration_tokens` that do not exist",
-         bert(SHAPES, SHAPES + '\ncalibration_tokens = "tokens.npy"', "export", "--engine", "bert_int8"), 2,
+         with_tokens(), 2,
          "calibration_tokens file", "fix `calibration_tokens`"),
     Case("tokens-not-npy", "are not a `.npy` array",
-         bert(SHAPES, SHAPES + '\ncalibration_tokens = "tokens.npy"', "export", "--engine", "bert_int8", files=tokens(text="1 2 3")), 2,
+         with_tokens(tokens(text="1 2 3")), 2,
          "is not a .npy array", "numpy.save"),
     Case("tokens-wrong-rank", "are not a 2-D integer array",
-         bert(SHAPES, SHAPES + '\ncalibration_tokens = "tokens.npy"', "export", "--engine", "bert_int8", files=tokens(list(range(16)))), 2,
+         with_tokens(tokens(list(range(16)))), 2,
          "array of shape [16]; token ids are integers, one sequence per row", "save a 2-D integer array"),
     Case("tokens-not-integers", "are not a 2-D integer array",
-         bert(SHAPES, SHAPES + '\ncalibration_tokens = "tokens.npy"', "export", "--engine", "bert_int8", files=tokens([[0.5] * 16] * 2)), 2,
+         with_tokens(tokens([[0.5] * 16] * 2)), 2,
          "holds a float64 array of shape [2, 16]", "save a 2-D integer array"),
     Case("tokens-outside-vocabulary", "hold a token id outside the vocabulary",
-         bert(SHAPES, SHAPES + '\ncalibration_tokens = "tokens.npy"', "export", "--engine", "bert_int8", files=tokens([[1] * 15 + [512]] * 3)), 2,
+         with_tokens(tokens([[1] * 15 + [512]] * 3)), 2,
          "token id 512 at row 0, position 15 of", "tokenize with the model's own tokenizer"),
     Case("tokens-too-long", "hold sequences longer than the model",
-         bert(SHAPES, SHAPES + '\ncalibration_tokens = "tokens.npy"', "export", "--engine", "bert_int8", files=tokens([[1] * 100] * 2)), 2,
+         with_tokens(tokens([[1] * 100] * 2)), 2,
          "are 100 long; the model takes at most 64", "cut the sequences to at most 64"),
     # Shape strings.
     Case("shape-not-a-shape", "a shape that is not sizes joined by `x`", bert(SHAPES, 'shapes = ["2by16"]'), 2,
