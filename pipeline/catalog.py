@@ -101,6 +101,10 @@ class ModelSpec(_Strict):
     # The accuracy an engine of this model must keep to be `pipeline compare`'s answer (replaces the
     # catalog-wide `accuracy_floor`; [] = each precision's own check). None: the catalog's.
     accuracy_floor: AccuracyFloorTexts | None = None
+    # Where the export checks its ONNX against PyTorch in ONNX Runtime: at the smallest and the
+    # largest shape point ("ends"), or at every point ("all"). Every point keeps its FP32 PyTorch
+    # reference either way, on which each engine's own accuracy is checked.
+    parity_points: Literal["ends", "all"] = "ends"
 
     @field_validator("shapes")
     @classmethod
@@ -175,6 +179,17 @@ class ProfileSettings(_Strict):
     # one core it stayed within 11.3-12.4 (it still met the host's slow spells; docs/sweeps.md).
     # None: wherever the OS schedules it.
     host_cpus: tuple[int, ...] | None = Field(default=None, min_length=1)
+    # Paired rounds (pipeline/measurement.py), for the runtimes that measure in this process (PyTorch,
+    # ONNX Runtime): at a shape point every engine runs one take per round — at least `take_runs`
+    # inferences and `take_ms` milliseconds — in a seeded random order, until each comparison the
+    # verdict needs is decided (its ratio's interval excludes 1, or lies within 1 ± `tie`) after at
+    # least `min_rounds` rounds, or `budget_s` seconds are spent. `iterations` and `duration_s` bound
+    # the runtimes that measure in a process of their own (trtexec, TensorRT-RTX).
+    take_ms: float = Field(default=250.0, gt=0, le=60_000)
+    take_runs: int = Field(default=3, ge=1, le=100_000)
+    min_rounds: int = Field(default=6, ge=2, le=10_000)
+    budget_s: float = Field(default=30.0, gt=0, le=86_400)
+    tie: float = Field(default=0.03, gt=0, lt=0.5)
 
     @field_validator("host_cpus")
     @classmethod

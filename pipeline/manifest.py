@@ -17,6 +17,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr,
 from pipeline.artifacts import atomic_write_text
 from pipeline.catalog import ProfileSettings, check_shape
 from pipeline.errors import PipelineError
+from pipeline.measurement import RoundsRecord
 from pipeline.stats import LatencyStats
 
 # Bump when a field changes meaning or a reader would misread an old file.
@@ -75,6 +76,8 @@ class ParityCheck(_Model):
     """The exported ONNX, run in ONNX Runtime, against PyTorch on the same random input."""
 
     reference: str
+    # ONNX Runtime's execution provider that ran the graph (None in manifests written before it was recorded).
+    provider: str | None = None
     # How many samples of the batch were run (None in manifests written before this was recorded).
     samples: int | None = None
     max_abs_error: float
@@ -180,6 +183,11 @@ class ProfileDetails(_Model):
     # measurement is a process of its own (trtexec, the TensorRT-RTX driver).
     retaken_in_fresh_process: bool | None = None
     stable: bool | None = None
+    # Engines that run in this process are timed in rounds beside the shape point's other engines
+    # (pipeline/measurement.py): each measurement's takes, round by round, and the group it was in,
+    # from which reports pair engines round by round. Empty for runtimes that time in a process of
+    # their own (trtexec, TensorRT-RTX) and in manifests written before rounds.
+    rounds: list[RoundsRecord] = []
     # The machine's load when the measurement started and ended: load average and CPU count, and
     # per GPU its utilisation, clocks and the other processes using it (pipeline/environment.py);
     # "during": what was seen while each measurement ran (pipeline/machine_watch.py).
@@ -195,7 +203,7 @@ class ProfileDetails(_Model):
     image_digest: str | None = None
     trtexec: dict[str, Any] | None = None
     # How a runtime in this process ran it (PyTorch: backend, versions, compile and prepare
-    # time, peak GPU memory allocated and reserved).
+    # time, the GPU memory its weights and one inference take).
     execution: dict[str, Any] | None = None
     # The engine's own outputs on the reference batch against the FP32 model's (AccuracyFigures),
     # or why they were not checked.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -190,3 +191,107 @@ class _unique:
                 seen[key] = len(self.series)
                 self.series.append(values)
             self.index.append(seen[key])
+
+
+# --- which of two engines is faster, and how sure that is ---------------------------------------
+#
+# The outcomes NVIDIA's nvbench-compare-robust reports for two benchmarks: one is faster, slower,
+# the same (the difference inside a tie width) or ambiguous (the data cannot tell). Here each is
+# read off an interval of the ratio of two engines' times: paired, the per-round ratios of takes
+# measured side by side (pipeline/measurement.py); unpaired, the two medians' own intervals.
+
+OUTCOMES = ("faster", "slower", "same", "ambiguous")
+CONFIDENCE = 0.95
+
+
+def median_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """The distribution-free confidence interval of the median of ``values``: the order statistics
+    x(k) and x(n+1-k), k the largest rank with P(Binomial(n, 1/2) < k) <= (1 - confidence) / 2 (the
+    sign-test interval; any continuous distribution, no resampling, the same numbers every time).
+    Below MIN_VALUES_FOR[confidence] values the interval cannot reach the confidence: it is then
+    their whole range (reaches_confidence says which)."""
+    ordered = sorted(values)
+    n = len(ordered)
+    if n == 0:
+        raise ValueError("no values to bound the median of")
+    tail = (1.0 - confidence) / 2
+    k, below = 0, 0.0  # below: P(Binomial(n, 1/2) < k + 1)
+    while k < n // 2:
+        below += math.comb(n, k) / 2**n
+        if below > tail:
+            break
+        k += 1
+    k = max(k, 1)
+    return ordered[k - 1], ordered[n - k]
+
+
+def reaches_confidence(n: int, confidence: float = CONFIDENCE) -> bool:
+    """Whether n values bound their median at ``confidence``: the widest interval, their range,
+    misses it with probability 2 × 2**-n (six values for 95 %)."""
+    return n > 0 and 2 * 0.5**n <= 1.0 - confidence
+
+
+def outcome(low: float, high: float, tie: float) -> str:
+    """What an interval of the ratio A/B says of A: "same" when it lies within 1 ± tie (whatever
+    else is true, the difference is too small to matter), else "faster" when it lies below 1,
+    "slower" above 1, "ambiguous" when it holds 1."""
+    if 1.0 - tie <= low and high <= 1.0 + tie:
+        return "same"
+    if high < 1.0:
+        return "faster"
+    if low > 1.0:
+        return "slower"
+    return "ambiguous"
+
+
+class RatioEstimate(BaseModel):
+    """A over B as a time ratio (below 1: A is faster), with its interval and what it says."""
+
+    ratio: float
+    low: float
+    high: float
+    # How many rounds paired the two (None: unpaired, from the two medians' own intervals).
+    rounds: int | None = None
+    outcome: str
+
+    @property
+    def paired(self) -> bool:
+        return self.rounds is not None
+
+    def inverse(self) -> RatioEstimate:
+        """B over A."""
+        flipped = {"faster": "slower", "slower": "faster"}.get(self.outcome, self.outcome)
+        return RatioEstimate(ratio=1 / self.ratio, low=1 / self.high, high=1 / self.low, rounds=self.rounds, outcome=flipped)
+
+
+def paired_ratio(
+    a_by_round: dict[Any, float], b_by_round: dict[Any, float], tie: float, confidence: float = CONFIDENCE
+) -> RatioEstimate | None:
+    """A/B from takes measured side by side: the median of the rounds' ratios of A's take median
+    to B's, with the sign-test interval of that median. Both saw the host and the GPU as they were
+    in that round, so a host that changes speed between rounds moves both alike. None when no
+    round has both."""
+    rounds = sorted(set(a_by_round) & set(b_by_round))
+    ratios = [a_by_round[r] / b_by_round[r] for r in rounds if b_by_round[r] > 0]
+    if not ratios:
+        return None
+    low, high = median_interval(ratios, confidence)
+    # Too few rounds to reach the confidence: whatever the interval, no decision (never a guess).
+    said = outcome(low, high, tie) if reaches_confidence(len(ratios), confidence) else "ambiguous"
+    return RatioEstimate(ratio=float(_median(ratios)), low=low, high=high, rounds=len(ratios), outcome=said)
+
+
+def unpaired_ratio(
+    a_median: float, a_interval: tuple[float, float], b_median: float, b_interval: tuple[float, float], tie: float
+) -> RatioEstimate:
+    """A/B from two medians measured apart, each with its own interval: the ratio's interval is
+    the widest the two allow (A's low over B's high, A's high over B's low)."""
+    low = a_interval[0] / b_interval[1] if b_interval[1] > 0 else math.inf
+    high = a_interval[1] / b_interval[0] if b_interval[0] > 0 else math.inf
+    return RatioEstimate(ratio=a_median / b_median, low=low, high=high, outcome=outcome(low, high, tie))
+
+
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2

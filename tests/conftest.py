@@ -30,6 +30,7 @@ toolchain = "onnxruntime"
 warmup_ms = 5
 iterations = 5
 duration_s = 0.05
+take_ms = 5
 
 [models.tiny]
 timm = "test_vit"
@@ -108,6 +109,7 @@ toolchain = "onnxruntime"
 warmup_ms = 5
 iterations = 5
 duration_s = 0.05
+take_ms = 5
 
 [models.bert]
 transformers = "BertModel"

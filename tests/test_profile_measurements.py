@@ -1,5 +1,6 @@
-"""What a profile makes of its measurements: repeats pooled, disagreeing repeats taken again or
-marked unstable, and a machine that was busy while it measured flagged as such."""
+"""What a profile makes of its measurements: repeats pooled, each after the first in a fresh
+process, disagreeing repeats marked unstable, and a machine that was busy while it measured
+flagged as such."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import pytest
 
 from pipeline import machine_watch
 from pipeline.manifest import read_manifest
-from pipeline.runtimes.base import ProfileResult
 from pipeline.runtimes.onnxruntime import OnnxRuntimeRuntime
 from tests.conftest import TINY_CATALOG, write_catalog
 
@@ -24,27 +24,41 @@ def catalog_with(tmp_path, profile: str):
     return write_catalog(tmp_path / "ws", text)
 
 
-def scripted_measurements(monkeypatch, takes: list[list[float]]):
-    """ONNX Runtime's profile returns these per-run times, one list per measurement, in order."""
-    remaining = list(takes)
+class Fixed:
+    """An engine every run of which takes ``ms`` (nothing is timed)."""
 
-    def profile(self, engine_path, settings, workload=None):
-        values = remaining.pop(0)
-        return ProfileResult(per_iteration_ms=values, total_walltime_s=0.01 * len(values), device="scripted")
+    timing = "host latency"
 
-    monkeypatch.setattr(OnnxRuntimeRuntime, "profile", profile)
+    def __init__(self, ms: float, seen: list | None = None):
+        self.ms, self.seen = ms, seen
 
-    def retake_here(catalog, toolchain, engine_path, settings, workload, verbose):
-        # Retakes run in a fresh process, which this scripting cannot reach: run them here instead
-        # (test_a_retake_runs_in_a_fresh_process checks the real thing).
-        results, watched = [], []
-        for _ in range(settings.repeats):
-            with machine_watch.MachineWatch() as watch:
-                results.append(profile(None, engine_path, settings, workload))
-            watched.append(watch.summary)
-        return results, watched
+    def take(self, runs: int, min_ms: float) -> list[float]:
+        if self.seen is not None:
+            self.seen.append(os.sched_getaffinity(0))
+        return [self.ms] * runs
 
-    monkeypatch.setattr("pipeline.stages.fresh_measurement.measure_in_fresh_process", retake_here)
+    def evidence(self) -> dict:
+        return {"device": "scripted", "metric": self.timing}
+
+
+def scripted_measurements(monkeypatch, medians: list[float]):
+    """ONNX Runtime's engine runs at these milliseconds, one per measurement of `--repeat`: the
+    first here, the others where a fresh process would take them (run here: the scripting cannot
+    reach a new interpreter; test_a_repeat_runs_in_a_fresh_process checks the real thing)."""
+    from pipeline.measurement import SmClock, measure_in_rounds
+
+    remaining = list(medians)
+    monkeypatch.setattr(OnnxRuntimeRuntime, "prepare", lambda self, engine_path, workload=None: Fixed(remaining.pop(0)))
+
+    def repeat_here(stages, settings):
+        from pipeline.stages.rounds import entrant_name, point_seed
+
+        engines = {entrant_name(stage): Fixed(remaining.pop(0)) for stage in stages}
+        with machine_watch.MachineWatch():
+            outcome = measure_in_rounds(engines, settings, point_seed(stages), None, SmClock())
+        return outcome, {name: engine.evidence() for name, engine in engines.items()}
+
+    monkeypatch.setattr("pipeline.stages.rounds._in_fresh_process", repeat_here)
     return remaining
 
 
@@ -54,84 +68,71 @@ def profile_details(catalog):
 
 def test_repeats_are_pooled_and_each_median_kept(tmp_path, run_cli, monkeypatch):
     catalog = catalog_with(tmp_path, "")
-    takes = [[10.0, 10.2, 10.4, 10.1], [10.3, 10.1, 10.2], [10.0, 10.5, 10.2, 10.3, 10.1]]
-    left = scripted_measurements(monkeypatch, takes)
+    left = scripted_measurements(monkeypatch, [10.0, 10.2, 10.1])
     result = run_cli(catalog, "run", "--variant", "fp32", "--repeat", "3")
     assert result.exit_code == 0, result.err
     assert left == []
     details = profile_details(catalog)
-    pooled = [value for take in takes for value in take]
-    assert details.per_iteration_ms == pooled and details.iterations == len(pooled) and details.repeats_pooled == 3
+    assert details.repeats_pooled == 3 and len(details.rounds) == 3  # each measurement's rounds kept
+    assert len({record.group for record in details.rounds}) == 3
+    pooled = [take.median_ms for record in details.rounds for take in record.takes for _ in range(take.runs)]
+    assert sorted(details.per_iteration_ms) == sorted(pooled) and details.iterations == len(pooled)
     assert details.latency_ms.median == pytest.approx(statistics.median(pooled))
-    assert details.repeat_medians_ms == pytest.approx([statistics.median(take) for take in takes])
+    assert details.repeat_medians_ms == pytest.approx([10.0, 10.2, 10.1])
     assert details.stable is True and details.retaken_medians_ms == []
-    # Each measurement was watched while it ran.
     assert len(details.machine_load["during"]) == 3 and all(s["seconds"] >= 0 for s in details.machine_load["during"])
     assert f"over {len(pooled)} runs of 3 measurements pooled" in result.err
 
 
-def test_repeats_that_disagree_are_taken_again_until_they_agree(tmp_path, run_cli, monkeypatch):
-    catalog = catalog_with(tmp_path, "max_repeat_cv = 0.05\nretakes = 2")
-    left = scripted_measurements(monkeypatch, [[5.0] * 3, [9.0] * 3, [6.0] * 3, [6.1] * 3])
+def test_repeats_that_disagree_are_recorded_as_unstable(tmp_path, run_cli, monkeypatch):
+    """Repeats are independent measurements that show how repeatable the number is; they are not
+    taken again until they agree (rounds, not retakes, are how a comparison is made to hold)."""
+    catalog = catalog_with(tmp_path, "max_repeat_cv = 0.05")
+    left = scripted_measurements(monkeypatch, [5.0, 9.0])
     result = run_cli(catalog, "run", "--variant", "fp32", "--repeat", "2")
     assert result.exit_code == 0, result.err
     assert left == []
     details = profile_details(catalog)
-    assert details.retaken_medians_ms == [[5.0, 9.0]] and details.repeat_medians_ms == [6.0, 6.1]
-    assert details.per_iteration_ms == [6.0] * 3 + [6.1] * 3 and details.stable is True
-    assert "taking them again (1 of 2)" in result.err
-    compared = run_cli(catalog, "compare", "--format", "json")
-    row = next(r for r in json.loads(compared.out)["rows"] if r["variant"] == "fp32")
-    assert row["status"].startswith("measured")
-
-
-def test_repeats_that_never_agree_are_recorded_as_unstable(tmp_path, run_cli, monkeypatch):
-    catalog = catalog_with(tmp_path, "max_repeat_cv = 0.05\nretakes = 1")
-    left = scripted_measurements(monkeypatch, [[5.0] * 3, [9.0] * 3, [4.0] * 3, [8.0] * 3])
-    result = run_cli(catalog, "run", "--variant", "fp32", "--repeat", "2")
-    assert result.exit_code == 0, result.err
-    assert left == []  # one retake, as the catalog bounds it, then no more
-    details = profile_details(catalog)
-    assert details.stable is False and details.retaken_medians_ms == [[5.0, 9.0]] and details.repeat_medians_ms == [4.0, 8.0]
+    assert details.stable is False and details.repeat_medians_ms == [5.0, 9.0] and details.retaken_medians_ms == []
     assert "unstable" in result.err
     compared = run_cli(catalog, "compare", "--format", "json")
     row = next(r for r in json.loads(compared.out)["rows"] if r["variant"] == "fp32")
-    assert row["status"].startswith("unstable") and "after 1 retake(s)" in row["status"]
+    assert row["status"].startswith("unstable") and "disagree (CV" in row["status"] and "retake" not in row["status"]
 
 
-def test_a_retake_runs_in_a_fresh_process(tmp_path, run_cli, monkeypatch):
-    """The first measurements are scripted in this process and disagree; the retake cannot see the
-    scripting, so its figures are ONNX Runtime's own, measured in a new interpreter."""
-    catalog = catalog_with(tmp_path, "max_repeat_cv = 0.5\nretakes = 1")
-    first = [[1.0] * 3, [9.0] * 3]
-
-    def profile(self, engine_path, settings, workload=None):
-        if not first:
-            raise AssertionError("the retake ran in the pipeline's own process")
-        return ProfileResult(per_iteration_ms=first.pop(0), total_walltime_s=0.03, device="scripted")
-
-    monkeypatch.setattr(OnnxRuntimeRuntime, "profile", profile)
+def test_a_repeat_runs_in_a_fresh_process(tmp_path, run_cli, monkeypatch):
+    """The first measurement is scripted in this process; the second cannot see the scripting, so
+    its figures are ONNX Runtime's own, measured in a new interpreter."""
+    catalog = catalog_with(tmp_path, "")
+    monkeypatch.setattr(OnnxRuntimeRuntime, "prepare", lambda self, engine_path, workload=None: Fixed(1.0))
     result = run_cli(catalog, "-v", "run", "--variant", "fp32", "--repeat", "2")
     assert result.exit_code == 0, result.err
-    assert "2 measurement(s), take 2, in a fresh process" in result.err
+    assert "measurement 2 of 2, in a fresh process" in result.err
     details = profile_details(catalog)
-    assert details.retaken_medians_ms == [[1.0, 9.0]] and details.retaken_in_fresh_process is True
+    first, second = details.rounds
+    assert {take.median_ms for take in first.takes} == {1.0} and 1.0 not in {take.median_ms for take in second.takes}
     assert details.device.startswith("onnxruntime") and details.repeats_pooled == 2
-    assert 1.0 not in details.per_iteration_ms and 9.0 not in details.per_iteration_ms
-    assert len(details.machine_load["during"]) == 2  # each fresh measurement watched too
+    assert len(details.machine_load["during"]) == 2
 
 
-def test_a_retake_whose_process_fails_names_the_engine(tmp_path, run_cli, monkeypatch):
-    catalog = catalog_with(tmp_path, "max_repeat_cv = 0.05\nretakes = 1")
-    first = [[5.0] * 3, [9.0] * 3]
+def test_a_repeat_whose_process_fails_names_the_engine(tmp_path, run_cli, monkeypatch):
+    """The engine file is damaged while the fresh process loads it (and restored after, so the
+    profile's own check of its inputs passes): the repeat's failure is named, not a traceback."""
+    from pipeline.stages import rounds
 
-    def profile(self, engine_path, settings, workload=None):
-        if first:
-            engine_path.write_bytes(b"not an ONNX model any more")  # what the fresh process will load
-            return ProfileResult(per_iteration_ms=first.pop(0), total_walltime_s=0.03, device="scripted")
-        raise AssertionError("the retake ran in the pipeline's own process")
+    catalog = catalog_with(tmp_path, "")
+    in_fresh_process = rounds._in_fresh_process
 
-    monkeypatch.setattr(OnnxRuntimeRuntime, "profile", profile)
+    def damaged_meanwhile(stages, settings):
+        engine = stages[0].engine_file()
+        kept = engine.read_bytes()
+        engine.write_bytes(b"not an ONNX model any more")
+        try:
+            return in_fresh_process(stages, settings)
+        finally:
+            engine.write_bytes(kept)
+
+    monkeypatch.setattr(rounds, "_in_fresh_process", damaged_meanwhile)
     result = run_cli(catalog, "run", "--variant", "fp32", "--repeat", "2")
     assert result.exit_code == 1, result.err
     assert "ERROR ONNX Runtime could not load tiny_fp32.onnx" in result.err and "Traceback" not in result.err
@@ -237,24 +238,19 @@ def test_several_measurements_are_judged_together():
 def test_host_cpus_pins_each_measurement_and_lets_go_after(tmp_path, run_cli, monkeypatch):
     before = os.sched_getaffinity(0)
     seen = []
-
-    def profile(self, engine_path, settings, workload=None):
-        seen.append(os.sched_getaffinity(0))
-        return ProfileResult(per_iteration_ms=[1.0, 1.1, 1.2], total_walltime_s=0.01, device="scripted")
-
-    monkeypatch.setattr(OnnxRuntimeRuntime, "profile", profile)
+    monkeypatch.setattr(OnnxRuntimeRuntime, "prepare", lambda self, engine_path, workload=None: Fixed(1.0, seen))
     plain = catalog_with(tmp_path, "")
-    assert run_cli(plain, "run", "--variant", "fp32", "--repeat", "2").exit_code == 0
-    assert seen == [before, before]
+    assert run_cli(plain, "run", "--variant", "fp32").exit_code == 0
+    assert seen and set(map(frozenset, seen)) == {frozenset(before)}
     # Pinning re-measures (the manifest records where it ran); leaving it unset kept the fingerprint
     # of measurements taken before the setting existed, so the run above has no `host_cpus` in its params.
     assert "host_cpus" not in read_manifest(plain.parent / "manifests" / "onnxruntime" / "tiny_fp32.json").profile.params["settings"]
     cpu = min(before)
     plain.write_text(plain.read_text().replace("[profile]\n", f"[profile]\nhost_cpus = [{cpu}]\n"))
     seen.clear()
-    result = run_cli(plain, "run", "--variant", "fp32", "--repeat", "2")
+    result = run_cli(plain, "run", "--variant", "fp32")
     assert result.exit_code == 0, result.err
-    assert seen == [{cpu}, {cpu}] and os.sched_getaffinity(0) == before
+    assert seen and set(map(frozenset, seen)) == {frozenset({cpu})} and os.sched_getaffinity(0) == before
     assert profile_details(plain).settings.host_cpus == (cpu,)
 
 

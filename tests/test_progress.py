@@ -1,5 +1,5 @@
 """Progress inside long work: in a terminal the running stage's spinner says what it is doing
-(calibration batches, the export's parts, measurements and their time left); piped, one line per
+(calibration batches, the export's parts, the rounds of a measurement); piped, one line per
 stage, and a line a minute for a stage that runs longer."""
 
 from __future__ import annotations
@@ -81,23 +81,30 @@ def test_a_run_reports_calibration_batches_export_parts_and_measurements(tmp_pat
     said: list[str] = []
     monkeypatch.setattr(Reporter, "step", lambda self, text: said.append(f"step {text}"))
     monkeypatch.setattr(Reporter, "progress", lambda self, text: said.append(text))
-    catalog = write_catalog(tmp_path / "ws", TINY_CATALOG.replace("duration_s = 0.05", "duration_s = 0.5"))
+    catalog = write_catalog(tmp_path / "ws", TINY_CATALOG)
     result = run_cli(catalog, "run", "--variant", "int8", "--repeat", "2")
     assert result.exit_code == 0, result.err
     calibrating = [text for text in said if text.startswith("calibrating: batch")]
     assert calibrating and calibrating[0] == f"calibrating: batch 1 of {len(calibrating)}"
-    for step in ("step onnx export", "step quantize", "step parity", "step measurement 1 of 2", "step measurement 2 of 2"):
+    for step in (
+        "step onnx export",
+        "step quantize",
+        "step parity",
+        "step preparing int8/onnxruntime",
+        "step measurement 2 of 2, in a fresh process",
+    ):
         assert step in said, step
-    assert "step checking its outputs on the reference batch" in said
-    assert "warming up (5 ms)" in said
-    left = [float(m.group(1)) for text in said if (m := re.match(r"measuring: ([\d.]+) s left, \d+ runs", text))]
-    assert left and all(0 <= value <= 0.5 for value in left) and max(left) > 0.2
+    assert "step checking int8/onnxruntime's outputs on the reference batch" in said
+    # A line per round: which one, the time spent of the budget, and what is still undecided.
+    rounds = [(int(m.group(1)), m.group(2)) for text in said if (m := re.match(r"round (\d+) \(\d+ of at most 30 s\): (.+)", text))]
+    assert [number for number, _ in rounds] == [1, 2, 3, 4, 5, 6]
+    assert rounds[0][1] == "at least 6 rounds" and rounds[-1][1] == "decided"
     # Piped, as here: one line per stage, none of the above.
-    assert "calibrating" not in result.err and "measuring" not in result.err and "s left" not in result.err
+    assert "calibrating" not in result.err and "round 1" not in result.err
 
 
-def test_in_a_real_terminal_the_spinner_shows_the_measurement_and_its_time_left(tmp_path):
-    catalog = write_catalog(tmp_path / "ws", TINY_CATALOG.replace("duration_s = 0.05", "duration_s = 3"))
+def test_in_a_real_terminal_the_spinner_shows_the_rounds(tmp_path):
+    catalog = write_catalog(tmp_path / "ws", TINY_CATALOG.replace("take_ms = 5", "take_ms = 400"))
     leader, follower = pty.openpty()
     process = subprocess.Popen(
         [sys.executable, "-m", "pipeline.cli", "--catalog", str(catalog), "run", "--variant", "fp32"],
@@ -126,5 +133,5 @@ def test_in_a_real_terminal_the_spinner_shows_the_measurement_and_its_time_left(
     os.close(leader)
     assert process.wait(timeout=60) == 0, screen.decode(errors="replace")
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.decode(errors="replace"))
-    assert re.search(r"profile tiny_fp32 … measuring: [\d.]+ s left, \d+ runs · 0:0\d", text), text
+    assert re.search(r"profile tiny \(1 engine in rounds\) … 1 engine\(s\) in rounds: round \d+ \(\d+ of at most 30 s\)", text), text
     assert "profile  tiny_fp32" in text and "done in" in text  # the stage's own line, as when piped

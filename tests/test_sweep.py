@@ -137,20 +137,23 @@ def test_a_point_out_of_gpu_memory_is_recorded_and_the_rest_still_run(tmp_path, 
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (512 * 2**20, 81_559 * 2**20))
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "NVIDIA H100 80GB HBM3")
-    profile = TorchRuntime.profile
+    prepare = TorchRuntime.prepare
 
-    def profile_until_the_largest(self, engine_path, settings, workload=None):
+    def prepare_until_the_largest(self, engine_path, workload=None):
         if workload is not None and workload.shape == "4x32":
             with out_of_memory_as_error(4, shape=workload.shape):
                 raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 3.00 GiB")
-        return profile(self, engine_path, settings, workload)
+        return prepare(self, engine_path, workload)
 
-    monkeypatch.setattr(TorchRuntime, "profile", profile_until_the_largest)
+    monkeypatch.setattr(TorchRuntime, "prepare", prepare_until_the_largest)
     (tmp_path / "pipeline.toml").write_text(SWEEP_CATALOG)
     catalog = tmp_path / "pipeline.toml"
     result = run_cli(catalog, "run", "--model", "bert", "--toolchain", "torch-eager", "--toolchain", "onnxruntime")
     assert result.exit_code == 1
-    assert "bert_fp32 at 4x32: out of GPU memory at shape 4×32: 512 MiB free of 81,559 MiB on NVIDIA H100 80GB HBM3" in result.err
+    assert (
+        "bert_fp32 on torch-eager at 4x32: out of GPU memory at shape 4×32: 512 MiB free of 81,559 MiB on NVIDIA H100 80GB HBM3"
+        in result.err
+    )
     assert "1 of 2 toolchains failed: torch-eager" in result.err
     failed = point_manifest(tmp_path, "torch-eager", "4x32").profile
     assert failed.status == "failed" and failed.reason.startswith("out of GPU memory at shape 4×32: 512 MiB free of 81,559 MiB")
@@ -221,8 +224,17 @@ def test_torch_compile_dynamic_compiles_once_and_counts_what_each_point_recompil
         assert execution["recompiles_during_measurement"] == 0  # every point was warmed before it was timed
 
 
-def _row(toolchain, shape, median, **extra) -> ComparisonRow:
-    row = ComparisonRow(model="m", variant="fp16", toolchain=toolchain, status="measured (GPU time)", shape=shape, median_ms=median)
+def _row(toolchain, shape, median, spread=0.01, **extra) -> ComparisonRow:
+    """A measured row whose median's interval is ± ``spread`` (measured apart from the others)."""
+    row = ComparisonRow(
+        model="m",
+        variant="fp16",
+        toolchain=toolchain,
+        status="measured (GPU time)",
+        shape=shape,
+        median_ms=median,
+        median_ci_ms=(median * (1 - spread), median * (1 + spread)),
+    )
     for key, value in extra.items():
         setattr(row, key, value)
     return row
@@ -240,26 +252,29 @@ def test_the_verdict_skips_the_inaccurate_and_says_the_speedup_over_the_baseline
     assert verdict.fastest.toolchain == "inductor" and verdict.speedup == pytest.approx(4.0)
     text = " ".join(verdict.sentences())
     assert text.startswith(
-        "m at 2×512: fastest meeting cosine ≥ 0.99 is fp16 on inductor, 5.000 ms — 4.00× fp16 on torch-eager (20.000 ms)."
+        "m at 2×512: fastest meeting cosine ≥ 0.99 is fp16 on inductor, 5.000 ms — 4.00× fp16 on torch-eager (20.000 ms), "
+        "[3.92–4.08], unpaired."
     )
     assert "fp16 on trt (below the accuracy floor: cosine 0.9700 < 0.99)" in text and "fp16 on rtx (build refused: no kernel)" in text
     assert "1 not run" in text
 
 
-def test_when_every_measurement_is_noisy_the_answer_is_still_never_an_inaccurate_engine():
-    noisy = ["noisy: CV 40.0% is above 10%"]
+def test_a_noisy_measurement_is_no_reason_to_leave_an_engine_out_and_an_inaccurate_one_never_answers():
+    noisy = ["noisy: interquartile CV 40.0% is above 10%"]
     rows = [
         _row("torch-eager", "2x512", 20.0, flags=noisy),
         _row("trt", "2x512", 2.0, accuracy_source="measured", accuracy_cosine=0.97, flags=noisy),
         _row("inductor", "2x512", 5.0, accuracy_source="measured", accuracy_cosine=0.9999, flags=noisy),
     ]
     (verdict,) = verdicts(rows, "torch-eager", {"m": AccuracyFloor((("cos", 0.99),), "pipeline.toml")})
-    assert verdict.untrusted and verdict.fastest.toolchain == "inductor"
-    reasons = dict((row.toolchain, why) for row, why in verdict.excluded)
-    assert reasons["trt"] == "below the accuracy floor: cosine 0.9700 < 0.99" and reasons["inductor"].startswith("noisy")
-    assert "the fastest of them meeting cosine ≥ 0.99 (pipeline.toml) is fp16 on inductor" in " ".join(verdict.sentences())
+    assert not verdict.untrusted and verdict.fastest.toolchain == "inductor"
+    assert [(row.toolchain, why) for row, why in verdict.excluded] == [("trt", "below the accuracy floor: cosine 0.9700 < 0.99")]
+    assert "fastest meeting cosine ≥ 0.99 (pipeline.toml) is fp16 on inductor" in " ".join(verdict.sentences())
     (nothing,) = verdicts(rows[1:2], "torch-eager", {"m": AccuracyFloor((("cos", 0.99),), "pipeline.toml")})
     assert nothing.sentences()[0] == "m at 2×512: no engine was measured and met the accuracy floor, cosine ≥ 0.99 (pipeline.toml)."
+    busy = ["busy: runnable tasks waited for a CPU 30% of the measurement"]
+    (untrusted,) = verdicts([_row("torch-eager", "2x512", 20.0, flags=busy), _row("inductor", "2x512", 5.0, flags=busy)], "torch-eager")
+    assert untrusted.untrusted and untrusted.fastest.toolchain == "inductor"  # a busy machine still excludes, and says so
 
 
 def test_a_floor_given_replaces_each_precisions_own_check():
@@ -286,7 +301,79 @@ def test_a_crossover_is_said_where_the_lead_changes():
     (sweep,) = sweeps(rows, verdicts(rows, "eager"))
     (sentence,) = sweep.crossovers()
     assert sentence == (
-        "fp16: inductor is faster than eager by 3.33× at 2×512; eager is faster by 1.50× at 2×4096; "
+        "fp16: inductor is faster than eager by 3.33× [3.27–3.40] at 2×512; eager is faster by 1.50× [1.47–1.53] at 2×4096; "
         "eager takes the lead between 2×512 and 2×2048."
     )
     assert [sweep.cell(("fp16", "eager"), shape, "ms") for shape in ("2x512", "2x2048")] == ["20.000", "*22.000"]
+
+
+# --- the verdict by confidence ------------------------------------------------------------------
+
+
+def _paired(toolchain: str, medians: list[float], pooled_median: float | None = None, **extra) -> ComparisonRow:
+    """A row timed in the rounds of one group ("g"), its take median in each round given."""
+    median = pooled_median if pooled_median is not None else sorted(medians)[len(medians) // 2]
+    extra.setdefault("rounds_stop", "decided")
+    return _row(toolchain, "2x2048", median, round_medians={"g": list(medians)}, rounds=len(medians), **extra)
+
+
+def test_a_noisy_engine_faster_with_confidence_is_the_answer():
+    """The seed workload at 2×2048 on the lent H100: eager SDPA's runs spread widely (the host
+    stalls), yet in every round it beat eager attention; it is named, never the slower one."""
+    host = [1.0, 1.7, 1.8, 1.0, 1.1, 1.75, 1.0, 1.8]
+    eager = _paired("torch-eager", [22.8 * h for h in host], flags=["noisy: interquartile CV 21.5% is above 10%"])
+    attention = _paired("torch-eager-attn", [40.3 * h for h in host])
+    (verdict,) = verdicts([eager, attention], "torch-eager")
+    assert verdict.fastest is eager and not verdict.tied and not verdict.untrusted
+    (a, b, estimate) = verdict.comparisons[0]
+    assert (a, b, estimate.outcome, estimate.rounds) == (eager, attention, "faster", 8)
+    assert "fastest is fp16 on torch-eager" in verdict.sentences()[0]
+
+
+def test_a_slower_engine_is_never_named_over_one_faster_with_confidence():
+    """B's pooled median is the lower (it ran more of its runs while the host was fast), but A
+    was faster in every round: the answer is A."""
+    a = _paired("a", [10.0, 18.0, 10.0, 18.0, 10.0, 18.0], pooled_median=14.0)
+    b = _paired("b", [11.0, 19.8, 11.0, 19.8, 11.0, 19.8], pooled_median=12.0)
+    (verdict,) = verdicts([a, b], "b")
+    assert verdict.fastest is a and verdict.speedup == pytest.approx(1.1)
+    assert "[1.10–1.10], 6 rounds" in verdict.sentences()[0]
+
+
+def test_engines_within_the_tie_width_tie_and_the_verdict_names_both():
+    compiled = _paired("torch-compile", [3.10, 3.12, 3.08, 3.11, 3.09, 3.10])
+    graphs = _paired("torch-cudagraphs", [3.14, 3.13, 3.12, 3.15, 3.13, 3.12])
+    eager = _paired("torch-eager", [9.6, 9.8, 9.5, 9.9, 9.7, 9.6])
+    (verdict,) = verdicts([eager, compiled, graphs], "torch-eager")
+    assert verdict.fastest is compiled and verdict.tied == [graphs] and not verdict.undecided
+    assert verdict.sentences()[0].startswith(
+        "m at 2×2048: fp16 on torch-compile and fp16 on torch-cudagraphs tie within ±3% (3.100 and 3.130 ms) — both 3.04–3.18× fp16 on torch-eager (9.700 ms)."
+    )
+    public = verdict.public()
+    assert public["decided"] is False and public["undecided"] is False and [t["toolchain"] for t in public["tied"]] == ["torch-cudagraphs"]
+    outcomes = {(c["a"]["toolchain"], c["b"]["toolchain"]): c["outcome"] for c in public["comparisons"]}
+    assert outcomes == {
+        ("torch-eager", "torch-compile"): "slower",
+        ("torch-eager", "torch-cudagraphs"): "slower",
+        ("torch-compile", "torch-cudagraphs"): "same",
+    }
+
+
+def test_overlapping_intervals_that_are_not_a_tie_are_undecided_and_say_after_how_many_rounds():
+    a = _paired("a", [1.0, 1.3, 1.0, 1.3, 1.0, 1.3], rounds_stop="budget")
+    b = _paired("b", [1.2, 1.0, 1.2, 1.0, 1.2, 1.0])
+    (verdict,) = verdicts([a, b], "a")
+    assert verdict.tied and verdict.undecided
+    assert "undecided: fp16 on b and fp16 on a (1.200 and 1.300 ms)" in verdict.sentences()[0]
+    assert "cannot be told apart after 6 rounds (the point's budget_s ran out)" in verdict.sentences()[0]
+
+
+def test_rows_measured_apart_are_compared_by_their_own_intervals():
+    narrow = _row("trt", "2x512", 10.0, spread=0.01)
+    overlapping = _row("rtx", "2x512", 10.3, spread=0.05)
+    clearly = _row("ort", "2x512", 14.0, spread=0.01)
+    (verdict,) = verdicts([narrow, overlapping, clearly], "ort")
+    assert verdict.fastest is narrow and verdict.tied == [overlapping] and verdict.undecided
+    outcomes = {(a.toolchain, b.toolchain): e.outcome for a, b, e in verdict.comparisons}
+    assert outcomes[("trt", "ort")] == "faster" and outcomes[("trt", "rtx")] == "ambiguous"
+    assert all(not e.paired for _, _, e in verdict.comparisons)

@@ -607,7 +607,7 @@ class ClusterRun:
         for engine in self.engines:
             if not any(name.startswith(engine.name + " ") for name in failures):
                 summary.succeeded.append(engine.name)
-        summary.failed = list(failures.items())
+        summary.failed = [(name, self.toolchain, error) for name, error in failures.items()]
         counts: dict[str, int] = {}
         for job in self.jobs():
             counts[job.state] = counts.get(job.state, 0) + 1

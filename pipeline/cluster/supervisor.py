@@ -105,7 +105,7 @@ def _child(send, settings, lock, parent: int) -> None:
     ctx = RunContext(catalog=catalog, workspace=Workspace(catalog.root), reporter=Reporter(verbose=verbose), force=force, argv=argv)
     try:
         summary = drive(ctx, address, engines, toolchain, until, gpu_types, verbose)
-        outcome = ("ok", RunSummary(summary.succeeded, [(name, exc.plain()) for name, exc in summary.failed]))
+        outcome = ("ok", RunSummary(summary.succeeded, [(name, chain, exc.plain()) for name, chain, exc in summary.failed]))
     except PipelineError as exc:
         outcome = ("error", exc.plain())
     except KeyboardInterrupt:

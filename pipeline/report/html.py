@@ -24,7 +24,7 @@ th, td { border: 1px solid #ccd; padding: 0.3rem 0.5rem; text-align: right; }
 th { background: #eef3e2; } td.text { text-align: left; }
 tr.unmeasured td { color: #889; }
 .verdict { background: #f4f8ea; border-left: 4px solid #76b900; padding: 0.6rem 1rem; max-width: 70rem; }
-.verdict li { margin: 0.3rem 0; } td.best { font-weight: bold; background: #eef7d8; } td.failed { color: #b22; }
+.verdict li { margin: 0.3rem 0; } td.best { font-weight: bold; background: #eef7d8; } td.tied { text-decoration: underline; background: #f4f9e8; } td.failed { color: #b22; }
 .note { color: #556; font-size: 0.85rem; max-width: 60rem; }
 img { max-width: 100%; border: 1px solid #dde; margin: 0.5rem 0; }
 """
@@ -136,7 +136,7 @@ def _sweep_curves(sweep) -> str | None:
         for row_index, (metric, label) in enumerate(metrics):
             axis = axes[row_index][column]
             for (variant, target), points in sweep.lines.items():
-                xs, ys, failed = [], [], []
+                xs, ys, spans, failed = [], [], [], []
                 for shape in shapes:
                     row = points.get(shape)
                     value = None
@@ -145,9 +145,13 @@ def _sweep_curves(sweep) -> str | None:
                     if value is not None:
                         xs.append(int(shape.split("x")[1]))
                         ys.append(value)
+                        spans.append(_interval_of(row, metric, value))
                     elif row is not None and row.median_ms is None and row.status.startswith("failed"):
                         failed.append(int(shape.split("x")[1]))
                 (line,) = axis.plot(xs, ys, marker="o", label=f"{target} · {variant}")
+                if any(span != (0.0, 0.0) for span in spans):  # each point's interval of its median
+                    below, above = zip(*spans)
+                    axis.errorbar(xs, ys, yerr=[below, above], fmt="none", ecolor=line.get_color(), capsize=3, alpha=0.8)
                 for x in failed:  # e.g. out of memory: where the line would have gone
                     axis.axvline(x, color=line.get_color(), linestyle=":", alpha=0.6)
                     axis.annotate(
@@ -171,6 +175,17 @@ def _sweep_curves(sweep) -> str | None:
     return _png(figure)
 
 
+def _interval_of(row: ComparisonRow, metric: str, value: float) -> tuple[float, float]:
+    """How far the point's interval reaches below and above it: the median's interval in ms, the
+    same interval as tokens/s (the rate is inverse to the time); none for memory."""
+    if row.median_ci_ms is None or metric == "memory":
+        return 0.0, 0.0
+    low, high = row.median_ci_ms
+    if metric == "ms":
+        return max(0.0, value - low), max(0.0, high - value)
+    return max(0.0, value - value * row.median_ms / high), max(0.0, value * row.median_ms / low - value)
+
+
 def _answer(answer: Answer) -> list[str]:
     """The verdicts, at the top of the report."""
     if not answer.verdicts:
@@ -187,12 +202,20 @@ def _sweep_section(answer: Answer, sweep) -> list[str]:
         tds = []
         for index, cell in enumerate(row):
             kind = (
-                "text" if index < 2 else ("best" if cell.startswith("*") else "failed" if not cell[:1].isdigit() and cell != "–" else "num")
+                "text"
+                if index < 2
+                else "best"
+                if cell.startswith("*")
+                else "tied"
+                if cell.startswith("=")
+                else "failed"
+                if not cell[:1].isdigit() and cell != "–"
+                else "num"
             )
-            tds.append(f'<td class="{kind}">{html.escape(cell.lstrip("*"))}</td>')
+            tds.append(f'<td class="{kind}">{html.escape(cell.lstrip("*="))}</td>')
         body.append(f"<tr>{''.join(tds)}</tr>")
     parts = [
-        f"<h3>{html.escape(answer.sweep_title(sweep)).replace('(* the verdict', '(bold: the verdict')}</h3>",
+        f"<h3>{html.escape(answer.sweep_title(sweep)).replace('(* the verdict', '(bold: the verdict').replace(', = not told', ', underlined: not told')}</h3>",
         f'<table class="sweep"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>',
     ]
     crossovers = sweep.crossovers()

@@ -31,6 +31,7 @@ CACHE_NAME = ".compare-cache.json"
 # What a cached row is made from: a change to any of these modules invalidates every entry.
 _CODE = (
     "pipeline/manifest.py",
+    "pipeline/measurement.py",
     "pipeline/machine_watch.py",
     "pipeline/stats.py",
     "pipeline/report/rows.py",

@@ -14,6 +14,7 @@ from typing import Any
 from pipeline.catalog import Catalog
 from pipeline.errors import PipelineError
 from pipeline.manifest import EngineManifest, parse_manifest, read_manifest
+from pipeline.stats import paired_ratio
 from pipeline.workspace import Workspace
 
 FORMATS = ("table", "md", "html", "json", "csv")
@@ -35,7 +36,12 @@ class ComparisonRow:
     gpu: str | None = None
     batch_size: int | None = None
     median_ms: float | None = None
+    # The 95 % interval of the median: the sign-test interval of the per-round take medians for an
+    # engine timed in rounds (pipeline/measurement.py), else a bootstrap of the per-iteration times.
     median_ci_ms: tuple[float, float] | None = None
+    # Timed in rounds: how many, and why they ended ("decided", "budget", "alone").
+    rounds: int | None = None
+    rounds_stop: str | None = None
     p5_ms: float | None = None
     p95_ms: float | None = None
     p99_ms: float | None = None
@@ -88,10 +94,22 @@ class ComparisonRow:
     source: str | None = field(default=None, repr=False)
     precision: str | None = field(default=None, repr=False)
     export_flops: tuple[int, float] | None = field(default=None, repr=False)
+    # Each set of rounds it was timed in (by group) and its take median in each round (None where
+    # the take was dropped or missing): rows of one group are compared round by round.
+    round_medians: dict[str, list[float | None]] = field(default_factory=dict, repr=False)
 
     @property
     def engine(self) -> str:
         return f"{self.model}_{self.variant}"
+
+    def medians_by_round(self, groups: set[str]) -> dict[tuple[str, int], float]:
+        """Its take medians in these groups' rounds, by (group, round)."""
+        return {
+            (group, number): value
+            for group in groups
+            for number, value in enumerate(self.round_medians.get(group, []))
+            if value is not None
+        }
 
     @property
     def point(self) -> tuple[str | None, str | None]:
@@ -113,7 +131,7 @@ class ComparisonRow:
         return data
 
 
-PRIVATE_FIELDS = ("samples_ms", "layers", "source", "precision", "export_flops")
+PRIVATE_FIELDS = ("samples_ms", "layers", "source", "precision", "export_flops", "round_medians")
 # What compare_rows fills in from the other rows; the rest of a row comes from its manifest alone.
 FILLED_BY_COMPARISON = (
     "baseline",
@@ -275,8 +293,18 @@ def compare_rows(catalog: Catalog, rows: list[ComparisonRow], toolchain_order: l
     comparisons = _speedups(catalog, rows) + _toolchain_changes(rows, toolchain_order)
     if catalog.baseline_toolchain:
         comparisons += _against_baseline_toolchain(rows, catalog.baseline_toolchain)
-    intervals = cache.difference_cis([(row, base) for row, base, _ in comparisons])
-    for (row, _, field_name), (low, high) in zip(comparisons, intervals):
+    # Rows timed together in rounds: significant when the interval of their paired per-round
+    # ratio excludes 1 (pipeline/stats.py); the others by the bootstrap below.
+    unpaired = []
+    for row, base, field_name in comparisons:
+        shared = set(row.round_medians) & set(base.round_medians)
+        estimate = paired_ratio(row.medians_by_round(shared), base.medians_by_round(shared), catalog.profile.tie) if shared else None
+        if estimate is not None:
+            setattr(row, field_name, estimate.low > 1.0 or estimate.high < 1.0)
+        else:
+            unpaired.append((row, base, field_name))
+    intervals = cache.difference_cis([(row, base) for row, base, _ in unpaired])
+    for (row, _, field_name), (low, high) in zip(unpaired, intervals):
         # Significant when the 95% bootstrap interval of the difference of the medians excludes zero.
         setattr(row, field_name, not (low <= 0.0 <= high))
     variant_order = {name: i for i, name in enumerate(catalog.variants)}
@@ -343,9 +371,10 @@ def _row(m: EngineManifest, noisy_cv: float) -> ComparisonRow:
             raise ValueError(f"its profile has {len(d.per_iteration_ms)} per-iteration times and a median of {d.latency_ms.median} ms")
         row.status = f"measured ({d.metric})"
         if d.stable is False:
+            retakes = f" after {len(d.retaken_medians_ms)} retake(s)" if not d.rounds else ""
             row.status = (
                 f"unstable ({d.metric}): the {len(d.repeat_medians_ms)} measurements' medians disagree "
-                f"(CV {d.repeat_cv:.1%} > {d.settings.max_repeat_cv:.0%}) after {len(d.retaken_medians_ms)} retake(s)"
+                f"(CV {d.repeat_cv:.1%} > {d.settings.max_repeat_cv:.0%}){retakes}"
             )
         row.device = d.device
         row.gpu = d.gpu or ((d.trtexec or {}).get("device", {}).get("name") if d.trtexec else None)
@@ -370,7 +399,27 @@ def _row(m: EngineManifest, noisy_cv: float) -> ComparisonRow:
                 row.flags.append(f"inaccurate: {d.accuracy['warning']}")
         row.measured_with = dict(d.measured_with)
         row.gpu_memory_mib, row.gpu_memory_kind = _gpu_memory(d)
+        if d.rounds:
+            _take_rounds(row, d.rounds)
     return row
+
+
+def _take_rounds(row: ComparisonRow, records) -> None:
+    """A row timed in rounds: its take medians by group and round, and its median's interval from
+    them (takes spread over the whole measurement, so a host that changed speed widens it)."""
+    from pipeline.stats import median_interval
+
+    for record in records:
+        medians: list[float | None] = [None] * record.rounds
+        for take in record.takes:
+            if take.dropped is None and take.round < record.rounds:
+                medians[take.round] = take.median_ms
+        row.round_medians[record.group] = medians
+    kept = [value for medians in row.round_medians.values() for value in medians if value is not None]
+    if kept:
+        row.median_ci_ms = median_interval(kept)
+    row.rounds = sum(record.rounds for record in records)
+    row.rounds_stop = records[0].stop
 
 
 def _gpu_memory(details) -> tuple[float | None, str | None]:

@@ -1,9 +1,13 @@
 """The answer first, then the sweep: what every report opens with.
 
-* **The verdict**, per model and shape point (and GPU type): the fastest engine whose own accuracy
-  meets the floor, its speedup over the catalog's baseline toolchain, and every engine left out
-  and why — too inaccurate, refused or failed (out of memory at that point), an untrustworthy
-  measurement (noisy, busy machine, unstable).
+* **The verdict**, per model and shape point (and GPU type): the engine whose own accuracy meets
+  the floor and that is faster than every other such engine *with confidence*
+  (pipeline/report/confidence.py: paired round by round where they were timed together); where the
+  data cannot tell two apart it says they tie (within the tie width) or are undecided, and names
+  both. Its speedup over the catalog's baseline toolchain comes with its interval and rounds; every
+  engine left out is named with why — too inaccurate, refused or failed (out of memory at that
+  point), a measurement on a busy or throttled machine, repeats that disagree. A noisy engine is
+  not left out: when it is faster with confidence, it is the answer.
 * **The sweep**, per model measured at shape points: one line per variant × toolchain, one column
   per point (median ms, tokens/s or GPU memory), the verdict's choice marked; and the crossovers
   in words — where one way of running the model overtakes another as the shape grows.
@@ -17,13 +21,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.accuracy import AccuracyFloor, AccuracyThreshold
+from pipeline.report.confidence import interval_words, time_ratio
 from pipeline.report.gates import accuracy_shortfalls
 from pipeline.report.rows import ComparisonRow, shape_order
+from pipeline.stats import RatioEstimate
 
 METRICS = ("ms", "tokens", "memory")
 # Flags that make a row's number untrustworthy for a verdict (rows.measurement_flags words them),
-# and the flag of an engine that failed its precision's own accuracy check.
-UNTRUSTED = ("noisy", "busy", "throttled")
+# and the flag of an engine that failed its precision's own accuracy check. A noisy row is not
+# among them: its interval says how much it is worth, and the verdict compares by intervals.
+UNTRUSTED = ("busy", "throttled")
+# The tie width when the catalog gives none ([profile] tie).
+TIE = 0.03
 INACCURATE = "inaccurate"
 
 
@@ -71,17 +80,48 @@ class Verdict:
     excluded: list[tuple[ComparisonRow, str]] = field(default_factory=list)
     # Rows skipped outright (a toolchain that cannot run a variant): counted, not listed.
     skipped: list[ComparisonRow] = field(default_factory=list)
-    # When every accurate measurement was untrustworthy (noisy, a busy machine): the fastest of
-    # them, said with that caveat instead of no answer at all.
+    # When every accurate measurement was untrustworthy (a busy machine): the fastest of them, said
+    # with that caveat instead of no answer at all.
     untrusted: bool = False
     # The accuracy the answer had to keep (--fail-accuracy-below, the catalog's, or each precision's own check).
     floor: AccuracyFloor = AccuracyFloor()
+    # The candidates no other one is faster than with confidence, beside the fastest: the data
+    # cannot tell them from it (a tie within ±tie, or undecided).
+    tied: list[ComparisonRow] = field(default_factory=list)
+    # Every two candidates compared (A's time over B's), and the baseline's against each of the fastest and the tied.
+    comparisons: list[tuple[ComparisonRow, ComparisonRow, RatioEstimate | None]] = field(default_factory=list)
+    tie: float = TIE
+
+    def ratio(self, a: ComparisonRow, b: ComparisonRow) -> RatioEstimate | None:
+        """A's time over B's, from the comparisons made (None: not compared, or no interval)."""
+        for first, second, estimate in self.comparisons:
+            if first is a and second is b:
+                return estimate
+            if first is b and second is a:
+                return estimate.inverse() if estimate is not None else None
+        return None
+
+    @property
+    def speedup_estimate(self) -> RatioEstimate | None:
+        """The baseline's time over the answer's, with its interval."""
+        if self.fastest is None or self.baseline is None or self.baseline is self.fastest:
+            return None
+        return self.ratio(self.baseline, self.fastest)
 
     @property
     def speedup(self) -> float | None:
         if self.fastest is None or self.baseline is None:
             return None
-        return self.baseline.median_ms / self.fastest.median_ms
+        estimate = self.speedup_estimate
+        return estimate.ratio if estimate is not None else self.baseline.median_ms / self.fastest.median_ms
+
+    @property
+    def undecided(self) -> bool:
+        """Whether some engine the data cannot tell from the answer is undecided, not a tie."""
+        group = [self.fastest, *self.tied]
+        return any(
+            (estimate := self.ratio(a, b)) is None or estimate.outcome != "same" for i, a in enumerate(group) for b in group[i + 1 :]
+        )
 
     @property
     def where(self) -> str:
@@ -93,27 +133,51 @@ class Verdict:
         return " ".join(parts)
 
     def sentences(self) -> list[str]:
-        """The verdict in words: the answer, then what was left out and why."""
+        """The verdict in words: the answer (or the engines the data cannot tell apart), the
+        speedup over the baseline with its interval, then what was left out and why."""
         meeting = f" meeting {self.floor}" if self.floor.thresholds else ""
+        out = []
         if self.fastest is None:
-            answer = f"{self.where}: no engine was measured and met the accuracy floor{f', {self.floor}' if meeting else ''}."
+            out.append(f"{self.where}: no engine was measured and met the accuracy floor{f', {self.floor}' if meeting else ''}.")
+        elif self.tied:
+            group = [self.fastest, *self.tied]
+            names = ", ".join(line_label(r) for r in group[:-1]) + f" and {line_label(group[-1])}"
+            times_ms = " and ".join(f"{r.median_ms:.3f}" for r in group) + " ms"
+            if self.undecided:
+                rounds = max((r.rounds or 0) for r in group)
+                after = f"after {rounds} rounds" if rounds else "by their own intervals"
+                budget = " (the point's budget_s ran out)" if any(r.rounds_stop == "budget" for r in group) else ""
+                answer = f"{self.where}: undecided{meeting}: {names} ({times_ms}) cannot be told apart {after}{budget}"
+            else:
+                answer = f"{self.where}: {names} tie within ±{self.tie:.0%}{meeting} ({times_ms})"
+            answer += self._speedups(group) + "."
+            out.append(answer)
         else:
             row = self.fastest
             rate = f", {row.tokens_per_s:,.0f} tokens/s" if row.tokens_per_s else ""
             fastest = "no measurement can be trusted (below); the fastest of them" if self.untrusted else "fastest"
             answer = f"{self.where}: {fastest}{meeting} is {line_label(row)}, {row.median_ms:.3f} ms{rate}"
-            if self.baseline is None:
-                answer += " (no baseline-toolchain row to compare with)."
-            elif self.baseline is row:
-                answer += " — the baseline toolchain itself."
-            else:
-                answer += f" — {self.speedup:.2f}× {line_label(self.baseline)} ({self.baseline.median_ms:.3f} ms)."
-        out = [answer]
+            out.append(answer + self._speedups([row]) + ".")
         if self.excluded:
             out.append("Left out: " + "; ".join(f"{line_label(row)} ({why})" for row, why in self.excluded) + ".")
         if self.skipped:
             out.append(f"{len(self.skipped)} not run: the toolchain cannot run the variant (the table says why).")
         return out
+
+    def _speedups(self, group: list[ComparisonRow]) -> str:
+        if self.baseline is None:
+            return " (no baseline-toolchain row to compare with)"
+        if len(group) == 1 and group[0] is self.baseline:
+            return " — the baseline toolchain itself"
+        estimates = [self.ratio(self.baseline, row) for row in group if row is not self.baseline]
+        base = f"{line_label(self.baseline)} ({self.baseline.median_ms:.3f} ms)"
+        if any(e is None for e in estimates) or not estimates:
+            ratios = [self.baseline.median_ms / row.median_ms for row in group]
+            return f" — {min(ratios):.2f}×" + (f"–{max(ratios):.2f}×" if len(ratios) > 1 else "") + f" {base}"
+        if len(estimates) == 1:
+            return f" — {estimates[0].ratio:.2f}× {base}, {interval_words(estimates[0])}"
+        low, high = min(e.low for e in estimates), max(e.high for e in estimates)
+        return f" — {'both' if len(estimates) == 2 else 'all'} {low:.2f}–{high:.2f}× {base}"
 
     def public(self) -> dict[str, Any]:
         def named(row: ComparisonRow | None) -> dict[str, Any] | None:
@@ -124,16 +188,25 @@ class Verdict:
                 "toolchain": row.toolchain,
                 "engine": row.engine,
                 "median_ms": row.median_ms,
+                "median_ci_ms": list(row.median_ci_ms) if row.median_ci_ms else None,
+                "rounds": row.rounds,
                 "tokens_per_s": row.tokens_per_s,
             }
 
+        speedup = self.speedup_estimate
         return {
             "model": self.model,
             "shape": self.shape,
             "gpu_type": self.gpu_type,
             "fastest": named(self.fastest),
+            "tied": [named(row) for row in self.tied],
+            "decided": self.fastest is not None and not self.tied,
+            "undecided": bool(self.tied) and self.undecided,
+            "tie_width": self.tie,
             "baseline": named(self.baseline),
             "speedup_over_baseline": self.speedup,
+            "speedup_interval": [speedup.low, speedup.high] if speedup else None,
+            "speedup_rounds": speedup.rounds if speedup else None,
             "untrusted": self.untrusted,
             "accuracy_floor": {
                 "thresholds": [
@@ -141,15 +214,31 @@ class Verdict:
                 ],
                 "source": self.floor.source if self.floor.thresholds else "each precision's own check",
             },
+            "comparisons": [
+                {
+                    "a": named(a),
+                    "b": named(b),
+                    "ratio": estimate.ratio if estimate else None,
+                    "low": estimate.low if estimate else None,
+                    "high": estimate.high if estimate else None,
+                    "rounds": estimate.rounds if estimate else None,
+                    "paired": estimate.paired if estimate else False,
+                    "outcome": estimate.outcome if estimate else "ambiguous",
+                }
+                for a, b, estimate in self.comparisons
+            ],
             "excluded": [{"variant": r.variant, "toolchain": r.toolchain, "why": why} for r, why in self.excluded],
             "not_run": [{"variant": r.variant, "toolchain": r.toolchain, "why": r.status} for r in self.skipped],
             "text": " ".join(self.sentences()),
         }
 
 
-def verdicts(rows: list[ComparisonRow], baseline_toolchain: str | None, floors: dict[str, AccuracyFloor] | None = None) -> list[Verdict]:
+def verdicts(
+    rows: list[ComparisonRow], baseline_toolchain: str | None, floors: dict[str, AccuracyFloor] | None = None, tie: float = TIE
+) -> list[Verdict]:
     """One verdict per model, shape point and GPU type, in the rows' order; each model's engines
-    held to its floor in ``floors`` (none there: each precision's own check)."""
+    held to its floor in ``floors`` (none there: each precision's own check), two engines whose
+    time ratio lies within 1 ± ``tie`` called the same."""
     groups: dict[tuple[str, str | None, str | None], list[ComparisonRow]] = {}
     for row in rows:
         groups.setdefault((row.model, row.gpu_type, row.shape), []).append(row)
@@ -158,7 +247,7 @@ def verdicts(rows: list[ComparisonRow], baseline_toolchain: str | None, floors: 
     out = []
     for model, gpu_type, shape in keys:
         group = groups[(model, gpu_type, shape)]
-        verdict = Verdict(model, shape, gpu_type, None, None, floor=(floors or {}).get(model, AccuracyFloor()))
+        verdict = Verdict(model, shape, gpu_type, None, None, floor=(floors or {}).get(model, AccuracyFloor()), tie=tie)
         candidates = []
         for row in group:
             why = exclusion(row, verdict.floor.thresholds)
@@ -173,12 +262,33 @@ def verdicts(rows: list[ComparisonRow], baseline_toolchain: str | None, floors: 
             candidates = [row for row, why in verdict.excluded if why.startswith(UNTRUSTED) or row.status.startswith("unstable")]
             verdict.untrusted = bool(candidates)
         if candidates:
-            verdict.fastest = min(candidates, key=lambda r: r.median_ms)
-            bases = [r for r in group if r.toolchain == baseline_toolchain and r.median_ms is not None]
-            same = [r for r in bases if r.variant == verdict.fastest.variant]
-            verdict.baseline = (same or sorted(bases, key=lambda r: r.median_ms) or [None])[0]
+            _decide(verdict, candidates, group, baseline_toolchain)
         out.append(verdict)
     return out
+
+
+def _decide(verdict: Verdict, candidates: list[ComparisonRow], group: list[ComparisonRow], baseline_toolchain: str | None) -> None:
+    """The answer among the candidates: those no other candidate is faster than with confidence,
+    the fastest of them first and the rest tied with it; a slower engine is never named over one
+    that is faster with confidence."""
+    comparisons = [(a, b, time_ratio(a, b, verdict.tie)) for i, a in enumerate(candidates) for b in candidates[i + 1 :]]
+    beaten = set()
+    for a, b, estimate in comparisons:
+        if estimate is not None and estimate.outcome == "faster":
+            beaten.add(id(b))
+        elif estimate is not None and estimate.outcome == "slower":
+            beaten.add(id(a))
+    front = [row for row in candidates if id(row) not in beaten] or candidates
+    verdict.fastest = min(front, key=lambda r: r.median_ms)
+    verdict.tied = sorted((row for row in front if row is not verdict.fastest), key=lambda r: r.median_ms)
+    bases = [r for r in group if r.toolchain == baseline_toolchain and r.median_ms is not None]
+    same = [r for r in bases if r.variant == verdict.fastest.variant]
+    verdict.baseline = (same or sorted(bases, key=lambda r: r.median_ms) or [None])[0]
+    verdict.comparisons = comparisons
+    if verdict.baseline is not None:  # the baseline itself may be no candidate (another variant, noisy)
+        for row in [verdict.fastest, *verdict.tied]:
+            if row is not verdict.baseline and not any({id(a), id(b)} == {id(verdict.baseline), id(row)} for a, b, _ in comparisons):
+                comparisons.append((verdict.baseline, row, time_ratio(verdict.baseline, row, verdict.tie)))
 
 
 # --- the sweep -----------------------------------------------------------------------------------
@@ -193,8 +303,10 @@ class Sweep:
     shapes: list[str]
     # (variant, toolchain label) -> {shape: row}
     lines: dict[tuple[str, str], dict[str, ComparisonRow]]
-    # The verdict's choice at each shape point.
+    # The verdict's choice at each shape point, and the engines the data cannot tell from it there.
     best: dict[str, ComparisonRow]
+    tied: dict[str, list[ComparisonRow]] = field(default_factory=dict)
+    tie: float = TIE
 
     @property
     def title(self) -> str:
@@ -211,7 +323,9 @@ class Sweep:
         if value is None:
             return "–"
         text = f"{value:.3f}" if metric == "ms" else f"{value:,.0f}"
-        return ("*" if self.best.get(shape) is row else "") + text
+        if self.best.get(shape) is row:
+            return "*" + text
+        return ("=" if any(tied is row for tied in self.tied.get(shape, [])) else "") + text
 
     def crossovers(self) -> list[str]:
         """Every two toolchains that ran the same variant, in words: by how much one is faster at
@@ -222,7 +336,7 @@ class Sweep:
             for b in keys[i + 1 :]:
                 if a[0] != b[0]:
                     continue
-                sentence = _crossover(self.shapes, self.lines[a], self.lines[b])
+                sentence = _crossover(self.shapes, self.lines[a], self.lines[b], self.tie)
                 if sentence:
                     out.append(sentence)
         return out
@@ -242,8 +356,10 @@ class Sweep:
                             "tokens_per_s": row.tokens_per_s,
                             "gpu_memory_mib": row.gpu_memory_mib,
                             "gpu_memory_kind": row.gpu_memory_kind,
+                            "median_ci_ms": list(row.median_ci_ms) if row.median_ci_ms else None,
                             "status": row.status,
                             "best": self.best.get(shape) is row,
+                            "tied_with_best": any(tied is row for tied in self.tied.get(shape, [])),
                         }
                         for shape, row in points.items()
                     },
@@ -262,44 +378,55 @@ def short_status(status: str) -> str:
     return {"build": "refused", "not": "not profiled"}.get(word, word)
 
 
-def sweeps(rows: list[ComparisonRow], verdict_list: list[Verdict]) -> list[Sweep]:
+def sweeps(rows: list[ComparisonRow], verdict_list: list[Verdict], tie: float = TIE) -> list[Sweep]:
     """A sweep per model (and GPU type) measured at shape points."""
-    best = {(v.model, v.gpu_type, v.shape): v.fastest for v in verdict_list if v.fastest is not None}
+    by_point = {(v.model, v.gpu_type, v.shape): v for v in verdict_list if v.fastest is not None}
     out: dict[tuple[str, str | None], Sweep] = {}
     for row in rows:
         if row.shape is None:
             continue
-        sweep = out.setdefault((row.model, row.gpu_type), Sweep(row.model, row.gpu_type, [], {}, {}))
+        sweep = out.setdefault((row.model, row.gpu_type), Sweep(row.model, row.gpu_type, [], {}, {}, tie=tie))
         if row.shape not in sweep.shapes:
             sweep.shapes.append(row.shape)
         sweep.lines.setdefault((row.variant, row.toolchain), {})[row.shape] = row
-        if best.get((row.model, row.gpu_type, row.shape)) is row:
+        verdict = by_point.get((row.model, row.gpu_type, row.shape))
+        if verdict is not None and verdict.fastest is row:
             sweep.best[row.shape] = row
+            sweep.tied[row.shape] = verdict.tied
     for sweep in out.values():
         sweep.shapes.sort(key=shape_order)
     return list(out.values())
 
 
-def _crossover(shapes: list[str], a: dict[str, ComparisonRow], b: dict[str, ComparisonRow]) -> str | None:
+def _crossover(shapes: list[str], a: dict[str, ComparisonRow], b: dict[str, ComparisonRow], tie: float) -> str | None:
+    """Two ways of running a variant across the points they share, in words: by how much one is
+    faster at the first and the last point (the paired ratio and its interval where they were
+    timed together), where the two cannot be told apart, and where the lead changes."""
     shared = [s for s in shapes if a.get(s) and b.get(s) and a[s].median_ms and b[s].median_ms]
     if not shared:
         return None
     name_a, name_b = a[shared[0]].target, b[shared[0]].target
 
-    def lead(shape: str) -> tuple[str, str, float]:
-        """(faster, slower, by how much) at a point."""
-        ms_a, ms_b = a[shape].median_ms, b[shape].median_ms
-        return (name_a, name_b, ms_b / ms_a) if ms_a <= ms_b else (name_b, name_a, ms_a / ms_b)
+    def lead(shape: str) -> tuple[str, str, float, str]:
+        """(faster, slower, by how much, its interval in words) at a point."""
+        estimate = time_ratio(b[shape], a[shape], tie)  # B's time over A's: above 1, A is faster
+        if estimate is None:
+            ms_a, ms_b = a[shape].median_ms, b[shape].median_ms
+            return (name_a, name_b, ms_b / ms_a, "") if ms_a <= ms_b else (name_b, name_a, ms_a / ms_b, "")
+        if estimate.ratio < 1:
+            estimate = estimate.inverse()
+            return name_b, name_a, estimate.ratio, _said(estimate)
+        return name_a, name_b, estimate.ratio, _said(estimate)
 
     start, end = lead(shared[0]), lead(shared[-1])
     variant = a[shared[0]].variant
     if len(shared) == 1:
-        return f"{variant}: {start[0]} is faster than {start[1]} by {start[2]:.2f}× at {times(shared[0])}."
-    sentence = f"{variant}: {start[0]} is faster than {start[1]} by {start[2]:.2f}× at {times(shared[0])}"
+        return f"{variant}: {start[0]} is faster than {start[1]} by {start[2]:.2f}×{start[3]} at {times(shared[0])}."
+    sentence = f"{variant}: {start[0]} is faster than {start[1]} by {start[2]:.2f}×{start[3]} at {times(shared[0])}"
     sentence += (
-        f" and {end[2]:.2f}× at {times(shared[-1])}"
+        f" and {end[2]:.2f}×{end[3]} at {times(shared[-1])}"
         if end[0] == start[0]
-        else f"; {end[0]} is faster by {end[2]:.2f}× at {times(shared[-1])}"
+        else f"; {end[0]} is faster by {end[2]:.2f}×{end[3]} at {times(shared[-1])}"
     )
     # Where the lead changes as the sequence grows, at each batch size.
     changes = []
@@ -312,3 +439,10 @@ def _crossover(shapes: list[str], a: dict[str, ComparisonRow], b: dict[str, Comp
     if changes:
         sentence += "; " + "; ".join(changes)
     return sentence + "."
+
+
+def _said(estimate: RatioEstimate) -> str:
+    """ " [2.05–2.16]" with what the interval says when it is not a clear lead: " [0.98–1.02],
+    the same" or " [0.95–1.04], undecided"."""
+    qualifier = {"same": ", the same within the tie width", "ambiguous": ", undecided"}.get(estimate.outcome, "")
+    return f" [{estimate.low:.2f}–{estimate.high:.2f}{qualifier}]"

@@ -370,11 +370,18 @@ def _cell(column: Column, row: ComparisonRow, notes: _Notes | None) -> str:
     return column.cell(row)
 
 
+# The version of `compare --format json` (docs/reports.md, docs/compare.schema.json): 1 was a
+# list of rows; 2 the object {verdicts, sweeps, rows}, without this key; 3 adds it, and the
+# verdict's tie, speedup interval and every comparison with its outcome.
+JSON_SCHEMA_VERSION = 3
+
+
 def render_json(rows: list[ComparisonRow], answer: Answer | None = None) -> str:
     """{"verdicts": the answer per model and point, "sweeps": each model across its shape points
     (with the crossovers in words), "rows": every row's figures}."""
     answer = answer or Answer([], [], "ms")
     data = {
+        "schema": JSON_SCHEMA_VERSION,
         "verdicts": [verdict.public() for verdict in answer.verdicts],
         "sweeps": [sweep.public(answer.metric) for sweep in answer.sweeps],
         "rows": [row.public() for row in rows],
@@ -414,7 +421,7 @@ class Answer:
         return headers, cells
 
     def sweep_title(self, sweep) -> str:
-        return f"{sweep.title}: {METRIC_WORDS[self.metric]} at each shape point (* the verdict's choice)"
+        return f"{sweep.title}: {METRIC_WORDS[self.metric]} at each shape point (* the verdict's choice, = not told apart from it)"
 
     def lines(self, width: int | None) -> list[tuple[str, str | None]]:
         """The terminal's: the verdicts, then each sweep's table and crossovers."""

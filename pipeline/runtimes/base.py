@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 
 from pipeline.accuracy import ReferenceBatch
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
+from pipeline.measurement import PreparedEngine, measure_alone
 from pipeline.models import ModelSource, PointShapes
 from pipeline.reporting import Reporter
 
@@ -24,29 +25,6 @@ class BuildResult:
     sidecars: dict[str, Path] = field(default_factory=dict)
     # Extra evidence for the manifest's BuildDetails (image, digest, parsed trtexec output).
     evidence: dict[str, Any] = field(default_factory=dict)
-
-
-class MeasurementProgress:
-    """Says every few runs what is left of a measurement, by trtexec's two bounds (at least
-    `iterations` runs and at least `duration_s` seconds), for the running stage's spinner."""
-
-    EVERY = 16  # runs between two reports: the measured loop stays free of host work
-
-    def __init__(self, reporter: Reporter | None, settings: ProfileSettings):
-        self.reporter, self.settings = reporter, settings
-
-    def warming_up(self) -> None:
-        if self.reporter is not None:
-            self.reporter.progress(f"warming up ({self.settings.warmup_ms:g} ms)")
-
-    def __call__(self, runs: int, elapsed_s: float) -> None:
-        if self.reporter is None or runs % self.EVERY:
-            return
-        left_s = self.settings.duration_s - elapsed_s
-        if left_s > 0:
-            self.reporter.progress(f"measuring: {left_s:.1f} s left, {runs} runs")
-        else:
-            self.reporter.progress(f"measuring: {runs} of at least {self.settings.iterations} runs")
 
 
 @dataclass
@@ -102,9 +80,9 @@ class EngineRuntime(ABC):
     #: and timed on a node of the GPU type it targets, one result per type; "ahead-of-time" — built
     #: on any node, timed on a GPU it targets; "anywhere" — a CPU runtime, one result.
     placement: ClassVar[str] = "gpu"
-    #: Whether `profile` times the engine inside the pipeline's own process (rather than in a
-    #: tool's process of its own): a retake of its measurement then runs in a fresh process
-    #: (pipeline/stages/fresh_measurement.py).
+    #: Whether the engine is timed inside the pipeline's own process (InProcessRuntime), rather
+    #: than in a tool's process of its own: then it is timed in rounds beside the shape point's
+    #: other such engines (pipeline/measurement.py).
     measures_in_this_process: ClassVar[bool] = False
 
     def __init__(self, name: str, spec: ToolchainSpec, reporter: Reporter, workspace_root: Path, force: bool = False):
@@ -197,3 +175,43 @@ class EngineRuntime(ABC):
     @abstractmethod
     def describe_profile(self, engine_path: Path, settings: ProfileSettings, workload: PointShapes | None = None) -> list[str]:
         """The exact work ``profile`` would do (at a shape point's input shapes), for --dry-run."""
+
+
+class InProcessRuntime(EngineRuntime):
+    """A runtime that runs its engines in the pipeline's own process (PyTorch, ONNX Runtime): it
+    prepares an engine, and the measurement protocol (pipeline/measurement.py) times it — in rounds
+    beside the shape point's other engines (pipeline/stages/rounds.py), or alone (``profile``)."""
+
+    measures_in_this_process = True
+
+    @abstractmethod
+    def prepare(self, engine_path: Path, workload: ReferenceBatch | None = None) -> PreparedEngine:
+        """The engine loaded, compiled or captured, and warmed: ready for its takes."""
+
+    def profile(self, engine_path: Path, settings: ProfileSettings, workload: ReferenceBatch | None = None) -> ProfileResult:
+        """One whole measurement of the engine alone, by trtexec's rules (warm-up, then at least
+        `iterations` runs and `duration_s` seconds)."""
+        engine = self.prepare(engine_path, workload)
+        times_ms, elapsed = measure_alone(engine, settings, self.reporter.progress)
+        return self.result(engine, times_ms, elapsed)
+
+    @staticmethod
+    def result(engine: PreparedEngine, times_ms: list[float], elapsed_s: float) -> ProfileResult:
+        """A ProfileResult of these times, with what the engine says of how it ran."""
+        said = engine.evidence()
+        return ProfileResult(
+            per_iteration_ms=times_ms,
+            total_walltime_s=elapsed_s,
+            device=said["device"],
+            metric=said["metric"],
+            warnings=said.get("warnings", []),
+            evidence=said.get("evidence", {}),
+        )
+
+
+def rounds_words(settings: ProfileSettings) -> str:
+    """How an engine that runs in this process is timed, for --dry-run."""
+    return (
+        f"timed in rounds beside the shape point's other engines: each a take of ≥{settings.take_runs} runs and "
+        f"≥{settings.take_ms:g} ms, in a seeded random order, until decided (≥{settings.min_rounds} rounds) or {settings.budget_s:g} s"
+    )

@@ -8,15 +8,15 @@ warns are not portable; the profile session re-applies ALL when it loads the eng
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any, Literal
 
 from pipeline.accuracy import ReferenceBatch
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
 from pipeline.errors import PipelineError, require_module
+from pipeline.measurement import host_take
 from pipeline.models import ModelSource
-from pipeline.runtimes.base import BuildResult, EngineRuntime, MeasurementProgress, ProfileResult, ReferenceRun, ToolchainStatus
+from pipeline.runtimes.base import BuildResult, InProcessRuntime, ReferenceRun, ToolchainStatus, rounds_words
 
 # Precisions whose ONNX form (plain FP32/FP16 graphs, INT8 QuantizeLinear/DequantizeLinear) this
 # runtime executes; verified on the CPU execution provider. FP8, MXFP8 and NVFP4 graphs use
@@ -52,12 +52,11 @@ class OnnxRuntimeSpec(ToolchainSpec):
     kind: Literal["onnxruntime"]
 
 
-class OnnxRuntimeRuntime(EngineRuntime):
+class OnnxRuntimeRuntime(InProcessRuntime):
     kind = "onnxruntime"
     Spec = OnnxRuntimeSpec
     engine_suffix = ".onnx"
     placement = "anywhere"  # the CPU provider: any node
-    measures_in_this_process = True
 
     @property
     def distribution(self) -> tuple[str, str]:
@@ -141,10 +140,7 @@ class OnnxRuntimeRuntime(EngineRuntime):
 
     def describe_profile(self, engine_path: Path, settings: ProfileSettings, workload=None) -> list[str]:
         at = f" at {_shapes_text(workload.shapes)}" if workload is not None else ""
-        return [
-            f"profile: onnxruntime {self.version} {self.providers()[0]}: {engine_path.name}{at}, warm-up "
-            f"{settings.warmup_ms:g} ms, then ≥{settings.iterations} runs and ≥{settings.duration_s:g} s"
-        ]
+        return [f"profile: onnxruntime {self.version} {self.providers()[0]}: {engine_path.name}{at}, {rounds_words(settings)}"]
 
     def run_reference(self, engine_path: Path, reference: ReferenceBatch) -> ReferenceRun:
         ort = _ort()
@@ -172,7 +168,7 @@ class OnnxRuntimeRuntime(EngineRuntime):
             feeds[spec.name] = values.astype(_ORT_TO_NUMPY.get(spec.type, str(values.dtype)))
         return feeds
 
-    def profile(self, engine_path: Path, settings: ProfileSettings, workload: ReferenceBatch | None = None) -> ProfileResult:
+    def prepare(self, engine_path: Path, workload: ReferenceBatch | None = None) -> OrtEngine:
         import numpy as np
 
         ort = _ort()
@@ -190,30 +186,21 @@ class OnnxRuntimeRuntime(EngineRuntime):
                     )
                 dtype = _ORT_TO_NUMPY.get(spec.type, "float32")
                 feeds[spec.name] = rng.standard_normal(spec.shape).astype(dtype)
+        session.run(None, feeds)  # the first run allocates: not in any take
+        return OrtEngine(session, feeds)
 
-        run = session.run
-        progress = MeasurementProgress(self.reporter, settings)
-        progress.warming_up()
-        # Warm-up is a duration, like trtexec's --warmUp (milliseconds), not a count.
-        warmup_end = time.perf_counter() + settings.warmup_ms / 1000.0
-        while True:
-            run(None, feeds)
-            if time.perf_counter() >= warmup_end:
-                break
 
-        # Both bounds must be met: at least `iterations` runs AND at least `duration_s` seconds.
-        timings_ms: list[float] = []
-        started = time.perf_counter()
-        while True:
-            t0 = time.perf_counter_ns()
-            run(None, feeds)
-            timings_ms.append((time.perf_counter_ns() - t0) / 1e6)
-            elapsed = time.perf_counter() - started
-            if len(timings_ms) >= settings.iterations and elapsed >= settings.duration_s:
-                break
-            progress(len(timings_ms), elapsed)
-        return ProfileResult(
-            per_iteration_ms=timings_ms,
-            total_walltime_s=elapsed,
-            device=f"onnxruntime {session.get_providers()[0]}",
-        )
+class OrtEngine:
+    """An ONNX Runtime session and its inputs, ready for takes (pipeline/measurement.py): each run
+    is one ``session.run``, timed by the host's clock."""
+
+    timing = "host latency"
+
+    def __init__(self, session, feeds: dict[str, Any]):
+        self.session, self.feeds = session, feeds
+
+    def take(self, runs: int, min_ms: float) -> list[float]:
+        return host_take(lambda: self.session.run(None, self.feeds), runs, min_ms)
+
+    def evidence(self) -> dict[str, Any]:
+        return {"device": f"onnxruntime {self.session.get_providers()[0]}", "metric": self.timing}

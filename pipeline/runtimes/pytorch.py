@@ -7,13 +7,13 @@ The stages mean what they mean for every toolchain:
   name and its weights in the variant's precision, so the file pins exactly what is timed) and
   prepares it: for ``compile`` the compilation, timed, with the graph breaks counted and where
   Inductor keeps its cache recorded; for ``cudagraphs`` the capture.
-* **profile** times it like trtexec times an engine: warm up for a duration, then at least N runs
-  and at least S seconds. On a GPU the runs are enqueued back to back and each is bracketed by
-  CUDA events (``time_runs``), so a run's time is the GPU's, as trtexec's GPU compute time is; the
-  host-synchronised latency is kept beside it as a second figure. On the CPU a run's time is host
-  time. A profile right after the build,
-  in the same process, reuses the prepared model; a later one prepares it again from Inductor's
-  cache (recorded as ``prepare_s``).
+* **profile** prepares it (:meth:`TorchRuntime.prepare`) and hands it to the measurement protocol
+  (pipeline/measurement.py), which times it in rounds beside the other engines of the shape point.
+  On a GPU the runs of a take are enqueued back to back and each is bracketed by CUDA events, so a
+  run's time is the GPU's, as trtexec's GPU compute time is; the host-synchronised latency is kept
+  beside it as a second figure. On the CPU a run's time is host time. A profile right after the
+  build, in the same process, reuses the prepared model; a later one prepares it again from
+  Inductor's cache (recorded as ``prepare_s``).
 
 Quantized and 2:4-sparse variants are ModelOpt's fake-quantized or pruned-dense PyTorch models:
 they compute in high precision and time nothing a deployment would run, so they are recorded as
@@ -23,6 +23,7 @@ skipped here. Their engines are TensorRT's job.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import sysconfig
@@ -39,8 +40,9 @@ from pipeline.accuracy import ReferenceBatch
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
 from pipeline.environment import nvidia_gpus, package_version
 from pipeline.errors import EnvironmentMissing, OutOfMemory, PipelineError, RefusedByTool
+from pipeline.measurement import cuda_take, host_take
 from pipeline.models import TORCH_DTYPES, ModelSource
-from pipeline.runtimes.base import BuildResult, EngineRuntime, MeasurementProgress, ProfileResult, ReferenceRun, ToolchainStatus
+from pipeline.runtimes.base import BuildResult, InProcessRuntime, ReferenceRun, ToolchainStatus, rounds_words
 
 # What the engine file holds; checked on load so a stray .pt is a clear error, not a crash.
 ENGINE_FORMAT = "trt-pipeline torch model"
@@ -50,6 +52,9 @@ ENGINE_FORMAT_VERSION = 2
 CAPTURE_WARMUP_RUNS = 3
 
 Backend = Literal["eager", "compile", "cudagraphs"]
+# torch.compile's modes that capture the compiled model in CUDA graphs (torch/_inductor: "mode
+# reduce-overhead ... uses CUDA graphs"; max-autotune too, unless "-no-cudagraphs").
+CAPTURING_MODES = ("reduce-overhead", "max-autotune")
 CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 SdpaBackend = Literal["flash", "efficient", "cudnn", "math"]
 # torch.nn.attention.SDPBackend's member for each.
@@ -125,10 +130,74 @@ class Prepared:
     # triggers counted as recompilations.
     compiled: Any = None
     compiled_at: str | None = None
+    # What the manifest records of how it runs (versions, settings in force, the facts above),
+    # set by TorchRuntime.prepare.
+    execution: dict[str, Any] = field(default_factory=dict)
+    # Graphs torch.compile compiled while it was being timed (0 when every point is warmed first).
+    recompiles: int = 0
 
     @property
     def batch_size(self) -> int:
         return int(self.examples[0].shape[0])
+
+    @property
+    def cuda(self) -> bool:
+        return self.device == "cuda"
+
+    @property
+    def timing(self) -> str:
+        return "GPU time (CUDA events)" if self.cuda else "host latency"
+
+    def take(self, runs: int, min_ms: float) -> list[float]:
+        """One take (pipeline/measurement.py): on a GPU enqueued back to back and timed by CUDA
+        events, on the CPU by the host's clock. Running out of memory is this point's failure."""
+        torch = _torch()
+        graphs = _compiled_graphs(torch)
+        with out_of_memory_as_error(self.batch_size, shape=self.shape):
+            times = cuda_take(torch, self.run, runs, min_ms) if self.cuda else host_take(self.run, runs, min_ms)
+        self.recompiles += _compiled_graphs(torch) - graphs
+        return times
+
+    def warm(self) -> None:
+        """One run before the first round, after every engine of the point was prepared: whatever
+        preparing the others did to this one (a compiled model whose cache another compilation
+        reset recompiles now) happens here, not in a take."""
+        torch = _torch()
+        graphs = _compiled_graphs(torch)
+        with out_of_memory_as_error(self.batch_size, shape=self.shape), torch.no_grad():
+            self.run()
+            if self.cuda:
+                torch.cuda.synchronize()
+        if _compiled_graphs(torch) > graphs:
+            self.execution["recompiled_before_rounds"] = _compiled_graphs(torch) - graphs
+
+    def evidence(self) -> dict[str, Any]:
+        """How it ran, for the profile's manifest (ProfileResult's fields)."""
+        torch = _torch()
+        execution = dict(self.execution)
+        warnings = []
+        if "compile_s" in execution:
+            # Each point is warmed before it is timed, so this stays 0; were it not, the figures
+            # would include the compiler's time, and the row says so.
+            execution["recompiles_during_measurement"] = self.recompiles
+            if self.recompiles:
+                warnings.append(
+                    f"* torch.compile compiled {self.recompiles} graph(s) during the measurement: the figures include compilation"
+                )
+        gpu, measured_with = None, {}
+        if self.cuda:
+            gpu = torch.cuda.get_device_name()
+            # The input is already on the GPU; runs are enqueued back to back like trtexec's. (CUDA
+            # graphs are the backend being compared here, not a measurement setting: not listed.)
+            measured_with = {"data_transfers": False, "host_sync_per_run": False}
+            with out_of_memory_as_error(self.batch_size, shape=self.shape):
+                execution["host_latency_ms"] = host_latency(torch, self.run)
+        return {
+            "device": f"torch {execution.get('backend')} on {gpu or 'CPU'}",
+            "metric": self.timing,
+            "warnings": warnings,
+            "evidence": {"gpu": gpu, "execution": execution, "measured_with": measured_with},
+        }
 
     def infer(self, values: tuple):
         """The output for these input values (arrays of the examples' shapes)."""
@@ -149,11 +218,10 @@ def _torch():
     return torch
 
 
-class TorchRuntime(EngineRuntime):
+class TorchRuntime(InProcessRuntime):
     kind = "torch"
     Spec = TorchSpec
     engine_suffix = ".pt"
-    measures_in_this_process = True
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -170,6 +238,11 @@ class TorchRuntime(EngineRuntime):
     @property
     def mode(self) -> str | None:
         return (self.spec.mode or "default") if self.spec.backend == "compile" else None
+
+    @property
+    def captures(self) -> bool:
+        """Whether torch.compile's mode captures the compiled model in CUDA graphs."""
+        return self.mode in CAPTURING_MODES
 
     def identity(self) -> dict[str, Any]:
         # Read from package metadata and nvidia-smi, so a warm rerun need not import torch.
@@ -214,10 +287,11 @@ class TorchRuntime(EngineRuntime):
     def _machine_problem(self) -> tuple[str, str] | None:
         """(what is missing, how to get it) for this backend on this machine, or None."""
         cuda = self._cuda_available()
-        if self.spec.backend == "cudagraphs" and not cuda:
+        if (self.spec.backend == "cudagraphs" or self.captures) and not cuda:
+            how = "captures" if self.spec.backend == "cudagraphs" else f"compiles with mode {self.spec.mode}, which captures"
             return (
-                f"toolchain {self.name} captures CUDA graphs, which need an NVIDIA GPU; torch {self.version} sees none.",
-                "here, use a torch toolchain whose backend is eager or compile; or run on a GPU machine",
+                f"toolchain {self.name} {how} CUDA graphs, which need an NVIDIA GPU; torch {self.version} sees none.",
+                "here, use a torch toolchain whose backend is eager or compile (without CUDA graphs); or run on a GPU machine",
             )
         if self.spec.backend == "compile":
             if cuda and find_spec("triton") is None:
@@ -371,7 +445,7 @@ class TorchRuntime(EngineRuntime):
                     self._first_run(torch, run)
                 elif self.spec.backend == "cudagraphs":
                     self.reporter.progress("capturing a CUDA graph")
-                    run = self._first_run(torch, lambda: _capture(torch, model, placed))
+                    run = self._first_run(torch, lambda: self._captured(torch, model, placed))
                 else:
                     if reuse is not None and reuse.compiled is not None and self.spec.dynamic:
                         self.reporter.progress(f"warming the dynamic compilation at {shape}")
@@ -426,19 +500,61 @@ class TorchRuntime(EngineRuntime):
         )
 
     def _compile(self, torch, compiled, examples: tuple):
-        """Compile ``compiled`` (torch.compile's module) by running it once on ``examples``."""
+        """Compile ``compiled`` (torch.compile's module) by running it once on ``examples``.
+
+        Dynamo caches compiled code on the code object of forward(), which every model of one
+        class shares (each timm ViT, each dtype and shape point of one transformer), guarded by the
+        inputs' dtypes and shapes and the backend (the mode), not by the model instance. Several
+        compiled models live in this process while a shape point is timed, so the cache is not
+        reset before each: its recompile limit (past which Dynamo silently runs eagerly) is raised
+        to the accumulated limit instead. A model another one's compilation served — same class,
+        shapes and mode, so no graph was traced, and fullgraph and the graph facts untested — is
+        compiled afresh after a reset; the others recompile when they next run, which the
+        protocol's warm-up does before any take (pipeline/measurement.py)."""
         import torch._dynamo
         from torch._inductor.runtime import cache_dir_utils
 
-        # A fresh Dynamo state per model: its code cache is keyed on forward(), which every timm
-        # ViT shares, and past its recompile limit Dynamo silently falls back to eager.
-        torch._dynamo.reset()
+        config = torch._dynamo.config
+        config.recompile_limit = max(config.recompile_limit, config.accumulated_recompile_limit)
         counters = torch._dynamo.utils.counters
-        counters.clear()
         started = time.perf_counter()
+        for fresh in (False, True):
+            if fresh:
+                torch._dynamo.reset()
+            counters.clear()
+            self._compile_once(torch, compiled, examples, started)
+            if int(counters["stats"]["unique_graphs"]):
+                break
+        else:
+            raise NotPrepared(
+                "torch.compile compiled no graph: Dynamo ran the model eagerly (it skipped the frame)",
+                "-v shows Dynamo's log; try the torch-eager toolchain",
+                {"compile_s": round(time.perf_counter() - started, 3), "recompile_limit": config.recompile_limit},
+            )
+        facts = {
+            "compile_s": round(time.perf_counter() - started, 3),
+            "graphs": int(counters["stats"]["unique_graphs"]),
+            "graph_breaks": int(sum(counters["graph_break"].values())),
+            "graph_break_reasons": sorted(counters["graph_break"])[:20],
+            "inductor_cache_dir": cache_dir_utils.cache_dir(),
+            "inductor_cache_hits": int(counters["inductor"]["fxgraph_cache_hit"]),
+            "dynamic": self.spec.dynamic,
+            "recompiles": 0,
+            "compiled_after_a_reset": fresh,
+        }
+        return _compiled_run(torch, compiled, examples), facts
+
+    def _compile_once(self, torch, compiled, examples: tuple, started: float) -> None:
+        import contextlib
+
+        # A mode that captures CUDA graphs skips the capture, with a warning, where it cannot hold
+        # the model (a CPU tensor, an input it mutates, …) and runs it uncaptured: here that is an
+        # error, so the point records a refusal with Inductor's reason instead of timing something else.
+        capture = self.captures and examples[0].is_cuda
+        strict = torch._inductor.config.patch({"triton.cudagraph_or_error": True}) if capture else contextlib.nullcontext()
         try:
             # Inductor prints its autotuning tables: shown with -v, like the export's tools.
-            with self.reporter.captured("torch.compile"):
+            with self.reporter.captured("torch.compile"), strict:
                 self._first_run(torch, lambda: compiled(*examples))
             if examples[0].is_cuda:
                 torch.cuda.synchronize()
@@ -449,6 +565,13 @@ class TorchRuntime(EngineRuntime):
             refusal = self._attention_refusal(text, [])
             if refusal is not None:
                 raise refusal from exc
+            skipped = re.search(r"skipping cudagraphs due to (.+)", text)
+            if skipped:
+                raise NotPrepared(
+                    f"torch.compile (mode {self.mode}) cannot capture the model in a CUDA graph: {skipped.group(1).strip().splitlines()[0]}",
+                    "the model does what a capture cannot hold at this point; torch-compile without CUDA graphs runs it",
+                    {"error": text[:4000], "compile_s": round(time.perf_counter() - started, 3)},
+                ) from exc
             first = text.splitlines()[0] if text else type(exc).__name__
             fullgraph = self.spec.fullgraph and "graph break" in text.lower()
             raise NotPrepared(
@@ -458,17 +581,22 @@ class TorchRuntime(EngineRuntime):
                 else "run with -v for the compiler's traceback; try another mode, or the torch-eager toolchain",
                 {"error": text[:4000], "error_type": type(exc).__name__, "compile_s": round(time.perf_counter() - started, 3)},
             ) from exc
-        facts = {
-            "compile_s": round(time.perf_counter() - started, 3),
-            "graphs": int(counters["stats"]["unique_graphs"]),
-            "graph_breaks": int(sum(counters["graph_break"].values())),
-            "graph_break_reasons": sorted(counters["graph_break"])[:20],
-            "inductor_cache_dir": cache_dir_utils.cache_dir(),
-            "inductor_cache_hits": int(counters["inductor"]["fxgraph_cache_hit"]),
-            "dynamic": self.spec.dynamic,
-            "recompiles": 0,
-        }
-        return _compiled_run(torch, compiled, examples), facts
+
+    def _captured(self, torch, model, examples: tuple):
+        """``model`` captured in a CUDA graph; a model the capture cannot hold (one that synchronises
+        with the host, or branches on a value it computes) is a refusal with PyTorch's reason."""
+        try:
+            return _capture(torch, model, examples)
+        except RuntimeError as exc:
+            if is_out_of_memory(type(exc), exc) or self._attention_refusal(str(exc), []) is not None:
+                raise
+            torch.cuda.synchronize()
+            raise NotPrepared(
+                f"the CUDA graph capture failed: {str(exc).strip().splitlines()[0]}",
+                "the model does what a capture cannot hold (a host synchronisation, control flow on a computed value); "
+                "torch-eager or torch-compile runs it",
+                {"error": str(exc)[:4000]},
+            ) from exc
 
     def _warm_compiled(self, torch, compiled, examples: tuple, compiled_facts: dict[str, Any]):
         """The dynamic compilation, run once at another shape point: whatever Dynamo compiles
@@ -497,11 +625,7 @@ class TorchRuntime(EngineRuntime):
 
     def describe_profile(self, engine_path: Path, settings: ProfileSettings, workload=None) -> list[str]:
         clock = "runs enqueued back to back, each timed by CUDA events on the GPU, like trtexec (host time on a CPU)"
-        at = " at " + ", ".join(f"{n} {'×'.join(map(str, d))}" for n, d in workload.shapes.items()) if workload is not None else ""
-        return [
-            f"profile: torch {self.version} {self.spec.backend}: {engine_path.name}{at}, warm-up {settings.warmup_ms:g} ms, "
-            f"then ≥{settings.iterations} runs and ≥{settings.duration_s:g} s; {clock}"
-        ]
+        return [f"profile: torch {self.version} {self.spec.backend}: {engine_path.name}{_at(workload)}, {rounds_words(settings)}; {clock}"]
 
     def load(self, engine_path: Path, workload: ReferenceBatch | None = None) -> Prepared:
         """The prepared model for this engine file at the workload's shape point: the one the build
@@ -564,48 +688,17 @@ class TorchRuntime(EngineRuntime):
             source.use_attention(model, self.spec.attn_implementation)
         return model.eval()
 
-    def profile(self, engine_path: Path, settings: ProfileSettings, workload: ReferenceBatch | None = None) -> ProfileResult:
+    def prepare(self, engine_path: Path, workload: ReferenceBatch | None = None) -> Prepared:
+        """The engine ready to time at the workload's shape point (pipeline/measurement.py), with
+        what the manifest records of how it runs."""
         prepared = self.load(engine_path, workload)
-        torch = _torch()
-        cuda = prepared.device == "cuda"
-        gpu = torch.cuda.get_device_name() if cuda else None
-        graphs_before = _compiled_graphs(torch)
-        with out_of_memory_as_error(prepared.batch_size, shape=prepared.shape):
-            if cuda:
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
-            times_ms, elapsed = time_runs(torch, prepared.run, settings, cuda, MeasurementProgress(self.reporter, settings))
-            latency = host_latency(torch, prepared.run, settings) if cuda else None
         execution: dict[str, Any] = {**self.versions(), **self.settings_in_force(prepared), **prepared.facts}
-        warnings = []
-        if self.spec.backend == "compile":
-            # Each point is warmed before it is timed, so this stays 0; were it not, the figures
-            # would include the compiler's time, and the row says so.
-            execution["recompiles_during_measurement"] = _compiled_graphs(torch) - graphs_before
-            if execution["recompiles_during_measurement"]:
-                warnings.append(
-                    f"* torch.compile compiled {execution['recompiles_during_measurement']} graph(s) during the measurement: "
-                    "the figures include compilation"
-                )
-        measured_with = {}
-        if cuda:
-            # The input is already on the GPU; runs are enqueued back to back like trtexec's. (CUDA
-            # graphs are the backend being compared here, not a measurement setting: not listed.)
-            measured_with = {"data_transfers": False, "host_sync_per_run": False}
-            execution["host_latency_ms"] = latency
-            execution["peak_memory_mib"] = {
-                "allocated": round(torch.cuda.max_memory_allocated() / 2**20, 1),
-                "reserved": round(torch.cuda.max_memory_reserved() / 2**20, 1),
-            }
+        if prepared.cuda:
+            torch = _torch()
+            execution["peak_memory_mib"] = gpu_memory(torch, prepared)
             execution["compute_capability"] = "{}.{}".format(*torch.cuda.get_device_capability())
-        return ProfileResult(
-            per_iteration_ms=times_ms,
-            total_walltime_s=elapsed,
-            device=f"torch {self.spec.backend} on {gpu or 'CPU'}",
-            metric="GPU time (CUDA events)" if cuda else "host latency",
-            evidence={"gpu": gpu, "execution": execution, "measured_with": measured_with},
-            warnings=warnings,
-        )
+        prepared.execution = execution
+        return prepared
 
     def run_reference(self, engine_path: Path, reference: ReferenceBatch) -> ReferenceRun:
         prepared = self.load(engine_path, reference if reference.shape else None)
@@ -632,6 +725,10 @@ class TorchRuntime(EngineRuntime):
             "attn_implementation": self.spec.attn_implementation,
             "sdpa_backend": self.spec.sdpa_backend,
         }
+
+
+def _at(workload) -> str:
+    return " at " + ", ".join(f"{n} {'×'.join(map(str, d))}" for n, d in workload.shapes.items()) if workload is not None else ""
 
 
 def _file_identity(path: Path) -> tuple[int, int, int]:
@@ -708,91 +805,46 @@ class GraphReplay:
         return self.output
 
 
-# How many runs may be enqueued ahead of the oldest one not yet finished: enough that the GPU
-# always has the next run queued while the host enqueues the one after, few enough that a
-# stopped measurement drains at once.
-QUEUE_DEPTH = 4
-# The host-synchronised latency (the second figure) is taken over at most this long.
-HOST_LATENCY_MAX_S = 1.0
+# The host-synchronised latency (the second figure) is taken over at most this long, after the
+# engine was timed: a few runs tell what a caller that waits for each result sees.
+HOST_LATENCY_MAX_S = 0.25
+HOST_LATENCY_RUNS = 10
 
 
-def time_runs(
-    torch, run: Callable[[], Any], settings: ProfileSettings, cuda: bool, progress: MeasurementProgress | None = None
-) -> tuple[list[float], float]:
-    """trtexec's rules: warm up for warmup_ms, then until BOTH `iterations` runs and `duration_s`.
-
-    On a GPU, trtexec's method: runs are enqueued back to back (a bounded queue, no host
-    synchronisation between them) and each is timed on the GPU by a pair of CUDA events, so a run's
-    time is what the GPU spent from its first kernel's launch to its last kernel's end. A host that
-    waits for every run would leave the GPU idle between launches inside the timed window and time
-    PyTorch slower than an engine timed by trtexec. On the CPU a run's time is host time.
-    Returns (per-run milliseconds, seconds the measurement took)."""
-    progress = progress or MeasurementProgress(None, settings)
-    progress.warming_up()
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    warmup_end = time.perf_counter() + settings.warmup_ms / 1000.0
-    while True:
-        run()
-        sync()
-        if time.perf_counter() >= warmup_end:
-            break
-    if cuda:
-        return _time_enqueued_back_to_back(torch, run, settings, progress)
-    times_ms: list[float] = []
-    started = time.perf_counter()
-    while True:
-        t0 = time.perf_counter_ns()
-        run()
-        times_ms.append((time.perf_counter_ns() - t0) / 1e6)
-        elapsed = time.perf_counter() - started
-        if len(times_ms) >= settings.iterations and elapsed >= settings.duration_s:
-            return times_ms, elapsed
-        progress(len(times_ms), elapsed)
-
-
-def _time_enqueued_back_to_back(torch, run: Callable[[], Any], settings: ProfileSettings, progress) -> tuple[list[float], float]:
-    # A ring of event pairs, one per run in flight; a slot is read (and its run waited for) only
-    # when the ring comes round to it again, so the host blocks only while QUEUE_DEPTH runs are queued.
-    slots = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(QUEUE_DEPTH)]
-    times_ms: list[float] = []
-    enqueued = 0
-    started = time.perf_counter()
-    while True:
-        start, end = slots[enqueued % QUEUE_DEPTH]
-        if enqueued >= QUEUE_DEPTH:  # the slot's previous run: wait for it and keep its time
-            end.synchronize()
-            times_ms.append(start.elapsed_time(end))
-        start.record()
-        run()
-        end.record()
-        enqueued += 1
-        elapsed = time.perf_counter() - started
-        if enqueued >= settings.iterations and elapsed >= settings.duration_s:
-            break
-        progress(enqueued, elapsed)
-    for index in range(max(0, enqueued - QUEUE_DEPTH), enqueued):  # drain, oldest first
-        start, end = slots[index % QUEUE_DEPTH]
-        end.synchronize()
-        times_ms.append(start.elapsed_time(end))
-    return times_ms, time.perf_counter() - started
-
-
-def host_latency(torch, run: Callable[[], Any], settings: ProfileSettings) -> dict[str, Any]:
+def host_latency(torch, run: Callable[[], Any]) -> dict[str, Any]:
     """The second figure on a GPU: wall time of a run the host waits for (launch, GPU work and the
-    synchronisation), what a caller that needs each result before sending the next sees.
-    Taken after the measurement, warm, over `iterations` runs or HOST_LATENCY_MAX_S, whichever
-    ends first (at least 3 runs)."""
+    synchronisation), what a caller that needs each result before sending the next sees. Warm,
+    over HOST_LATENCY_RUNS runs or HOST_LATENCY_MAX_S, whichever ends first (at least 3 runs)."""
     from pipeline.stats import LatencyStats
 
     times_ms: list[float] = []
     started = time.perf_counter()
-    while len(times_ms) < 3 or (len(times_ms) < settings.iterations and time.perf_counter() - started < HOST_LATENCY_MAX_S):
+    while len(times_ms) < 3 or (len(times_ms) < HOST_LATENCY_RUNS and time.perf_counter() - started < HOST_LATENCY_MAX_S):
         t0 = time.perf_counter_ns()
         run()
         torch.cuda.synchronize()
         times_ms.append((time.perf_counter_ns() - t0) / 1e6)
     stats = LatencyStats.from_values(times_ms)
     return {"median_ms": round(stats.median, 4), "mean_ms": round(stats.mean, 4), "p99_ms": round(stats.p99, 4), "runs": stats.count}
+
+
+def gpu_memory(torch, prepared: Prepared) -> dict[str, float]:
+    """What this engine holds in GPU memory while it runs: its weights and buffers, and the most
+    one inference allocates beyond what was allocated before it. Several engines of a shape point
+    live in one process while they are timed, so the process's own peak would be all of theirs."""
+    resident = sum(t.numel() * t.element_size() for t in [*prepared.model.parameters(), *prepared.model.buffers()] if t.is_cuda)
+    with out_of_memory_as_error(prepared.batch_size, shape=prepared.shape):
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        prepared.run()
+        torch.cuda.synchronize()
+    one_run = torch.cuda.max_memory_allocated() - before
+    return {
+        "allocated": round((resident + one_run) / 2**20, 1),
+        "weights": round(resident / 2**20, 1),
+        "one_inference": round(one_run / 2**20, 1),
+    }
 
 
 def is_out_of_memory(kind: type[BaseException], exc: BaseException | None) -> str | None:

@@ -141,7 +141,29 @@ class Stage(ABC):
             environment = environment.model_copy(update={"cluster_node": self.ctx.cluster_node})
         return environment
 
-    def run(self) -> StageRecord:
+    def is_current(self) -> bool:
+        """Whether the manifest already holds this stage's result for these settings, inputs and
+        tools (then ``run`` does no work). False also where the inputs are missing: running says why."""
+        try:
+            manifest = read_manifest(self.manifest_path())  # unreadable: not current (run warns)
+            reason = self.skip_reason()
+            inputs = [] if reason else self.inputs()
+            return self._reusable(manifest.stage(self.name) if manifest else None, self.fingerprint(self.params(), inputs, reason))
+        except Exception:  # a missing engine, say: the run will name it
+            return False
+
+    def _reusable(self, previous: StageRecord | None, fingerprint: str, force: bool = False) -> bool:
+        return (
+            previous is not None
+            and not (self.ctx.force or force)
+            and previous.status != "failed"  # a refusal is evidence, not a result to reuse: try again
+            and previous.fingerprint == fingerprint
+            and all(self.ctx.workspace.is_intact(a) for a in previous.outputs)
+        )
+
+    def run(self, force: bool = False) -> StageRecord:
+        """Do the stage's work and record it, unless it is current (``force``: do it anyway, as
+        --force does for every stage)."""
         reporter = self.ctx.reporter
         manifest = self.load_manifest()
         previous = manifest.stage(self.name) if manifest else None
@@ -150,17 +172,11 @@ class Stage(ABC):
         params = self.params()
         fingerprint = self.fingerprint(params, inputs, reason)
 
-        if (
-            previous is not None
-            and not self.ctx.force
-            and previous.status != "failed"  # a refusal is evidence, not a result to reuse: try again
-            and previous.fingerprint == fingerprint
-            and all(self.ctx.workspace.is_intact(a) for a in previous.outputs)
-        ):
+        if self._reusable(previous, fingerprint, force):
             reporter.unchanged(self.name, self.engine.name)
             self.ctx.workspace.hashes.save()
             return previous
-        kept = self._made_elsewhere(manifest, previous, params, inputs, reason)
+        kept = None if force else self._made_elsewhere(manifest, previous, params, inputs, reason)
         if kept is not None:
             reporter.warn(kept)
             self.ctx.workspace.hashes.save()

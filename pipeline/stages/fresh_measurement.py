@@ -1,31 +1,31 @@
-"""A measurement taken again in a fresh process.
+"""A shape point's engines measured again in a fresh process (`--repeat N`).
 
-When a profile's repeats disagree, measuring again in the same process would repeat whatever made
-them disagree that lives in the process: the allocator's state, a compiled graph and the autotuning
-it chose, a thread pool, a warmed cache. So a runtime that measures inside the pipeline's own
-process (ONNX Runtime, PyTorch) takes each retake in a new interpreter that loads the engine from
-scratch, as the best benchmark harnesses do; runtimes that measure in a process of their own
-(trtexec, the TensorRT-RTX driver) are fresh each time already.
+Measuring again in the same process would repeat whatever lives in the process: the allocator's
+state, a compiled graph and the autotuning it chose, a thread pool, a warmed cache. So each repeat
+after the first of the engines that run in the pipeline's own process (ONNX Runtime, PyTorch)
+runs in a new interpreter that loads, prepares and times them from scratch, in rounds, as the best
+benchmark harnesses do; runtimes that measure in a process of their own (trtexec, the
+TensorRT-RTX driver) are fresh each time already.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 from pathlib import Path
+from typing import Any
 
 from pipeline.errors import PipelineError
 
-# Seconds a retake's process has to end after an interruption before it is killed.
+# Seconds a repeat's process has to end after an interruption before it is killed.
 STOP_GRACE_S = 10
 
 
-def measure_in_fresh_process(catalog, toolchain: str, engine_path: Path, settings, workload, verbose: bool) -> tuple[list, list[dict]]:
-    """``settings.repeats`` measurements of the engine in a new interpreter, each watched, fed
-    ``workload`` (the inputs at a shape point, or None): (results, what was seen during each), as
-    ProfileStage._measure returns them."""
+def measure_group_in_fresh_process(catalog, members: list[tuple[str, str, Path, Any]], settings, seed: int, verbose: bool):
+    """The engines ``members`` — (name in the rounds, toolchain, engine file, workload) — prepared
+    and measured in rounds in a new interpreter: (RoundsOutcome, each engine's evidence by name)."""
     spawn = multiprocessing.get_context("spawn")  # a new interpreter, not a copy of this one
     receive, send = spawn.Pipe(duplex=False)
-    child = spawn.Process(target=_child, args=(send, catalog, toolchain, engine_path, settings, workload, verbose), name="pipeline-retake")
+    child = spawn.Process(target=_child, args=(send, catalog, members, settings, seed, verbose), name="pipeline-repeat")
     child.start()
     send.close()
     try:
@@ -40,8 +40,9 @@ def measure_in_fresh_process(catalog, toolchain: str, engine_path: Path, setting
         raise
     child.join()
     if outcome is None:
+        names = ", ".join(name for name, *_ in members)
         raise PipelineError(
-            f"the process retaking the measurement of {engine_path.name} ended without a result (exit status {child.exitcode}).",
+            f"the process repeating the measurement of {names} ended without a result (exit status {child.exitcode}).",
             hint="run the same command again; -v shows what it printed",
         )
     kind, payload = outcome
@@ -50,19 +51,24 @@ def measure_in_fresh_process(catalog, toolchain: str, engine_path: Path, setting
     return payload
 
 
-def _child(send, catalog, toolchain: str, engine_path: Path, settings, workload, verbose: bool) -> None:
+def _child(send, catalog, members, settings, seed: int, verbose: bool) -> None:
     from pipeline.environment import running_on
-    from pipeline.machine_watch import MachineWatch
+    from pipeline.measurement import SmClock, measure_in_rounds
     from pipeline.reporting import Reporter
     from pipeline.runtimes import create_runtime
 
     try:
-        runtime = create_runtime(toolchain, catalog.toolchain(toolchain), Reporter(verbose=verbose), catalog.root)
-        results, watched = [], []
-        for _ in range(settings.repeats):
-            with MachineWatch() as watch, running_on(settings.host_cpus):
-                results.append(runtime.profile(engine_path, settings, workload))
-            watched.append(watch.summary)
-        send.send(("ok", (results, watched)))
+        reporter = Reporter(verbose=verbose)
+        runtimes: dict[str, Any] = {}
+        engines = {}
+        with running_on(settings.host_cpus):
+            for name, toolchain, engine_path, workload in members:
+                if toolchain not in runtimes:
+                    runtimes[toolchain] = create_runtime(toolchain, catalog.toolchain(toolchain), reporter, catalog.root)
+                engines[name] = runtimes[toolchain].prepare(engine_path, workload)
+            outcome = measure_in_rounds(engines, settings, seed, None, SmClock())
+        evidence = {name: engine.evidence() for name, engine in engines.items() if name not in outcome.failed}
+        outcome.errors = {name: error.plain() for name, error in outcome.errors.items()}
+        send.send(("ok", (outcome, evidence)))
     except PipelineError as exc:
         send.send(("error", exc.plain()))

@@ -26,6 +26,9 @@ class ProfileStage(Stage):
         self.settings = ctx.catalog.profile
         # The shape point measured ("2x512"), for models with several; its own manifest.
         self.shape = shape
+        # What the rounds gave this profile, when its shape point's group measured it
+        # (pipeline/stages/rounds.py); None: it measures itself.
+        self.measured = None
 
     def manifest_path(self) -> Path:
         return self.ctx.workspace.manifest_path(self.toolchain, self.engine, self.ctx.gpu_type, self.shape)
@@ -94,6 +97,17 @@ class ProfileStage(Stage):
                 )
         return engine + references
 
+    def engine_file(self) -> Path:
+        """The built engine this profile times."""
+        build = self.build_record()
+        engine = next((a for a in (build.outputs if build else []) if a.role == "engine"), None)
+        if engine is None:
+            raise PipelineError(
+                f"{self.engine.name} has no {self.toolchain} engine yet.",
+                hint=f"run `pipeline build --engine {self.engine.name} --toolchain {self.toolchain}`",
+            )
+        return self.ctx.workspace.root / engine.path
+
     def _is_reference(self, role: str) -> bool:
         """A reference file of this profile's shape point (``reference_input@2x512:input_ids``)."""
         if not role.startswith("reference_"):
@@ -151,7 +165,21 @@ class ProfileStage(Stage):
         # taken on a busy machine shows it.
         load_at_start = machine_load()
         retaken: list[list[float]] = []
-        while True:
+        rounds, checked_already = [], None
+        if self.runtime.measures_in_this_process:
+            # Timed in rounds with the shape point's other engines (or alone, as a group of one).
+            from pipeline.stages.rounds import measure_together
+
+            measured = self.measured or measure_together([self])[self]
+            if isinstance(measured, PipelineError):
+                raise measured
+            results, watched, rounds, checked_already = measured.results, measured.watched, measured.rounds, measured.accuracy
+            for note in measured.notes:
+                self.ctx.reporter.warn(f"{self.engine.name}{f' at {self.shape}' if self.shape else ''}: {note}")
+            medians = [round(LatencyStats.from_values(r.per_iteration_ms).median, 6) for r in results]
+            repeat_cv = LatencyStats.from_values(medians).cv if len(medians) > 1 else None
+            stable = repeat_cv is None or repeat_cv <= settings.max_repeat_cv
+        while not rounds:
             results, watched = self._measure(engine_path, workload, take=len(retaken))
             medians = [round(LatencyStats.from_values(r.per_iteration_ms).median, 6) for r in results]
             repeat_cv = LatencyStats.from_values(medians).cv if len(medians) > 1 else None
@@ -178,8 +206,9 @@ class ProfileStage(Stage):
         for flag in verdict(watched):
             self.ctx.reporter.warn(f"{self.engine.name}: {flag}")
         if not stable:
+            after = f"after {len(retaken)} retake(s) " if not rounds else ""
             self.ctx.reporter.warn(
-                f"{self.engine.name}: unstable: the measurements still disagree after {len(retaken)} retake(s) "
+                f"{self.engine.name}: unstable: the measurements still disagree {after}"
                 f"(CV {repeat_cv:.2%} > {settings.max_repeat_cv:.0%}); recorded as unstable"
             )
         batch = workload.inputs[0].shape[0] if workload else self.model_spec.batch_size
@@ -203,13 +232,14 @@ class ProfileStage(Stage):
             repeat_cv=repeat_cv,
             repeats_pooled=len(results),
             retaken_medians_ms=retaken,
-            retaken_in_fresh_process=self.runtime.measures_in_this_process if retaken else None,
+            retaken_in_fresh_process=None if not retaken else False,
+            rounds=rounds,
             stable=stable if len(medians) > 1 else None,
             machine_load={"start": load_at_start, "end": load_at_end, "during": watched},
             warnings=warnings,
             **result.evidence,
         )
-        accuracy, accuracy_skipped, checked = self.check_accuracy(engine_path, workload)
+        accuracy, accuracy_skipped, checked = checked_already or self.check_accuracy(engine_path, workload)
         details.accuracy, details.accuracy_skipped = accuracy, accuracy_skipped
         sidecars = {**result.sidecars, **(checked.sidecars if checked else {})}
         outputs = [self.ctx.workspace.artifact(role, path) for role, path in sidecars.items()]
@@ -217,6 +247,9 @@ class ProfileStage(Stage):
         rate = f"{tokens:,.0f} tokens/s" if tokens else f"{details.images_per_s:.1f} {unit}/s"
         at = f" at {self.shape}" if self.shape else ""
         note = f"{at}: median {stats.median:.2f} ms, {rate} over {stats.count} runs{pooled_from}"
+        if rounds:
+            others = len(rounds[0].entrants) - 1
+            note += f" in {rounds[0].rounds} rounds" + (f" beside {others} other engine{'s' if others > 1 else ''}" if others else "")
         if accuracy:
             cosine = accuracy["cosine_similarity"]
             note += f"; vs FP32 cosine {'NaN/Inf' if cosine is None else f'{cosine:.5f}'}"
@@ -246,17 +279,9 @@ class ProfileStage(Stage):
         return "sample", None
 
     def _measure(self, engine_path: Path, workload, take: int) -> tuple[list, list[dict]]:
-        """`repeats` measurements, each watched (pipeline/machine_watch.py): (results, what was seen).
-        A retake (``take`` > 0) of a runtime that times in this process runs in a fresh one."""
+        """`repeats` measurements of a runtime that times in a process of its own (trtexec,
+        TensorRT-RTX), each watched (pipeline/machine_watch.py): (results, what was seen)."""
         repeats = self.settings.repeats
-        if take and self.runtime.measures_in_this_process:
-            from pipeline.stages.fresh_measurement import measure_in_fresh_process
-
-            self.ctx.reporter.detail(f"{self.engine.name}: {repeats} measurement(s), take {take + 1}, in a fresh process")
-            self.ctx.reporter.step(f"{repeats} measurement(s), take {take + 1}, in a fresh process")
-            return measure_in_fresh_process(
-                self.ctx.catalog, self.toolchain, engine_path, self.settings, workload, self.ctx.reporter.verbose
-            )
         results, watched = [], []
         for run in range(repeats):
             if repeats > 1 or take:

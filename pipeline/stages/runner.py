@@ -12,15 +12,28 @@ from pipeline.stages.base import STAGE_ORDER, RunContext
 @dataclass
 class RunSummary:
     succeeded: list[str] = field(default_factory=list)
-    failed: list[tuple[str, PipelineError]] = field(default_factory=list)
+    # (engine, toolchain or None, the error): what failed, and on which toolchain.
+    failed: list[tuple[str, str | None, PipelineError]] = field(default_factory=list)
 
-    def raise_for_failures(self, requested: int) -> RunSummary:
-        """One error naming every failed engine (exit 3 when each failed for want of something)."""
+    def fail(self, engine: str, toolchain: str | None, error: PipelineError) -> None:
+        self.failed.append((engine, toolchain, error))
+        if engine in self.succeeded:
+            self.succeeded.remove(engine)
+
+    def raise_for_failures(self, requested: int, toolchains: list[str] | None = None) -> RunSummary:
+        """One error naming every failed engine, or every toolchain with a failure when several
+        ran (exit 3 when each failed for want of something)."""
         if self.failed:
-            names = ", ".join(name for name, _ in self.failed)
-            worst = EnvironmentMissing if all(isinstance(e, EnvironmentMissing) for _, e in self.failed) else PipelineError
+            worst = EnvironmentMissing if all(isinstance(e, EnvironmentMissing) for *_, e in self.failed) else PipelineError
+            if toolchains and len(toolchains) > 1:
+                failing = [t for t in toolchains if any(toolchain == t for _, toolchain, _ in self.failed)]
+                raise worst(
+                    f"{len(failing)} of {len(toolchains)} toolchains failed: {', '.join(failing)}.",
+                    hint="the errors above say why; what the others measured is kept",
+                )
+            names = ", ".join(dict.fromkeys(name for name, *_ in self.failed))
             raise worst(
-                f"{len(self.failed)} of {requested} engines failed: {names}.",
+                f"{len(dict.fromkeys(name for name, *_ in self.failed))} of {requested} engines failed: {names}.",
                 hint="the errors above say why; the other engines' results are kept",
             )
         return self
@@ -42,8 +55,10 @@ def stage_for(ctx: RunContext, name: str, engine: EngineRef, toolchain: str | No
     return ProfileStage(ctx, engine, toolchain, shape)
 
 
-def run_engine(ctx: RunContext, engine: EngineRef, toolchain: str | None, until: str) -> None:
-    """Run every stage up to ``until`` for one engine. Stages before it are skipped when unchanged."""
+def run_engine(ctx: RunContext, engine: EngineRef, toolchain: str | None, until: str, rounds: dict | None = None) -> None:
+    """Run every stage up to ``until`` for one engine. Stages before it are skipped when unchanged.
+    With ``rounds``, the profiles of a runtime that times in this process are not run here but
+    gathered by shape point, to be timed in rounds with the point's other engines (pipeline/stages/rounds.py)."""
     from pipeline.stages.build import BuildStage
     from pipeline.stages.export import ExportStage
     from pipeline.stages.profile import ProfileStage
@@ -57,19 +72,26 @@ def run_engine(ctx: RunContext, engine: EngineRef, toolchain: str | None, until:
     # exporting nvfp4 on a CPU-only machine would fail for a reason that does not matter here.
     if BuildStage(ctx, engine, toolchain, builds[0]).skip_reason() is None:
         ExportStage(ctx, engine).run()
+
+    def profile(shape: str | None) -> None:
+        stage = ProfileStage(ctx, engine, toolchain, shape)
+        if rounds is not None and stage.runtime.measures_in_this_process:
+            rounds.setdefault((engine.model, ctx.gpu_type, shape), []).append(stage)
+        else:
+            stage.run()
+
     if builds == [None]:  # one engine, profiled at every point
         if "build" in wanted:
             BuildStage(ctx, engine, toolchain).run()
         if "profile" in wanted:
-            points = shapes_to_profile(ctx, engine)
-            _each_point(ctx, engine, points, lambda shape: ProfileStage(ctx, engine, toolchain, shape).run())
+            _each_point(ctx, engine, shapes_to_profile(ctx, engine), profile)
         return
 
     def build_and_profile(shape: str | None) -> None:  # a static model: an engine per point, each profiled at its own
         if "build" in wanted:
             BuildStage(ctx, engine, toolchain, shape).run()
         if "profile" in wanted:
-            ProfileStage(ctx, engine, toolchain, shape).run()
+            profile(shape)
 
     _each_point(ctx, engine, builds, build_and_profile)
 
@@ -112,32 +134,57 @@ def builds_of(ctx: RunContext, engine: EngineRef) -> list[str | None]:
     return shapes_to_profile(ctx, engine) if ctx.catalog.model(engine.model).static else [None]
 
 
-def run_engines(ctx: RunContext, engines: list[EngineRef], toolchain: str | None, until: str) -> RunSummary:
-    """Run each engine; a failure is reported and the others still run (like `make -k`)."""
+def run_engines(ctx: RunContext, engines: list[EngineRef], toolchains: list[str] | None, until: str) -> RunSummary:
+    """Each engine on each toolchain (none: the export alone); a failure is reported and the rest
+    still runs (like `make -k`). The profiles of the runtimes that time in this process are run
+    last, a shape point at a time, every engine of the point in one set of rounds."""
     from pipeline.reporting import print_error
     from pipeline.runtimes import get_runtime
+    from pipeline.stages.rounds import profile_together
 
-    if toolchain is not None:
-        get_runtime(ctx, toolchain).check_usable()  # an unusable toolchain fails once, up front
     summary = RunSummary()
-    for engine in engines:
+    requested = len(engines)
+    usable: list[str | None] = [None] if not toolchains else []
+    for toolchain in toolchains or []:
         try:
-            run_engine(ctx, engine, toolchain, until)
-            summary.succeeded.append(engine.name)
+            get_runtime(ctx, toolchain).check_usable()  # an unusable toolchain fails once, up front
+            usable.append(toolchain)
         except PipelineError as exc:
-            if len(engines) == 1:
+            if len(toolchains) == 1:
                 raise
-            print_error(f"{engine.name}: {exc.message}", exc.hint)
-            summary.failed.append((engine.name, exc))
-    return summary.raise_for_failures(len(engines))
+            print_error(f"{toolchain}: {exc.message}", exc.hint)
+            for engine in engines:
+                summary.fail(engine.name, toolchain, exc)
+    rounds: dict = {}
+    single = len(engines) == 1 and len(usable) == 1
+    for toolchain in usable:
+        for engine in engines:
+            try:
+                run_engine(ctx, engine, toolchain, until, rounds)
+                summary.succeeded.append(engine.name)
+            except PipelineError as exc:
+                if single:
+                    raise
+                print_error(f"{engine.name}{f' on {toolchain}' if len(usable) > 1 else ''}: {exc.message}", exc.hint)
+                summary.fail(engine.name, toolchain, exc)
+    for (_, _, shape), stages in rounds.items():
+        for stage, exc in profile_together(stages):
+            where = f" at {shape}" if shape else ""
+            on = f" on {stage.toolchain}" if len(usable) > 1 else ""
+            if single and not shape:
+                raise exc
+            print_error(f"{stage.engine.name}{on}{where}: {exc.message}", exc.hint)
+            summary.fail(stage.engine.name, stage.toolchain, exc)
+    return summary.raise_for_failures(requested, toolchains)
 
 
 class LocalLauncher:
     """Runs the stages in this process (the cluster's launcher, pipeline/cluster/, runs the same
-    stages on Ray nodes); the command line chooses one, and a stage never knows which."""
+    stages on Ray nodes); the command line chooses one, and a stage never knows which. Every
+    toolchain at once: the engines of a shape point are timed together."""
 
-    def run(self, ctx: RunContext, engines: list[EngineRef], toolchain: str | None, until: str) -> RunSummary:
-        return run_engines(ctx, engines, toolchain, until)
+    def run(self, ctx: RunContext, engines: list[EngineRef], toolchains: list[str] | None, until: str) -> RunSummary:
+        return run_engines(ctx, engines, toolchains, until)
 
 
 def describe(ctx: RunContext, engines: list[EngineRef], toolchain: str, until: str) -> list[str]:

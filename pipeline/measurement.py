@@ -1,0 +1,390 @@
+"""The measurement protocol: how every engine that runs in this process is timed.
+
+A runtime knows how to prepare an engine and time one *take* (:class:`PreparedEngine`); this module
+owns the rest, once for all of them — as nvbench separates a benchmark from its measurement loop:
+
+* **Takes**: at least ``take_runs`` inferences and ``take_ms`` milliseconds, back to back, after
+  one untimed inference (another engine ran in between). On a GPU each inference is timed by
+  CUDA events around it, enqueued without waiting (:func:`cuda_take`, trtexec's way); on a CPU by
+  the host's clock (:func:`host_take`).
+* **Warm-up**: once every engine of the point is prepared, each runs once, untimed (preparing one
+  engine may disturb another: a compiler's cache reset makes it recompile, here and not in a take).
+* **Rounds**: every engine of a shape point takes one take per round, in an order drawn afresh
+  each round from a generator seeded by the point, as Google Benchmark's random interleaving does.
+  Engines compared in one round saw the same host and GPU: a host that changes speed between rounds
+  moves them alike, and the per-round ratios (pipeline/stats.py, :func:`~pipeline.stats.paired_ratio`)
+  stay put where medians taken at different moments would not.
+* **Stopping**: after ``min_rounds`` rounds, as soon as every comparison the verdict needs is
+  decided — the engine with the lowest time against each of the others (its ratio's interval
+  excludes 1, or lies within 1 ± ``tie``) — or when ``budget_s`` is spent. A GPU-bound point
+  decides in a few rounds; a launch-bound one, on a host of two speeds, takes more.
+* **Clocks**: each take records the GPU's SM clock (NVML, sampled while it runs); a take whose clock
+  fell below three quarters of the default — the threshold nvbench discards a trial at
+  (nvbench/benchmark_base.cuh, ``m_throttle_threshold`` 0.75 of the default SM clock) — is dropped
+  and counted, so throttling never enters a ratio.
+
+The report (pipeline/report/) decides what the takes say; nothing here ranks engines beyond the
+stopping rule.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pydantic import BaseModel
+
+from pipeline.catalog import ProfileSettings
+from pipeline.errors import PipelineError
+from pipeline.stats import RatioEstimate, paired_ratio
+
+# A take is dropped when the GPU's SM clock fell below this share of its default clock.
+THROTTLE_THRESHOLD = 0.75
+# How often the SM clock is read while a take runs.
+CLOCK_INTERVAL_S = 0.02
+# Rounds, at most, whatever the budget: a guard against a take_ms of microseconds.
+MAX_ROUNDS = 10_000
+# How many runs may be enqueued ahead of the oldest one not yet finished, in a CUDA take: enough
+# that the GPU always has the next run queued while the host enqueues the one after, few enough
+# that a stopped take drains at once.
+QUEUE_DEPTH = 4
+
+
+class PreparedEngine(Protocol):
+    """An engine ready to run in this process (loaded, compiled, captured, warmed): what a
+    runtime's ``prepare`` hands to the protocol."""
+
+    #: What one time is: "GPU time (CUDA events)" or "host latency".
+    timing: str
+
+    def take(self, runs: int, min_ms: float) -> list[float]:
+        """At least ``runs`` inferences and at least ``min_ms`` of them, back to back, after one
+        untimed inference; each one's time in milliseconds."""
+
+    def evidence(self) -> dict[str, Any]:
+        """How it ran, for the manifest (device, settings in force, memory, …)."""
+
+    # Optional: ``warm()``, one untimed run before the first round, once every engine of the point
+    # is prepared (preparing one may disturb another: a compiler's cache reset).
+
+
+# --- one take ------------------------------------------------------------------------------------
+
+
+def host_take(run: Callable[[], Any], runs: int, min_ms: float) -> list[float]:
+    """``run`` timed by the host's clock, each call on its own."""
+    run()  # untimed: another engine ran since this one's last take
+    times_ms: list[float] = []
+    started = time.perf_counter()
+    while len(times_ms) < runs or (time.perf_counter() - started) * 1000.0 < min_ms:
+        t0 = time.perf_counter_ns()
+        run()
+        times_ms.append((time.perf_counter_ns() - t0) / 1e6)
+    return times_ms
+
+
+def cuda_take(torch, run: Callable[[], Any], runs: int, min_ms: float) -> list[float]:
+    """``run`` enqueued back to back on the current CUDA stream, each timed on the GPU by a pair of
+    CUDA events, as trtexec times its iterations: a run's time is what the GPU spent from its first
+    kernel's launch to its last kernel's end. A host that waited for every run would leave the GPU
+    idle between launches inside the timed window and time PyTorch slower than an engine timed by
+    trtexec. A ring of QUEUE_DEPTH event pairs: a slot is read (its run waited for) only when the
+    ring comes round to it, so the host blocks only while that many runs are queued."""
+    run()
+    torch.cuda.synchronize()
+    slots = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(QUEUE_DEPTH)]
+    times_ms: list[float] = []
+    enqueued = 0
+    started = time.perf_counter()
+    while enqueued < runs or (time.perf_counter() - started) * 1000.0 < min_ms:
+        start, end = slots[enqueued % QUEUE_DEPTH]
+        if enqueued >= QUEUE_DEPTH:  # the slot's previous run: wait for it and keep its time
+            end.synchronize()
+            times_ms.append(start.elapsed_time(end))
+        start.record()
+        run()
+        end.record()
+        enqueued += 1
+    for index in range(max(0, enqueued - QUEUE_DEPTH), enqueued):  # drain, oldest first
+        start, end = slots[index % QUEUE_DEPTH]
+        end.synchronize()
+        times_ms.append(start.elapsed_time(end))
+    return times_ms
+
+
+def measure_alone(
+    engine: PreparedEngine, settings: ProfileSettings, progress: Callable[[str], None] | None = None
+) -> tuple[list[float], float]:
+    """One whole measurement by trtexec's rules, for a runtime's ``profile``: warm up for
+    ``warmup_ms``, then one take of at least ``iterations`` runs and ``duration_s`` seconds.
+    (per-run milliseconds, seconds it took)."""
+    if progress:
+        progress(f"warming up ({settings.warmup_ms:g} ms)")
+    if settings.warmup_ms > 0:
+        engine.take(1, settings.warmup_ms)
+    if progress:
+        progress(f"measuring: at least {settings.iterations} runs and {settings.duration_s:g} s")
+    started = time.perf_counter()
+    times_ms = engine.take(settings.iterations, settings.duration_s * 1000.0)
+    return times_ms, time.perf_counter() - started
+
+
+# --- the GPU's clock -------------------------------------------------------------------------------
+
+
+class SmClock:
+    """The SM clock of the GPU engines run on (the first CUDA device NVML lists), and its default
+    clock; ``available`` False without NVML or a GPU."""
+
+    def __init__(self):
+        self.available, self.default_mhz = False, None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.nvml = pynvml
+            self.handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+            try:
+                self.default_mhz = float(pynvml.nvmlDeviceGetDefaultApplicationsClock(self.handle, pynvml.NVML_CLOCK_SM))
+            except Exception:  # not every GPU has application clocks
+                self.default_mhz = float(pynvml.nvmlDeviceGetMaxClockInfo(self.handle, pynvml.NVML_CLOCK_SM))
+            self.available = self.default_mhz > 0
+        except Exception:  # not installed, no driver, no GPU
+            return
+
+    def read_mhz(self) -> float | None:
+        try:
+            return float(self.nvml.nvmlDeviceGetClockInfo(self.handle, self.nvml.NVML_CLOCK_SM))
+        except Exception:
+            return None
+
+    def during(self, work: Callable[[], Any]) -> tuple[Any, float | None]:
+        """``work()`` and the median SM clock read while it ran (every CLOCK_INTERVAL_S, on a
+        thread of its own; once after it when it was shorter)."""
+        samples: list[float] = []
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.wait(CLOCK_INTERVAL_S):
+                value = self.read_mhz()
+                if value is not None:
+                    samples.append(value)
+
+        sampler = threading.Thread(target=sample, name="sm-clock", daemon=True)
+        sampler.start()
+        try:
+            result = work()
+        finally:
+            done.set()
+            sampler.join()
+        if not samples:
+            last = self.read_mhz()
+            samples = [last] if last is not None else []
+        return result, (sorted(samples)[len(samples) // 2] if samples else None)
+
+
+# --- rounds --------------------------------------------------------------------------------------
+
+
+class Take(BaseModel):
+    """One engine's take in one round, as the manifest keeps it."""
+
+    round: int
+    # Its place in the round's order (0: first).
+    order: int
+    runs: int
+    median_ms: float
+    sm_clock_mhz: float | None = None
+    # Why it is not used (its GPU throttled), or None.
+    dropped: str | None = None
+
+
+class RoundsRecord(BaseModel):
+    """What one engine's manifest keeps of the rounds it was measured in: enough for a report to
+    recompute every comparison from the takes of the group's manifests."""
+
+    # Shared by the engines measured together at this point, and only by them.
+    group: str
+    # This engine, and every engine of the group ("variant/toolchain").
+    entrant: str
+    entrants: list[str]
+    takes: list[Take]
+    rounds: int
+    # Why the rounds ended: "decided", "budget" (budget_s spent first), "alone" (nothing to compare
+    # with), "rounds" (MAX_ROUNDS).
+    stop: str
+    elapsed_s: float
+    take_ms: float
+    take_runs: int
+    min_rounds: int
+    budget_s: float
+    tie: float
+    seed: int
+    default_sm_clock_mhz: float | None = None
+    # Engines that failed during the rounds, and why (they stop taking part; the rounds go on).
+    failed: dict[str, str] = {}
+
+    def medians_by_round(self) -> dict[int, float]:
+        return {take.round: take.median_ms for take in self.takes if take.dropped is None}
+
+    @property
+    def dropped(self) -> int:
+        return sum(1 for take in self.takes if take.dropped is not None)
+
+
+@dataclass
+class RoundsOutcome:
+    """The rounds of one shape point: every engine's takes and per-run times."""
+
+    group: str
+    entrants: list[str]
+    takes: dict[str, list[Take]]
+    # Each engine's per-run times from the takes that were kept, in order.
+    times_ms: dict[str, list[float]]
+    rounds: int
+    stop: str
+    elapsed_s: float
+    settings: ProfileSettings
+    seed: int
+    default_sm_clock_mhz: float | None
+    failed: dict[str, str] = field(default_factory=dict)
+    # The errors themselves, for the stage to record (a refusal such as out of memory is evidence).
+    errors: dict[str, PipelineError] = field(default_factory=dict, repr=False)
+
+    def record(self, entrant: str) -> RoundsRecord:
+        return RoundsRecord(
+            group=self.group,
+            entrant=entrant,
+            entrants=self.entrants,
+            takes=self.takes[entrant],
+            rounds=self.rounds,
+            stop=self.stop,
+            elapsed_s=round(self.elapsed_s, 3),
+            take_ms=self.settings.take_ms,
+            take_runs=self.settings.take_runs,
+            min_rounds=self.settings.min_rounds,
+            budget_s=self.settings.budget_s,
+            tie=self.settings.tie,
+            seed=self.seed,
+            default_sm_clock_mhz=self.default_sm_clock_mhz,
+            failed=self.failed,
+        )
+
+
+def undecided(takes: dict[str, list[Take]], tie: float) -> list[tuple[str, str, RatioEstimate | None]]:
+    """The comparisons the verdict needs that the takes do not decide yet: the engine whose
+    per-round times are lowest against each of the others, where their ratio's interval neither
+    excludes 1 nor lies within 1 ± tie."""
+    medians = {key: {t.round: t.median_ms for t in entries if t.dropped is None} for key, entries in takes.items()}
+    medians = {key: rounds for key, rounds in medians.items() if rounds}
+    if len(medians) < 2:
+        return []
+    reference = next(iter(medians))
+
+    def against_reference(key: str) -> float:
+        estimate = paired_ratio(medians[key], medians[reference], tie)
+        return estimate.ratio if estimate is not None else float("inf")
+
+    leader = min(medians, key=against_reference)
+    open_pairs = []
+    for other in medians:
+        if other == leader:
+            continue
+        estimate = paired_ratio(medians[leader], medians[other], tie)
+        if estimate is None or estimate.outcome == "ambiguous":
+            open_pairs.append((leader, other, estimate))
+    return open_pairs
+
+
+def measure_in_rounds(
+    engines: dict[str, PreparedEngine],
+    settings: ProfileSettings,
+    seed: int,
+    progress: Callable[[str], None] | None = None,
+    clock: SmClock | None = None,
+) -> RoundsOutcome:
+    """Every engine of one shape point, measured in rounds until decided or out of budget. An
+    engine that fails during a take (out of memory, say) is recorded with its reason and leaves the
+    rounds; the others go on."""
+    rng = random.Random(seed)
+    clock = clock if clock is not None and clock.available else None
+    entrants = list(engines)
+    takes: dict[str, list[Take]] = {key: [] for key in entrants}
+    times: dict[str, list[float]] = {key: [] for key in entrants}
+    failed: dict[str, str] = {}
+    errors: dict[str, PipelineError] = {}
+    for key, engine in engines.items():
+        warm = getattr(engine, "warm", None)
+        if warm is not None:
+            try:
+                warm()
+            except PipelineError as exc:
+                failed[key], errors[key] = exc.message, exc
+    started = time.perf_counter()
+    rounds, stop = 0, "rounds"
+    while rounds < MAX_ROUNDS:
+        order = [key for key in entrants if key not in failed]
+        rng.shuffle(order)
+        for position, key in enumerate(order):
+            try:
+                if clock is not None:
+                    measured, mhz = clock.during(lambda key=key: engines[key].take(settings.take_runs, settings.take_ms))
+                else:
+                    measured, mhz = engines[key].take(settings.take_runs, settings.take_ms), None
+            except PipelineError as exc:
+                failed[key], errors[key] = exc.message, exc
+                continue
+            dropped = None
+            if mhz is not None and clock.default_mhz and mhz < THROTTLE_THRESHOLD * clock.default_mhz:
+                dropped = f"throttled: SM clock {mhz:.0f} MHz, below {THROTTLE_THRESHOLD:.0%} of its default {clock.default_mhz:.0f} MHz"
+            ordered = sorted(measured)
+            middle = len(ordered) // 2
+            median = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+            takes[key].append(
+                Take(round=rounds, order=position, runs=len(measured), median_ms=round(median, 6), sm_clock_mhz=mhz, dropped=dropped)
+            )
+            if dropped is None:
+                times[key].extend(measured)
+        rounds += 1
+        open_pairs = undecided({k: v for k, v in takes.items() if k not in failed}, settings.tie)
+        elapsed = time.perf_counter() - started
+        if progress is not None:
+            progress(_progress_text(rounds, open_pairs, elapsed, settings))
+        if len(entrants) - len(failed) == 0:
+            stop = "failed"
+            break
+        if rounds >= settings.min_rounds and not open_pairs:
+            stop = "decided" if len(entrants) - len(failed) > 1 else "alone"
+            break
+        if elapsed >= settings.budget_s:
+            stop = "budget"
+            break
+    return RoundsOutcome(
+        group=uuid.uuid4().hex[:12],
+        entrants=entrants,
+        takes=takes,
+        times_ms=times,
+        rounds=rounds,
+        stop=stop,
+        elapsed_s=time.perf_counter() - started,
+        settings=settings,
+        seed=seed,
+        default_sm_clock_mhz=clock.default_mhz if clock is not None else None,
+        failed=failed,
+        errors=errors,
+    )
+
+
+def _progress_text(rounds: int, open_pairs, elapsed: float, settings: ProfileSettings) -> str:
+    text = f"round {rounds} ({elapsed:.0f} of at most {settings.budget_s:g} s)"
+    if not open_pairs:
+        return text + (": decided" if rounds >= settings.min_rounds else f": at least {settings.min_rounds} rounds")
+    leader, other, estimate = open_pairs[0]
+    interval = f" ({estimate.low:.3f}–{estimate.high:.3f})" if estimate is not None else ""
+    more = f" and {len(open_pairs) - 1} more" if len(open_pairs) > 1 else ""
+    return f"{text}: {leader} against {other} undecided{interval}{more}"

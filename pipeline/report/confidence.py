@@ -1,0 +1,35 @@
+"""Which of two comparison rows is faster, and how sure that is.
+
+Rows timed together in rounds (pipeline/measurement.py) are compared round by round: the median of
+the per-round ratios of their take medians, with the sign-test interval of that median
+(pipeline/stats.py). Rows measured apart — another run, a toolchain that times in a process of its
+own — are compared by their medians' own intervals. Either way the comparison is one of the four
+outcomes NVIDIA's nvbench-compare-robust reports: faster, slower, same (the ratio's interval lies
+within 1 ± the catalog's tie width) or ambiguous.
+"""
+
+from __future__ import annotations
+
+from pipeline.report.rows import ComparisonRow
+from pipeline.stats import RatioEstimate, paired_ratio, unpaired_ratio
+
+
+def time_ratio(a: ComparisonRow, b: ComparisonRow, tie: float) -> RatioEstimate | None:
+    """A's time over B's (below 1: A is faster), paired where they share rounds; None when either
+    has no number or no interval."""
+    if a.median_ms is None or b.median_ms is None:
+        return None
+    shared = set(a.round_medians) & set(b.round_medians)
+    if shared:
+        estimate = paired_ratio(a.medians_by_round(shared), b.medians_by_round(shared), tie)
+        if estimate is not None:
+            return estimate
+    if a.median_ci_ms is None or b.median_ci_ms is None:
+        return None
+    return unpaired_ratio(a.median_ms, a.median_ci_ms, b.median_ms, b.median_ci_ms, tie)
+
+
+def interval_words(estimate: RatioEstimate) -> str:
+    """ "[6.31–6.47], 12 rounds" (paired) or "[5.9–7.0], unpaired"."""
+    how = f"{estimate.rounds} rounds" if estimate.paired else "unpaired"
+    return f"[{estimate.low:.2f}–{estimate.high:.2f}], {how}"

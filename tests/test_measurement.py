@@ -1,0 +1,240 @@
+"""The measurement protocol (pipeline/measurement.py) and the statistics it decides by
+(pipeline/stats.py): takes, seeded rounds, the stopping rule, throttled takes, failures, and a
+host that slows down in the middle of a measurement."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from pipeline.catalog import ProfileSettings
+from pipeline.errors import OutOfMemory
+from pipeline.measurement import host_take, measure_in_rounds, undecided
+from pipeline.stats import median_interval, outcome, paired_ratio, reaches_confidence, unpaired_ratio
+
+
+class Scripted:
+    """An engine whose every run takes ``ms`` times the host's speed factor of the round, at once
+    (nothing is timed): the protocol's decisions without a clock."""
+
+    timing = "host latency"
+
+    def __init__(self, ms: float, speed, noise=None, fail_in_round: int | None = None):
+        self.ms, self.speed, self.noise, self.fail_in_round = ms, speed, noise or (lambda r: 1.0), fail_in_round
+        self.round = -1
+        self.seen: list[int] = []
+
+    def take(self, runs: int, min_ms: float) -> list[float]:
+        self.round += 1
+        if self.fail_in_round is not None and self.round == self.fail_in_round:
+            raise OutOfMemory("out of GPU memory at shape 4×4096: 512 MiB free of 81,559 MiB", hint="measure smaller points")
+        return [self.ms * self.speed(self.round) * self.noise(self.round)] * max(runs, 1)
+
+    def evidence(self) -> dict:
+        return {"device": "scripted", "metric": self.timing}
+
+
+def settings(**given) -> ProfileSettings:
+    return ProfileSettings(**{"take_ms": 1, "take_runs": 3, "min_rounds": 6, "budget_s": 5, **given})
+
+
+def host_of_two_speeds(round_number: int) -> float:
+    """A host that runs at two speeds 1.8× apart, switching every few rounds."""
+    return 1.8 if (round_number // 3) % 2 else 1.0
+
+
+# --- statistics --------------------------------------------------------------------------------------
+
+
+def test_the_median_interval_is_the_sign_test_interval():
+    # The order statistics of the textbook table: n=10 → (2, 9), n=20 → (6, 15), n=100 → (40, 61).
+    assert median_interval(list(range(1, 11))) == (2, 9)
+    assert median_interval(list(range(1, 21))) == (6, 15)
+    assert median_interval(list(range(1, 101))) == (40, 61)
+    assert median_interval([3.0, 1.0, 2.0]) == (1.0, 3.0)  # too few values: their whole range
+    assert [reaches_confidence(n) for n in (5, 6)] == [False, True]
+
+
+@pytest.mark.parametrize(
+    "low, high, said",
+    [(0.99, 1.02, "same"), (0.40, 0.90, "faster"), (1.05, 1.40, "slower"), (0.90, 1.10, "ambiguous"), (0.975, 0.99, "same")],
+)
+def test_an_interval_says_one_of_four_things(low, high, said):
+    assert outcome(low, high, tie=0.03) == said
+
+
+def test_a_paired_ratio_holds_when_the_host_changes_speed():
+    speeds = [host_of_two_speeds(r) for r in range(12)]
+    a = {r: 1.0 * s for r, s in enumerate(speeds)}
+    b = {r: 2.0 * s for r, s in enumerate(speeds)}
+    paired = paired_ratio(a, b, tie=0.03)
+    assert (paired.ratio, paired.low, paired.high, paired.rounds, paired.outcome) == (0.5, 0.5, 0.5, 12, "faster")
+    # Medians taken apart, A during a slow spell and B during a fast one, each steady in its own
+    # spell: their intervals cannot tell A is twice as fast.
+    apart = unpaired_ratio(1.0 * 1.8, (1.7, 1.9), 2.0, (1.9, 2.1), tie=0.03)
+    assert apart.outcome == "ambiguous" and not apart.paired
+
+
+def test_too_few_rounds_decide_nothing():
+    assert paired_ratio({r: 1.0 for r in range(5)}, {r: 2.0 for r in range(5)}, tie=0.03).outcome == "ambiguous"
+    assert paired_ratio({r: 1.0 for r in range(6)}, {r: 2.0 for r in range(6)}, tie=0.03).outcome == "faster"
+
+
+# --- rounds ----------------------------------------------------------------------------------------
+
+
+def test_a_clear_difference_is_decided_in_the_least_rounds():
+    engines = {"fast": Scripted(1.0, host_of_two_speeds), "slow": Scripted(3.0, host_of_two_speeds)}
+    done = measure_in_rounds(engines, settings(), seed=7)
+    assert (done.stop, done.rounds) == ("decided", 6)
+    assert [t.median_ms for t in done.takes["fast"]] == [1.0, 1.0, 1.0, 1.8, 1.8, 1.8]
+    assert all(t.runs >= 3 for t in done.takes["slow"])
+    assert len(done.times_ms["fast"]) == sum(t.runs for t in done.takes["fast"])
+    record = done.record("fast")
+    assert record.entrants == ["fast", "slow"] and record.group == done.record("slow").group and record.stop == "decided"
+
+
+def test_each_round_runs_every_engine_once_in_a_seeded_order():
+    def orders(seed):
+        engines = {name: Scripted(1.0 + i, lambda r: 1.0) for i, name in enumerate("abcd")}
+        done = measure_in_rounds(engines, settings(min_rounds=8), seed=seed)
+        return [sorted((t.order, name) for name in engines for t in done.takes[name] if t.round == r) for r in range(done.rounds)]
+
+    first = orders(3)
+    assert first == orders(3)  # the same point, the same order
+    assert all([position for position, _ in r] == [0, 1, 2, 3] for r in first)  # each engine once per round
+    assert len({tuple(name for _, name in r) for r in first}) > 1  # drawn afresh each round
+    assert first != orders(4)
+
+
+def test_engines_within_the_tie_width_are_decided_as_the_same():
+    wobble = lambda r: 1.0 + 0.004 * (r % 3)  # noqa: E731
+    engines = {"a": Scripted(1.0, host_of_two_speeds, wobble), "b": Scripted(1.01, host_of_two_speeds)}
+    done = measure_in_rounds(engines, settings(), seed=1)
+    assert done.stop == "decided"
+    medians = {key: {t.round: t.median_ms for t in takes} for key, takes in done.takes.items()}
+    assert paired_ratio(medians["a"], medians["b"], 0.03).outcome == "same"
+
+
+def test_a_budget_too_small_to_decide_stops_undecided():
+    flip = lambda r: 1.25 if r % 2 else 0.8  # noqa: E731 — the ratio swings either side of 1 every round
+    engines = {"a": Scripted(1.0, host_of_two_speeds, flip), "b": Scripted(1.0, host_of_two_speeds)}
+    started = time.perf_counter()
+    done = measure_in_rounds(engines, settings(budget_s=0.2, take_ms=5), seed=1)
+    assert done.stop == "budget" and done.rounds >= 6
+    assert time.perf_counter() - started < 2
+    (pair,) = undecided(done.takes, 0.03)
+    assert pair[2].outcome == "ambiguous"
+
+
+def test_an_engine_that_fails_in_a_round_leaves_and_the_rounds_go_on():
+    engines = {
+        "a": Scripted(1.0, host_of_two_speeds),
+        "b": Scripted(2.0, host_of_two_speeds, fail_in_round=2),
+        "c": Scripted(3.0, host_of_two_speeds),
+    }
+    done = measure_in_rounds(engines, settings(), seed=5)
+    assert done.failed == {"b": "out of GPU memory at shape 4×4096: 512 MiB free of 81,559 MiB"}
+    assert isinstance(done.errors["b"], OutOfMemory)
+    assert len(done.takes["b"]) == 2 and len(done.takes["a"]) == done.rounds == 6
+    assert done.stop == "decided"
+
+
+class Clock:
+    """An SM clock that reads low while the takes of the given rounds run."""
+
+    available, default_mhz = True, 1980.0
+
+    def __init__(self, low_rounds: set[int], engines: int):
+        self.low_rounds, self.engines, self.takes = low_rounds, engines, 0
+
+    def during(self, work):
+        round_number = self.takes // self.engines
+        self.takes += 1
+        return work(), (1100.0 if round_number in self.low_rounds else 1755.0)
+
+
+def test_a_take_whose_gpu_throttled_is_dropped_and_counted():
+    engines = {"a": Scripted(1.0, host_of_two_speeds), "b": Scripted(2.0, host_of_two_speeds)}
+    done = measure_in_rounds(engines, settings(), seed=2, clock=Clock({1, 2}, engines=2))
+    dropped = [t for t in done.takes["a"] if t.dropped]
+    assert [t.round for t in dropped] == [1, 2]
+    assert dropped[0].dropped == "throttled: SM clock 1100 MHz, below 75% of its default 1980 MHz"
+    assert done.record("a").dropped == 2 and done.record("a").default_sm_clock_mhz == 1980.0
+    kept = [t for t in done.takes["a"] if not t.dropped]
+    assert len(done.times_ms["a"]) == sum(t.runs for t in kept)  # throttled runs never enter the figures
+    assert done.rounds == 8  # two more rounds for the six the decision needs
+
+
+@pytest.mark.parametrize("key, value", [("take_ms", 0), ("take_ms", -5), ("take_ms", 1e9), ("budget_s", 0), ("budget_s", 1e7)])
+def test_a_take_or_budget_that_is_zero_negative_or_absurd_is_refused_at_load(key, value, tmp_path, run_cli):
+    from tests.conftest import TINY_CATALOG, write_catalog
+
+    catalog = write_catalog(tmp_path / "ws", TINY_CATALOG.replace("take_ms = 5\n", f"{key} = {value}\n"))
+    result = run_cli(catalog, "models")
+    assert result.exit_code == 2
+    assert f"profile.{key}" in result.err and "TIP" in result.err
+
+
+# --- a host that slows down in the middle of a measurement ----------------------------------------
+
+
+def spin(n: int) -> int:
+    total = 0
+    for i in range(n):
+        total += i
+    return total
+
+
+class Loop:
+    """Work on the host's CPU, one thread: its time is the host's speed."""
+
+    timing = "host latency"
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def take(self, runs: int, min_ms: float) -> list[float]:
+        return host_take(lambda: spin(self.n), runs, min_ms)
+
+    def evidence(self) -> dict:
+        return {"device": "cpu", "metric": self.timing}
+
+
+def test_a_host_slowed_for_a_stretch_moves_the_takes_but_not_the_paired_ratio():
+    """Two loops of 1 and 2 units of work, timed in rounds twice: on a quiet host, and with
+    processes spinning on every CPU from the fifth round to the twelfth. The slow stretch moves each
+    loop's take medians; the ratio of takes paired round by round stays where it was."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2
+    # Runs of about 10 and 20 ms: longer than the scheduler's slices, so a busy CPU slows each one.
+    rounds = settings(take_ms=1, min_rounds=18, budget_s=60)
+    engines = {"short": Loop(300_000), "long": Loop(600_000)}
+    quiet = measure_in_rounds(engines, rounds, seed=11)
+    hogs: list[subprocess.Popen] = []
+
+    def hog(progress_text: str) -> None:
+        done = int(progress_text.split()[1])
+        if done == 4:
+            hogs.extend(subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cpus))
+        elif done == 12:
+            for process in hogs:
+                process.kill()
+
+    try:
+        slowed = measure_in_rounds(engines, rounds, seed=11, progress=hog)
+    finally:
+        for process in hogs:
+            process.kill()
+            process.wait()
+
+    def ratio(done):
+        medians = {key: {t.round: t.median_ms for t in takes} for key, takes in done.takes.items()}
+        return paired_ratio(medians["short"], medians["long"], 0.03)
+
+    short = [t.median_ms for t in slowed.takes["short"]]
+    assert max(short) / min(short) > 1.3, short  # the unpaired figures moved with the host
+    assert abs(ratio(slowed).ratio / ratio(quiet).ratio - 1) < 0.05, (ratio(quiet), ratio(slowed))

@@ -1,0 +1,85 @@
+"""Paired rounds end to end (pipeline/stages/rounds.py): the engines of a shape point that run in
+this process — ONNX Runtime and PyTorch here — prepared once and timed together, each manifest
+keeping its takes and its group, the report pairing them round by round, and the JSON it prints
+holding to the schema in docs/compare.schema.json."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from pipeline.manifest import read_manifest
+from tests.conftest import REPO_ROOT, write_catalog
+
+pytest.importorskip("transformers", reason="the transformers family needs the transformers package (`make setup` installs it)")
+
+TOOLCHAINS = ("onnxruntime", "torch-eager")
+BERT_POINTS = ("2x16", "2x64", "4x64")
+
+
+def shipped_catalog() -> str:
+    """The shipped catalog with takes of a few milliseconds."""
+    text = (REPO_ROOT / "pipeline.toml").read_text()
+    short = "[profile]\nwarmup_ms = 5\niterations = 5\nduration_s = 0.05\ntake_ms = 5\n"
+    return re.sub(r"(?ms)^\[profile\]\n.*?(?=^\[)", short + "\n", text, count=1)
+
+
+@pytest.fixture(scope="module")
+def paired(tmp_path_factory):
+    from pipeline.cli import main
+
+    catalog = write_catalog(tmp_path_factory.mktemp("rounds"), shipped_catalog())
+    argv = ["--catalog", str(catalog), "run", "--model", "vit_tiny", "--model", "bert_tiny", "--variant", "fp32"]
+    for toolchain in TOOLCHAINS:
+        argv += ["--toolchain", toolchain]
+    assert main(argv) == 0
+    return catalog
+
+
+def rounds_of(catalog, toolchain: str, name: str):
+    return read_manifest(catalog.parent / "manifests" / toolchain / f"{name}.json").profile.details.rounds
+
+
+def test_the_engines_of_a_point_are_timed_in_one_set_of_rounds(paired):
+    groups = set()
+    for name in ("vit_tiny_fp32", *(f"bert_tiny_fp32@{point}" for point in BERT_POINTS)):
+        (ort,), (eager,) = rounds_of(paired, "onnxruntime", name), rounds_of(paired, "torch-eager", name)
+        assert ort.group == eager.group and ort.entrants == eager.entrants == ["fp32/onnxruntime", "fp32/torch-eager"]
+        assert ort.rounds == eager.rounds >= 6 and ort.stop in ("decided", "budget")
+        assert [t.round for t in ort.takes] == list(range(ort.rounds)) and [t.round for t in eager.takes] == list(range(eager.rounds))
+        orders = [{t.order for t in (a, b)} for a, b in zip(ort.takes, eager.takes)]
+        assert all(order == {0, 1} for order in orders)  # each round, one take each, in some order
+        groups.add(ort.group)
+    assert len(groups) == 4  # one set of rounds per shape point
+
+
+def test_the_report_pairs_them_round_by_round(paired, run_cli):
+    import jsonschema
+
+    result = run_cli(paired, "compare", "--format", "json")
+    assert result.exit_code == 0, result.err
+    data = json.loads(result.out)
+    jsonschema.validate(data, json.loads((REPO_ROOT / "docs" / "compare.schema.json").read_text()))
+    assert data["schema"] == 3
+    for verdict in data["verdicts"]:
+        (pair,) = [c for c in verdict["comparisons"] if {c["a"]["toolchain"], c["b"]["toolchain"]} == set(TOOLCHAINS)]
+        assert pair["paired"] is True and pair["rounds"] >= 6 and pair["low"] <= pair["ratio"] <= pair["high"]
+        assert pair["outcome"] in ("faster", "slower", "same", "ambiguous")
+        assert verdict["fastest"]["rounds"] >= 6 and verdict["tie_width"] == 0.03
+    rows = [r for r in data["rows"] if r["median_ms"]]
+    assert rows and all(r["rounds"] >= 6 and r["median_ci_ms"][0] <= r["median_ms"] * 1.5 for r in rows)
+
+
+def test_a_group_is_measured_again_as_a_whole(paired, run_cli):
+    argv = ["run", "--model", "vit_tiny", "--variant", "fp32", "--toolchain", "onnxruntime", "--toolchain", "torch-eager"]
+    before = {t: rounds_of(paired, t, "vit_tiny_fp32")[0].group for t in TOOLCHAINS}
+    again = run_cli(paired, *argv)
+    assert again.exit_code == 0, again.err
+    assert {t: rounds_of(paired, t, "vit_tiny_fp32")[0].group for t in TOOLCHAINS} == before  # nothing changed: nothing re-measured
+    rebuilt = run_cli(paired, "build", "--engine", "vit_tiny_fp32", "--toolchain", "onnxruntime", "--force")
+    assert rebuilt.exit_code == 0, rebuilt.err
+    assert run_cli(paired, *argv).exit_code == 0
+    after = {t: rounds_of(paired, t, "vit_tiny_fp32")[0].group for t in TOOLCHAINS}
+    assert after["onnxruntime"] == after["torch-eager"] != before["onnxruntime"]  # both, in one new set of rounds
