@@ -252,8 +252,8 @@ def test_the_verdict_skips_the_inaccurate_and_says_the_speedup_over_the_baseline
     assert verdict.fastest.toolchain == "inductor" and verdict.speedup == pytest.approx(4.0)
     text = " ".join(verdict.sentences())
     assert text.startswith(
-        "m at 2×512: fastest meeting cosine ≥ 0.99 is fp16 on inductor, 5.000 ms — 4.00× fp16 on torch-eager (20.000 ms), "
-        "[3.92–4.08], unpaired."
+        "m at 2×512: fastest meeting cosine ≥ 0.99 is fp16 on inductor, 5.000 ms, faster than the other with 95% confidence "
+        "(by their own intervals) — 4.00× fp16 on torch-eager (20.000 ms), [3.92–4.08], unpaired."
     )
     assert "fp16 on trt (below the accuracy floor: cosine 0.9700 < 0.99)" in text and "fp16 on rtx (build refused: no kernel)" in text
     assert "1 not run" in text

@@ -88,6 +88,8 @@ class Verdict:
     # The candidates no other one is faster than with confidence, beside the fastest: the data
     # cannot tell them from it (a tie within ±tie, or undecided).
     tied: list[ComparisonRow] = field(default_factory=list)
+    # The engines the answer was chosen among (accurate, measured on a quiet machine).
+    candidates: list[ComparisonRow] = field(default_factory=list)
     # Every two candidates compared (A's time over B's), and the baseline's against each of the fastest and the tied.
     comparisons: list[tuple[ComparisonRow, ComparisonRow, RatioEstimate | None]] = field(default_factory=list)
     tie: float = TIE
@@ -156,7 +158,7 @@ class Verdict:
             row = self.fastest
             rate = f", {row.tokens_per_s:,.0f} tokens/s" if row.tokens_per_s else ""
             fastest = "no measurement can be trusted (below); the fastest of them" if self.untrusted else "fastest"
-            answer = f"{self.where}: {fastest}{meeting} is {line_label(row)}, {row.median_ms:.3f} ms{rate}"
+            answer = f"{self.where}: {fastest}{meeting} is {line_label(row)}, {row.median_ms:.3f} ms{rate}{self._sureness()}"
             out.append(answer + self._speedups([row]) + ".")
         if self.excluded:
             out.append("Left out: " + "; ".join(f"{line_label(row)} ({why})" for row, why in self.excluded) + ".")
@@ -164,9 +166,32 @@ class Verdict:
             out.append(f"{len(self.skipped)} not run: the toolchain cannot run the variant (the table says why).")
         return out
 
+    def _sureness(self) -> str:
+        """How the answer beat the other candidates: ", faster than the 2 others with 95%
+        confidence (paired over 6 rounds)"; nothing when it had none to beat."""
+        ids = {id(row) for row in self.candidates}
+        against = [
+            estimate
+            for a, b, estimate in self.comparisons
+            if estimate is not None
+            and id(a) in ids
+            and id(b) in ids
+            and self.fastest in (a, b)
+            and (a is self.fastest or b is self.fastest)
+        ]
+        if not against:
+            return ""
+        paired = sorted(e.rounds for e in against if e.paired)
+        how = "by their own intervals"
+        if paired:
+            how = f"paired over {paired[0]} rounds" if paired[0] == paired[-1] else f"paired over {paired[0]}–{paired[-1]} rounds"
+            how += ", the rest by their own intervals" if len(paired) < len(against) else ""
+        count = "the other" if len(against) == 1 else f"the {len(against)} others"
+        return f", faster than {count} with 95% confidence ({how})"
+
     def _speedups(self, group: list[ComparisonRow]) -> str:
         if self.baseline is None:
-            return " (no baseline-toolchain row to compare with)"
+            return " — no baseline-toolchain row to compare with"
         if len(group) == 1 and group[0] is self.baseline:
             return " — the baseline toolchain itself"
         estimates = [self.ratio(self.baseline, row) for row in group if row is not self.baseline]
@@ -271,6 +296,7 @@ def _decide(verdict: Verdict, candidates: list[ComparisonRow], group: list[Compa
     """The answer among the candidates: those no other candidate is faster than with confidence,
     the fastest of them first and the rest tied with it; a slower engine is never named over one
     that is faster with confidence."""
+    verdict.candidates = candidates
     comparisons = [(a, b, time_ratio(a, b, verdict.tie)) for i, a in enumerate(candidates) for b in candidates[i + 1 :]]
     beaten = set()
     for a, b, estimate in comparisons:
