@@ -225,9 +225,10 @@ class TorchRuntime(InProcessRuntime):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        # The last model this runtime prepared, kept so a profile right after its build does not
-        # compile again. One at a time: a ViT-B holds hundreds of MB of GPU memory.
-        self._prepared: Prepared | None = None
+        # The last model this runtime prepared of each engine file, kept so a profile right after
+        # its build does not compile again, and the next shape point reuses the loaded model (the
+        # variants of a sweep alternate, point after point, in one process).
+        self._prepared: dict[tuple[int, int, int], Prepared] = {}
 
     # --- what it is -----------------------------------------------------------------------------
 
@@ -390,13 +391,14 @@ class TorchRuntime(InProcessRuntime):
         )
         device = "cuda" if self._cuda_available() else "cpu"
         settings = self.settings(variant.precision, device)
-        self._prepared = None  # free the previous model's memory before preparing this one
+        self._prepared.clear()  # free the previous models' memory before preparing this one
         try:
-            self._prepared = self._prepare(model, examples, dtype, device, _file_identity(engine_path), point and point.label)
+            prepared = self._prepare(model, examples, dtype, device, _file_identity(engine_path), point and point.label)
         except NotPrepared as exc:
             result = BuildResult(engine_path=None, settings=settings, evidence={"compiler": {**self.versions(), **exc.facts}})
             raise RefusedByTool(exc.message, exc.hint, result=result) from exc.__cause__
-        facts = self._prepared.facts
+        self._prepared[prepared.engine_file] = prepared
+        facts = prepared.facts
         notes = []
         if facts.get("graph_breaks"):
             notes.append(
@@ -633,15 +635,15 @@ class TorchRuntime(InProcessRuntime):
         loaded when only the shape point differs."""
         identity = _file_identity(engine_path)
         shape = workload.shape if workload is not None else None
-        prepared = self._prepared
-        if prepared is not None and prepared.engine_file == identity and prepared.shape == shape:
+        prepared = self._prepared.pop(identity, None)
+        if prepared is not None and prepared.shape == shape:
+            self._prepared[identity] = prepared
             return prepared
         torch = _torch()
         saved = None
-        if prepared is not None and prepared.engine_file == identity:
+        if prepared is not None:
             model = prepared.model
         else:
-            self._prepared = prepared = None
             saved = self._read(engine_path)
             model = self._model_from(saved)
         dtype = next(model.parameters()).dtype
@@ -651,8 +653,7 @@ class TorchRuntime(InProcessRuntime):
             shapes = saved["input_shapes"] if saved is not None else [list(t.shape) for t in prepared.examples]
             examples = (torch.randn(*shapes[0], generator=torch.Generator().manual_seed(0)),)
         device = "cuda" if self._cuda_available() else "cpu"
-        self._prepared = None  # one prepared model at a time
-        reuse = prepared if prepared is not None and prepared.engine_file == identity else None
+        reuse, prepared = prepared, None  # the same model at another point: its dynamic compilation serves this one
         started = time.perf_counter()
         try:
             prepared = self._prepare(model, examples, dtype, device, identity, shape, reuse)
@@ -660,7 +661,7 @@ class TorchRuntime(InProcessRuntime):
             # Recorded in this point's profile manifest (this shape, this GPU, this release).
             raise RefusedByTool(exc.message, exc.hint) from exc.__cause__
         prepared.facts["prepare_s"] = round(time.perf_counter() - started, 3)
-        self._prepared = prepared
+        self._prepared[identity] = prepared
         return prepared
 
     def _read(self, engine_path: Path) -> dict[str, Any]:
