@@ -92,9 +92,75 @@ def test_every_variant_of_a_transformer_and_a_timm_model_exports_in_one_process(
     assert pooler == {"zero_fraction": 0.5, "pattern_2_4": True, "feeds_output": False}  # sparse, but not in the graph
 
 
+def onnx_differences(first: Path, second: Path, rtol: float = 1e-5) -> list[str]:
+    """What differs between two ONNX files: the graph without its weights and constants must be
+    the same (nodes, attributes, inputs, outputs, opsets); each weight and constant the same name,
+    type and shape, its integer and 8-bit data (FP4/FP8 codes) equal and its floating data equal
+    within ``rtol``. An empty list when they are the same."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    if sha256_file(first) == sha256_file(second):
+        return []
+    models = [onnx.load(str(path)) for path in (first, second)]
+    tensors: list[dict] = []
+    for model in models:
+        found = {tensor.name: numpy_helper.to_array(tensor) for tensor in model.graph.initializer}
+        del model.graph.initializer[:]
+        # Calibrated ranges are Constant nodes' values (an activation's scale): weighed, then set aside.
+        for node in model.graph.node:
+            for attribute in node.attribute:
+                if node.op_type == "Constant" and attribute.name == "value":
+                    found[f"constant {node.output[0]}"] = numpy_helper.to_array(attribute.t)
+                    attribute.t.Clear()
+        tensors.append(found)
+    differences = []
+    if models[0].SerializeToString() != models[1].SerializeToString():
+        nodes = [[f"{node.op_type} {node.name}" for node in model.graph.node] for model in models]
+        where = next((f"node {i}: {a} against {b}" for i, (a, b) in enumerate(zip(*nodes)) if a != b), "in attributes, inputs or outputs")
+        differences.append(f"the graph differs ({len(nodes[0])} and {len(nodes[1])} nodes; first {where})")
+    if tensors[0].keys() != tensors[1].keys():
+        differences.append(f"tensors in one only: {sorted(tensors[0].keys() ^ tensors[1].keys())[:5]}")
+    for name in sorted(tensors[0].keys() & tensors[1].keys()):
+        a, b = tensors[0][name], tensors[1][name]
+        if a.dtype != b.dtype or a.shape != b.shape:
+            differences.append(f"{name}: {a.dtype}{list(a.shape)} against {b.dtype}{list(b.shape)}")
+        elif a.dtype.kind == "f" and a.dtype.itemsize > 1:
+            if not np.allclose(a, b, rtol=rtol, atol=0.0, equal_nan=True):
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    worst = float(np.nanmax(np.abs(a.astype(np.float64) - b) / np.abs(b)))
+                differences.append(f"{name}: {int((a != b).sum())} of {a.size} values differ (largest relative difference {worst:.3g})")
+        elif a.tobytes() != b.tobytes():
+            differences.append(f"{name}: {int((a.view(np.uint8) != b.view(np.uint8)).sum())} of {a.nbytes} bytes differ ({a.dtype})")
+    return differences
+
+
+def same_figures(first, second, rel: float = 1e-4) -> bool:
+    """The same nested record, its numbers equal within ``rel``."""
+    import math
+
+    if isinstance(first, dict) and isinstance(second, dict):
+        return first.keys() == second.keys() and all(same_figures(first[k], second[k], rel) for k in first)
+    if isinstance(first, list) and isinstance(second, list):
+        return len(first) == len(second) and all(same_figures(a, b, rel) for a, b in zip(first, second))
+    if isinstance(first, float) or isinstance(second, float):
+        return (
+            isinstance(first, (int, float)) and isinstance(second, (int, float)) and math.isclose(first, second, rel_tol=rel, abs_tol=1e-12)
+        )
+    return first == second
+
+
 def test_each_variant_is_what_it_would_be_alone(one_process, tmp_path):
-    """Each variant exported again in a process of its own gives the same ONNX, byte for byte,
-    and the same parity, accuracy and sparsity figures."""
+    """Each variant exported again in a process of its own gives the same ONNX and the same
+    parity, accuracy and sparsity figures.
+
+    The same means the same graph and the same weights, FP4/FP8/INT8 codes bit for bit, within
+    float rounding: calibration's activation ranges come out of the CPU's matrix products, and
+    one CI run of many (vit_tiny_nvfp4_sparse) wrote an ONNX whose bytes differed from the same
+    export in another process while twenty exports here, loaded or not, were identical. What state
+    leaking from one export into the next would change (a mask, a quantizer, a model's weights)
+    is far outside that rounding, and the message says which tensors differ and by how much."""
     catalog, _ = one_process
     engines = [f"{model}_{variant}" for model in MODELS for variant in catalog_variants() if variant not in NEED_CUDA]
 
@@ -111,10 +177,11 @@ def test_each_variant_is_what_it_would_be_alone(one_process, tmp_path):
         model = next(m for m in MODELS if engine.startswith(m + "_"))
         variant = engine[len(model) + 1 :]
         together, by_itself = catalog.parent / "models" / model / f"{variant}.onnx", ws / "models" / model / f"{variant}.onnx"
-        assert sha256_file(together) == sha256_file(by_itself), f"{engine}: the ONNX differs from the one exported alone"
+        differences = onnx_differences(together, by_itself)
+        assert not differences, f"{engine}: the ONNX differs from the one exported alone: {differences[:8]}"
         first, second = export_details(catalog.parent, engine), export_details(ws, engine)
         for key in ("accuracy", "parity", "parity_by_shape", "sparsification", "quantization", "onnx_ops"):
-            assert first[key] == second[key], (engine, key)
+            assert same_figures(first[key], second[key]), (engine, key, first[key], second[key])
 
 
 def test_the_torch_toolchain_times_the_pristine_model_after_every_export(one_process):
