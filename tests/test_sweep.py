@@ -224,6 +224,28 @@ def test_torch_compile_dynamic_compiles_once_and_counts_what_each_point_recompil
         assert execution["recompiles_during_measurement"] == 0  # every point was warmed before it was timed
 
 
+@needs_inductor
+def test_torch_compile_compiles_every_point_at_build_and_each_profile_finds_it_in_inductors_cache(tmp_path, run_cli, monkeypatch):
+    from pipeline.runtimes import torch_compile_ahead
+
+    # Two processes compile the three points side by side (this machine's CPUs may be too few to
+    # choose that on their own); the cache is this test's alone.
+    monkeypatch.setattr(torch_compile_ahead, "usable_cpus", lambda: 4)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    (tmp_path / "pipeline.toml").write_text(SWEEP_CATALOG + '\n[toolchains.torch-compile]\nkind = "torch"\nbackend = "compile"\n')
+    result = run_cli(tmp_path / "pipeline.toml", "run", "--model", "bert", "--toolchain", "torch-compile")
+    assert result.exit_code == 0, result.err
+    build = read_manifest(tmp_path / "manifests" / "torch-compile" / "bert_fp32.json").build
+    ahead = build.details.compiler["compiled_ahead"]
+    assert ahead["processes"] == 2 and sorted(ahead["points"]) == sorted(POINTS)
+    assert all(point["compile_s"] > 0 and point["graphs"] >= 1 for point in ahead["points"].values()), ahead
+    # The build's own process kept the first point's compiled model for its profile; the others
+    # compiled again, and found every graph in the cache the build's processes filled.
+    for shape in POINTS[1:]:
+        execution = point_manifest(tmp_path, "torch-compile", shape).profile.details.execution
+        assert execution["inductor_cache_hits"] == execution["graphs"] >= 1, (shape, execution)
+
+
 def _row(toolchain, shape, median, spread=0.01, **extra) -> ComparisonRow:
     """A measured row whose median's interval is ± ``spread`` (measured apart from the others)."""
     row = ComparisonRow(

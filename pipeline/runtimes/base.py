@@ -158,6 +158,13 @@ class EngineRuntime(ABC):
         ``onnx_path`` is the exported graph, ``source`` the PyTorch model it was exported from:
         compilers read the first, runtimes that run PyTorch itself start from the second."""
 
+    def prepare_ahead(self, engine_path: Path, workloads: list[ReferenceBatch]) -> dict[str, Any]:
+        """Work each shape point's profile would start with, done now for all of them at once
+        where that is faster (compiling for each point in parallel): evidence for the build's
+        manifest, merged into BuildResult.evidence ({} when there is no such work). Whatever
+        fails here is left to the point's profile, which records it for its point."""
+        return {}
+
     @abstractmethod
     def profile(self, engine_path: Path, settings: ProfileSettings, workload: ReferenceBatch | None = None) -> ProfileResult:
         """Time the engine. ``workload`` is what to feed at a shape point (its inputs' shapes and

@@ -6,7 +6,9 @@ The stages mean what they mean for every toolchain:
 * **build** writes the runnable model (``engines/<toolchain>/<engine>.pt``: the timm architecture's
   name and its weights in the variant's precision, so the file pins exactly what is timed) and
   prepares it: for ``compile`` the compilation, timed, with the graph breaks counted and where
-  Inductor keeps its cache recorded; for ``cudagraphs`` the capture.
+  Inductor keeps its cache recorded — and, for a model of several shape points, the compilation
+  at every point in processes side by side (pipeline/runtimes/torch_compile_ahead.py), so that
+  each point's profile finds its graphs in Inductor's cache; for ``cudagraphs`` the capture.
 * **profile** prepares it (:meth:`TorchRuntime.prepare`) and hands it to the measurement protocol
   (pipeline/measurement.py), which times it in rounds beside the other engines of the shape point.
   On a GPU the runs of a take are enqueued back to back and each is bracketed by CUDA events, so a
@@ -356,8 +358,13 @@ class TorchRuntime(InProcessRuntime):
     def describe_build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec, source: ModelSource) -> list[str]:
         prepare = {
             "eager": "nothing to prepare",
-            "compile": f"torch.compile(mode={self.mode!r}, fullgraph={self.spec.fullgraph}, dynamic={self.spec.dynamic}), compiled by one run "
-            "(Inductor's cache: $TORCHINDUCTOR_CACHE_DIR, else torchinductor_<user> in the temp directory)",
+            "compile": f"torch.compile(mode={self.mode!r}, fullgraph={self.spec.fullgraph}, dynamic={self.spec.dynamic}), compiled by one run"
+            + (
+                ""
+                if self.spec.dynamic or len(source.shape_points()) < 2
+                else f", then at each of the {len(source.shape_points())} shape points in processes side by side"
+            )
+            + " (Inductor's cache: $TORCHINDUCTOR_CACHE_DIR, else torchinductor_<user> in the temp directory)",
             "cudagraphs": "capture one run in a CUDA graph",
         }[self.spec.backend]
         return [
@@ -406,6 +413,30 @@ class TorchRuntime(InProcessRuntime):
             )
             self.reporter.warn(f"{engine_path.name}: {notes[-1]} (set fullgraph = true to refuse them)")
         return BuildResult(engine_path=engine_path, settings=settings, notes=notes, evidence={"compiler": {**self.versions(), **facts}})
+
+    def prepare_ahead(self, engine_path: Path, workloads: list[ReferenceBatch]) -> dict[str, Any]:
+        """torch.compile at every shape point at once, in processes of their own, leaving the
+        graphs in Inductor's cache for the profiles (pipeline/runtimes/torch_compile_ahead.py).
+        Only a compilation specialised to each point has work to share out; a dynamic one is
+        compiled once, and eager runs and CUDA graphs cost a point little."""
+        from pipeline.runtimes import torch_compile_ahead
+
+        if self.spec.backend != "compile" or self.spec.dynamic or len(workloads) < 2:
+            return {}
+        gpu_free = None
+        if self._cuda_available():
+            gpu_free, _ = _torch().cuda.mem_get_info()
+        processes = torch_compile_ahead.processes_for(
+            len(workloads), torch_compile_ahead.usable_cpus(), gpu_free, engine_path.stat().st_size
+        )
+        if processes < 2:
+            return {
+                "compiler": {"compiled_ahead": {"skipped": "too few CPUs or too little free GPU memory to compile the points side by side"}}
+            }
+        facts = torch_compile_ahead.compile_ahead(
+            self.name, self.spec, self.workspace_root, engine_path, workloads, processes, self.reporter.progress
+        )
+        return {"compiler": {"compiled_ahead": facts}}
 
     def versions(self) -> dict[str, Any]:
         torch = _torch()

@@ -116,7 +116,22 @@ class BuildStage(Stage):
                 engine_path.unlink(missing_ok=True)
                 exc.outcome = self.outcome(exc.result, engine_path=None)
             raise
+        for key, facts in self.runtime.prepare_ahead(engine_path, self.point_workloads()).items():
+            result.evidence[key] = {**(result.evidence.get(key) or {}), **facts}
         return self.outcome(result, engine_path)
+
+    def point_workloads(self) -> list:
+        """The inputs each shape point's profile will feed this engine (the export's reference
+        batches); none for an engine of one shape or one point."""
+        from pipeline.accuracy import ReferenceBatch
+
+        if self.shape is not None:
+            return []
+        details = self.export_record().details
+        batches = (
+            ReferenceBatch.from_export(details, self.ctx.workspace.root, point.label) for point in self.model_source().shape_points()
+        )
+        return [batch for batch in batches if batch is not None]
 
     def outcome(self, result, engine_path: Path | None) -> StageOutcome:
         outputs = [self.ctx.workspace.artifact("engine", engine_path)] if engine_path is not None else []
