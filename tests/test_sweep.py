@@ -225,25 +225,71 @@ def test_torch_compile_dynamic_compiles_once_and_counts_what_each_point_recompil
 
 
 @needs_inductor
-def test_torch_compile_compiles_every_point_at_build_and_each_profile_finds_it_in_inductors_cache(tmp_path, run_cli, monkeypatch):
+def test_torch_compile_compiles_every_point_of_every_engine_at_build_in_one_set_of_processes(tmp_path, run_cli, monkeypatch):
+    """Two compiled engines, three points each: once both are built, their six points compile in
+    one set of processes, and each point's profile finds its graphs in Inductor's cache."""
     from pipeline.runtimes import torch_compile_ahead
 
-    # Two processes compile the three points side by side (this machine's CPUs may be too few to
-    # choose that on their own); the cache is this test's alone.
+    # Two processes (this machine's CPUs may be too few to choose that on their own); the cache is
+    # this test's alone.
     monkeypatch.setattr(torch_compile_ahead, "usable_cpus", lambda: 4)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    (tmp_path / "pipeline.toml").write_text(SWEEP_CATALOG + '\n[toolchains.torch-compile]\nkind = "torch"\nbackend = "compile"\n')
-    result = run_cli(tmp_path / "pipeline.toml", "run", "--model", "bert", "--toolchain", "torch-compile")
+    compiled = ("torch-compile", "torch-compile-eager-attn")
+    (tmp_path / "pipeline.toml").write_text(
+        SWEEP_CATALOG
+        + '\n[toolchains.torch-compile]\nkind = "torch"\nbackend = "compile"\n'
+        + '\n[toolchains.torch-compile-eager-attn]\nkind = "torch"\nbackend = "compile"\nattn_implementation = "eager"\n'
+    )
+    result = run_cli(tmp_path / "pipeline.toml", "run", "--model", "bert", *(arg for name in compiled for arg in ("--toolchain", name)))
     assert result.exit_code == 0, result.err
-    build = read_manifest(tmp_path / "manifests" / "torch-compile" / "bert_fp32.json").build
-    ahead = build.details.compiler["compiled_ahead"]
-    assert ahead["processes"] == 2 and sorted(ahead["points"]) == sorted(POINTS)
-    assert all(point["compile_s"] > 0 and point["graphs"] >= 1 for point in ahead["points"].values()), ahead
-    # The build's own process kept the first point's compiled model for its profile; the others
-    # compiled again, and found every graph in the cache the build's processes filled.
-    for shape in POINTS[1:]:
-        execution = point_manifest(tmp_path, "torch-compile", shape).profile.details.execution
-        assert execution["inductor_cache_hits"] == execution["graphs"] >= 1, (shape, execution)
+    assert "ahead of profiles" in result.err, result.err
+    aheads = [read_manifest(tmp_path / "manifests" / name / "bert_fp32.json").build.details.compiler["compiled_ahead"] for name in compiled]
+    for ahead in aheads:
+        assert ahead["processes"] == 2 and ahead["engines"] == 2 and sorted(ahead["points"]) == sorted(POINTS), ahead
+        assert all(point["compile_s"] > 0 and point["graphs"] >= 1 for point in ahead["points"].values()), ahead
+    assert aheads[0]["wall_s"] == aheads[1]["wall_s"]  # one set of processes for both
+    # Each build's own process kept its first point's compiled model for its profile; the other
+    # points compiled again and found every graph in the cache the processes filled.
+    for name in compiled:
+        for shape in POINTS[1:]:
+            execution = point_manifest(tmp_path, name, shape).profile.details.execution
+            assert execution["inductor_cache_hits"] == execution["graphs"] >= 1, (name, shape, execution)
+
+
+def test_work_ahead_of_profiles_runs_once_per_kind_and_a_failure_only_costs_time(capsys):
+    """The builds' work ahead of their profiles: all the works of one kind in one call, each
+    engine's evidence recorded for it; a kind whose work fails is a warning, and the run goes on."""
+    from types import SimpleNamespace
+
+    from pipeline.reporting import Reporter
+    from pipeline.runtimes.base import AheadWork
+    from pipeline.stages.runner import run_ahead_work
+
+    calls, recorded = [], {}
+
+    def together(works, progress):
+        calls.append([work.engine_path.name for work in works])
+        return [{"compiler": {"compiled_ahead": {"points": len(work.jobs)}}} for work in works], None
+
+    def failing(works, progress):
+        raise OSError("no processes here")
+
+    def stage(name):
+        return SimpleNamespace(
+            engine=SimpleNamespace(name=name), toolchain="t", record_ahead=lambda facts: recorded.setdefault(name, facts)
+        )
+
+    pending = [
+        (stage("a"), AheadWork(Path("a.pt"), [1, 2], together)),
+        (stage("b"), AheadWork(Path("b.pt"), [1, 2, 3], failing)),
+        (stage("c"), AheadWork(Path("c.pt"), [1], together)),
+    ]
+    run_ahead_work(SimpleNamespace(reporter=Reporter()), pending)
+    assert calls == [["a.pt", "c.pt"]]
+    assert recorded == {"a": {"compiler": {"compiled_ahead": {"points": 2}}}, "c": {"compiler": {"compiled_ahead": {"points": 1}}}}
+    err = capsys.readouterr().err
+    assert "WARNING nothing done ahead of profiles for b on t: OSError: no processes here" in err
+    assert "2 engines" in err and "done" in err
 
 
 def _row(toolchain, shape, median, spread=0.01, **extra) -> ComparisonRow:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -25,6 +26,19 @@ class BuildResult:
     sidecars: dict[str, Path] = field(default_factory=dict)
     # Extra evidence for the manifest's BuildDetails (image, digest, parsed trtexec output).
     evidence: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class AheadWork:
+    """One engine's work ahead of its profiles (EngineRuntime.ahead_work). ``run_together`` does
+    the work of several engines of one kind at once and gives each one's evidence for its build
+    manifest (merged into BuildDetails by key), and why none was done where it was not (None
+    when it was); whatever fails there is left to the point's profile, which records it for its
+    point."""
+
+    engine_path: Path
+    jobs: list
+    run_together: Callable[[list[AheadWork], Callable[[str], None]], tuple[list[dict[str, Any]], str | None]]
 
 
 @dataclass
@@ -158,12 +172,11 @@ class EngineRuntime(ABC):
         ``onnx_path`` is the exported graph, ``source`` the PyTorch model it was exported from:
         compilers read the first, runtimes that run PyTorch itself start from the second."""
 
-    def prepare_ahead(self, engine_path: Path, workloads: list[ReferenceBatch]) -> dict[str, Any]:
-        """Work each shape point's profile would start with, done now for all of them at once
-        where that is faster (compiling for each point in parallel): evidence for the build's
-        manifest, merged into BuildResult.evidence ({} when there is no such work). Whatever
-        fails here is left to the point's profile, which records it for its point."""
-        return {}
+    def ahead_work(self, engine_path: Path, workloads: list[ReferenceBatch]) -> AheadWork | None:
+        """Work each shape point's profile would start with (compiling for the point) that is
+        faster done for every point at once, beside other engines' such work, once the engines are
+        built; None where there is none."""
+        return None
 
     @abstractmethod
     def profile(self, engine_path: Path, settings: ProfileSettings, workload: ReferenceBatch | None = None) -> ProfileResult:

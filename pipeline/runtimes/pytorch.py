@@ -44,7 +44,7 @@ from pipeline.environment import nvidia_gpus, package_version
 from pipeline.errors import EnvironmentMissing, OutOfMemory, PipelineError, RefusedByTool
 from pipeline.measurement import cuda_take, host_take
 from pipeline.models import TORCH_DTYPES, ModelSource
-from pipeline.runtimes.base import BuildResult, InProcessRuntime, ReferenceRun, ToolchainStatus, rounds_words
+from pipeline.runtimes.base import AheadWork, BuildResult, InProcessRuntime, ReferenceRun, ToolchainStatus, rounds_words
 
 # What the engine file holds; checked on load so a stray .pt is a clear error, not a crash.
 ENGINE_FORMAT = "trt-pipeline torch model"
@@ -414,29 +414,18 @@ class TorchRuntime(InProcessRuntime):
             self.reporter.warn(f"{engine_path.name}: {notes[-1]} (set fullgraph = true to refuse them)")
         return BuildResult(engine_path=engine_path, settings=settings, notes=notes, evidence={"compiler": {**self.versions(), **facts}})
 
-    def prepare_ahead(self, engine_path: Path, workloads: list[ReferenceBatch]) -> dict[str, Any]:
-        """torch.compile at every shape point at once, in processes of their own, leaving the
-        graphs in Inductor's cache for the profiles (pipeline/runtimes/torch_compile_ahead.py).
-        Only a compilation specialised to each point has work to share out; a dynamic one is
-        compiled once, and eager runs and CUDA graphs cost a point little."""
+    def ahead_work(self, engine_path: Path, workloads: list[ReferenceBatch]) -> AheadWork | None:
+        """torch.compile at every shape point, in processes of their own beside the other compiled
+        engines' points, leaving the graphs in Inductor's cache for the profiles
+        (pipeline/runtimes/torch_compile_ahead.py). Only a compilation specialised to each point
+        has work to share out; a dynamic one is compiled once, and eager runs and CUDA graphs cost
+        a point little."""
         from pipeline.runtimes import torch_compile_ahead
 
         if self.spec.backend != "compile" or self.spec.dynamic or len(workloads) < 2:
-            return {}
-        gpu_free = None
-        if self._cuda_available():
-            gpu_free, _ = _torch().cuda.mem_get_info()
-        processes = torch_compile_ahead.processes_for(
-            len(workloads), torch_compile_ahead.usable_cpus(), gpu_free, engine_path.stat().st_size
-        )
-        if processes < 2:
-            return {
-                "compiler": {"compiled_ahead": {"skipped": "too few CPUs or too little free GPU memory to compile the points side by side"}}
-            }
-        facts = torch_compile_ahead.compile_ahead(
-            self.name, self.spec, self.workspace_root, engine_path, workloads, processes, self.reporter.progress
-        )
-        return {"compiler": {"compiled_ahead": facts}}
+            return None
+        jobs = [torch_compile_ahead.CompileJob(self.name, self.spec, self.workspace_root, engine_path, workload) for workload in workloads]
+        return AheadWork(engine_path, jobs, torch_compile_ahead.compile_together)
 
     def versions(self) -> dict[str, Any]:
         torch = _torch()

@@ -44,6 +44,9 @@ class RunContext:
     gpu_type: str | None = None
     # The Ray node running this stage, recorded in the manifest's environment (cluster runs).
     cluster_node: Any = None
+    # While a run builds its engines: each build's work ahead of its profiles, (stage, AheadWork),
+    # done together once every engine is built (runner.run_ahead_work). None: each build does its own.
+    ahead: list | None = None
 
 
 @dataclass

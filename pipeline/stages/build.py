@@ -116,9 +116,28 @@ class BuildStage(Stage):
                 engine_path.unlink(missing_ok=True)
                 exc.outcome = self.outcome(exc.result, engine_path=None)
             raise
-        for key, facts in self.runtime.prepare_ahead(engine_path, self.point_workloads()).items():
-            result.evidence[key] = {**(result.evidence.get(key) or {}), **facts}
+        work = self.runtime.ahead_work(engine_path, self.point_workloads())
+        if work is not None and self.ctx.ahead is not None:
+            self.ctx.ahead.append((self, work))  # done beside the other engines' (runner.run_ahead_work)
+        elif work is not None:
+            try:
+                evidence, _ = work.run_together([work], self.ctx.reporter.progress)
+                merge_evidence(result.evidence, evidence[0])
+            except Exception as exc:  # only time is lost: each profile prepares its own point
+                self.ctx.reporter.warn(f"{self.engine.name}: nothing done ahead of profiles: {type(exc).__name__}: {exc}")
         return self.outcome(result, engine_path)
+
+    def record_ahead(self, evidence: dict) -> None:
+        """Add what the work ahead of the profiles found to this engine's build manifest, written
+        when the build ended (it does not change what the build made, nor its fingerprint)."""
+        manifest = self.load_manifest()
+        record = manifest.build if manifest is not None else None
+        if record is None or record.details is None:
+            return
+        details = record.details
+        updates = {key: merge_evidence({key: getattr(details, key)}, {key: facts})[key] for key, facts in evidence.items()}
+        record = record.model_copy(update={"details": details.model_copy(update=updates)})
+        manifest.model_copy(update={"build": record}).write(self.manifest_path())
 
     def point_workloads(self) -> list:
         """The inputs each shape point's profile will feed this engine (the export's reference
@@ -144,3 +163,10 @@ class BuildStage(Stage):
             **result.evidence,
         )
         return StageOutcome(outputs=outputs, details=details, command=result.command)
+
+
+def merge_evidence(evidence: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
+    """``more`` added to ``evidence`` key by key, each key's facts beside those already there."""
+    for key, facts in more.items():
+        evidence[key] = {**(evidence.get(key) or {}), **facts}
+    return evidence

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from pipeline.catalog import EngineRef
@@ -157,16 +158,21 @@ def run_engines(ctx: RunContext, engines: list[EngineRef], toolchains: list[str]
                 summary.fail(engine.name, toolchain, exc)
     rounds: dict = {}
     single = len(engines) == 1 and len(usable) == 1
-    for toolchain in usable:
-        for engine in engines:
-            try:
-                run_engine(ctx, engine, toolchain, until, rounds)
-                summary.succeeded.append(engine.name)
-            except PipelineError as exc:
-                if single:
-                    raise
-                print_error(f"{engine.name}{f' on {toolchain}' if len(usable) > 1 else ''}: {exc.message}", exc.hint)
-                summary.fail(engine.name, toolchain, exc)
+    ctx.ahead = []
+    try:
+        for toolchain in usable:
+            for engine in engines:
+                try:
+                    run_engine(ctx, engine, toolchain, until, rounds)
+                    summary.succeeded.append(engine.name)
+                except PipelineError as exc:
+                    if single:
+                        raise
+                    print_error(f"{engine.name}{f' on {toolchain}' if len(usable) > 1 else ''}: {exc.message}", exc.hint)
+                    summary.fail(engine.name, toolchain, exc)
+        run_ahead_work(ctx, ctx.ahead)
+    finally:
+        ctx.ahead = None
     for (_, _, shape), stages in rounds.items():
         for stage, exc in profile_together(stages):
             where = f" at {shape}" if shape else ""
@@ -176,6 +182,33 @@ def run_engines(ctx: RunContext, engines: list[EngineRef], toolchains: list[str]
             print_error(f"{stage.engine.name}{on}{where}: {exc.message}", exc.hint)
             summary.fail(stage.engine.name, stage.toolchain, exc)
     return summary.raise_for_failures(requested, toolchains)
+
+
+def run_ahead_work(ctx: RunContext, pending: list) -> None:
+    """The builds' work ahead of their profiles (compiling at every shape point), all of one kind
+    at once, then each engine's evidence added to its build manifest."""
+    by_kind: dict = {}
+    for stage, work in pending:
+        by_kind.setdefault(work.run_together, []).append((stage, work))
+    for run_together, group in by_kind.items():
+        names = ", ".join(f"{stage.engine.name} on {stage.toolchain}" for stage, _ in group)
+        engines = f"{len(group)} engine{'s' if len(group) > 1 else ''}"
+        with ctx.reporter.working("build", f"{engines} ahead of profiles"):
+            ctx.reporter.step(names)
+            started = time.perf_counter()
+            try:
+                evidence, skipped = run_together([work for _, work in group], ctx.reporter.progress)
+            except Exception as exc:  # only time is lost: each profile prepares its own point
+                ctx.reporter.warn(
+                    f"nothing done ahead of profiles for {names}: {type(exc).__name__}: {exc}; each profile prepares its own point"
+                )
+                continue
+        for (stage, _), facts in zip(group, evidence):
+            stage.record_ahead(facts)
+        if skipped:
+            ctx.reporter.skipped("build", engines, f"nothing done ahead of profiles for {names}: {skipped}")
+        else:
+            ctx.reporter.done("build", engines, time.perf_counter() - started, f" ahead of profiles: {names}")
 
 
 class LocalLauncher:
