@@ -54,6 +54,19 @@ class ProfileResult:
     warnings: list[str] = field(default_factory=list)
     evidence: dict[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def of_takes(cls, said: dict[str, Any], times_ms: list[float], elapsed_s: float) -> ProfileResult:
+        """The result of an in-process engine's timed runs, with what it ``said`` of how it ran
+        (PreparedEngine.evidence())."""
+        return cls(
+            per_iteration_ms=times_ms,
+            total_walltime_s=elapsed_s,
+            device=said["device"],
+            metric=said["metric"],
+            warnings=said.get("warnings", []),
+            evidence=said.get("evidence", {}),
+        )
+
 
 @dataclass
 class ReferenceRun:
@@ -213,20 +226,7 @@ class InProcessRuntime(EngineRuntime):
         `iterations` runs and `duration_s` seconds)."""
         engine = self.prepare(engine_path, workload)
         times_ms, elapsed = measure_alone(engine, settings, self.reporter.progress)
-        return self.result(engine, times_ms, elapsed)
-
-    @staticmethod
-    def result(engine: PreparedEngine, times_ms: list[float], elapsed_s: float) -> ProfileResult:
-        """A ProfileResult of these times, with what the engine says of how it ran."""
-        said = engine.evidence()
-        return ProfileResult(
-            per_iteration_ms=times_ms,
-            total_walltime_s=elapsed_s,
-            device=said["device"],
-            metric=said["metric"],
-            warnings=said.get("warnings", []),
-            evidence=said.get("evidence", {}),
-        )
+        return ProfileResult.of_takes(engine.evidence(), times_ms, elapsed)
 
 
 def rounds_words(settings: ProfileSettings) -> str:

@@ -136,14 +136,7 @@ def _result(said: dict[str, Any], times_ms: list[float], elapsed_s: float) -> Pr
             "every take of the rounds was dropped: the GPU's clock stayed below three quarters of its default (throttled)",
             hint="let the GPU cool or lift its power cap, then profile again; `nvidia-smi -q -d PERFORMANCE` says why it throttles",
         )
-    return ProfileResult(
-        per_iteration_ms=times_ms,
-        total_walltime_s=elapsed_s,
-        device=said["device"],
-        metric=said["metric"],
-        warnings=said.get("warnings", []),
-        evidence=said.get("evidence", {}),
-    )
+    return ProfileResult.of_takes(said, times_ms, elapsed_s)
 
 
 def _in_fresh_process(stages: list[ProfileStage], settings):
