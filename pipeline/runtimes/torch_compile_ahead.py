@@ -62,7 +62,7 @@ class CompileJob:
 def compile_together(works: list, progress: Callable[[str], None]) -> tuple[list[dict[str, Any]], str | None]:
     """Every point of every engine in ``works`` (AheadWork whose jobs are CompileJobs), compiled in
     one set of processes: each process starts once (a new interpreter, torch, a CUDA context) and
-    compiles a run of points of one engine. The build manifest's evidence for each work, in order,
+    compiles a run of consecutive points, engine by engine (one engine's, where the counts allow). The build manifest's evidence for each work, in order,
     and why nothing was compiled where nothing was."""
     jobs = [job for work in works for job in work.jobs]
     gpu_free = _gpu_free_bytes()
