@@ -41,7 +41,7 @@ from pydantic import BaseModel
 
 from pipeline.catalog import ProfileSettings
 from pipeline.errors import PipelineError
-from pipeline.stats import RatioEstimate, paired_ratio
+from pipeline.stats import RatioEstimate, median, paired_ratio
 
 # A take is dropped when the GPU's SM clock fell below this share of its default clock.
 THROTTLE_THRESHOLD = 0.75
@@ -229,9 +229,6 @@ class RoundsRecord(BaseModel):
     # Engines that failed during the rounds, and why (they stop taking part; the rounds go on).
     failed: dict[str, str] = {}
 
-    def medians_by_round(self) -> dict[int, float]:
-        return {take.round: take.median_ms for take in self.takes if take.dropped is None}
-
     @property
     def dropped(self) -> int:
         return sum(1 for take in self.takes if take.dropped is not None)
@@ -280,7 +277,7 @@ def undecided(takes: dict[str, list[Take]], tie: float) -> list[tuple[str, str, 
     """The comparisons the verdict needs that the takes do not decide yet: the engine whose
     per-round times are lowest against each of the others, where their ratio's interval neither
     excludes 1 nor lies within 1 ± tie."""
-    medians = {key: {t.round: t.median_ms for t in entries if t.dropped is None} for key, entries in takes.items()}
+    medians = {key: {take.round: take.median_ms for take in entries if take.dropped is None} for key, entries in takes.items()}
     medians = {key: rounds for key, rounds in medians.items() if rounds}
     if len(medians) < 2:
         return []
@@ -342,11 +339,15 @@ def measure_in_rounds(
             dropped = None
             if mhz is not None and clock.default_mhz and mhz < THROTTLE_THRESHOLD * clock.default_mhz:
                 dropped = f"throttled: SM clock {mhz:.0f} MHz, below {THROTTLE_THRESHOLD:.0%} of its default {clock.default_mhz:.0f} MHz"
-            ordered = sorted(measured)
-            middle = len(ordered) // 2
-            median = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
             takes[key].append(
-                Take(round=rounds, order=position, runs=len(measured), median_ms=round(median, 6), sm_clock_mhz=mhz, dropped=dropped)
+                Take(
+                    round=rounds,
+                    order=position,
+                    runs=len(measured),
+                    median_ms=round(median(measured), 6),
+                    sm_clock_mhz=mhz,
+                    dropped=dropped,
+                )
             )
             if dropped is None:
                 times[key].extend(measured)

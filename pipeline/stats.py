@@ -278,7 +278,7 @@ def paired_ratio(
     low, high = median_interval(ratios, confidence)
     # Too few rounds to reach the confidence: whatever the interval, no decision (never a guess).
     said = outcome(low, high, tie) if reaches_confidence(len(ratios), confidence) else "ambiguous"
-    return RatioEstimate(ratio=float(_median(ratios)), low=low, high=high, rounds=len(ratios), outcome=said)
+    return RatioEstimate(ratio=float(median(ratios)), low=low, high=high, rounds=len(ratios), outcome=said)
 
 
 def unpaired_ratio(
@@ -291,7 +291,8 @@ def unpaired_ratio(
     return RatioEstimate(ratio=a_median / b_median, low=low, high=high, outcome=outcome(low, high, tie))
 
 
-def _median(values: Sequence[float]) -> float:
+def median(values: Sequence[float]) -> float:
+    """The middle value (the mean of the two middle ones for an even count)."""
     ordered = sorted(values)
     n = len(ordered)
     return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
