@@ -83,3 +83,22 @@ def test_a_group_is_measured_again_as_a_whole(paired, run_cli):
     assert run_cli(paired, *argv).exit_code == 0
     after = {t: rounds_of(paired, t, "vit_tiny_fp32")[0].group for t in TOOLCHAINS}
     assert after["onnxruntime"] == after["torch-eager"] != before["onnxruntime"]  # both, in one new set of rounds
+
+
+def test_force_redoes_each_stage_once_however_many_toolchains_need_it(paired, run_cli, tmp_path):
+    """`run --force` with two toolchains: the export they share is done once, each toolchain's build
+    once, and the point measured again in one new set of rounds."""
+    import shutil
+
+    workspace = tmp_path / "forced"
+    shutil.copytree(paired.parent, workspace)
+    catalog = workspace / paired.name
+    before = {t: rounds_of(catalog, t, "vit_tiny_fp32")[0].group for t in TOOLCHAINS}
+    argv = ["run", "--model", "vit_tiny", "--variant", "fp32", *(arg for t in TOOLCHAINS for arg in ("--toolchain", t)), "--force"]
+    forced = run_cli(catalog, *argv)
+    assert forced.exit_code == 0, forced.err
+    lines = [line.split()[0] for line in forced.err.splitlines() if line.startswith(("export ", "build ")) and " done in " in line]
+    assert lines.count("export") == 1 and lines.count("build") == 2, forced.err
+    assert sum("didn't change" in line for line in forced.err.splitlines() if line.startswith("export ")) == 1, forced.err
+    after = {t: rounds_of(catalog, t, "vit_tiny_fp32")[0].group for t in TOOLCHAINS}
+    assert after["onnxruntime"] == after["torch-eager"] != before["onnxruntime"]

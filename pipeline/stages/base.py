@@ -47,6 +47,9 @@ class RunContext:
     # While a run builds its engines: each build's work ahead of its profiles, (stage, AheadWork),
     # done together once every engine is built (runner.run_ahead_work). None: each build does its own.
     ahead: list | None = None
+    # The stages this run has already done, by (manifest, stage): `--force` redoes each once, not
+    # once per toolchain that needs it (an export is every toolchain's first stage).
+    done: set = field(default_factory=set)
 
 
 @dataclass
@@ -158,11 +161,15 @@ class Stage(ABC):
     def _reusable(self, previous: StageRecord | None, fingerprint: str, force: bool = False) -> bool:
         return (
             previous is not None
-            and not (self.ctx.force or force)
+            and not (self._forced() or force)
             and previous.status != "failed"  # a refusal is evidence, not a result to reuse: try again
             and previous.fingerprint == fingerprint
             and all(self.ctx.workspace.is_intact(a) for a in previous.outputs)
         )
+
+    def _forced(self) -> bool:
+        """Whether --force asks for this stage's work: once in a run."""
+        return self.ctx.force and (str(self.manifest_path()), self.name) not in self.ctx.done
 
     def run(self, force: bool = False) -> StageRecord:
         """Do the stage's work and record it, unless it is current (``force``: do it anyway, as
@@ -213,6 +220,7 @@ class Stage(ABC):
             details=outcome.details,
         )
         self.save(manifest, record)
+        self.ctx.done.add((str(self.manifest_path()), self.name))
         if refused:
             raise refused  # recorded; the runner reports it and goes on with the other engines
         if reason:
@@ -224,7 +232,7 @@ class Stage(ABC):
     def _made_elsewhere(self, manifest, previous: StageRecord | None, params, inputs, skip_reason) -> str | None:
         """The warning that keeps ``previous`` when only the tools' versions changed and this
         machine cannot redo the work (the export of a GPU machine, built here ahead of time)."""
-        if previous is None or self.ctx.force or previous.status != "done" or skip_reason is not None:
+        if previous is None or self._forced() or previous.status != "done" or skip_reason is not None:
             return None
         if not all(self.ctx.workspace.is_intact(a) for a in previous.outputs):
             return None
