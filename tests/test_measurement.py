@@ -129,6 +129,12 @@ def test_a_budget_too_small_to_decide_stops_undecided():
     assert time.perf_counter() - started < 2
     (pair,) = undecided(done.takes, 0.03)
     assert pair[2].outcome == "ambiguous"
+    # Said once for the point, naming the pair left open and its interval.
+    from pipeline.stages.rounds import undecided_words
+
+    words = undecided_words(done)
+    assert words.startswith(f"undecided after {done.rounds} rounds (budget_s = 0.2): ") and " against " in words, words
+    assert f"({pair[2].low:.3f}–{pair[2].high:.3f})" in words
 
 
 def test_an_engine_that_fails_in_a_round_leaves_and_the_rounds_go_on():

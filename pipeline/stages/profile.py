@@ -174,8 +174,6 @@ class ProfileStage(Stage):
             if isinstance(measured, PipelineError):
                 raise measured
             results, watched, rounds, checked_already = measured.results, measured.watched, measured.rounds, measured.accuracy
-            for note in measured.notes:
-                self.ctx.reporter.warn(f"{self.engine.name}{f' at {self.shape}' if self.shape else ''}: {note}")
             medians = [round(LatencyStats.from_values(r.per_iteration_ms).median, 6) for r in results]
             repeat_cv = LatencyStats.from_values(medians).cv if len(medians) > 1 else None
             stable = repeat_cv is None or repeat_cv <= settings.max_repeat_cv

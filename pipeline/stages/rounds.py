@@ -16,13 +16,13 @@ process, as independent measurements whose medians show how repeatable the numbe
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pipeline.environment import running_on
 from pipeline.errors import EnvironmentMissing, PipelineError
 from pipeline.machine_watch import MachineWatch
-from pipeline.measurement import RoundsRecord, SmClock, measure_in_rounds
+from pipeline.measurement import RoundsOutcome, RoundsRecord, SmClock, measure_in_rounds, undecided
 from pipeline.runtimes.base import InProcessRuntime, ProfileResult
 
 if TYPE_CHECKING:
@@ -39,7 +39,6 @@ class Measured:
     watched: list[dict]
     rounds: list[RoundsRecord]
     accuracy: tuple[Any, str | None, Any] | None = None
-    notes: list[str] = field(default_factory=list)
 
 
 def entrant_name(stage: ProfileStage) -> str:
@@ -103,6 +102,8 @@ def measure_together(stages: list[ProfileStage]) -> dict[ProfileStage, Measured 
         reporter.step(f"{len(engines)} engine(s) in rounds")
         with MachineWatch() as watch, running_on(settings.host_cpus):
             outcome = measure_in_rounds(engines, settings, point_seed(stages), reporter.progress, SmClock())
+        if outcome.stop == "budget":  # once for the point: the engines' manifests say so each (rounds[].stop)
+            reporter.warn(f"{label}: {undecided_words(outcome)}")
         repeats = [(outcome, None)]
         try:
             for number in range(2, settings.repeats + 1):
@@ -123,11 +124,18 @@ def measure_together(stages: list[ProfileStage]) -> dict[ProfileStage, Measured 
             said = engine.evidence() if number == 0 else evidence[key]
             results.append(_result(said, rounds.times_ms[key], rounds.elapsed_s))
             records.append(rounds.record(key))
-        notes = []
-        if outcome.stop == "budget":
-            notes.append(f"undecided after {outcome.rounds} rounds (budget_s = {settings.budget_s:g})")
-        out[stage] = Measured(results, [watch.summary] * len(repeats), records, accuracy, notes)
+        out[stage] = Measured(results, [watch.summary] * len(repeats), records, accuracy)
     return out
+
+
+def undecided_words(outcome: RoundsOutcome) -> str:
+    """What the budget left open: "undecided after 8 rounds (budget_s = 30): bf16/torch-compile
+    against bf16/torch-reduce-overhead (0.981–1.034)"."""
+    open_pairs = undecided({k: v for k, v in outcome.takes.items() if k not in outcome.failed}, outcome.settings.tie)
+    pairs = "; ".join(
+        f"{a} against {b}" + (f" ({estimate.low:.3f}–{estimate.high:.3f})" if estimate is not None else "") for a, b, estimate in open_pairs
+    )
+    return f"undecided after {outcome.rounds} rounds (budget_s = {outcome.settings.budget_s:g})" + (f": {pairs}" if pairs else "")
 
 
 def _result(said: dict[str, Any], times_ms: list[float], elapsed_s: float) -> ProfileResult:
