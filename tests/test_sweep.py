@@ -256,39 +256,57 @@ def test_torch_compile_compiles_every_point_of_every_engine_at_build_in_one_set_
             assert execution["inductor_cache_hits"] == execution["graphs"] >= 1, (name, shape, execution)
 
 
-def test_work_ahead_of_profiles_runs_once_per_kind_and_a_failure_only_costs_time(capsys):
-    """The builds' work ahead of their profiles: all the works of one kind in one call, each
-    engine's evidence recorded for it; a kind whose work fails is a warning, and the run goes on."""
+def test_work_ahead_of_profiles_goes_on_in_one_pool_per_kind_and_a_failure_only_costs_time(capsys):
+    """The builds' work ahead of their profiles: each handed over as its build ends (it runs from
+    then on), the works of one kind in one pool, all of it waited for once and each engine's
+    evidence recorded for it; a kind whose pool fails is a warning, and the run goes on."""
     from types import SimpleNamespace
 
     from pipeline.reporting import Reporter
-    from pipeline.runtimes.base import AheadWork
-    from pipeline.stages.runner import run_ahead_work
+    from pipeline.runtimes.base import AheadPool, AheadWork
+    from pipeline.stages.runner import WorkAhead
 
-    calls, recorded = [], {}
+    events, recorded = [], {}
 
-    def together(works, progress):
-        calls.append([work.engine_path.name for work in works])
-        return [{"compiler": {"compiled_ahead": {"points": len(work.jobs)}}} for work in works], None
+    class Together(AheadPool):
+        def __init__(self):
+            events.append("open")
+            self.works = []
 
-    def failing(works, progress):
-        raise OSError("no processes here")
+        def submit(self, work):
+            events.append(f"submit {work.engine_path.name}")
+            self.works.append(work)
+
+        def finish(self, progress):
+            events.append("finish")
+            return [{"compiler": {"compiled_ahead": {"points": len(work.jobs)}}} for work in self.works], None
+
+        def close(self):
+            events.append("close")
+
+    class Failing(Together):
+        def submit(self, work):
+            raise OSError("no processes here")
 
     def stage(name):
         return SimpleNamespace(
             engine=SimpleNamespace(name=name), toolchain="t", record_ahead=lambda facts: recorded.setdefault(name, facts)
         )
 
-    pending = [
-        (stage("a"), AheadWork(Path("a.pt"), [1, 2], together)),
-        (stage("b"), AheadWork(Path("b.pt"), [1, 2, 3], failing)),
-        (stage("c"), AheadWork(Path("c.pt"), [1], together)),
-    ]
-    run_ahead_work(SimpleNamespace(reporter=Reporter()), pending)
-    assert calls == [["a.pt", "c.pt"]]
+    ahead = WorkAhead(Reporter())
+    assert ahead.submit(stage("a"), AheadWork(Path("a.pt"), [1, 2], Together))
+    assert events == ["open", "submit a.pt"]  # started as its build ended, not after the others
+    assert not ahead.submit(stage("b"), AheadWork(Path("b.pt"), [1, 2, 3], Failing))
+    assert ahead.submit(stage("c"), AheadWork(Path("c.pt"), [1], Together))
+    assert not ahead.submit(stage("d"), AheadWork(Path("d.pt"), [1], Failing))  # that pool is not tried again
+    assert events == ["open", "submit a.pt", "open", "submit c.pt"]  # (the second "open" is the failing pool's)
+    ahead.finish()
+    ahead.close()
+    assert events[4:] == ["finish", "close"]
     assert recorded == {"a": {"compiler": {"compiled_ahead": {"points": 2}}}, "c": {"compiler": {"compiled_ahead": {"points": 1}}}}
     err = capsys.readouterr().err
     assert "WARNING nothing done ahead of profiles for b on t: OSError: no processes here" in err
+    assert "WARNING nothing done ahead of profiles for d on t: OSError: no processes here" in err
     assert "2 engines" in err and "done" in err
 
 

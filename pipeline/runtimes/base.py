@@ -28,17 +28,47 @@ class BuildResult:
     evidence: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
+class AheadPool(ABC):
+    """Where the works ahead of profiles of one kind are done side by side (compiling processes,
+    say), in the background: each build hands its work over as it ends and the run goes on
+    building; before the first profile, the run waits for all of it."""
+
+    @abstractmethod
+    def submit(self, work: AheadWork) -> None:
+        """Start ``work`` beside what is under way; it runs while the caller goes on."""
+
+    @abstractmethod
+    def finish(self, progress: Callable[[str], None]) -> tuple[list[dict[str, Any]], str | None]:
+        """Wait for every submitted work: each one's evidence for its build manifest, in the
+        order submitted, and why none was done where none was (None when it was)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Stop whatever is still running (the run was interrupted); safe after ``finish``."""
+
+
+@dataclass(frozen=True)
 class AheadWork:
-    """One engine's work ahead of its profiles (EngineRuntime.ahead_work). ``run_together`` does
-    the work of several engines of one kind at once and gives each one's evidence for its build
-    manifest (merged into BuildDetails by key), and why none was done where it was not (None
-    when it was); whatever fails there is left to the point's profile, which records it for its
-    point."""
+    """One engine's work ahead of its profiles (EngineRuntime.ahead_work): ``jobs`` done in an
+    AheadPool that ``pool`` opens (one per kind in a run, shared by the engines of that kind),
+    the evidence merged into the build manifest's BuildDetails by key. Whatever fails there is
+    left to the point's profile, which records it for its point."""
 
     engine_path: Path
     jobs: list
-    run_together: Callable[[list[AheadWork], Callable[[str], None]], tuple[list[dict[str, Any]], str | None]]
+    pool: Callable[[], AheadPool]
+    # What it does, for the build's line: "compiling at 6 shape points".
+    doing: str = "work ahead of its profiles"
+
+    def run_now(self, progress: Callable[[str], None]) -> tuple[dict[str, Any], str | None]:
+        """This work alone, waited for (a build outside a local run of several engines)."""
+        pool = self.pool()
+        try:
+            pool.submit(self)
+            evidence, skipped = pool.finish(progress)
+            return evidence[0], skipped
+        finally:
+            pool.close()
 
 
 @dataclass

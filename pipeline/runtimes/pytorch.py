@@ -425,7 +425,7 @@ class TorchRuntime(InProcessRuntime):
         if self.spec.backend != "compile" or self.spec.dynamic or len(workloads) < 2:
             return None
         jobs = [torch_compile_ahead.CompileJob(self.name, self.spec, self.workspace_root, engine_path, workload) for workload in workloads]
-        return AheadWork(engine_path, jobs, torch_compile_ahead.compile_together)
+        return AheadWork(engine_path, jobs, torch_compile_ahead.CompilePool, f"compiling at {len(jobs)} shape points")
 
     def versions(self) -> dict[str, Any]:
         torch = _torch()

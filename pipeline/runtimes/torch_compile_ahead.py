@@ -4,8 +4,8 @@ processes of their own, ahead of the profiles.
 A compiled toolchain specialises its graph to each shape point (``dynamic = false``), and Inductor
 takes about half a minute to compile ModernBERT-base at one point in one dtype: most of a sweep's
 time when the points are compiled one after another as they are profiled. Compiling is mostly
-single-threaded Python, so once the engines are built their points are compiled at once, in a
-few processes, and the results left in Inductor's on-disk caches (FXGraphCache,
+single-threaded Python, so each engine's points are compiled as soon as it is built, in a few
+processes beside the builds still to come, and the results left in Inductor's on-disk caches (FXGraphCache,
 AOTAutogradCache). Those caches "avoid recompilation across process boundaries when it encounters
 the same graph with the same Tensor input shapes (and the same configuration)" (PyTorch's Compile
 Time Caching Configuration recipe,
@@ -14,7 +14,8 @@ profile then compiles by tracing with Dynamo and finding the rest there; its man
 ``inductor_cache_hits`` says it did. Each process prepares exactly as the profile will (same
 inputs, same settings), which is what makes the graphs the same. Starting a process (a new
 interpreter, torch, the model, a CUDA context) cost about a minute on the lent H100, so all the
-engines' points share one set of processes rather than each engine starting its own.
+engines' points share one set of processes rather than each engine starting its own; the run
+waits for them before its first profile, so nothing compiles while anything is measured.
 
 A point that fails here (out of memory, a refusal) is left to its profile, which records the
 reason for that point as it always did; nothing here decides anything about the engine.
@@ -30,6 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from pipeline.runtimes.base import AheadPool
 
 # At most this many processes compile at once: each holds a CUDA context, the model and one
 # inference's memory, and Inductor's own compile workers.
@@ -59,83 +62,108 @@ class CompileJob:
     workload: Any  # the point's ReferenceBatch
 
 
-def compile_together(works: list, progress: Callable[[str], None]) -> tuple[list[dict[str, Any]], str | None]:
-    """Every point of every engine in ``works`` (AheadWork whose jobs are CompileJobs), compiled in
-    one set of processes: each process starts once (a new interpreter, torch, a CUDA context) and
-    compiles a run of consecutive points, engine by engine (one engine's, where the counts allow). The build manifest's evidence for each work, in order,
-    and why nothing was compiled where nothing was."""
-    jobs = [job for work in works for job in work.jobs]
-    gpu_free = _gpu_free_bytes()
-    largest = max(job.engine_path.stat().st_size for job in jobs)
-    processes = processes_for(len(jobs), usable_cpus(), gpu_free, largest)
-    if processes < 2:
-        why = "too few CPUs or too little free GPU memory to compile the points side by side; each profile compiles its own"
-        return [{"compiler": {"compiled_ahead": {"skipped": why}}} for _ in works], why
-    facts, outcomes = compile_ahead(jobs, processes, progress)
-    evidence = []
-    for work in works:
-        points = {job.workload.shape: outcomes[(str(job.engine_path), job.workload.shape)] for job in work.jobs}
-        evidence.append({"compiler": {"compiled_ahead": {**facts, "engines": len(works), "points": points}}})
-    return evidence, None
+class CompilePool(AheadPool):
+    """Processes that compile shape points as the builds hand them over: each takes the next
+    point from one queue, keeps the last model it read, and reports what each compilation took.
+    A process starts when there is a point for it (at most as many as the CPUs and the GPU's free
+    memory allow, ``processes_for``); all of them start once and stay until ``finish``, so the
+    points of every compiled engine of a run share one set of processes, and their compiling
+    overlaps the builds still to come."""
+
+    def __init__(self):
+        self._spawn = multiprocessing.get_context("spawn")  # a new interpreter: CUDA cannot be forked
+        self._jobs = self._spawn.Queue()
+        self._results = self._spawn.Queue()
+        self._children: list = []
+        self._works: list = []
+        self._limit: int | None = None
+        self._threads = 1
+        self._started = 0.0
+        self._reported = False
+
+    def submit(self, work) -> None:
+        if self._limit is None:  # the first work sizes the pool
+            gpu_free = _gpu_free_bytes()
+            largest = max(job.engine_path.stat().st_size for job in work.jobs)
+            self._limit = processes_for(MAX_PROCESSES, usable_cpus(), gpu_free, largest)
+            self._threads = max(1, usable_cpus() // max(self._limit, 1))
+            self._started = time.perf_counter()
+        self._works.append(work)
+        if self._limit < 2:
+            return  # finish says why nothing was compiled
+        for job in work.jobs:
+            self._jobs.put(job)
+        queued = sum(len(w.jobs) for w in self._works)
+        while len(self._children) < min(self._limit, queued):
+            child = self._spawn.Process(
+                target=_compile_points,
+                args=(self._jobs, self._results, self._threads),
+                name=f"pipeline-compile-{len(self._children)}",
+                daemon=True,
+            )
+            child.start()
+            self._children.append(child)
+
+    def finish(self, progress: Callable[[str], None]) -> tuple[list[dict[str, Any]], str | None]:
+        if not self._works:
+            return [], None
+        if self._limit is None or self._limit < 2:
+            why = "too few CPUs or too little free GPU memory to compile the points side by side; each profile compiles its own"
+            return [{"compiler": {"compiled_ahead": {"skipped": why}}} for _ in self._works], why
+        jobs = [job for work in self._works for job in work.jobs]
+        for _ in self._children:
+            self._jobs.put(None)  # one stop for each process, behind every point
+        outcomes: dict[tuple[str, str], Any] = {}
+        progress(f"compiling {len(jobs)} shape points in {len(self._children)} processes")
+        try:
+            while len(outcomes) < len(jobs):
+                try:
+                    engine, shape, outcome = self._results.get(timeout=1.0)
+                except queue.Empty:
+                    if all(not child.is_alive() for child in self._children) and self._results.empty():
+                        break  # the processes ended without saying what became of some points
+                    continue
+                outcomes[(engine, shape)] = outcome
+                progress(f"compiled {len(outcomes)} of {len(jobs)} shape points ({Path(engine).stem} at {shape}: {_words(outcome)})")
+            self._reported = True
+        finally:
+            self.close()
+        ended = ", ".join(sorted({str(child.exitcode) for child in self._children}))
+        for job in jobs:
+            outcomes.setdefault(
+                (str(job.engine_path), job.workload.shape),
+                {"error": f"the compiling processes ended (exit status {ended}) before compiling it"},
+            )
+        facts = {
+            "processes": len(self._children),
+            "compile_threads": self._threads,
+            "wall_s": round(time.perf_counter() - self._started, 3),
+            "engines": len(self._works),
+        }
+        evidence = []
+        for work in self._works:
+            points = {job.workload.shape: outcomes[(str(job.engine_path), job.workload.shape)] for job in work.jobs}
+            evidence.append({"compiler": {"compiled_ahead": {**facts, "points": points}}})
+        return evidence, None
+
+    def close(self) -> None:
+        # Told to stop and every point reported: the processes are ending on their own. Otherwise
+        # (an interruption) whatever they are compiling is of no use: stop them now.
+        grace = STOP_GRACE_S if self._reported else 0
+        for child in self._children:
+            child.join(grace)
+            if child.is_alive():
+                child.terminate()
+                child.join(STOP_GRACE_S)
+            if child.is_alive():
+                child.kill()
+                child.join()
 
 
 def _gpu_free_bytes() -> int | None:
     import torch
 
     return torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else None
-
-
-def compile_ahead(
-    jobs: list[CompileJob], processes: int, progress: Callable[[str], None]
-) -> tuple[dict[str, Any], dict[tuple[str, str], Any]]:
-    """``jobs`` in ``processes`` new interpreters: how the processes ran, and what each job's
-    compilation took or why it did not happen, by (engine file, shape point)."""
-    spawn = multiprocessing.get_context("spawn")  # a new interpreter: CUDA cannot be forked
-    results = spawn.Queue()
-    threads = max(1, usable_cpus() // processes)
-    # Consecutive jobs to each process: the jobs come engine by engine, so a process reads few
-    # models (it keeps the last one it prepared) and compiles a run of that engine's points.
-    size, extra = divmod(len(jobs), processes)
-    shares, start = [], 0
-    for i in range(processes):
-        end = start + size + (1 if i < extra else 0)
-        shares.append(jobs[start:end])
-        start = end
-    children = [
-        spawn.Process(target=_compile_points, args=(results, share, threads), name=f"pipeline-compile-{i}", daemon=True)
-        for i, share in enumerate(shares)
-    ]
-    started = time.perf_counter()
-    outcomes: dict[tuple[str, str], Any] = {}
-    try:
-        for child in children:
-            child.start()
-        progress(f"compiling {len(jobs)} shape points in {processes} processes")
-        while len(outcomes) < len(jobs):
-            try:
-                engine, shape, outcome = results.get(timeout=1.0)
-            except queue.Empty:
-                if all(not child.is_alive() for child in children) and results.empty():
-                    break  # a process ended without saying what became of its points
-                continue
-            outcomes[(engine, shape)] = outcome
-            progress(f"compiled {len(outcomes)} of {len(jobs)} shape points ({Path(engine).stem} at {shape}: {_words(outcome)})")
-    finally:
-        for child in children:
-            if child.is_alive() and len(outcomes) < len(jobs):
-                child.terminate()
-            child.join(STOP_GRACE_S)
-            if child.is_alive():
-                child.kill()
-                child.join()
-    for child, share in zip(children, shares):
-        for job in share:
-            outcomes.setdefault(
-                (str(job.engine_path), job.workload.shape),
-                {"error": f"its process ended with exit status {child.exitcode} before compiling it"},
-            )
-    facts = {"processes": processes, "compile_threads": threads, "wall_s": round(time.perf_counter() - started, 3)}
-    return facts, outcomes
 
 
 def _words(outcome: dict[str, Any]) -> str:
@@ -149,10 +177,10 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def _compile_points(results, jobs: list[CompileJob], threads: int) -> None:
+def _compile_points(jobs, results, threads: int) -> None:
     """In a new interpreter: prepare each job's engine at its point, as its profile will, and say
-    how each went. A toolchain's runtime keeps the model it last read, so a run of one engine's
-    points reads it once; each point compiles its own graph."""
+    how each went, until the pool says stop. A toolchain's runtime keeps the model it last read,
+    so consecutive points of one engine read it once; each point compiles its own graph."""
     # Inductor compiles kernels in a pool of workers, one per CPU by default: shared out here, so
     # the processes together use the machine's CPUs, not each all of them. (Read when torch is
     # first imported, which is below; not part of the cache's key.)
@@ -162,7 +190,7 @@ def _compile_points(results, jobs: list[CompileJob], threads: int) -> None:
     from pipeline.runtimes import create_runtime
 
     runtimes: dict[str, Any] = {}
-    for job in jobs:
+    while (job := jobs.get()) is not None:
         try:
             if job.toolchain not in runtimes:
                 runtimes[job.toolchain] = create_runtime(job.toolchain, job.spec, Reporter(), job.workspace_root)

@@ -44,9 +44,9 @@ class RunContext:
     gpu_type: str | None = None
     # The Ray node running this stage, recorded in the manifest's environment (cluster runs).
     cluster_node: Any = None
-    # While a run builds its engines: each build's work ahead of its profiles, (stage, AheadWork),
-    # done together once every engine is built (runner.run_ahead_work). None: each build does its own.
-    ahead: list | None = None
+    # While a run builds its engines: where each build hands over its work ahead of its profiles,
+    # to be done in the background (runner.WorkAhead). None: each build does its own, then and there.
+    ahead: Any = None
     # The stages this run has already done, by (manifest, stage): `--force` redoes each once, not
     # once per toolchain that needs it (an export is every toolchain's first stage).
     done: set = field(default_factory=set)

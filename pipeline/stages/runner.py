@@ -158,7 +158,7 @@ def run_engines(ctx: RunContext, engines: list[EngineRef], toolchains: list[str]
                 summary.fail(engine.name, toolchain, exc)
     rounds: dict = {}
     single = len(engines) == 1 and len(usable) == 1
-    ctx.ahead = []
+    ctx.ahead = WorkAhead(ctx.reporter)
     try:
         for toolchain in usable:
             for engine in engines:
@@ -170,8 +170,9 @@ def run_engines(ctx: RunContext, engines: list[EngineRef], toolchains: list[str]
                         raise
                     print_error(f"{engine.name}{f' on {toolchain}' if len(usable) > 1 else ''}: {exc.message}", exc.hint)
                     summary.fail(engine.name, toolchain, exc)
-        run_ahead_work(ctx, ctx.ahead)
+        ctx.ahead.finish()
     finally:
+        ctx.ahead.close()
         ctx.ahead = None
     for (_, _, shape), stages in rounds.items():
         for stage, exc in profile_together(stages):
@@ -184,31 +185,72 @@ def run_engines(ctx: RunContext, engines: list[EngineRef], toolchains: list[str]
     return summary.raise_for_failures(requested, toolchains)
 
 
-def run_ahead_work(ctx: RunContext, pending: list) -> None:
-    """The builds' work ahead of their profiles (compiling at every shape point), all of one kind
-    at once, then each engine's evidence added to its build manifest."""
-    by_kind: dict = {}
-    for stage, work in pending:
-        by_kind.setdefault(work.run_together, []).append((stage, work))
-    for run_together, group in by_kind.items():
-        names = ", ".join(f"{stage.engine.name} on {stage.toolchain}" for stage, _ in group)
-        engines = f"{len(group)} engine{'s' if len(group) > 1 else ''}"
-        with ctx.reporter.working("build", f"{engines} ahead of profiles"):
-            ctx.reporter.step(names)
-            started = time.perf_counter()
-            try:
-                evidence, skipped = run_together([work for _, work in group], ctx.reporter.progress)
-            except Exception as exc:  # only time is lost: each profile prepares its own point
-                ctx.reporter.warn(
-                    f"nothing done ahead of profiles for {names}: {type(exc).__name__}: {exc}; each profile prepares its own point"
-                )
+class WorkAhead:
+    """The builds' work ahead of their profiles (compiling at every shape point, say): each
+    build's is handed over as the build ends and goes on in the background, in one pool per
+    kind, while the run builds the other engines; ``finish`` waits for all of it before the
+    first profile, so nothing of it runs while anything is measured, and adds each engine's
+    evidence to its build manifest. A failure there costs time only: each profile then
+    prepares its own point."""
+
+    def __init__(self, reporter):
+        self.reporter = reporter
+        # By kind (the pool's opener): the pool, or the error that kept it from opening, and the
+        # (build stage, work) pairs handed to it.
+        self._pools: dict = {}
+
+    def submit(self, stage, work) -> bool:
+        """Start ``work`` of ``stage``'s engine in its kind's pool; False (with a warning) when it could not be."""
+        pool, entries = self._pools.setdefault(work.pool, [None, []])
+        try:
+            if pool is None:
+                pool = self._pools[work.pool][0] = work.pool()
+            if isinstance(pool, Exception):
+                raise pool
+            pool.submit(work)
+        except Exception as exc:  # only time is lost: each profile prepares its own point
+            if not isinstance(pool, Exception):
+                self._pools[work.pool][0] = exc
+            self.reporter.warn(
+                f"nothing done ahead of profiles for {stage.engine.name} on {stage.toolchain}: {type(exc).__name__}: {exc}; "
+                "each profile prepares its own point"
+            )
+            return False
+        entries.append((stage, work))
+        return True
+
+    def finish(self) -> None:
+        for pool, group in self._pools.values():
+            if not group or isinstance(pool, Exception):
                 continue
-        for (stage, _), facts in zip(group, evidence):
-            stage.record_ahead(facts)
-        if skipped:
-            ctx.reporter.skipped("build", engines, f"nothing done ahead of profiles for {names}: {skipped}")
-        else:
-            ctx.reporter.done("build", engines, time.perf_counter() - started, f" ahead of profiles: {names}")
+            names = ", ".join(f"{stage.engine.name} on {stage.toolchain}" for stage, _ in group)
+            engines = f"{len(group)} engine{'s' if len(group) > 1 else ''}"
+            with self.reporter.working("build", f"{engines} ahead of profiles"):
+                self.reporter.step(names)
+                started = time.perf_counter()
+                try:
+                    evidence, skipped = pool.finish(self.reporter.progress)
+                except Exception as exc:
+                    self.reporter.warn(
+                        f"nothing done ahead of profiles for {names}: {type(exc).__name__}: {exc}; each profile prepares its own point"
+                    )
+                    continue
+            for (stage, _), facts in zip(group, evidence):
+                stage.record_ahead(facts)
+            if skipped:
+                self.reporter.skipped("build", engines, f"nothing done ahead of profiles for {names}: {skipped}")
+            else:
+                waited = time.perf_counter() - started
+                self.reporter.done("build", engines, waited, f" of waiting, ahead of profiles: {names}")
+
+    def close(self) -> None:
+        """Stop whatever is still running (the run was interrupted, or failed before ``finish``)."""
+        for pool, _ in self._pools.values():
+            if pool is not None and not isinstance(pool, Exception):
+                try:
+                    pool.close()
+                except Exception:  # stopping must not hide the error that got us here
+                    pass
 
 
 class LocalLauncher:
