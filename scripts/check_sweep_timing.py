@@ -93,6 +93,21 @@ def independent_ms(job: dict) -> dict[str, dict]:
 
                     def infer(compiled=compiled, feeds=feeds):
                         return compiled(**feeds)
+                elif job["backend"] == "cudagraphs":
+                    # One eager forward captured in a CUDA graph (warmed on a side stream first,
+                    # as CUDA graphs require); each inference replays it.
+                    side = torch.cuda.Stream()
+                    side.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(side):
+                        for _ in range(3):
+                            model(**feeds)
+                    torch.cuda.current_stream().wait_stream(side)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph):
+                        model(**feeds)
+
+                    def infer(graph=graph):
+                        graph.replay()
                 else:
 
                     def infer(feeds=feeds):
@@ -117,7 +132,7 @@ def independent_ms(job: dict) -> dict[str, dict]:
 
                 product_method, _ = time_runs(torch, infer, ProfileSettings(warmup_ms=200, iterations=10, duration_s=1.0), True)
                 diagnostics[shape] = {"per_run_events_median_ms": statistics.median(product_method), "runs_per_take": runs}
-                if job.get("product_model") and job["backend"] != "compile":
+                if job.get("product_model") and job["backend"] == "eager":
                     # And the model as the product builds it (its family's wrapper), timed the same way.
                     wrapped = product_model(job, dtype)
                     ordered = tuple(feeds[name] for name in job["input_order"])
@@ -129,7 +144,7 @@ def independent_ms(job: dict) -> dict[str, dict]:
                     )
                     diagnostics[shape]["product_built_model_ms"] = statistics.median(built)
                     del wrapped
-                if job.get("gc_diagnostic") and job["backend"] != "compile":
+                if job.get("gc_diagnostic") and job["backend"] == "eager":
                     # Is a launch-bound point's spread the garbage collector's? Takes with it on and
                     # off, interleaved so that drift of the host hits both alike.
                     import gc
@@ -188,6 +203,16 @@ def main() -> int:
     )
     parser.add_argument("--gc-diagnostic", action="store_true", help="eager: also take each point with the garbage collector off")
     parser.add_argument(
+        "--points",
+        nargs="+",
+        help="only these shape points (the GPU-bound ones, say): SHAPE for every toolchain, TOOLCHAIN@SHAPE for one; default: every point",
+    )
+    parser.add_argument(
+        "--together",
+        action="store_true",
+        help="each toolchain's points measured in one process (one model load), not a process per point",
+    )
+    parser.add_argument(
         "--only",
         choices=["product", "independent"],
         help="product: the pipeline's sweep alone; independent: export (for the inputs) and the independent measurement "
@@ -206,11 +231,14 @@ def main() -> int:
 
     workspace = args.workspace.resolve()
     workspace.mkdir(parents=True, exist_ok=True)
-    catalog_text = (REPO / "pipeline.toml").read_text()
-    start = catalog_text.index("[profile]")
-    end = catalog_text.index("\n[", start + 1)
-    profile = args.profile + (f"host_cpus = {args.host_cpus}\n" if args.host_cpus else "")
-    (workspace / "pipeline.toml").write_text(catalog_text[:start] + "[profile]\n" + profile + catalog_text[end:])
+    if not (args.only == "independent" and (workspace / "pipeline.toml").exists()):
+        # A workspace of its own: the shipped catalog with this script's [profile]. (Measuring a
+        # run made already, its catalog is kept as it is.)
+        catalog_text = (REPO / "pipeline.toml").read_text()
+        start = catalog_text.index("[profile]")
+        end = catalog_text.index("\n[", start + 1)
+        profile = args.profile + (f"host_cpus = {args.host_cpus}\n" if args.host_cpus else "")
+        (workspace / "pipeline.toml").write_text(catalog_text[:start] + "[profile]\n" + profile + catalog_text[end:])
     catalog = load_catalog(workspace / "pipeline.toml")
     spec = catalog.models[args.model]
     log = workspace / "pipeline.log"
@@ -219,12 +247,15 @@ def main() -> int:
     results = json.loads(results_path.read_text()) if results_path.exists() else {"gpu": gpu, "torch": version("torch"), "entries": []}
     failed = False
     for variant in args.variants:
+        exported = False
         for toolchain in args.toolchains:
             if out_of_time():
                 print(f"{variant} {toolchain}: not run, the time budget ran out", flush=True)
                 continue
             if args.only == "independent":
-                code = run_pipeline(workspace, log, "export", "--model", args.model, "--variant", variant, check=False)
+                if not exported:  # the inputs: the export's reference batches (unchanged: nothing done)
+                    code = run_pipeline(workspace, log, "export", "--model", args.model, "--variant", variant, check=False)
+                    exported = True
             else:
                 code = run_pipeline(
                     workspace,
@@ -248,9 +279,13 @@ def main() -> int:
             export = read_manifest(workspace / "manifests" / "export" / f"{args.model}_{variant}.json").export
             points, manifests = {}, {}
             for shape in export.details.shape_points:
+                if args.points and shape not in args.points and f"{toolchain}@{shape}" not in args.points:
+                    continue
                 reference = ReferenceBatch.from_export(export.details, workspace, shape)
                 points[shape] = {t.name: (str(t.path), list(t.shape)) for t in reference.inputs}
                 manifests[shape] = read_manifest(workspace / "manifests" / toolchain / f"{args.model}_{variant}@{shape}.json")
+            if not points:
+                continue  # none of this toolchain's points asked for
             job = {
                 "class": spec.transformers,
                 "config": dict(spec.config),
@@ -268,13 +303,16 @@ def main() -> int:
                 "host_cpus": args.host_cpus,
             }
             independent, diagnostics = {}, {}
-            for shape, inputs in points.items():
+            batches = [points] if args.together else [{shape: inputs} for shape, inputs in points.items()]
+            for batch in batches:
+                shape = ", ".join(batch)
                 if out_of_time():
                     independent[shape] = "not measured: the call's time budget ran out"
                     continue
-                # Each point in a process of its own: no CUDA context of this script beside it, and
-                # what was measured survives a call cut off at its time limit.
-                job["points"] = {shape: inputs}
+                # Each point (or with --together each toolchain) in a process of its own: no CUDA
+                # context of this script beside it, and what was measured survives a call cut off
+                # at its time limit.
+                job["points"] = batch
                 measured = subprocess.run([sys.executable, __file__, "--independent", json.dumps(job)], capture_output=True, text=True)
                 if measured.returncode != 0:
                     print(f"the independent measurement at {shape} failed:\n{measured.stderr[-3000:]}", flush=True)

@@ -1,0 +1,76 @@
+"""Do two runs of the same sweep give the same answer? Reads two `pipeline compare --format json`
+outputs (schema 3) and says, for every shape point, whether the verdicts name the same engine (or
+the same tie, or are both undecided), and for every paired comparison both runs hold, how far the
+second run's ratio is from the first's.
+
+    pipeline compare --model modernbert --format json > first.json
+    pipeline run … --force
+    pipeline compare --model modernbert --format json > second.json
+    python scripts/check_rerun_agreement.py first.json second.json --tolerance 0.05
+
+Exits 1 when a verdict differs or a ratio moved by more than `--tolerance` (relative).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def engine(entry: dict) -> str:
+    return f"{entry['variant']}/{entry['toolchain']}"
+
+
+def answer(verdict: dict) -> str:
+    """What the verdict names: "bf16/torch-reduce-overhead", a tie "a = b", or "undecided: a, b"."""
+    if not verdict.get("fastest"):
+        return "no answer"
+    names = sorted([engine(verdict["fastest"]), *(engine(t) for t in verdict.get("tied") or [])])
+    if verdict.get("undecided"):
+        return "undecided: " + ", ".join(names)
+    return " = ".join(names)
+
+
+def paired_ratios(data: dict) -> dict[tuple[str, str, str], float]:
+    """Every paired comparison by (shape point, a, b), a and b in a fixed order."""
+    ratios = {}
+    for verdict in data["verdicts"]:
+        for pair in verdict.get("comparisons") or []:
+            if not pair.get("paired"):
+                continue
+            a, b, ratio = engine(pair["a"]), engine(pair["b"]), pair["ratio"]
+            if a > b:
+                a, b, ratio = b, a, 1.0 / ratio
+            ratios[(verdict["shape"], a, b)] = ratio
+    return ratios
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("first", type=Path)
+    parser.add_argument("second", type=Path)
+    parser.add_argument("--tolerance", type=float, default=0.05, help="how far a paired ratio may move (relative)")
+    args = parser.parse_args()
+    first, second = (json.loads(path.read_text()) for path in (args.first, args.second))
+    ok = True
+    answers = {v["shape"]: answer(v) for v in second["verdicts"]}
+    for verdict in first["verdicts"]:
+        then, now = answer(verdict), answers.get(verdict["shape"], "not in the second run")
+        same = then == now
+        ok &= same
+        print(f"{verdict['shape']:8} {'same' if same else 'DIFFERS'}: {then}" + ("" if same else f"  |  {now}"))
+    before, after = paired_ratios(first), paired_ratios(second)
+    shared = sorted(set(before) & set(after))
+    moves = sorted(((after[key] / before[key] - 1.0, key) for key in shared), key=lambda item: -abs(item[0]))
+    outside = [(move, key) for move, key in moves if abs(move) > args.tolerance]
+    ok &= not outside
+    print(f"{len(shared)} paired ratios in both runs; {len(outside)} moved by more than {args.tolerance:.0%}")
+    for move, (shape, a, b) in moves[:10] if outside else moves[:3]:
+        print(f"  {shape:8} {a} / {b}: {before[(shape, a, b)]:.4f} then {after[(shape, a, b)]:.4f} ({move:+.2%})")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""scripts/check_rerun_agreement.py: two compare outputs of the same sweep, judged the way the seed
+matrix's --force rerun is (same verdict at every point, every paired ratio within a tolerance)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+
+from tests.conftest import REPO_ROOT
+
+SCRIPT = REPO_ROOT / "scripts" / "check_rerun_agreement.py"
+
+
+def entry(toolchain: str, median: float) -> dict:
+    return {"variant": "bf16", "toolchain": toolchain, "engine": "m_bf16", "median_ms": median}
+
+
+def run(tmp_path, first: dict, second: dict) -> subprocess.CompletedProcess:
+    (tmp_path / "a.json").write_text(json.dumps(first))
+    (tmp_path / "b.json").write_text(json.dumps(second))
+    return subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "a.json"), str(tmp_path / "b.json")], capture_output=True, text=True)
+
+
+FIRST = {
+    "schema": 3,
+    "verdicts": [
+        {
+            "shape": "2x512",
+            "fastest": entry("graphs", 1.0),
+            "tied": [entry("compiled", 1.01)],
+            "undecided": False,
+            "comparisons": [
+                {"a": entry("graphs", 1.0), "b": entry("eager", 10.0), "ratio": 0.1, "paired": True},
+                {"a": entry("graphs", 1.0), "b": entry("compiled", 1.01), "ratio": 0.99, "paired": True},
+            ],
+        }
+    ],
+}
+
+
+def test_the_same_answer_with_ratios_in_either_order_agrees(tmp_path):
+    second = copy.deepcopy(FIRST)
+    verdict = second["verdicts"][0]
+    verdict["fastest"], verdict["tied"] = verdict["tied"][0], [verdict["fastest"]]  # the tie named the other way round
+    pair = verdict["comparisons"][0]
+    pair["a"], pair["b"], pair["ratio"] = pair["b"], pair["a"], 1 / 0.102  # the same pair, the other way round, 2% apart
+    result = run(tmp_path, FIRST, second)
+    assert result.returncode == 0, result.stdout
+    assert "2x512    same: bf16/compiled = bf16/graphs" in result.stdout
+    assert "2 paired ratios in both runs; 0 moved by more than 5%" in result.stdout
+
+
+def test_another_engine_named_or_a_ratio_moved_fails_and_says_which(tmp_path):
+    second = copy.deepcopy(FIRST)
+    second["verdicts"][0]["tied"] = []
+    second["verdicts"][0]["comparisons"][0]["ratio"] = 0.11  # 10% off
+    result = run(tmp_path, FIRST, second)
+    assert result.returncode == 1
+    assert "2x512    DIFFERS: bf16/compiled = bf16/graphs  |  bf16/graphs" in result.stdout
+    assert "1 moved by more than 5%" in result.stdout and "bf16/eager / bf16/graphs" in result.stdout, result.stdout
