@@ -41,7 +41,7 @@ from pydantic import BaseModel
 
 from pipeline.catalog import ProfileSettings
 from pipeline.errors import PipelineError
-from pipeline.stats import RatioEstimate, median, paired_ratio
+from pipeline.stats import RatioEstimate, at_band_edge, median, paired_ratio
 
 # A take is dropped when the GPU's SM clock fell below this share of its default clock.
 THROTTLE_THRESHOLD = 0.75
@@ -274,9 +274,10 @@ class RoundsOutcome:
 
 
 def undecided(takes: dict[str, list[Take]], tie: float) -> list[tuple[str, str, RatioEstimate | None]]:
-    """The comparisons the verdict needs that the takes do not decide yet: the engine whose
-    per-round times are lowest against each of the others, where their ratio's interval neither
-    excludes 1 nor lies within 1 ± tie."""
+    """The comparisons the verdict needs that the takes do not settle yet: the engine whose
+    per-round times are lowest against each of the others, where their ratio's interval holds 1
+    without lying within the tie band, or excludes 1 but reaches across an edge of the band (more
+    rounds could still make it "the same": stopping there would let two runs disagree)."""
     medians = {key: {take.round: take.median_ms for take in entries if take.dropped is None} for key, entries in takes.items()}
     medians = {key: rounds for key, rounds in medians.items() if rounds}
     if len(medians) < 2:
@@ -293,7 +294,11 @@ def undecided(takes: dict[str, list[Take]], tie: float) -> list[tuple[str, str, 
         if other == leader:
             continue
         estimate = paired_ratio(medians[leader], medians[other], tie)
-        if estimate is None or estimate.outcome == "ambiguous":
+        if (
+            estimate is None
+            or estimate.outcome == "ambiguous"
+            or (estimate.outcome != "same" and at_band_edge(estimate.low, estimate.high, tie))
+        ):
             open_pairs.append((leader, other, estimate))
     return open_pairs
 

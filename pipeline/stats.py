@@ -231,17 +231,32 @@ def reaches_confidence(n: int, confidence: float = CONFIDENCE) -> bool:
     return n > 0 and 2 * 0.5**n <= 1.0 - confidence
 
 
+def tie_band(tie: float) -> tuple[float, float]:
+    """The ratios A/B too close to 1 to matter: from 1/(1 + tie) to 1 + tie. Symmetric in A and B
+    (B/A is in the band exactly when A/B is), so which of two engines is named first never
+    changes whether they are "the same"; 1 - tie would not be (0.97 inverted is 1.0309)."""
+    return 1.0 / (1.0 + tie), 1.0 + tie
+
+
 def outcome(low: float, high: float, tie: float) -> str:
-    """What an interval of the ratio A/B says of A: "same" when it lies within 1 ± tie (whatever
-    else is true, the difference is too small to matter), else "faster" when it lies below 1,
-    "slower" above 1, "ambiguous" when it holds 1."""
-    if 1.0 - tie <= low and high <= 1.0 + tie:
+    """What an interval of the ratio A/B says of A: "same" when it lies within the tie band
+    (whatever else is true, the difference is too small to matter), else "faster" when it lies
+    below 1, "slower" above 1, "ambiguous" when it holds 1."""
+    lowest, highest = tie_band(tie)
+    if lowest <= low and high <= highest:
         return "same"
     if high < 1.0:
         return "faster"
     if low > 1.0:
         return "slower"
     return "ambiguous"
+
+
+def at_band_edge(low: float, high: float, tie: float) -> bool:
+    """Whether an interval that excludes 1 still reaches across an edge of the tie band ([1.016,
+    1.031] with a 3 % tie): faster or slower now, but more rounds may narrow it into the band
+    ("same") as easily as out of it; two runs that stopped there could name different answers."""
+    return any(low < edge < high for edge in tie_band(tie))
 
 
 class RatioEstimate(BaseModel):

@@ -14,7 +14,7 @@ import pytest
 from pipeline.catalog import ProfileSettings
 from pipeline.errors import OutOfMemory
 from pipeline.measurement import host_take, measure_in_rounds, undecided
-from pipeline.stats import median_interval, outcome, paired_ratio, reaches_confidence, unpaired_ratio
+from pipeline.stats import at_band_edge, median_interval, outcome, paired_ratio, reaches_confidence, unpaired_ratio
 
 
 class Scripted:
@@ -65,6 +65,23 @@ def test_the_median_interval_is_the_sign_test_interval():
 )
 def test_an_interval_says_one_of_four_things(low, high, said):
     assert outcome(low, high, tie=0.03) == said
+
+
+def test_which_engine_is_named_first_never_changes_the_outcome():
+    """A/B and B/A are the same comparison: "same" for one is "same" for the other, "faster" for
+    one is "slower" for the other. (With a band of 1 ± tie, [0.9706, 1.027] was "same" and its
+    inverse [0.9737, 1.0303] was not.)"""
+    mirror = {"same": "same", "faster": "slower", "slower": "faster", "ambiguous": "ambiguous"}
+    assert outcome(0.9706, 1.027, 0.03) == outcome(1 / 1.027, 1 / 0.9706, 0.03) == "ambiguous"
+    edges = [0.95, 0.9709, 0.97087, 0.98, 1.0, 1.01, 1.0299, 1.03, 1.0301, 1.1]
+    for low in edges:
+        for high in (e for e in edges if e >= low):
+            assert outcome(1 / high, 1 / low, 0.03) == mirror[outcome(low, high, 0.03)], (low, high)
+
+
+def test_an_interval_across_an_edge_of_the_tie_band_is_not_settled():
+    assert at_band_edge(1.016, 1.031, 0.03) and at_band_edge(0.95, 0.99, 0.03)
+    assert not at_band_edge(1.016, 1.029, 0.03) and not at_band_edge(1.05, 1.40, 0.03) and not at_band_edge(0.5, 0.9, 0.03)
 
 
 def test_a_paired_ratio_holds_when_the_host_changes_speed():
@@ -118,6 +135,20 @@ def test_engines_within_the_tie_width_are_decided_as_the_same():
     assert done.stop == "decided"
     medians = {key: {t.round: t.median_ms for t in takes} for key, takes in done.takes.items()}
     assert paired_ratio(medians["a"], medians["b"], 0.03).outcome == "same"
+
+
+def test_a_real_difference_smaller_than_the_tie_width_runs_on_until_it_is_the_same():
+    """B is 2 % slower than A, and the rounds wobble by ±1.2 %: after six rounds the interval
+    (their whole range) excludes 1 but reaches past 1.03 — slower now, the same after a few more
+    rounds. The protocol does not stop there, or two runs could name different answers."""
+    wobble = [1.0, 1.012, 0.988, 1.006, 0.994, 1.011, 0.991, 1.004, 0.997, 1.008, 0.993, 1.002, 0.999, 1.005]
+    engines = {"a": Scripted(1.0, host_of_two_speeds), "b": Scripted(1.02, host_of_two_speeds, lambda r: wobble[r % len(wobble)])}
+    done = measure_in_rounds(engines, settings(min_rounds=6, budget_s=5), seed=1)
+    ratios = {key: {t.round: t.median_ms for t in takes} for key, takes in done.takes.items()}
+    first_six = paired_ratio({r: v for r, v in ratios["b"].items() if r < 6}, ratios["a"], 0.03)
+    assert first_six.outcome == "slower" and first_six.high > 1.03  # what stopping at six rounds would have said
+    assert done.stop == "decided" and done.rounds > 6
+    assert paired_ratio(ratios["b"], ratios["a"], 0.03).outcome == "same"
 
 
 def test_a_budget_too_small_to_decide_stops_undecided():
