@@ -127,21 +127,15 @@ def independent_ms(job: dict) -> dict[str, dict]:
                 # A diagnostic beside it: the product's own timing method (each run bracketed by
                 # CUDA events, the median of the runs) on this process's model and inputs, to tell
                 # a difference of method from a difference of what is timed.
-                from pipeline.catalog import ProfileSettings
-                from pipeline.runtimes.pytorch import time_runs
+                from pipeline.measurement import cuda_take
 
-                product_method, _ = time_runs(torch, infer, ProfileSettings(warmup_ms=200, iterations=10, duration_s=1.0), True)
+                product_method = cuda_take(torch, infer, 10, 1000.0)
                 diagnostics[shape] = {"per_run_events_median_ms": statistics.median(product_method), "runs_per_take": runs}
                 if job.get("product_model") and job["backend"] == "eager":
                     # And the model as the product builds it (its family's wrapper), timed the same way.
                     wrapped = product_model(job, dtype)
                     ordered = tuple(feeds[name] for name in job["input_order"])
-                    built, _ = time_runs(
-                        torch,
-                        lambda wrapped=wrapped, ordered=ordered: wrapped(*ordered),
-                        ProfileSettings(warmup_ms=200, iterations=10, duration_s=1.0),
-                        True,
-                    )
+                    built = cuda_take(torch, lambda wrapped=wrapped, ordered=ordered: wrapped(*ordered), 10, 1000.0)
                     diagnostics[shape]["product_built_model_ms"] = statistics.median(built)
                     del wrapped
                 if job.get("gc_diagnostic") and job["backend"] == "eager":
@@ -316,7 +310,7 @@ def main() -> int:
                 measured = subprocess.run([sys.executable, __file__, "--independent", json.dumps(job)], capture_output=True, text=True)
                 if measured.returncode != 0:
                     print(f"the independent measurement at {shape} failed:\n{measured.stderr[-3000:]}", flush=True)
-                    independent[shape] = "failed"
+                    independent.update(dict.fromkeys(batch, "failed"))
                     failed = True
                     continue
                 answer = json.loads(measured.stdout.strip().splitlines()[-1])
