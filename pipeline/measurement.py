@@ -390,7 +390,17 @@ def _progress_text(rounds: int, open_pairs, elapsed: float, settings: ProfileSet
     text = f"round {rounds} ({elapsed:.0f} of at most {settings.budget_s:g} s)"
     if not open_pairs:
         return text + (": decided" if rounds >= settings.min_rounds else f": at least {settings.min_rounds} rounds")
-    leader, other, estimate = open_pairs[0]
-    interval = f" ({estimate.low:.3f}–{estimate.high:.3f})" if estimate is not None else ""
     more = f" and {len(open_pairs) - 1} more" if len(open_pairs) > 1 else ""
-    return f"{text}: {leader} against {other} undecided{interval}{more}"
+    return f"{text}: {open_pair_words(*open_pairs[0])}{more}"
+
+
+def open_pair_words(leader: str, other: str, estimate: RatioEstimate | None) -> str:
+    """Why a comparison is still open: "a against b undecided (0.962–1.041)", or, for an interval
+    that excludes 1 but reaches across an edge of the tie band, "a faster than b, by less or more
+    than the tie width (0.963–0.988)"."""
+    if estimate is None:
+        return f"{leader} against {other} undecided (too few rounds)"
+    interval = f"({estimate.low:.3f}–{estimate.high:.3f})"
+    if estimate.outcome in ("faster", "slower"):
+        return f"{leader} {estimate.outcome} than {other}, by less or more than the tie width {interval}"
+    return f"{leader} against {other} undecided {interval}"

@@ -149,6 +149,10 @@ def test_a_real_difference_smaller_than_the_tie_width_runs_on_until_it_is_the_sa
     assert first_six.outcome == "slower" and first_six.high > 1.03  # what stopping at six rounds would have said
     assert done.stop == "decided" and done.rounds > 6
     assert paired_ratio(ratios["b"], ratios["a"], 0.03).outcome == "same"
+    # While it was open, the progress line said which way it leaned and why it was not settled.
+    from pipeline.measurement import open_pair_words
+
+    assert open_pair_words("b", "a", first_six) == "b slower than a, by less or more than the tie width (1.008–1.032)"
 
 
 def test_a_budget_too_small_to_decide_stops_undecided():
@@ -165,7 +169,7 @@ def test_a_budget_too_small_to_decide_stops_undecided():
 
     words = undecided_words(done)
     assert words.startswith(f"undecided after {done.rounds} rounds (budget_s = 0.2): ") and " against " in words, words
-    assert f"({pair[2].low:.3f}–{pair[2].high:.3f})" in words
+    assert f"undecided ({pair[2].low:.3f}–{pair[2].high:.3f})" in words
 
 
 def test_an_engine_that_fails_in_a_round_leaves_and_the_rounds_go_on():

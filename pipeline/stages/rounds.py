@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline.environment import running_on
 from pipeline.errors import EnvironmentMissing, PipelineError
 from pipeline.machine_watch import MachineWatch
-from pipeline.measurement import RoundsOutcome, RoundsRecord, SmClock, measure_in_rounds, undecided
+from pipeline.measurement import RoundsOutcome, RoundsRecord, SmClock, measure_in_rounds, open_pair_words, undecided
 from pipeline.runtimes.base import InProcessRuntime, ProfileResult
 
 if TYPE_CHECKING:
@@ -130,11 +130,9 @@ def measure_together(stages: list[ProfileStage]) -> dict[ProfileStage, Measured 
 
 def undecided_words(outcome: RoundsOutcome) -> str:
     """What the budget left open: "undecided after 8 rounds (budget_s = 30): bf16/torch-compile
-    against bf16/torch-reduce-overhead (0.981–1.034)"."""
+    against bf16/torch-reduce-overhead undecided (0.981–1.034)"."""
     open_pairs = undecided({k: v for k, v in outcome.takes.items() if k not in outcome.failed}, outcome.settings.tie)
-    pairs = "; ".join(
-        f"{a} against {b}" + (f" ({estimate.low:.3f}–{estimate.high:.3f})" if estimate is not None else "") for a, b, estimate in open_pairs
-    )
+    pairs = "; ".join(open_pair_words(*pair) for pair in open_pairs)
     return f"undecided after {outcome.rounds} rounds (budget_s = {outcome.settings.budget_s:g})" + (f": {pairs}" if pairs else "")
 
 
