@@ -276,6 +276,7 @@ def test_work_ahead_of_profiles_goes_on_in_one_pool_per_kind_and_a_failure_only_
         def submit(self, work):
             events.append(f"submit {work.engine_path.name}")
             self.works.append(work)
+            return True
 
         def finish(self, progress):
             events.append("finish")
@@ -463,3 +464,22 @@ def test_rows_measured_apart_are_compared_by_their_own_intervals():
     outcomes = {(a.toolchain, b.toolchain): e.outcome for a, b, e in verdict.comparisons}
     assert outcomes[("trt", "ort")] == "faster" and outcomes[("trt", "rtx")] == "ambiguous"
     assert all(not e.paired for _, _, e in verdict.comparisons)
+
+
+def test_a_machine_too_small_to_compile_side_by_side_declines_and_says_why(tmp_path, monkeypatch):
+    """Two CPUs: no compiling processes start, the build is not told its points compile in the
+    background, and each build manifest records why (each profile then compiles its own)."""
+    from pipeline.runtimes import torch_compile_ahead
+    from pipeline.runtimes.base import AheadWork
+
+    monkeypatch.setattr(torch_compile_ahead, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(torch_compile_ahead, "_gpu_free_bytes", lambda: None)
+    engine = tmp_path / "m.pt"
+    engine.write_bytes(b"weights")
+    jobs = [torch_compile_ahead.CompileJob("torch-compile", None, tmp_path, engine, None) for _ in range(3)]
+    pool = torch_compile_ahead.CompilePool()
+    assert pool.submit(AheadWork(engine, jobs, torch_compile_ahead.CompilePool)) is False
+    evidence, why = pool.finish(lambda line: None)
+    pool.close()
+    assert "too few CPUs" in why and evidence == [{"compiler": {"compiled_ahead": {"skipped": why}}}]
+    assert not pool._children

@@ -34,8 +34,9 @@ class AheadPool(ABC):
     building; before the first profile, the run waits for all of it."""
 
     @abstractmethod
-    def submit(self, work: AheadWork) -> None:
-        """Start ``work`` beside what is under way; it runs while the caller goes on."""
+    def submit(self, work: AheadWork) -> bool:
+        """Start ``work`` beside what is under way; it runs while the caller goes on. False when
+        this pool will not do it (too few CPUs, say: ``finish`` says why)."""
 
     @abstractmethod
     def finish(self, progress: Callable[[str], None]) -> tuple[list[dict[str, Any]], str | None]:

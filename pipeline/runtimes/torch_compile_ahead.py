@@ -81,7 +81,7 @@ class CompilePool(AheadPool):
         self._started = 0.0
         self._reported = False
 
-    def submit(self, work) -> None:
+    def submit(self, work) -> bool:
         if self._limit is None:  # the first work sizes the pool
             gpu_free = _gpu_free_bytes()
             largest = max(job.engine_path.stat().st_size for job in work.jobs)
@@ -90,7 +90,7 @@ class CompilePool(AheadPool):
             self._started = time.perf_counter()
         self._works.append(work)
         if self._limit < 2:
-            return  # finish says why nothing was compiled
+            return False  # finish says why nothing was compiled
         for job in work.jobs:
             self._jobs.put(job)
         queued = sum(len(w.jobs) for w in self._works)
@@ -103,6 +103,7 @@ class CompilePool(AheadPool):
             )
             child.start()
             self._children.append(child)
+        return True
 
     def finish(self, progress: Callable[[str], None]) -> tuple[list[dict[str, Any]], str | None]:
         if not self._works:

@@ -200,14 +200,16 @@ class WorkAhead:
         self._pools: dict = {}
 
     def submit(self, stage, work) -> bool:
-        """Start ``work`` of ``stage``'s engine in its kind's pool; False (with a warning) when it could not be."""
+        """Start ``work`` of ``stage``'s engine in its kind's pool: whether it runs in the background
+        (False, with a warning, when the pool failed; False too when the pool declined it, which its
+        ``finish`` explains)."""
         pool, entries = self._pools.setdefault(work.pool, [None, []])
         try:
             if pool is None:
                 pool = self._pools[work.pool][0] = work.pool()
             if isinstance(pool, Exception):
                 raise pool
-            pool.submit(work)
+            started = pool.submit(work)
         except Exception as exc:  # only time is lost: each profile prepares its own point
             if not isinstance(pool, Exception):
                 self._pools[work.pool][0] = exc
@@ -217,7 +219,7 @@ class WorkAhead:
             )
             return False
         entries.append((stage, work))
-        return True
+        return started
 
     def finish(self) -> None:
         for pool, group in self._pools.values():
