@@ -195,24 +195,27 @@ class WorkAhead:
 
     def __init__(self, reporter):
         self.reporter = reporter
-        # By kind (the pool's opener): the pool, or the error that kept it from opening, and the
-        # (build stage, work) pairs handed to it.
+        # By kind (the pool's opener): the open pool and the (build stage, work) pairs handed to it.
         self._pools: dict = {}
+        # By kind: the error that took its pool out of this run (it is not tried again).
+        self._failed: dict = {}
 
     def submit(self, stage, work) -> bool:
         """Start ``work`` of ``stage``'s engine in its kind's pool: whether it runs in the background
         (False, with a warning, when the pool failed; False too when the pool declined it, which its
         ``finish`` explains)."""
-        pool, entries = self._pools.setdefault(work.pool, [None, []])
         try:
-            if pool is None:
-                pool = self._pools[work.pool][0] = work.pool()
-            if isinstance(pool, Exception):
-                raise pool
+            if work.pool in self._failed:
+                raise self._failed[work.pool]
+            if work.pool not in self._pools:
+                self._pools[work.pool] = (work.pool(), [])
+            pool, entries = self._pools[work.pool]
             started = pool.submit(work)
         except Exception as exc:  # only time is lost: each profile prepares its own point
-            if not isinstance(pool, Exception):
-                self._pools[work.pool][0] = exc
+            self._failed.setdefault(work.pool, exc)
+            failed = self._pools.pop(work.pool, None)
+            if failed is not None:  # what it started for earlier works must not run on into the profiles
+                _close_quietly(failed[0])
             self.reporter.warn(
                 f"nothing done ahead of profiles for {stage.engine.name} on {stage.toolchain}: {type(exc).__name__}: {exc}; "
                 "each profile prepares its own point"
@@ -223,8 +226,6 @@ class WorkAhead:
 
     def finish(self) -> None:
         for pool, group in self._pools.values():
-            if not group or isinstance(pool, Exception):
-                continue
             names = ", ".join(f"{stage.engine.name} on {stage.toolchain}" for stage, _ in group)
             engines = f"{len(group)} engine{'s' if len(group) > 1 else ''}"
             with self.reporter.working("build", f"{engines} ahead of profiles"):
@@ -248,11 +249,14 @@ class WorkAhead:
     def close(self) -> None:
         """Stop whatever is still running (the run was interrupted, or failed before ``finish``)."""
         for pool, _ in self._pools.values():
-            if pool is not None and not isinstance(pool, Exception):
-                try:
-                    pool.close()
-                except Exception:  # stopping must not hide the error that got us here
-                    pass
+            _close_quietly(pool)
+
+
+def _close_quietly(pool) -> None:
+    try:
+        pool.close()
+    except Exception:  # stopping must not hide the error that got us here
+        pass
 
 
 class LocalLauncher:
