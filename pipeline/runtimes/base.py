@@ -218,8 +218,8 @@ class EngineRuntime(ABC):
 
     def ahead_work(self, engine_path: Path, workloads: list[ReferenceBatch]) -> AheadWork | None:
         """Work each shape point's profile would start with (compiling for the point) that is
-        faster done for every point at once, beside other engines' such work, once the engines are
-        built; None where there is none."""
+        faster done for every point at once, beside other engines' such work, in the background
+        while the run builds the rest (AheadPool); None where there is none."""
         return None
 
     @abstractmethod

@@ -356,14 +356,11 @@ class TorchRuntime(InProcessRuntime):
         return settings
 
     def describe_build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec, source: ModelSource) -> list[str]:
+        points = len(source.shape_points())
         prepare = {
             "eager": "nothing to prepare",
             "compile": f"torch.compile(mode={self.mode!r}, fullgraph={self.spec.fullgraph}, dynamic={self.spec.dynamic}), compiled by one run"
-            + (
-                ""
-                if self.spec.dynamic or len(source.shape_points()) < 2
-                else f", then at each of the {len(source.shape_points())} shape points in processes side by side"
-            )
+            + ("" if self.spec.dynamic or points < 2 else f", then at each of the {points} shape points in processes side by side")
             + " (Inductor's cache: $TORCHINDUCTOR_CACHE_DIR, else torchinductor_<user> in the temp directory)",
             "cudagraphs": "capture one run in a CUDA graph",
         }[self.spec.backend]

@@ -108,7 +108,7 @@ class CompilePool(AheadPool):
     def finish(self, progress: Callable[[str], None]) -> tuple[list[dict[str, Any]], str | None]:
         if not self._works:
             return [], None
-        if self._limit is None or self._limit < 2:
+        if self._limit < 2:
             why = "too few CPUs or too little free GPU memory to compile the points side by side; each profile compiles its own"
             return [{"compiler": {"compiled_ahead": {"skipped": why}}} for _ in self._works], why
         jobs = [job for work in self._works for job in work.jobs]

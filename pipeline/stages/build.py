@@ -117,14 +117,17 @@ class BuildStage(Stage):
                 exc.outcome = self.outcome(exc.result, engine_path=None)
             raise
         work = self.runtime.ahead_work(engine_path, self.point_workloads())
-        if work is not None and self.ctx.ahead is None:  # alone: done now, its evidence in this manifest
+        if work is None:
+            return self.outcome(result, engine_path)
+        if self.ctx.ahead is None:  # alone: done now, its evidence in this manifest
             try:
                 evidence, _ = work.run_now(self.ctx.reporter.progress)
                 merge_evidence(result.evidence, evidence)
             except Exception as exc:  # only time is lost: each profile prepares its own point
                 self.ctx.reporter.warn(f"{self.engine.name}: nothing done ahead of profiles: {type(exc).__name__}: {exc}")
+            return self.outcome(result, engine_path)
         outcome = self.outcome(result, engine_path)
-        if work is not None and self.ctx.ahead is not None and self.ctx.ahead.submit(self, work):
+        if self.ctx.ahead.submit(self, work):
             # Done beside the builds still to come, recorded here when the run has waited for it.
             outcome.note = f" ({work.doing} goes on in the background)"
         return outcome
