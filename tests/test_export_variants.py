@@ -92,11 +92,20 @@ def test_every_variant_of_a_transformer_and_a_timm_model_exports_in_one_process(
     assert pooler == {"zero_fraction": 0.5, "pattern_2_4": True, "feeds_output": False}  # sparse, but not in the graph
 
 
+# Calibrated activation ranges (the Constant nodes) pass through the variant's own quantized
+# layers: a last-bit difference in one CPU matrix product (the order of a threaded reduction) can
+# move an activation across an FP4 rounding step and the ranges after it by about 1e-3 (CI saw
+# 8.1e-4 in vit_tiny_nvfp4_sparse's input quantizers, its weights' codes bit for bit). State
+# leaking from another export (a mask, a quantizer, other weights) moves them by far more.
+RANGE_RTOL = 1e-2
+
+
 def onnx_differences(first: Path, second: Path, rtol: float = 1e-5) -> list[str]:
     """What differs between two ONNX files: the graph without its weights and constants must be
     the same (nodes, attributes, inputs, outputs, opsets); each weight and constant the same name,
     type and shape, its integer and 8-bit data (FP4/FP8 codes) equal and its floating data equal
-    within ``rtol``. An empty list when they are the same."""
+    within ``rtol`` (a constant, a calibrated range, within RANGE_RTOL). An empty list when they
+    are the same."""
     import numpy as np
     import onnx
     from onnx import numpy_helper
@@ -127,7 +136,7 @@ def onnx_differences(first: Path, second: Path, rtol: float = 1e-5) -> list[str]
         if a.dtype != b.dtype or a.shape != b.shape:
             differences.append(f"{name}: {a.dtype}{list(a.shape)} against {b.dtype}{list(b.shape)}")
         elif a.dtype.kind == "f" and a.dtype.itemsize > 1:
-            if not np.allclose(a, b, rtol=rtol, atol=0.0, equal_nan=True):
+            if not np.allclose(a, b, rtol=RANGE_RTOL if name.startswith("constant ") else rtol, atol=0.0, equal_nan=True):
                 with np.errstate(invalid="ignore", divide="ignore"):
                     worst = float(np.nanmax(np.abs(a.astype(np.float64) - b) / np.abs(b)))
                 differences.append(f"{name}: {int((a != b).sum())} of {a.size} values differ (largest relative difference {worst:.3g})")
