@@ -179,12 +179,12 @@ class ProfileSettings(_Strict):
     # one core it stayed within 11.3-12.4 (it still met the host's slow spells; docs/sweeps.md).
     # None: wherever the OS schedules it.
     host_cpus: tuple[int, ...] | None = Field(default=None, min_length=1)
-    # Paired rounds (pipeline/measurement.py), for the runtimes that measure in this process (PyTorch,
-    # ONNX Runtime): at a shape point every engine runs one take per round — at least `take_runs`
-    # inferences and `take_ms` milliseconds — in a seeded random order, until each comparison the
-    # verdict needs is decided (its ratio's interval excludes 1, or lies within 1 ± `tie`) after at
-    # least `min_rounds` rounds, or `budget_s` seconds are spent. `iterations` and `duration_s` bound
-    # the runtimes that measure in a process of their own (trtexec, TensorRT-RTX).
+    # Paired rounds (pipeline/measurement.py): at a shape point every engine runs one take per round
+    # — at least `take_runs` inferences and `take_ms` milliseconds; for trtexec and TensorRT-RTX a
+    # short run of the tool — in a seeded random order, until each comparison the verdict needs is
+    # decided (its ratio's interval excludes 1, or lies within the tie band) after at least
+    # `min_rounds` rounds, or `budget_s` seconds are spent. `warmup_ms`, `iterations` and
+    # `duration_s` bound a trtexec or TensorRT-RTX engine measured alone (one whole run of its tool).
     take_ms: float = Field(default=250.0, gt=0, le=60_000)
     take_runs: int = Field(default=3, ge=1, le=100_000)
     min_rounds: int = Field(default=6, ge=2, le=10_000)

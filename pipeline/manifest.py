@@ -183,10 +183,10 @@ class ProfileDetails(_Model):
     # measurement is a process of its own (trtexec, the TensorRT-RTX driver).
     retaken_in_fresh_process: bool | None = None
     stable: bool | None = None
-    # Engines that run in this process are timed in rounds beside the shape point's other engines
-    # (pipeline/measurement.py): each measurement's takes, round by round, and the group it was in,
-    # from which reports pair engines round by round. Empty for runtimes that time in a process of
-    # their own (trtexec, TensorRT-RTX) and in manifests written before rounds.
+    # Engines are timed in rounds beside the shape point's other engines (pipeline/measurement.py):
+    # each measurement's takes, round by round, and the group it was in, from which reports pair
+    # engines round by round. Empty for a trtexec or TensorRT-RTX engine measured alone (one whole
+    # run of its tool) and in manifests written before rounds.
     rounds: list[RoundsRecord] = []
     # The machine's load when the measurement started and ended: load average and CPU count, and
     # per GPU its utilisation, clocks and the other processes using it (pipeline/environment.py);

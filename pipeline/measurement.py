@@ -47,6 +47,9 @@ from pipeline.stats import RatioEstimate, at_band_edge, median, paired_ratio
 THROTTLE_THRESHOLD = 0.75
 # How often the SM clock is read while a take runs.
 CLOCK_INTERVAL_S = 0.02
+# NVML's utilisation (the share of its last sample period, 1/6 s to 1 s, in which a kernel ran) at
+# which the GPU counts as busy, for the takes whose clock is read only while it is.
+BUSY_UTILIZATION = 50
 # Rounds, at most, whatever the budget: a guard against a take_ms of microseconds.
 MAX_ROUNDS = 10_000
 # How many runs may be enqueued ahead of the oldest one not yet finished, in a CUDA take: enough
@@ -70,7 +73,9 @@ class PreparedEngine(Protocol):
         """How it ran, for the manifest (device, settings in force, memory, …)."""
 
     # Optional: ``warm()``, one untimed run before the first round, once every engine of the point
-    # is prepared (preparing one may disturb another: a compiler's cache reset).
+    # is prepared (preparing one may disturb another: a compiler's cache reset); and
+    # ``clock_while_busy`` True where a take is mostly not the GPU's work (a tool's process
+    # starting), so its SM clock is read only while the GPU is busy.
 
 
 # --- one take ------------------------------------------------------------------------------------
@@ -163,16 +168,24 @@ class SmClock:
         except Exception:
             return None
 
-    def during(self, work: Callable[[], Any]) -> tuple[Any, float | None]:
+    def busy(self) -> bool:
+        """Whether the GPU ran a kernel for most of NVML's last sample period."""
+        try:
+            return self.nvml.nvmlDeviceGetUtilizationRates(self.handle).gpu >= BUSY_UTILIZATION
+        except Exception:
+            return True
+
+    def during(self, work: Callable[[], Any], busy_only: bool = False) -> tuple[Any, float | None]:
         """``work()`` and the median SM clock read while it ran (every CLOCK_INTERVAL_S, on a
-        thread of its own; once after it when it was shorter)."""
+        thread of its own; once after it when it was shorter). ``busy_only``: only the reads taken
+        while the GPU was busy (a take that is mostly a tool starting up; None when it never was)."""
         samples: list[float] = []
         done = threading.Event()
 
         def sample() -> None:
             while not done.wait(CLOCK_INTERVAL_S):
                 value = self.read_mhz()
-                if value is not None:
+                if value is not None and (not busy_only or self.busy()):
                     samples.append(value)
 
         sampler = threading.Thread(target=sample, name="sm-clock", daemon=True)
@@ -182,7 +195,7 @@ class SmClock:
         finally:
             done.set()
             sampler.join()
-        if not samples:
+        if not samples and not busy_only:
             last = self.read_mhz()
             samples = [last] if last is not None else []
         return result, (sorted(samples)[len(samples) // 2] if samples else None)
@@ -335,7 +348,8 @@ def measure_in_rounds(
         for position, key in enumerate(order):
             try:
                 if clock is not None:
-                    measured, mhz = clock.during(lambda key=key: engines[key].take(settings.take_runs, settings.take_ms))
+                    busy_only = getattr(engines[key], "clock_while_busy", False)
+                    measured, mhz = clock.during(lambda key=key: engines[key].take(settings.take_runs, settings.take_ms), busy_only)
                 else:
                     measured, mhz = engines[key].take(settings.take_runs, settings.take_ms), None
             except PipelineError as exc:

@@ -13,7 +13,7 @@ import pytest
 
 from pipeline.catalog import ProfileSettings
 from pipeline.errors import OutOfMemory
-from pipeline.measurement import host_take, measure_in_rounds, undecided
+from pipeline.measurement import SmClock, host_take, measure_in_rounds, undecided
 from pipeline.stats import at_band_edge, median_interval, outcome, paired_ratio, reaches_confidence, unpaired_ratio
 
 
@@ -193,10 +193,51 @@ class Clock:
     def __init__(self, low_rounds: set[int], engines: int):
         self.low_rounds, self.engines, self.takes = low_rounds, engines, 0
 
-    def during(self, work):
+    def during(self, work, busy_only=False):
         round_number = self.takes // self.engines
         self.takes += 1
         return work(), (1100.0 if round_number in self.low_rounds else 1755.0)
+
+
+class FakeNvml:
+    """NVML as SmClock reads it: an SM clock and a utilisation that follow a script of reads."""
+
+    NVML_CLOCK_SM = 0
+
+    def __init__(self, reads: list[tuple[float, int]]):
+        self.reads, self.index = reads, 0
+
+    def _now(self):
+        return self.reads[min(self.index, len(self.reads) - 1)]
+
+    def nvmlDeviceGetClockInfo(self, handle, which):
+        clock = self._now()[0]
+        self.index += 1  # the clock is read first, the utilisation beside it
+        return clock
+
+    def nvmlDeviceGetUtilizationRates(self, handle):
+        return type("Utilization", (), {"gpu": self.reads[min(self.index - 1, len(self.reads) - 1)][1]})()
+
+
+def fake_sm_clock(reads):
+    clock = SmClock.__new__(SmClock)
+    clock.available, clock.default_mhz, clock.handle, clock.nvml = True, 1980.0, None, FakeNvml(reads)
+    return clock
+
+
+def test_a_tools_take_reads_the_clock_only_while_the_gpu_is_busy(monkeypatch):
+    # A take that is mostly a tool starting and ending (the GPU idle, its clock down) around a
+    # short busy run.
+    monkeypatch.setattr("pipeline.measurement.CLOCK_INTERVAL_S", 0.001)
+    starting_then_running = [(345.0, 0)] * 10 + [(1755.0, 97)] * 10 + [(345.0, 0)]
+    clock = fake_sm_clock(starting_then_running)
+    _, everything = clock.during(lambda: time.sleep(0.2))
+    assert everything == 345.0  # read throughout, the median is the idle clock: it would be dropped as throttled
+    clock = fake_sm_clock(starting_then_running)
+    _, busy = clock.during(lambda: time.sleep(0.2), busy_only=True)
+    assert busy == 1755.0
+    _, never = fake_sm_clock([(345.0, 0)]).during(lambda: time.sleep(0.05), busy_only=True)
+    assert never is None  # nothing to judge by: the take is kept, not dropped
 
 
 def test_a_take_whose_gpu_throttled_is_dropped_and_counted():

@@ -127,3 +127,53 @@ def test_missing_local_install_is_an_environment_error(tmp_path, run_cli):
     result = run_cli(catalog, "build", "--engine", "tiny_fp32", "--toolchain", "local")
     assert result.exit_code == 3
     assert "/nonexistent/TensorRT/bin/trtexec does not exist" in result.err
+
+
+def test_trtexec_engines_join_the_rounds_of_their_point_one_short_run_per_take(local_install, run_cli, tmp_path):
+    catalog = local_install("ok")
+    # The stand-in behind a wrapper that notes every call.
+    trtexec = tmp_path / "TensorRT-ok" / "bin" / "trtexec"
+    shutil.move(trtexec, trtexec.with_name("trtexec-standin"))
+    calls = tmp_path / "calls.txt"
+    trtexec.write_text(f'#!/bin/sh\necho "$*" >> {calls}\nexec "$(dirname "$0")/trtexec-standin" "$@"\n')
+    trtexec.chmod(0o755)
+    argv = ["run", "--model", "tiny", "--variant", "fp32", "--variant", "fp16", "--toolchain", "local", "--toolchain", "onnxruntime"]
+    result = run_cli(catalog, *argv)
+    assert result.exit_code == 0, result.err
+    ws = catalog.parent
+
+    def details(toolchain, name):
+        return read_manifest(ws / "manifests" / toolchain / f"{name}.json").profile.details
+
+    (fp32,), (fp16,), (ort,) = (
+        details("local", "tiny_fp32").rounds,
+        details("local", "tiny_fp16").rounds,
+        details("onnxruntime", "tiny_fp32").rounds,
+    )
+    assert fp32.group == fp16.group == ort.group  # one set of rounds at the point
+    assert set(fp32.entrants) == {"fp32/local", "fp16/local", "fp32/onnxruntime", "fp16/onnxruntime"} and fp32.rounds >= 6
+    recorded = json.loads(standin_files("ok")["times.json"])
+    assert [t.runs for t in fp32.takes] == [len(recorded)] * fp32.rounds  # each take: the runs of one short trtexec run
+    takes = [line for line in calls.read_text().splitlines() if "--loadEngine" in line and "--exportTimes" in line]
+    assert len(takes) == fp32.rounds + fp16.rounds
+    first, *others = [line for line in takes if "tiny_fp32" in line]
+    # A take: warm-up for the take's length, then at least take_runs runs and take_ms (5 ms here).
+    assert "--warmUp=5 --iterations=3 --duration=0.005" in first
+    # The per-layer profile once, in the first take (a separate run, after the timed ones).
+    assert "--exportProfile" in first and not any("--exportProfile" in line for line in others)
+    profile = read_manifest(ws / "manifests" / "local" / "tiny_fp32.json").profile
+    assert profile.details.trtexec["exported_profile"] is not None  # kept from the first take
+    assert {a.role for a in profile.outputs} >= {"profile_log", "times", "layer_profile"}
+    assert " ".join(profile.command[1:]) == others[-1]  # the last take's command, its files beside it
+    compared = json.loads(run_cli(catalog, "compare", "--format", "json").out)
+    (pair,) = [c for v in compared["verdicts"] for c in v["comparisons"] if {c["a"]["toolchain"], c["b"]["toolchain"]} == {"local"}]
+    assert pair["paired"] is True and pair["outcome"] == "same"  # the stand-in replays the same times for both
+
+
+def test_a_trtexec_engine_alone_at_its_point_is_one_whole_trtexec_measurement(local_install, run_cli):
+    catalog = local_install("ok")
+    result = run_cli(catalog, "run", "--engine", "tiny_fp32", "--toolchain", "local")
+    assert result.exit_code == 0, result.err
+    profile = read_manifest(catalog.parent / "manifests" / "local" / "tiny_fp32.json").profile
+    assert profile.details.rounds == []
+    assert "--warmUp=5" in profile.command and "--iterations=5" in profile.command and "--duration=0.05" in profile.command

@@ -94,6 +94,8 @@ class ProfileResult:
             total_walltime_s=elapsed_s,
             device=said["device"],
             metric=said["metric"],
+            command=said.get("command"),
+            sidecars=said.get("sidecars", {}),
             warnings=said.get("warnings", []),
             evidence=said.get("evidence", {}),
         )
@@ -139,8 +141,9 @@ class EngineRuntime(ABC):
     #: on any node, timed on a GPU it targets; "anywhere" — a CPU runtime, one result.
     placement: ClassVar[str] = "gpu"
     #: Whether the engine is timed inside the pipeline's own process (InProcessRuntime), rather
-    #: than in a tool's process of its own: then it is timed in rounds beside the shape point's
-    #: other such engines (pipeline/measurement.py).
+    #: than in a tool's process of its own. Either is timed in rounds beside the shape point's
+    #: other engines (pipeline/measurement.py); a tool's engine with none beside it is one whole
+    #: measurement by the tool.
     measures_in_this_process: ClassVar[bool] = False
 
     def __init__(self, name: str, spec: ToolchainSpec, reporter: Reporter, workspace_root: Path, force: bool = False):
@@ -227,6 +230,19 @@ class EngineRuntime(ABC):
         """Time the engine. ``workload`` is what to feed at a shape point (its inputs' shapes and
         seeded values), for models measured at several; None: the engine's one fixed shape."""
 
+    def short_run(
+        self, engine_path: Path, settings: ProfileSettings, workload: ReferenceBatch | None = None, layers: bool = False
+    ) -> ProfileResult:
+        """One short timed run in the tool's process, a take of the rounds (ToolTakes): ``profile``
+        within ``settings``' bounds; the per-layer profile (a separate run after the timed ones)
+        only with ``layers`` — once per point, not every take."""
+        return self.profile(engine_path, settings, workload)
+
+    def prepare(self, engine_path: Path, workload: ReferenceBatch | None = None) -> PreparedEngine:
+        """The engine ready for the rounds beside the shape point's other engines: here, each take is
+        a short run of the tool (ToolTakes); a runtime that runs engines in this process loads them."""
+        return ToolTakes(self, engine_path, workload)
+
     def run_reference(self, engine_path: Path, reference: ReferenceBatch) -> ReferenceRun | None:
         """Run the engine once on the reference batch; None when this runtime cannot feed an engine
         given inputs (the profile then records that its accuracy was not checked)."""
@@ -258,6 +274,56 @@ class InProcessRuntime(EngineRuntime):
         engine = self.prepare(engine_path, workload)
         times_ms, elapsed = measure_alone(engine, settings, self.reporter.progress)
         return ProfileResult.of_takes(engine.evidence(), times_ms, elapsed)
+
+
+class ToolTakes:
+    """An engine that a tool times in a process of its own (trtexec, the TensorRT-RTX driver),
+    measured in rounds: each take is one short run of the tool — warm-up for the take's length,
+    then at least the take's runs and milliseconds, each run timed by the tool on the GPU — so its
+    takes interleave with the other engines' as theirs do with each other. The tool's start
+    (loading the engine) is outside what it times."""
+
+    #: Most of a take is the tool starting, the GPU idle: its clock is read only while it is busy.
+    clock_while_busy = True
+
+    def __init__(self, runtime: EngineRuntime, engine_path: Path, workload: ReferenceBatch | None):
+        self.runtime, self.engine_path, self.workload = runtime, engine_path, workload
+        self.timing = "GPU compute time"
+        # The first take's run (it also made the per-layer profile) and the last one's.
+        self.first: ProfileResult | None = None
+        self.last: ProfileResult | None = None
+
+    def take(self, runs: int, min_ms: float) -> list[float]:
+        # The warm-up is the in-process takes' untimed run, made as long as the take: the tool's
+        # start left the GPU idle, and its clocks come back up there, not in a timed run.
+        bounds = ProfileSettings(warmup_ms=min_ms, iterations=runs, duration_s=min_ms / 1000.0)
+        self.last = self.runtime.short_run(self.engine_path, bounds, self.workload, layers=self.first is None)
+        self.first = self.first or self.last
+        self.timing = self.last.metric
+        return self.last.per_iteration_ms
+
+    def evidence(self) -> dict[str, Any]:
+        """What the last take's run said, with its command and files (its log, its exported times),
+        and the per-layer profile the first take made."""
+        first, last = self.first, self.last
+        if first is None or last is None:
+            return {"device": "not run", "metric": self.timing}
+        return {
+            "device": last.device,
+            "metric": last.metric,
+            "warnings": last.warnings,
+            "evidence": _merged(first.evidence, last.evidence),
+            "command": last.command,
+            "sidecars": {**first.sidecars, **last.sidecars},
+        }
+
+
+def _merged(older: dict[str, Any], newer: dict[str, Any]) -> dict[str, Any]:
+    """``older`` updated by ``newer``, nested dictionaries key by key."""
+    out = dict(older)
+    for key, value in newer.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def rounds_words(settings: ProfileSettings) -> str:

@@ -211,6 +211,14 @@ class TrtexecRuntime(EngineRuntime):
         )
 
     def profile(self, engine_path: Path, settings: ProfileSettings, workload: ReferenceBatch | None = None) -> ProfileResult:
+        return self._profile(engine_path, settings, workload, with_layers=True)
+
+    def short_run(
+        self, engine_path: Path, settings: ProfileSettings, workload: ReferenceBatch | None = None, layers: bool = False
+    ) -> ProfileResult:
+        return self._profile(engine_path, settings, workload, with_layers=layers)
+
+    def _profile(self, engine_path: Path, settings: ProfileSettings, workload: ReferenceBatch | None, with_layers: bool) -> ProfileResult:
         # One set of files per shape point: vit_fp16.profile.log, bert_fp16@2x512.profile.log.
         point = f"@{workload.shape}" if workload is not None and workload.shape else ""
         log_path = self.sidecar(engine_path, f"{point}.profile.log")
@@ -218,7 +226,8 @@ class TrtexecRuntime(EngineRuntime):
         profile_path = self.sidecar(engine_path, f"{point}.profile.json")
         partials = {times_path: self._partial(times_path), profile_path: self._partial(profile_path)}
         shapes = workload.shapes if workload is not None else None
-        argv = self._profile_argv(engine_path, settings, partials[times_path], partials[profile_path], shapes, self.reporter.verbose)
+        layers_to = partials[profile_path] if with_layers else None
+        argv = self._profile_argv(engine_path, settings, partials[times_path], layers_to, shapes, self.reporter.verbose)
         try:
             execution = self.execute(argv, log_path, "profile")
             log = self._parse(execution)
@@ -233,7 +242,7 @@ class TrtexecRuntime(EngineRuntime):
                 with contextlib.suppress(FileNotFoundError):
                     partial.unlink()
         times = read_times(times_path)
-        layer_profile = read_profile(profile_path) if profile_path.exists() else None
+        layer_profile = read_profile(profile_path) if with_layers and profile_path.exists() else None
         sidecars = {"profile_log": log_path, "times": times_path}
         if layer_profile is not None:
             sidecars["layer_profile"] = profile_path
@@ -257,7 +266,8 @@ class TrtexecRuntime(EngineRuntime):
                     "exported_times": json.loads(
                         times.model_dump_json(include={"count", "truncated", "gpu_compute", "latency", "enqueue"})
                     ),
-                    "exported_profile": json.loads(layer_profile.model_dump_json()) if layer_profile else None,
+                    # A take without the layer profile leaves the one an earlier take made (ToolTakes).
+                    **({"exported_profile": json.loads(layer_profile.model_dump_json()) if layer_profile else None} if with_layers else {}),
                 },
             },
         )
@@ -320,12 +330,12 @@ class TrtexecRuntime(EngineRuntime):
         ).argv(self.spec.trt, self.trtexec_path())
 
     def _profile_argv(
-        self, engine_path: Path, settings: ProfileSettings, times: Path, profile: Path, shapes=None, verbose: bool = False
+        self, engine_path: Path, settings: ProfileSettings, times: Path, profile: Path | None, shapes=None, verbose: bool = False
     ) -> list[str]:
         return self._profile_command(engine_path, settings, times, profile, shapes, verbose).argv(self.spec.trt, self.trtexec_path())
 
     def _profile_command(
-        self, engine_path: Path, settings: ProfileSettings, times: Path, profile: Path, shapes=None, verbose: bool = False
+        self, engine_path: Path, settings: ProfileSettings, times: Path, profile: Path | None, shapes=None, verbose: bool = False
     ) -> ProfileCommand:
         return ProfileCommand(
             engine=self.container_path(engine_path),
@@ -333,7 +343,7 @@ class TrtexecRuntime(EngineRuntime):
             iterations=settings.iterations,
             duration_s=settings.duration_s,
             times_json=self.container_path(times),
-            profile_json=self.container_path(profile),
+            profile_json=self.container_path(profile) if profile is not None else None,
             use_cuda_graph=self.spec.use_cuda_graph,
             no_data_transfers=self.spec.no_data_transfers,
             spin_wait=self.spec.spin_wait,

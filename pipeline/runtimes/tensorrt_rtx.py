@@ -52,6 +52,8 @@ Arch = Literal["sm75", "sm80", "sm86", "sm89", "sm120", "sm121"]
 RUNS_ON = ("7.5", "8.0", "8.6", "8.9", "12.0", "12.1")
 # The wheels of one release, in the CUDA flavour chosen for the machine.
 PACKAGES = ("tensorrt-rtx-{cuda}-libs", "tensorrt-rtx-{cuda}-bindings")
+# Runs of the separate per-layer profiling pass.
+LAYER_PROFILE_RUNS = 10
 # CUDA 13 builds need an NVIDIA driver of branch 580 or newer on Linux. Source: CUDA Toolkit release
 # notes, "CUDA Toolkit and Corresponding Driver Versions" (CUDA 13.0 GA: >= 580.65.06).
 CUDA13_MIN_DRIVER = 580
@@ -546,7 +548,9 @@ class TensorRtRtxRuntime(EngineRuntime):
         slug = re.sub(r"[^a-z0-9]+", "-", gpus[0].name.lower()).strip("-") if gpus else "any-gpu"
         return engine_dir / f"runtime-cache-{slug}.bin"
 
-    def _profile_argv(self, engine_path: Path, settings: ProfileSettings, result_path: Path, workload=None) -> list[str]:
+    def _profile_argv(
+        self, engine_path: Path, settings: ProfileSettings, result_path: Path, workload=None, layer_profile_runs: int = LAYER_PROFILE_RUNS
+    ) -> list[str]:
         at = []
         if workload is not None:  # a shape point of an engine built for a range: its shapes, and its values where known
             for name, dims in workload.shapes.items():
@@ -559,15 +563,25 @@ class TensorRtRtxRuntime(EngineRuntime):
             "--warmup-ms", f"{settings.warmup_ms:g}",
             "--iterations", str(settings.iterations),
             "--duration-s", f"{settings.duration_s:g}",
-            "--layer-profile-runs", str(LAYER_PROFILE_RUNS),
+            "--layer-profile-runs", str(layer_profile_runs),
             "--runtime-cache", str(self.runtime_cache_path(engine_path.parent)),
         ] + at  # fmt: skip
 
     def profile(self, engine_path: Path, settings: ProfileSettings, workload: ReferenceBatch | None = None) -> ProfileResult:
+        return self._profile(engine_path, settings, workload, LAYER_PROFILE_RUNS)
+
+    def short_run(
+        self, engine_path: Path, settings: ProfileSettings, workload: ReferenceBatch | None = None, layers: bool = False
+    ) -> ProfileResult:
+        return self._profile(engine_path, settings, workload, LAYER_PROFILE_RUNS if layers else 0)
+
+    def _profile(
+        self, engine_path: Path, settings: ProfileSettings, workload: ReferenceBatch | None, layer_profile_runs: int
+    ) -> ProfileResult:
         point = f"@{workload.shape}" if workload is not None and workload.shape else ""
         log_path = self.sidecar(engine_path, f"{point}.profile.log")
         result_path = self.sidecar(engine_path, f"{point}.profile-result.json.partial")
-        argv = self._profile_argv(engine_path, settings, result_path, workload)
+        argv = self._profile_argv(engine_path, settings, result_path, workload, layer_profile_runs)
         _, result = self._run_driver(argv, result_path, log_path, "profile")
         device = result.get("device") or {}
         if not result.get("ran"):
@@ -608,7 +622,8 @@ class TensorRtRtxRuntime(EngineRuntime):
                     "cuda_graph": result.get("cuda_graph"),
                     "tensors": result.get("tensors"),
                     "runtime_cache_loaded": result.get("runtime_cache_loaded", False),
-                    "layer_profile": layer_profile,
+                    # A take without the layer profile leaves the one an earlier take made (ToolTakes).
+                    **({"layer_profile": layer_profile} if layer_profile_runs else {}),
                 }
             },
         )
@@ -635,10 +650,6 @@ def pin_of(facts: dict[str, Any]) -> str:
         # The libraries' wheel first: it is the compiler (listings show the pin's first characters).
         return " ".join(digest for _, digest in sorted(wheels.items(), key=lambda item: "_libs" not in item[0]))
     return " ".join(facts.get("packages", []))
-
-
-# Runs of the separate per-layer profiling pass.
-LAYER_PROFILE_RUNS = 10
 
 
 def tidy(message: str) -> str:

@@ -4,8 +4,8 @@ Measuring again in the same process would repeat whatever lives in the process: 
 state, a compiled graph and the autotuning it chose, a thread pool, a warmed cache. So each repeat
 after the first of the engines that run in the pipeline's own process (ONNX Runtime, PyTorch)
 runs in a new interpreter that loads, prepares and times them from scratch, in rounds, as the best
-benchmark harnesses do; runtimes that measure in a process of their own (trtexec, the
-TensorRT-RTX driver) are fresh each time already.
+benchmark harnesses do; the engines of a tool that measures in a process of its own (trtexec, the
+TensorRT-RTX driver) take part there by short runs of the tool, as in the first measurement.
 """
 
 from __future__ import annotations

@@ -166,7 +166,7 @@ class ProfileStage(Stage):
         load_at_start = machine_load()
         retaken: list[list[float]] = []
         rounds, checked_already = [], None
-        if self.runtime.measures_in_this_process:
+        if self.measured is not None or self.runtime.measures_in_this_process:
             # Timed in rounds with the shape point's other engines (or alone, as a group of one).
             from pipeline.stages.rounds import measure_together
 

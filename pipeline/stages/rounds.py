@@ -1,11 +1,14 @@
-"""The engines of one shape point that run in this process, timed together in rounds.
+"""The engines of one shape point, timed together in rounds.
 
-Every profile of such an engine (PyTorch, ONNX Runtime) at a shape point is prepared once —
-loaded, compiled, captured, warmed, its accuracy checked — then all of them are measured by the
-protocol in pipeline/measurement.py: one take each per round, in a seeded random order, until the
-comparisons the verdict needs are decided or the point's budget is spent. Each profile's manifest
-then keeps its own takes and the group they were measured in, so a report pairs them round by
-round. A profile asked for alone is a group of one.
+Every profile of a run at a shape point is prepared once — an engine that runs in this process
+(PyTorch, ONNX Runtime) loaded, compiled, captured and warmed; every one's accuracy checked —
+then all of them are measured by the protocol in pipeline/measurement.py: one take each per round,
+in a seeded random order, until the comparisons the verdict needs are decided or the point's budget
+is spent. An engine a tool times in a process of its own (trtexec, the TensorRT-RTX driver) takes
+part by a short run of the tool per take (pipeline/runtimes/base.py, ToolTakes). Each profile's
+manifest then keeps its own takes and the group they were measured in, so a report pairs them round
+by round. A profile asked for alone is a group of one; a tool's engine alone is one whole
+measurement by the tool, as `trtexec` alone would make it.
 
 The group is measured as a whole: when any of its profiles must run (new settings, a rebuilt
 engine), all of them are measured again, so that every engine of the point shares one set of
@@ -23,7 +26,7 @@ from pipeline.environment import running_on
 from pipeline.errors import EnvironmentMissing, PipelineError
 from pipeline.machine_watch import MachineWatch
 from pipeline.measurement import RoundsOutcome, RoundsRecord, SmClock, measure_in_rounds, open_pair_words, undecided
-from pipeline.runtimes.base import InProcessRuntime, ProfileResult
+from pipeline.runtimes.base import EngineRuntime, ProfileResult
 
 if TYPE_CHECKING:
     from pipeline.stages.profile import ProfileStage
@@ -59,7 +62,9 @@ def profile_together(stages: list[ProfileStage]) -> list[tuple[ProfileStage, Pip
     failures: list[tuple[ProfileStage, PipelineError]] = []
     runnable = [stage for stage in stages if stage.skip_reason() is None]
     stale = [stage for stage in runnable if not stage.is_current()]
-    measured = measure_together(runnable) if stale else {}
+    # A tool's engine with nothing beside it is one whole measurement by the tool (its own run).
+    alone_in_a_tool = len(runnable) == 1 and not runnable[0].runtime.measures_in_this_process
+    measured = measure_together(runnable) if stale and not alone_in_a_tool else {}
     for stage in stages:
         stage.measured = measured.get(stage)
         try:
@@ -82,7 +87,7 @@ def measure_together(stages: list[ProfileStage]) -> dict[ProfileStage, Measured 
     label = f"{stages[0].engine.model}{f' at {stages[0].shape}' if stages[0].shape else ''}"
     with reporter.working("profile", f"{label} ({len(stages)} engine{'s' if len(stages) > 1 else ''} in rounds)"):
         for stage in stages:
-            runtime: InProcessRuntime = stage.runtime
+            runtime: EngineRuntime = stage.runtime
             try:
                 reporter.step(f"preparing {entrant_name(stage)}")
                 engine_path, workload = stage.engine_file(), stage.workload()

@@ -76,7 +76,7 @@ def run_engine(ctx: RunContext, engine: EngineRef, toolchain: str | None, until:
 
     def profile(shape: str | None) -> None:
         stage = ProfileStage(ctx, engine, toolchain, shape)
-        if rounds is not None and stage.runtime.measures_in_this_process:
+        if rounds is not None:
             rounds.setdefault((engine.model, ctx.gpu_type, shape), []).append(stage)
         else:
             stage.run()
