@@ -7,6 +7,9 @@ owns the rest, once for all of them — as nvbench separates a benchmark from it
   one untimed inference (another engine ran in between). On a GPU each inference is timed by
   CUDA events around it, enqueued without waiting (:func:`cuda_take`, trtexec's way); on a CPU by
   the host's clock (:func:`host_take`).
+* **Launch-bound or not**: a GPU take's untimed run is issued with the GPU idle, and the host's
+  time to issue it is kept (:func:`cuda_take`): where it comes near the run's GPU time the GPU
+  waits for the host, and the engine's figures are the host's speed.
 * **Warm-up**: once every engine of the point is prepared, each runs once, untimed (preparing one
   engine may disturb another: a compiler's cache reset makes it recompile, here and not in a take).
 * **Rounds**: every engine of a shape point takes one take per round, in an order drawn afresh
@@ -73,9 +76,10 @@ class PreparedEngine(Protocol):
         """How it ran, for the manifest (device, settings in force, memory, …)."""
 
     # Optional: ``warm()``, one untimed run before the first round, once every engine of the point
-    # is prepared (preparing one may disturb another: a compiler's cache reset); and
+    # is prepared (preparing one may disturb another: a compiler's cache reset);
     # ``clock_while_busy`` True where a take is mostly not the GPU's work (a tool's process
-    # starting), so its SM clock is read only while the GPU is busy.
+    # starting), so its SM clock is read only while the GPU is busy; and ``issue_ms``, the host's
+    # time to issue the last take's untimed run (cuda_take), kept with the take.
 
 
 # --- one take ------------------------------------------------------------------------------------
@@ -93,15 +97,27 @@ def host_take(run: Callable[[], Any], runs: int, min_ms: float) -> list[float]:
     return times_ms
 
 
-def cuda_take(torch, run: Callable[[], Any], runs: int, min_ms: float) -> list[float]:
+def cuda_take(torch, run: Callable[[], Any], runs: int, min_ms: float, issue_ms: list[float] | None = None) -> list[float]:
     """``run`` enqueued back to back on the current CUDA stream, each timed on the GPU by a pair of
     CUDA events, as trtexec times its iterations: a run's time is what the GPU spent from its first
     kernel's launch to its last kernel's end. A host that waited for every run would leave the GPU
     idle between launches inside the timed window and time PyTorch slower than an engine timed by
     trtexec. A ring of QUEUE_DEPTH event pairs: a slot is read (its run waited for) only when the
-    ring comes round to it, so the host blocks only while that many runs are queued."""
-    run()
-    torch.cuda.synchronize()
+    ring comes round to it, so the host blocks only while that many runs are queued.
+
+    The untimed run is issued with the GPU idle; the host's time to issue it (``run()`` returning,
+    its kernels launched) is appended to ``issue_ms``. Near a run's GPU time, the GPU waits for
+    the host between kernels: the run is launch-bound, its time the host's speed. The first run
+    after another engine's take can cost the host more than the runs of a take (a compiled model's
+    CUDA-graph tree switched back in: 74–82 % of the run's GPU time on the H100 for `reduce-overhead`
+    at 2x512, against 45 % measured after its own take), so a short run is issued twice, untimed,
+    and the second one's issue kept; a long one once (a second would cost the take's budget, and a
+    run that long issues thousands of kernels before it could be launch-bound)."""
+    issued, whole = _issued(torch, run)
+    if issue_ms is not None:
+        if whole * max(runs, 1) < min_ms:  # a short run
+            issued, _ = _issued(torch, run)
+        issue_ms.append(issued)
     slots = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(QUEUE_DEPTH)]
     times_ms: list[float] = []
     enqueued = 0
@@ -120,6 +136,16 @@ def cuda_take(torch, run: Callable[[], Any], runs: int, min_ms: float) -> list[f
         end.synchronize()
         times_ms.append(start.elapsed_time(end))
     return times_ms
+
+
+def _issued(torch, run: Callable[[], Any]) -> tuple[float, float]:
+    """One run from an idle GPU: (ms until ``run()`` returned, ms until the GPU finished it)."""
+    torch.cuda.synchronize()
+    started = time.perf_counter_ns()
+    run()
+    issued = time.perf_counter_ns()
+    torch.cuda.synchronize()
+    return (issued - started) / 1e6, (time.perf_counter_ns() - started) / 1e6
 
 
 def measure_alone(
@@ -215,6 +241,8 @@ class Take(BaseModel):
     sm_clock_mhz: float | None = None
     # Why it is not used (its GPU throttled), or None.
     dropped: str | None = None
+    # The host's time to issue the take's untimed run, the GPU idle (cuda_take), where the engine says it.
+    issue_ms: float | None = None
 
 
 class RoundsRecord(BaseModel):
@@ -366,6 +394,7 @@ def measure_in_rounds(
                     median_ms=round(median(measured), 6),
                     sm_clock_mhz=mhz,
                     dropped=dropped,
+                    issue_ms=_rounded(getattr(engines[key], "issue_ms", None)),
                 )
             )
             if dropped is None:
@@ -398,6 +427,10 @@ def measure_in_rounds(
         failed=failed,
         errors=errors,
     )
+
+
+def _rounded(value: float | None) -> float | None:
+    return round(value, 6) if value is not None else None
 
 
 def _progress_text(rounds: int, open_pairs, elapsed: float, settings: ProfileSettings) -> str:

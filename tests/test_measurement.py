@@ -320,3 +320,79 @@ def test_a_host_slowed_for_a_stretch_moves_the_takes_but_not_the_paired_ratio():
     short = [t.median_ms for t in slowed.takes["short"]]
     assert max(short) / min(short) > 1.3, short  # the unpaired figures moved with the host
     assert abs(ratio(slowed).ratio / ratio(quiet).ratio - 1) < 0.05, (ratio(quiet), ratio(slowed))
+
+
+class Issuing(Scripted):
+    """A GPU engine whose host needs ``issue_share`` of each run's time to issue it."""
+
+    def __init__(self, ms: float, issue_share: float):
+        super().__init__(ms, host_of_two_speeds)
+        self.issue_share, self.issue_ms = issue_share, None
+
+    def take(self, runs: int, min_ms: float) -> list[float]:
+        times = super().take(runs, min_ms)
+        self.issue_ms = times[0] * self.issue_share
+        return times
+
+
+def test_a_launch_bound_engine_is_flagged_from_its_takes_issue_times():
+    from types import SimpleNamespace
+
+    from pipeline.report.rows import launch_bound_flag
+
+    engines = {"eager": Issuing(10.0, 0.97), "graphs": Issuing(3.0, 0.02)}
+    done = measure_in_rounds(engines, settings(), seed=3)
+    assert [t.issue_ms for t in done.takes["graphs"]] == [pytest.approx(t.median_ms * 0.02) for t in done.takes["graphs"]]
+
+    def flag(key):
+        return launch_bound_flag(SimpleNamespace(rounds=[done.record(key)]))
+
+    assert flag("eager").startswith("launch-bound: the host needs 97% of a run's GPU time to issue it")
+    assert flag("graphs") is None
+    assert launch_bound_flag(SimpleNamespace(rounds=[])) is None  # a tool's whole run, or a CPU engine: nothing said
+
+
+class FakeCuda:
+    """torch.cuda as cuda_take uses it, on the host's clock: events record when they are reached."""
+
+    class Event:
+        def __init__(self, enable_timing=True):
+            self.at = None
+
+        def record(self):
+            self.at = time.perf_counter()
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return (end.at - self.at) * 1000.0
+
+    @staticmethod
+    def synchronize():
+        pass
+
+
+class FakeTorch:
+    cuda = FakeCuda
+
+
+def test_a_gpu_take_keeps_the_hosts_issue_time_of_its_untimed_run():
+    from pipeline.measurement import cuda_take
+
+    issues = iter([5.0, 1.0] + [0.0] * 1000)  # the first run after another engine issues slowly
+
+    def short_run():
+        time.sleep(next(issues) / 1000.0)
+
+    issued: list[float] = []
+    times = cuda_take(FakeTorch, short_run, 3, 20.0, issued)
+    assert len(times) >= 3 and issued == [pytest.approx(1.0, abs=0.5)]  # a short run: the second issue is kept
+    long_issues = iter([30.0] + [0.0] * 1000)
+
+    def long_run():
+        time.sleep(next(long_issues) / 1000.0)
+
+    issued = []
+    cuda_take(FakeTorch, long_run, 3, 20.0, issued)
+    assert issued == [pytest.approx(30.0, abs=10.0)]  # a run longer than a take's share: issued once, that one kept

@@ -49,7 +49,7 @@ def test_the_same_answer_with_ratios_in_either_order_agrees(tmp_path):
     result = run(tmp_path, FIRST, second)
     assert result.returncode == 0, result.stdout
     assert "2x512    same: bf16/compiled = bf16/graphs" in result.stdout
-    assert "2 paired ratios in both runs; 0 moved by more than 5%" in result.stdout
+    assert "2 paired ratios in both runs between engines not launch-bound; 0 moved by more than 5%" in result.stdout
 
 
 def test_another_engine_named_or_a_ratio_moved_fails_and_says_which(tmp_path):
@@ -60,3 +60,17 @@ def test_another_engine_named_or_a_ratio_moved_fails_and_says_which(tmp_path):
     assert result.returncode == 1
     assert "2x512    DIFFERS: bf16/compiled = bf16/graphs  |  bf16/graphs" in result.stdout
     assert "1 moved by more than 5%" in result.stdout and "bf16/eager / bf16/graphs" in result.stdout, result.stdout
+
+
+def test_a_ratio_with_a_launch_bound_engine_is_listed_apart_not_held_to_the_tolerance(tmp_path):
+    # Eager PyTorch launch-bound on a host of two speeds: its ratio to a CUDA graph moves with the host.
+    first, second = copy.deepcopy(FIRST), copy.deepcopy(FIRST)
+    second["verdicts"][0]["comparisons"][0]["ratio"] = 0.145  # 45% off
+    first["rows"] = [{**entry("eager", 10.0), "shape": "2x512", "flags": ["launch-bound: the host needs 97% of a run's GPU time"]}]
+    result = run(tmp_path, first, second)
+    assert result.returncode == 0, result.stdout
+    assert "1 paired ratios in both runs between engines not launch-bound; 0 moved by more than 5%" in result.stdout
+    assert "1 with a launch-bound engine on a side (not held to the tolerance); 1 moved by more than 5%" in result.stdout
+    assert "bf16/eager / bf16/graphs: 10.0000 then 6.8966 (-31.03%)" in result.stdout
+    first["rows"][0]["flags"] = ["noisy: interquartile CV 45% is above 10%"]  # noisy is not launch-bound
+    assert run(tmp_path, first, second).returncode == 1

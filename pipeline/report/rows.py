@@ -14,7 +14,7 @@ from typing import Any
 from pipeline.catalog import Catalog
 from pipeline.errors import PipelineError
 from pipeline.manifest import EngineManifest, parse_manifest, read_manifest
-from pipeline.stats import paired_ratio
+from pipeline.stats import median, paired_ratio
 from pipeline.workspace import Workspace
 
 FORMATS = ("table", "md", "html", "json", "csv")
@@ -237,9 +237,33 @@ NOISY_CV = 0.10
 BUSY_LOAD_PER_CPU = 1.5
 
 
+# A GPU run whose host needs at least this share of the run's GPU time to issue it is launch-bound:
+# the GPU waits for the host between kernels. The lent H100's host changes speed by 1.8x (1/1.8 =
+# 0.56): from about half, a slow spell of the host is a slower run.
+LAUNCH_BOUND_SHARE = 0.5
+
+
+def launch_bound_flag(details) -> str | None:
+    """A flag for an engine whose runs were launch-bound in its rounds (the takes' issue times
+    against their GPU times, medians), or None."""
+    kept = [take for rounds in details.rounds for take in rounds.takes if take.dropped is None and take.issue_ms is not None]
+    if not kept:
+        return None
+    share = median([take.issue_ms for take in kept]) / median([take.median_ms for take in kept])
+    if share < LAUNCH_BOUND_SHARE:
+        return None
+    return (
+        f"launch-bound: the host needs {share:.0%} of a run's GPU time to issue it; its time is the host's speed, "
+        "and its ratio to an engine that is not follows the host's"
+    )
+
+
 def measurement_flags(details, noisy_cv: float = NOISY_CV) -> list[str]:
     """Why a measurement may not be trusted, from what the profile recorded; empty when none."""
     flags = []
+    launch_bound = launch_bound_flag(details)
+    if launch_bound:
+        flags.append(launch_bound)
     spread = details.latency_ms.iqr_cv
     if spread is None:  # a manifest from before the quartiles were recorded
         if details.latency_ms.cv > noisy_cv:

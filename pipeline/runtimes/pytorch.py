@@ -137,6 +137,8 @@ class Prepared:
     execution: dict[str, Any] = field(default_factory=dict)
     # Graphs torch.compile compiled while it was being timed (0 when every point is warmed first).
     recompiles: int = 0
+    # The host's time to issue the last take's untimed run (pipeline/measurement.py, cuda_take).
+    issue_ms: float | None = None
 
     @property
     def batch_size(self) -> int:
@@ -156,7 +158,12 @@ class Prepared:
         torch = _torch()
         graphs = _compiled_graphs(torch)
         with out_of_memory_as_error(self.batch_size, shape=self.shape):
-            times = cuda_take(torch, self.run, runs, min_ms) if self.cuda else host_take(self.run, runs, min_ms)
+            if self.cuda:
+                issued: list[float] = []
+                times = cuda_take(torch, self.run, runs, min_ms, issued)
+                self.issue_ms = issued[0]
+            else:
+                times = host_take(self.run, runs, min_ms)
         self.recompiles += _compiled_graphs(torch) - graphs
         return times
 
