@@ -9,8 +9,8 @@ second run's ratio is from the first's.
     python scripts/check_rerun_agreement.py first.json second.json --tolerance 0.05
 
 Exits 1 when a verdict differs or a ratio moved by more than `--tolerance` (relative). A ratio with
-a launch-bound engine on one side (its row flagged `launch-bound` in either run: the host needs
-most of a run's GPU time to issue it) is the host's speed against the GPU's; on a host whose speed
+a launch-bound engine on one side (its row flagged `launch-bound` or `near launch-bound` in either
+run: the host needs half a run's GPU time or more to issue it) is the host's speed against the GPU's; on a host whose speed
 changes, pairing cannot hold it, so such ratios are listed apart, with how far they moved, and
 not held to the tolerance.
 """
@@ -52,11 +52,11 @@ def paired_ratios(data: dict) -> dict[tuple[str, str, str], float]:
 
 
 def launch_bound(data: dict) -> set[tuple[str, str]]:
-    """(shape point, engine) of every row flagged launch-bound."""
+    """(shape point, engine) of every row flagged launch-bound or near it."""
     return {
         (row.get("shape"), engine(row))
         for row in data.get("rows") or []
-        if any(flag.startswith("launch-bound") for flag in row.get("flags") or [])
+        if any(flag.startswith(("launch-bound", "near launch-bound")) for flag in row.get("flags") or [])
     }
 
 

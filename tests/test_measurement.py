@@ -349,6 +349,10 @@ def test_a_launch_bound_engine_is_flagged_from_its_takes_issue_times():
 
     assert flag("eager").startswith("launch-bound: the host needs 97% of a run's GPU time to issue it")
     assert flag("graphs") is None
+    near = measure_in_rounds({"compiled": Issuing(1.3, 0.55), "graphs": Issuing(3.0, 0.02)}, settings(), seed=3)
+    assert launch_bound_flag(SimpleNamespace(rounds=[near.record("compiled")])) == (
+        "near launch-bound: the host needs 55% of a run's GPU time to issue it; a host 1.8x slower would set its time"
+    )
     assert launch_bound_flag(SimpleNamespace(rounds=[])) is None  # a tool's whole run, or a CPU engine: nothing said
 
 
