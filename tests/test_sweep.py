@@ -347,6 +347,17 @@ def test_the_verdict_skips_the_inaccurate_and_says_the_speedup_over_the_baseline
     assert "1 not run" in text
 
 
+def test_a_speedup_over_a_launch_bound_baseline_says_it_follows_the_host():
+    launch_bound = ["launch-bound: the host needs 97% of a run's GPU time to issue it; its time is the host's speed"]
+    rows = [_row("torch-eager", "2x512", 20.0, flags=launch_bound), _row("graphs", "2x512", 3.0)]
+    (verdict,) = verdicts(rows, "torch-eager")
+    assert verdict.fastest.toolchain == "graphs"  # a flag, not a reason to leave it out
+    assert "fp16 on torch-eager (20.000 ms), launch-bound: the speedup follows the host's speed" in " ".join(verdict.sentences())
+    near = ["near launch-bound: the host needs 55% of a run's GPU time to issue it"]
+    (steady,) = verdicts([_row("torch-eager", "2x512", 20.0, flags=near), _row("graphs", "2x512", 3.0)], "torch-eager")
+    assert "follows the host" not in " ".join(steady.sentences())
+
+
 def test_a_noisy_measurement_is_no_reason_to_leave_an_engine_out_and_an_inaccurate_one_never_answers():
     noisy = ["noisy: interquartile CV 40.0% is above 10%"]
     rows = [
