@@ -2,10 +2,10 @@
 
 Rows timed together in rounds (pipeline/measurement.py) are compared round by round: the median of
 the per-round ratios of their take medians, with the sign-test interval of that median
-(pipeline/stats.py). Rows measured apart — another run, a toolchain that times in a process of its
-own — are compared by their medians' own intervals. Either way the comparison is one of the four
+(pipeline/stats.py). Rows measured apart — another run, a trtexec or TensorRT-RTX engine measured
+alone — are compared by their medians' own intervals. Either way the comparison is one of the four
 outcomes NVIDIA's nvbench-compare-robust reports: faster, slower, same (the ratio's interval lies
-within 1 ± the catalog's tie width) or ambiguous.
+within the tie band, 1/(1 + tie) to 1 + tie) or ambiguous.
 """
 
 from __future__ import annotations
