@@ -139,8 +139,8 @@ def cuda_take(torch, run: Callable[[], Any], runs: int, min_ms: float, issue_ms:
 
 
 def _issued(torch, run: Callable[[], Any]) -> tuple[float, float]:
-    """One run from an idle GPU: (ms until ``run()`` returned, ms until the GPU finished it)."""
-    torch.cuda.synchronize()
+    """One run, waited for: (ms until ``run()`` returned, ms until the GPU finished it). The GPU is
+    idle before it: every take ends with its runs waited for, as does the run before this one."""
     started = time.perf_counter_ns()
     run()
     issued = time.perf_counter_ns()
