@@ -10,9 +10,9 @@ second run's ratio is from the first's.
 
 Exits 1 when a verdict differs or a ratio moved by more than `--tolerance` (relative). A ratio with
 a launch-bound engine on one side (its row flagged `launch-bound` or `near launch-bound` in either
-run: the host needs half a run's GPU time or more to issue it) is the host's speed against the GPU's; on a host whose speed
-changes, pairing cannot hold it, so such ratios are listed apart, with how far they moved, and
-not held to the tolerance.
+run: the host needs half a run's GPU time or more to issue it) is the host's speed against the
+GPU's; on a host whose speed changes, pairing cannot hold it, so such ratios are listed apart,
+with how far they moved, and not held to the tolerance.
 """
 
 from __future__ import annotations
