@@ -383,6 +383,7 @@ def measure_in_rounds(
             except PipelineError as exc:
                 failed[key], errors[key] = exc.message, exc
                 continue
+            issued = getattr(engines[key], "issue_ms", None)
             dropped = None
             if mhz is not None and clock.default_mhz and mhz < THROTTLE_THRESHOLD * clock.default_mhz:
                 dropped = f"throttled: SM clock {mhz:.0f} MHz, below {THROTTLE_THRESHOLD:.0%} of its default {clock.default_mhz:.0f} MHz"
@@ -394,7 +395,7 @@ def measure_in_rounds(
                     median_ms=round(median(measured), 6),
                     sm_clock_mhz=mhz,
                     dropped=dropped,
-                    issue_ms=_rounded(getattr(engines[key], "issue_ms", None)),
+                    issue_ms=None if issued is None else round(issued, 6),
                 )
             )
             if dropped is None:
@@ -427,10 +428,6 @@ def measure_in_rounds(
         failed=failed,
         errors=errors,
     )
-
-
-def _rounded(value: float | None) -> float | None:
-    return round(value, 6) if value is not None else None
 
 
 def _progress_text(rounds: int, open_pairs, elapsed: float, settings: ProfileSettings) -> str:

@@ -244,6 +244,8 @@ BUSY_LOAD_PER_CPU = 1.5
 # 0.01-0.03; reduce-overhead at 2x512: 0.45-0.55, its ratio to a CUDA graph steady across runs).
 NEAR_LAUNCH_BOUND_SHARE = 0.5
 LAUNCH_BOUND_SHARE = 0.9
+# How a launch-bound row's flag begins (the answer reads it: pipeline/report/sweep.py).
+LAUNCH_BOUND = "launch-bound"
 
 
 def launch_bound_flag(details) -> str | None:
@@ -257,8 +259,8 @@ def launch_bound_flag(details) -> str | None:
         return None
     needs = f"the host needs {share:.0%} of a run's GPU time to issue it"
     if share < LAUNCH_BOUND_SHARE:
-        return f"near launch-bound: {needs}; a host {1 / share:.1f}x slower would set its time"
-    return f"launch-bound: {needs}; its time is the host's speed, and its ratio to an engine that is not follows the host's"
+        return f"near {LAUNCH_BOUND}: {needs}; a host {1 / share:.1f}x slower would set its time"
+    return f"{LAUNCH_BOUND}: {needs}; its time is the host's speed, and its ratio to an engine that is not follows the host's"
 
 
 def measurement_flags(details, noisy_cv: float = NOISY_CV) -> list[str]:

@@ -23,7 +23,7 @@ from typing import Any
 from pipeline.accuracy import AccuracyFloor, AccuracyThreshold
 from pipeline.report.confidence import interval_words, time_ratio
 from pipeline.report.gates import accuracy_shortfalls
-from pipeline.report.rows import ComparisonRow, shape_order
+from pipeline.report.rows import LAUNCH_BOUND, ComparisonRow, shape_order
 from pipeline.stats import RatioEstimate
 
 METRICS = ("ms", "tokens", "memory")
@@ -196,9 +196,9 @@ class Verdict:
             return " — the baseline toolchain itself"
         estimates = [self.ratio(self.baseline, row) for row in group if row is not self.baseline]
         base = f"{line_label(self.baseline)} ({self.baseline.median_ms:.3f} ms)"
-        if any(flag.startswith("launch-bound") for flag in self.baseline.flags):
+        if any(flag.startswith(LAUNCH_BOUND) for flag in self.baseline.flags):
             # Its time is the host's speed (pipeline/report/rows.py): another run's speedup may differ.
-            base += ", launch-bound: the speedup follows the host's speed"
+            base += f", {LAUNCH_BOUND}: the speedup follows the host's speed"
         if any(e is None for e in estimates) or not estimates:
             ratios = [self.baseline.median_ms / row.median_ms for row in group]
             return f" — {min(ratios):.2f}×" + (f"–{max(ratios):.2f}×" if len(ratios) > 1 else "") + f" {base}"
