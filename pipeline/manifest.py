@@ -128,6 +128,9 @@ class ExportDetails(_Model):
     onnx_ops: dict[str, int] = {}
     # Opset, initializer data types, size.
     onnx_audit: dict[str, Any] = {}
+    # FLOPs of one forward at each shape point, as the model itself counts them (a python model's
+    # factory `flops`): the report's TFLOP/s at points, where the ONNX graph's count has no shapes.
+    flops_by_shape: dict[str, float] = {}
     # Wall time of each part of the export (import, quantize, onnx_export, parity, …).
     timings_s: dict[str, float] = {}
 

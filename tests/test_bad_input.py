@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -181,6 +182,31 @@ def times_only(ws: Path) -> None:
     shutil.copy(SAMPLES / "trt10.4.0_rtx3060laptop_exportTimes_alexnet_HEAD11LINES.json.txt", ws / "times" / "times.json")
 
 
+def python_model(source: str | None, factory: str = "block.py:make"):
+    """A user's PyTorch module `block`: ``source`` as block.py in the workspace (None: no file)."""
+
+    def setup(ws: Path, measured: Path):
+        text = BERT_CATALOG + f'\n[models.block]\npython = "{factory}"\nshapes = ["2x8", "4x32"]\n'
+        catalog = write_catalog(ws, text)
+        if source is not None:
+            (ws / "block.py").write_text(textwrap.dedent(source))
+        return catalog, ["export", "--engine", "block_fp32"]
+
+    return setup
+
+
+LINEAR = """
+import torch
+
+def make(table):
+    return torch.nn.Linear(8, 8), [{"name": "x", "shape": ["batch", "sequence", 8]}]
+"""
+
+
+def factory_returning(value: str, inputs: str = '[{"name": "x", "shape": ["batch", "sequence", 8]}]') -> str:
+    return f"import torch\n\ndef make(table):\n    return {value}, {inputs}\n"
+
+
 LAYERS_110 = str(SAMPLES / "trt11.0.0_b200_exportLayerInfo_detailed.json")
 DRY_RUN = ("build", "--engine", "bert_fp16", "--trt", "10.14", "--dry-run")
 
@@ -287,6 +313,35 @@ CASES = [
     Case("reference-wrong-shape", "an input of another shape than the point's",
          user(reference=lambda folder: [npz(p, input_ids=[[1] * 8] * 3, hidden=[0.0])(folder) for p in ("2x8", "4x32")]), 2,
          "'input_ids' in", "save the inputs of 2x8.npz at the sizes of shape point 2x8"),
+    # A user's PyTorch module.
+    Case("python-no-file", "a factory file that does not exist", python_model(None), 2,
+         "(python = 'block.py:make'): the factory's file", "fix `python` in pipeline.toml"),
+    Case("python-no-module", "an installed module that does not import", python_model(None, "no_such_package.models:make"), 2,
+         "cannot import 'no_such_package.models'", "install the package, or name a file"),
+    Case("python-syntax", "a file with a syntax error", python_model("def make(table)\n    return 1\n"), 2,
+         "block.py does not parse: expected ':' (line 1)", "fix the syntax error in block.py"),
+    Case("python-import-fails", "a file that raises when imported", python_model("import no_such_module_here\n"), 2,
+         "importing", "fix block.py so that it imports"),
+    Case("python-no-factory", "a file without the factory", python_model("def build(table):\n    pass\n"), 2,
+         "defines no function 'make'", "its functions: build"),
+    Case("python-factory-raises", "a factory that raises", python_model("def make(table):\n    raise ValueError('hidden size must be even')\n"), 2,
+         "the factory raised ValueError: hidden size must be even (block.py, line 2)", "fix the factory"),
+    Case("python-not-a-pair", "returns something that is not a module", python_model("def make(table):\n    return 42\n"), 2,
+         "the factory returned a int; it returns (module, inputs)", "return module, inputs"),
+    Case("python-not-a-module", "returns something that is not a module", python_model(factory_returning("'a module'")), 2,
+         "returned a str as its module; it must be a torch.nn.Module", "return the module itself"),
+    Case("python-bad-description", "describes inputs the pipeline cannot feed",
+         python_model(factory_returning("torch.nn.Linear(8, 8)", '[{"name": "x", "shape": ["batch", 8], "dtype": "uint8"}]')), 2,
+         "input 'x' has the dtype 'uint8'", "the floating type of the variant"),
+    Case("python-integer-unbounded", "describes inputs the pipeline cannot feed",
+         python_model(factory_returning("torch.nn.Embedding(10, 8)", '[{"name": "ids", "shape": ["batch", "sequence"], "dtype": "int64"}]')), 2,
+         "integer input 'ids' has no bound to draw below", "give 'high'"),
+    Case("python-inputs-mismatch", "inputs that do not match what the module accepts",
+         python_model(factory_returning("torch.nn.Linear(8, 8)", '[{"name": "x", "shape": ["batch", "sequence", 5]}]')), 2,
+         "its forward failed on the inputs the factory describes (x ['batch', 'sequence', 5], the first 2×8×5): RuntimeError", "make the description's names"),
+    Case("python-shapes-unsized", "a shape with the wrong number of sizes",
+         python_model(LINEAR.replace('["batch", "sequence", 8]', '["batch", 8]')), 2,
+         "has 2 size(s), but the model's dynamic axes are batch", "one size per axis"),
     # Shape-point manifests.
     Case("manifest-shape", "a `shape` that is not a shape point", measured_copy(set_shape("2by8"), "compare"), 1,
          "bert_fp32@2x8.json does not match the schema: Value error, '2by8' is not a shape", "re-run the stage that wrote it"),

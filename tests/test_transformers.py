@@ -497,3 +497,68 @@ def test_a_users_onnx_is_checked_against_the_reference_the_user_gives(tmp_path, 
     (ws / "ref" / "4x32.npz").unlink()
     result = run_cli(catalog, "export", "--engine", "mine_fp32")
     assert result.exit_code == 2 and "has no 4x32.npz" in result.err, result.err
+
+
+LLAMA_CATALOG = """
+opset = 17
+baseline_toolchain = "torch-eager"
+
+[defaults]
+models = ["llama"]
+variants = ["fp32"]
+toolchain = "onnxruntime"
+
+[profile]
+warmup_ms = 5
+iterations = 5
+duration_s = 0.05
+take_ms = 5
+
+[models.llama]
+transformers = "LlamaForCausalLM"
+config = { hidden_size = 64, intermediate_size = 128, num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, head_dim = 16, vocab_size = 512, max_position_embeddings = 256, rope_parameters = { rope_type = "llama3", rope_theta = 500000.0, factor = 32.0, low_freq_factor = 1.0, high_freq_factor = 4.0, original_max_position_embeddings = 64 } }
+shapes = ["2x16", "3x40"]
+
+[variants.fp32]
+precision = "fp32"
+
+[toolchains.onnxruntime]
+kind = "onnxruntime"
+baselines = ["fp32"]
+
+[toolchains.torch-eager]
+kind = "torch"
+backend = "eager"
+baselines = ["fp32"]
+"""
+
+
+def test_a_llama_decoder_is_measured_as_a_prefill_with_dynamic_batch_and_sequence(tmp_path, run_cli):
+    """A 2-layer Llama (grouped-query attention, Llama-3 RoPE) through export, ONNX Runtime,
+    PyTorch eager and compare: the output is the last position's logits, the prompts are padded
+    on the left, and the next token agrees with the FP32 model's."""
+    import numpy as np
+    import onnx
+
+    catalog = write_catalog(tmp_path / "ws", LLAMA_CATALOG)
+    result = run_cli(catalog, "run", "--model", "llama", "--variant", "fp32", "--toolchain", "onnxruntime", "--toolchain", "torch-eager")
+    assert result.exit_code == 0, result.err
+    ws = catalog.parent
+    graph = onnx.load(str(ws / "models" / "llama" / "fp32.onnx"))
+    dims = {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in graph.graph.input}
+    assert dims == {"input_ids": ["batch", "sequence"], "attention_mask": ["batch", "sequence"]}
+    (output,) = graph.graph.output
+    assert output.name == "next_token_logits"
+    assert [d.dim_param or d.dim_value for d in output.type.tensor_type.shape.dim] == ["batch", 512]
+    export = manifest(ws, "export", "llama_fp32")["export"]["details"]
+    assert all(check["passed"] for check in export["parity_by_shape"].values()) and set(export["parity_by_shape"]) == {"2x16", "3x40"}
+    point = export["reference"]["points"]["3x40"]
+    assert point["output"]["shape"] == [3, 512]
+    mask_entry = next(entry for entry in point["inputs"] if entry["name"] == "attention_mask")
+    mask = np.fromfile(ws / mask_entry["path"], dtype=np.int64).reshape(3, 40)
+    assert (mask[:, -1] == 1).all() and (mask[0] == 1).all()  # every prompt ends in a real token
+    assert (mask[1:, 0] == 0).any()  # the later ones are padded on the left
+    rows = json.loads(run_cli(catalog, "compare", "--format", "json").out)["rows"]
+    assert len(rows) == 4
+    for row in rows:
+        assert row["median_ms"] > 0 and row["accuracy_cosine"] > 0.9999 and row["top1_agreement"] == 1.0, row

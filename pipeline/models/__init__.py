@@ -18,6 +18,7 @@ FAMILIES = {
     "timm": "pipeline.models.timm:TimmModel",
     "transformers": "pipeline.models.transformers:TransformersModel",
     "onnx": "pipeline.models.onnx_file:OnnxModel",
+    "python": "pipeline.models.python_module:PythonModel",
 }
 
 

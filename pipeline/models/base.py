@@ -249,6 +249,20 @@ class ModelSource(ABC):
             self.check_point(model, point)
         return points
 
+    def flops(self, point: ShapePoint | None) -> float | None:
+        """The FLOPs of one forward at ``point`` where the model counts them itself; None otherwise
+        (the report then counts the ONNX graph's matrix products, for a model of one shape)."""
+        return None
+
+    def input_refused(self, exc: BaseException, shape, model) -> PipelineError:
+        """The error for the model refusing the input its shape asks for (its forward raised)."""
+        native = getattr(model, "pretrained_cfg", {}).get("input_size")
+        return PipelineError(
+            f"{self.describe()} cannot take a {'×'.join(map(str, shape))} input: {str(exc).strip() or type(exc).__name__}",
+            hint=(f"its own input is {'×'.join(map(str, native))}; " if native else "")
+            + "set the model's image_size in pipeline.toml to a size it accepts, or remove it",
+        )
+
     @abstractmethod
     def sample_inputs(self, model, point: ShapePoint | None, seed: int) -> tuple:
         """Seeded inputs at ``point`` (None: the model's one fixed shape), as CPU tensors in

@@ -6,6 +6,13 @@ Their inputs are token ids and an attention mask (and token type ids where the c
 them), with dynamic batch and sequence axes; the catalog's shape points ("2x512") are batch ×
 sequence. The output every stage compares is the first one the model returns: the last hidden
 state of a base model, the logits of a task head.
+
+A decoder with a language-modelling head (``*ForCausalLM``) is measured as a prefill: one forward
+over the whole prompt, no generation and no KV cache kept, computing the logits of the last
+position only (transformers' ``logits_to_keep``), which are what is compared: their cosine, and
+the top-1 agreement of the next token. Its prompts are padded on the left, as decoders' batches
+are, so that the last position is a real token in every sequence; the causal mask is the one
+transformers builds from the attention mask.
 """
 
 from __future__ import annotations
@@ -244,6 +251,12 @@ class TransformersModel(ModelSource):
                 f"model {self.name!r}: {cls.__name__}.forward() takes no {', '.join(missing)}.",
                 hint="set `inputs` to ones it takes (of input_ids, attention_mask, token_type_ids)",
             )
+        if self.is_decoder() and "logits_to_keep" not in parameters:
+            raise UsageError(
+                f"model {self.name!r}: {cls.__name__}.forward() takes no logits_to_keep, which a prefill needs to compute "
+                "the last position's logits only.",
+                hint="measure its base model (the class without ForCausalLM) instead",
+            )
         torch.manual_seed(self.spec.seed)
         try:
             if self.spec.path is not None and _has_weights(self.folder()):
@@ -259,8 +272,12 @@ class TransformersModel(ModelSource):
             ) from exc
         return model.float().eval()
 
+    def is_decoder(self) -> bool:
+        """A language model measured as a prefill (see the module's docstring)."""
+        return self.spec.transformers.endswith("ForCausalLM")
+
     def runnable(self, model):
-        return _first_output_class()(model, tuple(self.spec.inputs)).eval()
+        return _first_output_class()(model, tuple(self.spec.inputs), self.is_decoder()).eval()
 
     def use_attention(self, model, implementation: str) -> None:
         inner = model.model
@@ -281,6 +298,8 @@ class TransformersModel(ModelSource):
         return [ModelInput(name, AXES, "int64", INPUT_KINDS[name]) for name in self.spec.inputs]
 
     def output_name(self) -> str:
+        if self.is_decoder():
+            return "next_token_logits"
         return "last_hidden_state" if self.spec.transformers.endswith("Model") else "logits"
 
     def dynamic_axes(self) -> tuple[str, ...]:
@@ -314,6 +333,8 @@ class TransformersModel(ModelSource):
         vocab = int(getattr(model.config, "vocab_size", 2) if model is not None else 2)
         ids = torch.randint(0, vocab, (batch, sequence), generator=generator, dtype=torch.int64)
         mask = attention_mask((batch, sequence), torch.int64, generator, self.spec.padding)
+        if self.is_decoder():
+            mask = mask.flip(1)  # padded on the left: the last position is a real token
         values = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros(batch, sequence, dtype=torch.int64)}
         return tuple(values[name] for name in self.spec.inputs)
 
@@ -331,13 +352,18 @@ def _first_output_class():
         """A transformers model called with its inputs by name, returning its first output. The
         parameters are named so that exporters name the graph's inputs after them."""
 
-        def __init__(self, model, names: tuple[str, ...]):
+        def __init__(self, model, names: tuple[str, ...], prefill: bool = False):
             super().__init__()
-            self.model, self.names = model, names
+            self.model, self.names, self.prefill = model, names, prefill
             self.config = model.config
 
         def forward(self, input_ids, attention_mask=None, token_type_ids=None):
             given = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
-            return self.model(**{name: given[name] for name in self.names})[0]
+            inputs = {name: given[name] for name in self.names}
+            if self.prefill:
+                # One forward over the prompt: no cache kept, the language-model head applied to
+                # the last position only (batch × vocabulary, not batch × sequence × vocabulary).
+                return self.model(**inputs, use_cache=False, logits_to_keep=1)[0][:, -1, :]
+            return self.model(**inputs)[0]
 
     return FirstOutput

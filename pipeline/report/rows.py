@@ -94,6 +94,8 @@ class ComparisonRow:
     source: str | None = field(default=None, repr=False)
     precision: str | None = field(default=None, repr=False)
     export_flops: tuple[int, float] | None = field(default=None, repr=False)
+    # The FLOPs of one forward at this row's shape point, where the model counts them.
+    point_flops: float | None = field(default=None, repr=False)
     # Each set of rounds it was timed in (by group) and its take median in each round (None where
     # the take was dropped or missing): rows of one group are compared round by round.
     round_medians: dict[str, list[float | None]] = field(default_factory=dict, repr=False)
@@ -131,7 +133,7 @@ class ComparisonRow:
         return data
 
 
-PRIVATE_FIELDS = ("samples_ms", "layers", "source", "precision", "export_flops", "round_medians")
+PRIVATE_FIELDS = ("samples_ms", "layers", "source", "precision", "export_flops", "point_flops", "round_medians")
 # What compare_rows fills in from the other rows; the rest of a row comes from its manifest alone.
 FILLED_BY_COMPARISON = (
     "baseline",
@@ -394,6 +396,7 @@ def _row(m: EngineManifest, noisy_cv: float) -> ComparisonRow:
         flops = (export.onnx_audit or {}).get("matmul_flops")
         if flops and export.input_shape and not export.shape_points:  # a graph of one shape: its FLOPs per batch
             row.export_flops = (export.input_shape[0], float(flops))
+        row.point_flops = export.flops_by_shape.get(row.shape) if row.shape else None
     if m.profile is not None and m.profile.status == "done" and m.profile.details is not None:
         d = m.profile.details
         if not d.per_iteration_ms or not d.latency_ms.median > 0:
@@ -491,7 +494,7 @@ def _percentiles(values: list[float], percents: tuple[float, ...]) -> tuple[floa
 def _add_roofline(row: ComparisonRow, flops_by_model: dict[tuple[str, int], float]) -> None:
     from pipeline.report.roofline import peak_tflops
 
-    flops = flops_by_model.get((row.model, row.batch_size)) if row.median_ms else None
+    flops = (row.point_flops or flops_by_model.get((row.model, row.batch_size))) if row.median_ms else None
     if flops:
         row.matmul_gflops = flops / 1e9
         row.achieved_tflops = flops / (row.median_ms / 1000.0) / 1e12

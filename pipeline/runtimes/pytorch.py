@@ -101,6 +101,28 @@ class TorchSpec(ToolchainSpec):
         return self
 
 
+# The operator each SDPA kernel runs as (aten's names, torch/nn/attention), by the kernel's name
+# in `sdpa_backend`.
+SDPA_OPERATORS = {
+    "aten::_scaled_dot_product_flash_attention": "flash",
+    "aten::_scaled_dot_product_flash_attention_for_cpu": "flash",
+    "aten::_scaled_dot_product_efficient_attention": "efficient",
+    "aten::_scaled_dot_product_cudnn_attention": "cudnn",
+    "aten::_scaled_dot_product_attention_math": "math",
+}
+
+
+def _sdpa_kernels(torch, run: Callable[[], Any]) -> list[str]:
+    """Which SDPA kernels one call of ``run`` used, by their `sdpa_backend` names (empty for a
+    model without scaled-dot-product attention): one call under PyTorch's profiler, CPU events
+    only, outside every measurement."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as trace:
+        run()
+    return sorted({SDPA_OPERATORS[event.name] for event in trace.events() if event.name in SDPA_OPERATORS})
+
+
 class NotPrepared(Exception):
     """torch.compile, or the attention kernel the toolchain asks for, refused the model: a fact
     about the model, the release and the GPU, recorded as a refusal (see RefusedByTool)."""
@@ -485,6 +507,12 @@ class TorchRuntime(InProcessRuntime):
                         )
                         run, facts = self._compile(torch, compiled, placed)
             run = _within(attention, run)
+            # The kernel PyTorch chose for scaled-dot-product attention (it prefers cuDNN's where its
+            # bundled cuDNN is new enough): a CUDA graph's replay passes no operator, so the eager
+            # model it captured is asked instead.
+            chose = _sdpa_kernels(torch, run if self.spec.backend != "cudagraphs" else _within(attention, _no_grad(lambda: model(*placed))))
+            if chose:
+                facts = {**facts, "sdpa_kernels": chose}
         return Prepared(engine_file, run, placed, device, shape, facts, model, compiled, compiled_at)
 
     def _attention_kernel(self, torch):

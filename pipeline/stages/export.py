@@ -236,7 +236,7 @@ class ExportStage(Stage):
                 reference_input, reference_facts = self.reference_batch(model, sample[0])
                 references = {None: (reference_input,)}
             fp32_outputs = {}
-            with torch.no_grad(), input_refused_as_error(source.describe(), input_shape, model):
+            with torch.no_grad(), input_refused_as_error(source, input_shape, model):
                 for label, feeds in self._each_point(references):
                     fp32_outputs[label] = runnable(*as_inputs(feeds, device, torch.float32)).float().cpu()
             labels = reference_facts.get("labels")
@@ -411,6 +411,7 @@ class ExportStage(Stage):
             parity_skipped=parity_skipped,
             onnx_ops=ops,
             onnx_audit=audit,
+            flops_by_shape={p.label: flops for p in points if (flops := source.flops(p)) is not None},
             reference=reference,
             timings_s=phase.seconds,
         )
@@ -778,20 +779,17 @@ def check_parity(onnx_path: Path, feeds: list, reference, precision: str) -> Par
 
 class input_refused_as_error:
     """The model's own refusal of the input the catalog asks for (timm's ViTs assert that the image
-    size matches their patches and position embeddings) as a user error naming the shape."""
+    size matches their patches; a user's module whose described inputs its forward does not take)
+    as a user error naming the shape, in the model family's words."""
 
-    def __init__(self, description: str, shape, model):
-        self.description, self.shape, self.model = description, tuple(shape), model
+    def __init__(self, source, shape, model):
+        self.source, self.shape, self.model = source, tuple(shape), model
 
     def __enter__(self):
         return self
 
     def __exit__(self, kind, exc, traceback):
-        if kind is None or not issubclass(kind, (AssertionError, RuntimeError, ValueError)) or is_out_of_memory(kind, exc):
+        refusals = (AssertionError, RuntimeError, ValueError, TypeError, IndexError, KeyError)
+        if kind is None or not issubclass(kind, refusals) or is_out_of_memory(kind, exc):
             return False  # out of memory is out_of_memory_as_error's
-        native = getattr(self.model, "pretrained_cfg", {}).get("input_size")
-        raise PipelineError(
-            f"{self.description} cannot take a {'×'.join(map(str, self.shape))} input: {str(exc).strip() or kind.__name__}",
-            hint=(f"its own input is {'×'.join(map(str, native))}; " if native else "")
-            + "set the model's image_size in pipeline.toml to a size it accepts, or remove it",
-        ) from exc
+        raise self.source.input_refused(exc, self.shape, self.model) from exc

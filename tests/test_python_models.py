@@ -1,0 +1,203 @@
+"""A user's own PyTorch module (pipeline/models/python_module.py) through every stage on the CPU:
+a two-layer MLP (one float input) and a tiny attention block (token ids and a padding mask, a dict
+output) from tests/data/python_models/, exported with their dynamic axes, run on ONNX Runtime and
+PyTorch eager, checked against their FP32 references and compared.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import write_catalog
+
+pytest.importorskip("torch", reason="the python model family needs torch (`make setup` installs it)")
+
+MODELS = Path(__file__).parent / "data" / "python_models"
+
+CATALOG = """
+opset = 17
+baseline_toolchain = "torch-eager"
+
+[defaults]
+models = ["mlp", "block"]
+variants = ["fp32"]
+toolchain = "onnxruntime"
+
+[profile]
+warmup_ms = 5
+iterations = 5
+duration_s = 0.05
+take_ms = 5
+
+[models.mlp]
+python = "models-in/mlp.py:make"
+config = { features = 16, hidden = 32 }
+shapes = ["2x8", "4x32"]
+
+[models.block]
+python = "models-in/attention_block.py:make"
+output = "hidden"
+shapes = ["2x8", "3x24"]
+
+[variants.fp32]
+precision = "fp32"
+[variants.int8]
+precision = "int8"
+
+[toolchains.onnxruntime]
+kind = "onnxruntime"
+baselines = ["fp32"]
+
+[toolchains.torch-eager]
+kind = "torch"
+backend = "eager"
+baselines = ["fp32"]
+"""
+
+
+def workspace(root: Path, text: str = CATALOG) -> Path:
+    catalog = write_catalog(root, text)
+    (root / "models-in").mkdir(exist_ok=True)
+    for name in ("mlp.py", "attention_block.py"):
+        shutil.copy(MODELS / name, root / "models-in" / name)
+    return catalog
+
+
+def export_details(ws: Path, engine: str) -> dict:
+    return json.loads((ws / "manifests" / "export" / f"{engine}.json").read_text())["export"]["details"]
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    """mlp and block, fp32 and int8, on ONNX Runtime and PyTorch eager at their shape points."""
+    from pipeline.cli import main
+
+    catalog = workspace(tmp_path_factory.mktemp("python"))
+    args = [
+        "--catalog",
+        str(catalog),
+        "run",
+        "--variant",
+        "fp32",
+        "--variant",
+        "int8",
+        "--toolchain",
+        "onnxruntime",
+        "--toolchain",
+        "torch-eager",
+    ]
+    assert main(args) == 0
+    return catalog.parent
+
+
+def test_the_export_has_the_described_inputs_with_their_dynamic_axes_and_parity_at_the_ends(measured):
+    import onnx
+
+    graph = onnx.load(str(measured / "models" / "block" / "fp32.onnx"))
+    dims = {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in graph.graph.input}
+    assert dims == {"ids": ["batch", "sequence"], "mask": ["batch", "sequence"]}
+    assert [o.name for o in graph.graph.output] == ["hidden"]  # the dict's entry named by `output`
+    details = export_details(measured, "block_fp32")
+    assert details["source"] == "PyTorch module from models-in/attention_block.py:make"
+    assert details["exporter"].startswith("torch.onnx.export (torch.export-based")
+    assert details["inputs"][1] == {"name": "mask", "dims": ["batch", "sequence"], "dtype": "int64", "kind": "attention_mask"}
+    assert set(details["parity_by_shape"]) == {"2x8", "3x24"}
+    assert all(check["passed"] for check in details["parity_by_shape"].values())
+    mlp = onnx.load(str(measured / "models" / "mlp" / "fp32.onnx"))
+    assert [[d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in mlp.graph.input] == [["batch", "sequence", 16]]
+
+
+def test_int8_quantizes_the_linear_layers_of_the_users_module(measured):
+    quantization = export_details(measured, "mlp_int8")["quantization"]
+    assert quantization["quantized_layers"] == 2  # up and down
+    block = export_details(measured, "block_int8")["quantization"]
+    assert block["quantized_layers"] == 2  # qkv and out; the embedding and the norm are not Linear
+    assert all("only Linear layers" in why for why in block["excluded_layers"].values())
+
+
+def test_every_point_is_measured_on_both_toolchains_and_checked_against_fp32(measured, run_cli):
+    rows = json.loads(run_cli(measured / "pipeline.toml", "compare", "--format", "json").out)["rows"]
+    fp32 = [row for row in rows if row["variant"] == "fp32"]
+    assert sorted((row["model"], row["toolchain"], row["shape"]) for row in fp32) == sorted(
+        (model, toolchain, shape)
+        for model, shapes in (("mlp", ("2x8", "4x32")), ("block", ("2x8", "3x24")))
+        for toolchain in ("onnxruntime", "torch-eager")
+        for shape in shapes
+    )
+    for row in fp32:
+        assert row["median_ms"] > 0, row
+        assert row["accuracy_cosine"] > 0.9999, row
+    int8 = [row for row in rows if row["variant"] == "int8" and row["toolchain"] == "onnxruntime"]
+    assert len(int8) == 4 and all(row["accuracy_cosine"] > 0.99 for row in int8)
+
+
+def test_the_factorys_flops_give_the_report_tflops_at_each_point(measured, run_cli):
+    rows = json.loads(run_cli(measured / "pipeline.toml", "compare", "--format", "json", "--model", "block").out)["rows"]
+    for row in (r for r in rows if r["variant"] == "fp32"):
+        batch, sequence = (int(size) for size in row["shape"].split("x"))
+        flops = 4 * batch * 32 * sequence**2 + 8 * batch * sequence * 32 * 32  # the factory's own count
+        assert row["achieved_tflops"] == pytest.approx(flops / (row["median_ms"] / 1000) / 1e12), row
+
+
+def test_a_changed_factory_file_is_taken_again(measured, tmp_path, run_cli):
+    ws = tmp_path / "ws"
+    shutil.copytree(measured, ws)
+    catalog = ws / "pipeline.toml"
+    unchanged = run_cli(catalog, "export", "--engine", "mlp_fp32")
+    assert unchanged.exit_code == 0 and "didn't change" in unchanged.err, unchanged.err
+    path = ws / "models-in" / "mlp.py"
+    path.write_text(path.read_text().replace("torch.nn.functional.gelu", "torch.relu"))
+    again = run_cli(catalog, "export", "--engine", "mlp_fp32")
+    assert again.exit_code == 0 and "didn't change" not in again.err, again.err
+    files = json.loads((ws / "manifests" / "export" / "mlp_fp32.json").read_text())["export"]["params"]["files"]
+    assert list(files) == ["models-in/mlp.py"]
+
+
+def test_an_installed_module_names_its_factory_by_module_path(tmp_path, run_cli, monkeypatch):
+    package = tmp_path / "site" / "my_models"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    shutil.copy(MODELS / "mlp.py", package / "mlp.py")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    text = CATALOG.replace('python = "models-in/mlp.py:make"', 'python = "my_models.mlp:make"')
+    catalog = write_catalog(tmp_path / "ws", text)
+    result = run_cli(catalog, "run", "--model", "mlp", "--variant", "fp32", "--toolchain", "onnxruntime")
+    assert result.exit_code == 0, result.err
+    details = export_details(tmp_path / "ws", "mlp_fp32")
+    assert details["source"] == "PyTorch module from my_models.mlp:make"
+    sys.modules.pop("my_models.mlp", None)
+    sys.modules.pop("my_models", None)
+
+
+def test_the_torch_toolchain_records_which_attention_kernel_pytorch_chose(measured):
+    def execution(engine: str) -> dict:
+        path = measured / "manifests" / "torch-eager" / f"{engine}@2x8.json"
+        return json.loads(path.read_text())["profile"]["details"]["execution"]
+
+    block = execution("block_fp32")
+    assert block["sdpa_kernels"] and set(block["sdpa_kernels"]) <= {"flash", "efficient", "cudnn", "math"}, block
+    assert "cudnn" in block  # the version beside it (None on a machine without cuDNN)
+    assert "sdpa_kernels" not in execution("mlp_fp32")  # no attention, nothing to record
+
+
+def test_the_example_block_of_the_docs_runs_from_the_catalog(tmp_path, run_cli):
+    """examples/my_block.py as docs/models.md shows it: exported, run on ONNX Runtime, class scores
+    checked (top-1 agreement)."""
+    root = Path(__file__).parents[1]
+    text = CATALOG.replace(
+        'python = "models-in/mlp.py:make"\nconfig = { features = 16, hidden = 32 }',
+        'python = "examples/my_block.py:make"\naxes = ["batch", "sequence"]',
+    )
+    assert "my_block" in text
+    catalog = write_catalog(tmp_path / "ws", text)
+    (tmp_path / "ws" / "examples").mkdir()
+    shutil.copy(root / "examples" / "my_block.py", tmp_path / "ws" / "examples" / "my_block.py")
+    result = run_cli(catalog, "run", "--model", "mlp", "--variant", "fp32", "--toolchain", "onnxruntime")
+    assert result.exit_code == 0, result.err
+    rows = json.loads(run_cli(catalog, "compare", "--format", "json", "--model", "mlp").out)["rows"]
+    assert len(rows) == 2 and all(row["top1_agreement"] == 1.0 for row in rows), rows
