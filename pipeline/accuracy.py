@@ -78,6 +78,10 @@ class AccuracyFigures(BaseModel):
     cosine_similarity: float | None
     min_sample_cosine_similarity: float | None
     max_abs_error: float | None
+    # The mean absolute and the mean squared difference over every output value (absent in
+    # manifests written before they were recorded).
+    mean_abs_error: float | None = None
+    mse: float | None = None
     # None where the output is not class scores (a transformer's hidden states).
     top1_agreement: float | None
     top5_agreement: float | None
@@ -262,6 +266,7 @@ def compare_outputs(
     figures = AccuracyFigures(
         reference=description, checked_by=checked_by, samples=samples, cosine_similarity=cosine,
         min_sample_cosine_similarity=min(per_sample), max_abs_error=float(np.max(np.abs(ref - out))),
+        mean_abs_error=float(np.mean(np.abs(ref - out))), mse=float(np.mean((ref - out) ** 2)),
         top1_agreement=top1, top5_agreement=top5, cosine_floor=floor,
     )  # fmt: skip
     if labels:

@@ -1,5 +1,5 @@
 """Do two runs of the same sweep give the same answer? Reads two `pipeline compare --format json`
-outputs (schema 3) and says, for every shape point, whether the verdicts name the same engine (or
+outputs (schema 3 or later) and says, for every shape point, whether the verdicts name the same engine (or
 the same tie, or are both undecided), and for every paired comparison both runs hold, how far the
 second run's ratio is from the first's.
 

@@ -201,3 +201,69 @@ def test_the_example_block_of_the_docs_runs_from_the_catalog(tmp_path, run_cli):
     assert result.exit_code == 0, result.err
     rows = json.loads(run_cli(catalog, "compare", "--format", "json", "--model", "mlp").out)["rows"]
     assert len(rows) == 2 and all(row["top1_agreement"] == 1.0 for row in rows), rows
+
+
+FLUX = """
+opset = 17
+baseline_toolchain = "torch-sdpa-math"
+
+[defaults]
+models = ["flux_attention"]
+variants = ["fp32"]
+toolchain = "onnxruntime"
+
+[profile]
+warmup_ms = 5
+iterations = 5
+duration_s = 0.05
+take_ms = 5
+
+[models.flux_attention]
+python = "examples/flux_attention.py:make"
+config = { heads = 2, head_dim = 8 }
+shapes = ["1x16", "1x40"]
+
+[variants.fp32]
+precision = "fp32"
+
+[toolchains.onnxruntime]
+kind = "onnxruntime"
+
+[toolchains.torch-sdpa-math]
+kind = "torch"
+backend = "eager"
+sdpa_backend = "math"
+
+[toolchains.torch-sdpa-flash]
+kind = "torch"
+backend = "eager"
+sdpa_backend = "flash"
+"""
+
+
+def test_attention_kernels_as_a_model_report_tflops_and_their_error_against_the_math_kernel(tmp_path, run_cli):
+    """examples/flux_attention.py, shrunk to 2 heads of 8: each SDPA kernel a toolchain, its
+    TFLOP/s from 4·b·h·S²·d and its error against the FP32 reference (the math kernel)."""
+    root = Path(__file__).parents[1]
+    catalog = write_catalog(tmp_path / "ws", FLUX)
+    (tmp_path / "ws" / "examples").mkdir()
+    shutil.copy(root / "examples" / "flux_attention.py", tmp_path / "ws" / "examples" / "flux_attention.py")
+    toolchains = ["--toolchain", "onnxruntime", "--toolchain", "torch-sdpa-math", "--toolchain", "torch-sdpa-flash"]
+    result = run_cli(catalog, "run", *toolchains)
+    assert result.exit_code == 0, result.err
+    export = export_details(tmp_path / "ws", "flux_attention_fp32")
+    assert export["flops_by_shape"] == {"1x16": 4 * 2 * 16**2 * 8, "1x40": 4 * 2 * 40**2 * 8}
+    assert "math kernel" in export["reference"]["description"]
+    data = json.loads(run_cli(catalog, "compare", "--format", "json").out)
+    assert data["schema"] == 4
+    rows = data["rows"]
+    assert {row["toolchain"] for row in rows} == {"onnxruntime", "torch-sdpa-math", "torch-sdpa-flash"}
+    for row in rows:
+        flops = 4 * 2 * int(row["shape"].split("x")[1]) ** 2 * 8
+        assert row["achieved_tflops"] == pytest.approx(flops / (row["median_ms"] / 1000) / 1e12), row
+        assert 0 <= row["mean_abs_error"] <= row["max_abs_error"] < 1e-4, row
+        assert row["mse"] <= row["max_abs_error"] ** 2, row
+    math = [row for row in rows if row["toolchain"] == "torch-sdpa-math"]
+    assert all(row["max_abs_error"] == 0.0 for row in math)  # the reference's own kernel, value for value
+    table = run_cli(catalog, "compare", "--columns", "toolchain,shape,median,tflops,max-abs,mean-abs,mse").out
+    assert "TFLOP/s" in table and "max |err|" in table and "MSE" in table

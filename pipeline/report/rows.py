@@ -71,6 +71,10 @@ class ComparisonRow:
     # "proxy" (the fake-quantized PyTorch model) where no engine ran.
     accuracy_source: str | None = None
     accuracy_cosine: float | None = None
+    # The engine's outputs against the FP32 reference's, value by value (measured accuracy only).
+    max_abs_error: float | None = None
+    mean_abs_error: float | None = None
+    mse: float | None = None
     top1_agreement: float | None = None
     top5_agreement: float | None = None
     # Against the evaluation images' labels (`--eval-dir` with ImageNet classes of a checkpoint).
@@ -425,6 +429,9 @@ def _row(m: EngineManifest, noisy_cv: float) -> ComparisonRow:
             row.accuracy_cosine = d.accuracy["cosine_similarity"]
             row.top1_agreement = d.accuracy["top1_agreement"]
             row.top5_agreement = d.accuracy.get("top5_agreement")
+            row.max_abs_error = d.accuracy.get("max_abs_error")
+            row.mean_abs_error = d.accuracy.get("mean_abs_error")
+            row.mse = d.accuracy.get("mse")
             row.top1_accuracy = d.accuracy.get("top1_accuracy")
             row.nonfinite_values = d.accuracy.get("nonfinite_values")
             if d.accuracy.get("warning"):

@@ -86,14 +86,19 @@ COLUMNS = (
         lambda r: _accuracy(r, _fmt(r.top1_agreement * 100 if r.top1_agreement is not None else None, ".0f", "%")),
         short_header="top-1",
     ),
+    Column("max-abs", "max |err| vs FP32", lambda r: _accuracy(r, _fmt(r.max_abs_error, ".3g")), short_header="max |err|\nvs FP32"),
+    Column("mean-abs", "mean |err| vs FP32", lambda r: _accuracy(r, _fmt(r.mean_abs_error, ".3g")), short_header="mean |err|\nvs FP32"),
+    Column("mse", "MSE vs FP32", lambda r: _accuracy(r, _fmt(r.mse, ".3g")), short_header="MSE\nvs FP32"),
     Column("top1-acc", "top-1 acc (labels)", lambda r: _fmt(r.top1_accuracy * 100 if r.top1_accuracy is not None else None, ".1f", "%")),
     Column("audit", "layer audit", lambda r: r.audit or "–", text=True),
     Column("tflops", "TFLOP/s (peak %)", _roofline, short_header="TFLOP/s\n(peak %)"),
     Column("status", "status", lambda r: r.full_status, text=True),
 )
 COLUMNS_BY_KEY = {column.key: column for column in COLUMNS}
-# Every column: files (markdown, HTML) and wide terminals.
-WIDE = tuple(c for c in COLUMNS if c.key != "variant")
+# Every column: files (markdown, HTML) and wide terminals; the error columns only by --columns
+# (attention kernels against the math kernel, say), as cosine and top-1 say enough of most models.
+ERROR_COLUMNS = ("max-abs", "mean-abs", "mse")
+WIDE = tuple(c for c in COLUMNS if c.key != "variant" and c.key not in ERROR_COLUMNS)
 # Narrower sets, tried in turn when every column does not fit (NARROW, with the accuracy, fits about
 # 95 columns). The model is the table's title; the speedups' references and the status's details
 # are notes under it. COMPACT fits 80 columns.
@@ -372,8 +377,9 @@ def _cell(column: Column, row: ComparisonRow, notes: _Notes | None) -> str:
 
 # The version of `compare --format json` (docs/reports.md, docs/compare.schema.json): 1 was a
 # list of rows; 2 the object {verdicts, sweeps, rows}, without this key; 3 adds it, and the
-# verdict's tie, speedup interval and every comparison with its outcome.
-JSON_SCHEMA_VERSION = 3
+# verdict's tie, speedup interval and every comparison with its outcome; 4 each row's error
+# against the FP32 reference (max and mean absolute, MSE).
+JSON_SCHEMA_VERSION = 4
 
 
 def render_json(rows: list[ComparisonRow], answer: Answer | None = None) -> str:

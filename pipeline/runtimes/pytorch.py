@@ -698,7 +698,15 @@ class TorchRuntime(InProcessRuntime):
         else:
             saved = self._read(engine_path)
             model = self._model_from(saved)
-        dtype = next(model.parameters()).dtype
+        # The model's floating type; a module without weights (attention alone) has it from the
+        # engine's precision, or from the inputs it was prepared with.
+        floating = [t.dtype for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()]
+        if floating:
+            dtype = floating[0]
+        elif saved is not None:
+            dtype = getattr(torch, TORCH_DTYPES[saved["precision"]])
+        else:
+            dtype = next((t.dtype for t in prepared.examples if t.is_floating_point()), torch.float32)
         if workload is not None:
             examples = tuple(torch.from_numpy(t.values() if t.is_integer else t.as_float32()) for t in workload.inputs)
         else:

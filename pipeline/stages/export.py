@@ -230,13 +230,17 @@ class ExportStage(Stage):
             if points:
                 references = {p.label: source.sample_inputs(model, p, spec.seed + 1) for p in points}
                 reference_facts = {
-                    "description": f"the FP32 PyTorch model on seeded inputs at each shape point (seed {spec.seed + 1})",
+                    "description": f"the FP32 PyTorch model (attention by the math kernel) on seeded inputs at each shape point (seed {spec.seed + 1})",
                 }
             else:
                 reference_input, reference_facts = self.reference_batch(model, sample[0])
                 references = {None: (reference_input,)}
             fp32_outputs = {}
-            with torch.no_grad(), input_refused_as_error(source, input_shape, model):
+            # Scaled-dot-product attention in the reference is PyTorch's math kernel, the formula
+            # itself in FP32: every fused kernel (flash, efficient, cuDNN) is checked against it.
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            with torch.no_grad(), sdpa_kernel([SDPBackend.MATH]), input_refused_as_error(source, input_shape, model):
                 for label, feeds in self._each_point(references):
                     fp32_outputs[label] = runnable(*as_inputs(feeds, device, torch.float32)).float().cpu()
             labels = reference_facts.get("labels")
