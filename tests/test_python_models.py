@@ -267,3 +267,21 @@ def test_attention_kernels_as_a_model_report_tflops_and_their_error_against_the_
     assert all(row["max_abs_error"] == 0.0 for row in math)  # the reference's own kernel, value for value
     table = run_cli(catalog, "compare", "--columns", "toolchain,shape,median,tflops,max-abs,mean-abs,mse").out
     assert "TFLOP/s" in table and "max |err|" in table and "MSE" in table
+
+
+def test_a_toolchain_whose_kernel_pytorch_did_not_run_is_refused_not_mislabelled(tmp_path, run_cli, monkeypatch):
+    """torch-sdpa-flash whose prepared model ran another kernel (as torch.compile's own choice does
+    on a GPU): a refusal naming both, recorded for the point, never a time under flash's name."""
+    from pipeline.runtimes import pytorch
+
+    root = Path(__file__).parents[1]
+    catalog = write_catalog(tmp_path / "ws", FLUX)
+    (tmp_path / "ws" / "examples").mkdir()
+    shutil.copy(root / "examples" / "flux_attention.py", tmp_path / "ws" / "examples" / "flux_attention.py")
+    monkeypatch.setattr(pytorch, "_sdpa_kernels", lambda torch, run: ["efficient"])
+    result = run_cli(catalog, "build", "--engine", "flux_attention_fp32", "--toolchain", "torch-sdpa-flash")
+    assert result.exit_code == 1, result.err
+    assert "the flash SDPA kernel was asked for, but the prepared model ran efficient" in " ".join(result.err.split())
+    build = json.loads((tmp_path / "ws" / "manifests" / "torch-sdpa-flash" / "flux_attention_fp32.json").read_text())["build"]
+    assert build["status"] == "failed" and "ran efficient" in build["reason"]
+    assert not (tmp_path / "ws" / "engines" / "torch-sdpa-flash" / "flux_attention_fp32.pt").exists()

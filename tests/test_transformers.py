@@ -562,3 +562,30 @@ def test_a_llama_decoder_is_measured_as_a_prefill_with_dynamic_batch_and_sequenc
     assert len(rows) == 4
     for row in rows:
         assert row["median_ms"] > 0 and row["accuracy_cosine"] > 0.9999 and row["top1_agreement"] == 1.0, row
+
+
+def test_a_cast_to_bf16_keeps_the_rotary_frequencies_in_fp32(tmp_path):
+    """A Llama in bf16 as from_pretrained(dtype=bfloat16) loads it: weights bf16, the rotary
+    embeddings' inverse frequencies FP32. model.to(bfloat16) would round them, and far into a
+    sequence the angles with them: its logits drift from the FP32 model's."""
+    import torch
+
+    from pipeline.models import model_source
+    from pipeline.runtimes import load_catalog
+
+    catalog = load_catalog(
+        write_catalog(tmp_path, LLAMA_CATALOG.replace("max_position_embeddings = 256", "max_position_embeddings = 2048"))
+    )
+    source = model_source("llama", catalog.model("llama"), tmp_path)
+    fp32 = source.runnable(source.create())
+    cast = source.cast(source.runnable(source.create()), torch.bfloat16)
+    plain = source.runnable(source.create()).to(torch.bfloat16)
+    assert {b.dtype for n, b in cast.named_buffers() if n.endswith("inv_freq")} == {torch.float32}
+    assert {p.dtype for p in cast.parameters()} == {torch.bfloat16}
+    ids = torch.randint(0, 512, (1, 2000), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        reference = fp32(ids, mask)
+        kept = torch.nn.functional.cosine_similarity(reference, cast(ids, mask).float()).item()
+        rounded = torch.nn.functional.cosine_similarity(reference, plain(ids, mask).float()).item()
+    assert kept > 0.999 and kept > rounded, (kept, rounded)

@@ -157,6 +157,11 @@ class ModelSource(ABC):
         tensor that is exported, compared and checked (a transformer's last hidden state)."""
         return model
 
+    def cast(self, model, dtype) -> Any:
+        """``model`` (as ``runnable`` made it) in the floating type ``dtype`` (fp16, bf16), the way
+        the family's users run it in that type."""
+        return model.to(dtype)
+
     def use_attention(self, model, implementation: str) -> None:
         """Switch ``model`` (as ``runnable`` made it) to an attention implementation: "sdpa" (PyTorch's
         fused scaled-dot-product attention) or "eager" (the model's own matmul-softmax-matmul), as a

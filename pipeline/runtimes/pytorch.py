@@ -402,7 +402,7 @@ class TorchRuntime(InProcessRuntime):
         torch = _torch()
         dtype = getattr(torch, TORCH_DTYPES[variant.precision])
         created = source.create()
-        model = source.runnable(created).to(dtype)
+        model = source.cast(source.runnable(created), dtype)
         if self.spec.attn_implementation:
             source.use_attention(model, self.spec.attn_implementation)
         points = source.shape_points()
@@ -513,6 +513,17 @@ class TorchRuntime(InProcessRuntime):
             chose = _sdpa_kernels(torch, run if self.spec.backend != "cudagraphs" else _within(attention, _no_grad(lambda: model(*placed))))
             if chose:
                 facts = {**facts, "sdpa_kernels": chose}
+            wanted = self.spec.sdpa_backend
+            if wanted and chose and chose != [wanted]:
+                # Measured on the H100 (torch 2.11): compiled engines of one module asking for
+                # different kernels all ran the same ones, chosen by torch.compile (its compiled code
+                # is kept per forward() and not guarded by the SDPA setting). Their times would be
+                # another kernel's under this toolchain's name.
+                raise NotPrepared(
+                    f"the {wanted} SDPA kernel was asked for, but the prepared model ran {' and '.join(chose)}",
+                    "compare SDPA kernels eagerly (sdpa_backend on an eager toolchain); compiled, PyTorch chooses its own",
+                    {"sdpa_backend": wanted, "sdpa_kernels": chose},
+                )
         return Prepared(engine_file, run, placed, device, shape, facts, model, compiled, compiled_at)
 
     def _attention_kernel(self, torch):
@@ -743,7 +754,7 @@ class TorchRuntime(InProcessRuntime):
         spec = source_class(described["family"]).Spec.model_validate(described["spec"])
         source = model_source(described["name"], spec, self.workspace_root)
         dtype = getattr(torch, TORCH_DTYPES[saved["precision"]])
-        model = source.runnable(source.create()).to(dtype)
+        model = source.cast(source.runnable(source.create()), dtype)
         model.load_state_dict(saved["state_dict"])
         if self.spec.attn_implementation:
             source.use_attention(model, self.spec.attn_implementation)

@@ -271,12 +271,12 @@ class ExportStage(Stage):
         dtype = torch.float32
         if variant.precision in ("fp16", "bf16"):
             dtype = getattr(torch, TORCH_DTYPES[variant.precision])
-            runnable = runnable.to(dtype)
+            runnable = source.cast(runnable, dtype)
         elif self.quantized:
             if variant.precision in TRACED_HIGH_PRECISION and self.weights_dtype() == "fp16":
                 # Calibrated and traced in FP16, so the graph's high precision is FP16 (quantize.py).
                 dtype = torch.float16
-                runnable = runnable.half()
+                runnable = source.cast(runnable, torch.float16)
             with phase("quantize"):
                 runnable, quantization = quantize_model(
                     runnable, variant.precision, batches, variant.conv_policy, self.ctx.reporter.progress, source.quantize_linear_only
