@@ -126,8 +126,8 @@ class PythonModel(ModelSource):
             return path
         try:
             found = importlib.util.find_spec(where)
-        except (ImportError, ValueError) as exc:
-            found, reason = None, str(exc)
+        except Exception as exc:  # finding a submodule imports its packages, which may raise anything
+            found, reason = None, _said(exc)
         else:
             reason = "no module by that name is installed"
         if found is None or not found.origin or not Path(found.origin).is_file():

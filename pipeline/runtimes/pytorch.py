@@ -515,10 +515,9 @@ class TorchRuntime(InProcessRuntime):
                 facts = {**facts, "sdpa_kernels": chose}
             wanted = self.spec.sdpa_backend
             if wanted and chose and chose != [wanted]:
-                # Measured on the H100 (torch 2.11): compiled engines of one module asking for
-                # different kernels all ran the same ones, chosen by torch.compile (its compiled code
-                # is kept per forward() and not guarded by the SDPA setting). Their times would be
-                # another kernel's under this toolchain's name.
+                # Seen on the H100 (torch 2.11): compiled engines of one module asking for the
+                # cudnn, efficient and flash kernels all ran flash, torch.compile's own choice, not
+                # the SDPA setting's. Their times would be another kernel's under this name.
                 raise NotPrepared(
                     f"the {wanted} SDPA kernel was asked for, but the prepared model ran {' and '.join(chose)}",
                     "compare SDPA kernels eagerly (sdpa_backend on an eager toolchain); compiled, PyTorch chooses its own",
