@@ -195,7 +195,9 @@ def test_each_variant_is_what_it_would_be_alone(one_process, tmp_path):
 
 def test_the_torch_toolchain_times_the_pristine_model_after_every_export(one_process):
     """The FP32 models run on torch-eager after quantized and sparse exports in the same process:
-    their outputs are the FP32 reference's exactly."""
+    their outputs are the FP32 reference's to float rounding. (The reference computes attention
+    with PyTorch's math kernel, the engine with its fused one: they differ in the last bits; a
+    model left quantized or pruned by an export would differ by orders of magnitude more.)"""
     catalog, codes = one_process
     assert codes["torch"] == 0
     profiles = sorted((catalog.parent / "manifests" / "torch-eager").glob("*_fp32*.json"))
@@ -204,7 +206,7 @@ def test_the_torch_toolchain_times_the_pristine_model_after_every_export(one_pro
         profile = json.loads(path.read_text())["profile"]
         if profile is None or profile["details"] is None or profile["details"].get("accuracy") is None:
             continue
-        assert profile["details"]["accuracy"]["max_abs_error"] == 0.0, path.name
+        assert profile["details"]["accuracy"]["max_abs_error"] < 1e-5, path.name
         checked += 1
     assert checked == 1 + 3  # vit_tiny's one shape, bert_tiny's three points
 
