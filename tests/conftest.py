@@ -89,20 +89,20 @@ def render_in_chromium(page: Path, scratch: Path, screenshot: bool = False) -> R
     return Rendered(dom, shot)
 
 
-def tiny_bert_catalog(shapes: list[str], variants: list[str], defaults: list[str]) -> str:
-    """A catalog's head with a 2-layer BERT from transformers (random weights) measured at
-    ``shapes``, its variants and short measurement bounds; toolchains are the caller's."""
+def catalog_head(models: list[str], variants: list[str], baseline: str = "torch-eager") -> str:
+    """A catalog's top: opset 17, the baseline toolchain, defaults of ``models`` and ``variants`` on
+    ONNX Runtime, and short measurement bounds; models, variants and toolchains are the caller's."""
 
     def listed(names: list[str]) -> str:
         return "[" + ", ".join(f'"{name}"' for name in names) + "]"
 
-    head = f"""
+    return f"""
 opset = 17
-baseline_toolchain = "torch-eager"
+baseline_toolchain = "{baseline}"
 
 [defaults]
-models = ["bert"]
-variants = {listed(defaults)}
+models = {listed(models)}
+variants = {listed(variants)}
 toolchain = "onnxruntime"
 
 [profile]
@@ -110,14 +110,21 @@ warmup_ms = 5
 iterations = 5
 duration_s = 0.05
 take_ms = 5
+"""
 
+
+def tiny_bert_catalog(shapes: list[str], variants: list[str], defaults: list[str]) -> str:
+    """A catalog's head with a 2-layer BERT from transformers (random weights) measured at
+    ``shapes``, its variants and short measurement bounds; toolchains are the caller's."""
+    listed = "[" + ", ".join(f'"{shape}"' for shape in shapes) + "]"
+    model = f"""
 [models.bert]
 transformers = "BertModel"
 config = {{ hidden_size = 32, num_hidden_layers = 2, num_attention_heads = 2, intermediate_size = 64, vocab_size = 512, max_position_embeddings = 64 }}
-shapes = {listed(shapes)}
+shapes = {listed}
 
 """
-    return head + "".join(f'[variants.{name}]\nprecision = "{name}"\n' for name in variants)
+    return catalog_head(["bert"], defaults) + model + "".join(f'[variants.{name}]\nprecision = "{name}"\n' for name in variants)
 
 
 def write_catalog(directory: Path, text: str = TINY_CATALOG) -> Path:

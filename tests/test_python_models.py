@@ -13,27 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import write_catalog
+from tests.conftest import catalog_head, write_catalog
 
 pytest.importorskip("torch", reason="the python model family needs torch (`make setup` installs it)")
 
 MODELS = Path(__file__).parent / "data" / "python_models"
 
-CATALOG = """
-opset = 17
-baseline_toolchain = "torch-eager"
-
-[defaults]
-models = ["mlp", "block"]
-variants = ["fp32"]
-toolchain = "onnxruntime"
-
-[profile]
-warmup_ms = 5
-iterations = 5
-duration_s = 0.05
-take_ms = 5
-
+CATALOG = (
+    catalog_head(["mlp", "block"], ["fp32"])
+    + """
 [models.mlp]
 python = "models-in/mlp.py:make"
 config = { features = 16, hidden = 32 }
@@ -58,6 +46,7 @@ kind = "torch"
 backend = "eager"
 baselines = ["fp32"]
 """
+)
 
 
 def workspace(root: Path, text: str = CATALOG) -> Path:
@@ -203,21 +192,9 @@ def test_the_example_block_of_the_docs_runs_from_the_catalog(tmp_path, run_cli):
     assert len(rows) == 2 and all(row["top1_agreement"] == 1.0 for row in rows), rows
 
 
-FLUX = """
-opset = 17
-baseline_toolchain = "torch-sdpa-math"
-
-[defaults]
-models = ["flux_attention"]
-variants = ["fp32"]
-toolchain = "onnxruntime"
-
-[profile]
-warmup_ms = 5
-iterations = 5
-duration_s = 0.05
-take_ms = 5
-
+FLUX = (
+    catalog_head(["flux_attention"], ["fp32"], baseline="torch-sdpa-math")
+    + """
 [models.flux_attention]
 python = "examples/flux_attention.py:make"
 config = { heads = 2, head_dim = 8 }
@@ -239,6 +216,7 @@ kind = "torch"
 backend = "eager"
 sdpa_backend = "flash"
 """
+)
 
 
 def test_attention_kernels_as_a_model_report_tflops_and_their_error_against_the_math_kernel(tmp_path, run_cli):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import tiny_bert_catalog, write_catalog
+from tests.conftest import catalog_head, tiny_bert_catalog, write_catalog
 from tests.test_trtexec_command import help_flags
 
 pytest.importorskip("transformers", reason="the transformers family needs the transformers package (`make setup` installs it)")
@@ -499,21 +499,9 @@ def test_a_users_onnx_is_checked_against_the_reference_the_user_gives(tmp_path, 
     assert result.exit_code == 2 and "has no 4x32.npz" in result.err, result.err
 
 
-LLAMA_CATALOG = """
-opset = 17
-baseline_toolchain = "torch-eager"
-
-[defaults]
-models = ["llama"]
-variants = ["fp32"]
-toolchain = "onnxruntime"
-
-[profile]
-warmup_ms = 5
-iterations = 5
-duration_s = 0.05
-take_ms = 5
-
+LLAMA_CATALOG = (
+    catalog_head(["llama"], ["fp32"])
+    + """
 [models.llama]
 transformers = "LlamaForCausalLM"
 config = { hidden_size = 64, intermediate_size = 128, num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, head_dim = 16, vocab_size = 512, max_position_embeddings = 256, rope_parameters = { rope_type = "llama3", rope_theta = 500000.0, factor = 32.0, low_freq_factor = 1.0, high_freq_factor = 4.0, original_max_position_embeddings = 64 } }
@@ -531,6 +519,7 @@ kind = "torch"
 backend = "eager"
 baselines = ["fp32"]
 """
+)
 
 
 def test_a_llama_decoder_is_measured_as_a_prefill_with_dynamic_batch_and_sequence(tmp_path, run_cli):

@@ -146,8 +146,7 @@ class PythonModel(ModelSource):
         path = self.factory_file()
         where, function = self._where()
         if self._is_file():
-            digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-            module_name = f"_pipeline_user_model_{digest}"
+            module_name = f"_pipeline_user_model_{_digest(path)[:16]}"
             module = sys.modules.get(module_name)
             if module is None:
                 spec = importlib.util.spec_from_file_location(module_name, path)
@@ -269,7 +268,7 @@ class PythonModel(ModelSource):
         return _DESCRIPTIONS[key]
 
     def _cache_key(self) -> tuple[str, str, str]:
-        content = hashlib.sha256(self.factory_file().read_bytes()).hexdigest()
+        content = _digest(self.factory_file())
         return self.spec.python, content, json.dumps(self.spec.model_dump(mode="json"), sort_keys=True)
 
     # --- the model ------------------------------------------------------------------------------
@@ -358,6 +357,11 @@ class PythonModel(ModelSource):
 
     def _shapes_text(self) -> str:
         return ", ".join(f"{i.name} {list(i.dims)}" for i in self.inputs())
+
+
+def _digest(path: Path) -> str:
+    """The file's content hash: a changed file is a new module and a new description."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _said(exc: BaseException) -> str:
