@@ -104,6 +104,9 @@ class ExportDetails(_Model):
     shape_points: list[str] = []
     # Which exporter wrote the graph (torch.export-based, TorchScript, ModelOpt's).
     exporter: str | None = None
+    # Why no ONNX was written: the exporter's own reason for refusing the model. The references
+    # are written all the same, and the toolchains that run the PyTorch model still build it.
+    onnx_refused: str | None = None
     opset: int
     # Set when the graph was traced at this smaller batch with a dynamic batch axis, then pinned
     # to input_shape's batch (CPU traces of quantized models; see pipeline/stages/quantize.py).

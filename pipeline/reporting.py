@@ -10,6 +10,7 @@ minute, so logs stay clean and a long export is never silent.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import sys
@@ -104,12 +105,18 @@ class Reporter:
         import warnings
 
         buffer = io.StringIO()
+        # Loggers keep the stream they were given (torch's symbolic-shapes warnings, say): quiet
+        # them too, unless asked to see everything.
+        quieted = logging.root.manager.disable
+        if not self.verbose:
+            logging.disable(logging.WARNING)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
                 with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer):
                     yield
             finally:
+                logging.disable(quieted)
                 if self.verbose:
                     for line in buffer.getvalue().splitlines():
                         self.detail(f"[{tool}] {line}")

@@ -6,6 +6,7 @@ PyTorch eager, checked against their FP32 references and compared.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import sys
@@ -263,3 +264,61 @@ def test_a_toolchain_whose_kernel_pytorch_did_not_run_is_refused_not_mislabelled
     build = json.loads((tmp_path / "ws" / "manifests" / "torch-sdpa-flash" / "flux_attention_fp32.json").read_text())["build"]
     assert build["status"] == "failed" and "ran efficient" in build["reason"]
     assert not (tmp_path / "ws" / "engines" / "torch-sdpa-flash" / "flux_attention_fp32.pt").exists()
+
+
+def test_a_module_the_exporter_refuses_still_runs_on_the_torch_toolchains(tmp_path, run_cli):
+    """A branch on the data cannot be exported: the export records the exporter's reason and its
+    references, ONNX Runtime skips the model with that reason, torch-eager measures it. Made
+    exportable, the same command exports it again and ONNX Runtime builds it."""
+    text = CATALOG.replace('["mlp", "block"]', '["gated"]').replace(
+        "[models.mlp]", '[models.gated]\npython = "models-in/gated.py:make"\nshapes = ["2x8", "4x32"]\n\n[models.mlp]'
+    )
+    catalog = write_catalog(tmp_path / "ws", text)
+    ws = catalog.parent
+    (ws / "models-in").mkdir()
+    shutil.copy(MODELS / "gated.py", ws / "models-in" / "gated.py")
+    run = ("run", "--model", "gated", "--variant", "fp32", "--toolchain", "onnxruntime", "--toolchain", "torch-eager")
+
+    result = run_cli(catalog, *run)
+    assert result.exit_code == 0, result.err
+    assert "gated_fp32 is not exportable to ONNX" in result.err, result.err
+    export = json.loads((ws / "manifests" / "export" / "gated_fp32.json").read_text())["export"]
+    refused = export["details"]["onnx_refused"]
+    assert export["status"] == "done" and "data-dependent" in refused and "(at gated.py:14 in forward)" in refused, refused
+    assert not (ws / "models" / "gated" / "fp32.onnx").exists()
+    assert {a["role"] for a in export["outputs"]} and all(a["role"] != "onnx" for a in export["outputs"])
+    build = json.loads((ws / "manifests" / "onnxruntime" / "gated_fp32.json").read_text())["build"]
+    assert build["status"] == "skipped" and build["reason"].startswith("the export wrote no ONNX (GuardOnDataDependentSymNode")
+    rows = json.loads(run_cli(catalog, "compare", "--format", "json").out)["rows"]
+    onnxruntime = [row for row in rows if row["toolchain"] == "onnxruntime"]
+    assert sorted(row["shape"] for row in onnxruntime) == ["2x8", "4x32"], onnxruntime
+    assert all(row["status"].startswith("skipped: the export wrote no ONNX (GuardOnDataDependentSymNode") for row in onnxruntime)
+    torch_rows = [row for row in rows if row["toolchain"] == "torch-eager"]
+    assert sorted(row["shape"] for row in torch_rows) == ["2x8", "4x32"]
+    assert all(row["median_ms"] > 0 and row["accuracy_cosine"] > 0.9999 for row in torch_rows), torch_rows
+
+    path = ws / "models-in" / "gated.py"
+    path.write_text(path.read_text().replace("if y.abs().max() > 100.0:", "if False:"))
+    again = run_cli(catalog, *run)
+    assert again.exit_code == 0, again.err
+    assert (ws / "models" / "gated" / "fp32.onnx").exists()
+    assert json.loads((ws / "manifests" / "onnxruntime" / "gated_fp32.json").read_text())["build"]["status"] == "done"
+    # The torch engine is built again from the changed file, though the references are the same.
+    rebuilt = json.loads((ws / "manifests" / "torch-eager" / "gated_fp32.json").read_text())["build"]
+    assert rebuilt["params"]["model_files"] == {"models-in/gated.py": hashlib.sha256(path.read_bytes()).hexdigest()}
+
+
+def test_a_quantized_variant_the_exporter_fails_on_is_an_error(tmp_path, run_cli, monkeypatch):
+    """No torch toolchain runs a quantized variant, so its failed export is the error it always was
+    (exit 1, nothing kept), not an export without ONNX."""
+    import pipeline.stages.export as export
+
+    def refuses(*args, **kwargs):
+        raise RuntimeError("Unsupported: the exporter met something it cannot write")
+
+    monkeypatch.setattr(export, "export_quantized", refuses)
+    catalog = workspace(tmp_path / "ws")
+    result = run_cli(catalog, "export", "--engine", "mlp_int8")
+    assert result.exit_code == 1
+    assert "ONNX export of mlp_int8 failed: Unsupported: the exporter met something it cannot write" in result.err, result.err
+    assert not (tmp_path / "ws" / "models" / "mlp" / "int8.onnx").exists()

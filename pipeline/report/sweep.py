@@ -163,7 +163,7 @@ class Verdict:
         if self.excluded:
             out.append("Left out: " + "; ".join(f"{line_label(row)} ({why})" for row, why in self.excluded) + ".")
         if self.skipped:
-            out.append(f"{len(self.skipped)} not run: the toolchain cannot run the variant (the table says why).")
+            out.append(f"{len(self.skipped)} not run (the table says why).")
         return out
 
     def _sureness(self) -> str:

@@ -145,6 +145,9 @@ class EngineRuntime(ABC):
     #: other engines (pipeline/measurement.py); a tool's engine with none beside it is one whole
     #: measurement by the tool.
     measures_in_this_process: ClassVar[bool] = False
+    #: Whether its engines are made from the exported ONNX. Those that start from the PyTorch
+    #: model itself still run a model the exporter refused (its export then writes no ONNX).
+    reads_onnx: ClassVar[bool] = True
 
     def __init__(self, name: str, spec: ToolchainSpec, reporter: Reporter, workspace_root: Path, force: bool = False):
         self.name = name
@@ -213,11 +216,12 @@ class EngineRuntime(ABC):
         return engine_path.parent / f"{stem}{suffix}"
 
     @abstractmethod
-    def build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec, source: ModelSource) -> BuildResult:
+    def build(self, onnx_path: Path | None, engine_path: Path, variant: VariantSpec, source: ModelSource) -> BuildResult:
         """Write the engine to ``engine_path`` (the caller makes that write atomic).
 
         ``onnx_path`` is the exported graph, ``source`` the PyTorch model it was exported from:
-        compilers read the first, runtimes that run PyTorch itself start from the second."""
+        compilers read the first, runtimes that run PyTorch itself (``reads_onnx`` False) start
+        from the second, and get None where the exporter refused the model."""
 
     def ahead_work(self, engine_path: Path, workloads: list[ReferenceBatch]) -> AheadWork | None:
         """Work each shape point's profile would start with (compiling for the point) that is

@@ -24,6 +24,7 @@ skipped here. Their engines are TensorRT's job.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -118,9 +119,24 @@ def _sdpa_kernels(torch, run: Callable[[], Any]) -> list[str]:
     only, outside every measurement."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU]) as trace:
+    with _native_stderr_dropped(), profile(activities=[ProfilerActivity.CPU]) as trace:
         run()
     return sorted({SDPA_OPERATORS[event.name] for event in trace.events() if event.name in SDPA_OPERATORS})
+
+
+@contextlib.contextmanager
+def _native_stderr_dropped():
+    """The profiler's C++ side (Kineto) prints "profiler_start"/"profiler_stop" lines straight to
+    the process's stderr, past Python's; an error still reaches the caller as an exception."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "wb") as sink:
+            os.dup2(sink.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 class NotPrepared(Exception):
@@ -251,6 +267,8 @@ def _torch():
 
 class TorchRuntime(InProcessRuntime):
     kind = "torch"
+    # Engines are made from the PyTorch model: a model the exporter refused still runs here.
+    reads_onnx = False
     Spec = TorchSpec
     engine_suffix = ".pt"
 
@@ -384,7 +402,7 @@ class TorchRuntime(InProcessRuntime):
             settings.update(mode=self.mode, fullgraph=self.spec.fullgraph, dynamic=self.spec.dynamic)
         return settings
 
-    def describe_build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec, source: ModelSource) -> list[str]:
+    def describe_build(self, onnx_path: Path | None, engine_path: Path, variant: VariantSpec, source: ModelSource) -> list[str]:
         points = len(source.shape_points())
         prepare = {
             "eager": "nothing to prepare",
@@ -398,7 +416,7 @@ class TorchRuntime(InProcessRuntime):
             f"{self._attention_words()} → {engine_path}; {prepare}"
         ]
 
-    def build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec, source: ModelSource) -> BuildResult:
+    def build(self, onnx_path: Path | None, engine_path: Path, variant: VariantSpec, source: ModelSource) -> BuildResult:
         torch = _torch()
         dtype = getattr(torch, TORCH_DTYPES[variant.precision])
         created = source.create()

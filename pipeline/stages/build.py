@@ -44,7 +44,13 @@ class BuildStage(Stage):
             # what is up to date from params and inputs alone (pipeline/cluster/), so they belong here.
             "toolchain_settings": self.runtime.spec.model_dump(mode="json", exclude={"source"}),
         }
-        shape_range = self.model_source().shape_range()
+        source = self.model_source()
+        files = source.input_files()
+        if files and not self.runtime.reads_onnx:
+            # The model is made again from these files (a python model's factory): a changed file
+            # is a new engine even where the ONNX the export wrote is byte for byte the same.
+            params["model_files"] = {self.ctx.workspace.relative(path): self.ctx.workspace.hashes.sha256(path) for path in files}
+        shape_range = source.shape_range()
         if shape_range is not None:  # the optimization profile engines of several shapes are built for
             params["shape_range"] = dict(zip(("min", "opt", "max"), (point.label for point in shape_range)))
         return params
@@ -52,13 +58,31 @@ class BuildStage(Stage):
     def identity(self) -> dict[str, Any]:
         return self.runtime.identity()
 
-    def skip_reason(self) -> str | None:
+    def unsupported(self) -> str | None:
+        """Why this toolchain cannot build this variant of this model at all: known before any
+        export, so a run records the skip without exporting first."""
         source = self.model_source()
         return (
             source.unsupported_variant(self.variant_spec)
             or self.runtime.unsupported_model(source)
             or self.runtime.unsupported_reason(self.variant_spec)
         )
+
+    def skip_reason(self) -> str | None:
+        # After the export: a toolchain that compiles the ONNX has nothing to build where the
+        # exporter refused the model. Not part of `unsupported`: a run exports again first (the
+        # module may have changed), and only then is the export's word current.
+        return self.unsupported() or self.no_onnx_reason()
+
+    def no_onnx_reason(self) -> str | None:
+        if not self.runtime.reads_onnx:
+            return None
+        try:
+            record = read_manifest(self.ctx.workspace.export_manifest_path(self.engine)).export
+        except FileNotFoundError:
+            return None
+        refused = record.details.onnx_refused if record is not None and record.status == "done" and record.details else None
+        return f"the export wrote no ONNX ({refused})" if refused else None
 
     def export_record(self) -> StageRecord:
         path = self.ctx.workspace.export_manifest_path(self.engine)
@@ -75,7 +99,10 @@ class BuildStage(Stage):
 
     def inputs(self) -> list[Artifact]:
         # The ONNX only: the export's reference batch is what the profile checks engines against.
-        onnx = [artifact for artifact in self.export_record().outputs if artifact.role == "onnx"]
+        # A model the exporter refused has none; a toolchain that builds from the PyTorch model
+        # then reads the export's reference files, which stand for the model that made them.
+        record = self.export_record()
+        onnx = [artifact for artifact in record.outputs if artifact.role == "onnx"] or record.outputs
         for artifact in onnx:
             if not self.ctx.workspace.is_intact(artifact):
                 raise PipelineError(
@@ -94,7 +121,8 @@ class BuildStage(Stage):
         return fields
 
     def run_impl(self, inputs: list[Artifact]) -> StageOutcome:
-        onnx_path = self.ctx.workspace.root / next(a.path for a in inputs if a.role == "onnx")
+        onnx = next((a for a in inputs if a.role == "onnx"), None)
+        onnx_path = self.ctx.workspace.root / onnx.path if onnx is not None else None
         engine_path = self.engine_path()
         try:
             with atomic_output(engine_path) as tmp:
@@ -102,7 +130,8 @@ class BuildStage(Stage):
         except PipelineError as exc:
             # An engine is about the size of its ONNX or smaller; a tool that could not write it
             # says so in its own words, which read as a fault of the ONNX or of the compiler.
-            shortfall = storage_shortfall(engine_path.parent, onnx_path.stat().st_size, what="the engine")
+            expected = onnx_path.stat().st_size if onnx_path is not None else 0
+            shortfall = storage_shortfall(engine_path.parent, expected, what="the engine")
             if shortfall is not None:
                 raise PipelineError(
                     f"could not write the engine {engine_path.name}: {shortfall}. (What the tool said: {exc.message.rstrip('.')}.)",

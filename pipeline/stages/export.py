@@ -14,6 +14,7 @@ when every check has passed.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,8 @@ PARITY_TOLERANCE = {
 # Samples the parity check runs for graphs traced with a dynamic batch (CPU traces): more than the
 # traced batch, fewer than a batch of 64, which takes ONNX Runtime seconds on the CPU.
 PARITY_SAMPLES_DYNAMIC = 8
+# Colours in an exporter's messages (torch.onnx prints its step numbers in them).
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 
 
 class ExportStage(Stage):
@@ -185,6 +188,11 @@ class ExportStage(Stage):
         accuracy = outcome.details.accuracy
         if accuracy and accuracy["warning"]:
             self.ctx.reporter.warn(f"{self.engine.name}: {accuracy['warning']}")
+        if outcome.details.onnx_refused:
+            self.ctx.reporter.warn(
+                f"{self.engine.name} is not exportable to ONNX: {outcome.details.onnx_refused}. "
+                "The torch toolchains still run it; the toolchains that compile the ONNX skip it."
+            )
         return outcome
 
     def _export(self) -> StageOutcome:
@@ -305,87 +313,99 @@ class ExportStage(Stage):
         dynamic_axes = {i.name: {axis: dim for axis, dim in enumerate(i.dims) if isinstance(dim, str)} for i in model_inputs}
         dynamic_axes = {name: axes for name, axes in dynamic_axes.items() if axes}
         exporter = None
-        with atomic_output(onnx_path) as tmp:
-            shapes = ", ".join(f"{i.name} {list(i.dims)}" for i in model_inputs)
-            self.ctx.reporter.detail(f"export {source.describe()} ({shapes}) opset {self.opset()} → {tmp}")
-            traced_batch = None
-            try:
-                with phase("onnx_export"):
-                    traced = as_inputs(sample, device, dtype)
-                    if self.quantized:
-                        exported = export_quantized(
-                            runnable, traced, tmp, self.opset(), self.weights_dtype(), variant.precision, dynamic_axes
-                        )
-                        quantization["exporter"], traced_batch = exported.exporter, exported.traced_batch
-                        exporter = exported.exporter
-                    else:
-                        exporter = plain_export(
-                            runnable,
-                            traced,
-                            tmp,
-                            input_names,
-                            source.output_name(),
-                            self.opset(),
-                            source.exporter,
-                            dynamic_axes,
-                            self.ctx.reporter,
-                        )
-                # One load for every check: these graphs are hundreds of MB.
-                with phase("onnx_checks"):
-                    graph = onnx.load(str(tmp), load_external_data=False)
-                    renamed = name_io(graph, input_names, source.output_name())
-                    onnx.checker.check_model(graph)
-            except (OSError, PipelineError):
-                raise
-            except Exception as exc:
-                raise PipelineError(
-                    f"ONNX export of {self.engine.name} failed: {str(exc).strip().splitlines()[0]}",
-                    hint="run with -v for the exporter's output and the full traceback",
-                ) from exc
-            ops = op_histogram(graph)
-            custom = sorted(op for op in ops if "::" in op)
-            parity, parity_skipped, parity_by_shape = None, None, {}
-            if custom:
-                parity_skipped = f"the graph uses TensorRT-only operators ({', '.join(custom)}), which ONNX Runtime cannot run"
-            elif variant.precision in NO_CPU_KERNELS:  # the parity check runs on ONNX Runtime's CPU provider
-                parity_skipped = NO_CPU_KERNELS[variant.precision]
-            elif points:
-                # At the smallest and the largest shape point (or every one): the graph's axes really are free.
-                with phase("parity"):
-                    for label, feeds in self._each_point({label: references[label] for label in parity_labels}):
-                        parity_by_shape[label] = check_parity(tmp, [t.numpy() for t in feeds], variant_outputs[label], variant.precision)
-                parity = min(parity_by_shape.values(), key=lambda check: (check.passed, check.cosine_similarity))
-            else:
-                # A graph traced with a dynamic batch is checked at a batch it was not traced at, which
-                # also shows that the batch axis really is free before it is pinned below.
-                checked = min(spec.batch_size, PARITY_SAMPLES_DYNAMIC) if traced_batch else spec.batch_size
-                with phase("parity"):
-                    parity = check_parity(tmp, [sample[0][:checked].numpy()], variant_outputs[None][:checked], variant.precision)
-            if parity is not None and not parity.passed:
-                where = next((f" at {label}" for label, check in parity_by_shape.items() if check is parity), "")
-                raise PipelineError(
-                    f"exported {self.engine.name} does not match PyTorch{where}: max |error| {parity.max_abs_error:.3g} "
-                    f"(limit {parity.max_abs_error_limit:.3g}), cosine similarity {parity.cosine_similarity:.6f} "
-                    f"(floor {parity.cosine_similarity_floor}).",
-                    hint="the ONNX was not kept; try another opset (`opset` in pipeline.toml)",
-                )
-            if traced_batch:
-                pin_batch(graph, spec.batch_size)
-            if renamed or traced_batch:
-                with phase("onnx_save"):
-                    onnx.save(graph, str(tmp))
-            if sparsification is not None:
-                with phase("sparsity_check"):
-                    sparsification["onnx"] = onnx_sparsity(graph)
-                expected = sparsification["sparsified_layers"]
-                found = sparsification["onnx"]["weights_2_4"]
-                if found < expected:
+        ops, audit, parity, parity_skipped, parity_by_shape, refused = {}, {}, None, None, {}, None
+        graph, traced_batch = None, None
+        try:
+            with atomic_output(onnx_path) as tmp:
+                shapes = ", ".join(f"{i.name} {list(i.dims)}" for i in model_inputs)
+                self.ctx.reporter.detail(f"export {source.describe()} ({shapes}) opset {self.opset()} → {tmp}")
+                try:
+                    with phase("onnx_export"):
+                        traced = as_inputs(sample, device, dtype)
+                        if self.quantized:
+                            exported = export_quantized(
+                                runnable, traced, tmp, self.opset(), self.weights_dtype(), variant.precision, dynamic_axes
+                            )
+                            quantization["exporter"], traced_batch = exported.exporter, exported.traced_batch
+                            exporter = exported.exporter
+                        else:
+                            exporter = plain_export(
+                                runnable,
+                                traced,
+                                tmp,
+                                input_names,
+                                source.output_name(),
+                                self.opset(),
+                                source.exporter,
+                                dynamic_axes,
+                                self.ctx.reporter,
+                            )
+                    # One load for every check: these graphs are hundreds of MB.
+                    with phase("onnx_checks"):
+                        graph = onnx.load(str(tmp), load_external_data=False)
+                        renamed = name_io(graph, input_names, source.output_name())
+                        onnx.checker.check_model(graph)
+                except (OSError, PipelineError):
+                    raise
+                except Exception as exc:
+                    if self.quantized or variant.sparsity:
+                        # ModelOpt's export of a model PyTorch ran: the product's own path, not the module's.
+                        raise PipelineError(
+                            f"ONNX export of {self.engine.name} failed: {str(exc).strip().splitlines()[0]}",
+                            hint="run with -v for the exporter's output and the full traceback",
+                        ) from exc
+                    raise ExporterRefused(exporter_reason(exc)) from exc
+                ops = op_histogram(graph)
+                custom = sorted(op for op in ops if "::" in op)
+                parity, parity_skipped, parity_by_shape = None, None, {}
+                if custom:
+                    parity_skipped = f"the graph uses TensorRT-only operators ({', '.join(custom)}), which ONNX Runtime cannot run"
+                elif variant.precision in NO_CPU_KERNELS:  # the parity check runs on ONNX Runtime's CPU provider
+                    parity_skipped = NO_CPU_KERNELS[variant.precision]
+                elif points:
+                    # At the smallest and the largest shape point (or every one): the graph's axes really are free.
+                    with phase("parity"):
+                        for label, feeds in self._each_point({label: references[label] for label in parity_labels}):
+                            parity_by_shape[label] = check_parity(
+                                tmp, [t.numpy() for t in feeds], variant_outputs[label], variant.precision
+                            )
+                    parity = min(parity_by_shape.values(), key=lambda check: (check.passed, check.cosine_similarity))
+                else:
+                    # A graph traced with a dynamic batch is checked at a batch it was not traced at, which
+                    # also shows that the batch axis really is free before it is pinned below.
+                    checked = min(spec.batch_size, PARITY_SAMPLES_DYNAMIC) if traced_batch else spec.batch_size
+                    with phase("parity"):
+                        parity = check_parity(tmp, [sample[0][:checked].numpy()], variant_outputs[None][:checked], variant.precision)
+                if parity is not None and not parity.passed:
+                    where = next((f" at {label}" for label, check in parity_by_shape.items() if check is parity), "")
                     raise PipelineError(
-                        f"the 2:4 pattern was lost in export: {expected} layers are 2:4-sparse in PyTorch, but only "
-                        f"{found} weights of the ONNX are.",
-                        hint="the ONNX was not kept; run with -v and report the exporter's output",
+                        f"exported {self.engine.name} does not match PyTorch{where}: max |error| {parity.max_abs_error:.3g} "
+                        f"(limit {parity.max_abs_error_limit:.3g}), cosine similarity {parity.cosine_similarity:.6f} "
+                        f"(floor {parity.cosine_similarity_floor}).",
+                        hint="the ONNX was not kept; try another opset (`opset` in pipeline.toml)",
                     )
-            audit = onnx_audit(graph, tmp.stat().st_size)
+                if traced_batch:
+                    pin_batch(graph, spec.batch_size)
+                if renamed or traced_batch:
+                    with phase("onnx_save"):
+                        onnx.save(graph, str(tmp))
+                if sparsification is not None:
+                    with phase("sparsity_check"):
+                        sparsification["onnx"] = onnx_sparsity(graph)
+                    expected = sparsification["sparsified_layers"]
+                    found = sparsification["onnx"]["weights_2_4"]
+                    if found < expected:
+                        raise PipelineError(
+                            f"the 2:4 pattern was lost in export: {expected} layers are 2:4-sparse in PyTorch, but only "
+                            f"{found} weights of the ONNX are.",
+                            hint="the ONNX was not kept; run with -v and report the exporter's output",
+                        )
+                audit = onnx_audit(graph, tmp.stat().st_size)
+        except ExporterRefused as exc:
+            # The torch toolchains still run the model; the references below are what they are
+            # checked against. An ONNX from an earlier export goes: this one has none.
+            refused = exc.reason
+            onnx_path.unlink(missing_ok=True)
 
         if points:
             reference = self.write_point_references(references, fp32_outputs, model_inputs, dtype, reference_facts)
@@ -402,7 +422,8 @@ class ExportStage(Stage):
             output=source.output_name(),
             shape_points=[p.label for p in points],
             exporter=exporter,
-            opset=graph_opset(graph, self.opset()),
+            opset=graph_opset(graph, self.opset()) if graph is not None else self.opset(),
+            onnx_refused=refused,
             traced_batch=traced_batch,
             precision=variant.precision,
             sparsity=variant.sparsity,
@@ -420,6 +441,8 @@ class ExportStage(Stage):
             timings_s=phase.seconds,
         )
         note = f" (parity: cosine {parity.cosine_similarity:.6f})" if parity else f" (parity not run: {parity_skipped})"
+        if refused:
+            note = " (no ONNX: the exporter refused the model; references written for the torch toolchains)"
         if parity_by_shape:
             of = f" of {len(points)}" if len(parity_by_shape) < len(points) else ""
             plural = "s" if len(points if of else parity_by_shape) > 1 else ""
@@ -428,7 +451,7 @@ class ExportStage(Stage):
             note += f", vs FP32: cosine {accuracy['cosine_similarity']:.4f}"
         if sparsification:
             note += f", {sparsification['onnx']['weights_2_4']} weights 2:4-sparse"
-        outputs = [self.ctx.workspace.artifact("onnx", onnx_path)]
+        outputs = [self.ctx.workspace.artifact("onnx", onnx_path)] if refused is None else []
         outputs += [self.ctx.workspace.artifact(role, self.ctx.workspace.root / path) for role, path in reference_files(reference)]
         return StageOutcome(outputs=outputs, details=details, note=note)
 
@@ -797,3 +820,43 @@ class input_refused_as_error:
         if kind is None or not issubclass(kind, refusals) or is_out_of_memory(kind, exc):
             return False  # out of memory is out_of_memory_as_error's
         raise self.source.input_refused(exc, self.shape, self.model) from exc
+
+
+class ExporterRefused(Exception):
+    """The exporter could not turn the PyTorch model into ONNX; ``reason`` in its own words."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def exporter_reason(exc: BaseException) -> str:
+    """What the exporter said, as one line: the innermost error it wrapped (torch.onnx wraps
+    torch.export's and its own translator's errors in a page of next steps), and the line of the
+    model's code it arose at — the last frame outside torch and this package, as in
+    "(at gated.py:14 in forward)"."""
+    import traceback
+
+    chain = [exc]
+    while chain[-1].__cause__ is not None and chain[-1].__cause__ not in chain:
+        chain.append(chain[-1].__cause__)
+    innermost = chain[-1]
+    text = ANSI_ESCAPE.sub("", str(innermost)).strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    reason = f"{type(innermost).__name__}: {' '.join(lines[0].split()) if lines else 'no message'}"
+    for error in reversed(chain):
+        frames = [frame for frame in traceback.extract_tb(error.__traceback__) if _models_code(frame.filename)]
+        if frames:
+            return f"{reason} (at {Path(frames[-1].filename).name}:{frames[-1].lineno} in {frames[-1].name})"
+    return reason
+
+
+def _models_code(filename: str) -> bool:
+    """Whether a traceback's frame is in a model's code: not PyTorch's, this package's or Python's own."""
+    import sysconfig
+
+    import torch
+
+    path = Path(filename).resolve()
+    tools = (Path(torch.__file__).parent, Path(__file__).parents[1], Path(sysconfig.get_paths()["stdlib"]))
+    return path.is_file() and not any(path.is_relative_to(tool.resolve()) for tool in tools)

@@ -71,7 +71,7 @@ def run_engine(ctx: RunContext, engine: EngineRef, toolchain: str | None, until:
     builds = builds_of(ctx, engine)
     # A variant the toolchain cannot run is recorded as skipped without exporting it first:
     # exporting nvfp4 on a CPU-only machine would fail for a reason that does not matter here.
-    if BuildStage(ctx, engine, toolchain, builds[0]).skip_reason() is None:
+    if BuildStage(ctx, engine, toolchain, builds[0]).unsupported() is None:
         ExportStage(ctx, engine).run()
 
     def profile(shape: str | None) -> None:
@@ -275,7 +275,7 @@ def describe(ctx: RunContext, engines: list[EngineRef], toolchain: str, until: s
     lines = []
     for engine in engines:
         variant = ctx.catalog.variant(engine.variant)
-        reason = BuildStage(ctx, engine, toolchain).skip_reason()
+        reason = BuildStage(ctx, engine, toolchain).unsupported()
         if reason:
             lines.append(f"{engine.name}: would be skipped: {reason}")
             continue
