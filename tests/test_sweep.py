@@ -347,6 +347,24 @@ def test_the_verdict_skips_the_inaccurate_and_says_the_speedup_over_the_baseline
     assert "1 not run" in text
 
 
+def test_an_engine_refused_at_its_build_is_left_out_at_every_point_not_answered_on_its_own():
+    """A build that failed before any shape point has a row without a point: each point's verdict
+    names it as left out; there is no verdict of its own saying no engine was measured."""
+    rows = [
+        _row("torch-eager", "2x512", 20.0),
+        _row("torch-eager", "4x2048", 80.0),
+        ComparisonRow(model="m", variant="fp16", toolchain="graphs", status="build refused: the capture failed", shape=None),
+    ]
+    found = verdicts(rows, "torch-eager")
+    assert [verdict.shape for verdict in found] == ["2x512", "4x2048"]
+    for verdict in found:
+        assert verdict.fastest.toolchain == "torch-eager"
+        assert "Left out: fp16 on graphs (build refused: the capture failed)" in " ".join(verdict.sentences())
+    # A model of one shape keeps its one verdict.
+    (alone,) = verdicts([_row("torch-eager", None, 20.0), rows[2]], "torch-eager")
+    assert alone.shape is None and alone.fastest.toolchain == "torch-eager"
+
+
 def test_a_speedup_over_a_launch_bound_baseline_says_it_follows_the_host():
     launch_bound = ["launch-bound: the host needs 97% of a run's GPU time to issue it; its time is the host's speed"]
     rows = [_row("torch-eager", "2x512", 20.0, flags=launch_bound), _row("graphs", "2x512", 3.0)]

@@ -270,6 +270,14 @@ def verdicts(
     groups: dict[tuple[str, str | None, str | None], list[ComparisonRow]] = {}
     for row in rows:
         groups.setdefault((row.model, row.gpu_type, row.shape), []).append(row)
+    # An engine refused or skipped before any point (its build) belongs to each point of a model
+    # measured at several: said there, not as an answer of its own that no engine was measured.
+    for model, gpu_type, shape in list(groups):
+        points = [key for key in groups if key[:2] == (model, gpu_type) and key[2] is not None]
+        if shape is None and points:
+            for key in points:
+                groups[key].extend(groups[(model, gpu_type, None)])
+            del groups[(model, gpu_type, None)]
     model_order = {model: index for index, model in enumerate(dict.fromkeys(r.model for r in rows))}
     keys = sorted(groups, key=lambda k: (model_order[k[0]], k[1] or "", shape_order(k[2])))
     out = []
