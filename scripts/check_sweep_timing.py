@@ -10,7 +10,9 @@ between each two (so each inference's time is the span between its events and th
 their sum), and one synchronisation at the end of the take: the median inference of each take, and
 the median of `--takes` such takes, is the figure the product's median must be within `--tolerance`
 of. The take's total divided by its count (the mean, which a few host stalls move and the median
-does not) is kept beside it. With `--host-cpus`, the product (`[profile] host_cpus`) and the
+does not) is kept beside it. A CUDA graph is timed after one eager forward of the model (a
+graph replays faster only until its process runs such work, which the product's rounds always
+have: docs/sweeps.md), its takes before that kept as a diagnostic. With `--host-cpus`, the product (`[profile] host_cpus`) and the
 independent process run on those CPUs alone.
 
     python scripts/check_sweep_timing.py --workspace reports/gpu-sweep --out RESULTS \\
