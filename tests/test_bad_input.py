@@ -182,15 +182,16 @@ def times_only(ws: Path) -> None:
     shutil.copy(SAMPLES / "trt10.4.0_rtx3060laptop_exportTimes_alexnet_HEAD11LINES.json.txt", ws / "times" / "times.json")
 
 
-def python_model(source: str | None, factory: str = "block.py:make"):
-    """A user's PyTorch module `block`: ``source`` as block.py in the workspace (None: no file)."""
+def python_model(source: str | None, factory: str = "block.py:make", variant: str = "fp32"):
+    """A user's PyTorch module `block`: ``source`` as block.py in the workspace (None: no file),
+    exported as ``variant``."""
 
     def setup(ws: Path, measured: Path):
         text = BERT_CATALOG + f'\n[models.block]\npython = "{factory}"\nshapes = ["2x8", "4x32"]\n'
         catalog = write_catalog(ws, text)
         if source is not None:
             (ws / "block.py").write_text(textwrap.dedent(source))
-        return catalog, ["export", "--engine", "block_fp32"]
+        return catalog, ["export", "--engine", f"block_{variant}"]
 
     return setup
 
@@ -339,6 +340,10 @@ CASES = [
     Case("python-inputs-mismatch", "inputs that do not match what the module accepts",
          python_model(factory_returning("torch.nn.Linear(8, 8)", '[{"name": "x", "shape": ["batch", "sequence", 5]}]')), 2,
          "its forward failed on the inputs the factory describes (x ['batch', 'sequence', 5], the first 2×8×5): RuntimeError", "make the description's names"),
+    Case("python-nothing-to-quantize", "a quantized variant of a module without Linear layers",
+         python_model(factory_returning("torch.nn.GELU()", '[{"name": "x", "shape": ["batch", "sequence", 8]}]'), variant="int8"), 2,
+         "block_int8: int8 quantization has nothing to act on: PyTorch module from block.py:make has no Linear layers",
+         "measure block at fp32, fp16 or bf16: leave the int8 variant out for it"),
     Case("python-shapes-unsized", "a shape with the wrong number of sizes",
          python_model(LINEAR.replace('["batch", "sequence", 8]', '["batch", 8]')), 2,
          "has 2 size(s), but the model's dynamic axes are batch", "one size per axis"),

@@ -36,6 +36,7 @@ from pipeline.stages.quantize import (
     accuracy_proxy,
     as_inputs,
     export_quantized,
+    layers_to_rewrite,
     load_modelopt,
     quantize_model,
     require_cuda_for,
@@ -216,6 +217,15 @@ class ExportStage(Stage):
             weights = f"checkpoint {spec.checkpoint} (sha256 {sha256_file(source.checkpoint_path())[:16]}…)"
         with phase("create_model"):
             model = source.create()
+        if self.needs_calibration:
+            linear_only = self.quantized and source.quantize_linear_only
+            if not layers_to_rewrite(model, linear_only):
+                what = f"{variant.precision} quantization" if self.quantized else "2:4 sparsity"
+                raise UsageError(
+                    f"{self.engine.name}: {what} has nothing to act on: {source.describe()} has no Linear"
+                    f"{'' if linear_only else ' or convolution'} layers, so the engine would be the unquantized model under another name.",
+                    hint=f"measure {self.engine.model} at fp32, fp16 or bf16: leave the {self.engine.variant} variant out for it",
+                )
 
         points = source.check_points(model)
         model_inputs = source.inputs(model)

@@ -186,6 +186,15 @@ def quantize_model(model, precision: str, batches, conv_policy: str = "exclude",
     return model, info
 
 
+def layers_to_rewrite(model, linear_only: bool) -> int:
+    """How many layers quantization or 2:4 sparsity could act on: Linear layers, and convolutions
+    unless ``linear_only``. Zero for a module of functions alone (an attention call)."""
+    import torch.nn as nn
+
+    kinds = (nn.Linear,) if linear_only else (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+    return sum(isinstance(module, kinds) for module in model.modules())
+
+
 def _disable_outside_linear(model) -> dict[str, str]:
     """Turn off the quantizers ModelOpt's preset put on layers other than Linear (a transformer's
     LayerNorm inputs): TensorRT quantizes matrix multiplies, and the TorchScript export writes no
