@@ -843,8 +843,9 @@ class ExporterRefused(Exception):
 def exporter_reason(exc: BaseException) -> str:
     """What the exporter said, as one line: the innermost error it wrapped (torch.onnx wraps
     torch.export's and its own translator's errors in a page of next steps), and the line of the
-    model's code it arose at — the last frame outside torch and this package, as in
-    "(at gated.py:14 in forward)"."""
+    model's code it arose at — the last frame below the call into PyTorch that is not the
+    exporter's own — as in "(at gated.py:14 in forward)"; none where the exporter failed on its
+    own graph (an operator without an ONNX function)."""
     import traceback
 
     chain = [exc]
@@ -854,19 +855,28 @@ def exporter_reason(exc: BaseException) -> str:
     text = ANSI_ESCAPE.sub("", str(innermost)).strip()
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     reason = f"{type(innermost).__name__}: {' '.join(lines[0].split()) if lines else 'no message'}"
+    tools = _exporter_directories()
     for error in reversed(chain):
-        frames = [frame for frame in traceback.extract_tb(error.__traceback__) if _models_code(frame.filename)]
-        if frames:
-            return f"{reason} (at {Path(frames[-1].filename).name}:{frames[-1].lineno} in {frames[-1].name})"
+        frames = traceback.extract_tb(error.__traceback__)
+        # The frames above the first of the exporter's are its caller (this stage, the command line).
+        entered = next((index for index, frame in enumerate(frames) if _under(frame.filename, tools)), len(frames))
+        model = [frame for frame in frames[entered:] if Path(frame.filename).is_file() and not _under(frame.filename, tools)]
+        if model:
+            return f"{reason} (at {Path(model[-1].filename).name}:{model[-1].lineno} in {model[-1].name})"
     return reason
 
 
-def _models_code(filename: str) -> bool:
-    """Whether a traceback's frame is in a model's code: not PyTorch's, this package's or Python's own."""
+def _exporter_directories() -> list[Path]:
+    """Where the exporter's own code is: PyTorch, ONNX Script and ONNX (those loaded), this
+    package, and Python's standard library."""
+    import sys
     import sysconfig
 
-    import torch
+    packages = [sys.modules[name].__file__ for name in ("torch", "onnxscript", "onnx") if getattr(sys.modules.get(name), "__file__", None)]
+    folders = [Path(file).parent for file in packages] + [Path(__file__).parents[1], Path(sysconfig.get_paths()["stdlib"])]
+    return [folder.resolve() for folder in folders]
 
+
+def _under(filename: str, folders: list[Path]) -> bool:
     path = Path(filename).resolve()
-    tools = (Path(torch.__file__).parent, Path(__file__).parents[1], Path(sysconfig.get_paths()["stdlib"]))
-    return path.is_file() and not any(path.is_relative_to(tool.resolve()) for tool in tools)
+    return any(path.is_relative_to(folder) for folder in folders)
