@@ -322,3 +322,26 @@ def test_a_quantized_variant_the_exporter_fails_on_is_an_error(tmp_path, run_cli
     assert result.exit_code == 1
     assert "ONNX export of mlp_int8 failed: Unsupported: the exporter met something it cannot write" in result.err, result.err
     assert not (tmp_path / "ws" / "models" / "mlp" / "int8.onnx").exists()
+
+
+def test_the_exporters_reason_names_the_models_line_only_where_the_model_raised(tmp_path):
+    """An operator without an ONNX function fails in the exporter's own translation: its reason is
+    the innermost error, without a line of the caller's code passed off as the model's."""
+    import contextlib
+    import io
+
+    import torch
+
+    from pipeline.stages.export import exporter_reason
+
+    class Eigenvalues(torch.nn.Module):
+        def forward(self, x):
+            return torch.linalg.eigh(x @ x.transpose(-1, -2)).eigenvalues
+
+    with pytest.raises(Exception) as raised, contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        torch.onnx.export(
+            Eigenvalues(), (torch.randn(2, 4, 4),), str(tmp_path / "e.onnx"), dynamo=True, dynamic_shapes=({0: torch.export.Dim("b")},)
+        )
+    reason = exporter_reason(raised.value)
+    assert reason.startswith("DispatchError: No ONNX function found for <OpOverload(op='aten._linalg_eigh'"), reason
+    assert "(at " not in reason and "\x1b" not in reason and "\n" not in reason
