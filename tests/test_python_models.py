@@ -343,5 +343,5 @@ def test_the_exporters_reason_names_the_models_line_only_where_the_model_raised(
             Eigenvalues(), (torch.randn(2, 4, 4),), str(tmp_path / "e.onnx"), dynamo=True, dynamic_shapes=({0: torch.export.Dim("b")},)
         )
     reason = exporter_reason(raised.value)
-    assert reason.startswith("DispatchError: No ONNX function found for <OpOverload(op='aten._linalg_eigh'"), reason
+    assert "_linalg_eigh" in reason, reason  # the operator the exporter has no function for, in its words
     assert "(at " not in reason and "\x1b" not in reason and "\n" not in reason
