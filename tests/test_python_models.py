@@ -289,6 +289,10 @@ def test_a_module_the_exporter_refuses_still_runs_on_the_torch_toolchains(tmp_pa
     assert {a["role"] for a in export["outputs"]} and all(a["role"] != "onnx" for a in export["outputs"])
     build = json.loads((ws / "manifests" / "onnxruntime" / "gated_fp32.json").read_text())["build"]
     assert build["status"] == "skipped" and build["reason"].startswith("the export wrote no ONNX (GuardOnDataDependentSymNode")
+    dry = run_cli(catalog, "build", "--engine", "gated_fp32", "--toolchain", "onnxruntime", "--dry-run")
+    assert "gated_fp32: would be skipped: the export wrote no ONNX (GuardOnDataDependentSymNode" in dry.out, dry.out
+    dry = run_cli(catalog, "build", "--engine", "gated_fp32", "--toolchain", "torch-eager", "--dry-run")
+    assert "export: unchanged, without ONNX (the exporter refused the model)" in dry.out, dry.out
     rows = json.loads(run_cli(catalog, "compare", "--format", "json").out)["rows"]
     onnxruntime = [row for row in rows if row["toolchain"] == "onnxruntime"]
     assert sorted(row["shape"] for row in onnxruntime) == ["2x8", "4x32"], onnxruntime

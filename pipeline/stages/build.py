@@ -75,14 +75,16 @@ class BuildStage(Stage):
         return self.unsupported() or self.no_onnx_reason()
 
     def no_onnx_reason(self) -> str | None:
-        if not self.runtime.reads_onnx:
-            return None
+        refused = self.onnx_refused() if self.runtime.reads_onnx else None
+        return f"the export wrote no ONNX ({refused})" if refused else None
+
+    def onnx_refused(self) -> str | None:
+        """The exporter's reason where the last export wrote no ONNX, else None."""
         try:
             record = read_manifest(self.ctx.workspace.export_manifest_path(self.engine)).export
         except FileNotFoundError:
             return None
-        refused = record.details.onnx_refused if record is not None and record.status == "done" and record.details else None
-        return f"the export wrote no ONNX ({refused})" if refused else None
+        return record.details.onnx_refused if record is not None and record.status == "done" and record.details else None
 
     def export_record(self) -> StageRecord:
         path = self.ctx.workspace.export_manifest_path(self.engine)

@@ -271,18 +271,27 @@ class LocalLauncher:
 def describe(ctx: RunContext, engines: list[EngineRef], toolchain: str, until: str) -> list[str]:
     """What `--dry-run` prints: each engine's stages and the exact work they would do."""
     from pipeline.stages.build import BuildStage
+    from pipeline.stages.export import ExportStage
 
     lines = []
     for engine in engines:
         variant = ctx.catalog.variant(engine.variant)
-        reason = BuildStage(ctx, engine, toolchain).unsupported()
+        first = BuildStage(ctx, engine, toolchain)
+        reason = first.unsupported()
+        # The last export's word on the ONNX holds while the export is current (an unchanged module).
+        refused = first.onnx_refused() if reason is None and ExportStage(ctx, engine).is_current() else None
+        if refused and first.runtime.reads_onnx:
+            reason = first.no_onnx_reason()
         if reason:
             lines.append(f"{engine.name}: would be skipped: {reason}")
             continue
         # What the real run would refuse before any work (a point the model cannot take), refused here too.
         BuildStage(ctx, engine, toolchain).model_source().check_points()
         onnx = ctx.workspace.root / ctx.workspace.onnx_path(engine)
-        lines.append(f"{engine.name}: export → {ctx.workspace.relative(onnx)}")
+        if refused:
+            lines.append(f"{engine.name}: export: unchanged, without ONNX (the exporter refused the model); built from PyTorch")
+        else:
+            lines.append(f"{engine.name}: export → {ctx.workspace.relative(onnx)}")
         for built in builds_of(ctx, engine):  # one engine; a static model's, one per shape point
             build = BuildStage(ctx, engine, toolchain, built)
             source, engine_file = build.model_source(), build.engine_path()
