@@ -136,7 +136,11 @@ def onnx_differences(first: Path, second: Path, rtol: float = 1e-5) -> list[str]
         if a.dtype != b.dtype or a.shape != b.shape:
             differences.append(f"{name}: {a.dtype}{list(a.shape)} against {b.dtype}{list(b.shape)}")
         elif a.dtype.kind == "f" and a.dtype.itemsize > 1:
-            if not np.allclose(a, b, rtol=RANGE_RTOL if name.startswith("constant ") else rtol, atol=0.0, equal_nan=True):
+            close = np.isclose(a, b, rtol=RANGE_RTOL if name.startswith("constant ") else rtol, atol=0.0, equal_nan=True)
+            # A half-precision weight may round the other way when its FP32 value moved by float
+            # rounding: one unit in the last place of the stored type, never more.
+            close |= np.abs(a.astype(np.float64) - b) <= np.spacing(np.maximum(np.abs(a), np.abs(b)))
+            if not close.all():
                 with np.errstate(invalid="ignore", divide="ignore"):
                     worst = float(np.nanmax(np.abs(a.astype(np.float64) - b) / np.abs(b)))
                 differences.append(f"{name}: {int((a != b).sum())} of {a.size} values differ (largest relative difference {worst:.3g})")
@@ -166,8 +170,10 @@ def test_each_variant_is_what_it_would_be_alone(one_process, tmp_path):
 
     The same means the same graph and the same weights, FP4/FP8/INT8 codes bit for bit, within
     float rounding: calibration's activation ranges come out of the CPU's matrix products, and
-    one CI run of many (vit_tiny_nvfp4_sparse) wrote an ONNX whose bytes differed from the same
-    export in another process while twenty exports here, loaded or not, were identical. What state
+    two CI runs of many (vit_tiny_nvfp4_sparse) wrote an ONNX whose FP16 `pos_embed` differed from
+    the same export in another process in 574 of 37824 values, each by one unit in the last place
+    (largest relative difference 1.2e-3), while twenty exports here, loaded or not, were
+    identical: a half-precision weight may differ by one unit in its last place. What state
     leaking from one export into the next would change (a mask, a quantizer, a model's weights)
     is far outside that rounding, and the message says which tensors differ and by how much."""
     catalog, _ = one_process
@@ -229,3 +235,31 @@ def test_tensorrt_rtx_builds_the_sparse_transformer_variants_with_sparse_weights
         assert build["details"]["settings"]["targets"] == ["sm120"]
         assert "--sparse" in build["command"]
         assert (catalog.parent / "engines" / "trt-rtx1.7" / f"bert_tiny_{variant}.engine").stat().st_size > 0
+
+
+def test_the_onnx_comparison_allows_one_unit_in_the_last_place_of_a_half_weight_and_no_more(tmp_path):
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    def graph_with(weight, path: Path) -> Path:
+        node = helper.make_node("Add", ["x", "w"], ["y"])
+        graph = helper.make_graph(
+            [node],
+            "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [4])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [4])],
+            [numpy_helper.from_array(weight, "w")],
+        )
+        onnx.save(helper.make_model(graph), str(path))
+        return path
+
+    weight = np.array([0.02, -0.013, 1e-6, 0.5], dtype=np.float16)
+    reference = graph_with(weight, tmp_path / "a.onnx")
+    one_ulp = weight.copy()
+    one_ulp[:2] = np.nextafter(weight[:2], np.float16(1))
+    assert onnx_differences(reference, graph_with(one_ulp, tmp_path / "b.onnx")) == []
+    changed = weight.copy()
+    changed[1] = np.float16(-0.0131)  # several units in the last place: a weight that changed
+    (difference,) = onnx_differences(reference, graph_with(changed, tmp_path / "c.onnx"))
+    assert difference.startswith("w: 1 of 4 values differ")
