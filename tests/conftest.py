@@ -89,6 +89,20 @@ def render_in_chromium(page: Path, scratch: Path, screenshot: bool = False) -> R
     return Rendered(dom, shot)
 
 
+# The toolchains every CPU machine has, each compared with its fp32 variant: ONNX Runtime and eager
+# PyTorch (the catalogs' baseline).
+CPU_TOOLCHAINS = """
+[toolchains.onnxruntime]
+kind = "onnxruntime"
+baselines = ["fp32"]
+
+[toolchains.torch-eager]
+kind = "torch"
+backend = "eager"
+baselines = ["fp32"]
+"""
+
+
 def catalog_head(models: list[str], variants: list[str], baseline: str = "torch-eager") -> str:
     """A catalog's top: opset 17, the baseline toolchain, defaults of ``models`` and ``variants`` on
     ONNX Runtime, and short measurement bounds; models, variants and toolchains are the caller's."""

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import catalog_head, write_catalog
+from tests.conftest import CPU_TOOLCHAINS, catalog_head, write_catalog
 
 pytest.importorskip("torch", reason="the python model family needs torch (`make setup` installs it)")
 
@@ -37,16 +37,8 @@ shapes = ["2x8", "3x24"]
 precision = "fp32"
 [variants.int8]
 precision = "int8"
-
-[toolchains.onnxruntime]
-kind = "onnxruntime"
-baselines = ["fp32"]
-
-[toolchains.torch-eager]
-kind = "torch"
-backend = "eager"
-baselines = ["fp32"]
 """
+    + CPU_TOOLCHAINS
 )
 
 

@@ -12,23 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import catalog_head, tiny_bert_catalog, write_catalog
+from tests.conftest import CPU_TOOLCHAINS, catalog_head, tiny_bert_catalog, write_catalog
 from tests.test_trtexec_command import help_flags
 
 pytest.importorskip("transformers", reason="the transformers family needs the transformers package (`make setup` installs it)")
 
 BERT_CATALOG = (
     tiny_bert_catalog(["2x8", "3x24"], ["fp32", "fp16", "int8", "fp8"], defaults=["fp32", "int8"])
+    + CPU_TOOLCHAINS
     + """
-[toolchains.onnxruntime]
-kind = "onnxruntime"
-baselines = ["fp32"]
-
-[toolchains.torch-eager]
-kind = "torch"
-backend = "eager"
-baselines = ["fp32"]
-
 [toolchains."trt10.14"]
 kind = "trtexec-container"
 trt = "10.14.1"
@@ -509,16 +501,8 @@ shapes = ["2x16", "3x40"]
 
 [variants.fp32]
 precision = "fp32"
-
-[toolchains.onnxruntime]
-kind = "onnxruntime"
-baselines = ["fp32"]
-
-[toolchains.torch-eager]
-kind = "torch"
-backend = "eager"
-baselines = ["fp32"]
 """
+    + CPU_TOOLCHAINS
 )
 
 

@@ -322,9 +322,9 @@ class ExportStage(Stage):
         input_names = [i.name for i in model_inputs]
         dynamic_axes = {i.name: {axis: dim for axis, dim in enumerate(i.dims) if isinstance(dim, str)} for i in model_inputs}
         dynamic_axes = {name: axes for name, axes in dynamic_axes.items() if axes}
-        exporter = None
-        ops, audit, parity, parity_skipped, parity_by_shape, refused = {}, {}, None, None, {}, None
-        graph, traced_batch = None, None
+        # What the details record; a model the exporter refuses leaves them empty (no graph).
+        exporter, graph, traced_batch, refused = None, None, None, None
+        ops, audit, parity, parity_skipped, parity_by_shape = {}, {}, None, None, {}
         try:
             with atomic_output(onnx_path) as tmp:
                 shapes = ", ".join(f"{i.name} {list(i.dims)}" for i in model_inputs)
@@ -367,7 +367,6 @@ class ExportStage(Stage):
                     raise ExporterRefused(exporter_reason(exc)) from exc
                 ops = op_histogram(graph)
                 custom = sorted(op for op in ops if "::" in op)
-                parity, parity_skipped, parity_by_shape = None, None, {}
                 if custom:
                     parity_skipped = f"the graph uses TensorRT-only operators ({', '.join(custom)}), which ONNX Runtime cannot run"
                 elif variant.precision in NO_CPU_KERNELS:  # the parity check runs on ONNX Runtime's CPU provider

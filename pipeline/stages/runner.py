@@ -286,7 +286,7 @@ def describe(ctx: RunContext, engines: list[EngineRef], toolchain: str, until: s
             lines.append(f"{engine.name}: would be skipped: {reason}")
             continue
         # What the real run would refuse before any work (a point the model cannot take), refused here too.
-        BuildStage(ctx, engine, toolchain).model_source().check_points()
+        first.model_source().check_points()
         onnx = ctx.workspace.root / ctx.workspace.onnx_path(engine)
         if refused:
             lines.append(f"{engine.name}: export: unchanged, without ONNX (the exporter refused the model); built from PyTorch")
