@@ -15,7 +15,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from rich.console import Console
 from rich.markup import escape
@@ -194,3 +194,25 @@ def stdout_console() -> Console:
     if not console.is_terminal and not os.environ.get("COLUMNS", "").isdigit():
         console = _StdoutConsole(highlight=False, width=200)
     return console
+
+
+@contextlib.contextmanager
+def native_stderr_held(hold: bool = True) -> Iterator[Callable[[], str]]:
+    """Hold back what native libraries write straight to the process's stderr, past Python's
+    ``sys.stderr`` (Ray's connection retries, the profiler's start/stop lines); yields a function
+    that returns it, to put in an error where it explains one (empty when not held)."""
+    if not hold:
+        yield lambda: ""
+        return
+    import tempfile
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield lambda: (sink.seek(0), sink.read().decode(errors="replace"))[1]
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)

@@ -12,12 +12,11 @@ import contextlib
 import os
 import re
 import socket
-import sys
-import tempfile
 from dataclasses import dataclass, field
 
 from pipeline import __version__
 from pipeline.errors import EnvironmentMissing, UsageError
+from pipeline.reporting import native_stderr_held
 
 # Ray's own resource for a node's NVIDIA GPU model (it detects "accelerator_type:H100" from the
 # driver), and the custom resource a node can declare for any GPU type (`ray start --resources
@@ -138,7 +137,8 @@ def connect(address: str, verbose: bool = False) -> Cluster:
     if not local:
         _check_reachable(address)
         os.environ.setdefault("RAY_gcs_server_port_wait_time_s", CONNECT_WAIT_S)
-    with _quiet_stderr(verbose) as noise:
+    # Ray's C++ core prints every connection retry to stderr: kept for the error, not the screen.
+    with native_stderr_held(not verbose) as noise:
         try:
             ray.init(
                 address=address,  # "local" always starts a new instance (None would join any on this machine)
@@ -236,24 +236,6 @@ def _greet(connection: socket.socket) -> bytes | None:
     except OSError:  # a timeout: it said nothing; or reset by a server that did not like the greeting
         pass
     return answer
-
-
-@contextlib.contextmanager
-def _quiet_stderr(verbose: bool):
-    """Ray's C++ core prints every connection retry to stderr; keep it for the error, not the screen."""
-    if verbose:
-        yield lambda: ""
-        return
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile(mode="w+b") as sink:
-        os.dup2(sink.fileno(), 2)
-        try:
-            yield lambda: (sink.seek(0), sink.read().decode(errors="replace"))[1]
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
 
 
 def _connection_error(address: str, exc: Exception, noise: str) -> EnvironmentMissing:

@@ -45,6 +45,7 @@ from pipeline.environment import nvidia_gpus, package_version
 from pipeline.errors import EnvironmentMissing, OutOfMemory, PipelineError, RefusedByTool
 from pipeline.measurement import cuda_take, host_take
 from pipeline.models import TORCH_DTYPES, ModelSource
+from pipeline.reporting import native_stderr_held
 from pipeline.runtimes.base import AheadWork, BuildResult, InProcessRuntime, ReferenceRun, ToolchainStatus, rounds_words
 
 # What the engine file holds; checked on load so a stray .pt is a clear error, not a crash.
@@ -119,24 +120,10 @@ def _sdpa_kernels(torch, run: Callable[[], Any]) -> list[str]:
     only, outside every measurement."""
     from torch.profiler import ProfilerActivity, profile
 
-    with _native_stderr_dropped(), profile(activities=[ProfilerActivity.CPU]) as trace:
+    # Kineto prints "profiler_start"/"profiler_stop" straight to the process's stderr.
+    with native_stderr_held(), profile(activities=[ProfilerActivity.CPU]) as trace:
         run()
     return sorted({SDPA_OPERATORS[event.name] for event in trace.events() if event.name in SDPA_OPERATORS})
-
-
-@contextlib.contextmanager
-def _native_stderr_dropped():
-    """The profiler's C++ side (Kineto) prints "profiler_start"/"profiler_stop" lines straight to
-    the process's stderr, past Python's; an error still reaches the caller as an exception."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "wb") as sink:
-            os.dup2(sink.fileno(), 2)
-            yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
 
 
 class NotPrepared(Exception):
@@ -545,7 +532,6 @@ class TorchRuntime(InProcessRuntime):
 
     def _attention_kernel(self, torch):
         """A fresh context per call that restricts SDPA to the toolchain's kernel (a no-op context without one)."""
-        import contextlib
 
         if self.spec.sdpa_backend is None:
             return contextlib.nullcontext
@@ -627,7 +613,6 @@ class TorchRuntime(InProcessRuntime):
         return _compiled_run(torch, compiled, examples), facts
 
     def _compile_once(self, torch, compiled, examples: tuple, started: float) -> None:
-        import contextlib
 
         # A mode that captures CUDA graphs skips the capture, with a warning, where it cannot hold
         # the model (a CPU tensor, an input it mutates, …) and runs it uncaptured: here that is an
@@ -843,7 +828,6 @@ def _compiled_run(torch, compiled, examples: tuple):
 
 def _within(context, fn):
     """``fn`` run inside a fresh ``context()`` each call (the SDPA kernel choice)."""
-    import contextlib
 
     if context is contextlib.nullcontext:
         return fn
