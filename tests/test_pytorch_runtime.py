@@ -289,7 +289,7 @@ def test_ctrl_c_during_a_compile_leaves_nothing_that_looks_valid(tmp_path, run_c
 
 def test_out_of_memory_names_the_batch_and_the_free_memory(monkeypatch):
     from pipeline.errors import PipelineError
-    from pipeline.runtimes.pytorch import out_of_memory_as_error
+    from pipeline.runtimes.torch_memory import out_of_memory_as_error
 
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (512 * 2**20, 80 * 2**30))

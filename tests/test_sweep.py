@@ -132,7 +132,8 @@ def test_a_point_out_of_gpu_memory_is_recorded_and_the_rest_still_run(tmp_path, 
     free and total memory named, for that point only."""
     import torch
 
-    from pipeline.runtimes.pytorch import TorchRuntime, out_of_memory_as_error
+    from pipeline.runtimes.pytorch import TorchRuntime
+    from pipeline.runtimes.torch_memory import out_of_memory_as_error
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (512 * 2**20, 81_559 * 2**20))
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)

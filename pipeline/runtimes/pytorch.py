@@ -15,7 +15,9 @@ The stages mean what they mean for every toolchain:
   run's time is the GPU's, as trtexec's GPU compute time is; the host-synchronised latency is kept
   beside it as a second figure. On the CPU a run's time is host time. A profile right after the
   build, in the same process, reuses the prepared model; a later one prepares it again from
-  Inductor's cache (recorded as ``prepare_s``).
+  Inductor's cache (recorded as ``prepare_s``). The prepared model — what the protocol times, and
+  the ways it runs (eager, compiled, a CUDA graph replayed) — is pipeline/runtimes/torch_prepared.py;
+  GPU memory and running out of it, pipeline/runtimes/torch_memory.py.
 
 Quantized and 2:4-sparse variants are ModelOpt's fake-quantized or pruned-dense PyTorch models:
 they compute in high precision and time nothing a deployment would run, so they are recorded as
@@ -28,11 +30,9 @@ import contextlib
 import os
 import re
 import shutil
-import sys
 import sysconfig
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, Literal
@@ -42,18 +42,25 @@ from pydantic import model_validator
 from pipeline.accuracy import ReferenceBatch
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
 from pipeline.environment import nvidia_gpus, package_version
-from pipeline.errors import EnvironmentMissing, OutOfMemory, PipelineError, RefusedByTool
-from pipeline.measurement import cuda_take, host_take
+from pipeline.errors import EnvironmentMissing, PipelineError, RefusedByTool
 from pipeline.models import TORCH_DTYPES, ModelSource
-from pipeline.reporting import native_stderr_held
 from pipeline.runtimes.base import AheadWork, BuildResult, InProcessRuntime, ReferenceRun, ToolchainStatus, rounds_words
+from pipeline.runtimes.torch_memory import gpu_memory, is_out_of_memory, out_of_memory_as_error
+from pipeline.runtimes.torch_prepared import (
+    Prepared,
+    capture,
+    compiled_run,
+    import_torch,
+    no_grad,
+    sdpa_kernels,
+    within,
+)
 
 # What the engine file holds; checked on load so a stray .pt is a clear error, not a crash.
 ENGINE_FORMAT = "trt-pipeline torch model"
 # 2: the model is described by its family and catalog settings (1: a timm architecture's name).
 ENGINE_FORMAT_VERSION = 2
-# Runs before CUDA-graph capture, on a side stream, as PyTorch's CUDA graph notes ask.
-CAPTURE_WARMUP_RUNS = 3
+
 
 Backend = Literal["eager", "compile", "cudagraphs"]
 # torch.compile's modes that capture the compiled model in CUDA graphs (torch/_inductor: "mode
@@ -103,29 +110,6 @@ class TorchSpec(ToolchainSpec):
         return self
 
 
-# The operator each SDPA kernel runs as (aten's names, torch/nn/attention), by the kernel's name
-# in `sdpa_backend`.
-SDPA_OPERATORS = {
-    "aten::_scaled_dot_product_flash_attention": "flash",
-    "aten::_scaled_dot_product_flash_attention_for_cpu": "flash",
-    "aten::_scaled_dot_product_efficient_attention": "efficient",
-    "aten::_scaled_dot_product_cudnn_attention": "cudnn",
-    "aten::_scaled_dot_product_attention_math": "math",
-}
-
-
-def _sdpa_kernels(torch, run: Callable[[], Any]) -> list[str]:
-    """Which SDPA kernels one call of ``run`` used, by their `sdpa_backend` names (empty for a
-    model without scaled-dot-product attention): one call under PyTorch's profiler, CPU events
-    only, outside every measurement."""
-    from torch.profiler import ProfilerActivity, profile
-
-    # Kineto prints "profiler_start"/"profiler_stop" straight to the process's stderr.
-    with native_stderr_held(), profile(activities=[ProfilerActivity.CPU]) as trace:
-        run()
-    return sorted({SDPA_OPERATORS[event.name] for event in trace.events() if event.name in SDPA_OPERATORS})
-
-
 class NotPrepared(Exception):
     """torch.compile, or the attention kernel the toolchain asks for, refused the model: a fact
     about the model, the release and the GPU, recorded as a refusal (see RefusedByTool)."""
@@ -133,123 +117,6 @@ class NotPrepared(Exception):
     def __init__(self, message: str, hint: str, facts: dict[str, Any]):
         super().__init__(message)
         self.message, self.hint, self.facts = message, hint, facts
-
-
-@dataclass
-class Prepared:
-    """A model ready to time: one call of ``run`` is one inference on ``examples``, in place (a
-    CUDA graph reads its inputs from fixed addresses), returning the output."""
-
-    # Which engine file this is: (inode, size, mtime), kept by the move the build's write ends
-    # with, so a profile can tell its own build's file without hashing hundreds of MB again.
-    engine_file: tuple[int, int, int]
-    run: Callable[[], Any]
-    examples: tuple
-    device: str
-    # The shape point it was prepared at ("2x512"); None for a model of one shape.
-    shape: str | None
-    # What preparing it took and found (compile time, graph breaks), for the manifests.
-    facts: dict[str, Any] = field(default_factory=dict)
-    # The loaded model, kept to prepare it at another shape point without reading the file again.
-    model: Any = None
-    # torch.compile's module and the shape point it was first compiled at: with `dynamic = true`
-    # it serves every point (compiled once for the range), the compilations another point still
-    # triggers counted as recompilations.
-    compiled: Any = None
-    compiled_at: str | None = None
-    # What the manifest records of how it runs (versions, settings in force, the facts above),
-    # set by TorchRuntime.prepare.
-    execution: dict[str, Any] = field(default_factory=dict)
-    # Graphs torch.compile compiled while it was being timed (0 when every point is warmed first).
-    recompiles: int = 0
-    # The host's time to issue the last take's untimed run (pipeline/measurement.py, cuda_take).
-    issue_ms: float | None = None
-
-    @property
-    def batch_size(self) -> int:
-        return int(self.examples[0].shape[0])
-
-    @property
-    def cuda(self) -> bool:
-        return self.device == "cuda"
-
-    @property
-    def timing(self) -> str:
-        return "GPU time (CUDA events)" if self.cuda else "host latency"
-
-    def take(self, runs: int, min_ms: float) -> list[float]:
-        """One take (pipeline/measurement.py): on a GPU enqueued back to back and timed by CUDA
-        events, on the CPU by the host's clock. Running out of memory is this point's failure."""
-        torch = _torch()
-        graphs = _compiled_graphs(torch)
-        with out_of_memory_as_error(self.batch_size, shape=self.shape):
-            if self.cuda:
-                issued: list[float] = []
-                times = cuda_take(torch, self.run, runs, min_ms, issued)
-                self.issue_ms = issued[0]
-            else:
-                times = host_take(self.run, runs, min_ms)
-        self.recompiles += _compiled_graphs(torch) - graphs
-        return times
-
-    def warm(self) -> None:
-        """One run before the first round, after every engine of the point was prepared: whatever
-        preparing the others did to this one (a compiled model whose cache another compilation
-        reset recompiles now) happens here, not in a take."""
-        torch = _torch()
-        graphs = _compiled_graphs(torch)
-        with out_of_memory_as_error(self.batch_size, shape=self.shape), torch.no_grad():
-            self.run()
-            if self.cuda:
-                torch.cuda.synchronize()
-        if _compiled_graphs(torch) > graphs:
-            self.execution["recompiled_before_rounds"] = _compiled_graphs(torch) - graphs
-
-    def evidence(self) -> dict[str, Any]:
-        """How it ran, for the profile's manifest (ProfileResult's fields)."""
-        torch = _torch()
-        execution = dict(self.execution)
-        warnings = []
-        if "compile_s" in execution:
-            # Each point is warmed before it is timed, so this stays 0; were it not, the figures
-            # would include the compiler's time, and the row says so.
-            execution["recompiles_during_measurement"] = self.recompiles
-            if self.recompiles:
-                warnings.append(
-                    f"* torch.compile compiled {self.recompiles} graph(s) during the measurement: the figures include compilation"
-                )
-        gpu, measured_with = None, {}
-        if self.cuda:
-            gpu = torch.cuda.get_device_name()
-            # The input is already on the GPU; runs are enqueued back to back like trtexec's. (CUDA
-            # graphs are the backend being compared here, not a measurement setting: not listed.)
-            measured_with = {"data_transfers": False, "host_sync_per_run": False}
-            with out_of_memory_as_error(self.batch_size, shape=self.shape):
-                execution["host_latency_ms"] = host_latency(torch, self.run)
-        return {
-            "device": f"torch {execution.get('backend')} on {gpu or 'CPU'}",
-            "metric": self.timing,
-            "warnings": warnings,
-            "evidence": {"gpu": gpu, "execution": execution, "measured_with": measured_with},
-        }
-
-    def infer(self, values: tuple):
-        """The output for these input values (arrays of the examples' shapes)."""
-        import torch
-
-        with torch.no_grad():
-            for example, value in zip(self.examples, values):
-                example.copy_(torch.from_numpy(value).to(dtype=example.dtype))
-            return self.run().detach().float().cpu().numpy().copy()
-
-
-def _torch():
-    from pipeline.models.torch_import import import_timm
-
-    import_timm()  # timm's own import quirks (pipeline/models/torch_import.py) are handled once there
-    import torch
-
-    return torch
 
 
 class TorchRuntime(InProcessRuntime):
@@ -353,11 +220,11 @@ class TorchRuntime(InProcessRuntime):
     def _cuda_available() -> bool:
         if not nvidia_gpus():  # no driver: no need to import torch to know
             return False
-        return _torch().cuda.is_available()
+        return import_torch().cuda.is_available()
 
     def check_usable(self) -> None:
         if find_spec("torch") is None:
-            _torch()  # raises EnvironmentMissing with the install hint
+            import_torch()  # raises EnvironmentMissing with the install hint
         problem = self._machine_problem()
         if problem:
             raise EnvironmentMissing(problem[0], hint=problem[1])
@@ -404,7 +271,7 @@ class TorchRuntime(InProcessRuntime):
         ]
 
     def build(self, onnx_path: Path | None, engine_path: Path, variant: VariantSpec, source: ModelSource) -> BuildResult:
-        torch = _torch()
+        torch = import_torch()
         dtype = getattr(torch, TORCH_DTYPES[variant.precision])
         created = source.create()
         model = source.cast(source.runnable(created), dtype)
@@ -459,7 +326,7 @@ class TorchRuntime(InProcessRuntime):
         return AheadWork(engine_path, jobs, torch_compile_ahead.CompilePool, f"compiling at {len(jobs)} shape points")
 
     def versions(self) -> dict[str, Any]:
-        torch = _torch()
+        torch = import_torch()
         cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
         return {
             "torch": torch.__version__,
@@ -482,7 +349,7 @@ class TorchRuntime(InProcessRuntime):
         """``model`` ready to run on ``examples`` (CPU tensors; floating ones become ``dtype``), run
         once (compiled, captured, warmed) so that nothing is compiled inside a measurement. ``reuse``:
         the same model prepared at another shape point, whose dynamic compilation serves this one."""
-        torch = _torch()
+        torch = import_torch()
         if device == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = self.spec.tf32
             torch.backends.cudnn.allow_tf32 = self.spec.tf32
@@ -494,7 +361,7 @@ class TorchRuntime(InProcessRuntime):
             compiled, compiled_at = None, None
             with attention():
                 if self.spec.backend == "eager":
-                    run = _no_grad(lambda: model(*placed))
+                    run = no_grad(lambda: model(*placed))
                     self._first_run(torch, run)
                 elif self.spec.backend == "cudagraphs":
                     self.reporter.progress("capturing a CUDA graph")
@@ -511,11 +378,11 @@ class TorchRuntime(InProcessRuntime):
                             shape,
                         )
                         run, facts = self._compile(torch, compiled, placed)
-            run = _within(attention, run)
+            run = within(attention, run)
             # The kernel PyTorch chose for scaled-dot-product attention (it prefers cuDNN's where its
             # bundled cuDNN is new enough): a CUDA graph's replay passes no operator, so the eager
             # model it captured is asked instead.
-            chose = _sdpa_kernels(torch, run if self.spec.backend != "cudagraphs" else _within(attention, _no_grad(lambda: model(*placed))))
+            chose = sdpa_kernels(torch, run if self.spec.backend != "cudagraphs" else within(attention, no_grad(lambda: model(*placed))))
             if chose:
                 facts = {**facts, "sdpa_kernels": chose}
             wanted = self.spec.sdpa_backend
@@ -610,7 +477,7 @@ class TorchRuntime(InProcessRuntime):
             "recompiles": 0,
             "compiled_after_a_reset": fresh,
         }
-        return _compiled_run(torch, compiled, examples), facts
+        return compiled_run(torch, compiled, examples), facts
 
     def _compile_once(self, torch, compiled, examples: tuple, started: float) -> None:
 
@@ -653,7 +520,7 @@ class TorchRuntime(InProcessRuntime):
         """``model`` captured in a CUDA graph; a model the capture cannot hold (one that synchronises
         with the host, or branches on a value it computes) is a refusal with PyTorch's reason."""
         try:
-            return _capture(torch, model, examples)
+            return capture(torch, model, examples)
         except RuntimeError as exc:
             if is_out_of_memory(type(exc), exc) or self._attention_refusal(str(exc), []) is not None:
                 raise
@@ -686,7 +553,7 @@ class TorchRuntime(InProcessRuntime):
         }
         if recompiles:
             self.reporter.warn(f"torch.compile (dynamic) compiled {recompiles} more graph(s) for this shape point, before timing it")
-        return _compiled_run(torch, compiled, examples), facts
+        return compiled_run(torch, compiled, examples), facts
 
     # --- profile ------------------------------------------------------------------------------------
 
@@ -704,7 +571,7 @@ class TorchRuntime(InProcessRuntime):
         if prepared is not None and prepared.shape == shape:
             self._prepared[identity] = prepared
             return prepared
-        torch = _torch()
+        torch = import_torch()
         saved = None
         if prepared is not None:
             model = prepared.model
@@ -738,7 +605,7 @@ class TorchRuntime(InProcessRuntime):
         return prepared
 
     def _read(self, engine_path: Path) -> dict[str, Any]:
-        torch = _torch()
+        torch = import_torch()
         try:
             saved = torch.load(engine_path, map_location="cpu", weights_only=True)
         except Exception as exc:
@@ -751,7 +618,7 @@ class TorchRuntime(InProcessRuntime):
         """The model an engine file describes, with its weights, in its precision, in eval mode."""
         from pipeline.models import model_source, source_class
 
-        torch = _torch()
+        torch = import_torch()
         described = saved["source"]
         spec = source_class(described["family"]).Spec.model_validate(described["spec"])
         source = model_source(described["name"], spec, self.workspace_root)
@@ -768,7 +635,7 @@ class TorchRuntime(InProcessRuntime):
         prepared = self.load(engine_path, workload)
         execution: dict[str, Any] = {**self.versions(), **self.settings_in_force(prepared), **prepared.facts}
         if prepared.cuda:
-            torch = _torch()
+            torch = import_torch()
             execution["peak_memory_mib"] = gpu_memory(torch, prepared)
             execution["compute_capability"] = "{}.{}".format(*torch.cuda.get_device_capability())
         prepared.execution = execution
@@ -808,166 +675,3 @@ def _at(workload) -> str:
 def _file_identity(path: Path) -> tuple[int, int, int]:
     stat = Path(path).stat()
     return stat.st_ino, stat.st_size, stat.st_mtime_ns
-
-
-def _compiled_graphs(torch) -> int:
-    """How many graphs Dynamo has compiled since its last reset (0 when nothing was compiled)."""
-    dynamo = sys.modules.get("torch._dynamo")
-    return int(dynamo.utils.counters["stats"]["unique_graphs"]) if dynamo is not None else 0
-
-
-def _compiled_run(torch, compiled, examples: tuple):
-    def run():
-        # Compiled modes that use CUDA graphs (max-autotune, reduce-overhead) reuse their
-        # output buffers; marking each inference as a new step lets them.
-        torch.compiler.cudagraph_mark_step_begin()
-        return compiled(*examples)
-
-    return _no_grad(run)
-
-
-def _within(context, fn):
-    """``fn`` run inside a fresh ``context()`` each call (the SDPA kernel choice)."""
-
-    if context is contextlib.nullcontext:
-        return fn
-
-    def run():
-        with context():
-            return fn()
-
-    return run
-
-
-def _no_grad(fn):
-    import torch
-
-    def run():
-        with torch.no_grad():
-            return fn()
-
-    return run
-
-
-def _capture(torch, model, examples: tuple):
-    """Eager ``model(*examples)`` captured once in a CUDA graph; each call replays it."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.no_grad(), torch.cuda.stream(stream):
-        for _ in range(CAPTURE_WARMUP_RUNS):  # lazy initialisation happens outside the capture
-            model(*examples)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.no_grad(), torch.cuda.graph(graph):
-        output = model(*examples)
-    return GraphReplay(graph, output, keep_alive=(model, examples))
-
-
-@dataclass
-class GraphReplay:
-    """One call replays the captured graph and returns its output tensor (overwritten by the next
-    replay). The graph reads the weights and the input at the addresses they had during capture
-    but holds no reference to them, so this does."""
-
-    graph: Any
-    output: Any
-    keep_alive: tuple
-
-    def __call__(self):
-        self.graph.replay()
-        return self.output
-
-
-# The host-synchronised latency (the second figure) is taken over at most this long, after the
-# engine was timed: a few runs tell what a caller that waits for each result sees.
-HOST_LATENCY_MAX_S = 0.25
-HOST_LATENCY_RUNS = 10
-
-
-def host_latency(torch, run: Callable[[], Any]) -> dict[str, Any]:
-    """The second figure on a GPU: wall time of a run the host waits for (launch, GPU work and the
-    synchronisation), what a caller that needs each result before sending the next sees. Warm,
-    over HOST_LATENCY_RUNS runs or HOST_LATENCY_MAX_S, whichever ends first (at least 3 runs)."""
-    from pipeline.stats import LatencyStats
-
-    times_ms: list[float] = []
-    started = time.perf_counter()
-    while len(times_ms) < 3 or (len(times_ms) < HOST_LATENCY_RUNS and time.perf_counter() - started < HOST_LATENCY_MAX_S):
-        t0 = time.perf_counter_ns()
-        run()
-        torch.cuda.synchronize()
-        times_ms.append((time.perf_counter_ns() - t0) / 1e6)
-    stats = LatencyStats.from_values(times_ms)
-    return {"median_ms": round(stats.median, 4), "mean_ms": round(stats.mean, 4), "p99_ms": round(stats.p99, 4), "runs": stats.count}
-
-
-def gpu_memory(torch, prepared: Prepared) -> dict[str, float]:
-    """What this engine holds in GPU memory while it runs: its weights and buffers, and the most
-    one inference allocates beyond what was allocated before it. Several engines of a shape point
-    live in one process while they are timed, so the process's own peak would be all of theirs."""
-    resident = sum(t.numel() * t.element_size() for t in [*prepared.model.parameters(), *prepared.model.buffers()] if t.is_cuda)
-    with out_of_memory_as_error(prepared.batch_size, shape=prepared.shape):
-        torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        prepared.run()
-        torch.cuda.synchronize()
-    one_run = torch.cuda.max_memory_allocated() - before
-    return {
-        "allocated": round((resident + one_run) / 2**20, 1),
-        "weights": round(resident / 2**20, 1),
-        "one_inference": round(one_run / 2**20, 1),
-    }
-
-
-def is_out_of_memory(kind: type[BaseException], exc: BaseException | None) -> str | None:
-    """ "GPU" or "host" when this exception is PyTorch (or Python) running out of memory, else None.
-    Decided without importing torch, so a Ctrl-C in the middle of its import passes untouched."""
-    if not issubclass(kind, (MemoryError, RuntimeError)):
-        return None
-    torch = sys.modules.get("torch")
-    if torch is not None and issubclass(kind, torch.cuda.OutOfMemoryError):
-        return "GPU"
-    # PyTorch's CPU allocator raises RuntimeError("… DefaultCPUAllocator: can't allocate memory …").
-    if issubclass(kind, MemoryError) or "can't allocate memory" in str(exc):
-        return "host"
-    return None
-
-
-class out_of_memory_as_error:
-    """Running out of GPU or host memory as a user error naming the batch or shape (and the GPU's
-    free memory), not a crash; the pipeline goes on with the other engines. ``doing`` says what
-    ran out ("exporting vit_fp16"); ``shape`` names a shape point ("4x4096") instead of the batch."""
-
-    def __init__(self, batch_size: int | None = None, doing: str | None = None, shape: str | None = None):
-        self.batch_size, self.doing, self.shape = batch_size, doing, shape
-
-    @property
-    def at(self) -> str:
-        return f"shape {self.shape.replace('x', '×')}" if self.shape else f"batch size {self.batch_size}"
-
-    @property
-    def smaller(self) -> str:
-        return "measure smaller shape points (`shapes` in pipeline.toml)" if self.shape else "lower the model's batch_size in pipeline.toml"
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, exc, traceback):
-        where = is_out_of_memory(kind, exc) if kind is not None else None
-        if where is None:
-            return False
-        doing = f" {self.doing}" if self.doing else ""
-        if where == "host":
-            raise OutOfMemory(
-                f"out of host memory{doing} at {self.at}.",
-                hint=f"{self.smaller}, or free memory",
-            ) from exc
-        torch = sys.modules["torch"]
-        torch.cuda.empty_cache()
-        free, total = torch.cuda.mem_get_info()
-        raise OutOfMemory(
-            f"out of GPU memory{doing} at {self.at}: {free / 2**20:,.0f} MiB free of {total / 2**20:,.0f} MiB "
-            f"on {torch.cuda.get_device_name()} after the attempt.",
-            hint=f"{self.smaller}, or free the GPU (nvidia-smi lists what holds it)",
-        ) from exc

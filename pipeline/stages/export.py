@@ -26,7 +26,7 @@ from pipeline.manifest import Artifact, ExportDetails, ParityCheck
 from pipeline.models import TORCH_DTYPES
 from pipeline.models.images import image_files, load_images
 from pipeline.runtimes.onnxruntime import NO_CPU_KERNELS
-from pipeline.runtimes.pytorch import is_out_of_memory, out_of_memory_as_error
+from pipeline.runtimes.torch_memory import is_out_of_memory, out_of_memory_as_error
 from pipeline.stages.base import Stage, StageOutcome
 from pipeline.stages.quantize import (
     DEFAULT_WEIGHTS_DTYPE,

@@ -1,0 +1,251 @@
+"""A PyTorch model prepared to be timed, and the ways it runs: eager (without autograd, inside the
+SDPA kernel choice), compiled by torch.compile, or replayed from a CUDA graph captured once. What the
+profile records of a prepared model beside its takes lives here too: which SDPA kernels it ran,
+and the host-synchronised latency. The toolchain itself (what is built, how it is prepared and
+refused) is pipeline/runtimes/pytorch.py."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.measurement import cuda_take, host_take
+from pipeline.reporting import native_stderr_held
+from pipeline.runtimes.torch_memory import out_of_memory_as_error
+
+# Runs before CUDA-graph capture, on a side stream, as PyTorch's CUDA graph notes ask.
+CAPTURE_WARMUP_RUNS = 3
+
+# The operator each SDPA kernel runs as (aten's names, torch/nn/attention), by the kernel's name
+# in `sdpa_backend`.
+SDPA_OPERATORS = {
+    "aten::_scaled_dot_product_flash_attention": "flash",
+    "aten::_scaled_dot_product_flash_attention_for_cpu": "flash",
+    "aten::_scaled_dot_product_efficient_attention": "efficient",
+    "aten::_scaled_dot_product_cudnn_attention": "cudnn",
+    "aten::_scaled_dot_product_attention_math": "math",
+}
+
+
+def sdpa_kernels(torch, run: Callable[[], Any]) -> list[str]:
+    """Which SDPA kernels one call of ``run`` used, by their `sdpa_backend` names (empty for a
+    model without scaled-dot-product attention): one call under PyTorch's profiler, CPU events
+    only, outside every measurement."""
+    from torch.profiler import ProfilerActivity, profile
+
+    # Kineto prints "profiler_start"/"profiler_stop" straight to the process's stderr.
+    with native_stderr_held(), profile(activities=[ProfilerActivity.CPU]) as trace:
+        run()
+    return sorted({SDPA_OPERATORS[event.name] for event in trace.events() if event.name in SDPA_OPERATORS})
+
+
+@dataclass
+class Prepared:
+    """A model ready to time: one call of ``run`` is one inference on ``examples``, in place (a
+    CUDA graph reads its inputs from fixed addresses), returning the output."""
+
+    # Which engine file this is: (inode, size, mtime), kept by the move the build's write ends
+    # with, so a profile can tell its own build's file without hashing hundreds of MB again.
+    engine_file: tuple[int, int, int]
+    run: Callable[[], Any]
+    examples: tuple
+    device: str
+    # The shape point it was prepared at ("2x512"); None for a model of one shape.
+    shape: str | None
+    # What preparing it took and found (compile time, graph breaks), for the manifests.
+    facts: dict[str, Any] = field(default_factory=dict)
+    # The loaded model, kept to prepare it at another shape point without reading the file again.
+    model: Any = None
+    # torch.compile's module and the shape point it was first compiled at: with `dynamic = true`
+    # it serves every point (compiled once for the range), the compilations another point still
+    # triggers counted as recompilations.
+    compiled: Any = None
+    compiled_at: str | None = None
+    # What the manifest records of how it runs (versions, settings in force, the facts above),
+    # set by TorchRuntime.prepare.
+    execution: dict[str, Any] = field(default_factory=dict)
+    # Graphs torch.compile compiled while it was being timed (0 when every point is warmed first).
+    recompiles: int = 0
+    # The host's time to issue the last take's untimed run (pipeline/measurement.py, cuda_take).
+    issue_ms: float | None = None
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.examples[0].shape[0])
+
+    @property
+    def cuda(self) -> bool:
+        return self.device == "cuda"
+
+    @property
+    def timing(self) -> str:
+        return "GPU time (CUDA events)" if self.cuda else "host latency"
+
+    def take(self, runs: int, min_ms: float) -> list[float]:
+        """One take (pipeline/measurement.py): on a GPU enqueued back to back and timed by CUDA
+        events, on the CPU by the host's clock. Running out of memory is this point's failure."""
+        torch = import_torch()
+        graphs = compiled_graphs(torch)
+        with out_of_memory_as_error(self.batch_size, shape=self.shape):
+            if self.cuda:
+                issued: list[float] = []
+                times = cuda_take(torch, self.run, runs, min_ms, issued)
+                self.issue_ms = issued[0]
+            else:
+                times = host_take(self.run, runs, min_ms)
+        self.recompiles += compiled_graphs(torch) - graphs
+        return times
+
+    def warm(self) -> None:
+        """One run before the first round, after every engine of the point was prepared: whatever
+        preparing the others did to this one (a compiled model whose cache another compilation
+        reset recompiles now) happens here, not in a take."""
+        torch = import_torch()
+        graphs = compiled_graphs(torch)
+        with out_of_memory_as_error(self.batch_size, shape=self.shape), torch.no_grad():
+            self.run()
+            if self.cuda:
+                torch.cuda.synchronize()
+        if compiled_graphs(torch) > graphs:
+            self.execution["recompiled_before_rounds"] = compiled_graphs(torch) - graphs
+
+    def evidence(self) -> dict[str, Any]:
+        """How it ran, for the profile's manifest (ProfileResult's fields)."""
+        torch = import_torch()
+        execution = dict(self.execution)
+        warnings = []
+        if "compile_s" in execution:
+            # Each point is warmed before it is timed, so this stays 0; were it not, the figures
+            # would include the compiler's time, and the row says so.
+            execution["recompiles_during_measurement"] = self.recompiles
+            if self.recompiles:
+                warnings.append(
+                    f"* torch.compile compiled {self.recompiles} graph(s) during the measurement: the figures include compilation"
+                )
+        gpu, measured_with = None, {}
+        if self.cuda:
+            gpu = torch.cuda.get_device_name()
+            # The input is already on the GPU; runs are enqueued back to back like trtexec's. (CUDA
+            # graphs are the backend being compared here, not a measurement setting: not listed.)
+            measured_with = {"data_transfers": False, "host_sync_per_run": False}
+            with out_of_memory_as_error(self.batch_size, shape=self.shape):
+                execution["host_latency_ms"] = host_latency(torch, self.run)
+        return {
+            "device": f"torch {execution.get('backend')} on {gpu or 'CPU'}",
+            "metric": self.timing,
+            "warnings": warnings,
+            "evidence": {"gpu": gpu, "execution": execution, "measured_with": measured_with},
+        }
+
+    def infer(self, values: tuple):
+        """The output for these input values (arrays of the examples' shapes)."""
+        import torch
+
+        with torch.no_grad():
+            for example, value in zip(self.examples, values):
+                example.copy_(torch.from_numpy(value).to(dtype=example.dtype))
+            return self.run().detach().float().cpu().numpy().copy()
+
+
+def import_torch():
+    from pipeline.models.torch_import import import_timm
+
+    import_timm()  # timm's own import quirks (pipeline/models/torch_import.py) are handled once there
+    import torch
+
+    return torch
+
+
+def compiled_graphs(torch) -> int:
+    """How many graphs Dynamo has compiled since its last reset (0 when nothing was compiled)."""
+    dynamo = sys.modules.get("torch._dynamo")
+    return int(dynamo.utils.counters["stats"]["unique_graphs"]) if dynamo is not None else 0
+
+
+def compiled_run(torch, compiled, examples: tuple):
+    def run():
+        # Compiled modes that use CUDA graphs (max-autotune, reduce-overhead) reuse their
+        # output buffers; marking each inference as a new step lets them.
+        torch.compiler.cudagraph_mark_step_begin()
+        return compiled(*examples)
+
+    return no_grad(run)
+
+
+def within(context, fn):
+    """``fn`` run inside a fresh ``context()`` each call (the SDPA kernel choice)."""
+
+    if context is contextlib.nullcontext:
+        return fn
+
+    def run():
+        with context():
+            return fn()
+
+    return run
+
+
+def no_grad(fn):
+    import torch
+
+    def run():
+        with torch.no_grad():
+            return fn()
+
+    return run
+
+
+def capture(torch, model, examples: tuple):
+    """Eager ``model(*examples)`` captured once in a CUDA graph; each call replays it."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad(), torch.cuda.stream(stream):
+        for _ in range(CAPTURE_WARMUP_RUNS):  # lazy initialisation happens outside the capture
+            model(*examples)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph):
+        output = model(*examples)
+    return GraphReplay(graph, output, keep_alive=(model, examples))
+
+
+@dataclass
+class GraphReplay:
+    """One call replays the captured graph and returns its output tensor (overwritten by the next
+    replay). The graph reads the weights and the input at the addresses they had during capture
+    but holds no reference to them, so this does."""
+
+    graph: Any
+    output: Any
+    keep_alive: tuple
+
+    def __call__(self):
+        self.graph.replay()
+        return self.output
+
+
+# The host-synchronised latency (the second figure) is taken over at most this long, after the
+# engine was timed: a few runs tell what a caller that waits for each result sees.
+HOST_LATENCY_MAX_S = 0.25
+HOST_LATENCY_RUNS = 10
+
+
+def host_latency(torch, run: Callable[[], Any]) -> dict[str, Any]:
+    """The second figure on a GPU: wall time of a run the host waits for (launch, GPU work and the
+    synchronisation), what a caller that needs each result before sending the next sees. Warm,
+    over HOST_LATENCY_RUNS runs or HOST_LATENCY_MAX_S, whichever ends first (at least 3 runs)."""
+    from pipeline.stats import LatencyStats
+
+    times_ms: list[float] = []
+    started = time.perf_counter()
+    while len(times_ms) < 3 or (len(times_ms) < HOST_LATENCY_RUNS and time.perf_counter() - started < HOST_LATENCY_MAX_S):
+        t0 = time.perf_counter_ns()
+        run()
+        torch.cuda.synchronize()
+        times_ms.append((time.perf_counter_ns() - t0) / 1e6)
+    stats = LatencyStats.from_values(times_ms)
+    return {"median_ms": round(stats.median, 4), "mean_ms": round(stats.mean, 4), "p99_ms": round(stats.p99, 4), "runs": stats.count}
