@@ -76,3 +76,19 @@ def test_a_ratio_with_a_launch_bound_engine_is_listed_apart_not_held_to_the_tole
     assert run(tmp_path, first, second).returncode == 0
     first["rows"][0]["flags"] = ["noisy: interquartile CV 45% is above 10%"]  # noisy is not launch-bound
     assert run(tmp_path, first, second).returncode == 1
+
+
+def test_a_launch_bound_ratio_is_judged_by_whether_the_two_runs_intervals_overlap(tmp_path):
+    first, second = copy.deepcopy(FIRST), copy.deepcopy(FIRST)
+    first["rows"] = [{**entry("eager", 10.0), "shape": "2x512", "flags": ["launch-bound: the host needs 97% of a run's GPU time"]}]
+    first["verdicts"][0]["comparisons"][0].update(low=0.08, high=0.12)
+    second["verdicts"][0]["comparisons"][0].update(ratio=0.13, low=0.115, high=0.15)  # 30% off, the intervals share 0.115-0.12
+    result = run(tmp_path, first, second)
+    assert result.returncode == 0, result.stdout
+    assert "their intervals overlap in 1 of 1" in result.stdout and "apart" not in result.stdout.split("overlap in")[1]
+    second["verdicts"][0]["comparisons"][0].update(low=0.125, high=0.15)  # nothing shared
+    result = run(tmp_path, first, second)
+    assert result.returncode == 0, result.stdout  # the host, reported, not failed
+    assert "their intervals overlap in 0 of 1; apart (the host's mix of speeds changed between the runs):" in result.stdout
+    # eager / graphs, the other way round from the output: [1/0.12, 1/0.08] then [1/0.15, 1/0.125]
+    assert "bf16/eager / bf16/graphs: 10.0000 [8.3333–12.5000] then 7.6923 [6.6667–8.0000]" in result.stdout
