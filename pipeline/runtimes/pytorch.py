@@ -480,12 +480,11 @@ class TorchRuntime(InProcessRuntime):
         return compiled_run(torch, compiled, examples), facts
 
     def _compile_once(self, torch, compiled, examples: tuple, started: float) -> None:
-
         # A mode that captures CUDA graphs skips the capture, with a warning, where it cannot hold
         # the model (a CPU tensor, an input it mutates, …) and runs it uncaptured: here that is an
         # error, so the point records a refusal with Inductor's reason instead of timing something else.
-        capture = self.captures and examples[0].is_cuda
-        strict = torch._inductor.config.patch({"triton.cudagraph_or_error": True}) if capture else contextlib.nullcontext()
+        graphs_captured = self.captures and examples[0].is_cuda
+        strict = torch._inductor.config.patch({"triton.cudagraph_or_error": True}) if graphs_captured else contextlib.nullcontext()
         try:
             # Inductor prints its autotuning tables: shown with -v, like the export's tools.
             with self.reporter.captured("torch.compile"), strict:
