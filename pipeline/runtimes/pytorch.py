@@ -395,7 +395,7 @@ class TorchRuntime(InProcessRuntime):
                     "compare SDPA kernels eagerly (sdpa_backend on an eager toolchain); compiled, PyTorch chooses its own",
                     {"sdpa_backend": wanted, "sdpa_kernels": chose},
                 )
-        return Prepared(engine_file, run, placed, device, shape, facts, model, compiled, compiled_at)
+        return Prepared(engine_file, self._refusing_later(run), placed, device, shape, facts, model, compiled, compiled_at)
 
     def _attention_kernel(self, torch):
         """A fresh context per call that restricts SDPA to the toolchain's kernel (a no-op context without one)."""
@@ -422,6 +422,27 @@ class TorchRuntime(InProcessRuntime):
                 if refusal is None:
                     raise
                 raise refusal from exc
+
+    def _refusing_later(self, run: Callable[[], Any]) -> Callable[[], Any]:
+        """``run``, with PyTorch refusing the toolchain's SDPA kernel at a later call a refusal too.
+        A later call can see values the first run did not: on the H100 a BERT prepared at 2×16 on
+        an unpadded batch ran the flash kernel, and the reference batch at the same point, padded,
+        made PyTorch give up (`No available kernel`). The refusal is then this point's, recorded
+        where it was found. PyTorch's reasons are warnings it gives once per place, so the run is
+        repeated, recording them, only when it has failed."""
+        if self.spec.sdpa_backend is None:
+            return run
+
+        def run_or_refuse():
+            try:
+                return run()
+            except RuntimeError as exc:
+                if self._attention_refusal(str(exc), []) is None:
+                    raise
+                refusal = self._attention_refusal(str(exc), _warnings_of(run))
+                raise RefusedByTool(refusal.message, refusal.hint) from exc
+
+        return run_or_refuse
 
     def _attention_refusal(self, error: str, warned: list[str]) -> NotPrepared | None:
         if self.spec.sdpa_backend is None or not any(words in error for words in ("No available kernel", "No viable backend")):
@@ -669,6 +690,16 @@ class TorchRuntime(InProcessRuntime):
 
 def _at(workload) -> str:
     return " at " + ", ".join(f"{n} {'×'.join(map(str, d))}" for n, d in workload.shapes.items()) if workload is not None else ""
+
+
+def _warnings_of(run: Callable[[], Any]) -> list[str]:
+    """The warnings one more call of a run that failed gives (it fails again)."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught, contextlib.suppress(RuntimeError):
+        warnings.simplefilter("always")
+        run()
+    return [str(w.message) for w in caught]
 
 
 def _file_identity(path: Path) -> tuple[int, int, int]:
