@@ -367,3 +367,27 @@ def test_every_backend_is_timed_by_cuda_events_on_the_gpu(gpu_workspace, toolcha
     accuracy = details.accuracy
     assert accuracy["checked_by"].startswith("torch ") and "on cuda, in this process" in accuracy["checked_by"]
     assert accuracy["cosine_similarity"] >= accuracy["cosine_floor"] and accuracy["nonfinite_values"] == 0
+
+
+# PyTorch's warnings when the flash kernel alone may run and the batch is padded, as recorded on
+# the H100 (torch 2.11.0+cu130, bert_tiny bf16 at 2x16 on torch-sdpa-flash).
+FLASH_REFUSAL_WARNINGS = [
+    "Memory efficient kernel not used because: (Triggered internally at /pytorch/aten/src/ATen/native/transformers/cuda/sdp_utils.cpp:986.)",
+    "Memory Efficient attention has been runtime disabled. (Triggered internally at /pytorch/aten/src/ATen/native/transformers/sdp_utils_cpp.h:552.)",
+    "Flash attention kernel not used because: (Triggered internally at /pytorch/aten/src/ATen/native/transformers/cuda/sdp_utils.cpp:988.)",
+    "Flash Attention does not support non-null attn_mask. (Triggered internally at /pytorch/aten/src/ATen/native/transformers/sdp_utils_cpp.h:262.)",
+    "cuDNN attention kernel not used because: (Triggered internally at /pytorch/aten/src/ATen/native/transformers/cuda/sdp_utils.cpp:990.)",
+    "cuDNN attention has been runtime disabled. (Triggered internally at /pytorch/aten/src/ATen/native/transformers/cuda/sdp_utils.cpp:706.)",
+]
+
+
+def test_a_kernel_refusal_gives_pytorchs_reason_not_the_restriction_it_restates():
+    from pipeline.runtimes.pytorch import _kernel_reasons
+
+    assert _kernel_reasons(FLASH_REFUSAL_WARNINGS, "flash") == ["Flash Attention does not support non-null attn_mask."]
+    # The kernel asked for, disabled by PyTorch itself: that is the reason.
+    assert _kernel_reasons(FLASH_REFUSAL_WARNINGS, "cudnn") == [
+        "Flash Attention does not support non-null attn_mask.",
+        "cuDNN attention has been runtime disabled.",
+    ]
+    assert _kernel_reasons(["some other warning", "Flash attention kernel not used because:"], "flash") == []

@@ -581,7 +581,10 @@ def test_a_kernel_pytorch_gives_up_on_at_the_reference_batch_is_that_points_refu
     kernel. Aborting execution.`, which a stand-in replays here (the CPU's flash kernel takes masks).
     The build prepares the model at 2×16 on a batch without padding, where flash runs; the
     reference batch at that point is padded, and at 2×24 both are. Each point records the refusal
-    — at 2×16 found by the reference check, after preparing — never a crash; torch-eager measures both."""
+    with PyTorch's reason — at 2×16 found by the reference check, after preparing — never a crash;
+    torch-eager measures both."""
+    import warnings
+
     import torch
 
     real = torch.nn.functional.scaled_dot_product_attention
@@ -589,6 +592,9 @@ def test_a_kernel_pytorch_gives_up_on_at_the_reference_batch_is_that_points_refu
     def flash_like(query, key, value, attn_mask=None, *args, **kwargs):
         masking = attn_mask is not None and not bool((attn_mask if attn_mask.dtype == torch.bool else attn_mask == 0).all())
         if masking and not torch.backends.cuda.math_sdp_enabled():  # the toolchain's sdpa_kernel([flash]) is in force
+            warnings.warn(
+                "Flash Attention does not support non-null attn_mask. (Triggered internally at sdp_utils_cpp.h:262.)", stacklevel=2
+            )
             raise RuntimeError("No available kernel. Aborting execution.")
         return real(query, key, value, attn_mask, *args, **kwargs)
 
@@ -597,10 +603,13 @@ def test_a_kernel_pytorch_gives_up_on_at_the_reference_batch_is_that_points_refu
     result = run_cli(catalog, "run", "--model", "bert", "--toolchain", "torch-eager", "--toolchain", "torch-sdpa-flash")
     assert result.exit_code == 1, result.err  # a refusal, not an internal error (70)
     text = " ".join(result.err.split())
-    assert "PyTorch cannot run scaled-dot-product attention with the flash kernel here: No available kernel" in text
+    reason = (
+        "PyTorch cannot run scaled-dot-product attention with the flash kernel here: Flash Attention does not support non-null attn_mask."
+    )
+    assert reason in text
     ws = catalog.parent
     assert manifest(ws, "torch-sdpa-flash", "bert_fp32")["build"]["status"] == "done"  # prepared at 2×16 unpadded
     for point in ("2x16", "2x24"):
         profile = manifest(ws, "torch-sdpa-flash", f"bert_fp32@{point}")["profile"]
-        assert profile["status"] == "failed" and "with the flash kernel here: No available kernel" in profile["reason"], point
+        assert profile["status"] == "failed" and reason in profile["reason"], point
         assert manifest(ws, "torch-eager", f"bert_fp32@{point}")["profile"]["status"] == "done"

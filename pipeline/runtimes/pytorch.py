@@ -447,8 +447,7 @@ class TorchRuntime(InProcessRuntime):
     def _attention_refusal(self, error: str, warned: list[str]) -> NotPrepared | None:
         if self.spec.sdpa_backend is None or not any(words in error for words in ("No available kernel", "No viable backend")):
             return None
-        reasons = [w.strip().splitlines()[0] for w in warned if "kernel" in w.lower() or "attention" in w.lower()]
-        because = "; ".join(dict.fromkeys(reasons)) or error.strip().splitlines()[0]
+        because = "; ".join(dict.fromkeys(_kernel_reasons(warned, self.spec.sdpa_backend))) or error.strip().splitlines()[0]
         return NotPrepared(
             f"PyTorch cannot run scaled-dot-product attention with the {self.spec.sdpa_backend} kernel here: {because}",
             "choose another sdpa_backend for this dtype and GPU, or leave it unset for PyTorch to choose",
@@ -690,6 +689,25 @@ class TorchRuntime(InProcessRuntime):
 
 def _at(workload) -> str:
     return " at " + ", ".join(f"{n} {'×'.join(map(str, d))}" for n, d in workload.shapes.items()) if workload is not None else ""
+
+
+def _kernel_reasons(warned: list[str], kernel: str) -> list[str]:
+    """PyTorch's reasons for passing over SDPA kernels, from its warnings, without what only
+    restates the restriction of the toolchain to ``kernel``. Recorded on the H100 (torch 2.11), flash refusing a padded
+    batch warns "Flash attention kernel not used because: (Triggered internally at …)", then
+    "Flash Attention does not support non-null attn_mask. (Triggered internally at …)", and each
+    other kernel "… has been runtime disabled.": the second alone says why."""
+    reasons = []
+    for warning in warned:
+        line = re.sub(r"\s*\(Triggered internally at [^)]*\)\s*", " ", warning.strip().splitlines()[0] if warning.strip() else "").strip()
+        if not ("kernel" in line.lower() or "attention" in line.lower()):
+            continue
+        if line.endswith("because:"):
+            continue  # a heading of the reasons that follow
+        if "has been runtime disabled" in line and kernel not in line.lower():
+            continue  # a kernel the toolchain itself turned off
+        reasons.append(line)
+    return reasons
 
 
 def _warnings_of(run: Callable[[], Any]) -> list[str]:
