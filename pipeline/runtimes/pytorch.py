@@ -693,10 +693,11 @@ def _at(workload) -> str:
 
 def _kernel_reasons(warned: list[str], kernel: str) -> list[str]:
     """PyTorch's reasons for passing over SDPA kernels, from its warnings, without what only
-    restates the restriction of the toolchain to ``kernel``. Recorded on the H100 (torch 2.11), flash refusing a padded
-    batch warns "Flash attention kernel not used because: (Triggered internally at …)", then
-    "Flash Attention does not support non-null attn_mask. (Triggered internally at …)", and each
-    other kernel "… has been runtime disabled.": the second alone says why."""
+    restates the restriction of the toolchain to ``kernel``. Recorded on the H100 (torch 2.11),
+    flash refusing a padded batch warns "Flash attention kernel not used because: (Triggered
+    internally at …)", then "Flash Attention does not support non-null attn_mask. (Triggered
+    internally at …)", and each other kernel "… has been runtime disabled.": the second alone
+    says why."""
     reasons = []
     for warning in warned:
         line = re.sub(r"\s*\(Triggered internally at [^)]*\)\s*", " ", warning.strip().splitlines()[0] if warning.strip() else "").strip()
