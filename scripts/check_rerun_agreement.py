@@ -51,7 +51,7 @@ def paired_ratios(data: dict) -> dict[tuple[str, str, str], tuple[float, float |
             a, b, ratio, low, high = engine(pair["a"]), engine(pair["b"]), pair["ratio"], pair.get("low"), pair.get("high")
             if a > b:
                 a, b, ratio = b, a, 1.0 / ratio
-                low, high = (1.0 / high if high else None), (1.0 / low if low else None)
+                low, high = (1.0 / high if high is not None else None), (1.0 / low if low is not None else None)
             ratios[(verdict["shape"], a, b)] = (ratio, low, high)
     return ratios
 
@@ -111,8 +111,8 @@ def main() -> int:
         judged = [key for key, shared_value in overlaps.items() if shared_value is not None]
         if judged:
             disjoint = [key for key in judged if not overlaps[key]]
-            print(f"  their intervals overlap in {len(judged) - len(disjoint)} of {len(judged)}", end="")
-            print("" if not disjoint else "; apart (the host's mix of speeds changed between the runs):")
+            apart_words = "; apart (the host's mix of speeds changed between the runs):" if disjoint else ""
+            print(f"  their intervals overlap in {len(judged) - len(disjoint)} of {len(judged)}{apart_words}")
             for shape, a, b in disjoint[:5]:
                 (r1, l1, h1), (r2, l2, h2) = before[(shape, a, b)], after[(shape, a, b)]
                 print(f"  {shape:8} {a} / {b}: {r1:.4f} [{l1:.4f}–{h1:.4f}] then {r2:.4f} [{l2:.4f}–{h2:.4f}]")
