@@ -15,22 +15,15 @@ from pipeline.accuracy import AccuracyFloor
 from pipeline.manifest import read_manifest
 from pipeline.report.rows import ComparisonRow
 from pipeline.report.sweep import sweeps, verdicts
-from tests.conftest import render_in_chromium, tiny_bert_catalog
+from tests.conftest import CPU_TOOLCHAINS, render_in_chromium, tiny_bert_catalog
 from tests.test_pytorch_runtime import needs_inductor
 
 pytest.importorskip("transformers", reason="the transformers family needs the transformers package (`make setup` installs it)")
 
 SWEEP_CATALOG = (
     tiny_bert_catalog(["2x8", "2x32", "4x32"], ["fp32"], defaults=["fp32"])
+    + CPU_TOOLCHAINS
     + """
-[toolchains.onnxruntime]
-kind = "onnxruntime"
-baselines = ["fp32"]
-
-[toolchains.torch-eager]
-kind = "torch"
-backend = "eager"
-
 [toolchains.torch-eager-attn]
 kind = "torch"
 backend = "eager"
