@@ -59,6 +59,13 @@ class OutOfMemory(RefusedByTool):
     others go on."""
 
 
+def tool_message(exc: BaseException) -> str:
+    """An outside tool's error in its own words, every line of it on one line: ONNX Runtime, for
+    one, puts what it found on the lines after the first ("index: 0 Got: 2 Expected: 1")."""
+    lines = [" ".join(line.split()) for line in str(exc).splitlines()]
+    return " ".join(line for line in lines if line) or type(exc).__name__
+
+
 def require_module(module: str, *, purpose: str, extra: str | None = "export"):
     """Import a dependency or explain how to install it (``extra=None``: a core dependency)."""
     import importlib

@@ -254,6 +254,16 @@ class ModelSource(ABC):
             self.check_point(model, point)
         return points
 
+    def trace_point(self, points: list[ShapePoint]) -> ShapePoint | None:
+        """The shape the graph is traced at: the smallest point, with every axis of size 1 made 2.
+        The exporters specialise a dimension they see at size 1 (torch.export's 0/1 rule, a trace
+        broadcasting over it), which would fix a decoder's batch at 1 in the graph; at 2 the axis
+        stays free and the graph still runs at 1. None for a model of one shape."""
+        if not points:
+            return None
+        smallest = min(points, key=lambda p: [size for _, size in p.axes])
+        return ShapePoint(tuple((axis, max(size, 2)) for axis, size in smallest.axes))
+
     def flops(self, point: ShapePoint | None) -> float | None:
         """The FLOPs of one forward at ``point`` where the model counts them itself; None otherwise
         (the report then counts the ONNX graph's matrix products, for a model of one shape)."""

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pipeline.accuracy import ReferenceBatch
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
-from pipeline.errors import PipelineError, require_module
+from pipeline.errors import PipelineError, require_module, tool_message
 from pipeline.measurement import host_take
 from pipeline.models import ModelSource
 from pipeline.runtimes.base import BuildResult, InProcessRuntime, ReferenceRun, ToolchainStatus, rounds_words
@@ -121,7 +121,7 @@ class OnnxRuntimeRuntime(InProcessRuntime):
             return ort.InferenceSession(str(path), sess_options=options, providers=self.providers())
         except Exception as exc:  # ORT raises its own exception types for invalid or unsupported graphs
             raise PipelineError(
-                f"ONNX Runtime could not load {path.name}: {str(exc).strip().splitlines()[0]}",
+                f"ONNX Runtime could not load {path.name}: {tool_message(exc)}",
                 hint="run with -v for details; `pipeline doctor` shows the installed runtime",
             ) from exc
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from pipeline.artifacts import atomic_output, sha256_file
 from pipeline.environment import package_version
-from pipeline.errors import EnvironmentMissing, PipelineError, UsageError, require_module
+from pipeline.errors import EnvironmentMissing, PipelineError, UsageError, require_module, tool_message
 from pipeline.manifest import Artifact, ExportDetails, ParityCheck
 from pipeline.models import TORCH_DTYPES
 from pipeline.models.images import image_files, load_images
@@ -238,9 +238,7 @@ class ExportStage(Stage):
         with phase("to_device"):
             model = model.to(device)
         runnable = source.runnable(model)
-        # What the graph is traced with: the model's one shape, or its smallest shape point.
-        trace_point = min(points, key=lambda p: [size for _, size in p.axes]) if points else None
-        sample = source.sample_inputs(model, trace_point, spec.seed + 1)
+        sample = source.sample_inputs(model, source.trace_point(points), spec.seed + 1)
         input_shape = tuple(sample[0].shape)
         with phase("fp32_reference"):
             # What every engine of this variant is checked against (pipeline/accuracy.py): one
@@ -754,7 +752,7 @@ def run_onnx(onnx_path: Path, feeds: list):
         return session.run(None, dict(zip((i.name for i in session.get_inputs()), feeds)))[0]
     except Exception as exc:
         raise PipelineError(
-            f"ONNX Runtime could not run {onnx_path.name}: {str(exc).strip().splitlines()[0]}",
+            f"ONNX Runtime could not run {onnx_path.name}: {tool_message(exc)}",
             hint="check the model's shape points and input values (`vocab_size`) in pipeline.toml; -v shows more",
         ) from exc
 
@@ -787,7 +785,7 @@ def check_parity(onnx_path: Path, feeds: list, reference, precision: str) -> Par
         output = session.run(None, typed)[0].astype(np.float64)
     except Exception as exc:
         raise PipelineError(
-            f"ONNX Runtime could not run the exported model: {str(exc).strip().splitlines()[0]}",
+            f"ONNX Runtime could not run the exported model: {tool_message(exc)}",
             hint="the ONNX was not kept; run with -v for details",
         ) from exc
     if output.shape != reference.shape:
