@@ -208,6 +208,25 @@ def factory_returning(value: str, inputs: str = '[{"name": "x", "shape": ["batch
     return f"import torch\n\ndef make(table):\n    return {value}, {inputs}\n"
 
 
+def forward_returning(value: str) -> str:
+    """A factory file whose module's forward runs a Linear layer, then returns ``value``."""
+    return textwrap.dedent(f"""
+        import torch
+
+        class Odd(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.linear = torch.nn.Linear(8, 8)
+
+            def forward(self, x):
+                self.linear(x)
+                return {value}
+
+        def make(table):
+            return Odd(), [{{"name": "x", "shape": ["batch", "sequence", 8]}}]
+        """)
+
+
 LAYERS_110 = str(SAMPLES / "trt11.0.0_b200_exportLayerInfo_detailed.json")
 DRY_RUN = ("build", "--engine", "bert_fp16", "--trt", "10.14", "--dry-run")
 
@@ -265,6 +284,10 @@ CASES = [
          with_tokens(tokens([[1] * 100] * 2)), 2,
          "are 100 long; the model takes at most 64", "cut the sequences to at most 64"),
     # Shape strings.
+    Case("opset-too-high", "an `opset` above the highest", bert("opset = 17", "opset = 99"), 2,
+         "opset = 99 (pipeline.toml): torch", "set `opset` in pipeline.toml to at most"),
+    Case("opset-too-high-quantized", "an `opset` above the highest", bert("opset = 17", "opset = 99", "export", "--engine", "bert_int8"), 2,
+         "ONNX exporter (TorchScript) writes opsets up to", "set `opset` in pipeline.toml to at most"),
     Case("shape-not-a-shape", "a shape that is not sizes joined by `x`", bert(SHAPES, 'shapes = ["2by16"]'), 2,
          "models.bert.shapes: '2by16' is not a shape", "see the comments in pipeline.toml"),
     Case("shape-wrong-sizes", "a shape with the wrong number of sizes", bert(SHAPES, 'shapes = ["2x8x4"]'), 2,
@@ -323,10 +346,20 @@ CASES = [
          "block.py does not parse: expected ':' (line 1)", "fix the syntax error in block.py"),
     Case("python-import-fails", "a file that raises when imported", python_model("import no_such_module_here\n"), 2,
          "importing", "fix block.py so that it imports"),
+    Case("python-import-exits", "a file that calls `sys.exit()` when imported", python_model("import sys\nsys.exit(3)\n"), 2,
+         "block.py called sys.exit(3) (block.py, line 2)", "remove the exit from block.py's top level"),
     Case("python-no-factory", "a file without the factory", python_model("def build(table):\n    pass\n"), 2,
          "defines no function 'make'", "its functions: build"),
     Case("python-factory-raises", "a factory that raises", python_model("def make(table):\n    raise ValueError('hidden size must be even')\n"), 2,
          "the factory raised ValueError: hidden size must be even (block.py, line 2)", "fix the factory"),
+    Case("python-factory-exits", "or that calls `sys.exit()`", python_model("def make(table):\n    raise SystemExit(4)\n"), 2,
+         "the factory called sys.exit(4) (block.py, line 2)", "return the module and its inputs instead of exiting"),
+    Case("python-forward-none", "a forward that returns no tensor", python_model(forward_returning("None")), 2,
+         "its forward returned None; the pipeline measures a tensor, or a tuple or dict holding one", "return the output tensor"),
+    Case("python-forward-strings", "a forward that returns no tensor", python_model(forward_returning("['a', 'b']")), 2,
+         "its forward returned a list of 2 str and no tensor: ['a', 'b']", "return the output tensor"),
+    Case("python-forward-exits", "a forward that returns no tensor", python_model(forward_returning("exit(5)")), 2,
+         "its forward called sys.exit(5)", "return the output instead of exiting"),
     Case("python-not-a-pair", "returns something that is not a module", python_model("def make(table):\n    return 42\n"), 2,
          "the factory returned a int; it returns (module, inputs)", "return module, inputs"),
     Case("python-not-a-module", "returns something that is not a module", python_model(factory_returning("'a module'")), 2,

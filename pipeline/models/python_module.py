@@ -31,6 +31,7 @@ import importlib
 import importlib.util
 import inspect
 import json
+import reprlib
 import sys
 import traceback
 from collections.abc import Callable
@@ -142,6 +143,10 @@ class PythonModel(ModelSource):
     def _error(self, what: str, hint: str = f"see {DOCS}") -> UsageError:
         return UsageError(f"model {self.name!r} (python = {self.spec.python!r}): {what}", hint=hint)
 
+    def _exited(self, what: str, exc: SystemExit, hint: str) -> UsageError:
+        """The user's code ending the process (sys.exit), which would end the pipeline without a word."""
+        return self._error(f"{what} called sys.exit({exc.code!r}){_where_in(exc, self.factory_file())}", hint)
+
     def _factory(self) -> Callable:
         path = self.factory_file()
         where, function = self._where()
@@ -157,12 +162,16 @@ class PythonModel(ModelSource):
                     raise self._error(
                         f"{path} does not parse: {exc.msg} (line {exc.lineno})", f"fix the syntax error in {path.name}"
                     ) from None
+                except SystemExit as exc:
+                    raise self._exited(f"importing {path}", exc, f"remove the exit from {path.name}'s top level") from None
                 except Exception as exc:
                     raise self._error(f"importing {path} failed: {_said(exc)}", f"fix {path.name} so that it imports") from None
                 sys.modules[module_name] = module
         else:
             try:
                 module = importlib.import_module(where)
+            except SystemExit as exc:
+                raise self._exited(f"importing {where}", exc, f"remove the exit from {path.name}'s top level") from None
             except Exception as exc:
                 raise self._error(f"importing {where} failed: {_said(exc)}", f"fix {path} so that it imports") from None
         factory = getattr(module, function, None)
@@ -182,6 +191,8 @@ class PythonModel(ModelSource):
         torch.manual_seed(self.spec.seed)
         try:
             made = factory(self.spec.model_dump(mode="json"))
+        except SystemExit as exc:
+            raise self._exited("the factory", exc, "return the module and its inputs instead of exiting") from None
         except Exception as exc:
             raise self._error(f"the factory raised {_said(exc)}{_where_in(exc, self.factory_file())}", "fix the factory") from None
         if isinstance(made, dict):
@@ -279,7 +290,7 @@ class PythonModel(ModelSource):
         return module
 
     def runnable(self, model):
-        return _first_tensor(model, self.spec.output, tuple(i.name for i in self.inputs())).eval()
+        return _first_tensor(model, self.spec.output, tuple(i.name for i in self.inputs()), self._error).eval()
 
     def inputs(self, model=None) -> list[ModelInput]:
         return list(self.description().inputs)
@@ -379,22 +390,51 @@ def _kind(value) -> str:
     return "None" if value is None else f"a {type(value).__name__}"
 
 
-def _first_tensor(module, output: str, names: tuple[str, ...]):
-    """``module`` returning one tensor: its output, the first of a tuple, or the entry of a dict
-    named after the catalog's `output`. The wrapper's forward() names its parameters after the
-    inputs, as the module's own does: torch.export matches the dynamic axes to them by name."""
+def _first_tensor(module, output: str, names: tuple[str, ...], error: Callable[[str, str], UsageError]):
+    """``module`` returning one tensor: its output, the first tensor of a tuple, or the entry of a
+    dict named after the catalog's `output` (else its first tensor). Anything else it returns, and
+    a sys.exit() in its forward, is the user's ``error``. The wrapper's forward() names its
+    parameters after the inputs, as the module's own does: torch.export matches the dynamic axes to
+    them by name."""
     import torch
 
     def forward(self, *inputs):
-        result = self.module(*inputs)
-        if isinstance(result, dict):
-            return result[self.output] if self.output in result else next(iter(result.values()))
-        if isinstance(result, (tuple, list)):
-            return result[0]
-        return result
+        try:
+            result = self.module(*inputs)
+        except SystemExit as exc:
+            raise error(f"its forward called sys.exit({exc.code!r})", "return the output instead of exiting") from None
+        if isinstance(result, torch.Tensor):
+            return result
+        if isinstance(result, dict) and isinstance(result.get(self.output), torch.Tensor):
+            return result[self.output]
+        held = result.values() if isinstance(result, dict) else result if isinstance(result, (tuple, list)) else ()
+        tensor = next((value for value in held if isinstance(value, torch.Tensor)), None)
+        if tensor is None:
+            raise error(
+                f"its forward returned {_returned(result)}; the pipeline measures a tensor, or a tuple or dict holding one",
+                f"return the output tensor (a dict's entry named by `output = {self.output!r}` is taken first) ({DOCS})",
+            )
+        return tensor
 
     parameter = inspect.Parameter
     forward.__signature__ = inspect.Signature([parameter(name, parameter.POSITIONAL_OR_KEYWORD) for name in ("self", *names)])
     wrapper = type("FirstTensor", (torch.nn.Module,), {"forward": forward})()
     wrapper.module, wrapper.output = module, output
     return wrapper
+
+
+def _returned(value) -> str:
+    """What a forward returned, in a few words: "None", "a list of 2 str ('a', 'b')", "a dict with
+    keys 'logits' (a str)"."""
+    if value is None:
+        return "None"
+    if isinstance(value, dict):
+        entries = ", ".join(f"{key!r} ({_kind(item)})" for key, item in list(value.items())[:4])
+        return f"a dict with no tensor (keys {entries}{', …' if len(value) > 4 else ''})" if value else "an empty dict"
+    if isinstance(value, (tuple, list)):
+        if not value:
+            return f"an empty {type(value).__name__}"
+        kinds = ", ".join(dict.fromkeys(type(item).__name__ for item in value))
+        shown = reprlib.repr(value)
+        return f"a {type(value).__name__} of {len(value)} {kinds} and no tensor: {shown}"
+    return f"{_kind(value)}: {reprlib.repr(value)}"

@@ -207,6 +207,8 @@ class ExportStage(Stage):
             import torch
 
             require_cuda_for(variant.precision)  # before ModelOpt's seconds of imports, not after
+            # Quantized exports are ModelOpt's, written by the TorchScript exporter.
+            check_opset(self.opset(), "torchscript" if self.quantized else source.exporter)
             if self.quantized or variant.sparsity:
                 # Seconds, once per process: timed here, not in the first variant's quantize phase.
                 load_modelopt(purpose=f"Exporting {self.engine.name}")
@@ -695,6 +697,24 @@ def plain_export(
     with torch.no_grad(), reporter.captured("torch.onnx.export"):
         torch.onnx.export(model, args, str(path), input_names=input_names, output_names=[output_name], opset_version=opset, **options)
     return f"torch.onnx.export ({written_by}), torch {torch.__version__}"
+
+
+def check_opset(opset: int, exporter: str) -> None:
+    """Refuse, as the catalog's mistake, an opset above the highest that torch says its exporter
+    writes (torch.onnx._constants): asked for more, the TorchScript exporter warns and writes it
+    anyway, and the torch.export-based one fails on the model's operators or writes another opset,
+    which would read as a model the exporter cannot take."""
+    import torch
+    from torch.onnx import _constants
+
+    name = "ONNX_MAX_OPSET" if exporter == "dynamo" else "ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET"
+    highest = getattr(_constants, name, None)
+    if highest is not None and opset > highest:
+        written_by = "torch.export-based" if exporter == "dynamo" else "TorchScript"
+        raise UsageError(
+            f"opset = {opset} (pipeline.toml): torch {torch.__version__}'s ONNX exporter ({written_by}) writes opsets up to {highest}.",
+            hint=f"set `opset` in pipeline.toml to at most {highest} (17 is the default)",
+        )
 
 
 def pin_batch(model, batch_size: int) -> None:
