@@ -1,16 +1,31 @@
-"""How long `pipeline compare` takes over a large results folder.
+"""How long `pipeline compare` takes over a large results folder, and how its time grows.
 
-    python scripts/benchmark_compare.py                  # 3000 manifests, table and JSON
-    python scripts/benchmark_compare.py --manifests 600 --iterations 40 --repeat 5
+    python scripts/benchmark_compare.py                         # 3000 manifests, table and JSON
+    python scripts/benchmark_compare.py --layout one-point      # 3000 engines of one model at one point
+    python scripts/benchmark_compare.py --layout spread --rounds  # 100 models × 30 engines, timed in rounds
+    python scripts/benchmark_compare.py --growth                # JSON compare of 3 and 3000, each layout
 
 The manifests are copies of a real one (tests/data/manifests: vit_tiny on ONNX Runtime, written by
-the pipeline) under other model names, six per model (fp32/fp16/int8 × onnxruntime/torch-eager),
-each with its own seeded per-iteration times, so every comparison the report makes (speedup over
-the baseline variant, change against the first toolchain, against the baseline toolchain) is made
-for every row. The command runs in a fresh Python process, as a user's would (imports included),
-in three states of the compare cache (manifests/.compare-cache.json): cold (none, the first compare
-of a folder), warm (nothing changed since the last compare) and after one profile rewrote one
-manifest. The figure depends on the machine: report it with the machine named.
+the pipeline), each with its own seeded per-iteration times, laid out three ways:
+
+- ``models`` (default): six engines a model (fp32/fp16/int8 × onnxruntime/torch-eager) under other
+  model names, so every comparison a row makes (speedup over the baseline variant, change against
+  the first toolchain, against the baseline toolchain) is made for every row;
+- ``one-point``: one model at one point with an engine in each of N toolchain folders (a sweep
+  over many builds or releases): the verdict there chooses among all N;
+- ``spread``: 30 engines (fp32 in 30 toolchain folders) for each of N/30 models.
+
+With ``--rounds`` each manifest also holds the rounds record it would have from a run that timed
+its point's engines together (pipeline/measurement.py), in sets of at most 30 engines (a model's
+30 in ``spread``; in ``one-point`` the toolchains 30 at a time, as separate runs would): the
+verdict compares engines of one set paired, round by round, and the others by their intervals.
+
+The command runs in a fresh Python process, as a user's would (imports included), in three states
+of the compare cache (manifests/.compare-cache.json): cold (none, the first compare of a folder),
+warm (nothing changed since the last compare) and after one profile rewrote one manifest; its peak
+memory is the child's maximum resident set. ``--growth`` prints the cold JSON compare of 3 and of
+N manifests in each layout, with and without rounds, and their ratio. The figures depend on the
+machine: report them with the machine named.
 """
 
 from __future__ import annotations
@@ -32,58 +47,148 @@ REPO = Path(__file__).resolve().parents[1]
 RECORDED = REPO / "tests" / "data" / "manifests" / "landed-bdf42fb" / "onnxruntime" / "vit_tiny_fp32.json"
 VARIANTS = ("fp32", "fp16", "int8")
 TOOLCHAINS = ("onnxruntime", "torch-eager")
+LAYOUTS = ("models", "one-point", "spread")
+# Engines a model in the spread layout, and the most engines a set of rounds holds.
+SPREAD, ROUNDS_SET = 30, 30
+ROUNDS = 6
+# The layouts of one point measure a transformer there.
+POINT = "2x16"
+MODEL_AT_POINT = f'transformers = "BertModel"\nshapes = ["{POINT}"]\n'
 
 
-def write_workspace(root: Path, count: int, iterations: int) -> None:
+def engines_of(layout: str, count: int) -> list[tuple[str, str, str]]:
+    """(model, variant, toolchain) of each manifest of a layout."""
+    if layout == "models":
+        models = max(1, count // (len(VARIANTS) * len(TOOLCHAINS)))
+        return [(f"bench{m:05d}", v, tc) for m in range(models) for v in VARIANTS for tc in TOOLCHAINS]
+    if layout == "one-point":
+        return [("bench00000", "fp32", f"build{i:05d}") for i in range(count)]
+    return [(f"bench{m:05d}", "fp32", f"build{i:05d}") for m in range(max(1, count // SPREAD)) for i in range(min(count, SPREAD))]
+
+
+def write_workspace(root: Path, count: int, iterations: int, layout: str = "models", rounds: bool = False) -> int:
+    """The manifests of ``layout`` and a catalog naming their models; returns how many were written."""
     import numpy as np
 
     template = json.loads(RECORDED.read_text())
     rng = np.random.default_rng(0)
     catalog = (REPO / "pipeline.toml").read_text()
-    models = count // (len(VARIANTS) * len(TOOLCHAINS))
-    extra = []
-    for index in range(models):
-        model = f"bench{index:05d}"
-        extra.append(f'\n[models.{model}]\ntimm = "vit_tiny_patch16_224"\nbatch_size = 4\n')
-        for variant in VARIANTS:
-            for toolchain in TOOLCHAINS:
-                manifest = copy.deepcopy(template)
-                manifest.update(engine=f"{model}_{variant}", model=model, variant=variant, precision=variant, toolchain=toolchain)
-                details = manifest["profile"]["details"]
-                times = rng.lognormal(mean=np.log(50 + 10 * VARIANTS.index(variant)), sigma=0.1, size=iterations)
-                details["per_iteration_ms"] = [round(float(t), 6) for t in times]
-                details["iterations"] = iterations
-                stats = details["latency_ms"]
-                stats.update(
-                    count=iterations, median=float(np.median(times)), mean=float(times.mean()), p99=float(np.percentile(times, 99))
-                )
-                folder = root / "manifests" / toolchain
-                folder.mkdir(parents=True, exist_ok=True)
-                (folder / f"{model}_{variant}.json").write_text(json.dumps(manifest))
-    (root / "pipeline.toml").write_text(catalog + "".join(extra))
+    engines = engines_of(layout, count)
+    # The sets of rounds: per model, its engines in runs of at most ROUNDS_SET.
+    sets: dict[tuple[str, str, str], tuple[str, list[str]]] = {}
+    if rounds:
+        by_model: dict[str, list[tuple[str, str, str]]] = {}
+        for engine in engines:
+            by_model.setdefault(engine[0], []).append(engine)
+        for model, members in by_model.items():
+            for start in range(0, len(members), ROUNDS_SET):
+                chunk = members[start : start + ROUNDS_SET]
+                group = f"{model}-{start // ROUNDS_SET:04d}"
+                entrants = [f"{variant}/{toolchain}" for _, variant, toolchain in chunk]
+                sets.update({engine: (group, entrants) for engine in chunk})
+    for index, (model, variant, toolchain) in enumerate(engines):
+        manifest = copy.deepcopy(template)
+        manifest.update(engine=f"{model}_{variant}", model=model, variant=variant, precision=variant, toolchain=toolchain)
+        details = manifest["profile"]["details"]
+        typical = 50 + 10 * VARIANTS.index(variant) + (index % SPREAD) * 0.5
+        times = rng.lognormal(mean=np.log(typical), sigma=0.1, size=iterations)
+        details["per_iteration_ms"] = [round(float(t), 6) for t in times]
+        details["iterations"] = iterations
+        stats = details["latency_ms"]
+        stats.update(count=iterations, median=float(np.median(times)), mean=float(times.mean()), p99=float(np.percentile(times, 99)))
+        if rounds:
+            group, entrants = sets[(model, variant, toolchain)]
+            takes = [
+                {"round": r, "order": 0, "runs": iterations // ROUNDS, "median_ms": float(np.median(times[r::ROUNDS]))}
+                for r in range(ROUNDS)
+            ]
+            details["rounds"] = [
+                {
+                    "group": group, "entrant": f"{variant}/{toolchain}", "entrants": entrants, "takes": takes, "rounds": ROUNDS,
+                    "stop": "decided", "elapsed_s": 3.0, "take_ms": 250.0, "take_runs": 1, "min_rounds": ROUNDS, "budget_s": 30.0,
+                    "tie": 0.03, "seed": 0,
+                }
+            ]  # fmt: skip
+        name = f"{model}_{variant}"
+        if layout != "models":  # measured at a shape point, so the sweep and its crossovers are made too
+            manifest["shape"] = POINT
+            name += f"@{POINT}"
+        folder = root / "manifests" / toolchain
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{name}.json").write_text(json.dumps(manifest))
+    table = MODEL_AT_POINT if layout != "models" else 'timm = "vit_tiny_patch16_224"\nbatch_size = 4\n'
+    models = dict.fromkeys(model for model, _, _ in engines)
+    (root / "pipeline.toml").write_text(catalog + "".join(f"\n[models.{m}]\n{table}" for m in models))
+    return len(engines)
 
 
-def time_compare(catalog: Path, fmt: str) -> float:
-    started = time.perf_counter()
-    result = subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "--catalog", str(catalog), "compare", "--format", fmt],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "COLUMNS": "120"},
-    )
-    elapsed = time.perf_counter() - started
-    if result.returncode != 0:
-        raise SystemExit(f"pipeline compare --format {fmt} exited {result.returncode}: {result.stderr}")
-    return elapsed
+def time_compare(catalog: Path, fmt: str) -> tuple[float, float]:
+    """(seconds, peak resident MiB) of one `pipeline compare` in a fresh process."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        started = time.perf_counter()
+        child = subprocess.Popen(
+            [sys.executable, "-m", "pipeline.cli", "--catalog", str(catalog), "compare", "--format", fmt],
+            cwd=REPO,
+            stdout=out,
+            stderr=err,
+            env={**os.environ, "COLUMNS": "120"},
+        )
+        _, status, usage = os.wait4(child.pid, 0)
+        elapsed = time.perf_counter() - started
+        child.returncode = os.waitstatus_to_exitcode(status)
+        if child.returncode != 0:
+            err.seek(0)
+            raise SystemExit(f"pipeline compare --format {fmt} exited {child.returncode}: {err.read().decode()}")
+    return elapsed, usage.ru_maxrss / 1024  # kilobytes on Linux
 
 
 def touch_one(root: Path) -> None:
     """What a profile of one engine does to the folder: one manifest rewritten."""
-    path = next((root / "manifests" / TOOLCHAINS[0]).glob("*.json"))
+    path = next(next(folder for folder in sorted((root / "manifests").iterdir()) if folder.is_dir()).glob("*.json"))
     manifest = json.loads(path.read_text())
     manifest["profile"]["details"]["per_iteration_ms"][0] *= 1.01
     path.write_text(json.dumps(manifest))
+
+
+def cache_states(workspace: Path, repeat: int) -> None:
+    """Table and JSON, each with a cold cache, a warm one and one manifest changed."""
+    catalog, cache = workspace / "pipeline.toml", workspace / "manifests" / ".compare-cache.json"
+    for fmt in ("table", "json"):
+        runs: dict[str, list[tuple[float, float]]] = {"cold cache": [], "warm cache": [], "one manifest changed": []}
+        for _ in range(repeat):
+            cache.unlink(missing_ok=True)
+            runs["cold cache"].append(time_compare(catalog, fmt))
+            runs["warm cache"].append(time_compare(catalog, fmt))
+            touch_one(workspace)
+            runs["one manifest changed"].append(time_compare(catalog, fmt))
+        for state, measured in runs.items():
+            times = [seconds for seconds, _ in measured]
+            peak = max(mib for _, mib in measured)
+            listed = ", ".join(f"{seconds:.2f}" for seconds in times)
+            print(f"compare --format {fmt:5} {state:21}: median {statistics.median(times):.2f} s, peak {peak:.0f} MiB (runs: {listed})")
+
+
+def growth(count: int, iterations: int, repeat: int) -> None:
+    """The cold JSON compare of 3 manifests and of ``count``, in each layout, with and without rounds."""
+    print(f"{'layout':10} {'rounds':6} {'3 manifests':>12} {f'{count} manifests':>16} {'ratio':>6} {'peak MiB':>9}")
+    for layout in LAYOUTS:
+        for rounds in (False, True):
+            figures = []
+            for size in (3, count):
+                workspace = Path(tempfile.mkdtemp(prefix="bench-compare-"))
+                try:
+                    written = write_workspace(workspace, size, iterations, layout, rounds)
+                    measured = []
+                    for _ in range(repeat):
+                        (workspace / "manifests" / ".compare-cache.json").unlink(missing_ok=True)
+                        measured.append(time_compare(workspace / "pipeline.toml", "json"))
+                    figures.append((written, statistics.median(s for s, _ in measured), max(m for _, m in measured)))
+                finally:
+                    shutil.rmtree(workspace)
+            (few, small, _), (many, large, peak) = figures
+            print(
+                f"{layout:10} {'yes' if rounds else 'no':6} {small:8.2f} s ({few}) {large:10.2f} s ({many}) {large / small:5.1f}× {peak:9.0f}"
+            )
 
 
 def main() -> None:
@@ -91,25 +196,21 @@ def main() -> None:
     parser.add_argument("--manifests", type=int, default=3000)
     parser.add_argument("--iterations", type=int, default=15, help="per-iteration times in each manifest (the demo records about 15)")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--layout", choices=LAYOUTS, default="models")
+    parser.add_argument("--rounds", action="store_true", help="give each manifest the rounds record of its point's set of rounds")
+    parser.add_argument("--growth", action="store_true", help="compare 3 and --manifests in every layout, with and without rounds")
     args = parser.parse_args()
+    print(
+        f"{platform.node()}, {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; {args.iterations} iterations a manifest"
+    )
+    if args.growth:
+        growth(args.manifests, args.iterations, args.repeat)
+        return
     workspace = Path(tempfile.mkdtemp(prefix="bench-compare-"))
     try:
-        write_workspace(workspace, args.manifests, args.iterations)
-        print(
-            f"{args.manifests} manifests, {args.iterations} iterations each; {platform.node()}, {platform.processor() or platform.machine()}"
-        )
-        catalog, cache = workspace / "pipeline.toml", workspace / "manifests" / ".compare-cache.json"
-        for fmt in ("table", "json"):
-            cold, warm, changed = [], [], []
-            for _ in range(args.repeat):
-                cache.unlink(missing_ok=True)
-                cold.append(time_compare(catalog, fmt))
-                warm.append(time_compare(catalog, fmt))
-                touch_one(workspace)
-                changed.append(time_compare(catalog, fmt))
-            for state, times in (("cold cache", cold), ("warm cache", warm), ("one manifest changed", changed)):
-                runs = ", ".join(f"{t:.2f}" for t in times)
-                print(f"compare --format {fmt:5} {state:21}: median {statistics.median(times):.2f} s (runs: {runs})")
+        written = write_workspace(workspace, args.manifests, args.iterations, args.layout, args.rounds)
+        print(f"{written} manifests, layout {args.layout}{', timed in rounds' if args.rounds else ''}")
+        cache_states(workspace, args.repeat)
     finally:
         shutil.rmtree(workspace)
 

@@ -507,3 +507,89 @@ def test_a_machine_too_small_to_compile_side_by_side_declines_and_says_why(tmp_p
     pool.close()
     assert "too few CPUs" in why and evidence == [{"compiler": {"compiled_ahead": {"skipped": why}}}]
     assert not pool._children
+
+
+# --- the verdict at scale -----------------------------------------------------------------------
+
+
+def _reference_verdict(rows: list[ComparisonRow], tie: float):
+    """The answer by its definition, every pair of the close ones compared: (fastest, tied, undecided)."""
+    from pipeline.report.confidence import time_ratio
+
+    def outcome(a, b):
+        estimate = time_ratio(a, b, tie)
+        return estimate.outcome if estimate is not None else "ambiguous"
+
+    least = min(rows, key=lambda r: r.median_ms)
+    close = [row for row in rows if row is least or outcome(least, row) != "faster"]
+    beaten = {id(b) for a in close for b in close if a is not b and outcome(a, b) == "faster"}
+    front = [row for row in close if id(row) not in beaten] or close
+    fastest = min(front, key=lambda r: r.median_ms)
+    tied = sorted((row for row in front if row is not fastest), key=lambda r: r.median_ms)
+    group = [fastest, *tied]
+    undecided = any(outcome(a, b) != "same" for i, a in enumerate(group) for b in group[i + 1 :])
+    return fastest, tied, undecided
+
+
+def _random_rows(rng, count: int) -> list[ComparisonRow]:
+    """Rows at one point: some timed apart (an interval each, or none), some in one of two sets of
+    rounds, with medians and spreads that make every outcome happen."""
+    rows = []
+    for index in range(count):
+        median = rng.uniform(10.0, 12.0)
+        kind = rng.random()
+        if kind < 0.4:
+            rows.append(_row(f"t{index}", "2x64", median, spread=rng.uniform(0.001, 0.06)))
+        elif kind < 0.5:
+            rows.append(_row(f"t{index}", "2x64", median, median_ci_ms=None))
+        else:
+            takes = [median * rng.uniform(0.97, 1.03) for _ in range(6)]
+            row = _paired(f"t{index}", takes, spread=0.02)
+            row.shape, row.round_medians = "2x64", {rng.choice(["g1", "g2"]): takes}
+            rows.append(row)
+    return rows
+
+
+def test_the_verdict_is_its_definition_without_comparing_every_pair():
+    """Against the answer computed from every pair of the engines the least one does not beat:
+    the same fastest, tied and undecided on 400 random points (rows timed apart, rows without an
+    interval, rows in two sets of rounds)."""
+    import random
+
+    rng = random.Random(7)
+    for _ in range(400):
+        rows = _random_rows(rng, rng.randint(2, 25))
+        (verdict,) = verdicts(rows, "t0")
+        fastest, tied, undecided = _reference_verdict(rows, verdict.tie)
+        assert verdict.fastest is fastest
+        assert verdict.tied == tied
+        assert verdict.undecided == undecided
+
+
+def test_the_verdicts_comparisons_grow_linearly_with_the_engines_of_a_point(monkeypatch):
+    """Counted, not timed: the verdict, the sweep and its crossovers at one point of n engines
+    (every build distinct, or all alike) make about n comparisons, not n²/2."""
+    from pipeline.report import sweep as module
+
+    counted = []
+
+    def counting(a, b, tie):
+        counted.append(1)
+        return time_ratio(a, b, tie)
+
+    time_ratio = module.time_ratio
+    monkeypatch.setattr(module, "time_ratio", counting)
+
+    def comparisons(count: int, alike: bool) -> int:
+        rows = [_row(f"build{i:05d}", "2x64", 10.0 if alike else 10.0 + 0.05 * i, spread=0.02) for i in range(count)]
+        counted.clear()
+        verdict_list = verdicts(rows, "build00000")
+        (sweep,) = sweeps(rows, verdict_list, baseline_toolchain="build00000")
+        sweep.crossovers()
+        sweep.public()
+        return len(counted)
+
+    for alike in (False, True):
+        small, large = comparisons(100, alike), comparisons(3000, alike)
+        assert large <= 31 * small, (alike, small, large)
+        assert large < 10 * 3000, (alike, large)  # a few for each engine; n²/2 would be 4.5 million

@@ -71,7 +71,7 @@ def compare(
     given = AccuracyFloor(tuple(thresholds), "--fail-accuracy-below")
     floors = {model: given if thresholds else catalog.accuracy_floor_for(model) for model in {row.model for row in rows}}
     verdict_list = verdicts(rows, catalog.baseline_toolchain, floors, catalog.profile.tie)
-    answer = Answer(verdict_list, sweeps(rows, verdict_list, catalog.profile.tie), metric)
+    answer = Answer(verdict_list, sweeps(rows, verdict_list, catalog.profile.tie, catalog.baseline_toolchain), metric)
     if fmt == "md":
         return rows, render_markdown(rows, answer)
     if fmt == "json":

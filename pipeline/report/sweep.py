@@ -17,6 +17,7 @@ Built from comparison rows only (pipeline/report/rows.py), so every format says 
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +25,7 @@ from pipeline.accuracy import AccuracyFloor, AccuracyThreshold
 from pipeline.report.confidence import interval_words, time_ratio
 from pipeline.report.gates import accuracy_shortfalls
 from pipeline.report.rows import LAUNCH_BOUND, ComparisonRow, shape_order
-from pipeline.stats import RatioEstimate
+from pipeline.stats import RatioEstimate, tie_band
 
 METRICS = ("ms", "tokens", "memory")
 # Flags that make a row's number untrustworthy for a verdict (rows.measurement_flags words them),
@@ -90,18 +91,29 @@ class Verdict:
     tied: list[ComparisonRow] = field(default_factory=list)
     # The engines the answer was chosen among (accurate, measured on a quiet machine).
     candidates: list[ComparisonRow] = field(default_factory=list)
-    # Every two candidates compared (A's time over B's), and the baseline's against each of the fastest and the tied.
+    # The comparisons the answer rests on (A's time over B's): the least median against every other
+    # candidate, every two of those it cannot be told from, and the baseline's against each of the
+    # fastest and the tied (_decide says why these are enough).
     comparisons: list[tuple[ComparisonRow, ComparisonRow, RatioEstimate | None]] = field(default_factory=list)
     tie: float = TIE
+    # Whether two engines of the answer and its tied ones are not the same, as _decide found it
+    # (None: found from the comparisons).
+    undecided_among: bool | None = None
+    # The comparisons by the two rows' ids, kept in step with the list by ratio().
+    _by_pair: dict[tuple[int, int], RatioEstimate | None] = field(default_factory=dict, repr=False)
 
     def ratio(self, a: ComparisonRow, b: ComparisonRow) -> RatioEstimate | None:
         """A's time over B's, from the comparisons made (None: not compared, or no interval)."""
-        for first, second, estimate in self.comparisons:
-            if first is a and second is b:
-                return estimate
-            if first is b and second is a:
-                return estimate.inverse() if estimate is not None else None
-        return None
+        if len(self._by_pair) != len(self.comparisons):
+            self._by_pair = {(id(first), id(second)): estimate for first, second, estimate in self.comparisons}
+        if (id(a), id(b)) in self._by_pair:
+            return self._by_pair[(id(a), id(b))]
+        estimate = self._by_pair.get((id(b), id(a)))
+        return estimate.inverse() if estimate is not None else None
+
+    def compared(self, a: ComparisonRow, b: ComparisonRow) -> bool:
+        self.ratio(a, b)  # brings the index up to date
+        return (id(a), id(b)) in self._by_pair or (id(b), id(a)) in self._by_pair
 
     @property
     def speedup_estimate(self) -> RatioEstimate | None:
@@ -120,6 +132,8 @@ class Verdict:
     @property
     def undecided(self) -> bool:
         """Whether some engine the data cannot tell from the answer is undecided, not a tie."""
+        if self.undecided_among is not None:
+            return self.undecided_among
         group = [self.fastest, *self.tied]
         return any(
             (estimate := self.ratio(a, b)) is None or estimate.outcome != "same" for i, a in enumerate(group) for b in group[i + 1 :]
@@ -306,26 +320,115 @@ def verdicts(
 def _decide(verdict: Verdict, candidates: list[ComparisonRow], group: list[ComparisonRow], baseline_toolchain: str | None) -> None:
     """The answer among the candidates: those no other candidate is faster than with confidence,
     the fastest of them first and the rest tied with it; a slower engine is never named over one
-    that is faster with confidence."""
+    that is faster with confidence.
+
+    It makes the comparisons that answer needs, not every pair, which made a compare of thousands
+    of engines at one point take minutes (scripts/benchmark_compare.py): the candidate of least
+    median against each other one — those it beats are out whatever else they meet — then, among
+    the rest ("close"), whether another beats each one: paired, pair by pair, where they were timed
+    together, and by their intervals where they were not (_beaten_apart, a sweep). The comparisons
+    kept for the report are the ones made pair by pair."""
     verdict.candidates = candidates
-    comparisons = [(a, b, time_ratio(a, b, verdict.tie)) for i, a in enumerate(candidates) for b in candidates[i + 1 :]]
-    beaten = set()
-    for a, b, estimate in comparisons:
-        if estimate is not None and estimate.outcome == "faster":
-            beaten.add(id(b))
-        elif estimate is not None and estimate.outcome == "slower":
-            beaten.add(id(a))
-    front = [row for row in candidates if id(row) not in beaten] or candidates
+    order = {id(row): index for index, row in enumerate(candidates)}
+    made: dict[tuple[int, int], tuple[ComparisonRow, ComparisonRow, RatioEstimate | None]] = {}
+
+    def compare(a: ComparisonRow, b: ComparisonRow) -> RatioEstimate | None:
+        """A's time over B's, each pair estimated once, kept in the candidates' order."""
+        first, second = (a, b) if order[id(a)] < order[id(b)] else (b, a)
+        key = (id(first), id(second))
+        if key not in made:
+            made[key] = (first, second, time_ratio(first, second, verdict.tie))
+        estimate = made[key][2]
+        return estimate if first is a or estimate is None else estimate.inverse()
+
+    least = min(candidates, key=lambda r: r.median_ms)
+    close = [row for row in candidates if row is least or _outcome(compare(least, row)) != "faster"]
+    beaten = _beaten_apart(close, verdict.tie)
+    together: dict[str, list[ComparisonRow]] = {}
+    for row in close:
+        for set_of_rounds in row.round_medians:
+            together.setdefault(set_of_rounds, []).append(row)
+    for members in together.values():
+        for i, a in enumerate(members):
+            for b in members[i + 1 :]:
+                outcome = _outcome(compare(a, b))
+                if outcome == "faster":
+                    beaten.add(id(b))
+                elif outcome == "slower":
+                    beaten.add(id(a))
+    front = [row for row in close if id(row) not in beaten] or close
     verdict.fastest = min(front, key=lambda r: r.median_ms)
     verdict.tied = sorted((row for row in front if row is not verdict.fastest), key=lambda r: r.median_ms)
+    if verdict.fastest is not least:  # the answer's sureness is said against every other candidate
+        for row in candidates:
+            if row is not verdict.fastest:
+                compare(verdict.fastest, row)
+    verdict.undecided_among = _undecided([verdict.fastest, *verdict.tied], compare, verdict.tie)
     bases = [r for r in group if r.toolchain == baseline_toolchain and r.median_ms is not None]
     same = [r for r in bases if r.variant == verdict.fastest.variant]
     verdict.baseline = (same or sorted(bases, key=lambda r: r.median_ms) or [None])[0]
-    verdict.comparisons = comparisons
+    verdict.comparisons = [made[key] for key in sorted(made, key=lambda key: (order[key[0]], order[key[1]]))]
     if verdict.baseline is not None:  # the baseline itself may be no candidate (another variant, noisy)
         for row in [verdict.fastest, *verdict.tied]:
-            if row is not verdict.baseline and not any({id(a), id(b)} == {id(verdict.baseline), id(row)} for a, b, _ in comparisons):
-                comparisons.append((verdict.baseline, row, time_ratio(verdict.baseline, row, verdict.tie)))
+            if row is not verdict.baseline and not verdict.compared(verdict.baseline, row):
+                verdict.comparisons.append((verdict.baseline, row, time_ratio(verdict.baseline, row, verdict.tie)))
+
+
+# Of the rows whose intervals end lowest, how many _beaten_apart keeps at each step of its sweep.
+_LOWEST_KEPT = 4
+
+
+def _beaten_apart(rows: list[ComparisonRow], tie: float) -> set[int]:
+    """The ids of the rows another row is faster than with confidence by the two medians'
+    intervals, among rows not timed together (pipeline/stats.py: A/B lies in [A's low / B's high,
+    A's high / B's low], "faster" when that lies below 1 and reaches below the tie band).
+
+    In n log n, not n²: with the rows sorted by their interval's high end, those that can beat B
+    (high below B's low) are a prefix, and of them the one with the lowest low end beats B if any
+    does. Rows timed together with B are skipped here (their comparison is paired)."""
+    lowest, _ = tie_band(tie)
+    apart = sorted((row for row in rows if row.median_ci_ms is not None), key=lambda r: r.median_ci_ms[1])
+    highs = [row.median_ci_ms[1] for row in apart]
+    kept: list[list[ComparisonRow]] = []  # per prefix of `apart`: its rows of lowest low end, lowest first
+    for row in apart:
+        previous = kept[-1] if kept else []
+        kept.append(sorted([*previous, row], key=lambda r: r.median_ci_ms[0])[:_LOWEST_KEPT])
+    beaten = set()
+    for row in apart:
+        low, high = row.median_ci_ms
+        faster_end = bisect_left(highs, low)  # apart[:faster_end] end below this row's low
+        if faster_end == 0:
+            continue
+        rounds = set(row.round_medians)
+        timed_apart = [other for other in kept[faster_end - 1] if not rounds & set(other.round_medians)]
+        if not timed_apart and len(kept[faster_end - 1]) == _LOWEST_KEPT:  # each kept one was timed with it
+            timed_apart = sorted(
+                (other for other in apart[:faster_end] if not rounds & set(other.round_medians)), key=lambda r: r.median_ci_ms[0]
+            )
+        if timed_apart and high > 0 and timed_apart[0].median_ci_ms[0] / high < lowest:
+            beaten.add(id(row))
+    return beaten
+
+
+def _undecided(front: list[ComparisonRow], compare, tie: float) -> bool:
+    """Whether some two engines of the answer's group are not "the same" (within the tie band).
+    Rows timed apart whose intervals all lie within the band of each other are the same pairwise
+    (every ratio lies between the lowest low over the highest high and its inverse), without a
+    comparison each."""
+    if len(front) < 2:
+        return False
+    intervals = [row.median_ci_ms for row in front]
+    sets_of_rounds = [name for row in front for name in row.round_medians]
+    if all(intervals) and len(sets_of_rounds) == len(set(sets_of_rounds)):
+        lowest, highest = tie_band(tie)
+        low, high = min(i[0] for i in intervals), max(i[1] for i in intervals)
+        if high > 0 and low > 0 and lowest <= low / high and high / low <= highest:
+            return False
+    return any(_outcome(compare(a, b)) != "same" for i, a in enumerate(front) for b in front[i + 1 :])
+
+
+def _outcome(estimate: RatioEstimate | None) -> str:
+    return estimate.outcome if estimate is not None else "ambiguous"
 
 
 # --- the sweep -----------------------------------------------------------------------------------
@@ -344,6 +447,10 @@ class Sweep:
     best: dict[str, ComparisonRow]
     tied: dict[str, list[ComparisonRow]] = field(default_factory=dict)
     tie: float = TIE
+    # The catalog's baseline toolchain, whose line every line of its variant is set against.
+    baseline: str | None = None
+    # The ids of the tied rows by shape, kept in step with ``tied`` by is_tied().
+    _tied_ids: dict[str, set[int]] = field(default_factory=dict, repr=False)
 
     @property
     def title(self) -> str:
@@ -362,21 +469,44 @@ class Sweep:
         text = f"{value:.3f}" if metric == "ms" else f"{value:,.0f}"
         if self.best.get(shape) is row:
             return "*" + text
-        return ("=" if any(tied is row for tied in self.tied.get(shape, [])) else "") + text
+        return ("=" if self.is_tied(shape, row) else "") + text
+
+    def is_tied(self, shape: str, row: ComparisonRow) -> bool:
+        """Whether the verdict at ``shape`` cannot tell ``row`` from its answer."""
+        tied = self.tied.get(shape, [])
+        ids = self._tied_ids.get(shape)
+        if ids is None or len(ids) != len(tied):
+            ids = self._tied_ids[shape] = {id(other) for other in tied}
+        return id(row) in ids
 
     def crossovers(self) -> list[str]:
-        """Every two toolchains that ran the same variant, in words: by how much one is faster at
-        the first and the last point they share, and where the lead changes as the sequence grows."""
+        """Two toolchains that ran the same variant, in words: by how much one is faster at the
+        first and the last point they share, and where the lead changes as the sequence grows.
+        Each toolchain is set against the variant's leaders (the toolchain of least median at some
+        point) and its baseline toolchain: with three toolchains a variant that is every two, and
+        with thousands (a sweep over many builds) a sentence each, not millions."""
         out = []
         keys = list(self.lines)
+        references = self._references()
         for i, a in enumerate(keys):
             for b in keys[i + 1 :]:
-                if a[0] != b[0]:
+                if a[0] != b[0] or not ({a, b} & references):
                     continue
                 sentence = _crossover(self.shapes, self.lines[a], self.lines[b], self.tie)
                 if sentence:
                     out.append(sentence)
         return out
+
+    def _references(self) -> set[tuple[str, str]]:
+        """The lines every other line of their variant is set against: each variant's fastest line
+        at each point, and the baseline toolchain's."""
+        leaders: dict[tuple[str, str], tuple[float, tuple[str, str]]] = {}
+        for key, points in self.lines.items():
+            for shape, row in points.items():
+                leader = leaders.get((key[0], shape))
+                if row.median_ms is not None and (leader is None or row.median_ms < leader[0]):
+                    leaders[(key[0], shape)] = (row.median_ms, key)
+        return {key for _, key in leaders.values()} | {key for key in self.lines if key[1] == self.baseline}
 
     def public(self, metric: str = "ms") -> dict[str, Any]:
         return {
@@ -396,7 +526,7 @@ class Sweep:
                             "median_ci_ms": list(row.median_ci_ms) if row.median_ci_ms else None,
                             "status": row.status,
                             "best": self.best.get(shape) is row,
-                            "tied_with_best": any(tied is row for tied in self.tied.get(shape, [])),
+                            "tied_with_best": self.is_tied(shape, row),
                         }
                         for shape, row in points.items()
                     },
@@ -415,14 +545,14 @@ def short_status(status: str) -> str:
     return {"build": "refused", "not": "not profiled"}.get(word, word)
 
 
-def sweeps(rows: list[ComparisonRow], verdict_list: list[Verdict], tie: float = TIE) -> list[Sweep]:
+def sweeps(rows: list[ComparisonRow], verdict_list: list[Verdict], tie: float = TIE, baseline_toolchain: str | None = None) -> list[Sweep]:
     """A sweep per model (and GPU type) measured at shape points."""
     by_point = {(v.model, v.gpu_type, v.shape): v for v in verdict_list if v.fastest is not None}
     out: dict[tuple[str, str | None], Sweep] = {}
     for row in rows:
         if row.shape is None:
             continue
-        sweep = out.setdefault((row.model, row.gpu_type), Sweep(row.model, row.gpu_type, [], {}, {}, tie=tie))
+        sweep = out.setdefault((row.model, row.gpu_type), Sweep(row.model, row.gpu_type, [], {}, {}, tie=tie, baseline=baseline_toolchain))
         if row.shape not in sweep.shapes:
             sweep.shapes.append(row.shape)
         sweep.lines.setdefault((row.variant, row.toolchain), {})[row.shape] = row

@@ -379,7 +379,7 @@ def _cell(column: Column, row: ComparisonRow, notes: _Notes | None) -> str:
 # list of rows; 2 the object {verdicts, sweeps, rows}, without this key; 3 adds it, and the
 # verdict's tie, speedup interval and every comparison with its outcome; 4 each row's error
 # against the FP32 reference (max and mean absolute, MSE).
-JSON_SCHEMA_VERSION = 4
+JSON_SCHEMA_VERSION = 5
 
 
 def render_json(rows: list[ComparisonRow], answer: Answer | None = None) -> str:
