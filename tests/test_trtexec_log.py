@@ -495,12 +495,15 @@ def test_a_wrappers_prefix_before_every_line_is_taken_off(wrapper, tmp_path, run
 
 
 def test_a_prefix_on_few_lines_is_not_a_wrappers():
-    """Constructed: one quoted line among plain ones keeps its quote mark."""
+    """Constructed: one quoted line among plain ones is not a wrapper's prefix taken off the others;
+    that line itself reads from trtexec's time stamp on."""
     from pipeline.trtexec.log import trtexec_lines
 
     lines = (SAMPLES / "trt10.16.1_h100_onnx_build_and_run_default.txt").read_text().split("\n")
-    lines[5] = "> " + lines[5]
-    assert trtexec_lines("\n".join(lines)) == lines
+    quoted = lines.copy()
+    quoted[5] = "> " + lines[5]
+    quoted[0] = "> " + lines[0]  # the banner has no time stamp: its quote mark stays
+    assert lines[5].startswith("[") and trtexec_lines("\n".join(quoted)) == [quoted[0], *lines[1:]]
 
 
 @pytest.mark.parametrize("separator", [" / ", " | ", "\\n", "<br>", " ⏎ "])
@@ -652,21 +655,69 @@ MUTATIONS = {
     "joined by ' / '": {"join": " / "},
     "joined by a literal \\n": {"join": "\\n"},
     "the shape lines cut": {"shapes_cut": True},
+    "a foreign prefix on one line": {"foreign": "* build step: failed "},
+    "'=' dropped from the statistics": {"no_equals": True},
+    "summary lines joined without a separator": {"summaries_joined": True},
 }
 
+# A summary line's start, with or without trtexec's prefix: where the mutations below act.
+_SUMMARY_START = re.compile(
+    r"^(?:\[[^\]]*\] )?\[I\] (?:Throughput|Latency|Enqueue Time|H2D Latency|GPU Compute Time|D2H Latency|Total Host Walltime|Total GPU Compute Time):"
+)
+_DATED = re.compile(r"^\[\d{2}/\d{2}/\d{4}-\d{2}:\d{2}:\d{2}\] \[[VIWEF]\]")
 
-def _mutate(text: str, strip=False, indent="", crlf=False, wrap="", join=None, shapes_cut=False) -> str:
+
+def _with_foreign_prefix(lines: list[str], foreign: str) -> list[str]:
+    """``foreign`` before one dated line (a summary line where there is one), as a markdown list
+    item or a note pasted into the log has it."""
+    dated = [i for i, line in enumerate(lines) if _DATED.match(line)]
+    if dated:
+        index = next((i for i in dated if _SUMMARY_START.match(lines[i])), dated[0])
+        lines = [*lines[:index], foreign + lines[index], *lines[index + 1 :]]
+    return lines
+
+
+def _summaries_joined(lines: list[str]) -> list[str]:
+    """Each run of summary lines, and the first warning after it, on one line: their line feeds
+    lost, the later lines' prefixes with them ("… ms Total Host Walltime: 3.0 s [W] * Throughput …")."""
+    out: list[str] = []
+    joining = False
+    for line in lines:
+        summary = _SUMMARY_START.match(line)
+        if joining and summary:
+            out[-1] += " " + _STAMP.sub("", line)
+        elif joining and re.match(r"^(?:\[[^\]]*\] )?\[W\] ", line):
+            out[-1] += " [W] " + _STAMP.sub("", line)
+            joining = False
+        else:
+            out.append(line)
+            joining = bool(summary)
+    return out
+
+
+def _mutate(
+    text: str, strip=False, indent="", crlf=False, wrap="", join=None, shapes_cut=False, foreign="", no_equals=False, summaries_joined=False
+) -> str:
     if shapes_cut:
         text = _command_only(text)
+    if no_equals:
+        text = re.sub(r"\b(min|max|mean|median|percentile\([\d.]+%\)) = ", r"\1 ", text)
     lines = text.split("\n")
+    if foreign:
+        lines = _with_foreign_prefix(lines, foreign)
+    if summaries_joined:
+        lines = _summaries_joined(lines)
     if strip:
         lines = [_STAMP.sub("", line) for line in lines]
     lines = [wrap + indent + line if line else line for line in lines]
     return (join if join is not None else "\r\n" if crlf else "\n").join(lines)
 
 
-def _figures(log) -> dict:
-    return {
+def _figures(log, tagged: bool = False) -> dict:
+    """What a log says; with ``tagged``, its errors and warnings too (a log whose severity tags
+    were stripped cannot say which lines those were)."""
+    tags = {"errors": [error.model_dump() for error in log.errors], "warnings": log.warnings} if tagged else {}
+    return tags | {
         "summaries": [s.model_dump(exclude={"label"}) for s in log.summaries],
         "profile": log.profile.model_dump() if log.profile else None,
         "trace": [t.model_dump() for t in log.trace],
@@ -687,8 +738,9 @@ def test_mutated_logs_keep_every_figure_that_remains(path, mutation):
 
     settings = MUTATIONS[mutation]
     original = path.read_text(errors="replace")
-    whole = _figures(parse_log(original))
-    mutated = _figures(parse_log(_mutate(original, **settings)))
+    tagged = not settings.get("strip")
+    whole = _figures(parse_log(original), tagged)
+    mutated = _figures(parse_log(_mutate(original, **settings)), tagged)
     if settings.get("shapes_cut") and not re.search(r"^&&&& .*--(shapes|minShapes|optShapes|maxShapes)=", original, re.M):
         whole["inputs"] = {}  # no shape on its command line: nothing to read them from
     assert mutated == whole
@@ -718,3 +770,45 @@ def test_mutated_logs_keep_every_figure_that_remains(path, mutation):
             complete_profiles, complete_inference = whole["inputs"].get(name, ({}, None))
             assert all(complete_profiles.get(index) == shapes for index, shapes in profiles.items()), (name, cut)
             assert inference in (None, complete_inference), (name, cut)
+
+
+# --- three more ways logs are pasted (constructed, each beside the recorded log it changes) ------
+
+DEFAULT_RUN = SAMPLES / "trt10.16.1_h100_onnx_build_and_run_default.txt"
+
+
+def test_an_error_after_foreign_text_on_its_line_is_read():
+    """A markdown list item before trtexec's time stamp, on that line alone."""
+    text = "\n".join(
+        [
+            "&&&& RUNNING TensorRT.trtexec [TensorRT v101601] [b12] # trtexec --onnx=model.onnx",
+            "* build step: failed [12/03/2025-10:11:12] [E] Error[3]: [network.cpp::addInput::1234] Error Code 3: API Usage Error",
+            "[12/03/2025-10:11:12] [I] done",
+        ]
+    )
+    (error,) = parse_log(text).errors
+    assert (error.code, error.message) == (3, "Error[3]: [network.cpp::addInput::1234] Error Code 3: API Usage Error"), error
+
+
+def test_statistics_whose_equals_sign_was_eaten_keep_their_values():
+    line = "[12/03/2025-10:11:12] [I] Latency: min 2.01 ms, max 4.5 ms, mean = 3.1 ms, median = 3.0 ms, percentile(99%) 3.2 ms"
+    (summary,) = parse_log(line).summaries
+    assert summary.latency_ms.model_dump(exclude={"other"}) == {
+        "min": 2.01, "max": 4.5, "mean": 3.1, "median": 3.0, "p90": None, "p95": None, "p99": 3.2
+    }  # fmt: skip
+
+
+def test_summary_lines_run_together_on_one_line_are_each_read():
+    text = DEFAULT_RUN.read_text()
+    whole = parse_log(text)
+    lines = text.split("\n")
+    first = next(i for i, line in enumerate(lines) if "D2H Latency:" in line)
+    walltime, compute, warning = (_STAMP.sub("", line) for line in lines[first + 1 : first + 4])
+    assert compute.startswith("Total GPU Compute Time:") and warning.startswith("* GPU compute time is unstable")
+    # "… ms Total Host Walltime: 3.00013 s Total GPU Compute Time: 1.6586 s [W] * GPU compute time is unstable, …"
+    run_together = [*lines[:first], f"{lines[first]} {walltime} {compute} [W] {warning}", *lines[first + 4 :]]
+    joined = parse_log("\n".join(run_together))
+    assert joined.summaries == whole.summaries
+    assert joined.warnings == whole.warnings
+    (summary,) = joined.summaries
+    assert summary.total_host_walltime_s is not None and summary.total_gpu_compute_s is not None

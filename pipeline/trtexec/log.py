@@ -27,7 +27,8 @@ _BANNER = re.compile(
     r"(?: \[(?P<build>b\d+)\])? # (?P<command>.*)$"
 )
 _SECTION = re.compile(r"^=== (?P<name>.+?) ===$")
-_STAT = re.compile(r"(?P<label>min|max|mean|median|percentile\((?P<pct>[\d.]+)%\))\s*=\s*(?P<value>[-+\d.eE]+|inf|nan)\s*ms")
+# The "=" is optional: chat and markdown renderers eat it ("min 2.01 ms, max 4.5 ms").
+_STAT = re.compile(r"(?<![\w(])(?P<label>min|max|mean|median|percentile\((?P<pct>[\d.]+)%\))\s*=?\s*(?P<value>[-+\d.eE]+|inf|nan)\s*ms\b")
 _TRACE = re.compile(
     r"^Average on (?P<runs>\d+) runs - GPU latency: (?P<gpu>[\d.eE+-]+) ms - Host latency: (?P<host>[\d.eE+-]+) ms"
     r"(?: \(enqueue (?P<enqueue>[\d.eE+-]+) ms\))?"
@@ -513,9 +514,39 @@ _LINE_END_CHARACTERS = re.compile(r"^[\w)\]}.%'\"]+")
 
 def trtexec_lines(text: str) -> list[str]:
     """The text's lines as trtexec printed them: split at line feeds, a log pasted onto one line
-    split again at its separator, and a wrapper's prefix before every line taken off."""
-    lines = [piece for line in log_lines(text) for piece in _split_joined(line)]
-    return _without_wrapper_prefix(lines)
+    split again at its separator, a wrapper's prefix before every line taken off, text before
+    trtexec's own time stamp on a line taken off, and summary lines run together split apart."""
+    lines = _without_wrapper_prefix([piece for line in log_lines(text) for piece in _split_joined(line)])
+    return [piece for line in lines for piece in _split_summaries(_from_time_stamp(line))]
+
+
+# trtexec's own time stamp and severity tag ("[12/03/2025-10:11:12] [E] "): distinctive enough to
+# tell where its line starts after foreign text.
+_DATED_TAG = re.compile(r"\[\d{2}/\d{2}/\d{4}-\d{2}:\d{2}:\d{2}\] \[[VIWEF]\]")
+_SUMMARY_LABEL = "|".join(re.escape(label) for label in sorted([*SUMMARY_FIELDS, *_TOTAL_FIELDS], key=len, reverse=True))
+# Where a summary line run onto the one before it starts: after the unit that ends a summary line's
+# figures, a summary label and its colon, or a severity tag (with or without its time stamp).
+_SUMMARY_JOIN = re.compile(rf"(?:(?<=\bms)|(?<=\bs)|(?<=\bqps))\s+(?=(?:{_SUMMARY_LABEL}):|(?:\[[^\]]*\]\s*)?\[[VIWEF]\] )")
+
+
+def _from_time_stamp(line: str) -> str:
+    """A line that does not start as trtexec's do but holds trtexec's dated tag (a markdown list
+    item, "* build step: failed [12/03/2025-10:11:12] [E] Error[3]: …"), from that tag on."""
+    stripped = line.lstrip()
+    if _PREFIX.match(stripped) or _BANNER.match(stripped):
+        return line
+    found = _DATED_TAG.search(line)
+    return line[found.start() :] if found else line
+
+
+def _split_summaries(line: str) -> list[str]:
+    """A performance-summary line with the lines after it run onto it (their line feeds lost in a
+    paste: "… D2H Latency: … ms Total Host Walltime: 3.0 s [W] * Throughput may be …"), as its lines."""
+    tagged = _PREFIX.match(line)
+    message = tagged.group("message") if tagged else line.strip()
+    if message.partition(":")[0].strip() not in (*SUMMARY_FIELDS, *_TOTAL_FIELDS):
+        return [line]
+    return _SUMMARY_JOIN.split(line)
 
 
 def _split_joined(line: str) -> list[str]:
@@ -635,7 +666,7 @@ def _summary_line(summary: PerformanceSummary, text: str, any_label: bool) -> bo
         if not values:
             return False
         setattr(summary, _TOTAL_FIELDS[label], values[0])
-    elif "=" in rest and (any_label or label in SUMMARY_FIELDS):
+    elif _STAT.search(rest) and (any_label or label in SUMMARY_FIELDS):
         if label in SUMMARY_FIELDS:
             setattr(summary, SUMMARY_FIELDS[label], _summary(rest))
         else:
