@@ -593,3 +593,13 @@ def test_the_verdicts_comparisons_grow_linearly_with_the_engines_of_a_point(monk
         small, large = comparisons(100, alike), comparisons(3000, alike)
         assert large <= 31 * small, (alike, small, large)
         assert large < 10 * 3000, (alike, large)  # a few for each engine; n²/2 would be 4.5 million
+
+
+def test_a_point_timed_in_one_set_of_rounds_keeps_every_pair_in_the_report():
+    """As before schema 5: a local run times a point's engines together, and the report lists
+    every two of them (in the candidates' order), whatever the answer needed."""
+    rows = [_paired(f"t{i}", [10.0 + i + 0.01 * r for r in range(6)]) for i in range(5)]
+    (verdict,) = verdicts(rows, "t0")
+    assert verdict.fastest is rows[0]
+    pairs = [(a.toolchain, b.toolchain) for a, b, _ in verdict.comparisons]
+    assert pairs == [(f"t{i}", f"t{j}") for i in range(5) for j in range(i + 1, 5)]

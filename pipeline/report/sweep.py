@@ -327,7 +327,8 @@ def _decide(verdict: Verdict, candidates: list[ComparisonRow], group: list[Compa
     median against each other one — those it beats are out whatever else they meet — then, among
     the rest ("close"), whether another beats each one: paired, pair by pair, where they were timed
     together, and by their intervals where they were not (_beaten_apart, a sweep). The comparisons
-    kept for the report are the ones made pair by pair."""
+    kept for the report are the ones made pair by pair: for a point timed in one set of rounds,
+    every pair, as before."""
     verdict.candidates = candidates
     order = {id(row): index for index, row in enumerate(candidates)}
     made: dict[tuple[int, int], tuple[ComparisonRow, ComparisonRow, RatioEstimate | None]] = {}
@@ -344,14 +345,20 @@ def _decide(verdict: Verdict, candidates: list[ComparisonRow], group: list[Compa
     least = min(candidates, key=lambda r: r.median_ms)
     close = [row for row in candidates if row is least or _outcome(compare(least, row)) != "faster"]
     beaten = _beaten_apart(close, verdict.tie)
+    # Engines timed in one set of rounds are compared pair by pair, all of them (a set is the
+    # engines of one point in one run: tens at most), so a point measured in one run keeps every
+    # pair in the report; only pairs of the close ones decide who is beaten.
+    in_close = {id(row) for row in close}
     together: dict[str, list[ComparisonRow]] = {}
-    for row in close:
+    for row in candidates:
         for set_of_rounds in row.round_medians:
             together.setdefault(set_of_rounds, []).append(row)
     for members in together.values():
         for i, a in enumerate(members):
             for b in members[i + 1 :]:
                 outcome = _outcome(compare(a, b))
+                if id(a) not in in_close or id(b) not in in_close:
+                    continue
                 if outcome == "faster":
                     beaten.add(id(b))
                 elif outcome == "slower":
