@@ -29,6 +29,8 @@ MODEL_SETTINGS = "model_settings"
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.\-]{0,63}$")
 
 Precision = Literal["fp32", "fp16", "bf16", "int8", "fp8", "mxfp8", "nvfp4"]
+# The precisions ModelOpt quantizes to (pipeline/stages/quantize.py PRESETS).
+QUANTIZED_PRECISIONS = ("int8", "fp8", "mxfp8", "nvfp4")
 
 # Directory names under manifests/ that are not toolchains.
 RESERVED_NAMES = {"export"}
@@ -131,7 +133,28 @@ class VariantSpec(_Strict):
     conv_policy: Literal["exclude", "fp8"] = "exclude"
     # Weight dtype of quantized ONNX; default per precision (see pipeline/stages/quantize.py).
     weights_dtype: Literal["fp32", "fp16"] | None = None
+    # Layers kept unquantized: module names as the model names them, or wildcards ("blocks.*.mlp.fc2"),
+    # as `pipeline plan` writes them (pipeline/stages/quantized_layers.py).
+    exclude: tuple[str, ...] = ()
+    # The models this variant is for, where its exclude names one model's layers (a plan's variant);
+    # empty: every model. `--model M` alone then selects only the variants for M.
+    models: tuple[str, ...] = ()
     description: str = ""
+
+    def applies_to(self, model: str) -> bool:
+        return not self.models or model in self.models
+
+    @property
+    def quantized(self) -> bool:
+        return self.precision in QUANTIZED_PRECISIONS
+
+    @model_validator(mode="after")
+    def _exclude_needs_quantization(self):
+        if self.exclude and not self.quantized:
+            raise ValueError(f"exclude keeps layers out of quantization, and precision {self.precision!r} quantizes none")
+        if any(not name.strip() for name in self.exclude):
+            raise ValueError("exclude holds an empty name")
+        return self
 
 
 class ToolchainSpec(_Strict):
@@ -312,6 +335,10 @@ class Catalog(_Strict):
             for name in names:
                 if name not in table:
                     raise ValueError(f"{field}: {name!r} is not defined (known: {', '.join(table)})")
+        for variant_name, variant in self.variants.items():
+            for name in variant.models:
+                if name not in self.models:
+                    raise ValueError(f"variants.{variant_name}.models: {name!r} is not defined (known: {', '.join(self.models)})")
         return self
 
     # --- lookups with "did you mean" -------------------------------------------------------
@@ -367,7 +394,7 @@ class Catalog(_Strict):
         raise AssertionError("unreachable: _lookup raises for unknown names")
 
     def engine_names(self) -> list[str]:
-        return [f"{m}_{v}" for m in self.models for v in self.variants]
+        return [f"{m}_{v}" for m in self.models for v, spec in self.variants.items() if spec.applies_to(m)]
 
     # --- what a command selects and overrides (the one place options are combined and checked) ---
 
@@ -390,13 +417,20 @@ class Catalog(_Strict):
                 self.model(name)
             for name in chosen_variants:
                 self.variant(name)
-            refs = [EngineRef(m, v) for m in chosen_models for v in chosen_variants]
+            refs = [EngineRef(m, v) for m in chosen_models for v in chosen_variants if variants or self.variants[v].applies_to(m)]
             if not refs:
                 empty = "[defaults] models" if not chosen_models else ("[defaults] variants" if not models else "[variants]")
                 raise UsageError(
                     f"nothing is selected: the catalog's {empty} is empty.",
                     hint="name what to run with --model M / --variant V (or --engine), or list them in the catalog "
                     f"(known models: {', '.join(self.models) or 'none'}; variants: {', '.join(self.variants) or 'none'})",
+                )
+        for ref in refs:
+            variant = self.variants[ref.variant]
+            if not variant.applies_to(ref.model):
+                raise UsageError(
+                    f"variant {ref.variant} is for {', '.join(variant.models)} only (its exclude names their layers), not {ref.model}.",
+                    hint=f"plan a variant for {ref.model}: pipeline plan --engine {ref.model}_{variant.precision}",
                 )
         return list(dict.fromkeys(refs))
 

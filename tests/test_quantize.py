@@ -214,7 +214,7 @@ def test_block_format_exclusions_are_found_by_rule():
     import torch.nn as nn
 
     from pipeline.models.torch_import import import_timm
-    from pipeline.stages.quantize import classifier_head, plan_exclusions
+    from pipeline.stages.quantized_layers import classifier_head, plan_exclusions
 
     timm = import_timm()
     vit = timm.create_model("test_vit")

@@ -36,11 +36,11 @@ from pipeline.stages.quantize import (
     accuracy_proxy,
     as_inputs,
     export_quantized,
-    layers_to_rewrite,
     load_modelopt,
     quantize_model,
     require_cuda_for,
 )
+from pipeline.stages.quantized_layers import layers_to_rewrite, prefix_of, resolve_exclude
 from pipeline.stages.sparsify import onnx_sparsity, sparsify_model
 
 # How far the ONNX Runtime output may drift from PyTorch's on the same input, per precision:
@@ -156,6 +156,8 @@ class ExportStage(Stage):
                 "conv_policy": variant.conv_policy,
                 "weights_dtype": self.weights_dtype(),
             }
+            if variant.exclude:  # absent otherwise, so exports made before `exclude` existed stay current
+                params["quantization"]["exclude"] = list(variant.exclude)
         if variant.sparsity:
             params["sparsity_method"] = variant.sparsity_method
         return params
@@ -228,6 +230,7 @@ class ExportStage(Stage):
                     f"{'' if linear_only else ' or convolution'} layers, so the engine would be the unquantized model under another name.",
                     hint=f"measure {self.engine.model} at fp32, fp16 or bf16: leave the {self.engine.variant} variant out for it",
                 )
+            excluded = resolve_exclude(model, variant.exclude, linear_only, self.engine.variant, source.describe())
 
         points = source.check_points(model)
         model_inputs = source.inputs(model)
@@ -240,6 +243,7 @@ class ExportStage(Stage):
         with phase("to_device"):
             model = model.to(device)
         runnable = source.runnable(model)
+        prefix = prefix_of(runnable, model)  # how quantizers name the model's layers
         sample = source.sample_inputs(model, source.trace_point(points), spec.seed + 1)
         input_shape = tuple(sample[0].shape)
         with phase("fp32_reference"):
@@ -297,7 +301,14 @@ class ExportStage(Stage):
                 runnable = source.cast(runnable, torch.float16)
             with phase("quantize"):
                 runnable, quantization = quantize_model(
-                    runnable, variant.precision, batches, variant.conv_policy, self.ctx.reporter.progress, source.quantize_linear_only
+                    runnable,
+                    variant.precision,
+                    batches,
+                    variant.conv_policy,
+                    self.ctx.reporter.progress,
+                    source.quantize_linear_only,
+                    excluded,
+                    prefix,
                 )
             quantization["weights_dtype"] = self.weights_dtype()
             quantization["calibration"] = calibration
@@ -816,7 +827,8 @@ def check_parity(onnx_path: Path, feeds: list, reference, precision: str) -> Par
     reference = reference.astype(np.float64)
     max_abs = float(np.max(np.abs(output - reference)))
     denominator = float(np.linalg.norm(output) * np.linalg.norm(reference))
-    cosine = float(np.dot(output.ravel(), reference.ravel()) / denominator) if denominator else 0.0
+    # Two all-zero outputs are the same output (a quantization that wiped the signal exports faithfully).
+    cosine = float(np.dot(output.ravel(), reference.ravel()) / denominator) if denominator else float(max_abs == 0.0)
     relative_limit, floor = PARITY_TOLERANCE[precision]
     limit = relative_limit * max(1.0, float(np.max(np.abs(reference))))
     return ParityCheck(

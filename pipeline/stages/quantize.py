@@ -23,7 +23,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.errors import EnvironmentMissing, PipelineError, require_module
+from pipeline.errors import EnvironmentMissing, PipelineError, UsageError, require_module
+from pipeline.stages.quantized_layers import (
+    BLOCK_FORMATS,
+    count_enabled_weight_quantizers,
+    disable_outside_linear,
+    plan_exclusions,
+)
 
 # ModelOpt's preset configuration for each precision (names from modelopt.torch.quantization).
 PRESETS = {
@@ -32,7 +38,6 @@ PRESETS = {
     "mxfp8": "MXFP8_DEFAULT_CFG",
     "nvfp4": "NVFP4_DEFAULT_CFG",
 }
-BLOCK_FORMATS = {"mxfp8", "nvfp4"}
 NEEDS_CUDA = BLOCK_FORMATS
 # Q/DQ with FP8 (and FP4) types is defined from opset 19 on.
 MIN_OPSET = {"fp8": 19, "mxfp8": 19, "nvfp4": 19}
@@ -107,48 +112,21 @@ def require_cuda_for(precision: str) -> None:
         )
 
 
-def plan_exclusions(model, precision: str, conv_policy: str) -> tuple[dict[str, str], dict[str, str]]:
-    """Layers to leave unquantized, and layers to quantize as FP8 instead, each with the reason."""
-    import torch.nn as nn
-
-    excluded: dict[str, str] = {}
-    overridden: dict[str, str] = {}
-    if precision not in BLOCK_FORMATS:
-        return excluded, overridden
-    for name, module in model.named_modules():
-        if isinstance(module, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
-            reason = (
-                f"convolution: {precision} block quantization is for matrix multiplies, and ModelOpt cannot "
-                "export a block-quantized convolution (kernel of unknown shape)"
-            )
-            if conv_policy == "fp8":
-                overridden[name] = reason + "; quantized as FP8 instead"
-            else:
-                excluded[name] = reason
-    head = classifier_head(model)
-    if head is not None:
-        excluded[head] = "classifier head: kept in higher precision, the last layer is the most sensitive to quantization"
-    return excluded, overridden
-
-
-def classifier_head(model) -> str | None:
-    """The module producing the logits: timm's get_classifier(), else the last Linear layer."""
-    import torch.nn as nn
-
-    get_classifier = getattr(model, "get_classifier", None)
-    if callable(get_classifier):
-        head = get_classifier()
-        for name, module in model.named_modules():
-            if module is head and isinstance(module, nn.Linear):
-                return name
-    linears = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
-    return linears[-1] if linears else None
-
-
-def quantize_model(model, precision: str, batches, conv_policy: str = "exclude", progress=None, linear_only: bool = False):
+def quantize_model(
+    model,
+    precision: str,
+    batches,
+    conv_policy: str = "exclude",
+    progress=None,
+    linear_only: bool = False,
+    exclude: dict | None = None,
+    prefix: str = "",
+):
     """Calibrate ``model`` in place with ModelOpt; returns it and what the manifest records.
     ``progress`` (a text callback) hears each calibration batch. ``linear_only`` leaves every
-    layer but the Linear ones unquantized (transformers: their LayerNorms and embeddings)."""
+    layer but the Linear ones unquantized (transformers: their LayerNorms and embeddings).
+    ``exclude`` (layer name → reason) keeps those layers unquantized; names are the catalog model's,
+    which ``model`` (a wrapper around it) calls ``prefix`` + name, and the manifest's are too."""
     import torch
 
     if precision not in PRESETS:
@@ -158,6 +136,7 @@ def quantize_model(model, precision: str, batches, conv_policy: str = "exclude",
     _use_pytorch_kernels_for(precision)
     config = copy.deepcopy(getattr(mtq, PRESETS[precision]))
     excluded, overridden = plan_exclusions(model, precision, conv_policy)
+    excluded.update({prefix + name: reason for name, reason in (exclude or {}).items()})
     # Later entries of quant_cfg win, so the rules go last.
     for name in overridden:
         config["quant_cfg"].append({"quantizer_name": f"{name}.*", "cfg": dict(FP8_OVERRIDE)})
@@ -175,41 +154,22 @@ def quantize_model(model, precision: str, batches, conv_policy: str = "exclude",
 
     model = mtq.quantize(model, config, forward_loop)
     if linear_only:
-        excluded.update(_disable_outside_linear(model))
+        excluded.update(disable_outside_linear(model))
+    quantized = count_enabled_weight_quantizers(model)
+    if not quantized:
+        raise UsageError(
+            f"{precision} quantization left no layer quantized ({len(excluded)} excluded: {', '.join(list(excluded)[:5])}…), so the "
+            "engine would be the unquantized model under another name.",
+            hint="exclude fewer layers, or measure the model at fp32, fp16 or bf16",
+        )
     info: dict[str, Any] = {
         "tool": "nvidia-modelopt",
         "preset": PRESETS[precision],
-        "excluded_layers": excluded,
-        "fp8_layers": overridden,
-        "quantized_layers": _count_enabled_weight_quantizers(model),
+        "excluded_layers": {name.removeprefix(prefix): reason for name, reason in excluded.items()},
+        "fp8_layers": {name.removeprefix(prefix): reason for name, reason in overridden.items()},
+        "quantized_layers": quantized,
     }
     return model, info
-
-
-def layers_to_rewrite(model, linear_only: bool) -> int:
-    """How many layers quantization or 2:4 sparsity could act on: Linear layers, and convolutions
-    unless ``linear_only``. Zero for a module of functions alone (an attention call)."""
-    import torch.nn as nn
-
-    kinds = (nn.Linear,) if linear_only else (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
-    return sum(isinstance(module, kinds) for module in model.modules())
-
-
-def _disable_outside_linear(model) -> dict[str, str]:
-    """Turn off the quantizers ModelOpt's preset put on layers other than Linear (a transformer's
-    LayerNorm inputs): TensorRT quantizes matrix multiplies, and the TorchScript export writes no
-    Q/DQ for a LayerNorm's input, so the graph would not be the model that was calibrated."""
-    import torch.nn as nn
-
-    disabled = {}
-    for name, module in model.named_modules():
-        if isinstance(module, nn.Linear):
-            continue
-        for child_name, child in module.named_children():
-            if child_name.endswith("_quantizer") and getattr(child, "is_enabled", False):
-                child.disable()
-                disabled[name] = f"{type(module).__name__}: only Linear layers are quantized in this model"
-    return disabled
 
 
 def as_inputs(batch, device, dtype) -> tuple:
@@ -217,10 +177,6 @@ def as_inputs(batch, device, dtype) -> tuple:
     in ``dtype``: token ids and attention masks keep their integer types."""
     tensors = batch if isinstance(batch, tuple) else (batch,)
     return tuple(t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device) for t in tensors)
-
-
-def _count_enabled_weight_quantizers(model) -> int:
-    return sum(1 for name, module in model.named_modules() if name.endswith("weight_quantizer") and getattr(module, "is_enabled", False))
 
 
 def _use_pytorch_kernels_for(precision: str) -> None:

@@ -1,0 +1,181 @@
+"""`pipeline sensitivity` and `pipeline plan`: which layers break a quantized variant, and the
+variant that fixes it (pipeline/precision/, docs/precision.md)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+
+from pipeline.cli.state import State, pass_state
+
+ENGINE_HELP = "A quantized engine, e.g. vit_tiny_int8 (its model and variant are what is analysed)."
+SAMPLES_HELP = "Evaluation samples for the search (and as many again for the plan's confirmation), seeded, apart from calibration."
+FLOOR_HELP = (
+    "The accuracy to keep: cos=0.99 (cosine to FP32), top1=0.95, or both (repeatable). Default: the model's "
+    "accuracy_floor in pipeline.toml, else the precision's own check."
+)
+
+
+def _floor(state: State, ref, floors: tuple[str, ...]):
+    from pipeline.accuracy import THRESHOLD_FORMS, parse_accuracy_threshold
+    from pipeline.errors import UsageError
+    from pipeline.precision.variant_lab import floor_for
+
+    given = []
+    for text in floors:
+        try:
+            given.append(parse_accuracy_threshold(text))
+        except ValueError as exc:
+            raise UsageError(f"--floor {text!r} is not a threshold.", hint=f"give {THRESHOLD_FORMS}") from exc
+    return floor_for(state.catalog, ref, tuple(given))
+
+
+def _analysed(state: State, engine: str, samples: int, floor, stage: str):
+    """The calibrated variant and its sensitivity, with progress on stderr."""
+    from pipeline.precision.sensitivity import analyse
+    from pipeline.precision.variant_lab import VariantLab, refuse_unless_analysable
+    from pipeline.precision.where import attach_locations
+    from pipeline.reporting import Reporter
+
+    ref = state.catalog.engine(engine)
+    refuse_unless_analysable(state.catalog, ref)
+    reporter = Reporter(verbose=state.verbose)
+    started = time.perf_counter()
+    with reporter.working(stage, ref.name), reporter.captured("modelopt"):
+        lab = VariantLab(state.catalog, ref, samples, reporter.progress)
+        result = analyse(lab, floor, reporter.progress)
+        attach_locations(result, lab, state.catalog)
+    reporter.done(stage, ref.name, time.perf_counter() - started, f" ({len(result.layers)} layers, {result.evaluation['device']})")
+    return lab, result
+
+
+@click.command()
+@click.option("--engine", required=True, metavar="NAME", help=ENGINE_HELP)
+@click.option("--samples", type=click.IntRange(min=1), default=32, show_default=True, help=SAMPLES_HELP)
+@click.option("--floor", "floors", multiple=True, metavar="THRESHOLD", help=FLOOR_HELP)
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "html"]), default="table", show_default=True)
+@click.option(
+    "--out", type=click.Path(dir_okay=False, path_type=Path), help="Write to this file (html default: reports/sensitivity_ENGINE.html)."
+)
+@pass_state
+def sensitivity(state: State, engine, samples, floors, fmt, out):
+    """Which layers break a quantized engine's accuracy: every quantized layer measured with it
+    alone left unquantized (what excluding it buys) and alone quantized (what it costs), ranked,
+    with each block's error along the depth.
+
+    \b
+    Calibrates once (as the export does), then measures the model's output against FP32 on
+    seeded batches kept apart from calibration. Each layer is named as the model names it, with
+    its ONNX nodes (once the variant is exported) and its engine layers' precision (once built).
+    Runs on the CPU for int8 and fp8; mxfp8 and nvfp4 need a CUDA GPU.
+    """
+    from pipeline.precision import report
+
+    ref = state.catalog.engine(engine)
+    floor = _floor(state, ref, floors)
+    _, result = _analysed(state, engine, samples, floor, "analyse")
+    if fmt == "html" and out is None:
+        out = state.catalog.root / "reports" / f"sensitivity_{ref.name}.html"
+    if fmt == "table" and out is None:
+        from pipeline.reporting import stdout_console
+
+        report.print_sensitivity(result, stdout_console())
+        return
+    text = report.sensitivity_html(result) if fmt == "html" else _json(report.sensitivity_document(result))
+    _emit(text, out)
+
+
+@click.command()
+@click.option("--engine", required=True, metavar="NAME", help=ENGINE_HELP)
+@click.option("--floor", "floors", multiple=True, metavar="THRESHOLD", help=FLOOR_HELP)
+@click.option("--samples", type=click.IntRange(min=1), default=32, show_default=True, help=SAMPLES_HELP)
+@click.option("--name", metavar="VARIANT", help="The planned variant's name (default: VARIANT_plan, e.g. int8_plan).")
+@click.option("--apply", "apply_", is_flag=True, help="Add the planned variant to pipeline.toml (comments and layout kept).")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write the output to this file.")
+@pass_state
+def plan(state: State, engine, floors, samples, name, apply_, fmt, out):
+    """The variant of a quantized engine that meets an accuracy floor keeping the least of the
+    model's work (FLOPs) in high precision: layers are excluded in order of what each buys per
+    FLOP until the floor holds, then every exclusion no longer needed is undone.
+
+    \b
+    The floor is checked on the search batches and confirmed on as many again that the search
+    never saw; both are printed. The result is catalog TOML (a [variants.NAME] table with its
+    exclude list) and, with --apply, written into pipeline.toml. Then `pipeline run` measures
+    whether it still pays, beside the fully quantized and the unquantized variants.
+    """
+    from pipeline.catalog import find_catalog
+    from pipeline.errors import PipelineError
+    from pipeline.precision import catalog_edit, report
+    from pipeline.precision.plan import make_plan
+    from pipeline.reporting import Reporter, stdout_console
+
+    ref = state.catalog.engine(engine)
+    variant = state.catalog.variant(ref.variant)
+    name = name or f"{ref.variant}_plan"
+    catalog_file = Path(state.catalog_path) if state.catalog_path else find_catalog()
+    digest = catalog_edit.digest(catalog_file)
+    if apply_:
+        catalog_edit.refuse_existing(catalog_file, name)  # before minutes of work, and again when writing
+    floor = _floor(state, ref, floors)
+    lab, result = _analysed(state, engine, samples, floor, "plan")
+    reporter = Reporter(verbose=state.verbose)
+    with reporter.working("plan", ref.name), reporter.captured("modelopt"):
+        planned = make_plan(lab, result, floor, reporter.progress)
+    from pipeline.accuracy import AccuracyFloor
+
+    description = (
+        f"{ref.variant} with {len(planned.exclude)} of {len(result.layers)} layers unquantized: {AccuracyFloor(floor.thresholds)} "
+        f"on {planned.search_samples} + {planned.confirm_samples} samples, {planned.quantized_flops_share:.0%} of their FLOPs quantized (pipeline plan)"
+    )
+    table = catalog_edit.planned_table(variant, ref.model, planned.exclude, description)
+    toml_text = catalog_edit.variant_toml(name, table)
+    command = _measure_command(state, ref, name)
+    if fmt == "json":
+        _emit(_json(report.plan_document(planned, name, table, toml_text, command)), out)
+    elif out is not None:
+        _emit(toml_text, out)
+    else:
+        report.print_plan(planned, len(result.layers), toml_text, command, stdout_console())
+    if not planned.confirmed:
+        raise PipelineError(
+            f"the plan for {ref.name} meets {floor} on the search batches but not on the confirmation batches "
+            f"(cosine {planned.confirm.cosine:.4f}); it was not applied.",
+            hint="evaluate on more samples (--samples) so the search sees what the confirmation does",
+        )
+    if apply_ and planned.needed:
+        catalog_edit.apply_variant(catalog_file, name, table, digest)
+        click.echo(f"added [variants.{name}] to {catalog_file}", err=True)
+
+
+def _measure_command(state: State, ref, name: str) -> str:
+    """`pipeline run` of the plan beside the fully quantized variant and the unquantized one (the
+    variant of the plan's high precision), on the catalog's default toolchain: one shape point's
+    engines are timed in paired rounds."""
+    variant = state.catalog.variant(ref.variant)
+    high = "fp16" if variant.precision in ("nvfp4", "mxfp8", "fp8") else "fp32"
+    plain = next(
+        (v for v, spec in state.catalog.variants.items() if spec.precision == high and not spec.sparsity and not spec.exclude), None
+    )
+    variants = " ".join(f"--variant {v}" for v in (plain, ref.variant, name) if v)
+    return f"pipeline run --model {ref.model} {variants} --toolchain {state.catalog.defaults.toolchain}"
+
+
+def _json(document) -> str:
+    import json
+
+    return json.dumps(document, indent=2) + "\n"
+
+
+def _emit(text: str, out: Path | None) -> None:
+    if out is None:
+        click.echo(text, nl=False)
+        return
+    from pipeline.artifacts import atomic_write_text
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, text)
+    click.echo(f"wrote {out}", err=True)

@@ -1,0 +1,67 @@
+"""What every command shares: the catalog (read once, on first use), the workspace, -v, and the
+command-line settings that replace the catalog's for one run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+class State:
+    def __init__(self, catalog_path: Path | None, verbose: bool):
+        self.catalog_path = catalog_path
+        self.verbose = verbose
+        self._catalog = None
+
+    @property
+    def catalog(self):
+        if self._catalog is None:
+            from pipeline.runtimes import load_catalog
+
+            self._catalog = load_catalog(self.catalog_path)
+        return self._catalog
+
+    def context(self, force: bool = False):
+        from pipeline.reporting import Reporter
+        from pipeline.stages.base import RunContext
+        from pipeline.workspace import Workspace
+
+        return RunContext(
+            catalog=self.catalog,
+            workspace=Workspace(self.catalog.root),
+            reporter=Reporter(verbose=self.verbose),
+            force=force,
+        )
+
+    def override(self, calib_dir=None, calib_samples=None, eval_dir=None, repeat=None) -> None:
+        """This run's command-line settings in place of the catalog's."""
+        self._catalog = self.catalog.with_overrides(calib_dir, calib_samples, eval_dir, repeat)
+
+    def toolchains(self, toolchains: tuple[str, ...], trts: tuple[str, ...], archs: tuple[str, ...] = ()) -> list[str]:
+        """The toolchains named by --toolchain and --trt (or the catalog's default), with --arch
+        applied to those that compile ahead of time (a sweep may mix them with others)."""
+        from pipeline.errors import UsageError
+
+        names = self.catalog.toolchains_named(toolchains, trts)
+        if archs:
+            refusals = []
+            for name in names:
+                try:
+                    self._catalog = self.catalog.with_targets(name, archs)
+                except UsageError as exc:
+                    refusals.append(exc)
+            if len(refusals) == len(names):
+                raise refusals[0]
+        return names
+
+    def holding_workspace(self, wait: bool):
+        """The workspace lock, for commands that run stages (pipeline/workspace_lock.py)."""
+        from pipeline.reporting import Reporter
+        from pipeline.workspace import Workspace
+        from pipeline.workspace_lock import workspace_lock
+
+        return workspace_lock(Workspace(self.catalog.root).manifests_dir, Reporter(verbose=self.verbose), wait)
+
+
+pass_state = click.make_pass_decorator(State)

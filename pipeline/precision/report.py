@@ -1,0 +1,273 @@
+"""`pipeline sensitivity` and `pipeline plan` as the user reads them: terminal, JSON, HTML.
+
+The JSON documents are contracts (docs/precision.md; JSON Schemas in docs/): ``kind`` says which,
+``schema_version`` counts their changes.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Any
+
+from pipeline.precision.plan import Plan
+from pipeline.precision.sensitivity import LayerSensitivity, Sensitivity
+from pipeline.precision.variant_lab import Figures
+
+SENSITIVITY_SCHEMA_VERSION = 1
+PLAN_SCHEMA_VERSION = 1
+# Layers the terminal lists; JSON and HTML list every one.
+TERMINAL_LAYERS = 15
+
+
+def _number(value: float | None) -> float | None:
+    """JSON has no NaN: a cosine of outputs that are not finite is null."""
+    return None if value is None or (isinstance(value, float) and not math.isfinite(value)) else value
+
+
+def _figures(figures: Figures) -> dict[str, Any]:
+    return {key: _number(value) for key, value in figures.as_dict().items()}
+
+
+# --- JSON --------------------------------------------------------------------------------------------
+
+
+def sensitivity_document(result: Sensitivity) -> dict[str, Any]:
+    total = result.total_flops or 1.0
+    return {
+        "kind": "sensitivity",
+        "schema_version": SENSITIVITY_SCHEMA_VERSION,
+        "engine": result.engine,
+        "precision": result.precision,
+        "floor": result.floor.as_dict(),
+        "evaluation": result.evaluation,
+        "fully_quantized": _figures(result.fully_quantized),
+        "unquantized": _figures(result.unquantized),
+        "fully_quantized_meets_floor": result.floor.met_by(result.fully_quantized),
+        "layers": [
+            {
+                "rank": layer.rank,
+                "name": layer.name,
+                "kind": layer.kind,
+                "flops": layer.flops,
+                "flops_share": layer.flops / total,
+                "gain": _number(layer.gain),
+                "cost": _number(layer.cost),
+                "excluded_alone": _figures(layer.excluded_alone),
+                "quantized_alone": _figures(layer.quantized_alone),
+                "onnx_nodes": layer.onnx_nodes,
+                "engine_layers": layer.engine_layers,
+            }
+            for layer in result.layers
+        ],
+        "kept_unquantized": result.kept_unquantized,
+        "depth": [{key: _number(value) if key != "name" else value for key, value in unit.items()} for unit in result.depth],
+        "seconds": result.seconds,
+    }
+
+
+def plan_document(plan: Plan, variant_name: str, variant_table: dict[str, Any], toml_text: str, command: str) -> dict[str, Any]:
+    return {
+        "kind": "plan",
+        "schema_version": PLAN_SCHEMA_VERSION,
+        "engine": plan.engine,
+        "floor": plan.floor.as_dict(),
+        "exclude": plan.exclude,
+        "needed": plan.needed,
+        "confirmed": plan.confirmed,
+        "quantized_flops_share": plan.quantized_flops_share,
+        "search": _figures(plan.search),
+        "confirm": _figures(plan.confirm),
+        "fully_quantized": {which: _figures(figures) for which, figures in plan.fully_quantized.items()},
+        "steps": [step.as_dict() for step in plan.steps],
+        "variant": {"name": variant_name, "table": variant_table, "toml": toml_text},
+        "measure_with": command,
+    }
+
+
+# --- terminal ---------------------------------------------------------------------------------------
+
+
+def said(figures: Figures) -> str:
+    text = f"cosine {figures.cosine:.4f}"
+    return text + (f", top-1 {figures.top1:.0%}" if figures.top1 is not None else "")
+
+
+def _delta(value: float) -> str:
+    """A change of cosine: four decimals, or two significant digits where it is smaller than that."""
+    return f"{value:+.4f}" if not abs(value) < 1e-4 or value == 0 else f"{value:+.1e}"
+
+
+def _kept(kept: dict[str, str]) -> list[str]:
+    """Layers kept unquantized, grouped by reason: "5 layers — reason (a, b, …)"."""
+    by_reason: dict[str, list[str]] = {}
+    for name, reason in kept.items():
+        by_reason.setdefault(reason, []).append(name)
+    lines = []
+    for reason, names in by_reason.items():
+        shown = ", ".join(names[:3]) + (", …" if len(names) > 3 else "")
+        lines.append(f"  {len(names)} — {reason}: {shown}")
+    return lines
+
+
+def _where(layer: LayerSensitivity) -> str:
+    parts = [f"{len(layer.onnx_nodes)} nodes"] if layer.onnx_nodes else []
+    precisions = sorted({entry["precision"] for entry in layer.engine_layers})
+    if precisions:
+        parts.append("engine " + "/".join(precisions))
+    return ", ".join(parts) or "—"
+
+
+def print_sensitivity(result: Sensitivity, console) -> None:
+    from rich.table import Table
+
+    evaluation = result.evaluation
+    search = evaluation["search"]
+    at = f" at {evaluation['point']}" if evaluation["point"] else ""
+    console.print(
+        f"[bold]{result.engine}[/bold]: {len(result.layers)} quantized layers, each measured alone on {search['samples']} samples"
+        f"{at} (seeds {search['seeds'][0]}–{search['seeds'][-1]}, apart from calibration), {evaluation['device']}, {result.seconds:.1f} s"
+    )
+    met = result.floor.met_by(result.fully_quantized)
+    console.print(
+        f"fully quantized: {said(result.fully_quantized)} · unquantized ({evaluation['compute_dtype']}): {said(result.unquantized)}\n"
+        f"floor: {result.floor} — {'met' if met else '[red]missed[/red]'} by the fully quantized variant"
+    )
+    table = Table(box=None, pad_edge=False, header_style="bold", title_justify="left")
+    for header, justify in (
+        ("#", "right"), ("layer", "left"), ("FLOPs", "right"), ("excluded alone", "right"), ("buys", "right"),
+        ("quantized alone", "right"), ("costs", "right"), ("where", "left"),
+    ):  # fmt: skip
+        table.add_column(header, justify=justify, overflow="fold")
+    total = result.total_flops or 1.0
+    for layer in result.layers[:TERMINAL_LAYERS]:
+        table.add_row(
+            str(layer.rank),
+            layer.name,
+            f"{layer.flops / total:.1%}",
+            f"{layer.excluded_alone.cosine:.4f}",
+            _delta(layer.gain),
+            f"{layer.quantized_alone.cosine:.4f}",
+            _delta(layer.cost),
+            _where(layer),
+        )
+    console.print(table)
+    if len(result.layers) > TERMINAL_LAYERS:
+        console.print(f"({TERMINAL_LAYERS} of {len(result.layers)} layers; --format json or html lists every one)")
+    if result.kept_unquantized:
+        console.print("kept unquantized already (not analysed):\n" + "\n".join(_kept(result.kept_unquantized)), markup=False)
+    print_depth(result.depth, console)
+
+
+def print_depth(depth: list[dict[str, Any]], console) -> None:
+    from rich.table import Table
+
+    console.print("\n[bold]error along the depth[/bold] (every layer quantized, first search batch): each unit's output vs FP32")
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for header in ("unit", "cosine", "rel. error", ""):
+        table.add_column(header, justify="left" if header in ("unit", "") else "right")
+    worst = max((unit["relative_error"] for unit in depth if math.isfinite(unit["relative_error"])), default=1.0) or 1.0
+    for unit in depth:
+        error = unit["relative_error"]
+        bar = "█" * max(1, round(24 * min(error, worst) / worst)) if math.isfinite(error) else "not finite"
+        table.add_row(unit["name"], f"{unit['cosine']:.4f}", f"{error:.2%}", bar)
+    console.print(table)
+    first = next((unit["name"] for unit in depth if not unit["cosine"] >= 0.99), None)
+    if first:
+        console.print(f"first unit below cosine 0.99: {first}")
+
+
+def print_plan(plan: Plan, total_layers: int, toml_text: str, command: str, console) -> None:
+    confirm, search = plan.confirm, plan.search
+    if not plan.needed:
+        console.print(f"[bold]{plan.engine}[/bold] already meets {plan.floor} fully quantized: {said(search)}; no layer needs excluding.")
+        return
+    console.print(
+        f"[bold]plan for {plan.engine}[/bold]: exclude {len(plan.exclude)} of {total_layers} quantized layers "
+        f"({', '.join(plan.exclude)}); {plan.quantized_flops_share:.1%} of their FLOPs stay quantized"
+    )
+    console.print(
+        f"  fully quantized   search: {said(plan.fully_quantized['search'])}   confirmation: {said(plan.fully_quantized['confirm'])}"
+    )
+    console.print(f"  planned           search: {said(search)}   confirmation: {said(confirm)}")
+    if plan.confirmed:
+        console.print(f"floor {plan.floor}: met on the search batches and confirmed on batches the search never saw")
+    else:
+        console.print(f"[red]floor {plan.floor}: met on the search batches, missed on the confirmation batches[/red]")
+    console.print("\n" + toml_text.rstrip(), markup=False, highlight=False)
+    console.print(f"\nmeasure whether it still pays, in paired rounds beside the full and unquantized variants:\n  {command}", markup=False)
+
+
+# --- HTML ----------------------------------------------------------------------------------------------
+
+_STYLE = """
+body { font-family: -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2rem; color: #1d2330; }
+h1 { font-size: 1.5rem; } h2 { margin-top: 2rem; border-bottom: 2px solid #76b900; }
+table { border-collapse: collapse; font-size: 0.85rem; } th, td { border: 1px solid #ccd; padding: 0.25rem 0.5rem; text-align: right; }
+th { background: #eef3e2; } td.text { text-align: left; } img { max-width: 100%; border: 1px solid #dde; }
+.note { color: #556; font-size: 0.85rem; max-width: 60rem; }
+"""
+
+
+def sensitivity_html(result: Sensitivity) -> str:
+    from pipeline.report.html import _png
+
+    evaluation = result.evaluation
+    rows = "\n".join(
+        f"<tr><td>{layer.rank}</td><td class='text'>{html.escape(layer.name)}</td><td class='text'>{layer.kind}</td>"
+        f"<td>{layer.flops / (result.total_flops or 1):.2%}</td><td>{layer.excluded_alone.cosine:.4f}</td><td>{_delta(layer.gain)}</td>"
+        f"<td>{layer.quantized_alone.cosine:.4f}</td><td>{_delta(layer.cost)}</td><td class='text'>{html.escape(_where(layer))}</td></tr>"
+        for layer in result.layers
+    )
+    return f"""<!DOCTYPE html><html><head><meta charset="utf-8"><title>sensitivity of {html.escape(result.engine)}</title>
+<style>{_STYLE}</style></head><body>
+<h1>Which layers of {html.escape(result.engine)} break its {result.precision} quantization</h1>
+<p>Fully quantized: {said(result.fully_quantized)}; unquantized ({evaluation["compute_dtype"]}): {said(result.unquantized)};
+floor {html.escape(str(result.floor))}. Measured on {evaluation["search"]["samples"]} samples (seeds {evaluation["search"]["seeds"][0]}–{evaluation["search"]["seeds"][-1]},
+apart from calibration), {evaluation["device"]}.</p>
+<h2>Each layer alone</h2><img alt="per-layer chart" src="{_png(_layer_chart(result))}">
+<h2>Error along the depth</h2><img alt="depth chart" src="{_png(_depth_chart(result.depth))}">
+<h2>Every layer</h2>
+<table><tr><th>#</th><th>layer</th><th>kind</th><th>FLOPs</th><th>excluded alone</th><th>buys</th><th>quantized alone</th><th>costs</th><th>where</th></tr>
+{rows}</table>
+<p class="note">“Excluded alone”: cosine to FP32 with every other layer quantized; “buys”: its gain over the fully quantized variant.
+“Quantized alone”: cosine with only this layer quantized; “costs”: its loss against the unquantized model.</p>
+</body></html>
+"""
+
+
+def _layer_chart(result: Sensitivity):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    layers = result.layers
+    height = max(2.5, 0.22 * len(layers) + 1)
+    figure, axis = plt.subplots(figsize=(9, height))
+    positions = range(len(layers))
+    axis.barh(
+        [p + 0.2 for p in positions], [max(layer.gain, 0) for layer in layers], height=0.4, color="#76b900", label="buys (excluded alone)"
+    )
+    axis.barh(
+        [p - 0.2 for p in positions], [max(layer.cost, 0) for layer in layers], height=0.4, color="#5a6b8c", label="costs (quantized alone)"
+    )
+    axis.set_yticks(list(positions), [layer.name for layer in layers], fontsize=7)
+    axis.invert_yaxis()
+    axis.set_xlabel("change of cosine to FP32")
+    axis.legend(loc="lower right", fontsize=8)
+    return figure
+
+
+def _depth_chart(depth: list[dict[str, Any]]):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(9, 3.2))
+    names = [unit["name"] for unit in depth]
+    axis.plot(range(len(depth)), [unit["relative_error"] for unit in depth], marker="o", color="#76b900")
+    axis.set_xticks(range(len(depth)), names, rotation=60, ha="right", fontsize=7)
+    axis.set_ylabel("relative error vs FP32")
+    return figure

@@ -1,0 +1,345 @@
+"""A quantized variant's PyTorch model, calibrated once, whose layers are quantized or not at will.
+
+The model is created, calibrated and cast exactly as the export stage does it (ModelOpt's preset
+for the precision, the variant's rule and catalog exclusions, FP16 tracing for NVFP4), so a set
+of layers left unquantized here is the variant with ``exclude`` naming them. ModelOpt's quantizers
+are turned off and on again without recalibrating (``LayerSwitches``). That is the export with
+those exclusions, not an approximation of it: ModelOpt calibrates with every quantizer collecting
+ranges and none quantizing (``enable_stats_collection`` disables quantization while it runs), so
+each layer's ranges come from FP32 activations whichever layers are excluded.
+
+Accuracy is measured against the FP32 model's outputs on *evaluation batches kept apart from
+calibration*: seeded inputs at the model's evaluated shape point, drawn with seeds that
+calibration (seed + 2 + n) and the export's reference batch (seed + 1) never use —
+``SEARCH_SEED`` for what sensitivity and the plan's search see, ``CONFIRM_SEED`` for the batches
+only the plan's confirmation sees.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from pipeline.accuracy import AccuracyFloor, AccuracyThreshold, accuracy_floor
+from pipeline.catalog import Catalog, EngineRef
+from pipeline.environment import package_version
+from pipeline.errors import UsageError
+from pipeline.models import model_source
+from pipeline.runtimes.torch_memory import out_of_memory_as_error
+from pipeline.stages.quantize import (
+    DEFAULT_WEIGHTS_DTYPE,
+    TRACED_HIGH_PRECISION,
+    as_inputs,
+    load_modelopt,
+    quantize_model,
+    require_cuda_for,
+)
+from pipeline.stages.quantized_layers import LayerSwitches, layers_to_rewrite, prefix_of, quantizable_layers, resolve_exclude
+
+# Seeds of the evaluation batches, above the model's seed (calibration uses seed + 2 + n, n < 1000).
+SEARCH_SEED = 1000
+CONFIRM_SEED = 2000
+DEFAULT_SAMPLES = 32
+
+
+@dataclass(frozen=True)
+class Figures:
+    """The variant's outputs against the FP32 model's over evaluation batches."""
+
+    cosine: float
+    min_sample_cosine: float
+    relative_error: float  # ‖out − ref‖ / ‖ref‖ over every value
+    top1: float | None  # agreement of the predicted classes, where the output is class scores
+
+    def value(self, metric: str) -> float | None:
+        return self.cosine if metric == "cos" else self.top1
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Floor:
+    """What the variant's accuracy must keep: thresholds and who set them."""
+
+    thresholds: tuple[AccuracyThreshold, ...]
+    source: str
+
+    def met_by(self, figures: Figures) -> bool:
+        # Within float rounding: FP32 against itself is a cosine of 1 give or take 1e-16.
+        return all((value := figures.value(metric)) is not None and value >= threshold - 1e-9 for metric, threshold in self.thresholds)
+
+    def __str__(self) -> str:
+        return f"{AccuracyFloor(self.thresholds)} ({self.source})"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"thresholds": [{"metric": m, "value": t} for m, t in self.thresholds], "source": self.source}
+
+
+def floor_for(catalog: Catalog, ref: EngineRef, given: tuple[AccuracyThreshold, ...] = (), given_by: str = "--floor") -> Floor:
+    """The floor: the one given, else the model's (or the catalog's) accuracy_floor, else the precision's own check."""
+    if given:
+        return Floor(given, given_by)
+    configured = catalog.accuracy_floor_for(ref.model)
+    if configured.thresholds:
+        return Floor(configured.thresholds, configured.source)
+    variant = catalog.variant(ref.variant)
+    return Floor(
+        (("cos", accuracy_floor(variant.precision, bool(variant.sparsity))),), f"the {variant.precision} check of pipeline/accuracy.py"
+    )
+
+
+def refuse_unless_analysable(catalog: Catalog, ref: EngineRef) -> None:
+    """A user error unless the engine is a quantized variant of a model with PyTorch layers."""
+    variant = catalog.variant(ref.variant)
+    if not variant.quantized:
+        what = "2:4 sparsity alone" if variant.sparsity else f"precision {variant.precision}"
+        raise UsageError(
+            f"{ref.name} is not quantized: variant {ref.variant} has {what}, so no layer has a quantization to analyse.",
+            hint=f"name an engine of a quantized variant (int8, fp8, mxfp8, nvfp4), e.g. {ref.model}_int8",
+        )
+    if variant.sparsity:
+        raise UsageError(
+            f"{ref.name} is 2:4-sparse as well as {variant.precision}: the analysis separates quantization's error by layer, "
+            "and sparsity's would be mixed into every figure.",
+            hint=f"analyse the variant without sparsity (precision {variant.precision}), then add sparsity to the planned one",
+        )
+    source = model_source(ref.model, catalog.model(ref.model), catalog.root)
+    if not source.has_pytorch_model:
+        raise UsageError(
+            f"{ref.name}: model {ref.model} is an ONNX file ({source.describe()}), which has no PyTorch layers to quantize one by one.",
+            hint="analyse the PyTorch model the ONNX came from (docs/models.md: a transformers model or your own module)",
+        )
+
+
+class VariantLab:
+    """The calibrated variant of one engine; ``evaluate(excluded)`` measures it with those layers unquantized."""
+
+    def __init__(self, catalog: Catalog, ref: EngineRef, samples: int = DEFAULT_SAMPLES, progress=None):
+        refuse_unless_analysable(catalog, ref)
+        self.catalog, self.ref = catalog, ref
+        self.variant = catalog.variant(ref.variant)
+        self.spec = catalog.model(ref.model)
+        self.source = model_source(ref.model, self.spec, catalog.root)
+        self.samples = samples
+        self._progress = progress or (lambda text: None)
+        self._cache: dict[tuple[frozenset, str], Figures] = {}
+        self.timings: dict[str, float] = {}
+        started = time.perf_counter()
+        require_cuda_for(self.variant.precision)
+        load_modelopt(purpose=f"Analysing {ref.name}")
+        points = self.source.check_points()
+        self.point = self.source.trace_point(points)
+        with out_of_memory_as_error(getattr(self.spec, "batch_size", None), f"analysing {ref.name}", self.point and self.point.label):
+            self._prepare()
+        self.timings["prepare_s"] = round(time.perf_counter() - started, 2)
+
+    # --- set-up ------------------------------------------------------------------------------------
+
+    def _prepare(self) -> None:
+        import torch
+
+        source, variant = self.source, self.variant
+        self._progress("creating the model")
+        model = source.create()
+        linear_only = source.quantize_linear_only
+        if not layers_to_rewrite(model, linear_only):
+            raise UsageError(
+                f"{self.ref.name}: {source.describe()} has no Linear{'' if linear_only else ' or convolution'} layers to quantize.",
+                hint=f"measure {self.ref.model} at fp32, fp16 or bf16",
+            )
+        catalog_excluded = resolve_exclude(model, variant.exclude, linear_only, self.ref.variant, source.describe())
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        if self.device == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
+        model = model.to(self.device)
+        runnable = source.runnable(model)
+        prefix = prefix_of(runnable, model)
+        self.quantizable = quantizable_layers(model, linear_only)
+        self.depth_units = depth_units(model, self.quantizable)
+
+        self._progress("drawing calibration and evaluation batches")
+        settings = self.catalog.calibration
+        calibration_dir = self.source.in_workspace(settings.directory) if settings.directory else None
+        calibration = source.calibration_batches(model, calibration_dir, settings.samples, settings.batch_size)
+        self.calibration = {
+            k: v for k, v in source.describe_calibration(calibration_dir, settings.samples, settings.batch_size).items() if k != "files"
+        }
+        self.batches = {"search": self._batches(model, SEARCH_SEED), "confirm": self._batches(model, CONFIRM_SEED)}
+
+        self._progress("running the FP32 model")
+        self.flops, self._reference_depth = {}, {}
+        self.references = {which: [self._fp32(runnable, batch, first=(which, i) == ("search", 0), model=model) for i, batch in enumerate(batches)]
+                           for which, batches in self.batches.items()}  # fmt: skip
+
+        self.dtype = torch.float32
+        weights_dtype = variant.weights_dtype or DEFAULT_WEIGHTS_DTYPE[variant.precision]
+        if variant.precision in TRACED_HIGH_PRECISION and weights_dtype == "fp16":
+            self.dtype = torch.float16  # as the export calibrates and traces it (quantize.py)
+            runnable = source.cast(runnable, torch.float16)
+        started = time.perf_counter()
+        runnable, info = quantize_model(
+            runnable, variant.precision, calibration, variant.conv_policy, self._progress, linear_only, catalog_excluded, prefix
+        )
+        self.timings["calibrate_s"] = round(time.perf_counter() - started, 2)
+        self.kept_unquantized: dict[str, str] = info["excluded_layers"]
+        self.model, self.runnable, self.prefix = model, runnable, prefix
+        self.switches = LayerSwitches(runnable, prefix)
+        self.layers = [name for name in self.quantizable if name in set(self.switches.layers)]
+
+    def _batches(self, model, offset: int) -> list[tuple]:
+        point = self.source.at_batch(self.point, min(self.samples, self.point.size("batch"))) if self.point else None
+        per_batch = point.size("batch") if point else self.spec.batch_size
+        count = max(1, -(-self.samples // per_batch))
+        return [self.source.sample_inputs(model, point, self.spec.seed + offset + n) for n in range(count)]
+
+    def _fp32(self, runnable, batch, first: bool, model):
+        """The FP32 output of one batch; for the first search batch, also each layer's FLOPs and
+        each depth unit's output (forward hooks)."""
+        import torch
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        hooks = []
+        if first:
+            modules = dict(model.named_modules())
+            hooks = [modules[name].register_forward_hook(self._count_flops(name)) for name in self.quantizable]
+            hooks += [modules[name].register_forward_hook(self._keep_output(self._reference_depth, name)) for name in self.depth_units]
+        try:
+            with torch.no_grad(), sdpa_kernel([SDPBackend.MATH]):
+                return runnable(*as_inputs(batch, self.device, torch.float32)).float().cpu()
+        finally:
+            for hook in hooks:
+                hook.remove()
+
+    def _count_flops(self, name: str):
+        def hook(module, inputs, output):
+            if hasattr(module, "in_features"):  # Linear: 2 · rows · in · out
+                self.flops[name] = 2.0 * inputs[0].numel() * module.out_features
+            else:  # convolution: 2 · output values · (in / groups) · kernel
+                kernel = 1
+                for size in module.kernel_size:
+                    kernel *= size
+                self.flops[name] = 2.0 * output.numel() * module.in_channels // module.groups * kernel
+
+        return hook
+
+    @staticmethod
+    def _keep_output(store: dict, name: str):
+        def hook(module, inputs, output):
+            tensor = output[0] if isinstance(output, (tuple, list)) else output
+            store[name] = tensor.detach().float().cpu()
+
+        return hook
+
+    # --- measuring -----------------------------------------------------------------------------------
+
+    def evaluate(self, excluded: Iterable[str] = (), which: str = "search") -> Figures:
+        """The variant with ``excluded`` layers unquantized, on the search or the confirmation batches."""
+        key = (frozenset(excluded), which)
+        if key not in self._cache:
+            self.switches.quantize_all_but(key[0])
+            outputs = [self._run(batch) for batch in self.batches[which]]
+            self._cache[key] = figures(self.references[which], outputs)
+        return self._cache[key]
+
+    def evaluate_only(self, quantized: Iterable[str]) -> Figures:
+        """The variant with only ``quantized`` layers quantized, on the search batches."""
+        quantized = set(quantized)
+        return self.evaluate([name for name in self.layers if name not in quantized])
+
+    def _run(self, batch):
+        import torch
+
+        with (
+            torch.no_grad(),
+            out_of_memory_as_error(getattr(self.spec, "batch_size", None), f"analysing {self.ref.name}", self.point and self.point.label),
+        ):
+            return self.runnable(*as_inputs(batch, self.device, self.dtype)).float().cpu()
+
+    def depth_profile(self) -> list[dict[str, Any]]:
+        """With every layer quantized: each depth unit's output against FP32 on the first search batch."""
+        import torch
+
+        self.switches.quantize_all_but(())
+        quantized: dict[str, Any] = {}
+        modules = dict(self.model.named_modules())
+        hooks = [modules[name].register_forward_hook(self._keep_output(quantized, name)) for name in self.depth_units]
+        try:
+            with torch.no_grad():
+                self.runnable(*as_inputs(self.batches["search"][0], self.device, self.dtype))
+        finally:
+            for hook in hooks:
+                hook.remove()
+        profile = []
+        for name in self.depth_units:
+            reference, output = self._reference_depth[name].flatten(), quantized[name].flatten()
+            profile.append({"name": name, "cosine": _cosine(reference, output), "relative_error": _relative_error(reference, output)})
+        return profile
+
+    def describe(self) -> dict[str, Any]:
+        """What the figures were measured on, for the output."""
+        search, confirm = self.batches["search"], self.batches["confirm"]
+        return {
+            "point": self.point.label if self.point else None,
+            "device": self.device,
+            "compute_dtype": {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}[str(self.dtype).replace("torch.", "")],
+            "calibration": self.calibration,
+            "search": {"seeds": [self.spec.seed + SEARCH_SEED + n for n in range(len(search))], "samples": _samples(search)},
+            "confirm": {"seeds": [self.spec.seed + CONFIRM_SEED + n for n in range(len(confirm))], "samples": _samples(confirm)},
+            "reference": "the FP32 PyTorch model (attention by the math kernel) on the same batches",
+            "versions": {dist: package_version(dist) for dist in ("torch", "nvidia-modelopt", *self.source.packages)},
+        }
+
+
+def depth_units(model, layers: list[str]) -> list[str]:
+    """The model's repeated blocks (the longest run of one class in a ModuleList or Sequential:
+    timm's ``blocks``, BERT's ``encoder.layer``), else its quantizable layers."""
+    import torch.nn as nn
+
+    best: list[str] = []
+    for name, module in model.named_modules():
+        if not isinstance(module, (nn.ModuleList, nn.Sequential)):
+            continue
+        children = list(module.named_children())
+        classes = [type(child) for _, child in children]
+        for cls in set(classes):
+            run = [f"{name}.{child_name}" if name else child_name for child_name, child in children if type(child) is cls]
+            if len(run) >= 2 and len(run) > len(best) and not issubclass(cls, (nn.Linear, nn.modules.conv._ConvNd)):
+                best = run
+    return best or list(layers)
+
+
+def figures(references: list, outputs: list) -> Figures:
+    import torch
+
+    reference = torch.cat([r.flatten(1) for r in references])
+    output = torch.cat([o.flatten(1) for o in outputs])
+    classes = references[0].dim() == 2
+    per_sample = torch.nn.functional.cosine_similarity(reference, output, dim=1)
+    top1 = float((reference.argmax(dim=1) == output.argmax(dim=1)).float().mean()) if classes else None
+    return Figures(
+        cosine=_cosine(reference.flatten(), output.flatten()),
+        min_sample_cosine=float(per_sample.min()),
+        relative_error=_relative_error(reference.flatten(), output.flatten()),
+        top1=top1,
+    )
+
+
+def _cosine(a, b) -> float:
+    import torch
+
+    if not torch.isfinite(b).all():
+        return float("nan")
+    return float(torch.nn.functional.cosine_similarity(a.double(), b.double(), dim=0))
+
+
+def _relative_error(a, b) -> float:
+    norm = float(a.double().norm())
+    return float((a.double() - b.double()).norm()) / norm if norm else float("inf")
+
+
+def _samples(batches: list[tuple]) -> int:
+    return sum(batch[0].shape[0] for batch in batches)

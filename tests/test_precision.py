@@ -1,0 +1,351 @@
+"""`pipeline sensitivity` and `pipeline plan`, and `exclude` in a variant, from the command line.
+
+The planted fault (tests/data/python_models/planted_fault.py): one Linear layer sees four input
+channels a thousand times larger than the rest, so per-tensor INT8 of that layer's input rounds
+every other channel to zero. The analysis must find that layer first, the plan must exclude it
+(and at most one other), and the planned variant must meet the floor in a real run on ONNX
+Runtime, with no Q/DQ on the excluded layer in its ONNX.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CPU_TOOLCHAINS, REPO_ROOT, render_in_chromium, write_catalog
+
+pytest.importorskip("modelopt", reason="quantization needs nvidia-modelopt (`make setup` installs it)")
+jsonschema = pytest.importorskip("jsonschema")
+
+PLANTED = REPO_ROOT / "tests" / "data" / "python_models" / "planted_fault.py"
+LAYERS = {"fc1", "fc2", "fc3", "fc4", "head"}
+QDQ = ("QuantizeLinear", "DequantizeLinear")
+LOCK = Path("manifests") / ".workspace.lock"
+
+
+def planted_catalog(ws: Path, fault: str = "fc2", variants: str = "") -> Path:
+    ws.mkdir(parents=True, exist_ok=True)
+    shutil.copy(PLANTED, ws / "planted_fault.py")
+    return write_catalog(
+        ws,
+        f"""
+# The planted-fault workspace. This comment, and the blank lines, must survive `plan --apply`.
+opset = 17
+
+[defaults]
+models = ["faulty"]
+variants = ["fp32"]
+toolchain = "onnxruntime"
+
+[profile]
+warmup_ms = 5
+iterations = 5
+duration_s = 0.05
+take_ms = 5
+
+[models.faulty]
+python = "planted_fault.py:make"
+config = {{ fault = "{fault}" }}
+shapes = ["16"]
+
+[models.mine]
+onnx = "user.onnx"
+shapes = ["2x8"]
+
+[variants.fp32]
+precision = "fp32"
+[variants.fp16_sparse]
+precision = "fp16"
+sparsity = "2:4"
+[variants.int8]
+precision = "int8"   # the variant the plan starts from
+[variants.int8_sparse]
+precision = "int8"
+sparsity = "2:4"
+[variants.nvfp4]
+precision = "nvfp4"
+{variants}
+# Toolchains follow.
+{CPU_TOOLCHAINS}
+""",
+    )
+
+
+def schema(name: str) -> dict:
+    return json.loads((REPO_ROOT / "docs" / f"{name}.schema.json").read_text())
+
+
+@pytest.fixture(scope="module", params=["fc2", "fc3"])
+def planted(request, tmp_path_factory):
+    """Sensitivity and plan of faulty_int8 with the fault at fc2, then moved to fc3."""
+    from pipeline.cli import main
+
+    ws = tmp_path_factory.mktemp(f"planted_{request.param}")
+    catalog = planted_catalog(ws, request.param)
+    args = ["--catalog", str(catalog)]
+    assert main([*args, "sensitivity", "--engine", "faulty_int8", "--format", "json", "--out", str(ws / "sensitivity.json")]) == 0
+    assert main([*args, "plan", "--engine", "faulty_int8", "--format", "json", "--out", str(ws / "plan.json")]) == 0
+    return request.param, json.loads((ws / "sensitivity.json").read_text()), json.loads((ws / "plan.json").read_text())
+
+
+def test_the_planted_fault_is_ranked_first_with_a_clear_margin(planted):
+    fault, sensitivity, _ = planted
+    jsonschema.validate(sensitivity, schema("sensitivity"))
+    layers = sensitivity["layers"]
+    assert {layer["name"] for layer in layers} == LAYERS  # every quantized layer, ranked
+    assert [layer["rank"] for layer in layers] == [1, 2, 3, 4, 5]
+    first, second = layers[0], layers[1]
+    assert first["name"] == fault
+    assert first["gain"] > 0.5 and first["gain"] > second["gain"] + 0.5
+    assert first["excluded_alone"]["cosine"] > 0.99 and sensitivity["fully_quantized"]["cosine"] < 0.9
+    assert first["cost"] > 0.5 > max(layer["cost"] for layer in layers[1:])  # quantized alone, it alone ruins the output
+    assert not sensitivity["fully_quantized_meets_floor"]
+    # The error appears at the faulty layer's output along the depth, not before.
+    depth = [unit["name"] for unit in sensitivity["depth"]]
+    broken = [unit["name"] for unit in sensitivity["depth"] if unit["cosine"] < 0.99]
+    assert broken[0] == fault and set(depth[: depth.index(fault)]).isdisjoint(broken)
+    search, confirm = sensitivity["evaluation"]["search"], sensitivity["evaluation"]["confirm"]
+    assert set(search["seeds"]).isdisjoint(confirm["seeds"]) and search["samples"] == 32
+
+
+def test_the_plan_excludes_the_fault_and_meets_a_floor_the_full_variant_misses(planted):
+    fault, _, plan = planted
+    jsonschema.validate(plan, schema("plan"))
+    assert fault in plan["exclude"] and len(plan["exclude"]) <= 2
+    assert plan["fully_quantized"]["search"]["cosine"] < 0.99 and plan["fully_quantized"]["confirm"]["cosine"] < 0.99
+    assert plan["search"]["cosine"] >= 0.99 and plan["confirm"]["cosine"] >= 0.99 and plan["confirmed"]
+    assert 0.5 < plan["quantized_flops_share"] < 1.0
+    assert plan["variant"]["name"] == "int8_plan" and plan["variant"]["table"]["exclude"] == plan["exclude"]
+    assert plan["variant"]["table"]["models"] == ["faulty"]
+    assert "--variant fp32 --variant int8 --variant int8_plan" in plan["measure_with"]
+
+
+def onnx_qdq_layers(path: Path) -> set[str]:
+    """The layers (fc1 … head) that have Q/DQ nodes in an exported graph."""
+    import onnx
+
+    graph = onnx.load(str(path))
+    return {name for node in graph.graph.node if node.op_type in QDQ for name in LAYERS if f"/{name}/" in node.name}
+
+
+def test_plan_apply_then_run_meets_the_floor_with_no_qdq_on_the_excluded_layer(tmp_path, run_cli):
+    ws = tmp_path / "ws"
+    catalog = planted_catalog(ws)
+    before = catalog.read_text()
+    result = run_cli(catalog, "plan", "--engine", "faulty_int8", "--apply")
+    assert result.exit_code == 0, result.err
+    assert "[variants.int8_plan]" in result.out and "confirmed on batches the search never saw" in result.out
+    after = catalog.read_text()
+    # Only lines were added: every comment and blank line of the user's file is where it was.
+    import difflib
+
+    changes = difflib.SequenceMatcher(None, before.splitlines(), after.splitlines()).get_opcodes()
+    assert {tag for tag, *_ in changes} == {"equal", "insert"}, changes
+    (added,) = [after.splitlines()[j1:j2] for tag, _, _, j1, j2 in changes if tag == "insert"]
+    assert added[0] == "[variants.int8_plan]" and 'exclude = ["fc2"]' in added
+    assert after.index("[variants.int8_plan]") < after.index("# Toolchains follow.")
+
+    result = run_cli(catalog, "run", "--engine", "faulty_int8_plan", "--engine", "faulty_int8", "--toolchain", "onnxruntime")
+    assert result.exit_code == 0, result.err
+    profiled = json.loads((ws / "manifests" / "onnxruntime" / "faulty_int8_plan@16.json").read_text())
+    assert profiled["profile"]["details"]["accuracy"]["cosine_similarity"] >= 0.99
+    full = json.loads((ws / "manifests" / "onnxruntime" / "faulty_int8@16.json").read_text())
+    assert full["profile"]["details"]["accuracy"]["cosine_similarity"] < 0.99
+    export = json.loads((ws / "manifests" / "export" / "faulty_int8_plan.json").read_text())
+    assert export["export"]["details"]["quantization"]["excluded_layers"] == {
+        "fc2": "excluded by the catalog (exclude in [variants.int8_plan])"
+    }
+    assert onnx_qdq_layers(ws / "models" / "faulty" / "int8_plan.onnx") == LAYERS - {"fc2"}
+    assert onnx_qdq_layers(ws / "models" / "faulty" / "int8.onnx") == LAYERS
+
+
+def test_exclude_by_wildcard_and_by_a_module_holding_layers():
+    import torch
+
+    from pipeline.stages.quantized_layers import resolve_exclude
+
+    model = torch.nn.Sequential(
+        torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)), torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    )
+    assert set(resolve_exclude(model, ("*.1",), True, "v", "m")) == {"0.1", "1.1"}
+    assert set(resolve_exclude(model, ("0",), True, "v", "m")) == {"0.0", "0.1"}  # a block: every layer in it
+    assert set(resolve_exclude(model, ("1.0", "0.1"), True, "v", "m")) == {"1.0", "0.1"}
+
+
+def test_sensitivity_of_vit_tiny_and_bert_tiny(tmp_path, run_cli):
+    """The CI models: every quantized layer ranked, the depth profile printed, JSON valid, HTML drawn."""
+    from PIL import Image
+
+    from tests.conftest import catalog_head
+
+    pytest.importorskip("transformers", reason="bert_tiny is a transformers model")
+    catalog = write_catalog(
+        tmp_path / "ws",
+        catalog_head(["vit_tiny"], ["int8"])
+        + """
+[models.vit_tiny]
+timm = "vit_tiny_patch16_224"
+batch_size = 4
+
+[models.bert_tiny]
+transformers = "BertModel"
+config = { hidden_size = 64, num_hidden_layers = 2, num_attention_heads = 2, intermediate_size = 128, vocab_size = 1024, max_position_embeddings = 512 }
+shapes = ["2x16", "2x64"]
+
+[variants.int8]
+precision = "int8"
+"""
+        + CPU_TOOLCHAINS,
+    )
+    # vit_tiny: 12 blocks of qkv, proj, fc1, fc2, the patch embedding and the head; bert_tiny: 2 layers of 6, and the pooler.
+    for engine, layers, units in (("vit_tiny_int8", 50, 12), ("bert_tiny_int8", 13, 2)):
+        result = run_cli(catalog, "sensitivity", "--engine", engine, "--samples", "8")
+        assert result.exit_code == 0, result.err
+        assert f"{layers} quantized layers" in result.out and "error along the depth" in result.out
+        assert f"(15 of {layers} layers" in result.out if layers > 15 else "of 13 layers" not in result.out
+        document = json.loads(run_cli(catalog, "sensitivity", "--engine", engine, "--samples", "8", "--format", "json").out)
+        jsonschema.validate(document, schema("sensitivity"))
+        assert len(document["layers"]) == layers and len(document["depth"]) == units
+        assert document["evaluation"]["search"]["samples"] == 8
+    result = run_cli(catalog, "sensitivity", "--engine", "vit_tiny_int8", "--samples", "4", "--format", "html")
+    page = tmp_path / "ws" / "reports" / "sensitivity_vit_tiny_int8.html"
+    assert result.exit_code == 0 and page.is_file()
+    rendered = render_in_chromium(page, tmp_path, screenshot=True)
+    colours = Image.open(rendered.screenshot).convert("RGB").getcolors(maxcolors=1_000_000)
+    assert colours is not None and len(colours) > 50
+    assert rendered.dom.count("<img") == 2 and rendered.dom.count("<tr>") == 51 and "blocks.11.mlp.fc2" in rendered.dom
+
+
+# --- bad input ------------------------------------------------------------------------------------
+
+
+def user_graph(path: Path) -> None:
+    from tests.test_bad_input import user_graph as write
+
+    write(path)
+
+
+@dataclass
+class Case:
+    id: str
+    doc: str  # the words of docs/precision.md's "Bad input" line this case checks
+    args: list[str]
+    exit: int
+    message: str
+    tip: str
+    variants: str = ""
+    prepare: Callable[[Path], None] | None = None
+
+
+CASES = [
+    Case("not-quantized", "an engine that is not quantized", ["sensitivity", "--engine", "faulty_fp32"], 2,
+         "faulty_fp32 is not quantized: variant fp32 has precision fp32", "faulty_int8"),
+    Case("sparse-only", "a sparse-only variant", ["plan", "--engine", "faulty_fp16_sparse"], 2,
+         "variant fp16_sparse has 2:4 sparsity alone", "int8, fp8, mxfp8, nvfp4"),
+    Case("sparse-and-quantized", "quantized and 2:4-sparse", ["sensitivity", "--engine", "faulty_int8_sparse"], 2,
+         "is 2:4-sparse as well as int8", "analyse the variant without sparsity"),
+    Case("user-onnx", "a user's ONNX model", ["sensitivity", "--engine", "mine_int8"], 2, "has no PyTorch layers", "the PyTorch model the ONNX came from",
+         prepare=lambda ws: user_graph(ws / "user.onnx")),
+    Case("floor-unparsable", "a floor that does not parse", ["plan", "--engine", "faulty_int8", "--floor", "cos=high"], 2,
+         "--floor 'cos=high' is not a threshold", "cos=0.99"),
+    Case("floor-above-one", "above what FP32 reaches against itself", ["plan", "--engine", "faulty_int8", "--floor", "cos=1.5"], 2,
+         "--floor 'cos=1.5' is not a threshold", "between 0 and 1"),
+    Case("floor-only-unquantized", "a floor only the unquantized model meets", ["plan", "--engine", "faulty_int8", "--floor", "cos=1.0"], 1,
+         "only the unquantized model meets cosine ≥ 1", "measure faulty at fp16 or bf16"),
+    Case("block-format-on-cpu", "mxfp8 or nvfp4 without a CUDA GPU", ["sensitivity", "--engine", "faulty_nvfp4"], 3,
+         "nvfp4 quantization needs a CUDA GPU", "pick int8/fp8"),
+    Case("exclude-no-match", "an `exclude` name that matches no layer", ["export", "--engine", "faulty_int8_typo"], 2,
+         "exclude 'fc9' in [variants.int8_typo] matches no Linear layer", "nearest layer names: fc4, fc3, fc2, fc1",
+         variants='[variants.int8_typo]\nprecision = "int8"\nexclude = ["fc9"]'),
+    Case("exclude-everything", "an `exclude` that leaves nothing quantized", ["export", "--engine", "faulty_int8_none"], 2,
+         "keeps every one of", "exclude fewer layers",
+         variants='[variants.int8_none]\nprecision = "int8"\nexclude = ["fc*", "head"]'),
+    Case("exclude-unquantized", "`exclude` on a variant that quantizes nothing", ["models"], 2,
+         "exclude keeps layers out of quantization, and precision 'fp16' quantizes none", "see the comments",
+         variants='[variants.fp16_keep]\nprecision = "fp16"\nexclude = ["fc2"]'),
+    Case("variant-of-another-model", "a planned variant run for another model", ["export", "--engine", "mine_int8_keep"], 2,
+         "variant int8_keep is for faulty only", "pipeline plan --engine mine_int8",
+         variants='[variants.int8_keep]\nprecision = "int8"\nmodels = ["faulty"]\nexclude = ["fc2"]'),
+    Case("apply-name-taken", "a variant of that name", ["plan", "--engine", "faulty_int8", "--apply", "--name", "int8"], 2,
+         "already has a variant named 'int8'; nothing was changed", "--name"),
+]  # fmt: skip
+
+
+def files_of(ws: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(ws)): p.read_bytes() for p in sorted(ws.rglob("*")) if p.is_file() and p.relative_to(ws) != LOCK}
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.id)
+def test_bad_input_is_an_error_with_a_tip_and_nothing_written(case, tmp_path, run_cli, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the block-format case, on a GPU machine too
+    ws = tmp_path / "ws"
+    catalog = planted_catalog(ws, variants=case.variants)
+    if case.prepare:
+        case.prepare(ws)
+    before = files_of(ws)
+    result = run_cli(catalog, *case.args)
+    assert result.exit_code == case.exit, result.err
+    said = " ".join(result.err.split())
+    assert any(line.startswith("ERROR ") for line in result.err.splitlines()) and case.message in said, result.err
+    assert any(line.startswith("TIP ") for line in result.err.splitlines()) and case.tip in said, result.err
+    assert "Traceback" not in result.err and "INTERNAL ERROR" not in result.err
+    assert files_of(ws) == before, "something was written"
+
+
+def test_apply_refuses_a_catalog_that_changed_while_the_plan_was_computed(tmp_path, run_cli, monkeypatch):
+    import pipeline.precision.plan as plan_module
+
+    catalog = planted_catalog(tmp_path / "ws")
+    original = plan_module.make_plan
+
+    def edited_meanwhile(*args, **kwargs):
+        catalog.write_text(catalog.read_text() + "\n# edited by hand meanwhile\n")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(plan_module, "make_plan", edited_meanwhile)
+    result = run_cli(catalog, "plan", "--engine", "faulty_int8", "--apply")
+    assert result.exit_code == 2, result.err
+    assert "pipeline.toml changed while the plan was computed; nothing was changed" in result.err and "TIP " in result.err
+    assert catalog.read_text().endswith("# edited by hand meanwhile\n") and "int8_plan" not in catalog.read_text()
+
+
+@pytest.mark.parametrize("command", ["sensitivity", "plan"])
+def test_ctrl_c_writes_nothing_and_leaves_the_catalog_alone(command, tmp_path, run_cli, monkeypatch):
+    from pipeline.precision.variant_lab import VariantLab
+
+    ws = tmp_path / "ws"
+    catalog = planted_catalog(ws)
+    before = files_of(ws)
+    measured = VariantLab.evaluate
+    calls = []
+
+    def interrupted(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 4:  # in the middle of the per-layer measurements
+            raise KeyboardInterrupt
+        return measured(self, *args, **kwargs)
+
+    monkeypatch.setattr(VariantLab, "evaluate", interrupted)
+    extra = ["--apply"] if command == "plan" else []
+    result = run_cli(catalog, command, "--engine", "faulty_int8", "--format", "json", "--out", str(ws / "out.json"), *extra)
+    assert result.exit_code == 130, result.err
+    assert files_of(ws) == before
+
+
+def test_every_line_of_the_bad_input_section_has_a_case():
+    from tests.test_bad_input import _bullets
+
+    bullets = _bullets(REPO_ROOT / "docs" / "precision.md")
+    for case in CASES:
+        assert any(case.doc in bullet for bullet in bullets), f"{case.id}: {case.doc!r} is in no docs line"
+    for bullet in bullets:
+        if "Ctrl-C" in bullet or "changed since" in bullet or "out of memory" in bullet:
+            continue  # the two tests above; out of GPU memory is the profile's error (pipeline/runtimes/torch_memory.py)
+        assert any(case.doc in bullet for case in CASES), f"no case for: {bullet}"
