@@ -1,6 +1,6 @@
 """`pipeline sensitivity` and `pipeline plan`, and `exclude` in a variant, from the command line.
 
-The planted fault (tests/data/python_models/planted_fault.py): one Linear layer sees four input
+The planted fault (examples/planted_fault.py): one Linear layer sees four input
 channels a thousand times larger than the rest, so per-tensor INT8 of that layer's input rounds
 every other channel to zero. The analysis must find that layer first, the plan must exclude it
 (and at most one other), and the planned variant must meet the floor in a real run on ONNX
@@ -22,7 +22,7 @@ from tests.conftest import CPU_TOOLCHAINS, REPO_ROOT, render_in_chromium, write_
 pytest.importorskip("modelopt", reason="quantization needs nvidia-modelopt (`make setup` installs it)")
 jsonschema = pytest.importorskip("jsonschema")
 
-PLANTED = REPO_ROOT / "tests" / "data" / "python_models" / "planted_fault.py"
+PLANTED = REPO_ROOT / "examples" / "planted_fault.py"
 LAYERS = {"fc1", "fc2", "fc3", "fc4", "head"}
 QDQ = ("QuantizeLinear", "DequantizeLinear")
 LOCK = Path("manifests") / ".workspace.lock"

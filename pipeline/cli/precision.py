@@ -143,7 +143,7 @@ def plan(state: State, engine, floors, samples, name, apply_, fmt, out):
     if not planned.confirmed:
         raise PipelineError(
             f"the plan for {ref.name} meets {floor} on the search batches but not on the confirmation batches "
-            f"(cosine {planned.confirm.cosine:.4f}); it was not applied.",
+            f"(cosine {planned.confirm.cosine:.6f}); it was not applied.",
             hint="evaluate on more samples (--samples) so the search sees what the confirmation does",
         )
     if apply_ and planned.needed:

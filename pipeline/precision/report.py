@@ -123,7 +123,7 @@ def print_sensitivity(result: Sensitivity, console) -> None:
 
     evaluation = result.evaluation
     search = evaluation["search"]
-    at = f" at {evaluation['point']}" if evaluation["point"] else ""
+    at = f" at shape {evaluation['point']}" if evaluation["point"] else ""
     console.print(
         f"[bold]{result.engine}[/bold]: {len(result.layers)} quantized layers, each measured alone on {search['samples']} samples"
         f"{at} (seeds {search['seeds'][0]}–{search['seeds'][-1]}, apart from calibration), {evaluation['device']}, {result.seconds:.1f} s"

@@ -1,4 +1,5 @@
-"""A small classifier with a planted quantization fault, for `pipeline sensitivity` and `plan`.
+"""A small classifier with a planted quantization fault, for `pipeline sensitivity` and `plan`
+(docs/precision.md; the catalog's `planted_fault` model, and the tests').
 
 Five Linear layers (fc1 … fc4, head). Before the layer named by ``config.fault``, a few input
 channels are scaled up a thousand times and that layer's weights for them scaled down as much:
