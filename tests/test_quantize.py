@@ -352,3 +352,43 @@ def test_nvfp4_graph_is_fp16_with_every_fp4_matmul_reading_fp16(tmp_path, run_cl
                 assert cast.op_type == "Cast" and cast.attribute[0].i == TensorProto.FLOAT16, (node.name, name)
             if high == TensorProto.FLOAT:
                 assert [(c.op_type, c.attribute[0].i) for c in consumers[node.output[0]]] == [("Cast", TensorProto.FLOAT)]
+
+
+def test_an_fp16_graph_gets_one_type_where_fp32_and_fp16_meet():
+    """ModernBERT's rotary embedding as ModelOpt's clean-up leaves an FP16-traced NVFP4 graph: `cos`
+    cast up to FP32 meets FP16 `q` (the cast on `q` was dropped), and an FP32 constant scales an FP16
+    product. TensorRT-RTX refused such a graph ("ElementWiseOperation PROD must have same input
+    types ... Half and Float"); after the repair every operation has one type, the cast up is
+    FP16, the constant gets a cast, and ONNX Runtime runs it to an FP16 output."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from pipeline.stages.fp4_graph import _operands, _types, one_type_where_two_meet
+
+    half = TensorProto.FLOAT16
+    nodes = [
+        helper.make_node("Cast", ["cos"], ["cos_fp32"], name="up", to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["q", "cos_fp32"], ["rotated"], name="rotary"),
+        helper.make_node("Mul", ["rotated", "scale"], ["scaled"], name="scale_mul"),
+        helper.make_node("Cast", ["scaled"], ["out"], name="down", to=half),
+    ]
+    graph = helper.make_graph(
+        nodes, "rotary",
+        [helper.make_tensor_value_info("q", half, [2, 4]), helper.make_tensor_value_info("cos", half, [2, 4])],
+        [helper.make_tensor_value_info("out", half, [2, 4])],
+        [numpy_helper.from_array(np.array(0.5, dtype=np.float32), "scale")],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    types = _types(model.graph)
+    assert any(len({types(name) for name in _operands(node)}) == 2 for node in model.graph.node)  # mixed before
+
+    assert one_type_where_two_meet(model) == 2  # the cast retargeted, one cast added for the constant
+    types = _types(model.graph)
+    assert all(len({types(name) for name in _operands(node)}) <= 1 for node in model.graph.node)
+    assert next(a.i for n in model.graph.node if n.name == "up" for a in n.attribute if a.name == "to") == half
+    onnx.checker.check_model(model, full_check=True)
+    q, cos = np.full((2, 4), 2.0, np.float16), np.full((2, 4), 0.5, np.float16)
+    (out,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"q": q, "cos": cos})
+    assert out.dtype == np.float16 and np.allclose(out, 0.5)
