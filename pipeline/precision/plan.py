@@ -137,7 +137,8 @@ def _by_gain_per_flop(gains: dict[str, float], flops: dict[str, float]) -> list[
 
 
 def _signed(value: float) -> str:
-    return f"{value:+.4f}"
+    """A change of cosine: four decimals, or two significant digits where it is smaller."""
+    return f"{value:+.4f}" if not abs(value) < 1e-4 or value == 0 else f"{value:+.1e}"
 
 
 def _said(figures: Figures, floor: Floor) -> str:

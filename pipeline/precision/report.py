@@ -88,9 +88,18 @@ def plan_document(plan: Plan, variant_name: str, variant_table: dict[str, Any], 
 # --- terminal ---------------------------------------------------------------------------------------
 
 
+def _cos(value: float) -> str:
+    """Four decimals, six where they would all read 1.0000 (ModernBERT's NVFP4 is 0.999893)."""
+    return f"{value:.6f}" if value > 0.9999 else f"{value:.4f}"
+
+
 def said(figures: Figures) -> str:
-    text = f"cosine {figures.cosine:.4f}"
+    text = f"cosine {_cos(figures.cosine)}"
     return text + (f", top-1 {figures.top1:.0%}" if figures.top1 is not None else "")
+
+
+def _seeds(seeds: list[int]) -> str:
+    return f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {seeds[0]}–{seeds[-1]}"
 
 
 def _delta(value: float) -> str:
@@ -126,7 +135,7 @@ def print_sensitivity(result: Sensitivity, console) -> None:
     at = f" at shape {evaluation['point']}" if evaluation["point"] else ""
     console.print(
         f"[bold]{result.engine}[/bold]: {len(result.layers)} quantized layers, each measured alone on {search['samples']} samples"
-        f"{at} (seeds {search['seeds'][0]}–{search['seeds'][-1]}, apart from calibration), {evaluation['device']}, {result.seconds:.1f} s"
+        f"{at} ({_seeds(search['seeds'])}, apart from calibration), {evaluation['device']}, {result.seconds:.1f} s"
     )
     met = result.floor.met_by(result.fully_quantized)
     console.print(
@@ -145,9 +154,9 @@ def print_sensitivity(result: Sensitivity, console) -> None:
             str(layer.rank),
             layer.name,
             f"{layer.flops / total:.1%}",
-            f"{layer.excluded_alone.cosine:.4f}",
+            _cos(layer.excluded_alone.cosine),
             _delta(layer.gain),
-            f"{layer.quantized_alone.cosine:.4f}",
+            _cos(layer.quantized_alone.cosine),
             _delta(layer.cost),
             _where(layer),
         )
@@ -170,7 +179,7 @@ def print_depth(depth: list[dict[str, Any]], console) -> None:
     for unit in depth:
         error = unit["relative_error"]
         bar = "█" * max(1, round(24 * min(error, worst) / worst)) if math.isfinite(error) else "not finite"
-        table.add_row(unit["name"], f"{unit['cosine']:.4f}", f"{error:.2%}", bar)
+        table.add_row(unit["name"], _cos(unit["cosine"]), f"{error:.2%}", bar)
     console.print(table)
     first = next((unit["name"] for unit in depth if not unit["cosine"] >= 0.99), None)
     if first:
@@ -223,8 +232,7 @@ def sensitivity_html(result: Sensitivity) -> str:
 <style>{_STYLE}</style></head><body>
 <h1>Which layers of {html.escape(result.engine)} break its {result.precision} quantization</h1>
 <p>Fully quantized: {said(result.fully_quantized)}; unquantized ({evaluation["compute_dtype"]}): {said(result.unquantized)};
-floor {html.escape(str(result.floor))}. Measured on {evaluation["search"]["samples"]} samples (seeds {evaluation["search"]["seeds"][0]}–{evaluation["search"]["seeds"][-1]},
-apart from calibration), {evaluation["device"]}.</p>
+floor {html.escape(str(result.floor))}. Measured on {evaluation["search"]["samples"]} samples ({_seeds(evaluation["search"]["seeds"])}, apart from calibration), {evaluation["device"]}.</p>
 <h2>Each layer alone</h2><img alt="per-layer chart" src="{_png(_layer_chart(result))}">
 <h2>Error along the depth</h2><img alt="depth chart" src="{_png(_depth_chart(result.depth))}">
 <h2>Every layer</h2>
