@@ -349,3 +349,54 @@ def test_every_line_of_the_bad_input_section_has_a_case():
         if "Ctrl-C" in bullet or "changed since" in bullet or "out of memory" in bullet:
             continue  # the two tests above; out of GPU memory is the profile's error (pipeline/runtimes/torch_memory.py)
         assert any(case.doc in bullet for case in CASES), f"no case for: {bullet}"
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+def test_the_terminal_table_fits_the_width_with_layer_names_whole(columns, tmp_path, run_cli, monkeypatch):
+    from tests.conftest import tiny_bert_catalog
+
+    pytest.importorskip("transformers", reason="bert is a transformers model")
+    catalog = write_catalog(tmp_path / "ws", tiny_bert_catalog(["2x8"], ["int8"], ["int8"]) + CPU_TOOLCHAINS)
+    monkeypatch.setenv("COLUMNS", str(columns))
+    result = run_cli(catalog, "sensitivity", "--engine", "bert_int8", "--samples", "2")
+    assert result.exit_code == 0, result.err
+    lines = result.out.splitlines()
+    assert max(len(line) for line in lines) <= columns
+    names = [parts[1] for parts in map(str.split, lines) if parts and parts[0].isdigit() and parts[1] != "—"]
+    assert len(names) == 13 and all(name.startswith("encoder.layer.") or name == "pooler.dense" for name in names)
+    assert ("quantized alone" in result.out) is (columns >= 120)
+
+
+def test_each_layer_is_named_with_its_onnx_nodes_once_exported(tmp_path, run_cli):
+    ws = tmp_path / "ws"
+    catalog = planted_catalog(ws)
+    document = json.loads(run_cli(catalog, "sensitivity", "--engine", "faulty_int8", "--format", "json").out)
+    assert all(layer["onnx_nodes"] == [] for layer in document["layers"])  # nothing exported yet
+    assert run_cli(catalog, "export", "--engine", "faulty_int8").exit_code == 0
+    document = json.loads(run_cli(catalog, "sensitivity", "--engine", "faulty_int8", "--format", "json").out)
+    for layer in document["layers"]:
+        nodes = layer["onnx_nodes"]
+        assert f"/module/{layer['name']}/Gemm" in nodes, nodes  # the compute node
+        assert any("input_quantizer/QuantizeLinear" in node for node in nodes) and all(f"/{layer['name']}/" in node for node in nodes)
+
+
+@pytest.mark.rtx
+def test_each_layer_is_named_with_its_engine_layers_once_built(rtx_cache, tmp_path, run_cli, monkeypatch):
+    """NVFP4 with ModelOpt's kernel replaced by the CPU stand-in (tests/cpu_nvfp4.py), built by
+    TensorRT-RTX for SM120: each quantized layer's engine layers compute in FP4."""
+    from tests.conftest import RTX_TOOLCHAINS
+    from tests.cpu_nvfp4 import nvfp4_without_cuda
+
+    catalog = planted_catalog(tmp_path / "ws")
+    catalog.write_text(catalog.read_text() + RTX_TOOLCHAINS)
+    with nvfp4_without_cuda(monkeypatch):
+        built = run_cli(catalog, "build", "--engine", "faulty_nvfp4", "--toolchain", "trt-rtx1.7", "--arch", "sm120")
+        assert built.exit_code == 0, built.err
+        result = run_cli(catalog, "sensitivity", "--engine", "faulty_nvfp4", "--format", "json")
+    assert result.exit_code == 0, result.err
+    document = json.loads(result.out)
+    assert {layer["name"] for layer in document["layers"]} == LAYERS - {"head"}  # the head is the rule's
+    for layer in document["layers"]:
+        engine = layer["engine_layers"]
+        assert engine and {entry["toolchain"] for entry in engine} == {"trt-rtx1.7"}, layer
+        assert "fp4" in {entry["precision"] for entry in engine}, layer

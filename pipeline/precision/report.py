@@ -142,30 +142,37 @@ def print_sensitivity(result: Sensitivity, console) -> None:
         f"fully quantized: {said(result.fully_quantized)} · unquantized ({evaluation['compute_dtype']}): {said(result.unquantized)}\n"
         f"floor: {result.floor} — {'met' if met else '[red]missed[/red]'} by the fully quantized variant"
     )
-    table = Table(box=None, pad_edge=False, header_style="bold", title_justify="left")
-    for header, justify in (
-        ("#", "right"), ("layer", "left"), ("FLOPs", "right"), ("excluded alone", "right"), ("buys", "right"),
-        ("quantized alone", "right"), ("costs", "right"), ("where", "left"),
-    ):  # fmt: skip
-        table.add_column(header, justify=justify, overflow="fold")
     total = result.total_flops or 1.0
-    for layer in result.layers[:TERMINAL_LAYERS]:
-        table.add_row(
-            str(layer.rank),
-            layer.name,
-            f"{layer.flops / total:.1%}",
-            _cos(layer.excluded_alone.cosine),
-            _delta(layer.gain),
-            _cos(layer.quantized_alone.cosine),
-            _delta(layer.cost),
-            _where(layer),
-        )
+    columns = {
+        "#": [str(layer.rank) for layer in result.layers[:TERMINAL_LAYERS]],
+        "layer": [layer.name for layer in result.layers[:TERMINAL_LAYERS]],
+        "FLOPs": [f"{layer.flops / total:.1%}" for layer in result.layers[:TERMINAL_LAYERS]],
+        "excluded alone": [_cos(layer.excluded_alone.cosine) for layer in result.layers[:TERMINAL_LAYERS]],
+        "buys": [_delta(layer.gain) for layer in result.layers[:TERMINAL_LAYERS]],
+        "quantized alone": [_cos(layer.quantized_alone.cosine) for layer in result.layers[:TERMINAL_LAYERS]],
+        "costs": [_delta(layer.cost) for layer in result.layers[:TERMINAL_LAYERS]],
+        "where": [_where(layer) for layer in result.layers[:TERMINAL_LAYERS]],
+    }
+    # Layer names stay whole; in a narrow terminal the columns that say least go first.
+    for optional in ("where", "quantized alone", "excluded alone"):
+        if _width(columns) <= console.width:
+            break
+        del columns[optional]
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for header in columns:
+        table.add_column(header, justify="left" if header in ("layer", "where") else "right", no_wrap=header == "layer")
+    for row in zip(*columns.values()):
+        table.add_row(*row)
     console.print(table)
     if len(result.layers) > TERMINAL_LAYERS:
         console.print(f"({TERMINAL_LAYERS} of {len(result.layers)} layers; --format json or html lists every one)")
     if result.kept_unquantized:
         console.print("kept unquantized already (not analysed):\n" + "\n".join(_kept(result.kept_unquantized)), markup=False)
     print_depth(result.depth, console)
+
+
+def _width(columns: dict[str, list[str]]) -> int:
+    return sum(max(len(header), *(len(cell) for cell in cells)) for header, cells in columns.items()) + 2 * (len(columns) - 1)
 
 
 def print_depth(depth: list[dict[str, Any]], console) -> None:
