@@ -400,3 +400,26 @@ def test_each_layer_is_named_with_its_engine_layers_once_built(rtx_cache, tmp_pa
         engine = layer["engine_layers"]
         assert engine and {entry["toolchain"] for entry in engine} == {"trt-rtx1.7"}, layer
         assert "fp4" in {entry["precision"] for entry in engine}, layer
+
+
+def test_a_plan_the_confirmation_does_not_hold_is_said_and_not_applied(tmp_path, run_cli, monkeypatch):
+    """Where the unseen batches miss the floor the search met, the plan is printed with both
+    figures, the command fails, and the catalog is left as it was."""
+    import dataclasses
+
+    import pipeline.precision.plan as plan_module
+
+    catalog = planted_catalog(tmp_path / "ws")
+    before = catalog.read_text()
+    original = plan_module.make_plan
+
+    def unconfirmed(lab, sensitivity, floor, progress=None):
+        planned = original(lab, sensitivity, floor, progress)
+        return dataclasses.replace(planned, confirm=planned.fully_quantized["confirm"])  # as if the unseen batches broke it
+
+    monkeypatch.setattr(plan_module, "make_plan", unconfirmed)
+    result = run_cli(catalog, "plan", "--engine", "faulty_int8", "--apply")
+    assert result.exit_code == 1, result.err
+    assert "missed on the confirmation batches" in result.out and "[variants.int8_plan]" in result.out
+    assert "meets cosine ≥ 0.99 (the int8 check of pipeline/accuracy.py) on the search batches but not on the confirmation" in result.err
+    assert "it was not applied" in result.err and catalog.read_text() == before
