@@ -69,6 +69,8 @@ precision = "int8"
 sparsity = "2:4"
 [variants.nvfp4]
 precision = "nvfp4"
+[variants.mxfp8]
+precision = "mxfp8"
 {variants}
 # Toolchains follow.
 {CPU_TOOLCHAINS}
@@ -381,25 +383,27 @@ def test_each_layer_is_named_with_its_onnx_nodes_once_exported(tmp_path, run_cli
 
 
 @pytest.mark.rtx
-def test_each_layer_is_named_with_its_engine_layers_once_built(rtx_cache, tmp_path, run_cli, monkeypatch):
-    """NVFP4 with ModelOpt's kernel replaced by the CPU stand-in (tests/cpu_nvfp4.py), built by
-    TensorRT-RTX for SM120: each quantized layer's engine layers compute in FP4."""
+@pytest.mark.parametrize("precision, narrowest", [("nvfp4", "fp4"), ("mxfp8", "fp8")])
+def test_each_layer_is_named_with_its_engine_layers_once_built(precision, narrowest, rtx_cache, tmp_path, run_cli, monkeypatch):
+    """The block formats with ModelOpt's kernel replaced by the CPU stand-in (tests/cpu_nvfp4.py),
+    built by TensorRT-RTX for SM120: each quantized layer's engine layers hold its format (MXFP8:
+    the FP8 weights' dequantization; TensorRT-RTX 1.7 multiplies in FP16 there)."""
     from tests.conftest import RTX_TOOLCHAINS
     from tests.cpu_nvfp4 import nvfp4_without_cuda
 
     catalog = planted_catalog(tmp_path / "ws")
     catalog.write_text(catalog.read_text() + RTX_TOOLCHAINS)
-    with nvfp4_without_cuda(monkeypatch):
-        built = run_cli(catalog, "build", "--engine", "faulty_nvfp4", "--toolchain", "trt-rtx1.7", "--arch", "sm120")
+    with nvfp4_without_cuda(monkeypatch, mxfp8=True):
+        built = run_cli(catalog, "build", "--engine", f"faulty_{precision}", "--toolchain", "trt-rtx1.7", "--arch", "sm120")
         assert built.exit_code == 0, built.err
-        result = run_cli(catalog, "sensitivity", "--engine", "faulty_nvfp4", "--format", "json")
+        result = run_cli(catalog, "sensitivity", "--engine", f"faulty_{precision}", "--format", "json")
     assert result.exit_code == 0, result.err
     document = json.loads(result.out)
     assert {layer["name"] for layer in document["layers"]} == LAYERS - {"head"}  # the head is the rule's
     for layer in document["layers"]:
         engine = layer["engine_layers"]
         assert engine and {entry["toolchain"] for entry in engine} == {"trt-rtx1.7"}, layer
-        assert "fp4" in {entry["precision"] for entry in engine}, layer
+        assert narrowest in {entry["precision"] for entry in engine}, layer
 
 
 def test_a_plan_the_confirmation_does_not_hold_is_said_and_not_applied(tmp_path, run_cli, monkeypatch):

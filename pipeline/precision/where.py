@@ -58,13 +58,16 @@ def read_graph(path: Path):
 
 
 def engine_layers_by_layer(info, nodes_by_layer: dict[str, list[dict[str, str]]]) -> dict[str, list[dict[str, Any]]]:
-    """Each model layer's engine layers (name and precision), from an engine's layer information."""
+    """Each model layer's engine layers (name and precision), from an engine's layer information:
+    those that implement any of its ONNX nodes (their metadata lists them: the matrix multiply,
+    and the weights' dequantization, where FP8 weights show though the multiply runs in FP16),
+    else whose fused name contains its matrix multiply's node name."""
     result: dict[str, list[dict[str, Any]]] = {layer: [] for layer in nodes_by_layer}
     for engine_layer in info.layers:
         implements = set(engine_layer.onnx_nodes)
         for layer, nodes in nodes_by_layer.items():
             compute = [node["name"] for node in nodes if node["op"] in ("MatMul", "Gemm", "Conv")]
-            if any(name in implements or name in engine_layer.name for name in compute):
+            if implements & {node["name"] for node in nodes} or any(name in engine_layer.name for name in compute):
                 result[layer].append({"name": engine_layer.name, "precision": engine_layer.precision})
     return result
 
