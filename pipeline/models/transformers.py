@@ -272,7 +272,8 @@ class TransformersModel(ModelSource):
                 )
             else:
                 model = cls(config)
-        except (ValueError, RuntimeError, OSError, TypeError) as exc:
+        # AssertionError: torch's own checks of a config (an embedding's padding_idx beyond its size).
+        except (ValueError, RuntimeError, OSError, TypeError, AssertionError) as exc:
             raise PipelineError(
                 f"transformers could not create {cls.__name__} for model {self.name!r}: {str(exc).strip().splitlines()[0]}",
                 hint="check the model's config overrides in pipeline.toml",
