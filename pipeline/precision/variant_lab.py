@@ -132,7 +132,9 @@ class VariantLab:
         load_modelopt(purpose=f"Analysing {ref.name}")
         points = self.source.check_points()
         self.point = self.source.trace_point(points)
-        with out_of_memory_as_error(getattr(self.spec, "batch_size", None), f"analysing {ref.name}", self.point and self.point.label):
+        # Out of memory names the shape the samples are evaluated at (the batch is the samples).
+        self.evaluated = self.source.at_batch(self.point, samples).label if self.point else None
+        with out_of_memory_as_error(getattr(self.spec, "batch_size", None), f"analysing {ref.name}", self.evaluated):
             self._prepare()
         self.timings["prepare_s"] = round(time.perf_counter() - started, 2)
 
@@ -258,7 +260,7 @@ class VariantLab:
 
         with (
             torch.no_grad(),
-            out_of_memory_as_error(getattr(self.spec, "batch_size", None), f"analysing {self.ref.name}", self.point and self.point.label),
+            out_of_memory_as_error(getattr(self.spec, "batch_size", None), f"analysing {self.ref.name}", self.evaluated),
         ):
             return self.runnable(*as_inputs(batch, self.device, self.dtype)).float().cpu()
 
@@ -287,7 +289,7 @@ class VariantLab:
         search, confirm = self.batches["search"], self.batches["confirm"]
         return {
             # The evaluated shape: the model's smallest point, its batch the samples.
-            "point": self.source.at_batch(self.point, self.samples).label if self.point else None,
+            "point": self.evaluated,
             "device": self.device,
             "compute_dtype": {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}[str(self.dtype).replace("torch.", "")],
             "calibration": self.calibration,
