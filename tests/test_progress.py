@@ -5,6 +5,7 @@ stage, and a line a minute for a stage that runs longer."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import pty
 import re
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from rich.console import Console
 
 from pipeline.reporting import Reporter, _shortened
@@ -135,3 +137,31 @@ def test_in_a_real_terminal_the_spinner_shows_the_rounds(tmp_path):
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.decode(errors="replace"))
     assert re.search(r"profile tiny \(1 engine in rounds\) … 1 engine\(s\) in rounds: round \d+ \(\d+ of at most 30 s\)", text), text
     assert "profile  tiny_fp32" in text and "done in" in text  # the stage's own line, as when piped
+
+
+def test_every_line_names_the_engine_the_toolchain_and_the_point(tmp_path, run_cli):
+    """Two toolchains at two shape points, piped: each build and profile line says which toolchain
+    and point it is about, an export that did not change is said once (and not at all where the
+    run did it), and a profile measured in rounds reports the rounds' time, not its own instant."""
+    from tests.conftest import CPU_TOOLCHAINS, tiny_bert_catalog
+
+    pytest.importorskip("transformers", reason="bert is a transformers model")
+    catalog = write_catalog(tmp_path / "ws", tiny_bert_catalog(["2x8", "3x16"], ["fp32"], ["fp32"]) + CPU_TOOLCHAINS)
+    args = ("run", "--engine", "bert_fp32", "--toolchain", "onnxruntime", "--toolchain", "torch-eager")
+    first = run_cli(catalog, *args)
+    assert first.exit_code == 0, first.err
+    # Words as said, without the padding that lines up the columns.
+    lines = [" ".join(line.split()) for line in first.err.splitlines() if line.startswith(("export ", "build ", "profile "))]
+    assert sum(line.startswith("export ") for line in lines) == 1  # done once, for both toolchains
+    for toolchain in ("onnxruntime", "torch-eager"):
+        assert any(line.startswith(f"build bert_fp32 on {toolchain} done in") for line in lines), lines
+        for point in ("2x8", "3x16"):
+            line = next(line for line in lines if line.startswith(f"profile bert_fp32 on {toolchain} at {point} done in "))
+            seconds = float(re.search(r"done in ([\d.]+)s of rounds", line).group(1))
+            manifest = json.loads((tmp_path / "ws" / "manifests" / toolchain / f"bert_fp32@{point}.json").read_text())
+            rounds = manifest["profile"]["details"]["rounds"]
+            # The rounds' time, shared with the other engine, not the instant it took to record them.
+            assert seconds == round(sum(record["elapsed_s"] for record in rounds), 1) and "rounds beside 1 other engine" in line, line
+    said = " ".join(run_cli(catalog, *args).err.split())
+    assert said.count("export bert_fp32 didn't change, skipping") == 1, said
+    assert said.count("build bert_fp32 on onnxruntime didn't change") == 1

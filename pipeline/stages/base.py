@@ -50,6 +50,8 @@ class RunContext:
     # The stages this run has already done, by (manifest, stage): `--force` redoes each once, not
     # once per toolchain that needs it (an export is every toolchain's first stage).
     done: set = field(default_factory=set)
+    # The stages this run has said were unchanged, likewise: said once, not once per toolchain.
+    said_unchanged: set = field(default_factory=set)
 
 
 @dataclass
@@ -60,6 +62,9 @@ class StageOutcome:
     details: Any = None
     command: list[str] | None = None
     note: str = ""
+    # The seconds the progress line reports when the work was done before the stage ran (a
+    # profile's share of its point's rounds); None: the stage's own time.
+    seconds: float | None = None
 
 
 class Stage(ABC):
@@ -183,7 +188,10 @@ class Stage(ABC):
         fingerprint = self.fingerprint(params, inputs, reason)
 
         if self._reusable(previous, fingerprint, force):
-            reporter.unchanged(self.name, self.engine.name)
+            said = (str(self.manifest_path()), self.name)
+            if said not in self.ctx.said_unchanged and said not in self.ctx.done:  # once a run, if not done in it
+                self.ctx.said_unchanged.add(said)
+                reporter.unchanged(self.name, self.progress_label)
             self.ctx.workspace.hashes.save()
             return previous
         kept = None if force else self._made_elsewhere(manifest, previous, params, inputs, reason)
@@ -198,7 +206,7 @@ class Stage(ABC):
             outcome = StageOutcome(outputs=[])
         else:
             try:
-                with reporter.working(self.name, self.engine.name):
+                with reporter.working(self.name, self.progress_label):
                     outcome = self.run_impl(inputs)
             except RefusedByTool as exc:
                 if exc.outcome is None:
@@ -224,10 +232,20 @@ class Stage(ABC):
         if refused:
             raise refused  # recorded; the runner reports it and goes on with the other engines
         if reason:
-            reporter.skipped(self.name, self.engine.name, reason)
+            reporter.skipped(self.name, self.progress_label, reason)
         else:
-            reporter.done(self.name, self.engine.name, elapsed, outcome.note)
+            # Work done before the stage ran for it (the rounds a profile shared) is what its line reports.
+            reporter.done(self.name, self.progress_label, elapsed if outcome.seconds is None else outcome.seconds, outcome.note)
         return record
+
+    @property
+    def progress_label(self) -> str:
+        """What a progress line is about: "modernbert_bf16 on torch-compile at 2x512"."""
+        label = self.engine.name
+        if self.toolchain:
+            label += f" on {self.toolchain}"
+        shape = getattr(self, "shape", None)
+        return label + (f" at {shape}" if shape else "")
 
     def _made_elsewhere(self, manifest, previous: StageRecord | None, params, inputs, skip_reason) -> str | None:
         """The warning that keeps ``previous`` when only the tools' versions changed and this

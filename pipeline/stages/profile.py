@@ -243,11 +243,14 @@ class ProfileStage(Stage):
         outputs = [self.ctx.workspace.artifact(role, path) for role, path in sidecars.items()]
         pooled_from = f" of {len(results)} measurements pooled" if len(results) > 1 else ""
         rate = f"{tokens:,.0f} tokens/s" if tokens else f"{details.images_per_s:.1f} {unit}/s"
-        at = f" at {self.shape}" if self.shape else ""
-        note = f"{at}: median {stats.median:.2f} ms, {rate} over {stats.count} runs{pooled_from}"
+        note = f": median {stats.median:.2f} ms, {rate} over {stats.count} runs{pooled_from}"
+        shared = None
         if rounds:
             others = len(rounds[0].entrants) - 1
-            note += f" in {rounds[0].rounds} rounds" + (f" beside {others} other engine{'s' if others > 1 else ''}" if others else "")
+            shared = sum(record.elapsed_s for record in rounds)
+            note = f" of rounds{note} in {rounds[0].rounds} rounds" + (
+                f" beside {others} other engine{'s' if others > 1 else ''}" if others else ""
+            )
         if accuracy:
             cosine = accuracy["cosine_similarity"]
             note += f"; vs FP32 cosine {'NaN/Inf' if cosine is None else f'{cosine:.5f}'}"
@@ -257,7 +260,7 @@ class ProfileStage(Stage):
                 note += f", top-1 accuracy {accuracy['top1_accuracy']:.1%} on the labelled images"
         if repeat_cv is not None:
             note += f"; their medians {min(medians):.3f}–{max(medians):.3f} ms (CV {repeat_cv:.2%}{'' if stable else ', unstable'})"
-        return StageOutcome(outputs=outputs, details=details, command=result.command, note=note)
+        return StageOutcome(outputs=outputs, details=details, command=result.command, note=note, seconds=shared)
 
     def work_per_run(self, workload) -> tuple[str, int | None]:
         """(what a sample is, tokens per run): "seq" and the size of the token ids where the model
