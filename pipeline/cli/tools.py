@@ -1,0 +1,136 @@
+"""The commands about this machine and its tools: `pipeline doctor`, `pipeline toolchains`
+(list, pull, lock) and `pipeline trtexec parse`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from pipeline.cli.state import State as _State
+from pipeline.cli.state import pass_state
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@pass_state
+def doctor(state: _State, as_json):
+    """What this machine can run: Python deps, CUDA, GPU, Docker, NVIDIA runtime, toolchains."""
+    import json
+
+    from pipeline.reporting import stdout_console
+    from pipeline.runtimes.doctor import as_dicts, render, run_doctor
+
+    checks = run_doctor(state.catalog)
+    if as_json:
+        click.echo(json.dumps(as_dicts(checks), indent=2))
+    else:
+        stdout_console().print(render(checks))
+
+
+@click.group()
+def toolchains():
+    """The toolchains: list them, fetch what they need (images, environments), pin them."""
+
+
+@toolchains.command("list")
+@pass_state
+def toolchains_list(state: _State):
+    """Each toolchain, what it provides, whether it is here and usable, and whether it is locked."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from pipeline.reporting import Reporter, stdout_console
+    from pipeline.runtimes.toolchains import status
+
+    rows = status(state.catalog, Reporter(state.verbose))
+    table = Table(title="Toolchains")
+    for column in ("toolchain", "kind", "here", "usable", "detail", "pin", "locked"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        st = row.status
+        present = "?" if st.present is None else ("yes" if st.present else "no (`pipeline toolchains pull`)")
+        locked = "–" if not row.locked else ("yes" if st.pin is None or row.locked == st.pin else "[yellow]differs[/]")
+        table.add_row(row.name, row.kind, present, "yes" if st.usable else "no", escape(st.detail), (st.pin or "–")[:19], locked)
+    stdout_console().print(table)
+
+
+@toolchains.command("pull")
+@click.argument("names", nargs=-1)
+@click.option("--wait", is_flag=True, help="If another run holds this workspace, wait for it to finish instead of failing at once.")
+@pass_state
+def toolchains_pull(state: _State, names, wait):
+    """Fetch what NAMES need (default: every toolchain): pull or build a container image, or
+    create a TensorRT-RTX release's own environment. Re-pulling repairs a broken one."""
+    from pipeline.reporting import Reporter
+    from pipeline.runtimes.toolchains import pull
+
+    with state.holding_workspace(wait):
+        pull(state.catalog, list(names) or None, Reporter(state.verbose))
+
+
+@toolchains.command("lock")
+@click.argument("names", nargs=-1)
+@pass_state
+def toolchains_lock(state: _State, names):
+    """Record what pins each toolchain (image digest, installed wheels) in toolchains.lock.json."""
+    from pipeline.reporting import Reporter
+    from pipeline.runtimes.toolchains import lock
+
+    path = lock(state.catalog, list(names) or None, Reporter(state.verbose))
+    click.echo(f"wrote {path}", err=True)
+
+
+@click.group()
+def trtexec():
+    """Work with trtexec output you already have."""
+
+
+@trtexec.command("parse")
+@click.argument("log", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--exports",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder with the JSON written by --exportTimes/--exportProfile/--exportLayerInfo.",
+)
+@click.option(
+    "--precision",
+    type=click.Choice(["fp16", "bf16", "int8", "fp8", "mxfp8", "nvfp4"]),
+    help="Intended precision, for the layer-precision audit.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the parsed run as JSON.")
+def trtexec_parse(log, exports, precision, as_json):
+    """Parse a trtexec log (and its JSON exports) into structured facts.
+
+    \b
+    JSON keys: trt_version, status, device{name, compute_capability, sms, memory_mib},
+    throughput_qps, latency_ms / gpu_compute_ms / enqueue_ms / h2d_ms / d2h_ms
+    {min, max, mean, median, p90, p95, p99}, total_host_walltime_s, total_gpu_compute_s,
+    warnings, errors[{code, message}], profile, options, exports. Absent facts are null.
+    Summary lines are read wherever they stand, also pasted without their "[date] [I]"
+    prefix or section header; text with neither a summary nor a PASSED/FAILED line exits 1.
+    """
+    import json
+
+    from pipeline.errors import PipelineError
+    from pipeline.trtexec.log import NOTHING_TO_REPORT
+    from pipeline.trtexec.report import find_exports, parse_run, run_as_json
+
+    run = parse_run(log, find_exports(exports) if exports else None, precision)
+    if as_json:
+        click.echo(json.dumps(run_as_json(run), indent=2))
+    else:
+        from pipeline.reporting import stdout_console
+        from pipeline.trtexec.summary import render_run
+
+        stdout_console().print(render_run(run))
+    if NOTHING_TO_REPORT in run.log.warnings:
+        # Said after the (empty) result, and with a failing exit code, so a script cannot take a
+        # page of nulls for a measurement.
+        raise PipelineError(
+            f"{log}: {NOTHING_TO_REPORT}.",
+            hint="pass trtexec's whole output (`trtexec … | tee run.log`), or at least its performance summary lines",
+        )
+
+
+# --- the error boundary ---------------------------------------------------------------------
