@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CPU_TOOLCHAINS, REPO_ROOT, render_in_chromium, write_catalog
+from tests.conftest import CPU_TOOLCHAINS, REPO_ROOT, catalog_head, render_in_chromium, write_catalog
+from tests.test_bad_input import _bullets, files_of, user_graph
 
 pytest.importorskip("modelopt", reason="quantization needs nvidia-modelopt (`make setup` installs it)")
 jsonschema = pytest.importorskip("jsonschema")
@@ -25,7 +26,6 @@ jsonschema = pytest.importorskip("jsonschema")
 PLANTED = REPO_ROOT / "examples" / "planted_fault.py"
 LAYERS = {"fc1", "fc2", "fc3", "fc4", "head"}
 QDQ = ("QuantizeLinear", "DequantizeLinear")
-LOCK = Path("manifests") / ".workspace.lock"
 
 
 def planted_catalog(ws: Path, fault: str = "fc2", variants: str = "") -> Path:
@@ -35,19 +35,7 @@ def planted_catalog(ws: Path, fault: str = "fc2", variants: str = "") -> Path:
         ws,
         f"""
 # The planted-fault workspace. This comment, and the blank lines, must survive `plan --apply`.
-opset = 17
-
-[defaults]
-models = ["faulty"]
-variants = ["fp32"]
-toolchain = "onnxruntime"
-
-[profile]
-warmup_ms = 5
-iterations = 5
-duration_s = 0.05
-take_ms = 5
-
+{catalog_head(["faulty"], ["fp32"])}
 [models.faulty]
 python = "planted_fault.py:make"
 config = {{ fault = "{fault}" }}
@@ -183,8 +171,6 @@ def test_sensitivity_of_vit_tiny_and_bert_tiny(tmp_path, run_cli):
     """The CI models: every quantized layer ranked, the depth profile printed, JSON valid, HTML drawn."""
     from PIL import Image
 
-    from tests.conftest import catalog_head
-
     pytest.importorskip("transformers", reason="bert_tiny is a transformers model")
     catalog = write_catalog(
         tmp_path / "ws",
@@ -224,12 +210,6 @@ precision = "int8"
 
 
 # --- bad input ------------------------------------------------------------------------------------
-
-
-def user_graph(path: Path) -> None:
-    from tests.test_bad_input import user_graph as write
-
-    write(path)
 
 
 @dataclass
@@ -276,10 +256,6 @@ CASES = [
     Case("apply-name-taken", "a variant of that name", ["plan", "--engine", "faulty_int8", "--apply", "--name", "int8"], 2,
          "already has a variant named 'int8'; nothing was changed", "--name"),
 ]  # fmt: skip
-
-
-def files_of(ws: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(ws)): p.read_bytes() for p in sorted(ws.rglob("*")) if p.is_file() and p.relative_to(ws) != LOCK}
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.id)
@@ -342,8 +318,6 @@ def test_ctrl_c_writes_nothing_and_leaves_the_catalog_alone(command, tmp_path, r
 
 
 def test_every_line_of_the_bad_input_section_has_a_case():
-    from tests.test_bad_input import _bullets
-
     bullets = _bullets(REPO_ROOT / "docs" / "precision.md")
     for case in CASES:
         assert any(case.doc in bullet for bullet in bullets), f"{case.id}: {case.doc!r} is in no docs line"

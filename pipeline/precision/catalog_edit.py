@@ -73,11 +73,11 @@ def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def refuse_existing(path: Path, name: str) -> None:
-    """A user error when the catalog already has a variant of this name."""
-    tomlkit = require_module("tomlkit", purpose="Writing a planned variant", extra=None)
-    variants = tomlkit.parse(path.read_text()).get("variants", {})
-    if name in variants:
+def refuse_existing(path: Path, name: str, document=None) -> None:
+    """A user error when the catalog (``document``: as already parsed) has a variant of this name."""
+    if document is None:
+        document = require_module("tomlkit", purpose="Writing a planned variant", extra=None).parse(path.read_text())
+    if name in document.get("variants", {}):
         raise UsageError(
             f"{path.name} already has a variant named {name!r}; nothing was changed.",
             hint="name the planned variant otherwise (--name), or remove the old one first",
@@ -92,9 +92,8 @@ def apply_variant(path: Path, name: str, table: dict[str, Any], expected_digest:
             f"{path.name} changed while the plan was computed; nothing was changed.",
             hint="run `pipeline plan --apply` again on the catalog as it is now",
         )
-    refuse_existing(path, name)
-    text = path.read_text()
-    document = tomlkit.parse(text)
+    document = tomlkit.parse(path.read_text())
+    refuse_existing(path, name, document)
     variants = document.get("variants")
     if variants is None:
         variants = tomlkit.table(is_super_table=True)

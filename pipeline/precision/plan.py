@@ -23,7 +23,7 @@ from typing import Any
 
 from pipeline.errors import PipelineError
 from pipeline.precision.sensitivity import Sensitivity
-from pipeline.precision.variant_lab import Figures, Floor, VariantLab
+from pipeline.precision.variant_lab import Figures, Floor, VariantLab, change_text
 
 # How often the remaining layers are ranked again when exclusions interact.
 RERANKS = 3
@@ -70,10 +70,11 @@ def make_plan(lab: VariantLab, sensitivity: Sensitivity, floor: Floor, progress=
     flops = {layer.name: max(layer.flops, 1.0) for layer in sensitivity.layers}
     full = lab.evaluate([])
     steps: list[Step] = []
+    described = lab.describe()
     if not floor.met_by(lab.evaluate(lab.layers)):
         raise PipelineError(
             f"no plan meets {floor} for {lab.ref.name}: not even the unquantized model (every layer in "
-            f"{lab.describe()['compute_dtype']}) does: {_said(lab.evaluate(lab.layers), floor)}.",
+            f"{described['compute_dtype']}) does: {lab.evaluate(lab.layers).said()}.",
             hint="lower the floor (--floor), or measure this model unquantized",
         )
     excluded: list[str] = []
@@ -87,7 +88,7 @@ def make_plan(lab: VariantLab, sensitivity: Sensitivity, floor: Floor, progress=
         after = lab.evaluate([*excluded, layer])
         bought, promised = after.cosine - current.cosine, gains[layer]
         excluded.append(layer)
-        steps.append(Step("exclude", layer, after, f"bought {_signed(bought)} of cosine, ranked on {_signed(promised)}"))
+        steps.append(Step("exclude", layer, after, f"bought {change_text(bought)} of cosine, ranked on {change_text(promised)}"))
         current = after
         if not floor.met_by(current) and candidates and reranks < RERANKS and not bought >= INTERACTION * promised:
             reranks += 1
@@ -125,8 +126,8 @@ def make_plan(lab: VariantLab, sensitivity: Sensitivity, floor: Floor, progress=
         fully_quantized={"search": full, "confirm": lab.evaluate([], "confirm")},
         quantized_flops_share=sum(flops[name] for name in lab.layers if name not in excluded) / total if total else 0.0,
         steps=steps,
-        search_samples=lab.describe()["search"]["samples"],
-        confirm_samples=lab.describe()["confirm"]["samples"],
+        search_samples=described["search"]["samples"],
+        confirm_samples=described["confirm"]["samples"],
     )
 
 
@@ -134,15 +135,3 @@ def _by_gain_per_flop(gains: dict[str, float], flops: dict[str, float]) -> list[
     """Layers whose exclusion buys anything, the most per FLOP first (larger gains first on a tie)."""
     useful = [name for name, gain in gains.items() if not math.isnan(gain) and gain > 0]
     return sorted(useful, key=lambda name: (gains[name] / flops[name], gains[name]), reverse=True)
-
-
-def _signed(value: float) -> str:
-    """A change of cosine: four decimals, or two significant digits where it is smaller."""
-    return f"{value:+.4f}" if not abs(value) < 1e-4 or value == 0 else f"{value:+.1e}"
-
-
-def _said(figures: Figures, floor: Floor) -> str:
-    parts = [f"cosine {figures.cosine:.4f}"]
-    if figures.top1 is not None and any(metric == "top1" for metric, _ in floor.thresholds):
-        parts.append(f"top-1 {figures.top1:.1%}")
-    return ", ".join(parts)

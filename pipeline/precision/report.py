@@ -12,7 +12,7 @@ from typing import Any
 
 from pipeline.precision.plan import Plan
 from pipeline.precision.sensitivity import LayerSensitivity, Sensitivity
-from pipeline.precision.variant_lab import Figures
+from pipeline.precision.variant_lab import Figures, change_text, cosine_text
 
 SENSITIVITY_SCHEMA_VERSION = 1
 PLAN_SCHEMA_VERSION = 1
@@ -88,23 +88,8 @@ def plan_document(plan: Plan, variant_name: str, variant_table: dict[str, Any], 
 # --- terminal ---------------------------------------------------------------------------------------
 
 
-def _cos(value: float) -> str:
-    """Four decimals, six where they would all read 1.0000 (ModernBERT's NVFP4 is 0.999893)."""
-    return f"{value:.6f}" if value > 0.9999 else f"{value:.4f}"
-
-
-def said(figures: Figures) -> str:
-    text = f"cosine {_cos(figures.cosine)}"
-    return text + (f", top-1 {figures.top1:.0%}" if figures.top1 is not None else "")
-
-
 def _seeds(seeds: list[int]) -> str:
     return f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {seeds[0]}–{seeds[-1]}"
-
-
-def _delta(value: float) -> str:
-    """A change of cosine: four decimals, or two significant digits where it is smaller than that."""
-    return f"{value:+.4f}" if not abs(value) < 1e-4 or value == 0 else f"{value:+.1e}"
 
 
 def _kept(kept: dict[str, str]) -> list[str]:
@@ -139,7 +124,7 @@ def print_sensitivity(result: Sensitivity, console) -> None:
     )
     met = result.floor.met_by(result.fully_quantized)
     console.print(
-        f"fully quantized: {said(result.fully_quantized)} · unquantized ({evaluation['compute_dtype']}): {said(result.unquantized)}\n"
+        f"fully quantized: {result.fully_quantized.said()} · unquantized ({evaluation['compute_dtype']}): {result.unquantized.said()}\n"
         f"floor: {result.floor} — {'met' if met else '[red]missed[/red]'} by the fully quantized variant"
     )
     total = result.total_flops or 1.0
@@ -147,10 +132,10 @@ def print_sensitivity(result: Sensitivity, console) -> None:
         "#": [str(layer.rank) for layer in result.layers[:TERMINAL_LAYERS]],
         "layer": [layer.name for layer in result.layers[:TERMINAL_LAYERS]],
         "FLOPs": [f"{layer.flops / total:.1%}" for layer in result.layers[:TERMINAL_LAYERS]],
-        "excluded alone": [_cos(layer.excluded_alone.cosine) for layer in result.layers[:TERMINAL_LAYERS]],
-        "buys": [_delta(layer.gain) for layer in result.layers[:TERMINAL_LAYERS]],
-        "quantized alone": [_cos(layer.quantized_alone.cosine) for layer in result.layers[:TERMINAL_LAYERS]],
-        "costs": [_delta(layer.cost) for layer in result.layers[:TERMINAL_LAYERS]],
+        "excluded alone": [cosine_text(layer.excluded_alone.cosine) for layer in result.layers[:TERMINAL_LAYERS]],
+        "buys": [change_text(layer.gain) for layer in result.layers[:TERMINAL_LAYERS]],
+        "quantized alone": [cosine_text(layer.quantized_alone.cosine) for layer in result.layers[:TERMINAL_LAYERS]],
+        "costs": [change_text(layer.cost) for layer in result.layers[:TERMINAL_LAYERS]],
         "where": [_where(layer) for layer in result.layers[:TERMINAL_LAYERS]],
     }
     # Layer names stay whole; in a narrow terminal the columns that say least go first.
@@ -186,7 +171,7 @@ def print_depth(depth: list[dict[str, Any]], console) -> None:
     for unit in depth:
         error = unit["relative_error"]
         bar = "█" * max(1, round(24 * min(error, worst) / worst)) if math.isfinite(error) else "not finite"
-        table.add_row(unit["name"], _cos(unit["cosine"]), f"{error:.2%}", bar)
+        table.add_row(unit["name"], cosine_text(unit["cosine"]), f"{error:.2%}", bar)
     console.print(table)
     first = next((unit["name"] for unit in depth if not unit["cosine"] >= 0.99), None)
     if first:
@@ -196,16 +181,16 @@ def print_depth(depth: list[dict[str, Any]], console) -> None:
 def print_plan(plan: Plan, total_layers: int, toml_text: str, command: str, console) -> None:
     confirm, search = plan.confirm, plan.search
     if not plan.needed:
-        console.print(f"[bold]{plan.engine}[/bold] already meets {plan.floor} fully quantized: {said(search)}; no layer needs excluding.")
+        console.print(f"[bold]{plan.engine}[/bold] already meets {plan.floor} fully quantized: {search.said()}; no layer needs excluding.")
         return
     console.print(
         f"[bold]plan for {plan.engine}[/bold]: exclude {len(plan.exclude)} of {total_layers} quantized layers "
         f"({', '.join(plan.exclude)}); {plan.quantized_flops_share:.1%} of their FLOPs stay quantized"
     )
     console.print(
-        f"  fully quantized   search: {said(plan.fully_quantized['search'])}   confirmation: {said(plan.fully_quantized['confirm'])}"
+        f"  fully quantized   search: {plan.fully_quantized['search'].said()}   confirmation: {plan.fully_quantized['confirm'].said()}"
     )
-    console.print(f"  planned           search: {said(search)}   confirmation: {said(confirm)}")
+    console.print(f"  planned           search: {search.said()}   confirmation: {confirm.said()}")
     if plan.confirmed:
         console.print(f"floor {plan.floor}: met on the search batches and confirmed on batches the search never saw")
     else:
@@ -231,14 +216,14 @@ def sensitivity_html(result: Sensitivity) -> str:
     evaluation = result.evaluation
     rows = "\n".join(
         f"<tr><td>{layer.rank}</td><td class='text'>{html.escape(layer.name)}</td><td class='text'>{layer.kind}</td>"
-        f"<td>{layer.flops / (result.total_flops or 1):.2%}</td><td>{layer.excluded_alone.cosine:.4f}</td><td>{_delta(layer.gain)}</td>"
-        f"<td>{layer.quantized_alone.cosine:.4f}</td><td>{_delta(layer.cost)}</td><td class='text'>{html.escape(_where(layer))}</td></tr>"
+        f"<td>{layer.flops / (result.total_flops or 1):.2%}</td><td>{layer.excluded_alone.cosine:.4f}</td><td>{change_text(layer.gain)}</td>"
+        f"<td>{layer.quantized_alone.cosine:.4f}</td><td>{change_text(layer.cost)}</td><td class='text'>{html.escape(_where(layer))}</td></tr>"
         for layer in result.layers
     )
     return f"""<!DOCTYPE html><html><head><meta charset="utf-8"><title>sensitivity of {html.escape(result.engine)}</title>
 <style>{_STYLE}</style></head><body>
 <h1>Which layers of {html.escape(result.engine)} break its {result.precision} quantization</h1>
-<p>Fully quantized: {said(result.fully_quantized)}; unquantized ({evaluation["compute_dtype"]}): {said(result.unquantized)};
+<p>Fully quantized: {result.fully_quantized.said()}; unquantized ({evaluation["compute_dtype"]}): {result.unquantized.said()};
 floor {html.escape(str(result.floor))}. Measured on {evaluation["search"]["samples"]} samples ({_seeds(evaluation["search"]["seeds"])}, apart from calibration), {evaluation["device"]}.</p>
 <h2>Each layer alone</h2><img alt="per-layer chart" src="{_png(_layer_chart(result))}">
 <h2>Error along the depth</h2><img alt="depth chart" src="{_png(_depth_chart(result.depth))}">

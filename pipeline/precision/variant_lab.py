@@ -59,6 +59,20 @@ class Figures:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def said(self) -> str:
+        """ "cosine 0.9316, top-1 38%", as the terminal says it."""
+        return f"cosine {cosine_text(self.cosine)}" + (f", top-1 {self.top1:.0%}" if self.top1 is not None else "")
+
+
+def cosine_text(value: float) -> str:
+    """Four decimals, six where they would all read 1.0000 (ModernBERT's NVFP4 is 0.999893)."""
+    return f"{value:.6f}" if value > 0.9999 else f"{value:.4f}"
+
+
+def change_text(value: float) -> str:
+    """A change of cosine: four decimals, or two significant digits where it is smaller than that."""
+    return f"{value:+.4f}" if not abs(value) < 1e-4 or value == 0 else f"{value:+.1e}"
+
 
 @dataclass(frozen=True)
 class Floor:

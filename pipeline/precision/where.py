@@ -13,8 +13,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-QDQ_OPS = ("QuantizeLinear", "DequantizeLinear", "TRT_FP4DynamicQuantize", "TRT_MXFP8DynamicQuantize", "TRT_MXFP8DequantizeLinear")
-
 
 def module_path(node_name: str, modules: set[str]) -> str | None:
     """The module a node was exported from, among ``modules`` (names with the wrapper's prefix)."""
@@ -44,11 +42,6 @@ def onnx_nodes_by_layer(model, layers: list[str], modules: set[str], prefix: str
         if path:
             found[wanted[path]].append({"name": node.name, "op": node.op_type})
     return found
-
-
-def quantize_nodes(nodes: list[dict[str, str]]) -> list[str]:
-    """The Q/DQ (and TensorRT's block-quantize) nodes among a layer's nodes."""
-    return [node["name"] for node in nodes if node["op"].split("::")[-1] in QDQ_OPS]
 
 
 def read_graph(path: Path):
