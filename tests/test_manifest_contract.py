@@ -60,7 +60,9 @@ def normalised(manifest: dict, root: Path) -> dict:
             return ["<each>", items[0]] if items and all(item == items[0] for item in items) else items
         return {text(key): "<id>" if key in IDS else walk(item) for key, item in value.items()}
 
-    return walk(manifest)
+    # The machine's record itself: its keys are the contract, its words the machine's.
+    masked = {key: "<machine>" if isinstance(value, str) else walk(value) for key, value in environment.items()}
+    return {**walk(manifest), "environment": masked} if "environment" in manifest else walk(manifest)
 
 
 def _strings(value) -> list[str]:
