@@ -148,23 +148,6 @@ def _issued(torch, run: Callable[[], Any]) -> tuple[float, float]:
     return (issued - started) / 1e6, (time.perf_counter_ns() - started) / 1e6
 
 
-def measure_alone(
-    engine: PreparedEngine, settings: ProfileSettings, progress: Callable[[str], None] | None = None
-) -> tuple[list[float], float]:
-    """One whole measurement by trtexec's rules, for a runtime's ``profile``: warm up for
-    ``warmup_ms``, then one take of at least ``iterations`` runs and ``duration_s`` seconds.
-    (per-run milliseconds, seconds it took)."""
-    if progress:
-        progress(f"warming up ({settings.warmup_ms:g} ms)")
-    if settings.warmup_ms > 0:
-        engine.take(1, settings.warmup_ms)
-    if progress:
-        progress(f"measuring: at least {settings.iterations} runs and {settings.duration_s:g} s")
-    started = time.perf_counter()
-    times_ms = engine.take(settings.iterations, settings.duration_s * 1000.0)
-    return times_ms, time.perf_counter() - started
-
-
 # --- the GPU's clock -------------------------------------------------------------------------------
 
 

@@ -165,7 +165,7 @@ def test_a_budget_too_small_to_decide_stops_undecided():
     (pair,) = undecided(done.takes, 0.03)
     assert pair[2].outcome == "ambiguous"
     # Said once for the point, naming the pair left open and its interval.
-    from pipeline.stages.rounds import undecided_words
+    from pipeline.stages.point import undecided_words
 
     words = undecided_words(done)
     assert words.startswith(f"undecided after {done.rounds} rounds (budget_s = 0.2): ") and " against " in words, words

@@ -51,14 +51,14 @@ def scripted_measurements(monkeypatch, medians: list[float]):
     monkeypatch.setattr(OnnxRuntimeRuntime, "prepare", lambda self, engine_path, workload=None: Fixed(remaining.pop(0)))
 
     def repeat_here(stages, settings):
-        from pipeline.stages.rounds import entrant_name, point_seed
+        from pipeline.stages.point import entrant_name, point_seed
 
         engines = {entrant_name(stage): Fixed(remaining.pop(0)) for stage in stages}
         with machine_watch.MachineWatch():
             outcome = measure_in_rounds(engines, settings, point_seed(stages), None, SmClock())
         return outcome, {name: engine.evidence() for name, engine in engines.items()}
 
-    monkeypatch.setattr("pipeline.stages.rounds._in_fresh_process", repeat_here)
+    monkeypatch.setattr("pipeline.stages.point._in_fresh_process", repeat_here)
     return remaining
 
 
@@ -118,10 +118,10 @@ def test_a_repeat_runs_in_a_fresh_process(tmp_path, run_cli, monkeypatch):
 def test_a_repeat_whose_process_fails_names_the_engine(tmp_path, run_cli, monkeypatch):
     """The engine file is damaged while the fresh process loads it (and restored after, so the
     profile's own check of its inputs passes): the repeat's failure is named, not a traceback."""
-    from pipeline.stages import rounds
+    from pipeline.stages import point
 
     catalog = catalog_with(tmp_path, "")
-    in_fresh_process = rounds._in_fresh_process
+    in_fresh_process = point._in_fresh_process
 
     def damaged_meanwhile(stages, settings):
         engine = stages[0].engine_file()
@@ -132,7 +132,7 @@ def test_a_repeat_whose_process_fails_names_the_engine(tmp_path, run_cli, monkey
         finally:
             engine.write_bytes(kept)
 
-    monkeypatch.setattr(rounds, "_in_fresh_process", damaged_meanwhile)
+    monkeypatch.setattr(point, "_in_fresh_process", damaged_meanwhile)
     result = run_cli(catalog, "run", "--variant", "fp32", "--repeat", "2")
     assert result.exit_code == 1, result.err
     assert "ERROR ONNX Runtime could not load tiny_fp32.onnx" in result.err and "Traceback" not in result.err

@@ -1,4 +1,4 @@
-"""Paired rounds end to end (pipeline/stages/rounds.py): the engines of a shape point that run in
+"""Paired rounds end to end (pipeline/stages/point.py): the engines of a shape point that run in
 this process — ONNX Runtime and PyTorch here — prepared once and timed together, each manifest
 keeping its takes and its group, the report pairing them round by round, and the JSON it prints
 holding to the schema in docs/compare.schema.json."""

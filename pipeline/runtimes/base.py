@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 from pipeline.accuracy import ReferenceBatch
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
-from pipeline.measurement import PreparedEngine, measure_alone
+from pipeline.measurement import PreparedEngine
 from pipeline.models import ModelSource, PointShapes
 from pipeline.reporting import Reporter
 
@@ -229,10 +229,12 @@ class EngineRuntime(ABC):
         while the run builds the rest (AheadPool); None where there is none."""
         return None
 
-    @abstractmethod
     def profile(self, engine_path: Path, settings: ProfileSettings, workload: ReferenceBatch | None = None) -> ProfileResult:
-        """Time the engine. ``workload`` is what to feed at a shape point (its inputs' shapes and
-        seeded values), for models measured at several; None: the engine's one fixed shape."""
+        """One whole measurement of the engine by the tool that times it in a process of its own.
+        ``workload`` is what to feed at a shape point (its inputs' shapes and seeded values), for
+        models measured at several; None: the engine's one fixed shape. A runtime whose engines run
+        in this process has none: the measurement protocol times what it prepares."""
+        raise NotImplementedError(f"{type(self).__name__} runs its engines in this process: prepare them instead")
 
     def short_run(
         self, engine_path: Path, settings: ProfileSettings, workload: ReferenceBatch | None = None, layers: bool = False
@@ -264,20 +266,13 @@ class EngineRuntime(ABC):
 class InProcessRuntime(EngineRuntime):
     """A runtime that runs its engines in the pipeline's own process (PyTorch, ONNX Runtime): it
     prepares an engine, and the measurement protocol (pipeline/measurement.py) times it — in rounds
-    beside the shape point's other engines (pipeline/stages/rounds.py), or alone (``profile``)."""
+    beside the shape point's other engines, or alone as a group of one (pipeline/stages/point.py)."""
 
     measures_in_this_process = True
 
     @abstractmethod
     def prepare(self, engine_path: Path, workload: ReferenceBatch | None = None) -> PreparedEngine:
         """The engine loaded, compiled or captured, and warmed: ready for its takes."""
-
-    def profile(self, engine_path: Path, settings: ProfileSettings, workload: ReferenceBatch | None = None) -> ProfileResult:
-        """One whole measurement of the engine alone, by trtexec's rules (warm-up, then at least
-        `iterations` runs and `duration_s` seconds)."""
-        engine = self.prepare(engine_path, workload)
-        times_ms, elapsed = measure_alone(engine, settings, self.reporter.progress)
-        return ProfileResult.of_takes(engine.evidence(), times_ms, elapsed)
 
 
 class ToolTakes:

@@ -176,9 +176,10 @@ class Stage(ABC):
         """Whether --force asks for this stage's work: once in a run."""
         return self.ctx.force and (str(self.manifest_path()), self.name) not in self.ctx.done
 
-    def run(self, force: bool = False) -> StageRecord:
+    def run(self, force: bool = False, **given) -> StageRecord:
         """Do the stage's work and record it, unless it is current (``force``: do it anyway, as
-        --force does for every stage)."""
+        --force does for every stage). ``given``: work its caller did for it, handed to run_impl
+        (a profile's measurement, made with its shape point's other engines)."""
         reporter = self.ctx.reporter
         manifest = self.load_manifest()
         previous = manifest.stage(self.name) if manifest else None
@@ -207,7 +208,7 @@ class Stage(ABC):
         else:
             try:
                 with reporter.working(self.name, self.progress_label):
-                    outcome = self.run_impl(inputs)
+                    outcome = self.run_impl(inputs, **given)
             except RefusedByTool as exc:
                 if exc.outcome is None:
                     raise

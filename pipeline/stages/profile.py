@@ -1,4 +1,5 @@
-"""Profile stage: time a built engine and summarise the per-iteration latencies."""
+"""Profile stage: record what the measurement of an engine's shape point gave it (pipeline/stages/point.py)
+— the per-iteration latencies summarised, the tool's evidence, the engine's accuracy."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ import functools
 from pathlib import Path
 from typing import Any
 
-from pipeline.environment import cpu_name, machine_load, nvidia_gpus, running_on
+from pipeline.environment import cpu_name, machine_load, nvidia_gpus
 from pipeline.errors import PipelineError, RefusedByTool
-from pipeline.machine_watch import MachineWatch, verdict
+from pipeline.machine_watch import verdict
 from pipeline.manifest import Artifact, ProfileDetails, StageRecord, read_manifest
 from pipeline.runtimes import get_runtime
 from pipeline.stages.base import Stage, StageOutcome
@@ -26,9 +27,6 @@ class ProfileStage(Stage):
         self.settings = ctx.catalog.profile
         # The shape point measured ("2x512"), for models with several; its own manifest.
         self.shape = shape
-        # What the rounds gave this profile, when its shape point's group measured it
-        # (pipeline/stages/rounds.py); None: it measures itself.
-        self.measured = None
 
     def manifest_path(self) -> Path:
         return self.ctx.workspace.manifest_path(self.toolchain, self.engine, self.ctx.gpu_type, self.shape)
@@ -148,49 +146,27 @@ class ProfileStage(Stage):
             fields.update(shape=self.shape, build=self.build_record())
         return fields
 
-    def run_impl(self, inputs: list[Artifact]) -> StageOutcome:
+    def run_impl(self, inputs: list[Artifact], measured=None) -> StageOutcome:
+        """Record ``measured``: what the measurement of this profile's shape point
+        (pipeline/stages/point.py, Measured) gave its engine, or the error that left it without."""
+        if measured is None:
+            raise RuntimeError("a profile records the measurement of its shape point: run it through pipeline.stages.point.profile_point")
         try:
-            return self._profile(inputs)
+            if isinstance(measured, PipelineError):
+                raise measured
+            return self._record(measured)
         except RefusedByTool as exc:
             # Out of memory at this shape point, say: recorded in its manifest as failed, with the
             # reason, so the sweep's table shows it; the other points and engines still run.
             exc.outcome = StageOutcome(outputs=[])
             raise
 
-    def _profile(self, inputs: list[Artifact]) -> StageOutcome:
-        engine_path = self.ctx.workspace.root / inputs[0].path
-        settings = self.settings
+    def _record(self, measured) -> StageOutcome:
+        settings, results, rounds = self.settings, measured.results, measured.rounds
         workload = self.workload()
-        # The machine's load around the measurement, and what it did during each one, so a number
-        # taken on a busy machine shows it.
-        load_at_start = machine_load()
-        retaken: list[list[float]] = []
-        rounds, checked_already = [], None
-        if self.measured is not None or self.runtime.measures_in_this_process:
-            # Timed in rounds with the shape point's other engines (or alone, as a group of one).
-            from pipeline.stages.rounds import measure_together
-
-            measured = self.measured or measure_together([self])[self]
-            if isinstance(measured, PipelineError):
-                raise measured
-            results, watched, rounds, checked_already = measured.results, measured.watched, measured.rounds, measured.accuracy
-            medians = [round(LatencyStats.from_values(r.per_iteration_ms).median, 6) for r in results]
-            repeat_cv = LatencyStats.from_values(medians).cv if len(medians) > 1 else None
-            stable = repeat_cv is None or repeat_cv <= settings.max_repeat_cv
-        while not rounds:
-            results, watched = self._measure(engine_path, workload, take=len(retaken))
-            medians = [round(LatencyStats.from_values(r.per_iteration_ms).median, 6) for r in results]
-            repeat_cv = LatencyStats.from_values(medians).cv if len(medians) > 1 else None
-            stable = repeat_cv is None or repeat_cv <= settings.max_repeat_cv
-            if stable or len(retaken) >= settings.retakes:
-                break
-            retaken.append(medians)
-            self.ctx.reporter.warn(
-                f"{self.engine.name}: the {len(medians)} measurements disagree (medians {min(medians):.3f}–{max(medians):.3f} ms, "
-                f"CV {repeat_cv:.2%} > {settings.max_repeat_cv:.0%}): taking them again ({len(retaken)} of {settings.retakes})"
-            )
-        load_at_end = machine_load()
-        result = results[-1]
+        medians = [round(LatencyStats.from_values(r.per_iteration_ms).median, 6) for r in results]
+        repeat_cv = LatencyStats.from_values(medians).cv if len(medians) > 1 else None
+        stable = repeat_cv is None or repeat_cv <= settings.max_repeat_cv
         # The row's figures pool every run of every measurement: the median of the pooled runs,
         # with the measurements' own medians and their CV beside it.
         pooled = [value for r in results for value in r.per_iteration_ms]
@@ -198,25 +174,15 @@ class ProfileStage(Stage):
         own_qps = [r.throughput_qps for r in results if r.throughput_qps]
         qps = sum(own_qps) / len(own_qps) if len(own_qps) == len(results) else 1000.0 / stats.mean
         warnings = list(dict.fromkeys(w for r in results for w in r.warnings))
-        for warning in warnings:
-            if warning.startswith("* "):  # trtexec's own judgement of the measurement
-                self.ctx.reporter.warn(f"{self.engine.name}: {warning[2:]}")
-        for flag in verdict(watched):
-            self.ctx.reporter.warn(f"{self.engine.name}: {flag}")
-        if not stable:
-            after = f"after {len(retaken)} retake(s) " if not rounds else ""
-            self.ctx.reporter.warn(
-                f"{self.engine.name}: unstable: the measurements still disagree {after}"
-                f"(CV {repeat_cv:.2%} > {settings.max_repeat_cv:.0%}); recorded as unstable"
-            )
+        self._warn(warnings, measured, repeat_cv, stable)
         batch = workload.inputs[0].shape[0] if workload else self.model_spec.batch_size
         unit, tokens_per_run = self.work_per_run(workload)
         tokens = qps * tokens_per_run if tokens_per_run else None
         details = ProfileDetails(
             settings=settings,
             batch_size=batch,
-            device=result.device,
-            metric=result.metric,
+            device=results[-1].device,
+            metric=results[-1].metric,
             iterations=stats.count,
             total_walltime_s=sum(r.total_walltime_s for r in results),
             latency_ms=stats,
@@ -229,28 +195,52 @@ class ProfileStage(Stage):
             repeat_medians_ms=medians if len(medians) > 1 else [],
             repeat_cv=repeat_cv,
             repeats_pooled=len(results),
-            retaken_medians_ms=retaken,
-            retaken_in_fresh_process=None if not retaken else False,
+            retaken_medians_ms=measured.retaken,
+            retaken_in_fresh_process=None if not measured.retaken else False,
             rounds=rounds,
             stable=stable if len(medians) > 1 else None,
-            machine_load={"start": load_at_start, "end": load_at_end, "during": watched},
+            # The machine's load around the measurement and what it did during each one, so a
+            # number taken on a busy machine shows it.
+            machine_load={"start": measured.load_at_start, "end": machine_load(), "during": measured.watched},
             warnings=warnings,
-            **result.evidence,
+            **results[-1].evidence,
         )
-        accuracy, accuracy_skipped, checked = checked_already or self.check_accuracy(engine_path, workload)
+        accuracy, accuracy_skipped, checked = measured.accuracy
         details.accuracy, details.accuracy_skipped = accuracy, accuracy_skipped
-        sidecars = {**result.sidecars, **(checked.sidecars if checked else {})}
+        sidecars = {**results[-1].sidecars, **(checked.sidecars if checked else {})}
         outputs = [self.ctx.workspace.artifact(role, path) for role, path in sidecars.items()]
-        pooled_from = f" of {len(results)} measurements pooled" if len(results) > 1 else ""
-        rate = f"{tokens:,.0f} tokens/s" if tokens else f"{details.images_per_s:.1f} {unit}/s"
+        shared = sum(record.elapsed_s for record in rounds) if rounds else None
+        return StageOutcome(
+            outputs=outputs, details=details, command=results[-1].command, note=self._note(details, measured), seconds=shared
+        )
+
+    def _warn(self, warnings: list[str], measured, repeat_cv: float | None, stable: bool) -> None:
+        """What the tool, the machine and the measurements' agreement say against the figures."""
+        for warning in warnings:
+            if warning.startswith("* "):  # trtexec's own judgement of the measurement
+                self.ctx.reporter.warn(f"{self.engine.name}: {warning[2:]}")
+        for flag in verdict(measured.watched):
+            self.ctx.reporter.warn(f"{self.engine.name}: {flag}")
+        if not stable:
+            after = f"after {len(measured.retaken)} retake(s) " if not measured.rounds else ""
+            self.ctx.reporter.warn(
+                f"{self.engine.name}: unstable: the measurements still disagree {after}"
+                f"(CV {repeat_cv:.2%} > {self.settings.max_repeat_cv:.0%}); recorded as unstable"
+            )
+
+    @staticmethod
+    def _note(details: ProfileDetails, measured) -> str:
+        """The profile's line: "median 0.64 ms, 10,669 tokens/s over 90 runs in 17 rounds beside 3 other engines; …"."""
+        stats, rounds, count = details.latency_ms, measured.rounds, details.repeats_pooled
+        pooled_from = f" of {count} measurements pooled" if count > 1 else ""
+        rate = f"{details.tokens_per_s:,.0f} tokens/s" if details.tokens_per_s else f"{details.images_per_s:.1f} {details.sample_unit}/s"
         note = f": median {stats.median:.2f} ms, {rate} over {stats.count} runs{pooled_from}"
-        shared = None
         if rounds:
             others = len(rounds[0].entrants) - 1
-            shared = sum(record.elapsed_s for record in rounds)
             note = f" of rounds{note} in {rounds[0].rounds} rounds" + (
                 f" beside {others} other engine{'s' if others > 1 else ''}" if others else ""
             )
+        accuracy = details.accuracy
         if accuracy:
             cosine = accuracy["cosine_similarity"]
             note += f"; vs FP32 cosine {'NaN/Inf' if cosine is None else f'{cosine:.5f}'}"
@@ -258,9 +248,10 @@ class ProfileStage(Stage):
                 note += f", top-1 {accuracy['top1_agreement']:.0%}"
             if accuracy.get("top1_accuracy") is not None:
                 note += f", top-1 accuracy {accuracy['top1_accuracy']:.1%} on the labelled images"
-        if repeat_cv is not None:
-            note += f"; their medians {min(medians):.3f}–{max(medians):.3f} ms (CV {repeat_cv:.2%}{'' if stable else ', unstable'})"
-        return StageOutcome(outputs=outputs, details=details, command=result.command, note=note, seconds=shared)
+        if details.repeat_cv is not None:
+            medians, stable = details.repeat_medians_ms, details.stable
+            note += f"; their medians {min(medians):.3f}–{max(medians):.3f} ms (CV {details.repeat_cv:.2%}{'' if stable else ', unstable'})"
+        return note
 
     def work_per_run(self, workload) -> tuple[str, int | None]:
         """(what a sample is, tokens per run): "seq" and the size of the token ids where the model
@@ -278,21 +269,6 @@ class ProfileStage(Stage):
         if "image" in kinds.values() or not kinds:  # exports before inputs were recorded are timm's
             return "img", None
         return "sample", None
-
-    def _measure(self, engine_path: Path, workload, take: int) -> tuple[list, list[dict]]:
-        """`repeats` measurements of a runtime that times in a process of its own (trtexec,
-        TensorRT-RTX), each watched (pipeline/machine_watch.py): (results, what was seen)."""
-        repeats = self.settings.repeats
-        results, watched = [], []
-        for run in range(repeats):
-            if repeats > 1 or take:
-                again = f", take {take + 1}" if take else ""
-                self.ctx.reporter.detail(f"{self.engine.name}: measurement {run + 1} of {repeats}{again}")
-                self.ctx.reporter.step(f"measurement {run + 1} of {repeats}{again}")
-            with MachineWatch() as watch, running_on(self.settings.host_cpus):
-                results.append(self.runtime.profile(engine_path, self.settings, workload))
-            watched.append(watch.summary)
-        return results, watched
 
     def check_accuracy(self, engine_path: Path, workload=None):
         """(figures, why not checked, the reference run) for this engine on its reference batch

@@ -56,10 +56,10 @@ def stage_for(ctx: RunContext, name: str, engine: EngineRef, toolchain: str | No
     return ProfileStage(ctx, engine, toolchain, shape)
 
 
-def run_engine(ctx: RunContext, engine: EngineRef, toolchain: str | None, until: str, rounds: dict | None = None) -> None:
+def run_engine(ctx: RunContext, engine: EngineRef, toolchain: str | None, until: str, points: dict) -> None:
     """Run every stage up to ``until`` for one engine. Stages before it are skipped when unchanged.
-    With ``rounds``, the profiles of a runtime that times in this process are not run here but
-    gathered by shape point, to be timed in rounds with the point's other engines (pipeline/stages/rounds.py)."""
+    Its profiles are not run here but gathered in ``points`` by shape point, to be measured with
+    the point's other engines (pipeline/stages/point.py)."""
     from pipeline.stages.build import BuildStage
     from pipeline.stages.export import ExportStage
     from pipeline.stages.profile import ProfileStage
@@ -75,11 +75,7 @@ def run_engine(ctx: RunContext, engine: EngineRef, toolchain: str | None, until:
         ExportStage(ctx, engine).run()
 
     def profile(shape: str | None) -> None:
-        stage = ProfileStage(ctx, engine, toolchain, shape)
-        if rounds is not None:
-            rounds.setdefault((engine.model, ctx.gpu_type, shape), []).append(stage)
-        else:
-            stage.run()
+        points.setdefault((engine.model, ctx.gpu_type, shape), []).append(ProfileStage(ctx, engine, toolchain, shape))
 
     if builds == [None]:  # one engine, profiled at every point
         if "build" in wanted:
@@ -130,6 +126,11 @@ def shapes_to_profile(ctx: RunContext, engine: EngineRef) -> list[str | None]:
     return [point.label for point in points] or [None]
 
 
+def _failures(recorded: dict) -> list:
+    """(profile, error) for each profile of a point that ended in an error."""
+    return [(stage, outcome) for stage, outcome in recorded.items() if isinstance(outcome, PipelineError)]
+
+
 def builds_of(ctx: RunContext, engine: EngineRef) -> list[str | None]:
     """The shape points built separately (a static model: an engine per point), or [None]: one engine."""
     return shapes_to_profile(ctx, engine) if ctx.catalog.model(engine.model).static else [None]
@@ -141,7 +142,7 @@ def run_engines(ctx: RunContext, engines: list[EngineRef], toolchains: list[str]
     last, a shape point at a time, every engine of the point in one set of rounds."""
     from pipeline.reporting import print_error
     from pipeline.runtimes import get_runtime
-    from pipeline.stages.rounds import profile_together
+    from pipeline.stages.point import profile_point
 
     summary = RunSummary()
     requested = len(engines)
@@ -156,14 +157,14 @@ def run_engines(ctx: RunContext, engines: list[EngineRef], toolchains: list[str]
             print_error(f"{toolchain}: {exc.message}", exc.hint)
             for engine in engines:
                 summary.fail(engine.name, toolchain, exc)
-    rounds: dict = {}
+    points: dict = {}
     single = len(engines) == 1 and len(usable) == 1
     ctx.ahead = WorkAhead(ctx.reporter)
     try:
         for toolchain in usable:
             for engine in engines:
                 try:
-                    run_engine(ctx, engine, toolchain, until, rounds)
+                    run_engine(ctx, engine, toolchain, until, points)
                     summary.succeeded.append(engine.name)
                 except PipelineError as exc:
                     if single:
@@ -174,8 +175,8 @@ def run_engines(ctx: RunContext, engines: list[EngineRef], toolchains: list[str]
     finally:
         ctx.ahead.close()
         ctx.ahead = None
-    for (_, _, shape), stages in rounds.items():
-        for stage, exc in profile_together(stages):
+    for (_, _, shape), stages in points.items():
+        for stage, exc in _failures(profile_point(stages)):
             where = f" at {shape}" if shape else ""
             on = f" on {stage.toolchain}" if len(usable) > 1 else ""
             if single and not shape:

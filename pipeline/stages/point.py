@@ -1,0 +1,278 @@
+"""The measurement of a shape point: its engines prepared, checked and timed, and each profile given
+what it measured to record.
+
+This is the one room where a point's engines are measured, whoever asks (a local run, a cluster's
+task, a profile asked for alone):
+
+- Every engine is prepared once — an engine that runs in this process (PyTorch, ONNX Runtime)
+  loaded, compiled, captured and warmed — and its accuracy checked on the point's reference batch.
+- Then all of them are timed by the protocol in pipeline/measurement.py: one take each per round,
+  in a seeded random order, until the comparisons the verdict needs are decided or the point's
+  budget is spent. An engine a tool times in a process of its own (trtexec, the TensorRT-RTX driver)
+  takes part by a short run of the tool per take (pipeline/runtimes/base.py, ToolTakes).
+- ``--repeat N`` measures the group N times, the first here and each other one in a fresh process
+  (``_in_fresh_process``), as independent measurements whose medians show how repeatable the
+  numbers are.
+- A tool's engine with nothing beside it is measured as the tool alone would measure it: ``repeats``
+  whole runs of the tool, taken again (up to ``retakes`` times) while their medians disagree.
+
+The group is measured as a whole: when any of its profiles must run (new settings, a rebuilt
+engine), all of them are measured again, so that every engine of the point shares one set of
+rounds. Each profile (pipeline/stages/profile.py) then records what it was given: its own takes and
+the group they were measured in, so a report pairs them round by round.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.environment import machine_load, running_on
+from pipeline.errors import EnvironmentMissing, PipelineError
+from pipeline.machine_watch import MachineWatch
+from pipeline.manifest import StageRecord
+from pipeline.measurement import RoundsOutcome, RoundsRecord, SmClock, measure_in_rounds, open_pair_words, undecided
+from pipeline.runtimes.base import ProfileResult
+from pipeline.stats import LatencyStats
+
+# Seconds a repeat's process has to end after an interruption before it is killed.
+STOP_GRACE_S = 10
+
+
+@dataclass
+class Measured:
+    """What one profile's engine measured: a result per measurement (in rounds: the first in this
+    process, the others in fresh ones; a tool alone: each run of the tool), what the machine did
+    meanwhile and its load when the measurement started, the rounds' records (none for a tool alone),
+    the engine's accuracy, and the medians of measurements taken again because they disagreed (a
+    tool alone)."""
+
+    results: list[ProfileResult]
+    watched: list[dict]
+    load_at_start: dict
+    rounds: list[RoundsRecord]
+    accuracy: tuple[Any, str | None, Any]
+    retaken: list[list[float]] = field(default_factory=list)
+
+
+def profile_point(stages: list) -> dict[Any, StageRecord | PipelineError]:
+    """Run the profiles (ProfileStage) of one shape point as one group: measure them if any must
+    run, then let each record its result. What each recorded, or the error that stopped it (a
+    refusal — out of memory, a capture refused — is recorded in its manifest as failed)."""
+    runnable = [stage for stage in stages if stage.skip_reason() is None]
+    stale = [stage for stage in runnable if not stage.is_current()]
+    measured = measure_point(runnable) if stale else {}
+    out: dict[Any, StageRecord | PipelineError] = {}
+    for stage in stages:
+        try:
+            out[stage] = stage.run(force=bool(stale) and stage in runnable, measured=measured.get(stage))
+        except EnvironmentMissing:
+            raise
+        except PipelineError as exc:
+            out[stage] = exc
+    return out
+
+
+def measure_point(stages: list) -> dict[Any, Measured | PipelineError]:
+    """Prepare every profile's engine and check its accuracy, then time them: in rounds, or a tool's
+    engine alone as the tool would. Each profile's measurement, or why it has none."""
+    if not stages:
+        return {}
+    if len(stages) == 1 and not stages[0].runtime.measures_in_this_process:
+        stage = stages[0]
+        try:
+            return {stage: _tool_alone(stage)}
+        except EnvironmentMissing:
+            raise
+        except PipelineError as exc:
+            return {stage: exc}
+    return _in_rounds(stages)
+
+
+def entrant_name(stage) -> str:
+    """How the rounds name an engine: "fp16/torch-compile"."""
+    return f"{stage.engine.variant}/{stage.toolchain}"
+
+
+def point_seed(stages: list) -> int:
+    """The rounds' order is drawn from a generator seeded by the model and the shape point: the
+    same order each time the same point is measured."""
+    first = stages[0]
+    return zlib.crc32(f"{first.engine.model}@{first.shape}".encode())
+
+
+def undecided_words(outcome: RoundsOutcome) -> str:
+    """What the budget left open: "undecided after 8 rounds (budget_s = 30): bf16/torch-compile
+    against bf16/torch-reduce-overhead undecided (0.981–1.034)"."""
+    open_pairs = undecided({k: v for k, v in outcome.takes.items() if k not in outcome.failed}, outcome.settings.tie)
+    pairs = "; ".join(open_pair_words(*pair) for pair in open_pairs)
+    return f"undecided after {outcome.rounds} rounds (budget_s = {outcome.settings.budget_s:g})" + (f": {pairs}" if pairs else "")
+
+
+# --- in rounds --------------------------------------------------------------------------------------
+
+
+def _in_rounds(stages: list) -> dict[Any, Measured | PipelineError]:
+    ctx, settings = stages[0].ctx, stages[0].settings
+    reporter = ctx.reporter
+    out: dict[Any, Measured | PipelineError] = {}
+    engines, prepared = {}, {}
+    load_at_start = machine_load()
+    label = f"{stages[0].engine.model}{f' at {stages[0].shape}' if stages[0].shape else ''}"
+    with reporter.working("profile", f"{label} ({len(stages)} engine{'s' if len(stages) > 1 else ''} in rounds)"):
+        for stage in stages:
+            try:
+                reporter.step(f"preparing {entrant_name(stage)}")
+                engine_path, workload = stage.engine_file(), stage.workload()
+                with running_on(settings.host_cpus):
+                    engine = stage.runtime.prepare(engine_path, workload)
+                    reporter.step(f"checking {entrant_name(stage)}'s outputs on the reference batch")
+                    accuracy = stage.check_accuracy(engine_path, workload)
+            except EnvironmentMissing:
+                raise
+            except PipelineError as exc:
+                out[stage] = exc
+                continue
+            engines[entrant_name(stage)] = engine
+            prepared[stage] = (engine, accuracy)
+        if not engines:
+            return out
+        reporter.step(f"{len(engines)} engine(s) in rounds")
+        with MachineWatch() as watch, running_on(settings.host_cpus):
+            outcome = measure_in_rounds(engines, settings, point_seed(stages), reporter.progress, SmClock())
+        if outcome.stop == "budget":  # once for the point: the engines' manifests say so each (rounds[].stop)
+            reporter.warn(f"{label}: {undecided_words(outcome)}")
+        repeats = [(outcome, None)]
+        try:
+            for number in range(2, settings.repeats + 1):
+                reporter.detail(f"{label}: measurement {number} of {settings.repeats}, in a fresh process")
+                reporter.step(f"measurement {number} of {settings.repeats}, in a fresh process")
+                repeats.append(_in_fresh_process(list(prepared), settings))
+        except EnvironmentMissing:
+            raise
+        except PipelineError as exc:  # the group's repeat failed: every engine of it is without its figures
+            return {**out, **dict.fromkeys(prepared, exc)}
+    for stage, (engine, accuracy) in prepared.items():
+        key = entrant_name(stage)
+        if key in outcome.errors:  # recorded in its manifest where it is a refusal (out of memory)
+            out[stage] = outcome.errors[key]
+            continue
+        results, records = [], []
+        try:
+            for number, (rounds, evidence) in enumerate(repeats):
+                said = engine.evidence() if number == 0 else evidence[key]
+                results.append(_of_takes(said, rounds.times_ms[key], rounds.elapsed_s))
+                records.append(rounds.record(key))
+        except PipelineError as exc:
+            out[stage] = exc
+            continue
+        out[stage] = Measured(results, [watch.summary] * len(repeats), load_at_start, records, accuracy)
+    return out
+
+
+def _of_takes(said: dict[str, Any], times_ms: list[float], elapsed_s: float) -> ProfileResult:
+    if not times_ms:
+        raise PipelineError(
+            "every take of the rounds was dropped: the GPU's clock stayed below three quarters of its default (throttled)",
+            hint="let the GPU cool or lift its power cap, then profile again; `nvidia-smi -q -d PERFORMANCE` says why it throttles",
+        )
+    return ProfileResult.of_takes(said, times_ms, elapsed_s)
+
+
+# --- a tool alone ------------------------------------------------------------------------------------
+
+
+def _tool_alone(stage) -> Measured:
+    """``repeats`` whole runs of the tool, each watched (pipeline/machine_watch.py), taken again
+    while their medians disagree by more than ``max_repeat_cv`` (at most ``retakes`` times); then
+    the engine's accuracy on the reference batch."""
+    settings, reporter = stage.settings, stage.ctx.reporter
+    engine_path, workload = stage.engine_file(), stage.workload()
+    retaken: list[list[float]] = []
+    load_at_start = machine_load()
+    while True:
+        results, watched = [], []
+        for run in range(settings.repeats):
+            if settings.repeats > 1 or retaken:
+                again = f", take {len(retaken) + 1}" if retaken else ""
+                reporter.detail(f"{stage.engine.name}: measurement {run + 1} of {settings.repeats}{again}")
+                reporter.step(f"measurement {run + 1} of {settings.repeats}{again}")
+            with MachineWatch() as watch, running_on(settings.host_cpus):
+                results.append(stage.runtime.profile(engine_path, settings, workload))
+            watched.append(watch.summary)
+        medians = [round(LatencyStats.from_values(r.per_iteration_ms).median, 6) for r in results]
+        repeat_cv = LatencyStats.from_values(medians).cv if len(medians) > 1 else None
+        if repeat_cv is None or repeat_cv <= settings.max_repeat_cv or len(retaken) >= settings.retakes:
+            break
+        retaken.append(medians)
+        reporter.warn(
+            f"{stage.engine.name}: the {len(medians)} measurements disagree (medians {min(medians):.3f}–{max(medians):.3f} ms, "
+            f"CV {repeat_cv:.2%} > {settings.max_repeat_cv:.0%}): taking them again ({len(retaken)} of {settings.retakes})"
+        )
+    return Measured(results, watched, load_at_start, [], stage.check_accuracy(engine_path, workload), retaken)
+
+
+# --- a repeat in a fresh process ---------------------------------------------------------------------
+#
+# Measuring again in the same process would repeat whatever lives in the process: the allocator's
+# state, a compiled graph and the autotuning it chose, a thread pool, a warmed cache. So each repeat
+# after the first runs in a new interpreter that loads, prepares and times the engines from scratch,
+# in rounds, as the best benchmark harnesses do; a tool's engines take part there by short runs of
+# the tool, as in the first measurement.
+
+
+def _in_fresh_process(stages: list, settings):
+    """The group measured again in a new interpreter: (RoundsOutcome, each engine's evidence by name)."""
+    ctx = stages[0].ctx
+    members = [(entrant_name(stage), stage.toolchain, stage.engine_file(), stage.workload()) for stage in stages]
+    spawn = multiprocessing.get_context("spawn")  # a new interpreter, not a copy of this one
+    receive, send = spawn.Pipe(duplex=False)
+    args = (send, ctx.catalog, members, settings, point_seed(stages), ctx.reporter.verbose)
+    child = spawn.Process(target=_fresh_process, args=args, name="pipeline-repeat")
+    child.start()
+    send.close()
+    try:
+        outcome = receive.recv()
+    except EOFError:  # it ended without a word: killed, or crashed in native code
+        outcome = None
+    except BaseException:  # Ctrl-C, SIGTERM: the measurement goes with this process
+        child.terminate()
+        child.join(STOP_GRACE_S)
+        if child.is_alive():
+            child.kill()
+        raise
+    child.join()
+    if outcome is None:
+        names = ", ".join(name for name, *_ in members)
+        raise PipelineError(
+            f"the process repeating the measurement of {names} ended without a result (exit status {child.exitcode}).",
+            hint="run the same command again; -v shows what it printed",
+        )
+    kind, payload = outcome
+    if kind == "error":
+        raise payload
+    return payload
+
+
+def _fresh_process(send, catalog, members: list[tuple[str, str, Path, Any]], settings, seed: int, verbose: bool) -> None:
+    from pipeline.reporting import Reporter
+    from pipeline.runtimes import create_runtime
+
+    try:
+        reporter = Reporter(verbose=verbose)
+        runtimes: dict[str, Any] = {}
+        engines = {}
+        with running_on(settings.host_cpus):
+            for name, toolchain, engine_path, workload in members:
+                if toolchain not in runtimes:
+                    runtimes[toolchain] = create_runtime(toolchain, catalog.toolchain(toolchain), reporter, catalog.root)
+                engines[name] = runtimes[toolchain].prepare(engine_path, workload)
+            outcome = measure_in_rounds(engines, settings, seed, None, SmClock())
+        evidence = {name: engine.evidence() for name, engine in engines.items() if name not in outcome.failed}
+        outcome.errors = {name: error.plain() for name, error in outcome.errors.items()}
+        send.send(("ok", (outcome, evidence)))
+    except PipelineError as exc:
+        send.send(("error", exc.plain()))
