@@ -120,7 +120,7 @@ def test_onnx_runtimes_refusal_keeps_its_whole_explanation(tmp_path):
     from onnx import TensorProto, helper
 
     from pipeline.errors import PipelineError
-    from pipeline.stages.export import check_parity
+    from pipeline.stages.parity import check_parity
 
     fixed = [helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, 4]) for name in ("x", "y")]
     graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "fixed", fixed[:1], fixed[1:])

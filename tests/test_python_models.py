@@ -307,12 +307,12 @@ def test_a_module_the_exporter_refuses_still_runs_on_the_torch_toolchains(tmp_pa
 def test_a_quantized_variant_the_exporter_fails_on_is_an_error(tmp_path, run_cli, monkeypatch):
     """No torch toolchain runs a quantized variant, so its failed export is the error it always was
     (exit 1, nothing kept), not an export without ONNX."""
-    import pipeline.stages.export as export
+    import pipeline.stages.onnx_writing as onnx_writing
 
     def refuses(*args, **kwargs):
         raise RuntimeError("Unsupported: the exporter met something it cannot write")
 
-    monkeypatch.setattr(export, "export_quantized", refuses)
+    monkeypatch.setattr(onnx_writing, "export_quantized", refuses)
     catalog = workspace(tmp_path / "ws")
     result = run_cli(catalog, "export", "--engine", "mlp_int8")
     assert result.exit_code == 1
@@ -328,7 +328,7 @@ def test_the_exporters_reason_names_the_models_line_only_where_the_model_raised(
 
     import torch
 
-    from pipeline.stages.export import exporter_reason
+    from pipeline.stages.onnx_writing import exporter_reason
 
     class Eigenvalues(torch.nn.Module):
         def forward(self, x):

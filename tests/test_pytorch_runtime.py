@@ -382,7 +382,7 @@ FLASH_REFUSAL_WARNINGS = [
 
 
 def test_a_kernel_refusal_gives_pytorchs_reason_not_the_restriction_it_restates():
-    from pipeline.runtimes.pytorch import _kernel_reasons
+    from pipeline.runtimes.torch_preparing import _kernel_reasons
 
     assert _kernel_reasons(FLASH_REFUSAL_WARNINGS, "flash") == ["Flash Attention does not support non-null attn_mask."]
     # The kernel asked for, disabled by PyTorch itself: that is the reason.

@@ -8,7 +8,8 @@ import re
 import pytest
 
 from pipeline.errors import PipelineError
-from pipeline.trtexec.log import NOTHING_TO_REPORT, SummaryFigures, decode_version, parse_log, read_log
+from pipeline.trtexec.log import NOTHING_TO_REPORT, parse_log, read_log
+from pipeline.trtexec.log_records import SummaryFigures, decode_version
 from tests.conftest import SAMPLES
 
 # Every whole log: not the help texts, not the exportTimes JSON kept as .json.txt.
@@ -497,7 +498,7 @@ def test_a_wrappers_prefix_before_every_line_is_taken_off(wrapper, tmp_path, run
 def test_a_prefix_on_few_lines_is_not_a_wrappers():
     """Constructed: one quoted line among plain ones is not a wrapper's prefix taken off the others;
     that line itself reads from trtexec's time stamp on."""
-    from pipeline.trtexec.log import trtexec_lines
+    from pipeline.trtexec.log_lines import trtexec_lines
 
     lines = (SAMPLES / "trt10.16.1_h100_onnx_build_and_run_default.txt").read_text().split("\n")
     quoted = lines.copy()
@@ -537,7 +538,7 @@ def test_untagged_lines_of_a_joined_log_are_split_where_trtexec_prints_them():
 
 
 def test_two_tags_on_a_line_are_not_a_joined_log():
-    from pipeline.trtexec.log import trtexec_lines
+    from pipeline.trtexec.log_lines import trtexec_lines
 
     line = "[07/07/2026-02:10:45] [E] Error[4]: see [07/07/2026-02:10:44] [I] above"
     assert trtexec_lines(line) == [line]
@@ -545,7 +546,7 @@ def test_two_tags_on_a_line_are_not_a_joined_log():
 
 def test_no_recorded_log_is_split_or_unwrapped():
     """Nothing the parser read before reads differently: every recorded text's lines are its own."""
-    from pipeline.trtexec.log import trtexec_lines
+    from pipeline.trtexec.log_lines import trtexec_lines
     from pipeline.trtexec.text import log_lines
 
     for path in ALL_TEXTS:

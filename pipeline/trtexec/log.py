@@ -10,22 +10,28 @@ between 8.x (name first) and 10.x (name last). Unknown lines are ignored, never 
 from __future__ import annotations
 
 import re
-from collections import Counter
 from pathlib import Path
-from typing import Literal
-
-from pydantic import BaseModel, Field, computed_field
 
 from pipeline.errors import PipelineError
 from pipeline.trtexec.command_shapes import read_command_shapes
-from pipeline.trtexec.text import log_lines, read_text
-
-# "[date] [I] message", also pasted as "[I] message" and indented (inside a list, a quote).
-_PREFIX = re.compile(r"^\s*(?:\[(?P<stamp>[^\]]*)\]\s*)?\[(?P<severity>[VIWEF])\] ?(?P<message>.*)$")
-_BANNER = re.compile(
-    r"^&&&& (?P<status>RUNNING|PASSED|FAILED|WAIVED) TensorRT\.trtexec \[TensorRT v(?P<code>\d+)\]"
-    r"(?: \[(?P<build>b\d+)\])? # (?P<command>.*)$"
+from pipeline.trtexec.log_lines import BANNER, PREFIX, trtexec_lines
+from pipeline.trtexec.log_records import (
+    SUMMARY_FIELDS,
+    TOTAL_FIELDS,
+    DeviceInfo,
+    LayerProfile,
+    LayerTime,
+    PerformanceSummary,
+    ProfileShapes,
+    SummaryFigures,
+    TimingSummary,
+    TraceAverage,
+    TrtexecError,
+    TrtexecLog,
+    decode_version,
 )
+from pipeline.trtexec.text import read_text
+
 _SECTION = re.compile(r"^=== (?P<name>.+?) ===$")
 # The "=" is optional: chat and markdown renderers eat it ("min 2.01 ms, max 4.5 ms").
 _STAT = re.compile(r"(?<![\w(])(?P<label>min|max|mean|median|percentile\((?P<pct>[\d.]+)%\))\s*=?\s*(?P<value>[-+\d.eE]+|inf|nan)\s*ms\b")
@@ -67,187 +73,6 @@ _AUTOMATIC_SHAPE = re.compile(
     r"^Dynamic dimensions required for input: (?P<name>.+), but no shapes were provided\. Automatically overriding shape to: (?P<dims>\S+)$"
 )
 
-# Performance-summary labels → the names used in JSON. Every other label is kept under its own.
-SUMMARY_FIELDS = {
-    "Latency": "latency_ms",
-    "Enqueue Time": "enqueue_ms",
-    "H2D Latency": "h2d_ms",
-    "GPU Compute Time": "gpu_compute_ms",
-    "D2H Latency": "d2h_ms",
-}
-
-
-# Summary labels with one number (qps, s) rather than statistics, and where each is kept.
-_TOTAL_FIELDS = {
-    "Throughput": "throughput_qps",
-    "Total Host Walltime": "total_host_walltime_s",
-    "Total GPU Compute Time": "total_gpu_compute_s",
-}
-
-
-class TimingSummary(BaseModel):
-    """One line of trtexec's performance summary, in milliseconds."""
-
-    min: float | None = None
-    max: float | None = None
-    mean: float | None = None
-    median: float | None = None
-    p90: float | None = None
-    p95: float | None = None
-    p99: float | None = None
-    # Percentiles other than 90/95/99 (from --percentile=…), keyed by their label ("p50").
-    other: dict[str, float] = {}
-
-
-class DeviceInfo(BaseModel):
-    name: str | None = None
-    compute_capability: str | None = None
-    sms: int | None = None
-    memory_mib: int | None = None
-    uuid: str | None = None
-
-
-class TrtexecError(BaseModel):
-    code: int | None = None
-    message: str
-
-
-class TraceAverage(BaseModel):
-    runs: int
-    gpu_ms: float
-    host_ms: float
-    enqueue_ms: float | None = None
-
-
-class LayerTime(BaseModel):
-    name: str
-    total_ms: float
-    average_ms: float
-    median_ms: float | None = None
-    percent: float
-
-
-class LayerProfile(BaseModel):
-    iterations: int | None = None
-    layers: list[LayerTime] = []
-    total: LayerTime | None = None
-    layout: Literal["name-first (8.x)", "name-last (10.x)"] | None = None
-
-
-class ProfileShapes(BaseModel):
-    """An input's range in one optimization profile, as trtexec prints dimensions ("1x128")."""
-
-    min: str
-    opt: str
-    max: str
-
-
-class TensorShapes(BaseModel):
-    """What one input or output of the engine was built for and ran at."""
-
-    name: str
-    io: Literal["input", "output"] = "input"
-    # Per optimization profile: the range it was built for (--minShapes/--optShapes/--maxShapes).
-    profiles: dict[int, ProfileShapes] = {}
-    # The shape inference ran at (--shapes, or what trtexec chose).
-    inference: str | None = None
-    # trtexec's own choice for a dynamic input given no shapes ("Automatically overriding shape to").
-    automatic: str | None = None
-    # The buffer the run used, and its type where trtexec says (10.x).
-    binding: str | None = None
-    dtype: str | None = None
-    # Whether its profiles or inference shape were read from the command in trtexec's `&&&&`
-    # banner, because no other line of the text states them (an options echo cut away).
-    from_command_line: bool = False
-
-    @computed_field
-    @property
-    def ran_at(self) -> str | None:
-        """The shape of the run: an input's inference shape, else its binding, else trtexec's choice."""
-        return self.binding if self.io == "output" else (self.inference or self.binding or self.automatic)
-
-
-class SummaryFigures(BaseModel):
-    """The figures of trtexec's performance summary."""
-
-    throughput_qps: float | None = None
-    latency_ms: TimingSummary | None = None
-    gpu_compute_ms: TimingSummary | None = None
-    enqueue_ms: TimingSummary | None = None
-    h2d_ms: TimingSummary | None = None
-    d2h_ms: TimingSummary | None = None
-    # Summary lines with other labels, kept as printed.
-    other_summaries: dict[str, TimingSummary] = {}
-    total_host_walltime_s: float | None = None
-    total_gpu_compute_s: float | None = None
-
-
-class PerformanceSummary(SummaryFigures):
-    """One run's performance summary. A text can hold several (a sweep grepped into one file)."""
-
-    # What introduced it: the banner's command, or the free-standing line before it ("--- infStreams=2").
-    label: str | None = None
-
-    def has(self, label: str) -> bool:
-        """Whether this summary already holds the line of that label."""
-        field = SUMMARY_FIELDS.get(label) or _TOTAL_FIELDS.get(label)
-        return getattr(self, field) is not None if field else label in self.other_summaries
-
-    @property
-    def empty(self) -> bool:
-        return not any(self.has(label) for label in (*SUMMARY_FIELDS, *_TOTAL_FIELDS)) and not self.other_summaries
-
-
-class TrtexecLog(SummaryFigures):
-    trt_version: str | None = None
-    version_code: str | None = None  # as in the banner: "v101601"
-    build_tag: str | None = None  # "b11"
-    command: str | None = None
-    status: Literal["PASSED", "FAILED", "WAIVED"] | None = None
-    options: dict[str, dict[str, str]] = {}
-    device: DeviceInfo = Field(default_factory=DeviceInfo)
-    # Every performance summary in the text, in order; the summary figures of the log itself
-    # (SummaryFigures) are the last one's.
-    summaries: list[PerformanceSummary] = []
-    warnings: list[str] = []
-    # Flags trtexec warned are deprecated ("--useCudaGraph is deprecated. CUDA graph is now …").
-    deprecated_flags: list[str] = []
-    errors: list[TrtexecError] = []
-    trace: list[TraceAverage] = []
-    trace_lines_omitted: int = 0
-    profile: LayerProfile | None = None
-    # Every input's shapes (and the outputs' bindings), in the order the log names them.
-    tensors: list[TensorShapes] = []
-    # Facts read from other lines: engine size, build time, memory.
-    facts: dict[str, str] = {}
-
-    def tensor(self, name: str, io: str = "input") -> TensorShapes:
-        """The tensor of that name, added when first named."""
-        for tensor in self.tensors:
-            if tensor.name == name and tensor.io == io:
-                return tensor
-        tensor = TensorShapes(name=name, io=io)
-        self.tensors.append(tensor)
-        return tensor
-
-    @property
-    def finished(self) -> bool:
-        return self.status is not None
-
-    @property
-    def has_summary(self) -> bool:
-        return any(
-            value is not None for value in (self.throughput_qps, self.latency_ms, self.gpu_compute_ms, self.total_host_walltime_s)
-        ) or bool(self.other_summaries)
-
-
-def decode_version(code: str) -> str:
-    """Banner code → release: 101601 → 10.16.1, 100300 → 10.3.0, 8510 → 8.5.10, 8601 → 8.6.1."""
-    number = int(code)
-    if number >= 100000:  # TensorRT 10+: major*10000 + minor*100 + patch
-        return f"{number // 10000}.{(number // 100) % 100}.{number % 100}"
-    return f"{number // 1000}.{(number // 100) % 10}.{number % 100}"  # 8.x: major*1000 + minor*100 + patch
-
 
 def _summary(text: str) -> TimingSummary:
     summary = TimingSummary()
@@ -283,146 +108,158 @@ _FACTS = (
 def parse_log(text: str) -> TrtexecLog:
     """Every fact the text holds. Lines are recognised by their content: with or without the
     ``[date] [I]`` prefix, indented or not, CRLF or LF, so a pasted fragment reads like a whole log."""
-    log = TrtexecLog()
-    section: str | None = None
-    in_summary = False
-    summary = PerformanceSummary()
-    label: str | None = None  # what introduces the next summary
-    profile: LayerProfile | None = None
-    profile_layout: str | None = None
-    last_error: TrtexecError | None = None
-    in_node_dump = False
-    last_warning_index: int | None = None
-    prefixed_lines = 0
-
-    def start_summary() -> PerformanceSummary:
-        nonlocal summary
-        if not summary.empty:
-            log.summaries.append(summary)
-            summary = PerformanceSummary()
-        summary.label = label
-        return summary
-
-    def summary_line(text: str, any_label: bool) -> bool:
-        """Put a summary line into the current summary, starting a new one when it already has
-        that line (the next run of a sweep)."""
-        nonlocal summary
-        name = text.partition(":")[0].strip()
-        if summary.has(name):
-            start_summary()
-        elif summary.empty:
-            summary.label = label
-        return _summary_line(summary, text, any_label)
-
+    reader = _LogReader()
     for raw in trtexec_lines(text):
-        line = raw.rstrip()
-        banner = _BANNER.match(line.strip())
-        if banner:
-            log.version_code = "v" + banner.group("code")
-            log.build_tag = banner.group("build")
-            log.command = banner.group("command").strip()
-            label = log.command
-            if log.trt_version is None:
-                log.trt_version = decode_version(banner.group("code"))
-            if banner.group("status") != "RUNNING":
-                log.status = banner.group("status")
-            last_error = None
-            continue
+        reader.read(raw.rstrip())
+    return reader.finish()
 
-        prefixed = _PREFIX.match(line)
+
+class _LogReader:
+    """Reads a log line by line: where it is (a section, the summary, the per-layer profile, an
+    error that goes on) decides what a line means."""
+
+    def __init__(self):
+        self.log = TrtexecLog()
+        self.section: str | None = None
+        self.in_summary = False
+        self.summary = PerformanceSummary()
+        self.label: str | None = None  # what introduces the next summary
+        self.profile: LayerProfile | None = None
+        self.profile_layout: str | None = None
+        self.last_error: TrtexecError | None = None
+        self.in_node_dump = False
+        self.last_warning_index: int | None = None
+        self.prefixed_lines = 0
+
+    def read(self, line: str) -> None:
+        banner = BANNER.match(line.strip())
+        if banner:
+            self._banner(banner)
+            return
+        prefixed = PREFIX.match(line)
         if prefixed:
-            prefixed_lines += 1
+            self.prefixed_lines += 1
             severity, message = prefixed.group("severity"), prefixed.group("message")
-        elif in_node_dump:
-            continue  # the ONNX node an error is about, printed as protobuf text
-        elif last_error is not None and line.strip() and _continues(last_error.message, line.strip()):
-            # The rest of an error message ("[6] creator && …", or a message that wraps).
-            detail = _PARSER_ERROR.match(line.strip())
-            if detail:
-                last_error.code = int(detail.group("code"))
-                last_error.message = f"{last_error.message} {detail.group('message')}".strip()
-            else:
-                last_error.message = f"{last_error.message} {line.strip()}"
-            continue
+        elif self.in_node_dump:
+            return  # the ONNX node an error is about, printed as protobuf text
+        elif self.last_error is not None and line.strip() and _continues(self.last_error.message, line.strip()):
+            self._error_continues(line.strip())
+            return
         else:
             # A line without a prefix is read like an [I] line: pasted text loses its prefixes.
             severity, message = "I", line
         stripped = message.strip()
-
         if severity == "E":
-            if stripped.startswith("[TRT] ModelImporter.cpp") and "--- " in stripped:
-                in_node_dump = "--- Begin node ---" in stripped
-                continue  # node dump delimiters
-            coded = _ERROR_CODE.search(stripped)
-            error = TrtexecError(code=int(coded.group("code")) if coded else None, message=stripped)
-            log.errors.append(error)
-            last_error = error
-            continue
-        last_error = None
-        in_node_dump = False
-
+            self._error(stripped)
+            return
+        self.last_error = None
+        self.in_node_dump = False
         if severity == "W":
-            if message.startswith("  ") and last_warning_index is not None:
-                log.warnings[last_warning_index] += " " + stripped  # continuation of "* …" advice
-            else:
-                log.warnings.append(stripped)
-                last_warning_index = len(log.warnings) - 1
-                automatic = _AUTOMATIC_SHAPE.match(stripped)
-                if automatic:
-                    log.tensor(automatic.group("name")).automatic = automatic.group("dims")
-                deprecated = _DEPRECATED_FLAG.match(stripped)
-                if deprecated and deprecated.group(1) not in log.deprecated_flags:
-                    log.deprecated_flags.append(deprecated.group(1))
-            continue
-        last_warning_index = None
+            self._warning(message, stripped)
+            return
+        self.last_warning_index = None
+        if self._profile_line(message, stripped) or self._section_line(stripped) or self._summary_or_trace(stripped):
+            return
+        self._info(severity, stripped, bool(prefixed))
 
+    def _banner(self, banner) -> None:
+        log = self.log
+        log.version_code = "v" + banner.group("code")
+        log.build_tag = banner.group("build")
+        log.command = banner.group("command").strip()
+        self.label = log.command
+        if log.trt_version is None:
+            log.trt_version = decode_version(banner.group("code"))
+        if banner.group("status") != "RUNNING":
+            log.status = banner.group("status")
+        self.last_error = None
+
+    def _error_continues(self, text: str) -> None:
+        """The rest of an error message ("[6] creator && …", or a message that wraps)."""
+        detail = _PARSER_ERROR.match(text)
+        if detail:
+            self.last_error.code = int(detail.group("code"))
+            self.last_error.message = f"{self.last_error.message} {detail.group('message')}".strip()
+        else:
+            self.last_error.message = f"{self.last_error.message} {text}"
+
+    def _error(self, stripped: str) -> None:
+        if stripped.startswith("[TRT] ModelImporter.cpp") and "--- " in stripped:
+            self.in_node_dump = "--- Begin node ---" in stripped
+            return  # node dump delimiters
+        coded = _ERROR_CODE.search(stripped)
+        error = TrtexecError(code=int(coded.group("code")) if coded else None, message=stripped)
+        self.log.errors.append(error)
+        self.last_error = error
+
+    def _warning(self, message: str, stripped: str) -> None:
+        log = self.log
+        if message.startswith("  ") and self.last_warning_index is not None:
+            log.warnings[self.last_warning_index] += " " + stripped  # continuation of "* …" advice
+            return
+        log.warnings.append(stripped)
+        self.last_warning_index = len(log.warnings) - 1
+        automatic = _AUTOMATIC_SHAPE.match(stripped)
+        if automatic:
+            log.tensor(automatic.group("name")).automatic = automatic.group("dims")
+        deprecated = _DEPRECATED_FLAG.match(stripped)
+        if deprecated and deprecated.group(1) not in log.deprecated_flags:
+            log.deprecated_flags.append(deprecated.group(1))
+
+    def _profile_line(self, message: str, stripped: str) -> bool:
+        """The per-layer profile's header or one of its rows; False where the line is neither."""
         header = _PROFILE_HEADER.match(stripped)
         if header:
-            profile = LayerProfile(iterations=int(header.group("iterations")))
-            log.profile = profile
-            profile_layout = None
-            section, in_summary = None, False
-            continue
-        if profile is not None:
-            if not stripped:
-                profile = None  # a blank line ends the table
-                continue
-            if profile_layout is None:
-                profile_layout = "name-first (8.x)" if stripped.startswith("Layer") else "name-last (10.x)"
-                profile.layout = profile_layout
-                continue
-            row = _profile_row(message, profile_layout)
-            if row is None:
-                profile = None  # not a row: the table ended without its blank line (a grepped text)
-            elif row.name == "Total":
-                profile.total = row
-                continue
-            else:
-                profile.layers.append(row)
-                continue
+            self.profile = LayerProfile(iterations=int(header.group("iterations")))
+            self.log.profile = self.profile
+            self.profile_layout = None
+            self.section, self.in_summary = None, False
+            return True
+        if self.profile is None:
+            return False
+        if not stripped:
+            self.profile = None  # a blank line ends the table
+            return True
+        if self.profile_layout is None:
+            self.profile_layout = "name-first (8.x)" if stripped.startswith("Layer") else "name-last (10.x)"
+            self.profile.layout = self.profile_layout
+            return True
+        row = _profile_row(message, self.profile_layout)
+        if row is None:
+            self.profile = None  # not a row: the table ended without its blank line (a grepped text)
+            return False
+        if row.name == "Total":
+            self.profile.total = row
+        else:
+            self.profile.layers.append(row)
+        return True
 
+    def _section_line(self, stripped: str) -> bool:
         sect = _SECTION.match(stripped)
-        if sect:
-            name = sect.group("name")
-            in_summary = name == "Performance summary"
-            if in_summary:
-                start_summary()
-            section = None if in_summary else name
-            if section and (section.endswith("Options") or section == "Device Information"):
-                log.options.setdefault(section, {})
-            continue
+        if not sect:
+            return False
+        name = sect.group("name")
+        self.in_summary = name == "Performance summary"
+        if self.in_summary:
+            self._start_summary()
+        self.section = None if self.in_summary else name
+        if self.section and (self.section.endswith("Options") or self.section == "Device Information"):
+            self.log.options.setdefault(self.section, {})
+        return True
 
-        if in_summary:
-            if not summary_line(stripped, any_label=True):
-                in_summary = bool(stripped)
-            continue
+    def _summary_or_trace(self, stripped: str) -> bool:
+        """A line of the performance summary (in its section, or pasted without the header), or of
+        the trace's averages; False where the line is none of them."""
+        if self.in_summary:
+            if not self._summary_line(stripped, any_label=True):
+                self.in_summary = bool(stripped)
+            return True
         if _is_summary_line(stripped):
-            summary_line(stripped, any_label=False)  # outside its section: pasted without the header
-            continue
-
+            self._summary_line(stripped, any_label=False)  # outside its section: pasted without the header
+            return True
         trace = _TRACE.match(stripped)
         if trace:
-            log.trace.append(
+            self.log.trace.append(
                 TraceAverage(
                     runs=int(trace.group("runs")),
                     gpu_ms=float(trace.group("gpu")),
@@ -430,59 +267,81 @@ def parse_log(text: str) -> TrtexecLog:
                     enqueue_ms=float(trace.group("enqueue")) if trace.group("enqueue") else None,
                 )
             )
-            continue
+            return True
         omitted = _OMITTING.match(stripped)
         if omitted:
-            log.trace_lines_omitted += int(omitted.group("count"))
-            continue
+            self.log.trace_lines_omitted += int(omitted.group("count"))
+            return True
+        return False
 
+    def _info(self, severity: str, stripped: str, prefixed: bool) -> None:
+        """Shapes, the release, device information, an options section's settings, or a fact."""
+        log = self.log
         if severity == "I" and _shape_line(log, stripped):
-            continue
+            return
         if stripped.startswith("TensorRT version:"):
             log.trt_version = stripped.split(":", 1)[1].strip()
-            continue
-        if section == "Device Information" or stripped.startswith(("Selected Device", "Compute Capability")):
+            return
+        if self.section == "Device Information" or stripped.startswith(("Selected Device", "Compute Capability")):
             _device_line(log.device, stripped)
-        if severity == "I" and section in log.options and ":" in stripped and not stripped.startswith("[TRT]"):
+        if severity == "I" and self.section in log.options and ":" in stripped and not stripped.startswith("[TRT]"):
             key, value = stripped.split(":", 1)
-            log.options[section][key.strip()] = value.strip()
-            continue
+            log.options[self.section][key.strip()] = value.strip()
+            return
         if not stripped:
-            section = None
-            continue
+            self.section = None
+            return
         for name, pattern in _FACTS:
             fact = pattern.match(stripped)
             if fact:
                 log.facts[name] = fact.group(1).strip()
-                break
-        else:
-            if not prefixed and len(stripped) <= 120:
-                label = stripped  # a free-standing line: what a grepped sweep writes before each run
+                return
+        if not prefixed and len(stripped) <= 120:
+            self.label = stripped  # a free-standing line: what a grepped sweep writes before each run
 
-    if not summary.empty:
-        log.summaries.append(summary)
-    if log.command:
-        _shapes_from_command(log, log.command)
-    if log.summaries:
-        last = log.summaries[-1]
-        for field in SummaryFigures.model_fields:
-            setattr(log, field, getattr(last, field))
-    if not (prefixed_lines or log.command or log.summaries or log.trace or log.profile or log.options):
-        raise PipelineError(
-            "this does not look like trtexec output: no `&&&&` banner, no `[I]`/`[W]`/`[E]` lines and no performance summary.",
-            hint="pass the file trtexec printed to stdout (e.g. `trtexec … | tee build.log`)",
-        )
-    if len(log.summaries) > 1:
-        named = "; ".join(f"{index}: {s.label or 'unlabelled'}" for index, s in enumerate(log.summaries, 1))
-        log.warnings.append(
-            f"the text holds {len(log.summaries)} runs' performance summaries ({named}): each is under `summaries`, "
-            "the top-level figures are the last one's"
-        )
-    if log.status is None and log.command is not None:
-        log.warnings.append("the log ends before trtexec finished (no PASSED/FAILED line): truncated or killed")
-    if log.status is None and not log.has_summary:
-        log.warnings.append(NOTHING_TO_REPORT)
-    return log
+    def _start_summary(self) -> PerformanceSummary:
+        if not self.summary.empty:
+            self.log.summaries.append(self.summary)
+            self.summary = PerformanceSummary()
+        self.summary.label = self.label
+        return self.summary
+
+    def _summary_line(self, text: str, any_label: bool) -> bool:
+        """Put a summary line into the current summary, starting a new one when it already has
+        that line (the next run of a sweep)."""
+        name = text.partition(":")[0].strip()
+        if self.summary.has(name):
+            self._start_summary()
+        elif self.summary.empty:
+            self.summary.label = self.label
+        return _summary_line(self.summary, text, any_label)
+
+    def finish(self) -> TrtexecLog:
+        log = self.log
+        if not self.summary.empty:
+            log.summaries.append(self.summary)
+        if log.command:
+            _shapes_from_command(log, log.command)
+        if log.summaries:
+            last = log.summaries[-1]
+            for field in SummaryFigures.model_fields:
+                setattr(log, field, getattr(last, field))
+        if not (self.prefixed_lines or log.command or log.summaries or log.trace or log.profile or log.options):
+            raise PipelineError(
+                "this does not look like trtexec output: no `&&&&` banner, no `[I]`/`[W]`/`[E]` lines and no performance summary.",
+                hint="pass the file trtexec printed to stdout (e.g. `trtexec … | tee build.log`)",
+            )
+        if len(log.summaries) > 1:
+            named = "; ".join(f"{index}: {s.label or 'unlabelled'}" for index, s in enumerate(log.summaries, 1))
+            log.warnings.append(
+                f"the text holds {len(log.summaries)} runs' performance summaries ({named}): each is under `summaries`, "
+                "the top-level figures are the last one's"
+            )
+        if log.status is None and log.command is not None:
+            log.warnings.append("the log ends before trtexec finished (no PASSED/FAILED line): truncated or killed")
+        if log.status is None and not log.has_summary:
+            log.warnings.append(NOTHING_TO_REPORT)
+        return log
 
 
 def _shapes_from_command(log: TrtexecLog, command: str) -> None:
@@ -498,114 +357,6 @@ def _shapes_from_command(log: TrtexecLog, command: str) -> None:
         if tensor.inference is None and name in shapes.inference:
             tensor.inference = shapes.inference[name]
             tensor.from_command_line = True
-
-
-# Where a trtexec line starts inside a longer one: its banner, or a severity tag with or without
-# the date trtexec writes before it ("[07/07/2026-02:11:26] [I] ").
-_LINE_START = re.compile(
-    r"&&&& (?:RUNNING|PASSED|FAILED|WAIVED) TensorRT\.trtexec\b|\[\d{2}/\d{2}/\d{4}-\d{2}:\d{2}:\d{2}\] \[[VIWEF]\]|\[[VIWEF]\] "
-)
-# Lines trtexec prints without a severity tag, which may follow a separator in a joined log.
-# (A "[6] …" line is the detail of a parser error.)
-_UNTAGGED_START = re.compile(r"=== |Layer\(|Name: |Bindings:|--- |Average on \d|\.\.\. Omitting |\[\d+\] ")
-# Characters a line's own text ends with, never a separator's first.
-_LINE_END_CHARACTERS = re.compile(r"^[\w)\]}.%'\"]+")
-
-
-def trtexec_lines(text: str) -> list[str]:
-    """The text's lines as trtexec printed them: split at line feeds, a log pasted onto one line
-    split again at its separator, a wrapper's prefix before every line taken off, text before
-    trtexec's own time stamp on a line taken off, and summary lines run together split apart."""
-    lines = _without_wrapper_prefix([piece for line in log_lines(text) for piece in _split_joined(line)])
-    return [piece for line in lines for piece in _split_summaries(_from_time_stamp(line))]
-
-
-# trtexec's own time stamp and severity tag ("[12/03/2025-10:11:12] [E] "): distinctive enough to
-# tell where its line starts after foreign text.
-_DATED_TAG = re.compile(r"\[\d{2}/\d{2}/\d{4}-\d{2}:\d{2}:\d{2}\] \[[VIWEF]\]")
-_SUMMARY_LABEL = "|".join(re.escape(label) for label in sorted([*SUMMARY_FIELDS, *_TOTAL_FIELDS], key=len, reverse=True))
-# Where a summary line run onto the one before it starts: after the unit that ends a summary line's
-# figures, a summary label and its colon, or a severity tag (with or without its time stamp).
-_SUMMARY_JOIN = re.compile(rf"(?:(?<=\bms)|(?<=\bs)|(?<=\bqps))\s+(?=(?:{_SUMMARY_LABEL}):|(?:\[[^\]]*\]\s*)?\[[VIWEF]\] )")
-
-
-def _from_time_stamp(line: str) -> str:
-    """A line that does not start as trtexec's do but holds trtexec's dated tag (a markdown list
-    item, "* build step: failed [12/03/2025-10:11:12] [E] Error[3]: …"), from that tag on."""
-    stripped = line.lstrip()
-    if _PREFIX.match(stripped) or _BANNER.match(stripped):
-        return line
-    found = _DATED_TAG.search(line)
-    return line[found.start() :] if found else line
-
-
-def _split_summaries(line: str) -> list[str]:
-    """A performance-summary line with the lines after it run onto it (their line feeds lost in a
-    paste: "… D2H Latency: … ms Total Host Walltime: 3.0 s [W] * Throughput may be …"), as its lines."""
-    tagged = _PREFIX.match(line)
-    message = tagged.group("message") if tagged else line.strip()
-    if message.partition(":")[0].strip() not in (*SUMMARY_FIELDS, *_TOTAL_FIELDS):
-        return [line]
-    return _SUMMARY_JOIN.split(line)
-
-
-def _split_joined(line: str) -> list[str]:
-    """A line holding several trtexec lines, joined by a separator (" / ", " | ", a literal "\\n"),
-    as its lines. The separator is what comes before every line start; the line is split there,
-    and at the separator where an untagged trtexec line (a layer, a section header) follows.
-    A line with fewer than three line starts is left alone."""
-    starts = [match.start() for match in _LINE_START.finditer(line)]
-    if len(starts) < 3:
-        return [line]
-    separator = _common_suffix([line[begin:end] for begin, end in zip(starts, starts[1:])])
-    end_of_line = _LINE_END_CHARACTERS.match(separator)
-    if end_of_line:
-        separator = separator[end_of_line.end() :]
-    if not separator.strip():  # joined by nothing but spaces: split only where a tagged line starts
-        return [line[begin:end] for begin, end in zip([0, *starts[1:]], [*starts[1:], len(line)])]
-    head = line[: starts[0]]
-    # Untagged lines before the first tagged one ("--- infStreams=1 / [date] [I] …"), unless what
-    # comes first is a prefix of the first line itself.
-    first = 0 if not head.endswith(separator) else starts[0]
-    pieces = _split_untagged(head[: -len(separator)], separator) if first else []
-    for begin, end in zip([first, *starts[1:]], [*starts[1:], len(line) + len(separator)]):
-        pieces += _split_untagged(line[begin : end - len(separator)], separator)
-    return [piece for piece in pieces if piece.strip()]
-
-
-def _split_untagged(piece: str, separator: str) -> list[str]:
-    """A piece between two tagged lines, split where the separator comes before an untagged line."""
-    parts = piece.split(separator)
-    joined = [parts[0]]
-    for part in parts[1:]:
-        if not part.strip() or _UNTAGGED_START.match(part.lstrip()):
-            joined.append(part)  # an empty line, or an untagged trtexec line
-        else:
-            joined[-1] += separator + part  # the separator's text belongs to the line
-    return joined
-
-
-def _common_suffix(texts: list[str]) -> str:
-    shortest = min(texts, key=len)
-    length = 0
-    while length < len(shortest) and all(text[len(text) - length - 1] == shortest[len(shortest) - length - 1] for text in texts):
-        length += 1
-    return shortest[len(shortest) - length :]
-
-
-def _without_wrapper_prefix(lines: list[str]) -> list[str]:
-    """``lines`` without the prefix a wrapper put before each of them ("[INFO] ", "bench | ", a
-    time stamp of its own): the text before trtexec's tag or banner, the same on nearly every
-    tagged line (digits may differ), taken off every line that starts with it."""
-    prefixes = [line[: match.start()] for line in lines if (match := _LINE_START.search(line))]
-    if len(prefixes) < 3:
-        return lines
-    shapes = Counter(re.sub(r"\d+", "0", prefix) for prefix in prefixes)
-    shape, count = shapes.most_common(1)[0]
-    if not shape.strip() or count < 0.9 * len(prefixes):
-        return lines
-    pattern = re.compile("".join(r"\d+" if part == "0" else re.escape(part) for part in re.split(r"(0)", shape) if part))
-    return [line[match.end() :] if (match := pattern.match(line)) else line for line in lines]
 
 
 def _continues(message: str, line: str) -> bool:
@@ -652,7 +403,7 @@ def _is_summary_line(text: str) -> bool:
     label = label.strip()
     if label in SUMMARY_FIELDS:
         return _STAT.search(rest) is not None
-    return label in _TOTAL_FIELDS and bool(re.match(rf"\s*{_NUMBER}\s*(qps|s)\b", rest))
+    return label in TOTAL_FIELDS and bool(re.match(rf"\s*{_NUMBER}\s*(qps|s)\b", rest))
 
 
 def _summary_line(summary: PerformanceSummary, text: str, any_label: bool) -> bool:
@@ -661,11 +412,11 @@ def _summary_line(summary: PerformanceSummary, text: str, any_label: bool) -> bo
     if not text or ":" not in text:
         return False
     label, rest = (part.strip() for part in text.split(":", 1))
-    if label in _TOTAL_FIELDS:
+    if label in TOTAL_FIELDS:
         values = _floats(rest)
         if not values:
             return False
-        setattr(summary, _TOTAL_FIELDS[label], values[0])
+        setattr(summary, TOTAL_FIELDS[label], values[0])
     elif _STAT.search(rest) and (any_label or label in SUMMARY_FIELDS):
         if label in SUMMARY_FIELDS:
             setattr(summary, SUMMARY_FIELDS[label], _summary(rest))

@@ -1,0 +1,112 @@
+"""The reference an export leaves for every engine of its variant: the batch each engine is checked
+on (seeded inputs, or images of the evaluation folder with their labels) and the FP32 PyTorch
+model's outputs for it, written beside the ONNX — one batch for a model of one shape, one per shape
+point otherwise. The profile stage (pipeline/accuracy.py) reads them back.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pipeline.artifacts import atomic_output
+from pipeline.models.images import image_files, load_images
+
+
+def reference_batch(model, sample, directory: Path | None, seed: int, checkpoint) -> tuple[Any, dict[str, Any]]:
+    """The batch every engine is checked on, and what it is: ``sample`` (seeded random, by
+    ``seed``), or the first images of the evaluation folder ``directory`` (cycled to fill the
+    batch) with their labels where the model's ``checkpoint`` gives its classes a meaning."""
+    batch = sample.shape[0]
+    if directory is None:
+        seeded = f"the FP32 PyTorch model on a seeded random batch (seed {seed})"
+        return sample, {"description": seeded, "samples": batch}
+    files = image_files(directory, "evaluation", "--eval-dir")
+    unique = min(len(files), batch)
+    chosen = [files[i % len(files)] for i in range(batch)]
+    images = load_images(model, chosen, tuple(sample.shape[1:]), "evaluation")
+    facts: dict[str, Any] = {
+        "description": f"the FP32 PyTorch model on {unique} images from {directory} (timm's evaluation preprocessing"
+        + (f"; repeated to fill the batch of {batch})" if unique < batch else ")"),
+        "samples": unique,
+        "images": [str(path.relative_to(directory)) for path in chosen[:unique]],
+    }
+    facts["labels"], facts["labels_skipped"] = image_labels(model, directory, chosen[:unique], checkpoint)
+    return images, facts
+
+
+def image_labels(model, directory: Path, files: list[Path], checkpoint) -> tuple[list[int] | None, str | None]:
+    """Class indices from ImageFolder names, when they are ImageNet-1k classes of a checkpoint."""
+    if checkpoint is None:
+        return None, "the model has random weights (no checkpoint in the catalog): its classes mean nothing"
+    from timm.data import ImageNetInfo
+
+    synsets = ImageNetInfo().label_names()
+    if getattr(model, "num_classes", None) != len(synsets):
+        return None, f"the model has {getattr(model, 'num_classes', '?')} classes, not ImageNet-1k's {len(synsets)}"
+    index = {name: i for i, name in enumerate(synsets)}
+    folders = [path.relative_to(directory).parts[0] if len(path.relative_to(directory).parts) > 1 else "" for path in files]
+    unknown = sorted({folder for folder in folders if folder not in index})
+    if unknown:
+        return None, f"folder names {', '.join(repr(f) for f in unknown[:3])} are not ImageNet-1k synsets (such as 'n01440764')"
+    return [index[folder] for folder in folders], None
+
+
+class ReferenceWriter:
+    """Writes an engine's reference files into the workspace and describes them for its export's
+    details (``reference``)."""
+
+    def __init__(self, workspace, engine, output_name: str):
+        self.workspace, self.engine, self.output_name = workspace, engine, output_name
+
+    def one_batch(self, input_name: str, engine_input, fp32_output, facts: dict[str, Any]) -> dict[str, Any]:
+        """The reference batch in the engine's input dtype and the FP32 model's outputs for it."""
+        from pipeline.accuracy import write_tensor
+
+        described = dict(facts)
+        names = (input_name, self.output_name)
+        for key, name, tensor, path in zip(
+            ("input", "output"), names, (engine_input, fp32_output), self.workspace.reference_paths(self.engine)
+        ):
+            with atomic_output(path) as tmp:
+                write_tensor(tensor, tmp)
+            described[key] = _tensor_entry(name, self.workspace.relative(path), tensor)
+        return described
+
+    def each_point(self, references, fp32_outputs, model_inputs, dtype, facts: dict[str, Any]) -> dict[str, Any]:
+        """Each shape point's reference inputs (floating ones in the engine's dtype, integer ones
+        as they are) and the FP32 model's outputs for them."""
+        from pipeline.accuracy import write_tensor
+
+        workspace = self.workspace
+        described: dict[str, Any] = {**facts, "points": {}}
+        names = [i.name for i in model_inputs]
+        for label, feeds in references.items():
+            input_paths, output_path = workspace.reference_point_paths(self.engine, label, names)
+            entries = []
+            for name, tensor in zip(names, feeds):
+                tensor = tensor.to(dtype) if tensor.is_floating_point() else tensor
+                with atomic_output(input_paths[name]) as tmp:
+                    write_tensor(tensor, tmp)
+                entries.append(_tensor_entry(name, workspace.relative(input_paths[name]), tensor))
+            with atomic_output(output_path) as tmp:
+                write_tensor(fp32_outputs[label], tmp)
+            output = _tensor_entry(self.output_name, workspace.relative(output_path), fp32_outputs[label])
+            described["points"][label] = {"inputs": entries, "output": output, "samples": int(feeds[0].shape[0])}
+        return described
+
+
+def _tensor_entry(name: str, path: str, tensor) -> dict[str, Any]:
+    return {"name": name, "path": path, "shape": list(tensor.shape), "dtype": str(tensor.dtype).replace("torch.", "")}
+
+
+def reference_files(reference: dict[str, Any]) -> list[tuple[str, str]]:
+    """(role, path) of every file of an export's reference: the one batch's input and output, or
+    each shape point's inputs and output."""
+    if "points" not in reference:
+        return [("reference_input", reference["input"]["path"]), ("reference_output", reference["output"]["path"])]
+    files = []
+    for label, point in reference["points"].items():
+        files += [(f"reference_input@{label}:{entry['name']}", entry["path"]) for entry in point["inputs"]]
+        files.append((f"reference_output@{label}", point["output"]["path"]))
+    return files
