@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from pipeline.accuracy import AccuracyFloor, parse_accuracy_threshold
-from pipeline.errors import PipelineError, UsageError
+from pipeline.catalog_errors import validate_by_settings
+from pipeline.errors import UsageError
 
 CATALOG_FILENAME = "pipeline.toml"
 # The validation context key of the toolchain kinds' settings lookup (see read_catalog).
@@ -287,7 +287,7 @@ class Catalog(_Strict):
         spec_class = (info.context or {}).get(TOOLCHAIN_SETTINGS)
         if spec_class is None:
             raise ValueError("toolchain tables need their kinds' settings: load the catalog with pipeline.runtimes.load_catalog")
-        return _validate_by_settings(
+        return validate_by_settings(
             "toolchains", table, ToolchainSpec, lambda raw: spec_class(raw.get("kind") if isinstance(raw, dict) else None), ".kind"
         )
 
@@ -301,7 +301,7 @@ class Catalog(_Strict):
         spec_class = (info.context or {}).get(MODEL_SETTINGS)
         if spec_class is None:
             raise ValueError("model tables need their families' settings: load the catalog with pipeline.runtimes.load_catalog")
-        return _validate_by_settings("models", table, ModelSpec, spec_class, "")
+        return validate_by_settings("models", table, ModelSpec, spec_class, "")
 
     @field_validator("models", "variants", "toolchains")
     @classmethod
@@ -481,29 +481,6 @@ class EngineRef:
         return self.name
 
 
-def _validate_by_settings(section: str, table: dict, base: type[BaseModel], settings_of, lookup_field: str) -> dict:
-    """Each entry of a table validated by the settings class ``settings_of(entry)`` names (a
-    toolchain's kind's, a model's family's), every problem of every entry reported at once and
-    located ("toolchains.NAME.kind: …", "models.NAME.shapes: …"). ``settings_of`` raises
-    LookupError for an entry it can place nowhere; that is reported at ``lookup_field``."""
-    specs, problems = {}, []
-    for name, raw in table.items():
-        if isinstance(raw, base):
-            specs[name] = raw
-            continue
-        try:
-            specs[name] = settings_of(raw).model_validate(raw)
-        except LookupError as exc:
-            problems.append(f"{section}.{name}{lookup_field}: {exc.args[0]}")
-        except ValidationError as exc:
-            for line in _describe(exc).splitlines():
-                whole_table = line.startswith("(top level)")
-                problems.append(f"{section}.{name}{line.removeprefix('(top level)') if whole_table else '.' + line}")
-    if problems:
-        raise ValueError("\n".join(problems))
-    return specs
-
-
 def _lookup(kind: str, name: str, known) -> str:
     if name in known:
         return name
@@ -517,62 +494,3 @@ def _lookup(kind: str, name: str, known) -> str:
         f"unknown {kind} {name!r}.",
         hint=hint or f"known {kind}s: {listing} (`pipeline models` lists them)",
     )
-
-
-def find_catalog(start: Path | None = None) -> Path:
-    """``pipeline.toml`` in ``start`` or the nearest parent, like git finds its repository."""
-    here = (start or Path.cwd()).resolve()
-    for directory in (here, *here.parents):
-        candidate = directory / CATALOG_FILENAME
-        if candidate.is_file():
-            return candidate
-    raise UsageError(
-        f"no {CATALOG_FILENAME} found in {here} or any parent directory.",
-        hint="run from the project checkout, or pass --catalog PATH",
-    )
-
-
-def read_catalog(
-    path: Path | None,
-    toolchain_settings: Callable[[str | None], type[ToolchainSpec]],
-    model_settings: Callable[[Any], type[ModelSpec]],
-) -> Catalog:
-    """The catalog at ``path`` (default: found from here up), each toolchain table validated by the
-    settings class ``toolchain_settings(kind)`` returns (LookupError for an unknown kind), each
-    model table by ``model_settings(table)``'s (LookupError when no family's key is there)."""
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib
-
-    path = Path(path) if path else find_catalog()
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UsageError(f"catalog {path} does not exist.", hint="pass --catalog PATH to an existing file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PipelineError(f"cannot read catalog {path}: {exc}", hint="pass --catalog PATH to a readable UTF-8 TOML file") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{path} is not valid TOML: {exc}.", hint="fix the line named above") from None
-    try:
-        catalog = Catalog.model_validate(raw, context={TOOLCHAIN_SETTINGS: toolchain_settings, MODEL_SETTINGS: model_settings})
-    except ValidationError as exc:
-        raise UsageError(
-            f"{path} is not a valid catalog:\n{_describe(exc, indent='  ')}", hint=f"see the comments in {CATALOG_FILENAME}"
-        ) from None
-    return catalog.model_copy(update={"root": path.parent.resolve()})
-
-
-def _describe(exc: ValidationError, indent: str = "") -> str:
-    lines = []
-    for error in exc.errors():
-        where = ".".join(str(part) for part in error["loc"]) or "(top level)"
-        message = error["msg"].removeprefix("Value error, ")
-        if message.startswith(where + "."):
-            # Already located, one problem a line (the toolchain tables, validated by their kind).
-            lines += [f"{indent}{line}" for line in message.splitlines()]
-            continue
-        got = error.get("input")
-        got_text = "" if isinstance(got, (dict, ToolchainSpec)) else f" (got {got!r})"
-        lines.append(f"{indent}{where}: {message}{got_text}")
-    return "\n".join(lines)

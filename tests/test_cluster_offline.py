@@ -82,7 +82,7 @@ def test_each_kind_of_work_is_placed_where_it_can_run(tmp_path):
     an RTX PRO 6000, and a CPU-only node — no Ray needed to decide them."""
     from pipeline.catalog import EngineRef
     from pipeline.cluster.connection import Cluster
-    from pipeline.cluster.scheduler import ClusterRun, Job
+    from pipeline.cluster.plan import ClusterPlan, Job
     from pipeline.errors import UsageError
     from pipeline.runtimes import load_catalog
     from pipeline.stages.base import RunContext
@@ -102,7 +102,7 @@ def test_each_kind_of_work_is_placed_where_it_can_run(tmp_path):
     cluster = Cluster("10.0.0.1:6379", [h100, rtx, cpu])
     engine = EngineRef("tiny", "fp16")
 
-    trt = ClusterRun(ctx, cluster, [engine], "trt-local", "profile")
+    trt = ClusterPlan(ctx, cluster, [engine], "trt-local", "profile")
     assert trt.targets == ["H100", "RTX-PRO-6000"]  # every GPU type the toolchain supports
     assert trt.placement(Job("build", engine, "trt-local", "H100")) == (
         {"num_cpus": 1, "resources": {"accelerator_type:H100": 0.001}, "num_gpus": 1},
@@ -113,13 +113,13 @@ def test_each_kind_of_work_is_placed_where_it_can_run(tmp_path):
         {"num_cpus": 4, "resources": {"gpu_type:RTX-PRO-6000": 1.0}},
         "RTX-PRO-6000",
     )
-    assert ClusterRun(ctx, cluster, [engine], "trt-local", "profile", ("H100",)).targets == ["H100"]
+    assert ClusterPlan(ctx, cluster, [engine], "trt-local", "profile", ("H100",)).targets == ["H100"]
     with pytest.raises(UsageError, match="no node of the cluster has A100; its GPU types are: H100, RTX-PRO-6000"):
-        ClusterRun(ctx, cluster, [engine], "trt-local", "profile", ("A100",))
+        ClusterPlan(ctx, cluster, [engine], "trt-local", "profile", ("A100",))
 
     # TensorRT-RTX for sm120: built anywhere, timed on the RTX PRO 6000 (compute capability 12.0),
     # never on the H100 (9.0), which its engines do not run on.
-    aot = ClusterRun(ctx, cluster, [engine], "trt-rtx1.7", "profile")
+    aot = ClusterPlan(ctx, cluster, [engine], "trt-rtx1.7", "profile")
     assert aot.targets == [None]
     assert aot.placement(Job("build", engine, "trt-rtx1.7")) == ({"num_cpus": 1}, None)
     assert aot.placement(Job("profile", engine, "trt-rtx1.7")) == (
@@ -127,13 +127,13 @@ def test_each_kind_of_work_is_placed_where_it_can_run(tmp_path):
         "RTX-PRO-6000",
     )
 
-    ort = ClusterRun(ctx, cluster, [engine], "onnxruntime", "profile")
+    ort = ClusterPlan(ctx, cluster, [engine], "onnxruntime", "profile")
     assert ort.targets == [None] and ort.placement(Job("build", engine, "onnxruntime")) == ({"num_cpus": 1}, None)
 
     # NVFP4's export needs CUDA: a node with Ray's GPU resource, and a clear error without one.
     nvfp4 = EngineRef("tiny", "nvfp4")
     assert ort.placement(Job("export", nvfp4)) == ({"num_cpus": 1, "num_gpus": 1}, None)
-    no_gpu = ClusterRun(ctx, Cluster("10.0.0.3:6379", [cpu]), [nvfp4], "onnxruntime", "profile")
+    no_gpu = ClusterPlan(ctx, Cluster("10.0.0.3:6379", [cpu]), [nvfp4], "onnxruntime", "profile")
     with pytest.raises(EnvironmentMissing, match="exporting tiny_nvfp4 needs a CUDA GPU, and no node of the cluster has one"):
         no_gpu.placement(Job("export", nvfp4))
 

@@ -348,7 +348,7 @@ class Issuing(Scripted):
 def test_a_launch_bound_engine_is_flagged_from_its_takes_issue_times():
     from types import SimpleNamespace
 
-    from pipeline.report.rows import launch_bound_flag
+    from pipeline.report.flags import launch_bound_flag
 
     engines = {"eager": Issuing(10.0, 0.97), "graphs": Issuing(3.0, 0.02)}
     done = measure_in_rounds(engines, settings(), seed=3)

@@ -14,7 +14,8 @@ import pytest
 from pipeline.accuracy import AccuracyFloor
 from pipeline.manifest import read_manifest
 from pipeline.report.rows import ComparisonRow
-from pipeline.report.sweep import sweeps, verdicts
+from pipeline.report.sweep import sweeps
+from pipeline.report.verdict import verdicts
 from tests.conftest import CPU_TOOLCHAINS, render_in_chromium, tiny_bert_catalog
 from tests.test_pytorch_runtime import needs_inductor
 
@@ -569,7 +570,7 @@ def test_the_verdict_is_its_definition_without_comparing_every_pair():
 def test_the_verdicts_comparisons_grow_linearly_with_the_engines_of_a_point(monkeypatch):
     """Counted, not timed: the verdict, the sweep and its crossovers at one point of n engines
     (every build distinct, or all alike) make about n comparisons, not n²/2."""
-    from pipeline.report import sweep as module
+    from pipeline.report import sweep, verdict
 
     counted = []
 
@@ -577,8 +578,9 @@ def test_the_verdicts_comparisons_grow_linearly_with_the_engines_of_a_point(monk
         counted.append(1)
         return time_ratio(a, b, tie)
 
-    time_ratio = module.time_ratio
-    monkeypatch.setattr(module, "time_ratio", counting)
+    time_ratio = verdict.time_ratio
+    for module in (verdict, sweep):  # the verdict's comparisons and the sweep's crossovers
+        monkeypatch.setattr(module, "time_ratio", counting)
 
     def comparisons(count: int, alike: bool) -> int:
         rows = [_row(f"build{i:05d}", "2x64", 10.0 if alike else 10.0 + 0.05 * i, spread=0.02) for i in range(count)]

@@ -76,7 +76,7 @@ def workspace(rtx_cache, tmp_path_factory):
 
 @pytest.mark.rtx
 def test_pull_gives_each_release_its_own_environment(rtx_cache, workspace, run_cli):
-    from pipeline.runtimes.tensorrt_rtx import cuda_flavour
+    from pipeline.runtimes.tensorrt_rtx_release import cuda_flavour
 
     cuda = cuda_flavour("auto")  # cu13 where there is no NVIDIA driver, as on CI
     for release in ("1.7.1.116", "1.6.1.120"):
@@ -102,7 +102,7 @@ def test_a_pull_ignores_a_pythonpath_that_already_holds_the_release(rtx_cache, w
     # NGC containers and HPC module systems put packages on PYTHONPATH; pip then used to report the
     # release "already satisfied" and leave the new environment empty. An install location set
     # for pip (PIP_TARGET) must not redirect it either.
-    from pipeline.runtimes.tensorrt_rtx import cuda_flavour
+    from pipeline.runtimes.tensorrt_rtx_release import cuda_flavour
 
     cuda = cuda_flavour("auto")
     (site,) = (rtx_cache / "tensorrt-rtx" / f"1.7.1.116-{cuda}").glob("lib/python*/site-packages")

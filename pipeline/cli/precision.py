@@ -107,7 +107,7 @@ def plan(state: State, engine, floors, samples, name, apply_, fmt, out):
     exclude list) and, with --apply, written into pipeline.toml. Then `pipeline run` measures
     whether it still pays, beside the fully quantized and the unquantized variants.
     """
-    from pipeline.catalog import find_catalog
+    from pipeline.catalog_file import find_catalog
     from pipeline.errors import PipelineError
     from pipeline.precision import catalog_edit, report
     from pipeline.precision.plan import make_plan

@@ -107,7 +107,7 @@ def _print_comparison(
 ):
     from pipeline.report.compare import compare as compare_manifests
     from pipeline.report.compare import write_output
-    from pipeline.report.rows import NOISY_CV
+    from pipeline.report.flags import NOISY_CV
     from pipeline.report.tables import parse_columns
     from pipeline.reporting import stdout_console
     from pipeline.workspace import Workspace
@@ -172,7 +172,8 @@ def diff(state: _State, a, b, fmt, out):
     profiler); without them, layer types and precisions are compared.
     """
     from pipeline.report.layer_diff import diff as diff_engines
-    from pipeline.report.layer_diff import load_side, render_markdown, render_terminal
+    from pipeline.report.layer_diff import render_markdown, render_terminal
+    from pipeline.report.layer_sides import load_side
 
     result = diff_engines(*(load_side(spec, lambda: state.catalog) for spec in (a, b)))
     if fmt == "html" and out is None:  # beside the workspace whose engines were diffed, else here

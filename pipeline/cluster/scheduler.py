@@ -19,72 +19,25 @@ MAX_ATTEMPTS times; a compiler's refusal or a user error is recorded or reported
 from __future__ import annotations
 
 import functools
-import json
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from pipeline.catalog import EngineRef
-from pipeline.cluster.connection import Cluster, Node, placement_resources
+from pipeline.cluster.connection import Cluster, Node
+from pipeline.cluster.plan import ClusterPlan, Job
 from pipeline.cluster.transfer import DriverBlobs
 from pipeline.errors import EnvironmentMissing, PipelineError, UsageError
 from pipeline.stages.base import RunContext
-from pipeline.stages.runner import RunSummary, builds_of, shapes_to_profile, stage_for
+from pipeline.stages.runner import RunSummary
 
 # Attempts per task when its node or worker is lost (the first run included).
 MAX_ATTEMPTS = 3
-# Precisions whose export needs a CUDA GPU (ModelOpt's MXFP8/NVFP4 quantizers).
-CUDA_EXPORTS = ("mxfp8", "nvfp4")
 # How often the live view updates while tasks are out, and how often the head and the queued
 # tasks' feasibility are checked, in seconds; after HEAD_MISSES checks without an answer from the
 # head the run stops (Ray would end the driver itself after about a minute, without a word).
 TICK_S = 0.5
 CHECK_EVERY_S = 5.0
 HEAD_MISSES = 3
-
-
-@dataclass
-class Job:
-    """One stage of one engine for one target, as the driver tracks it."""
-
-    stage: str
-    engine: EngineRef
-    toolchain: str | None = None
-    gpu_type: str | None = None  # the output folder's GPU type
-    # The shape point of a profile (models with several), and of a build (static models).
-    shape: str | None = None
-    state: str = "waiting"  # waiting · queued · running · done · unchanged · skipped · failed · cancelled
-    placed_by: str | None = None
-    node: Node | None = None
-    attempts: int = 0
-    seconds: float = 0.0
-    error: PipelineError | None = None
-    note: str = ""
-    handle: Any = None  # the task's ObjectRefGenerator while it is out
-
-    @property
-    def target(self) -> str:
-        where = self.toolchain or "export"
-        where = f"{where}@{self.gpu_type}" if self.gpu_type else where
-        return f"{where} at {self.shape}" if self.shape else where
-
-    @property
-    def finished(self) -> bool:
-        return self.state in ("done", "unchanged", "skipped", "failed", "cancelled")
-
-    @property
-    def usable(self) -> bool:
-        """Later stages may go on from here."""
-        return self.state in ("done", "unchanged", "skipped")
-
-
-@dataclass
-class Chain:
-    """One engine's stages for one toolchain target, after its export."""
-
-    export: Job
-    stages: list[Job] = field(default_factory=list)
 
 
 class ClusterRun:
@@ -106,104 +59,13 @@ class ClusterRun:
         self.verbose = verbose
         self.reporter = ctx.reporter
         self.blobs = DriverBlobs(ctx.workspace.root)
-        self.runtime = None
-        if toolchain is not None:
-            from pipeline.runtimes import get_runtime
-
-            self.runtime = get_runtime(ctx, toolchain)
-        self.targets = self._targets(gpu_types)
-        self.exports: dict[EngineRef, Job] = {}
-        self.chains: list[Chain] = []
+        # What runs where: the jobs, their targets and placement, whether each is current.
+        self.matrix = ClusterPlan(ctx, cluster, engines, toolchain, until, gpu_types)
         self.dispatched = 0
         self.bytes_back = 0
         self.bytes_fetched = 0
         self.started = time.monotonic()
         self.head_misses = 0  # checks in a row the head did not answer
-
-    # --- planning ------------------------------------------------------------------------------
-
-    def _targets(self, requested: tuple[str, ...]) -> list[str | None]:
-        """The GPU types this toolchain's engines are built and timed for (None: no GPU type)."""
-        have = self.cluster.gpu_types
-        missing = [t for t in requested if t not in have]
-        if missing:
-            raise UsageError(
-                f"no node of the cluster has {', '.join(missing)}; its GPU types are: {', '.join(have) or 'none'}.",
-                hint="start a node with that GPU (or one declaring it: `ray start … --resources '{\"gpu_type:NAME\": 1}'`), "
-                "or pick from the types above with --gpu",
-            )
-        if self.runtime is None or self.runtime.placement != "gpu":
-            if requested and self.runtime is not None:
-                self.reporter.warn(
-                    f"--gpu chooses the GPU types of toolchains built per GPU (trtexec, PyTorch); {self.toolchain} "
-                    f"({self.runtime.placement.replace('-', ' ')}) makes one engine, placed as docs/cluster.md says"
-                )
-            return [None]
-        chosen = list(requested) or [t for t in have if self.runtime.supports_gpu(self._capability(t))]
-        return chosen or [None]
-
-    def _capability(self, gpu_type: str) -> str | None:
-        from pipeline.cluster.gpus import compute_capability
-
-        for node in self.cluster.nodes_with(gpu_type):
-            for gpu in node.gpus:
-                if gpu.get("compute_capability"):
-                    return gpu["compute_capability"]
-        return compute_capability(gpu_type, self.ctx.catalog)
-
-    def plan(self) -> list[Job]:
-        for engine in self.engines:
-            export = self.exports.setdefault(engine, Job("export", engine))
-            if self.toolchain is None:
-                continue
-            builds, points = builds_of(self.ctx, engine), shapes_to_profile(self.ctx, engine)
-            for target in self.targets:
-                for built in builds:  # one engine; or, for a static model, one per shape point
-                    stages = [Job("build", engine, self.toolchain, target, built)]
-                    if self.until == "profile":
-                        measured = [built] if built is not None else points
-                        stages += [Job("profile", engine, self.toolchain, target, shape) for shape in measured]
-                    self.chains.append(Chain(export, stages))
-        return self.jobs()
-
-    def jobs(self) -> list[Job]:
-        return list(self.exports.values()) + [job for chain in self.chains for job in chain.stages]
-
-    # --- the driver's view of its workspace ------------------------------------------------------
-
-    def _stage(self, job: Job):
-        ctx = RunContext(
-            catalog=self.ctx.catalog,
-            workspace=self.ctx.workspace,
-            reporter=self.reporter,
-            force=self.ctx.force,
-            runtimes=self.ctx.runtimes,
-            gpu_type=job.gpu_type,
-        )
-        return stage_for(ctx, job.stage, job.engine, job.toolchain, job.shape)
-
-    def up_to_date(self, job: Job) -> bool:
-        """A record with these parameters, its inputs and outputs intact: nothing to send."""
-        if self.ctx.force:
-            return False
-        stage = self._stage(job)
-        manifest = stage.load_manifest()
-        previous = manifest.stage(job.stage) if manifest else None
-        if previous is None or previous.status == "failed":
-            return False
-        try:
-            if _normalised(previous.params) != _normalised(stage.params()):
-                return False
-        except PipelineError:
-            return False
-        workspace = self.ctx.workspace
-        return all(workspace.is_intact(a) for a in [*previous.inputs, *previous.outputs])
-
-    def export_needed(self, engine: EngineRef) -> bool:
-        # As in a local run: a variant the toolchain cannot run is recorded as skipped without an export.
-        if self.runtime is None:
-            return True
-        return self.runtime.unsupported_reason(self.ctx.catalog.variant(engine.variant)) is None
 
     def request(self, job: Job):
         from pipeline.cluster.worker import StageRequest
@@ -258,40 +120,6 @@ class ClusterRun:
                     known.setdefault(self.ctx.workspace.hashes.sha256(path), path)
         return known
 
-    # --- placement -----------------------------------------------------------------------------
-
-    def placement(self, job: Job) -> tuple[dict[str, Any], str | None]:
-        """Ray options for the job's task, and the GPU type it is placed by."""
-        nodes = self.cluster.nodes
-        options: dict[str, Any] = {"num_cpus": 1}
-        if job.stage == "profile":
-            # A measurement wants its node to itself: as many CPUs as the smallest node has.
-            options["num_cpus"] = max(1.0, min((n.cpus for n in nodes if n.cpus > 0), default=1.0))
-        gpu_type = None
-        if job.stage == "export":
-            if self.ctx.catalog.variant(job.engine.variant).precision in CUDA_EXPORTS:
-                if not any(n.resources.get("GPU") for n in nodes):
-                    raise EnvironmentMissing(
-                        f"exporting {job.engine.name} needs a CUDA GPU, and no node of the cluster has one (Ray's GPU resource).",
-                        hint="add a GPU node to the cluster, or export it on a GPU machine and run again",
-                    )
-                options["num_gpus"] = 1
-        elif self.runtime.placement == "gpu" and job.gpu_type is not None:
-            gpu_type = job.gpu_type
-        elif self.runtime.placement == "ahead-of-time" and job.stage == "profile":
-            gpu_type = next((t for t in self.cluster.gpu_types if self.runtime.supports_gpu(self._capability(t))), None)
-        if gpu_type is not None:
-            node = self.cluster.nodes_with(gpu_type)[0]
-            options["resources"] = placement_resources(node.resources, gpu_type)
-            if node.resources.get("GPU"):
-                options["num_gpus"] = 1
-        return options, gpu_type
-
-    def feasible(self, job: Job) -> bool:
-        if job.placed_by is None:
-            return bool(self.cluster.nodes)
-        return bool(self.cluster.nodes_with(job.placed_by))
-
     # --- running -------------------------------------------------------------------------------
 
     def submit(self, job: Job) -> None:
@@ -299,7 +127,7 @@ class ClusterRun:
 
         from pipeline.cluster.worker import run_stage
 
-        options, job.placed_by = self.placement(job)
+        options, job.placed_by = self.matrix.placement(job)
         # A task on a GPU ends its worker process with it: an idle worker keeping its CUDA context
         # (and memory) would sit beside the next measurement on that GPU (seen on an H100).
         max_calls = 1 if options.get("num_gpus") else 0
@@ -311,17 +139,17 @@ class ClusterRun:
 
     def advance(self) -> None:
         """Start whatever can start: exports first, then each chain's next stage."""
-        for engine, job in self.exports.items():
+        for engine, job in self.matrix.exports.items():
             if job.state != "waiting":
                 continue
-            if self.toolchain is not None and not self.export_needed(engine):
+            if self.toolchain is not None and not self.matrix.export_needed(engine):
                 job.state, job.note = "skipped", "not needed"
-            elif self.up_to_date(job):
+            elif self.matrix.up_to_date(job):
                 job.state = "unchanged"
                 self.reporter.unchanged("export", engine.name)
             else:
                 self._try_submit(job)
-        for chain in self.chains:
+        for chain in self.matrix.chains:
             if not chain.export.finished:
                 continue
             for position, job in enumerate(chain.stages):
@@ -334,7 +162,7 @@ class ClusterRun:
                     job.state = "cancelled"
                     job.note = f"{before.stage} {before.state}"
                     continue
-                if self.up_to_date(job):
+                if self.matrix.up_to_date(job):
                     job.state = "unchanged"
                     self.reporter.unchanged(job.stage, f"{job.engine.name} {job.target}")
                     continue
@@ -352,12 +180,12 @@ class ClusterRun:
         self.reporter.console.print(f"[red]{'failed':<9}[/] {job.stage:<8} {job.engine.name} {job.target}: {exc.message}")
 
     def running(self) -> list[Job]:
-        return [job for job in self.jobs() if job.handle is not None]
+        return [job for job in self.matrix.jobs() if job.handle is not None]
 
     def run(self) -> RunSummary:
         import contextlib
 
-        self.plan()
+        self.matrix.plan()
         self.reporter.info(
             f"cluster  {self.cluster.address}: {len(self.cluster.nodes)} node(s) — " + "; ".join(n.label() for n in self.cluster.nodes)
         )
@@ -392,7 +220,7 @@ class ClusterRun:
 
     def _status_text(self) -> str:
         counts: dict[str, int] = {}
-        for job in self.jobs():
+        for job in self.matrix.jobs():
             counts[job.state] = counts.get(job.state, 0) + 1
         finished = sum(counts.get(state, 0) for state in ("done", "unchanged", "skipped"))
         return (
@@ -412,10 +240,10 @@ class ClusterRun:
             return
         self.head_misses += 1
         if self.head_misses >= HEAD_MISSES:
-            finished = sum(1 for job in self.jobs() if job.state in ("done", "unchanged", "skipped"))
+            finished = sum(1 for job in self.matrix.jobs() if job.state in ("done", "unchanged", "skipped"))
             raise EnvironmentMissing(
                 f"lost the Ray cluster's head at {self.cluster.address}: it has not answered for {HEAD_MISSES * CHECK_EVERY_S:.0f}s. "
-                f"{finished} of {len(self.jobs())} stages had finished; their results are in the workspace.",
+                f"{finished} of {len(self.matrix.jobs())} stages had finished; their results are in the workspace.",
                 hint="restart the head (`ray start --head …`) and its workers, then run the same command: finished stages are not run again",
             )
 
@@ -468,7 +296,7 @@ class ClusterRun:
                 ),
             )
             return
-        if not self.feasible(job):
+        if not self.matrix.feasible(job):
             self._fail(
                 job,
                 EnvironmentMissing(
@@ -492,7 +320,7 @@ class ClusterRun:
             return
         self.cluster.refresh()
         for job in queued:
-            if not self.feasible(job):
+            if not self.matrix.feasible(job):
                 ray.cancel(job.handle, force=True)
                 self._fail(
                     job,
@@ -578,7 +406,7 @@ class ClusterRun:
     def _print_table(self) -> None:
         from rich.table import Table
 
-        ran = [job for job in self.jobs() if job.state not in ("unchanged",) or self.verbose]
+        ran = [job for job in self.matrix.jobs() if job.state not in ("unchanged",) or self.verbose]
         if not ran:
             return
         table = Table(title="cluster run", title_justify="left", box=None, pad_edge=False)
@@ -601,7 +429,7 @@ class ClusterRun:
     def summary(self) -> RunSummary:
         summary = RunSummary()
         failures: dict[str, PipelineError] = {}
-        for job in self.jobs():
+        for job in self.matrix.jobs():
             if job.state == "failed":
                 failures.setdefault(f"{job.engine.name} ({job.stage} {job.target})", job.error)
         for engine in self.engines:
@@ -609,7 +437,7 @@ class ClusterRun:
                 summary.succeeded.append(engine.name)
         summary.failed = [(name, self.toolchain, error) for name, error in failures.items()]
         counts: dict[str, int] = {}
-        for job in self.jobs():
+        for job in self.matrix.jobs():
             counts[job.state] = counts.get(job.state, 0) + 1
         elapsed = time.monotonic() - self.started
         self._print_table()
@@ -625,10 +453,6 @@ class ClusterRun:
 def _clock(seconds: float) -> str:
     minutes, seconds = divmod(int(seconds), 60)
     return f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
-
-
-def _normalised(value) -> str:
-    return json.dumps(value, sort_keys=True, default=str)
 
 
 def _size(n: int) -> str:

@@ -11,7 +11,8 @@ from pipeline.accuracy import THRESHOLD_FORMS, AccuracyFloor, AccuracyThreshold
 from pipeline.accuracy import parse_accuracy_threshold as accuracy_threshold
 from pipeline.errors import PipelineError, UsageError
 from pipeline.manifest import EngineManifest
-from pipeline.report.rows import ComparisonRow, load_baseline, load_manifests
+from pipeline.report.manifest_sources import load_baseline, load_manifests
+from pipeline.report.rows import ComparisonRow
 from pipeline.workspace import Workspace, output_folder
 
 

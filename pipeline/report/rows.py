@@ -6,16 +6,14 @@ contains zero is marked not significant: it is within the runs' own spread.
 
 from __future__ import annotations
 
-import subprocess
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Any
 
 from pipeline.catalog import Catalog
 from pipeline.errors import PipelineError
-from pipeline.manifest import EngineManifest, parse_manifest, read_manifest
-from pipeline.stats import median, paired_ratio
-from pipeline.workspace import Workspace
+from pipeline.manifest import EngineManifest
+from pipeline.report.flags import NOISY_CV, measurement_flags
+from pipeline.stats import paired_ratio
 
 FORMATS = ("table", "md", "html", "json", "csv")
 
@@ -162,145 +160,7 @@ def shallow_copy(value: Any) -> Any:
     return value.copy() if isinstance(value, (list, dict)) else value
 
 
-# --- loading ---------------------------------------------------------------------------------------
-
-
-def manifest_paths(manifests_dir: Path, toolchains: list[str] | None = None) -> list[Path]:
-    """The engine manifests under manifests/<toolchain>[@<gpu>]/, in a stable order."""
-    if not manifests_dir.is_dir():
-        return []
-    paths = []
-    for directory in sorted(p for p in manifests_dir.iterdir() if p.is_dir() and p.name != "export"):
-        if toolchains and directory.name.split("@")[0] not in toolchains:  # <toolchain>@<gpu> for cluster runs
-            continue
-        paths.extend(directory / name for name in engine_manifest_names(sorted(p.name for p in directory.glob("*.json"))))
-    return paths
-
-
-def engine_manifest_names(names: list[str]) -> list[str]:
-    """The manifests of one folder that are rows: a model measured at several shape points has one
-    per point (``bert_fp16@2x512.json``), and its engine's own (``bert_fp16.json``, export and
-    build) is left out, its build being in each of them."""
-    measured_at_points = {name.partition("@")[0] for name in names if "@" in name}
-    return [name for name in names if "@" in name or name.removesuffix(".json") not in measured_at_points]
-
-
-def load_manifests(manifests_dir: Path, toolchains: list[str] | None = None) -> list[EngineManifest]:
-    return [read_manifest(path) for path in manifest_paths(manifests_dir, toolchains)]
-
-
-def load_baseline(spec: str, workspace: Workspace, toolchains: list[str] | None) -> list[EngineManifest]:
-    """Manifests from a directory (a workspace or its manifests/) or from a git ref."""
-    path = Path(spec)
-    if path.is_dir():
-        root = path / "manifests" if (path / "manifests").is_dir() else path
-        manifests = load_manifests(root, toolchains)
-        if not manifests:
-            raise PipelineError(f"baseline {spec} holds no engine manifests.", hint="pass the manifests/ folder of an earlier run")
-        return manifests
-    return _load_from_git(spec, workspace, toolchains)
-
-
-def _load_from_git(ref: str, workspace: Workspace, toolchains: list[str] | None) -> list[EngineManifest]:
-    def git(*args: str) -> str:
-        result = subprocess.run(["git", *args], cwd=workspace.root, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise PipelineError(
-                f"baseline {ref!r} is neither a directory nor a git ref with manifests: {result.stderr.strip() or 'git failed'}",
-                hint="pass a manifests directory, or a branch/commit that has manifests/ committed",
-            )
-        return result.stdout
-
-    listing = [p for p in git("ls-tree", "-r", "--name-only", ref, "--", "manifests/").splitlines() if p.endswith(".json")]
-    by_folder: dict[str, list[str]] = {}
-    for name in listing:
-        by_folder.setdefault(str(Path(name).parent), []).append(Path(name).name)
-    listing = [f"{folder}/{name}" for folder, names in by_folder.items() for name in engine_manifest_names(sorted(names))]
-    manifests = []
-    for name in listing:
-        parts = Path(name).parts
-        if len(parts) != 3 or parts[1] == "export" or (toolchains and parts[1].split("@")[0] not in toolchains):
-            continue
-        manifests.append(parse_manifest(git("show", f"{ref}:{name}"), f"{ref}:{name}"))
-    if not manifests:
-        raise PipelineError(
-            f"git ref {ref!r} has no engine manifests under manifests/ (they are git-ignored by default).",
-            hint="commit manifests to a results branch, or pass a directory with --baseline",
-        )
-    return manifests
-
-
 # --- rows ----------------------------------------------------------------------------------------
-
-
-# A run whose spread is above this coefficient of variation is flagged noisy (`--noisy-cv`). ONNX
-# Runtime on a quiet CPU stays within a few percent. The spread is the quartiles' (iqr_cv): on the
-# lent H100, host stalls put a few runs at 2-3x the median and the CV at 20-40% in measurements
-# whose repeats' medians agreed within 0.1%; judged by the CV, the verdict left those out.
-NOISY_CV = 0.10
-# A machine whose 1-minute load average exceeds this many runnable tasks per CPU was busy: the
-# measurement shared its cores (two concurrent profiles on 2 CPUs measured ~4; one alone ~2).
-BUSY_LOAD_PER_CPU = 1.5
-
-
-# A GPU run whose host needs at least this share of the run's GPU time to issue it is near
-# launch-bound: the lent H100's host changes speed by 1.8x (1/1.8 = 0.56), so from about half a
-# slow spell of the host can set its time. From LAUNCH_BOUND_SHARE on, it is launch-bound: the GPU
-# waits for the host between kernels (eager ModernBERT at 2x512 there: 0.94-1.20; CUDA graphs:
-# 0.01-0.03; reduce-overhead at 2x512: 0.45-0.55, its ratio to a CUDA graph steady across runs).
-NEAR_LAUNCH_BOUND_SHARE = 0.5
-LAUNCH_BOUND_SHARE = 0.9
-# How a launch-bound row's flag begins (the answer reads it: pipeline/report/sweep.py).
-LAUNCH_BOUND = "launch-bound"
-
-
-def launch_bound_flag(details) -> str | None:
-    """A flag for an engine whose runs were launch-bound, or near it, in its rounds (the takes'
-    issue times against their GPU times, medians), or None."""
-    kept = [take for rounds in details.rounds for take in rounds.takes if take.dropped is None and take.issue_ms is not None]
-    if not kept:
-        return None
-    share = median([take.issue_ms for take in kept]) / median([take.median_ms for take in kept])
-    if share < NEAR_LAUNCH_BOUND_SHARE:
-        return None
-    needs = f"the host needs {share:.0%} of a run's GPU time to issue it"
-    if share < LAUNCH_BOUND_SHARE:
-        return f"near {LAUNCH_BOUND}: {needs}; a host {1 / share:.1f}x slower would set its time"
-    return f"{LAUNCH_BOUND}: {needs}; its time is the host's speed, and its ratio to an engine that is not follows the host's"
-
-
-def measurement_flags(details, noisy_cv: float = NOISY_CV) -> list[str]:
-    """Why a measurement may not be trusted, from what the profile recorded; empty when none."""
-    flags = []
-    launch_bound = launch_bound_flag(details)
-    if launch_bound:
-        flags.append(launch_bound)
-    spread = details.latency_ms.iqr_cv
-    if spread is None:  # a manifest from before the quartiles were recorded
-        if details.latency_ms.cv > noisy_cv:
-            flags.append(f"noisy: CV {details.latency_ms.cv:.1%} is above {noisy_cv:.0%}")
-    elif spread > noisy_cv:
-        flags.append(f"noisy: interquartile CV {spread:.1%} is above {noisy_cv:.0%}")
-    load = details.machine_load or {}
-    if load.get("during"):
-        # What was seen while each measurement ran (pipeline/machine_watch.py); the load averages
-        # around it are older evidence, kept for manifests written before the measurement was watched.
-        from pipeline.machine_watch import verdict
-
-        return flags + verdict(load["during"])
-    for when in ("start", "end"):
-        facts = load.get(when) or {}
-        averages, cpus = facts.get("load_average"), facts.get("cpu_count")
-        if averages and cpus and averages[0] > BUSY_LOAD_PER_CPU * cpus:
-            flags.append(f"busy machine: load average {averages[0]:g} on {cpus} CPUs at the {when}")
-            break
-    for when in ("start", "end"):
-        others = (load.get(when) or {}).get("gpu_processes") or []
-        if others:
-            names = ", ".join(sorted({f"{p['name']} (pid {p['pid']})" for p in others}))
-            flags.append(f"busy GPU: other processes used it at the {when}: {names}")
-            break
-    return flags
 
 
 def row_of(m: EngineManifest, noisy_cv: float = NOISY_CV) -> ComparisonRow:

@@ -12,7 +12,8 @@ import functools
 import importlib
 from pathlib import Path
 
-from pipeline.catalog import Catalog, read_catalog
+from pipeline.catalog import Catalog
+from pipeline.catalog_file import read_catalog
 from pipeline.errors import EnvironmentMissing
 from pipeline.models import spec_class as model_spec_class
 from pipeline.runtimes.base import EngineRuntime
@@ -20,8 +21,8 @@ from pipeline.runtimes.base import EngineRuntime
 # kind → "module:class". Modules are imported when a catalog names their kind, not before.
 RUNTIMES = {
     "onnxruntime": "pipeline.runtimes.onnxruntime:OnnxRuntimeRuntime",
-    "trtexec-container": "pipeline.runtimes.tensorrt:TrtexecContainerRuntime",
-    "trtexec-local": "pipeline.runtimes.tensorrt:TrtexecLocalRuntime",
+    "trtexec-container": "pipeline.runtimes.tensorrt_container:TrtexecContainerRuntime",
+    "trtexec-local": "pipeline.runtimes.tensorrt_local:TrtexecLocalRuntime",
     "tensorrt-rtx": "pipeline.runtimes.tensorrt_rtx:TensorRtRtxRuntime",
     "torch": "pipeline.runtimes.pytorch:TorchRuntime",
 }

@@ -277,7 +277,8 @@ class TorchRuntime(InProcessRuntime):
         settings = self.settings(variant.precision, device)
         self._prepared.clear()  # free the previous models' memory before preparing this one
         try:
-            prepared = self._prepare(model, examples, dtype, device, _file_identity(engine_path), point and point.label)
+            preparation = TorchPreparation(self.spec, self.reporter)
+            prepared = preparation.prepare(model, examples, dtype, device, _file_identity(engine_path), point and point.label)
         except NotPrepared as exc:
             result = BuildResult(engine_path=None, settings=settings, evidence={"compiler": {**self.versions(), **exc.facts}})
             raise RefusedByTool(exc.message, exc.hint, result=result) from exc.__cause__

@@ -1,6 +1,7 @@
-"""TensorRT through trtexec: in a pinned container image, or from a local install.
-
-Both share everything but how a command is executed and how host paths appear to it. Every run's
+"""TensorRT through trtexec: what its two toolchain kinds share — trtexec in a pinned container image
+(pipeline/runtimes/tensorrt_container.py) and trtexec installed on this machine
+(pipeline/runtimes/tensorrt_local.py) — everything but how a command is executed and how host
+paths appear to it. Every run's
 output is saved beside the engine (``<engine>.build.log``, ``<engine>.profile.log``), parsed once
 (:mod:`pipeline.trtexec`), checked (PASSED, and the TensorRT version the toolchain claims), and
 recorded in the manifest with the exact argv and the image digest.
@@ -15,26 +16,23 @@ import contextlib
 import json
 import os
 import re
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from pipeline.accuracy import ReferenceBatch, parse_accuracy_lines, read_trtexec_outputs
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
 from pipeline.environment import nvidia_gpus
 from pipeline.errors import EnvironmentMissing, PipelineError, RefusedByTool
 from pipeline.models import ModelSource
-from pipeline.runtimes.base import BuildResult, EngineRuntime, ProfileResult, ReferenceRun, ToolchainStatus
+from pipeline.runtimes.base import BuildResult, EngineRuntime, ProfileResult, ReferenceRun
 from pipeline.trtexec.command import BuildCommand, ProfileCommand, ReferenceCommand
 from pipeline.trtexec.exports import read_profile, read_times
 from pipeline.trtexec.layers import read_layer_info
 from pipeline.trtexec.log import TrtexecLog, parse_log
 from pipeline.trtexec.preflight import unsupported_reasons
-
-CONTAINER_ROOT = "/work"
 
 
 class TrtexecSpec(ToolchainSpec):
@@ -56,27 +54,6 @@ class TrtexecSpec(ToolchainSpec):
 
     def tensorrt_release(self) -> str | None:
         return self.trt
-
-
-class TrtexecContainerSpec(TrtexecSpec):
-    """trtexec in an NGC image (``image``), or in one built from ``docker/<dockerfile>``."""
-
-    kind: Literal["trtexec-container"]
-    image: str | None = None
-    dockerfile: str | None = None
-
-    @model_validator(mode="after")
-    def _needs_an_image(self):
-        if not (self.image or self.dockerfile):
-            raise ValueError("a trtexec-container toolchain needs 'image' or 'dockerfile'")
-        return self
-
-
-class TrtexecLocalSpec(TrtexecSpec):
-    """trtexec installed on this machine: on PATH, or under ``trt_root``."""
-
-    kind: Literal["trtexec-local"]
-    trt_root: Path | None = None
 
 
 @dataclass
@@ -364,158 +341,3 @@ class TrtexecRuntime(EngineRuntime):
 
     def where(self) -> str:
         return "local"
-
-
-class TrtexecContainerRuntime(TrtexecRuntime):
-    """trtexec inside a pinned image (NGC, or built from docker/)."""
-
-    kind = "trtexec-container"
-    Spec = TrtexecContainerSpec
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._runner = None
-        self._digest: str | None = None
-
-    @property
-    def image_name(self) -> str:
-        """The NGC image, or the local name of the one built from docker/."""
-        return self.spec.image or f"trt-pipeline/{self.name}:latest"
-
-    def describe(self) -> str:
-        return f"TensorRT {self.spec.trt} in image {self.image_name}" + (
-            f" (docker/{self.spec.dockerfile})" if self.spec.dockerfile else ""
-        )
-
-    def status(self) -> ToolchainStatus:
-        try:
-            image = self.runner.image(self.image_name)
-        except EnvironmentMissing:
-            return ToolchainStatus(present=None, usable=False, detail=f"{self.describe()}; Docker is not reachable (`pipeline doctor`)")
-        missing = [] if image is not None else ["image (`pipeline toolchains pull`)"]
-        if self.spec.gpus == "all":
-            if not nvidia_gpus():
-                missing.append("NVIDIA GPU")
-            if not self.runner.has_nvidia_runtime():
-                missing.append("NVIDIA container runtime")
-        detail = self.describe() + (f"; missing: {', '.join(missing)}" if missing else "")
-        return ToolchainStatus(
-            present=image is not None, usable=not missing, detail=detail, pin=self.runner.digest(image) if image is not None else None
-        )
-
-    def pull(self) -> None:
-        if self.spec.dockerfile:
-            context = self.workspace_root / "docker"
-            self.reporter.info(f"build    {self.image_name} from {context / self.spec.dockerfile}")
-            self.runner.build_image(context, self.spec.dockerfile, self.image_name, {"TRT_VERSION": self.spec.trt})
-        else:
-            self.reporter.info(f"pull     {self.image_name}")
-            self.runner.pull(self.image_name)
-        self.reporter.info(f"ready    {self.name}: {self.image_name}")
-
-    def pin(self) -> dict[str, Any]:
-        image = self.runner.require_image(self.image_name, self.name)
-        digest = self.runner.digest(image)
-        return {"pin": digest, "image": self.image_name, "digest": digest, "trt": self.spec.trt}
-
-    @property
-    def runner(self):
-        if self._runner is None:
-            from pipeline.runtimes.container import DockerRunner
-
-            self._runner = DockerRunner(self.reporter)
-        return self._runner
-
-    def container_path(self, host: Path) -> str:
-        relative = Path(host).resolve().relative_to(self.workspace_root)
-        return f"{CONTAINER_ROOT}/{relative.as_posix()}"
-
-    def provenance(self) -> dict[str, Any]:
-        if self._digest is None:
-            image = self.runner.require_image(self.image_name, self.name)
-            self._digest = self.runner.digest(image)
-            self._check_lock(self._digest)
-        return {"image": self.image_name, "digest": self._digest}
-
-    def _check_lock(self, digest: str) -> None:
-        from pipeline.runtimes.toolchains import read_lock
-
-        locked = read_lock(self.workspace_root).get(self.name)
-        if locked and locked.get("digest") and locked["digest"] != digest:
-            self.reporter.warn(
-                f"toolchain {self.name}: image {self.image_name} is {digest[:19]}…, but toolchains.lock.json "
-                f"pins {locked['digest'][:19]}…; results may differ from the locked toolchain "
-                "(`pipeline toolchains lock` records the new one)"
-            )
-
-    def execute(self, argv: list[str], log_path: Path, what: str) -> Execution:
-        from pipeline.runtimes.container import Mount
-
-        root = self.workspace_root
-        engine_dir = root / "engines" / self.name
-        engine_dir.mkdir(parents=True, exist_ok=True)
-        # Inputs read-only, this toolchain's engine directory writable; nothing else is visible.
-        mounts = [Mount(root / "models", f"{CONTAINER_ROOT}/models", read_only=True)] if (root / "models").is_dir() else []
-        mounts.append(Mount(engine_dir, f"{CONTAINER_ROOT}/engines/{self.name}", read_only=False))
-        result = self.runner.run(
-            self.image_name,
-            argv,
-            mounts,
-            log_path=log_path,
-            timeout_s=self.spec.timeout_s,
-            gpus=self.spec.gpus == "all",
-            workdir=f"{CONTAINER_ROOT}/engines/{self.name}",
-            what=f"trtexec {what}",
-        )
-        return Execution(result.exit_code, result.log_text, image=result.image, image_digest=result.repo_digest)
-
-    def where(self) -> str:
-        return f"image {self.image_name}, /work = {self.workspace_root} (models ro, engines/{self.name} rw), no network"
-
-
-class TrtexecLocalRuntime(TrtexecRuntime):
-    """trtexec installed on this machine (on PATH, or under ``trt_root``)."""
-
-    kind = "trtexec-local"
-    Spec = TrtexecLocalSpec
-
-    def describe(self) -> str:
-        where = f"under {self.spec.trt_root}" if self.spec.trt_root else f"`{self.spec.trtexec}` on PATH"
-        return f"TensorRT {self.spec.trt}, trtexec {where}"
-
-    def status(self) -> ToolchainStatus:
-        try:
-            found = self.trtexec_path()
-        except EnvironmentMissing as exc:
-            return ToolchainStatus(present=False, usable=False, detail=exc.message)
-        usable = self.spec.gpus == "none" or bool(nvidia_gpus())
-        return ToolchainStatus(present=True, usable=usable, detail=f"{found}" + ("" if usable else "; missing: NVIDIA GPU"))
-
-    def trtexec_path(self) -> str:
-        if self.spec.trt_root is not None:
-            candidate = Path(self.spec.trt_root) / "bin" / "trtexec"
-            if not candidate.exists():
-                raise EnvironmentMissing(f"{candidate} does not exist.", hint=f"fix trt_root of toolchain {self.name}")
-            return str(candidate)
-        found = shutil.which(self.spec.trtexec)
-        if not found:
-            raise EnvironmentMissing(
-                f"trtexec ({self.spec.trtexec}) is not on PATH for toolchain {self.name}.",
-                hint="install TensorRT or set trt_root in pipeline.toml; or use a trtexec-container toolchain",
-            )
-        return found
-
-    def provenance(self) -> dict[str, Any]:
-        return {"trtexec": self.trtexec_path()}
-
-    def execute(self, argv: list[str], log_path: Path, what: str) -> Execution:
-        from pipeline.runtimes.process import run_logged
-
-        env = dict(os.environ)
-        if self.spec.trt_root is not None:
-            lib = str(Path(self.spec.trt_root) / "lib")
-            env["LD_LIBRARY_PATH"] = lib + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
-        finished = run_logged(
-            argv, log_path=log_path, timeout_s=self.spec.timeout_s, reporter=self.reporter, what=f"trtexec {what}", env=env
-        )
-        return Execution(finished.exit_code, finished.output)

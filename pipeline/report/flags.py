@@ -1,0 +1,76 @@
+"""What makes a row's number one to read with care: a measurement on a noisy, busy or throttled
+machine, repeats that disagree, an engine whose time is the host's (launch-bound). The verdict
+(pipeline/report/verdict.py) leaves out what is untrustworthy and says why; the tables show it."""
+
+from __future__ import annotations
+
+from pipeline.stats import median
+
+# A run whose spread is above this coefficient of variation is flagged noisy (`--noisy-cv`). ONNX
+# Runtime on a quiet CPU stays within a few percent. The spread is the quartiles' (iqr_cv): on the
+# lent H100, host stalls put a few runs at 2-3x the median and the CV at 20-40% in measurements
+# whose repeats' medians agreed within 0.1%; judged by the CV, the verdict left those out.
+NOISY_CV = 0.10
+# A machine whose 1-minute load average exceeds this many runnable tasks per CPU was busy: the
+# measurement shared its cores (two concurrent profiles on 2 CPUs measured ~4; one alone ~2).
+BUSY_LOAD_PER_CPU = 1.5
+
+
+# A GPU run whose host needs at least this share of the run's GPU time to issue it is near
+# launch-bound: the lent H100's host changes speed by 1.8x (1/1.8 = 0.56), so from about half a
+# slow spell of the host can set its time. From LAUNCH_BOUND_SHARE on, it is launch-bound: the GPU
+# waits for the host between kernels (eager ModernBERT at 2x512 there: 0.94-1.20; CUDA graphs:
+# 0.01-0.03; reduce-overhead at 2x512: 0.45-0.55, its ratio to a CUDA graph steady across runs).
+NEAR_LAUNCH_BOUND_SHARE = 0.5
+LAUNCH_BOUND_SHARE = 0.9
+# How a launch-bound row's flag begins (the answer reads it: pipeline/report/sweep.py).
+LAUNCH_BOUND = "launch-bound"
+
+
+def launch_bound_flag(details) -> str | None:
+    """A flag for an engine whose runs were launch-bound, or near it, in its rounds (the takes'
+    issue times against their GPU times, medians), or None."""
+    kept = [take for rounds in details.rounds for take in rounds.takes if take.dropped is None and take.issue_ms is not None]
+    if not kept:
+        return None
+    share = median([take.issue_ms for take in kept]) / median([take.median_ms for take in kept])
+    if share < NEAR_LAUNCH_BOUND_SHARE:
+        return None
+    needs = f"the host needs {share:.0%} of a run's GPU time to issue it"
+    if share < LAUNCH_BOUND_SHARE:
+        return f"near {LAUNCH_BOUND}: {needs}; a host {1 / share:.1f}x slower would set its time"
+    return f"{LAUNCH_BOUND}: {needs}; its time is the host's speed, and its ratio to an engine that is not follows the host's"
+
+
+def measurement_flags(details, noisy_cv: float = NOISY_CV) -> list[str]:
+    """Why a measurement may not be trusted, from what the profile recorded; empty when none."""
+    flags = []
+    launch_bound = launch_bound_flag(details)
+    if launch_bound:
+        flags.append(launch_bound)
+    spread = details.latency_ms.iqr_cv
+    if spread is None:  # a manifest from before the quartiles were recorded
+        if details.latency_ms.cv > noisy_cv:
+            flags.append(f"noisy: CV {details.latency_ms.cv:.1%} is above {noisy_cv:.0%}")
+    elif spread > noisy_cv:
+        flags.append(f"noisy: interquartile CV {spread:.1%} is above {noisy_cv:.0%}")
+    load = details.machine_load or {}
+    if load.get("during"):
+        # What was seen while each measurement ran (pipeline/machine_watch.py); the load averages
+        # around it are older evidence, kept for manifests written before the measurement was watched.
+        from pipeline.machine_watch import verdict
+
+        return flags + verdict(load["during"])
+    for when in ("start", "end"):
+        facts = load.get(when) or {}
+        averages, cpus = facts.get("load_average"), facts.get("cpu_count")
+        if averages and cpus and averages[0] > BUSY_LOAD_PER_CPU * cpus:
+            flags.append(f"busy machine: load average {averages[0]:g} on {cpus} CPUs at the {when}")
+            break
+    for when in ("start", "end"):
+        others = (load.get(when) or {}).get("gpu_processes") or []
+        if others:
+            names = ", ".join(sorted({f"{p['name']} (pid {p['pid']})" for p in others}))
+            flags.append(f"busy GPU: other processes used it at the {when}: {names}")
+            break
+    return flags

@@ -1,0 +1,77 @@
+"""Where a comparison's manifests come from: the workspace's manifests/ folder (one manifest a row:
+each shape point's, not the engine's own), another run's folder, or a git ref that has them
+committed (`compare --baseline`)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+from pipeline.manifest import EngineManifest, parse_manifest, read_manifest
+from pipeline.workspace import Workspace
+
+
+def manifest_paths(manifests_dir: Path, toolchains: list[str] | None = None) -> list[Path]:
+    """The engine manifests under manifests/<toolchain>[@<gpu>]/, in a stable order."""
+    if not manifests_dir.is_dir():
+        return []
+    paths = []
+    for directory in sorted(p for p in manifests_dir.iterdir() if p.is_dir() and p.name != "export"):
+        if toolchains and directory.name.split("@")[0] not in toolchains:  # <toolchain>@<gpu> for cluster runs
+            continue
+        paths.extend(directory / name for name in engine_manifest_names(sorted(p.name for p in directory.glob("*.json"))))
+    return paths
+
+
+def engine_manifest_names(names: list[str]) -> list[str]:
+    """The manifests of one folder that are rows: a model measured at several shape points has one
+    per point (``bert_fp16@2x512.json``), and its engine's own (``bert_fp16.json``, export and
+    build) is left out, its build being in each of them."""
+    measured_at_points = {name.partition("@")[0] for name in names if "@" in name}
+    return [name for name in names if "@" in name or name.removesuffix(".json") not in measured_at_points]
+
+
+def load_manifests(manifests_dir: Path, toolchains: list[str] | None = None) -> list[EngineManifest]:
+    return [read_manifest(path) for path in manifest_paths(manifests_dir, toolchains)]
+
+
+def load_baseline(spec: str, workspace: Workspace, toolchains: list[str] | None) -> list[EngineManifest]:
+    """Manifests from a directory (a workspace or its manifests/) or from a git ref."""
+    path = Path(spec)
+    if path.is_dir():
+        root = path / "manifests" if (path / "manifests").is_dir() else path
+        manifests = load_manifests(root, toolchains)
+        if not manifests:
+            raise PipelineError(f"baseline {spec} holds no engine manifests.", hint="pass the manifests/ folder of an earlier run")
+        return manifests
+    return _load_from_git(spec, workspace, toolchains)
+
+
+def _load_from_git(ref: str, workspace: Workspace, toolchains: list[str] | None) -> list[EngineManifest]:
+    def git(*args: str) -> str:
+        result = subprocess.run(["git", *args], cwd=workspace.root, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise PipelineError(
+                f"baseline {ref!r} is neither a directory nor a git ref with manifests: {result.stderr.strip() or 'git failed'}",
+                hint="pass a manifests directory, or a branch/commit that has manifests/ committed",
+            )
+        return result.stdout
+
+    listing = [p for p in git("ls-tree", "-r", "--name-only", ref, "--", "manifests/").splitlines() if p.endswith(".json")]
+    by_folder: dict[str, list[str]] = {}
+    for name in listing:
+        by_folder.setdefault(str(Path(name).parent), []).append(Path(name).name)
+    listing = [f"{folder}/{name}" for folder, names in by_folder.items() for name in engine_manifest_names(sorted(names))]
+    manifests = []
+    for name in listing:
+        parts = Path(name).parts
+        if len(parts) != 3 or parts[1] == "export" or (toolchains and parts[1].split("@")[0] not in toolchains):
+            continue
+        manifests.append(parse_manifest(git("show", f"{ref}:{name}"), f"{ref}:{name}"))
+    if not manifests:
+        raise PipelineError(
+            f"git ref {ref!r} has no engine manifests under manifests/ (they are git-ignored by default).",
+            hint="commit manifests to a results branch, or pass a directory with --baseline",
+        )
+    return manifests

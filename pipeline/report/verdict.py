@@ -1,0 +1,435 @@
+"""The answer first: what every report opens with.
+
+**The verdict**, per model and shape point (and GPU type): the engine whose own accuracy meets the
+floor and that is faster than every other such engine *with confidence*
+(pipeline/report/confidence.py: paired round by round where they were timed together); where the
+data cannot tell two apart it says they tie (within the tie width) or are undecided, and names
+both. Its speedup over the catalog's baseline toolchain comes with its interval and rounds; every
+engine left out is named with why — too inaccurate, refused or failed (out of memory at that
+point), a measurement on a busy or throttled machine, repeats that disagree. A noisy engine is not
+left out: when it is faster with confidence, it is the answer.
+
+Built from comparison rows only (pipeline/report/rows.py), so every format says the same.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.accuracy import AccuracyFloor, AccuracyThreshold
+from pipeline.report.confidence import interval_words, time_ratio
+from pipeline.report.flags import LAUNCH_BOUND
+from pipeline.report.gates import accuracy_shortfalls
+from pipeline.report.rows import ComparisonRow, shape_order
+from pipeline.stats import RatioEstimate, tie_band
+
+# Flags that make a row's number untrustworthy for a verdict (rows.measurement_flags words them),
+# and the flag of an engine that failed its precision's own accuracy check. A noisy row is not
+# among them: its interval says how much it is worth, and the verdict compares by intervals.
+UNTRUSTED = ("busy", "throttled")
+# The tie width when the catalog gives none ([profile] tie).
+TIE = 0.03
+INACCURATE = "inaccurate"
+
+
+def times(shape: str | None) -> str:
+    return shape.replace("x", "×") if shape else ""
+
+
+def line_label(row: ComparisonRow) -> str:
+    return f"{row.variant} on {row.target}"
+
+
+def exclusion(row: ComparisonRow, thresholds: tuple[AccuracyThreshold, ...]) -> str | None:
+    """Why the verdict leaves this row out, or None when it is a candidate."""
+    if row.median_ms is None:
+        return row.status
+    # Accuracy first: an engine below the floor is no answer even when every measurement is
+    # untrustworthy (the verdict then falls back on the rows left out for their measurement alone).
+    # A floor given replaces each precision's own check (its "inaccurate" flag).
+    if thresholds:
+        shortfalls = accuracy_shortfalls(row, thresholds) if row.accuracy_source == "measured" else []
+        if shortfalls:
+            return "below the accuracy floor: " + ", ".join(shortfalls)
+    else:
+        inaccurate = [flag for flag in row.flags if flag.startswith(INACCURATE)]
+        if inaccurate:
+            return inaccurate[0]
+    if row.status.startswith("unstable"):
+        return row.status.split(":", 1)[0] + ": its measurements disagree"
+    for flag in row.flags:
+        if flag.startswith(UNTRUSTED):
+            return flag
+    return None
+
+
+@dataclass
+class Verdict:
+    """The answer for one model at one shape point (None: a model of one shape) and GPU type."""
+
+    model: str
+    shape: str | None
+    gpu_type: str | None
+    fastest: ComparisonRow | None
+    # The catalog's baseline toolchain's row it is measured against (same variant where there is one).
+    baseline: ComparisonRow | None
+    excluded: list[tuple[ComparisonRow, str]] = field(default_factory=list)
+    # Rows skipped outright (a toolchain that cannot run a variant): counted, not listed.
+    skipped: list[ComparisonRow] = field(default_factory=list)
+    # When every accurate measurement was untrustworthy (a busy machine): the fastest of them, said
+    # with that caveat instead of no answer at all.
+    untrusted: bool = False
+    # The accuracy the answer had to keep (--fail-accuracy-below, the catalog's, or each precision's own check).
+    floor: AccuracyFloor = AccuracyFloor()
+    # The candidates no other one is faster than with confidence, beside the fastest: the data
+    # cannot tell them from it (a tie within ±tie, or undecided).
+    tied: list[ComparisonRow] = field(default_factory=list)
+    # The engines the answer was chosen among (accurate, measured on a quiet machine).
+    candidates: list[ComparisonRow] = field(default_factory=list)
+    # The comparisons the answer rests on (A's time over B's): the least median against every other
+    # candidate, every two of those it cannot be told from, and the baseline's against each of the
+    # fastest and the tied (_decide says why these are enough).
+    comparisons: list[tuple[ComparisonRow, ComparisonRow, RatioEstimate | None]] = field(default_factory=list)
+    tie: float = TIE
+    # Whether two engines of the answer and its tied ones are not the same, as _decide found it
+    # (None: found from the comparisons).
+    undecided_among: bool | None = None
+    # The comparisons by the two rows' ids, kept in step with the list by ratio().
+    _by_pair: dict[tuple[int, int], RatioEstimate | None] = field(default_factory=dict, repr=False)
+
+    def ratio(self, a: ComparisonRow, b: ComparisonRow) -> RatioEstimate | None:
+        """A's time over B's, from the comparisons made (None: not compared, or no interval)."""
+        if len(self._by_pair) != len(self.comparisons):
+            self._by_pair = {(id(first), id(second)): estimate for first, second, estimate in self.comparisons}
+        if (id(a), id(b)) in self._by_pair:
+            return self._by_pair[(id(a), id(b))]
+        estimate = self._by_pair.get((id(b), id(a)))
+        return estimate.inverse() if estimate is not None else None
+
+    def compared(self, a: ComparisonRow, b: ComparisonRow) -> bool:
+        self.ratio(a, b)  # brings the index up to date
+        return (id(a), id(b)) in self._by_pair or (id(b), id(a)) in self._by_pair
+
+    @property
+    def speedup_estimate(self) -> RatioEstimate | None:
+        """The baseline's time over the answer's, with its interval."""
+        if self.fastest is None or self.baseline is None or self.baseline is self.fastest:
+            return None
+        return self.ratio(self.baseline, self.fastest)
+
+    @property
+    def speedup(self) -> float | None:
+        if self.fastest is None or self.baseline is None:
+            return None
+        estimate = self.speedup_estimate
+        return estimate.ratio if estimate is not None else self.baseline.median_ms / self.fastest.median_ms
+
+    @property
+    def undecided(self) -> bool:
+        """Whether some engine the data cannot tell from the answer is undecided, not a tie."""
+        if self.undecided_among is not None:
+            return self.undecided_among
+        group = [self.fastest, *self.tied]
+        return any(
+            (estimate := self.ratio(a, b)) is None or estimate.outcome != "same" for i, a in enumerate(group) for b in group[i + 1 :]
+        )
+
+    @property
+    def where(self) -> str:
+        parts = [self.model]
+        if self.shape:
+            parts.append(f"at {times(self.shape)}")
+        if self.gpu_type:
+            parts.append(f"on {self.gpu_type}")
+        return " ".join(parts)
+
+    def sentences(self) -> list[str]:
+        """The verdict in words: the answer (or the engines the data cannot tell apart), the
+        speedup over the baseline with its interval, then what was left out and why."""
+        meeting = f" meeting {self.floor}" if self.floor.thresholds else ""
+        out = []
+        if self.fastest is None:
+            out.append(f"{self.where}: no engine was measured and met the accuracy floor{f', {self.floor}' if meeting else ''}.")
+        elif self.tied:
+            group = [self.fastest, *self.tied]
+            names = ", ".join(line_label(r) for r in group[:-1]) + f" and {line_label(group[-1])}"
+            times_ms = " and ".join(f"{r.median_ms:.3f}" for r in group) + " ms"
+            if self.undecided:
+                rounds = max((r.rounds or 0) for r in group)
+                after = f"after {rounds} rounds" if rounds else "by their own intervals"
+                budget = " (the point's budget_s ran out)" if any(r.rounds_stop == "budget" for r in group) else ""
+                answer = f"{self.where}: undecided{meeting}: {names} ({times_ms}) cannot be told apart {after}{budget}"
+            else:
+                answer = f"{self.where}: {names} tie within ±{self.tie:.0%}{meeting} ({times_ms})"
+            answer += self._speedups(group) + "."
+            out.append(answer)
+        else:
+            row = self.fastest
+            rate = f", {row.tokens_per_s:,.0f} tokens/s" if row.tokens_per_s else ""
+            fastest = "no measurement can be trusted (below); the fastest of them" if self.untrusted else "fastest"
+            answer = f"{self.where}: {fastest}{meeting} is {line_label(row)}, {row.median_ms:.3f} ms{rate}{self._sureness()}"
+            out.append(answer + self._speedups([row]) + ".")
+        if self.excluded:
+            out.append("Left out: " + "; ".join(f"{line_label(row)} ({why})" for row, why in self.excluded) + ".")
+        if self.skipped:
+            out.append(f"{len(self.skipped)} not run (the table says why).")
+        return out
+
+    def _sureness(self) -> str:
+        """How the answer beat the other candidates: ", faster than the 2 others with 95%
+        confidence (paired over 6 rounds)"; nothing when it had none to beat."""
+        ids = {id(row) for row in self.candidates}
+        against = [
+            estimate
+            for a, b, estimate in self.comparisons
+            if estimate is not None
+            and id(a) in ids
+            and id(b) in ids
+            and self.fastest in (a, b)
+            and (a is self.fastest or b is self.fastest)
+        ]
+        if not against:
+            return ""
+        paired = sorted(e.rounds for e in against if e.paired)
+        how = "by their own intervals"
+        if paired:
+            how = f"paired over {paired[0]} rounds" if paired[0] == paired[-1] else f"paired over {paired[0]}–{paired[-1]} rounds"
+            how += ", the rest by their own intervals" if len(paired) < len(against) else ""
+        count = "the other" if len(against) == 1 else f"the {len(against)} others"
+        return f", faster than {count} with 95% confidence ({how})"
+
+    def _speedups(self, group: list[ComparisonRow]) -> str:
+        if self.baseline is None:
+            return " — no baseline-toolchain row to compare with"
+        if len(group) == 1 and group[0] is self.baseline:
+            return " — the baseline toolchain itself"
+        estimates = [self.ratio(self.baseline, row) for row in group if row is not self.baseline]
+        base = f"{line_label(self.baseline)} ({self.baseline.median_ms:.3f} ms)"
+        if any(flag.startswith(LAUNCH_BOUND) for flag in self.baseline.flags):
+            # Its time is the host's speed (pipeline/report/rows.py): another run's speedup may differ.
+            base += f", {LAUNCH_BOUND}: the speedup follows the host's speed"
+        if any(e is None for e in estimates) or not estimates:
+            ratios = [self.baseline.median_ms / row.median_ms for row in group]
+            return f" — {min(ratios):.2f}×" + (f"–{max(ratios):.2f}×" if len(ratios) > 1 else "") + f" {base}"
+        if len(estimates) == 1:
+            return f" — {estimates[0].ratio:.2f}× {base}, {interval_words(estimates[0])}"
+        low, high = min(e.low for e in estimates), max(e.high for e in estimates)
+        return f" — {'both' if len(estimates) == 2 else 'all'} {low:.2f}–{high:.2f}× {base}"
+
+    def public(self) -> dict[str, Any]:
+        def named(row: ComparisonRow | None) -> dict[str, Any] | None:
+            if row is None:
+                return None
+            return {
+                "variant": row.variant,
+                "toolchain": row.toolchain,
+                "engine": row.engine,
+                "median_ms": row.median_ms,
+                "median_ci_ms": list(row.median_ci_ms) if row.median_ci_ms else None,
+                "rounds": row.rounds,
+                "tokens_per_s": row.tokens_per_s,
+            }
+
+        speedup = self.speedup_estimate
+        return {
+            "model": self.model,
+            "shape": self.shape,
+            "gpu_type": self.gpu_type,
+            "fastest": named(self.fastest),
+            "tied": [named(row) for row in self.tied],
+            "decided": self.fastest is not None and not self.tied,
+            "undecided": bool(self.tied) and self.undecided,
+            "tie_width": self.tie,
+            "baseline": named(self.baseline),
+            "speedup_over_baseline": self.speedup,
+            "speedup_interval": [speedup.low, speedup.high] if speedup else None,
+            "speedup_rounds": speedup.rounds if speedup else None,
+            "untrusted": self.untrusted,
+            "accuracy_floor": {
+                "thresholds": [
+                    {"metric": "cosine" if metric == "cos" else "top1", "min": value} for metric, value in self.floor.thresholds
+                ],
+                "source": self.floor.source if self.floor.thresholds else "each precision's own check",
+            },
+            "comparisons": [
+                {
+                    "a": named(a),
+                    "b": named(b),
+                    "ratio": estimate.ratio if estimate else None,
+                    "low": estimate.low if estimate else None,
+                    "high": estimate.high if estimate else None,
+                    "rounds": estimate.rounds if estimate else None,
+                    "paired": estimate.paired if estimate else False,
+                    "outcome": estimate.outcome if estimate else "ambiguous",
+                }
+                for a, b, estimate in self.comparisons
+            ],
+            "excluded": [{"variant": r.variant, "toolchain": r.toolchain, "why": why} for r, why in self.excluded],
+            "not_run": [{"variant": r.variant, "toolchain": r.toolchain, "why": r.status} for r in self.skipped],
+            "text": " ".join(self.sentences()),
+        }
+
+
+def verdicts(
+    rows: list[ComparisonRow], baseline_toolchain: str | None, floors: dict[str, AccuracyFloor] | None = None, tie: float = TIE
+) -> list[Verdict]:
+    """One verdict per model, shape point and GPU type, in the rows' order; each model's engines
+    held to its floor in ``floors`` (none there: each precision's own check), two engines whose
+    time ratio lies within 1 ± ``tie`` called the same."""
+    groups: dict[tuple[str, str | None, str | None], list[ComparisonRow]] = {}
+    for row in rows:
+        groups.setdefault((row.model, row.gpu_type, row.shape), []).append(row)
+    # An engine refused or skipped before any point (its build) belongs to each point of a model
+    # measured at several: said there, not as an answer of its own that no engine was measured.
+    for model, gpu_type, shape in list(groups):
+        points = [key for key in groups if key[:2] == (model, gpu_type) and key[2] is not None]
+        if shape is None and points:
+            for key in points:
+                groups[key].extend(groups[(model, gpu_type, None)])
+            del groups[(model, gpu_type, None)]
+    model_order = {model: index for index, model in enumerate(dict.fromkeys(r.model for r in rows))}
+    keys = sorted(groups, key=lambda k: (model_order[k[0]], k[1] or "", shape_order(k[2])))
+    out = []
+    for model, gpu_type, shape in keys:
+        group = groups[(model, gpu_type, shape)]
+        verdict = Verdict(model, shape, gpu_type, None, None, floor=(floors or {}).get(model, AccuracyFloor()), tie=tie)
+        candidates = []
+        for row in group:
+            why = exclusion(row, verdict.floor.thresholds)
+            if why is None:
+                candidates.append(row)
+            elif row.status.startswith("skipped"):
+                verdict.skipped.append(row)
+            else:
+                verdict.excluded.append((row, why))
+        if not candidates:
+            # Nothing clean: the accurate rows that only the measurement's conditions excluded.
+            candidates = [row for row, why in verdict.excluded if why.startswith(UNTRUSTED) or row.status.startswith("unstable")]
+            verdict.untrusted = bool(candidates)
+        if candidates:
+            _decide(verdict, candidates, group, baseline_toolchain)
+        out.append(verdict)
+    return out
+
+
+def _decide(verdict: Verdict, candidates: list[ComparisonRow], group: list[ComparisonRow], baseline_toolchain: str | None) -> None:
+    """The answer among the candidates: those no other candidate is faster than with confidence,
+    the fastest of them first and the rest tied with it; a slower engine is never named over one
+    that is faster with confidence.
+
+    It makes the comparisons that answer needs, not every pair, which made a compare of thousands
+    of engines at one point take minutes (scripts/benchmark_compare.py): the candidate of least
+    median against each other one — those it beats are out whatever else they meet — then, among
+    the rest ("close"), whether another beats each one: paired, pair by pair, where they were timed
+    together, and by their intervals where they were not (_beaten_apart, a sweep). The comparisons
+    kept for the report are the ones made pair by pair: for a point timed in one set of rounds,
+    every pair, as before."""
+    verdict.candidates = candidates
+    order = {id(row): index for index, row in enumerate(candidates)}
+    made: dict[tuple[int, int], tuple[ComparisonRow, ComparisonRow, RatioEstimate | None]] = {}
+
+    def compare(a: ComparisonRow, b: ComparisonRow) -> RatioEstimate | None:
+        """A's time over B's, each pair estimated once, kept in the candidates' order."""
+        first, second = (a, b) if order[id(a)] < order[id(b)] else (b, a)
+        key = (id(first), id(second))
+        if key not in made:
+            made[key] = (first, second, time_ratio(first, second, verdict.tie))
+        estimate = made[key][2]
+        return estimate if first is a or estimate is None else estimate.inverse()
+
+    least = min(candidates, key=lambda r: r.median_ms)
+    close = [row for row in candidates if row is least or _outcome(compare(least, row)) != "faster"]
+    beaten = _beaten_apart(close, verdict.tie)
+    # Engines timed in one set of rounds are compared pair by pair, all of them (a set is the
+    # engines of one point in one run: tens at most), so a point measured in one run keeps every
+    # pair in the report; only pairs of the close ones decide who is beaten.
+    in_close = {id(row) for row in close}
+    together: dict[str, list[ComparisonRow]] = {}
+    for row in candidates:
+        for set_of_rounds in row.round_medians:
+            together.setdefault(set_of_rounds, []).append(row)
+    for members in together.values():
+        for i, a in enumerate(members):
+            for b in members[i + 1 :]:
+                outcome = _outcome(compare(a, b))
+                if id(a) not in in_close or id(b) not in in_close:
+                    continue
+                if outcome == "faster":
+                    beaten.add(id(b))
+                elif outcome == "slower":
+                    beaten.add(id(a))
+    front = [row for row in close if id(row) not in beaten] or close
+    verdict.fastest = min(front, key=lambda r: r.median_ms)
+    verdict.tied = sorted((row for row in front if row is not verdict.fastest), key=lambda r: r.median_ms)
+    if verdict.fastest is not least:  # the answer's sureness is said against every other candidate
+        for row in candidates:
+            if row is not verdict.fastest:
+                compare(verdict.fastest, row)
+    verdict.undecided_among = _undecided([verdict.fastest, *verdict.tied], compare, verdict.tie)
+    bases = [r for r in group if r.toolchain == baseline_toolchain and r.median_ms is not None]
+    same = [r for r in bases if r.variant == verdict.fastest.variant]
+    verdict.baseline = (same or sorted(bases, key=lambda r: r.median_ms) or [None])[0]
+    verdict.comparisons = [made[key] for key in sorted(made, key=lambda key: (order[key[0]], order[key[1]]))]
+    if verdict.baseline is not None:  # the baseline itself may be no candidate (another variant, noisy)
+        for row in [verdict.fastest, *verdict.tied]:
+            if row is not verdict.baseline and not verdict.compared(verdict.baseline, row):
+                verdict.comparisons.append((verdict.baseline, row, time_ratio(verdict.baseline, row, verdict.tie)))
+
+
+# Of the rows whose intervals end lowest, how many _beaten_apart keeps at each step of its sweep.
+_LOWEST_KEPT = 4
+
+
+def _beaten_apart(rows: list[ComparisonRow], tie: float) -> set[int]:
+    """The ids of the rows another row is faster than with confidence by the two medians'
+    intervals, among rows not timed together (pipeline/stats.py: A/B lies in [A's low / B's high,
+    A's high / B's low], "faster" when that lies below 1 and reaches below the tie band).
+
+    In n log n, not n²: with the rows sorted by their interval's high end, those that can beat B
+    (high below B's low) are a prefix, and of them the one with the lowest low end beats B if any
+    does. Rows timed together with B are skipped here (their comparison is paired)."""
+    lowest, _ = tie_band(tie)
+    apart = sorted((row for row in rows if row.median_ci_ms is not None), key=lambda r: r.median_ci_ms[1])
+    highs = [row.median_ci_ms[1] for row in apart]
+    kept: list[list[ComparisonRow]] = []  # per prefix of `apart`: its rows of lowest low end, lowest first
+    for row in apart:
+        previous = kept[-1] if kept else []
+        kept.append(sorted([*previous, row], key=lambda r: r.median_ci_ms[0])[:_LOWEST_KEPT])
+    beaten = set()
+    for row in apart:
+        low, high = row.median_ci_ms
+        faster_end = bisect_left(highs, low)  # apart[:faster_end] end below this row's low
+        if faster_end == 0:
+            continue
+        rounds = set(row.round_medians)
+        timed_apart = [other for other in kept[faster_end - 1] if not rounds & set(other.round_medians)]
+        if not timed_apart and len(kept[faster_end - 1]) == _LOWEST_KEPT:  # each kept one was timed with it
+            timed_apart = sorted(
+                (other for other in apart[:faster_end] if not rounds & set(other.round_medians)), key=lambda r: r.median_ci_ms[0]
+            )
+        if timed_apart and high > 0 and timed_apart[0].median_ci_ms[0] / high < lowest:
+            beaten.add(id(row))
+    return beaten
+
+
+def _undecided(front: list[ComparisonRow], compare, tie: float) -> bool:
+    """Whether some two engines of the answer's group are not "the same" (within the tie band).
+    Rows timed apart whose intervals all lie within the band of each other are the same pairwise
+    (every ratio lies between the lowest low over the highest high and its inverse), without a
+    comparison each."""
+    if len(front) < 2:
+        return False
+    intervals = [row.median_ci_ms for row in front]
+    sets_of_rounds = [name for row in front for name in row.round_medians]
+    if all(intervals) and len(sets_of_rounds) == len(set(sets_of_rounds)):
+        lowest, highest = tie_band(tie)
+        low, high = min(i[0] for i in intervals), max(i[1] for i in intervals)
+        if high > 0 and low > 0 and lowest <= low / high and high / low <= highest:
+            return False
+    return any(_outcome(compare(a, b)) != "same" for i, a in enumerate(front) for b in front[i + 1 :])
+
+
+def _outcome(estimate: RatioEstimate | None) -> str:
+    return estimate.outcome if estimate is not None else "ambiguous"

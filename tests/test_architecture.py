@@ -1,0 +1,96 @@
+"""The house as its imports and sizes show it, held by CI: no module imports itself back through
+others (no circle), no module over 500 lines and no function over 100 — past that, a part of the
+code has become two things that want names of their own. (The layers themselves are import-linter's
+contracts in pyproject.toml, run by `make lint`.)"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import grimp
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "pipeline"
+MAX_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 100
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return grimp.build_graph("pipeline", include_external_packages=False)
+
+
+def circles(graph) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's algorithm): each is a circle
+    of imports, lazy ones inside functions included."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for imported in sorted(graph.find_modules_directly_imported_by(module)):
+            if imported not in index:
+                visit(imported)
+                low[module] = min(low[module], low[imported])
+            elif imported in on_stack:
+                low[module] = min(low[module], index[imported])
+        if low[module] == index[module]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == module:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for module in sorted(graph.modules):
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_no_module_imports_itself_back(graph):
+    assert circles(graph) == []
+
+
+def test_the_circle_finder_finds_a_circle():
+    class TwoModules:
+        modules = {"a", "b", "c"}
+
+        @staticmethod
+        def find_modules_directly_imported_by(module):
+            return {"a": {"b"}, "b": {"a", "c"}, "c": set()}[module]
+
+    assert circles(TwoModules) == [["a", "b"]]
+
+
+def test_the_profile_stage_records_what_the_measurement_of_its_point_gives_it(graph):
+    """The measurement of a shape point (stages/point.py) calls the profiles, never the reverse."""
+    assert "pipeline.stages.point" not in graph.find_modules_directly_imported_by("pipeline.stages.profile")
+
+
+def _sizes():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text()
+        functions = [
+            (node.name, node.end_lineno - node.lineno + 1)
+            for node in ast.walk(ast.parse(text))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        ]
+        yield path.relative_to(PACKAGE.parent), text.count("\n"), functions
+
+
+def test_no_module_is_over_500_lines_and_no_function_over_100():
+    too_long = [f"{path}: {lines} lines" for path, lines, _ in _sizes() if lines > MAX_MODULE_LINES]
+    too_long += [
+        f"{path}: {name}() {size} lines" for path, _, functions in _sizes() for name, size in functions if size > MAX_FUNCTION_LINES
+    ]
+    assert too_long == []
