@@ -12,7 +12,7 @@ mkdir -p "$out"
 cd "$(dirname "$0")/.."
 nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total --format=csv | tee "$out/gpu.txt"
 python3 -c "import torch, timm, onnx, onnxruntime; print('torch', torch.__version__, 'timm', timm.__version__, 'onnx', onnx.__version__, 'ort', onnxruntime.__version__)" | tee -a "$out/gpu.txt"
-python3 -m pytest -m gpu -v -p no:cacheprovider tests/test_quantize_gpu.py 2>&1 | tee "$out/gpu-tests.log"
+python3 -m pytest -m gpu -v -p no:cacheprovider tests/stages/test_quantize_gpu.py 2>&1 | tee "$out/gpu-tests.log"
 tests=${PIPESTATUS[0]}
 # All variants in one process, as `make engines` runs them; then each in a fresh process.
 variants="fp16 int8 fp8 mxfp8 nvfp4 nvfp4_sparse mxfp8_sparse"

@@ -14,8 +14,10 @@ from pipeline.cli import main
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+# Recorded tool output and fixtures, for the tests of every folder.
+DATA = Path(__file__).parent / "data"
 # Recorded trtexec output (tests/data/trtexec/README.md says where each file came from).
-SAMPLES = Path(__file__).parent / "data" / "trtexec"
+SAMPLES = DATA / "trtexec"
 
 # timm's `test_vit` (371k parameters, 160x160) keeps every export a real export that takes seconds.
 TINY_CATALOG = """

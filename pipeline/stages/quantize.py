@@ -369,7 +369,7 @@ def _export_int8(model, args: tuple, path, opset: int, input_names: list[str], d
     QuantizeLinear/DequantizeLinear) plus the clean-up steps below; its INT8 weight step is a no-op.
     Around them it serializes the graph to JSON, checks its size and infers shapes twice: most of
     the export of ViT-B, whose FP32 graph is 346 MB (20.9 s against 5-6 s this way, on the lent
-    H100's CPU). tests/test_quantize.py checks that both give the same graph, so a ModelOpt
+    H100's CPU). tests/stages/test_quantize.py checks that both give the same graph, so a ModelOpt
     release that changes its INT8 export shows up there.
     """
     import onnx
@@ -409,7 +409,7 @@ def shape_inference_without_weights():
     Inference copies the whole model through protobuf, and needs only the weights' shapes and types.
     ModelOpt's exporter runs it twice on the full graph: a third of an FP8 export of ViT-B (25 s
     against 16 s without, on a 2-core development machine). The result is the same model, byte
-    for byte (tests/test_quantize.py checks it). Small tensors keep their data: shape inference
+    for byte (tests/stages/test_quantize.py checks it). Small tensors keep their data: shape inference
     reads the values of shape constants.
     """
     import onnx.shape_inference

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import CPU_TOOLCHAINS, catalog_head, tiny_bert_catalog, write_catalog
-from tests.test_trtexec_command import help_flags
+from tests.trtexec.test_trtexec_command import help_flags
 
 pytest.importorskip("transformers", reason="the transformers family needs the transformers package (`make setup` installs it)")
 

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CPU_TOOLCHAINS, catalog_head, write_catalog
+from tests.conftest import CPU_TOOLCHAINS, DATA, REPO_ROOT, catalog_head, write_catalog
 
 pytest.importorskip("torch", reason="the python model family needs torch (`make setup` installs it)")
 
-MODELS = Path(__file__).parent / "data" / "python_models"
+MODELS = DATA / "python_models"
 
 CATALOG = (
     catalog_head(["mlp", "block"], ["fp32"])
@@ -170,7 +170,7 @@ def test_the_torch_toolchain_records_which_attention_kernel_pytorch_chose(measur
 def test_the_example_block_of_the_docs_runs_from_the_catalog(tmp_path, run_cli):
     """examples/my_block.py as docs/models.md shows it: exported, run on ONNX Runtime, class scores
     checked (top-1 agreement)."""
-    root = Path(__file__).parents[1]
+    root = REPO_ROOT
     text = CATALOG.replace(
         'python = "models-in/mlp.py:make"\nconfig = { features = 16, hidden = 32 }',
         'python = "examples/my_block.py:make"\naxes = ["batch", "sequence"]',
@@ -215,7 +215,7 @@ sdpa_backend = "flash"
 def test_attention_kernels_as_a_model_report_tflops_and_their_error_against_the_math_kernel(tmp_path, run_cli):
     """examples/flux_attention.py, shrunk to 2 heads of 8: each SDPA kernel a toolchain, its
     TFLOP/s from 4·b·h·S²·d and its error against the FP32 reference (the math kernel)."""
-    root = Path(__file__).parents[1]
+    root = REPO_ROOT
     catalog = write_catalog(tmp_path / "ws", FLUX)
     (tmp_path / "ws" / "examples").mkdir()
     shutil.copy(root / "examples" / "flux_attention.py", tmp_path / "ws" / "examples" / "flux_attention.py")
@@ -245,7 +245,7 @@ def test_a_toolchain_whose_kernel_pytorch_did_not_run_is_refused_not_mislabelled
     on a GPU): a refusal naming both, recorded for the point, never a time under flash's name."""
     from pipeline.runtimes import torch_preparing
 
-    root = Path(__file__).parents[1]
+    root = REPO_ROOT
     catalog = write_catalog(tmp_path / "ws", FLUX)
     (tmp_path / "ws" / "examples").mkdir()
     shutil.copy(root / "examples" / "flux_attention.py", tmp_path / "ws" / "examples" / "flux_attention.py")

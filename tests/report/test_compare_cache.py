@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.manifest import read_manifest
 from pipeline.report.row_cache import CACHE_NAME
-from tests.test_compare import trt_workspace  # noqa: F401  (the fixture)
+from tests.report.test_compare import trt_workspace  # noqa: F401  (the fixture)
 
 FORMATS = ("json", "md", "csv")
 

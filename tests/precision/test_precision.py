@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli.test_bad_input import _bullets, files_of, user_graph
 from tests.conftest import CPU_TOOLCHAINS, REPO_ROOT, catalog_head, render_in_chromium, write_catalog
-from tests.test_bad_input import _bullets, files_of, user_graph
 
 pytest.importorskip("modelopt", reason="quantization needs nvidia-modelopt (`make setup` installs it)")
 jsonschema = pytest.importorskip("jsonschema")

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO_ROOT, SAMPLES, write_catalog
-from tests.test_transformers import BERT_CATALOG, SHAPES
+from tests.models.test_transformers import BERT_CATALOG, SHAPES
 
 pytest.importorskip("transformers", reason="the transformers family needs the transformers package (`make setup` installs it)")
 

@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import CPU_TOOLCHAINS, catalog_head, write_catalog
+from tests.conftest import CPU_TOOLCHAINS, DATA, catalog_head, write_catalog
 
 pytest.importorskip("torch", reason="exporting needs torch (`make setup` installs it)")
 
-MODELS = Path(__file__).parent / "data" / "python_models"
+MODELS = DATA / "python_models"
 
 # One model of each exported family with a batch-1 point (and a sequence-1 one) beside a larger point.
 CATALOG = (

@@ -1,5 +1,5 @@
 """What `--cluster` does before and without a cluster: Ray stays out of the way, and Ray's failures
-read as the pipeline's own errors. (tests/test_cluster.py runs a real cluster.)"""
+read as the pipeline's own errors. (tests/cluster/test_cluster.py runs a real cluster.)"""
 
 from __future__ import annotations
 
