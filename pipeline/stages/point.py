@@ -25,6 +25,7 @@ the group they were measured in, so a report pairs them round by round.
 from __future__ import annotations
 
 import multiprocessing
+import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +57,9 @@ class Measured:
     rounds: list[RoundsRecord]
     accuracy: tuple[Any, str | None, Any]
     retaken: list[list[float]] = field(default_factory=list)
+    # The wall time the measurement took: the rounds' (shared with the point's other engines), or
+    # the tool's runs alone. What the profile's line reports, not the instant it took to record it.
+    seconds: float | None = None
 
 
 def profile_point(stages: list) -> dict[Any, StageRecord | PipelineError]:
@@ -169,7 +173,8 @@ def _in_rounds(stages: list) -> dict[Any, Measured | PipelineError]:
         except PipelineError as exc:
             out[stage] = exc
             continue
-        out[stage] = Measured(results, [watch.summary] * len(repeats), load_at_start, records, accuracy)
+        seconds = sum(record.elapsed_s for record in records)
+        out[stage] = Measured(results, [watch.summary] * len(repeats), load_at_start, records, accuracy, seconds=seconds)
     return out
 
 
@@ -189,8 +194,18 @@ def _tool_alone(stage) -> Measured:
     """``repeats`` whole runs of the tool, each watched (pipeline/machine_watch.py), taken again
     while their medians disagree by more than ``max_repeat_cv`` (at most ``retakes`` times); then
     the engine's accuracy on the reference batch."""
-    settings, reporter = stage.settings, stage.ctx.reporter
+    reporter = stage.ctx.reporter
     engine_path, workload = stage.engine_file(), stage.workload()
+    started = time.perf_counter()
+    with reporter.working("profile", stage.progress_label):
+        measured = _tool_runs(stage, engine_path, workload)
+        measured.accuracy = stage.check_accuracy(engine_path, workload)
+    measured.seconds = time.perf_counter() - started
+    return measured
+
+
+def _tool_runs(stage, engine_path: Path, workload) -> Measured:
+    settings, reporter = stage.settings, stage.ctx.reporter
     retaken: list[list[float]] = []
     load_at_start = machine_load()
     while True:
@@ -212,7 +227,7 @@ def _tool_alone(stage) -> Measured:
             f"{stage.engine.name}: the {len(medians)} measurements disagree (medians {min(medians):.3f}–{max(medians):.3f} ms, "
             f"CV {repeat_cv:.2%} > {settings.max_repeat_cv:.0%}): taking them again ({len(retaken)} of {settings.retakes})"
         )
-    return Measured(results, watched, load_at_start, [], stage.check_accuracy(engine_path, workload), retaken)
+    return Measured(results, watched, load_at_start, [], (None, None, None), retaken)
 
 
 # --- a repeat in a fresh process ---------------------------------------------------------------------

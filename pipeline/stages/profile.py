@@ -209,10 +209,8 @@ class ProfileStage(Stage):
         details.accuracy, details.accuracy_skipped = accuracy, accuracy_skipped
         sidecars = {**results[-1].sidecars, **(checked.sidecars if checked else {})}
         outputs = [self.ctx.workspace.artifact(role, path) for role, path in sidecars.items()]
-        shared = sum(record.elapsed_s for record in rounds) if rounds else None
-        return StageOutcome(
-            outputs=outputs, details=details, command=results[-1].command, note=self._note(details, measured), seconds=shared
-        )
+        note = self._note(details, measured)
+        return StageOutcome(outputs=outputs, details=details, command=results[-1].command, note=note, seconds=measured.seconds)
 
     def _warn(self, warnings: list[str], measured, repeat_cv: float | None, stable: bool) -> None:
         """What the tool, the machine and the measurements' agreement say against the figures."""

@@ -177,3 +177,27 @@ def test_a_trtexec_engine_alone_at_its_point_is_one_whole_trtexec_measurement(lo
     profile = read_manifest(catalog.parent / "manifests" / "local" / "tiny_fp32.json").profile
     assert profile.details.rounds == []
     assert "--warmUp=5" in profile.command and "--iterations=5" in profile.command and "--duration=0.05" in profile.command
+
+
+def test_a_tool_measured_alone_reports_the_time_its_runs_took(local_install, run_cli, monkeypatch):
+    """The measurement is made before the profile records it (pipeline/stages/point.py): the
+    profile's line says how long the tool's runs took, not the instant the recording did."""
+    import re
+    import time
+
+    from pipeline.runtimes.tensorrt import TrtexecRuntime
+
+    catalog = local_install("ok")
+    assert run_cli(catalog, "build", "--engine", "tiny_fp32", "--toolchain", "local").exit_code == 0
+    profile = TrtexecRuntime.profile
+
+    def slow(self, *args, **kwargs):
+        time.sleep(0.6)
+        return profile(self, *args, **kwargs)
+
+    monkeypatch.setattr(TrtexecRuntime, "profile", slow)
+    result = run_cli(catalog, "profile", "--engine", "tiny_fp32", "--toolchain", "local")
+    assert result.exit_code == 0, result.err
+    line = " ".join(next(line for line in result.err.splitlines() if line.startswith("profile ")).split())
+    assert line.startswith("profile tiny_fp32 on local done in ") and "of rounds" not in line, line
+    assert float(re.search(r"done in ([\d.]+)s", line).group(1)) >= 0.6, line
