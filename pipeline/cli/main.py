@@ -156,8 +156,6 @@ def _stage_command(
 ) -> list[str]:
     """Select, settle the toolchains, then print the work (--dry-run) or do it, one toolchain after
     the other (a failure in one does not stop the next); the toolchains' names."""
-    from pipeline.errors import EnvironmentMissing, PipelineError
-
     state.override(calib_dir, calib_samples, eval_dir, repeat)
     refs = state.catalog.select(engines, models, variants)
     chains = state.toolchains(toolchains, trts, archs)
@@ -171,28 +169,8 @@ def _stage_command(
             for line in describe(ctx, refs, chain, until):
                 click.echo(line)
         return chains
-    failed: list[tuple[str, PipelineError]] = []
     with state.holding_workspace(wait):
-        launcher = _launcher(state, cluster, gpu_types)
-        if not cluster:  # every toolchain at once: the engines of a shape point are timed together
-            launcher.run(ctx, refs, chains, until)
-            return chains
-        for chain in chains:
-            try:
-                launcher.run(ctx, refs, chain, until)
-            except PipelineError as exc:
-                if len(chains) == 1:
-                    raise
-                from pipeline.reporting import print_error
-
-                print_error(f"{chain}: {exc.message}", exc.hint)
-                failed.append((chain, exc))
-    if failed:
-        worst = EnvironmentMissing if all(isinstance(exc, EnvironmentMissing) for _, exc in failed) else PipelineError
-        raise worst(
-            f"{len(failed)} of {len(chains)} toolchains failed: {', '.join(chain for chain, _ in failed)}.",
-            hint="the errors above say why; what the others measured is kept",
-        )
+        _launcher(state, cluster, gpu_types).run(ctx, refs, chains, until)
     return chains
 
 

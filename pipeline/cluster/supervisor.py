@@ -37,8 +37,32 @@ class ClusterLauncher:
     gpu_types: tuple[str, ...] = ()
     verbose: bool = False
 
-    def run(self, ctx, engines, toolchain, until: str) -> RunSummary:
-        return run_on_cluster(ctx, self.address, engines, toolchain, until, self.gpu_types, self.verbose)
+    def run(self, ctx, engines, toolchains: list[str] | None, until: str) -> RunSummary:
+        """One cluster run per toolchain, one after the other: a failure in one does not stop the
+        next, and one error afterwards names the toolchains that failed."""
+        chains = toolchains or [None]
+        failed: list[tuple[str, PipelineError]] = []
+        summary = RunSummary()
+        for chain in chains:
+            try:
+                ran = run_on_cluster(ctx, self.address, engines, chain, until, self.gpu_types, self.verbose)
+            except PipelineError as exc:
+                if len(chains) == 1:
+                    raise
+                from pipeline.reporting import print_error
+
+                print_error(f"{chain}: {exc.message}", exc.hint)
+                failed.append((chain, exc))
+                continue
+            summary.succeeded += ran.succeeded
+            summary.failed += ran.failed
+        if failed:
+            worst = EnvironmentMissing if all(isinstance(exc, EnvironmentMissing) for _, exc in failed) else PipelineError
+            raise worst(
+                f"{len(failed)} of {len(chains)} toolchains failed: {', '.join(chain for chain, _ in failed)}.",
+                hint="the errors above say why; what the others measured is kept",
+            )
+        return summary
 
 
 def run_on_cluster(ctx, address: str, engines, toolchain, until: str, gpu_types: tuple[str, ...] = (), verbose: bool = False) -> RunSummary:

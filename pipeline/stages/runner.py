@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from pipeline.catalog import EngineRef
 from pipeline.errors import EnvironmentMissing, PipelineError
@@ -260,10 +261,18 @@ def _close_quietly(pool) -> None:
         pass
 
 
+class Launcher(Protocol):
+    """Where the stages run: in this process (LocalLauncher) or on Ray nodes
+    (pipeline/cluster/supervisor.py, ClusterLauncher). The command line chooses one and hands it
+    the selection; a stage never knows which ran it."""
+
+    def run(self, ctx: RunContext, engines: list[EngineRef], toolchains: list[str] | None, until: str) -> RunSummary:
+        """Every stage up to ``until`` of ``engines`` on ``toolchains`` (None: the export alone)."""
+
+
 class LocalLauncher:
-    """Runs the stages in this process (the cluster's launcher, pipeline/cluster/, runs the same
-    stages on Ray nodes); the command line chooses one, and a stage never knows which. Every
-    toolchain at once: the engines of a shape point are timed together."""
+    """Runs the stages in this process, every toolchain at once: the engines of a shape point are
+    timed together."""
 
     def run(self, ctx: RunContext, engines: list[EngineRef], toolchains: list[str] | None, until: str) -> RunSummary:
         return run_engines(ctx, engines, toolchains, until)
