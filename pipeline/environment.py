@@ -11,7 +11,7 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 
-from pipeline import __version__
+from pipeline import __version__, nvidia_smi
 from pipeline.errors import PipelineError
 from pipeline.manifest import Environment, GpuInfo
 
@@ -54,22 +54,8 @@ def cpu_name() -> str:
 @functools.lru_cache(maxsize=1)
 def nvidia_gpus() -> tuple[GpuInfo, ...]:
     """GPUs as nvidia-smi reports them; empty on machines without the NVIDIA driver."""
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return ()
-    try:
-        out = subprocess.run(
-            [smi, "--query-gpu=name,driver_version,compute_cap,memory.total", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return ()
     gpus = []
-    for line in out.strip().splitlines():
-        fields = [field.strip() for field in line.split(",")]
+    for fields in nvidia_smi.query("name,driver_version,compute_cap,memory.total"):
         if len(fields) < 4:
             continue
         name, driver, cc, memory = fields[:4]
@@ -116,16 +102,6 @@ def capture_environment(root: Path) -> Environment:
     )
 
 
-def _smi_rows(smi: str, query: str, what: str) -> list[list[str]]:
-    try:
-        out = subprocess.run([smi, f"--query-{what}={query}", "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.SubprocessError):
-        return []
-    if out.returncode != 0:
-        return []
-    return [[field.strip() for field in line.split(",")] for line in out.stdout.strip().splitlines() if line.strip()]
-
-
 def _number(text: str) -> float | None:
     try:
         return float(text)
@@ -142,8 +118,7 @@ def machine_load() -> dict:
         load["load_average"] = [round(value, 2) for value in os.getloadavg()]
     except OSError:  # not available on this platform
         pass
-    smi = shutil.which("nvidia-smi")
-    if not smi:
+    if not nvidia_smi.present():
         return load
     fields = "name,utilization.gpu,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,memory.used"
     load["gpus"] = [
@@ -156,12 +131,12 @@ def machine_load() -> dict:
             "temperature_c": _number(row[5]),
             "memory_used_mib": _number(row[6]),
         }
-        for row in _smi_rows(smi, fields, "gpu")
+        for row in nvidia_smi.query(fields)
         if len(row) >= 7
     ]
     load["gpu_processes"] = [
         {"pid": int(row[0]), "name": row[1], "used_memory_mib": _number(row[2])}
-        for row in _smi_rows(smi, "pid,process_name,used_memory", "compute-apps")
+        for row in nvidia_smi.query("pid,process_name,used_memory", "compute-apps")
         if len(row) >= 3 and row[0].isdigit() and int(row[0]) != os.getpid()
     ]
     return load

@@ -286,6 +286,7 @@ def probe(cluster: Cluster) -> None:
     from ray import cloudpickle
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+    from pipeline import nvidia_smi
     from pipeline.cluster import probe as probe_module
 
     if not cluster.nodes:
@@ -293,8 +294,10 @@ def probe(cluster: Cluster) -> None:
             f"the Ray cluster at {cluster.address} has no node that runs tasks (no CPUs or GPUs advertised).",
             hint="add a worker: `ray start --address HEAD:PORT` on a machine with the pipeline installed",
         )
-    # Sent by value: the probe answers even where the pipeline is not importable.
+    # Sent by value, with the nvidia-smi query it uses: the probe answers even where the pipeline
+    # is not importable.
     cloudpickle.register_pickle_by_value(probe_module)
+    cloudpickle.register_pickle_by_value(nvidia_smi)
     remote = ray.remote(num_cpus=0, max_retries=1)(probe_module.probe_node)
     refs = {
         node.node_id: remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False)).remote()

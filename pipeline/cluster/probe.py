@@ -2,18 +2,19 @@
 
 This module is sent to the nodes by value (``register_pickle_by_value``), not imported there, so it
 answers even on a node where the pipeline is not installed: that is exactly the node it must be
-able to name. It therefore uses the standard library only, inside the function.
+able to name. It therefore uses the standard library only, inside the function, and
+pipeline/nvidia_smi.py, sent by value with it.
 """
 
 from __future__ import annotations
+
+from pipeline import nvidia_smi
 
 
 def probe_node() -> dict:
     """The node's identity, the pipeline's version there and its GPUs (nvidia-smi)."""
     import os
     import platform
-    import shutil
-    import subprocess
     import sys
     from importlib import metadata
 
@@ -30,22 +31,11 @@ def probe_node() -> dict:
         node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
     except Exception:  # the probe must answer whatever else is wrong on the node
         node_id = None
-    gpus = []
-    smi = shutil.which("nvidia-smi")
-    if smi:
-        try:
-            out = subprocess.run(
-                [smi, "--query-gpu=name,compute_cap,driver_version", "--format=csv,noheader"],
-                capture_output=True,
-                text=True,
-                timeout=20,
-            ).stdout
-            for line in out.strip().splitlines():
-                fields = [field.strip() for field in line.split(",")]
-                if len(fields) >= 3:
-                    gpus.append({"name": fields[0], "compute_capability": fields[1], "driver": fields[2]})
-        except (OSError, subprocess.SubprocessError):
-            pass
+    gpus = [
+        {"name": fields[0], "compute_capability": fields[1], "driver": fields[2]}
+        for fields in nvidia_smi.query("name,compute_cap,driver_version")
+        if len(fields) >= 3
+    ]
     # The package the tasks will import (installed, or on PYTHONPATH): its own version, or None.
     try:
         import importlib.util

@@ -3,6 +3,7 @@ read as the pipeline's own errors. (tests/cluster/test_cluster.py runs a real cl
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -214,3 +215,37 @@ def test_a_server_that_speaks_http2_passes_the_check():
         _check_reachable(listener.address)  # no error: Ray (gRPC) is what answers like this
     finally:
         listener.close()
+
+
+def test_the_probe_answers_on_a_node_without_the_product(tmp_path):
+    """The probe goes to the nodes by value, with the nvidia-smi query it uses
+    (pipeline/nvidia_smi.py): unpickled where `import pipeline` fails, it still says what the node
+    has, and that the product is missing there."""
+    pytest.importorskip("ray", reason="the probe is sent with Ray's cloudpickle (the cluster extra)")
+    from ray import cloudpickle
+
+    from pipeline import nvidia_smi
+    from pipeline.cluster import probe
+
+    for module in (probe, nvidia_smi):
+        cloudpickle.register_pickle_by_value(module)
+    try:
+        (tmp_path / "probe.pickle").write_bytes(cloudpickle.dumps(probe.probe_node))
+    finally:
+        for module in (probe, nvidia_smi):
+            cloudpickle.unregister_pickle_by_value(module)
+    elsewhere = (
+        "import json, pickle, sys\n"
+        "sys.modules['pipeline'] = None  # `import pipeline` fails, as on a node without it\n"
+        "answer = pickle.loads(open(sys.argv[1], 'rb').read())()\n"
+        "print(json.dumps(answer))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", elsewhere, str(tmp_path / "probe.pickle")], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    from pipeline.environment import nvidia_gpus
+
+    assert answer["pipeline"] is None and answer["hostname"] and answer["cpu_count"] >= 1
+    assert [(gpu["name"], gpu["compute_capability"]) for gpu in answer["gpus"]] == [
+        (gpu.name, gpu.compute_capability) for gpu in nvidia_gpus()
+    ]
