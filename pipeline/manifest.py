@@ -20,8 +20,13 @@ from pipeline.errors import PipelineError
 from pipeline.measurement import RoundsRecord
 from pipeline.stats import LatencyStats
 
-# Bump when a field changes meaning or a reader would misread an old file.
-SCHEMA_VERSION = 1
+# Bump when a field changes meaning or a reader would misread an old file. 2: the core schema
+# names no tool — a runtime's own evidence sits beside the core fields under its own keys, in the
+# model its runtime owns; the facts reports read from it (the GPU's memory, the per-layer times)
+# are core fields (docs/outputs.md says what changed).
+SCHEMA_VERSION = 2
+# Versions read: a version-1 manifest is lifted to 2 as it is read (_from_version_1).
+READS = (1, 2)
 
 
 class _Model(BaseModel):
@@ -138,23 +143,46 @@ class ExportDetails(_Model):
     timings_s: dict[str, float] = {}
 
 
+class LayerTime(_Model):
+    """One layer of a per-layer profile, whichever tool made it: its time over the profiled runs,
+    per run (the median where the tool gives it), and its share of the whole."""
+
+    name: str
+    total_ms: float
+    average_ms: float
+    median_ms: float | None = None
+    percent: float
+
+
+# A runtime's own evidence (trtexec's log and exports, a compiler's facts, how PyTorch ran) sits
+# beside a build's or profile's core fields under its own keys, checked on writing against the
+# model its runtime module owns (EngineRuntime.Evidence); the core and the reports read none of it.
+_WITH_TOOL_EVIDENCE = ConfigDict(extra="allow")
+# Those keys, as the runtimes' registry tells them (pipeline.runtimes.load_catalog): on reading, a
+# key in a build's or profile's details that neither the core nor any runtime names was written by
+# a newer version. None until told: every key is taken.
+_tool_evidence_keys: frozenset[str] | None = None
+
+
+def know_tool_evidence(keys) -> None:
+    """The keys runtimes keep their own evidence under (every EngineRuntime.Evidence's fields)."""
+    global _tool_evidence_keys
+    _tool_evidence_keys = frozenset(keys)
+
+
 class BuildDetails(_Model):
+    model_config = _WITH_TOOL_EVIDENCE
     kind: Literal["build"] = "build"
     runtime: str
     runtime_version: str
     settings: dict[str, Any] = {}
     notes: list[str] = []
-    # TensorRT builds: where they ran and what trtexec reported.
-    image: str | None = None
-    image_digest: str | None = None
-    trtexec: dict[str, Any] | None = None
-    # Compilers driven through their API (TensorRT-RTX): release, targets, build time, what the
-    # log said (errors, warnings, parser errors by node).
-    compiler: dict[str, Any] | None = None
+    # Layers whose precision differs from the variant's (a TensorRT build's layer information).
     precision_audit: dict[str, Any] | None = None
 
 
 class ProfileDetails(_Model):
+    model_config = _WITH_TOOL_EVIDENCE
     kind: Literal["profile"] = "profile"
     settings: ProfileSettings
     batch_size: int
@@ -205,12 +233,12 @@ class ProfileDetails(_Model):
     # spin_wait (trtexec; the same meaning on every release). Rows compared side by side that were
     # measured under different settings are flagged by `pipeline compare`.
     measured_with: dict[str, bool] = {}
-    image: str | None = None
-    image_digest: str | None = None
-    trtexec: dict[str, Any] | None = None
-    # How a runtime in this process ran it (PyTorch: backend, versions, compile and prepare
-    # time, the GPU memory its weights and one inference take).
-    execution: dict[str, Any] | None = None
+    # The GPU memory the engine ran in, where its runtime says, and what that counts ("peak
+    # allocated by PyTorch", "TensorRT execution context").
+    gpu_memory_mib: float | None = None
+    gpu_memory_counts: str | None = None
+    # Per-layer times, where the runtime profiles layers (a separate run after the timed ones).
+    layer_times: list[LayerTime] = []
     # The engine's own outputs on the reference batch against the FP32 model's (AccuracyFigures),
     # or why they were not checked.
     accuracy: dict[str, Any] | None = None
@@ -303,11 +331,19 @@ def parse_manifest(text: str, source: str) -> EngineManifest:
             f"manifest {source} is not JSON: {exc}.", hint="delete it and re-run the stage that wrote it (`--force`)"
         ) from exc
     version = raw.get("schema_version") if isinstance(raw, dict) else None
-    if version != SCHEMA_VERSION:
+    if isinstance(version, int) and version > SCHEMA_VERSION:
         raise PipelineError(
-            f"manifest {source} has schema_version {version!r}; this pipeline reads {SCHEMA_VERSION}.",
+            f"manifest {source} has schema_version {version}: it was written by a newer version (this one reads "
+            f"{' and '.join(map(str, READS))}).",
+            hint="upgrade this checkout (git pull; make setup) to read it, or compare against results written by this version",
+        )
+    if version not in READS:
+        raise PipelineError(
+            f"manifest {source} has schema_version {version!r}; this pipeline reads {' and '.join(map(str, READS))}.",
             hint="re-run the stages with --force to rewrite it",
         )
+    if version == 1:
+        raw = _from_version_1(raw)
     try:
         manifest = EngineManifest.model_validate(raw)
     except ValidationError as exc:
@@ -326,9 +362,28 @@ def parse_manifest(text: str, source: str) -> EngineManifest:
             f"manifest {source} does not match the schema: {first['msg']} at {_where(first['loc'])}.",
             hint="delete it and re-run the stage that wrote it (`--force`)",
         ) from exc
+    unknown = _unknown_evidence(manifest)
+    if unknown:
+        raise PipelineError(
+            f"manifest {source} has field(s) this version of the pipeline does not know: {', '.join(unknown[:5])}; "
+            "it was written by a newer version.",
+            hint="upgrade this checkout (git pull; make setup) to read it, or compare against results written by this version",
+        )
     _check_named_for(manifest, source)
     manifest._source = source
     return manifest
+
+
+def _unknown_evidence(manifest: EngineManifest) -> list[str]:
+    """The keys of a build's or profile's details that no runtime names (none until told)."""
+    if _tool_evidence_keys is None:
+        return []
+    unknown = []
+    for name in ("build", "profile"):
+        record = getattr(manifest, name)
+        extra = (record.details.model_extra or {}) if record is not None and record.details is not None else {}
+        unknown += [f"{name}.details.{key}" for key in extra if key not in _tool_evidence_keys]
+    return unknown
 
 
 def _check_named_for(manifest: EngineManifest, source: str) -> None:
@@ -366,3 +421,44 @@ def _where(loc: tuple) -> str:
 
 def manifest_json_schema() -> dict:
     return EngineManifest.model_json_schema()
+
+
+def _from_version_1(raw: dict) -> dict:
+    """A version-1 manifest as version 2 says it. Version 1 kept the GPU's name and memory and the
+    per-layer times only inside the tools' own records, under keys it named (``trtexec``,
+    ``execution``); they are lifted into the core fields once, here, and the records stay as they
+    were, as the tools' own evidence."""
+    raw = {**raw, "schema_version": SCHEMA_VERSION}
+    record = raw.get("profile")
+    details = record.get("details") if isinstance(record, dict) else None
+    if isinstance(details, dict) and details.get("kind") == "profile":
+        raw["profile"] = {**record, "details": _profile_facts_of_version_1(details)}
+    return raw
+
+
+def _profile_facts_of_version_1(details: dict) -> dict:
+    trtexec, execution = details.get("trtexec") or {}, details.get("execution") or {}
+    details = dict(details)
+    if details.get("gpu") is None and (trtexec.get("device") or {}).get("name"):
+        details["gpu"] = trtexec["device"]["name"]
+    allocated = (execution.get("peak_memory_mib") or {}).get("allocated")
+    context = (trtexec.get("facts") or {}).get("device_memory_size")
+    if allocated is not None:
+        details["gpu_memory_mib"], details["gpu_memory_counts"] = float(allocated), "peak allocated by PyTorch"
+    elif context:
+        number, _, unit = context.partition(" ")
+        scale = {"MiB": 1.0, "KiB": 1 / 1024, "GiB": 1024.0, "B": 1 / 2**20}.get(unit.strip())
+        if scale is not None:
+            details["gpu_memory_mib"], details["gpu_memory_counts"] = float(number) * scale, "TensorRT execution context"
+    layers = (trtexec.get("exported_profile") or {}).get("layers") or (trtexec.get("profile") or {}).get("layers") or []
+    details["layer_times"] = [
+        {
+            "name": layer["name"],
+            "total_ms": layer.get("total_ms", layer.get("time_ms", 0.0)),
+            "average_ms": layer["average_ms"],
+            "median_ms": layer.get("median_ms"),
+            "percent": layer.get("percent", 0.0),
+        }
+        for layer in layers
+    ]
+    return details

@@ -342,7 +342,7 @@ def main() -> int:
                 ratio = details.latency_ms.median / reference
                 within = abs(ratio - 1.0) <= args.tolerance
                 failed |= not within
-                execution = details.execution or {}
+                execution = getattr(details, "execution", None) or {}
                 entry.update(
                     product_median_ms=round(details.latency_ms.median, 4),
                     repeat_medians_ms=details.repeat_medians_ms,

@@ -160,7 +160,7 @@ def main() -> int:
                 "repeats_pooled": details.repeats_pooled,
                 "stable": details.stable,
                 "runs_pooled": details.iterations,
-                "host_latency_ms": (details.execution or {}).get("host_latency_ms"),
+                "host_latency_ms": (getattr(details, "execution", None) or {}).get("host_latency_ms"),
                 "independent_ms": [round(v, 4) for v in independent],
                 "independent_median_ms": round(reference, 4),
                 "ratio": round(ratio, 4),

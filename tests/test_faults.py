@@ -57,6 +57,16 @@ def test_a_baseline_written_by_a_newer_version_says_so(recorded_workspace, run_c
     assert "Traceback" not in result.err
 
 
+def test_a_baseline_of_a_newer_schema_version_says_so(recorded_workspace, run_cli, tmp_path):
+    baseline = tmp_path / "baseline"
+    shutil.copytree(recorded_workspace / "manifests", baseline)
+    edit_manifest(baseline / "onnxruntime" / "vit_tiny_int8.json", lambda d: d.update(schema_version=3))
+    result = run_cli(recorded_workspace / "pipeline.toml", "compare", "--baseline", str(baseline))
+    assert result.exit_code == 1, result.err
+    assert "vit_tiny_int8.json has schema_version 3: it was written by a newer version (this one reads 1 and 2)" in result.err
+    assert "upgrade this checkout" in result.err and "Traceback" not in result.err
+
+
 def test_a_baseline_from_git_written_by_a_newer_version_names_the_ref_and_file(recorded_workspace, run_cli):
     def git(*args):
         subprocess.run(["git", *args], cwd=recorded_workspace, check=True, capture_output=True)

@@ -273,7 +273,7 @@ def _row(m: EngineManifest, noisy_cv: float) -> ComparisonRow:
                 f"(CV {d.repeat_cv:.1%} > {d.settings.max_repeat_cv:.0%}){retakes}"
             )
         row.device = d.device
-        row.gpu = d.gpu or ((d.trtexec or {}).get("device", {}).get("name") if d.trtexec else None)
+        row.gpu = d.gpu
         row.batch_size = d.batch_size
         row.median_ms = d.latency_ms.median
         row.p5_ms, row.p95_ms = _percentiles(d.per_iteration_ms, (5, 95))
@@ -323,23 +323,14 @@ def _take_rounds(row: ComparisonRow, records) -> None:
 
 def _gpu_memory(details) -> tuple[float | None, str | None]:
     """(MiB, what it counts) from what the profile recorded, or (None, None)."""
-    peak = (details.execution or {}).get("peak_memory_mib") or {}
-    if peak.get("allocated") is not None:
-        return float(peak["allocated"]), "peak allocated by PyTorch"
-    text = ((details.trtexec or {}).get("facts") or {}).get("device_memory_size")
-    if text:
-        number, _, unit = text.partition(" ")
-        scale = {"MiB": 1.0, "KiB": 1 / 1024, "GiB": 1024.0, "B": 1 / 2**20}.get(unit.strip())
-        if scale is not None:
-            return float(number) * scale, "TensorRT execution context"
-    return None, None
+    return details.gpu_memory_mib, details.gpu_memory_counts
 
 
 def attach_timings(row: ComparisonRow, m: EngineManifest) -> None:
     """The row's per-iteration and per-layer times, from its manifest (a cached row has neither)."""
     if m.profile is not None and m.profile.status == "done" and m.profile.details is not None:
         row.samples_ms = list(m.profile.details.per_iteration_ms)
-        row.layers = _layer_times(m.profile.details.trtexec)
+        row.layers = [(layer.name, layer.average_ms) for layer in m.profile.details.layer_times]
 
 
 def _percentiles(values: list[float], percents: tuple[float, ...]) -> tuple[float, ...]:
@@ -367,16 +358,6 @@ def _add_roofline(row: ComparisonRow, flops_by_model: dict[tuple[str, int], floa
         row.achieved_tflops = flops / (row.median_ms / 1000.0) / 1e12
         peak = peak_tflops(row.gpu, row.precision)
         row.peak_fraction = row.achieved_tflops / peak if peak else None
-
-
-def _layer_times(trtexec: dict | None) -> list[tuple[str, float]]:
-    if not trtexec:
-        return []
-    profile = trtexec.get("exported_profile") or {}
-    layers = [(entry["name"], entry["average_ms"]) for entry in profile.get("layers", [])]
-    if not layers:
-        layers = [(entry["name"], entry["average_ms"]) for entry in ((trtexec.get("profile") or {}).get("layers") or [])]
-    return layers
 
 
 # (row, its baseline row, the field of row that says whether they differ beyond the noise)

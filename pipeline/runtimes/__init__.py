@@ -15,6 +15,7 @@ from pathlib import Path
 from pipeline.catalog import Catalog
 from pipeline.catalog_file import read_catalog
 from pipeline.errors import EnvironmentMissing
+from pipeline.manifest import know_tool_evidence
 from pipeline.models import spec_class as model_spec_class
 from pipeline.runtimes.base import EngineRuntime
 
@@ -49,7 +50,9 @@ def spec_class(kind: str | None):
 
 def load_catalog(path: Path | None = None) -> Catalog:
     """The catalog at ``path`` (default: pipeline.toml found from here up), every toolchain table
-    validated against the settings of its kind and every model table against its family's."""
+    validated against the settings of its kind and every model table against its family's. The
+    manifests read after it know every runtime's evidence keys."""
+    know_tool_evidence(key for cls in runtime_classes() for key in cls.Evidence.model_fields)
     return read_catalog(path, spec_class, model_spec_class)
 
 

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from pydantic import BaseModel, ConfigDict
+
 from pipeline.accuracy import ReferenceBatch
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
 from pipeline.measurement import PreparedEngine
@@ -127,6 +129,22 @@ class ToolchainStatus:
     pin: str | None = None
 
 
+class NoEvidence(BaseModel):
+    """The evidence of a runtime that records none of its own: every fact it gives is a core field."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+def checked_evidence(runtime: EngineRuntime, evidence: dict[str, Any], details: type[BaseModel]) -> dict[str, Any]:
+    """``evidence`` for a build's or profile's details (``details``, pipeline/manifest.py): what
+    the core schema names as it is, the rest — the runtime's own — checked against the model its
+    runtime owns (EngineRuntime.Evidence) and kept as that model writes it. A key the runtime's
+    model does not name is an error in the runtime, not a new field in the manifest."""
+    core = {key: value for key, value in evidence.items() if key in details.model_fields}
+    own = {key: value for key, value in evidence.items() if key not in details.model_fields}
+    return {**core, **runtime.Evidence.model_validate(own).model_dump(mode="json", exclude_unset=True)}
+
+
 class EngineRuntime(ABC):
     """One toolchain's way of turning ONNX into something that runs, and of timing it."""
 
@@ -134,6 +152,9 @@ class EngineRuntime(ABC):
     kind: ClassVar[str]
     #: The catalog settings of this kind.
     Spec: ClassVar[type[ToolchainSpec]]
+    #: Its own record of a build or a profile, kept in the manifest beside the core fields under
+    #: the model's keys (checked_evidence); the core and the reports never read it.
+    Evidence: ClassVar[type[BaseModel]] = NoEvidence
     #: File suffix of the engines it writes.
     engine_suffix: ClassVar[str]
     #: Where a cluster run places this kind's work (pipeline/cluster/scheduler.py): "gpu" — built

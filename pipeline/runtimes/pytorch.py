@@ -34,7 +34,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import model_validator
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from pipeline.accuracy import ReferenceBatch
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
@@ -98,11 +98,22 @@ class TorchSpec(ToolchainSpec):
         return self
 
 
+class TorchEvidence(BaseModel):
+    """What PyTorch leaves beside the core facts: at the build, the compiler's facts (versions,
+    compile time, graph breaks, Inductor's cache, the compilation ahead at each point); at the
+    profile, how it ran (backend, mode, device, TF32, attention, prepare time, peak memory)."""
+
+    model_config = ConfigDict(extra="forbid")
+    compiler: dict[str, Any] | None = None
+    execution: dict[str, Any] | None = None
+
+
 class TorchRuntime(InProcessRuntime):
     kind = "torch"
     # Engines are made from the PyTorch model: a model the exporter refused still runs here.
     reads_onnx = False
     Spec = TorchSpec
+    Evidence = TorchEvidence
     engine_suffix = ".pt"
 
     def __init__(self, *args, **kwargs):

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.accuracy import ReferenceBatch, parse_accuracy_lines, read_trtexec_outputs
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
@@ -64,8 +64,32 @@ class Execution:
     image_digest: str | None = None
 
 
+class TrtexecEvidence(BaseModel):
+    """What a trtexec run leaves beside the core facts: the image it ran in (trtexec-container)
+    and what trtexec printed and exported, parsed (pipeline/trtexec: the log, its exported times,
+    the per-layer profile)."""
+
+    model_config = ConfigDict(extra="forbid")
+    image: str | None = None
+    image_digest: str | None = None
+    trtexec: dict[str, Any] | None = None
+
+
+def context_memory_mib(text: str | None) -> float | None:
+    """trtexec's "Created execution context with device memory size: 12.5 MiB", in MiB."""
+    if not text:
+        return None
+    number, _, unit = text.partition(" ")
+    scale = {"MiB": 1.0, "KiB": 1 / 1024, "GiB": 1024.0, "B": 1 / 2**20}.get(unit.strip())
+    try:
+        return float(number) * scale if scale is not None else None
+    except ValueError:
+        return None
+
+
 class TrtexecRuntime(EngineRuntime):
     engine_suffix = ".engine"
+    Evidence = TrtexecEvidence
 
     @property
     def version(self) -> str:
@@ -224,6 +248,8 @@ class TrtexecRuntime(EngineRuntime):
         if layer_profile is not None:
             sidecars["layer_profile"] = profile_path
         device = log.device.name or "GPU"
+        memory = context_memory_mib(log.facts.get("device_memory_size"))
+        layers = layer_profile.layers if layer_profile is not None else (log.profile.layers if log.profile else [])
         return ProfileResult(
             per_iteration_ms=times.compute_ms,
             total_walltime_s=log.total_host_walltime_s or 0.0,
@@ -236,6 +262,9 @@ class TrtexecRuntime(EngineRuntime):
             evidence={
                 "gpu": log.device.name,
                 "measured_with": self._profile_command(engine_path, settings, times_path, profile_path, shapes).settings_in_force(),
+                **({"gpu_memory_mib": memory, "gpu_memory_counts": "TensorRT execution context"} if memory is not None else {}),
+                # A take without the layer profile leaves the one an earlier take made (ToolTakes).
+                **({"layer_times": [layer.model_dump() for layer in layers]} if with_layers else {}),
                 "image": execution.image,
                 "image_digest": execution.image_digest,
                 "trtexec": {

@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.accuracy import ReferenceBatch
 from pipeline.artifacts import atomic_write_text
@@ -84,9 +84,19 @@ def normalise_arch(name: str) -> str:
     return arch
 
 
+class TensorRtRtxEvidence(BaseModel):
+    """What the TensorRT-RTX driver leaves beside the core facts: the compiler's release, targets,
+    build time and log (errors, warnings, parser errors by node); at the profile, the device, the
+    CUDA graph, the tensors and the per-layer profile as the driver reported them."""
+
+    model_config = ConfigDict(extra="forbid")
+    compiler: dict[str, Any] | None = None
+
+
 class TensorRtRtxRuntime(EngineRuntime):
     kind = "tensorrt-rtx"
     Spec = TensorRtRtxSpec
+    Evidence = TensorRtRtxEvidence
     engine_suffix = ".engine"
     placement = "ahead-of-time"
 
@@ -426,6 +436,9 @@ class TensorRtRtxRuntime(EngineRuntime):
             metric="GPU compute time (CUDA events" + (", graph replay)" if result.get("cuda_graph") else ")"),
             warnings=warnings + result.get("warnings", []),
             evidence={
+                "gpu": device.get("name"),
+                # A take without the layer profile leaves the one an earlier take made (ToolTakes).
+                **({"layer_times": _layer_times(layer_profile)} if layer_profile_runs else {}),
                 "compiler": {
                     "release": result.get("release"),
                     "device": device,
@@ -434,7 +447,7 @@ class TensorRtRtxRuntime(EngineRuntime):
                     "runtime_cache_loaded": result.get("runtime_cache_loaded", False),
                     # A take without the layer profile leaves the one an earlier take made (ToolTakes).
                     **({"layer_profile": layer_profile} if layer_profile_runs else {}),
-                }
+                },
             },
         )
 
@@ -469,3 +482,11 @@ def tidy(message: str) -> str:
     text = re.sub(r"\s*In \w+ at /_src/\S+\)?", "", text)
     text = re.sub(r"\[[\w.]+:\d+: \w+\] ", "", text)
     return text.rstrip(" )") + (")" if text.count("(") > text.count(")") else "")
+
+
+def _layer_times(layer_profile: dict | None) -> list[dict[str, Any]]:
+    """The driver's per-layer profile (IProfiler's times over its runs) as the core's layer times."""
+    return [
+        {"name": layer["name"], "total_ms": layer["time_ms"], "average_ms": layer["average_ms"], "percent": layer["percent"]}
+        for layer in (layer_profile or {}).get("layers", [])
+    ]

@@ -138,7 +138,7 @@ class Prepared:
             "device": f"torch {execution.get('backend')} on {gpu or 'CPU'}",
             "metric": self.timing,
             "warnings": warnings,
-            "evidence": {"gpu": gpu, "execution": execution, "measured_with": measured_with},
+            "evidence": {"gpu": gpu, "execution": execution, "measured_with": measured_with, **_memory(execution)},
         }
 
     def infer(self, values: tuple):
@@ -249,3 +249,9 @@ def host_latency(torch, run: Callable[[], Any]) -> dict[str, Any]:
         times_ms.append((time.perf_counter_ns() - t0) / 1e6)
     stats = LatencyStats.from_values(times_ms)
     return {"median_ms": round(stats.median, 4), "mean_ms": round(stats.mean, 4), "p99_ms": round(stats.p99, 4), "runs": stats.count}
+
+
+def _memory(execution: dict[str, Any]) -> dict[str, Any]:
+    """The profile's GPU memory (a core fact) from what the preparation measured, where it did."""
+    allocated = (execution.get("peak_memory_mib") or {}).get("allocated")
+    return {} if allocated is None else {"gpu_memory_mib": float(allocated), "gpu_memory_counts": "peak allocated by PyTorch"}

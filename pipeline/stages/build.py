@@ -9,6 +9,7 @@ from pipeline.artifacts import atomic_output, storage_shortfall
 from pipeline.errors import PipelineError, RefusedByTool
 from pipeline.manifest import Artifact, BuildDetails, StageRecord, read_manifest
 from pipeline.runtimes import get_runtime
+from pipeline.runtimes.base import checked_evidence
 from pipeline.stages.base import Stage, StageOutcome
 
 
@@ -171,8 +172,9 @@ class BuildStage(Stage):
         if record is None or record.details is None:
             return
         details = record.details
-        updates = {key: merge_evidence({key: getattr(details, key)}, {key: facts})[key] for key, facts in evidence.items()}
-        record = record.model_copy(update={"details": details.model_copy(update=updates)})
+        updates = {key: merge_evidence({key: getattr(details, key, None)}, {key: facts})[key] for key, facts in evidence.items()}
+        details = BuildDetails.model_validate({**details.model_dump(mode="json"), **checked_evidence(self.runtime, updates, BuildDetails)})
+        record = record.model_copy(update={"details": details})
         manifest.model_copy(update={"build": record}).write(self.manifest_path())
 
     def point_workloads(self) -> list:
@@ -196,7 +198,7 @@ class BuildStage(Stage):
             runtime_version=self.runtime.version,
             settings=result.settings,
             notes=result.notes,
-            **result.evidence,
+            **checked_evidence(self.runtime, result.evidence, BuildDetails),
         )
         return StageOutcome(outputs=outputs, details=details, command=result.command)
 

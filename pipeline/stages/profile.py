@@ -12,6 +12,7 @@ from pipeline.errors import PipelineError, RefusedByTool
 from pipeline.machine_watch import verdict
 from pipeline.manifest import Artifact, ProfileDetails, StageRecord, read_manifest
 from pipeline.runtimes import get_runtime
+from pipeline.runtimes.base import checked_evidence
 from pipeline.stages.base import Stage, StageOutcome
 from pipeline.stats import LatencyStats
 
@@ -203,7 +204,7 @@ class ProfileStage(Stage):
             # number taken on a busy machine shows it.
             machine_load={"start": measured.load_at_start, "end": machine_load(), "during": measured.watched},
             warnings=warnings,
-            **results[-1].evidence,
+            **checked_evidence(self.runtime, results[-1].evidence, ProfileDetails),
         )
         accuracy, accuracy_skipped, checked = measured.accuracy
         details.accuracy, details.accuracy_skipped = accuracy, accuracy_skipped

@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from pipeline.errors import PipelineError
+from pipeline.manifest import LayerTime
 from pipeline.stats import LatencyStats
 from pipeline.trtexec.text import read_text
 
@@ -34,19 +35,11 @@ class IterationTimes(BaseModel):
     enqueue: LatencyStats | None = None
 
 
-class ProfiledLayer(BaseModel):
-    name: str
-    time_ms: float
-    average_ms: float
-    median_ms: float | None = None
-    percent: float
-
-
 class ExportedProfile(BaseModel):
     """--exportProfile: per-layer times over `iterations` runs."""
 
     iterations: int | None
-    layers: list[ProfiledLayer]
+    layers: list[LayerTime]
     # The file was cut off: the layers before the cut were read; the last one read is named.
     truncated: bool = False
 
@@ -120,9 +113,9 @@ def read_profile(path: Path) -> ExportedProfile:
             iterations = int(record["count"])
         elif "name" in record:
             layers.append(
-                ProfiledLayer(
+                LayerTime(
                     name=str(record["name"]),
-                    time_ms=float(record.get("timeMs", 0.0)),
+                    total_ms=float(record.get("timeMs", 0.0)),
                     average_ms=float(record.get("averageMs", 0.0)),
                     median_ms=float(record["medianMs"]) if "medianMs" in record else None,
                     percent=float(record.get("percentage", 0.0)),

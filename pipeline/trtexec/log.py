@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 from pipeline.errors import PipelineError
+from pipeline.manifest import LayerTime
 from pipeline.trtexec.command_shapes import read_command_shapes
 from pipeline.trtexec.log_lines import BANNER, PREFIX, trtexec_lines
 from pipeline.trtexec.log_records import (
@@ -20,7 +21,6 @@ from pipeline.trtexec.log_records import (
     TOTAL_FIELDS,
     DeviceInfo,
     LayerProfile,
-    LayerTime,
     PerformanceSummary,
     ProfileShapes,
     SummaryFigures,

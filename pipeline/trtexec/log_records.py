@@ -9,6 +9,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, computed_field
 
+from pipeline.manifest import LayerTime
+
 # Performance-summary labels → the names used in JSON. Every other label is kept under its own.
 SUMMARY_FIELDS = {
     "Latency": "latency_ms",
@@ -59,14 +61,6 @@ class TraceAverage(BaseModel):
     gpu_ms: float
     host_ms: float
     enqueue_ms: float | None = None
-
-
-class LayerTime(BaseModel):
-    name: str
-    total_ms: float
-    average_ms: float
-    median_ms: float | None = None
-    percent: float
 
 
 class LayerProfile(BaseModel):

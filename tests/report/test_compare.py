@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from pipeline.manifest import Artifact, BuildDetails, EngineManifest, Environment, ExportDetails, ProfileDetails, StageRecord, read_manifest
+from pipeline.runtimes.tensorrt import context_memory_mib
 from pipeline.stats import LatencyStats
 from pipeline.trtexec.layers import read_layer_info
 from pipeline.trtexec.log import read_log
@@ -43,7 +44,8 @@ def _record(stage, details, outputs=(), duration=1.0):
 
 
 def trt_manifest(toolchain: str, variant: str, scale: float = 1.0) -> EngineManifest:
-    """A manifest as the pipeline writes it, from a recorded trtexec log.
+    """A manifest as the pipeline writes it, from a recorded trtexec log (the core facts as the
+    trtexec runtime derives them, its own evidence beside them).
 
     The per-iteration samples are the log's trace lines (GPU latency averaged over 10 runs each),
     the only per-iteration data the recorded logs hold.
@@ -71,7 +73,9 @@ def trt_manifest(toolchain: str, variant: str, scale: float = 1.0) -> EngineMani
         profile=_record("profile", ProfileDetails(
             settings={"warmup_ms": 200, "iterations": 10, "duration_s": 3}, batch_size=2, device=f"TensorRT on {log.device.name}",
             metric="GPU compute time", iterations=stats.count, total_walltime_s=log.total_host_walltime_s, latency_ms=stats,
-            throughput_qps=log.throughput_qps, images_per_s=log.throughput_qps * 2, per_iteration_ms=samples, trtexec=trtexec)),
+            throughput_qps=log.throughput_qps, images_per_s=log.throughput_qps * 2, per_iteration_ms=samples, trtexec=trtexec,
+            gpu=log.device.name, gpu_memory_mib=context_memory_mib(log.facts.get("device_memory_size")),
+            gpu_memory_counts="TensorRT execution context", layer_times=profiled.profile.layers)),
     )  # fmt: skip
 
 

@@ -47,7 +47,7 @@ def test_export_profile():
     assert len(profile.layers) == 14
     first = profile.layers[0]
     assert first.name.startswith("Reformatting CopyNode for Input Tensor 0 to /features/features.0/Conv")
-    assert (first.time_ms, first.average_ms, first.median_ms, first.percent) == (135.153, 0.00926341, 0.009216, 1.76725)
+    assert (first.total_ms, first.average_ms, first.median_ms, first.percent) == (135.153, 0.00926341, 0.009216, 1.76725)
 
 
 @pytest.mark.parametrize("path, layers", [(LAYERS_104, 14), (LAYERS_1016, 9)], ids=["10.4", "10.16"])
