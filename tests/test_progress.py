@@ -105,11 +105,12 @@ def test_a_run_reports_calibration_batches_export_parts_and_measurements(tmp_pat
     assert "calibrating" not in result.err and "round 1" not in result.err
 
 
-def test_in_a_real_terminal_the_spinner_shows_the_rounds(tmp_path):
-    catalog = write_catalog(tmp_path / "ws", TINY_CATALOG.replace("take_ms = 5", "take_ms = 400"))
+def in_a_terminal(catalog, *args: str) -> str:
+    """The command run in a pseudo-terminal, as a user at a terminal sees it: its screen's text,
+    without the terminal's control sequences."""
     leader, follower = pty.openpty()
     process = subprocess.Popen(
-        [sys.executable, "-m", "pipeline.cli", "--catalog", str(catalog), "run", "--variant", "fp32"],
+        [sys.executable, "-m", "pipeline.cli", "--catalog", str(catalog), *args],
         stdin=follower,
         stdout=follower,
         stderr=follower,
@@ -134,9 +135,32 @@ def test_in_a_real_terminal_the_spinner_shows_the_rounds(tmp_path):
             break
     os.close(leader)
     assert process.wait(timeout=60) == 0, screen.decode(errors="replace")
-    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.decode(errors="replace"))
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.decode(errors="replace"))
+
+
+def test_in_a_real_terminal_the_spinner_shows_the_rounds(tmp_path):
+    catalog = write_catalog(tmp_path / "ws", TINY_CATALOG.replace("take_ms = 5", "take_ms = 400"))
+    text = in_a_terminal(catalog, "run", "--variant", "fp32")
     assert re.search(r"profile tiny \(1 engine in rounds\) … 1 engine\(s\) in rounds: round \d+ \(\d+ of at most 30 s\)", text), text
     assert "profile  tiny_fp32" in text and "done in" in text  # the stage's own line, as when piped
+
+
+def test_in_a_real_terminal_every_line_names_the_engine_the_toolchain_and_the_point(tmp_path):
+    """The lines the piped test below reads, as a terminal shows them once the spinner is gone."""
+    from tests.conftest import CPU_TOOLCHAINS, tiny_bert_catalog
+
+    pytest.importorskip("transformers", reason="bert is a transformers model")
+    catalog = write_catalog(tmp_path / "ws", tiny_bert_catalog(["2x8", "3x16"], ["fp32"], ["fp32"]) + CPU_TOOLCHAINS)
+    text = in_a_terminal(catalog, "run", "--engine", "bert_fp32", "--toolchain", "onnxruntime", "--toolchain", "torch-eager")
+    said = [" ".join(line.split()) for line in text.splitlines()]
+    for toolchain in ("onnxruntime", "torch-eager"):
+        assert any(line.startswith(f"build bert_fp32 on {toolchain} done in") for line in said), text
+        for point in ("2x8", "3x16"):
+            assert any(
+                re.match(rf"profile bert_fp32 on {toolchain} at {point} done in [\d.]+s of rounds: .* rounds beside 1 other engine", line)
+                for line in said
+            ), text
+    assert sum(line.startswith("export bert_fp32 done in") for line in said) == 1, text
 
 
 def test_every_line_names_the_engine_the_toolchain_and_the_point(tmp_path, run_cli):
