@@ -10,6 +10,7 @@ import shutil
 import subprocess
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from pipeline import __version__, nvidia_smi
 from pipeline.errors import PipelineError
@@ -68,6 +69,23 @@ def nvidia_gpus() -> tuple[GpuInfo, ...]:
             )
         )
     return tuple(gpus)
+
+
+def measuring_gpu() -> dict[str, Any] | None:
+    """The GPU this process measures on, as nvidia-smi numbers it ({"index", "uuid", "name"}): the
+    first that CUDA_VISIBLE_DEVICES names (by index or UUID), else GPU 0; None where no GPU is
+    visible or the one named is not a whole GPU nvidia-smi lists (a MIG instance)."""
+    rows = [row for row in nvidia_smi.query("index,uuid,name") if len(row) >= 3]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        first = visible.split(",")[0].strip()
+        rows = [
+            row for row in rows if first and (row[0] == first or row[1] == first or (first.startswith("GPU-") and row[1].startswith(first)))
+        ]
+    if not rows or not rows[0][0].isdigit():
+        return None
+    index, uuid, name = rows[0][:3]
+    return {"index": int(index), "uuid": uuid, "name": name}
 
 
 @functools.lru_cache(maxsize=4)

@@ -229,6 +229,9 @@ class ProfileDetails(_Model):
     warnings: list[str] = []
     # The GPU it was timed on, by name, when the runtime knows it (for the roofline's peaks).
     gpu: str | None = None
+    # Which GPU of the machine the shape point was measured on, as nvidia-smi numbers it: index,
+    # UUID and name (the first CUDA_VISIBLE_DEVICES names); None without a GPU.
+    gpu_device: dict[str, Any] | None = None
     # What the timing included, where the runtime has such settings: cuda_graph, data_transfers,
     # spin_wait (trtexec; the same meaning on every release). Rows compared side by side that were
     # measured under different settings are flagged by `pipeline compare`.

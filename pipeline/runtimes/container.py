@@ -157,7 +157,7 @@ class DockerRunner:
         if image_obj is None:
             raise EnvironmentMissing(f"image {image} is not on this machine.", hint="`pipeline toolchains pull` fetches it")
         volumes = {str(m.host): {"bind": m.container, "mode": "ro" if m.read_only else "rw"} for m in mounts}
-        device_requests = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None
+        device_requests = [gpu_request(docker)] if gpus else None
         container = None
         chunks: list[str] = []
         try:
@@ -246,3 +246,13 @@ def nvidia_runtime(info: dict) -> str | None:
 def _is_timeout(exc: Exception) -> bool:
     name = type(exc).__name__
     return "Timeout" in name or "ConnectionError" in name
+
+
+def gpu_request(docker):
+    """The GPUs a container gets: those CUDA_VISIBLE_DEVICES names on this machine (by index or
+    UUID), so that inside it GPU 0 is the one this run measures on, as for every other runtime;
+    every GPU where it names none."""
+    visible = [device.strip() for device in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if device.strip()]
+    if visible:
+        return docker.types.DeviceRequest(device_ids=visible, capabilities=[["gpu"]])
+    return docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])

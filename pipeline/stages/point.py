@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.environment import machine_load, running_on
+from pipeline.environment import machine_load, measuring_gpu, running_on
 from pipeline.errors import EnvironmentMissing, PipelineError
 from pipeline.machine_watch import MachineWatch
 from pipeline.manifest import StageRecord
@@ -57,6 +57,8 @@ class Measured:
     rounds: list[RoundsRecord]
     accuracy: tuple[Any, str | None, Any]
     retaken: list[list[float]] = field(default_factory=list)
+    # The GPU the point was measured on (environment.measuring_gpu), None without one.
+    gpu_device: dict[str, Any] | None = None
     # The wall time the measurement took: the rounds' (shared with the point's other engines), or
     # the tool's runs alone. What the profile's line reports, not the instant it took to record it.
     seconds: float | None = None
@@ -124,7 +126,7 @@ def _in_rounds(stages: list) -> dict[Any, Measured | PipelineError]:
     reporter = ctx.reporter
     out: dict[Any, Measured | PipelineError] = {}
     engines, prepared = {}, {}
-    load_at_start = machine_load()
+    load_at_start, gpu_device = machine_load(), measuring_gpu()
     label = f"{stages[0].engine.model}{f' at {stages[0].shape}' if stages[0].shape else ''}"
     with reporter.working("profile", f"{label} ({len(stages)} engine{'s' if len(stages) > 1 else ''} in rounds)"):
         for stage in stages:
@@ -174,7 +176,8 @@ def _in_rounds(stages: list) -> dict[Any, Measured | PipelineError]:
             out[stage] = exc
             continue
         seconds = sum(record.elapsed_s for record in records)
-        out[stage] = Measured(results, [watch.summary] * len(repeats), load_at_start, records, accuracy, seconds=seconds)
+        watched = [watch.summary] * len(repeats)
+        out[stage] = Measured(results, watched, load_at_start, records, accuracy, gpu_device=gpu_device, seconds=seconds)
     return out
 
 
@@ -201,6 +204,7 @@ def _tool_alone(stage) -> Measured:
         measured = _tool_runs(stage, engine_path, workload)
         measured.accuracy = stage.check_accuracy(engine_path, workload)
     measured.seconds = time.perf_counter() - started
+    measured.gpu_device = measuring_gpu()
     return measured
 
 
