@@ -46,6 +46,9 @@ from pipeline.catalog import ProfileSettings
 from pipeline.errors import PipelineError
 from pipeline.stats import RatioEstimate, at_band_edge, median, paired_ratio
 
+# The timing of an engine whose runs are timed by the host's clock (on the CPU, or a runtime that
+# cannot time on the GPU).
+HOST_LATENCY = "host latency"
 # A take is dropped when the GPU's SM clock fell below this share of its default clock.
 THROTTLE_THRESHOLD = 0.75
 # How often the SM clock is read while a take runs.
@@ -65,7 +68,7 @@ class PreparedEngine(Protocol):
     """An engine ready to run in this process (loaded, compiled, captured, warmed): what a
     runtime's ``prepare`` hands to the protocol."""
 
-    #: What one time is: "GPU time (CUDA events)" or "host latency".
+    #: What one time is: "GPU time (CUDA events)" or "host latency" (HOST_LATENCY).
     timing: str
 
     def take(self, runs: int, min_ms: float) -> list[float]:
@@ -77,6 +80,8 @@ class PreparedEngine(Protocol):
 
     # Optional: ``warm()``, one untimed run before the first round, once every engine of the point
     # is prepared (preparing one may disturb another: a compiler's cache reset);
+    # ``on_gpu``, whether its takes run on the GPU (absent: all but those timed by the host's
+    # clock), whose SM clock is then read to drop throttled takes;
     # ``clock_while_busy`` True where a take is mostly not the GPU's work (a tool's process
     # starting), so its SM clock is read only while the GPU is busy; and ``issue_ms``, the host's
     # time to issue the last take's untimed run (cuda_take), kept with the take.
@@ -151,18 +156,36 @@ def _issued(torch, run: Callable[[], Any]) -> tuple[float, float]:
 # --- the GPU's clock -------------------------------------------------------------------------------
 
 
-class SmClock:
-    """The SM clock of the GPU engines run on (the first CUDA device NVML lists), and its default
-    clock; ``available`` False without NVML or a GPU."""
+def _nvml_handle(pynvml, gpu_uuid: str | None):
+    if not gpu_uuid:
+        return pynvml.nvmlDeviceGetHandleByIndex(0)
+    try:
+        return pynvml.nvmlDeviceGetHandleByUUID(gpu_uuid)
+    except Exception:  # releases of nvidia-ml-py that take the UUID as bytes only
+        return pynvml.nvmlDeviceGetHandleByUUID(gpu_uuid.encode())
 
-    def __init__(self):
+
+def _on_gpu(engine: PreparedEngine) -> bool:
+    """Whether a take of ``engine`` is the GPU's work, so that the GPU's SM clock says whether it
+    throttled: an engine says so (``on_gpu``), else one timed by the host's clock runs on the CPU —
+    beside an idle GPU, whose low clock says nothing of it."""
+    return getattr(engine, "on_gpu", engine.timing != HOST_LATENCY)
+
+
+class SmClock:
+    """The SM clock of the GPU engines run on — the one of UUID ``gpu_uuid`` (the GPU the point is
+    measured on: environment.measuring_gpu), else the first NVML lists — and its default clock;
+    ``available`` False without NVML or a GPU. NVML numbers every GPU of the machine whatever
+    CUDA_VISIBLE_DEVICES says, so a run told to use GPU 1 would otherwise read GPU 0's clock."""
+
+    def __init__(self, gpu_uuid: str | None = None):
         self.available, self.default_mhz = False, None
         try:
             import pynvml
 
             pynvml.nvmlInit()
             self.nvml = pynvml
-            self.handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+            self.handle = _nvml_handle(pynvml, gpu_uuid)
             try:
                 self.default_mhz = float(pynvml.nvmlDeviceGetDefaultApplicationsClock(self.handle, pynvml.NVML_CLOCK_SM))
             except Exception:  # not every GPU has application clocks
@@ -358,7 +381,7 @@ def measure_in_rounds(
         rng.shuffle(order)
         for position, key in enumerate(order):
             try:
-                if clock is not None:
+                if clock is not None and _on_gpu(engines[key]):
                     busy_only = getattr(engines[key], "clock_while_busy", False)
                     measured, mhz = clock.during(lambda key=key: engines[key].take(settings.take_runs, settings.take_ms), busy_only)
                 else:

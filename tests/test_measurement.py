@@ -240,8 +240,13 @@ def test_a_tools_take_reads_the_clock_only_while_the_gpu_is_busy(monkeypatch):
     assert never is None  # nothing to judge by: the take is kept, not dropped
 
 
+def on_the_gpu(engine):
+    engine.on_gpu = True
+    return engine
+
+
 def test_a_take_whose_gpu_throttled_is_dropped_and_counted():
-    engines = {"a": Scripted(1.0, host_of_two_speeds), "b": Scripted(2.0, host_of_two_speeds)}
+    engines = {"a": on_the_gpu(Scripted(1.0, host_of_two_speeds)), "b": on_the_gpu(Scripted(2.0, host_of_two_speeds))}
     done = measure_in_rounds(engines, settings(), seed=2, clock=Clock({1, 2}, engines=2))
     dropped = [t for t in done.takes["a"] if t.dropped]
     assert [t.round for t in dropped] == [1, 2]
@@ -250,6 +255,16 @@ def test_a_take_whose_gpu_throttled_is_dropped_and_counted():
     kept = [t for t in done.takes["a"] if not t.dropped]
     assert len(done.times_ms["a"]) == sum(t.runs for t in kept)  # throttled runs never enter the figures
     assert done.rounds == 8  # two more rounds for the six the decision needs
+
+
+def test_an_engine_on_the_cpu_is_not_judged_by_an_idle_gpus_clock():
+    """ONNX Runtime's CPU provider on a GPU machine: the GPU idles at a low clock meanwhile, which
+    says nothing of the CPU's takes (every one of them was dropped as throttled on an H200)."""
+    engines = {"a": Scripted(1.0, host_of_two_speeds), "b": Scripted(2.0, host_of_two_speeds)}
+    clock = Clock(set(range(100)), engines=2)  # the GPU's clock low all along
+    done = measure_in_rounds(engines, settings(), seed=2, clock=clock)
+    assert clock.takes == 0 and not any(take.dropped for takes in done.takes.values() for take in takes)
+    assert all(take.sm_clock_mhz is None for takes in done.takes.values() for take in takes)
 
 
 @pytest.mark.parametrize("key, value", [("take_ms", 0), ("take_ms", -5), ("take_ms", 1e9), ("budget_s", 0), ("budget_s", 1e7)])

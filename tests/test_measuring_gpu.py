@@ -57,11 +57,10 @@ def test_every_profile_of_a_point_names_the_gpu_it_was_measured_on(two_gpus, mon
         assert details["gpu_device"] == {"index": 1, "uuid": "GPU-bbbb2222-0000", "name": "NVIDIA H100 80GB HBM3"}
 
 
-@pytest.mark.parametrize(
-    ("visible", "request_ids", "count"), [("1", ["1"], 0), ("GPU-bbbb,0", ["GPU-bbbb", "0"], 0), (None, [], -1)]
-)
+@pytest.mark.parametrize(("visible", "request_ids", "count"), [("1", ["1"], 0), ("GPU-bbbb,0", ["GPU-bbbb", "0"], 0), (None, [], -1)])
 def test_a_trtexec_container_gets_the_gpus_this_run_sees(monkeypatch, visible, request_ids, count):
-    docker = pytest.importorskip("docker", reason="the trtexec-container toolchain runs through the Docker SDK")
+    pytest.importorskip("docker.types", reason="the trtexec-container toolchain runs through the Docker SDK")
+    import docker
     from pipeline.runtimes.container import gpu_request
 
     if visible is None:

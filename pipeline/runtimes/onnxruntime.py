@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pipeline.accuracy import ReferenceBatch
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
 from pipeline.errors import PipelineError, require_module, tool_message
-from pipeline.measurement import host_take
+from pipeline.measurement import HOST_LATENCY, host_take
 from pipeline.models import ModelSource
 from pipeline.runtimes.base import BuildResult, InProcessRuntime, ReferenceRun, ToolchainStatus, rounds_words
 
@@ -194,10 +194,12 @@ class OrtEngine:
     """An ONNX Runtime session and its inputs, ready for takes (pipeline/measurement.py): each run
     is one ``session.run``, timed by the host's clock."""
 
-    timing = "host latency"
+    timing = HOST_LATENCY
 
     def __init__(self, session, feeds: dict[str, Any]):
         self.session, self.feeds = session, feeds
+        # On the GPU with the CUDA provider (onnxruntime-gpu): its takes are then judged by the GPU's clock.
+        self.on_gpu = session.get_providers()[0] != "CPUExecutionProvider"
 
     def take(self, runs: int, min_ms: float) -> list[float]:
         return host_take(lambda: self.session.run(None, self.feeds), runs, min_ms)

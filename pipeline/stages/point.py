@@ -148,7 +148,8 @@ def _in_rounds(stages: list) -> dict[Any, Measured | PipelineError]:
             return out
         reporter.step(f"{len(engines)} engine(s) in rounds")
         with MachineWatch() as watch, running_on(settings.host_cpus):
-            outcome = measure_in_rounds(engines, settings, point_seed(stages), reporter.progress, SmClock())
+            clock = SmClock(gpu_device["uuid"] if gpu_device else None)
+            outcome = measure_in_rounds(engines, settings, point_seed(stages), reporter.progress, clock)
         if outcome.stop == "budget":  # once for the point: the engines' manifests say so each (rounds[].stop)
             reporter.warn(f"{label}: {undecided_words(outcome)}")
         repeats = [(outcome, None)]
@@ -289,7 +290,8 @@ def _fresh_process(send, catalog, members: list[tuple[str, str, Path, Any]], set
                 if toolchain not in runtimes:
                     runtimes[toolchain] = create_runtime(toolchain, catalog.toolchain(toolchain), reporter, catalog.root)
                 engines[name] = runtimes[toolchain].prepare(engine_path, workload)
-            outcome = measure_in_rounds(engines, settings, seed, None, SmClock())
+            gpu = measuring_gpu()
+            outcome = measure_in_rounds(engines, settings, seed, None, SmClock(gpu["uuid"] if gpu else None))
         evidence = {name: engine.evidence() for name, engine in engines.items() if name not in outcome.failed}
         outcome.errors = {name: error.plain() for name, error in outcome.errors.items()}
         send.send(("ok", (outcome, evidence)))
