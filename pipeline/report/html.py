@@ -218,7 +218,7 @@ def _sweep_section(answer: Answer, sweep) -> list[str]:
         f"<h3>{html.escape(answer.sweep_title(sweep)).replace('(* the verdict', '(bold: the verdict').replace(', = not told', ', underlined: not told')}</h3>",
         f'<table class="sweep"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>',
     ]
-    crossovers = sweep.crossovers()
+    crossovers = sweep.notes()
     if crossovers:
         parts.append('<ul class="crossovers">' + "".join(f"<li>{html.escape(text)}</li>" for text in crossovers) + "</ul>")
     image = _sweep_curves(sweep)

@@ -32,6 +32,8 @@ class ComparisonRow:
     shape: str | None = None
     device: str | None = None
     gpu: str | None = None
+    # Which GPU of its machine it was measured on (index, uuid, name), where the manifest says.
+    gpu_device: dict[str, Any] | None = None
     batch_size: int | None = None
     median_ms: float | None = None
     # The 95 % interval of the median: the sign-test interval of the per-round take medians for an
@@ -274,6 +276,7 @@ def _row(m: EngineManifest, noisy_cv: float) -> ComparisonRow:
             )
         row.device = d.device
         row.gpu = d.gpu
+        row.gpu_device = dict(d.gpu_device) if d.gpu_device else None
         row.batch_size = d.batch_size
         row.median_ms = d.latency_ms.median
         row.p5_ms, row.p95_ms = _percentiles(d.per_iteration_ms, (5, 95))

@@ -11,7 +11,7 @@ from typing import Any
 
 from pipeline.report.confidence import time_ratio
 from pipeline.report.rows import ComparisonRow, shape_order
-from pipeline.report.verdict import TIE, Verdict, times
+from pipeline.report.verdict import TIE, Verdict, gpu_words, measured_on, times
 from pipeline.stats import RatioEstimate
 
 METRICS = ("ms", "tokens", "memory")
@@ -120,7 +120,24 @@ class Sweep:
                 for (variant, target), points in self.lines.items()
             ],
             "crossovers": self.crossovers(),
+            "gpus": [
+                {**device, "points": sorted({row.shape for row in rows}, key=shape_order)}
+                for device, rows in measured_on([row for points in self.lines.values() for row in points.values()]).values()
+            ],
         }
+
+    def notes(self) -> list[str]:
+        """What the sweep's table is read with: its crossovers, and the GPUs its points were
+        measured on where they were more than one."""
+        gpus = measured_on([row for points in self.lines.values() for row in points.values()])
+        if len(gpus) <= 1:
+            return self.crossovers()
+        where = "; ".join(
+            f"{gpu_words(device)} at {', '.join(times(shape) for shape in sorted({row.shape for row in rows}, key=shape_order))}"
+            for device, rows in gpus.values()
+        )
+        kind = f" of type {self.gpu_type}" if self.gpu_type else ""
+        return [*self.crossovers(), f"{self.model}'s points were measured on {len(gpus)} GPUs{kind}: {where}."]
 
 
 def short_status(status: str) -> str:

@@ -378,8 +378,9 @@ def _cell(column: Column, row: ComparisonRow, notes: _Notes | None) -> str:
 # The version of `compare --format json` (docs/reports.md, docs/compare.schema.json): 1 was a
 # list of rows; 2 the object {verdicts, sweeps, rows}, without this key; 3 adds it, and the
 # verdict's tie, speedup interval and every comparison with its outcome; 4 each row's error
-# against the FP32 reference (max and mean absolute, MSE).
-JSON_SCHEMA_VERSION = 5
+# against the FP32 reference (max and mean absolute, MSE); 5 the comparisons the answer was decided
+# on; 6 each row's gpu_device and each sweep's gpus.
+JSON_SCHEMA_VERSION = 6
 
 
 def render_json(rows: list[ComparisonRow], answer: Answer | None = None) -> str:
@@ -446,7 +447,7 @@ class Answer:
             out.append((join(headers), "bold"))
             out.append(("─" * (sum(widths) + len(GAP) * (len(widths) - 1)), None))
             out += [(join(row), None) for row in cells]
-            for sentence in sweep.crossovers():
+            for sentence in sweep.notes():
                 out += [(line, "dim") for line in (_wrap(sentence, width, indent="    ") if width else [sentence])]
             out.append(("", None))
         return out
@@ -464,7 +465,7 @@ class Answer:
             out.append("|" + "|".join("---" for _ in headers) + "|")
             out += ["| " + " | ".join(cell.replace("|", "\\|").replace("*", "\\*") for cell in row) + " |" for row in cells]
             out.append("")
-            out += [f"- {sentence}" for sentence in sweep.crossovers()]
+            out += [f"- {sentence}" for sentence in sweep.notes()]
             out.append("")
         return "\n".join(out) + ("\n" if out else "")
 

@@ -34,6 +34,21 @@ TIE = 0.03
 INACCURATE = "inaccurate"
 
 
+def measured_on(rows: list[ComparisonRow]) -> dict[str, tuple[dict[str, Any], list[ComparisonRow]]]:
+    """The GPUs ``rows`` were measured on, by UUID, in nvidia-smi's order: (the device, its rows),
+    where manifests say."""
+    found: dict[str, tuple[dict[str, Any], list[ComparisonRow]]] = {}
+    for row in rows:
+        if row.gpu_device and row.gpu_device.get("uuid"):
+            found.setdefault(row.gpu_device["uuid"], (row.gpu_device, []))[1].append(row)
+    return dict(sorted(found.items(), key=lambda item: (item[1][0].get("index", 0), item[0])))
+
+
+def gpu_words(device: dict[str, Any]) -> str:
+    """ "GPU 1 (GPU-bbbb2222…)": the index nvidia-smi gives it, and enough of its UUID to tell it."""
+    return f"GPU {device.get('index', '?')} ({str(device.get('uuid', ''))[:12]}…)"
+
+
 def times(shape: str | None) -> str:
     return shape.replace("x", "×") if shape else ""
 
@@ -171,6 +186,13 @@ class Verdict:
             fastest = "no measurement can be trusted (below); the fastest of them" if self.untrusted else "fastest"
             answer = f"{self.where}: {fastest}{meeting} is {line_label(row)}, {row.median_ms:.3f} ms{rate}{self._sureness()}"
             out.append(answer + self._speedups([row]) + ".")
+        gpus = measured_on([*self.candidates, *(row for row, _ in self.excluded)])
+        if len(gpus) > 1:
+            where = "; ".join(f"{gpu_words(device)}: {', '.join(line_label(r) for r in rows)}" for device, rows in gpus.values())
+            out.append(
+                f"Its engines were measured on {len(gpus)} GPUs ({where}), not in one set of rounds: "
+                "they are compared by their own intervals, unpaired."
+            )
         if self.excluded:
             out.append("Left out: " + "; ".join(f"{line_label(row)} ({why})" for row, why in self.excluded) + ".")
         if self.skipped:

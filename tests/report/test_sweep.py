@@ -605,3 +605,36 @@ def test_a_point_timed_in_one_set_of_rounds_keeps_every_pair_in_the_report():
     assert verdict.fastest is rows[0]
     pairs = [(a.toolchain, b.toolchain) for a, b, _ in verdict.comparisons]
     assert pairs == [(f"t{i}", f"t{j}") for i in range(5) for j in range(i + 1, 5)]
+
+
+GPU_0 = {"index": 0, "uuid": "GPU-aaaa1111-0000", "name": "NVIDIA H100 80GB HBM3"}
+GPU_1 = {"index": 1, "uuid": "GPU-bbbb2222-0000", "name": "NVIDIA H100 80GB HBM3"}
+
+
+def test_points_and_engines_measured_on_different_gpus_are_said_to_be_so():
+    """Two GPUs of one type: the sweep names which GPU measured which point, and a point whose
+    engines were measured on different GPUs says its comparisons there are unpaired."""
+    rows = [
+        _row("torch-eager", "2x512", 20.0, gpu_device=GPU_0),
+        _row("inductor", "2x512", 5.0, gpu_device=GPU_0),
+        _row("torch-eager", "2x2048", 80.0, gpu_device=GPU_1),
+        _row("inductor", "2x2048", 20.0, gpu_device=GPU_0),
+    ]
+    at_512, at_2048 = verdicts(rows, "torch-eager")
+    assert not any("GPUs" in sentence for sentence in at_512.sentences())  # one GPU there
+    apart = next(sentence for sentence in at_2048.sentences() if "GPUs" in sentence)
+    assert apart.startswith(
+        "Its engines were measured on 2 GPUs (GPU 0 (GPU-aaaa1111…): fp16 on inductor; GPU 1 (GPU-bbbb2222…): fp16 on torch-eager)"
+    )
+    assert "unpaired" in apart
+    (sweep,) = sweeps(rows, [at_512, at_2048], baseline_toolchain="torch-eager")
+    assert (
+        sweep.notes()[-1] == "m's points were measured on 2 GPUs: GPU 0 (GPU-aaaa1111…) at 2×512, 2×2048; GPU 1 (GPU-bbbb2222…) at 2×2048."
+    )
+    assert sweep.public()["gpus"] == [{**GPU_0, "points": ["2x512", "2x2048"]}, {**GPU_1, "points": ["2x2048"]}]
+
+
+def test_a_sweep_measured_on_one_gpu_says_nothing_of_gpus():
+    rows = [_row("torch-eager", shape, 10.0, gpu_device=GPU_1) for shape in ("2x512", "2x2048")]
+    (sweep,) = sweeps(rows, verdicts(rows, "torch-eager"), baseline_toolchain="torch-eager")
+    assert sweep.notes() == sweep.crossovers() and sweep.public()["gpus"] == [{**GPU_1, "points": ["2x512", "2x2048"]}]
