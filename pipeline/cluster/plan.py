@@ -1,7 +1,9 @@
-"""What a cluster run does and where: one job per stage of each engine for each target (a GPU type,
-or none), grouped in chains that wait on each other; where each job's task may run (Ray's
-options); and whether a job is current in the driver's workspace, so nothing current is sent.
-The driver (pipeline/cluster/scheduler.py) runs the plan.
+"""What a cluster run does and where: one job per export, per build of each engine for each target
+(a GPU type, or none), and per shape point of each model for each GPU type — the point's engines,
+every toolchain's, timed together in rounds on one GPU as a local run times them; each job waits
+for the jobs it needs (a build for its export, a point for its engines' builds). Where each job's
+task may run (Ray's options), and whether a job is current in the driver's workspace, so nothing
+current is sent. The driver (pipeline/cluster/scheduler.py) runs the plan.
 """
 
 from __future__ import annotations
@@ -20,27 +22,67 @@ from pipeline.stages.runner import builds_of, shapes_to_profile, stage_for
 CUDA_EXPORTS = ("mxfp8", "nvfp4")
 
 
-@dataclass
-class Job:
-    """One stage of one engine for one target, as the driver tracks it."""
+@dataclass(frozen=True)
+class Member:
+    """One engine's stage in a job: the export, a build, or one of the profiles a point's job times."""
 
-    stage: str
     engine: EngineRef
     toolchain: str | None = None
-    gpu_type: str | None = None  # the output folder's GPU type
+    gpu_type: str | None = None  # the output folder's GPU type (engines/<toolchain>@<gpu>/)
     # The shape point of a profile (models with several), and of a build (static models).
     shape: str | None = None
+
+
+@dataclass
+class Job:
+    """One task of the run, as the driver tracks it: an export, a build, or a shape point's profiles."""
+
+    stage: str  # "export" | "build" | "profile"
+    members: list[Member]
+    # The jobs this one waits for: a build its export, a point its engines' builds.
+    after: list[Job] = field(default_factory=list)
+    # The GPU type a point's task goes to (its GPU members' type), None: any node.
+    placed_on: str | None = None
     state: str = "waiting"  # waiting · queued · running · done · unchanged · skipped · failed · cancelled
     placed_by: str | None = None
     node: Node | None = None
     attempts: int = 0
     seconds: float = 0.0
     error: PipelineError | None = None
+    # The members' own failures, where the job ran but some of its engines did not (a point).
+    failures: list[tuple[Member, PipelineError]] = field(default_factory=list)
     note: str = ""
     handle: Any = None  # the task's ObjectRefGenerator while it is out
 
     @property
+    def engine(self) -> EngineRef:
+        return self.members[0].engine
+
+    @property
+    def toolchain(self) -> str | None:
+        return self.members[0].toolchain
+
+    @property
+    def gpu_type(self) -> str | None:
+        return self.members[0].gpu_type
+
+    @property
+    def shape(self) -> str | None:
+        return self.members[0].shape
+
+    @property
+    def name(self) -> str:
+        """What the live view calls it: the engine, or for a point the model and its engines' count."""
+        if self.stage == "profile" and len(self.members) > 1:
+            return f"{self.engine.model} ({len(self.members)} engines)"
+        return self.engine.name
+
+    @property
     def target(self) -> str:
+        if self.stage == "profile" and len(self.members) > 1:
+            where = ", ".join(dict.fromkeys(m.toolchain for m in self.members if m.toolchain))
+            on = f" on {self.placed_on}" if self.placed_on else ""
+            return f"{where} at {self.shape}{on}" if self.shape else f"{where}{on}"
         where = self.toolchain or "export"
         where = f"{where}@{self.gpu_type}" if self.gpu_type else where
         return f"{where} at {self.shape}" if self.shape else where
@@ -51,16 +93,8 @@ class Job:
 
     @property
     def usable(self) -> bool:
-        """Later stages may go on from here."""
+        """Jobs waiting for it may go on from here."""
         return self.state in ("done", "unchanged", "skipped")
-
-
-@dataclass
-class Chain:
-    """One engine's stages for one toolchain target, after its export."""
-
-    export: Job
-    stages: list[Job] = field(default_factory=list)
 
 
 class ClusterPlan:
@@ -69,24 +103,23 @@ class ClusterPlan:
         ctx: RunContext,
         cluster: Cluster,
         engines: list[EngineRef],
-        toolchain: str | None,
+        toolchains: list[str] | None,
         until: str,
         gpu_types: tuple[str, ...] = (),
     ):
-        self.ctx, self.cluster, self.engines, self.toolchain, self.until = ctx, cluster, engines, toolchain, until
+        self.ctx, self.cluster, self.engines, self.until = ctx, cluster, engines, until
+        self.toolchains = list(toolchains or [])
         self.reporter = ctx.reporter
-        self.runtime = None
-        if toolchain is not None:
-            from pipeline.runtimes import get_runtime
+        from pipeline.runtimes import get_runtime
 
-            self.runtime = get_runtime(ctx, toolchain)
-        self.targets = self._targets(gpu_types)
+        self.runtimes = {toolchain: get_runtime(ctx, toolchain) for toolchain in self.toolchains}
+        self.targets = {toolchain: self._targets(toolchain, gpu_types) for toolchain in self.toolchains}
         self.exports: dict[EngineRef, Job] = {}
-        self.chains: list[Chain] = []
+        self._jobs: list[Job] = []
 
     # --- the jobs ------------------------------------------------------------------------------
 
-    def _targets(self, requested: tuple[str, ...]) -> list[str | None]:
+    def _targets(self, toolchain: str, requested: tuple[str, ...]) -> list[str | None]:
         """The GPU types this toolchain's engines are built and timed for (None: no GPU type)."""
         have = self.cluster.gpu_types
         missing = [t for t in requested if t not in have]
@@ -96,14 +129,15 @@ class ClusterPlan:
                 hint="start a node with that GPU (or one declaring it: `ray start … --resources '{\"gpu_type:NAME\": 1}'`), "
                 "or pick from the types above with --gpu",
             )
-        if self.runtime is None or self.runtime.placement != "gpu":
-            if requested and self.runtime is not None:
+        runtime = self.runtimes[toolchain]
+        if runtime.placement != "gpu":
+            if requested:
                 self.reporter.warn(
-                    f"--gpu chooses the GPU types of toolchains built per GPU (trtexec, PyTorch); {self.toolchain} "
-                    f"({self.runtime.placement.replace('-', ' ')}) makes one engine, placed as docs/cluster.md says"
+                    f"--gpu chooses the GPU types of toolchains built per GPU (trtexec, PyTorch); {toolchain} "
+                    f"({runtime.placement.replace('-', ' ')}) makes one engine, placed as docs/cluster.md says"
                 )
             return [None]
-        chosen = list(requested) or [t for t in have if self.runtime.supports_gpu(self._capability(t))]
+        chosen = list(requested) or [t for t in have if runtime.supports_gpu(self._capability(t))]
         return chosen or [None]
 
     def _capability(self, gpu_type: str) -> str | None:
@@ -116,41 +150,76 @@ class ClusterPlan:
         return compute_capability(gpu_type, self.ctx.catalog)
 
     def plan(self) -> list[Job]:
+        """Exports, builds, then one job per shape point: the point's engines of every toolchain
+        and variant, on one GPU of the type they are timed for."""
+        points: dict[tuple[str, str | None, str | None], Job] = {}
         for engine in self.engines:
-            export = self.exports.setdefault(engine, Job("export", engine))
-            if self.toolchain is None:
-                continue
-            builds, points = builds_of(self.ctx, engine), shapes_to_profile(self.ctx, engine)
-            for target in self.targets:
-                for built in builds:  # one engine; or, for a static model, one per shape point
-                    stages = [Job("build", engine, self.toolchain, target, built)]
-                    if self.until == "profile":
-                        measured = [built] if built is not None else points
-                        stages += [Job("profile", engine, self.toolchain, target, shape) for shape in measured]
-                    self.chains.append(Chain(export, stages))
+            export = self.exports.setdefault(engine, Job("export", [Member(engine)]))
+            for toolchain in self.toolchains:
+                shapes = shapes_to_profile(self.ctx, engine)
+                for target in self.targets[toolchain]:
+                    for built in builds_of(self.ctx, engine):  # one engine; or, for a static model, one per point
+                        build = Job("build", [Member(engine, toolchain, target, built)], after=[export])
+                        self._jobs.append(build)
+                        if self.until != "profile":
+                            continue
+                        for shape in [built] if built is not None else shapes:
+                            member = Member(engine, toolchain, target, shape)
+                            placed_on = self._timed_on(toolchain, target)
+                            point = points.setdefault((engine.model, shape, placed_on), Job("profile", [], placed_on=placed_on))
+                            point.members.append(member)
+                            point.after.append(build)
+        self._jobs += self._one_job_a_point(points)
         return self.jobs()
 
+    def _timed_on(self, toolchain: str, target: str | None) -> str | None:
+        """The GPU type a toolchain's engine is timed on: its target; for an engine built ahead of
+        time, a GPU type it runs on; None for one that needs no GPU."""
+        runtime = self.runtimes[toolchain]
+        if runtime.placement == "gpu":
+            return target
+        if runtime.placement == "ahead-of-time":
+            return next((t for t in self.cluster.gpu_types if runtime.supports_gpu(self._capability(t))), None)
+        return None
+
+    @staticmethod
+    def _one_job_a_point(points: dict[tuple[str, str | None, str | None], Job]) -> list[Job]:
+        """The engines that need no GPU (ONNX Runtime on the CPU) join their point's job on the first
+        GPU type it has, as a local run times every engine of a point together."""
+        for (model, shape, placed_on), job in list(points.items()):
+            if placed_on is not None:
+                continue
+            on_a_gpu = next((other for (m, s, t), other in points.items() if m == model and s == shape and t is not None), None)
+            if on_a_gpu is not None:
+                on_a_gpu.members += job.members
+                on_a_gpu.after += job.after
+                del points[(model, shape, placed_on)]
+        return list(points.values())
+
     def jobs(self) -> list[Job]:
-        return list(self.exports.values()) + [job for chain in self.chains for job in chain.stages]
+        return list(self.exports.values()) + self._jobs
 
     # --- the driver's view of its workspace ------------------------------------------------------
 
-    def _stage(self, job: Job):
+    def stage(self, job: Job, member: Member):
         ctx = RunContext(
             catalog=self.ctx.catalog,
             workspace=self.ctx.workspace,
             reporter=self.reporter,
             force=self.ctx.force,
             runtimes=self.ctx.runtimes,
-            gpu_type=job.gpu_type,
+            gpu_type=member.gpu_type,
         )
-        return stage_for(ctx, job.stage, job.engine, job.toolchain, job.shape)
+        return stage_for(ctx, job.stage, member.engine, member.toolchain, member.shape)
 
     def up_to_date(self, job: Job) -> bool:
-        """A record with these parameters, its inputs and outputs intact: nothing to send."""
+        """Every member has a record with these parameters, its inputs and outputs intact: nothing to send."""
         if self.ctx.force:
             return False
-        stage = self._stage(job)
+        return all(self._member_current(job, member) for member in job.members)
+
+    def _member_current(self, job: Job, member: Member) -> bool:
+        stage = self.stage(job, member)
         manifest = stage.load_manifest()
         previous = manifest.stage(job.stage) if manifest else None
         if previous is None or previous.status == "failed":
@@ -164,10 +233,11 @@ class ClusterPlan:
         return all(workspace.is_intact(a) for a in [*previous.inputs, *previous.outputs])
 
     def export_needed(self, engine: EngineRef) -> bool:
-        # As in a local run: a variant the toolchain cannot run is recorded as skipped without an export.
-        if self.runtime is None:
+        # As in a local run: a variant no toolchain of the run can make is recorded as skipped without an export.
+        if not self.toolchains:
             return True
-        return self.runtime.unsupported_reason(self.ctx.catalog.variant(engine.variant)) is None
+        variant = self.ctx.catalog.variant(engine.variant)
+        return any(runtime.unsupported_reason(variant) is None for runtime in self.runtimes.values())
 
     # --- placement -----------------------------------------------------------------------------
 
@@ -175,9 +245,6 @@ class ClusterPlan:
         """Ray options for the job's task, and the GPU type it is placed by."""
         nodes = self.cluster.nodes
         options: dict[str, Any] = {"num_cpus": 1}
-        if job.stage == "profile":
-            # A measurement wants its node to itself: as many CPUs as the smallest node has.
-            options["num_cpus"] = max(1.0, min((n.cpus for n in nodes if n.cpus > 0), default=1.0))
         gpu_type = None
         if job.stage == "export":
             if self.ctx.catalog.variant(job.engine.variant).precision in CUDA_EXPORTS:
@@ -187,10 +254,12 @@ class ClusterPlan:
                         hint="add a GPU node to the cluster, or export it on a GPU machine and run again",
                     )
                 options["num_gpus"] = 1
-        elif self.runtime.placement == "gpu" and job.gpu_type is not None:
+        elif job.stage == "profile":
+            # A measurement wants its node to itself: as many CPUs as the smallest node has.
+            options["num_cpus"] = max(1.0, min((n.cpus for n in nodes if n.cpus > 0), default=1.0))
+            gpu_type = job.placed_on
+        elif self.runtimes[job.toolchain].placement == "gpu":
             gpu_type = job.gpu_type
-        elif self.runtime.placement == "ahead-of-time" and job.stage == "profile":
-            gpu_type = next((t for t in self.cluster.gpu_types if self.runtime.supports_gpu(self._capability(t))), None)
         if gpu_type is not None:
             node = self.cluster.nodes_with(gpu_type)[0]
             options["resources"] = placement_resources(node.resources, gpu_type)

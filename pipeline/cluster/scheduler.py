@@ -1,18 +1,21 @@
-"""The driver of a cluster run: the engine matrix as Ray tasks, each stage on a node that can run it.
+"""The driver of a cluster run: the engine matrix as Ray tasks, each on a node that can run it.
 
 For each engine the export runs once, on any node (a node with a CUDA GPU for MXFP8/NVFP4); then,
-per target, the build and the profile. Where a toolchain's engines belong to a GPU (trtexec,
-PyTorch), the target is a GPU type: both stages run on a node of that type and the outputs go to
-engines/<toolchain>@<gpu>/. Ahead-of-time builds (TensorRT-RTX) run anywhere and are timed on a
-GPU they target where the cluster has one. CPU runtimes (ONNX Runtime) run anywhere.
+per toolchain and target, the build; then, per model, shape point and GPU type, one task that
+measures every engine of the point together in rounds, as a local run does (pipeline/cluster/plan.py
+says which jobs there are and where they go). Where a toolchain's engines belong to a GPU
+(trtexec, PyTorch), the target is a GPU type and the outputs go to engines/<toolchain>@<gpu>/.
+Ahead-of-time builds (TensorRT-RTX) run anywhere and are timed on a GPU they target where the
+cluster has one. CPU runtimes (ONNX Runtime) build anywhere and are timed with their point's
+engines.
 
-Before a stage is dispatched the driver checks its own workspace, the way a local run does: a
+Before a task is dispatched the driver checks its own workspace, the way a local run does: a
 record with the same parameters whose inputs and outputs are intact is up to date and nothing is
 sent (the tools' versions on the node are recorded, not re-checked: `--force` re-runs). Results
-are written into the workspace as each task finishes (files, then the manifest, each atomically),
+are written into the workspace as each task finishes (files, then the manifests, each atomically),
 so an interrupted run keeps everything finished and nothing half-written looks valid.
 
-Faults: a task whose node or worker dies is retried on another node that can run it, at most
+Faults: a task whose node or worker dies is retried whole on another node that can run it, at most
 MAX_ATTEMPTS times; a compiler's refusal or a user error is recorded or reported, never retried.
 """
 
@@ -24,8 +27,8 @@ from pathlib import Path
 
 from pipeline.catalog import EngineRef
 from pipeline.cluster.connection import Cluster, Node
-from pipeline.cluster.plan import ClusterPlan, Job
-from pipeline.cluster.transfer import DriverBlobs
+from pipeline.cluster.plan import ClusterPlan, Job, Member
+from pipeline.cluster.transfer import DriverBlobs, write_result
 from pipeline.errors import EnvironmentMissing, PipelineError, UsageError
 from pipeline.stages.base import RunContext
 from pipeline.stages.runner import RunSummary
@@ -46,7 +49,7 @@ class ClusterRun:
         ctx: RunContext,
         cluster: Cluster,
         engines: list[EngineRef],
-        toolchain: str | None,
+        toolchains: list[str] | None,
         until: str,
         gpu_types: tuple[str, ...] = (),
         verbose: bool = False,
@@ -54,13 +57,13 @@ class ClusterRun:
         self.ctx = ctx
         self.cluster = cluster
         self.engines = engines
-        self.toolchain = toolchain
+        self.toolchains = list(toolchains or [])
         self.until = until
         self.verbose = verbose
         self.reporter = ctx.reporter
         self.blobs = DriverBlobs(ctx.workspace.root)
         # What runs where: the jobs, their targets and placement, whether each is current.
-        self.matrix = ClusterPlan(ctx, cluster, engines, toolchain, until, gpu_types)
+        self.matrix = ClusterPlan(ctx, cluster, engines, toolchains, until, gpu_types)
         self.dispatched = 0
         self.bytes_back = 0
         self.bytes_fetched = 0
@@ -69,37 +72,13 @@ class ClusterRun:
 
     def request(self, job: Job):
         from pipeline.cluster.worker import StageRequest
-        from pipeline.manifest import read_manifest
 
-        workspace = self.ctx.workspace
         files, manifests = {}, {}
-
-        def send_manifest(path, keep: tuple[str, ...]):
-            if not path.is_file():
-                return None
-            # The stage being run and those after it are left out: the node runs it afresh.
-            manifest = read_manifest(path)
-            manifest = manifest.model_copy(update={name: None for name in ("build", "profile") if name not in keep})
-            manifests[workspace.relative(path)] = manifest.model_dump_json(indent=2)
-            return manifest
-
-        if job.stage != "export":
-            export = send_manifest(workspace.export_manifest_path(job.engine), keep=("export",))
-            keep = ("export",) if job.stage == "build" else ("export", "build")
-            # The manifest holding the engine's build: its own, or a static engine's of its point.
-            built_at = job.shape if self.ctx.catalog.model(job.engine.model).static else None
-            own = send_manifest(workspace.manifest_path(job.toolchain, job.engine, job.gpu_type, built_at), keep=keep)
-            records = [export.export if export else None] + ([own.build] if own is not None and job.stage == "profile" else [])
-            for record in records:
-                for artifact in record.outputs if record is not None else []:
-                    if workspace.is_intact(artifact):
-                        files[artifact.sha256 + artifact.path] = self.blobs.file(artifact.path, artifact.sha256, artifact.size_bytes)
+        for member in job.members:
+            self._send(job.stage, member, files, manifests)
         return StageRequest(
             stage=job.stage,
-            engine=job.engine,
-            toolchain=job.toolchain,
-            gpu_type=job.gpu_type,
-            shape=job.shape,
+            members=list(job.members),
             placed_by=job.placed_by,
             catalog=self.ctx.catalog,
             files=list(files.values()),
@@ -108,6 +87,35 @@ class ClusterRun:
             force=self.ctx.force,
             verbose=self.verbose,
         )
+
+    def _send(self, name: str, member: Member, files: dict, manifests: dict) -> None:
+        """What a node needs of the workspace to run ``name`` for ``member``: the manifests it
+        reads, without the stage being run and those after it (the node runs it afresh), and the
+        files the earlier stages made."""
+        from pipeline.manifest import read_manifest
+
+        workspace = self.ctx.workspace
+        if name == "export":
+            return
+
+        def send_manifest(path, keep: tuple[str, ...]):
+            if not path.is_file():
+                return None
+            manifest = read_manifest(path)
+            manifest = manifest.model_copy(update={stage: None for stage in ("build", "profile") if stage not in keep})
+            manifests[workspace.relative(path)] = manifest.model_dump_json(indent=2)
+            return manifest
+
+        export = send_manifest(workspace.export_manifest_path(member.engine), keep=("export",))
+        keep = ("export",) if name == "build" else ("export", "build")
+        # The manifest holding the engine's build: its own, or a static engine's of its point.
+        built_at = member.shape if self.ctx.catalog.model(member.engine.model).static else None
+        own = send_manifest(workspace.manifest_path(member.toolchain, member.engine, member.gpu_type, built_at), keep=keep)
+        records = [export.export if export else None] + ([own.build] if own is not None and name == "profile" else [])
+        for record in records:
+            for artifact in record.outputs if record is not None else []:
+                if workspace.is_intact(artifact):
+                    files[artifact.sha256 + artifact.path] = self.blobs.file(artifact.path, artifact.sha256, artifact.size_bytes)
 
     @functools.cached_property
     def known(self) -> dict[str, Path]:
@@ -138,36 +146,44 @@ class ClusterRun:
         self.dispatched += 1
 
     def advance(self) -> None:
-        """Start whatever can start: exports first, then each chain's next stage."""
+        """Start whatever can start: exports first, then each job whose jobs before it finished."""
         for engine, job in self.matrix.exports.items():
             if job.state != "waiting":
                 continue
-            if self.toolchain is not None and not self.matrix.export_needed(engine):
+            if self.toolchains and not self.matrix.export_needed(engine):
                 job.state, job.note = "skipped", "not needed"
             elif self.matrix.up_to_date(job):
                 job.state = "unchanged"
                 self.reporter.unchanged("export", engine.name)
             else:
                 self._try_submit(job)
-        for chain in self.matrix.chains:
-            if not chain.export.finished:
+        for job in self.matrix.jobs():
+            if job.stage == "export" or job.state != "waiting" or not all(before.finished for before in job.after):
                 continue
-            for position, job in enumerate(chain.stages):
-                if job.finished:
+            if job.stage == "profile":
+                self._drop_unbuilt(job)
+                if not job.members:
                     continue
-                if job.state != "waiting":
-                    break
-                before = chain.export if position == 0 else chain.stages[position - 1]
-                if not before.usable and not (before is chain.export and before.note == "not needed"):
-                    job.state = "cancelled"
-                    job.note = f"{before.stage} {before.state}"
-                    continue
-                if self.matrix.up_to_date(job):
-                    job.state = "unchanged"
-                    self.reporter.unchanged(job.stage, f"{job.engine.name} {job.target}")
-                    continue
-                self._try_submit(job)
-                break
+            elif not any(before.usable or before.note == "not needed" for before in job.after):
+                job.state, job.note = "cancelled", f"{job.after[0].stage} {job.after[0].state}"
+                continue
+            if self.matrix.up_to_date(job):
+                job.state = "unchanged"
+                self.reporter.unchanged(job.stage, f"{job.name} {job.target}")
+                continue
+            self._try_submit(job)
+
+    @staticmethod
+    def _drop_unbuilt(job: Job) -> None:
+        """A point's engines whose build did not finish usable are left out of its rounds (their
+        build's failure is reported already); a point left with none is cancelled."""
+        kept = [(member, build) for member, build in zip(job.members, job.after) if build.usable]
+        if len(kept) < len(job.members):
+            dropped = [build for build in job.after if not build.usable]
+            job.note = f"{len(dropped)} engine(s) not built"
+            job.members, job.after = [member for member, _ in kept], [build for _, build in kept]
+        if not job.members:
+            job.state = "cancelled"
 
     def _try_submit(self, job: Job) -> None:
         try:
@@ -177,7 +193,7 @@ class ClusterRun:
 
     def _fail(self, job: Job, exc: PipelineError) -> None:
         job.state, job.error, job.handle = "failed", exc, None
-        self.reporter.console.print(f"[red]{'failed':<9}[/] {job.stage:<8} {job.engine.name} {job.target}: {exc.message}")
+        self.reporter.console.print(f"[red]{'failed':<9}[/] {job.stage:<8} {job.name} {job.target}: {exc.message}")
 
     def running(self) -> list[Job]:
         return [job for job in self.matrix.jobs() if job.handle is not None]
@@ -261,7 +277,7 @@ class ClusterRun:
         if kind == "started":
             job.state = "running"
             job.node = self.cluster.node(payload) or Node(payload, "?", {})
-            self.reporter.console.print(f"[cyan]running[/]   {job.stage:<8} {job.engine.name} {job.target} on {job.node.label()}")
+            self.reporter.console.print(f"[cyan]running[/]   {job.stage:<8} {job.name} {job.target} on {job.node.label()}")
             return
         self._finish(job, payload)
 
@@ -306,7 +322,7 @@ class ClusterRun:
             )
             return
         self.reporter.warn(
-            f"{job.stage} {job.engine.name} {job.target}: {reason}; retrying on another node (attempt {job.attempts + 1} of {MAX_ATTEMPTS})"
+            f"{job.stage} {job.name} {job.target}: {reason}; retrying on another node (attempt {job.attempts + 1} of {MAX_ATTEMPTS})"
         )
         job.handle, job.node = None, None
         self._try_submit(job)
@@ -340,58 +356,29 @@ class ClusterRun:
                 self.reporter.console.print(
                     f"          [dim]{job.node.label() if job.node else ''} │[/] {line}", markup=True, highlight=False
                 )
-        if result.manifest_text is not None:
-            try:
-                self._write(result)
-                read_manifest(self.ctx.workspace.root / result.manifest_path)  # what was written is valid
-            except PipelineError as exc:
-                self._fail(job, exc)
-                return
-        if result.status == "error" or result.status == "failed":
-            message, hint, code = result.error
-            error = (
-                EnvironmentMissing
-                if code == EnvironmentMissing.exit_code
-                else UsageError
-                if code == UsageError.exit_code
-                else PipelineError
-            )(message, hint)
-            self._fail(job, error)
+        if result.status == "error":
+            self._fail(job, _error_of(result.error))
             return
-        job.state = result.status
+        try:
+            self.bytes_back += write_result(self.ctx.workspace, result, self.known)
+            for member in result.members:  # what was written is valid
+                if member.manifest_path is not None:
+                    read_manifest(self.ctx.workspace.root / member.manifest_path)
+        except PipelineError as exc:
+            self._fail(job, exc)
+            return
+        job.failures = [(member, _error_of(outcome.error)) for member, outcome in zip(job.members, result.members) if outcome.error]
+        for member, error in job.failures:
+            self.reporter.console.print(
+                f"[red]{'failed':<9}[/] {job.stage:<8} {member.engine.name} {_member_target(member)}: {error.message}"
+            )
+        statuses = [outcome.status for outcome in result.members]
+        if len(job.failures) == len(job.members):
+            job.state, job.error = "failed", job.failures[0][1]
+            return
+        job.state = "skipped" if all(status == "skipped" for status in statuses) else "done"
         where = job.node.label() if job.node else result.node_id[:8]
-        self.reporter.console.print(
-            f"[green]{job.state:<9}[/] {job.stage:<8} {job.engine.name} {job.target} in {result.seconds:.1f}s on {where}"
-        )
-
-    def _write(self, result) -> None:
-        """The task's files, then its manifest, each atomically: a crash between leaves files a
-        re-run finds unrecorded (and replaces), never a manifest naming files that are not there."""
-        from pipeline.artifacts import atomic_output, atomic_write_text, write_failed
-
-        root = self.ctx.workspace.root
-        for output in result.outputs:
-            target = root / output.path
-            if output.chunks is None:
-                if target.is_file() and self.ctx.workspace.hashes.sha256(target) == output.sha256:
-                    continue
-                source = self.known.get(output.sha256)
-                if source is None or not source.is_file():
-                    raise PipelineError(f"the node kept {output.path} back as known here, and no file here has its content.")
-                chunks = [source.read_bytes()]
-            else:
-                chunks = output.chunks
-            with atomic_output(target) as tmp:
-                try:
-                    with open(tmp, "wb") as handle:
-                        for chunk in chunks:
-                            handle.write(chunk)
-                except OSError as exc:
-                    raise write_failed(target, exc) from exc
-            self.bytes_back += output.size_bytes if output.chunks is not None else 0
-            self.known[output.sha256] = target
-        atomic_write_text(root / result.manifest_path, result.manifest_text)
-        self.ctx.workspace.hashes.save()
+        self.reporter.console.print(f"[green]{job.state:<9}[/] {job.stage:<8} {job.name} {job.target} in {result.seconds:.1f}s on {where}")
 
     def cancel(self) -> None:
         import ray
@@ -416,7 +403,7 @@ class ClusterRun:
         for job in ran:
             result = job.state + (f" ({job.note})" if job.note else "")
             table.add_row(
-                job.engine.name,
+                job.name,
                 job.stage,
                 job.target,
                 job.node.label() if job.node else "–",
@@ -428,14 +415,15 @@ class ClusterRun:
 
     def summary(self) -> RunSummary:
         summary = RunSummary()
-        failures: dict[str, PipelineError] = {}
+        failures: dict[str, tuple[str | None, PipelineError]] = {}
         for job in self.matrix.jobs():
-            if job.state == "failed":
-                failures.setdefault(f"{job.engine.name} ({job.stage} {job.target})", job.error)
+            failed = [(member, job.error) for member in job.members] if job.state == "failed" else job.failures
+            for member, error in failed:
+                failures.setdefault(f"{member.engine.name} ({job.stage} {_member_target(member)})", (member.toolchain, error))
         for engine in self.engines:
             if not any(name.startswith(engine.name + " ") for name in failures):
                 summary.succeeded.append(engine.name)
-        summary.failed = [(name, self.toolchain, error) for name, error in failures.items()]
+        summary.failed = [(name, toolchain, error) for name, (toolchain, error) in failures.items()]
         counts: dict[str, int] = {}
         for job in self.matrix.jobs():
             counts[job.state] = counts.get(job.state, 0) + 1
@@ -448,6 +436,18 @@ class ClusterRun:
             f"and sent back {_size(self.bytes_back)}"
         )
         return summary
+
+
+def _error_of(error: tuple[str, str | None, int]) -> PipelineError:
+    """A node's error (message, hint, exit code) as the error type its exit code stands for."""
+    message, hint, code = error
+    kind = EnvironmentMissing if code == EnvironmentMissing.exit_code else UsageError if code == UsageError.exit_code else PipelineError
+    return kind(message, hint)
+
+
+def _member_target(member: Member) -> str:
+    where = f"{member.toolchain}@{member.gpu_type}" if member.gpu_type else str(member.toolchain)
+    return f"{where} at {member.shape}" if member.shape else where
 
 
 def _clock(seconds: float) -> str:
@@ -463,7 +463,7 @@ def drive(
     ctx: RunContext,
     address: str,
     engines: list[EngineRef],
-    toolchain: str | None,
+    toolchains: list[str] | None,
     until: str,
     gpu_types: tuple[str, ...] = (),
     verbose: bool = False,
@@ -474,6 +474,6 @@ def drive(
     cluster = connect(address, verbose)
     try:
         probe(cluster)
-        return ClusterRun(ctx, cluster, engines, toolchain, until, gpu_types, verbose).run()
+        return ClusterRun(ctx, cluster, engines, toolchains, until, gpu_types, verbose).run()
     finally:
         disconnect()

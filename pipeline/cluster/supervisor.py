@@ -38,34 +38,13 @@ class ClusterLauncher:
     verbose: bool = False
 
     def run(self, ctx, engines, toolchains: list[str] | None, until: str) -> RunSummary:
-        """One cluster run per toolchain, one after the other: a failure in one does not stop the
-        next, and one error afterwards names the toolchains that failed."""
-        chains = toolchains or [None]
-        failed: list[tuple[str, PipelineError]] = []
-        summary = RunSummary()
-        for chain in chains:
-            try:
-                ran = run_on_cluster(ctx, self.address, engines, chain, until, self.gpu_types, self.verbose)
-            except PipelineError as exc:
-                if len(chains) == 1:
-                    raise
-                from pipeline.reporting import print_error
-
-                print_error(f"{chain}: {exc.message}", exc.hint)
-                failed.append((chain, exc))
-                continue
-            summary.succeeded += ran.succeeded
-            summary.failed += ran.failed
-        if failed:
-            worst = EnvironmentMissing if all(isinstance(exc, EnvironmentMissing) for _, exc in failed) else PipelineError
-            raise worst(
-                f"{len(failed)} of {len(chains)} toolchains failed: {', '.join(chain for chain, _ in failed)}.",
-                hint="the errors above say why; what the others measured is kept",
-            )
-        return summary
+        """Every toolchain in one cluster run: each shape point's engines are timed together."""
+        return run_on_cluster(ctx, self.address, engines, toolchains, until, self.gpu_types, self.verbose)
 
 
-def run_on_cluster(ctx, address: str, engines, toolchain, until: str, gpu_types: tuple[str, ...] = (), verbose: bool = False) -> RunSummary:
+def run_on_cluster(
+    ctx, address: str, engines, toolchains: list[str] | None, until: str, gpu_types: tuple[str, ...] = (), verbose: bool = False
+) -> RunSummary:
     """What `--cluster ADDRESS` does for run/export/build/profile."""
     import multiprocessing
 
@@ -75,7 +54,7 @@ def run_on_cluster(ctx, address: str, engines, toolchain, until: str, gpu_types:
     preflight(address)
     spawn = multiprocessing.get_context("spawn")  # a fresh interpreter: Ray must not inherit a fork
     receive, send = spawn.Pipe(duplex=False)
-    settings = (ctx.catalog, ctx.force, ctx.argv, address, engines, toolchain, until, gpu_types, verbose)
+    settings = (ctx.catalog, ctx.force, ctx.argv, address, engines, toolchains, until, gpu_types, verbose)
     lock = inherited_lock(ctx.workspace.manifests_dir)
     child = spawn.Process(target=_child, args=(send, settings, lock, os.getpid()), name="pipeline-cluster-driver")
     child.start()
@@ -110,7 +89,7 @@ def run_on_cluster(ctx, address: str, engines, toolchain, until: str, gpu_types:
         raise RuntimeError(f"the cluster driver failed (its traceback is above): {payload}")
     if kind == "error":
         raise payload
-    return payload.raise_for_failures(len(engines))
+    return payload.raise_for_failures(len(engines), toolchains)
 
 
 def _child(send, settings, lock, parent: int) -> None:
@@ -125,10 +104,10 @@ def _child(send, settings, lock, parent: int) -> None:
     terminate_like_interrupt()
     # `lock` (the workspace lock's descriptor) stays open until this process ends.
     threading.Thread(target=_end_with_parent, args=(parent,), name="parent-watch", daemon=True).start()
-    catalog, force, argv, address, engines, toolchain, until, gpu_types, verbose = settings
+    catalog, force, argv, address, engines, toolchains, until, gpu_types, verbose = settings
     ctx = RunContext(catalog=catalog, workspace=Workspace(catalog.root), reporter=Reporter(verbose=verbose), force=force, argv=argv)
     try:
-        summary = drive(ctx, address, engines, toolchain, until, gpu_types, verbose)
+        summary = drive(ctx, address, engines, toolchains, until, gpu_types, verbose)
         outcome = ("ok", RunSummary(summary.succeeded, [(name, chain, exc.plain()) for name, chain, exc in summary.failed]))
     except PipelineError as exc:
         outcome = ("error", exc.plain())

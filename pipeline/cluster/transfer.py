@@ -131,3 +131,39 @@ def read_chunks(path: Path) -> list[bytes]:
         while chunk := handle.read(CHUNK_BYTES):
             chunks.append(chunk)
     return chunks
+
+
+def write_result(workspace, result, known: dict[str, Path]) -> int:
+    """A task's files into the driver's workspace, then its manifests, each atomically: a crash
+    between leaves files a re-run finds unrecorded (and replaces), never a manifest naming files
+    that are not there. A task that did not end (its worker lost) sends nothing, so no half set of
+    rounds is kept. ``known``: contents already here, by sha256 (updated). The bytes received."""
+    from pipeline.artifacts import atomic_output, atomic_write_text, write_failed
+    from pipeline.errors import PipelineError
+
+    received = 0
+    for output in result.outputs:
+        target = workspace.root / output.path
+        if output.chunks is None:
+            if target.is_file() and workspace.hashes.sha256(target) == output.sha256:
+                continue
+            source = known.get(output.sha256)
+            if source is None or not source.is_file():
+                raise PipelineError(f"the node kept {output.path} back as known here, and no file here has its content.")
+            chunks = [source.read_bytes()]
+        else:
+            chunks = output.chunks
+        with atomic_output(target) as tmp:
+            try:
+                with open(tmp, "wb") as handle:
+                    for chunk in chunks:
+                        handle.write(chunk)
+            except OSError as exc:
+                raise write_failed(target, exc) from exc
+        received += output.size_bytes if output.chunks is not None else 0
+        known[output.sha256] = target
+    for member in result.members:
+        if member.manifest_text is not None:
+            atomic_write_text(workspace.root / member.manifest_path, member.manifest_text)
+    workspace.hashes.save()
+    return received

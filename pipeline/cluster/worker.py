@@ -21,16 +21,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.catalog import Catalog, EngineRef
+from pipeline.catalog import Catalog
+from pipeline.cluster.plan import Member
 from pipeline.cluster.transfer import FileRef, NodeBlobs, OutputFile, node_cache_dir, read_chunks
 
 
 @dataclass
 class StageRequest:
     stage: str  # "export" | "build" | "profile"
-    engine: EngineRef
-    toolchain: str | None
-    gpu_type: str | None  # the output folder's GPU type (engines/<toolchain>@<gpu>/)
+    # The engines the task runs the stage for: one, or a shape point's every engine (a profile).
+    members: list[Member]
     placed_by: str | None  # the GPU type the task was placed by, recorded with the node
     catalog: Catalog
     files: list[FileRef]
@@ -38,18 +38,25 @@ class StageRequest:
     known: frozenset[str]  # sha256 of contents the driver already holds
     force: bool = False
     verbose: bool = False
-    # The shape point of a profile (models with several), and of a static model's build.
-    shape: str | None = None
+
+
+@dataclass
+class MemberResult:
+    """What one engine's stage recorded on the node, or the error that stopped it."""
+
+    status: str  # "done" | "skipped" | "failed" (recorded refusal) | "error" (nothing recorded)
+    manifest_path: str | None = None
+    manifest_text: str | None = None
+    error: tuple[str, str | None, int] | None = None  # message, hint, exit code
 
 
 @dataclass
 class StageResult:
     node_id: str
-    status: str  # "done" | "skipped" | "failed" (recorded refusal) | "error" (nothing recorded)
-    manifest_path: str | None = None
-    manifest_text: str | None = None
+    status: str  # "done" when the task ran its members (each says how it went); "error": it could not
+    members: list[MemberResult] = field(default_factory=list)
     outputs: list[OutputFile] = field(default_factory=list)
-    error: tuple[str, str | None, int] | None = None  # message, hint, exit code
+    error: tuple[str, str | None, int] | None = None  # the task's own error (message, hint, exit code)
     messages: str = ""
     seconds: float = 0.0
     bytes_fetched: int = 0
@@ -67,7 +74,7 @@ def run_stage(request: StageRequest):
 def execute(request: StageRequest, node_id: str) -> StageResult:
     from rich.console import Console
 
-    from pipeline.errors import PipelineError, RefusedByTool
+    from pipeline.errors import PipelineError
     from pipeline.reporting import Reporter
 
     started = time.perf_counter()
@@ -90,29 +97,14 @@ def execute(request: StageRequest, node_id: str) -> StageResult:
         for path, text in request.manifests.items():
             (scratch / path).parent.mkdir(parents=True, exist_ok=True)
             (scratch / path).write_text(text)
-        stage = _stage(request, scratch, reporter, node_id)
-        try:
-            if request.toolchain is not None:
-                from pipeline.runtimes import get_runtime
+        stages = [_stage(request, member, scratch, reporter, node_id) for member in request.members]
+        for toolchain in dict.fromkeys(member.toolchain for member in request.members if member.toolchain is not None):
+            from pipeline.runtimes import get_runtime
 
-                get_runtime(stage.ctx, request.toolchain).check_usable()
-            record = stage.run() if request.stage != "profile" else _profiled(stage)
-            result.status = record.status
-        except RefusedByTool as exc:
-            result.status = "failed" if exc.outcome is not None else "error"
-            result.error = (exc.message, exc.hint, exc.exit_code)
-        manifest = stage.manifest_path()
-        if result.status != "error" and manifest.is_file():
-            from pipeline.manifest import read_manifest
-
-            result.manifest_path = stage.ctx.workspace.relative(manifest)
-            result.manifest_text = manifest.read_text()
-            record = read_manifest(manifest).stage(request.stage)
-            for artifact in record.outputs if record else []:
-                path = scratch / artifact.path
-                blobs.keep(path, artifact.sha256)
-                chunks = None if artifact.sha256 in request.known else read_chunks(path)
-                result.outputs.append(OutputFile(artifact.path, artifact.sha256, artifact.size_bytes, chunks))
+            get_runtime(stages[0].ctx, toolchain).check_usable()
+        for stage, outcome in zip(stages, _run(request.stage, stages)):
+            result.members.append(_member_result(stage, request.stage, outcome, scratch, blobs, request.known, result.outputs))
+        result.status = "done"
     except PipelineError as exc:
         result.status, result.error = "error", (exc.message, exc.hint, exc.exit_code)
     except OSError as exc:  # the node's disk filled up, a permission: the node's problem, said so
@@ -130,17 +122,47 @@ def execute(request: StageRequest, node_id: str) -> StageResult:
     return result
 
 
-def _profiled(stage):
-    """A profile measured as its shape point's measurement measures it (pipeline/stages/point.py)."""
-    from pipeline.stages.point import profile_point
+def _run(name: str, stages: list) -> list:
+    """Each stage's record, or the error that stopped it: a shape point's profiles measured
+    together, as a local run measures them (pipeline/stages/point.py); an export or a build alone."""
+    from pipeline.errors import PipelineError
 
-    outcome = profile_point([stage])[stage]
-    if isinstance(outcome, Exception):
-        raise outcome
-    return outcome
+    if name == "profile":
+        from pipeline.stages.point import profile_point
+
+        recorded = profile_point(stages)
+        return [recorded[stage] for stage in stages]
+    try:
+        return [stages[0].run()]
+    except PipelineError as exc:
+        return [exc]
 
 
-def _stage(request: StageRequest, scratch: Path, reporter, node_id: str):
+def _member_result(stage, name: str, outcome, scratch: Path, blobs: NodeBlobs, known: frozenset[str], outputs: list) -> MemberResult:
+    """What the driver is sent of one engine's stage: its manifest and the files it made (those the
+    driver does not hold already, in chunks), or its error."""
+    from pipeline.errors import PipelineError, RefusedByTool
+    from pipeline.manifest import read_manifest
+
+    if isinstance(outcome, PipelineError):
+        recorded = isinstance(outcome, RefusedByTool) and outcome.outcome is not None
+        member = MemberResult(status="failed" if recorded else "error", error=(outcome.message, outcome.hint, outcome.exit_code))
+    else:
+        member = MemberResult(status=outcome.status)
+    path = stage.manifest_path()
+    if member.status != "error" and path.is_file():
+        member.manifest_path = stage.ctx.workspace.relative(path)
+        member.manifest_text = path.read_text()
+        record = read_manifest(path).stage(name)
+        for artifact in record.outputs if record else []:
+            file = scratch / artifact.path
+            blobs.keep(file, artifact.sha256)
+            chunks = None if artifact.sha256 in known else read_chunks(file)
+            outputs.append(OutputFile(artifact.path, artifact.sha256, artifact.size_bytes, chunks))
+    return member
+
+
+def _stage(request: StageRequest, member: Member, scratch: Path, reporter, node_id: str):
     from pipeline.stages.base import RunContext
     from pipeline.stages.runner import stage_for
     from pipeline.workspace import Workspace
@@ -151,10 +173,10 @@ def _stage(request: StageRequest, scratch: Path, reporter, node_id: str):
         workspace=Workspace(scratch),
         reporter=reporter,
         force=request.force,
-        gpu_type=request.gpu_type,
+        gpu_type=member.gpu_type,
         cluster_node=_cluster_node(node_id, request.placed_by),
     )
-    return stage_for(ctx, request.stage, request.engine, request.toolchain, request.shape)
+    return stage_for(ctx, request.stage, member.engine, member.toolchain, member.shape)
 
 
 def _cluster_node(node_id: str, placed_by: str | None):

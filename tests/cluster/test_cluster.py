@@ -133,12 +133,20 @@ def test_the_demo_matrix_runs_across_the_cluster_and_equals_a_local_run(cluster,
         assert rtx.environment.cluster_node.ray_node_id[:8] in workers
         export = read_manifest(remote.parent / "manifests" / "export" / f"{engine}.json")
         assert export.environment.cluster_node.ray_node_id[:8] in workers
+    # The unit of work is the shape point: the three engines of vit_tiny's one point were timed in
+    # one set of rounds (one group, every engine of it), by one task on one worker, as locally.
+    profiles = [read_manifest(remote.parent / "manifests" / "onnxruntime" / f"vit_tiny_{v}.json") for v in ("fp32", "fp16", "int8")]
+    groups = {record.group for manifest in profiles for record in manifest.profile.details.rounds}
+    entrants = {tuple(sorted(record.entrants)) for manifest in profiles for record in manifest.profile.details.rounds}
+    assert len(groups) == 1 and entrants == {("fp16/onnxruntime", "fp32/onnxruntime", "int8/onnxruntime")}
+    assert len({manifest.environment.cluster_node.ray_node_id for manifest in profiles}) == 1
     # Runs on loopback only: every node the manifests name is 127.0.0.1.
     assert {read_manifest(p).environment.cluster_node.address for p in (remote.parent / "manifests").glob("*/*.json")} == {"127.0.0.1"}
 
     again = cluster.pipeline(remote, "run", "--cluster", cluster.address, *variants)
     assert again.returncode == 0, again.stderr
-    assert "0 task(s) dispatched" in again.stderr and again.stderr.count("didn't change") == 9
+    # Three exports, three builds and the one point: nothing sent.
+    assert "0 task(s) dispatched" in again.stderr and again.stderr.count("didn't change") == 7
     rebuilt = cluster.pipeline(remote, "build", "--cluster", cluster.address, "--toolchain", "trt-rtx1.7", *variants)
     assert rebuilt.returncode == 0 and "0 task(s) dispatched" in rebuilt.stderr
 
@@ -173,6 +181,23 @@ def test_each_gpu_type_gets_its_own_engine_built_and_timed_on_a_node_of_that_typ
     )
     assert only.returncode == 2
     assert "no node of the cluster has A100; its GPU types are: B200, H100" in only.stderr
+
+
+def test_a_points_engines_of_two_toolchains_share_one_set_of_rounds(cluster, tmp_path):
+    """ONNX Runtime and PyTorch eager at one point: one task times both, in one set of rounds, as
+    `pipeline run` without --cluster does (their manifests name one group, and one node)."""
+    catalog = catalog_in(tmp_path, "two", '\n[toolchains.torch-eager]\nkind = "torch"\nbackend = "eager"\n')
+    args = ("run", "--cluster", cluster.address, "--engine", "tiny_fp32", "--toolchain", "onnxruntime", "--toolchain", "torch-eager")
+    result = cluster.pipeline(catalog, *args, "--gpu", "H100")
+    assert result.returncode == 0, result.stderr
+    ws = catalog.parent
+    ort = read_manifest(ws / "manifests" / "onnxruntime" / "tiny_fp32.json")
+    torch = read_manifest(ws / "manifests" / "torch-eager@H100" / "tiny_fp32.json")
+    (ort_rounds,), (torch_rounds,) = ort.profile.details.rounds, torch.profile.details.rounds
+    assert ort_rounds.group == torch_rounds.group
+    assert sorted(ort_rounds.entrants) == sorted(torch_rounds.entrants) == ["fp32/onnxruntime", "fp32/torch-eager"]
+    assert ort.environment.cluster_node.ray_node_id == torch.environment.cluster_node.ray_node_id
+    assert torch.environment.cluster_node.gpu_type == "H100"
 
 
 def test_connection_failures_are_explained(cluster, tmp_path):

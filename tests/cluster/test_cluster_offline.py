@@ -83,7 +83,7 @@ def test_each_kind_of_work_is_placed_where_it_can_run(tmp_path):
     an RTX PRO 6000, and a CPU-only node — no Ray needed to decide them."""
     from pipeline.catalog import EngineRef
     from pipeline.cluster.connection import Cluster
-    from pipeline.cluster.plan import ClusterPlan, Job
+    from pipeline.cluster.plan import ClusterPlan, Job, Member
     from pipeline.errors import UsageError
     from pipeline.runtimes import load_catalog
     from pipeline.stages.base import RunContext
@@ -103,40 +103,83 @@ def test_each_kind_of_work_is_placed_where_it_can_run(tmp_path):
     cluster = Cluster("10.0.0.1:6379", [h100, rtx, cpu])
     engine = EngineRef("tiny", "fp16")
 
-    trt = ClusterPlan(ctx, cluster, [engine], "trt-local", "profile")
-    assert trt.targets == ["H100", "RTX-PRO-6000"]  # every GPU type the toolchain supports
-    assert trt.placement(Job("build", engine, "trt-local", "H100")) == (
+    trt = ClusterPlan(ctx, cluster, [engine], ["trt-local"], "profile")
+    assert trt.targets == {"trt-local": ["H100", "RTX-PRO-6000"]}  # every GPU type the toolchain supports
+    assert trt.placement(Job("build", [Member(engine, "trt-local", "H100")])) == (
         {"num_cpus": 1, "resources": {"accelerator_type:H100": 0.001}, "num_gpus": 1},
         "H100",
     )
-    # A profile has its node to itself: as many CPUs as the smallest node has.
-    assert trt.placement(Job("profile", engine, "trt-local", "RTX-PRO-6000")) == (
+    # A point's profiles have their node to themselves: as many CPUs as the smallest node has.
+    assert trt.placement(Job("profile", [Member(engine, "trt-local", "RTX-PRO-6000")], placed_on="RTX-PRO-6000")) == (
         {"num_cpus": 4, "resources": {"gpu_type:RTX-PRO-6000": 1.0}},
         "RTX-PRO-6000",
     )
-    assert ClusterPlan(ctx, cluster, [engine], "trt-local", "profile", ("H100",)).targets == ["H100"]
+    assert ClusterPlan(ctx, cluster, [engine], ["trt-local"], "profile", ("H100",)).targets == {"trt-local": ["H100"]}
     with pytest.raises(UsageError, match="no node of the cluster has A100; its GPU types are: H100, RTX-PRO-6000"):
-        ClusterPlan(ctx, cluster, [engine], "trt-local", "profile", ("A100",))
+        ClusterPlan(ctx, cluster, [engine], ["trt-local"], "profile", ("A100",))
 
     # TensorRT-RTX for sm120: built anywhere, timed on the RTX PRO 6000 (compute capability 12.0),
     # never on the H100 (9.0), which its engines do not run on.
-    aot = ClusterPlan(ctx, cluster, [engine], "trt-rtx1.7", "profile")
-    assert aot.targets == [None]
-    assert aot.placement(Job("build", engine, "trt-rtx1.7")) == ({"num_cpus": 1}, None)
-    assert aot.placement(Job("profile", engine, "trt-rtx1.7")) == (
-        {"num_cpus": 4, "resources": {"gpu_type:RTX-PRO-6000": 1.0}},
-        "RTX-PRO-6000",
-    )
+    aot = ClusterPlan(ctx, cluster, [engine], ["trt-rtx1.7"], "profile")
+    assert aot.targets == {"trt-rtx1.7": [None]}
+    assert aot.placement(Job("build", [Member(engine, "trt-rtx1.7")])) == ({"num_cpus": 1}, None)
+    (point,) = [job for job in aot.plan() if job.stage == "profile"]
+    assert aot.placement(point) == ({"num_cpus": 4, "resources": {"gpu_type:RTX-PRO-6000": 1.0}}, "RTX-PRO-6000")
 
-    ort = ClusterPlan(ctx, cluster, [engine], "onnxruntime", "profile")
-    assert ort.targets == [None] and ort.placement(Job("build", engine, "onnxruntime")) == ({"num_cpus": 1}, None)
+    ort = ClusterPlan(ctx, cluster, [engine], ["onnxruntime"], "profile")
+    assert ort.targets == {"onnxruntime": [None]} and ort.placement(Job("build", [Member(engine, "onnxruntime")])) == (
+        {"num_cpus": 1},
+        None,
+    )
 
     # NVFP4's export needs CUDA: a node with Ray's GPU resource, and a clear error without one.
     nvfp4 = EngineRef("tiny", "nvfp4")
-    assert ort.placement(Job("export", nvfp4)) == ({"num_cpus": 1, "num_gpus": 1}, None)
-    no_gpu = ClusterPlan(ctx, Cluster("10.0.0.3:6379", [cpu]), [nvfp4], "onnxruntime", "profile")
+    assert ort.placement(Job("export", [Member(nvfp4)])) == ({"num_cpus": 1, "num_gpus": 1}, None)
+    no_gpu = ClusterPlan(ctx, Cluster("10.0.0.3:6379", [cpu]), [nvfp4], ["onnxruntime"], "profile")
     with pytest.raises(EnvironmentMissing, match="exporting tiny_nvfp4 needs a CUDA GPU, and no node of the cluster has one"):
-        no_gpu.placement(Job("export", nvfp4))
+        no_gpu.placement(Job("export", [Member(nvfp4)]))
+
+
+def test_a_points_engines_of_every_toolchain_are_one_job_on_one_gpu_type(tmp_path):
+    """The unit of work is the shape point: every engine of a point that is timed on a GPU type is
+    in that type's one job, and the engines that need no GPU (ONNX Runtime) join the first type's,
+    as a local run times every engine of a point together. Each waits for its engines' builds."""
+    from pipeline.catalog import EngineRef
+    from pipeline.cluster.connection import Cluster
+    from pipeline.cluster.plan import ClusterPlan
+    from pipeline.runtimes import load_catalog
+    from pipeline.stages.base import RunContext
+    from pipeline.workspace import Workspace
+    from tests.conftest import RTX_TOOLCHAINS, TINY_CATALOG, write_catalog
+
+    extra = '\n[toolchains.trt-local]\nkind = "trtexec-local"\ntrt = "10.14.1"\ngpus = "none"\n'
+    rtx = RTX_TOOLCHAINS.replace('release = "1.7.1.116"', 'release = "1.7.1.116"\narchs = ["sm120"]')
+    catalog = load_catalog(write_catalog(tmp_path, TINY_CATALOG + extra + rtx))
+    ctx = RunContext(catalog=catalog, workspace=Workspace(catalog.root))
+    h100 = Node("a" * 56, "10.0.0.1", {"CPU": 16, "GPU": 1, "accelerator_type:H100": 1})
+    pro = Node("b" * 56, "10.0.0.2", {"CPU": 8, "gpu_type:RTX-PRO-6000": 1})
+    engines = [EngineRef("tiny", "fp32"), EngineRef("tiny", "fp16")]
+    plan = ClusterPlan(ctx, Cluster("10.0.0.1:6379", [h100, pro]), engines, ["trt-local", "onnxruntime", "trt-rtx1.7"], "profile")
+    jobs = plan.plan()
+    points = {job.placed_on: job for job in jobs if job.stage == "profile"}
+    assert set(points) == {"H100", "RTX-PRO-6000"}  # one model of one shape: one point, once per GPU type
+    members = {on: sorted((m.engine.variant, m.toolchain, m.gpu_type) for m in job.members) for on, job in points.items()}
+    assert members["H100"] == [
+        ("fp16", "onnxruntime", None),
+        ("fp16", "trt-local", "H100"),
+        ("fp32", "onnxruntime", None),
+        ("fp32", "trt-local", "H100"),
+    ]
+    assert members["RTX-PRO-6000"] == [
+        ("fp16", "trt-local", "RTX-PRO-6000"),
+        ("fp16", "trt-rtx1.7", None),
+        ("fp32", "trt-local", "RTX-PRO-6000"),
+        ("fp32", "trt-rtx1.7", None),
+    ]
+    for job in points.values():  # each member waits for its own engine's build
+        assert [(b.stage, b.members[0]) for b in job.after] == [("build", member) for member in job.members]
+    builds = [job for job in jobs if job.stage == "build"]
+    assert len(builds) == 2 * (2 + 1 + 1) and all(job.after == [plan.exports[job.engine]] for job in builds)
 
 
 class _Listener:
