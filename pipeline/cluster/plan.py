@@ -255,9 +255,8 @@ class ClusterPlan:
                     )
                 options["num_gpus"] = 1
         elif job.stage == "profile":
-            # A measurement wants its node to itself: as many CPUs as the smallest node has.
-            options["num_cpus"] = max(1.0, min((n.cpus for n in nodes if n.cpus > 0), default=1.0))
             gpu_type = job.placed_on
+            options["num_cpus"] = self._measurement_cpus(gpu_type)
         elif self.runtimes[job.toolchain].placement == "gpu":
             gpu_type = job.gpu_type
         if gpu_type is not None:
@@ -266,6 +265,19 @@ class ClusterPlan:
             if node.resources.get("GPU"):
                 options["num_gpus"] = 1
         return options, gpu_type
+
+    def _measurement_cpus(self, gpu_type: str | None) -> float:
+        """The CPUs a point's task asks for, so that nothing else runs beside a measurement: a
+        whole node (the smallest) for a point that needs no GPU; for one on a GPU type, that GPU's
+        share of its node's CPUs (the smallest node of the type), so a node's GPUs each time a
+        point at once — on two H200s of one host, a point each, not one after the other."""
+        if gpu_type is None:
+            return max(1.0, min((n.cpus for n in self.cluster.nodes if n.cpus > 0), default=1.0))
+        shares = [
+            n.cpus / max(1.0, n.resources.get("GPU") or n.resources.get(f"gpu_type:{gpu_type}") or 1.0)
+            for n in self.cluster.nodes_with(gpu_type)
+        ]
+        return max(1.0, min((share for share in shares if share > 0), default=1.0))
 
     def feasible(self, job: Job) -> bool:
         if job.placed_by is None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from pipeline.report.confidence import time_ratio
 from pipeline.report.rows import ComparisonRow, shape_order
-from pipeline.report.verdict import TIE, Verdict, gpu_words, measured_on, times
+from pipeline.report.verdict import TIE, Verdict, gpu_type_judged_on, gpu_words, measured_on, times
 from pipeline.stats import RatioEstimate
 
 METRICS = ("ms", "tokens", "memory")
@@ -152,14 +152,16 @@ def sweeps(rows: list[ComparisonRow], verdict_list: list[Verdict], tie: float = 
     """A sweep per model (and GPU type) measured at shape points."""
     by_point = {(v.model, v.gpu_type, v.shape): v for v in verdict_list if v.fastest is not None}
     out: dict[tuple[str, str | None], Sweep] = {}
+    judged_on = gpu_type_judged_on(rows)
     for row in rows:
         if row.shape is None:
             continue
-        sweep = out.setdefault((row.model, row.gpu_type), Sweep(row.model, row.gpu_type, [], {}, {}, tie=tie, baseline=baseline_toolchain))
+        gpu_type = judged_on(row)
+        sweep = out.setdefault((row.model, gpu_type), Sweep(row.model, gpu_type, [], {}, {}, tie=tie, baseline=baseline_toolchain))
         if row.shape not in sweep.shapes:
             sweep.shapes.append(row.shape)
         sweep.lines.setdefault((row.variant, row.toolchain), {})[row.shape] = row
-        verdict = by_point.get((row.model, row.gpu_type, row.shape))
+        verdict = by_point.get((row.model, gpu_type, row.shape))
         if verdict is not None and verdict.fastest is row:
             sweep.best[row.shape] = row
             sweep.tied[row.shape] = verdict.tied

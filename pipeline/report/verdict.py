@@ -15,6 +15,7 @@ Built from comparison rows only (pipeline/report/rows.py), so every format says 
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +43,18 @@ def measured_on(rows: list[ComparisonRow]) -> dict[str, tuple[dict[str, Any], li
         if row.gpu_device and row.gpu_device.get("uuid"):
             found.setdefault(row.gpu_device["uuid"], (row.gpu_device, []))[1].append(row)
     return dict(sorted(found.items(), key=lambda item: (item[1][0].get("index", 0), item[0])))
+
+
+def gpu_type_judged_on(rows: list[ComparisonRow]) -> Callable[[ComparisonRow], str | None]:
+    """The GPU type a row is judged with: its own; for an engine that needs no GPU (ONNX Runtime
+    on the CPU) timed in one set of rounds beside a GPU type's engines (a cluster's point task),
+    theirs — so a point's engines are judged together, as they were timed."""
+    timed_on = {group: row.gpu_type for row in rows if row.gpu_type for group in row.round_medians}
+
+    def judged_on(row: ComparisonRow) -> str | None:
+        return row.gpu_type or next((timed_on[group] for group in row.round_medians if group in timed_on), None)
+
+    return judged_on
 
 
 def gpu_words(device: dict[str, Any]) -> str:
@@ -301,8 +314,9 @@ def verdicts(
     held to its floor in ``floors`` (none there: each precision's own check), two engines whose
     time ratio lies within 1 ± ``tie`` called the same."""
     groups: dict[tuple[str, str | None, str | None], list[ComparisonRow]] = {}
+    judged_on = gpu_type_judged_on(rows)
     for row in rows:
-        groups.setdefault((row.model, row.gpu_type, row.shape), []).append(row)
+        groups.setdefault((row.model, judged_on(row), row.shape), []).append(row)
     # An engine refused or skipped before any point (its build) belongs to each point of a model
     # measured at several: said there, not as an answer of its own that no engine was measured.
     for model, gpu_type, shape in list(groups):

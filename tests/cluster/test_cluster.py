@@ -198,6 +198,9 @@ def test_a_points_engines_of_two_toolchains_share_one_set_of_rounds(cluster, tmp
     assert sorted(ort_rounds.entrants) == sorted(torch_rounds.entrants) == ["fp32/onnxruntime", "fp32/torch-eager"]
     assert ort.environment.cluster_node.ray_node_id == torch.environment.cluster_node.ray_node_id
     assert torch.environment.cluster_node.gpu_type == "H100"
+    # Judged as they were timed: one verdict at the point, on the H100, with both engines in it.
+    compared = json.loads(cluster.pipeline(catalog, "compare", "--format", "json").stdout)
+    assert [verdict["gpu_type"] for verdict in compared["verdicts"]] == ["H100"]
 
 
 def test_connection_failures_are_explained(cluster, tmp_path):

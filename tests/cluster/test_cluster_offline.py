@@ -109,9 +109,9 @@ def test_each_kind_of_work_is_placed_where_it_can_run(tmp_path):
         {"num_cpus": 1, "resources": {"accelerator_type:H100": 0.001}, "num_gpus": 1},
         "H100",
     )
-    # A point's profiles have their node to themselves: as many CPUs as the smallest node has.
+    # A point's profiles have their GPU's share of its node to themselves: all 8 CPUs of a one-GPU node.
     assert trt.placement(Job("profile", [Member(engine, "trt-local", "RTX-PRO-6000")], placed_on="RTX-PRO-6000")) == (
-        {"num_cpus": 4, "resources": {"gpu_type:RTX-PRO-6000": 1.0}},
+        {"num_cpus": 8.0, "resources": {"gpu_type:RTX-PRO-6000": 1.0}},
         "RTX-PRO-6000",
     )
     assert ClusterPlan(ctx, cluster, [engine], ["trt-local"], "profile", ("H100",)).targets == {"trt-local": ["H100"]}
@@ -124,7 +124,15 @@ def test_each_kind_of_work_is_placed_where_it_can_run(tmp_path):
     assert aot.targets == {"trt-rtx1.7": [None]}
     assert aot.placement(Job("build", [Member(engine, "trt-rtx1.7")])) == ({"num_cpus": 1}, None)
     (point,) = [job for job in aot.plan() if job.stage == "profile"]
-    assert aot.placement(point) == ({"num_cpus": 4, "resources": {"gpu_type:RTX-PRO-6000": 1.0}}, "RTX-PRO-6000")
+    assert aot.placement(point) == ({"num_cpus": 8.0, "resources": {"gpu_type:RTX-PRO-6000": 1.0}}, "RTX-PRO-6000")
+
+    # Two GPUs of one host (Ray's own resources): a point each at once, each with half the CPUs.
+    two = Node("d" * 56, "10.0.0.4", {"CPU": 32, "GPU": 2, "accelerator_type:H200": 1})
+    pair = ClusterPlan(ctx, Cluster("10.0.0.4:6379", [two]), [engine], ["trt-local"], "profile")
+    assert pair.placement(Job("profile", [Member(engine, "trt-local", "H200")], placed_on="H200")) == (
+        {"num_cpus": 16.0, "resources": {"accelerator_type:H200": 0.001}, "num_gpus": 1},
+        "H200",
+    )
 
     ort = ClusterPlan(ctx, cluster, [engine], ["onnxruntime"], "profile")
     assert ort.targets == {"onnxruntime": [None]} and ort.placement(Job("build", [Member(engine, "onnxruntime")])) == (

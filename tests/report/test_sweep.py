@@ -638,3 +638,22 @@ def test_a_sweep_measured_on_one_gpu_says_nothing_of_gpus():
     rows = [_row("torch-eager", shape, 10.0, gpu_device=GPU_1) for shape in ("2x512", "2x2048")]
     (sweep,) = sweeps(rows, verdicts(rows, "torch-eager"), baseline_toolchain="torch-eager")
     assert sweep.notes() == sweep.crossovers() and sweep.public()["gpus"] == [{**GPU_1, "points": ["2x512", "2x2048"]}]
+
+
+def test_an_engine_without_a_gpu_type_is_judged_with_the_gpu_engines_it_was_timed_beside():
+    """A cluster's point task on an H200 times ONNX Runtime (no GPU type: its manifests are
+    onnxruntime's) beside torch-cudagraphs@H200 in one set of rounds: one verdict, one sweep."""
+    rounds = {"g1": [1.0, 1.0, 1.0, 1.0, 1.0, 1.0]}
+    rows = [
+        _row("onnxruntime", "2x16", 0.41, round_medians=dict(rounds)),
+        _row("torch-cudagraphs", "2x16", 0.11, gpu_type="H200", round_medians={"g1": [0.11] * 6}),
+        _row("onnxruntime", "2x64", 0.80, round_medians={"g2": [0.8] * 6}),  # timed beside no GPU engine
+    ]
+    found = verdicts(rows, None)
+    assert [(v.shape, v.gpu_type) for v in found] == [("2x64", None), ("2x16", "H200")]
+    at_2x16 = next(v for v in found if v.shape == "2x16")
+    assert at_2x16.fastest.toolchain == "torch-cudagraphs" and {r.toolchain for r in at_2x16.candidates} == {
+        "onnxruntime",
+        "torch-cudagraphs",
+    }
+    assert {(s.model, s.gpu_type) for s in sweeps(rows, found)} == {("m", None), ("m", "H200")}
