@@ -121,9 +121,20 @@ def export(state: _State, engines, models, variants, force, wait, calib_dir, cal
 
 
 def _launcher(state: _State, cluster: str | None, gpu_types):
-    """Where the stages run: in this process, or on the Ray cluster named by --cluster."""
+    """Where the stages run: in this process, on the Ray cluster named by --cluster, or on the GPUs
+    of this machine --gpus names (a Ray instance here)."""
     from pipeline.errors import UsageError
 
+    visible = click.get_current_context().meta.get("visible_gpus")
+    if visible and cluster:
+        raise UsageError(
+            "--gpus runs on this machine's GPUs, --cluster on a Ray cluster's: give one of them.",
+            hint="--gpus 0,1 for this machine (a Ray instance here); --cluster HOST:PORT for a cluster",
+        )
+    if visible:
+        from pipeline.cluster.supervisor import ClusterLauncher
+
+        return ClusterLauncher("local", tuple(gpu_types), state.verbose, visible)
     if not cluster:
         if gpu_types:
             raise UsageError("--gpu chooses among a cluster's GPU types; it needs --cluster.", hint="add --cluster HOST:PORT")

@@ -51,7 +51,25 @@ def force_option(func):
     return click.option("--force", is_flag=True, help="Re-run stages even when nothing changed.")(func)
 
 
+def _visible_gpus(ctx: click.Context, param, value: str | None) -> None:
+    """--gpus 0,1: kept in the command's context for the launcher (pipeline/cli/main.py)."""
+    if value is None:
+        return
+    ids = [part.strip() for part in value.split(",") if part.strip()]
+    if not ids or not all(part.isdigit() or part.startswith("GPU-") for part in ids):
+        raise click.BadParameter(f"{value!r}: give GPUs of this machine by index or UUID, as `nvidia-smi -L` lists them (e.g. 0,1)")
+    ctx.meta["visible_gpus"] = ",".join(ids)
+
+
 def cluster_options(func):
+    func = click.option(
+        "--gpus",
+        metavar="IDS",
+        expose_value=False,
+        callback=_visible_gpus,
+        help="Time on these GPUs of this machine at once, e.g. 0,1: a Ray instance here (the cluster "
+        "extra), each GPU timing one shape point at a time with every engine of the point.",
+    )(func)
     func = click.option(
         "--gpu",
         "gpu_types",

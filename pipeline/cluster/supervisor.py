@@ -36,14 +36,24 @@ class ClusterLauncher:
     address: str
     gpu_types: tuple[str, ...] = ()
     verbose: bool = False
+    # `--gpus 0,1`: the GPUs of this machine a local Ray instance ("local") may use, each timing a
+    # shape point at a time (CUDA_VISIBLE_DEVICES of the instance; Ray gives each task one of them).
+    visible_gpus: str | None = None
 
     def run(self, ctx, engines, toolchains: list[str] | None, until: str) -> RunSummary:
         """Every toolchain in one cluster run: each shape point's engines are timed together."""
-        return run_on_cluster(ctx, self.address, engines, toolchains, until, self.gpu_types, self.verbose)
+        return run_on_cluster(ctx, self.address, engines, toolchains, until, self.gpu_types, self.verbose, self.visible_gpus)
 
 
 def run_on_cluster(
-    ctx, address: str, engines, toolchains: list[str] | None, until: str, gpu_types: tuple[str, ...] = (), verbose: bool = False
+    ctx,
+    address: str,
+    engines,
+    toolchains: list[str] | None,
+    until: str,
+    gpu_types: tuple[str, ...] = (),
+    verbose: bool = False,
+    visible_gpus: str | None = None,
 ) -> RunSummary:
     """What `--cluster ADDRESS` does for run/export/build/profile."""
     import multiprocessing
@@ -54,7 +64,7 @@ def run_on_cluster(
     preflight(address)
     spawn = multiprocessing.get_context("spawn")  # a fresh interpreter: Ray must not inherit a fork
     receive, send = spawn.Pipe(duplex=False)
-    settings = (ctx.catalog, ctx.force, ctx.argv, address, engines, toolchains, until, gpu_types, verbose)
+    settings = (ctx.catalog, ctx.force, ctx.argv, address, engines, toolchains, until, gpu_types, verbose, visible_gpus)
     lock = inherited_lock(ctx.workspace.manifests_dir)
     child = spawn.Process(target=_child, args=(send, settings, lock, os.getpid()), name="pipeline-cluster-driver")
     child.start()
@@ -104,7 +114,9 @@ def _child(send, settings, lock, parent: int) -> None:
     terminate_like_interrupt()
     # `lock` (the workspace lock's descriptor) stays open until this process ends.
     threading.Thread(target=_end_with_parent, args=(parent,), name="parent-watch", daemon=True).start()
-    catalog, force, argv, address, engines, toolchains, until, gpu_types, verbose = settings
+    catalog, force, argv, address, engines, toolchains, until, gpu_types, verbose, visible_gpus = settings
+    if visible_gpus:  # the local Ray instance sees these GPUs only, and hands one to each task
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible_gpus
     ctx = RunContext(catalog=catalog, workspace=Workspace(catalog.root), reporter=Reporter(verbose=verbose), force=force, argv=argv)
     try:
         summary = drive(ctx, address, engines, toolchains, until, gpu_types, verbose)

@@ -203,6 +203,22 @@ def test_a_points_engines_of_two_toolchains_share_one_set_of_rounds(cluster, tmp
     assert [verdict["gpu_type"] for verdict in compared["verdicts"]] == ["H100"]
 
 
+def test_gpus_runs_the_same_plan_on_a_ray_instance_of_this_machine(cluster, tmp_path):
+    """`--gpus 0,1`: no cluster to start — a Ray instance of this machine that sees those GPUs
+    (here two stand-ins: this machine has none, so Ray counts the two CUDA_VISIBLE_DEVICES names)
+    runs the plan, each point's engines in one set of rounds."""
+    catalog = catalog_in(tmp_path, "gpus")
+    result = cluster.pipeline(catalog, "run", "--gpus", "0,1", "--model", "tiny", "--variant", "fp32", "--variant", "fp16")
+    assert result.returncode == 0, result.stderr
+    assert "cluster  local: 1 node(s)" in result.stderr
+    profiles = [read_manifest(catalog.parent / "manifests" / "onnxruntime" / f"tiny_{v}.json") for v in ("fp32", "fp16")]
+    assert len({record.group for manifest in profiles for record in manifest.profile.details.rounds}) == 1
+    both = cluster.pipeline(catalog, "run", "--gpus", "0,1", "--cluster", cluster.address, "--engine", "tiny_fp32")
+    assert both.returncode == 2 and "--gpus runs on this machine's GPUs, --cluster on a Ray cluster's" in both.stderr
+    wrong = cluster.pipeline(catalog, "run", "--gpus", "first", "--engine", "tiny_fp32")
+    assert wrong.returncode == 2 and "give GPUs of this machine by index or UUID" in wrong.stderr
+
+
 def test_connection_failures_are_explained(cluster, tmp_path):
     catalog = catalog_in(tmp_path, "bad")
     unreachable = cluster.pipeline(catalog, "run", "--cluster", "127.0.0.1:1", "--engine", "tiny_fp32")
