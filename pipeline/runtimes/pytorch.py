@@ -47,7 +47,7 @@ from pipeline.runtimes.torch_prepared import (
     Prepared,
     import_torch,
 )
-from pipeline.runtimes.torch_preparing import CAPTURING_MODES, NotPrepared, TorchPreparation, compile_mode
+from pipeline.runtimes.torch_preparing import NotPrepared, TorchPreparation, captures_graphs, compile_mode
 
 # What the engine file holds; checked on load so a stray .pt is a clear error, not a crash.
 ENGINE_FORMAT = "trt-pipeline torch model"
@@ -133,11 +133,6 @@ class TorchRuntime(InProcessRuntime):
     def mode(self) -> str | None:
         return compile_mode(self.spec)
 
-    @property
-    def captures(self) -> bool:
-        """Whether torch.compile's mode captures the compiled model in CUDA graphs."""
-        return self.mode in CAPTURING_MODES
-
     def identity(self) -> dict[str, Any]:
         # Read from package metadata and nvidia-smi, so a warm rerun need not import torch.
         return {
@@ -181,7 +176,7 @@ class TorchRuntime(InProcessRuntime):
     def _machine_problem(self) -> tuple[str, str] | None:
         """(what is missing, how to get it) for this backend on this machine, or None."""
         cuda = self._cuda_available()
-        if (self.spec.backend == "cudagraphs" or self.captures) and not cuda:
+        if (self.spec.backend == "cudagraphs" or captures_graphs(self.spec)) and not cuda:
             how = "captures" if self.spec.backend == "cudagraphs" else f"compiles with mode {self.spec.mode}, which captures"
             return (
                 f"toolchain {self.name} {how} CUDA graphs, which need an NVIDIA GPU; torch {self.version} sees none.",

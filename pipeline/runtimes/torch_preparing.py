@@ -29,6 +29,11 @@ def compile_mode(spec) -> str | None:
     return (spec.mode or "default") if spec.backend == "compile" else None
 
 
+def captures_graphs(spec) -> bool:
+    """Whether torch.compile's mode captures the compiled model in CUDA graphs."""
+    return compile_mode(spec) in CAPTURING_MODES
+
+
 class NotPrepared(Exception):
     """torch.compile, or the attention kernel the toolchain asks for, refused the model: a fact
     about the model, the release and the GPU, recorded as a refusal (see RefusedByTool)."""
@@ -47,11 +52,6 @@ class TorchPreparation:
     @property
     def mode(self) -> str | None:
         return compile_mode(self.spec)
-
-    @property
-    def captures(self) -> bool:
-        """Whether torch.compile's mode captures the compiled model in CUDA graphs."""
-        return self.mode in CAPTURING_MODES
 
     def prepare(
         self,
@@ -220,7 +220,7 @@ class TorchPreparation:
         # A mode that captures CUDA graphs skips the capture, with a warning, where it cannot hold
         # the model (a CPU tensor, an input it mutates, …) and runs it uncaptured: here that is an
         # error, so the point records a refusal with Inductor's reason instead of timing something else.
-        graphs_captured = self.captures and examples[0].is_cuda
+        graphs_captured = captures_graphs(self.spec) and examples[0].is_cuda
         strict = torch._inductor.config.patch({"triton.cudagraph_or_error": True}) if graphs_captured else contextlib.nullcontext()
         try:
             # Inductor prints its autotuning tables: shown with -v, like the export's tools.
