@@ -80,16 +80,20 @@ def _own_cpu_s() -> float:
 
 
 class _Nvml:
-    """The GPUs through NVML; absent (``available`` False) without nvidia-ml-py or a driver."""
+    """The GPUs through NVML; absent (``available`` False) without nvidia-ml-py or a driver.
+    ``uuid``: only that GPU, the one measured on. NVML lists every GPU of the machine whatever
+    CUDA_VISIBLE_DEVICES says: watching all of them, a point timed on GPU 1 of two H200s beside
+    another point on GPU 0 was flagged busy for the process on GPU 0."""
 
-    def __init__(self):
+    def __init__(self, uuid: str | None = None):
         self.available = False
         try:
             import pynvml
 
             pynvml.nvmlInit()
             self.nvml = pynvml
-            self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            every = [(i, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(pynvml.nvmlDeviceGetCount())]
+            self.handles = [(i, h) for i, h in every if uuid is None or _text(pynvml.nvmlDeviceGetUUID(h)) == uuid]
             self.available = bool(self.handles)
         except Exception:  # not installed, no driver, no permission: nothing to watch
             return
@@ -100,7 +104,7 @@ class _Nvml:
 
     def sample(self, since_us: int) -> list[dict[str, Any]]:
         nvml, samples = self.nvml, []
-        for index, handle in enumerate(self.handles):
+        for index, handle in self.handles:
             sample: dict[str, Any] = {"index": index}
             for key, read in (
                 ("reasons", lambda h: self._reasons(h) if self._reasons else 0),
@@ -135,6 +139,10 @@ class _Nvml:
                 pass
 
 
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 class MachineWatch:
     """Samples the machine every SAMPLE_INTERVAL_S while the block runs; ``summary`` afterwards.
 
@@ -143,9 +151,10 @@ class MachineWatch:
     >>> watch.summary  # {"seconds": …, "cpu_pressure": {"average": …, "peak": …}, …}
     """
 
-    def __init__(self, interval_s: float = SAMPLE_INTERVAL_S, watch_gpus: bool = True):
+    def __init__(self, interval_s: float = SAMPLE_INTERVAL_S, watch_gpus: bool = True, gpu_uuid: str | None = None):
         self.interval_s = interval_s
         self.watch_gpus = watch_gpus
+        self.gpu_uuid = gpu_uuid  # the GPU measured on (environment.measuring_gpu); None: every GPU
         self.summary: dict[str, Any] = {}
         self._stop = threading.Event()
         self._windows: list[float] = []
@@ -153,7 +162,7 @@ class MachineWatch:
         self._gpu_samples: list[list[dict[str, Any]]] = []
 
     def __enter__(self):
-        self._nvml = _Nvml() if self.watch_gpus else None
+        self._nvml = _Nvml(self.gpu_uuid) if self.watch_gpus else None
         self._started = time.monotonic()
         self._since_us = int(time.time() * 1e6)
         self._psi_start = _psi_some_total_us()
@@ -207,8 +216,9 @@ class MachineWatch:
 def _summarise_gpus(samples: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     me = os.getpid()
     gpus = []
-    for index in range(len(samples[0])):
-        seen = [sample[index] for sample in samples if index < len(sample)]
+    for position in range(len(samples[0])):
+        seen = [sample[position] for sample in samples if position < len(sample)]
+        index = seen[0]["index"]
         reasons = 0
         for sample in seen:
             reasons |= int(sample.get("reasons") or 0)

@@ -147,8 +147,9 @@ def _in_rounds(stages: list) -> dict[Any, Measured | PipelineError]:
         if not engines:
             return out
         reporter.step(f"{len(engines)} engine(s) in rounds")
-        with MachineWatch() as watch, running_on(settings.host_cpus):
-            clock = SmClock(gpu_device["uuid"] if gpu_device else None)
+        uuid = gpu_device["uuid"] if gpu_device else None
+        with MachineWatch(gpu_uuid=uuid) as watch, running_on(settings.host_cpus):
+            clock = SmClock(uuid)
             outcome = measure_in_rounds(engines, settings, point_seed(stages), reporter.progress, clock)
         if outcome.stop == "budget":  # once for the point: the engines' manifests say so each (rounds[].stop)
             reporter.warn(f"{label}: {undecided_words(outcome)}")
@@ -205,14 +206,14 @@ def _tool_alone(stage) -> Measured:
         measured = _tool_runs(stage, engine_path, workload)
         measured.accuracy = stage.check_accuracy(engine_path, workload)
     measured.seconds = time.perf_counter() - started
-    measured.gpu_device = measuring_gpu()
     return measured
 
 
 def _tool_runs(stage, engine_path: Path, workload) -> Measured:
     settings, reporter = stage.settings, stage.ctx.reporter
     retaken: list[list[float]] = []
-    load_at_start = machine_load()
+    load_at_start, gpu_device = machine_load(), measuring_gpu()
+    gpu_uuid = gpu_device["uuid"] if gpu_device else None
     while True:
         results, watched = [], []
         for run in range(settings.repeats):
@@ -220,7 +221,7 @@ def _tool_runs(stage, engine_path: Path, workload) -> Measured:
                 again = f", take {len(retaken) + 1}" if retaken else ""
                 reporter.detail(f"{stage.engine.name}: measurement {run + 1} of {settings.repeats}{again}")
                 reporter.step(f"measurement {run + 1} of {settings.repeats}{again}")
-            with MachineWatch() as watch, running_on(settings.host_cpus):
+            with MachineWatch(gpu_uuid=gpu_uuid) as watch, running_on(settings.host_cpus):
                 results.append(stage.runtime.profile(engine_path, settings, workload))
             watched.append(watch.summary)
         medians = [round(LatencyStats.from_values(r.per_iteration_ms).median, 6) for r in results]
@@ -232,7 +233,7 @@ def _tool_runs(stage, engine_path: Path, workload) -> Measured:
             f"{stage.engine.name}: the {len(medians)} measurements disagree (medians {min(medians):.3f}–{max(medians):.3f} ms, "
             f"CV {repeat_cv:.2%} > {settings.max_repeat_cv:.0%}): taking them again ({len(retaken)} of {settings.retakes})"
         )
-    return Measured(results, watched, load_at_start, [], (None, None, None), retaken)
+    return Measured(results, watched, load_at_start, [], (None, None, None), retaken, gpu_device=gpu_device)
 
 
 # --- a repeat in a fresh process ---------------------------------------------------------------------

@@ -294,3 +294,44 @@ def test_cpu_ranges_read_as_a_person_writes_them():
     from pipeline.environment import _ranges
 
     assert _ranges([0, 1, 2, 3, 8, 10, 11]) == "0-3, 8, 10-11" and _ranges([5]) == "5"
+
+
+def test_only_the_gpu_measured_on_is_watched(monkeypatch):
+    """NVML lists every GPU of the machine: a point measured on GPU 1 beside another process's
+    work on GPU 0 (two points at once, --gpus 0,1) is not busy; unknown which GPU, all are watched."""
+    import types
+
+    fake = types.SimpleNamespace(
+        nvmlInit=lambda: None,
+        nvmlShutdown=lambda: None,
+        nvmlDeviceGetCount=lambda: 2,
+        nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetUUID=lambda h: [b"GPU-aaaa", "GPU-bbbb"][h],  # older bindings answer bytes
+        nvmlDeviceGetCurrentClocksEventReasons=lambda h: 0,
+        nvmlDeviceGetClockInfo=lambda h, clock: 1980,
+        nvmlDeviceGetTemperature=lambda h, sensor: 40,
+        # GPU 0: two other processes at work (another point's, and one beside it); GPU 1: this one.
+        nvmlDeviceGetComputeRunningProcesses=lambda h: [
+            types.SimpleNamespace(pid=pid) for pid in ([4242, 4343] if h == 0 else [os.getpid()])
+        ],
+        nvmlDeviceGetProcessUtilization=lambda h, since: (
+            [types.SimpleNamespace(pid=4242, smUtil=90), types.SimpleNamespace(pid=4343, smUtil=30)] if h == 0 else []
+        ),
+        NVML_CLOCK_SM=1,
+        NVML_TEMPERATURE_GPU=0,
+        NVMLError_NotFound=LookupError,
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+
+    def watched(uuid):
+        with machine_watch.MachineWatch(interval_s=0.02, gpu_uuid=uuid) as watch:
+            time.sleep(0.1)
+        return watch.summary
+
+    on_second = watched("GPU-bbbb")
+    assert [gpu["index"] for gpu in on_second["gpus"]] == [1]
+    assert not [flag for flag in machine_watch.verdict([on_second]) if "GPU" in flag]
+    assert [gpu["index"] for gpu in watched("GPU-aaaa")["gpus"]] == [0]
+    every = watched(None)
+    assert [gpu["index"] for gpu in every["gpus"]] == [0, 1]
+    assert "busy: 1 other process(es) ran on GPU 0 during the measurement" in machine_watch.verdict([every])
