@@ -16,6 +16,8 @@ from pipeline import __version__, nvidia_smi
 from pipeline.errors import PipelineError
 from pipeline.manifest import Environment, GpuInfo
 
+SYS_CPU = Path("/sys/devices/system/cpu")
+
 # Distributions whose versions change results; recorded in every manifest.
 TRACKED_PACKAGES = (
     "torch",
@@ -185,6 +187,32 @@ def running_on(cpus: tuple[int, ...] | None):
         yield
     finally:
         os.sched_setaffinity(0, allowed)
+
+
+def physical_cores(cpus: list[int], sys_cpu: Path = SYS_CPU) -> list[tuple[int, ...]]:
+    """``cpus`` grouped by the physical core they are threads of, in socket then core order (a
+    CPU whose topology the kernel does not show is a core of its own)."""
+    cores: dict[tuple[int, int], list[int]] = {}
+    for cpu in sorted(cpus):
+        topology = sys_cpu / f"cpu{cpu}" / "topology"
+        try:
+            key = (int((topology / "physical_package_id").read_text()), int((topology / "core_id").read_text()))
+        except (OSError, ValueError):
+            key = (-1, cpu)  # package -1: no real core shares its key
+        cores.setdefault(key, []).append(cpu)
+    return [tuple(threads) for _, threads in sorted(cores.items())]
+
+
+def pinned_cores() -> int | None:
+    """How many physical cores this process may run on, where that is fewer than the machine has
+    ([profile] host_cpus; a cluster point's share of its node): a thread pool sized by the machine
+    would put several threads on each of them. None where it may run on every CPU."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    allowed = os.sched_getaffinity(0)
+    if len(allowed) >= (os.cpu_count() or 0):
+        return None
+    return len(physical_cores(sorted(allowed)))
 
 
 def _ranges(numbers: list[int]) -> str:

@@ -58,6 +58,9 @@ class ClusterNode(_Model):
     gpu_type: str | None = None
     # Every GPU type and custom resource the node advertises.
     resources: dict[str, float] = {}
+    # The CPUs a shape point's task measured on: its GPU's share of the node's cores
+    # (pipeline/cluster/cpu_share.py); None where it ran wherever the OS put it.
+    cpus: tuple[int, ...] | None = None
 
 
 class Environment(_Model):

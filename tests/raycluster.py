@@ -106,7 +106,17 @@ class LoopbackCluster:
                 if entry.name != "cluster" and not link.exists():
                     link.symlink_to(entry)
 
-    def _start_node(self, name: str, resources: dict, head: bool = False) -> RayNode:
+    def add_node(self, name: str, resources: dict, cpus: int = 1) -> RayNode:
+        """A worker node that joins the running cluster (``remove_node`` takes it away again)."""
+        node = self._start_node(name, resources, cpus=cpus)
+        self.wait_for_alive(len(self.nodes))
+        return node
+
+    def remove_node(self, name: str) -> None:
+        self.nodes.pop(name).kill()
+        self.wait_for_alive(len(self.nodes))
+
+    def _start_node(self, name: str, resources: dict, head: bool = False, cpus: int = 1) -> RayNode:
         cache = self.root / f"cache-{name}"
         cache.mkdir(exist_ok=True)
         node = RayNode(name, resources, cache, self.root / f"{name}.log")
@@ -114,7 +124,7 @@ class LoopbackCluster:
         if head:
             argv += ["--head", f"--port={PORT}", "--num-cpus=0", "--include-dashboard=false"]
         else:
-            argv += [f"--address={self.address}", "--num-cpus=1", f"--resources={json.dumps(resources)}"]
+            argv += [f"--address={self.address}", f"--num-cpus={cpus}", f"--resources={json.dumps(resources)}"]
         env = {**self.env, "PIPELINE_CACHE_DIR": str(cache)}
         with open(node.log, "wb") as log:
             node.process = subprocess.Popen(self._in_namespace(argv), env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -97,12 +97,16 @@ def execute(request: StageRequest, node_id: str) -> StageResult:
         for path, text in request.manifests.items():
             (scratch / path).parent.mkdir(parents=True, exist_ok=True)
             (scratch / path).write_text(text)
-        stages = [_stage(request, member, scratch, reporter, node_id) for member in request.members]
-        for toolchain in dict.fromkeys(member.toolchain for member in request.members if member.toolchain is not None):
-            from pipeline.runtimes import get_runtime
+        node = _cluster_node(node_id, request.placed_by)
+        with _measuring_share(request, node) as cpus:
+            node = node.model_copy(update={"cpus": cpus})
+            stages = [_stage(request, member, scratch, reporter, node) for member in request.members]
+            for toolchain in dict.fromkeys(member.toolchain for member in request.members if member.toolchain is not None):
+                from pipeline.runtimes import get_runtime
 
-            get_runtime(stages[0].ctx, toolchain).check_usable()
-        for stage, outcome in zip(stages, _run(request.stage, stages)):
+                get_runtime(stages[0].ctx, toolchain).check_usable()
+            outcomes = _run(request.stage, stages)
+        for stage, outcome in zip(stages, outcomes):
             result.members.append(_member_result(stage, request.stage, outcome, scratch, blobs, request.known, result.outputs))
         result.status = "done"
     except PipelineError as exc:
@@ -138,6 +142,22 @@ def _run(name: str, stages: list) -> list:
         return [exc]
 
 
+@contextlib.contextmanager
+def _measuring_share(request: StageRequest, node):
+    """A shape point's task on a GPU runs on its GPU's share of the node's cores, so that points
+    measured at once on one host's GPUs do not meet on a CPU (pipeline/cluster/cpu_share.py); the
+    CPUs it ran on, or None where it ran wherever the OS put it."""
+    from pipeline.cluster.connection import DECLARED_GPU_PREFIX
+    from pipeline.cluster.cpu_share import claimed_share
+    from pipeline.environment import running_on
+
+    gpus = 0
+    if request.stage == "profile" and request.placed_by:
+        gpus = int(node.resources.get("GPU") or node.resources.get(DECLARED_GPU_PREFIX + request.placed_by) or 0)
+    with claimed_share(gpus, node_cache_dir() / "cpu-shares") as cpus, running_on(cpus):
+        yield cpus
+
+
 def _member_result(stage, name: str, outcome, scratch: Path, blobs: NodeBlobs, known: frozenset[str], outputs: list) -> MemberResult:
     """What the driver is sent of one engine's stage: its manifest and the files it made (those the
     driver does not hold already, in chunks), or its error."""
@@ -162,7 +182,7 @@ def _member_result(stage, name: str, outcome, scratch: Path, blobs: NodeBlobs, k
     return member
 
 
-def _stage(request: StageRequest, member: Member, scratch: Path, reporter, node_id: str):
+def _stage(request: StageRequest, member: Member, scratch: Path, reporter, node):
     from pipeline.stages.base import RunContext
     from pipeline.stages.runner import stage_for
     from pipeline.workspace import Workspace
@@ -174,7 +194,7 @@ def _stage(request: StageRequest, member: Member, scratch: Path, reporter, node_
         reporter=reporter,
         force=request.force,
         gpu_type=member.gpu_type,
-        cluster_node=_cluster_node(node_id, request.placed_by),
+        cluster_node=node,
     )
     return stage_for(ctx, request.stage, member.engine, member.toolchain, member.shape)
 

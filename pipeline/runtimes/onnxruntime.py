@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pipeline.accuracy import ReferenceBatch
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
+from pipeline.environment import pinned_cores
 from pipeline.errors import PipelineError, require_module, tool_message
 from pipeline.measurement import HOST_LATENCY, host_take
 from pipeline.models import ModelSource
@@ -115,6 +116,13 @@ class OnnxRuntimeRuntime(InProcessRuntime):
         options = ort.SessionOptions()
         options.graph_optimization_level = level
         options.log_severity_level = 3  # errors only: constant-folding notices are noise here
+        cores = pinned_cores()
+        if cores is not None:
+            # Left to itself ONNX Runtime starts a thread per physical core of the machine and
+            # pins them across all of it ("Thread management", onnxruntime.ai/docs/performance/
+            # tune-performance/threading.html): out of a process pinned to some CPUs. A count
+            # given turns that pinning off; its threads stay where the process may run.
+            options.intra_op_num_threads = cores
         if optimized_out is not None:
             options.optimized_model_filepath = str(optimized_out)
         try:

@@ -22,7 +22,7 @@ import pytest
 from pipeline.artifacts import sha256_file
 from pipeline.manifest import read_manifest
 from tests import raycluster
-from tests.conftest import RTX_TOOLCHAINS, TINY_CATALOG, write_catalog
+from tests.conftest import CPU_TOOLCHAINS, RTX_TOOLCHAINS, TINY_CATALOG, tiny_bert_catalog, write_catalog
 from tests.dockerd import STANDIN, standin_files
 
 WHY = raycluster.why_unavailable()
@@ -217,6 +217,39 @@ def test_gpus_runs_the_same_plan_on_a_ray_instance_of_this_machine(cluster, tmp_
     assert both.returncode == 2 and "--gpus runs on this machine's GPUs, --cluster on a Ray cluster's" in both.stderr
     wrong = cluster.pipeline(catalog, "run", "--gpus", "first", "--engine", "tiny_fp32")
     assert wrong.returncode == 2 and "give GPUs of this machine by index or UUID" in wrong.stderr
+
+
+@pytest.fixture
+def two_gpu_node(cluster):
+    """A node of two GPUs of one type (stand-ins: a declared resource) and two CPUs, for the test."""
+    cluster.add_node("w-pair", {"gpu_type:L4": 2}, cpus=2)
+    try:
+        yield "L4"
+    finally:
+        cluster.remove_node("w-pair")
+
+
+def test_points_measured_at_once_on_one_hosts_gpus_each_run_on_cpus_of_their_own(cluster, two_gpu_node, tmp_path):
+    """Two shape points on the two GPUs of one node: each point's task claims its GPU's share of
+    the node's cores (here one CPU of two) and records it; two that ran at once never share a CPU,
+    and ONNX Runtime, timed in each beside PyTorch, stays on its task's."""
+    pytest.importorskip("transformers", reason="bert is a transformers model")
+    catalog = write_catalog(tmp_path / "points", tiny_bert_catalog(["2x8", "3x16"], ["fp32"], ["fp32"]) + CPU_TOOLCHAINS)
+    args = ("run", "--cluster", cluster.address, "--gpu", two_gpu_node, "--engine", "bert_fp32")
+    result = cluster.pipeline(catalog, *args, "--toolchain", "onnxruntime", "--toolchain", "torch-eager")
+    assert result.returncode == 0, result.stderr
+    windows = []
+    for point in ("2x8", "3x16"):
+        ort = read_manifest(catalog.parent / "manifests" / "onnxruntime" / f"bert_fp32@{point}.json")
+        torch = read_manifest(catalog.parent / "manifests" / f"torch-eager@{two_gpu_node}" / f"bert_fp32@{point}.json")
+        cpus = torch.environment.cluster_node.cpus
+        assert cpus is not None and len(cpus) == 1 and cpus == ort.environment.cluster_node.cpus, (cpus, ort.environment.cluster_node)
+        assert ort.profile.details.rounds[0].group == torch.profile.details.rounds[0].group
+        record = torch.profile
+        windows.append((record.finished_at.timestamp() - record.duration_s, record.finished_at.timestamp(), set(cpus)))
+    (start_a, end_a, cpus_a), (start_b, end_b, cpus_b) = windows
+    if start_a < end_b and start_b < end_a:  # measured at once: on different CPUs
+        assert not cpus_a & cpus_b
 
 
 def test_connection_failures_are_explained(cluster, tmp_path):

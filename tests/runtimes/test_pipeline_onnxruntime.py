@@ -379,3 +379,31 @@ def test_block_formats_need_a_gpu_and_say_so(tiny_catalog, run_cli):
     assert result.exit_code == 3
     assert "mxfp8 quantization needs a CUDA GPU" in result.err
     assert not (tiny_catalog.parent / "models" / "tiny" / "mxfp8.onnx").exists()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs a process that may run on two CPUs, to pin it to one")
+def test_a_pinned_process_sizes_onnx_runtimes_thread_pool_to_its_own_cores(tmp_path):
+    """Left to itself ONNX Runtime starts a thread per core of the machine and pins them across it,
+    out of a process pinned to some CPUs (a cluster point's share, [profile] host_cpus)."""
+    import onnx
+    import onnxruntime
+    from onnx import TensorProto, helper
+
+    from pipeline.environment import running_on
+    from pipeline.reporting import Reporter
+    from pipeline.runtimes import create_runtime
+    from pipeline.runtimes.onnxruntime import OnnxRuntimeSpec
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "relu",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
+    path = tmp_path / "relu.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    runtime = create_runtime("onnxruntime", OnnxRuntimeSpec(kind="onnxruntime"), Reporter(), tmp_path)
+    level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    assert runtime._session(path, level).get_session_options().intra_op_num_threads == 0  # ONNX Runtime's own choice
+    with running_on((sorted(os.sched_getaffinity(0))[0],)):
+        assert runtime._session(path, level).get_session_options().intra_op_num_threads == 1

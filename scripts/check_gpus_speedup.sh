@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The seed matrix's bf16 half (docs/sweeps.md) from an empty workspace — no Inductor or Triton
+# cache either — on one GPU, or on several with `--gpus`, for docs/cluster.md's comparison:
+#
+#   bash scripts/check_gpus_speedup.sh one OUT    # CUDA_VISIBLE_DEVICES=0 pipeline run …
+#   bash scripts/check_gpus_speedup.sh all OUT    # pipeline run --gpus 0,1,… (every GPU; the cluster extra)
+#   python scripts/check_rerun_agreement.py OUT/one/compare.json OUT/all/compare.json
+#
+# Each writes OUT/<mode>/{run.log,compare.json,seconds.txt} and prints where each point was
+# measured (GPU, CPUs), the rows' flags and the wall clock. VARIANTS="bf16 fp16" runs the whole matrix.
+set -uo pipefail
+mode="${1:?usage: check_gpus_speedup.sh one|all OUT}"
+out="${2:?usage: check_gpus_speedup.sh one|all OUT}/$mode"
+cd "$(dirname "$0")/.."
+PIPELINE="${PIPELINE:-python3 -m pipeline.cli}"
+rm -rf "$out" && mkdir -p "$out/ws"
+cp pipeline.toml "$out/ws/pipeline.toml"
+# Compiled from nothing, as on a fresh machine: Inductor's cache (FX graphs, AOTAutograd, kernels) and Triton's.
+rm -rf "/tmp/torchinductor_$(id -un)" "${TORCHINDUCTOR_CACHE_DIR:-/nonexistent}" "$HOME/.triton/cache"
+args=(run --model modernbert)
+for variant in ${VARIANTS:-bf16}; do args+=(--variant "$variant"); done
+for toolchain in torch-eager torch-eager-attn torch-compile torch-cudagraphs torch-reduce-overhead; do args+=(--toolchain "$toolchain"); done
+if [ "$mode" = one ]; then
+  export CUDA_VISIBLE_DEVICES=0
+else
+  args+=(--gpus "$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd,)")
+fi
+started=$(date +%s.%N)
+$PIPELINE --catalog "$out/ws/pipeline.toml" "${args[@]}" > "$out/run.log" 2>&1
+status=$?
+seconds=$(python3 -c "print(round($(date +%s.%N) - $started, 1))")
+echo "$seconds" > "$out/seconds.txt"
+$PIPELINE --catalog "$out/ws/pipeline.toml" compare --model modernbert --format json > "$out/compare.json" 2> "$out/compare.err"
+echo "== $mode: pipeline run exit $status in $seconds s"
+python3 - "$out" <<'PY'
+import json, sys
+from pathlib import Path
+
+out = Path(sys.argv[1])
+data = json.loads((out / "compare.json").read_text())
+for row in data["rows"]:
+    flags = "; ".join(row.get("flags") or [])
+    print(f"  {row.get('shape')} {row['variant']}/{row['toolchain']}: {row.get('median_ms')} ms on GPU {(row.get('gpu_device') or {}).get('index')} {flags}")
+for manifest in sorted((out / "ws" / "manifests").rglob("*@*.json")):
+    raw = json.loads(manifest.read_text())
+    node = raw["environment"].get("cluster_node") or {}
+    rounds = ((raw.get("profile") or {}).get("details") or {}).get("rounds") or [{}]
+    print(f"  {manifest.parent.name}/{manifest.name}: CPUs {node.get('cpus')}, group {rounds[0].get('group')}, {len(rounds[0].get('entrants') or [])} engines")
+PY
+grep -E "^(export|build|profile|cluster|compil)" "$out/run.log" | tail -40
+exit $status
