@@ -60,6 +60,11 @@ class Reporter:
         if self.activity is not None:
             self.activity.step, self.activity.doing = text, ""
 
+    def measuring(self, text: str) -> None:
+        """A step that starts measuring ("5 engine(s) in rounds"): nothing else may run beside it
+        from here. Locally one more step; a cluster task also tells its driver (pipeline/cluster/worker.py)."""
+        self.step(text)
+
     def progress(self, text: str) -> None:
         """What the running stage is doing now ("calibrating: batch 3 of 16"), beside its spinner
         in a terminal; cheap enough to call in a loop (it only keeps the text)."""

@@ -25,6 +25,8 @@ import functools
 import time
 from pathlib import Path
 
+from rich.markup import escape
+
 from pipeline.catalog import EngineRef
 from pipeline.cluster.connection import Cluster, Node
 from pipeline.cluster.plan import ClusterPlan, Job, Member
@@ -278,6 +280,10 @@ class ClusterRun:
             job.state = "running"
             job.node = self.cluster.node(payload) or Node(payload, "?", {})
             self.reporter.console.print(f"[cyan]running[/]   {job.stage:<8} {job.name} {job.target} on {job.node.label()}")
+            return
+        if kind == "measuring":  # a point's rounds began (or a repeat of them): said, so a user knows the GPU is in use
+            where = job.node.label() if job.node else "?"
+            self.reporter.console.print(f"[cyan]measuring[/] {job.stage:<8} {job.name} {job.target} on {where}: {escape(payload)}")
             return
         self._finish(job, payload)
 

@@ -7,7 +7,7 @@ content-addressed cache (pipeline/cluster/transfer.py), so two drivers sharing a
 each other's workspaces.
 
 The task is a Ray streaming generator: its first item says which node it started on (the driver's
-live view), its last is the :class:`StageResult`.
+live view), then each time it starts measuring (a point's rounds), its last is the :class:`StageResult`.
 """
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import queue
 import shutil
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,23 +65,50 @@ class StageResult:
 
 
 def run_stage(request: StageRequest):
-    """The Ray task (a streaming generator): where it started, then what it did."""
+    """The Ray task (a streaming generator): where it started, when it starts measuring, then
+    what it did. The stage runs in a thread of its own so that the task can say when its rounds
+    begin while they run; a cancelled task's worker is killed (the driver cancels with force), so
+    nothing of it runs on."""
     import ray
 
     node_id = ray.get_runtime_context().get_node_id()
     yield ("started", node_id)
-    yield ("result", execute(request, node_id))
+    said: queue.Queue = queue.Queue()
+    outcome: dict = {}
+
+    def work() -> None:
+        try:
+            outcome["result"] = execute(request, node_id, on_measuring=said.put)
+        except BaseException as exc:  # a bug: raised again below, for Ray to report as the task's error
+            outcome["error"] = exc
+        finally:
+            said.put(None)
+
+    thread = threading.Thread(target=work, name="pipeline-stage", daemon=True)
+    thread.start()
+    while (text := said.get()) is not None:
+        yield ("measuring", text)
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    yield ("result", outcome["result"])
 
 
-def execute(request: StageRequest, node_id: str) -> StageResult:
+def execute(request: StageRequest, node_id: str, on_measuring=None) -> StageResult:
     from rich.console import Console
 
     from pipeline.errors import PipelineError
     from pipeline.reporting import Reporter
 
+    class TaskReporter(Reporter):
+        def measuring(self, text: str) -> None:
+            super().measuring(text)
+            if on_measuring is not None:
+                on_measuring(text)
+
     started = time.perf_counter()
     buffer = io.StringIO()
-    reporter = Reporter(request.verbose, console=Console(file=buffer, width=200, no_color=True, highlight=False, soft_wrap=True))
+    reporter = TaskReporter(request.verbose, console=Console(file=buffer, width=200, no_color=True, highlight=False, soft_wrap=True))
     blobs = NodeBlobs()
     result = StageResult(node_id=node_id, status="error")
     try:

@@ -146,7 +146,7 @@ def _in_rounds(stages: list) -> dict[Any, Measured | PipelineError]:
             prepared[stage] = (engine, accuracy)
         if not engines:
             return out
-        reporter.step(f"{len(engines)} engine(s) in rounds")
+        reporter.measuring(f"{len(engines)} engine(s) in rounds")
         uuid = gpu_device["uuid"] if gpu_device else None
         with MachineWatch(gpu_uuid=uuid) as watch, running_on(settings.host_cpus):
             clock = SmClock(uuid)
@@ -157,7 +157,7 @@ def _in_rounds(stages: list) -> dict[Any, Measured | PipelineError]:
         try:
             for number in range(2, settings.repeats + 1):
                 reporter.detail(f"{label}: measurement {number} of {settings.repeats}, in a fresh process")
-                reporter.step(f"measurement {number} of {settings.repeats}, in a fresh process")
+                reporter.measuring(f"measurement {number} of {settings.repeats}, in a fresh process")
                 repeats.append(_in_fresh_process(list(prepared), settings))
         except EnvironmentMissing:
             raise
@@ -220,7 +220,7 @@ def _tool_runs(stage, engine_path: Path, workload) -> Measured:
             if settings.repeats > 1 or retaken:
                 again = f", take {len(retaken) + 1}" if retaken else ""
                 reporter.detail(f"{stage.engine.name}: measurement {run + 1} of {settings.repeats}{again}")
-                reporter.step(f"measurement {run + 1} of {settings.repeats}{again}")
+                reporter.measuring(f"measurement {run + 1} of {settings.repeats}{again}")
             with MachineWatch(gpu_uuid=gpu_uuid) as watch, running_on(settings.host_cpus):
                 results.append(stage.runtime.profile(engine_path, settings, workload))
             watched.append(watch.summary)

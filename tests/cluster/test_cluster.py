@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -331,6 +332,75 @@ def test_a_worker_killed_mid_run_is_survived(cluster, tmp_path):
         manifest = read_manifest(catalog.parent / "manifests" / "onnxruntime" / f"tiny_{variant}.json")
         assert manifest.profile.status == "done"
         assert not list((catalog.parent / "models").rglob(".*.tmp"))
+
+
+def ray_node_ids(cluster, marker_prefix: str) -> dict[str, str]:
+    """Ray node id of each node that advertises a ``<marker_prefix>NAME`` resource, by NAME."""
+    code = (
+        f"import json, ray\nray.init(address='{cluster.address}', log_to_driver=False, logging_level='ERROR')\n"
+        "print(json.dumps([[n['NodeID'], list(n['Resources'])] for n in ray.nodes() if n['Alive']]))\n"
+    )
+    nodes = json.loads(cluster.python(code).stdout.strip().splitlines()[-1])
+    return {key[len(marker_prefix) :]: node for node, keys in nodes for key in keys if key.startswith(marker_prefix)}
+
+
+def test_a_worker_killed_in_a_points_rounds_leaves_nothing_and_the_point_is_measured_again_whole(cluster, tmp_path):
+    """Two nodes of one GPU type; the node measuring a point is killed once the driver hears its
+    rounds began. Nothing of that point comes from it: the point is measured again, whole, on the
+    other node — both engines in one set of rounds there, every round of it."""
+    pytest.importorskip("transformers", reason="bert is a transformers model")
+    for name in ("a", "b"):
+        cluster.add_node(f"w-l4-{name}", {"gpu_type:L4": 1, f"kill_test_{name}": 1})
+    try:
+        ids = ray_node_ids(cluster, "kill_test_")
+        text = tiny_bert_catalog(["2x8", "3x16"], ["fp32"], ["fp32"]).replace("take_ms = 5", "take_ms = 50\nmin_rounds = 60")
+        catalog = write_catalog(tmp_path / "rounds", text + CPU_TOOLCHAINS)
+        args = (
+            "run",
+            "--cluster",
+            cluster.address,
+            "--gpu",
+            "L4",
+            "--engine",
+            "bert_fp32",
+            "--toolchain",
+            "onnxruntime",
+            "--toolchain",
+            "torch-eager",
+        )
+        driver = cluster.popen(catalog, *args)
+        lines, killed = [], None
+        try:
+            for line in driver.stderr:
+                lines.append(line)
+                if line.startswith("measuring") and killed is None:
+                    point = re.search(r" at (\S+) on ", line).group(1)
+                    name, node = next((name, node) for name, node in ids.items() if f" {node[:8]} " in line)
+                    cluster.nodes[f"w-l4-{name}"].kill(signal.SIGKILL)  # the node and every Ray process on it
+                    killed = (point, node)
+                    break
+            err = "".join(lines) + driver.stderr.read()
+            driver.wait(timeout=600)
+        finally:
+            if driver.poll() is None:
+                driver.kill()
+        assert killed is not None, err
+        assert driver.returncode == 0, err
+        assert "retrying on another node" in err
+        point, gone = killed
+        survivor = next(node for node in ids.values() if node != gone)
+        ort = read_manifest(catalog.parent / "manifests" / "onnxruntime" / f"bert_fp32@{point}.json")
+        torch = read_manifest(catalog.parent / "manifests" / "torch-eager@L4" / f"bert_fp32@{point}.json")
+        for manifest in (ort, torch):
+            assert manifest.profile.status == "done"
+            assert manifest.environment.cluster_node.ray_node_id == survivor
+        (ort_rounds,), (torch_rounds,) = ort.profile.details.rounds, torch.profile.details.rounds
+        assert ort_rounds.group == torch_rounds.group and len(ort_rounds.entrants) == 2
+        assert ort_rounds.rounds == torch_rounds.rounds and (ort_rounds.rounds >= 60 or ort_rounds.stop == "budget")
+    finally:
+        for name in ("a", "b"):
+            if f"w-l4-{name}" in cluster.nodes:
+                cluster.remove_node(f"w-l4-{name}")
 
 
 def test_sigterm_mid_run_cancels_and_keeps_the_workspace_consistent(cluster, tmp_path):
