@@ -41,11 +41,23 @@ data = json.loads((out / "compare.json").read_text())
 for row in data["rows"]:
     flags = "; ".join(row.get("flags") or [])
     print(f"  {row.get('shape')} {row['variant']}/{row['toolchain']}: {row.get('median_ms')} ms on GPU {(row.get('gpu_device') or {}).get('index')} {flags}")
+# Where each point's time went: its rounds, and each engine's preparation there (compiling from
+# Inductor's cache, capturing CUDA graphs); the rest of a point is loading models and starting up.
+points: dict = {}
 for manifest in sorted((out / "ws" / "manifests").rglob("*@*.json")):
     raw = json.loads(manifest.read_text())
     node = raw["environment"].get("cluster_node") or {}
-    rounds = ((raw.get("profile") or {}).get("details") or {}).get("rounds") or [{}]
-    print(f"  {manifest.parent.name}/{manifest.name}: CPUs {node.get('cpus')}, group {rounds[0].get('group')}, {len(rounds[0].get('entrants') or [])} engines")
+    details = (raw.get("profile") or {}).get("details") or {}
+    rounds = (details.get("rounds") or [{}])[0]
+    execution = details.get("execution") or {}
+    point = points.setdefault(manifest.stem.split("@")[1], {"rounds_s": rounds.get("elapsed_s"), "cpus": node.get("cpus"), "engines": {}})
+    point["group"] = rounds.get("group")
+    point["engines"][manifest.parent.name] = {k: execution.get(k) for k in ("prepare_s", "compile_s", "inductor_cache_hits") if k in execution}
+for name, point in points.items():
+    prepare = sum(e.get("prepare_s") or 0 for e in point["engines"].values())
+    print(f"  {name}: {len(point['engines'])} engines in group {point['group']} on CPUs {point['cpus']}; rounds {point['rounds_s']} s, preparing {prepare:.1f} s")
+    for engine, facts in point["engines"].items():
+        print(f"    {engine}: {facts}")
 PY
-grep -E "^(export|build|profile|cluster|compil)" "$out/run.log" | tail -40
+grep -E "^(export|build|profile|cluster|running|done|measuring)" "$out/run.log" | tail -60
 exit $status
