@@ -51,7 +51,7 @@ for manifest in sorted((out / "ws" / "manifests").rglob("*@*.json")):
     rounds = (details.get("rounds") or [{}])[0]
     execution = details.get("execution") or {}
     point = points.setdefault(manifest.stem.split("@")[1], {"rounds_s": rounds.get("elapsed_s"), "cpus": node.get("cpus"), "engines": {}})
-    point["group"] = rounds.get("group")
+    point["group"] = point.get("group") or rounds.get("group")  # a failed engine has no rounds
     point["engines"][manifest.parent.name] = {k: execution.get(k) for k in ("prepare_s", "compile_s", "inductor_cache_hits") if k in execution}
 for name, point in points.items():
     prepare = sum(e.get("prepare_s") or 0 for e in point["engines"].values())
