@@ -128,7 +128,7 @@ def execute(request: StageRequest, node_id: str, on_measuring=None) -> StageResu
             (scratch / path).write_text(text)
         node = _cluster_node(node_id, request.placed_by)
         with _measuring_share(request, node) as cpus:
-            node = node.model_copy(update={"cpus": cpus})
+            node = node.model_copy(update={"cpus": cpus, "worker_pid": os.getpid()})
             stages = [_stage(request, member, scratch, reporter, node) for member in request.members]
             for toolchain in dict.fromkeys(member.toolchain for member in request.members if member.toolchain is not None):
                 from pipeline.runtimes import get_runtime

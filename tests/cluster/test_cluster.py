@@ -198,6 +198,7 @@ def test_a_points_engines_of_two_toolchains_share_one_set_of_rounds(cluster, tmp
     assert ort_rounds.group == torch_rounds.group
     assert sorted(ort_rounds.entrants) == sorted(torch_rounds.entrants) == ["fp32/onnxruntime", "fp32/torch-eager"]
     assert ort.environment.cluster_node.ray_node_id == torch.environment.cluster_node.ray_node_id
+    assert ort.environment.cluster_node.worker_pid == torch.environment.cluster_node.worker_pid is not None  # one process
     assert torch.environment.cluster_node.gpu_type == "H100"
     # Judged as they were timed: one verdict at the point, on the H100, with both engines in it.
     compared = json.loads(cluster.pipeline(catalog, "compare", "--format", "json").stdout)
