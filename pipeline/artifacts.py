@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -59,16 +60,25 @@ def _mib(size: int) -> str:
 
 @contextlib.contextmanager
 def atomic_output(path: Path) -> Iterator[Path]:
-    """Yield a temporary path; on clean exit it replaces ``path``, on any error it is deleted."""
+    """Yield a temporary path; on clean exit it replaces ``path``, on any error it is deleted.
+
+    Ctrl-C and SIGTERM are held back from the moment the temporary file is made until the block
+    that deletes it is entered: raised in between (pipeline/signals.py turns SIGTERM into an
+    exception wherever Python is), the file was left behind — once in a suite run, a
+    `pipeline build` sent SIGTERM left `.fp32.onnx.….tmp` in models/."""
     path = Path(path)
+    tmp: Path | None = None
+    held = _hold_signals()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        os.close(fd)
-    except OSError as exc:
-        raise write_failed(path, exc) from exc
-    tmp = Path(tmp_name)
-    try:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            tmp = Path(tmp_name)
+            os.close(fd)
+        except OSError as exc:
+            raise write_failed(path, exc) from exc
+        _release_signals(held)  # one held back is raised from here on, where the finally removes the file
+        held = None
         # mkstemp creates 0600; outputs should get the permissions any other new file gets.
         umask = os.umask(0)
         os.umask(umask)
@@ -78,8 +88,23 @@ def atomic_output(path: Path) -> Iterator[Path]:
     except OSError as exc:
         raise write_failed(path, exc) from exc
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+        if held is not None:
+            _release_signals(held)
+        if tmp is not None:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+
+
+def _hold_signals():
+    """Block SIGINT and SIGTERM for this thread (the mask before, to restore), where the OS can."""
+    if not hasattr(signal, "pthread_sigmask"):
+        return None
+    return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
+def _release_signals(previous) -> None:
+    if previous is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def atomic_write_text(path: Path, text: str) -> None:

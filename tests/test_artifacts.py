@@ -62,3 +62,25 @@ def test_hash_cache_rehashes_only_when_size_or_mtime_changes(tmp_path, monkeypat
     assert HashCache(tmp_path / "cache.json").sha256(data) == first and len(calls) == 1  # persisted
     data.write_bytes(b"b" * 1001)
     assert cache.sha256(data) == sha256_file(data) != first
+
+
+def test_a_sigterm_just_after_the_temporary_file_is_made_leaves_no_file(tmp_path, monkeypatch):
+    """SIGTERM raises where Python is (pipeline/signals.py): landing between the temporary file's
+    making and the block that deletes it, it left the file behind (seen once in a suite run)."""
+    import signal
+    import tempfile
+
+    from pipeline.signals import Terminated, sigterm_as_interrupt
+
+    made = tempfile.mkstemp
+
+    def mkstemp_then_sigterm(*args, **kwargs):
+        answer = made(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler runs at Python's next chance
+        return answer
+
+    monkeypatch.setattr(artifacts.tempfile, "mkstemp", mkstemp_then_sigterm)
+    with sigterm_as_interrupt(), pytest.raises(Terminated):
+        with artifacts.atomic_output(tmp_path / "model.onnx") as tmp:
+            tmp.write_bytes(b"never finished")
+    assert list(tmp_path.iterdir()) == []
