@@ -44,7 +44,8 @@ def claimed_share(parts: int, directory: Path) -> Iterator[tuple[int, ...] | Non
     something beside the product measures here too)."""
     allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     choices = shares(allowed, parts) if parts > 1 else []
-    directory.mkdir(parents=True, exist_ok=True)
+    if choices:
+        directory.mkdir(parents=True, exist_ok=True)
     for index, share in enumerate(choices):
         handle = open(directory / f"share-{parts}-{index}.lock", "w")  # noqa: SIM115 - held for the block
         try:

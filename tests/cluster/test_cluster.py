@@ -307,25 +307,42 @@ def test_two_drivers_on_one_cluster_keep_their_workspaces_apart(cluster, tmp_pat
     assert onnx[0] != onnx[1]  # each workspace got its own model's ONNX, not the other's
 
 
+def driven_until(driver, act) -> str:
+    """The driver's stderr, read a line at a time and handed to ``act`` until it says it acted
+    (killed a node, say), then to the end, the driver waited for (killed if the test fails first)."""
+    lines = []
+    try:
+        for line in driver.stderr:
+            lines.append(line)
+            if act(line):
+                break
+        err = "".join(lines) + driver.stderr.read()
+        driver.wait(timeout=600)
+        return err
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+
+
 def test_a_worker_killed_mid_run_is_survived(cluster, tmp_path):
     catalog = catalog_in(tmp_path, "kill")
     driver = cluster.popen(
         catalog, "run", "--cluster", cluster.address, "--model", "tiny", "--variant", "fp32", "--variant", "fp16", "--variant", "int8"
     )
-    lines, victim = [], None
+    victim = None
+
+    def kill_b200_once_it_runs(line: str) -> bool:
+        nonlocal victim
+        if victim is None and line.startswith("cluster "):
+            victim = node_ids(line)["B200"]
+        if victim and line.startswith("running") and line.rstrip().endswith(f"{victim} B200"):
+            cluster.nodes["w-b200"].kill(signal.SIGKILL)  # the node and every Ray process on it
+            return True
+        return False
+
     try:
-        for line in driver.stderr:
-            lines.append(line)
-            if victim is None and line.startswith("cluster "):
-                victim = node_ids(line)["B200"]
-            if victim and line.startswith("running") and line.rstrip().endswith(f"{victim} B200"):
-                cluster.nodes["w-b200"].kill(signal.SIGKILL)  # the node and every Ray process on it
-                break
-        err = "".join(lines) + driver.stderr.read()
-        driver.wait(timeout=600)
+        err = driven_until(driver, kill_b200_once_it_runs)
     finally:
-        if driver.poll() is None:
-            driver.kill()
         cluster.restart("w-b200")
     assert driver.returncode == 0, err
     assert "retrying on another node" in err
@@ -370,21 +387,19 @@ def test_a_worker_killed_in_a_points_rounds_leaves_nothing_and_the_point_is_meas
             "torch-eager",
         )
         driver = cluster.popen(catalog, *args)
-        lines, killed = [], None
-        try:
-            for line in driver.stderr:
-                lines.append(line)
-                if line.startswith("measuring") and killed is None:
-                    point = re.search(r" at (\S+) on ", line).group(1)
-                    name, node = next((name, node) for name, node in ids.items() if f" {node[:8]} " in line)
-                    cluster.nodes[f"w-l4-{name}"].kill(signal.SIGKILL)  # the node and every Ray process on it
-                    killed = (point, node)
-                    break
-            err = "".join(lines) + driver.stderr.read()
-            driver.wait(timeout=600)
-        finally:
-            if driver.poll() is None:
-                driver.kill()
+        killed = None
+
+        def kill_the_measuring_node(line: str) -> bool:
+            nonlocal killed
+            if not line.startswith("measuring"):
+                return False
+            point = re.search(r" at (\S+) on ", line).group(1)
+            name, node = next((name, node) for name, node in ids.items() if f" {node[:8]} " in line)
+            cluster.nodes[f"w-l4-{name}"].kill(signal.SIGKILL)  # the node and every Ray process on it
+            killed = (point, node)
+            return True
+
+        err = driven_until(driver, kill_the_measuring_node)
         assert killed is not None, err
         assert driver.returncode == 0, err
         assert "retrying on another node" in err
