@@ -61,7 +61,8 @@ class ClusterNode(_Model):
     # The CPUs a shape point's task measured on: its GPU's share of the node's cores
     # (pipeline/cluster/cpu_share.py); None where it ran wherever the OS put it.
     cpus: tuple[int, ...] | None = None
-    # The node's process that ran the stage: the engines of a point measured together share it.
+    # The node's process that ran the stage: a point's engines, measured together, share it, and a
+    # GPU's points share their worker's (pipeline/cluster/point_workers.py).
     worker_pid: int | None = None
 
 

@@ -1,13 +1,12 @@
 """The driver of a cluster run: the engine matrix as Ray tasks, each on a node that can run it.
 
 For each engine the export runs once, on any node (a node with a CUDA GPU for MXFP8/NVFP4); then,
-per toolchain and target, the build; then, per model, shape point and GPU type, one task that
-measures every engine of the point together in rounds, as a local run does (pipeline/cluster/plan.py
-says which jobs there are and where they go). Where a toolchain's engines belong to a GPU
+per toolchain and target, the build; then, per model, shape point and GPU type, one job that
+measures every engine of the point together in rounds, as a local run does, on its GPU's worker
+(pipeline/cluster/point_workers.py; pipeline/cluster/plan.py says which jobs there are and where). Where a toolchain's engines belong to a GPU
 (trtexec, PyTorch), the target is a GPU type and the outputs go to engines/<toolchain>@<gpu>/.
-Ahead-of-time builds (TensorRT-RTX) run anywhere and are timed on a GPU they target where the
-cluster has one. CPU runtimes (ONNX Runtime) build anywhere and are timed with their point's
-engines.
+Ahead-of-time builds (TensorRT-RTX) and CPU runtimes (ONNX Runtime) build anywhere; the first are
+timed on a GPU they target, the second with their point's engines.
 
 Before a task is dispatched the driver checks its own workspace, the way a local run does: a
 record with the same parameters whose inputs and outputs are intact is up to date and nothing is
@@ -30,6 +29,7 @@ from rich.markup import escape
 from pipeline.catalog import EngineRef
 from pipeline.cluster.connection import Cluster, Node
 from pipeline.cluster.plan import ClusterPlan, Job, Member
+from pipeline.cluster.point_workers import PointWorkers
 from pipeline.cluster.transfer import DriverBlobs, write_result
 from pipeline.errors import EnvironmentMissing, PipelineError, UsageError
 from pipeline.stages.base import RunContext
@@ -71,6 +71,7 @@ class ClusterRun:
         self.bytes_fetched = 0
         self.started = time.monotonic()
         self.head_misses = 0  # checks in a row the head did not answer
+        self.workers = PointWorkers(cluster)  # each GPU's worker for its points, while points are ready
 
     def request(self, job: Job):
         from pipeline.cluster.worker import StageRequest
@@ -138,11 +139,18 @@ class ClusterRun:
         from pipeline.cluster.worker import run_stage
 
         options, job.placed_by = self.matrix.placement(job)
-        # A task on a GPU ends its worker process with it: an idle worker keeping its CUDA context
-        # (and memory) would sit beside the next measurement on that GPU (seen on an H100).
-        max_calls = 1 if options.get("num_gpus") else 0
-        remote = ray.remote(num_returns="streaming", max_retries=0, max_calls=max_calls)(run_stage)
-        job.handle = remote.options(**options).remote(self.request(job))
+        if job.stage == "profile" and job.placed_by is not None:
+            worker = self.workers.take(job, job.placed_by, options)  # a GPU's points one after another
+            if worker is None:
+                job.state = "waiting"  # every GPU of its type is timing a point: the next free one takes it
+                return
+            job.handle = worker.run.options(num_returns="streaming").remote(self.request(job))
+        else:
+            # A task on a GPU ends its process with it: an idle one keeping its CUDA context (and
+            # memory) would sit beside the next measurement on that GPU (seen on an H100).
+            max_calls = 1 if options.get("num_gpus") else 0
+            remote = ray.remote(num_returns="streaming", max_retries=0, max_calls=max_calls)(run_stage)
+            job.handle = remote.options(**options).remote(self.request(job))
         job.attempts += 1
         job.state = "queued"
         self.dispatched += 1
@@ -174,6 +182,7 @@ class ClusterRun:
                 self.reporter.unchanged(job.stage, f"{job.name} {job.target}")
                 continue
             self._try_submit(job)
+        self.workers.release_idle(self.matrix.jobs())  # while none of a GPU type's points is ready: builds need the GPUs
 
     @staticmethod
     def _drop_unbuilt(job: Job) -> None:
@@ -216,6 +225,8 @@ class ClusterRun:
         except KeyboardInterrupt:
             self.cancel()
             raise
+        finally:
+            self.workers.close()
         return self.summary()
 
     def _loop(self, status) -> None:
@@ -290,6 +301,7 @@ class ClusterRun:
     def _lost(self, job: Job, exc: Exception) -> None:
         from ray import exceptions
 
+        self.workers.lose(job)  # a point worker that failed a point is never handed another
         if isinstance(exc, exceptions.TaskCancelledError):
             job.state, job.handle = "cancelled", None
             return
@@ -343,7 +355,7 @@ class ClusterRun:
         self.cluster.refresh()
         for job in queued:
             if not self.matrix.feasible(job):
-                ray.cancel(job.handle, force=True)
+                self.workers.lose(job) if self.workers.holds(job) else ray.cancel(job.handle, force=True)
                 self._fail(
                     job,
                     EnvironmentMissing(
@@ -354,6 +366,7 @@ class ClusterRun:
     def _finish(self, job: Job, result) -> None:
         from pipeline.manifest import read_manifest
 
+        self.workers.give_back(job)
         job.handle = None
         job.seconds = result.seconds
         self.bytes_fetched += result.bytes_fetched
@@ -390,11 +403,12 @@ class ClusterRun:
         import ray
 
         for job in self.running():
-            try:
-                ray.cancel(job.handle, force=True)
+            try:  # a point's worker is ended, and the point with it
+                self.workers.lose(job) if self.workers.holds(job) else ray.cancel(job.handle, force=True)
             except Exception:  # already finished or its node is gone: nothing left to stop
                 pass
             job.state, job.handle = "cancelled", None
+        self.workers.close()
 
     def _print_table(self) -> None:
         from rich.table import Table

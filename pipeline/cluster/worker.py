@@ -12,6 +12,7 @@ live view), then each time it starts measuring (a point's rounds), its last is t
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import io
 import os
@@ -64,11 +65,11 @@ class StageResult:
     bytes_fetched: int = 0
 
 
-def run_stage(request: StageRequest):
+def run_stage(request: StageRequest, session: PointSession | None = None):
     """The Ray task (a streaming generator): where it started, when it starts measuring, then
     what it did. The stage runs in a thread of its own so that the task can say when its rounds
-    begin while they run; a cancelled task's worker is killed (the driver cancels with force), so
-    nothing of it runs on."""
+    begin while they run; a cancelled task's worker is killed (the driver cancels with force, or
+    kills the GPU's point worker), so nothing of it runs on."""
     import ray
 
     node_id = ray.get_runtime_context().get_node_id()
@@ -78,23 +79,72 @@ def run_stage(request: StageRequest):
 
     def work() -> None:
         try:
-            outcome["result"] = execute(request, node_id, on_measuring=said.put)
+            outcome["result"] = execute(request, node_id, on_measuring=said.put, session=session)
         except BaseException as exc:  # a bug: raised again below, for Ray to report as the task's error
             outcome["error"] = exc
         finally:
             said.put(None)
 
-    thread = threading.Thread(target=work, name="pipeline-stage", daemon=True)
-    thread.start()
+    if session is not None:  # every point of a worker in its one thread (PointSession.thread)
+        running = session.thread.submit(work)
+    else:
+        thread = threading.Thread(target=work, name="pipeline-stage", daemon=True)
+        thread.start()
     while (text := said.get()) is not None:
         yield ("measuring", text)
-    thread.join()
+    if session is not None:
+        running.result()
+    else:
+        thread.join()
     if "error" in outcome:
         raise outcome["error"]
     yield ("result", outcome["result"])
 
 
-def execute(request: StageRequest, node_id: str, on_measuring=None) -> StageResult:
+class PointSession:
+    """What a GPU's point worker keeps from one shape point to the next: its workspace (the
+    engine files stay where the runtimes loaded them from), the runtimes with the engines they
+    prepared (a model loaded once, a compiled engine traced once and specialised again at each
+    point from Inductor's cache, as in the one process of a local run), and its share of the
+    node's CPUs, claimed once and held until the worker ends."""
+
+    def __init__(self):
+        # One thread for all the worker's points: torch.compile's CUDA graph trees
+        # (mode="reduce-overhead") are kept per thread (torch/_inductor/cudagraph_trees.py), and a
+        # point prepared in a thread of its own failed with an AssertionError at every point after
+        # a worker's first (two H200s).
+        self.thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="pipeline-points")
+        self.scratch: Path | None = None
+        self.runtimes: dict = {}
+        self.blobs = NodeBlobs()
+        self.cpus: tuple[int, ...] | None = None
+        self._held = contextlib.ExitStack()
+        self._claimed = False
+
+    def claim_share(self, gpus: int) -> tuple[int, ...] | None:
+        from pipeline.cluster.cpu_share import claimed_share
+
+        if not self._claimed:
+            self.cpus = self._held.enter_context(claimed_share(gpus, node_cache_dir() / "cpu-shares"))
+            self._claimed = True
+        return self.cpus
+
+
+class PointWorker:
+    """A Ray actor that holds one GPU for a run and times the shape points the driver hands it,
+    one after another, in one process (pipeline/cluster/scheduler.py keeps one per GPU while
+    points are ready). A task per point paid for a fresh process each time — importing PyTorch,
+    loading the model, tracing every compiled engine — 46–85 s a point on two H200s against
+    about 22 s in one process (docs/cluster.md)."""
+
+    def __init__(self):
+        self.session = PointSession()
+
+    def run(self, request: StageRequest):
+        yield from run_stage(request, self.session)
+
+
+def execute(request: StageRequest, node_id: str, on_measuring=None, session: PointSession | None = None) -> StageResult:
     from rich.console import Console
 
     from pipeline.errors import PipelineError
@@ -109,10 +159,13 @@ def execute(request: StageRequest, node_id: str, on_measuring=None) -> StageResu
     started = time.perf_counter()
     buffer = io.StringIO()
     reporter = TaskReporter(request.verbose, console=Console(file=buffer, width=200, no_color=True, highlight=False, soft_wrap=True))
-    blobs = NodeBlobs()
+    blobs = session.blobs if session is not None else NodeBlobs()
+    fetched_before = blobs.bytes_fetched
     result = StageResult(node_id=node_id, status="error")
     try:
-        scratch = _scratch_dir()
+        scratch = session.scratch if session is not None and session.scratch is not None else _scratch_dir()
+        if session is not None:
+            session.scratch = scratch
     except OSError as exc:
         result.error = (
             f"node {node_id[:8]} could not create a scratch workspace in {node_cache_dir()}: {exc.strerror or exc}.",
@@ -127,9 +180,9 @@ def execute(request: StageRequest, node_id: str, on_measuring=None) -> StageResu
             (scratch / path).parent.mkdir(parents=True, exist_ok=True)
             (scratch / path).write_text(text)
         node = _cluster_node(node_id, request.placed_by)
-        with _measuring_share(request, node) as cpus:
+        with _measuring_share(request, node, session) as cpus:
             node = node.model_copy(update={"cpus": cpus, "worker_pid": os.getpid()})
-            stages = [_stage(request, member, scratch, reporter, node) for member in request.members]
+            stages = [_stage(request, member, scratch, reporter, node, session) for member in request.members]
             for toolchain in dict.fromkeys(member.toolchain for member in request.members if member.toolchain is not None):
                 from pipeline.runtimes import get_runtime
 
@@ -148,10 +201,11 @@ def execute(request: StageRequest, node_id: str, on_measuring=None) -> StageResu
             1,
         )
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        if session is None:  # a point worker's stays, for its next point
+            shutil.rmtree(scratch, ignore_errors=True)
     result.messages = buffer.getvalue()
     result.seconds = time.perf_counter() - started
-    result.bytes_fetched = blobs.bytes_fetched
+    result.bytes_fetched = blobs.bytes_fetched - fetched_before
     return result
 
 
@@ -172,10 +226,11 @@ def _run(name: str, stages: list) -> list:
 
 
 @contextlib.contextmanager
-def _measuring_share(request: StageRequest, node):
+def _measuring_share(request: StageRequest, node, session: PointSession | None = None):
     """A shape point's task on a GPU runs on its GPU's share of the node's cores, so that points
     measured at once on one host's GPUs do not meet on a CPU (pipeline/cluster/cpu_share.py); the
-    CPUs it ran on, or None where it ran wherever the OS put it."""
+    CPUs it ran on, or None where it ran wherever the OS put it. A point worker claims its share
+    once and keeps it; each point's thread runs there."""
     from pipeline.cluster.connection import DECLARED_GPU_PREFIX
     from pipeline.cluster.cpu_share import claimed_share
     from pipeline.environment import running_on
@@ -183,6 +238,11 @@ def _measuring_share(request: StageRequest, node):
     gpus = 0
     if request.stage == "profile" and request.placed_by:
         gpus = int(node.resources.get("GPU") or node.resources.get(DECLARED_GPU_PREFIX + request.placed_by) or 0)
+    if session is not None:
+        cpus = session.claim_share(gpus)
+        with running_on(cpus):
+            yield cpus
+        return
     with claimed_share(gpus, node_cache_dir() / "cpu-shares") as cpus, running_on(cpus):
         yield cpus
 
@@ -211,7 +271,7 @@ def _member_result(stage, name: str, outcome, scratch: Path, blobs: NodeBlobs, k
     return member
 
 
-def _stage(request: StageRequest, member: Member, scratch: Path, reporter, node):
+def _stage(request: StageRequest, member: Member, scratch: Path, reporter, node, session: PointSession | None = None):
     from pipeline.stages.base import RunContext
     from pipeline.stages.runner import stage_for
     from pipeline.workspace import Workspace
@@ -225,6 +285,10 @@ def _stage(request: StageRequest, member: Member, scratch: Path, reporter, node)
         gpu_type=member.gpu_type,
         cluster_node=node,
     )
+    if session is not None:  # the runtimes, and the engines they prepared, of the worker's earlier points
+        for runtime in session.runtimes.values():
+            runtime.reporter = reporter
+        ctx.runtimes = session.runtimes
     return stage_for(ctx, request.stage, member.engine, member.toolchain, member.shape)
 
 

@@ -10,6 +10,7 @@ PIPELINE_REQUIRE_CLUSTER=1, which makes that a failure.
 from __future__ import annotations
 
 import fcntl
+import itertools
 import json
 import os
 import re
@@ -232,26 +233,47 @@ def two_gpu_node(cluster):
 
 
 def test_points_measured_at_once_on_one_hosts_gpus_each_run_on_cpus_of_their_own(cluster, two_gpu_node, tmp_path):
-    """Two shape points on the two GPUs of one node: each point's task claims its GPU's share of
-    the node's cores (here one CPU of two) and records it; two that ran at once never share a CPU,
-    and ONNX Runtime, timed in each beside PyTorch, stays on its task's."""
+    """Three shape points on the two GPUs of one node: each GPU's worker times its points one after
+    another in one process, on its share of the node's cores (here one CPU of two), and records
+    both; two points measured at once never share a CPU, and ONNX Runtime, timed in each beside
+    PyTorch, stays on its worker's."""
     pytest.importorskip("transformers", reason="bert is a transformers model")
-    catalog = write_catalog(tmp_path / "points", tiny_bert_catalog(["2x8", "3x16"], ["fp32"], ["fp32"]) + CPU_TOOLCHAINS)
+    points = ("2x8", "3x16", "2x16")
+    catalog = write_catalog(tmp_path / "points", tiny_bert_catalog(list(points), ["fp32"], ["fp32"]) + CPU_TOOLCHAINS)
     args = ("run", "--cluster", cluster.address, "--gpu", two_gpu_node, "--engine", "bert_fp32")
     result = cluster.pipeline(catalog, *args, "--toolchain", "onnxruntime", "--toolchain", "torch-eager")
     assert result.returncode == 0, result.stderr
-    windows = []
-    for point in ("2x8", "3x16"):
+    windows, shares = [], {}
+    for point in points:
         ort = read_manifest(catalog.parent / "manifests" / "onnxruntime" / f"bert_fp32@{point}.json")
         torch = read_manifest(catalog.parent / "manifests" / f"torch-eager@{two_gpu_node}" / f"bert_fp32@{point}.json")
-        cpus = torch.environment.cluster_node.cpus
-        assert cpus is not None and len(cpus) == 1 and cpus == ort.environment.cluster_node.cpus, (cpus, ort.environment.cluster_node)
+        node = torch.environment.cluster_node
+        assert node.cpus is not None and len(node.cpus) == 1 and node.cpus == ort.environment.cluster_node.cpus, node
+        assert node.worker_pid == ort.environment.cluster_node.worker_pid
+        shares.setdefault(node.worker_pid, set()).add(node.cpus)
         assert ort.profile.details.rounds[0].group == torch.profile.details.rounds[0].group
         record = torch.profile
-        windows.append((record.finished_at.timestamp() - record.duration_s, record.finished_at.timestamp(), set(cpus)))
-    (start_a, end_a, cpus_a), (start_b, end_b, cpus_b) = windows
-    if start_a < end_b and start_b < end_a:  # measured at once: on different CPUs
-        assert not cpus_a & cpus_b
+        windows.append((record.finished_at.timestamp() - record.duration_s, record.finished_at.timestamp(), set(node.cpus)))
+    # One worker per GPU at most, each on one share throughout: three points, two processes.
+    assert len(shares) <= 2 and all(len(cpus) == 1 for cpus in shares.values()), shares
+    for (start_a, end_a, cpus_a), (start_b, end_b, cpus_b) in itertools.combinations(windows, 2):
+        if start_a < end_b and start_b < end_a:  # measured at once: on different CPUs
+            assert not cpus_a & cpus_b
+
+
+def test_a_gpus_points_are_timed_one_after_another_in_one_process(cluster, tmp_path):
+    """A node of one GPU: its worker takes the model's three points in turn, in one process (the
+    model loaded once, as in a local run), each point in a set of rounds of its own."""
+    pytest.importorskip("transformers", reason="bert is a transformers model")
+    points = ("2x8", "3x16", "2x16")
+    catalog = write_catalog(tmp_path / "one", tiny_bert_catalog(list(points), ["fp32"], ["fp32"]) + CPU_TOOLCHAINS)
+    args = ("run", "--cluster", cluster.address, "--gpu", "H100", "--engine", "bert_fp32", "--toolchain", "torch-eager")
+    result = cluster.pipeline(catalog, *args)
+    assert result.returncode == 0, result.stderr
+    profiles = [read_manifest(catalog.parent / "manifests" / "torch-eager@H100" / f"bert_fp32@{point}.json") for point in points]
+    assert len({p.environment.cluster_node.worker_pid for p in profiles}) == 1
+    assert len({p.profile.details.rounds[0].group for p in profiles}) == 3
+    assert result.stderr.count("measuring profile") == 3
 
 
 def test_connection_failures_are_explained(cluster, tmp_path):
