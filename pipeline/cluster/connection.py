@@ -74,12 +74,13 @@ def gpu_types_of(resources: dict[str, float]) -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
-def placement_resources(node_resources: dict[str, float], gpu_type: str) -> dict[str, float]:
-    """What a task asks Ray for to land on a node with ``gpu_type`` and have one of its GPUs to
-    itself: a declared type is counted per GPU; Ray's own type goes with ``num_gpus``."""
+def placement_resources(node_resources: dict[str, float], gpu_type: str, share: float = 1.0) -> dict[str, float]:
+    """What a task asks Ray for to land on a node with ``gpu_type`` and have ``share`` of one of
+    its GPUs (all of it unless told): a declared type is counted per GPU; Ray's own type goes
+    with ``num_gpus``."""
     declared = DECLARED_GPU_PREFIX + gpu_type
     if declared in node_resources:
-        return {declared: 1.0}
+        return {declared: share}
     return {RAY_ACCELERATOR_PREFIX + gpu_type: 0.001}
 
 

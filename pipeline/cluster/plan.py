@@ -13,13 +13,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.catalog import EngineRef
-from pipeline.cluster.connection import Cluster, Node, placement_resources
+from pipeline.cluster.connection import DECLARED_GPU_PREFIX, Cluster, Node, placement_resources
 from pipeline.errors import EnvironmentMissing, PipelineError, UsageError
 from pipeline.stages.base import RunContext
 from pipeline.stages.runner import builds_of, shapes_to_profile, stage_for
 
 # Precisions whose export needs a CUDA GPU (ModelOpt's MXFP8/NVFP4 quantizers).
 CUDA_EXPORTS = ("mxfp8", "nvfp4")
+# The share of a GPU a build asks for where its toolchain's builds may share one
+# (EngineRuntime.builds_share_gpu): this many at once on a GPU no point holds.
+BUILDS_A_GPU = 4
 
 
 @dataclass(frozen=True)
@@ -245,8 +248,12 @@ class ClusterPlan:
         """Ray options for the job's task, and the GPU type it is placed by."""
         nodes = self.cluster.nodes
         options: dict[str, Any] = {"num_cpus": 1}
-        gpu_type = None
+        gpu_type, share = None, 1.0
         if job.stage == "export":
+            # Ray starts a task of one CPU with OMP_NUM_THREADS=1 (ray/_private/utils.py,
+            # set_omp_num_threads_if_unset): PyTorch's FP32 references and ONNX Runtime's parity
+            # would run on one thread. An export asks for a GPU's share of the smallest node.
+            options["num_cpus"] = self._gpu_share_of_cpus()
             if self.ctx.catalog.variant(job.engine.variant).precision in CUDA_EXPORTS:
                 if not any(n.resources.get("GPU") for n in nodes):
                     raise EnvironmentMissing(
@@ -259,12 +266,34 @@ class ClusterPlan:
             options["num_cpus"] = self._measurement_cpus(gpu_type)
         elif self.runtimes[job.toolchain].placement == "gpu":
             gpu_type = job.gpu_type
+            if self.runtimes[job.toolchain].builds_share_gpu:
+                share = 1 / BUILDS_A_GPU
         if gpu_type is not None:
             node = self.cluster.nodes_with(gpu_type)[0]
-            options["resources"] = placement_resources(node.resources, gpu_type)
+            options["resources"] = placement_resources(node.resources, gpu_type, share)
             if node.resources.get("GPU"):
-                options["num_gpus"] = 1
+                options["num_gpus"] = share
+        if job.stage != "export":
+            options["runtime_env"] = {"env_vars": {"OMP_NUM_THREADS": str(self._threads(gpu_type))}}
         return options, gpu_type
+
+    def _threads(self, gpu_type: str | None) -> int:
+        """PyTorch's threads in a build's or a point's task of ``gpu_type``: as many as a point's
+        CPUs, in every one of them. Ray would set OMP_NUM_THREADS from each task's own CPUs — one
+        for a build — and Inductor's cache key holds the thread count wherever a graph has CPU code
+        (torch/_inductor/codecache.py, cpp_runtime_thread_count): a point's graphs compiled ahead in
+        a build's processes were not found by the point (every point compiled again, on a CPU-only
+        Ray cluster of this machine)."""
+        return int(self._measurement_cpus(gpu_type))
+
+    def _gpu_share_of_cpus(self) -> float:
+        """A GPU's share of the smallest node's CPUs (all of them for a node without one)."""
+        shares = []
+        for node in self.cluster.nodes:
+            gpus = node.resources.get("GPU") or sum(v for k, v in node.resources.items() if k.startswith(DECLARED_GPU_PREFIX))
+            if node.cpus > 0:
+                shares.append(node.cpus / max(1.0, gpus))
+        return max(1.0, min(shares, default=1.0))
 
     def _measurement_cpus(self, gpu_type: str | None) -> float:
         """The CPUs a point's task asks for, so that nothing else runs beside a measurement: a

@@ -161,6 +161,10 @@ class EngineRuntime(ABC):
     #: and timed on a node of the GPU type it targets, one result per type; "ahead-of-time" — built
     #: on any node, timed on a GPU it targets; "anywhere" — a CPU runtime, one result.
     placement: ClassVar[str] = "gpu"
+    #: Whether a cluster run may put several of its builds on one GPU at once ("gpu" placement).
+    #: Never beside a measurement: a shape point holds its GPU whole. False where the build times
+    #: its choices on the GPU (a TensorRT builder's tactics), which a neighbour would skew.
+    builds_share_gpu: ClassVar[bool] = False
     #: Whether the engine is timed inside the pipeline's own process (InProcessRuntime), rather
     #: than in a tool's process of its own. Either is timed in rounds beside the shape point's
     #: other engines (pipeline/measurement.py); a tool's engine with none beside it is one whole

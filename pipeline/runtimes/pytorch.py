@@ -115,6 +115,10 @@ class TorchRuntime(InProcessRuntime):
     Spec = TorchSpec
     Evidence = TorchEvidence
     engine_suffix = ".pt"
+    # Its builds load the model and compile on the CPU; a local run already compiles in several
+    # processes on one GPU (torch_compile_ahead.py). One build to a GPU made a cluster's builds
+    # wait in waves (docs/cluster.md).
+    builds_share_gpu = True
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

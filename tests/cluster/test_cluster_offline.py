@@ -38,6 +38,7 @@ def test_gpu_types_come_from_rays_accelerators_and_declared_resources():
     # A declared type is counted per GPU; Ray's own type is a marker that goes with num_gpus.
     assert placement_resources(resources, "H100-SXM") == {"gpu_type:H100-SXM": 1.0}
     assert placement_resources(resources, "H100") == {"accelerator_type:H100": 0.001}
+    assert placement_resources(resources, "H100-SXM", 0.25) == {"gpu_type:H100-SXM": 0.25}
 
 
 def test_a_node_without_the_pipeline_or_with_another_version_is_named():
@@ -91,12 +92,19 @@ def test_each_kind_of_work_is_placed_where_it_can_run(tmp_path):
     from tests.conftest import RTX_TOOLCHAINS, TINY_CATALOG, write_catalog
 
     extra = '\n[toolchains.trt-local]\nkind = "trtexec-local"\ntrt = "10.14.1"\ngpus = "none"\n'
+    extra += '\n[toolchains.torch-eager]\nkind = "torch"\nbackend = "eager"\n'
     catalog = load_catalog(
         write_catalog(
             tmp_path, TINY_CATALOG + extra + RTX_TOOLCHAINS.replace('release = "1.7.1.116"', 'release = "1.7.1.116"\narchs = ["sm120"]')
         )
     )
     ctx = RunContext(catalog=catalog, workspace=Workspace(catalog.root))
+
+    def threads(count: int) -> dict:
+        # A build and a point of one GPU type run PyTorch on as many threads, a point's CPUs:
+        # Inductor's cache key holds the count, and a build compiles the points ahead for them.
+        return {"env_vars": {"OMP_NUM_THREADS": str(count)}}
+
     h100 = Node("a" * 56, "10.0.0.1", {"CPU": 16, "GPU": 1, "accelerator_type:H100": 1})
     rtx = Node("b" * 56, "10.0.0.2", {"CPU": 8, "gpu_type:RTX-PRO-6000": 1})
     cpu = Node("c" * 56, "10.0.0.3", {"CPU": 4})
@@ -106,14 +114,22 @@ def test_each_kind_of_work_is_placed_where_it_can_run(tmp_path):
     trt = ClusterPlan(ctx, cluster, [engine], ["trt-local"], "profile")
     assert trt.targets == {"trt-local": ["H100", "RTX-PRO-6000"]}  # every GPU type the toolchain supports
     assert trt.placement(Job("build", [Member(engine, "trt-local", "H100")])) == (
-        {"num_cpus": 1, "resources": {"accelerator_type:H100": 0.001}, "num_gpus": 1},
+        {"num_cpus": 1, "resources": {"accelerator_type:H100": 0.001}, "num_gpus": 1, "runtime_env": threads(16)},
         "H100",
     )
     # A point's profiles have their GPU's share of its node to themselves: all 8 CPUs of a one-GPU node.
     assert trt.placement(Job("profile", [Member(engine, "trt-local", "RTX-PRO-6000")], placed_on="RTX-PRO-6000")) == (
-        {"num_cpus": 8.0, "resources": {"gpu_type:RTX-PRO-6000": 1.0}},
+        {"num_cpus": 8.0, "resources": {"gpu_type:RTX-PRO-6000": 1.0}, "runtime_env": threads(8)},
         "RTX-PRO-6000",
     )
+    # A PyTorch build (loading, compiling) shares a GPU with other builds; a TensorRT build, which
+    # times its tactics there, has one to itself (above). A point holds its GPU whole either way.
+    torch = ClusterPlan(ctx, cluster, [engine], ["torch-eager"], "profile", ("H100",))
+    assert torch.placement(Job("build", [Member(engine, "torch-eager", "H100")])) == (
+        {"num_cpus": 1, "resources": {"accelerator_type:H100": 0.001}, "num_gpus": 0.25, "runtime_env": threads(16)},
+        "H100",
+    )
+    assert torch.placement(Job("build", [Member(engine, "torch-eager", "RTX-PRO-6000")]))[0]["resources"] == {"gpu_type:RTX-PRO-6000": 0.25}
     assert ClusterPlan(ctx, cluster, [engine], ["trt-local"], "profile", ("H100",)).targets == {"trt-local": ["H100"]}
     with pytest.raises(UsageError, match="no node of the cluster has A100; its GPU types are: H100, RTX-PRO-6000"):
         ClusterPlan(ctx, cluster, [engine], ["trt-local"], "profile", ("A100",))
@@ -122,27 +138,34 @@ def test_each_kind_of_work_is_placed_where_it_can_run(tmp_path):
     # never on the H100 (9.0), which its engines do not run on.
     aot = ClusterPlan(ctx, cluster, [engine], ["trt-rtx1.7"], "profile")
     assert aot.targets == {"trt-rtx1.7": [None]}
-    assert aot.placement(Job("build", [Member(engine, "trt-rtx1.7")])) == ({"num_cpus": 1}, None)
+    assert aot.placement(Job("build", [Member(engine, "trt-rtx1.7")])) == ({"num_cpus": 1, "runtime_env": threads(4)}, None)
     (point,) = [job for job in aot.plan() if job.stage == "profile"]
-    assert aot.placement(point) == ({"num_cpus": 8.0, "resources": {"gpu_type:RTX-PRO-6000": 1.0}}, "RTX-PRO-6000")
+    assert aot.placement(point) == (
+        {"num_cpus": 8.0, "resources": {"gpu_type:RTX-PRO-6000": 1.0}, "runtime_env": threads(8)},
+        "RTX-PRO-6000",
+    )
 
     # Two GPUs of one host (Ray's own resources): a point each at once, each with half the CPUs.
     two = Node("d" * 56, "10.0.0.4", {"CPU": 32, "GPU": 2, "accelerator_type:H200": 1})
     pair = ClusterPlan(ctx, Cluster("10.0.0.4:6379", [two]), [engine], ["trt-local"], "profile")
     assert pair.placement(Job("profile", [Member(engine, "trt-local", "H200")], placed_on="H200")) == (
-        {"num_cpus": 16.0, "resources": {"accelerator_type:H200": 0.001}, "num_gpus": 1},
+        {"num_cpus": 16.0, "resources": {"accelerator_type:H200": 0.001}, "num_gpus": 1, "runtime_env": threads(16)},
         "H200",
     )
 
     ort = ClusterPlan(ctx, cluster, [engine], ["onnxruntime"], "profile")
     assert ort.targets == {"onnxruntime": [None]} and ort.placement(Job("build", [Member(engine, "onnxruntime")])) == (
-        {"num_cpus": 1},
+        {"num_cpus": 1, "runtime_env": threads(4)},
         None,
     )
 
+    # An export has a GPU's share of the smallest node's CPUs (the CPU-only node's 4): a task of one
+    # CPU would run PyTorch on one thread (Ray sets OMP_NUM_THREADS from it).
+    assert ort.placement(Job("export", [Member(engine)])) == ({"num_cpus": 4.0}, None)
+    assert pair.placement(Job("export", [Member(engine)])) == ({"num_cpus": 16.0}, None)
     # NVFP4's export needs CUDA: a node with Ray's GPU resource, and a clear error without one.
     nvfp4 = EngineRef("tiny", "nvfp4")
-    assert ort.placement(Job("export", [Member(nvfp4)])) == ({"num_cpus": 1, "num_gpus": 1}, None)
+    assert ort.placement(Job("export", [Member(nvfp4)])) == ({"num_cpus": 4.0, "num_gpus": 1}, None)
     no_gpu = ClusterPlan(ctx, Cluster("10.0.0.3:6379", [cpu]), [nvfp4], ["onnxruntime"], "profile")
     with pytest.raises(EnvironmentMissing, match="exporting tiny_nvfp4 needs a CUDA GPU, and no node of the cluster has one"):
         no_gpu.placement(Job("export", [Member(nvfp4)]))
@@ -161,9 +184,16 @@ def test_a_points_engines_of_every_toolchain_are_one_job_on_one_gpu_type(tmp_pat
     from tests.conftest import RTX_TOOLCHAINS, TINY_CATALOG, write_catalog
 
     extra = '\n[toolchains.trt-local]\nkind = "trtexec-local"\ntrt = "10.14.1"\ngpus = "none"\n'
+    extra += '\n[toolchains.torch-eager]\nkind = "torch"\nbackend = "eager"\n'
     rtx = RTX_TOOLCHAINS.replace('release = "1.7.1.116"', 'release = "1.7.1.116"\narchs = ["sm120"]')
     catalog = load_catalog(write_catalog(tmp_path, TINY_CATALOG + extra + rtx))
     ctx = RunContext(catalog=catalog, workspace=Workspace(catalog.root))
+
+    def threads(count: int) -> dict:
+        # A build and a point of one GPU type run PyTorch on as many threads, a point's CPUs:
+        # Inductor's cache key holds the count, and a build compiles the points ahead for them.
+        return {"env_vars": {"OMP_NUM_THREADS": str(count)}}
+
     h100 = Node("a" * 56, "10.0.0.1", {"CPU": 16, "GPU": 1, "accelerator_type:H100": 1})
     pro = Node("b" * 56, "10.0.0.2", {"CPU": 8, "gpu_type:RTX-PRO-6000": 1})
     engines = [EngineRef("tiny", "fp32"), EngineRef("tiny", "fp16")]
