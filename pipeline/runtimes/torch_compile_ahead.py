@@ -196,7 +196,7 @@ def _compile_points(jobs, results, threads: int) -> None:
             if job.toolchain not in runtimes:
                 runtimes[job.toolchain] = create_runtime(job.toolchain, job.spec, Reporter(), job.workspace_root)
             prepared = runtimes[job.toolchain].load(job.engine_path, job.workload)
-            outcome = {key: prepared.facts[key] for key in ("compile_s", "graphs", "inductor_cache_hits") if key in prepared.facts}
+            outcome = {key: prepared.facts[key] for key in ("compile_s", "graphs", "inductor_cache_hits", "threads") if key in prepared.facts}
         except PipelineError as exc:
             outcome = {"error": exc.message}
         except Exception as exc:  # recorded for the point: its profile compiles it and says why it fails

@@ -210,6 +210,9 @@ class TorchPreparation:
             "graph_break_reasons": sorted(counters["graph_break"])[:20],
             "inductor_cache_dir": cache_dir_utils.cache_dir(),
             "inductor_cache_hits": int(counters["inductor"]["fxgraph_cache_hit"]),
+            # Part of the cache's key for a graph with CPU code (torch/_inductor/codecache.py,
+            # cpp_runtime_thread_count): a graph compiled ahead under another count is not found.
+            "threads": torch.get_num_threads(),
             "dynamic": self.spec.dynamic,
             "recompiles": 0,
             "compiled_after_a_reset": fresh,

@@ -26,6 +26,7 @@ from pipeline.manifest import read_manifest
 from tests import raycluster
 from tests.conftest import CPU_TOOLCHAINS, RTX_TOOLCHAINS, TINY_CATALOG, tiny_bert_catalog, write_catalog
 from tests.dockerd import STANDIN, standin_files
+from tests.runtimes.test_pytorch_runtime import needs_inductor
 
 WHY = raycluster.why_unavailable()
 if WHY and os.environ.get("PIPELINE_REQUIRE_CLUSTER") == "1":
@@ -274,6 +275,34 @@ def test_a_gpus_points_are_timed_one_after_another_in_one_process(cluster, tmp_p
     assert len({p.environment.cluster_node.worker_pid for p in profiles}) == 1
     assert len({p.profile.details.rounds[0].group for p in profiles}) == 3
     assert result.stderr.count("measuring profile") == 3
+
+
+@needs_inductor
+def test_a_compiled_engines_build_and_points_compile_on_as_many_threads(cluster, tmp_path):
+    """A node of one GPU and two CPUs: a point's worker has both, and Ray would start a build's task
+    of one CPU on one thread. Inductor's cache key holds PyTorch's thread count wherever a graph has
+    CPU code, so the build (and whatever it compiles ahead for the points) runs on as many as the
+    points, or the points' graphs compiled ahead are never found."""
+    pytest.importorskip("transformers", reason="bert is a transformers model")
+    cluster.add_node("w-a10", {"gpu_type:A10": 1}, cpus=2)
+    try:
+        points = ("2x8", "2x16")
+        extra = '\n[toolchains.torch-compile]\nkind = "torch"\nbackend = "compile"\n'
+        catalog = write_catalog(tmp_path / "compiled", tiny_bert_catalog(list(points), ["fp32"], ["fp32"]) + CPU_TOOLCHAINS + extra)
+        args = ("run", "--cluster", cluster.address, "--gpu", "A10", "--engine", "bert_fp32", "--toolchain", "torch-compile")
+        result = cluster.pipeline(catalog, *args)
+    finally:
+        cluster.remove_node("w-a10")
+    assert result.returncode == 0, result.stderr
+    folder = catalog.parent / "manifests" / "torch-compile@A10"
+    compiler = read_manifest(folder / "bert_fp32.json").build.details.compiler
+    assert compiler["threads"] == 2, compiler
+    for point in points:
+        execution = read_manifest(folder / f"bert_fp32@{point}.json").profile.details.execution
+        assert execution["threads"] == 2, (point, execution)
+    # Where the machine has the CPUs to compile the points ahead, each was compiled on as many.
+    for facts in (compiler.get("compiled_ahead") or {}).get("points", {}).values():
+        assert facts.get("threads", 2) == 2, compiler["compiled_ahead"]
 
 
 def test_connection_failures_are_explained(cluster, tmp_path):

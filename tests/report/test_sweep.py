@@ -245,10 +245,12 @@ def test_torch_compile_compiles_every_point_of_every_engine_at_build_in_one_set_
     assert aheads[0]["wall_s"] == aheads[1]["wall_s"]  # one set of processes for both
     # Each build's own process kept its first point's compiled model for its profile; the other
     # points compiled again and found every graph in the cache the processes filled.
-    for name in compiled:
+    # (On as many threads as the processes compiled with: the count is in the cache's key.)
+    for name, ahead in zip(compiled, aheads, strict=True):
         for shape in POINTS[1:]:
             execution = point_manifest(tmp_path, name, shape).profile.details.execution
             assert execution["inductor_cache_hits"] == execution["graphs"] >= 1, (name, shape, execution)
+            assert execution["threads"] == ahead["points"][shape]["threads"] >= 1, (name, shape, execution)
 
 
 def test_work_ahead_of_profiles_goes_on_in_one_pool_per_kind_and_a_failure_only_costs_time(capsys):
