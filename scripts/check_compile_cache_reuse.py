@@ -7,7 +7,8 @@ in Inductor's cache key differs? For the points a build compiles ahead of their 
 
 One process compiles first, in its main thread, into an empty cache; then each case compiles the
 same model at the same shape in a process of its own, differing in one thing: nothing, the thread
-it compiles in, the model's weights, PyTorch's thread count, the GPU (with two). Each prints whether Inductor's FX graph
+it compiles in, having compiled the model at another shape first (as a point worker has, in its
+thread), the model's weights, PyTorch's thread count, the GPU (with two). Each prints whether Inductor's FX graph
 cache hit and, for a miss, the components of the key (torch/_inductor/codecache.py's
 ``compiled_fx_graph_hash`` debug lines, a private API read here for diagnosis only) that differ from
 the first process's. A case other than the first that misses names why a point's profile compiled
@@ -71,6 +72,10 @@ def compile_once(family: str, case: str) -> dict:
 
     def run() -> None:
         counters = torch._dynamo.utils.counters
+        if case.startswith("recompile"):  # this process compiled the model at another shape first, as a point worker has
+            with torch.no_grad():
+                torch.compile(model, dynamic=False)(input_ids=ids[:, :32], attention_mask=torch.ones_like(ids[:, :32]))
+            keys.clear()
         counters.clear()
         compiled = torch.compile(model, dynamic=False)
         with torch.no_grad():
@@ -85,7 +90,7 @@ def compile_once(family: str, case: str) -> dict:
             device=torch.cuda.get_device_name() if cuda else "cpu",
         )
 
-    if case == "thread":
+    if case.endswith("thread"):
         worker = threading.Thread(target=run, name="not-main")
         worker.start()
         worker.join()
@@ -109,7 +114,8 @@ def main() -> int:
     import torch
 
     gpus = torch.cuda.device_count()
-    cases = [("first", {}), ("again", {}), ("thread", {}), ("weights", {}), ("omp1", {"OMP_NUM_THREADS": "1"})]
+    cases = [("first", {}), ("again", {}), ("thread", {}), ("recompile", {}), ("recompile-thread", {}), ("weights", {})]
+    cases.append(("omp1", {"OMP_NUM_THREADS": "1"}))
     if gpus >= 2:
         cases.append(("gpu1", {"CUDA_VISIBLE_DEVICES": "1"}))
     with tempfile.TemporaryDirectory(prefix="inductor-cache-") as cache:
