@@ -39,6 +39,8 @@ from pipeline.runtimes.base import AheadPool
 MAX_PROCESSES = 8
 # Seconds a compiling process has to end after an interruption before it is killed.
 STOP_GRACE_S = 5
+# What the build manifest keeps of each point's compilation (compiled_ahead.points).
+POINT_FACTS = ("compile_s", "graphs", "inductor_cache_hits", "threads")
 
 
 def processes_for(points: int, cpus: int, gpu_free_bytes: int | None, model_bytes: int) -> int:
@@ -196,7 +198,7 @@ def _compile_points(jobs, results, threads: int) -> None:
             if job.toolchain not in runtimes:
                 runtimes[job.toolchain] = create_runtime(job.toolchain, job.spec, Reporter(), job.workspace_root)
             prepared = runtimes[job.toolchain].load(job.engine_path, job.workload)
-            outcome = {key: prepared.facts[key] for key in ("compile_s", "graphs", "inductor_cache_hits", "threads") if key in prepared.facts}
+            outcome = {key: prepared.facts[key] for key in POINT_FACTS if key in prepared.facts}
         except PipelineError as exc:
             outcome = {"error": exc.message}
         except Exception as exc:  # recorded for the point: its profile compiles it and says why it fails
