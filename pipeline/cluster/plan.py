@@ -251,8 +251,9 @@ class ClusterPlan:
         gpu_type, share = None, 1.0
         if job.stage == "export":
             # Ray starts a task of one CPU with OMP_NUM_THREADS=1 (ray/_private/utils.py,
-            # set_omp_num_threads_if_unset): PyTorch's FP32 references and ONNX Runtime's parity
-            # would run on one thread. An export asks for a GPU's share of the smallest node.
+            # set_omp_num_threads_if_unset): PyTorch's CPU work (the FP32 references on a node
+            # without a GPU) would run on one thread. An export asks for a GPU's share of the
+            # smallest node.
             options["num_cpus"] = self._gpu_share_of_cpus()
             if self.ctx.catalog.variant(job.engine.variant).precision in CUDA_EXPORTS:
                 if not any(n.resources.get("GPU") for n in nodes):
