@@ -58,6 +58,14 @@ for name, point in points.items():
     print(f"  {name}: {len(point['engines'])} engines in group {point['group']} on CPUs {point['cpus']}; rounds {point['rounds_s']} s, preparing {prepare:.1f} s")
     for engine, facts in point["engines"].items():
         print(f"    {engine}: {facts}")
+# What each compiled engine's build compiled ahead, point by point (the profiles above should find it).
+for manifest in sorted((out / "ws" / "manifests").glob("*/*.json")):
+    if "@" in manifest.stem:
+        continue
+    compiler = ((json.loads(manifest.read_text()).get("build") or {}).get("details") or {}).get("compiler") or {}
+    ahead = compiler.get("compiled_ahead")
+    if ahead:
+        print(f"  {manifest.parent.name} built on {compiler.get('threads')} threads; ahead: {json.dumps(ahead)}")
 PY
 grep -E "^(export|build|profile|cluster|running|done|measuring)" "$out/run.log" | tail -60
 exit $status
