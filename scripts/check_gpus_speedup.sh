@@ -58,6 +58,10 @@ for name, point in points.items():
     print(f"  {name}: {len(point['engines'])} engines in group {point['group']} on CPUs {point['cpus']}; rounds {point['rounds_s']} s, preparing {prepare:.1f} s")
     for engine, facts in point["engines"].items():
         print(f"    {engine}: {facts}")
+# Where each export's time went, by phase (ExportDetails.timings_s).
+for manifest in sorted((out / "ws" / "manifests" / "export").glob("*.json")):
+    details = ((json.loads(manifest.read_text()).get("export") or {}).get("details") or {})
+    print(f"  export {manifest.stem}: {details.get('timings_s')}")
 # What each compiled engine's build compiled ahead, point by point (the profiles above should find it).
 for manifest in sorted((out / "ws" / "manifests").glob("*/*.json")):
     if "@" in manifest.stem:
