@@ -262,6 +262,11 @@ class ClusterPlan:
                         hint="add a GPU node to the cluster, or export it on a GPU machine and run again",
                     )
                 options["num_gpus"] = 1
+            elif any(n.resources.get("GPU") for n in nodes):
+                # It computes its references on a GPU where it sees one, and Ray hides no GPU from
+                # a task that asks for none (ray/_private/utils.py, set_visible_accelerator_ids):
+                # asked for like a PyTorch build, it never runs on a GPU a point is measuring on.
+                options["num_gpus"] = 1 / BUILDS_A_GPU
         elif job.stage == "profile":
             gpu_type = job.placed_on
             options["num_cpus"] = self._measurement_cpus(gpu_type)

@@ -160,9 +160,12 @@ def test_each_kind_of_work_is_placed_where_it_can_run(tmp_path):
     )
 
     # An export has a GPU's share of the smallest node's CPUs (the CPU-only node's 4): a task of one
-    # CPU would run PyTorch on one thread (Ray sets OMP_NUM_THREADS from it).
-    assert ort.placement(Job("export", [Member(engine)])) == ({"num_cpus": 4.0}, None)
-    assert pair.placement(Job("export", [Member(engine)])) == ({"num_cpus": 16.0}, None)
+    # CPU would run PyTorch on one thread (Ray sets OMP_NUM_THREADS from it). Where the cluster has
+    # GPUs, a quarter of one too: it computes on a GPU it sees, and must not on one a point holds.
+    assert ort.placement(Job("export", [Member(engine)])) == ({"num_cpus": 4.0, "num_gpus": 0.25}, None)
+    assert pair.placement(Job("export", [Member(engine)])) == ({"num_cpus": 16.0, "num_gpus": 0.25}, None)
+    stand_ins = ClusterPlan(ctx, Cluster("10.0.0.2:6379", [rtx, cpu]), [engine], ["onnxruntime"], "profile")
+    assert stand_ins.placement(Job("export", [Member(engine)])) == ({"num_cpus": 4.0}, None)  # no CUDA GPU to ask for
     # NVFP4's export needs CUDA: a node with Ray's GPU resource, and a clear error without one.
     nvfp4 = EngineRef("tiny", "nvfp4")
     assert ort.placement(Job("export", [Member(nvfp4)])) == ({"num_cpus": 4.0, "num_gpus": 1}, None)
