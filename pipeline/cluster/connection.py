@@ -74,6 +74,16 @@ def gpu_types_of(resources: dict[str, float]) -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
+def gpus_of(resources: dict[str, float], gpu_type: str | None = None) -> float:
+    """The GPUs a node's ``resources`` count: Ray's own, else the declared ones (of ``gpu_type``, or
+    of every type); 0 for none."""
+    if resources.get("GPU"):
+        return resources["GPU"]
+    if gpu_type is not None:
+        return resources.get(DECLARED_GPU_PREFIX + gpu_type, 0.0)
+    return sum(v for k, v in resources.items() if k.startswith(DECLARED_GPU_PREFIX))
+
+
 def placement_resources(node_resources: dict[str, float], gpu_type: str, share: float = 1.0) -> dict[str, float]:
     """What a task asks Ray for to land on a node with ``gpu_type`` and have ``share`` of one of
     its GPUs (all of it unless told): a declared type is counted per GPU; Ray's own type goes

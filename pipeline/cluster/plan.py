@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.catalog import EngineRef
-from pipeline.cluster.connection import DECLARED_GPU_PREFIX, Cluster, Node, placement_resources
+from pipeline.cluster.connection import Cluster, Node, gpus_of, placement_resources
 from pipeline.errors import EnvironmentMissing, PipelineError, UsageError
 from pipeline.stages.base import RunContext
 from pipeline.stages.runner import builds_of, shapes_to_profile, stage_for
@@ -294,11 +294,7 @@ class ClusterPlan:
 
     def _gpu_share_of_cpus(self) -> float:
         """A GPU's share of the smallest node's CPUs (all of them for a node without one)."""
-        shares = []
-        for node in self.cluster.nodes:
-            gpus = node.resources.get("GPU") or sum(v for k, v in node.resources.items() if k.startswith(DECLARED_GPU_PREFIX))
-            if node.cpus > 0:
-                shares.append(node.cpus / max(1.0, gpus))
+        shares = [n.cpus / max(1.0, gpus_of(n.resources)) for n in self.cluster.nodes if n.cpus > 0]
         return max(1.0, min(shares, default=1.0))
 
     def _measurement_cpus(self, gpu_type: str | None) -> float:
@@ -308,10 +304,7 @@ class ClusterPlan:
         point at once — on two H200s of one host, a point each, not one after the other."""
         if gpu_type is None:
             return max(1.0, min((n.cpus for n in self.cluster.nodes if n.cpus > 0), default=1.0))
-        shares = [
-            n.cpus / max(1.0, n.resources.get("GPU") or n.resources.get(f"gpu_type:{gpu_type}") or 1.0)
-            for n in self.cluster.nodes_with(gpu_type)
-        ]
+        shares = [n.cpus / max(1.0, gpus_of(n.resources, gpu_type)) for n in self.cluster.nodes_with(gpu_type)]
         return max(1.0, min((share for share in shares if share > 0), default=1.0))
 
     def feasible(self, job: Job) -> bool:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.cluster.connection import DECLARED_GPU_PREFIX
+from pipeline.cluster.connection import gpus_of
 
 
 class PointWorkers:
@@ -30,10 +30,7 @@ class PointWorkers:
 
     def gpus(self, gpu_type: str) -> int:
         """The GPUs of ``gpu_type`` the cluster's alive nodes have."""
-        total = 0.0
-        for node in self.cluster.nodes_with(gpu_type):
-            total += node.resources.get("GPU") or node.resources.get(DECLARED_GPU_PREFIX + gpu_type) or 1.0
-        return int(total)
+        return int(sum(gpus_of(node.resources, gpu_type) or 1.0 for node in self.cluster.nodes_with(gpu_type)))
 
     def take(self, job, gpu_type: str, options: dict[str, Any]):
         """An idle worker of the type for ``job``, a new one while the type has GPUs without one,

@@ -347,15 +347,13 @@ class ClusterRun:
 
     def _check_stuck(self) -> None:
         """A queued task no alive node can take (its GPU type's last node is gone) would wait forever."""
-        import ray
-
         queued = [job for job in self.running() if job.state == "queued"]
         if not queued:
             return
         self.cluster.refresh()
         for job in queued:
             if not self.matrix.feasible(job):
-                self.workers.lose(job) if self.workers.holds(job) else ray.cancel(job.handle, force=True)
+                self._stop(job)
                 self._fail(
                     job,
                     EnvironmentMissing(
@@ -400,15 +398,18 @@ class ClusterRun:
         self.reporter.console.print(f"[green]{job.state:<9}[/] {job.stage:<8} {job.name} {job.target} in {result.seconds:.1f}s on {where}")
 
     def cancel(self) -> None:
-        import ray
-
         for job in self.running():
-            try:  # a point's worker is ended, and the point with it
-                self.workers.lose(job) if self.workers.holds(job) else ray.cancel(job.handle, force=True)
+            try:
+                self._stop(job)
             except Exception:  # already finished or its node is gone: nothing left to stop
                 pass
             job.state, job.handle = "cancelled", None
-        self.workers.close()
+
+    def _stop(self, job: Job) -> None:
+        """A running point's worker is ended, and the point with it; a running task is cancelled."""
+        import ray
+
+        self.workers.lose(job) if self.workers.holds(job) else ray.cancel(job.handle, force=True)
 
     def _print_table(self) -> None:
         from rich.table import Table

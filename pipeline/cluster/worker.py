@@ -19,7 +19,6 @@ import os
 import queue
 import shutil
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,17 +84,14 @@ def run_stage(request: StageRequest, session: PointSession | None = None):
         finally:
             said.put(None)
 
-    if session is not None:  # every point of a worker in its one thread (PointSession.thread)
-        running = session.thread.submit(work)
-    else:
-        thread = threading.Thread(target=work, name="pipeline-stage", daemon=True)
-        thread.start()
+    # A point worker runs every point in its one thread (PointSession.thread); a task, in one of its own.
+    thread = session.thread if session is not None else concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pipeline-stage")
+    running = thread.submit(work)
     while (text := said.get()) is not None:
         yield ("measuring", text)
-    if session is not None:
-        running.result()
-    else:
-        thread.join()
+    running.result()
+    if session is None:
+        thread.shutdown()
     if "error" in outcome:
         raise outcome["error"]
     yield ("result", outcome["result"])
@@ -114,12 +110,18 @@ class PointSession:
         # point prepared in a thread of its own failed with an AssertionError at every point after
         # a worker's first (two H200s).
         self.thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="pipeline-points")
-        self.scratch: Path | None = None
+        self._scratch: Path | None = None
         self.runtimes: dict = {}
         self.blobs = NodeBlobs()
         self.cpus: tuple[int, ...] | None = None
         self._held = contextlib.ExitStack()
         self._claimed = False
+
+    def scratch(self) -> Path:
+        """The worker's workspace, made for its first point and kept for the others."""
+        if self._scratch is None:
+            self._scratch = _scratch_dir()
+        return self._scratch
 
     def claim_share(self, gpus: int) -> tuple[int, ...] | None:
         from pipeline.cluster.cpu_share import claimed_share
@@ -163,9 +165,7 @@ def execute(request: StageRequest, node_id: str, on_measuring=None, session: Poi
     fetched_before = blobs.bytes_fetched
     result = StageResult(node_id=node_id, status="error")
     try:
-        scratch = session.scratch if session is not None and session.scratch is not None else _scratch_dir()
-        if session is not None:
-            session.scratch = scratch
+        scratch = session.scratch() if session is not None else _scratch_dir()
     except OSError as exc:
         result.error = (
             f"node {node_id[:8]} could not create a scratch workspace in {node_cache_dir()}: {exc.strerror or exc}.",
@@ -231,13 +231,11 @@ def _measuring_share(request: StageRequest, node, session: PointSession | None =
     measured at once on one host's GPUs do not meet on a CPU (pipeline/cluster/cpu_share.py); the
     CPUs it ran on, or None where it ran wherever the OS put it. A point worker claims its share
     once and keeps it; each point's thread runs there."""
-    from pipeline.cluster.connection import DECLARED_GPU_PREFIX
+    from pipeline.cluster.connection import gpus_of
     from pipeline.cluster.cpu_share import claimed_share
     from pipeline.environment import running_on
 
-    gpus = 0
-    if request.stage == "profile" and request.placed_by:
-        gpus = int(node.resources.get("GPU") or node.resources.get(DECLARED_GPU_PREFIX + request.placed_by) or 0)
+    gpus = int(gpus_of(node.resources, request.placed_by)) if request.stage == "profile" and request.placed_by else 0
     if session is not None:
         cpus = session.claim_share(gpus)
         with running_on(cpus):
