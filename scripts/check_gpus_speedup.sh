@@ -7,7 +7,8 @@
 #   python scripts/check_rerun_agreement.py OUT/one/compare.json OUT/all/compare.json
 #
 # Each writes OUT/<mode>/{run.log,compare.json,seconds.txt} and prints where each point was
-# measured (GPU, CPUs), the rows' flags and the wall clock. VARIANTS="bf16 fp16" runs the whole matrix.
+# measured (GPU, CPUs), the rows' flags and the wall clock. VARIANTS="bf16 fp16" runs the whole matrix;
+# TOOLCHAINS="torch-eager torch-compile" fewer toolchains.
 set -uo pipefail
 mode="${1:?usage: check_gpus_speedup.sh one|all OUT}"
 out="${2:?usage: check_gpus_speedup.sh one|all OUT}/$mode"
@@ -19,7 +20,7 @@ cp pipeline.toml "$out/ws/pipeline.toml"
 rm -rf "/tmp/torchinductor_$(id -un)" "${TORCHINDUCTOR_CACHE_DIR:-/nonexistent}" "$HOME/.triton/cache"
 args=(run --model modernbert)
 for variant in ${VARIANTS:-bf16}; do args+=(--variant "$variant"); done
-for toolchain in torch-eager torch-eager-attn torch-compile torch-cudagraphs torch-reduce-overhead; do args+=(--toolchain "$toolchain"); done
+for toolchain in ${TOOLCHAINS:-torch-eager torch-eager-attn torch-compile torch-cudagraphs torch-reduce-overhead}; do args+=(--toolchain "$toolchain"); done
 if [ "$mode" = one ]; then
   export CUDA_VISIBLE_DEVICES=0
 else

@@ -7,6 +7,7 @@ refused) is pipeline/runtimes/pytorch.py."""
 from __future__ import annotations
 
 import contextlib
+import copyreg
 import sys
 import time
 from collections.abc import Callable
@@ -158,6 +159,33 @@ def import_torch():
     import torch
 
     return torch
+
+
+def cache_keys_alike_in_every_process(torch) -> None:
+    """Make Inductor's cache keys for a graph the same in every process that compiles it: the
+    run's own, the processes compiling ahead (pipeline/runtimes/torch_compile_ahead.py), a
+    cluster's build tasks and point workers.
+
+    The keys (FX graph and AOTAutograd caches) hash a pickle of each input's metadata, its
+    ``torch.memory_format`` among it. A memory format pickles as a global name with no module of
+    its own, and pickle finds one by scanning ``sys.modules`` for the first module through which
+    ``torch.contiguous_format`` can be reached: which one depends on what the process imported
+    first (``torch._utils`` in a plain process, ``__mp_main__`` in a spawned one). Seen on two
+    H200s: every input of every graph hashed differently in the processes compiling ahead and in
+    Ray's workers, so no point worker ever found a graph compiled ahead and each recompiled it
+    (15–22 s an engine, a point). Pickled here by a function of this module's, found by name
+    alike everywhere; the format still tells keys apart. Inductor's picklers start from
+    ``copyreg``'s table (torch/_inductor/codecache.py, FxGraphCachePickler)."""
+    copyreg.pickle(type(torch.contiguous_format), _memory_format_by_name)
+
+
+def memory_format_named(name: str):
+    """The ``torch.memory_format`` called ``name``: what a pickled one is read back as."""
+    return getattr(import_torch(), name)
+
+
+def _memory_format_by_name(memory_format) -> tuple:
+    return memory_format_named, (str(memory_format).removeprefix("torch."),)
 
 
 def compiled_graphs(torch) -> int:

@@ -15,7 +15,16 @@ from typing import Any
 
 from pipeline.errors import RefusedByTool
 from pipeline.runtimes.torch_memory import is_out_of_memory, out_of_memory_as_error
-from pipeline.runtimes.torch_prepared import Prepared, capture, compiled_run, import_torch, no_grad, sdpa_kernels, within
+from pipeline.runtimes.torch_prepared import (
+    Prepared,
+    cache_keys_alike_in_every_process,
+    capture,
+    compiled_run,
+    import_torch,
+    no_grad,
+    sdpa_kernels,
+    within,
+)
 
 # torch.compile's modes that capture the compiled model in CUDA graphs (torch/_inductor: "mode
 # reduce-overhead ... uses CUDA graphs"; max-autotune too, unless "-no-cudagraphs").
@@ -84,6 +93,7 @@ class TorchPreparation:
                     self.reporter.progress("capturing a CUDA graph")
                     run = self._first_run(torch, lambda: self._captured(torch, model, placed))
                 else:
+                    cache_keys_alike_in_every_process(torch)
                     if reuse is not None and reuse.compiled is not None and self.spec.dynamic:
                         self.reporter.progress(f"warming the dynamic compilation at {shape}")
                         compiled, compiled_at = reuse.compiled, reuse.compiled_at

@@ -143,6 +143,49 @@ def test_same_weights_as_the_export(workspace):
     assert any(value.shape == weight.shape and (value == weight).all() for value in initializers.values())
 
 
+# Compiles a small model with the compiled toolchain's preparation and prints what it found in
+# Inductor's cache. "early": a module enters sys.modules before torch and then holds it, as a
+# process spawned by multiprocessing holds its parent's main module as __mp_main__.
+COMPILE_IN_A_PROCESS = """
+import json, pickle, sys, types
+if sys.argv[1] == "early":
+    sys.modules["imported_before_torch"] = early = types.ModuleType("imported_before_torch")
+import torch
+if sys.argv[1] == "early":
+    early.torch = torch
+from pipeline.reporting import Reporter
+from pipeline.runtimes import spec_class
+from pipeline.runtimes.torch_preparing import TorchPreparation
+
+spec = spec_class("torch").model_validate({"kind": "torch", "backend": "compile"})
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)).eval()
+examples = (torch.randn(2, 8, generator=torch.Generator().manual_seed(0)),)
+prepared = TorchPreparation(spec, Reporter()).prepare(model, examples, torch.float32, "cpu", (0, 0, 0), "2x8")
+named_by = pickle.whichmodule(torch.contiguous_format, "torch.contiguous_format")
+print(json.dumps({"facts": prepared.facts, "named_by": named_by}))
+"""
+
+
+@needs_inductor
+def test_a_graph_compiled_in_one_process_is_found_by_one_that_imported_otherwise(tmp_path):
+    """Inductor's cache keys hold each input's memory format, pickled under the first module in
+    sys.modules through which pickle reaches it: another in a process that imported otherwise (a
+    spawned compile-ahead process, a Ray worker). The compiled toolchain keys it alike in every
+    process, or a point's profile never finds the graph compiled for it ahead."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), "PYTHONPATH": str(Path.cwd())}
+    found = {}
+    for history in ("plain", "early"):
+        done = subprocess.run([sys.executable, "-c", COMPILE_IN_A_PROCESS, history], env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-3000:]
+        found[history] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["early"]["named_by"] == "imported_before_torch" != found["plain"]["named_by"], found
+    assert found["plain"]["facts"]["inductor_cache_hits"] == 0, found
+    assert found["early"]["facts"]["inductor_cache_hits"] == found["early"]["facts"]["graphs"] >= 1, found
+
+
 @needs_inductor
 def test_compile_time_and_graphs_are_recorded(workspace):
     compiler = manifest(workspace, "torch-inductor").build.details.compiler
