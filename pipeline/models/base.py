@@ -152,6 +152,11 @@ class ModelSource(ABC):
     def create(self) -> Any:
         """The model in eval mode on the CPU, in FP32, with the catalog's weights."""
 
+    def create_for_weights(self) -> Any:
+        """The model as ``create`` makes it, for weights a state dict replaces next (a PyTorch
+        engine read back): a family that can leave them uninitialised does so here."""
+        return self.create()
+
     def runnable(self, model) -> Any:
         """``model`` as a module whose forward takes the inputs in order and returns the one output
         tensor that is exported, compared and checked (a transformer's last hidden state)."""

@@ -392,8 +392,8 @@ class TorchRuntime(InProcessRuntime):
         spec = source_class(described["family"]).Spec.model_validate(described["spec"])
         source = model_source(described["name"], spec, self.workspace_root)
         dtype = getattr(torch, TORCH_DTYPES[saved["precision"]])
-        model = source.cast(source.runnable(source.create()), dtype)
-        model.load_state_dict(saved["state_dict"])
+        model = source.cast(source.runnable(source.create_for_weights()), dtype)
+        model.load_state_dict(saved["state_dict"])  # every weight: strict
         if self.spec.attn_implementation:
             source.use_attention(model, self.spec.attn_implementation)
         return model.eval()
