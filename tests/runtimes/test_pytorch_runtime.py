@@ -187,6 +187,33 @@ def test_a_graph_compiled_in_one_process_is_found_by_one_that_imported_otherwise
 
 
 @needs_inductor
+def test_the_key_recorder_names_what_differs_between_two_processes_keys(tmp_path):
+    """scripts/inductor_keys: every process started with it records each key it looks up, and
+    compare.py says which lookups no earlier process's key matched, and in what their keys
+    differ (here the thread count, which Inductor's key holds for CPU code)."""
+    import subprocess
+    import sys
+
+    scripts = Path.cwd() / "scripts" / "inductor_keys"
+    env = {
+        **os.environ,
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+        "INDUCTOR_KEYS_DIR": str(tmp_path / "keys"),
+        "PYTHONPATH": f"{scripts}{os.pathsep}{Path.cwd()}",
+    }
+    for threads in ("2", "1"):
+        done = subprocess.run(
+            [sys.executable, "-c", COMPILE_IN_A_PROCESS, "plain"], env={**env, "OMP_NUM_THREADS": threads}, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert len(list((tmp_path / "keys").glob("*-fx_graph.json"))) == 2
+    report = subprocess.run([sys.executable, str(scripts / "compare.py"), str(tmp_path / "keys")], capture_output=True, text=True)
+    assert report.returncode == 0, report.stderr
+    assert "fx_graph: 2 lookups; 0 had an earlier process's key" in report.stdout, report.stdout
+    assert "1x fx_graph differs in: cpp_runtime_thread_count" in report.stdout, report.stdout
+
+
+@needs_inductor
 def test_compile_time_and_graphs_are_recorded(workspace):
     compiler = manifest(workspace, "torch-inductor").build.details.compiler
     assert compiler["compile_s"] > 0
