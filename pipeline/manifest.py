@@ -118,6 +118,9 @@ class ExportDetails(_Model):
     # Why no ONNX was written: the exporter's own reason for refusing the model. The references
     # are written all the same, and the toolchains that run the PyTorch model still build it.
     onnx_refused: str | None = None
+    # Why no ONNX was written though the exporter could have: no toolchain of the run reads it
+    # (PyTorch toolchains alone). The references are written; a run that reads it exports again.
+    onnx_skipped: str | None = None
     opset: int
     # Set when the graph was traced at this smaller batch with a dynamic batch axis, then pinned
     # to input_shape's batch (CPU traces of quantized models; see pipeline/stages/quantize.py).

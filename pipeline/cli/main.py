@@ -172,8 +172,9 @@ def _stage_command(
     chains = state.toolchains(toolchains, trts, archs)
     ctx = state.context(force)
     if dry_run:
-        from pipeline.stages.runner import describe
+        from pipeline.stages.runner import describe, onnx_read_by
 
+        ctx.exports_write_onnx = onnx_read_by(ctx, chains)
         for chain in chains:
             if len(chains) > 1:
                 click.echo(f"# {chain}")

@@ -212,6 +212,7 @@ class ClusterPlan:
             force=self.ctx.force,
             runtimes=self.ctx.runtimes,
             gpu_type=member.gpu_type,
+            exports_write_onnx=self.ctx.exports_write_onnx,
         )
         return stage_for(ctx, job.stage, member.engine, member.toolchain, member.shape)
 

@@ -31,6 +31,7 @@ from pipeline.cluster.connection import Cluster, Node
 from pipeline.cluster.plan import ClusterPlan, Job, Member
 from pipeline.cluster.point_workers import PointWorkers
 from pipeline.cluster.transfer import DriverBlobs, write_result
+from pipeline.cluster.worker import StageRequest, run_stage
 from pipeline.errors import EnvironmentMissing, PipelineError, UsageError
 from pipeline.stages.base import RunContext
 from pipeline.stages.runner import RunSummary
@@ -73,9 +74,7 @@ class ClusterRun:
         self.head_misses = 0  # checks in a row the head did not answer
         self.workers = PointWorkers(cluster)  # each GPU's worker for its points, while points are ready
 
-    def request(self, job: Job):
-        from pipeline.cluster.worker import StageRequest
-
+    def request(self, job: Job) -> StageRequest:
         files, manifests = {}, {}
         for member in job.members:
             self._send(job.stage, member, files, manifests)
@@ -89,6 +88,7 @@ class ClusterRun:
             known=frozenset(self.known),
             force=self.ctx.force,
             verbose=self.verbose,
+            exports_write_onnx=self.ctx.exports_write_onnx,
         )
 
     def _send(self, name: str, member: Member, files: dict, manifests: dict) -> None:
@@ -135,8 +135,6 @@ class ClusterRun:
 
     def submit(self, job: Job) -> None:
         import ray
-
-        from pipeline.cluster.worker import run_stage
 
         options, job.placed_by = self.matrix.placement(job)
         if job.stage == "profile" and job.placed_by is not None:

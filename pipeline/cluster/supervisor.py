@@ -107,6 +107,7 @@ def _child(send, settings, lock, parent: int) -> None:
     from pipeline.reporting import Reporter
     from pipeline.signals import terminate_like_interrupt
     from pipeline.stages.base import RunContext
+    from pipeline.stages.runner import onnx_read_by
     from pipeline.workspace import Workspace
 
     # A process group of its own: what Ray signals when it loses its node stays in this process.
@@ -119,6 +120,7 @@ def _child(send, settings, lock, parent: int) -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = visible_gpus
     ctx = RunContext(catalog=catalog, workspace=Workspace(catalog.root), reporter=Reporter(verbose=verbose), force=force, argv=argv)
     try:
+        ctx.exports_write_onnx = onnx_read_by(ctx, toolchains)
         summary = drive(ctx, address, engines, toolchains, until, gpu_types, verbose)
         outcome = ("ok", RunSummary(summary.succeeded, [(name, chain, exc.plain()) for name, chain, exc in summary.failed]))
     except PipelineError as exc:

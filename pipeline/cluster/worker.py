@@ -40,6 +40,7 @@ class StageRequest:
     known: frozenset[str]  # sha256 of contents the driver already holds
     force: bool = False
     verbose: bool = False
+    exports_write_onnx: bool = True  # RunContext's: whether the run's exports write the ONNX
 
 
 @dataclass
@@ -282,6 +283,7 @@ def _stage(request: StageRequest, member: Member, scratch: Path, reporter, node,
         force=request.force,
         gpu_type=member.gpu_type,
         cluster_node=node,
+        exports_write_onnx=request.exports_write_onnx,
     )
     if session is not None:  # the runtimes, and the engines they prepared, of the worker's earlier points
         for runtime in session.runtimes.values():

@@ -47,6 +47,10 @@ class RunContext:
     # While a run builds its engines: where each build hands over its work ahead of its profiles,
     # to be done in the background (runner.WorkAhead). None: each build does its own, then and there.
     ahead: Any = None
+    # Whether this run's exports write the ONNX: only a toolchain that compiles or runs the ONNX
+    # reads it (EngineRuntime.reads_onnx); a run of PyTorch toolchains alone skips writing and
+    # checking it (runner.onnx_read_by), and a later run that reads it exports again.
+    exports_write_onnx: bool = True
     # The stages this run has already done, by (manifest, stage): `--force` redoes each once, not
     # once per toolchain that needs it (an export is every toolchain's first stage).
     done: set = field(default_factory=set)

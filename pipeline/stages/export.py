@@ -9,7 +9,9 @@ Checks, all recorded in the manifest:
 * for sparse variants, the 2:4 pattern in every sparsified weight of the ONNX.
 
 The ONNX is written under a temporary name and moved to ``models/<model>/<variant>.onnx`` only
-when every check has passed.
+when every check has passed — and only when a toolchain of the run reads it: a run of PyTorch
+toolchains alone, which build from the PyTorch model and are checked against the references,
+writes the references only (``onnx_skipped``), and a later run that reads the ONNX exports again.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from pipeline.stages.base import Stage, StageOutcome
 from pipeline.stages.export_references import ReferenceWriter, reference_batch, reference_files
 from pipeline.stages.onnx_writing import (
     OnnxWriter,
+    Written,
     check_opset,
     graph_opset,
     input_refused_as_error,
@@ -81,8 +84,19 @@ class _Variant:
     quantization: dict[str, Any] | None
 
 
+# Why an export wrote no ONNX though the exporter would have (ExportDetails.onnx_skipped).
+ONNX_NOT_READ = "no toolchain of the run reads it"
+
+
 class ExportStage(Stage):
     name = "export"
+
+    @property
+    def writes_onnx(self) -> bool:
+        """Whether this export writes the ONNX: a toolchain of the run reads it, or the variant is
+        one only ONNX toolchains run (quantized, sparse), whose checks are the ONNX's."""
+        variant = self.variant_spec
+        return self.ctx.exports_write_onnx or self.quantized or bool(variant.sparsity)
 
     def manifest_path(self) -> Path:
         return self.ctx.workspace.export_manifest_path(self.engine)
@@ -178,7 +192,19 @@ class ExportStage(Stage):
                 params["quantization"]["exclude"] = list(variant.exclude)
         if variant.sparsity:
             params["sparsity_method"] = variant.sparsity_method
+        if not self.writes_onnx:  # absent otherwise: an export that writes the ONNX keeps its fingerprint
+            params["onnx"] = f"not written: {ONNX_NOT_READ}"
         return params
+
+    def _reusable(self, previous, fingerprint: str, force: bool = False) -> bool:
+        # An export that wrote the ONNX serves a run that reads none: the same export otherwise.
+        if super()._reusable(previous, fingerprint, force):
+            return True
+        if self.writes_onnx or previous is None or previous.params.get("onnx") is not None:
+            return False
+        params = {key: value for key, value in self.params().items() if key != "onnx"}
+        reason = self.skip_reason()
+        return super()._reusable(previous, self.fingerprint(params, [] if reason else self.inputs(), reason), force)
 
     def skip_reason(self) -> str | None:
         return self.model_source().unsupported_variant(self.variant_spec)
@@ -238,7 +264,12 @@ class ExportStage(Stage):
         variant_model = self._variant_of(traced, source, batches, calibration, excluded, phase)
         with phase("accuracy_and_reference"):
             accuracy, variant_outputs = self._variant_outputs(traced, references, variant_model, batches, reference_outputs)
-        written = OnnxWriter(self, phase).write(traced, source, references, variant_model, variant_outputs)
+        if self.writes_onnx:
+            written = OnnxWriter(self, phase).write(traced, source, references, variant_model, variant_outputs)
+        else:
+            # An ONNX of an earlier export would be another export's: gone with its record.
+            written = Written(self.ctx.workspace.onnx_path(self.engine), parity_skipped=f"no ONNX written: {ONNX_NOT_READ}")
+            written.path.unlink(missing_ok=True)
 
         writer = ReferenceWriter(self.ctx.workspace, self.engine, source.output_name())
         dtype = variant_model.dtype
@@ -260,6 +291,7 @@ class ExportStage(Stage):
             exporter=written.exporter,
             opset=graph_opset(written.graph, self.opset()) if written.graph is not None else self.opset(),
             onnx_refused=written.refused,
+            onnx_skipped=None if self.writes_onnx else ONNX_NOT_READ,
             traced_batch=written.traced_batch,
             precision=variant.precision,
             sparsity=variant.sparsity,
@@ -276,7 +308,7 @@ class ExportStage(Stage):
             reference=reference,
             timings_s=phase.seconds,
         )
-        outputs = [self.ctx.workspace.artifact("onnx", written.path)] if written.refused is None else []
+        outputs = [self.ctx.workspace.artifact("onnx", written.path)] if written.refused is None and self.writes_onnx else []
         outputs += [self.ctx.workspace.artifact(role, self.ctx.workspace.root / path) for role, path in reference_files(reference)]
         return StageOutcome(outputs=outputs, details=details, note=_export_note(details, len(traced.points)))
 

@@ -137,6 +137,14 @@ def builds_of(ctx: RunContext, engine: EngineRef) -> list[str | None]:
     return shapes_to_profile(ctx, engine) if ctx.catalog.model(engine.model).static else [None]
 
 
+def onnx_read_by(ctx: RunContext, toolchains: list[str] | None) -> bool:
+    """Whether any of a run's toolchains reads the ONNX its exports write (None: an export alone,
+    which writes it for whatever comes next)."""
+    from pipeline.runtimes import get_runtime
+
+    return toolchains is None or any(get_runtime(ctx, toolchain).reads_onnx for toolchain in toolchains)
+
+
 def run_engines(ctx: RunContext, engines: list[EngineRef], toolchains: list[str] | None, until: str) -> RunSummary:
     """Each engine on each toolchain (none: the export alone); a failure is reported and the rest
     still runs (like `make -k`). The profiles of the runtimes that time in this process are run
@@ -159,6 +167,7 @@ def run_engines(ctx: RunContext, engines: list[EngineRef], toolchains: list[str]
             for engine in engines:
                 summary.fail(engine.name, toolchain, exc)
     points: dict = {}
+    ctx.exports_write_onnx = onnx_read_by(ctx, toolchains)
     single = len(engines) == 1 and len(usable) == 1
     ctx.ahead = WorkAhead(ctx.reporter)
     try:
@@ -281,7 +290,7 @@ class LocalLauncher:
 def describe(ctx: RunContext, engines: list[EngineRef], toolchain: str, until: str) -> list[str]:
     """What `--dry-run` prints: each engine's stages and the exact work they would do."""
     from pipeline.stages.build import BuildStage
-    from pipeline.stages.export import ExportStage
+    from pipeline.stages.export import ONNX_NOT_READ, ExportStage
 
     lines = []
     for engine in engines:
@@ -300,6 +309,8 @@ def describe(ctx: RunContext, engines: list[EngineRef], toolchain: str, until: s
         onnx = ctx.workspace.root / ctx.workspace.onnx_path(engine)
         if refused:
             lines.append(f"{engine.name}: export: unchanged, without ONNX (the exporter refused the model); built from PyTorch")
+        elif not ExportStage(ctx, engine).writes_onnx:
+            lines.append(f"{engine.name}: export → references only, no ONNX ({ONNX_NOT_READ}); built from PyTorch")
         else:
             lines.append(f"{engine.name}: export → {ctx.workspace.relative(onnx)}")
         for built in builds_of(ctx, engine):  # one engine; a static model's, one per shape point

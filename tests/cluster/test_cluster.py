@@ -294,6 +294,12 @@ def test_a_compiled_engines_build_and_points_compile_on_as_many_threads(cluster,
     finally:
         cluster.remove_node("w-a10")
     assert result.returncode == 0, result.stderr
+    # A run of a torch toolchain alone: the export on its node wrote the references, no ONNX.
+    export = read_manifest(catalog.parent / "manifests" / "export" / "bert_fp32.json").export
+    assert (
+        export.details.onnx_skipped == "no toolchain of the run reads it"
+        and not (catalog.parent / "models" / "bert" / "fp32.onnx").exists()
+    )
     folder = catalog.parent / "manifests" / "torch-compile@A10"
     compiler = read_manifest(folder / "bert_fp32.json").build.details.compiler
     assert compiler["threads"] == 2, compiler

@@ -223,6 +223,34 @@ def test_compile_time_and_graphs_are_recorded(workspace):
     assert settings["mode"] == "default" and settings["fullgraph"] is False and settings["dynamic"] is False
 
 
+def test_pytorch_toolchains_alone_export_no_onnx_and_a_run_that_reads_it_exports_again(tmp_path, run_cli):
+    """The torch toolchains build from the PyTorch model and are checked against the references:
+    a run of them alone writes no ONNX (nor checks its parity); a run with a toolchain that reads
+    the ONNX exports again, writing it; and that export serves the torch toolchains unchanged."""
+    catalog = write_catalog(tmp_path, CATALOG)
+    onnx = tmp_path / "models" / "tiny" / "fp32.onnx"
+    dry = run_cli(catalog, "build", "--variant", "fp32", "--toolchain", "torch-eager", "--dry-run")
+    assert "tiny_fp32: export → references only, no ONNX (no toolchain of the run reads it)" in dry.out, dry.out
+    alone = run_cli(catalog, "run", "--variant", "fp32", "--toolchain", "torch-eager")
+    assert alone.exit_code == 0, alone.err
+    export = read_manifest(tmp_path / "manifests" / "export" / "tiny_fp32.json").export
+    assert export.details.onnx_skipped == "no toolchain of the run reads it" and export.details.parity is None
+    assert "no ONNX written" in export.details.parity_skipped and export.params["onnx"].startswith("not written")
+    assert not onnx.exists() and "onnx" not in {artifact.role for artifact in export.outputs}
+    assert manifest(catalog, "torch-eager").profile.details.accuracy is not None  # checked against the references
+
+    both = run_cli(catalog, "run", "--variant", "fp32", "--toolchain", "onnxruntime", "--toolchain", "torch-eager")
+    assert both.exit_code == 0, both.err
+    export = read_manifest(tmp_path / "manifests" / "export" / "tiny_fp32.json").export
+    assert export.details.onnx_skipped is None and export.details.parity is not None and "onnx" not in export.params
+    assert onnx.is_file() and manifest(catalog, "onnxruntime").profile.status == "done"
+
+    again = run_cli(catalog, "run", "--variant", "fp32", "--toolchain", "torch-eager")
+    assert again.exit_code == 0, again.err
+    assert any(line.split()[:2] == ["export", "tiny_fp32"] and "didn't change" in line for line in again.err.splitlines()), again.err
+    assert onnx.is_file()
+
+
 def test_quantized_and_sparse_variants_are_recorded_as_skipped(workspace):
     int8 = manifest(workspace, "torch-eager", "tiny_int8").build
     assert int8.status == "skipped" and "fake quantization" in int8.reason
@@ -284,10 +312,14 @@ def test_bf16_runs_on_torch_and_is_skipped_by_onnxruntime_with_the_reason(worksp
     assert m.build.details.settings["dtype"] == "bfloat16" and m.profile.status == "done"
     export = read_manifest(workspace.parent / "manifests" / "export" / "tiny_bf16.json").export.details
     assert export.input_dtype == "bfloat16" and export.parity is None
-    assert "no bfloat16 Conv or MatMul kernels" in export.parity_skipped
     skipped = run_cli(workspace, "build", "--variant", "bf16", "--toolchain", "onnxruntime")
     assert skipped.exit_code == 0
     assert "no bfloat16 Conv or MatMul kernels" in manifest(workspace, "onnxruntime", "tiny_bf16").build.reason
+    # `pipeline export` writes the ONNX (the torch run wrote none), whose parity ONNX Runtime's CPU provider cannot check.
+    exported = run_cli(workspace, "export", "--variant", "bf16")
+    assert exported.exit_code == 0, exported.err
+    export = read_manifest(workspace.parent / "manifests" / "export" / "tiny_bf16.json").export.details
+    assert export.onnx_skipped is None and export.parity is None and "no bfloat16 Conv or MatMul kernels" in export.parity_skipped
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown on machines without CUDA")
