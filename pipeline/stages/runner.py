@@ -295,10 +295,10 @@ def describe(ctx: RunContext, engines: list[EngineRef], toolchain: str, until: s
     lines = []
     for engine in engines:
         variant = ctx.catalog.variant(engine.variant)
-        first = BuildStage(ctx, engine, toolchain)
+        first, export = BuildStage(ctx, engine, toolchain), ExportStage(ctx, engine)
         reason = first.unsupported()
         # The last export's word on the ONNX holds while the export is current (an unchanged module).
-        refused = first.onnx_refused() if reason is None and ExportStage(ctx, engine).is_current() else None
+        refused = first.onnx_refused() if reason is None and export.is_current() else None
         if refused and first.runtime.reads_onnx:
             reason = first.no_onnx_reason()
         if reason:
@@ -309,7 +309,7 @@ def describe(ctx: RunContext, engines: list[EngineRef], toolchain: str, until: s
         onnx = ctx.workspace.root / ctx.workspace.onnx_path(engine)
         if refused:
             lines.append(f"{engine.name}: export: unchanged, without ONNX (the exporter refused the model); built from PyTorch")
-        elif not ExportStage(ctx, engine).writes_onnx:
+        elif not export.writes_onnx and not (onnx.is_file() and export.is_current()):  # else the ONNX there serves
             lines.append(f"{engine.name}: export → references only, no ONNX ({ONNX_NOT_READ}); built from PyTorch")
         else:
             lines.append(f"{engine.name}: export → {ctx.workspace.relative(onnx)}")

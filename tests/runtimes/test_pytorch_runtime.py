@@ -245,6 +245,8 @@ def test_pytorch_toolchains_alone_export_no_onnx_and_a_run_that_reads_it_exports
     assert export.details.onnx_skipped is None and export.details.parity is not None and "onnx" not in export.params
     assert onnx.is_file() and manifest(catalog, "onnxruntime").profile.status == "done"
 
+    dry = run_cli(catalog, "build", "--variant", "fp32", "--toolchain", "torch-eager", "--dry-run")
+    assert "tiny_fp32: export → models/tiny/fp32.onnx" in dry.out, dry.out
     again = run_cli(catalog, "run", "--variant", "fp32", "--toolchain", "torch-eager")
     assert again.exit_code == 0, again.err
     assert any(line.split()[:2] == ["export", "tiny_fp32"] and "didn't change" in line for line in again.err.splitlines()), again.err
