@@ -32,7 +32,8 @@ class BuildResult:
 
 class AheadPool(ABC):
     """Where the works ahead of profiles of one kind are done side by side (compiling processes,
-    say), in the background: each build hands its work over as it ends and the run goes on
+    say), in the background: each build hands its work over as soon as it has written its engine
+    (or as it ends) and the run goes on
     building; before the first profile, the run waits for all of it."""
 
     @abstractmethod
@@ -170,6 +171,11 @@ class EngineRuntime(ABC):
     #: other engines (pipeline/measurement.py); a tool's engine with none beside it is one whole
     #: measurement by the tool.
     measures_in_this_process: ClassVar[bool] = False
+    #: Set by the build stage while a build runs (None otherwise): a runtime whose build goes on
+    #: working on the engine once it has written it (a compiled engine prepared at its first
+    #: point) calls it with the file then, so that the work ahead (compiling the other points)
+    #: starts beside the rest of the build, not after it.
+    engine_written: Callable[[Path], None] | None = None
     #: Whether its engines are made from the exported ONNX. Those that start from the PyTorch
     #: model itself still run a model the exporter refused (its export then writes no ONNX).
     reads_onnx: ClassVar[bool] = True

@@ -283,6 +283,8 @@ class TorchRuntime(InProcessRuntime):
             },
             engine_path,
         )
+        if self.engine_written is not None:  # the other points compile beside this one's
+            self.engine_written(engine_path)
         device = "cuda" if self._cuda_available() else "cpu"
         settings = self.settings(variant.precision, device)
         self._prepared.clear()  # free the previous models' memory before preparing this one

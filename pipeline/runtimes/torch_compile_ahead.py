@@ -4,7 +4,8 @@ processes of their own, ahead of the profiles.
 A compiled toolchain specialises its graph to each shape point (``dynamic = false``), and Inductor
 takes about half a minute to compile ModernBERT-base at one point in one dtype: most of a sweep's
 time when the points are compiled one after another as they are profiled. Compiling is mostly
-single-threaded Python, so each engine's points are compiled as soon as it is built, in a few
+single-threaded Python, so each engine's points are compiled as soon as its engine file is written
+(beside the build's own compilation of its first point: pipeline/stages/build.py, _EarlyWork), in a few
 processes beside the builds still to come, and the results left in Inductor's on-disk caches (FXGraphCache,
 AOTAutogradCache). Those caches "avoid recompilation across process boundaries when it encounters
 the same graph with the same Tensor input shapes (and the same configuration)" (PyTorch's Compile

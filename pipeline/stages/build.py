@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -127,10 +128,13 @@ class BuildStage(Stage):
         onnx = next((a for a in inputs if a.role == "onnx"), None)
         onnx_path = self.ctx.workspace.root / onnx.path if onnx is not None else None
         engine_path = self.engine_path()
+        early = _EarlyWork(self, engine_path)
+        self.runtime.engine_written = early.hand_over
         try:
             with atomic_output(engine_path) as tmp:
                 result = self.runtime.build(onnx_path, tmp, self.variant_spec, self.model_source())
         except PipelineError as exc:
+            early.abandon()
             # An engine is about the size of its ONNX or smaller; a tool that could not write it
             # says so in its own words, which read as a fault of the ONNX or of the compiler.
             expected = onnx_path.stat().st_size if onnx_path is not None else 0
@@ -148,6 +152,13 @@ class BuildStage(Stage):
                 engine_path.unlink(missing_ok=True)
                 exc.outcome = self.outcome(exc.result, engine_path=None)
             raise
+        except BaseException:  # interrupted: the work ahead of a build alone stops with it
+            early.abandon()
+            raise
+        finally:
+            self.runtime.engine_written = None
+        if early.work is not None:
+            return early.finish(result)
         work = self.runtime.ahead_work(engine_path, self.point_workloads())
         if work is None:
             return self.outcome(result, engine_path)
@@ -167,10 +178,12 @@ class BuildStage(Stage):
     def record_ahead(self, evidence: dict) -> None:
         """Add what the work ahead of the profiles found to this engine's build manifest, written
         when the build ended (it does not change what the build made, nor its fingerprint)."""
+        if (str(self.manifest_path()), self.name) not in self.ctx.done:
+            return  # the build failed after it handed its work over: the record there is an earlier build's
         manifest = self.load_manifest()
         record = manifest.build if manifest is not None else None
-        if record is None or record.details is None:
-            return
+        if record is None or record.details is None or record.status != "done":
+            return  # the build was refused after it handed its work over
         details = record.details
         updates = {key: merge_evidence({key: getattr(details, key, None)}, {key: facts})[key] for key, facts in evidence.items()}
         details = BuildDetails.model_validate({**details.model_dump(mode="json"), **checked_evidence(self.runtime, updates, BuildDetails)})
@@ -208,3 +221,70 @@ def merge_evidence(evidence: dict[str, Any], more: dict[str, Any]) -> dict[str, 
     for key, facts in more.items():
         evidence[key] = {**(evidence.get(key) or {}), **facts}
     return evidence
+
+
+class _EarlyWork:
+    """A build's work ahead of its profiles, handed over as soon as the runtime has written the
+    engine (runtime.engine_written), so that it goes on beside the rest of the build — a compiled
+    engine's other points beside its own first point's compilation — not after it: into the run's
+    pool (ctx.ahead), or for a build outside a run (a cluster's build task) into a pool of its
+    own, waited for when the build ends. The work reads the engine under
+    a second name, a link to the file being written, which stays whatever becomes of its temporary
+    name and goes when the work is over. Where no link can be made the work waits for the build's
+    end, as before."""
+
+    def __init__(self, stage: BuildStage, engine_path: Path):
+        self.stage, self.engine_path = stage, engine_path
+        self.link = engine_path.with_name(f".{engine_path.name}.ahead")
+        self.work = None
+        self.own_pool = None
+        self.started = False
+
+    def hand_over(self, written: Path) -> None:
+        try:
+            self.link.unlink(missing_ok=True)
+            os.link(written, self.link)
+        except OSError:
+            return
+        work = self.stage.runtime.ahead_work(self.link, self.stage.point_workloads())
+        if work is None:
+            self.link.unlink(missing_ok=True)
+            return
+        self.work = work
+        shared = self.stage.ctx.ahead
+        if shared is not None:
+            shared.discard_after(self.link)
+            self.started = shared.submit(self.stage, work)
+            return
+        self.own_pool = work.pool()
+        try:
+            self.started = self.own_pool.submit(work)
+        except Exception as exc:  # only time is lost: each profile prepares its own point
+            self.stage.ctx.reporter.warn(f"{self.stage.engine.name}: nothing done ahead of profiles: {type(exc).__name__}: {exc}")
+            self.abandon()
+            self.work = None
+
+    def finish(self, result) -> StageOutcome:
+        """The build's outcome: with the work's evidence (a build alone, waited for here), or
+        saying it goes on in the background (the run's pool, recorded when the run waits for it)."""
+        stage = self.stage
+        if self.own_pool is None:
+            outcome = stage.outcome(result, self.engine_path)
+            if self.started:
+                outcome.note = f" ({self.work.doing} goes on in the background)"
+            return outcome
+        try:
+            evidence, _ = self.own_pool.finish(stage.ctx.reporter.progress)
+            merge_evidence(result.evidence, evidence[0])
+        except Exception as exc:  # only time is lost: each profile prepares its own point
+            stage.ctx.reporter.warn(f"{stage.engine.name}: nothing done ahead of profiles: {type(exc).__name__}: {exc}")
+        finally:
+            self.abandon()
+        return stage.outcome(result, self.engine_path)
+
+    def abandon(self) -> None:
+        """Stop the work of a build alone (the run's pool stops with the run) and drop the link."""
+        if self.own_pool is not None:
+            self.own_pool.close()
+            self.own_pool = None
+            self.link.unlink(missing_ok=True)

@@ -198,7 +198,7 @@ def run_engines(ctx: RunContext, engines: list[EngineRef], toolchains: list[str]
 
 class WorkAhead:
     """The builds' work ahead of their profiles (compiling at every shape point, say): each
-    build's is handed over as the build ends and goes on in the background, in one pool per
+    build's is handed over once its engine is written and goes on in the background, in one pool per
     kind, while the run builds the other engines; ``finish`` waits for all of it before the
     first profile, so nothing of it runs while anything is measured, and adds each engine's
     evidence to its build manifest. A failure there costs time only: each profile then
@@ -210,6 +210,12 @@ class WorkAhead:
         self._pools: dict = {}
         # By kind: the error that took its pool out of this run (it is not tried again).
         self._failed: dict = {}
+        # Files the work reads that go once it is over (BuildStage: an engine's second name).
+        self._discarded: list = []
+
+    def discard_after(self, path) -> None:
+        """Remove ``path`` once the work ahead is over: finished, or stopped."""
+        self._discarded.append(path)
 
     def submit(self, stage, work) -> bool:
         """Start ``work`` of ``stage``'s engine in its kind's pool: whether it runs in the background
@@ -256,11 +262,18 @@ class WorkAhead:
             else:
                 waited = time.perf_counter() - started
                 self.reporter.done("build", engines, waited, f" of waiting, ahead of profiles: {names}")
+        self._discard()
 
     def close(self) -> None:
         """Stop whatever is still running (the run was interrupted, or failed before ``finish``)."""
         for pool, _ in self._pools.values():
             _close_quietly(pool)
+        self._discard()
+
+    def _discard(self) -> None:
+        for path in self._discarded:
+            path.unlink(missing_ok=True)
+        self._discarded.clear()
 
 
 def _close_quietly(pool) -> None:

@@ -224,10 +224,16 @@ def test_torch_compile_compiles_every_point_of_every_engine_at_build_in_one_set_
     """Two compiled engines, three points each: once both are built, their six points compile in
     one set of processes, and each point's profile finds its graphs in Inductor's cache."""
     from pipeline.runtimes import torch_compile_ahead
+    from pipeline.runtimes.torch_preparing import TorchPreparation
+    from pipeline.stages.runner import WorkAhead
 
     # Two processes (this machine's CPUs may be too few to choose that on their own); the cache is
     # this test's alone.
     monkeypatch.setattr(torch_compile_ahead, "usable_cpus", lambda: 4)
+    events = []  # what this process did, in order: each build's hand-over and its own compile
+    handing_over, preparing = WorkAhead.submit, TorchPreparation.prepare
+    monkeypatch.setattr(WorkAhead, "submit", lambda self, stage, work: events.append(stage.toolchain) or handing_over(self, stage, work))
+    monkeypatch.setattr(TorchPreparation, "prepare", lambda *args, **kwargs: events.append("compiled") or preparing(*args, **kwargs))
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     compiled = ("torch-compile", "torch-compile-eager-attn")
     (tmp_path / "pipeline.toml").write_text(
@@ -243,6 +249,10 @@ def test_torch_compile_compiles_every_point_of_every_engine_at_build_in_one_set_
         assert ahead["processes"] == 2 and ahead["engines"] == 2 and sorted(ahead["points"]) == sorted(POINTS), ahead
         assert all(point["compile_s"] > 0 and point["graphs"] >= 1 for point in ahead["points"].values()), ahead
     assert aheads[0]["wall_s"] == aheads[1]["wall_s"]  # one set of processes for both
+    # Each build handed its points over as soon as it had written the engine, before compiling its
+    # own first point: the other points compiled beside that compilation, not after it.
+    assert events[:4] == ["torch-compile", "compiled", "torch-compile-eager-attn", "compiled"], events
+    assert not list((tmp_path / "engines").rglob("*.ahead"))  # the engines' second names went with the work
     # Each build's own process kept its first point's compiled model for its profile; the other
     # points compiled again and found every graph in the cache the processes filled.
     # (On as many threads as the processes compiled with: the count is in the cache's key.)
@@ -251,6 +261,40 @@ def test_torch_compile_compiles_every_point_of_every_engine_at_build_in_one_set_
             execution = point_manifest(tmp_path, name, shape).profile.details.execution
             assert execution["inductor_cache_hits"] == execution["graphs"] >= 1, (name, shape, execution)
             assert execution["threads"] == ahead["points"][shape]["threads"] >= 1, (name, shape, execution)
+
+
+@needs_inductor
+def test_a_compiled_engine_built_alone_compiles_its_points_beside_its_own_first(tmp_path, monkeypatch):
+    """A build outside a run of several engines (a cluster's build task) has no run's pool: it
+    opens its own as soon as it has written the engine, compiles its first point meanwhile, and
+    waits for the rest before it ends, their facts in its manifest."""
+    from pipeline.runtimes import load_catalog, torch_compile_ahead
+    from pipeline.runtimes.torch_preparing import TorchPreparation
+    from pipeline.stages.base import RunContext
+    from pipeline.stages.build import BuildStage
+    from pipeline.stages.export import ExportStage
+    from pipeline.workspace import Workspace
+
+    monkeypatch.setattr(torch_compile_ahead, "usable_cpus", lambda: 4)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    events = []
+    handing_over, preparing = torch_compile_ahead.CompilePool.submit, TorchPreparation.prepare
+    monkeypatch.setattr(
+        torch_compile_ahead.CompilePool, "submit", lambda self, work: events.append("handed over") or handing_over(self, work)
+    )
+    monkeypatch.setattr(TorchPreparation, "prepare", lambda *args, **kwargs: events.append("compiled") or preparing(*args, **kwargs))
+    (tmp_path / "pipeline.toml").write_text(SWEEP_CATALOG + '\n[toolchains.torch-compile]\nkind = "torch"\nbackend = "compile"\n')
+    catalog = load_catalog(tmp_path / "pipeline.toml")
+    ctx = RunContext(catalog=catalog, workspace=Workspace(tmp_path))
+    assert ctx.ahead is None
+    (engine,) = catalog.select((), ("bert",), ("fp32",))
+    ExportStage(ctx, engine).run()
+    BuildStage(ctx, engine, "torch-compile").run()
+    ahead = read_manifest(tmp_path / "manifests" / "torch-compile" / "bert_fp32.json").build.details.compiler["compiled_ahead"]
+    assert ahead["processes"] == 2 and sorted(ahead["points"]) == sorted(POINTS), ahead
+    assert all(point["graphs"] >= 1 for point in ahead["points"].values()), ahead
+    assert events[:2] == ["handed over", "compiled"], events
+    assert not list((tmp_path / "engines").rglob("*.ahead"))
 
 
 def test_work_ahead_of_profiles_goes_on_in_one_pool_per_kind_and_a_failure_only_costs_time(capsys):
