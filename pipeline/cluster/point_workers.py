@@ -51,20 +51,20 @@ class PointWorkers:
         self.busy[id(job)] = (gpu_type, actor)
         return actor
 
-    def holds(self, job) -> bool:
-        return id(job) in self.busy
-
     def give_back(self, job) -> None:
         """``job``'s point is done: its worker waits for the next."""
         if id(job) in self.busy:
             gpu_type, actor = self.busy.pop(id(job))
             self.idle.setdefault(gpu_type, []).append(actor)
 
-    def lose(self, job) -> None:
-        """``job``'s worker failed or must stop (cancelled): end it, and never hand it a point again."""
-        if id(job) in self.busy:
-            gpu_type, actor = self.busy.pop(id(job))
-            self._end(gpu_type, actor)
+    def lose(self, job) -> bool:
+        """``job``'s worker failed or must stop (cancelled): end it, and never hand it a point
+        again. Whether ``job`` had one."""
+        if id(job) not in self.busy:
+            return False
+        gpu_type, actor = self.busy.pop(id(job))
+        self._end(gpu_type, actor)
+        return True
 
     def release_idle(self, jobs) -> None:
         """End the idle workers of every GPU type none of whose points is ready (a point waiting

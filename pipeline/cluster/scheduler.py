@@ -407,7 +407,8 @@ class ClusterRun:
         """A running point's worker is ended, and the point with it; a running task is cancelled."""
         import ray
 
-        self.workers.lose(job) if self.workers.holds(job) else ray.cancel(job.handle, force=True)
+        if not self.workers.lose(job):
+            ray.cancel(job.handle, force=True)
 
     def _print_table(self) -> None:
         from rich.table import Table

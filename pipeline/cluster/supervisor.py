@@ -64,7 +64,19 @@ def run_on_cluster(
     preflight(address)
     spawn = multiprocessing.get_context("spawn")  # a fresh interpreter: Ray must not inherit a fork
     receive, send = spawn.Pipe(duplex=False)
-    settings = (ctx.catalog, ctx.force, ctx.argv, address, engines, toolchains, until, gpu_types, verbose, visible_gpus)
+    settings = (
+        ctx.catalog,
+        ctx.force,
+        ctx.argv,
+        ctx.exports_write_onnx,
+        address,
+        engines,
+        toolchains,
+        until,
+        gpu_types,
+        verbose,
+        visible_gpus,
+    )
     lock = inherited_lock(ctx.workspace.manifests_dir)
     child = spawn.Process(target=_child, args=(send, settings, lock, os.getpid()), name="pipeline-cluster-driver")
     child.start()
@@ -107,7 +119,6 @@ def _child(send, settings, lock, parent: int) -> None:
     from pipeline.reporting import Reporter
     from pipeline.signals import terminate_like_interrupt
     from pipeline.stages.base import RunContext
-    from pipeline.stages.runner import onnx_read_by
     from pipeline.workspace import Workspace
 
     # A process group of its own: what Ray signals when it loses its node stays in this process.
@@ -115,12 +126,18 @@ def _child(send, settings, lock, parent: int) -> None:
     terminate_like_interrupt()
     # `lock` (the workspace lock's descriptor) stays open until this process ends.
     threading.Thread(target=_end_with_parent, args=(parent,), name="parent-watch", daemon=True).start()
-    catalog, force, argv, address, engines, toolchains, until, gpu_types, verbose, visible_gpus = settings
+    catalog, force, argv, write_onnx, address, engines, toolchains, until, gpu_types, verbose, visible_gpus = settings
     if visible_gpus:  # the local Ray instance sees these GPUs only, and hands one to each task
         os.environ["CUDA_VISIBLE_DEVICES"] = visible_gpus
-    ctx = RunContext(catalog=catalog, workspace=Workspace(catalog.root), reporter=Reporter(verbose=verbose), force=force, argv=argv)
+    ctx = RunContext(
+        catalog=catalog,
+        workspace=Workspace(catalog.root),
+        reporter=Reporter(verbose=verbose),
+        force=force,
+        argv=argv,
+        exports_write_onnx=write_onnx,
+    )
     try:
-        ctx.exports_write_onnx = onnx_read_by(ctx, toolchains)
         summary = drive(ctx, address, engines, toolchains, until, gpu_types, verbose)
         outcome = ("ok", RunSummary(summary.succeeded, [(name, chain, exc.plain()) for name, chain, exc in summary.failed]))
     except PipelineError as exc:

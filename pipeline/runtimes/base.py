@@ -64,16 +64,6 @@ class AheadWork:
     # What it does, for the build's line: "compiling at 6 shape points".
     doing: str = "work ahead of its profiles"
 
-    def run_now(self, progress: Callable[[str], None]) -> tuple[dict[str, Any], str | None]:
-        """This work alone, waited for (a build outside a local run of several engines)."""
-        pool = self.pool()
-        try:
-            pool.submit(self)
-            evidence, skipped = pool.finish(progress)
-            return evidence[0], skipped
-        finally:
-            pool.close()
-
 
 @dataclass
 class ProfileResult:

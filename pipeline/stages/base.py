@@ -49,7 +49,8 @@ class RunContext:
     ahead: Any = None
     # Whether this run's exports write the ONNX: only a toolchain that compiles or runs the ONNX
     # reads it (EngineRuntime.reads_onnx); a run of PyTorch toolchains alone skips writing and
-    # checking it (runner.onnx_read_by), and a later run that reads it exports again.
+    # checking it (set where the run's toolchains are chosen: runner.onnx_read_by), and a later
+    # run that reads it exports again.
     exports_write_onnx: bool = True
     # The stages this run has already done, by (manifest, stage): `--force` redoes each once, not
     # once per toolchain that needs it (an export is every toolchain's first stage).

@@ -157,23 +157,9 @@ class BuildStage(Stage):
             raise
         finally:
             self.runtime.engine_written = None
-        if early.work is not None:
-            return early.finish(result)
-        work = self.runtime.ahead_work(engine_path, self.point_workloads())
-        if work is None:
-            return self.outcome(result, engine_path)
-        if self.ctx.ahead is None:  # alone: done now, its evidence in this manifest
-            try:
-                evidence, _ = work.run_now(self.ctx.reporter.progress)
-                merge_evidence(result.evidence, evidence)
-            except Exception as exc:  # only time is lost: each profile prepares its own point
-                self.ctx.reporter.warn(f"{self.engine.name}: nothing done ahead of profiles: {type(exc).__name__}: {exc}")
-            return self.outcome(result, engine_path)
-        outcome = self.outcome(result, engine_path)
-        if self.ctx.ahead.submit(self, work):
-            # Done beside the builds still to come, recorded here when the run has waited for it.
-            outcome.note = f" ({work.doing} goes on in the background)"
-        return outcome
+        if not early.tried:  # the runtime did not say when it wrote the engine: handed over now
+            early.hand_over(engine_path)
+        return early.finish(result)
 
     def record_ahead(self, evidence: dict) -> None:
         """Add what the work ahead of the profiles found to this engine's build manifest, written
@@ -228,29 +214,34 @@ class _EarlyWork:
     engine (runtime.engine_written), so that it goes on beside the rest of the build — a compiled
     engine's other points beside its own first point's compilation — not after it: into the run's
     pool (ctx.ahead), or for a build outside a run (a cluster's build task) into a pool of its
-    own, waited for when the build ends. The work reads the engine under
-    a second name, a link to the file being written, which stays whatever becomes of its temporary
-    name and goes when the work is over. Where no link can be made the work waits for the build's
-    end, as before."""
+    own, waited for when the build ends. The work reads the engine under a second name, a link to
+    the file being written, which stays whatever becomes of its temporary name and goes when the
+    work is over. Where no link can be made, or the runtime does not say when it has written the
+    engine, the work is handed over when the build ends."""
 
     def __init__(self, stage: BuildStage, engine_path: Path):
         self.stage, self.engine_path = stage, engine_path
         self.link = engine_path.with_name(f".{engine_path.name}.ahead")
         self.work = None
         self.own_pool = None
+        self.tried = False  # handed over (or the pool that was to take it failed)
         self.started = False
 
     def hand_over(self, written: Path) -> None:
+        """Hand the work over, for the engine at ``written``: its temporary name while the build
+        goes on, or its own once the build has ended."""
+        workloads = self.stage.point_workloads()
+        work = self.stage.runtime.ahead_work(self.link, workloads)
+        if work is None:
+            return
         try:
             self.link.unlink(missing_ok=True)
             os.link(written, self.link)
         except OSError:
-            return
-        work = self.stage.runtime.ahead_work(self.link, self.stage.point_workloads())
-        if work is None:
-            self.link.unlink(missing_ok=True)
-            return
-        self.work = work
+            if written != self.engine_path:
+                return  # handed over when the build has ended
+            work = self.stage.runtime.ahead_work(written, workloads)
+        self.work, self.tried = work, True
         shared = self.stage.ctx.ahead
         if shared is not None:
             shared.discard_after(self.link)

@@ -167,7 +167,6 @@ def run_engines(ctx: RunContext, engines: list[EngineRef], toolchains: list[str]
             for engine in engines:
                 summary.fail(engine.name, toolchain, exc)
     points: dict = {}
-    ctx.exports_write_onnx = onnx_read_by(ctx, toolchains)
     single = len(engines) == 1 and len(usable) == 1
     ctx.ahead = WorkAhead(ctx.reporter)
     try:
