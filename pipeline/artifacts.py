@@ -12,9 +12,8 @@ import contextlib
 import hashlib
 import json
 import os
+import secrets
 import shutil
-import signal
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -62,49 +61,40 @@ def _mib(size: int) -> str:
 def atomic_output(path: Path) -> Iterator[Path]:
     """Yield a temporary path; on clean exit it replaces ``path``, on any error it is deleted.
 
-    Ctrl-C and SIGTERM are held back from the moment the temporary file is made until the block
-    that deletes it is entered: raised in between (pipeline/signals.py turns SIGTERM into an
-    exception wherever Python is), the file was left behind — once in a suite run, a
-    `pipeline build` sent SIGTERM left `.fp32.onnx.….tmp` in models/."""
+    The temporary name is chosen before its file is made, so there is no moment when the file
+    exists and the block that deletes it does not know it: Ctrl-C and SIGTERM raise wherever
+    Python is (pipeline/signals.py), and with ``tempfile.mkstemp`` one landing between the file's
+    making and the name's return left `.fp32.onnx.….tmp` behind. Blocking the signals around that
+    call did not close it: a signal sent to the process is taken by any thread that does not
+    block it, and Python then raises in the main thread anyway."""
     path = Path(path)
     tmp: Path | None = None
-    held = _hold_signals()
     try:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-            tmp = Path(tmp_name)
-            os.close(fd)
+            while True:
+                tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+                try:
+                    # Created with the permissions any other new file gets (mode 0666 less the umask).
+                    os.close(_create_new(tmp))
+                    break
+                except FileExistsError:
+                    continue
         except OSError as exc:
             raise write_failed(path, exc) from exc
-        _release_signals(held)  # one held back is raised from here on, where the finally removes the file
-        held = None
-        # mkstemp creates 0600; outputs should get the permissions any other new file gets.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
         yield tmp
         os.replace(tmp, path)
     except OSError as exc:
         raise write_failed(path, exc) from exc
     finally:
-        if held is not None:
-            _release_signals(held)
         if tmp is not None:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
 
 
-def _hold_signals():
-    """Block SIGINT and SIGTERM for this thread (the mask before, to restore), where the OS can."""
-    if not hasattr(signal, "pthread_sigmask"):
-        return None
-    return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-
-
-def _release_signals(previous) -> None:
-    if previous is not None:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+def _create_new(path: Path) -> int:
+    """An open descriptor of a new, empty file at ``path``; FileExistsError where one is there."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -40,7 +40,7 @@ def test_full_disk_becomes_a_user_error_and_leaves_no_temp_file(tmp_path, monkey
     assert list(tmp_path.iterdir()) == []
 
 
-def test_outputs_get_umask_permissions_not_mkstemp_0600(tmp_path):
+def test_outputs_get_umask_permissions_not_0600(tmp_path):
     old = os.umask(0o022)
     try:
         atomic_write_text(tmp_path / "a.json", "{}")
@@ -65,22 +65,31 @@ def test_hash_cache_rehashes_only_when_size_or_mtime_changes(tmp_path, monkeypat
 
 
 def test_a_sigterm_just_after_the_temporary_file_is_made_leaves_no_file(tmp_path, monkeypatch):
-    """SIGTERM raises where Python is (pipeline/signals.py): landing between the temporary file's
-    making and the block that deletes it, it left the file behind (seen once in a suite run)."""
-    import signal
-    import tempfile
+    """SIGTERM raises wherever Python is (pipeline/signals.py), here the moment the temporary file
+    exists and before its maker returns: the file left behind once in a suite run, when the
+    signal landed in another thread than the one that had blocked it."""
+    from pipeline.signals import Terminated
 
-    from pipeline.signals import Terminated, sigterm_as_interrupt
+    made = artifacts._create_new
 
-    made = tempfile.mkstemp
+    def create_then_terminated(path):
+        os.close(made(path))
+        assert path.exists()
+        raise Terminated()
 
-    def mkstemp_then_sigterm(*args, **kwargs):
-        answer = made(*args, **kwargs)
-        os.kill(os.getpid(), signal.SIGTERM)  # the handler runs at Python's next chance
-        return answer
-
-    monkeypatch.setattr(artifacts.tempfile, "mkstemp", mkstemp_then_sigterm)
-    with sigterm_as_interrupt(), pytest.raises(Terminated):
+    monkeypatch.setattr(artifacts, "_create_new", create_then_terminated)
+    with pytest.raises(Terminated):
         with artifacts.atomic_output(tmp_path / "model.onnx") as tmp:
             tmp.write_bytes(b"never finished")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_temporary_name_already_taken_is_passed_over(tmp_path, monkeypatch):
+    taken = tmp_path / ".model.onnx.0000.tmp"
+    taken.write_bytes(b"someone else's")
+    names = iter(["0000", "0001"])
+    monkeypatch.setattr(artifacts.secrets, "token_hex", lambda _n: next(names))
+    with artifacts.atomic_output(tmp_path / "model.onnx") as tmp:
+        assert tmp.name == ".model.onnx.0001.tmp"
+        tmp.write_bytes(b"mine")
+    assert taken.read_bytes() == b"someone else's" and (tmp_path / "model.onnx").read_bytes() == b"mine"

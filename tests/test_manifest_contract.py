@@ -28,6 +28,10 @@ HEX = re.compile(r"\b[0-9a-f]{32,}\b")
 TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)?")
 TEMPORARY = re.compile(r"\.[a-z0-9_]{8}\.tmp\b")  # a file written under a temporary name, then renamed
 IDS = {"group"}  # the rounds' group: the same id in every manifest of a point's engines, new each run
+# Why a point's rounds ended, where the times decide it: the pairs settled, or the budget (or the
+# most rounds) came first — on a loaded machine the budget does (seen in CI). "alone" and "failed"
+# follow from the run itself and stay as they are.
+MEASURED = {"stop": {"decided", "budget", "rounds"}}
 NUMBER = re.compile(r"\d+(\.\d+)?(e[+-]?\d+)?")
 
 
@@ -58,11 +62,16 @@ def normalised(manifest: dict, root: Path) -> dict:
             items = [walk(item) for item in value]
             # Records of the same shape, as many as the run made (the takes of the rounds): one of them.
             return ["<each>", items[0]] if items and all(item == items[0] for item in items) else items
-        return {text(key): "<id>" if key in IDS else walk(item) for key, item in value.items()}
+        return {text(key): "<id>" if key in IDS else _measured(key, item) or walk(item) for key, item in value.items()}
 
     # The machine's record itself: its keys are the contract, its words the machine's.
     masked = {key: "<machine>" if isinstance(value, str) else walk(value) for key, value in environment.items()}
     return {**walk(manifest), "environment": masked} if "environment" in manifest else walk(manifest)
+
+
+def _measured(key: str, value) -> str | None:
+    """ "<key as measured>" where ``value`` is one of those the measurement chooses between."""
+    return f"<{key} as measured>" if value in MEASURED.get(key, ()) else None
 
 
 def _strings(value) -> list[str]:
