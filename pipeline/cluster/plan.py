@@ -113,6 +113,10 @@ class ClusterPlan:
         self.ctx, self.cluster, self.engines, self.until = ctx, cluster, engines, until
         self.toolchains = list(toolchains or [])
         self.reporter = ctx.reporter
+        # What each toolchain builds for is settled here, once for every node (the catalog the
+        # driver sends with each task, and checks its records against): a toolchain that would
+        # build for the building machine's GPU builds for the cluster's GPUs instead.
+        ctx.catalog = ctx.catalog.for_gpus(self.toolchains, tuple(self._capability(t) for t in cluster.gpu_types))
         from pipeline.runtimes import get_runtime
 
         self.runtimes = {toolchain: get_runtime(ctx, toolchain) for toolchain in self.toolchains}

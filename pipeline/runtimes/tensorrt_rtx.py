@@ -69,6 +69,15 @@ class TensorRtRtxSpec(ToolchainSpec):
     def with_targets(self, targets: tuple[str, ...]) -> TensorRtRtxSpec:
         return self.model_copy(update={"archs": tuple(normalise_arch(target) for target in targets)})
 
+    def for_gpus(self, capabilities: tuple[str | None, ...]) -> TensorRtRtxSpec:
+        # Without archs a build targets the GPU of the machine it runs on: on a cluster, whichever
+        # node took the task — an engine for sm89 from one node, a portable one from a node
+        # without a GPU, and the driver, which records what it asked for, never finding either current.
+        if self.archs:
+            return self
+        archs = tuple(arch for arch, capability in ARCHS.items() if capability in capabilities)
+        return self.model_copy(update={"archs": archs}) if archs else self
+
 
 def normalise_arch(name: str) -> str:
     """``SM120`` or ``sm120`` → ``sm120``; anything else is a usage error naming the choices."""

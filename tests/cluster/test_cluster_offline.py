@@ -333,3 +333,50 @@ def test_the_probe_answers_on_a_node_without_the_product(tmp_path):
     assert [(gpu["name"], gpu["compute_capability"]) for gpu in answer["gpus"]] == [
         (gpu.name, gpu.compute_capability) for gpu in nvidia_gpus()
     ]
+
+
+def test_a_toolchain_that_builds_for_its_machines_gpu_builds_for_the_clusters_gpus_on_every_node(tmp_path, monkeypatch):
+    """TensorRT-RTX without ``archs`` compiles for the GPU of the machine that builds. On a cluster
+    that is whichever node took the build: an sm89 engine from an L4 node, a portable one from a
+    node without a GPU, while the driver checks the record against its own machine. The plan
+    settles the targets once: the cluster's GPUs the compiler can target, on every node."""
+    from pipeline.catalog import EngineRef
+    from pipeline.cluster.connection import Cluster
+    from pipeline.cluster.plan import ClusterPlan, Member
+    from pipeline.environment import GpuInfo
+    from pipeline.runtimes import load_catalog
+    from pipeline.runtimes import tensorrt_rtx as rtx_module
+    from pipeline.stages.base import RunContext
+    from pipeline.workspace import Workspace
+    from tests.conftest import RTX_TOOLCHAINS, TINY_CATALOG, write_catalog
+
+    catalog = load_catalog(write_catalog(tmp_path, TINY_CATALOG + RTX_TOOLCHAINS))
+    engine = EngineRef("tiny", "fp16")
+    h100 = Node("a" * 56, "10.0.0.1", {"CPU": 16, "GPU": 1, "accelerator_type:H100": 1})
+    rtx = Node("b" * 56, "10.0.0.2", {"CPU": 8, "gpu_type:RTX-PRO-6000": 1})
+    l4 = Node("c" * 56, "10.0.0.3", {"CPU": 8, "gpu_type:L4": 1})
+
+    def targets_built_on(plan: ClusterPlan, local_gpu: str | None) -> tuple[str, ...]:
+        """The targets the build's stage records, on a node whose own GPU has ``local_gpu``."""
+        gpus = () if local_gpu is None else (GpuInfo(name="GPU", driver="580", compute_capability=local_gpu, memory_mib=1),)
+        monkeypatch.setattr(rtx_module, "nvidia_gpus", lambda: gpus)
+        stage = plan.stage(build, Member(engine, "trt-rtx1.7"))
+        return tuple(stage.runtime.identity()["targets"])
+
+    plan = ClusterPlan(
+        RunContext(catalog=catalog, workspace=Workspace(catalog.root)), Cluster("x:1", [h100, rtx, l4]), [engine], ["trt-rtx1.7"], "build"
+    )
+    assert plan.ctx.catalog.toolchain("trt-rtx1.7").archs == ("sm89", "sm120")  # the L4's and the RTX PRO 6000's, not the H100's
+    (build,) = [job for job in plan.plan() if job.stage == "build"]
+    assert {targets_built_on(plan, gpu) for gpu in (None, "8.9", "12.0", "9.0")} == {("sm89", "sm120")}
+    # The catalog's own archs (or --arch) stay as they are.
+    pinned = catalog.with_targets("trt-rtx1.7", ("sm120",))
+    plan = ClusterPlan(
+        RunContext(catalog=pinned, workspace=Workspace(catalog.root)), Cluster("x:1", [h100, l4]), [engine], ["trt-rtx1.7"], "build"
+    )
+    assert plan.ctx.catalog.toolchain("trt-rtx1.7").archs == ("sm120",)
+    # No GPU of the cluster it can target: the compiler's portable default, as on a machine without one.
+    plan = ClusterPlan(
+        RunContext(catalog=catalog, workspace=Workspace(catalog.root)), Cluster("x:1", [h100]), [engine], ["trt-rtx1.7"], "build"
+    )
+    assert plan.ctx.catalog.toolchain("trt-rtx1.7").archs == ()
