@@ -126,6 +126,8 @@ class TorchRuntime(InProcessRuntime):
         # its build does not compile again, and the next shape point reuses the loaded model (the
         # variants of a sweep alternate, point after point, in one process).
         self._prepared: dict[tuple[int, int, int], Prepared] = {}
+        # The shape point the current build prepares itself, in this process: no work ahead for it.
+        self._building_point: str | None = None
 
     # --- what it is -----------------------------------------------------------------------------
 
@@ -271,6 +273,7 @@ class TorchRuntime(InProcessRuntime):
         # are prepared when they are profiled.
         point = source.static_point or (points[0] if points else None)
         examples = source.sample_inputs(created, point, 0)
+        self._building_point = point.label if point is not None else None
         torch.save(
             {
                 "format": ENGINE_FORMAT,
@@ -312,7 +315,12 @@ class TorchRuntime(InProcessRuntime):
         a point little."""
         from pipeline.runtimes import torch_compile_ahead
 
-        if self.spec.backend != "compile" or self.spec.dynamic or len(workloads) < 2:
+        if self.spec.backend != "compile" or self.spec.dynamic:
+            return None
+        # The build compiles its own point (its graphs go to the same cache): compiled again beside
+        # it, at the same moment, neither would find the other's, and a process would be spent on it.
+        workloads = [workload for workload in workloads if workload.shape != self._building_point]
+        if not workloads:
             return None
         jobs = [torch_compile_ahead.CompileJob(self.name, self.spec, self.workspace_root, engine_path, workload) for workload in workloads]
         return AheadWork(engine_path, jobs, torch_compile_ahead.CompilePool, f"compiling at {len(jobs)} shape points")

@@ -1,5 +1,5 @@
-"""torch.compile at every shape point of every compiled engine of a run, side by side in
-processes of their own, ahead of the profiles.
+"""torch.compile at every shape point of every compiled engine of a run (but the one its build
+compiles itself), side by side in processes of their own, ahead of the profiles.
 
 A compiled toolchain specialises its graph to each shape point (``dynamic = false``), and Inductor
 takes about half a minute to compile ModernBERT-base at one point in one dtype: most of a sweep's
