@@ -176,6 +176,10 @@ class ClusterPlan:
                             point = points.setdefault((engine.model, shape, placed_on), Job("profile", [], placed_on=placed_on))
                             point.members.append(member)
                             point.after.append(build)
+        # The longest builds first, so that a GPU's shares go to them before short ones: Ray
+        # dispatches the tasks of one scheduling class (function and resource shape: the builds of
+        # one GPU type) first in, first out (ray-project/ray#5851, fair queueing between classes).
+        self._jobs.sort(key=lambda job: not self.runtimes[job.toolchain].builds_long)
         self._jobs += self._one_job_a_point(points)
         return self.jobs()
 

@@ -244,6 +244,13 @@ class EngineRuntime(ABC):
         compilers read the first, runtimes that run PyTorch itself (``reads_onnx`` False) start
         from the second, and get None where the exporter refused the model."""
 
+    @property
+    def builds_long(self) -> bool:
+        """Whether its builds take longer than other toolchains' of the same placement, by work
+        that grows with the model's shape points (compiling at each): a cluster starts them first,
+        so that the longest builds do not wait for a GPU's share behind short ones."""
+        return False
+
     def ahead_work(self, engine_path: Path, workloads: list[ReferenceBatch]) -> AheadWork | None:
         """Work each shape point's profile would start with (compiling for the point) that is
         faster done for every point at once, beside other engines' such work, in the background

@@ -307,6 +307,12 @@ class TorchRuntime(InProcessRuntime):
             self.reporter.warn(f"{engine_path.name}: {notes[-1]} (set fullgraph = true to refuse them)")
         return BuildResult(engine_path=engine_path, settings=settings, notes=notes, evidence={"compiler": {**self.versions(), **facts}})
 
+    @property
+    def builds_long(self) -> bool:
+        # A compilation specialised to each shape point: a build compiles every point (its own,
+        # the others ahead of the profiles), where an eager or CUDA graph build only saves weights.
+        return self.spec.backend == "compile" and not self.spec.dynamic
+
     def ahead_work(self, engine_path: Path, workloads: list[ReferenceBatch]) -> AheadWork | None:
         """torch.compile at every shape point, in processes of their own beside the other compiled
         engines' points, leaving the graphs in Inductor's cache for the profiles
@@ -315,7 +321,7 @@ class TorchRuntime(InProcessRuntime):
         a point little."""
         from pipeline.runtimes import torch_compile_ahead
 
-        if self.spec.backend != "compile" or self.spec.dynamic:
+        if not self.builds_long:
             return None
         # The build compiles its own point (its graphs go to the same cache): compiled again beside
         # it, at the same moment, neither would find the other's, and a process would be spent on it.

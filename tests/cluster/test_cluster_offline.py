@@ -380,3 +380,46 @@ def test_a_toolchain_that_builds_for_its_machines_gpu_builds_for_the_clusters_gp
         RunContext(catalog=catalog, workspace=Workspace(catalog.root)), Cluster("x:1", [h100]), [engine], ["trt-rtx1.7"], "build"
     )
     assert plan.ctx.catalog.toolchain("trt-rtx1.7").archs == ()
+
+
+def test_the_builds_that_compile_at_every_point_are_started_first(tmp_path):
+    """Ten PyTorch builds on two GPUs share eight places (a quarter of a GPU each): the compiled
+    ones, which compile every shape point, go first, or one waits behind an eager build."""
+    from pipeline.catalog import EngineRef
+    from pipeline.cluster.connection import Cluster
+    from pipeline.cluster.plan import ClusterPlan
+    from pipeline.runtimes import load_catalog
+    from pipeline.stages.base import RunContext
+    from pipeline.workspace import Workspace
+    from tests.conftest import TINY_CATALOG, write_catalog
+
+    torch = {
+        "torch-eager": 'backend = "eager"',
+        "torch-compile": 'backend = "compile"',
+        "torch-cudagraphs": 'backend = "cudagraphs"',
+        "torch-compile-dynamic": 'backend = "compile"\ndynamic = true',
+        "torch-reduce-overhead": 'backend = "compile"\nmode = "reduce-overhead"',
+    }
+    extra = "".join(f'\n[toolchains.{name}]\nkind = "torch"\n{settings}\n' for name, settings in torch.items())
+    catalog = load_catalog(write_catalog(tmp_path, TINY_CATALOG + extra))
+    two = Node("d" * 56, "10.0.0.4", {"CPU": 32, "GPU": 2, "accelerator_type:H200": 1})
+    engines = [EngineRef("tiny", "fp16"), EngineRef("tiny", "fp32")]
+    plan = ClusterPlan(
+        RunContext(catalog=catalog, workspace=Workspace(catalog.root)), Cluster("x:1", [two]), engines, list(torch), "profile"
+    )
+    jobs = plan.plan()
+    builds = [(job.engine.variant, job.toolchain) for job in jobs if job.stage == "build"]
+    assert builds == [
+        ("fp16", "torch-compile"),
+        ("fp16", "torch-reduce-overhead"),
+        ("fp32", "torch-compile"),
+        ("fp32", "torch-reduce-overhead"),
+        ("fp16", "torch-eager"),
+        ("fp16", "torch-cudagraphs"),
+        ("fp16", "torch-compile-dynamic"),  # compiled once, for every point
+        ("fp32", "torch-eager"),
+        ("fp32", "torch-cudagraphs"),
+        ("fp32", "torch-compile-dynamic"),
+    ]
+    stages = [job.stage for job in jobs]
+    assert stages == ["export"] * 2 + ["build"] * 10 + ["profile"] * (len(stages) - 12)
