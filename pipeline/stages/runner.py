@@ -169,8 +169,11 @@ def run_engines(ctx: RunContext, engines: list[EngineRef], toolchains: list[str]
     points: dict = {}
     single = len(engines) == 1 and len(usable) == 1
     ctx.ahead = WorkAhead(ctx.reporter)
+    # The builds that go on working in the background (a compiled engine's other points) first:
+    # that work then goes on beside every other build, not only those after it.
+    built_first = sorted(usable, key=lambda toolchain: not (toolchain is not None and get_runtime(ctx, toolchain).builds_long))
     try:
-        for toolchain in usable:
+        for toolchain in built_first:
             for engine in engines:
                 try:
                     run_engine(ctx, engine, toolchain, until, points)

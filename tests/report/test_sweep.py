@@ -714,3 +714,32 @@ def test_an_engine_without_a_gpu_type_is_judged_with_the_gpu_engines_it_was_time
         "torch-cudagraphs",
     }
     assert {(s.model, s.gpu_type) for s in sweeps(rows, found)} == {("m", None), ("m", "H200")}
+
+
+def test_a_run_builds_the_engines_that_compile_at_every_point_first(tmp_path, monkeypatch):
+    """Their other points compile in the background from the moment each is built: built first,
+    that goes on beside every other build of the run, not only beside those listed after them."""
+    from pipeline.runtimes import load_catalog
+    from pipeline.stages import runner
+    from pipeline.stages.base import RunContext
+    from pipeline.workspace import Workspace
+    from tests.conftest import write_catalog
+
+    built = []
+    monkeypatch.setattr(runner, "run_engine", lambda ctx, engine, toolchain, until, points: built.append((engine.variant, toolchain)))
+    extra = "".join(
+        f'\n[toolchains.{name}]\nkind = "torch"\n{settings}\n'
+        for name, settings in (
+            ("torch-compile", 'backend = "compile"'),
+            ("torch-compile-full", 'backend = "compile"\nfullgraph = true'),
+            ("torch-compile-dynamic", 'backend = "compile"\ndynamic = true'),  # compiled once, for every point
+        )
+    )
+    catalog = load_catalog(write_catalog(tmp_path, tiny_bert_catalog(POINTS, ["fp32", "fp16"], ["fp32"]) + CPU_TOOLCHAINS + extra))
+    engines = catalog.select((), ("bert",), ("fp32", "fp16"))
+    toolchains = ["torch-eager", "torch-compile-dynamic", "torch-compile", "onnxruntime", "torch-compile-full"]
+    runner.run_engines(RunContext(catalog=catalog, workspace=Workspace(tmp_path)), engines, toolchains, "build")
+    order = [toolchain for _, toolchain in built]
+    assert order[:4] == ["torch-compile", "torch-compile", "torch-compile-full", "torch-compile-full"], built
+    rest = ["torch-eager", "torch-compile-dynamic", "onnxruntime"]  # in the run's order, each variant's
+    assert order[4:] == [toolchain for toolchain in rest for _ in ("fp32", "fp16")], built
