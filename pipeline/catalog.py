@@ -182,9 +182,7 @@ class ToolchainSpec(_Strict):
         )
 
     def for_gpus(self, capabilities: tuple[str | None, ...]) -> ToolchainSpec:
-        """This toolchain as a run whose engines may be built on any of several machines builds it
-        (a cluster's): for the GPUs of these compute capabilities where it would otherwise build for
-        the building machine's own GPU, so that every node builds the same engine."""
+        """Itself as built on any node of a cluster whose GPUs have these compute capabilities, alike on each."""
         return self
 
 
@@ -371,12 +369,6 @@ class Catalog(_Strict):
         """This catalog with ``toolchain`` compiling for other GPU architectures (`--arch`)."""
         spec = self.toolchain(toolchain).with_targets(targets)
         return self.model_copy(update={"toolchains": {**self.toolchains, toolchain: spec}})
-
-    def for_gpus(self, toolchains: list[str], capabilities: tuple[str | None, ...]) -> Catalog:
-        """This catalog with ``toolchains`` building for GPUs of these compute capabilities wherever
-        they build (ToolchainSpec.for_gpus)."""
-        specs = {name: self.toolchain(name).for_gpus(capabilities) for name in toolchains}
-        return self.model_copy(update={"toolchains": {**self.toolchains, **specs}})
 
     def toolchain_for_trt(self, version: str) -> str:
         """The toolchain providing TensorRT ``version`` ("10.14" matches trt = "10.14" or "10.14.1")."""

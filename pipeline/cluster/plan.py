@@ -116,7 +116,9 @@ class ClusterPlan:
         # What each toolchain builds for is settled here, once for every node (the catalog the
         # driver sends with each task, and checks its records against): a toolchain that would
         # build for the building machine's GPU builds for the cluster's GPUs instead.
-        ctx.catalog = ctx.catalog.for_gpus(self.toolchains, tuple(self._capability(t) for t in cluster.gpu_types))
+        capabilities = tuple(self._capability(t) for t in cluster.gpu_types)
+        specs = {name: ctx.catalog.toolchain(name).for_gpus(capabilities) for name in self.toolchains}
+        ctx.catalog = ctx.catalog.model_copy(update={"toolchains": {**ctx.catalog.toolchains, **specs}})
         from pipeline.runtimes import get_runtime
 
         self.runtimes = {toolchain: get_runtime(ctx, toolchain) for toolchain in self.toolchains}

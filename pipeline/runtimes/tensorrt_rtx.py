@@ -70,9 +70,8 @@ class TensorRtRtxSpec(ToolchainSpec):
         return self.model_copy(update={"archs": tuple(normalise_arch(target) for target in targets)})
 
     def for_gpus(self, capabilities: tuple[str | None, ...]) -> TensorRtRtxSpec:
-        # Without archs a build targets the GPU of the machine it runs on: on a cluster, whichever
-        # node took the task — an engine for sm89 from one node, a portable one from a node
-        # without a GPU, and the driver, which records what it asked for, never finding either current.
+        # Without archs a build targets the GPU of the machine it runs on: on a cluster, whichever node
+        # took the task (sm89 on one, portable on another), and the driver never finds either current.
         if self.archs:
             return self
         archs = tuple(arch for arch, capability in ARCHS.items() if capability in capabilities)
