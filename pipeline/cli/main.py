@@ -167,15 +167,15 @@ def _stage_command(
 ) -> list[str]:
     """Select, settle the toolchains, then print the work (--dry-run) or do it, one toolchain after
     the other (a failure in one does not stop the next); the toolchains' names."""
-    from pipeline.stages.runner import describe, onnx_read_by
+    from pipeline.stages.runner import build_order, describe, onnx_read_by
 
     state.override(calib_dir, calib_samples, eval_dir, repeat)
     refs = state.catalog.select(engines, models, variants)
     chains = state.toolchains(toolchains, trts, archs)
     ctx = state.context(force)
     ctx.exports_write_onnx = onnx_read_by(ctx, chains)
-    if dry_run:
-        for chain in chains:
+    if dry_run:  # in the order the run goes
+        for chain in build_order(ctx, chains):
             if len(chains) > 1:
                 click.echo(f"# {chain}")
             for line in describe(ctx, refs, chain, until):

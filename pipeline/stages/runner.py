@@ -145,6 +145,15 @@ def onnx_read_by(ctx: RunContext, toolchains: list[str] | None) -> bool:
     return toolchains is None or any(get_runtime(ctx, toolchain).reads_onnx for toolchain in toolchains)
 
 
+def build_order(ctx: RunContext, toolchains: list[str | None]) -> list[str | None]:
+    """The order a run builds its toolchains' engines in: those whose builds go on working in the
+    background (a compiled engine's other points) first, so that their work goes on beside every
+    other build, not only those after it; the others as given."""
+    from pipeline.runtimes import get_runtime
+
+    return sorted(toolchains, key=lambda toolchain: not (toolchain is not None and get_runtime(ctx, toolchain).builds_long))
+
+
 def run_engines(ctx: RunContext, engines: list[EngineRef], toolchains: list[str] | None, until: str) -> RunSummary:
     """Each engine on each toolchain (none: the export alone); a failure is reported and the rest
     still runs (like `make -k`). The profiles of the runtimes that time in this process are run
@@ -169,11 +178,8 @@ def run_engines(ctx: RunContext, engines: list[EngineRef], toolchains: list[str]
     points: dict = {}
     single = len(engines) == 1 and len(usable) == 1
     ctx.ahead = WorkAhead(ctx.reporter)
-    # The builds that go on working in the background (a compiled engine's other points) first:
-    # that work then goes on beside every other build, not only those after it.
-    built_first = sorted(usable, key=lambda toolchain: not (toolchain is not None and get_runtime(ctx, toolchain).builds_long))
     try:
-        for toolchain in built_first:
+        for toolchain in build_order(ctx, usable):
             for engine in engines:
                 try:
                     run_engine(ctx, engine, toolchain, until, points)

@@ -716,7 +716,7 @@ def test_an_engine_without_a_gpu_type_is_judged_with_the_gpu_engines_it_was_time
     assert {(s.model, s.gpu_type) for s in sweeps(rows, found)} == {("m", None), ("m", "H200")}
 
 
-def test_a_run_builds_the_engines_that_compile_at_every_point_first(tmp_path, monkeypatch):
+def test_a_run_builds_the_engines_that_compile_at_every_point_first(tmp_path, monkeypatch, run_cli):
     """Their other points compile in the background from the moment each is built: built first,
     that goes on beside every other build of the run, not only beside those listed after them."""
     from pipeline.runtimes import load_catalog
@@ -743,3 +743,8 @@ def test_a_run_builds_the_engines_that_compile_at_every_point_first(tmp_path, mo
     assert order[:4] == ["torch-compile", "torch-compile", "torch-compile-full", "torch-compile-full"], built
     rest = ["torch-eager", "torch-compile-dynamic", "onnxruntime"]  # in the run's order, each variant's
     assert order[4:] == [toolchain for toolchain in rest for _ in ("fp32", "fp16")], built
+    # --dry-run says the same order.
+    args = [arg for toolchain in toolchains for arg in ("--toolchain", toolchain)]
+    dry = run_cli(tmp_path / "pipeline.toml", "build", "--model", "bert", "--variant", "fp32", *args, "--dry-run")
+    assert dry.exit_code == 0, dry.err
+    assert [line[2:] for line in dry.out.splitlines() if line.startswith("# ")] == ["torch-compile", "torch-compile-full", *rest], dry.out
