@@ -119,6 +119,8 @@ class ClusterPlan:
         capabilities = tuple(self._capability(t) for t in cluster.gpu_types)
         specs = {name: ctx.catalog.toolchain(name).for_gpus(capabilities) for name in self.toolchains}
         ctx.catalog = ctx.catalog.model_copy(update={"toolchains": {**ctx.catalog.toolchains, **specs}})
+        for name in (name for name, spec in specs.items() if name in ctx.runtimes and ctx.runtimes[name].spec != spec):
+            del ctx.runtimes[name]  # made for the targets before (a runtime is made once per run)
         from pipeline.runtimes import get_runtime
 
         self.runtimes = {toolchain: get_runtime(ctx, toolchain) for toolchain in self.toolchains}

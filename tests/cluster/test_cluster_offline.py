@@ -344,7 +344,7 @@ def test_a_toolchain_that_builds_for_its_machines_gpu_builds_for_the_clusters_gp
     from pipeline.cluster.connection import Cluster
     from pipeline.cluster.plan import ClusterPlan, Member
     from pipeline.environment import GpuInfo
-    from pipeline.runtimes import load_catalog
+    from pipeline.runtimes import get_runtime, load_catalog
     from pipeline.runtimes import tensorrt_rtx as rtx_module
     from pipeline.stages.base import RunContext
     from pipeline.workspace import Workspace
@@ -363,9 +363,10 @@ def test_a_toolchain_that_builds_for_its_machines_gpu_builds_for_the_clusters_gp
         stage = plan.stage(build, Member(engine, "trt-rtx1.7"))
         return tuple(stage.runtime.identity()["targets"])
 
-    plan = ClusterPlan(
-        RunContext(catalog=catalog, workspace=Workspace(catalog.root)), Cluster("x:1", [h100, rtx, l4]), [engine], ["trt-rtx1.7"], "build"
-    )
+    ctx = RunContext(catalog=catalog, workspace=Workspace(catalog.root))
+    get_runtime(ctx, "trt-rtx1.7")  # one made before the plan (for this machine) is made again
+    plan = ClusterPlan(ctx, Cluster("x:1", [h100, rtx, l4]), [engine], ["trt-rtx1.7"], "build")
+    assert plan.runtimes["trt-rtx1.7"].spec.archs == ("sm89", "sm120")
     assert plan.ctx.catalog.toolchain("trt-rtx1.7").archs == ("sm89", "sm120")  # the L4's and the RTX PRO 6000's, not the H100's
     (build,) = [job for job in plan.plan() if job.stage == "build"]
     assert {targets_built_on(plan, gpu) for gpu in (None, "8.9", "12.0", "9.0")} == {("sm89", "sm120")}
