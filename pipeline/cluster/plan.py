@@ -118,9 +118,10 @@ class ClusterPlan:
         # build for the building machine's GPU builds for the cluster's GPUs instead.
         capabilities = tuple(self._capability(t) for t in cluster.gpu_types)
         specs = {name: ctx.catalog.toolchain(name).for_gpus(capabilities) for name in self.toolchains}
+        for name, spec in specs.items():
+            if spec is not ctx.catalog.toolchain(name):
+                ctx.runtimes.pop(name, None)  # one made before, for the targets before, is made again
         ctx.catalog = ctx.catalog.model_copy(update={"toolchains": {**ctx.catalog.toolchains, **specs}})
-        for name in (name for name, spec in specs.items() if name in ctx.runtimes and ctx.runtimes[name].spec != spec):
-            del ctx.runtimes[name]  # made for the targets before (a runtime is made once per run)
         from pipeline.runtimes import get_runtime
 
         self.runtimes = {toolchain: get_runtime(ctx, toolchain) for toolchain in self.toolchains}
