@@ -53,7 +53,8 @@ for manifest in sorted((out / "ws" / "manifests").rglob("*@*.json")):
     execution = details.get("execution") or {}
     point = points.setdefault(manifest.stem.split("@")[1], {"rounds_s": rounds.get("elapsed_s"), "cpus": node.get("cpus"), "engines": {}})
     point["group"] = point.get("group") or rounds.get("group")  # a failed engine has no rounds
-    point["engines"][manifest.parent.name] = {k: execution.get(k) for k in ("prepare_s", "compile_s", "inductor_cache_hits", "threads") if k in execution}
+    engine = f"{manifest.stem.split('@')[0]} on {manifest.parent.name}"  # both variants of a toolchain
+    point["engines"][engine] = {k: execution.get(k) for k in ("prepare_s", "compile_s", "inductor_cache_hits", "threads") if k in execution}
 for name, point in points.items():
     prepare = sum(e.get("prepare_s") or 0 for e in point["engines"].values())
     print(f"  {name}: {len(point['engines'])} engines in group {point['group']} on CPUs {point['cpus']}; rounds {point['rounds_s']} s, preparing {prepare:.1f} s")
@@ -70,7 +71,7 @@ for manifest in sorted((out / "ws" / "manifests").glob("*/*.json")):
     compiler = ((json.loads(manifest.read_text()).get("build") or {}).get("details") or {}).get("compiler") or {}
     ahead = compiler.get("compiled_ahead")
     if ahead:
-        print(f"  {manifest.parent.name} built on {compiler.get('threads')} threads; ahead: {json.dumps(ahead)}")
+        print(f"  {manifest.stem} on {manifest.parent.name} built on {compiler.get('threads')} threads; ahead: {json.dumps(ahead)}")
 PY
 grep -E "^(export|build|profile|cluster|running|done|measuring)" "$out/run.log" | tail -60
 exit $status
