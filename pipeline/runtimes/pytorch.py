@@ -13,10 +13,10 @@ The stages mean what they mean for every toolchain:
   (pipeline/measurement.py), which times it in rounds beside the other engines of the shape point.
   On a GPU the runs of a take are enqueued back to back and each is bracketed by CUDA events, so a
   run's time is the GPU's, as trtexec's GPU compute time is; the host-synchronised latency is kept
-  beside it as a second figure. On the CPU a run's time is host time. A profile right after the
-  build, in the same process, reuses the prepared model; a later one prepares it again from
-  Inductor's cache (recorded as ``prepare_s``). The prepared model — what the protocol times, and
-  the ways it runs (eager, compiled, a CUDA graph replayed) — is pipeline/runtimes/torch_prepared.py;
+  beside it as a second figure. On the CPU a run's time is host time. A profile at the build's
+  point, in the same process, reuses the prepared model (each variant's); one elsewhere prepares
+  it again from Inductor's cache (recorded as ``prepare_s``). The prepared model — what the
+  protocol times, and the ways it runs (eager, compiled, a CUDA graph replayed) — is pipeline/runtimes/torch_prepared.py;
   GPU memory and running out of it, pipeline/runtimes/torch_memory.py.
 
 Quantized and 2:4-sparse variants are ModelOpt's fake-quantized or pruned-dense PyTorch models:
@@ -290,7 +290,13 @@ class TorchRuntime(InProcessRuntime):
             self.engine_written(engine_path)
         device = "cuda" if self._cuda_available() else "cpu"
         settings = self.settings(variant.precision, device)
-        self._prepared.clear()  # free the previous models' memory before preparing this one
+        # The models the earlier builds prepared at this build's point are what that point's profile
+        # times next, beside this one, so they stay: the seed matrix's first point, whose five bf16
+        # engines the fp16 builds had dropped, spent about 24 s reading and preparing them again on
+        # an H100 (the whole matrix 513 s; 490 s with them kept, on another start). Those prepared
+        # at another point (a model of one shape per point) would only hold memory.
+        label = point.label if point is not None else None
+        self._prepared = {key: kept for key, kept in self._prepared.items() if kept.shape == label}
         try:
             preparation = TorchPreparation(self.spec, self.reporter)
             prepared = preparation.prepare(model, examples, dtype, device, _file_identity(engine_path), point and point.label)
@@ -418,7 +424,9 @@ class TorchRuntime(InProcessRuntime):
         """The engine ready to time at the workload's shape point (pipeline/measurement.py), with
         what the manifest records of how it runs."""
         prepared = self.load(engine_path, workload)
-        execution: dict[str, Any] = {**self.versions(), **self.settings_in_force(prepared), **prepared.facts}
+        # A model its build left prepared at this point took nothing to prepare here (its build's
+        # compilation is in the build manifest); one prepared here says how long it took.
+        execution: dict[str, Any] = {**self.versions(), **self.settings_in_force(prepared), "prepare_s": 0.0, **prepared.facts}
         if prepared.cuda:
             torch = import_torch()
             execution["peak_memory_mib"] = gpu_memory(torch, prepared)

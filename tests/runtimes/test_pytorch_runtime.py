@@ -495,3 +495,25 @@ def test_a_kernel_refusal_gives_pytorchs_reason_not_the_restriction_it_restates(
         "cuDNN attention has been runtime disabled.",
     ]
     assert _kernel_reasons(["some other warning", "Flash attention kernel not used because:"], "flash") == []
+
+
+def test_a_sweep_reads_no_engine_back_that_its_builds_prepared_at_the_first_point(tmp_path, run_cli, monkeypatch):
+    """Each toolchain's builds of several variants keep the models they prepared at the first shape
+    point, which that point's profile times next: a run reads no engine file back, at that point
+    or (each model kept and prepared again at the next shape) after it."""
+    from pipeline.runtimes.pytorch import TorchRuntime
+    from tests.conftest import CPU_TOOLCHAINS, tiny_bert_catalog
+
+    catalog = write_catalog(tmp_path, tiny_bert_catalog(["2x8", "2x16"], ["fp32", "fp16"], ["fp32"]) + CPU_TOOLCHAINS)
+    read = []
+    real_read = TorchRuntime._read
+    monkeypatch.setattr(TorchRuntime, "_read", lambda self, path: read.append(Path(path).name) or real_read(self, path))
+    result = run_cli(catalog, "run", "--model", "bert", "--variant", "fp32", "--variant", "fp16", "--toolchain", "torch-eager")
+    assert result.exit_code == 0, result.err
+    for variant in ("fp32", "fp16"):
+        for shape in ("2x8", "2x16"):
+            profile = read_manifest(tmp_path / "manifests" / "torch-eager" / f"bert_{variant}@{shape}.json").profile
+            assert profile.status == "done", (variant, shape, profile.reason)
+        first = read_manifest(tmp_path / "manifests" / "torch-eager" / f"bert_{variant}@2x8.json").profile
+        assert first.details.execution["prepare_s"] == 0.0, first.details.execution  # its build's model, ready
+    assert read == [], read
