@@ -247,6 +247,9 @@ class TransformersModel(ModelSource):
         return config
 
     def create(self):
+        return self._create(initialise=True)
+
+    def _create(self, initialise: bool):
         import torch
 
         cls = self.model_class()
@@ -270,8 +273,11 @@ class TransformersModel(ModelSource):
                 model = cls.from_pretrained(
                     str(self.folder()), config=config, local_files_only=True, trust_remote_code=False, torch_dtype=torch.float32
                 )
+            elif initialise:
+                model = _seeded(cls, config, self.spec.seed)
             else:
-                model = cls(config)
+                with _no_init_weights():
+                    model = cls(config)
         # AssertionError: torch's own checks of a config (an embedding's padding_idx beyond its size).
         except (ValueError, RuntimeError, OSError, TypeError, AssertionError) as exc:
             raise PipelineError(
@@ -286,8 +292,7 @@ class TransformersModel(ModelSource):
         # engine — and the engine's state dict replaces every one of them. transformers' own
         # from_pretrained skips it the same way; buffers a model computes (rotary frequencies)
         # are made as before.
-        with _no_init_weights():
-            return self.create()
+        return self._create(initialise=False)
 
     def is_decoder(self) -> bool:
         """A language model measured as a prefill (see the module's docstring)."""
@@ -369,6 +374,42 @@ class TransformersModel(ModelSource):
             mask = mask.flip(1)  # padded on the left: the last position is a real token
         values = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros(batch, sequence, dtype=torch.int64)}
         return tuple(values[name] for name in self.spec.inputs)
+
+
+# The seeded weights of the last model initialised in this process, by class, config and seed: a
+# run creates its transformer once for each export and each torch build (twelve times in the seed
+# matrix, one after another in one process), and initialising ModernBERT-base's weights is most
+# of each creation. One model's at a time, and none over KEPT_WEIGHTS_BYTES (a copy in host memory).
+_last_seeded: dict[tuple, dict] = {}
+KEPT_WEIGHTS_BYTES = 2 << 30
+
+
+def _seeded(cls, config, seed: int):
+    """``cls(config)`` with the weights initialised after ``torch.manual_seed(seed)``: made here,
+    or the same tensors copied in when this process made them last."""
+    import torch
+
+    key = (cls.__module__, cls.__qualname__, config.to_json_string(use_diff=False), seed)
+    kept = _last_seeded.get(key)
+    if kept is not None:
+        with _no_init_weights():
+            model = cls(config)
+        with torch.no_grad():
+            # Every parameter and every buffer, those left out of the state dict too: a class's
+            # weight initialisation may also fill buffers it does not save (position ids).
+            for name, tensor in _tensors(model).items():
+                tensor.copy_(kept[name])
+        return model
+    model = cls(config)
+    tensors = _tensors(model)
+    _last_seeded.clear()
+    if sum(t.numel() * t.element_size() for t in tensors.values()) <= KEPT_WEIGHTS_BYTES:
+        _last_seeded[key] = {name: t.detach().clone() for name, t in tensors.items()}
+    return model
+
+
+def _tensors(model) -> dict[str, Any]:
+    return {**dict(model.named_parameters(remove_duplicate=False)), **dict(model.named_buffers(remove_duplicate=False))}
 
 
 def _no_init_weights():

@@ -593,6 +593,41 @@ def test_a_model_read_back_from_its_weights_skips_initialising_them_and_is_the_s
         assert torch.equal(built(ids, mask), bare(ids, mask))
 
 
+@pytest.mark.parametrize("family", ["bert", "llama"])
+def test_a_model_made_again_in_one_process_has_the_same_weights_without_initialising_them(family, tmp_path, monkeypatch):
+    """A run makes its transformer for each export and each torch build: after the first, the
+    same class, config and seed copy the first one's tensors in (parameters and buffers) instead of
+    initialising them again, and give the same model; another seed is another model."""
+    import torch
+
+    from pipeline.models import model_source
+    from pipeline.models import transformers as family_module
+    from pipeline.runtimes import load_catalog
+
+    text = LLAMA_CATALOG if family == "llama" else BERT_CATALOG
+    catalog = load_catalog(write_catalog(tmp_path, text))
+    name = "llama" if family == "llama" else "bert"
+    source = model_source(name, catalog.model(name), tmp_path)
+    first = source.create()
+    cls = type(first)
+    initialised = []
+    real = cls._init_weights
+    monkeypatch.setattr(cls, "_init_weights", lambda self, module: initialised.append(module) or real(self, module))
+    again = source.create()
+    assert initialised == []
+    tensors = family_module._tensors(first)
+    assert tensors.keys() == family_module._tensors(again).keys()
+    assert all(torch.equal(tensor, tensors[key]) for key, tensor in family_module._tensors(again).items())
+    ids = torch.randint(1, 100, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(source.runnable(first)(ids, torch.ones_like(ids)), source.runnable(again)(ids, torch.ones_like(ids)))
+    reseeded = model_source(name, catalog.model(name).model_copy(update={"seed": catalog.model(name).seed + 1}), tmp_path).create()
+    assert initialised, "another seed initialises its weights"
+    assert any(
+        not torch.equal(tensor, tensors[key]) for key, tensor in family_module._tensors(reseeded).items() if tensor.is_floating_point()
+    )
+
+
 FLASH_CATALOG = (
     tiny_bert_catalog(["2x16", "2x24"], ["fp32"], defaults=["fp32"])
     + CPU_TOOLCHAINS
