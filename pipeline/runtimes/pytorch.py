@@ -16,8 +16,9 @@ The stages mean what they mean for every toolchain:
   beside it as a second figure. On the CPU a run's time is host time. A profile at the build's
   point, in the same process, reuses the prepared model (each variant's); one elsewhere prepares
   it again from Inductor's cache (recorded as ``prepare_s``). The prepared model — what the
-  protocol times, and the ways it runs (eager, compiled, a CUDA graph replayed) — is pipeline/runtimes/torch_prepared.py;
-  GPU memory and running out of it, pipeline/runtimes/torch_memory.py.
+  protocol times, and the ways it runs (eager, compiled, a CUDA graph replayed) — is
+  pipeline/runtimes/torch_prepared.py; GPU memory and running out of it,
+  pipeline/runtimes/torch_memory.py.
 
 Quantized and 2:4-sparse variants are ModelOpt's fake-quantized or pruned-dense PyTorch models:
 they compute in high precision and time nothing a deployment would run, so they are recorded as
@@ -295,8 +296,7 @@ class TorchRuntime(InProcessRuntime):
         # engines the fp16 builds had dropped, spent about 24 s reading and preparing them again on
         # an H100 (the whole matrix 513 s; 490 s with them kept, on another start). Those prepared
         # at another point (a model of one shape per point) would only hold memory.
-        label = point.label if point is not None else None
-        self._prepared = {key: kept for key, kept in self._prepared.items() if kept.shape == label}
+        self._prepared = {key: kept for key, kept in self._prepared.items() if kept.shape == self._building_point}
         try:
             preparation = TorchPreparation(self.spec, self.reporter)
             prepared = preparation.prepare(model, examples, dtype, device, _file_identity(engine_path), point and point.label)
