@@ -312,7 +312,10 @@ def test_a_host_slowed_for_a_stretch_moves_the_takes_but_not_the_paired_ratio():
     share the CPUs, when the scheduler preempts a 10 ms loop varies from run to run, which widens
     that run's interval. Over 20 runs on a 2-core host, 8 of them with one more process spinning
     throughout, its ratio moved -6.6 % to +4.6 % (and +6.4 % once in CI) while the takes moved
-    1.9-2.5x; every time the two intervals overlapped and both said "faster"."""
+    1.9-2.5x; both always said "faster". The intervals are held to agree within the tie band the
+    verdicts use (3 %), not to overlap exactly: contention preempts the 20 ms loop a little more
+    than the 10 ms one, a real shift of a per cent or two, and once in CI the two intervals missed
+    each other by 0.01 % of the ratio (0.4962 against 0.4962)."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2
     # Runs of about 10 and 20 ms: longer than the scheduler's slices, so a busy CPU slows each one.
     rounds = settings(take_ms=1, min_rounds=18, budget_s=60)
@@ -335,15 +338,18 @@ def test_a_host_slowed_for_a_stretch_moves_the_takes_but_not_the_paired_ratio():
             process.kill()
             process.wait()
 
+    tie = 0.03
+
     def ratio(done):
         medians = {key: {t.round: t.median_ms for t in takes} for key, takes in done.takes.items()}
-        return paired_ratio(medians["short"], medians["long"], 0.03)
+        return paired_ratio(medians["short"], medians["long"], tie)
 
     short = [t.median_ms for t in slowed.takes["short"]]
     assert max(short) / min(short) > 1.3, short  # the unpaired figures moved with the host
     before, after = ratio(quiet), ratio(slowed)
     assert before.outcome == after.outcome == "faster", (before, after)
-    assert after.low <= before.high and before.low <= after.high, (before, after)  # the intervals agree
+    # The intervals agree within what the verdicts call a tie.
+    assert after.low <= before.high * (1 + tie) and before.low <= after.high * (1 + tie), (before, after)
     assert abs(after.ratio / before.ratio - 1) < 0.15, (before, after)  # far less than the takes moved
 
 
