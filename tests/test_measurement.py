@@ -315,7 +315,7 @@ def test_a_host_slowed_for_a_stretch_moves_the_takes_but_not_the_paired_ratio():
     1.9-2.5x; both always said "faster". The intervals are held to agree within the tie band the
     verdicts use (3 %), not to overlap exactly: contention preempts the 20 ms loop a little more
     than the 10 ms one, a real shift of a per cent or two, and once in CI the two intervals missed
-    each other by 0.01 % of the ratio (0.4962 against 0.4962)."""
+    each other by 0.01 % of the ratio (one high 0.49618, the other low 0.49622)."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2
     # Runs of about 10 and 20 ms: longer than the scheduler's slices, so a busy CPU slows each one.
     rounds = settings(take_ms=1, min_rounds=18, budget_s=60)
