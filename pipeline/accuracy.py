@@ -160,7 +160,9 @@ class ReferenceBatch:
     the FP32 model's outputs for them."""
 
     inputs: tuple[ReferenceTensor, ...]
-    output: ReferenceTensor
+    # None at a shape point whose FP32 reference could not be made (it did not fit in memory, or
+    # its kernel faulted): the engines there are measured, their accuracy unchecked (``unchecked``).
+    output: ReferenceTensor | None
     description: str
     precision: str
     sparse: bool
@@ -171,6 +173,8 @@ class ReferenceBatch:
 
     # The shape point these inputs are at ("2x512"); None for a model of one shape.
     shape: str | None = None
+    # Why there is no FP32 output to check engines against at this point, where there is none.
+    unchecked: str | None = None
 
     @property
     def input(self) -> ReferenceTensor:
@@ -202,9 +206,10 @@ class ReferenceBatch:
             point = ref["points"].get(shape)
             if point is None:
                 return None
+            output = tensor(point["output"]) if point.get("output") else None
             return cls(
-                tuple(tensor(entry) for entry in point["inputs"]), tensor(point["output"]), ref["description"],
-                details.precision, details.sparsity == "2:4", point.get("samples"), None, shape,
+                tuple(tensor(entry) for entry in point["inputs"]), output, ref["description"],
+                details.precision, details.sparsity == "2:4", point.get("samples"), None, shape, point.get("unchecked"),
             )  # fmt: skip
         labels = tuple(ref["labels"]) if ref.get("labels") else None
         return cls(

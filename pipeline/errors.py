@@ -54,9 +54,34 @@ class RefusedByTool(PipelineError):
 
 
 class OutOfMemory(RefusedByTool):
-    """The work did not fit in the GPU's (or the host's) memory at this size: like a refusal, a fact
-    about the model, the shape and the machine, recorded for that engine or shape point while the
-    others go on."""
+    """The work did not fit in the GPU's (or the host's) memory at this size: a result, not a
+    failure — a fact about the model, the shape and the machine, recorded for that engine or shape
+    point (status ``out_of_memory``) while the others go on. ``facts``: what ran out, as the
+    manifest's ``OutOfMemoryFacts`` has it (memory, during, requested_bytes, free_bytes,
+    total_bytes, gpu)."""
+
+    def __init__(self, message: str, hint: str | None = None, *, result=None, facts: dict | None = None):
+        super().__init__(message, hint, result=result)
+        self.facts = dict(facts or {})
+
+    def plain(self) -> OutOfMemory:
+        # Its facts cross a pipe too: a point measured in another process records them.
+        return OutOfMemory(self.message, self.hint, facts=self.facts)
+
+
+class DeviceFault(RefusedByTool):
+    """A kernel faulted on the GPU (a device-side assert, an illegal address, a launch failure, an
+    uncorrectable ECC error): CUDA's context is unusable for the rest of the process, so the fault
+    is recorded for the point and toolchain where it happened (status ``faulted``) and the process
+    is replaced (pipeline/faults.py) so that the other points and toolchains go on. ``facts``:
+    the error in CUDA's words and the call it was pinned to."""
+
+    def __init__(self, message: str, hint: str | None = None, *, result=None, facts: dict | None = None):
+        super().__init__(message, hint, result=result)
+        self.facts = dict(facts or {})
+
+    def plain(self) -> DeviceFault:
+        return DeviceFault(self.message, self.hint, facts=self.facts)
 
 
 def tool_message(exc: BaseException) -> str:

@@ -24,9 +24,14 @@ from pipeline.stats import LatencyStats
 # names no tool — a runtime's own evidence sits beside the core fields under its own keys, in the
 # model its runtime owns; the facts reports read from it (the GPU's memory, the per-layer times)
 # are core fields (docs/outputs.md says what changed).
-SCHEMA_VERSION = 2
-# Versions read: a version-1 manifest is lifted to 2 as it is read (_from_version_1).
-READS = (1, 2)
+# 3: a stage's work that did not fit in memory is a result of its own (status "out_of_memory",
+# with OutOfMemoryFacts), and so is a kernel that faulted on the GPU (status "faulted", with
+# FaultFacts); an export records the shape points whose FP32 reference did not fit
+# (ExportDetails.references_out_of_memory) and those made a few samples at a time.
+SCHEMA_VERSION = 3
+# Versions read: a version-1 manifest is lifted to 2 as it is read (_from_version_1); a version-2
+# one reads as 3 unchanged (3 only adds).
+READS = (1, 2, 3)
 
 
 class _Model(BaseModel):
@@ -98,6 +103,35 @@ class ParityCheck(_Model):
     passed: bool
 
 
+class OutOfMemoryFacts(_Model):
+    """What ran out where a stage's work did not fit: recorded as that engine's (or shape point's)
+    result, while the others go on."""
+
+    # "GPU" or "host".
+    memory: Literal["GPU", "host"]
+    # The work that ran out ("preparing bf16/torch-eager", "the FP32 reference"); None where not said.
+    during: str | None = None
+    # What the allocation that failed asked for, where the allocator says (PyTorch does).
+    requested_bytes: int | None = None
+    # The GPU's free and total memory after the attempt, and its name (GPU memory only).
+    free_bytes: int | None = None
+    total_bytes: int | None = None
+    gpu: str | None = None
+
+
+class FaultFacts(_Model):
+    """A kernel that faulted on the GPU: CUDA's own words and the call it was pinned to (every call
+    is synchronised, so the call that launched the kernel is the one that sees the error)."""
+
+    error: str
+    during: str | None = None
+    # The shape point it faulted at, where the stage's work spans several (an export's).
+    shape: str | None = None
+    # An export's faults found in earlier processes of the run, by shape point (CUDA's words): those
+    # points stay out of its references while it goes on.
+    earlier: dict[str, str] = {}
+
+
 class ExportDetails(_Model):
     kind: Literal["export"] = "export"
     # The timm architecture, for timm models; `source` says what any model is.
@@ -137,6 +171,15 @@ class ExportDetails(_Model):
     # The reference batch every engine of this variant is checked on: its description and the
     # input and FP32-output files (name, path, shape, dtype), see pipeline/accuracy.py.
     reference: dict[str, Any] | None = None
+    # The shape points whose FP32 reference did not fit in memory, even a sample at a time: their
+    # engines are still built and measured, their accuracy there said to be unchecked and why.
+    references_out_of_memory: dict[str, OutOfMemoryFacts] = {}
+    # The shape points whose FP32 reference (or the variant's outputs for parity) was made a few
+    # samples at a time because the whole batch did not fit: how many samples at a time.
+    references_in_parts: dict[str, int] = {}
+    # The shape points where the FP32 model faulted on the GPU (CUDA's words): left out of the
+    # references, their engines measured with their accuracy unchecked.
+    references_faulted: dict[str, str] = {}
     # The worst of the shape points' checks, when there are several (parity_by_shape).
     parity: ParityCheck | None = None
     parity_by_shape: dict[str, ParityCheck] = {}
@@ -263,8 +306,10 @@ StageDetails = Annotated[ExportDetails | BuildDetails | ProfileDetails, Field(di
 class StageRecord(_Model):
     stage: Literal["export", "build", "profile"]
     # "failed": the tool ran and refused the input (a compiler rejecting the network); its outputs
-    # are the tool's log, never an engine. Failures of the machine (no GPU, a crash) are not recorded.
-    status: Literal["done", "skipped", "failed"]
+    # are the tool's log, never an engine. "out_of_memory": the work did not fit (out_of_memory says
+    # what ran out), a result kept like a measurement until --force. "faulted": a kernel faulted on
+    # the GPU (fault says how). Failures of the machine (no GPU, a crash) are not recorded.
+    status: Literal["done", "skipped", "failed", "out_of_memory", "faulted"]
     # Why the stage did not run ("skipped", e.g. a precision the runtime cannot execute), or the
     # tool's own reason for refusing ("failed").
     reason: str | None = None
@@ -277,6 +322,8 @@ class StageRecord(_Model):
     command: list[str] | None = None
     params: dict[str, Any] = {}
     details: StageDetails | None = None
+    out_of_memory: OutOfMemoryFacts | None = None
+    fault: FaultFacts | None = None
 
 
 def _shape_point(value: Any) -> Any:

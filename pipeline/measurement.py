@@ -43,7 +43,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel
 
 from pipeline.catalog import ProfileSettings
-from pipeline.errors import PipelineError
+from pipeline.errors import DeviceFault, PipelineError
 from pipeline.stats import RatioEstimate, at_band_edge, median, paired_ratio
 
 # The timing of an engine whose runs are timed by the host's clock (on the CPU, or a runtime that
@@ -372,6 +372,9 @@ def measure_in_rounds(
         if warm is not None:
             try:
                 warm()
+            except DeviceFault as exc:
+                exc.entrant = key  # the process is poisoned: no other engine can be timed in it
+                raise
             except PipelineError as exc:
                 failed[key], errors[key] = exc.message, exc
     started = time.perf_counter()
@@ -386,6 +389,9 @@ def measure_in_rounds(
                     measured, mhz = clock.during(lambda key=key: engines[key].take(settings.take_runs, settings.take_ms), busy_only)
                 else:
                     measured, mhz = engines[key].take(settings.take_runs, settings.take_ms), None
+            except DeviceFault as exc:
+                exc.entrant = key
+                raise
             except PipelineError as exc:
                 failed[key], errors[key] = exc.message, exc
                 continue

@@ -167,6 +167,7 @@ def _stage_command(
 ) -> list[str]:
     """Select, settle the toolchains, then print the work (--dry-run) or do it, one toolchain after
     the other (a failure in one does not stop the next); the toolchains' names."""
+    from pipeline.errors import DeviceFault
     from pipeline.stages.runner import build_order, describe, onnx_read_by
 
     state.override(calib_dir, calib_samples, eval_dir, repeat)
@@ -182,7 +183,11 @@ def _stage_command(
                 click.echo(line)
         return chains
     with state.holding_workspace(wait):
-        _launcher(state, cluster, gpu_types).run(ctx, refs, chains, until)
+        try:
+            _launcher(state, cluster, gpu_types).run(ctx, refs, chains, until)
+        except DeviceFault as exc:
+            exc.done = ctx.done  # what --force redid: the fresh process does not redo it
+            raise
     return chains
 
 
@@ -217,13 +222,13 @@ def run(state: _State, **options):
 
     With no selection it runs the catalog's defaults: the demo on ONNX Runtime.
     """
-    from pipeline.errors import PipelineError, UsageError
+    from pipeline.errors import DeviceFault, PipelineError, UsageError
 
     try:
         chains = _stage_command(state, **options, dry_run=False, until="profile")
     except PipelineError as exc:
-        if isinstance(exc, UsageError):
-            raise
+        if isinstance(exc, UsageError | DeviceFault):
+            raise  # a fault: the fresh process that goes on prints the comparison
         # What did run (the other shape points and toolchains of a sweep) is still worth seeing.
         try:
             _print_comparison(state, state.catalog.toolchains_named(options["toolchains"], options["trts"]), "table", None)
@@ -253,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(argv: list[str] | None) -> int:
-    from pipeline.errors import PipelineError
+    from pipeline.errors import DeviceFault, PipelineError
     from pipeline.signals import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, sigterm_as_interrupt
 
     args = list(sys.argv[1:] if argv is None else argv)
@@ -275,6 +280,14 @@ def _run(argv: list[str] | None) -> int:
             return EXIT_TERMINATED
         print_error("interrupted; partial outputs were removed, finished ones are kept.")
         return EXIT_INTERRUPTED
+    except DeviceFault as exc:
+        from pipeline.faults import go_on_in_fresh_process
+        from pipeline.reporting import print_error
+
+        print_error(
+            exc.message, f"recorded for that point; going on in a fresh process (this one's CUDA context cannot be used again). {exc.hint}"
+        )
+        return go_on_in_fresh_process(args, getattr(exc, "done", set()), replace=argv is None)
     except PipelineError as exc:
         from pipeline.reporting import print_error
 

@@ -23,6 +23,7 @@ class State:
         return self._catalog
 
     def context(self, force: bool = False):
+        from pipeline.faults import forced_done_before
         from pipeline.reporting import Reporter
         from pipeline.stages.base import RunContext
         from pipeline.workspace import Workspace
@@ -32,6 +33,8 @@ class State:
             workspace=Workspace(self.catalog.root),
             reporter=Reporter(verbose=self.verbose),
             force=force,
+            # Going on after a fault in a fresh process: what --force already redid stays done.
+            done=forced_done_before(),
         )
 
     def override(self, calib_dir=None, calib_samples=None, eval_dir=None, repeat=None) -> None:

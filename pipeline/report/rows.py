@@ -24,6 +24,13 @@ class ComparisonRow:
     variant: str
     toolchain: str
     status: str  # "measured (<metric>)", or why there is no number
+    # What the engine came to at its point, in one word: "measured", "out_of_memory" (a result:
+    # it did not fit), "faulted" (a kernel faulted on the GPU), "failed", "skipped", "not_profiled".
+    outcome: str = "not_profiled"
+    # What ran out where it did not fit (the manifest's OutOfMemoryFacts), else None.
+    out_of_memory: dict[str, Any] | None = None
+    # Why its own accuracy was not checked where it was measured (no FP32 reference fit there, say).
+    accuracy_unchecked: str | None = None
     # The GPU type a cluster run built and timed this engine for (manifests/<toolchain>@<gpu>/);
     # rows are compared only with rows of the same GPU type. None on a local run.
     gpu_type: str | None = None
@@ -103,6 +110,9 @@ class ComparisonRow:
     # Each set of rounds it was timed in (by group) and its take median in each round (None where
     # the take was dropped or missing): rows of one group are compared round by round.
     round_medians: dict[str, list[float | None]] = field(default_factory=dict, repr=False)
+    # Each of those groups' engines as its manifest names them (this one, all of them): whether the
+    # rows that claim a group are the engines it was measured with (trusted_rounds).
+    round_entrants: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict, repr=False)
 
     @property
     def engine(self) -> str:
@@ -137,7 +147,7 @@ class ComparisonRow:
         return data
 
 
-PRIVATE_FIELDS = ("samples_ms", "layers", "source", "precision", "export_flops", "point_flops", "round_medians")
+PRIVATE_FIELDS = ("samples_ms", "layers", "source", "precision", "export_flops", "point_flops", "round_medians", "round_entrants")
 # What compare_rows fills in from the other rows; the rest of a row comes from its manifest alone.
 FILLED_BY_COMPARISON = (
     "baseline",
@@ -178,9 +188,33 @@ def row_of(m: EngineManifest, noisy_cv: float = NOISY_CV) -> ComparisonRow:
         ) from exc
 
 
+def trusted_rounds(rows: list[ComparisonRow]) -> None:
+    """Rows that claim a set of rounds they cannot have been measured in are read as timed apart,
+    and flagged so. A set of rounds is one point's engines in one run, each named once; manifests
+    copied by hand, or workspaces merged, can make thousands of rows claim one set — which, compared
+    pair by pair, made a compare of 3000 such rows take minutes — and their pairing means nothing."""
+    claims: dict[str, list[ComparisonRow]] = {}
+    for row in rows:
+        for group in row.round_medians:
+            claims.setdefault(group, []).append(row)
+    for group, claimants in claims.items():
+        entrants = claimants[0].round_entrants.get(group, ("", ()))[1]
+        names = [f"{row.variant}/{row.toolchain}" for row in claimants]
+        if len(names) == len(set(names)) and all(row.round_entrants.get(group, ("", ()))[0] == name for row, name in zip(claimants, names)):
+            if set(names) <= set(entrants):
+                continue
+        for row in claimants:
+            del row.round_medians[group]
+            row.round_entrants.pop(group, None)
+            row.flags.append(
+                f"timed apart: {len(claimants)} manifests claim one set of rounds of {len(entrants)} engines (copied or merged by hand)"
+            )
+
+
 def compare_rows(catalog: Catalog, rows: list[ComparisonRow], toolchain_order: list[str] | None, cache) -> list[ComparisonRow]:
     """Fill in what each row is compared by (speedups, changes, their significance, the roofline)
     and sort the rows; ``cache`` (a RowCache) supplies and keeps the confidence intervals."""
+    trusted_rounds(rows)
     flops_by_model = {(row.model, row.export_flops[0]): row.export_flops[1] for row in rows if row.export_flops}
     for row in rows:
         _add_roofline(row, flops_by_model)
@@ -236,15 +270,19 @@ def _row(m: EngineManifest, noisy_cv: float) -> ComparisonRow:
         source=m._source,
     )
     row.precision = m.precision
-    if m.build is not None and m.build.status == "skipped":
-        row.status = f"skipped: {m.build.reason}"
+    kept = next((r for r in (m.export, m.build, m.profile) if r is not None and r.status in ("out_of_memory", "faulted")), None)
+    if kept is not None:  # a result of its own, whichever stage met it: said as it was recorded
+        row.status, row.outcome = kept.reason or kept.status, kept.status
+        row.out_of_memory = kept.out_of_memory.model_dump() if kept.out_of_memory else None
+    elif m.build is not None and m.build.status == "skipped":
+        row.status, row.outcome = f"skipped: {m.build.reason}", "skipped"
     elif m.build is not None and m.build.status == "failed":
-        row.status = f"build refused: {m.build.reason}"
+        row.status, row.outcome = f"build refused: {m.build.reason}", "failed"
         row.build_s = m.build.duration_s
     elif m.profile is not None and m.profile.status == "skipped":
-        row.status = f"skipped: {m.profile.reason}"
+        row.status, row.outcome = f"skipped: {m.profile.reason}", "skipped"
     elif m.profile is not None and m.profile.status == "failed":
-        row.status = f"failed: {m.profile.reason}"
+        row.status, row.outcome = f"failed: {m.profile.reason}", "failed"
     if m.build is not None and m.build.status == "done":
         engine = next((a for a in m.build.outputs if a.role == "engine"), None)
         row.engine_mb = engine.size_bytes / 2**20 if engine else None
@@ -267,7 +305,8 @@ def _row(m: EngineManifest, noisy_cv: float) -> ComparisonRow:
         d = m.profile.details
         if not d.per_iteration_ms or not d.latency_ms.median > 0:
             raise ValueError(f"its profile has {len(d.per_iteration_ms)} per-iteration times and a median of {d.latency_ms.median} ms")
-        row.status = f"measured ({d.metric})"
+        row.status, row.outcome = f"measured ({d.metric})", "measured"
+        row.accuracy_unchecked = d.accuracy_skipped
         if d.stable is False:
             retakes = f" after {len(d.retaken_medians_ms)} retake(s)" if not d.rounds else ""
             row.status = (
@@ -317,6 +356,7 @@ def _take_rounds(row: ComparisonRow, records) -> None:
             if take.dropped is None and take.round < record.rounds:
                 medians[take.round] = take.median_ms
         row.round_medians[record.group] = medians
+        row.round_entrants[record.group] = (record.entrant, tuple(record.entrants))
     kept = [value for medians in row.round_medians.values() for value in medians if value is not None]
     if kept:
         row.median_ci_ms = median_interval(kept)

@@ -111,11 +111,18 @@ class Sweep:
                             "gpu_memory_kind": row.gpu_memory_kind,
                             "median_ci_ms": list(row.median_ci_ms) if row.median_ci_ms else None,
                             "status": row.status,
+                            "outcome": row.outcome,
                             "best": self.best.get(shape) is row,
                             "tied_with_best": self.is_tied(shape, row),
                         }
                         for shape, row in points.items()
                     },
+                    # Where the line has no number, and why: a curve that ends at the point that did not fit.
+                    "gaps": [
+                        {"shape": shape, "outcome": points[shape].outcome, "why": short_status(points[shape].status)}
+                        for shape in self.shapes
+                        if shape in points and points[shape].median_ms is None
+                    ],
                 }
                 for (variant, target), points in self.lines.items()
             ],
@@ -144,6 +151,8 @@ def short_status(status: str) -> str:
     """A table cell's word for a point without a number."""
     if "out of GPU memory" in status or "out of host memory" in status:
         return "out of memory"
+    if status.startswith("faulted"):
+        return "faulted"
     word = status.split(" ", 1)[0].rstrip(":")
     return {"build": "refused", "not": "not profiled"}.get(word, word)
 

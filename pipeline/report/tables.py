@@ -189,6 +189,7 @@ class _Notes:
 def _compact_status(row: ComparisonRow, notes: _Notes) -> str:
     word = row.status.split(" ", 1)[0].rstrip(":")
     word = {"build": "refused", "not": "not profiled"}.get(word, word)
+    word = {"out_of_memory": "out of memory", "faulted": "faulted"}.get(row.outcome, word)
     for kind in ("inaccurate", "busy", "throttled", "noisy", "measured differently"):
         if any(flag.startswith(kind) for flag in row.flags):
             word = "differs" if kind.startswith("measured") else kind
@@ -379,8 +380,10 @@ def _cell(column: Column, row: ComparisonRow, notes: _Notes | None) -> str:
 # list of rows; 2 the object {verdicts, sweeps, rows}, without this key; 3 adds it, and the
 # verdict's tie, speedup interval and every comparison with its outcome; 4 each row's error
 # against the FP32 reference (max and mean absolute, MSE); 5 the comparisons the answer was decided
-# on; 6 each row's gpu_device and each sweep's gpus.
-JSON_SCHEMA_VERSION = 6
+# on; 6 each row's gpu_device and each sweep's gpus; 7 each row's outcome ("measured",
+# "out_of_memory", "faulted", …), out_of_memory facts and accuracy_unchecked, each verdict's
+# out_of_memory rows (no longer among its excluded) and accuracy_unchecked, each sweep line's ends.
+JSON_SCHEMA_VERSION = 7
 
 
 def render_json(rows: list[ComparisonRow], answer: Answer | None = None) -> str:

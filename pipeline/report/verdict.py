@@ -106,6 +106,8 @@ class Verdict:
     excluded: list[tuple[ComparisonRow, str]] = field(default_factory=list)
     # Rows skipped outright (a toolchain that cannot run a variant): counted, not listed.
     skipped: list[ComparisonRow] = field(default_factory=list)
+    # Rows whose work did not fit in memory at this point: a result, named apart from the others.
+    did_not_fit: list[ComparisonRow] = field(default_factory=list)
     # When every accurate measurement was untrustworthy (a busy machine): the fastest of them, said
     # with that caveat instead of no answer at all.
     untrusted: bool = False
@@ -206,6 +208,10 @@ class Verdict:
                 f"Its engines were measured on {len(gpus)} GPUs ({where}), not in one set of rounds: "
                 "they are compared by their own intervals, unpaired."
             )
+        if self.fastest is not None and self.fastest.accuracy_unchecked:
+            out.append(f"Its accuracy here is unchecked: {self.fastest.accuracy_unchecked.rstrip('.')}.")
+        if self.did_not_fit:
+            out.append("Did not fit: " + "; ".join(f"{line_label(row)} ({row.status.rstrip('.')})" for row in self.did_not_fit) + ".")
         if self.excluded:
             out.append("Left out: " + "; ".join(f"{line_label(row)} ({why})" for row, why in self.excluded) + ".")
         if self.skipped:
@@ -303,6 +309,10 @@ class Verdict:
             ],
             "excluded": [{"variant": r.variant, "toolchain": r.toolchain, "why": why} for r, why in self.excluded],
             "not_run": [{"variant": r.variant, "toolchain": r.toolchain, "why": r.status} for r in self.skipped],
+            "out_of_memory": [
+                {"variant": r.variant, "toolchain": r.toolchain, "why": r.status, "facts": r.out_of_memory} for r in self.did_not_fit
+            ],
+            "accuracy_unchecked": self.fastest.accuracy_unchecked if self.fastest is not None else None,
             "text": " ".join(self.sentences()),
         }
 
@@ -336,6 +346,8 @@ def verdicts(
             why = exclusion(row, verdict.floor.thresholds)
             if why is None:
                 candidates.append(row)
+            elif row.outcome == "out_of_memory":
+                verdict.did_not_fit.append(row)
             elif row.status.startswith("skipped"):
                 verdict.skipped.append(row)
             else:

@@ -3,9 +3,11 @@ and running out of GPU or host memory as a user error that names the shape, not 
 
 from __future__ import annotations
 
+import re
 import sys
 
-from pipeline.errors import OutOfMemory
+from pipeline.errors import OutOfMemory, PipelineError
+from pipeline.faults import as_fault, synchronised
 
 
 def gpu_memory(torch, prepared) -> dict[str, float]:
@@ -61,20 +63,57 @@ class out_of_memory_as_error:
         return self
 
     def __exit__(self, kind, exc, traceback):
-        where = is_out_of_memory(kind, exc) if kind is not None else None
+        # The call's GPU work waited for, so that a kernel it launched that faults is seen here, in
+        # the call that launched it (pipeline/faults.py), and named for this point.
+        doing = " ".join(part for part in (self.doing, f"at {self.at}") if part)
+        if kind is None:
+            synchronised(doing)
+            return False
+        fault = as_fault(exc, doing) if not isinstance(exc, PipelineError) else None
+        if fault is not None:
+            raise fault from exc
+        where = is_out_of_memory(kind, exc)
         if where is None:
             return False
+        # The frames of the failed attempt hold its tensors: let them go before the memory is read,
+        # and before the error is kept as the point's result while the other engines run.
+        exc.__traceback__ = None
         doing = f" {self.doing}" if self.doing else ""
+        facts = {"memory": where, "during": self.doing, "requested_bytes": requested_bytes(str(exc))}
         if where == "host":
             raise OutOfMemory(
                 f"out of host memory{doing} at {self.at}.",
                 hint=f"{self.smaller}, or free memory",
+                facts=facts,
             ) from exc
-        torch = sys.modules["torch"]
+        free, total, gpu = gpu_memory_left()
+        facts.update(free_bytes=free, total_bytes=total, gpu=gpu)
+        left = f": {free / 2**20:,.0f} MiB free of {total / 2**20:,.0f} MiB on {gpu} after the attempt" if free is not None else ""
+        raise OutOfMemory(
+            f"out of GPU memory{doing} at {self.at}{left}.",
+            hint=f"{self.smaller}, or free the GPU (nvidia-smi lists what holds it)",
+            facts=facts,
+        ) from exc
+
+
+# PyTorch's caching allocator says what it asked for: "Tried to allocate 3.00 GiB" (c10/cuda/CUDACachingAllocator.cpp).
+_REQUESTED = re.compile(r"Tried to allocate (\d+(?:\.\d+)?) ?(B|KiB|MiB|GiB|TiB|bytes)")
+_UNITS = {"B": 1, "bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+
+
+def requested_bytes(message: str) -> int | None:
+    """The bytes an allocation that ran out asked for, where the allocator's message says."""
+    found = _REQUESTED.search(message)
+    return round(float(found.group(1)) * _UNITS[found.group(2)]) if found else None
+
+
+def gpu_memory_left() -> tuple[int | None, int | None, str | None]:
+    """(free, total, the GPU's name) after an attempt ran out, its cached blocks returned first;
+    Nones where CUDA cannot say (no CUDA build, or its context is gone)."""
+    torch = sys.modules.get("torch")
+    try:
         torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info()
-        raise OutOfMemory(
-            f"out of GPU memory{doing} at {self.at}: {free / 2**20:,.0f} MiB free of {total / 2**20:,.0f} MiB "
-            f"on {torch.cuda.get_device_name()} after the attempt.",
-            hint=f"{self.smaller}, or free the GPU (nvidia-smi lists what holds it)",
-        ) from exc
+        return int(free), int(total), torch.cuda.get_device_name()
+    except Exception:  # what ran out is the point's result; what is left is a detail
+        return None, None, None

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pipeline.errors import RefusedByTool
+from pipeline.faults import fault_words
 from pipeline.runtimes.torch_memory import is_out_of_memory, out_of_memory_as_error
 from pipeline.runtimes.torch_prepared import (
     Prepared,
@@ -244,6 +245,8 @@ class TorchPreparation:
         except (torch.cuda.OutOfMemoryError, NotPrepared):
             raise
         except Exception as exc:  # Dynamo/Inductor raise many types: Unsupported, BackendCompilerFailed, …
+            if fault_words(exc) is not None:
+                raise  # a kernel faulted: the point's result (pipeline/faults.py), not the compiler's refusal
             text = str(exc).strip()
             refusal = self._attention_refusal(text, [])
             if refusal is not None:
@@ -271,7 +274,7 @@ class TorchPreparation:
         try:
             return capture(torch, model, examples)
         except RuntimeError as exc:
-            if is_out_of_memory(type(exc), exc) or self._attention_refusal(str(exc), []) is not None:
+            if is_out_of_memory(type(exc), exc) or fault_words(exc) is not None or self._attention_refusal(str(exc), []) is not None:
                 raise
             torch.cuda.synchronize()
             raise NotPrepared(

@@ -20,13 +20,16 @@ from typing import Any, ClassVar
 
 from pipeline.catalog import Catalog, EngineRef
 from pipeline.environment import capture_environment
-from pipeline.errors import RefusedByTool
-from pipeline.manifest import Artifact, EngineManifest, StageRecord, read_manifest
+from pipeline.errors import DeviceFault, OutOfMemory, PipelineError, RefusedByTool
+from pipeline.manifest import Artifact, EngineManifest, FaultFacts, OutOfMemoryFacts, StageRecord, read_manifest
 from pipeline.models import ModelSource, model_source
 from pipeline.reporting import Reporter
 from pipeline.workspace import Workspace
 
 STAGE_ORDER = ("export", "build", "profile")
+# The statuses of work that ended without an engine or a number but is a result all the same, kept
+# like a measurement until --force: it did not fit in memory, or a kernel faulted on the GPU.
+KEPT_OUTCOMES = ("out_of_memory", "faulted")
 
 
 @dataclass
@@ -57,6 +60,9 @@ class RunContext:
     done: set = field(default_factory=set)
     # The stages this run has said were unchanged, likewise: said once, not once per toolchain.
     said_unchanged: set = field(default_factory=set)
+    # What ran out of memory in this run, as (where, the error): results, said with a WARNING each
+    # and summed up when the run ends (pipeline/stages/runner.py); the run still exits 0 for them.
+    out_of_memory: list = field(default_factory=list)
 
 
 @dataclass
@@ -168,6 +174,15 @@ class Stage(ABC):
         except Exception:  # a missing engine, say: the run will name it
             return False
 
+    def kept_outcome(self) -> bool:
+        """Whether this stage's current result is one without a number, kept until --force (out of
+        memory, a fault)."""
+        if not self.is_current():
+            return False
+        manifest = self.load_manifest()
+        record = manifest.stage(self.name) if manifest is not None else None
+        return record is not None and record.status in KEPT_OUTCOMES
+
     def _reusable(self, previous: StageRecord | None, fingerprint: str, force: bool = False) -> bool:
         return (
             previous is not None
@@ -197,7 +212,10 @@ class Stage(ABC):
             said = (str(self.manifest_path()), self.name)
             if said not in self.ctx.said_unchanged and said not in self.ctx.done:  # once a run, if not done in it
                 self.ctx.said_unchanged.add(said)
-                reporter.unchanged(self.name, self.progress_label)
+                if previous.status not in KEPT_OUTCOMES:
+                    reporter.unchanged(self.name, self.progress_label)
+                else:
+                    self._kept_outcome(previous, found_now=False)
             self.ctx.workspace.hashes.save()
             return previous
         kept = None if force else self._made_elsewhere(manifest, previous, params, inputs, reason)
@@ -215,14 +233,14 @@ class Stage(ABC):
                 with reporter.working(self.name, self.progress_label):
                     outcome = self.run_impl(inputs, **given)
             except RefusedByTool as exc:
-                if exc.outcome is None:
+                if exc.outcome is None and not isinstance(exc, OutOfMemory | DeviceFault):
                     raise
-                refused, outcome = exc, exc.outcome
+                refused, outcome = exc, exc.outcome or StageOutcome(outputs=[])
         elapsed = time.perf_counter() - started
 
         record = StageRecord(
             stage=self.name,
-            status="failed" if refused else "skipped" if reason else "done",
+            status=_status_of(refused) if refused else "skipped" if reason else "done",
             reason=refused.message if refused else reason,
             fingerprint=fingerprint,
             finished_at=datetime.now(timezone.utc),
@@ -232,9 +250,14 @@ class Stage(ABC):
             command=outcome.command,
             params=params,
             details=outcome.details,
+            out_of_memory=OutOfMemoryFacts(**refused.facts) if isinstance(refused, OutOfMemory) else None,
+            fault=FaultFacts(**refused.facts) if isinstance(refused, DeviceFault) else None,
         )
         self.save(manifest, record)
         self.ctx.done.add((str(self.manifest_path()), self.name))
+        if isinstance(refused, OutOfMemory):
+            self._kept_outcome(record, found_now=True)
+            return record  # a result: the other points and engines go on, and the run exits 0 for it
         if refused:
             raise refused  # recorded; the runner reports it and goes on with the other engines
         if reason:
@@ -243,6 +266,19 @@ class Stage(ABC):
             # Work done before the stage ran for it (the rounds a profile shared) is what its line reports.
             reporter.done(self.name, self.progress_label, elapsed if outcome.seconds is None else outcome.seconds, outcome.note)
         return record
+
+    def _kept_outcome(self, record: StageRecord, found_now: bool) -> None:
+        """Say a result without a number — out of memory, a fault — whether this run found it or an
+        earlier one did (then it is kept until --force, like a measurement). Out of memory is a
+        WARNING, counted for the run's summary; a fault an earlier run recorded is an error of this
+        run too (one this run found is raised by ``run``, to replace the process it poisoned)."""
+        earlier = "" if found_now else " (recorded by an earlier run; `--force` tries again)"
+        if record.status == "faulted":
+            if not found_now:
+                raise PipelineError(f"{record.reason}{earlier}", hint="the other points and toolchains are measured without it")
+            return
+        self.ctx.reporter.warn(f"{self.progress_label}: {record.reason}{earlier}")
+        self.ctx.out_of_memory.append((self.progress_label, record.reason))
 
     @property
     def progress_label(self) -> str:
@@ -298,3 +334,12 @@ class Stage(ABC):
 
     def extra_manifest_fields(self) -> dict[str, Any]:
         return {}
+
+
+def _status_of(refused: RefusedByTool) -> str:
+    """The status a refusal is recorded with."""
+    if isinstance(refused, OutOfMemory):
+        return "out_of_memory"
+    if isinstance(refused, DeviceFault):
+        return "faulted"
+    return "failed"

@@ -74,7 +74,16 @@ class BuildStage(Stage):
         # After the export: a toolchain that compiles the ONNX has nothing to build where the
         # exporter refused the model. Not part of `unsupported`: a run exports again first (the
         # module may have changed), and only then is the export's word current.
-        return self.unsupported() or self.no_onnx_reason()
+        return self.unsupported() or self.not_exported_reason() or self.no_onnx_reason()
+
+    def not_exported_reason(self) -> str | None:
+        """Why there is nothing to build where the export's own work did not fit in memory (a
+        model of one shape whose reference does not fit, say): that result, said for this engine."""
+        try:
+            record = read_manifest(self.ctx.workspace.export_manifest_path(self.engine)).export
+        except FileNotFoundError:
+            return None
+        return f"not exported: {record.reason}" if record is not None and record.status == "out_of_memory" else None
 
     def no_onnx_reason(self) -> str | None:
         refused = self.onnx_refused() if self.runtime.reads_onnx else None

@@ -22,11 +22,12 @@ from typing import Any
 
 from pipeline.artifacts import sha256_file
 from pipeline.environment import package_version
-from pipeline.errors import EnvironmentMissing, UsageError
-from pipeline.manifest import Artifact, ExportDetails
+from pipeline.errors import DeviceFault, EnvironmentMissing, UsageError
+from pipeline.manifest import Artifact, ExportDetails, OutOfMemoryFacts
 from pipeline.models import TORCH_DTYPES
 from pipeline.runtimes.torch_memory import out_of_memory_as_error
 from pipeline.stages.base import Stage, StageOutcome
+from pipeline.stages.export_phases import Phases
 from pipeline.stages.export_references import ReferenceWriter, reference_batch, reference_files
 from pipeline.stages.onnx_writing import (
     OnnxWriter,
@@ -36,6 +37,7 @@ from pipeline.stages.onnx_writing import (
     input_refused_as_error,
 )
 from pipeline.stages.parity import PARITY_TOLERANCE
+from pipeline.stages.point_outputs import PointOutputs, faulted_points, parity_points
 from pipeline.stages.quantize import (
     DEFAULT_WEIGHTS_DTYPE,
     MIN_OPSET,
@@ -72,6 +74,8 @@ class _References:
     batches: dict
     facts: dict[str, Any]
     fp32_outputs: dict
+    # The points without an FP32 output, and why (it did not fit, or faulted in an earlier process).
+    missing: dict
 
 
 @dataclass
@@ -128,17 +132,6 @@ class ExportStage(Stage):
             if label is not None:
                 self.ctx.reporter.progress(f"{label.replace('x', '×')} ({index} of {len(references)})")
             yield label, feeds
-
-    def _parity_points(self, points) -> list:
-        """The labels of the shape points parity is checked at: the smallest and the largest
-        (`parity_points = "ends"`, where the graph's axes are stretched furthest apart), or all."""
-        if self.model_spec.parity_points == "all" or len(points) <= 2:
-            return [point.label for point in points]
-
-        def sizes(point):
-            return [size for _, size in point.axes]
-
-        return [min(points, key=sizes).label, max(points, key=sizes).label]
 
     def _calibration_dir(self) -> Path | None:
         return self._in_workspace(self.ctx.catalog.calibration.directory)
@@ -197,6 +190,8 @@ class ExportStage(Stage):
         return params
 
     def _reusable(self, previous, fingerprint: str, force: bool = False) -> bool:
+        if previous is not None and previous.status == "faulted":
+            return False  # not an export's end: it goes on without the point that faulted
         # An export that wrote the ONNX serves a run that reads none: the same export otherwise.
         if super()._reusable(previous, fingerprint, force):
             return True
@@ -229,8 +224,17 @@ class ExportStage(Stage):
         largest = max(points, key=lambda p: [size for _, size in p.axes]).label if points else None
         batch = getattr(self.model_spec, "batch_size", None)
         source = self.model_source()
-        with self.ctx.reporter.captured("export"), out_of_memory_as_error(batch, f"exporting {self.engine.name}", shape=largest):
-            outcome = self._export() if source.has_pytorch_model else take_onnx(self, source, Phases(self.ctx.reporter))
+        self._faulted = faulted_points(self)
+        self._at_points = PointOutputs(self.ctx.reporter, f"exporting {self.engine.name}")
+        try:
+            with self.ctx.reporter.captured("export"), out_of_memory_as_error(batch, f"exporting {self.engine.name}", shape=largest):
+                outcome = self._export() if source.has_pytorch_model else take_onnx(self, source, Phases(self.ctx.reporter))
+        except DeviceFault as exc:  # named for its point; the earlier ones stay left out when the export goes on
+            exc.facts["earlier"] = self._faulted
+            raise
+        for label, message in self._at_points.messages.items():
+            self.ctx.reporter.warn(f"{self.engine.name} at {label}: the FP32 reference did not fit, even one sample at a time: {message}")
+            self.ctx.out_of_memory.append((f"{self.engine.name}'s FP32 reference at {label}", message))
         # Said after the tools' output is released, so it is not swallowed with it.
         accuracy = outcome.details.accuracy
         if accuracy and accuracy["warning"]:
@@ -274,7 +278,9 @@ class ExportStage(Stage):
         writer = ReferenceWriter(self.ctx.workspace, self.engine, source.output_name())
         dtype = variant_model.dtype
         if traced.points:
-            reference = writer.each_point(references.batches, references.fp32_outputs, traced.inputs, dtype, references.facts)
+            reference = writer.each_point(
+                references.batches, references.fp32_outputs, traced.inputs, dtype, references.facts, references.missing
+            )
         else:
             engine_input = references.batches[None][0].to(dtype)
             reference = writer.one_batch(traced.inputs[0].name, engine_input, references.fp32_outputs[None], references.facts)
@@ -302,6 +308,9 @@ class ExportStage(Stage):
             parity=written.parity,
             parity_by_shape=written.parity_by_shape,
             parity_skipped=written.parity_skipped,
+            references_out_of_memory={label: OutOfMemoryFacts(**facts) for label, facts in self._at_points.out_of_memory.items()},
+            references_in_parts=dict(self._at_points.in_parts),
+            references_faulted=dict(self._faulted),
             onnx_ops=written.ops,
             onnx_audit=written.audit,
             flops_by_shape={p.label: flops for p in traced.points if (flops := source.flops(p)) is not None},
@@ -374,16 +383,25 @@ class ExportStage(Stage):
             batch, facts = reference_batch(traced.model, traced.sample[0], self._evaluation_dir(), seed, self.model_spec.checkpoint)
             batches = {None: (batch,)}
         fp32_outputs = {}
+        missing = {label: f"the FP32 model faulted on the GPU at this point: {words}" for label, words in self._faulted.items()}
+
+        def fp32(feeds):
+            return traced.runnable(*as_inputs(feeds, traced.device, torch.float32)).float().cpu()
+
         # Scaled-dot-product attention in the reference is PyTorch's math kernel, the formula
         # itself in FP32: every fused kernel (flash, efficient, cuDNN) is checked against it.
         with torch.no_grad(), sdpa_kernel([SDPBackend.MATH]), input_refused_as_error(source, traced.sample[0].shape, traced.model):
-            for label, feeds in self._each_point(batches):
-                fp32_outputs[label] = traced.runnable(*as_inputs(feeds, traced.device, torch.float32)).float().cpu()
+            for label, feeds in self._each_point({k: v for k, v in batches.items() if k not in missing}):
+                output = self._at_points.run(label, feeds, fp32, "the FP32 reference")
+                if output is None:
+                    missing[label] = f"the FP32 reference did not fit in memory at this point: {self._at_points.messages[label]}"
+                else:
+                    fp32_outputs[label] = output
         labels = facts.get("labels")
         if labels:
             predicted = fp32_outputs[None][: len(labels)].argmax(dim=1)
             facts["fp32_top1_accuracy"] = float((predicted == torch.tensor(labels)).float().mean())
-        return _References(batches, facts, fp32_outputs)
+        return _References(batches, facts, fp32_outputs, missing)
 
     def _calibration_batches(self, traced: _Traced, source) -> tuple[list, list, dict[str, Any]]:
         """The calibration batches, the FP32 model's outputs for them (the accuracy proxy's
@@ -447,37 +465,19 @@ class ExportStage(Stage):
         variant_outputs = {}
         with torch.no_grad():
             if traced.points:
-                parity_batches = {label: references.batches[label] for label in self._parity_points(traced.points)}
-                for label, feeds in self._each_point(parity_batches):
-                    variant_outputs[label] = variant.runnable(*as_inputs(feeds, traced.device, variant.dtype)).float().cpu().numpy()
+                # Where the FP32 reference could not be made, the variant is not run either (it would
+                # fault again, or run out as well): parity is checked at the other points.
+                labels = [label for label in parity_points(traced.points, self.model_spec.parity_points) if label not in references.missing]
+                parts = PointOutputs(self.ctx.reporter, f"exporting {self.engine.name}")
+                for label, feeds in self._each_point({label: references.batches[label] for label in labels}):
+                    output = parts.run(
+                        label, feeds, lambda f: variant.runnable(*as_inputs(f, traced.device, variant.dtype)).float().cpu(), "parity"
+                    )
+                    if output is not None:
+                        variant_outputs[label] = output.numpy()
             else:  # parity is checked on the seeded sample (the reference may be images)
                 variant_outputs[None] = variant.runnable(*as_inputs(traced.sample, traced.device, variant.dtype)).float().cpu().numpy()
         return accuracy, variant_outputs
-
-
-class Phases:
-    """Wall time of each part of an export, recorded so slow exports can be explained; the part
-    under way is shown beside the stage's spinner."""
-
-    def __init__(self, reporter=None):
-        self.seconds: dict[str, float] = {}
-        self.reporter = reporter
-
-    def __call__(self, name: str):
-        import contextlib
-        import time
-
-        @contextlib.contextmanager
-        def timed():
-            if self.reporter is not None:
-                self.reporter.step(name.replace("_", " "))
-            start = time.perf_counter()
-            try:
-                yield
-            finally:
-                self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - start, 3)
-
-        return timed()
 
 
 def _export_note(details: ExportDetails, points: int) -> str:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.environment import machine_load, measuring_gpu, running_on
-from pipeline.errors import EnvironmentMissing, PipelineError
+from pipeline.errors import DeviceFault, EnvironmentMissing, PipelineError
 from pipeline.machine_watch import MachineWatch
 from pipeline.manifest import StageRecord
 from pipeline.measurement import RoundsOutcome, RoundsRecord, SmClock, measure_in_rounds, open_pair_words, undecided
@@ -69,8 +69,14 @@ def profile_point(stages: list) -> dict[Any, StageRecord | PipelineError]:
     run, then let each record its result. What each recorded, or the error that stopped it (a
     refusal — out of memory, a capture refused — is recorded in its manifest as failed)."""
     runnable = [stage for stage in stages if stage.skip_reason() is None]
+    # A result kept without a number (out of memory, a fault) is not measured again beside the
+    # others when they are: it would only run out, or fault, again; --force tries it.
+    runnable = [stage for stage in runnable if not stage.kept_outcome()]
     stale = [stage for stage in runnable if not stage.is_current()]
     measured = measure_point(runnable) if stale else {}
+    fault = next((stage for stage, result in measured.items() if isinstance(result, DeviceFault)), None)
+    if fault is not None:  # recorded for its engine, then raised: this process can time nothing more
+        fault.run(force=True, measured=measured[fault])
     out: dict[Any, StageRecord | PipelineError] = {}
     for stage in stages:
         try:
@@ -139,6 +145,8 @@ def _in_rounds(stages: list) -> dict[Any, Measured | PipelineError]:
                     accuracy = stage.check_accuracy(engine_path, workload)
             except EnvironmentMissing:
                 raise
+            except DeviceFault as exc:  # the process is poisoned: this engine's result, and no more
+                return {stage: exc}
             except PipelineError as exc:
                 out[stage] = exc
                 continue
@@ -150,7 +158,10 @@ def _in_rounds(stages: list) -> dict[Any, Measured | PipelineError]:
         uuid = gpu_device["uuid"] if gpu_device else None
         with MachineWatch(gpu_uuid=uuid) as watch, running_on(settings.host_cpus):
             clock = SmClock(uuid)
-            outcome = measure_in_rounds(engines, settings, point_seed(stages), reporter.progress, clock)
+            try:
+                outcome = measure_in_rounds(engines, settings, point_seed(stages), reporter.progress, clock)
+            except DeviceFault as exc:  # pinned to the engine whose take saw it (every take waits for its GPU work)
+                return {next(stage for stage in prepared if entrant_name(stage) == exc.entrant): exc}
         if outcome.stop == "budget":  # once for the point: the engines' manifests say so each (rounds[].stop)
             reporter.warn(f"{label}: {undecided_words(outcome)}")
         repeats = [(outcome, None)]

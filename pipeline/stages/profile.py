@@ -58,7 +58,7 @@ class ProfileStage(Stage):
 
     def skip_reason(self) -> str | None:
         build = self.build_record()
-        if build is not None and build.status in ("skipped", "failed"):
+        if build is not None and build.status in ("skipped", "failed", "out_of_memory", "faulted"):
             return f"not built: {build.reason}"
         if build is not None and build.details is not None:
             return self.runtime.cannot_profile_reason(build.details.settings)
@@ -282,6 +282,8 @@ class ProfileStage(Stage):
             reference = ReferenceBatch.from_export(export.details, self.ctx.workspace.root) if export and export.details else None
         if reference is None:
             return None, "its export has no reference batch (exported by an earlier version): re-export with --force", None
+        if reference.output is None:
+            return None, reference.unchecked, None
         run = self.runtime.run_reference(engine_path, reference)
         if run is None:
             return None, f"the {self.runtime.kind} runtime does not run engines on given inputs", None

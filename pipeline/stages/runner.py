@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from pipeline.catalog import EngineRef
-from pipeline.errors import EnvironmentMissing, PipelineError
+from pipeline.errors import DeviceFault, EnvironmentMissing, PipelineError
 from pipeline.stages.base import STAGE_ORDER, RunContext
 
 
@@ -106,8 +106,8 @@ def _each_point(ctx: RunContext, engine: EngineRef, points: list[str | None], wo
     for shape in points:
         try:
             work(shape)
-        except EnvironmentMissing:
-            raise  # the machine lacks something: every point would fail the same way
+        except (EnvironmentMissing, DeviceFault):
+            raise  # the machine lacks something: every point would fail the same way; or this process is poisoned
         except PipelineError as exc:
             print_error(f"{engine.name} at {shape}: {exc.message}", exc.hint)
             failed.append((shape, exc))
@@ -184,6 +184,8 @@ def run_engines(ctx: RunContext, engines: list[EngineRef], toolchains: list[str]
                 try:
                     run_engine(ctx, engine, toolchain, until, points)
                     summary.succeeded.append(engine.name)
+                except DeviceFault:
+                    raise  # recorded; the command goes on in a fresh process (pipeline/faults.py)
                 except PipelineError as exc:
                     if single:
                         raise
@@ -201,7 +203,19 @@ def run_engines(ctx: RunContext, engines: list[EngineRef], toolchains: list[str]
                 raise exc
             print_error(f"{stage.engine.name}{on}{where}: {exc.message}", exc.hint)
             summary.fail(stage.engine.name, stage.toolchain, exc)
+    say_out_of_memory(ctx)
     return summary.raise_for_failures(requested, toolchains)
+
+
+def say_out_of_memory(ctx: RunContext) -> None:
+    """The run's results that did not fit in memory, summed up in one WARNING (each was said as it
+    was found): they are results, and the run exits 0 for them."""
+    if ctx.out_of_memory:
+        where = "; ".join(dict.fromkeys(label for label, _ in ctx.out_of_memory))
+        count = len(dict.fromkeys(label for label, _ in ctx.out_of_memory))
+        ctx.reporter.warn(
+            f"{count} did not fit in memory, recorded as results (`pipeline compare` shows them; `--force` tries again): {where}"
+        )
 
 
 class WorkAhead:

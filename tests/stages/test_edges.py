@@ -1,0 +1,155 @@
+"""A sweep at its edges: a point that does not fit in memory is a result, recorded for its
+toolchain while every other point and toolchain is measured, kept until --force, and shown in the
+table, the sweep, the JSON and the answer; a point whose FP32 reference does not fit is made a few
+samples at a time, or its engines are measured with their accuracy said to be unchecked.
+
+The model is a user's module that raises PyTorch's own OutOfMemoryError past a budget of elements
+(tests/data/python_models/memory_bound.py), as a GPU too small for the larger point does."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pipeline.manifest import read_manifest
+from tests.conftest import CPU_TOOLCHAINS, DATA, REPO_ROOT, catalog_head, write_catalog
+
+pytest.importorskip("torch", reason="the python model family needs torch (`make setup` installs it)")
+jsonschema = pytest.importorskip("jsonschema")
+
+
+def catalog(budget: int) -> str:
+    return (
+        catalog_head(["bound"], ["fp32"])
+        + f"""
+[models.bound]
+python = "models-in/memory_bound.py:make"
+config = {{ features = 8, budget = {budget} }}
+shapes = ["1x16", "4x64"]
+
+[variants.fp32]
+precision = "fp32"
+"""
+        + CPU_TOOLCHAINS
+    )
+
+
+def workspace(root: Path, budget: int) -> Path:
+    path = write_catalog(root, catalog(budget))
+    (root / "models-in").mkdir(exist_ok=True)
+    shutil.copy(DATA / "python_models" / "memory_bound.py", root / "models-in" / "memory_bound.py")
+    return path
+
+
+def profile_record(root: Path, toolchain: str, shape: str):
+    return read_manifest(root / "manifests" / toolchain / f"bound_fp32@{shape}.json").profile
+
+
+def export_details(root: Path):
+    return read_manifest(root / "manifests" / "export" / "bound_fp32.json").export.details
+
+
+RUN = ("run", "--model", "bound", "--toolchain", "onnxruntime", "--toolchain", "torch-eager")
+
+
+@pytest.fixture(scope="module")
+def batch_too_large(tmp_path_factory):
+    """Budget 128: 4×64 does not fit as a batch, but two samples at a time do; the engine that runs
+    the batch whole (torch-eager) runs out at 4×64."""
+    from pipeline.cli import main
+
+    root = tmp_path_factory.mktemp("oom")
+    path = workspace(root, 128)
+    code = main(["--catalog", str(path), *RUN])
+    return root, path, code
+
+
+def test_out_of_memory_at_one_point_is_a_result_and_every_other_point_is_measured(batch_too_large, capsys):
+    root, _, code = batch_too_large
+    assert code == 0  # every failure is a recorded out-of-memory result
+    record = profile_record(root, "torch-eager", "4x64")
+    assert record.status == "out_of_memory"
+    assert record.reason.startswith("out of GPU memory at shape 4×64")
+    facts = record.out_of_memory
+    assert facts.memory == "GPU" and facts.requested_bytes == int(2.5 * 2**30)
+    assert profile_record(root, "torch-eager", "1x16").status == "done"
+    assert profile_record(root, "onnxruntime", "4x64").status == "done"
+    assert profile_record(root, "onnxruntime", "1x16").status == "done"
+    # The FP32 reference at 4×64 was made two samples at a time, and checks the engine that fit.
+    details = export_details(root)
+    assert details.references_in_parts == {"4x64": 2} and details.references_out_of_memory == {}
+    ort = profile_record(root, "onnxruntime", "4x64").details
+    assert ort.accuracy is not None and ort.accuracy["cosine_similarity"] > 0.9999 and ort.accuracy_skipped is None
+
+
+def test_the_table_json_sweep_and_answer_say_what_did_not_fit(batch_too_large, run_cli):
+    root, path, _ = batch_too_large
+    table = run_cli(path, "compare").out
+    eager = next(line for line in table.splitlines() if line.startswith("fp32") and "torch-eager" in line and "4×64" in line)
+    assert " out of memory [" in eager, eager
+    result = run_cli(path, "compare", "--format", "json")
+    data = json.loads(result.out)
+    jsonschema.validate(data, json.loads((REPO_ROOT / "docs" / "compare.schema.json").read_text()))
+    assert data["schema"] == 7
+    (at_large,) = [v for v in data["verdicts"] if v["shape"] == "4x64"]
+    assert at_large["fastest"]["toolchain"] == "onnxruntime"
+    (did_not_fit,) = at_large["out_of_memory"]
+    assert did_not_fit["toolchain"] == "torch-eager" and did_not_fit["facts"]["requested_bytes"] == int(2.5 * 2**30)
+    assert all(e["toolchain"] != "torch-eager" for e in at_large["excluded"])
+    assert "Did not fit: fp32 on torch-eager (out of GPU memory at shape 4×64" in at_large["text"]
+    row = next(r for r in data["rows"] if r["toolchain"] == "torch-eager" and r["shape"] == "4x64")
+    assert row["outcome"] == "out_of_memory" and row["out_of_memory"]["memory"] == "GPU"
+    (sweep,) = data["sweeps"]
+    line = next(line for line in sweep["lines"] if line["toolchain"] == "torch-eager")
+    assert line["gaps"] == [{"shape": "4x64", "outcome": "out_of_memory", "why": "out of memory"}]
+    assert line["points"]["1x16"]["outcome"] == "measured"
+
+
+def test_a_second_run_keeps_the_result_and_force_tries_again(batch_too_large, run_cli):
+    root, path, _ = batch_too_large
+    before = profile_record(root, "torch-eager", "4x64")
+    again = run_cli(path, *RUN)
+    assert again.exit_code == 0, again.err
+    assert "recorded by an earlier run; `--force` tries again" in again.err
+    assert profile_record(root, "torch-eager", "4x64").finished_at == before.finished_at  # not tried again
+    forced = run_cli(path, *RUN, "--force")
+    assert forced.exit_code == 0, forced.err
+    after = profile_record(root, "torch-eager", "4x64")
+    assert after.status == "out_of_memory" and after.finished_at > before.finished_at
+    assert "recorded by an earlier run" not in forced.err and "did not fit in memory, recorded as results" in forced.err
+
+
+def test_an_accuracy_gate_holds_the_engines_that_were_measured(batch_too_large, run_cli):
+    """The gate judges what was measured: a point that did not fit neither passes nor fails it,
+    and an engine below the floor still fails the command."""
+    root, path, _ = batch_too_large
+    assert run_cli(path, "compare", "--fail-accuracy-below", "0.99").exit_code == 0
+    cosine = min(profile_record(root, "onnxruntime", shape).details.accuracy["cosine_similarity"] for shape in ("1x16", "4x64"))
+    if cosine < 1.0:  # a floor above what was measured
+        gated = run_cli(path, "compare", "--fail-accuracy-below", "1")
+        assert gated.exit_code == 1 and "onnxruntime" in gated.err and "torch-eager at 4" not in gated.err
+
+
+def test_a_reference_that_does_not_fit_even_a_sample_at_a_time_leaves_the_accuracy_unchecked(tmp_path, run_cli):
+    """Budget 32: one sample of 4×64 is 64 elements; the FP32 reference there cannot be made at all.
+    The engines that fit (ONNX Runtime runs the graph, not the module) are measured, their accuracy
+    there said to be unchecked and why."""
+    path = workspace(tmp_path, 32)
+    result = run_cli(path, *RUN)
+    assert result.exit_code == 0, result.err
+    assert "bound_fp32 at 4x64: the FP32 reference did not fit, even one sample at a time" in result.err
+    details = export_details(tmp_path)
+    assert set(details.references_out_of_memory) == {"4x64"}
+    assert details.references_out_of_memory["4x64"].requested_bytes == int(2.5 * 2**30)
+    assert "4x64" not in details.parity_by_shape and "1x16" in details.parity_by_shape
+    ort = profile_record(tmp_path, "onnxruntime", "4x64")
+    assert ort.status == "done" and ort.details.accuracy is None
+    assert ort.details.accuracy_skipped.startswith("the FP32 reference did not fit in memory at this point: out of GPU memory")
+    assert profile_record(tmp_path, "torch-eager", "4x64").status == "out_of_memory"
+    data = json.loads(run_cli(path, "compare", "--format", "json").out)
+    (at_large,) = [v for v in data["verdicts"] if v["shape"] == "4x64"]
+    assert at_large["accuracy_unchecked"].startswith("the FP32 reference did not fit")
+    assert "Its accuracy here is unchecked: the FP32 reference did not fit" in at_large["text"]
