@@ -210,6 +210,8 @@ class Stage(ABC):
 
         if self._reusable(previous, fingerprint, force):
             said = (str(self.manifest_path()), self.name)
+            if previous.status == "faulted":  # an error of every run that finds it, until --force
+                self._kept_outcome(previous, found_now=False)
             if said not in self.ctx.said_unchanged and said not in self.ctx.done:  # once a run, if not done in it
                 self.ctx.said_unchanged.add(said)
                 if previous.status not in KEPT_OUTCOMES:
@@ -258,6 +260,8 @@ class Stage(ABC):
         if isinstance(refused, OutOfMemory):
             self._kept_outcome(record, found_now=True)
             return record  # a result: the other points and engines go on, and the run exits 0 for it
+        if isinstance(refused, DeviceFault) and self.toolchain:  # named for its engine, toolchain and point
+            raise DeviceFault(f"{self.progress_label}: {refused.message}", refused.hint, facts=refused.facts) from refused
         if refused:
             raise refused  # recorded; the runner reports it and goes on with the other engines
         if reason:
@@ -272,7 +276,7 @@ class Stage(ABC):
         earlier one did (then it is kept until --force, like a measurement). Out of memory is a
         WARNING, counted for the run's summary; a fault an earlier run recorded is an error of this
         run too (one this run found is raised by ``run``, to replace the process it poisoned)."""
-        earlier = "" if found_now else " (recorded by an earlier run; `--force` tries again)"
+        earlier = "" if found_now else " (recorded earlier; `--force` tries again)"
         if record.status == "faulted":
             if not found_now:
                 raise PipelineError(f"{record.reason}{earlier}", hint="the other points and toolchains are measured without it")

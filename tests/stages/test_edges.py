@@ -113,13 +113,13 @@ def test_a_second_run_keeps_the_result_and_force_tries_again(batch_too_large, ru
     before = profile_record(root, "torch-eager", "4x64")
     again = run_cli(path, *RUN)
     assert again.exit_code == 0, again.err
-    assert "recorded by an earlier run; `--force` tries again" in again.err
+    assert "recorded earlier; `--force` tries again" in again.err
     assert profile_record(root, "torch-eager", "4x64").finished_at == before.finished_at  # not tried again
     forced = run_cli(path, *RUN, "--force")
     assert forced.exit_code == 0, forced.err
     after = profile_record(root, "torch-eager", "4x64")
     assert after.status == "out_of_memory" and after.finished_at > before.finished_at
-    assert "recorded by an earlier run" not in forced.err and "did not fit in memory, recorded as results" in forced.err
+    assert "recorded earlier;" not in forced.err and "did not fit in memory, recorded as results" in forced.err
 
 
 def test_an_accuracy_gate_holds_the_engines_that_were_measured(batch_too_large, run_cli):
@@ -153,3 +153,67 @@ def test_a_reference_that_does_not_fit_even_a_sample_at_a_time_leaves_the_accura
     (at_large,) = [v for v in data["verdicts"] if v["shape"] == "4x64"]
     assert at_large["accuracy_unchecked"].startswith("the FP32 reference did not fit")
     assert "Its accuracy here is unchecked: the FP32 reference did not fit" in at_large["text"]
+
+
+FAULT_CATALOG = (
+    catalog_head(["faulty"], ["fp32"])
+    + """
+[models.faulty]
+python = "models-in/faulting.py:make"
+config = { features = 8, longest = 32 }
+shapes = ["1x16", "4x64"]
+
+[variants.fp32]
+precision = "fp32"
+"""
+    + CPU_TOOLCHAINS
+)
+
+
+def run_pipeline(path: Path, *args: str):
+    """The command line as a user runs it, in a process of its own: a fault replaces that process."""
+    import os
+    import subprocess
+    import sys
+
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PIPELINE_REPLACED")}
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline", "--catalog", str(path), *args], capture_output=True, text=True, env=env, timeout=600
+    )
+
+
+def test_a_kernel_that_faults_at_one_point_costs_that_point_not_the_run(tmp_path):
+    """The module faults at 4×64 — in the export's FP32 reference first, then in torch-eager's
+    preparation there — and every call after it in the same process fails (a sticky CUDA error).
+    Each fault is recorded for its point, the command goes on in a fresh process, and every other
+    point and toolchain is measured; the command then exits 1 naming the point, with no traceback."""
+    path = write_catalog(tmp_path, FAULT_CATALOG)
+    (tmp_path / "models-in").mkdir()
+    shutil.copy(DATA / "python_models" / "faulting.py", tmp_path / "models-in" / "faulting.py")
+    run = ("run", "--model", "faulty", "--toolchain", "onnxruntime", "--toolchain", "torch-eager")
+    result = run_pipeline(path, *run)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr and "INTERNAL ERROR" not in result.stderr
+    # Named where each happened: the export's reference at 4×64, then torch-eager at 4×64.
+    assert "ERROR faulted on the GPU exporting faulty_fp32: the FP32 reference at shape 4×64: CUDA error: device-side assert triggered" in (
+        result.stderr
+    )
+    assert "going on in a fresh process" in result.stderr
+    assert "faulty_fp32 on torch-eager at 4x64: faulted on the GPU at shape 4×64: CUDA error: device-side assert triggered" in result.stderr
+    export = read_manifest(tmp_path / "manifests" / "export" / "faulty_fp32.json").export
+    assert export.status == "done" and set(export.details.references_faulted) == {"4x64"}
+    faulted = read_manifest(tmp_path / "manifests" / "torch-eager" / "faulty_fp32@4x64.json").profile
+    assert faulted.status == "faulted" and faulted.fault.error == "CUDA error: device-side assert triggered"
+    assert read_manifest(tmp_path / "manifests" / "torch-eager" / "faulty_fp32@1x16.json").profile.status == "done"
+    assert read_manifest(tmp_path / "manifests" / "onnxruntime" / "faulty_fp32@1x16.json").profile.status == "done"
+    ort = read_manifest(tmp_path / "manifests" / "onnxruntime" / "faulty_fp32@4x64.json").profile
+    assert ort.status == "done" and ort.details.accuracy_skipped.startswith("the FP32 model faulted on the GPU at this point")
+    # The comparison of what was measured is printed, the fault shown in its cell.
+    assert "The answer" in result.stdout and "faulted [" in result.stdout
+    # Kept until --force: a second run measures nothing again and says the same.
+    again = run_pipeline(path, *run)
+    assert (
+        again.returncode == 1
+        and "recorded earlier; `--force` tries again" in again.stderr
+        and "going on in a fresh process" not in again.stderr
+    )

@@ -1,0 +1,36 @@
+"""An MLP whose kernel faults past a sequence length, as a user's module indexing past a table does on
+CUDA: CUDA's own words for a device-side assert, and from then on every call in the process fails
+the same way (a sticky error: the context is unusable until the process ends). A fresh process
+starts clean. Tracing for export is left alone, as a real model's is."""
+
+import torch
+
+# Set once the "kernel" faulted in this process: CUDA's context stays broken.
+_poisoned = False
+DEVICE_SIDE_ASSERT = (
+    "CUDA error: device-side assert triggered\n"
+    "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect.\n"
+    "For debugging consider passing CUDA_LAUNCH_BLOCKING=1"
+)
+
+
+class Faulting(torch.nn.Module):
+    def __init__(self, features: int, longest: int):
+        super().__init__()
+        self.up = torch.nn.Linear(features, 2 * features)
+        self.down = torch.nn.Linear(2 * features, features)
+        self.longest = longest
+
+    def forward(self, x):
+        global _poisoned
+        if not torch.compiler.is_compiling():
+            if _poisoned or x.shape[1] > self.longest:
+                _poisoned = True
+                raise torch.AcceleratorError(DEVICE_SIDE_ASSERT) if hasattr(torch, "AcceleratorError") else RuntimeError(DEVICE_SIDE_ASSERT)
+        return self.down(torch.nn.functional.gelu(self.up(x)))
+
+
+def make(table):
+    config = table["config"]
+    module = Faulting(config.get("features", 8), config["longest"])
+    return module, [{"name": "x", "shape": ["batch", "sequence", config.get("features", 8)]}]
