@@ -23,6 +23,18 @@ _CHUNK = 1 << 20
 
 
 def write_failed(path: Path, exc: OSError) -> PipelineError:
+    import errno
+
+    if exc.errno == errno.EROFS:
+        return PipelineError(
+            f"could not write {path}: the folder {Path(path).parent} is on a read-only file system.",
+            hint="mount it writable, or run in a workspace you can write to (--catalog names it); nothing was half-written",
+        )
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return PipelineError(
+            f"could not write {path}: no permission to write in the folder {Path(path).parent}.",
+            hint="give this user write access to it, or run in a workspace you can write to; nothing was half-written",
+        )
     return PipelineError(
         f"could not write {path}: {exc.strerror or exc}.",
         hint="check free space and permissions of that directory, then run the same command again",
@@ -88,7 +100,9 @@ def atomic_output(path: Path) -> Iterator[Path]:
         raise write_failed(path, exc) from exc
     finally:
         if tmp is not None:
-            with contextlib.suppress(FileNotFoundError):
+            # The error that got here is the one to report, never the clean-up's: a file the folder
+            # refused to make (read-only, no permission) or one already gone is nothing to remove.
+            with contextlib.suppress(OSError):
                 tmp.unlink()
 
 

@@ -217,3 +217,46 @@ def test_a_kernel_that_faults_at_one_point_costs_that_point_not_the_run(tmp_path
         and "recorded earlier; `--force` tries again" in again.stderr
         and "going on in a fresh process" not in again.stderr
     )
+
+
+def _read_only_mounts_work() -> str | None:
+    """Why a folder cannot be made read-only here (None where it can): root bypasses permission
+    bits, so a test mounts the folder read-only in a mount namespace of its own."""
+    import os
+    import subprocess
+
+    if os.geteuid() != 0:
+        return "a read-only mount needs root (unshare -m; .ci/run runs as root)"
+    try:
+        probe = subprocess.run(["unshare", "-m", "true"], capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"unshare is not usable here ({exc})"
+    return None if probe.returncode == 0 else f"unshare -m failed: {probe.stderr.decode().strip()}"
+
+
+@pytest.mark.parametrize("folder", ["models", "engines", "manifests/onnxruntime"])
+def test_a_read_only_folder_is_a_clear_error_naming_it_and_leaves_nothing_half_written(tmp_path, folder):
+    """Each stage's folder read-only in turn (a read-only mount, as a container or a shared disk
+    gives): the stage that writes there fails with an ERROR naming the folder, exit 1, no traceback,
+    and no temporary file is left behind."""
+    import subprocess
+    import sys
+
+    why = _read_only_mounts_work()
+    if why is not None:
+        pytest.skip(why)
+    path = workspace(tmp_path, 10_000)
+    target = tmp_path / folder
+    target.mkdir(parents=True)
+    command = " ".join([sys.executable, "-m", "pipeline", "--catalog", str(path), "run", "--model", "bound", "--toolchain", "onnxruntime"])
+    result = subprocess.run(
+        ["unshare", "-m", "sh", "-c", f"mount --bind -o ro '{target}' '{target}' && exec {command}"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr and "INTERNAL ERROR" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("ERROR")]
+    assert any(f"the folder {target}" in line and "is on a read-only file system" in line for line in errors), result.stderr
+    assert not list(tmp_path.rglob("*.tmp"))
