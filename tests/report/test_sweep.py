@@ -750,3 +750,33 @@ def test_a_run_builds_the_engines_that_compile_at_every_point_first(tmp_path, mo
     dry = run_cli(tmp_path / "pipeline.toml", "build", "--model", "bert", "--variant", "fp32", *args, "--dry-run")
     assert dry.exit_code == 0, dry.err
     assert [line[2:] for line in dry.out.splitlines() if line.startswith("# ")] == ["torch-compile", "torch-compile-full", *rest], dry.out
+
+
+def test_rows_that_claim_one_set_of_rounds_they_cannot_share_are_read_as_timed_apart():
+    """3000 manifests copied by hand, all claiming the one set of rounds a single engine was measured
+    in: their pairing means nothing, and pairing them all would take minutes. They are read as
+    timed apart and flagged so; the answer is decided with a bounded number of comparisons."""
+    from pipeline.report.rows import trusted_rounds
+
+    def row(index: int) -> ComparisonRow:
+        medians = [1.0 + 0.001 * index + 0.0001 * r for r in range(6)]
+        made = ComparisonRow(model="m", variant=f"v{index:04d}", toolchain="onnxruntime", status="measured (host latency)", shape="2x8")
+        made.median_ms, made.median_ci_ms = medians[3], (medians[0], medians[-1])
+        made.round_medians = {"g1": medians}
+        made.round_entrants = {"g1": ("fp32/onnxruntime", ("fp32/onnxruntime",))}
+        made.outcome = "measured"
+        return made
+
+    rows = [row(index) for index in range(3000)]
+    trusted_rounds(rows)
+    assert all(not r.round_medians for r in rows)
+    assert rows[0].flags == ["timed apart: 3000 manifests claim one set of rounds of 1 engines (copied or merged by hand)"]
+    (verdict,) = verdicts(rows, None)
+    assert verdict.fastest is rows[0] and len(verdict.comparisons) < 2 * len(rows)
+    # The engines of a real set of rounds keep their pairing.
+    real = [row(0), row(1)]
+    for made, name in zip(real, ("fp32/onnxruntime", "fp16/onnxruntime")):
+        made.variant = name.split("/")[0]
+        made.round_entrants = {"g1": (name, ("fp32/onnxruntime", "fp16/onnxruntime"))}
+    trusted_rounds(real)
+    assert all(r.round_medians and not r.flags for r in real)
