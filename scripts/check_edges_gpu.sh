@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The sweep's edges on a GPU machine, from an empty workspace each (docs/sweeps.md, "At the edges"):
+#   1. the `gpu` tests of tests/stages/test_edges_gpu.py: a user's module out of GPU memory for real
+#      at one of two points, and a device-side assert at one of two points;
+#   2. ModernBERT-base (bf16) at 4×1024 and 48×8192 on torch-eager and torch-eager-attn: eager
+#      attention runs out at 48×8192 where SDPA fits, and the FP32 reference there is made a few
+#      samples at a time.
+#   bash scripts/check_edges_gpu.sh OUT_DIR
+# Writes OUT_DIR/{gpu.txt,edges-tests.log,modernbert.log,modernbert-compare.txt,modernbert.json}.
+set -uo pipefail
+out="${1:?usage: check_edges_gpu.sh OUT_DIR}"
+mkdir -p "$out"
+cd "$(dirname "$0")/.."
+PIPELINE="${PIPELINE:-python3 -m pipeline}"
+nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total --format=csv | tee "$out/gpu.txt"
+python3 -m pytest -m gpu -v -s -p no:cacheprovider tests/stages/test_edges_gpu.py > "$out/edges-tests.log" 2>&1
+tests=$?
+tail -5 "$out/edges-tests.log"
+ws="$(mktemp -d)"
+sed -e 's/^shapes = \["2x512", "4x512", "2x2048", "4x2048", "2x4096", "4x4096"\]/shapes = ["4x1024", "48x8192"]/' pipeline.toml > "$ws/pipeline.toml"
+grep -q '"48x8192"' "$ws/pipeline.toml" || { echo "the catalog's modernbert shapes were not found"; exit 2; }
+started=$(date +%s)
+$PIPELINE --catalog "$ws/pipeline.toml" run --model modernbert --variant bf16 --toolchain torch-eager --toolchain torch-eager-attn > "$out/modernbert.log" 2>&1
+modernbert=$?
+echo "modernbert: exit $modernbert in $(( $(date +%s) - started )) s" | tee -a "$out/modernbert.log"
+tail -25 "$out/modernbert.log"
+$PIPELINE --catalog "$ws/pipeline.toml" compare --model modernbert > "$out/modernbert-compare.txt" 2>&1
+$PIPELINE --catalog "$ws/pipeline.toml" compare --model modernbert --format json > "$out/modernbert.json" 2>/dev/null
+python3 - "$ws" <<'PY'
+import json, sys
+from pathlib import Path
+ws = Path(sys.argv[1])
+export = json.loads((ws / "manifests/export/modernbert_bf16.json").read_text())["export"]
+print("export:", export["status"], "in parts:", export["details"]["references_in_parts"], "oom:", list(export["details"]["references_out_of_memory"]))
+for path in sorted((ws / "manifests").glob("torch-*/*@*.json")):
+    record = json.loads(path.read_text())["profile"]
+    details = record.get("details") or {}
+    print(f"{path.parent.name}/{path.name}: {record['status']}", (details.get("latency_ms") or {}).get("median"), record.get("out_of_memory"))
+PY
+echo "edges tests exit $tests, modernbert exit $modernbert"
+exit $(( tests || modernbert ))
