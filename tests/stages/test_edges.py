@@ -18,7 +18,6 @@ from pipeline.manifest import read_manifest
 from tests.conftest import CPU_TOOLCHAINS, DATA, REPO_ROOT, catalog_head, write_catalog
 
 pytest.importorskip("torch", reason="the python model family needs torch (`make setup` installs it)")
-jsonschema = pytest.importorskip("jsonschema")
 
 
 def catalog(budget: int) -> str:
@@ -86,6 +85,7 @@ def test_out_of_memory_at_one_point_is_a_result_and_every_other_point_is_measure
 
 
 def test_the_table_json_sweep_and_answer_say_what_did_not_fit(batch_too_large, run_cli):
+    jsonschema = pytest.importorskip("jsonschema", reason="the test extra installs jsonschema (`make setup`)")
     root, path, _ = batch_too_large
     table = run_cli(path, "compare").out
     eager = next(line for line in table.splitlines() if line.startswith("fp32") and "torch-eager" in line and "4×64" in line)
