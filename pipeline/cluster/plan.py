@@ -54,6 +54,10 @@ class Job:
     error: PipelineError | None = None
     # The members' own failures, where the job ran but some of its engines did not (a point).
     failures: list[tuple[Member, PipelineError]] = field(default_factory=list)
+    # Kernels that faulted on the GPU, each recorded for its member, and how many times the job went
+    # on in a fresh process after one (pipeline/faults.py).
+    faults: list[tuple[Member, PipelineError]] = field(default_factory=list)
+    replaced: int = 0
     note: str = ""
     handle: Any = None  # the task's ObjectRefGenerator while it is out
 

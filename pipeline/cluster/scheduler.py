@@ -20,9 +20,7 @@ MAX_ATTEMPTS times; a compiler's refusal or a user error is recorded or reported
 
 from __future__ import annotations
 
-import functools
 import time
-from pathlib import Path
 
 from rich.markup import escape
 
@@ -30,8 +28,9 @@ from pipeline.catalog import EngineRef
 from pipeline.cluster.connection import Cluster, Node
 from pipeline.cluster.plan import ClusterPlan, Job, Member
 from pipeline.cluster.point_workers import PointWorkers
+from pipeline.cluster.requests import JobRequests
 from pipeline.cluster.transfer import DriverBlobs, write_result
-from pipeline.cluster.worker import StageRequest, run_stage
+from pipeline.cluster.worker import run_stage
 from pipeline.errors import EnvironmentMissing, PipelineError, UsageError
 from pipeline.stages.base import RunContext
 from pipeline.stages.runner import RunSummary
@@ -73,63 +72,7 @@ class ClusterRun:
         self.started = time.monotonic()
         self.head_misses = 0  # checks in a row the head did not answer
         self.workers = PointWorkers(cluster)  # each GPU's worker for its points, while points are ready
-
-    def request(self, job: Job) -> StageRequest:
-        files, manifests = {}, {}
-        for member in job.members:
-            self._send(job.stage, member, files, manifests)
-        return StageRequest(
-            stage=job.stage,
-            members=list(job.members),
-            placed_by=job.placed_by,
-            catalog=self.ctx.catalog,
-            files=list(files.values()),
-            manifests=manifests,
-            known=frozenset(self.known),
-            force=self.ctx.force,
-            verbose=self.verbose,
-            exports_write_onnx=self.ctx.exports_write_onnx,
-        )
-
-    def _send(self, name: str, member: Member, files: dict, manifests: dict) -> None:
-        """What a node needs of the workspace to run ``name`` for ``member``: the manifests it
-        reads, without the stage being run and those after it (the node runs it afresh), and the
-        files the earlier stages made."""
-        from pipeline.manifest import read_manifest
-
-        workspace = self.ctx.workspace
-        if name == "export":
-            return
-
-        def send_manifest(path, keep: tuple[str, ...]):
-            if not path.is_file():
-                return None
-            manifest = read_manifest(path)
-            manifest = manifest.model_copy(update={stage: None for stage in ("build", "profile") if stage not in keep})
-            manifests[workspace.relative(path)] = manifest.model_dump_json(indent=2)
-            return manifest
-
-        export = send_manifest(workspace.export_manifest_path(member.engine), keep=("export",))
-        keep = ("export",) if name == "build" else ("export", "build")
-        # The manifest holding the engine's build: its own, or a static engine's of its point.
-        built_at = member.shape if self.ctx.catalog.model(member.engine.model).static else None
-        own = send_manifest(workspace.manifest_path(member.toolchain, member.engine, member.gpu_type, built_at), keep=keep)
-        records = [export.export if export else None] + ([own.build] if own is not None and name == "profile" else [])
-        for record in records:
-            for artifact in record.outputs if record is not None else []:
-                if workspace.is_intact(artifact):
-                    files[artifact.sha256 + artifact.path] = self.blobs.file(artifact.path, artifact.sha256, artifact.size_bytes)
-
-    @functools.cached_property
-    def known(self) -> dict[str, Path]:
-        """Contents the driver already holds, by sha256 (the hash cache makes this cheap on a re-run);
-        a task sends back only what is not here."""
-        known: dict[str, Path] = {}
-        for folder in (self.ctx.workspace.models_dir, self.ctx.workspace.engines_dir):
-            for path in sorted(folder.rglob("*")) if folder.is_dir() else ():
-                if path.is_file() and not path.name.startswith("."):
-                    known.setdefault(self.ctx.workspace.hashes.sha256(path), path)
-        return known
+        self.requests = JobRequests(ctx, self.blobs, verbose)  # what a node is sent for a job
 
     # --- running -------------------------------------------------------------------------------
 
@@ -142,13 +85,13 @@ class ClusterRun:
             if worker is None:
                 job.state = "waiting"  # every GPU of its type is timing a point: the next free one takes it
                 return
-            job.handle = worker.run.options(num_returns="streaming").remote(self.request(job))
+            job.handle = worker.run.options(num_returns="streaming").remote(self.requests.request(job))
         else:
             # A task on a GPU ends its process with it: an idle one keeping its CUDA context (and
             # memory) would sit beside the next measurement on that GPU (seen on an H100).
             max_calls = 1 if options.get("num_gpus") else 0
             remote = ray.remote(num_returns="streaming", max_retries=0, max_calls=max_calls)(run_stage)
-            job.handle = remote.options(**options).remote(self.request(job))
+            job.handle = remote.options(**options).remote(self.requests.request(job))
         job.attempts += 1
         job.state = "queued"
         self.dispatched += 1
@@ -362,7 +305,10 @@ class ClusterRun:
     def _finish(self, job: Job, result) -> None:
         from pipeline.manifest import read_manifest
 
-        self.workers.give_back(job)
+        if getattr(result, "poisoned", False):
+            self.workers.lose(job)  # a kernel faulted in its process: it can run nothing more
+        else:
+            self.workers.give_back(job)
         job.handle = None
         job.seconds = result.seconds
         self.bytes_fetched += result.bytes_fetched
@@ -375,14 +321,21 @@ class ClusterRun:
             self._fail(job, _error_of(result.error))
             return
         try:
-            self.bytes_back += write_result(self.ctx.workspace, result, self.known)
+            self.bytes_back += write_result(self.ctx.workspace, result, self.requests.known)
             for member in result.members:  # what was written is valid
                 if member.manifest_path is not None:
                     read_manifest(self.ctx.workspace.root / member.manifest_path)
         except PipelineError as exc:
             self._fail(job, exc)
             return
+        if getattr(result, "poisoned", False) and self._go_on_after_fault(job, result):
+            return
         job.failures = [(member, _error_of(outcome.error)) for member, outcome in zip(job.members, result.members) if outcome.error]
+        job.failures += [
+            (member, PipelineError("not measured: a kernel faulted in its process, too many times", hint="run the same command again"))
+            for member, outcome in zip(job.members, result.members)
+            if outcome.status == "not_measured"
+        ]
         for member, error in job.failures:
             self.reporter.console.print(
                 f"[red]{'failed':<9}[/] {job.stage:<8} {member.engine.name} {_member_target(member)}: {error.message}"
@@ -394,6 +347,28 @@ class ClusterRun:
         job.state = "skipped" if all(status == "skipped" for status in statuses) else "done"
         where = job.node.label() if job.node else result.node_id[:8]
         self.reporter.console.print(f"[green]{job.state:<9}[/] {job.stage:<8} {job.name} {job.target} in {result.seconds:.1f}s on {where}")
+
+    def _go_on_after_fault(self, job: Job, result) -> bool:
+        """A kernel faulted in the process that ran ``job`` (its faults are recorded and written
+        above): what that process did not finish goes to a fresh one — a point's other engines, or
+        the export without the point that faulted (pipeline/faults.py). Whether it went."""
+        from pipeline.faults import MAX_REPLACEMENTS
+
+        outcomes = list(zip(job.members, result.members))
+        faulted = [(member, _error_of(outcome.error)) for member, outcome in outcomes if outcome.status == "faulted"]
+        job.faults.extend(faulted)
+        for member, error in faulted:
+            self.reporter.console.print(
+                f"[red]{'faulted':<9}[/] {job.stage:<8} {member.engine.name} {_member_target(member)}: {error.message}"
+            )
+        rest = list(job.members) if job.stage == "export" and faulted else [m for m, o in outcomes if o.status == "not_measured"]
+        if not rest or job.replaced >= MAX_REPLACEMENTS:
+            return False
+        job.replaced += 1
+        job.members, job.handle, job.node, job.failures = rest, None, None, []
+        self.reporter.warn(f"{job.stage} {job.name} {job.target}: going on in a fresh process (a kernel faulted in the last one)")
+        self._try_submit(job)
+        return True
 
     def cancel(self) -> None:
         for job in self.running():
@@ -438,6 +413,7 @@ class ClusterRun:
         failures: dict[str, tuple[str | None, PipelineError]] = {}
         for job in self.matrix.jobs():
             failed = [(member, job.error) for member in job.members] if job.state == "failed" else job.failures
+            failed = [*job.faults, *failed]
             for member, error in failed:
                 failures.setdefault(f"{member.engine.name} ({job.stage} {_member_target(member)})", (member.toolchain, error))
         for engine in self.engines:

@@ -47,7 +47,9 @@ class StageRequest:
 class MemberResult:
     """What one engine's stage recorded on the node, or the error that stopped it."""
 
-    status: str  # "done" | "skipped" | "failed" (recorded refusal) | "error" (nothing recorded)
+    # "done" | "skipped" | "out_of_memory" | "failed" (recorded refusal) | "faulted" (a recorded
+    # fault) | "error" (nothing recorded)
+    status: str
     manifest_path: str | None = None
     manifest_text: str | None = None
     error: tuple[str, str | None, int] | None = None  # message, hint, exit code
@@ -63,6 +65,9 @@ class StageResult:
     messages: str = ""
     seconds: float = 0.0
     bytes_fetched: int = 0
+    # A kernel faulted on the GPU in the process that ran the task: its CUDA context is unusable, so
+    # the driver ends that process (a point worker) and hands what it did not finish to a fresh one.
+    poisoned: bool = False
 
 
 def run_stage(request: StageRequest, session: PointSession | None = None):
@@ -150,7 +155,7 @@ class PointWorker:
 def execute(request: StageRequest, node_id: str, on_measuring=None, session: PointSession | None = None) -> StageResult:
     from rich.console import Console
 
-    from pipeline.errors import PipelineError
+    from pipeline.errors import DeviceFault, PipelineError
     from pipeline.reporting import Reporter
 
     class TaskReporter(Reporter):
@@ -192,6 +197,7 @@ def execute(request: StageRequest, node_id: str, on_measuring=None, session: Poi
         for stage, outcome in zip(stages, outcomes):
             result.members.append(_member_result(stage, request.stage, outcome, scratch, blobs, request.known, result.outputs))
         result.status = "done"
+        result.poisoned = any(isinstance(outcome, DeviceFault) or outcome is NOT_MEASURED for outcome in outcomes)
     except PipelineError as exc:
         result.status, result.error = "error", (exc.message, exc.hint, exc.exit_code)
     except OSError as exc:  # the node's disk filled up, a permission: the node's problem, said so
@@ -213,17 +219,31 @@ def execute(request: StageRequest, node_id: str, on_measuring=None, session: Poi
 def _run(name: str, stages: list) -> list:
     """Each stage's record, or the error that stopped it: a shape point's profiles measured
     together, as a local run measures them (pipeline/stages/point.py); an export or a build alone."""
-    from pipeline.errors import PipelineError
+    from pipeline.errors import DeviceFault, PipelineError
 
     if name == "profile":
         from pipeline.stages.point import profile_point
 
-        recorded = profile_point(stages)
+        try:
+            recorded = profile_point(stages)
+        except DeviceFault as fault:  # recorded for its engine; the others are measured in a fresh process
+            return [fault if _faulted_here(stage) else NOT_MEASURED for stage in stages]
         return [recorded[stage] for stage in stages]
     try:
         return [stages[0].run()]
     except PipelineError as exc:
         return [exc]
+
+
+# What a point's engine comes to when another engine of the point faulted first: nothing recorded,
+# measured again in a fresh process.
+NOT_MEASURED = object()
+
+
+def _faulted_here(stage) -> bool:
+    """Whether ``stage`` recorded the fault that ended its point's measurement in this process."""
+    record = stage.load_manifest().stage(stage.name) if stage.manifest_path().is_file() else None
+    return record is not None and record.status == "faulted" and (str(stage.manifest_path()), stage.name) in stage.ctx.done
 
 
 @contextlib.contextmanager
@@ -249,16 +269,20 @@ def _measuring_share(request: StageRequest, node, session: PointSession | None =
 def _member_result(stage, name: str, outcome, scratch: Path, blobs: NodeBlobs, known: frozenset[str], outputs: list) -> MemberResult:
     """What the driver is sent of one engine's stage: its manifest and the files it made (those the
     driver does not hold already, in chunks), or its error."""
-    from pipeline.errors import PipelineError, RefusedByTool
+    from pipeline.errors import DeviceFault, PipelineError, RefusedByTool
     from pipeline.manifest import read_manifest
 
-    if isinstance(outcome, PipelineError):
+    if outcome is NOT_MEASURED:
+        member = MemberResult(status="not_measured")
+    elif isinstance(outcome, DeviceFault):  # recorded in its manifest, which goes back with the error
+        member = MemberResult(status="faulted", error=(outcome.message, outcome.hint, outcome.exit_code))
+    elif isinstance(outcome, PipelineError):
         recorded = isinstance(outcome, RefusedByTool) and outcome.outcome is not None
         member = MemberResult(status="failed" if recorded else "error", error=(outcome.message, outcome.hint, outcome.exit_code))
     else:
         member = MemberResult(status=outcome.status)
     path = stage.manifest_path()
-    if member.status != "error" and path.is_file():
+    if member.status not in ("error", "not_measured") and path.is_file():
         member.manifest_path = stage.ctx.workspace.relative(path)
         member.manifest_text = path.read_text()
         record = read_manifest(path).stage(name)

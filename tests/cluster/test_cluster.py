@@ -476,6 +476,50 @@ def test_a_worker_killed_in_a_points_rounds_leaves_nothing_and_the_point_is_meas
                 cluster.remove_node(f"w-l4-{name}")
 
 
+def test_a_kernel_that_faults_on_a_node_costs_its_point_and_its_process_is_replaced(cluster, tmp_path):
+    """A user's module whose kernel faults at 2×64 (a sticky CUDA error: every later call in that
+    process fails, tests/data/python_models/faulting.py): in the export's task, then in the point
+    worker's preparation there. Each fault is recorded for its point and sent back; the export goes
+    on in a fresh process without that point, the point's other engine is measured by a fresh
+    worker, and 1×16 is measured on both toolchains; exit 1 naming the point."""
+    from tests.conftest import DATA, catalog_head
+
+    module = DATA / "python_models" / "faulting.py"  # every node of this loopback cluster reads this disk
+    text = (
+        catalog_head(["faulty"], ["fp32"])
+        + f'\n[models.faulty]\npython = "{module}:make"\nconfig = {{ features = 8, longest = 32 }}\nshapes = ["1x16", "2x64"]\n'
+        + '\n[variants.fp32]\nprecision = "fp32"\n'
+        + CPU_TOOLCHAINS
+    )
+    catalog = write_catalog(tmp_path / "faults", text)
+    args = (
+        "run",
+        "--cluster",
+        cluster.address,
+        "--gpu",
+        "H100",
+        "--model",
+        "faulty",
+        "--toolchain",
+        "onnxruntime",
+        "--toolchain",
+        "torch-eager",
+    )
+    result = cluster.pipeline(catalog, *args)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr and "internal error" not in result.stderr
+    assert "going on in a fresh process (a kernel faulted in the last one)" in result.stderr
+    ws = catalog.parent
+    export = read_manifest(ws / "manifests" / "export" / "faulty_fp32.json").export
+    assert export.status == "done" and set(export.details.references_faulted) == {"2x64"}
+    faulted = read_manifest(ws / "manifests" / "torch-eager@H100" / "faulty_fp32@2x64.json").profile
+    assert faulted.status == "faulted" and faulted.fault.error == "CUDA error: device-side assert triggered"
+    assert "faulty_fp32 on torch-eager at 2x64: faulted on the GPU at shape 2×64" in result.stderr
+    assert read_manifest(ws / "manifests" / "onnxruntime" / "faulty_fp32@2x64.json").profile.status == "done"
+    for toolchain in ("onnxruntime", "torch-eager@H100"):
+        assert read_manifest(ws / "manifests" / toolchain / "faulty_fp32@1x16.json").profile.status == "done"
+
+
 def test_sigterm_mid_run_cancels_and_keeps_the_workspace_consistent(cluster, tmp_path):
     catalog = catalog_in(tmp_path, "term")
     driver = cluster.popen(catalog, "run", "--cluster", cluster.address, "--model", "tiny", "--variant", "fp32", "--variant", "fp16")
