@@ -260,3 +260,25 @@ def test_a_read_only_folder_is_a_clear_error_naming_it_and_leaves_nothing_half_w
     errors = [line for line in result.stderr.splitlines() if line.startswith("ERROR")]
     assert any(f"the folder {target}" in line and "is on a read-only file system" in line for line in errors), result.stderr
     assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_a_fault_in_the_middle_of_a_points_rounds_is_pinned_to_the_engine_whose_take_saw_it(tmp_path):
+    """The module faults only after 50 calls at 4×64: past the export, the preparation and the
+    accuracy check, in the middle of the point's rounds. Every take waits for its GPU work, so the
+    fault is torch-eager's, not ONNX Runtime's whose take came next; ONNX Runtime is measured at
+    that point in the fresh process, and nothing of the interrupted rounds is recorded."""
+    path = write_catalog(tmp_path, FAULT_CATALOG.replace("longest = 32 }", "longest = 32, calls_before_fault = 50 }"))
+    (tmp_path / "models-in").mkdir()
+    shutil.copy(DATA / "python_models" / "faulting.py", tmp_path / "models-in" / "faulting.py")
+    result = run_pipeline(path, "run", "--model", "faulty", "--toolchain", "onnxruntime", "--toolchain", "torch-eager")
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.count("going on in a fresh process") == 1
+    export = read_manifest(tmp_path / "manifests" / "export" / "faulty_fp32.json").export
+    assert export.details.references_faulted == {}  # the export's calls came before the fault
+    faulted = read_manifest(tmp_path / "manifests" / "torch-eager" / "faulty_fp32@4x64.json").profile
+    assert faulted.status == "faulted"
+    ort = read_manifest(tmp_path / "manifests" / "onnxruntime" / "faulty_fp32@4x64.json").profile
+    assert ort.status == "done" and ort.details.accuracy is not None
+    (rounds,) = ort.details.rounds
+    assert rounds.entrants == ["fp32/onnxruntime"]  # measured anew, alone: not the interrupted rounds

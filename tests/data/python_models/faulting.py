@@ -7,6 +7,8 @@ import torch
 
 # Set once the "kernel" faulted in this process: CUDA's context stays broken.
 _poisoned = False
+# Calls at a length past the table in this process, for a fault that comes only after some.
+_long_calls = 0
 DEVICE_SIDE_ASSERT = (
     "CUDA error: device-side assert triggered\n"
     "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect.\n"
@@ -15,16 +17,18 @@ DEVICE_SIDE_ASSERT = (
 
 
 class Faulting(torch.nn.Module):
-    def __init__(self, features: int, longest: int):
+    def __init__(self, features: int, longest: int, calls_before_fault: int = 0):
         super().__init__()
+        self.calls_before_fault = calls_before_fault
         self.up = torch.nn.Linear(features, 2 * features)
         self.down = torch.nn.Linear(2 * features, features)
         self.longest = longest
 
     def forward(self, x):
-        global _poisoned
+        global _poisoned, _long_calls
         if not torch.compiler.is_compiling():
-            if _poisoned or x.shape[1] > self.longest:
+            _long_calls += x.shape[1] > self.longest
+            if _poisoned or _long_calls > self.calls_before_fault:
                 _poisoned = True
                 raise torch.AcceleratorError(DEVICE_SIDE_ASSERT) if hasattr(torch, "AcceleratorError") else RuntimeError(DEVICE_SIDE_ASSERT)
         return self.down(torch.nn.functional.gelu(self.up(x)))
@@ -32,5 +36,5 @@ class Faulting(torch.nn.Module):
 
 def make(table):
     config = table["config"]
-    module = Faulting(config.get("features", 8), config["longest"])
+    module = Faulting(config.get("features", 8), config["longest"], config.get("calls_before_fault", 0))
     return module, [{"name": "x", "shape": ["batch", "sequence", config.get("features", 8)]}]
