@@ -61,7 +61,7 @@ def as_fault(exc: BaseException, doing: str | None) -> DeviceFault | None:
     where = f" {doing}" if doing else ""
     return DeviceFault(
         f"faulted on the GPU{where}: {words}",
-        hint="the kernel's own error: run that point alone with CUDA_LAUNCH_BLOCKING=1 for its call stack; the other points were measured",
+        hint="the kernel's own error: that point alone with CUDA_LAUNCH_BLOCKING=1 shows its call stack",
         facts={"error": words, "during": doing},
     )
 

@@ -284,9 +284,7 @@ def _run(argv: list[str] | None) -> int:
         from pipeline.faults import go_on_in_fresh_process
         from pipeline.reporting import print_error
 
-        print_error(
-            exc.message, f"recorded for that point; going on in a fresh process (this one's CUDA context cannot be used again). {exc.hint}"
-        )
+        print_error(exc.message, "recorded for that point; the run goes on in a fresh process (CUDA cannot be used again in this one)")
         return go_on_in_fresh_process(args, getattr(exc, "done", set()), replace=argv is None)
     except PipelineError as exc:
         from pipeline.reporting import print_error

@@ -279,7 +279,10 @@ class Stage(ABC):
         earlier = "" if found_now else " (recorded earlier; `--force` tries again)"
         if record.status == "faulted":
             if not found_now:
-                raise PipelineError(f"{record.reason}{earlier}", hint="the other points and toolchains are measured without it")
+                raise PipelineError(
+                    f"{record.reason}{earlier}",
+                    hint="the other points and toolchains were measured; that point alone with CUDA_LAUNCH_BLOCKING=1 shows the kernel's call stack",
+                )
             return
         self.ctx.reporter.warn(f"{self.progress_label}: {record.reason}{earlier}")
         self.ctx.out_of_memory.append((self.progress_label, record.reason))
