@@ -198,7 +198,7 @@ def test_a_kernel_that_faults_at_one_point_costs_that_point_not_the_run(tmp_path
     assert "ERROR faulted on the GPU exporting faulty_fp32: the FP32 reference at shape 4×64: CUDA error: device-side assert triggered" in (
         result.stderr
     )
-    assert "going on in a fresh process" in result.stderr
+    assert "the run goes on in a fresh process" in result.stderr
     assert "faulty_fp32 on torch-eager at 4x64: faulted on the GPU at shape 4×64: CUDA error: device-side assert triggered" in result.stderr
     export = read_manifest(tmp_path / "manifests" / "export" / "faulty_fp32.json").export
     assert export.status == "done" and set(export.details.references_faulted) == {"4x64"}
@@ -215,7 +215,7 @@ def test_a_kernel_that_faults_at_one_point_costs_that_point_not_the_run(tmp_path
     assert (
         again.returncode == 1
         and "recorded earlier; `--force` tries again" in again.stderr
-        and "going on in a fresh process" not in again.stderr
+        and "goes on in a fresh process" not in again.stderr
     )
 
 
@@ -273,7 +273,7 @@ def test_a_fault_in_the_middle_of_a_points_rounds_is_pinned_to_the_engine_whose_
     result = run_pipeline(path, "run", "--model", "faulty", "--toolchain", "onnxruntime", "--toolchain", "torch-eager")
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr
-    assert result.stderr.count("going on in a fresh process") == 1
+    assert result.stderr.count("the run goes on in a fresh process") == 1
     export = read_manifest(tmp_path / "manifests" / "export" / "faulty_fp32.json").export
     assert export.details.references_faulted == {}  # the export's calls came before the fault
     faulted = read_manifest(tmp_path / "manifests" / "torch-eager" / "faulty_fp32@4x64.json").profile
