@@ -15,7 +15,9 @@ are written into the workspace as each task finishes (files, then the manifests,
 so an interrupted run keeps everything finished and nothing half-written looks valid.
 
 Faults: a task whose node or worker dies is retried whole on another node that can run it, at most
-MAX_ATTEMPTS times; a compiler's refusal or a user error is recorded or reported, never retried.
+MAX_ATTEMPTS times; a compiler's refusal or a user error is recorded or reported, never retried. A
+kernel that faults on the GPU is recorded for its point on the node, and what its process did not
+finish goes to a fresh one (pipeline/faults.py): the process itself can run nothing more.
 """
 
 from __future__ import annotations
