@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from pipeline.accuracy import ReferenceBatch
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
 from pipeline.environment import nvidia_gpus, package_version
-from pipeline.errors import EnvironmentMissing, PipelineError, RefusedByTool
+from pipeline.errors import EnvironmentMissing, OutOfMemory, PipelineError, RefusedByTool
 from pipeline.models import TORCH_DTYPES, ModelSource
 from pipeline.runtimes.base import AheadWork, BuildResult, InProcessRuntime, ReferenceRun, ToolchainStatus, rounds_words
 from pipeline.runtimes.torch_memory import gpu_memory, out_of_memory_as_error
@@ -303,6 +303,14 @@ class TorchRuntime(InProcessRuntime):
         except NotPrepared as exc:
             result = BuildResult(engine_path=None, settings=settings, evidence={"compiler": {**self.versions(), **exc.facts}})
             raise RefusedByTool(exc.message, exc.hint, result=result) from exc.__cause__
+        except OutOfMemory as exc:
+            if source.static_point is not None or len(points) < 2:
+                raise  # the engine's one point: the build's own result
+            # One point of an engine of several: that point's result, which its profile finds and
+            # records when it prepares there again; the engine (its weights) is built.
+            note = f"preparing at {point.label} ran out of memory; that point's profile records it: {exc.message}"
+            self.reporter.warn(f"{engine_path.name}: {note}")
+            return BuildResult(engine_path=engine_path, settings=settings, notes=[note], evidence={"compiler": self.versions()})
         self._prepared[prepared.engine_file] = prepared
         facts = prepared.facts
         notes = []

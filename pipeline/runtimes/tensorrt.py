@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pipeline.accuracy import ReferenceBatch, parse_accuracy_lines, read_trtexec_outputs
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
 from pipeline.environment import nvidia_gpus
-from pipeline.errors import EnvironmentMissing, PipelineError, RefusedByTool
+from pipeline.errors import EnvironmentMissing, OutOfMemory, PipelineError, RefusedByTool
 from pipeline.models import ModelSource
 from pipeline.runtimes.base import BuildResult, EngineRuntime, ProfileResult, ReferenceRun
 from pipeline.trtexec.command import BuildCommand, ProfileCommand, ReferenceCommand
@@ -154,6 +154,20 @@ class TrtexecRuntime(EngineRuntime):
             killed = " (killed: out of memory or stopped)" if execution.exit_code == 137 else ""
             message = f"trtexec {what} failed with exit status {execution.exit_code}{killed}{where}{detail}"
             hint = f"full log: {log_path}; command: {' '.join(argv)}"
+            ran_out = None if killed else out_of_memory_words(execution.log_text)
+            if ran_out is not None:
+                # Did not fit at this engine's shapes: a result like PyTorch's, recorded for it.
+                words, requested = ran_out
+                result = None
+                if what == "build":
+                    evidence = {"image": execution.image, "image_digest": execution.image_digest}
+                    result = BuildResult(engine_path=None, command=argv, sidecars={"build_log": log_path}, evidence=evidence)
+                raise OutOfMemory(
+                    f"out of GPU memory in trtexec's {what}{where}: {words}",
+                    hint=hint,
+                    result=result,
+                    facts={"memory": "GPU", "during": f"trtexec {what}", "requested_bytes": requested},
+                )
             if what == "build" and log.status == "FAILED" and not killed:
                 # TensorRT itself ran and said no (a parser or builder error): recorded in the manifest.
                 evidence = {
@@ -370,3 +384,21 @@ class TrtexecRuntime(EngineRuntime):
 
     def where(self) -> str:
         return "local"
+
+
+# TensorRT's words when an allocation fails, as its logger prints them: "Error Code 2: OutOfMemory
+# (…)" from its allocators and "Error Code 1: Cuda Runtime (out of memory)" from CUDA, with the size
+# in "Requested amount of GPU memory (N bytes) could not be allocated" or "Requested size was N
+# bytes" (seen in public reports of TensorRT 8.4–10: NVIDIA/TensorRT#840, NVIDIA/trt-samples-for-hackathon-cn#47).
+_TRT_OUT_OF_MEMORY = re.compile(r"Error Code \d+: (?:OutOfMemory\b[^\n]*|Cuda Runtime \(out of memory\))")
+_TRT_REQUESTED = re.compile(r"Requested (?:amount of GPU memory \((\d+) bytes\)|size was (\d+) bytes)")
+
+
+def out_of_memory_words(log_text: str) -> tuple[str, int | None] | None:
+    """(TensorRT's words, the bytes it asked for where it says) when a run of trtexec failed for want
+    of GPU memory, else None."""
+    found = _TRT_OUT_OF_MEMORY.search(log_text)
+    if found is None:
+        return None
+    requested = _TRT_REQUESTED.search(log_text)
+    return found.group(0).strip(), int(next(g for g in requested.groups() if g)) if requested else None

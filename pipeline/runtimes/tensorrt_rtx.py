@@ -27,7 +27,7 @@ from pipeline.accuracy import ReferenceBatch
 from pipeline.artifacts import atomic_write_text
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
 from pipeline.environment import cache_dir, nvidia_gpus
-from pipeline.errors import EnvironmentMissing, PipelineError, RefusedByTool, UsageError
+from pipeline.errors import EnvironmentMissing, OutOfMemory, PipelineError, RefusedByTool, UsageError
 from pipeline.models import ModelSource
 from pipeline.runtimes.base import BuildResult, EngineRuntime, ProfileResult, ToolchainStatus
 from pipeline.runtimes.tensorrt_rtx_release import (
@@ -414,10 +414,11 @@ class TensorRtRtxRuntime(EngineRuntime):
         device = result.get("device") or {}
         if not result.get("ran"):
             error = tidy(result.get("error", "the engine did not run"))
-            if result.get("out_of_memory"):
-                raise EnvironmentMissing(
+            if result.get("out_of_memory"):  # this point's result, like PyTorch's: the other points go on
+                raise OutOfMemory(
                     f"{engine_path.name}{' at ' + workload.shape if point else ''}: {error}.",
                     hint="a smaller batch_size or shape point for this model in pipeline.toml, or a GPU with more memory",
+                    facts={"memory": "GPU", "during": "allocating the engine's inputs and outputs", "gpu": device.get("name")},
                 )
             if result.get("outside_profile"):
                 raise PipelineError(

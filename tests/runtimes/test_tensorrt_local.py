@@ -201,3 +201,30 @@ def test_a_tool_measured_alone_reports_the_time_its_runs_took(local_install, run
     line = " ".join(next(line for line in result.err.splitlines() if line.startswith("profile ")).split())
     assert line.startswith("profile tiny_fp32 on local done in ") and "of rounds" not in line, line
     assert float(re.search(r"done in ([\d.]+)s", line).group(1)) >= 0.6, line
+
+
+def test_a_build_that_runs_out_of_gpu_memory_is_a_result_with_what_tensorrt_asked_for(tmp_path):
+    """TensorRT's words for an allocation that failed, in a recorded trtexec log of a failed build
+    (the log's own parse error replaced by the lines public reports of TensorRT 8.4–10 show): the
+    build is out of memory, a result with the bytes asked for and the log, not a refusal."""
+    from types import SimpleNamespace
+
+    from pipeline.errors import OutOfMemory
+    from pipeline.runtimes.tensorrt import Execution, TrtexecRuntime, out_of_memory_words
+    from pipeline.trtexec.log import parse_log
+    from tests.conftest import SAMPLES
+
+    recorded = (SAMPLES / "trt10.16.0_rtx6000ada_FAILED_custom_plugin_not_found.txt").read_text()
+    ran_out = (
+        "[04/24/2026-02:26:01] [W] [TRT] Requested amount of GPU memory (4294967296 bytes) could not be allocated. "
+        "There may not be enough free memory for allocation to succeed.\n"
+        "[04/24/2026-02:26:01] [E] Error[2]: [virtualMemoryBuffer.cpp::resizePhysical::145] Error Code 2: OutOfMemory (no further information)\n"
+    )
+    text = recorded.replace("[04/24/2026-02:26:01] [E] Failed to parse onnx file\n", ran_out)
+    assert out_of_memory_words(recorded) is None
+    assert out_of_memory_words(text) == ("Error Code 2: OutOfMemory (no further information)", 4294967296)
+    log_path = tmp_path / "build.log"
+    with pytest.raises(OutOfMemory) as info:
+        TrtexecRuntime._check(SimpleNamespace(), Execution(1, text), parse_log(text), "build", ["trtexec"], log_path)
+    assert info.value.message == "out of GPU memory in trtexec's build: Error Code 2: OutOfMemory (no further information)"
+    assert info.value.facts["requested_bytes"] == 4294967296 and info.value.result.sidecars == {"build_log": log_path}

@@ -282,3 +282,18 @@ def test_a_fault_in_the_middle_of_a_points_rounds_is_pinned_to_the_engine_whose_
     assert ort.status == "done" and ort.details.accuracy is not None
     (rounds,) = ort.details.rounds
     assert rounds.entrants == ["fp32/onnxruntime"]  # measured anew, alone: not the interrupted rounds
+
+
+def test_a_build_that_runs_out_at_its_own_point_still_builds_the_engine_for_the_others(tmp_path, run_cli):
+    """A PyTorch engine of several points is prepared at the first when it is built: running out of
+    memory there is that point's result (its profile records it), not the engine's; the other point
+    is measured."""
+    path = write_catalog(tmp_path, catalog(128).replace('shapes = ["1x16", "4x64"]', 'shapes = ["4x64", "1x16"]'))
+    (tmp_path / "models-in").mkdir()
+    shutil.copy(DATA / "python_models" / "memory_bound.py", tmp_path / "models-in" / "memory_bound.py")
+    result = run_cli(path, "run", "--model", "bound", "--toolchain", "torch-eager")
+    assert result.exit_code == 0, result.err
+    build = read_manifest(tmp_path / "manifests" / "torch-eager" / "bound_fp32.json").build
+    assert build.status == "done" and build.details.notes[0].startswith("preparing at 4x64 ran out of memory; that point's profile records it")
+    assert profile_record(tmp_path, "torch-eager", "4x64").status == "out_of_memory"
+    assert profile_record(tmp_path, "torch-eager", "1x16").status == "done"
