@@ -294,6 +294,8 @@ def test_a_build_that_runs_out_at_its_own_point_still_builds_the_engine_for_the_
     result = run_cli(path, "run", "--model", "bound", "--toolchain", "torch-eager")
     assert result.exit_code == 0, result.err
     build = read_manifest(tmp_path / "manifests" / "torch-eager" / "bound_fp32.json").build
-    assert build.status == "done" and build.details.notes[0].startswith("preparing at 4x64 ran out of memory; that point's profile records it")
+    assert build.status == "done" and build.details.notes[0].startswith(
+        "preparing at 4x64 ran out of memory; that point's profile records it"
+    )
     assert profile_record(tmp_path, "torch-eager", "4x64").status == "out_of_memory"
     assert profile_record(tmp_path, "torch-eager", "1x16").status == "done"
