@@ -81,7 +81,10 @@ class DeviceFault(RefusedByTool):
         self.facts = dict(facts or {})
 
     def plain(self) -> DeviceFault:
-        return DeviceFault(self.message, self.hint, facts=self.facts)
+        plain = DeviceFault(self.message, self.hint, facts=self.facts)
+        # The engine of a point's rounds it was pinned to, where a measurement in another process says.
+        plain.entrant = getattr(self, "entrant", None)
+        return plain
 
 
 def tool_message(exc: BaseException) -> str:

@@ -67,7 +67,9 @@ class Measured:
 def profile_point(stages: list) -> dict[Any, StageRecord | PipelineError]:
     """Run the profiles (ProfileStage) of one shape point as one group: measure them if any must
     run, then let each record its result. What each recorded, or the error that stopped it (a
-    refusal — out of memory, a capture refused — is recorded in its manifest as failed)."""
+    refusal — a capture refused — is recorded in its manifest as failed; out of memory as a result
+    of its own). A kernel that faults is recorded for the engine it is pinned to and raised: the
+    process can time nothing more (pipeline/faults.py)."""
     runnable = [stage for stage in stages if stage.skip_reason() is None]
     # A result kept without a number (out of memory, a fault) is not measured again beside the
     # others when they are: it would only run out, or fault, again; --force tries it.
@@ -172,6 +174,11 @@ def _in_rounds(stages: list) -> dict[Any, Measured | PipelineError]:
                 repeats.append(_in_fresh_process(list(prepared), settings))
         except EnvironmentMissing:
             raise
+        except DeviceFault as exc:  # in the repeat's process: the engine it was pinned to there
+            faulted = next((stage for stage in prepared if entrant_name(stage) == getattr(exc, "entrant", None)), None)
+            if faulted is not None:
+                return {faulted: exc}
+            return {**out, **dict.fromkeys(prepared, PipelineError(exc.message, exc.hint))}
         except PipelineError as exc:  # the group's repeat failed: every engine of it is without its figures
             return {**out, **dict.fromkeys(prepared, exc)}
     for stage, (engine, accuracy) in prepared.items():
@@ -301,7 +308,11 @@ def _fresh_process(send, catalog, members: list[tuple[str, str, Path, Any]], set
             for name, toolchain, engine_path, workload in members:
                 if toolchain not in runtimes:
                     runtimes[toolchain] = create_runtime(toolchain, catalog.toolchain(toolchain), reporter, catalog.root)
-                engines[name] = runtimes[toolchain].prepare(engine_path, workload)
+                try:
+                    engines[name] = runtimes[toolchain].prepare(engine_path, workload)
+                except DeviceFault as exc:
+                    exc.entrant = name  # pinned to the engine being prepared
+                    raise
             gpu = measuring_gpu()
             outcome = measure_in_rounds(engines, settings, seed, None, SmClock(gpu["uuid"] if gpu else None))
         evidence = {name: engine.evidence() for name, engine in engines.items() if name not in outcome.failed}

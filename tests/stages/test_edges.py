@@ -299,3 +299,22 @@ def test_a_build_that_runs_out_at_its_own_point_still_builds_the_engine_for_the_
     )
     assert profile_record(tmp_path, "torch-eager", "4x64").status == "out_of_memory"
     assert profile_record(tmp_path, "torch-eager", "1x16").status == "done"
+
+
+def test_a_fault_in_a_repeats_fresh_process_is_pinned_to_its_engine(tmp_path):
+    """`--repeat 2`: the second measurement runs in a fresh process, and the module faults only
+    there, in torch-eager's preparation at 4×64. The fault crosses back named for its engine and is
+    recorded for torch-eager at 4×64 alone; ONNX Runtime there and every engine at 1×16 are measured."""
+    text = FAULT_CATALOG.replace("longest = 32 }", "longest = 32, only_in_repeats = true }")
+    path = write_catalog(tmp_path, text)
+    (tmp_path / "models-in").mkdir()
+    shutil.copy(DATA / "python_models" / "faulting.py", tmp_path / "models-in" / "faulting.py")
+    result = run_pipeline(path, "run", "--model", "faulty", "--toolchain", "onnxruntime", "--toolchain", "torch-eager", "--repeat", "2")
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "faulty_fp32 on torch-eager at 4x64: faulted on the GPU at shape 4×64" in result.stderr
+    assert read_manifest(tmp_path / "manifests" / "torch-eager" / "faulty_fp32@4x64.json").profile.status == "faulted"
+    ort = read_manifest(tmp_path / "manifests" / "onnxruntime" / "faulty_fp32@4x64.json").profile
+    assert ort.status == "done" and ort.details.repeats_pooled == 2
+    for toolchain in ("onnxruntime", "torch-eager"):
+        assert read_manifest(tmp_path / "manifests" / toolchain / "faulty_fp32@1x16.json").profile.status == "done"
