@@ -247,6 +247,9 @@ class TorchPreparation:
         except Exception as exc:  # Dynamo/Inductor raise many types: Unsupported, BackendCompilerFailed, …
             if fault_words(exc) is not None:
                 raise  # a kernel faulted: the point's result (pipeline/faults.py), not the compiler's refusal
+            ran_out = _out_of_memory_within(torch, exc)
+            if ran_out is not None:  # Inductor's autotuning, say, wraps PyTorch's own: the point's result
+                raise ran_out from exc
             text = str(exc).strip()
             refusal = self._attention_refusal(text, [])
             if refusal is not None:
@@ -338,3 +341,15 @@ def _warnings_of(run: Callable[[], Any]) -> list[str]:
         warnings.simplefilter("always")
         run()
     return [str(w.message) for w in caught]
+
+
+def _out_of_memory_within(torch, exc: BaseException):
+    """PyTorch's OutOfMemoryError that ``exc`` wraps (Dynamo and Inductor re-raise what failed inside
+    them as their own errors), or None."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, torch.cuda.OutOfMemoryError):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None

@@ -190,8 +190,8 @@ class ExportStage(Stage):
         return params
 
     def _reusable(self, previous, fingerprint: str, force: bool = False) -> bool:
-        if previous is not None and previous.status == "faulted":
-            return False  # not an export's end: it goes on without the point that faulted
+        if previous is not None and previous.status == "faulted" and previous.fault is not None and previous.fault.shape is not None:
+            return False  # not an export's end: it goes on without the point that faulted (one outside any point is)
         # An export that wrote the ONNX serves a run that reads none: the same export otherwise.
         if super()._reusable(previous, fingerprint, force):
             return True

@@ -318,3 +318,20 @@ def test_a_fault_in_a_repeats_fresh_process_is_pinned_to_its_engine(tmp_path):
     assert ort.status == "done" and ort.details.repeats_pooled == 2
     for toolchain in ("onnxruntime", "torch-eager"):
         assert read_manifest(tmp_path / "manifests" / toolchain / "faulty_fp32@1x16.json").profile.status == "done"
+
+
+def test_a_fault_in_a_build_is_recorded_for_that_engine_and_the_other_toolchains_go_on(tmp_path):
+    """One point, 2×64, past the table: the export leaves its reference out, and torch-eager's build
+    faults preparing there — recorded as the build's result (the engine of that one point), the run
+    going on in a fresh process, where ONNX Runtime builds and measures it with its accuracy unchecked."""
+    path = write_catalog(tmp_path, FAULT_CATALOG.replace('shapes = ["1x16", "4x64"]', 'shapes = ["2x64"]'))
+    (tmp_path / "models-in").mkdir()
+    shutil.copy(DATA / "python_models" / "faulting.py", tmp_path / "models-in" / "faulting.py")
+    result = run_pipeline(path, "run", "--model", "faulty", "--toolchain", "torch-eager", "--toolchain", "onnxruntime")
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    build = read_manifest(tmp_path / "manifests" / "torch-eager" / "faulty_fp32.json").build
+    assert build.status == "faulted" and "device-side assert" in build.fault.error
+    ort = read_manifest(tmp_path / "manifests" / "onnxruntime" / "faulty_fp32@2x64.json").profile
+    assert ort.status == "done" and ort.details.accuracy_skipped.startswith("the FP32 model faulted on the GPU at this point")
+    assert "fp32 on torch-eager (faulted on the GPU at shape 2×64: CUDA error: device-side assert triggered)" in result.stdout
