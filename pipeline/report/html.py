@@ -155,7 +155,7 @@ def _sweep_curves(sweep) -> str | None:
                 for x in failed:  # e.g. out of memory: where the line would have gone
                     axis.axvline(x, color=line.get_color(), linestyle=":", alpha=0.6)
                     axis.annotate(
-                        "✕ " + ("OOM" if "memory" in points[f"{batch}x{x}"].status else "failed"),
+                        "✕ " + {"out_of_memory": "OOM", "faulted": "faulted"}.get(points[f"{batch}x{x}"].outcome, "failed"),
                         (x, 0.95),
                         xycoords=("data", "axes fraction"),
                         color=line.get_color(),
