@@ -259,6 +259,10 @@ def shape_order(shape: str | None) -> tuple[int, ...]:
     return tuple(reversed([int(size) for size in shape.split("x")])) if shape else ()
 
 
+# How a profile that ran out of memory began its reason (pipeline/runtimes/torch_memory.py).
+_RAN_OUT = ("out of GPU memory", "out of host memory")
+
+
 def _row(m: EngineManifest, noisy_cv: float) -> ComparisonRow:
     row = ComparisonRow(
         model=m.model,
@@ -281,6 +285,8 @@ def _row(m: EngineManifest, noisy_cv: float) -> ComparisonRow:
         row.build_s = m.build.duration_s
     elif m.profile is not None and m.profile.status == "skipped":
         row.status, row.outcome = f"skipped: {m.profile.reason}", "skipped"
+    elif m.profile is not None and m.profile.status == "failed" and (m.profile.reason or "").startswith(_RAN_OUT):
+        row.status, row.outcome = m.profile.reason, "out_of_memory"  # recorded as failed before manifest schema 3
     elif m.profile is not None and m.profile.status == "failed":
         row.status, row.outcome = f"failed: {m.profile.reason}", "failed"
     if m.build is not None and m.build.status == "done":
