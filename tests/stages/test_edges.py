@@ -335,3 +335,21 @@ def test_a_fault_in_a_build_is_recorded_for_that_engine_and_the_other_toolchains
     ort = read_manifest(tmp_path / "manifests" / "onnxruntime" / "faulty_fp32@2x64.json").profile
     assert ort.status == "done" and ort.details.accuracy_skipped.startswith("the FP32 model faulted on the GPU at this point")
     assert "fp32 on torch-eager (faulted on the GPU at shape 2×64: CUDA error: device-side assert triggered)" in result.stdout
+
+
+def test_a_schema_2_manifest_that_recorded_out_of_memory_as_failed_reads_as_out_of_memory(batch_too_large):
+    """Manifests written before schema 3 recorded a point that ran out of memory as failed: a report
+    reads them as out of memory, the same as a new one."""
+    from pipeline.manifest import parse_manifest
+    from pipeline.report.rows import row_of
+
+    root, _, _ = batch_too_large
+    raw = json.loads((root / "manifests" / "torch-eager" / "bound_fp32@4x64.json").read_text())
+    raw["schema_version"] = 2
+    for record in (raw["export"], raw["build"], raw["profile"]):
+        del record["out_of_memory"], record["fault"]
+    for key in ("references_out_of_memory", "references_in_parts", "references_faulted"):
+        del raw["export"]["details"][key]
+    raw["profile"]["status"] = "failed"
+    row = row_of(parse_manifest(json.dumps(raw), "bound_fp32@4x64.json"))
+    assert row.outcome == "out_of_memory" and row.status.startswith("out of GPU memory at shape 4×64")
