@@ -37,5 +37,41 @@ for path in sorted((ws / "manifests").glob("torch-*/*@*.json")):
     details = record.get("details") or {}
     print(f"{path.parent.name}/{path.name}: {record['status']}", (details.get("latency_ms") or {}).get("median"), record.get("out_of_memory"))
 PY
+
+# What held before the edges were handled must still hold, each from an empty workspace:
+#   a fullgraph compile refused with its reason while the other toolchain is measured; another
+#   process busy on the GPU flagged in the rows; SIGTERM in the middle of a point's rounds exits 143
+#   with nothing half-written, and the next run resumes.
+held() {  # held NAME MODULE SHAPES TOOLCHAINS… : a workspace with that module
+  local dir="$ws/$1"; mkdir -p "$dir/models-in"; cp "tests/data/python_models/$2" "$dir/models-in/"
+  { sed -n '/^\[profile\]/,/^$/p' pipeline.toml | sed -e "s/^min_rounds = .*/min_rounds = ${MIN_ROUNDS:-6}/" -e "s/^budget_s = .*/budget_s = ${BUDGET_S:-30}/"
+    printf '[defaults]\nmodels = ["m"]\nvariants = ["fp32"]\ntoolchain = "torch-eager"\n\n[models.m]\npython = "models-in/%s:make"\nshapes = %s\n\n' "$2" "$3"
+    printf '[variants.fp32]\nprecision = "fp32"\n\n[toolchains.torch-eager]\nkind = "torch"\nbackend = "eager"\n\n'
+    printf '[toolchains.torch-cudagraphs]\nkind = "torch"\nbackend = "cudagraphs"\n\n'
+    printf '[toolchains.torch-fullgraph]\nkind = "torch"\nbackend = "compile"\nfullgraph = true\n'; } > "$dir/pipeline.toml"
+  echo "$dir/pipeline.toml"
+}
+catalog=$(held fullgraph graph_break.py '["2x512"]')
+$PIPELINE --catalog "$catalog" run --model m --toolchain torch-eager --toolchain torch-fullgraph > "$out/held.log" 2>&1
+echo "fullgraph: exit $? (1 expected)" | tee -a "$out/held.log"; grep -E "^ERROR|refused" "$out/held.log" | head -4
+catalog=$(held busy self_attention_scores.py '["1x4096"]')
+python3 -c "
+import time, torch
+a = torch.randn(8192, 8192, device='cuda')
+end = time.time() + 60
+while time.time() < end:
+    a = (a @ a).clamp_(-1, 1)
+    torch.cuda.synchronize()" &
+busy=$!
+sleep 8
+$PIPELINE --catalog "$catalog" run --model m --toolchain torch-eager --toolchain torch-cudagraphs >> "$out/held.log" 2>&1
+echo "busy GPU: exit $?" | tee -a "$out/held.log"; kill $busy 2>/dev/null; wait $busy 2>/dev/null
+$PIPELINE --catalog "$catalog" compare 2>&1 | grep -E "busy|gpu" | head -4
+catalog=$(MIN_ROUNDS=2000 BUDGET_S=600 held term self_attention_scores.py '["1x2048", "2x2048"]')
+timeout -s TERM 45 $PIPELINE --catalog "$catalog" run --model m --toolchain torch-eager --toolchain torch-cudagraphs >> "$out/held.log" 2>&1
+echo "SIGTERM: exit $? (143 expected); temporary files left: $(find "$(dirname "$catalog")" -name '*.tmp' | wc -l)" | tee -a "$out/held.log"
+sed -i -e 's/^min_rounds = .*/min_rounds = 6/' -e 's/^budget_s = .*/budget_s = 30/' "$catalog"
+$PIPELINE --catalog "$catalog" run --model m --toolchain torch-eager --toolchain torch-cudagraphs >> "$out/held.log" 2>&1
+echo "resumed: exit $?" | tee -a "$out/held.log"
 echo "edges tests exit $tests, modernbert exit $modernbert"
 exit $(( tests || modernbert ))
