@@ -68,7 +68,7 @@ $PIPELINE --catalog "$catalog" run --model m --toolchain torch-eager --toolchain
 echo "busy GPU: exit $?" | tee -a "$out/held.log"; kill $busy 2>/dev/null; wait $busy 2>/dev/null
 $PIPELINE --catalog "$catalog" compare 2>&1 | grep -E "busy|gpu" | head -4
 catalog=$(MIN_ROUNDS=2000 BUDGET_S=600 held term self_attention_scores.py '["1x2048", "2x2048"]')
-timeout -s TERM 45 $PIPELINE --catalog "$catalog" run --model m --toolchain torch-eager --toolchain torch-cudagraphs >> "$out/held.log" 2>&1
+timeout --preserve-status -s TERM 45 $PIPELINE --catalog "$catalog" run --model m --toolchain torch-eager --toolchain torch-cudagraphs >> "$out/held.log" 2>&1
 echo "SIGTERM: exit $? (143 expected); temporary files left: $(find "$(dirname "$catalog")" -name '*.tmp' | wc -l)" | tee -a "$out/held.log"
 sed -i -e 's/^min_rounds = .*/min_rounds = 6/' -e 's/^budget_s = .*/budget_s = 30/' "$catalog"
 $PIPELINE --catalog "$catalog" run --model m --toolchain torch-eager --toolchain torch-cudagraphs >> "$out/held.log" 2>&1
