@@ -245,6 +245,8 @@ class ClusterPlan:
         previous = manifest.stage(job.stage) if manifest else None
         if previous is None or previous.status == "failed":
             return False
+        if job.stage == "export" and previous.status == "faulted" and previous.fault is not None and previous.fault.shape is not None:
+            return False  # an export that faulted at a point goes on without it (stages/export.py)
         try:
             if _normalised(previous.params) != _normalised(stage.params()):
                 return False
@@ -252,6 +254,17 @@ class ClusterPlan:
             return False
         workspace = self.ctx.workspace
         return all(workspace.is_intact(a) for a in [*previous.inputs, *previous.outputs])
+
+    def kept_faults(self, job: Job) -> list[tuple[Member, PipelineError]]:
+        """The members of an up-to-date job whose kept result is a fault: an error of this run too,
+        as on one machine (stages/base.py), until --force."""
+        faults = []
+        for member in job.members:
+            manifest = self.stage(job, member).load_manifest()
+            record = manifest.stage(job.stage) if manifest else None
+            if record is not None and record.status == "faulted":
+                faults.append((member, PipelineError(f"{record.reason} (recorded earlier; `--force` tries again)")))
+        return faults
 
     def export_needed(self, engine: EngineRef) -> bool:
         # As in a local run: a variant no toolchain of the run can make is recorded as skipped without an export.

@@ -123,6 +123,7 @@ class ClusterRun:
             if self.matrix.up_to_date(job):
                 job.state = "unchanged"
                 self.reporter.unchanged(job.stage, f"{job.name} {job.target}")
+                job.faults = self.matrix.kept_faults(job)
                 continue
             self._try_submit(job)
         self.workers.release_idle(self.matrix.jobs())  # while none of a GPU type's points is ready: builds need the GPUs

@@ -518,6 +518,10 @@ def test_a_kernel_that_faults_on_a_node_costs_its_point_and_its_process_is_repla
     assert read_manifest(ws / "manifests" / "onnxruntime" / "faulty_fp32@2x64.json").profile.status == "done"
     for toolchain in ("onnxruntime", "torch-eager@H100"):
         assert read_manifest(ws / "manifests" / toolchain / "faulty_fp32@1x16.json").profile.status == "done"
+    # Kept until --force: a second run dispatches nothing and names the fault again.
+    again = cluster.pipeline(catalog, *args)
+    assert again.returncode == 1, again.stderr
+    assert "recorded earlier; `--force` tries again" in again.stderr and "0 task(s) dispatched" in again.stderr
 
 
 def test_sigterm_mid_run_cancels_and_keeps_the_workspace_consistent(cluster, tmp_path):
