@@ -17,6 +17,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr,
 from pipeline.artifacts import atomic_write_text
 from pipeline.catalog import ProfileSettings, check_shape
 from pipeline.errors import PipelineError
+from pipeline.manifest_versions import lift_version_1
 from pipeline.measurement import RoundsRecord
 from pipeline.stats import LatencyStats
 
@@ -29,7 +30,7 @@ from pipeline.stats import LatencyStats
 # FaultFacts); an export records the shape points whose FP32 reference did not fit
 # (ExportDetails.references_out_of_memory) and those made a few samples at a time.
 SCHEMA_VERSION = 3
-# Versions read: a version-1 manifest is lifted to 2 as it is read (_from_version_1); a version-2
+# Versions read: a version-1 manifest is lifted as it is read (pipeline/manifest_versions.py); a version-2
 # one reads as 3 unchanged (3 only adds).
 READS = (1, 2, 3)
 
@@ -381,6 +382,11 @@ def read_manifest(path: Path) -> EngineManifest:
     return parse_manifest(text, str(path))
 
 
+def _versions_read() -> str:
+    """ "1, 2 and 3": the schema versions this pipeline reads, in words."""
+    return ", ".join(map(str, READS[:-1])) + f" and {READS[-1]}"
+
+
 def parse_manifest(text: str, source: str) -> EngineManifest:
     """Validate a manifest's text; ``source`` (a path, or ``ref:path`` in git) names it in errors."""
     try:
@@ -393,16 +399,16 @@ def parse_manifest(text: str, source: str) -> EngineManifest:
     if isinstance(version, int) and version > SCHEMA_VERSION:
         raise PipelineError(
             f"manifest {source} has schema_version {version}: it was written by a newer version (this one reads "
-            f"{' and '.join(map(str, READS))}).",
+            f"{_versions_read()}).",
             hint="upgrade this checkout (git pull; make setup) to read it, or compare against results written by this version",
         )
     if version not in READS:
         raise PipelineError(
-            f"manifest {source} has schema_version {version!r}; this pipeline reads {' and '.join(map(str, READS))}.",
+            f"manifest {source} has schema_version {version!r}; this pipeline reads {_versions_read()}.",
             hint="re-run the stages with --force to rewrite it",
         )
     if version == 1:
-        raw = _from_version_1(raw)
+        raw = lift_version_1(raw, SCHEMA_VERSION)
     try:
         manifest = EngineManifest.model_validate(raw)
     except ValidationError as exc:
@@ -480,44 +486,3 @@ def _where(loc: tuple) -> str:
 
 def manifest_json_schema() -> dict:
     return EngineManifest.model_json_schema()
-
-
-def _from_version_1(raw: dict) -> dict:
-    """A version-1 manifest as version 2 says it. Version 1 kept the GPU's name and memory and the
-    per-layer times only inside the tools' own records, under keys it named (``trtexec``,
-    ``execution``); they are lifted into the core fields once, here, and the records stay as they
-    were, as the tools' own evidence."""
-    raw = {**raw, "schema_version": SCHEMA_VERSION}
-    record = raw.get("profile")
-    details = record.get("details") if isinstance(record, dict) else None
-    if isinstance(details, dict) and details.get("kind") == "profile":
-        raw["profile"] = {**record, "details": _profile_facts_of_version_1(details)}
-    return raw
-
-
-def _profile_facts_of_version_1(details: dict) -> dict:
-    trtexec, execution = details.get("trtexec") or {}, details.get("execution") or {}
-    details = dict(details)
-    if details.get("gpu") is None and (trtexec.get("device") or {}).get("name"):
-        details["gpu"] = trtexec["device"]["name"]
-    allocated = (execution.get("peak_memory_mib") or {}).get("allocated")
-    context = (trtexec.get("facts") or {}).get("device_memory_size")
-    if allocated is not None:
-        details["gpu_memory_mib"], details["gpu_memory_counts"] = float(allocated), "peak allocated by PyTorch"
-    elif context:
-        number, _, unit = context.partition(" ")
-        scale = {"MiB": 1.0, "KiB": 1 / 1024, "GiB": 1024.0, "B": 1 / 2**20}.get(unit.strip())
-        if scale is not None:
-            details["gpu_memory_mib"], details["gpu_memory_counts"] = float(number) * scale, "TensorRT execution context"
-    layers = (trtexec.get("exported_profile") or {}).get("layers") or (trtexec.get("profile") or {}).get("layers") or []
-    details["layer_times"] = [
-        {
-            "name": layer["name"],
-            "total_ms": layer.get("total_ms", layer.get("time_ms", 0.0)),
-            "average_ms": layer["average_ms"],
-            "median_ms": layer.get("median_ms"),
-            "percent": layer.get("percent", 0.0),
-        }
-        for layer in layers
-    ]
-    return details

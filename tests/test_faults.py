@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.manifest import SCHEMA_VERSION, read_manifest
 from tests.conftest import REPO_ROOT
 
 RECORDED = Path(__file__).parent / "data" / "manifests" / "landed-bdf42fb"
@@ -60,10 +61,10 @@ def test_a_baseline_written_by_a_newer_version_says_so(recorded_workspace, run_c
 def test_a_baseline_of_a_newer_schema_version_says_so(recorded_workspace, run_cli, tmp_path):
     baseline = tmp_path / "baseline"
     shutil.copytree(recorded_workspace / "manifests", baseline)
-    edit_manifest(baseline / "onnxruntime" / "vit_tiny_int8.json", lambda d: d.update(schema_version=3))
+    edit_manifest(baseline / "onnxruntime" / "vit_tiny_int8.json", lambda d: d.update(schema_version=SCHEMA_VERSION + 1))
     result = run_cli(recorded_workspace / "pipeline.toml", "compare", "--baseline", str(baseline))
     assert result.exit_code == 1, result.err
-    assert "vit_tiny_int8.json has schema_version 3: it was written by a newer version (this one reads 1 and 2)" in result.err
+    assert "vit_tiny_int8.json has schema_version 4: it was written by a newer version (this one reads 1, 2 and 3)" in result.err
     assert "upgrade this checkout" in result.err and "Traceback" not in result.err
 
 
@@ -125,9 +126,13 @@ def test_a_batch_too_large_for_memory_is_named_instead_of_crashing(tmp_path, run
     # 4096 images of 16000×16000: terabytes, refused by the allocator at once.
     catalog = tiny_workspace(tmp_path, ("batch_size = 2", "batch_size = 4096\nimage_size = 16000"))
     result = run_cli(catalog, "run", "--variant", "fp32")
-    assert result.exit_code == 1
-    assert "out of host memory exporting tiny_fp32 at batch size 4096" in result.err
-    assert "lower the model's batch_size" in result.err and "Traceback" not in result.err
+    assert result.exit_code == 0  # a result, said with a WARNING and its TIP
+    assert "WARNING tiny_fp32: out of host memory exporting tiny_fp32 at batch size 4096" in result.err
+    assert "TIP lower the model's batch_size" in result.err and "Traceback" not in result.err
+    export = read_manifest(catalog.parent / "manifests" / "export" / "tiny_fp32.json").export
+    assert export.status == "out_of_memory" and export.out_of_memory.memory == "host"
+    build = read_manifest(catalog.parent / "manifests" / "onnxruntime" / "tiny_fp32.json").build
+    assert build.status == "skipped" and build.reason.startswith("not exported: out of host memory")
 
 
 def test_an_empty_selection_says_what_is_empty_and_what_to_name(tmp_path, run_cli):

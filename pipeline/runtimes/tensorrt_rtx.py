@@ -35,6 +35,7 @@ from pipeline.runtimes.tensorrt_rtx_release import (
     ReleaseEnvironment,
     cuda_flavour,
 )
+from pipeline.runtimes.tensorrt_rtx_reports import layer_times, tidy
 
 # Architectures the compiler targets (its ComputeCapability enum: SM75 … SM121 in 1.4-1.7) and
 # the compute capability each stands for.
@@ -447,7 +448,7 @@ class TensorRtRtxRuntime(EngineRuntime):
             evidence={
                 "gpu": device.get("name"),
                 # A take without the layer profile leaves the one an earlier take made (ToolTakes).
-                **({"layer_times": _layer_times(layer_profile)} if layer_profile_runs else {}),
+                **({"layer_times": layer_times(layer_profile)} if layer_profile_runs else {}),
                 "compiler": {
                     "release": result.get("release"),
                     "device": device,
@@ -482,20 +483,3 @@ def pin_of(facts: dict[str, Any]) -> str:
         # The libraries' wheel first: it is the compiler (listings show the pin's first characters).
         return " ".join(digest for _, digest in sorted(wheels.items(), key=lambda item: "_libs" not in item[0]))
     return " ".join(facts.get("packages", []))
-
-
-def tidy(message: str) -> str:
-    """A compiler message without the source locations and CUDA noise around the reason."""
-    lines = [line for line in message.splitlines() if "catchCudaError" not in line and not line.startswith("Invalid Node")]
-    text = " ".join(line.strip() for line in lines).strip() or message.strip()
-    text = re.sub(r"\s*In \w+ at /_src/\S+\)?", "", text)
-    text = re.sub(r"\[[\w.]+:\d+: \w+\] ", "", text)
-    return text.rstrip(" )") + (")" if text.count("(") > text.count(")") else "")
-
-
-def _layer_times(layer_profile: dict | None) -> list[dict[str, Any]]:
-    """The driver's per-layer profile (IProfiler's times over its runs) as the core's layer times."""
-    return [
-        {"name": layer["name"], "total_ms": layer["time_ms"], "average_ms": layer["average_ms"], "percent": layer["percent"]}
-        for layer in (layer_profile or {}).get("layers", [])
-    ]

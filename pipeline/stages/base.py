@@ -259,6 +259,8 @@ class Stage(ABC):
         self.ctx.done.add((str(self.manifest_path()), self.name))
         if isinstance(refused, OutOfMemory):
             self._kept_outcome(record, found_now=True)
+            if refused.hint:
+                reporter.info(f"TIP {refused.hint}")
             return record  # a result: the other points and engines go on, and the run exits 0 for it
         if isinstance(refused, DeviceFault) and self.toolchain:  # named for its engine, toolchain and point
             raise DeviceFault(f"{self.progress_label}: {refused.message}", refused.hint, facts=refused.facts) from refused

@@ -438,7 +438,7 @@ def test_a_compiler_killed_mid_build_is_reported_as_such(tmp_path, monkeypatch):
 
 
 def test_compiler_messages_lose_their_source_locations():
-    from pipeline.runtimes.tensorrt_rtx import tidy
+    from pipeline.runtimes.tensorrt_rtx_reports import tidy
 
     myelin = (
         "IBuilder::buildSerializedNetwork: Error Code 1: Myelin ([pass.cpp:1500: run_passes] Cannot compile for target(s) sm80, "
