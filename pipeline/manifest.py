@@ -398,8 +398,7 @@ def parse_manifest(text: str, source: str) -> EngineManifest:
     version = raw.get("schema_version") if isinstance(raw, dict) else None
     if isinstance(version, int) and version > SCHEMA_VERSION:
         raise PipelineError(
-            f"manifest {source} has schema_version {version}: it was written by a newer version (this one reads "
-            f"{_versions_read()}).",
+            f"manifest {source} has schema_version {version}: it was written by a newer version (this one reads {_versions_read()}).",
             hint="upgrade this checkout (git pull; make setup) to read it, or compare against results written by this version",
         )
     if version not in READS:
