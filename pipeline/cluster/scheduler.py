@@ -124,6 +124,10 @@ class ClusterRun:
                 job.state = "unchanged"
                 self.reporter.unchanged(job.stage, f"{job.name} {job.target}")
                 job.faults = self.matrix.kept_faults(job)
+                for member, error in job.faults:
+                    self.reporter.console.print(
+                        f"[red]{'faulted':<9}[/] {job.stage:<8} {member.engine.name} {_member_target(member)}: {error.message}"
+                    )
                 continue
             self._try_submit(job)
         self.workers.release_idle(self.matrix.jobs())  # while none of a GPU type's points is ready: builds need the GPUs
