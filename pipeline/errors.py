@@ -53,38 +53,35 @@ class RefusedByTool(PipelineError):
         self.outcome = None
 
 
-class OutOfMemory(RefusedByTool):
-    """The work did not fit in the GPU's (or the host's) memory at this size: a result, not a
-    failure — a fact about the model, the shape and the machine, recorded for that engine or shape
-    point (status ``out_of_memory``) while the others go on. ``facts``: what ran out, as the
-    manifest's ``OutOfMemoryFacts`` has it (memory, during, requested_bytes, free_bytes,
-    total_bytes, gpu)."""
+class PointResult(RefusedByTool):
+    """Work at a shape point that ended without a number but is a result all the same, recorded
+    for that point with ``facts`` (the manifest's record of it) while the others go on."""
 
     def __init__(self, message: str, hint: str | None = None, *, result=None, facts: dict | None = None):
         super().__init__(message, hint, result=result)
         self.facts = dict(facts or {})
 
-    def plain(self) -> OutOfMemory:
-        # Its facts cross a pipe too: a point measured in another process records them.
-        return OutOfMemory(self.message, self.hint, facts=self.facts)
+    def plain(self) -> PointResult:
+        # Its facts cross a pipe too (a point measured in another process records them), and so
+        # does the engine of a point's rounds it was pinned to, where it was.
+        plain = type(self)(self.message, self.hint, facts=self.facts)
+        plain.entrant = getattr(self, "entrant", None)
+        return plain
 
 
-class DeviceFault(RefusedByTool):
+class OutOfMemory(PointResult):
+    """The work did not fit in the GPU's (or the host's) memory at this size: a result, not a
+    failure — a fact about the model, the shape and the machine, recorded for that engine or shape
+    point (status ``out_of_memory``). ``facts``: what ran out, as the manifest's
+    ``OutOfMemoryFacts`` has it (memory, during, requested_bytes, free_bytes, total_bytes, gpu)."""
+
+
+class DeviceFault(PointResult):
     """A kernel faulted on the GPU (a device-side assert, an illegal address, a launch failure, an
     uncorrectable ECC error): CUDA's context is unusable for the rest of the process, so the fault
     is recorded for the point and toolchain where it happened (status ``faulted``) and the process
     is replaced (pipeline/faults.py) so that the other points and toolchains go on. ``facts``:
     the error in CUDA's words and the call it was pinned to."""
-
-    def __init__(self, message: str, hint: str | None = None, *, result=None, facts: dict | None = None):
-        super().__init__(message, hint, result=result)
-        self.facts = dict(facts or {})
-
-    def plain(self) -> DeviceFault:
-        plain = DeviceFault(self.message, self.hint, facts=self.facts)
-        # The engine of a point's rounds it was pinned to, where a measurement in another process says.
-        plain.entrant = getattr(self, "entrant", None)
-        return plain
 
 
 def tool_message(exc: BaseException) -> str:

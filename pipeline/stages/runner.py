@@ -211,10 +211,10 @@ def say_out_of_memory(ctx: RunContext) -> None:
     """The run's results that did not fit in memory, summed up in one WARNING (each was said as it
     was found): they are results, and the run exits 0 for them."""
     if ctx.out_of_memory:
-        where = "; ".join(dict.fromkeys(label for label, _ in ctx.out_of_memory))
-        count = len(dict.fromkeys(label for label, _ in ctx.out_of_memory))
+        labels = list(dict.fromkeys(label for label, _ in ctx.out_of_memory))
         ctx.reporter.warn(
-            f"{count} did not fit in memory, recorded as results (`pipeline compare` shows them; `--force` tries again): {where}"
+            f"{len(labels)} did not fit in memory, recorded as results (`pipeline compare` shows them; `--force` tries again): "
+            + "; ".join(labels)
         )
 
 

@@ -20,14 +20,14 @@ from tests.conftest import CPU_TOOLCHAINS, DATA, REPO_ROOT, catalog_head, write_
 pytest.importorskip("torch", reason="the python model family needs torch (`make setup` installs it)")
 
 
-def catalog(budget: int) -> str:
+def catalog(budget: int, shapes: str = '["1x16", "4x64"]') -> str:
     return (
         catalog_head(["bound"], ["fp32"])
         + f"""
 [models.bound]
 python = "models-in/memory_bound.py:make"
 config = {{ features = 8, budget = {budget} }}
-shapes = ["1x16", "4x64"]
+shapes = {shapes}
 
 [variants.fp32]
 precision = "fp32"
@@ -36,8 +36,8 @@ precision = "fp32"
     )
 
 
-def workspace(root: Path, budget: int) -> Path:
-    path = write_catalog(root, catalog(budget))
+def workspace(root: Path, budget: int, shapes: str = '["1x16", "4x64"]') -> Path:
+    path = write_catalog(root, catalog(budget, shapes))
     (root / "models-in").mkdir(exist_ok=True)
     shutil.copy(DATA / "python_models" / "memory_bound.py", root / "models-in" / "memory_bound.py")
     return path
@@ -170,6 +170,14 @@ precision = "fp32"
 )
 
 
+def faulting_workspace(root: Path, text: str = FAULT_CATALOG) -> Path:
+    """A workspace of the faulting module (tests/data/python_models/faulting.py) with catalog ``text``."""
+    path = write_catalog(root, text)
+    (root / "models-in").mkdir()
+    shutil.copy(DATA / "python_models" / "faulting.py", root / "models-in" / "faulting.py")
+    return path
+
+
 def run_pipeline(path: Path, *args: str):
     """The command line as a user runs it, in a process of its own: a fault replaces that process."""
     import os
@@ -187,9 +195,7 @@ def test_a_kernel_that_faults_at_one_point_costs_that_point_not_the_run(tmp_path
     preparation there — and every call after it in the same process fails (a sticky CUDA error).
     Each fault is recorded for its point, the command goes on in a fresh process, and every other
     point and toolchain is measured; the command then exits 1 naming the point, with no traceback."""
-    path = write_catalog(tmp_path, FAULT_CATALOG)
-    (tmp_path / "models-in").mkdir()
-    shutil.copy(DATA / "python_models" / "faulting.py", tmp_path / "models-in" / "faulting.py")
+    path = faulting_workspace(tmp_path)
     run = ("run", "--model", "faulty", "--toolchain", "onnxruntime", "--toolchain", "torch-eager")
     result = run_pipeline(path, *run)
     assert result.returncode == 1, result.stderr
@@ -267,9 +273,7 @@ def test_a_fault_in_the_middle_of_a_points_rounds_is_pinned_to_the_engine_whose_
     accuracy check, in the middle of the point's rounds. Every take waits for its GPU work, so the
     fault is torch-eager's, not ONNX Runtime's whose take came next; ONNX Runtime is measured at
     that point in the fresh process, and nothing of the interrupted rounds is recorded."""
-    path = write_catalog(tmp_path, FAULT_CATALOG.replace("longest = 32 }", "longest = 32, calls_before_fault = 50 }"))
-    (tmp_path / "models-in").mkdir()
-    shutil.copy(DATA / "python_models" / "faulting.py", tmp_path / "models-in" / "faulting.py")
+    path = faulting_workspace(tmp_path, FAULT_CATALOG.replace("longest = 32 }", "longest = 32, calls_before_fault = 50 }"))
     result = run_pipeline(path, "run", "--model", "faulty", "--toolchain", "onnxruntime", "--toolchain", "torch-eager")
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr
@@ -288,9 +292,7 @@ def test_a_build_that_runs_out_at_its_own_point_still_builds_the_engine_for_the_
     """A PyTorch engine of several points is prepared at the first when it is built: running out of
     memory there is that point's result (its profile records it), not the engine's; the other point
     is measured."""
-    path = write_catalog(tmp_path, catalog(128).replace('shapes = ["1x16", "4x64"]', 'shapes = ["4x64", "1x16"]'))
-    (tmp_path / "models-in").mkdir()
-    shutil.copy(DATA / "python_models" / "memory_bound.py", tmp_path / "models-in" / "memory_bound.py")
+    path = workspace(tmp_path, 128, '["4x64", "1x16"]')
     result = run_cli(path, "run", "--model", "bound", "--toolchain", "torch-eager")
     assert result.exit_code == 0, result.err
     build = read_manifest(tmp_path / "manifests" / "torch-eager" / "bound_fp32.json").build
@@ -306,9 +308,7 @@ def test_a_fault_in_a_repeats_fresh_process_is_pinned_to_its_engine(tmp_path):
     there, in torch-eager's preparation at 4×64. The fault crosses back named for its engine and is
     recorded for torch-eager at 4×64 alone; ONNX Runtime there and every engine at 1×16 are measured."""
     text = FAULT_CATALOG.replace("longest = 32 }", "longest = 32, only_in_repeats = true }")
-    path = write_catalog(tmp_path, text)
-    (tmp_path / "models-in").mkdir()
-    shutil.copy(DATA / "python_models" / "faulting.py", tmp_path / "models-in" / "faulting.py")
+    path = faulting_workspace(tmp_path, text)
     result = run_pipeline(path, "run", "--model", "faulty", "--toolchain", "onnxruntime", "--toolchain", "torch-eager", "--repeat", "2")
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr
@@ -324,9 +324,7 @@ def test_a_fault_in_a_build_is_recorded_for_that_engine_and_the_other_toolchains
     """One point, 2×64, past the table: the export leaves its reference out, and torch-eager's build
     faults preparing there — recorded as the build's result (the engine of that one point), the run
     going on in a fresh process, where ONNX Runtime builds and measures it with its accuracy unchecked."""
-    path = write_catalog(tmp_path, FAULT_CATALOG.replace('shapes = ["1x16", "4x64"]', 'shapes = ["2x64"]'))
-    (tmp_path / "models-in").mkdir()
-    shutil.copy(DATA / "python_models" / "faulting.py", tmp_path / "models-in" / "faulting.py")
+    path = faulting_workspace(tmp_path, FAULT_CATALOG.replace('shapes = ["1x16", "4x64"]', 'shapes = ["2x64"]'))
     result = run_pipeline(path, "run", "--model", "faulty", "--toolchain", "torch-eager", "--toolchain", "onnxruntime")
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr
