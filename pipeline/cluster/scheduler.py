@@ -90,8 +90,10 @@ class ClusterRun:
             job.handle = worker.run.options(num_returns="streaming").remote(self.requests.request(job))
         else:
             # A task on a GPU ends its process with it: an idle one keeping its CUDA context (and
-            # memory) would sit beside the next measurement on that GPU (seen on an H100).
-            max_calls = 1 if options.get("num_gpus") else 0
+            # memory) would sit beside the next measurement on that GPU (seen on an H100). So does
+            # an export wherever it runs: it runs the user's model, and a process whose kernel
+            # faulted (or whose module broke its own state) must not take the export's rest.
+            max_calls = 1 if options.get("num_gpus") or job.stage == "export" else 0
             remote = ray.remote(num_returns="streaming", max_retries=0, max_calls=max_calls)(run_stage)
             job.handle = remote.options(**options).remote(self.requests.request(job))
         job.attempts += 1
