@@ -64,7 +64,7 @@ def _psi_some_total_us() -> int | None:
     return None
 
 
-def _cpu_busy_s() -> float | None:
+def cpu_busy_s() -> float | None:
     """Seconds of CPU time the whole machine has spent busy since boot (every CPU together)."""
     try:
         fields = Path("/proc/stat").read_text().splitlines()[0].split()
@@ -74,7 +74,7 @@ def _cpu_busy_s() -> float | None:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
-def _own_cpu_s() -> float:
+def own_cpu_s() -> float:
     times = os.times()
     return times.user + times.system + times.children_user + times.children_system
 
@@ -166,7 +166,7 @@ class MachineWatch:
         self._started = time.monotonic()
         self._since_us = int(time.time() * 1e6)
         self._psi_start = _psi_some_total_us()
-        self._busy_start, self._own_start = _cpu_busy_s(), _own_cpu_s()
+        self._busy_start, self._own_start = cpu_busy_s(), own_cpu_s()
         self._thread = threading.Thread(target=self._sample_until_stopped, name="machine-watch", daemon=True)
         self._thread.start()
         return self
@@ -176,7 +176,7 @@ class MachineWatch:
         last_busy, last_own = self._busy_start, self._own_start
         while not self._stop.wait(self.interval_s):
             now, psi = time.monotonic(), _psi_some_total_us()
-            busy, own = _cpu_busy_s(), _own_cpu_s()
+            busy, own = cpu_busy_s(), own_cpu_s()
             if psi is not None and last_psi is not None and now > last_at:
                 self._windows.append((psi - last_psi) / 1e6 / (now - last_at))
             if busy is not None and last_busy is not None and now > last_at:
@@ -195,9 +195,9 @@ class MachineWatch:
         if self._psi_start is not None and psi_end is not None and seconds > 0:
             average = (psi_end - self._psi_start) / 1e6 / seconds
             summary["cpu_pressure"] = {"average": round(average, 4), "peak": round(max(self._windows, default=average), 4)}
-        busy_end = _cpu_busy_s()
+        busy_end = cpu_busy_s()
         if self._busy_start is not None and busy_end is not None and seconds > 0:
-            own = _own_cpu_s() - self._own_start
+            own = own_cpu_s() - self._own_start
             others = max(0.0, busy_end - self._busy_start - own) / seconds
             summary["cpus_used"] = {
                 "all": round((busy_end - self._busy_start) / seconds, 3),

@@ -29,10 +29,14 @@ from pipeline.stats import LatencyStats
 # with OutOfMemoryFacts), and so is a kernel that faulted on the GPU (status "faulted", with
 # FaultFacts); an export records the shape points whose FP32 reference did not fit
 # (ExportDetails.references_out_of_memory) and those made a few samples at a time.
-SCHEMA_VERSION = 3
-# Versions read: a version-1 manifest is lifted as it is read (pipeline/manifest_versions.py); a version-2
-# one reads as 3 unchanged (3 only adds).
-READS = (1, 2, 3)
+# 4: each take of a set of rounds records how much slower the host's CPUs ran than alone
+# (Take.host_slowdown), and the rounds what that is against and how they held the host
+# (RoundsRecord.host_alone_probe_ms, host_alone_from, host_held: pipeline/host_speed.py,
+# pipeline/host_rounds.py).
+SCHEMA_VERSION = 4
+# Versions read: a version-1 manifest is lifted as it is read (pipeline/manifest_versions.py); a
+# version-2 or 3 one reads as 4 unchanged (3 and 4 only add).
+READS = (1, 2, 3, 4)
 
 
 class _Model(BaseModel):
@@ -383,7 +387,7 @@ def read_manifest(path: Path) -> EngineManifest:
 
 
 def _versions_read() -> str:
-    """ "1, 2 and 3": the schema versions this pipeline reads, in words."""
+    """ "1, 2, 3 and 4": the schema versions this pipeline reads, in words."""
     return ", ".join(map(str, READS[:-1])) + f" and {READS[-1]}"
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 
 def lift_version_1(raw: dict, version: int) -> dict:
-    """A version-1 manifest as version 2 says it (labelled ``version``, the one read: 3 only adds). Version 1 kept the GPU's name and memory and the
+    """A version-1 manifest as version 2 says it (labelled ``version``, the one read: 3 and 4 only add). Version 1 kept the GPU's name and memory and the
     per-layer times only inside the tools' own records, under keys it named (``trtexec``,
     ``execution``); they are lifted into the core fields once, here, and the records stay as they
     were, as the tools' own evidence."""

@@ -21,6 +21,9 @@ owns the rest, once for all of them — as nvbench separates a benchmark from it
   decided — the engine with the lowest time against each of the others (its ratio's interval
   excludes 1, or lies within 1 ± ``tie``) — or when ``budget_s`` is spent. A GPU-bound point
   decides in a few rounds; a launch-bound one, on a host of two speeds, takes more.
+* **The host's speed**: each take records how much slower the measuring process's CPUs ran than
+  alone (pipeline/host_speed.py: a probe between takes, its cgroup's throttled time during one);
+  a report flags an engine whose time is the host's when they ran slower by more than the tie band.
 * **Clocks**: each take records the GPU's SM clock (NVML, sampled while it runs); a take whose clock
   fell below three quarters of the default — the threshold nvbench discards a trial at
   (nvbench/benchmark_base.cuh, ``m_throttle_threshold`` 0.75 of the default SM clock) — is dropped
@@ -32,8 +35,8 @@ stopping rule.
 
 from __future__ import annotations
 
+import contextlib
 import random
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -44,18 +47,18 @@ from pydantic import BaseModel
 
 from pipeline.catalog import ProfileSettings
 from pipeline.errors import DeviceFault, PipelineError
+from pipeline.host_rounds import HostRounds
+from pipeline.host_speed import HostSpeed
+from pipeline.sm_clock import THROTTLE_THRESHOLD, SmClock
 from pipeline.stats import RatioEstimate, at_band_edge, median, paired_ratio
 
 # The timing of an engine whose runs are timed by the host's clock (on the CPU, or a runtime that
 # cannot time on the GPU).
 HOST_LATENCY = "host latency"
-# A take is dropped when the GPU's SM clock fell below this share of its default clock.
-THROTTLE_THRESHOLD = 0.75
-# How often the SM clock is read while a take runs.
-CLOCK_INTERVAL_S = 0.02
-# NVML's utilisation (the share of its last sample period, 1/6 s to 1 s, in which a kernel ran) at
-# which the GPU counts as busy, for the takes whose clock is read only while it is.
-BUSY_UTILIZATION = 50
+# A GPU run whose host needs at least this share of the run's GPU time to issue it is near
+# launch-bound: its time can follow the host's (pipeline/report/flags.py says why this share). Its
+# point's rounds hold the host alone (pipeline/host_rounds.py).
+NEAR_LAUNCH_BOUND_SHARE = 0.5
 # Rounds, at most, whatever the budget: a guard against a take_ms of microseconds.
 MAX_ROUNDS = 10_000
 # How many runs may be enqueued ahead of the oldest one not yet finished, in a CUDA take: enough
@@ -153,84 +156,11 @@ def _issued(torch, run: Callable[[], Any]) -> tuple[float, float]:
     return (issued - started) / 1e6, (time.perf_counter_ns() - started) / 1e6
 
 
-# --- the GPU's clock -------------------------------------------------------------------------------
-
-
-def _nvml_handle(pynvml, gpu_uuid: str | None):
-    if not gpu_uuid:
-        return pynvml.nvmlDeviceGetHandleByIndex(0)
-    try:
-        return pynvml.nvmlDeviceGetHandleByUUID(gpu_uuid)
-    except Exception:  # releases of nvidia-ml-py that take the UUID as bytes only
-        return pynvml.nvmlDeviceGetHandleByUUID(gpu_uuid.encode())
-
-
 def _on_gpu(engine: PreparedEngine) -> bool:
     """Whether a take of ``engine`` is the GPU's work, so that the GPU's SM clock says whether it
     throttled: an engine says so (``on_gpu``), else one timed by the host's clock runs on the CPU —
     beside an idle GPU, whose low clock says nothing of it."""
     return getattr(engine, "on_gpu", engine.timing != HOST_LATENCY)
-
-
-class SmClock:
-    """The SM clock of the GPU engines run on — the one of UUID ``gpu_uuid`` (the GPU the point is
-    measured on: environment.measuring_gpu), else the first NVML lists — and its default clock;
-    ``available`` False without NVML or a GPU. NVML numbers every GPU of the machine whatever
-    CUDA_VISIBLE_DEVICES says, so a run told to use GPU 1 would otherwise read GPU 0's clock."""
-
-    def __init__(self, gpu_uuid: str | None = None):
-        self.available, self.default_mhz = False, None
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            self.nvml = pynvml
-            self.handle = _nvml_handle(pynvml, gpu_uuid)
-            try:
-                self.default_mhz = float(pynvml.nvmlDeviceGetDefaultApplicationsClock(self.handle, pynvml.NVML_CLOCK_SM))
-            except Exception:  # not every GPU has application clocks
-                self.default_mhz = float(pynvml.nvmlDeviceGetMaxClockInfo(self.handle, pynvml.NVML_CLOCK_SM))
-            self.available = self.default_mhz > 0
-        except Exception:  # not installed, no driver, no GPU
-            return
-
-    def read_mhz(self) -> float | None:
-        try:
-            return float(self.nvml.nvmlDeviceGetClockInfo(self.handle, self.nvml.NVML_CLOCK_SM))
-        except Exception:
-            return None
-
-    def busy(self) -> bool:
-        """Whether the GPU ran a kernel for most of NVML's last sample period."""
-        try:
-            return self.nvml.nvmlDeviceGetUtilizationRates(self.handle).gpu >= BUSY_UTILIZATION
-        except Exception:
-            return True
-
-    def during(self, work: Callable[[], Any], busy_only: bool = False) -> tuple[Any, float | None]:
-        """``work()`` and the median SM clock read while it ran (every CLOCK_INTERVAL_S, on a
-        thread of its own; once after it when it was shorter). ``busy_only``: only the reads taken
-        while the GPU was busy (a take that is mostly a tool starting up; None when it never was)."""
-        samples: list[float] = []
-        done = threading.Event()
-
-        def sample() -> None:
-            while not done.wait(CLOCK_INTERVAL_S):
-                value = self.read_mhz()
-                if value is not None and (not busy_only or self.busy()):
-                    samples.append(value)
-
-        sampler = threading.Thread(target=sample, name="sm-clock", daemon=True)
-        sampler.start()
-        try:
-            result = work()
-        finally:
-            done.set()
-            sampler.join()
-        if not samples and not busy_only:
-            last = self.read_mhz()
-            samples = [last] if last is not None else []
-        return result, (sorted(samples)[len(samples) // 2] if samples else None)
 
 
 # --- rounds --------------------------------------------------------------------------------------
@@ -249,6 +179,9 @@ class Take(BaseModel):
     dropped: str | None = None
     # The host's time to issue the take's untimed run, the GPU idle (cuda_take), where the engine says it.
     issue_ms: float | None = None
+    # How much slower the measuring process's CPUs ran around the take than alone (1.0: as fast;
+    # pipeline/host_speed.py). Absent in manifests written before it was measured.
+    host_slowdown: float | None = None
 
 
 class RoundsRecord(BaseModel):
@@ -275,6 +208,16 @@ class RoundsRecord(BaseModel):
     default_sm_clock_mhz: float | None = None
     # Engines that failed during the rounds, and why (they stop taking part; the rounds go on).
     failed: dict[str, str] = {}
+    # The host's probe alone, in ms, that each take's host_slowdown is against, and whose
+    # calibration it was ("this process" or "host record": pipeline/host_speed.py).
+    host_alone_probe_ms: float | None = None
+    host_alone_from: str | None = None
+    # The host's own spread of the probe when calibrated (its 90th percentile against its median):
+    # a take slowed within it is the host's noise.
+    host_noise: float | None = None
+    # How its rounds held the host (pipeline/host_rounds.py): "shared" beside other points' GPU-bound
+    # rounds, "whole" alone; None where not held (a cache that cannot be written) or not recorded.
+    host_held: str | None = None
 
     @property
     def dropped(self) -> int:
@@ -297,6 +240,11 @@ class RoundsOutcome:
     seed: int
     default_sm_clock_mhz: float | None
     failed: dict[str, str] = field(default_factory=dict)
+    host_alone_probe_ms: float | None = None
+    host_alone_from: str | None = None
+    host_noise: float | None = None
+    # How the rounds held the host: "shared", "whole", or None (unheld).
+    host_held: str | None = None
     # The errors themselves, for the stage to record (a refusal such as out of memory is evidence).
     errors: dict[str, PipelineError] = field(default_factory=dict, repr=False)
 
@@ -317,6 +265,10 @@ class RoundsOutcome:
             seed=self.seed,
             default_sm_clock_mhz=self.default_sm_clock_mhz,
             failed=self.failed,
+            host_alone_probe_ms=None if self.host_alone_probe_ms is None else round(self.host_alone_probe_ms, 6),
+            host_alone_from=self.host_alone_from,
+            host_noise=None if self.host_noise is None else round(self.host_noise, 4),
+            host_held=self.host_held,
         )
 
 
@@ -356,15 +308,16 @@ def measure_in_rounds(
     seed: int,
     progress: Callable[[str], None] | None = None,
     clock: SmClock | None = None,
+    host: HostSpeed | None = None,
+    held: HostRounds | None = None,
 ) -> RoundsOutcome:
     """Every engine of one shape point, measured in rounds until decided or out of budget. An
     engine that fails during a take (out of memory, say) is recorded with its reason and leaves the
-    rounds; the others go on."""
-    rng = random.Random(seed)
+    rounds; the others go on. The rounds hold the host as pipeline/host_rounds.py says: beside
+    other points' rounds while every engine is GPU-bound, alone once one is not (``held``: the
+    hold the point's preparation had, else one of their own). ``host``: the host's speed around
+    each take (calibrated here, once the host is held, when not given)."""
     clock = clock if clock is not None and clock.available else None
-    entrants = list(engines)
-    takes: dict[str, list[Take]] = {key: [] for key in entrants}
-    times: dict[str, list[float]] = {key: [] for key in entrants}
     failed: dict[str, str] = {}
     errors: dict[str, PipelineError] = {}
     for key, engine in engines.items():
@@ -377,6 +330,34 @@ def measure_in_rounds(
                 raise
             except PipelineError as exc:
                 failed[key], errors[key] = exc.message, exc
+    with contextlib.ExitStack() as stack:
+        if held is None:
+            held = stack.enter_context(HostRounds(on_wait=progress))
+        if not held.try_whole():  # the host held by others: beside them while they let it
+            held.share()
+        host = host if host is not None else HostSpeed.calibrated()
+        outcome = _rounds(engines, settings, random.Random(seed), progress, clock, host, held, failed)
+    outcome.seed, outcome.errors = seed, {**errors, **outcome.errors}  # the warm-up's and the rounds' own
+    return outcome
+
+
+def follows_the_host(engine: PreparedEngine, takes: list[Take]) -> bool:
+    """Whether an engine's time moves with the host's speed, by its takes: timed by the host's
+    clock, or on the GPU with a host that needs NEAR_LAUNCH_BOUND_SHARE or more of a run's GPU time
+    to issue it. A tool's runs (no issue times) are the GPU's."""
+    if engine.timing == HOST_LATENCY:
+        return True
+    issued = [take for take in takes if take.issue_ms is not None and take.dropped is None]
+    return bool(issued) and median([t.issue_ms for t in issued]) >= NEAR_LAUNCH_BOUND_SHARE * median([t.median_ms for t in issued])
+
+
+def _rounds(
+    engines, settings: ProfileSettings, rng: random.Random, progress, clock, host: HostSpeed, held: HostRounds, failed
+) -> RoundsOutcome:
+    entrants = list(engines)
+    takes: dict[str, list[Take]] = {key: [] for key in entrants}
+    times: dict[str, list[float]] = {key: [] for key in entrants}
+    errors: dict[str, PipelineError] = {}
     started = time.perf_counter()
     rounds, stop = 0, "rounds"
     while rounds < MAX_ROUNDS:
@@ -384,35 +365,25 @@ def measure_in_rounds(
         rng.shuffle(order)
         for position, key in enumerate(order):
             try:
-                if clock is not None and _on_gpu(engines[key]):
-                    busy_only = getattr(engines[key], "clock_while_busy", False)
-                    measured, mhz = clock.during(lambda key=key: engines[key].take(settings.take_runs, settings.take_ms), busy_only)
-                else:
-                    measured, mhz = engines[key].take(settings.take_runs, settings.take_ms), None
-            except DeviceFault as exc:
-                exc.entrant = key
-                raise
+                take, measured = _take(engines[key], key, rounds, position, settings, clock, host)
             except PipelineError as exc:
                 failed[key], errors[key] = exc.message, exc
                 continue
-            issued = getattr(engines[key], "issue_ms", None)
-            dropped = None
-            if mhz is not None and clock.default_mhz and mhz < THROTTLE_THRESHOLD * clock.default_mhz:
-                dropped = f"throttled: SM clock {mhz:.0f} MHz, below {THROTTLE_THRESHOLD:.0%} of its default {clock.default_mhz:.0f} MHz"
-            takes[key].append(
-                Take(
-                    round=rounds,
-                    order=position,
-                    runs=len(measured),
-                    median_ms=round(median(measured), 6),
-                    sm_clock_mhz=mhz,
-                    dropped=dropped,
-                    issue_ms=None if issued is None else round(issued, 6),
-                )
-            )
-            if dropped is None:
+            takes[key].append(take)
+            if take.dropped is None:
                 times[key].extend(measured)
         rounds += 1
+        if rounds == 1 and held.mode is not None:
+            following = any(follows_the_host(engines[k], takes[k]) for k in entrants if k not in failed)
+            if following and held.mode == "shared":
+                # Its time is the host's: the point holds the host alone, and its first round,
+                # taken beside whatever else held the host then, is taken again.
+                held.take_whole()
+                takes, times = {key: [] for key in entrants}, {key: [] for key in entrants}
+                rounds, started = 0, time.perf_counter()
+                continue
+            if not following and held.mode == "whole":
+                held.share()  # every engine GPU-bound: other points may be timed beside it
         open_pairs = undecided({k: v for k, v in takes.items() if k not in failed}, settings.tie)
         elapsed = time.perf_counter() - started
         if progress is not None:
@@ -435,11 +406,47 @@ def measure_in_rounds(
         stop=stop,
         elapsed_s=time.perf_counter() - started,
         settings=settings,
-        seed=seed,
+        seed=0,
         default_sm_clock_mhz=clock.default_mhz if clock is not None else None,
         failed=failed,
         errors=errors,
+        host_alone_probe_ms=host.alone_ms,
+        host_alone_from=host.source,
+        host_noise=host.noise,
+        host_held=held.mode,
     )
+
+
+def _take(
+    engine: PreparedEngine, key: str, round_: int, position: int, settings: ProfileSettings, clock, host: HostSpeed
+) -> tuple[Take, list[float]]:
+    """One take of ``engine``, with the GPU's clock read while it ran and the host's speed around it."""
+    try:
+        host.before_take()
+        if clock is not None and _on_gpu(engine):
+            busy_only = getattr(engine, "clock_while_busy", False)
+            measured, mhz = clock.during(lambda: engine.take(settings.take_runs, settings.take_ms), busy_only)
+        else:
+            measured, mhz = engine.take(settings.take_runs, settings.take_ms), None
+    except DeviceFault as exc:
+        exc.entrant = key
+        raise
+    slowdown = host.after_take()
+    issued = getattr(engine, "issue_ms", None)
+    dropped = None
+    if mhz is not None and clock.default_mhz and mhz < THROTTLE_THRESHOLD * clock.default_mhz:
+        dropped = f"throttled: SM clock {mhz:.0f} MHz, below {THROTTLE_THRESHOLD:.0%} of its default {clock.default_mhz:.0f} MHz"
+    take = Take(
+        round=round_,
+        order=position,
+        runs=len(measured),
+        median_ms=round(median(measured), 6),
+        sm_clock_mhz=mhz,
+        dropped=dropped,
+        issue_ms=None if issued is None else round(issued, 6),
+        host_slowdown=round(slowdown, 4),
+    )
+    return take, measured
 
 
 def _progress_text(rounds: int, open_pairs, elapsed: float, settings: ProfileSettings) -> str:

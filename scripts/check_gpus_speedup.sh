@@ -9,10 +9,59 @@
 # Each writes OUT/<mode>/{run.log,compare.json,seconds.txt} and prints where each point was
 # measured (GPU, CPUs), the rows' flags and the wall clock. VARIANTS="bf16 fp16" runs the whole matrix;
 # TOOLCHAINS="torch-eager torch-compile" fewer toolchains.
+#   bash scripts/check_gpus_speedup.sh compare OUT  # the two runs side by side, point by point
+#
+# `compare` prints both wall clocks and their ratio, then every row's median in each run, their
+# ratio, each run's flags (launch-bound, host slowed, busy) and how its rounds held the host, and
+# runs check_rerun_agreement.py on the two answers.
 set -uo pipefail
-mode="${1:?usage: check_gpus_speedup.sh one|all OUT}"
-out="${2:?usage: check_gpus_speedup.sh one|all OUT}/$mode"
+mode="${1:?usage: check_gpus_speedup.sh one|all|compare OUT}"
 cd "$(dirname "$0")/.."
+if [ "$mode" = compare ]; then
+  root="${2:?usage: check_gpus_speedup.sh compare OUT}"
+  python3 - "$root" <<'PY'
+import json, sys
+from pathlib import Path
+
+root = Path(sys.argv[1])
+seconds = {mode: float((root / mode / "seconds.txt").read_text()) for mode in ("one", "all")}
+print(f"wall clock: one GPU {seconds['one']:.1f} s, every GPU {seconds['all']:.1f} s: {seconds['all'] / seconds['one']:.2f}x")
+
+
+def rows(mode):
+    data = json.loads((root / mode / "compare.json").read_text())
+    return {(row.get("shape"), row["variant"], row["toolchain"]): row for row in data["rows"]}
+
+
+def held(mode, row):
+    for manifest in (root / mode / "ws" / "manifests").rglob(f"*@{row.get('shape')}.json"):
+        raw = json.loads(manifest.read_text())
+        if raw["toolchain"] == row["toolchain"] and raw["variant"] == row["variant"]:
+            rounds = (((raw.get("profile") or {}).get("details") or {}).get("rounds") or [{}])[0]
+            return rounds.get("host_held") or "-"
+    return "-"
+
+
+def short(flags):
+    kept = [flag.split(":")[0] for flag in flags or [] if flag.startswith(("launch-bound", "near launch-bound", "host slowed", "busy", "throttled"))]
+    return ",".join(kept) or "-"
+
+
+one, every = rows("one"), rows("all")
+print(f"{'point':<8} {'engine':<32} {'one GPU ms':>10} {'every GPU ms':>12} {'ratio':>6}  flags (one | every), hold (one | every)")
+for key in sorted(set(one) | set(every), key=lambda k: (str(k[0]), k[1], k[2])):
+    a, b = one.get(key), every.get(key)
+    ma, mb = (a or {}).get("median_ms"), (b or {}).get("median_ms")
+    ratio = f"{mb / ma:.3f}" if ma and mb else "-"
+    print(
+        f"{str(key[0]):<8} {key[1] + '/' + key[2]:<32} {ma if ma is not None else '-':>10} {mb if mb is not None else '-':>12} {ratio:>6}"
+        f"  {short((a or {}).get('flags'))} | {short((b or {}).get('flags'))}, {held('one', a) if a else '-'} | {held('all', b) if b else '-'}"
+    )
+PY
+  python3 scripts/check_rerun_agreement.py "$root/one/compare.json" "$root/all/compare.json"
+  exit $?
+fi
+out="${2:?usage: check_gpus_speedup.sh one|all OUT}/$mode"
 PIPELINE="${PIPELINE:-python3 -m pipeline.cli}"
 rm -rf "$out" && mkdir -p "$out/ws"
 cp pipeline.toml "$out/ws/pipeline.toml"

@@ -64,7 +64,7 @@ def test_a_baseline_of_a_newer_schema_version_says_so(recorded_workspace, run_cl
     edit_manifest(baseline / "onnxruntime" / "vit_tiny_int8.json", lambda d: d.update(schema_version=SCHEMA_VERSION + 1))
     result = run_cli(recorded_workspace / "pipeline.toml", "compare", "--baseline", str(baseline))
     assert result.exit_code == 1, result.err
-    assert "vit_tiny_int8.json has schema_version 4: it was written by a newer version (this one reads 1, 2 and 3)" in result.err
+    assert "vit_tiny_int8.json has schema_version 5: it was written by a newer version (this one reads 1, 2, 3 and 4)" in result.err
     assert "upgrade this checkout" in result.err and "Traceback" not in result.err
 
 

@@ -228,7 +228,7 @@ def fake_sm_clock(reads):
 def test_a_tools_take_reads_the_clock_only_while_the_gpu_is_busy(monkeypatch):
     # A take that is mostly a tool starting and ending (the GPU idle, its clock down) around a
     # short busy run.
-    monkeypatch.setattr("pipeline.measurement.CLOCK_INTERVAL_S", 0.001)
+    monkeypatch.setattr("pipeline.sm_clock.CLOCK_INTERVAL_S", 0.001)
     starting_then_running = [(345.0, 0)] * 10 + [(1755.0, 97)] * 10 + [(345.0, 0)]
     clock = fake_sm_clock(starting_then_running)
     _, everything = clock.during(lambda: time.sleep(0.2))

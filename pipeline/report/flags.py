@@ -4,6 +4,7 @@ machine, repeats that disagree, an engine whose time is the host's (launch-bound
 
 from __future__ import annotations
 
+from pipeline.measurement import NEAR_LAUNCH_BOUND_SHARE
 from pipeline.stats import median
 
 # A run whose spread is above this coefficient of variation is flagged noisy (`--noisy-cv`). ONNX
@@ -21,7 +22,7 @@ BUSY_LOAD_PER_CPU = 1.5
 # slow spell of the host can set its time. From LAUNCH_BOUND_SHARE on, it is launch-bound: the GPU
 # waits for the host between kernels (eager ModernBERT at 2x512 there: 0.94-1.20; CUDA graphs:
 # 0.01-0.03; reduce-overhead at 2x512: 0.45-0.55, its ratio to a CUDA graph steady across runs).
-NEAR_LAUNCH_BOUND_SHARE = 0.5
+# NEAR_LAUNCH_BOUND_SHARE lives with the measurement, whose rounds hold the host by it.
 LAUNCH_BOUND_SHARE = 0.9
 # How a launch-bound row's flag begins (the answer reads it: pipeline/report/sweep.py).
 LAUNCH_BOUND = "launch-bound"
@@ -42,12 +43,51 @@ def launch_bound_flag(details) -> str | None:
     return f"{LAUNCH_BOUND}: {needs}; its time is the host's speed, and its ratio to an engine that is not follows the host's"
 
 
+# How a host-slowed row's flag begins (the verdict leaves such a row out: pipeline/report/verdict.py).
+HOST_SLOWED = "host slowed"
+
+
+def _follows_the_host(details, kept) -> bool:
+    """Whether the engine's time moves with the host's speed: timed by the host's clock (a CPU
+    engine), or a GPU engine whose host needs at least NEAR_LAUNCH_BOUND_SHARE of a run's GPU time
+    to issue it. One whose host issues a run in less than half its GPU time has the headroom of a
+    host twice as slow before the GPU waits for it; one without issue times (a tool's runs) is not
+    judged."""
+    issued = [take for take in kept if take.issue_ms is not None]
+    if issued:
+        return median([take.issue_ms for take in issued]) / median([take.median_ms for take in issued]) >= NEAR_LAUNCH_BOUND_SHARE
+    return "host" in (details.metric or "").lower()
+
+
+def host_slowed_flag(details) -> str | None:
+    """A flag for an engine whose time is the host's and whose takes ran on CPUs slower than alone
+    by more than the tie band and the host's own noise (the median take's slowdown:
+    pipeline/host_speed.py), or None."""
+    for rounds in details.rounds:
+        kept = [take for take in rounds.takes if take.dropped is None and take.host_slowdown is not None]
+        if not kept or not _follows_the_host(details, kept):
+            continue
+        slowdown = median([take.host_slowdown for take in kept])
+        noise = rounds.host_noise or 1.0
+        if slowdown > max(1.0 + rounds.tie, noise):
+            worst = max(take.host_slowdown for take in kept)
+            return (
+                f"{HOST_SLOWED}: its CPUs ran {slowdown:.2f}x slower than alone over its median take (worst {worst:.2f}x, "
+                f"{len(kept)} takes), beyond the tie band of {rounds.tie:.0%} and the host's own noise ({noise:.2f}x); "
+                "its time is the host's"
+            )
+    return None
+
+
 def measurement_flags(details, noisy_cv: float = NOISY_CV) -> list[str]:
     """Why a measurement may not be trusted, from what the profile recorded; empty when none."""
     flags = []
     launch_bound = launch_bound_flag(details)
     if launch_bound:
         flags.append(launch_bound)
+    slowed = host_slowed_flag(details)
+    if slowed:
+        flags.append(slowed)
     spread = details.latency_ms.iqr_cv
     if spread is None:  # a manifest from before the quartiles were recorded
         if details.latency_ms.cv > noisy_cv:

@@ -190,7 +190,7 @@ def _compact_status(row: ComparisonRow, notes: _Notes) -> str:
     word = row.status.split(" ", 1)[0].rstrip(":")
     word = {"build": "refused", "not": "not profiled"}.get(word, word)
     word = {"out_of_memory": "out of memory", "faulted": "faulted"}.get(row.outcome, word)
-    for kind in ("inaccurate", "busy", "throttled", "noisy", "measured differently"):
+    for kind in ("inaccurate", "busy", "host slowed", "throttled", "noisy", "measured differently"):
         if any(flag.startswith(kind) for flag in row.flags):
             word = "differs" if kind.startswith("measured") else kind
             break

@@ -29,7 +29,7 @@ from pipeline.stats import RatioEstimate, tie_band
 # Flags that make a row's number untrustworthy for a verdict (rows.measurement_flags words them),
 # and the flag of an engine that failed its precision's own accuracy check. A noisy row is not
 # among them: its interval says how much it is worth, and the verdict compares by intervals.
-UNTRUSTED = ("busy", "throttled")
+UNTRUSTED = ("busy", "throttled", "host slowed")
 # The tie width when the catalog gives none ([profile] tie).
 TIE = 0.03
 INACCURATE = "inaccurate"

@@ -33,10 +33,12 @@ from typing import Any
 
 from pipeline.environment import machine_load, measuring_gpu, running_on
 from pipeline.errors import DeviceFault, EnvironmentMissing, PipelineError
+from pipeline.host_rounds import HostRounds
 from pipeline.machine_watch import MachineWatch
 from pipeline.manifest import StageRecord
-from pipeline.measurement import RoundsOutcome, RoundsRecord, SmClock, measure_in_rounds, open_pair_words, undecided
+from pipeline.measurement import RoundsOutcome, RoundsRecord, measure_in_rounds, open_pair_words, undecided
 from pipeline.runtimes.base import ProfileResult
+from pipeline.sm_clock import SmClock
 from pipeline.stats import LatencyStats
 
 # Seconds a repeat's process has to end after an interruption before it is killed.
@@ -136,7 +138,11 @@ def _in_rounds(stages: list) -> dict[Any, Measured | PipelineError]:
     engines, prepared = {}, {}
     load_at_start, gpu_device = machine_load(), measuring_gpu()
     label = f"{stages[0].engine.model}{f' at {stages[0].shape}' if stages[0].shape else ''}"
-    with reporter.working("profile", f"{label} ({len(stages)} engine{'s' if len(stages) > 1 else ''} in rounds)"):
+    working = reporter.working("profile", f"{label} ({len(stages)} engine{'s' if len(stages) > 1 else ''} in rounds)")
+    with working, HostRounds(on_wait=reporter.progress) as held:
+        # Preparing is CPU work that would slow another point's launch-bound rounds: it holds the
+        # host shared, and the rounds hold it as their engines need (pipeline/host_rounds.py).
+        held.share()
         for stage in stages:
             try:
                 reporter.step(f"preparing {entrant_name(stage)}")
@@ -161,9 +167,10 @@ def _in_rounds(stages: list) -> dict[Any, Measured | PipelineError]:
         with MachineWatch(gpu_uuid=uuid) as watch, running_on(settings.host_cpus):
             clock = SmClock(uuid)
             try:
-                outcome = measure_in_rounds(engines, settings, point_seed(stages), reporter.progress, clock)
+                outcome = measure_in_rounds(engines, settings, point_seed(stages), reporter.progress, clock, held=held)
             except DeviceFault as exc:  # pinned to the engine whose take saw it (every take waits for its GPU work)
                 return {next(stage for stage in prepared if entrant_name(stage) == exc.entrant): exc}
+        held.release()  # each repeat's process holds the host for itself
         if outcome.stop == "budget":  # once for the point: the engines' manifests say so each (rounds[].stop)
             reporter.warn(f"{label}: {undecided_words(outcome)}")
         repeats = [(outcome, None)]
@@ -304,7 +311,8 @@ def _fresh_process(send, catalog, members: list[tuple[str, str, Path, Any]], set
         reporter = Reporter(verbose=verbose)
         runtimes: dict[str, Any] = {}
         engines = {}
-        with running_on(settings.host_cpus):
+        with running_on(settings.host_cpus), HostRounds() as held:
+            held.share()  # preparing, as in the first measurement
             for name, toolchain, engine_path, workload in members:
                 if toolchain not in runtimes:
                     runtimes[toolchain] = create_runtime(toolchain, catalog.toolchain(toolchain), reporter, catalog.root)
@@ -314,7 +322,7 @@ def _fresh_process(send, catalog, members: list[tuple[str, str, Path, Any]], set
                     exc.entrant = name  # pinned to the engine being prepared
                     raise
             gpu = measuring_gpu()
-            outcome = measure_in_rounds(engines, settings, seed, None, SmClock(gpu["uuid"] if gpu else None))
+            outcome = measure_in_rounds(engines, settings, seed, None, SmClock(gpu["uuid"] if gpu else None), held=held)
         evidence = {name: engine.evidence() for name, engine in engines.items() if name not in outcome.failed}
         outcome.errors = {name: error.plain() for name, error in outcome.errors.items()}
         send.send(("ok", (outcome, evidence)))
