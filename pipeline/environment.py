@@ -224,11 +224,3 @@ def _ranges(numbers: list[int]) -> str:
         else:
             spans.append([number, number])
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
-
-
-def cache_dir() -> Path:
-    """Where pulled releases live: $PIPELINE_CACHE_DIR, else the user's cache directory."""
-    if os.environ.get("PIPELINE_CACHE_DIR"):
-        return Path(os.environ["PIPELINE_CACHE_DIR"]).expanduser()
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "trt-pipeline"

@@ -21,7 +21,8 @@ measurement they slow anyway is seen by the host's probe (pipeline/host_speed.py
 ``host slowed``.
 
 The hold is an advisory lock (``flock``) on a file under the pipeline's cache: the kernel lets go
-of it when the process ends however it ends, and processes of one user on one host share it.
+of it when the process ends however it ends, and the processes of a host that share the cache
+(PIPELINE_CACHE_DIR, else the user's cache) share it: a Ray node of its own cache keeps its own.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class HostRounds:
     """
 
     def __init__(self, path: Path | None = None, on_wait=None):
-        from pipeline.environment import cache_dir
+        from pipeline.cache import cache_dir
 
         self.path = path or cache_dir() / LOCK_FILE
         self.on_wait = on_wait  # said once when the hold must wait for another point's rounds

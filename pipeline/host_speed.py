@@ -139,7 +139,7 @@ def _host_key() -> str:
 
 
 def _record_path() -> Path:
-    from pipeline.environment import cache_dir
+    from pipeline.cache import cache_dir
 
     return cache_dir() / HOST_RECORD
 

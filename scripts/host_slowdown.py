@@ -74,7 +74,9 @@ def main() -> None:
     cpu = cpus[0]
     sibling = [c for c in siblings(cpu) if c != cpu]
     others = [c for c in cpus if c not in siblings(cpu)]
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), "?")
+    model = next(
+        (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), "?"
+    )
     print(f"{len(cpus)} CPUs ({model}); probe on CPU {cpu}, its core's other threads: {sibling or 'none'}")
     cases = [("alone", [], "busy")]
     if sibling:

@@ -31,7 +31,9 @@ IDS = {"group"}  # the rounds' group: the same id in every manifest of a point's
 # Why a point's rounds ended, where the times decide it: the pairs settled, or the budget (or the
 # most rounds) came first — on a loaded machine the budget does (seen in CI). "alone" and "failed"
 # follow from the run itself and stay as they are.
-MEASURED = {"stop": {"decided", "budget", "rounds"}}
+# Whose calibration of the host's speed a point's takes are judged against: the machine's state
+# decides it (another process busy during the calibration, an earlier idle one on record).
+MEASURED = {"stop": {"decided", "budget", "rounds"}, "host_alone_from": {"this process", "host record"}}
 NUMBER = re.compile(r"\d+(\.\d+)?(e[+-]?\d+)?")
 
 

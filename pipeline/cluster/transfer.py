@@ -65,7 +65,7 @@ class DriverBlobs:
 
 def node_cache_dir() -> Path:
     """This node's content-addressed cache ($PIPELINE_CACHE_DIR/cluster, else the user's cache)."""
-    from pipeline.environment import cache_dir
+    from pipeline.cache import cache_dir
 
     return cache_dir() / "cluster"
 

@@ -25,8 +25,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.accuracy import ReferenceBatch
 from pipeline.artifacts import atomic_write_text
+from pipeline.cache import cache_dir
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
-from pipeline.environment import cache_dir, nvidia_gpus
+from pipeline.environment import nvidia_gpus
 from pipeline.errors import EnvironmentMissing, OutOfMemory, PipelineError, RefusedByTool, UsageError
 from pipeline.models import ModelSource
 from pipeline.runtimes.base import BuildResult, EngineRuntime, ProfileResult, ToolchainStatus

@@ -19,7 +19,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from pipeline.environment import cache_dir, nvidia_gpus
+from pipeline.cache import cache_dir
+from pipeline.environment import nvidia_gpus
 from pipeline.errors import EnvironmentMissing, PipelineError, UsageError
 
 # The script that drives a release from inside its environment (it imports only the release).

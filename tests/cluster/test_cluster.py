@@ -476,6 +476,73 @@ def test_a_worker_killed_in_a_points_rounds_leaves_nothing_and_the_point_is_meas
                 cluster.remove_node(f"w-l4-{name}")
 
 
+def holding_the_host_whole(lock: Path) -> int | None:
+    """The process whose point's rounds hold its host whole (pipeline/host_rounds.py): the holder of
+    an exclusive flock on the node's lock file, as /proc/locks lists it."""
+    try:
+        inode = lock.stat().st_ino
+        entries = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return None
+    for entry in entries:
+        fields = entry.split()
+        if "->" in fields:  # a waiter, not the holder
+            continue
+        if fields[1:4] == ["FLOCK", "ADVISORY", "WRITE"] and int(fields[5].rsplit(":", 1)[1]) == inode:
+            return int(fields[4])
+    return None
+
+
+def test_a_point_worker_killed_in_its_rounds_costs_nothing_and_the_point_is_measured_again_whole(cluster, tmp_path):
+    """The point worker itself — the process, not its node — is killed while its rounds hold the
+    host whole (the lock says so, and whose it is). The kernel lets go of the hold with it; the
+    point goes whole to a fresh worker, both engines in one set of rounds there, and nothing of the
+    killed one is kept."""
+    pytest.importorskip("transformers", reason="bert is a transformers model")
+    cluster.add_node("w-l4-k", {"gpu_type:L4": 1})
+    try:
+        text = tiny_bert_catalog(["2x8"], ["fp32"], ["fp32"]).replace("take_ms = 5", "take_ms = 50\nmin_rounds = 60")
+        catalog = write_catalog(tmp_path / "worker", text + CPU_TOOLCHAINS)
+        args = (
+            "run",
+            "--cluster",
+            cluster.address,
+            "--gpu",
+            "L4",
+            "--engine",
+            "bert_fp32",
+            "--toolchain",
+            "onnxruntime",
+            "--toolchain",
+            "torch-eager",
+        )
+        driver = cluster.popen(catalog, *args)
+        lock = cluster.root / "cache-w-l4-k" / "host-rounds.lock"
+        killed = None
+        deadline = time.monotonic() + 600
+        while killed is None and driver.poll() is None and time.monotonic() < deadline:
+            killed = holding_the_host_whole(lock)
+            time.sleep(0.05)
+        assert killed is not None, driver.communicate()
+        time.sleep(0.5)  # some rounds taken
+        os.kill(killed, signal.SIGKILL)
+        _, err = driver.communicate(timeout=600)
+        assert driver.returncode == 0, err
+        assert "Traceback" not in err
+        ort = read_manifest(catalog.parent / "manifests" / "onnxruntime" / "bert_fp32@2x8.json")
+        torch = read_manifest(catalog.parent / "manifests" / "torch-eager@L4" / "bert_fp32@2x8.json")
+        for manifest in (ort, torch):
+            assert manifest.profile.status == "done"
+            assert manifest.environment.cluster_node.worker_pid != killed  # measured by a fresh worker
+        (ort_rounds,), (torch_rounds,) = ort.profile.details.rounds, torch.profile.details.rounds
+        assert ort_rounds.group == torch_rounds.group and len(ort_rounds.entrants) == 2
+        assert ort_rounds.rounds == torch_rounds.rounds and (ort_rounds.rounds >= 60 or ort_rounds.stop == "budget")
+        assert ort_rounds.host_held == "whole"  # the hold the killed worker had went with it
+        assert not list((catalog.parent / "manifests").rglob("*.tmp"))
+    finally:
+        cluster.remove_node("w-l4-k")
+
+
 def test_a_kernel_that_faults_on_a_node_costs_its_point_and_its_process_is_replaced(cluster, tmp_path):
     """A user's module whose kernel faults at 2×64 (a sticky CUDA error: every later call in that
     process fails, tests/data/python_models/faulting.py): in the export's task, then in the point

@@ -172,7 +172,7 @@ def test_this_gpu_refuses_tensorrt_rtx_engines_unless_it_is_an_rtx_class_gpu(rtx
     profile = read_manifest(rtx / "manifests" / "trt-rtx1.7" / "vit_mxfp8.json").profile
     assert profile.status == "skipped" and gpu.name in profile.reason and gpu.compute_capability in profile.reason
     # Asked anyway, the runtime refuses the engine and names the GPUs it runs on.
-    from pipeline.environment import cache_dir
+    from pipeline.cache import cache_dir
     from pipeline.runtimes.tensorrt_rtx_release import DRIVER, ReleaseEnvironment, cuda_flavour
 
     env = ReleaseEnvironment("1.7.1.116", cuda_flavour("auto"), cache_dir())
@@ -196,7 +196,8 @@ def test_the_drivers_cuda_timing_replays_a_graph_on_this_gpu(rtx):
     warm-up/iterations/duration rules) on a GPU that cannot run TensorRT-RTX engines itself."""
     import subprocess
 
-    from pipeline.environment import cache_dir, nvidia_gpus
+    from pipeline.cache import cache_dir
+    from pipeline.environment import nvidia_gpus
     from pipeline.runtimes.tensorrt_rtx_release import DRIVER, ReleaseEnvironment, cuda_flavour
 
     env = ReleaseEnvironment("1.7.1.116", cuda_flavour("auto"), cache_dir())
