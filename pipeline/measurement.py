@@ -23,7 +23,9 @@ owns the rest, once for all of them — as nvbench separates a benchmark from it
   decides in a few rounds; a launch-bound one, on a host of two speeds, takes more.
 * **The host's speed**: each take records how much slower the measuring process's CPUs ran than
   alone (pipeline/host_speed.py: a probe between takes, its cgroup's throttled time during one);
-  a report flags an engine whose time is the host's when they ran slower by more than the tie band.
+  a report flags an engine whose time is the host's when they ran slower by more than the tie band
+  and the host's own noise. The rounds hold the host (pipeline/host_rounds.py): beside other
+  points' while every engine is GPU-bound, alone once one is not.
 * **Clocks**: each take records the GPU's SM clock (NVML, sampled while it runs); a take whose clock
   fell below three quarters of the default — the threshold nvbench discards a trial at
   (nvbench/benchmark_base.cuh, ``m_throttle_threshold`` 0.75 of the default SM clock) — is dropped
