@@ -419,6 +419,32 @@ def ray_node_ids(cluster, marker_prefix: str) -> dict[str, str]:
     return {key[len(marker_prefix) :]: node for node, keys in nodes for key in keys if key.startswith(marker_prefix)}
 
 
+def bert_on_l4(cluster) -> tuple[str, ...]:
+    """A run of the 2-layer BERT's fp32 engine on ONNX Runtime and PyTorch eager, on the L4 nodes."""
+    return (
+        "run",
+        "--cluster",
+        cluster.address,
+        "--gpu",
+        "L4",
+        "--engine",
+        "bert_fp32",
+        "--toolchain",
+        "onnxruntime",
+        "--toolchain",
+        "torch-eager",
+    )
+
+
+def measured_whole_in_one_set_of_rounds(ort, torch):
+    """Both engines of the point in one set of rounds, every round of it (at least 60 or the
+    budget): the rounds of ONNX Runtime's."""
+    (ort_rounds,), (torch_rounds,) = ort.profile.details.rounds, torch.profile.details.rounds
+    assert ort_rounds.group == torch_rounds.group and len(ort_rounds.entrants) == 2
+    assert ort_rounds.rounds == torch_rounds.rounds and (ort_rounds.rounds >= 60 or ort_rounds.stop == "budget")
+    return ort_rounds
+
+
 def test_a_worker_killed_in_a_points_rounds_leaves_nothing_and_the_point_is_measured_again_whole(cluster, tmp_path):
     """Two nodes of one GPU type; the node measuring a point is killed once the driver hears its
     rounds began. Nothing of that point comes from it: the point is measured again, whole, on the
@@ -430,20 +456,7 @@ def test_a_worker_killed_in_a_points_rounds_leaves_nothing_and_the_point_is_meas
         ids = ray_node_ids(cluster, "kill_test_")
         text = tiny_bert_catalog(["2x8", "3x16"], ["fp32"], ["fp32"]).replace("take_ms = 5", "take_ms = 50\nmin_rounds = 60")
         catalog = write_catalog(tmp_path / "rounds", text + CPU_TOOLCHAINS)
-        args = (
-            "run",
-            "--cluster",
-            cluster.address,
-            "--gpu",
-            "L4",
-            "--engine",
-            "bert_fp32",
-            "--toolchain",
-            "onnxruntime",
-            "--toolchain",
-            "torch-eager",
-        )
-        driver = cluster.popen(catalog, *args)
+        driver = cluster.popen(catalog, *bert_on_l4(cluster))
         killed = None
 
         def kill_the_measuring_node(line: str) -> bool:
@@ -467,9 +480,7 @@ def test_a_worker_killed_in_a_points_rounds_leaves_nothing_and_the_point_is_meas
         for manifest in (ort, torch):
             assert manifest.profile.status == "done"
             assert manifest.environment.cluster_node.ray_node_id == survivor
-        (ort_rounds,), (torch_rounds,) = ort.profile.details.rounds, torch.profile.details.rounds
-        assert ort_rounds.group == torch_rounds.group and len(ort_rounds.entrants) == 2
-        assert ort_rounds.rounds == torch_rounds.rounds and (ort_rounds.rounds >= 60 or ort_rounds.stop == "budget")
+        measured_whole_in_one_set_of_rounds(ort, torch)
     finally:
         for name in ("a", "b"):
             if f"w-l4-{name}" in cluster.nodes:
@@ -503,20 +514,7 @@ def test_a_point_worker_killed_in_its_rounds_costs_nothing_and_the_point_is_meas
     try:
         text = tiny_bert_catalog(["2x8"], ["fp32"], ["fp32"]).replace("take_ms = 5", "take_ms = 50\nmin_rounds = 60")
         catalog = write_catalog(tmp_path / "worker", text + CPU_TOOLCHAINS)
-        args = (
-            "run",
-            "--cluster",
-            cluster.address,
-            "--gpu",
-            "L4",
-            "--engine",
-            "bert_fp32",
-            "--toolchain",
-            "onnxruntime",
-            "--toolchain",
-            "torch-eager",
-        )
-        driver = cluster.popen(catalog, *args)
+        driver = cluster.popen(catalog, *bert_on_l4(cluster))
         lock = cluster.root / "cache-w-l4-k" / "host-rounds.lock"
         killed = None
         deadline = time.monotonic() + 600
@@ -534,9 +532,7 @@ def test_a_point_worker_killed_in_its_rounds_costs_nothing_and_the_point_is_meas
         for manifest in (ort, torch):
             assert manifest.profile.status == "done"
             assert manifest.environment.cluster_node.worker_pid != killed  # measured by a fresh worker
-        (ort_rounds,), (torch_rounds,) = ort.profile.details.rounds, torch.profile.details.rounds
-        assert ort_rounds.group == torch_rounds.group and len(ort_rounds.entrants) == 2
-        assert ort_rounds.rounds == torch_rounds.rounds and (ort_rounds.rounds >= 60 or ort_rounds.stop == "budget")
+        ort_rounds = measured_whole_in_one_set_of_rounds(ort, torch)
         assert ort_rounds.host_held == "whole"  # the hold the killed worker had went with it
         assert not list((catalog.parent / "manifests").rglob("*.tmp"))
     finally:
