@@ -20,7 +20,12 @@ CPU pressure with other processes' CPU time) would see:
   its ancestors around it instead.
 
 A take's slowdown is the two together: (probe time / alone probe time) / (1 - throttled share of
-the take). 1.0 is the host as fast as alone. "Alone" is the probe calibrated before the rounds, the
+the take). 1.0 is the host as fast as alone. Each take also keeps the evidence of who slowed it: the
+CPUs other processes used over the last OTHERS_WINDOW_S up to its end (``/proc/stat``, steal time
+included, less this process's own), and the share of it its cgroup was held off. A host's CPUs also
+change speed with nothing beside them (this project's CI VM runs the probe at 1.65 ms or 2.7 ms in
+spells of 0.5-3 s, idle, with under 0.2 CPUs of steal and other work): a slowdown with neither is
+the host's own, and the flag leaves it be (pipeline/report/flags.py). "Alone" is the probe calibrated before the rounds, the
 probe kept busy for as long as a take; where other processes used the CPUs meanwhile (a point
 whose rounds start beside another GPU's compiling), the host's latest calibration taken while it
 was otherwise idle, this boot, if that was faster (HOST_RECORD). The calibration also measures the
@@ -35,6 +40,8 @@ import os
 import socket
 import statistics
 import time
+from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 
 # Iterations of the probe's loop: about 1 ms of CPython on a 3 GHz core (1.4-1.5 ms on this
@@ -48,6 +55,9 @@ CALIBRATION_S = 0.25
 # The share of a CPU other processes may have used during the calibration for it to count as the
 # host's idle speed, kept for the processes that calibrate beside others (HOST_RECORD).
 IDLE_OTHERS_CPUS = 0.5
+# A take's evidence of other processes is their CPU use over at least this long up to its end: the
+# kernel counts CPU time in ticks of 10 ms, too coarse for one take of a few milliseconds.
+OTHERS_WINDOW_S = CALIBRATION_S
 # Where the host's latest idle calibration is kept, under the pipeline's cache.
 HOST_RECORD = "host-speed.json"
 CGROUP_ROOTS = (Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup/cpu,cpuacct"), Path("/sys/fs/cgroup"))
@@ -61,10 +71,20 @@ def _burst_ms() -> float:
     return (time.perf_counter_ns() - started) / 1e6
 
 
-def probe_ms() -> float:
+def probe_ms(cgroups: list[Path] | None = None) -> float:
     """The probe's time now, in milliseconds: the median of PROBE_BURSTS bursts (one burst that an
-    interrupt or a context switch lands in does not move it)."""
-    return statistics.median(_burst_ms() for _ in range(PROBE_BURSTS))
+    interrupt or a context switch lands in does not move it). With the process's cgroups, the time
+    their CPU quota held each burst off is left out: the probe then says how fast the CPUs ran, and
+    a take's own held-off share how long they were kept from it (else a quota counts twice)."""
+
+    def burst() -> float:
+        if not cgroups:
+            return _burst_ms()
+        held = _throttled_ns(cgroups)
+        ms = _burst_ms()
+        return max(0.0, ms - (_throttled_ns(cgroups) - held) / _cpus() / 1e6)
+
+    return statistics.median(burst() for _ in range(PROBE_BURSTS))
 
 
 # --- cgroup CPU throttling ---------------------------------------------------------------------------
@@ -171,10 +191,11 @@ def _calibration() -> tuple[float, float, float]:
     90th percentile against it) and the CPUs other processes used meanwhile."""
     from pipeline.machine_watch import cpu_busy_s, own_cpu_s
 
+    cgroups = _cgroup_stat_files()
     busy, own, started = cpu_busy_s(), own_cpu_s(), time.perf_counter()
-    probes = [probe_ms()]
+    probes = [probe_ms(cgroups)]
     while time.perf_counter() - started < CALIBRATION_S:
-        probes.append(probe_ms())
+        probes.append(probe_ms(cgroups))
     seconds = time.perf_counter() - started
     busy_after = cpu_busy_s()
     others = 0.0 if busy is None or busy_after is None else max(0.0, busy_after - busy - (own_cpu_s() - own)) / seconds
@@ -185,11 +206,22 @@ def _calibration() -> tuple[float, float, float]:
 # --- a take's slowdown ---------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class HostTake:
+    """The host around one take: how much slower the process's CPUs ran than alone (1.0: as fast),
+    the CPUs other processes used meanwhile (None where the kernel does not say) and the share of
+    the take its cgroup's CPU quota held it off."""
+
+    slowdown: float
+    others_cpus: float | None
+    throttled: float
+
+
 class HostSpeed:
     """The host's speed around each take of a set of rounds.
 
     >>> host = HostSpeed.calibrated()
-    >>> host.before_take(); measure(); slowdown = host.after_take()
+    >>> host.before_take(); measure(); around = host.after_take()
     """
 
     def __init__(self, alone_ms: float, source: str, noise: float = 1.0):
@@ -204,6 +236,8 @@ class HostSpeed:
         self._last_probe: float | None = None
         self._throttled_at = 0
         self._take_started = 0
+        # (when, machine busy s, own CPU s), oldest first: what a take's window of others starts from.
+        self._cpu_samples: deque[tuple[float, float | None, float]] = deque()
 
     @classmethod
     def calibrated(cls) -> HostSpeed:
@@ -218,21 +252,44 @@ class HostSpeed:
             return cls(recorded[0], "host record", recorded[1])
         return cls(alone, "this process", noise)
 
+    def _sample_cpus(self) -> tuple[float, float | None, float]:
+        from pipeline.machine_watch import cpu_busy_s, own_cpu_s
+
+        sample = (time.perf_counter(), cpu_busy_s(), own_cpu_s())
+        self._cpu_samples.append(sample)
+        return sample
+
+    def _others_cpus(self, now: tuple[float, float | None, float], take_started: float) -> float | None:
+        """The CPUs other processes used from OTHERS_WINDOW_S before the take's end (or its start,
+        if longer ago) to its end."""
+        since = min(take_started, now[0] - OTHERS_WINDOW_S)
+        while len(self._cpu_samples) > 1 and self._cpu_samples[1][0] <= since:
+            self._cpu_samples.popleft()
+        then = self._cpu_samples[0]
+        if now[1] is None or then[1] is None or now[0] <= then[0]:
+            return None
+        return max(0.0, (now[1] - then[1]) - (now[2] - then[2])) / (now[0] - then[0])
+
     def before_take(self) -> None:
+        # Read again each take: a process can be moved to another group while it runs (a test's
+        # quota, a container runtime's update); the take compares one group's figures either side.
+        self._cgroups = _cgroup_stat_files()
         if self._last_probe is None:
-            self._last_probe = probe_ms()
+            self._last_probe = probe_ms(self._cgroups)
         self._throttled_at = _throttled_ns(self._cgroups)
+        self._sample_cpus()
         self._take_started = time.perf_counter_ns()
 
-    def after_take(self) -> float:
-        """The take's slowdown (1.0: as fast as alone), from the probes either side of it and the
-        share of it the process's cgroup was throttled."""
+    def after_take(self) -> HostTake:
+        """The host around the take: its slowdown, from the probes either side of it and the share
+        of it the process's cgroup was throttled, and the evidence of who slowed it."""
         wall = time.perf_counter_ns() - self._take_started
-        throttled = _throttled_ns(self._cgroups) - self._throttled_at
-        before, after = self._last_probe or probe_ms(), probe_ms()
+        throttled = max(0, _throttled_ns(self._cgroups) - self._throttled_at)
+        before, after = self._last_probe or probe_ms(self._cgroups), probe_ms(self._cgroups)
         self._last_probe = after
         speed = ((before + after) / 2) / self.alone_ms
         # The kernel adds up a group's throttled time over the CPUs it was throttled on, so a share
         # of the take's wall clock is over the CPUs the process may use.
         held_off = min(0.95, throttled / (wall * _cpus())) if wall > 0 else 0.0
-        return speed / (1.0 - held_off)
+        others = self._others_cpus(self._sample_cpus(), self._take_started / 1e9)
+        return HostTake(slowdown=speed / (1.0 - held_off), others_cpus=others, throttled=held_off)

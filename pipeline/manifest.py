@@ -30,7 +30,8 @@ from pipeline.stats import LatencyStats
 # FaultFacts); an export records the shape points whose FP32 reference did not fit
 # (ExportDetails.references_out_of_memory) and those made a few samples at a time.
 # 4: each take of a set of rounds records how much slower the host's CPUs ran than alone
-# (Take.host_slowdown), and the rounds what that is against and how they held the host
+# (Take.host_slowdown) with who slowed it (host_others_cpus, host_throttled), and the rounds what
+# that is against and how they held the host
 # (RoundsRecord.host_alone_probe_ms, host_alone_from, host_held: pipeline/host_speed.py,
 # pipeline/host_rounds.py).
 SCHEMA_VERSION = 4

@@ -184,6 +184,11 @@ class Take(BaseModel):
     # How much slower the measuring process's CPUs ran around the take than alone (1.0: as fast;
     # pipeline/host_speed.py). Absent in manifests written before it was measured.
     host_slowdown: float | None = None
+    # Who slowed it: the CPUs other processes used over the last quarter second up to its end, and
+    # the share of it the process's cgroup CPU quota held it off. Absent (None) as above, and
+    # others where the kernel does not say.
+    host_others_cpus: float | None = None
+    host_throttled: float | None = None
 
 
 class RoundsRecord(BaseModel):
@@ -433,7 +438,7 @@ def _take(
     except DeviceFault as exc:
         exc.entrant = key
         raise
-    slowdown = host.after_take()
+    around = host.after_take()
     issued = getattr(engine, "issue_ms", None)
     dropped = None
     if mhz is not None and clock.default_mhz and mhz < THROTTLE_THRESHOLD * clock.default_mhz:
@@ -446,7 +451,9 @@ def _take(
         sm_clock_mhz=mhz,
         dropped=dropped,
         issue_ms=None if issued is None else round(issued, 6),
-        host_slowdown=round(slowdown, 4),
+        host_slowdown=round(around.slowdown, 4),
+        host_others_cpus=None if around.others_cpus is None else round(around.others_cpus, 3),
+        host_throttled=round(around.throttled, 4),
     )
     return take, measured
 

@@ -4,6 +4,7 @@ machine, repeats that disagree, an engine whose time is the host's (launch-bound
 
 from __future__ import annotations
 
+from pipeline.host_speed import IDLE_OTHERS_CPUS
 from pipeline.measurement import NEAR_LAUNCH_BOUND_SHARE
 from pipeline.stats import median
 
@@ -59,22 +60,51 @@ def _follows_the_host(details, kept) -> bool:
     return "host" in (details.metric or "").lower()
 
 
+# A take was slowed by something beside it when its cgroup's quota held it off at least this share
+# of it, or other processes used IDLE_OTHERS_CPUS or more around it (pipeline/host_speed.py).
+HELD_OFF_SHARE = 0.01
+
+
+def _beside(take) -> bool:
+    """Whether something beside the take slowed it: other processes on the CPUs, or its cgroup's
+    quota. A take recorded before that evidence was (both None) is taken as it was measured."""
+    if take.host_others_cpus is None and take.host_throttled is None:
+        return True
+    return (take.host_others_cpus or 0.0) >= IDLE_OTHERS_CPUS or (take.host_throttled or 0.0) >= HELD_OFF_SHARE
+
+
+def _cause(slowed) -> str:
+    """What the slowed takes saw beside them, in words ('' where nothing was recorded)."""
+    causes = []
+    others = [take.host_others_cpus for take in slowed if (take.host_others_cpus or 0.0) >= IDLE_OTHERS_CPUS]
+    if others:
+        causes.append(f"other processes used {median(others):.1f} CPUs")
+    held = [take.host_throttled for take in slowed if (take.host_throttled or 0.0) >= HELD_OFF_SHARE]
+    if held:
+        causes.append(f"its cgroup's CPU quota held it off {median(held):.0%} of a take")
+    return f" while {' and '.join(causes)}" if causes else ""
+
+
 def host_slowed_flag(details) -> str | None:
-    """A flag for an engine whose time is the host's and whose takes ran on CPUs slower than alone
-    by more than the tie band and the host's own noise (the median take's slowdown:
-    pipeline/host_speed.py), or None."""
+    """A flag for an engine whose time is the host's and whose takes ran on CPUs slowed by
+    something beside them — other processes, or its cgroup's CPU quota — by more than the tie band
+    and the host's own noise (the median take's slowdown: pipeline/host_speed.py), or None. A take
+    slower than alone with nothing beside it is the host's own spell: it counts as unslowed (the
+    rounds' interleaving keeps its comparisons fair; docs/measurement.md)."""
     for rounds in details.rounds:
         kept = [take for take in rounds.takes if take.dropped is None and take.host_slowdown is not None]
         if not kept or not _follows_the_host(details, kept):
             continue
-        slowdown = median([take.host_slowdown for take in kept])
         noise = rounds.host_noise or 1.0
-        if slowdown > max(1.0 + rounds.tie, noise):
-            worst = max(take.host_slowdown for take in kept)
+        bar = max(1.0 + rounds.tie, noise)
+        slowdown = median([take.host_slowdown if _beside(take) else 1.0 for take in kept])
+        if slowdown > bar:
+            slowed = [take for take in kept if _beside(take) and take.host_slowdown > bar]
+            worst = max(take.host_slowdown for take in slowed)
             return (
                 f"{HOST_SLOWED}: its CPUs ran {slowdown:.2f}x slower than alone over its median take (worst {worst:.2f}x, "
-                f"{len(kept)} takes), beyond the tie band of {rounds.tie:.0%} and the host's own noise ({noise:.2f}x); "
-                "its time is the host's"
+                f"{len(slowed)} of {len(kept)} takes){_cause(slowed)}, beyond the tie band of {rounds.tie:.0%} and the "
+                f"host's own noise ({noise:.2f}x); its time is the host's"
             )
     return None
 
