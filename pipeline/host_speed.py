@@ -20,17 +20,19 @@ CPU pressure with other processes' CPU time) would see:
   its ancestors around it instead.
 
 A take's slowdown is the two together: (probe time / alone probe time) / (1 - throttled share of
-the take). 1.0 is the host as fast as alone. Each take also keeps the evidence of who slowed it: the
-CPUs other processes used over the last OTHERS_WINDOW_S up to its end (``/proc/stat``, steal time
-included, less this process's own), and the share of it its cgroup was held off. A host's CPUs also
-change speed with nothing beside them (this project's CI VM runs the probe at 1.65 ms or 2.7 ms in
-spells of 0.5-3 s, idle, with under 0.2 CPUs of steal and other work): a slowdown with neither is
-the host's own, and the flag leaves it be (pipeline/report/flags.py). "Alone" is the probe calibrated before the rounds, the
+the take). 1.0 is the host as fast as alone. "Alone" is the probe calibrated before the rounds, the
 probe kept busy for as long as a take; where other processes used the CPUs meanwhile (a point
 whose rounds start beside another GPU's compiling), the host's latest calibration taken while it
 was otherwise idle, this boot, if that was faster (HOST_RECORD). The calibration also measures the
-host's own noise: a CPU whose speed comes and goes in spells (the lent H100's vCPUs by 1.8x, this
-project's CI VM as much) is not "slowed" by a spell it shows alone.
+host's own short-term noise.
+
+Each take also keeps the evidence of who slowed it: the CPUs other processes used over the last
+OTHERS_WINDOW_S up to its end (``/proc/stat``, steal time included, less this process's own), and
+the share of it its cgroup was held off. A host's CPUs also change speed with nothing beside them:
+a 2-vCPU KVM guest of an AMD EPYC, idle, runs the probe at 1.65 ms or 2.7 ms in spells of 0.5-3 s with
+under 0.2 CPUs of steal and other work, and a quarter-second calibration sees one spell or the
+other; the lent H100's vCPUs change speed by 1.8x alike. A slowdown with neither is the host's
+own, and the flag leaves it be (pipeline/report/flags.py).
 """
 
 from __future__ import annotations
@@ -44,13 +46,12 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-# Iterations of the probe's loop: about 1 ms of CPython on a 3 GHz core (1.4-1.5 ms on this
-# project's CI VM at its fastest).
+# Iterations of the probe's loop: about 1 ms of CPython on a 3 GHz core (1.4-1.6 ms on a 2-vCPU
+# KVM guest of an AMD EPYC at its fastest).
 PROBE_LOOPS = 25_000
 PROBE_BURSTS = 3
 # The calibration probes for this long, back to back, as a take keeps a CPU busy: a CPU that boosts
-# its clock while idle around it runs a busy thread slower after a while (this project's CI VM:
-# probes right after an idle spell up to 1.8x faster than a quarter of a second into a busy one).
+# its clock while idle around it runs a busy thread slower after a while.
 CALIBRATION_S = 0.25
 # The share of a CPU other processes may have used during the calibration for it to count as the
 # host's idle speed, kept for the processes that calibrate beside others (HOST_RECORD).

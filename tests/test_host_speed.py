@@ -148,7 +148,7 @@ def test_a_row_whose_time_is_the_hosts_is_flagged_host_slowed_beyond_the_tie_ban
 
 
 def test_a_slowdown_with_nothing_beside_the_take_is_the_hosts_own_spell_and_not_flagged():
-    # This project's CI VM, idle: the probe runs 1.65x slower in spells, under 0.2 CPUs of others' work.
+    # A 2-vCPU KVM guest of an AMD EPYC, idle: the probe runs 1.65x slower in spells, under 0.2 CPUs of others' work.
     assert host_slowed_flag(_details(_takes([1.0, 1.6, 1.7, 1.65, 1.6], others=0.16), HOST_LATENCY)) is None
     # Beside it for only two of five takes: the median take was not slowed by anyone.
     takes = _takes([1.0, 1.6, 1.7, 1.65, 1.6], others=0.1)

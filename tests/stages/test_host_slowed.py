@@ -1,7 +1,7 @@
 """A measurement whose own CPUs are slowed part-way — a cgroup CPU quota put on the measuring process
 while its rounds run, nothing queued beside it, so the busy flag has nothing to see — is flagged
 `host slowed` and left out of the answer; the same measurement unslowed is not, on a host whose
-CPUs change speed in spells of their own (this project's CI VM)."""
+CPUs change speed in spells of their own (a 2-vCPU KVM guest of an AMD EPYC)."""
 
 from __future__ import annotations
 
