@@ -144,9 +144,11 @@ def test_eval_dir_checks_engines_on_the_images_and_against_their_labels(eval_wor
     assert result.exit_code == 0, result.err
     manifest = read_manifest(eval_workspace.parent / "manifests" / "onnxruntime" / "tiny_fp32.json")
     reference = manifest.export.details.reference
-    assert reference["samples"] == 3 and reference["labels"] == [0, 0, 1]
-    assert reference["images"] == ["n01440764/0.png", "n01440764/1.png", "n01443537/0.png"]
-    assert "3 images from" in reference["description"] and "repeated to fill the batch of 4" in reference["description"]
+    assert reference["samples"] == 3 and reference["classes"] == {"n01440764": 2, "n01443537": 1}
+    assert sorted(reference["images"]) == ["n01440764/0.png", "n01440764/1.png", "n01443537/0.png"]
+    assert reference["labels"] == [0 if image.startswith("n01440764") else 1 for image in reference["images"]]
+    assert "3 images from" in reference["description"] and "drawn across its 2 class(es)" in reference["description"]
+    assert "repeated to fill the batch of 4" in reference["description"]
     assert reference["fp32_top1_accuracy"] == pytest.approx(2 / 3)  # it always answers class 0
     accuracy = manifest.profile.details.accuracy
     assert accuracy["samples"] == 3 and accuracy["top1_accuracy"] == pytest.approx(2 / 3)

@@ -91,15 +91,16 @@ def calibration_options(func):
     func = click.option(
         "--eval-dir",
         type=click.Path(path_type=Path),
-        help="Check every engine's accuracy on images from this folder (ImageFolder layout; a batch's worth, "
-        "timm's preprocessing) instead of a seeded random batch; top-1 accuracy too where the folders are "
+        help="Check every engine's accuracy on images from this folder (ImageFolder layout; a batch's worth drawn "
+        "across its classes, seeded; timm's preprocessing) instead of a seeded random batch; top-1 accuracy too where the folders are "
         "ImageNet classes of a checkpoint.",
     )(func)
     func = click.option("--calib-samples", type=click.IntRange(min=1), help="How many calibration inputs (default: the catalog's).")(func)
     func = click.option(
         "--calib-dir",
         type=click.Path(path_type=Path),
-        help="Calibrate on the images in this folder (timm's preprocessing) instead of synthetic inputs.",
+        help="Calibrate on images from this folder (--calib-samples of them drawn across its classes, seeded; "
+        "timm's preprocessing) instead of synthetic inputs.",
     )(func)
     return func
 

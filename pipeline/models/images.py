@@ -3,6 +3,10 @@ and the images of an evaluation folder (`--eval-dir`), through the same timm pre
 
 Synthetic inputs need no dataset, which is why they are the default, but activation ranges
 calibrated on noise are not those of real images; the manifest says which source was used.
+
+A folder's images are a seeded sample drawn across its classes (an ImageFolder's first level of
+folders), never its first files: sorted, the first 32 files of a folder of four classes are all
+of the first class, and a top-1 or a calibration on them says nothing of the other three.
 """
 
 from __future__ import annotations
@@ -26,6 +30,46 @@ def image_files(directory: Path, purpose: str = "calibration", option: str = "--
             hint=f"point {option} at a folder of images, or leave it out to use synthetic inputs",
         )
     return files
+
+
+def image_class(path: Path, directory: Path) -> str:
+    """The class of an image of an ImageFolder: its first folder under ``directory`` ("" for an
+    image directly in it)."""
+    parts = Path(path).relative_to(directory).parts
+    return parts[0] if len(parts) > 1 else ""
+
+
+def sample_across_classes(files: list[Path], directory: Path, count: int, seed: int) -> list[Path]:
+    """``count`` of ``files`` (all of them, if fewer), drawn one class at a time in turn — a seeded
+    order of the classes, a seeded order within each — so every class gives as many as it has up
+    to an equal share, and the same seed draws the same images."""
+    import random
+
+    by_class: dict[str, list[Path]] = {}
+    for path in files:
+        by_class.setdefault(image_class(path, directory), []).append(path)
+    rng = random.Random(seed)
+    queues = []
+    for name in sorted(by_class):
+        members = sorted(by_class[name])
+        rng.shuffle(members)
+        queues.append(members)
+    rng.shuffle(queues)
+    chosen: list[Path] = []
+    while len(chosen) < count and any(queues):
+        for queue in queues:
+            if queue and len(chosen) < count:
+                chosen.append(queue.pop(0))
+    return chosen
+
+
+def class_counts(files: list[Path], directory: Path) -> dict[str, int]:
+    """How many of ``files`` each class gave, by class name."""
+    counts: dict[str, int] = {}
+    for path in files:
+        name = image_class(path, directory)
+        counts[name] = counts.get(name, 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def load_images(model, files: list[Path], image_shape: tuple[int, int, int], purpose: str = "calibration"):
@@ -53,18 +97,32 @@ def load_images(model, files: list[Path], image_shape: tuple[int, int, int], pur
 
 
 def describe_source(
-    directory: Path | None, samples: int, batch_size: int, purpose: str = "calibration", option: str = "--calib-dir"
+    directory: Path | None,
+    samples: int,
+    batch_size: int,
+    purpose: str = "calibration",
+    option: str = "--calib-dir",
+    seed: int = 0,
 ) -> dict[str, Any]:
-    """What goes into the export fingerprint: the folder's file list (names, sizes, mtimes)."""
+    """What goes into the export fingerprint: the sampled files (names, sizes, mtimes), the seed
+    that drew them and how many each class gave."""
     if directory is None:
         return {"source": "synthetic (standard normal)", "samples": samples, "batch_size": batch_size}
-    files = image_files(directory, purpose, option)[:samples]
+    files = sample_across_classes(image_files(directory, purpose, option), directory, samples, seed)
     listing = [(str(p.relative_to(directory)), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
-    return {"source": f"images in {directory}", "samples": len(files), "batch_size": batch_size, "files": listing}
+    return {
+        "source": f"images in {directory}",
+        "samples": len(files),
+        "batch_size": batch_size,
+        "files": listing,
+        "drawn": f"seeded (seed {seed}) across the folder's classes",
+        "classes": class_counts(files, directory),
+    }
 
 
 def calibration_batches(model, directory: Path | None, samples: int, batch_size: int, image_shape: tuple[int, int, int], seed: int):
-    """Batches of model inputs (float32, CPU): ``samples`` images in batches of ``batch_size``."""
+    """Batches of model inputs (float32, CPU): ``samples`` images in batches of ``batch_size``,
+    drawn across the folder's classes by ``seed`` (seeded standard normal batches without one)."""
     import torch
 
     if directory is None:
@@ -72,5 +130,5 @@ def calibration_batches(model, directory: Path | None, samples: int, batch_size:
         sizes = [min(batch_size, samples - start) for start in range(0, samples, batch_size)]
         return [torch.randn(size, *image_shape, generator=generator) for size in sizes]
 
-    images = load_images(model, image_files(directory)[:samples], image_shape)
+    images = load_images(model, sample_across_classes(image_files(directory), directory, samples, seed), image_shape)
     return [images[start : start + batch_size] for start in range(0, len(images), batch_size)]

@@ -101,13 +101,14 @@ class TimmModel(ModelSource):
     def describe_calibration(self, directory: Path | None, samples: int, batch_size: int) -> dict[str, Any]:
         from pipeline.models.images import describe_source
 
-        return describe_source(directory, samples, batch_size)
+        return describe_source(directory, samples, batch_size, seed=self.spec.seed + 2)
 
     def describe_evaluation(self, directory: Path) -> dict[str, Any]:
         from pipeline.models.images import describe_source
 
         batch = self.spec.batch_size
-        return describe_source(directory, batch, batch, "evaluation", "--eval-dir")
+        # The export's reference batch draws its images with the model's seed + 1 (pipeline/stages/export.py).
+        return describe_source(directory, batch, batch, "evaluation", "--eval-dir", seed=self.spec.seed + 1)
 
     def calibration_batches(self, model, directory: Path | None, samples: int, batch_size: int) -> list[tuple]:
         """Images from ``directory`` through timm's transforms, else standard normal batches."""

@@ -10,28 +10,32 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.artifacts import atomic_output
-from pipeline.models.images import image_files, load_images
+from pipeline.models.images import class_counts, image_class, image_files, load_images, sample_across_classes
 
 
 def reference_batch(model, sample, directory: Path | None, seed: int, checkpoint) -> tuple[Any, dict[str, Any]]:
     """The batch every engine is checked on, and what it is: ``sample`` (seeded random, by
-    ``seed``), or the first images of the evaluation folder ``directory`` (cycled to fill the
-    batch) with their labels where the model's ``checkpoint`` gives its classes a meaning."""
+    ``seed``), or a batch's worth of the evaluation folder's images drawn across its classes by
+    ``seed`` (cycled to fill the batch) with their labels where the model's ``checkpoint`` gives its
+    classes a meaning."""
     batch = sample.shape[0]
     if directory is None:
         seeded = f"the FP32 PyTorch model on a seeded random batch (seed {seed})"
         return sample, {"description": seeded, "samples": batch}
-    files = image_files(directory, "evaluation", "--eval-dir")
-    unique = min(len(files), batch)
-    chosen = [files[i % len(files)] for i in range(batch)]
+    drawn = sample_across_classes(image_files(directory, "evaluation", "--eval-dir"), directory, batch, seed)
+    unique = len(drawn)
+    chosen = [drawn[i % unique] for i in range(batch)]
     images = load_images(model, chosen, tuple(sample.shape[1:]), "evaluation")
+    classes = class_counts(drawn, directory)
     facts: dict[str, Any] = {
-        "description": f"the FP32 PyTorch model on {unique} images from {directory} (timm's evaluation preprocessing"
+        "description": f"the FP32 PyTorch model on {unique} images from {directory}, drawn across its {len(classes)} "
+        f"class(es) (seed {seed}; timm's evaluation preprocessing"
         + (f"; repeated to fill the batch of {batch})" if unique < batch else ")"),
         "samples": unique,
-        "images": [str(path.relative_to(directory)) for path in chosen[:unique]],
+        "images": [str(path.relative_to(directory)) for path in drawn],
+        "classes": classes,
     }
-    facts["labels"], facts["labels_skipped"] = image_labels(model, directory, chosen[:unique], checkpoint)
+    facts["labels"], facts["labels_skipped"] = image_labels(model, directory, drawn, checkpoint)
     return images, facts
 
 
@@ -45,7 +49,7 @@ def image_labels(model, directory: Path, files: list[Path], checkpoint) -> tuple
     if getattr(model, "num_classes", None) != len(synsets):
         return None, f"the model has {getattr(model, 'num_classes', '?')} classes, not ImageNet-1k's {len(synsets)}"
     index = {name: i for i, name in enumerate(synsets)}
-    folders = [path.relative_to(directory).parts[0] if len(path.relative_to(directory).parts) > 1 else "" for path in files]
+    folders = [image_class(path, directory) for path in files]
     unknown = sorted({folder for folder in folders if folder not in index})
     if unknown:
         return None, f"folder names {', '.join(repr(f) for f in unknown[:3])} are not ImageNet-1k synsets (such as 'n01440764')"
