@@ -238,8 +238,8 @@ class CalibrationSettings(_Strict):
 class EvaluationSettings(_Strict):
     """Real images for the accuracy check (`--eval-dir`): the reference batch comes from them."""
 
-    # None: a seeded random batch. A folder (ImageFolder layout: one subfolder per class): its first
-    # images, a batch's worth, through timm's evaluation preprocessing.
+    # None: a seeded random batch. A folder (ImageFolder layout): a batch's worth of its images
+    # drawn across its classes, seeded (pipeline/models/images.py); also `sensitivity`'s and `plan`'s.
     directory: Path | None = None
 
 

@@ -11,7 +11,7 @@ import click
 from pipeline.cli.state import State, pass_state
 
 ENGINE_HELP = "A quantized engine, e.g. vit_tiny_int8 (its model and variant are what is analysed)."
-SAMPLES_HELP = "Evaluation samples for the search (and as many again for the plan's confirmation), seeded, apart from calibration."
+SAMPLES_HELP = "Evaluation samples for the search (and as many others for the plan's confirmation), apart from calibration."
 FLOOR_HELP = (
     "The accuracy to keep: cos=0.99 (cosine to FP32), top1=0.95, or both (repeatable). Default: the model's "
     "accuracy_floor in pipeline.toml, else the precision's own check."
@@ -30,6 +30,13 @@ def _floor(state: State, ref, floors: tuple[str, ...]):
         except ValueError as exc:
             raise UsageError(f"--floor {text!r} is not a threshold.", hint=f"give {THRESHOLD_FORMS}") from exc
     return floor_for(state.catalog, ref, tuple(given))
+
+
+EVAL_DIR_HELP = (
+    "Measure on images from this folder (ImageFolder layout) instead of seeded inputs: --samples for the search and "
+    "as many others for the plan's confirmation, each drawn across its classes (seeded). Default: the catalog's "
+    "[evaluation] directory."
+)
 
 
 def _analysed(state: State, engine: str, samples: int, floor, stage: str):
@@ -54,25 +61,28 @@ def _analysed(state: State, engine: str, samples: int, floor, stage: str):
 @click.command()
 @click.option("--engine", required=True, metavar="NAME", help=ENGINE_HELP)
 @click.option("--samples", type=click.IntRange(min=1), default=32, show_default=True, help=SAMPLES_HELP)
+@click.option("--eval-dir", type=click.Path(path_type=Path), metavar="FOLDER", help=EVAL_DIR_HELP)
 @click.option("--floor", "floors", multiple=True, metavar="THRESHOLD", help=FLOOR_HELP)
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "html"]), default="table", show_default=True)
 @click.option(
     "--out", type=click.Path(dir_okay=False, path_type=Path), help="Write to this file (html default: reports/sensitivity_ENGINE.html)."
 )
 @pass_state
-def sensitivity(state: State, engine, samples, floors, fmt, out):
+def sensitivity(state: State, engine, samples, eval_dir, floors, fmt, out):
     """Which layers break a quantized engine's accuracy: every quantized layer measured with it
     alone left unquantized (what excluding it buys) and alone quantized (what it costs), ranked,
     with each block's error along the depth.
 
     \b
     Calibrates once (as the export does), then measures the model's output against FP32 on
-    seeded batches kept apart from calibration. Each layer is named as the model names it, with
-    its ONNX nodes (once the variant is exported) and its engine layers' precision (once built).
+    seeded batches kept apart from calibration, or on images of --eval-dir drawn across its
+    classes. Each layer is named as the model names it, with its ONNX nodes (once the variant is
+    exported) and its engine layers' precision (once built).
     Runs on the CPU for int8 and fp8; mxfp8 and nvfp4 need a CUDA GPU.
     """
     from pipeline.precision import report
 
+    state.override(eval_dir=eval_dir)
     ref = state.catalog.engine(engine)
     floor = _floor(state, ref, floors)
     _, result = _analysed(state, engine, samples, floor, "analyse")
@@ -91,12 +101,13 @@ def sensitivity(state: State, engine, samples, floors, fmt, out):
 @click.option("--engine", required=True, metavar="NAME", help=ENGINE_HELP)
 @click.option("--floor", "floors", multiple=True, metavar="THRESHOLD", help=FLOOR_HELP)
 @click.option("--samples", type=click.IntRange(min=1), default=32, show_default=True, help=SAMPLES_HELP)
+@click.option("--eval-dir", type=click.Path(path_type=Path), metavar="FOLDER", help=EVAL_DIR_HELP)
 @click.option("--name", metavar="VARIANT", help="The planned variant's name (default: VARIANT_plan, e.g. int8_plan).")
 @click.option("--apply", "apply_", is_flag=True, help="Add the planned variant to pipeline.toml (comments and layout kept).")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write the output to this file.")
 @pass_state
-def plan(state: State, engine, floors, samples, name, apply_, fmt, out):
+def plan(state: State, engine, floors, samples, eval_dir, name, apply_, fmt, out):
     """The variant of a quantized engine that meets an accuracy floor keeping the least of the
     model's work (FLOPs) in high precision: layers are excluded in order of what each buys per
     FLOP until the floor holds, then every exclusion no longer needed is undone.
@@ -113,6 +124,7 @@ def plan(state: State, engine, floors, samples, name, apply_, fmt, out):
     from pipeline.precision.plan import make_plan
     from pipeline.reporting import Reporter, stdout_console
 
+    state.override(eval_dir=eval_dir)
     ref = state.catalog.engine(engine)
     variant = state.catalog.variant(ref.variant)
     name = name or f"{ref.variant}_plan"

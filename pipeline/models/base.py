@@ -304,6 +304,12 @@ class ModelSource(ABC):
             hint="leave out --eval-dir for this model",
         )
 
+    def evaluation_batches(self, model, directory: Path, files: list[Path], batch_size: int) -> list[tuple]:
+        """Images of an evaluation folder as input batches of ``batch_size``, for an image model
+        (`pipeline sensitivity` and `plan` on the user's data)."""
+        self.describe_evaluation(directory)  # raises: this family has no use for images
+        return []
+
     def calibration_batches(self, model, directory: Path | None, samples: int, batch_size: int) -> list[tuple]:
         """Inputs for quantization and sparsegpt calibration, as tuples in inputs()'s order."""
         points = self.shape_points()

@@ -63,6 +63,27 @@ def sample_across_classes(files: list[Path], directory: Path, count: int, seed: 
     return chosen
 
 
+def split_across_classes(files: list[Path], directory: Path, sizes: tuple[int, int], seed: int) -> tuple[list[Path], list[Path]]:
+    """Two disjoint draws of ``sizes`` images, each across the classes: a search and its
+    confirmation. A class's share is dealt alternately to one and the other (every other class
+    starting with the second), so both see every class alike."""
+    first, second = sizes
+    drawn = sample_across_classes(files, directory, first + second, seed)
+    by_class: dict[str, list[Path]] = {}
+    for path in drawn:
+        by_class.setdefault(image_class(path, directory), []).append(path)
+    parts: tuple[list[Path], list[Path]] = ([], [])
+    for number, name in enumerate(sorted(by_class)):
+        for index, path in enumerate(by_class[name]):
+            parts[(index + number) % 2].append(path)
+    # Dealt alike, the two differ by at most a class's odd image each: even them to the sizes asked.
+    while len(parts[0]) > first:
+        parts[1].append(parts[0].pop())
+    while len(parts[1]) > second:
+        parts[0].append(parts[1].pop())
+    return parts
+
+
 def class_counts(files: list[Path], directory: Path) -> dict[str, int]:
     """How many of ``files`` each class gave, by class name."""
     counts: dict[str, int] = {}

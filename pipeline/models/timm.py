@@ -110,6 +110,13 @@ class TimmModel(ModelSource):
         # The export's reference batch draws its images with the model's seed + 1 (pipeline/stages/export.py).
         return describe_source(directory, batch, batch, "evaluation", "--eval-dir", seed=self.spec.seed + 1)
 
+    def evaluation_batches(self, model, directory: Path, files: list[Path], batch_size: int) -> list[tuple]:
+        from pipeline.models.images import load_images
+
+        _, channels, height, width = self.input_shape(model)
+        images = load_images(model, files, (channels, height, width), "evaluation")
+        return [(images[start : start + batch_size],) for start in range(0, len(images), batch_size)]
+
     def calibration_batches(self, model, directory: Path | None, samples: int, batch_size: int) -> list[tuple]:
         """Images from ``directory`` through timm's transforms, else standard normal batches."""
         from pipeline.models.images import calibration_batches

@@ -54,6 +54,8 @@ class Plan:
     steps: list[Step] = field(default_factory=list)
     search_samples: int = 0
     confirm_samples: int = 0
+    # What the search and the confirmation were measured on (VariantLab.describe()).
+    evaluation: dict[str, Any] = field(default_factory=dict)
 
     @property
     def confirmed(self) -> bool:
@@ -128,6 +130,7 @@ def make_plan(lab: VariantLab, sensitivity: Sensitivity, floor: Floor, progress=
         steps=steps,
         search_samples=described["search"]["samples"],
         confirm_samples=described["confirm"]["samples"],
+        evaluation=described,
     )
 
 

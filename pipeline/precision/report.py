@@ -14,8 +14,8 @@ from pipeline.precision.plan import Plan
 from pipeline.precision.sensitivity import LayerSensitivity, Sensitivity
 from pipeline.precision.variant_lab import Figures, change_text, cosine_text
 
-SENSITIVITY_SCHEMA_VERSION = 1
-PLAN_SCHEMA_VERSION = 1
+SENSITIVITY_SCHEMA_VERSION = 2
+PLAN_SCHEMA_VERSION = 2
 # Layers the terminal lists; JSON and HTML list every one.
 TERMINAL_LAYERS = 15
 
@@ -76,6 +76,7 @@ def plan_document(plan: Plan, variant_name: str, variant_table: dict[str, Any], 
         "needed": plan.needed,
         "confirmed": plan.confirmed,
         "quantized_flops_share": plan.quantized_flops_share,
+        "evaluation": plan.evaluation,
         "search": _figures(plan.search),
         "confirm": _figures(plan.confirm),
         "fully_quantized": {which: _figures(figures) for which, figures in plan.fully_quantized.items()},
@@ -88,7 +89,14 @@ def plan_document(plan: Plan, variant_name: str, variant_table: dict[str, Any], 
 # --- terminal ---------------------------------------------------------------------------------------
 
 
-def _seeds(seeds: list[int]) -> str:
+def _drawn(part: dict[str, Any]) -> str:
+    """Where the samples came from, in words: "seeds 1000–1001", or "images of 4 classes from DIR,
+    8 each"."""
+    if part.get("source") == "images":
+        counts = sorted(set(part["classes"].values()))
+        each = f"{counts[0]} each" if len(counts) == 1 else f"{counts[0]}–{counts[-1]} each"
+        return f"images of {len(part['classes'])} classes from {part['folder']}, {each}"
+    seeds = part["seeds"]
     return f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {seeds[0]}–{seeds[-1]}"
 
 
@@ -120,7 +128,7 @@ def print_sensitivity(result: Sensitivity, console) -> None:
     at = f" at shape {evaluation['point']}" if evaluation["point"] else ""
     console.print(
         f"[bold]{result.engine}[/bold]: {len(result.layers)} quantized layers, each measured alone on {search['samples']} samples"
-        f"{at} ({_seeds(search['seeds'])}, apart from calibration), {evaluation['device']}, {result.seconds:.1f} s"
+        f"{at} ({_drawn(search)}, apart from calibration), {evaluation['device']}, {result.seconds:.1f} s"
     )
     met = result.floor.met_by(result.fully_quantized)
     console.print(
@@ -191,6 +199,11 @@ def print_plan(plan: Plan, total_layers: int, toml_text: str, command: str, cons
         f"  fully quantized   search: {plan.fully_quantized['search'].said()}   confirmation: {plan.fully_quantized['confirm'].said()}"
     )
     console.print(f"  planned           search: {search.said()}   confirmation: {confirm.said()}")
+    if plan.evaluation:
+        drawn = plan.evaluation["search"], plan.evaluation["confirm"]
+        console.print(
+            f"  search on {drawn[0]['samples']} samples ({_drawn(drawn[0])}); confirmation on {drawn[1]['samples']} others ({_drawn(drawn[1])})"
+        )
     if plan.confirmed:
         console.print(f"floor {plan.floor}: met on the search batches and confirmed on batches the search never saw")
     else:
@@ -224,7 +237,7 @@ def sensitivity_html(result: Sensitivity) -> str:
 <style>{_STYLE}</style></head><body>
 <h1>Which layers of {html.escape(result.engine)} break its {result.precision} quantization</h1>
 <p>Fully quantized: {result.fully_quantized.said()}; unquantized ({evaluation["compute_dtype"]}): {result.unquantized.said()};
-floor {html.escape(str(result.floor))}. Measured on {evaluation["search"]["samples"]} samples ({_seeds(evaluation["search"]["seeds"])}, apart from calibration), {evaluation["device"]}.</p>
+floor {html.escape(str(result.floor))}. Measured on {evaluation["search"]["samples"]} samples ({html.escape(_drawn(evaluation["search"]))}, apart from calibration), {evaluation["device"]}.</p>
 <h2>Each layer alone</h2><img alt="per-layer chart" src="{_png(_layer_chart(result))}">
 <h2>Error along the depth</h2><img alt="depth chart" src="{_png(_depth_chart(result.depth))}">
 <h2>Every layer</h2>

@@ -12,7 +12,8 @@ Accuracy is measured against the FP32 model's outputs on *evaluation batches kep
 calibration*: seeded inputs at the model's evaluated shape point, drawn with seeds that
 calibration (seed + 2 + n) and the export's reference batch (seed + 1) never use —
 ``SEARCH_SEED`` for what sensitivity and the plan's search see, ``CONFIRM_SEED`` for the batches
-only the plan's confirmation sees.
+only the plan's confirmation sees. With an evaluation folder (``--eval-dir``), the user's images
+instead: two disjoint draws across its classes, one for the search, one for the confirmation.
 """
 
 from __future__ import annotations
@@ -184,7 +185,12 @@ class VariantLab:
         self.calibration = {
             k: v for k, v in source.describe_calibration(calibration_dir, settings.samples, settings.batch_size).items() if k != "files"
         }
-        self.batches = {"search": self._batches(model, SEARCH_SEED), "confirm": self._batches(model, CONFIRM_SEED)}
+        evaluation_dir = self.catalog.evaluation.directory
+        if evaluation_dir is not None:
+            self.batches = self._image_batches(model, source.in_workspace(evaluation_dir))
+        else:
+            self.drawn = None
+            self.batches = {"search": self._batches(model, SEARCH_SEED), "confirm": self._batches(model, CONFIRM_SEED)}
 
         self._progress("running the FP32 model")
         self.flops, self._reference_depth = {}, {}
@@ -214,6 +220,34 @@ class VariantLab:
             return [self.source.sample_inputs(model, self.source.at_batch(self.point, self.samples), self.spec.seed + offset)]
         count = max(1, -(-self.samples // self.spec.batch_size))
         return [self.source.sample_inputs(model, None, self.spec.seed + offset + n) for n in range(count)]
+
+    def _image_batches(self, model, directory) -> dict[str, list[tuple]]:
+        """The search's and the confirmation's batches from the user's images: ``samples`` each,
+        disjoint, each drawn across the folder's classes (seeded by the model's seed + SEARCH_SEED)."""
+        from pipeline.models.images import class_counts, image_files, split_across_classes
+
+        self.source.describe_evaluation(directory)  # a family that takes no images says so first
+        files = image_files(directory, "evaluation", "--eval-dir")
+        needed = 2 * self.samples
+        if len(files) < needed:
+            raise UsageError(
+                f"evaluation folder {directory} holds {len(files)} images; {self.ref.name}'s search and its confirmation need "
+                f"{needed}: {self.samples} each (--samples), drawn apart so that the confirmation sees images the search never did.",
+                hint=f"pass --samples {max(1, len(files) // 2)} or fewer, or a folder with at least {needed} images",
+            )
+        seed = self.spec.seed + SEARCH_SEED
+        search, confirm = split_across_classes(files, directory, (self.samples, self.samples), seed)
+        self.drawn = {
+            "folder": str(directory),
+            "seed": seed,
+            "search": class_counts(search, directory),
+            "confirm": class_counts(confirm, directory),
+        }
+        batch_size = self.spec.batch_size
+        return {
+            "search": self.source.evaluation_batches(model, directory, search, batch_size),
+            "confirm": self.source.evaluation_batches(model, directory, confirm, batch_size),
+        }
 
     def _fp32(self, runnable, batch, first: bool, model):
         """The FP32 output of one batch; for the first search batch, also each layer's FLOPs and
@@ -300,17 +334,31 @@ class VariantLab:
 
     def describe(self) -> dict[str, Any]:
         """What the figures were measured on, for the output."""
-        search, confirm = self.batches["search"], self.batches["confirm"]
         return {
             # The evaluated shape: the model's smallest point, its batch the samples.
             "point": self.evaluated,
             "device": self.device,
             "compute_dtype": {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}[str(self.dtype).replace("torch.", "")],
             "calibration": self.calibration,
-            "search": {"seeds": [self.spec.seed + SEARCH_SEED + n for n in range(len(search))], "samples": _samples(search)},
-            "confirm": {"seeds": [self.spec.seed + CONFIRM_SEED + n for n in range(len(confirm))], "samples": _samples(confirm)},
+            "search": self._drawn("search", SEARCH_SEED),
+            "confirm": self._drawn("confirm", CONFIRM_SEED),
             "reference": "the FP32 PyTorch model (attention by the math kernel) on the same batches",
             "versions": {dist: package_version(dist) for dist in ("torch", "nvidia-modelopt", *self.source.packages)},
+        }
+
+    def _drawn(self, which: str, offset: int) -> dict[str, Any]:
+        """Where the search's or the confirmation's samples came from: seeded inputs (their seeds),
+        or the user's images (the folder, the seed that drew them, how many each class gave)."""
+        batches = self.batches[which]
+        if self.drawn is None:
+            return {"source": "seeded", "seeds": [self.spec.seed + offset + n for n in range(len(batches))], "samples": _samples(batches)}
+        return {
+            "source": "images",
+            "seeds": None,
+            "folder": self.drawn["folder"],
+            "seed": self.drawn["seed"],
+            "samples": _samples(batches),
+            "classes": self.drawn[which],
         }
 
 

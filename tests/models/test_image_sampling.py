@@ -54,3 +54,18 @@ def test_the_fingerprint_names_the_drawn_files_their_seed_and_classes(tmp_path):
         str(p.relative_to(tmp_path)) for p in sample_across_classes(sorted(tmp_path.rglob("*.png")), tmp_path, 4, seed=7)
     ]
     assert describe_source(tmp_path, 4, 2, seed=8)["files"] != described["files"]
+
+
+def test_a_search_and_its_confirmation_are_disjoint_and_each_drawn_across_every_class(tmp_path):
+    from pipeline.models.images import split_across_classes
+
+    files = folder(tmp_path, {"a": 20, "b": 20, "c": 20, "d": 20})
+    search, confirm = split_across_classes(files, tmp_path, (32, 32), seed=5)
+    assert len(search) == len(confirm) == 32 and not set(search) & set(confirm)
+    assert class_counts(search, tmp_path) == class_counts(confirm, tmp_path) == {"a": 8, "b": 8, "c": 8, "d": 8}
+    # Three classes, an odd share each: the two still differ by one image a class at most.
+    files = folder(tmp_path / "odd", {"a": 9, "b": 9, "c": 9})
+    search, confirm = split_across_classes(files, tmp_path / "odd", (9, 9), seed=0)
+    assert len(search) == len(confirm) == 9 and not set(search) & set(confirm)
+    counts = class_counts(search, tmp_path / "odd"), class_counts(confirm, tmp_path / "odd")
+    assert all(abs(counts[0][name] - counts[1][name]) <= 1 for name in "abc")
