@@ -18,20 +18,30 @@ FLOOR_HELP = (
 )
 
 
-def _floor(state: State, ref, floors: tuple[str, ...]):
+def _floor(state: State, ref, floors: tuple[str, ...], max_drops: tuple[str, ...] = ()):
     from pipeline.accuracy import THRESHOLD_FORMS, parse_accuracy_threshold
     from pipeline.errors import UsageError
-    from pipeline.precision.variant_lab import floor_for
+    from pipeline.precision.figures import DROP_FORMS, floor_for, parse_drop
 
-    given = []
+    given, drops = [], []
     for text in floors:
         try:
             given.append(parse_accuracy_threshold(text))
         except ValueError as exc:
             raise UsageError(f"--floor {text!r} is not a threshold.", hint=f"give {THRESHOLD_FORMS}") from exc
-    return floor_for(state.catalog, ref, tuple(given))
+    for text in max_drops:
+        try:
+            drops.append(parse_drop(text))
+        except ValueError as exc:
+            raise UsageError(f"--max-drop {text!r} is not a largest drop.", hint=f"give {DROP_FORMS}") from exc
+    return floor_for(state.catalog, ref, tuple(given), drops=tuple(drops))
 
 
+MAX_DROP_HELP = (
+    "The most the variant may fall below the FP32 model on the same samples: top1=1% (top-1 accuracy against the "
+    "images' labels where --eval-dir has them, else the share of predictions that changed) or cos=0.005 "
+    "(repeatable; with --floor, both hold)."
+)
 EVAL_DIR_HELP = (
     "Measure on images from this folder (ImageFolder layout) instead of seeded inputs: --samples for the search and "
     "as many others for the plan's confirmation, each drawn across its classes (seeded). Default: the catalog's "
@@ -52,10 +62,25 @@ def _analysed(state: State, engine: str, samples: int, floor, stage: str):
     started = time.perf_counter()
     with reporter.working(stage, ref.name), reporter.captured("modelopt"):
         lab = VariantLab(state.catalog, ref, samples, reporter.progress)
+        _refuse_top1_without_classes(lab, floor)
         result = analyse(lab, floor, reporter.progress)
         attach_locations(result, lab, state.catalog)
     reporter.done(stage, ref.name, time.perf_counter() - started, f" ({len(result.layers)} layers, {result.evaluation['device']})")
     return lab, result
+
+
+def _refuse_top1_without_classes(lab, floor) -> None:
+    """A top-1 floor or drop on a model whose output is not class scores can never be met: say so
+    before minutes of measuring."""
+    from pipeline.errors import UsageError
+
+    if lab.references["search"][0].dim() == 2:
+        return
+    if any(metric == "top1" for metric, _ in (*floor.thresholds, *floor.drops)):
+        raise UsageError(
+            f"{lab.ref.name}'s output is not class scores (shape {tuple(lab.references['search'][0].shape)}): it has no top-1 to keep.",
+            hint="keep its cosine instead: --floor cos=0.99 or --max-drop cos=0.01",
+        )
 
 
 @click.command()
@@ -63,12 +88,13 @@ def _analysed(state: State, engine: str, samples: int, floor, stage: str):
 @click.option("--samples", type=click.IntRange(min=1), default=32, show_default=True, help=SAMPLES_HELP)
 @click.option("--eval-dir", type=click.Path(path_type=Path), metavar="FOLDER", help=EVAL_DIR_HELP)
 @click.option("--floor", "floors", multiple=True, metavar="THRESHOLD", help=FLOOR_HELP)
+@click.option("--max-drop", "max_drops", multiple=True, metavar="METRIC=DROP", help=MAX_DROP_HELP)
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "html"]), default="table", show_default=True)
 @click.option(
     "--out", type=click.Path(dir_okay=False, path_type=Path), help="Write to this file (html default: reports/sensitivity_ENGINE.html)."
 )
 @pass_state
-def sensitivity(state: State, engine, samples, eval_dir, floors, fmt, out):
+def sensitivity(state: State, engine, samples, eval_dir, floors, max_drops, fmt, out):
     """Which layers break a quantized engine's accuracy: every quantized layer measured with it
     alone left unquantized (what excluding it buys) and alone quantized (what it costs), ranked,
     with each block's error along the depth.
@@ -84,7 +110,7 @@ def sensitivity(state: State, engine, samples, eval_dir, floors, fmt, out):
 
     state.override(eval_dir=eval_dir)
     ref = state.catalog.engine(engine)
-    floor = _floor(state, ref, floors)
+    floor = _floor(state, ref, floors, max_drops)
     _, result = _analysed(state, engine, samples, floor, "analyse")
     if fmt == "html" and out is None:
         out = state.catalog.root / "reports" / f"sensitivity_{ref.name}.html"
@@ -100,6 +126,7 @@ def sensitivity(state: State, engine, samples, eval_dir, floors, fmt, out):
 @click.command()
 @click.option("--engine", required=True, metavar="NAME", help=ENGINE_HELP)
 @click.option("--floor", "floors", multiple=True, metavar="THRESHOLD", help=FLOOR_HELP)
+@click.option("--max-drop", "max_drops", multiple=True, metavar="METRIC=DROP", help=MAX_DROP_HELP)
 @click.option("--samples", type=click.IntRange(min=1), default=32, show_default=True, help=SAMPLES_HELP)
 @click.option("--eval-dir", type=click.Path(path_type=Path), metavar="FOLDER", help=EVAL_DIR_HELP)
 @click.option("--name", metavar="VARIANT", help="The planned variant's name (default: VARIANT_plan, e.g. int8_plan).")
@@ -107,7 +134,7 @@ def sensitivity(state: State, engine, samples, eval_dir, floors, fmt, out):
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write the output to this file.")
 @pass_state
-def plan(state: State, engine, floors, samples, eval_dir, name, apply_, fmt, out):
+def plan(state: State, engine, floors, max_drops, samples, eval_dir, name, apply_, fmt, out):
     """The variant of a quantized engine that meets an accuracy floor keeping the least of the
     model's work (FLOPs) in high precision: layers are excluded in order of what each buys per
     FLOP until the floor holds, then every exclusion no longer needed is undone.
@@ -132,15 +159,13 @@ def plan(state: State, engine, floors, samples, eval_dir, name, apply_, fmt, out
     digest = catalog_edit.digest(catalog_file)
     if apply_:
         catalog_edit.refuse_existing(catalog_file, name)  # before minutes of work, and again when writing
-    floor = _floor(state, ref, floors)
+    floor = _floor(state, ref, floors, max_drops)
     lab, result = _analysed(state, engine, samples, floor, "plan")
     reporter = Reporter(verbose=state.verbose)
     with reporter.working("plan", ref.name), reporter.captured("modelopt"):
         planned = make_plan(lab, result, floor, reporter.progress)
-    from pipeline.accuracy import AccuracyFloor
-
     description = (
-        f"{ref.variant} with {len(planned.exclude)} of {len(result.layers)} layers unquantized: {AccuracyFloor(floor.thresholds)} "
+        f"{ref.variant} with {len(planned.exclude)} of {len(result.layers)} layers unquantized: {floor.wanted()} "
         f"on {planned.search_samples} + {planned.confirm_samples} samples, {planned.quantized_flops_share:.0%} of their FLOPs quantized (pipeline plan)"
     )
     table = catalog_edit.planned_table(variant, ref.model, planned.exclude, description)
@@ -155,7 +180,7 @@ def plan(state: State, engine, floors, samples, eval_dir, name, apply_, fmt, out
     if not planned.confirmed:
         raise PipelineError(
             f"the plan for {ref.name} meets {floor} on the search batches but not on the confirmation batches "
-            f"(cosine {planned.confirm.cosine:.6f}); it was not applied.",
+            f"({planned.confirm.said()}); it was not applied.",
             hint="evaluate on more samples (--samples) so the search sees what the confirmation does",
         )
     if apply_ and planned.needed:

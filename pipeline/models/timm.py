@@ -24,6 +24,9 @@ class TimmSpec(ModelSpec):
     batch_size: int = Field(gt=0, le=4096)
     # None: the model's own pretrained_cfg input size.
     image_size: int | None = Field(default=None, gt=0)
+    # None: the architecture's own (1000 for ImageNet-1k). A checkpoint trained on other classes
+    # needs its count, and an evaluation folder's class folders are its labels in sorted order.
+    num_classes: int | None = Field(default=None, gt=0)
 
     @field_validator("shapes")
     @classmethod
@@ -56,6 +59,8 @@ class TimmModel(ModelSource):
         checkpoint = self.checkpoint_path()
         if checkpoint is not None:
             kwargs["checkpoint_path"] = str(checkpoint)
+        if self.spec.num_classes is not None:
+            kwargs["num_classes"] = self.spec.num_classes
         try:
             model = timm.create_model(self.spec.timm, pretrained=False, **kwargs)
         except Exception as exc:  # timm raises RuntimeError/KeyError/… for unknown names and bad weights
@@ -66,7 +71,10 @@ class TimmModel(ModelSource):
         return model.eval()
 
     def facts(self) -> dict[str, Any]:
-        return {"timm_model": self.spec.timm, "batch_size": self.spec.batch_size, "image_size": self.spec.image_size}
+        facts = {"timm_model": self.spec.timm, "batch_size": self.spec.batch_size, "image_size": self.spec.image_size}
+        if self.spec.num_classes is not None:  # only where set: the fingerprints of existing exports stay as they were
+            facts["num_classes"] = self.spec.num_classes
+        return facts
 
     def shapes_summary(self) -> str:
         size = f", {self.spec.image_size}px" if self.spec.image_size else ""

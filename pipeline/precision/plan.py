@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.errors import PipelineError
+from pipeline.precision.figures import Figures, Floor, change_text
 from pipeline.precision.sensitivity import Sensitivity
-from pipeline.precision.variant_lab import Figures, Floor, VariantLab, change_text
+from pipeline.precision.variant_lab import VariantLab
 
 # How often the remaining layers are ranked again when exclusions interact.
 RERANKS = 3

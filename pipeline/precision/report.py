@@ -10,9 +10,9 @@ import html
 import math
 from typing import Any
 
+from pipeline.precision.figures import Figures, change_text, cosine_text
 from pipeline.precision.plan import Plan
 from pipeline.precision.sensitivity import LayerSensitivity, Sensitivity
-from pipeline.precision.variant_lab import Figures, change_text, cosine_text
 
 SENSITIVITY_SCHEMA_VERSION = 2
 PLAN_SCHEMA_VERSION = 2

@@ -19,7 +19,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.precision.variant_lab import Figures, Floor, VariantLab
+from pipeline.precision.figures import Figures, Floor
+from pipeline.precision.variant_lab import VariantLab
 
 
 @dataclass

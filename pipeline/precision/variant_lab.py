@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
 from typing import Any
 
-from pipeline.accuracy import AccuracyFloor, AccuracyThreshold, accuracy_floor
 from pipeline.catalog import Catalog, EngineRef
 from pipeline.environment import package_version
 from pipeline.errors import UsageError
 from pipeline.models import model_source
+from pipeline.precision.figures import Figures, cosine_of, figures, relative_error_of
 from pipeline.runtimes.torch_memory import out_of_memory_as_error
 from pipeline.stages.quantize import (
     DEFAULT_WEIGHTS_DTYPE,
@@ -43,67 +42,6 @@ from pipeline.stages.quantized_layers import LayerSwitches, layers_to_rewrite, p
 SEARCH_SEED = 1000
 CONFIRM_SEED = 2000
 DEFAULT_SAMPLES = 32
-
-
-@dataclass(frozen=True)
-class Figures:
-    """The variant's outputs against the FP32 model's over evaluation batches."""
-
-    cosine: float
-    min_sample_cosine: float
-    relative_error: float  # ‖out − ref‖ / ‖ref‖ over every value
-    top1: float | None  # agreement of the predicted classes, where the output is class scores
-
-    def value(self, metric: str) -> float | None:
-        return self.cosine if metric == "cos" else self.top1
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def said(self) -> str:
-        """ "cosine 0.9316, top-1 38%", as the terminal says it."""
-        return f"cosine {cosine_text(self.cosine)}" + (f", top-1 {self.top1:.0%}" if self.top1 is not None else "")
-
-
-def cosine_text(value: float) -> str:
-    """Four decimals, six where they would all read 1.0000 (ModernBERT's NVFP4 is 0.999893)."""
-    return f"{value:.6f}" if value > 0.9999 else f"{value:.4f}"
-
-
-def change_text(value: float) -> str:
-    """A change of cosine: four decimals, or two significant digits where it is smaller than that."""
-    return f"{value:+.4f}" if not abs(value) < 1e-4 or value == 0 else f"{value:+.1e}"
-
-
-@dataclass(frozen=True)
-class Floor:
-    """What the variant's accuracy must keep: thresholds and who set them."""
-
-    thresholds: tuple[AccuracyThreshold, ...]
-    source: str
-
-    def met_by(self, figures: Figures) -> bool:
-        # Within float rounding: FP32 against itself is a cosine of 1 give or take 1e-16.
-        return all((value := figures.value(metric)) is not None and value >= threshold - 1e-9 for metric, threshold in self.thresholds)
-
-    def __str__(self) -> str:
-        return f"{AccuracyFloor(self.thresholds)} ({self.source})"
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"thresholds": [{"metric": m, "value": t} for m, t in self.thresholds], "source": self.source}
-
-
-def floor_for(catalog: Catalog, ref: EngineRef, given: tuple[AccuracyThreshold, ...] = (), given_by: str = "--floor") -> Floor:
-    """The floor: the one given, else the model's (or the catalog's) accuracy_floor, else the precision's own check."""
-    if given:
-        return Floor(given, given_by)
-    configured = catalog.accuracy_floor_for(ref.model)
-    if configured.thresholds:
-        return Floor(configured.thresholds, configured.source)
-    variant = catalog.variant(ref.variant)
-    return Floor(
-        (("cos", accuracy_floor(variant.precision, bool(variant.sparsity))),), f"the {variant.precision} check of pipeline/accuracy.py"
-    )
 
 
 def refuse_unless_analysable(catalog: Catalog, ref: EngineRef) -> None:
@@ -186,6 +124,7 @@ class VariantLab:
             k: v for k, v in source.describe_calibration(calibration_dir, settings.samples, settings.batch_size).items() if k != "files"
         }
         evaluation_dir = self.catalog.evaluation.directory
+        self.labels: dict[str, list[int]] | None = None  # each draw's labels, in its batches' order
         if evaluation_dir is not None:
             self.batches = self._image_batches(model, source.in_workspace(evaluation_dir))
         else:
@@ -225,6 +164,7 @@ class VariantLab:
         """The search's and the confirmation's batches from the user's images: ``samples`` each,
         disjoint, each drawn across the folder's classes (seeded by the model's seed + SEARCH_SEED)."""
         from pipeline.models.images import class_counts, image_files, split_across_classes
+        from pipeline.stages.export_references import image_labels
 
         self.source.describe_evaluation(directory)  # a family that takes no images says so first
         files = image_files(directory, "evaluation", "--eval-dir")
@@ -237,17 +177,29 @@ class VariantLab:
             )
         seed = self.spec.seed + SEARCH_SEED
         search, confirm = split_across_classes(files, directory, (self.samples, self.samples), seed)
+        labels, skipped = image_labels(model, directory, search, self.spec.checkpoint)
+        if labels is not None:
+            self.labels = {"search": labels, "confirm": image_labels(model, directory, confirm, self.spec.checkpoint)[0]}
         self.drawn = {
             "folder": str(directory),
             "seed": seed,
             "search": class_counts(search, directory),
             "confirm": class_counts(confirm, directory),
+            "labels": None if labels is None else self._label_source(model),
+            "labels_skipped": skipped,
         }
         batch_size = self.spec.batch_size
         return {
             "search": self.source.evaluation_batches(model, directory, search, batch_size),
             "confirm": self.source.evaluation_batches(model, directory, confirm, batch_size),
         }
+
+    @staticmethod
+    def _label_source(model) -> str:
+        """How the class folders' names became labels (pipeline/stages/export_references.py)."""
+        if getattr(model, "num_classes", None) == 1000:
+            return "class folders as ImageNet-1k synsets"
+        return "class folders in sorted order as the model's classes"
 
     def _fp32(self, runnable, batch, first: bool, model):
         """The FP32 output of one batch; for the first search batch, also each layer's FLOPs and
@@ -295,7 +247,7 @@ class VariantLab:
         if key not in self._cache:
             self.switches.quantize_all_but(key[0])
             outputs = [self._run(batch) for batch in self.batches[which]]
-            self._cache[key] = figures(self.references[which], outputs)
+            self._cache[key] = figures(self.references[which], outputs, self.labels[which] if self.labels else None)
         return self._cache[key]
 
     def evaluate_only(self, quantized: Iterable[str]) -> Figures:
@@ -329,7 +281,7 @@ class VariantLab:
         profile = []
         for name in self.depth_units:
             reference, output = self._reference_depth[name].flatten(), quantized[name].flatten()
-            profile.append({"name": name, "cosine": _cosine(reference, output), "relative_error": _relative_error(reference, output)})
+            profile.append({"name": name, "cosine": cosine_of(reference, output), "relative_error": relative_error_of(reference, output)})
         return profile
 
     def describe(self) -> dict[str, Any]:
@@ -359,6 +311,8 @@ class VariantLab:
             "seed": self.drawn["seed"],
             "samples": _samples(batches),
             "classes": self.drawn[which],
+            "labels": self.drawn["labels"],
+            "labels_skipped": self.drawn["labels_skipped"],
         }
 
 
@@ -378,35 +332,6 @@ def depth_units(model, layers: list[str]) -> list[str]:
             if len(run) >= 2 and len(run) > len(best) and not issubclass(cls, (nn.Linear, nn.modules.conv._ConvNd)):
                 best = run
     return best or list(layers)
-
-
-def figures(references: list, outputs: list) -> Figures:
-    import torch
-
-    reference = torch.cat([r.flatten(1) for r in references])
-    output = torch.cat([o.flatten(1) for o in outputs])
-    classes = references[0].dim() == 2
-    per_sample = torch.nn.functional.cosine_similarity(reference, output, dim=1)
-    top1 = float((reference.argmax(dim=1) == output.argmax(dim=1)).float().mean()) if classes else None
-    return Figures(
-        cosine=_cosine(reference.flatten(), output.flatten()),
-        min_sample_cosine=float(per_sample.min()),
-        relative_error=_relative_error(reference.flatten(), output.flatten()),
-        top1=top1,
-    )
-
-
-def _cosine(a, b) -> float:
-    import torch
-
-    if not torch.isfinite(b).all():
-        return float("nan")
-    return float(torch.nn.functional.cosine_similarity(a.double(), b.double(), dim=0))
-
-
-def _relative_error(a, b) -> float:
-    norm = float(a.double().norm())
-    return float((a.double() - b.double()).norm()) / norm if norm else float("inf")
 
 
 def _samples(batches: list[tuple]) -> int:

@@ -40,20 +40,30 @@ def reference_batch(model, sample, directory: Path | None, seed: int, checkpoint
 
 
 def image_labels(model, directory: Path, files: list[Path], checkpoint) -> tuple[list[int] | None, str | None]:
-    """Class indices from ImageFolder names, when they are ImageNet-1k classes of a checkpoint."""
+    """Class indices of ``files`` from their ImageFolder names, or why there are none: ImageNet-1k
+    synsets for a model of its 1000 classes, else the folder's class folders in sorted order when
+    the model has as many classes as there are folders (torchvision's ImageFolder order)."""
     if checkpoint is None:
         return None, "the model has random weights (no checkpoint in the catalog): its classes mean nothing"
     from timm.data import ImageNetInfo
 
-    synsets = ImageNetInfo().label_names()
-    if getattr(model, "num_classes", None) != len(synsets):
-        return None, f"the model has {getattr(model, 'num_classes', '?')} classes, not ImageNet-1k's {len(synsets)}"
-    index = {name: i for i, name in enumerate(synsets)}
+    classes = getattr(model, "num_classes", None)
     folders = [image_class(path, directory) for path in files]
-    unknown = sorted({folder for folder in folders if folder not in index})
-    if unknown:
+    synsets = ImageNetInfo().label_names()
+    if classes == len(synsets):
+        index = {name: i for i, name in enumerate(synsets)}
+        unknown = sorted({folder for folder in folders if folder not in index})
+        if not unknown:
+            return [index[folder] for folder in folders], None
         return None, f"folder names {', '.join(repr(f) for f in unknown[:3])} are not ImageNet-1k synsets (such as 'n01440764')"
-    return [index[folder] for folder in folders], None
+    present = sorted({image_class(path, directory) for path in image_files(directory, "evaluation", "--eval-dir")})
+    if classes == len(present) and "" not in present:
+        index = {name: i for i, name in enumerate(present)}
+        return [index[folder] for folder in folders], None
+    return None, (
+        f"the model has {classes if classes is not None else '?'} classes, neither ImageNet-1k's {len(synsets)} nor "
+        f"the {len(present)} class folders of {directory}"
+    )
 
 
 class ReferenceWriter:

@@ -1,0 +1,178 @@
+"""How close a quantized variant stays to the FP32 model, and the floor it must keep.
+
+A variant is measured against the FP32 model's outputs on the same samples: cosine, the worst
+sample's cosine, the relative error, and where the output is class scores the agreement of the
+predicted classes (top-1). Where the samples are the user's labelled images, also the top-1
+accuracy against their labels, beside the FP32 model's own on the same images.
+
+The floor is absolute (``--floor cos=0.99``), or a largest drop against the FP32 model on the same
+samples (``--max-drop top1=1%``), or both: what quantization judged on the user's data, as NNCF's
+accuracy control does (a validation set, a metric, a maximum drop).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from pipeline.accuracy import AccuracyFloor, AccuracyThreshold, accuracy_floor
+from pipeline.catalog import Catalog, EngineRef
+
+# "--max-drop" forms: a metric and how far below the FP32 model it may fall, as a fraction or a percentage.
+DROP_FORMS = "top1=1% (top-1 accuracy against the labels, else predictions changed) or cos=0.005 (cosine below 1)"
+
+
+@dataclass(frozen=True)
+class Figures:
+    """The variant's outputs against the FP32 model's over evaluation batches."""
+
+    cosine: float
+    min_sample_cosine: float
+    relative_error: float  # ‖out − ref‖ / ‖ref‖ over every value
+    top1: float | None  # agreement of the predicted classes, where the output is class scores
+    # Against the images' labels, where the samples are labelled images: this variant's top-1
+    # accuracy and the FP32 model's on the same images.
+    top1_accuracy: float | None = None
+    fp32_top1_accuracy: float | None = None
+
+    def value(self, metric: str) -> float | None:
+        return self.cosine if metric == "cos" else self.top1
+
+    def drop(self, metric: str) -> float | None:
+        """How far below the FP32 model on the same samples: for ``cos``, 1 − cosine; for
+        ``top1``, the FP32 model's top-1 accuracy less this one's against the labels, else the
+        share of samples whose predicted class changed (1 − agreement). None where not measured."""
+        if metric == "cos":
+            return None if self.cosine != self.cosine else 1.0 - self.cosine  # NaN: outputs not finite
+        if self.top1_accuracy is not None and self.fp32_top1_accuracy is not None:
+            return self.fp32_top1_accuracy - self.top1_accuracy
+        return None if self.top1 is None else 1.0 - self.top1
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def said(self) -> str:
+        """ "cosine 0.9316, top-1 38%, top-1 accuracy 71.9% (FP32 75.0%)", as the terminal says it."""
+        text = f"cosine {cosine_text(self.cosine)}" + (f", top-1 {self.top1:.0%}" if self.top1 is not None else "")
+        if self.top1_accuracy is not None and self.fp32_top1_accuracy is not None:
+            text += f", top-1 accuracy {self.top1_accuracy:.1%} (FP32 {self.fp32_top1_accuracy:.1%})"
+        return text
+
+
+def cosine_text(value: float) -> str:
+    """Four decimals, six where they would all read 1.0000 (ModernBERT's NVFP4 is 0.999893)."""
+    return f"{value:.6f}" if value > 0.9999 else f"{value:.4f}"
+
+
+def change_text(value: float) -> str:
+    """A change of cosine: four decimals, or two significant digits where it is smaller than that."""
+    return f"{value:+.4f}" if not abs(value) < 1e-4 or value == 0 else f"{value:+.1e}"
+
+
+def parse_drop(text: str) -> AccuracyThreshold:
+    """ "top1=1%", "top1=0.01", "cos=0.005" → (metric, drop as a fraction). ValueError otherwise."""
+    metric, _, value = str(text).partition("=")
+    metric = {"cos": "cos", "cosine": "cos", "top1": "top1", "top-1": "top1"}.get(metric.strip().lower())
+    value = value.strip()
+    try:
+        drop = float(value[:-1]) / 100 if value.endswith("%") else float(value)
+    except ValueError:
+        drop = None
+    if metric is None or drop is None or not 0.0 <= drop <= 1.0:
+        raise ValueError(f"not a largest drop: give {DROP_FORMS}")
+    return metric, drop
+
+
+def _drop_text(metric: str, drop: float) -> str:
+    if metric == "cos":
+        return f"cosine at most {drop:g} below 1"
+    return f"top-1 at most {100 * drop:.4g}% below FP32's"
+
+
+@dataclass(frozen=True)
+class Floor:
+    """What the variant's accuracy must keep: thresholds, largest drops against the FP32 model on
+    the same samples, and who set them."""
+
+    thresholds: tuple[AccuracyThreshold, ...]
+    source: str
+    drops: tuple[AccuracyThreshold, ...] = ()
+
+    def met_by(self, figures: Figures) -> bool:
+        # Within float rounding: FP32 against itself is a cosine of 1 give or take 1e-16.
+        kept = all((value := figures.value(metric)) is not None and value >= threshold - 1e-9 for metric, threshold in self.thresholds)
+        return kept and all((fell := figures.drop(metric)) is not None and fell <= drop + 1e-9 for metric, drop in self.drops)
+
+    def wanted(self) -> str:
+        """What it asks, without who set it: "cosine ≥ 0.99, top-1 at most 1% below FP32's"."""
+        parts = [str(AccuracyFloor(self.thresholds))] if self.thresholds else []
+        return ", ".join(parts + [_drop_text(metric, drop) for metric, drop in self.drops])
+
+    def __str__(self) -> str:
+        return f"{self.wanted()} ({self.source})"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "thresholds": [{"metric": m, "value": t} for m, t in self.thresholds],
+            "max_drop": [{"metric": m, "value": d} for m, d in self.drops],
+            "source": self.source,
+        }
+
+
+def floor_for(
+    catalog: Catalog,
+    ref: EngineRef,
+    given: tuple[AccuracyThreshold, ...] = (),
+    given_by: str = "--floor",
+    drops: tuple[AccuracyThreshold, ...] = (),
+) -> Floor:
+    """The floor: the one given (thresholds, largest drops or both), else the model's (or the
+    catalog's) accuracy_floor, else the precision's own check."""
+    if given or drops:
+        source = " and ".join(option for option, used in ((given_by, given), ("--max-drop", drops)) if used)
+        return Floor(given, source, drops)
+    configured = catalog.accuracy_floor_for(ref.model)
+    if configured.thresholds:
+        return Floor(configured.thresholds, configured.source)
+    variant = catalog.variant(ref.variant)
+    return Floor(
+        (("cos", accuracy_floor(variant.precision, bool(variant.sparsity))),), f"the {variant.precision} check of pipeline/accuracy.py"
+    )
+
+
+def figures(references: list, outputs: list, labels: list[int] | None = None) -> Figures:
+    """The outputs against the FP32 references, batch by batch; with the samples' labels (in the
+    batches' order), the top-1 accuracy of both."""
+    import torch
+
+    reference = torch.cat([r.flatten(1) for r in references])
+    output = torch.cat([o.flatten(1) for o in outputs])
+    classes = references[0].dim() == 2
+    per_sample = torch.nn.functional.cosine_similarity(reference, output, dim=1)
+    top1 = float((reference.argmax(dim=1) == output.argmax(dim=1)).float().mean()) if classes else None
+    accuracy = fp32_accuracy = None
+    if classes and labels is not None:
+        truth = torch.tensor(labels)
+        accuracy = float((torch.nan_to_num(output, nan=-torch.inf).argmax(dim=1) == truth).float().mean())
+        fp32_accuracy = float((reference.argmax(dim=1) == truth).float().mean())
+    return Figures(
+        cosine=cosine_of(reference.flatten(), output.flatten()),
+        min_sample_cosine=float(per_sample.min()),
+        relative_error=relative_error_of(reference.flatten(), output.flatten()),
+        top1=top1,
+        top1_accuracy=accuracy,
+        fp32_top1_accuracy=fp32_accuracy,
+    )
+
+
+def cosine_of(a, b) -> float:
+    import torch
+
+    if not torch.isfinite(b).all():
+        return float("nan")
+    return float(torch.nn.functional.cosine_similarity(a.double(), b.double(), dim=0))
+
+
+def relative_error_of(a, b) -> float:
+    norm = float(a.double().norm())
+    return float((a.double() - b.double()).norm()) / norm if norm else float("inf")
