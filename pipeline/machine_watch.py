@@ -75,8 +75,12 @@ def cpu_busy_s() -> float | None:
 
 
 def own_cpu_s() -> float:
+    """CPU seconds of this process's own threads. Not its children's: a child is another process
+    beside a measurement while it runs (a worker compiling ahead), and the kernel adds its CPU time
+    to the parent's only when it is reaped, all at that instant, which would hide every other
+    process's use in the window it landed in."""
     times = os.times()
-    return times.user + times.system + times.children_user + times.children_system
+    return times.user + times.system
 
 
 class _Nvml:

@@ -70,6 +70,25 @@ def test_a_take_counts_other_processes_cpus_over_a_quarter_second_up_to_its_end(
     assert host.after_take().others_cpus is None
 
 
+def _burn(seconds: float) -> None:
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
+def test_a_child_is_another_process_and_its_cpu_time_never_lands_on_this_one_when_reaped():
+    """A child's CPU time joins the parent's os.times() only when it is reaped, all at once: counted
+    as this process's own, a worker compiling ahead beside the rounds would make the window it
+    ended in read "no other process", however busy the others were."""
+    from pipeline.machine_watch import own_cpu_s
+
+    before = own_cpu_s()
+    child = multiprocessing.get_context("fork").Process(target=_burn, args=(0.5,))
+    child.start()
+    child.join()  # reaped: its half second is now the parent's children time
+    assert own_cpu_s() - before < 0.25
+
+
 def test_alone_is_this_process_calibration_unless_others_used_the_cpus_and_the_host_was_faster_idle(monkeypatch, tmp_path):
     monkeypatch.setenv("PIPELINE_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(host_speed, "_calibration", lambda: (1.5, 1.04, 0.1))  # the host otherwise idle
