@@ -8,7 +8,10 @@ second run's ratio is from the first's.
     pipeline compare --model modernbert --format json > second.json
     python scripts/check_rerun_agreement.py first.json second.json --tolerance 0.05
 
-Exits 1 when a verdict differs or a ratio moved by more than `--tolerance` (relative). A ratio with
+A point where one run is undecided among engines that include one the other run named is
+"compatible", not a difference: that run stopped short of deciding what the other decided (its
+budget ran out with a pair at the tie band's edge, say). Exits 1 when a verdict differs or a ratio
+moved by more than `--tolerance` (relative). A ratio with
 a launch-bound engine on one side (its row flagged `launch-bound` or `near launch-bound` in either
 run: the host needs half a run's GPU time or more to issue it) is the host's speed against the
 GPU's; on a host whose speed changes, pairing cannot hold it, so such ratios are listed apart,
@@ -28,6 +31,25 @@ from pathlib import Path
 
 def engine(entry: dict) -> str:
     return f"{entry['variant']}/{entry['toolchain']}"
+
+
+def named(verdict: dict) -> tuple[set[str], bool]:
+    """The engines a verdict names (the answer and those tied with it) and whether it is undecided."""
+    if not verdict.get("fastest"):
+        return set(), False
+    return {engine(verdict["fastest"]), *(engine(t) for t in verdict.get("tied") or [])}, bool(verdict.get("undecided"))
+
+
+def agreement(first: dict | None, second: dict | None) -> str:
+    """ "same"; "compatible" where one run is undecided among engines that include one the other
+    named (stopped short of deciding what the other decided: schema 8 leaves a pair at the tie
+    band's edge undecided); else "DIFFERS"."""
+    if first is None or second is None:
+        return "DIFFERS"
+    if answer(first) == answer(second):
+        return "same"
+    (one, one_open), (other, other_open) = named(first), named(second)
+    return "compatible" if (one_open or other_open) and one & other else "DIFFERS"
 
 
 def answer(verdict: dict) -> str:
@@ -81,12 +103,13 @@ def main() -> int:
     args = parser.parse_args()
     first, second = (json.loads(path.read_text()) for path in (args.first, args.second))
     ok = True
-    answers = {v["shape"]: answer(v) for v in second["verdicts"]}
+    answers = {v["shape"]: v for v in second["verdicts"]}
     for verdict in first["verdicts"]:
-        then, now = answer(verdict), answers.get(verdict["shape"], "not in the second run")
-        same = then == now
-        ok &= same
-        print(f"{verdict['shape']:8} {'same' if same else 'DIFFERS'}: {then}" + ("" if same else f"  |  {now}"))
+        later = answers.get(verdict["shape"])
+        said = agreement(verdict, later)
+        ok &= said != "DIFFERS"
+        now = answer(later) if later is not None else "not in the second run"
+        print(f"{verdict['shape']:8} {said}: {answer(verdict)}" + ("" if said == "same" else f"  |  {now}"))
     before, after = paired_ratios(first), paired_ratios(second)
     host_bound = launch_bound(first) | launch_bound(second)
     shared = sorted(set(before) & set(after))

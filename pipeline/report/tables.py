@@ -382,8 +382,9 @@ def _cell(column: Column, row: ComparisonRow, notes: _Notes | None) -> str:
 # against the FP32 reference (max and mean absolute, MSE); 5 the comparisons the answer was decided
 # on; 6 each row's gpu_device and each sweep's gpus; 7 each row's outcome ("measured",
 # "out_of_memory", "faulted", …), out_of_memory facts and accuracy_unchecked, each verdict's
-# out_of_memory rows (no longer among its excluded) and accuracy_unchecked, each sweep line's ends.
-JSON_SCHEMA_VERSION = 7
+# out_of_memory rows (no longer among its excluded) and accuracy_unchecked, each sweep line's ends;
+# 8 each comparison's at_band_edge, and such a pair no longer decides the answer.
+JSON_SCHEMA_VERSION = 8
 
 
 def render_json(rows: list[ComparisonRow], answer: Answer | None = None) -> str:

@@ -14,7 +14,7 @@ Built from comparison rows only (pipeline/report/rows.py), so every format says 
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +24,7 @@ from pipeline.report.confidence import interval_words, time_ratio
 from pipeline.report.flags import LAUNCH_BOUND
 from pipeline.report.gates import accuracy_shortfalls
 from pipeline.report.rows import ComparisonRow, shape_order
-from pipeline.stats import RatioEstimate, tie_band
+from pipeline.stats import RatioEstimate, at_band_edge, tie_band
 
 # Flags that make a row's number untrustworthy for a verdict (rows.measurement_flags words them),
 # and the flag of an engine that failed its precision's own accuracy check. A noisy row is not
@@ -190,7 +190,12 @@ class Verdict:
                 rounds = max((r.rounds or 0) for r in group)
                 after = f"after {rounds} rounds" if rounds else "by their own intervals"
                 budget = " (the point's budget_s ran out)" if any(r.rounds_stop == "budget" for r in group) else ""
-                answer = f"{self.where}: undecided{meeting}: {names} ({times_ms}) cannot be told apart {after}{budget}"
+                # Apart, but by less or more than the tie width: not "cannot be told apart".
+                edge = any(
+                    _beats(self.ratio(a, b), self.tie) != _outcome(self.ratio(a, b)) for i, a in enumerate(group) for b in group[i + 1 :]
+                )
+                told = f"differ by less or more than the ±{self.tie:.0%} tie width" if edge else "cannot be told apart"
+                answer = f"{self.where}: undecided{meeting}: {names} ({times_ms}) {told} {after}{budget}"
             else:
                 answer = f"{self.where}: {names} tie within ±{self.tie:.0%}{meeting} ({times_ms})"
             answer += self._speedups(group) + "."
@@ -304,6 +309,9 @@ class Verdict:
                     "rounds": estimate.rounds if estimate else None,
                     "paired": estimate.paired if estimate else False,
                     "outcome": estimate.outcome if estimate else "ambiguous",
+                    "at_band_edge": bool(estimate)
+                    and estimate.outcome in ("faster", "slower")
+                    and at_band_edge(estimate.low, estimate.high, self.tie),
                 }
                 for a, b, estimate in self.comparisons
             ],
@@ -388,7 +396,7 @@ def _decide(verdict: Verdict, candidates: list[ComparisonRow], group: list[Compa
         return estimate if first is a or estimate is None else estimate.inverse()
 
     least = min(candidates, key=lambda r: r.median_ms)
-    close = [row for row in candidates if row is least or _outcome(compare(least, row)) != "faster"]
+    close = [row for row in candidates if row is least or _beats(compare(least, row), verdict.tie) != "faster"]
     beaten = _beaten_apart(close, verdict.tie)
     # Engines timed in one set of rounds are compared pair by pair, all of them (a set is the
     # engines of one point in one run: tens at most), so a point measured in one run keeps every
@@ -401,7 +409,7 @@ def _decide(verdict: Verdict, candidates: list[ComparisonRow], group: list[Compa
     for members in together.values():
         for i, a in enumerate(members):
             for b in members[i + 1 :]:
-                outcome = _outcome(compare(a, b))
+                outcome = _beats(compare(a, b), verdict.tie)
                 if id(a) not in in_close or id(b) not in in_close:
                     continue
                 if outcome == "faster":
@@ -433,11 +441,12 @@ _LOWEST_KEPT = 4
 def _beaten_apart(rows: list[ComparisonRow], tie: float) -> set[int]:
     """The ids of the rows another row is faster than with confidence by the two medians'
     intervals, among rows not timed together (pipeline/stats.py: A/B lies in [A's low / B's high,
-    A's high / B's low], "faster" when that lies below 1 and reaches below the tie band).
+    A's high / B's low]; decided "faster" when that lies wholly below the tie band, not across its
+    edge — ``_beats``).
 
-    In n log n, not n²: with the rows sorted by their interval's high end, those that can beat B
-    (high below B's low) are a prefix, and of them the one with the lowest low end beats B if any
-    does. Rows timed together with B are skipped here (their comparison is paired)."""
+    In n log n, not n²: with the rows sorted by their interval's high end, those that beat B (high
+    at most B's low over 1 + tie) are a prefix, and any of them timed apart from B beats it. Rows
+    timed together with B are skipped here (their comparison is paired)."""
     lowest, _ = tie_band(tie)
     apart = sorted((row for row in rows if row.median_ci_ms is not None), key=lambda r: r.median_ci_ms[1])
     highs = [row.median_ci_ms[1] for row in apart]
@@ -447,17 +456,15 @@ def _beaten_apart(rows: list[ComparisonRow], tie: float) -> set[int]:
         kept.append(sorted([*previous, row], key=lambda r: r.median_ci_ms[0])[:_LOWEST_KEPT])
     beaten = set()
     for row in apart:
-        low, high = row.median_ci_ms
-        faster_end = bisect_left(highs, low)  # apart[:faster_end] end below this row's low
+        low = row.median_ci_ms[0]
+        faster_end = bisect_right(highs, low * lowest)  # apart[:faster_end] end below the band under this row's low
         if faster_end == 0:
             continue
         rounds = set(row.round_medians)
-        timed_apart = [other for other in kept[faster_end - 1] if not rounds & set(other.round_medians)]
+        timed_apart = any(not rounds & set(other.round_medians) for other in kept[faster_end - 1])
         if not timed_apart and len(kept[faster_end - 1]) == _LOWEST_KEPT:  # each kept one was timed with it
-            timed_apart = sorted(
-                (other for other in apart[:faster_end] if not rounds & set(other.round_medians)), key=lambda r: r.median_ci_ms[0]
-            )
-        if timed_apart and high > 0 and timed_apart[0].median_ci_ms[0] / high < lowest:
+            timed_apart = any(not rounds & set(other.round_medians) for other in apart[:faster_end])
+        if timed_apart:
             beaten.add(id(row))
     return beaten
 
@@ -481,3 +488,15 @@ def _undecided(front: list[ComparisonRow], compare, tie: float) -> bool:
 
 def _outcome(estimate: RatioEstimate | None) -> str:
     return estimate.outcome if estimate is not None else "ambiguous"
+
+
+def _beats(estimate: RatioEstimate | None, tie: float) -> str:
+    """The outcome a pair is decided on: "faster" or "slower" only where the interval does not
+    reach across an edge of the tie band. One that does (faster, by less or more than the tie
+    width) is what the rounds keep measuring (pipeline/measurement.py, ``undecided``); a point
+    whose budget ran out there is undecided between the two, not won by one: two runs stopped
+    there named one engine once and a tie the next (docs/cluster.md)."""
+    outcome = _outcome(estimate)
+    if outcome in ("faster", "slower") and at_band_edge(estimate.low, estimate.high, tie):
+        return "ambiguous"
+    return outcome

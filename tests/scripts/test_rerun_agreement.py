@@ -92,3 +92,16 @@ def test_a_launch_bound_ratio_is_judged_by_whether_the_two_runs_intervals_overla
     assert "their intervals overlap in 0 of 1; apart (the host's mix of speeds changed between the runs):" in result.stdout
     # eager / graphs, the other way round from the output: [1/0.12, 1/0.08] then [1/0.15, 1/0.125]
     assert "bf16/eager / bf16/graphs: 10.0000 [8.3333–12.5000] then 7.6923 [6.6667–8.0000]" in result.stdout
+
+
+def test_an_undecided_point_among_the_engines_the_other_run_named_is_compatible_not_a_difference(tmp_path):
+    second = copy.deepcopy(FIRST)
+    second["verdicts"][0]["undecided"] = True  # the same two engines, at the band's edge this time
+    result = run(tmp_path, FIRST, second)
+    assert result.returncode == 0, result.stdout
+    assert "2x512    compatible: bf16/compiled = bf16/graphs  |  undecided: bf16/compiled, bf16/graphs" in result.stdout
+
+    disjoint = copy.deepcopy(second)
+    disjoint["verdicts"][0]["fastest"], disjoint["verdicts"][0]["tied"] = entry("eager", 10.0), [entry("other", 10.1)]
+    result = run(tmp_path, FIRST, disjoint)
+    assert result.returncode == 1 and "2x512    DIFFERS" in result.stdout
