@@ -27,7 +27,7 @@ was otherwise idle, this boot, if that was faster (HOST_RECORD). The calibration
 host's own short-term noise.
 
 Each take also keeps the evidence of who slowed it: the CPUs other processes used over the last
-OTHERS_WINDOW_S up to its end (``/proc/stat``, steal time included, less this process's own), and
+OTHERS_WINDOW_S up to its end (``/proc/stat``, steal time included, less this process's own threads: its children count as others), and
 the share of it its cgroup was held off. A host's CPUs also change speed with nothing beside them:
 a 2-vCPU KVM guest of an AMD EPYC, idle, runs the probe at 1.65 ms or 2.7 ms in spells of 0.5-3 s with
 under 0.2 CPUs of steal and other work, and a quarter-second calibration sees one spell or the
