@@ -491,11 +491,9 @@ def _outcome(estimate: RatioEstimate | None) -> str:
 
 
 def _beats(estimate: RatioEstimate | None, tie: float) -> str:
-    """The outcome a pair is decided on: "faster" or "slower" only where the interval does not
-    reach across an edge of the tie band. One that does (faster, by less or more than the tie
-    width) is what the rounds keep measuring (pipeline/measurement.py, ``undecided``); a point
-    whose budget ran out there is undecided between the two, not won by one: two runs stopped
-    there named one engine once and a tie the next (docs/cluster.md)."""
+    """The outcome a pair decides by: "faster" or "slower" only with an interval that does not reach
+    across an edge of the tie band, as the rounds judge it (pipeline/measurement.py, ``undecided``):
+    two runs stopped there named one engine once and a tie the next (docs/cluster.md)."""
     outcome = _outcome(estimate)
     if outcome in ("faster", "slower") and at_band_edge(estimate.low, estimate.high, tie):
         return "ambiguous"
