@@ -13,10 +13,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, model_validator
 
 from pipeline.accuracy import AccuracyFloor, parse_accuracy_threshold
 from pipeline.catalog_errors import validate_by_settings
+from pipeline.catalog_settings import (  # noqa: F401 (the settings tables are the catalog's, imported from here too)
+    CalibrationSettings,
+    ClusterSettings,
+    Defaults,
+    EvaluationSettings,
+    ProfileSettings,
+    _Strict,
+)
 from pipeline.errors import UsageError
 
 CATALOG_FILENAME = "pipeline.toml"
@@ -44,10 +52,6 @@ def check_name(kind: str, name: str) -> str:
             f"and are not one of {sorted(RESERVED_NAMES)}",
         )
     return name
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 SHAPE_RE = re.compile(r"^[1-9][0-9]*(x[1-9][0-9]*)*$")
@@ -184,80 +188,6 @@ class ToolchainSpec(_Strict):
     def for_gpus(self, capabilities: tuple[str | None, ...]) -> ToolchainSpec:
         """Itself as built on any node of a cluster whose GPUs have these compute capabilities, alike on each."""
         return self
-
-
-class ProfileSettings(_Strict):
-    """How long to measure. Same meaning as trtexec's --warmUp/--iterations/--duration."""
-
-    warmup_ms: float = Field(default=200.0, ge=0)
-    iterations: int = Field(default=10, ge=1)  # a minimum, like trtexec
-    duration_s: float = Field(default=3.0, ge=0)  # also a minimum: both bounds must be met
-    # Whole measurements per profile, each with its own warm-up. The row's figures pool the runs of
-    # all of them; each one's median is kept too, and their spread says how repeatable the number is.
-    repeats: int = Field(default=1, ge=1, le=100)
-    # With repeats > 1: when the measurements' medians disagree by more than this coefficient of
-    # variation, they are all taken again, up to `retakes` times; a profile that never settles is
-    # recorded as unstable rather than measured.
-    max_repeat_cv: float = Field(default=0.02, gt=0)
-    retakes: int = Field(default=2, ge=0, le=10)
-    # The CPUs the measuring process runs on while it measures (Linux sched_setaffinity), and every
-    # process it starts then. A launch-bound GPU measurement is the host's speed: on the lent H100
-    # one process moved between 12.7 and 23.0 ms per run (ModernBERT 2x512, eager) while pinned to
-    # one core it stayed within 11.3-12.4 (it still met the host's slow spells; docs/sweeps.md).
-    # None: wherever the OS schedules it.
-    host_cpus: tuple[int, ...] | None = Field(default=None, min_length=1)
-    # Paired rounds (pipeline/measurement.py): at a shape point every engine runs one take per round
-    # — at least `take_runs` inferences and `take_ms` milliseconds; for trtexec and TensorRT-RTX a
-    # short run of the tool — in a seeded random order, until each comparison the verdict needs is
-    # decided (its ratio's interval excludes 1, or lies within the tie band) after at least
-    # `min_rounds` rounds, or `budget_s` seconds are spent. `warmup_ms`, `iterations` and
-    # `duration_s` bound a trtexec or TensorRT-RTX engine measured alone (one whole run of its tool).
-    take_ms: float = Field(default=250.0, gt=0, le=60_000)
-    take_runs: int = Field(default=3, ge=1, le=100_000)
-    min_rounds: int = Field(default=6, ge=2, le=10_000)
-    budget_s: float = Field(default=30.0, gt=0, le=86_400)
-    tie: float = Field(default=0.03, gt=0, lt=0.5)
-
-    @field_validator("host_cpus")
-    @classmethod
-    def _cpu_numbers(cls, cpus: tuple[int, ...] | None) -> tuple[int, ...] | None:
-        if cpus is not None and any(cpu < 0 for cpu in cpus):
-            raise ValueError("CPU numbers start at 0")
-        return cpus
-
-
-class CalibrationSettings(_Strict):
-    """Inputs for quantization calibration, sparsegpt, and the accuracy proxy."""
-
-    # None: synthetic inputs (standard normal). A folder: its images through timm's transforms.
-    directory: Path | None = None
-    samples: int = Field(default=32, ge=1)
-    batch_size: int = Field(default=8, ge=1)
-
-
-class EvaluationSettings(_Strict):
-    """Real images for the accuracy check (`--eval-dir`): the reference batch comes from them."""
-
-    # None: a seeded random batch. A folder (ImageFolder layout): a batch's worth of its images
-    # drawn across its classes, seeded (pipeline/models/images.py); also `sensitivity`'s and `plan`'s.
-    directory: Path | None = None
-
-
-class Defaults(_Strict):
-    """What `pipeline run` does when nothing is selected: the demo on the embedded runtime."""
-
-    models: tuple[str, ...] = ("vit_tiny",)
-    variants: tuple[str, ...] = ("fp32", "fp16", "int8")
-    toolchain: str = "onnxruntime"
-
-
-class ClusterSettings(_Strict):
-    """What a cluster run (`--cluster`) needs to know beyond what Ray tells it."""
-
-    # Compute capability of GPU types the built-in table (pipeline/cluster/gpus.py) lacks, by the
-    # name nodes advertise them under: {"RTX-PRO-6000" = "12.0"}. Used to pick, per toolchain, the
-    # GPU types it can build for and time on.
-    gpu_types: dict[str, str] = {}
 
 
 class Catalog(_Strict):
