@@ -26,21 +26,59 @@ def _floor(state: State, ref, floors: tuple[str, ...], max_drops: tuple[str, ...
     given, drops = [], []
     for text in floors:
         try:
-            given.append(parse_accuracy_threshold(text))
+            given.append(_metric_threshold(text) or parse_accuracy_threshold(text))
         except ValueError as exc:
-            raise UsageError(f"--floor {text!r} is not a threshold.", hint=f"give {THRESHOLD_FORMS}") from exc
+            raise UsageError(f"--floor {text!r} is not a threshold.", hint=f"give {THRESHOLD_FORMS}, or metric=0.8") from exc
     for text in max_drops:
         try:
             drops.append(parse_drop(text))
         except ValueError as exc:
             raise UsageError(f"--max-drop {text!r} is not a largest drop.", hint=f"give {DROP_FORMS}") from exc
-    return floor_for(state.catalog, ref, tuple(given), drops=tuple(drops))
+    floor = floor_for(state.catalog, ref, tuple(given), drops=tuple(drops))
+    if any(metric == "metric" for metric, _ in (*floor.thresholds, *floor.drops)) and not state.catalog.evaluation.metric:
+        raise UsageError(
+            f"{ref.name}: a floor on the metric needs the metric: no --metric (or [evaluation] metric) is given.",
+            hint="pass --metric FILE.py:FUNCTION, a function (outputs, batch) -> float, higher better",
+        )
+    return floor
+
+
+def _metric_threshold(text: str):
+    """ "metric=0.8" → ("metric", 0.8): the user's metric has its own scale; None for other forms."""
+    name, _, value = str(text).partition("=")
+    if name.strip().lower() != "metric":
+        return None
+    threshold = float(value)
+    if threshold != threshold:
+        raise ValueError("not a number")
+    return "metric", threshold
+
+
+def _users_evaluation(state: State, eval_dir, eval_data, metric) -> None:
+    """The command line's evaluation data and metric in place of the catalog's, the hooks loaded
+    now so that a wrong one is said before minutes of calibrating."""
+    from pipeline.precision.hooks import load_hook
+
+    state.override(eval_dir=eval_dir)
+    state.override_evaluation(data=eval_data, metric=metric)
+    evaluation = state.catalog.evaluation
+    for spec, option in ((evaluation.data, "--eval-data"), (evaluation.metric, "--metric")):
+        if spec:
+            load_hook(spec, option, state.catalog.root)
 
 
 MAX_DROP_HELP = (
     "The most the variant may fall below the FP32 model on the same samples: top1=1% (top-1 accuracy against the "
-    "images' labels where --eval-dir has them, else the share of predictions that changed) or cos=0.005 "
-    "(repeatable; with --floor, both hold)."
+    "images' labels where --eval-dir has them, else the share of predictions that changed), cos=0.005, or "
+    "metric=0.005 (the --metric hook's figure) (repeatable; with --floor, both hold)."
+)
+EVAL_DATA_HELP = (
+    "Measure on your own data: FILE.py:FUNCTION, a function of no arguments yielding batches of the model's inputs (a "
+    'tensor, a tuple of them, or {"inputs": ..., "labels": ...}); dealt whole, seeded, to the search and the confirmation.'
+)
+METRIC_HELP = (
+    "Your metric: FILE.py:FUNCTION, called as FUNCTION(outputs, batch) -> float per batch, higher better; shown beside "
+    "the FP32 model's on the same batches, and kept with --max-drop metric=0.005 or --floor metric=0.8."
 )
 EVAL_DIR_HELP = (
     "Measure on images from this folder (ImageFolder layout) instead of seeded inputs: --samples for the search and "
@@ -87,6 +125,8 @@ def _refuse_top1_without_classes(lab, floor) -> None:
 @click.option("--engine", required=True, metavar="NAME", help=ENGINE_HELP)
 @click.option("--samples", type=click.IntRange(min=1), default=32, show_default=True, help=SAMPLES_HELP)
 @click.option("--eval-dir", type=click.Path(path_type=Path), metavar="FOLDER", help=EVAL_DIR_HELP)
+@click.option("--eval-data", metavar="FILE.py:FUNCTION", help=EVAL_DATA_HELP)
+@click.option("--metric", metavar="FILE.py:FUNCTION", help=METRIC_HELP)
 @click.option("--floor", "floors", multiple=True, metavar="THRESHOLD", help=FLOOR_HELP)
 @click.option("--max-drop", "max_drops", multiple=True, metavar="METRIC=DROP", help=MAX_DROP_HELP)
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "html"]), default="table", show_default=True)
@@ -94,7 +134,7 @@ def _refuse_top1_without_classes(lab, floor) -> None:
     "--out", type=click.Path(dir_okay=False, path_type=Path), help="Write to this file (html default: reports/sensitivity_ENGINE.html)."
 )
 @pass_state
-def sensitivity(state: State, engine, samples, eval_dir, floors, max_drops, fmt, out):
+def sensitivity(state: State, engine, samples, eval_dir, eval_data, metric, floors, max_drops, fmt, out):
     """Which layers break a quantized engine's accuracy: every quantized layer measured with it
     alone left unquantized (what excluding it buys) and alone quantized (what it costs), ranked,
     with each block's error along the depth.
@@ -108,7 +148,7 @@ def sensitivity(state: State, engine, samples, eval_dir, floors, max_drops, fmt,
     """
     from pipeline.precision import report
 
-    state.override(eval_dir=eval_dir)
+    _users_evaluation(state, eval_dir, eval_data, metric)
     ref = state.catalog.engine(engine)
     floor = _floor(state, ref, floors, max_drops)
     _, result = _analysed(state, engine, samples, floor, "analyse")
@@ -129,21 +169,30 @@ def sensitivity(state: State, engine, samples, eval_dir, floors, max_drops, fmt,
 @click.option("--max-drop", "max_drops", multiple=True, metavar="METRIC=DROP", help=MAX_DROP_HELP)
 @click.option("--samples", type=click.IntRange(min=1), default=32, show_default=True, help=SAMPLES_HELP)
 @click.option("--eval-dir", type=click.Path(path_type=Path), metavar="FOLDER", help=EVAL_DIR_HELP)
+@click.option("--eval-data", metavar="FILE.py:FUNCTION", help=EVAL_DATA_HELP)
+@click.option("--metric", metavar="FILE.py:FUNCTION", help=METRIC_HELP)
 @click.option("--name", metavar="VARIANT", help="The planned variant's name (default: VARIANT_plan, e.g. int8_plan).")
 @click.option("--apply", "apply_", is_flag=True, help="Add the planned variant to pipeline.toml (comments and layout kept).")
+@click.option(
+    "--measure",
+    metavar="TOOLCHAIN",
+    help="Then export, build and time the planned variant beside the fully quantized and the unquantized ones on this "
+    "toolchain, in paired rounds, and print what the plan costs in speed beside what it buys in accuracy.",
+)
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write the output to this file.")
 @pass_state
-def plan(state: State, engine, floors, max_drops, samples, eval_dir, name, apply_, fmt, out):
+def plan(state: State, engine, floors, max_drops, samples, eval_dir, eval_data, metric, name, apply_, measure, fmt, out):
     """The variant of a quantized engine that meets an accuracy floor keeping the least of the
     model's work (FLOPs) in high precision: layers are excluded in order of what each buys per
     FLOP until the floor holds, then every exclusion no longer needed is undone.
 
     \b
     The floor is checked on the search batches and confirmed on as many again that the search
-    never saw; both are printed. The result is catalog TOML (a [variants.NAME] table with its
-    exclude list) and, with --apply, written into pipeline.toml. Then `pipeline run` measures
-    whether it still pays, beside the fully quantized and the unquantized variants.
+    never saw; both are printed, with the margin the search held the floor by. The result is
+    catalog TOML (a [variants.NAME] table with its exclude list) and, with --apply, written into
+    pipeline.toml. --measure TOOLCHAIN (or the `pipeline run` printed) measures whether it still
+    pays, beside the fully quantized and the unquantized variants.
     """
     from pipeline.catalog_file import find_catalog
     from pipeline.errors import PipelineError
@@ -151,7 +200,7 @@ def plan(state: State, engine, floors, max_drops, samples, eval_dir, name, apply
     from pipeline.precision.plan import make_plan
     from pipeline.reporting import Reporter, stdout_console
 
-    state.override(eval_dir=eval_dir)
+    _users_evaluation(state, eval_dir, eval_data, metric)
     ref = state.catalog.engine(engine)
     variant = state.catalog.variant(ref.variant)
     name = name or f"{ref.variant}_plan"
@@ -159,6 +208,8 @@ def plan(state: State, engine, floors, max_drops, samples, eval_dir, name, apply
     digest = catalog_edit.digest(catalog_file)
     if apply_:
         catalog_edit.refuse_existing(catalog_file, name)  # before minutes of work, and again when writing
+    if measure:
+        state.toolchains((measure,), ())  # an unknown toolchain is said before minutes of work
     floor = _floor(state, ref, floors, max_drops)
     lab, result = _analysed(state, engine, samples, floor, "plan")
     reporter = Reporter(verbose=state.verbose)
@@ -171,12 +222,24 @@ def plan(state: State, engine, floors, max_drops, samples, eval_dir, name, apply
     table = catalog_edit.planned_table(variant, ref.model, planned.exclude, description)
     toml_text = catalog_edit.variant_toml(name, table)
     command = _measure_command(state, ref, name)
+    paid = None
+    if measure and planned.needed and planned.confirmed:
+        from pipeline.precision.measure import measure_plan
+
+        if apply_:  # the variant is in the file before its engines are made
+            catalog_edit.apply_variant(catalog_file, name, table, digest)
+            click.echo(f"added [variants.{name}] to {catalog_file}", err=True)
+            apply_ = False
+        paid = measure_plan(state, ref, name, table, measure)
     if fmt == "json":
-        _emit(_json(report.plan_document(planned, name, table, toml_text, command)), out)
+        measured = None if paid is None else {"toolchain": measure, "points": [point.as_dict() for point in paid]}
+        _emit(_json(report.plan_document(planned, name, table, toml_text, command, measured)), out)
     elif out is not None:
         _emit(toml_text, out)
     else:
         report.print_plan(planned, len(result.layers), toml_text, command, stdout_console())
+        if paid is not None:
+            report.print_paid(paid, measure, stdout_console())
     if not planned.confirmed:
         raise PipelineError(
             f"the plan for {ref.name} meets {floor} on the search batches but not on the confirmation batches "
@@ -192,11 +255,10 @@ def _measure_command(state: State, ref, name: str) -> str:
     """`pipeline run` of the plan beside the fully quantized variant and the unquantized one (the
     variant of the plan's high precision), on the catalog's default toolchain: one shape point's
     engines are timed in paired rounds."""
-    variant = state.catalog.variant(ref.variant)
-    high = "fp16" if variant.precision in ("nvfp4", "mxfp8", "fp8") else "fp32"
-    plain = next(
-        (v for v, spec in state.catalog.variants.items() if spec.precision == high and not spec.sparsity and not spec.exclude), None
-    )
+    from pipeline.precision.measure import unquantized_variant
+
+    plain, _ = unquantized_variant(state.catalog, state.catalog.variant(ref.variant))
+    plain = plain if plain in state.catalog.variants else None
     variants = " ".join(f"--variant {v}" for v in (plain, ref.variant, name) if v)
     return f"pipeline run --model {ref.model} {variants} --toolchain {state.catalog.defaults.toolchain}"
 

@@ -41,6 +41,17 @@ class State:
         """This run's command-line settings in place of the catalog's."""
         self._catalog = self.catalog.with_overrides(calib_dir, calib_samples, eval_dir, repeat)
 
+    def use_catalog(self, catalog) -> None:
+        """This run's catalog from here on (a planned variant measured before it is in the file)."""
+        self._catalog = catalog
+
+    def override_evaluation(self, **settings) -> None:
+        """This run's [evaluation] settings (data, metric) in place of the catalog's; None keeps it."""
+        update = {key: value for key, value in settings.items() if value is not None}
+        if update:
+            evaluation = self.catalog.evaluation.model_copy(update=update)
+            self._catalog = self.catalog.model_copy(update={"evaluation": evaluation})
+
     def toolchains(self, toolchains: tuple[str, ...], trts: tuple[str, ...], archs: tuple[str, ...] = ()) -> list[str]:
         """The toolchains named by --toolchain and --trt (or the catalog's default), with --arch
         applied to those that compile ahead of time (a sweep may mix them with others)."""

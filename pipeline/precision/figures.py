@@ -17,9 +17,13 @@ from typing import Any
 
 from pipeline.accuracy import AccuracyFloor, AccuracyThreshold, accuracy_floor
 from pipeline.catalog import Catalog, EngineRef
+from pipeline.precision.margin import Margins
 
 # "--max-drop" forms: a metric and how far below the FP32 model it may fall, as a fraction or a percentage.
-DROP_FORMS = "top1=1% (top-1 accuracy against the labels, else predictions changed) or cos=0.005 (cosine below 1)"
+DROP_FORMS = (
+    "top1=1% (top-1 accuracy against the labels, else predictions changed), cos=0.005 (cosine below 1) "
+    "or metric=0.005 (the --metric hook's figure)"
+)
 
 
 @dataclass(frozen=True)
@@ -34,9 +38,12 @@ class Figures:
     # accuracy and the FP32 model's on the same images.
     top1_accuracy: float | None = None
     fp32_top1_accuracy: float | None = None
+    # The user's metric hook (pipeline/precision/hooks.py), on this variant and on the FP32 model.
+    metric: float | None = None
+    fp32_metric: float | None = None
 
     def value(self, metric: str) -> float | None:
-        return self.cosine if metric == "cos" else self.top1
+        return {"cos": self.cosine, "top1": self.top1, "metric": self.metric}[metric]
 
     def drop(self, metric: str) -> float | None:
         """How far below the FP32 model on the same samples: for ``cos``, 1 − cosine; for
@@ -44,6 +51,8 @@ class Figures:
         share of samples whose predicted class changed (1 − agreement). None where not measured."""
         if metric == "cos":
             return None if self.cosine != self.cosine else 1.0 - self.cosine  # NaN: outputs not finite
+        if metric == "metric":
+            return None if self.metric is None or self.fp32_metric is None else self.fp32_metric - self.metric
         if self.top1_accuracy is not None and self.fp32_top1_accuracy is not None:
             return self.fp32_top1_accuracy - self.top1_accuracy
         return None if self.top1 is None else 1.0 - self.top1
@@ -56,6 +65,8 @@ class Figures:
         text = f"cosine {cosine_text(self.cosine)}" + (f", top-1 {self.top1:.0%}" if self.top1 is not None else "")
         if self.top1_accuracy is not None and self.fp32_top1_accuracy is not None:
             text += f", top-1 accuracy {self.top1_accuracy:.1%} (FP32 {self.fp32_top1_accuracy:.1%})"
+        if self.metric is not None and self.fp32_metric is not None:
+            text += f", metric {self.metric:.4g} (FP32 {self.fp32_metric:.4g})"
         return text
 
 
@@ -72,13 +83,14 @@ def change_text(value: float) -> str:
 def parse_drop(text: str) -> AccuracyThreshold:
     """ "top1=1%", "top1=0.01", "cos=0.005" → (metric, drop as a fraction). ValueError otherwise."""
     metric, _, value = str(text).partition("=")
-    metric = {"cos": "cos", "cosine": "cos", "top1": "top1", "top-1": "top1"}.get(metric.strip().lower())
+    metric = {"cos": "cos", "cosine": "cos", "top1": "top1", "top-1": "top1", "metric": "metric"}.get(metric.strip().lower())
     value = value.strip()
     try:
         drop = float(value[:-1]) / 100 if value.endswith("%") else float(value)
     except ValueError:
         drop = None
-    if metric is None or drop is None or not 0.0 <= drop <= 1.0:
+    # The user's metric has its own scale (a loss-like score, a BLEU): any drop of zero or more.
+    if metric is None or drop is None or not 0.0 <= drop <= (float("inf") if metric == "metric" else 1.0) or drop != drop:
         raise ValueError(f"not a largest drop: give {DROP_FORMS}")
     return metric, drop
 
@@ -86,6 +98,8 @@ def parse_drop(text: str) -> AccuracyThreshold:
 def _drop_text(metric: str, drop: float) -> str:
     if metric == "cos":
         return f"cosine at most {drop:g} below 1"
+    if metric == "metric":
+        return f"the metric at most {drop:g} below FP32's"
     return f"top-1 at most {100 * drop:.4g}% below FP32's"
 
 
@@ -98,14 +112,24 @@ class Floor:
     source: str
     drops: tuple[AccuracyThreshold, ...] = ()
 
-    def met_by(self, figures: Figures) -> bool:
+    def met_by(self, figures: Figures, margins: Margins | None = None) -> bool:
+        """Whether ``figures`` keep the floor; with ``margins`` (pipeline/precision/margin.py),
+        whether they keep it by that much: each figure less its margin, each drop plus its."""
+        below, above = (margins.below, margins.above) if margins is not None else ({}, {})
         # Within float rounding: FP32 against itself is a cosine of 1 give or take 1e-16.
-        kept = all((value := figures.value(metric)) is not None and value >= threshold - 1e-9 for metric, threshold in self.thresholds)
-        return kept and all((fell := figures.drop(metric)) is not None and fell <= drop + 1e-9 for metric, drop in self.drops)
+        kept = all(
+            (value := figures.value(metric)) is not None and value - below.get(metric, 0.0) >= threshold - 1e-9
+            for metric, threshold in self.thresholds
+        )
+        return kept and all(
+            (fell := figures.drop(metric)) is not None and fell + above.get(metric, 0.0) <= drop + 1e-9 for metric, drop in self.drops
+        )
 
     def wanted(self) -> str:
         """What it asks, without who set it: "cosine ≥ 0.99, top-1 at most 1% below FP32's"."""
-        parts = [str(AccuracyFloor(self.thresholds))] if self.thresholds else []
+        standard = tuple(t for t in self.thresholds if t[0] != "metric")
+        parts = [str(AccuracyFloor(standard))] if standard else []
+        parts += [f"metric ≥ {value:g}" for metric, value in self.thresholds if metric == "metric"]
         return ", ".join(parts + [_drop_text(metric, drop) for metric, drop in self.drops])
 
     def __str__(self) -> str:

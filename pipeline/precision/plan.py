@@ -11,6 +11,10 @@ Search, on the search batches (what sensitivity.py measured):
    stays excluded only if quantizing it again breaks the floor.
 3. Confirm the result on the confirmation batches, which the search never saw.
 
+"The floor holds" in the search means it holds with a margin from the search's own spread (a
+bootstrap over its samples, pipeline/precision/margin.py): a plan that stopped exactly at the floor
+would miss it on the confirmation about half the time. The confirmation is judged at the floor.
+
 The floor metrics are those of the floor; the order is by cosine, the one that moves with every
 layer (top-1 agreement moves in steps of a sample).
 """
@@ -23,6 +27,7 @@ from typing import Any
 
 from pipeline.errors import PipelineError
 from pipeline.precision.figures import Figures, Floor, change_text
+from pipeline.precision.margin import Margins
 from pipeline.precision.sensitivity import Sensitivity
 from pipeline.precision.variant_lab import VariantLab
 
@@ -57,6 +62,8 @@ class Plan:
     confirm_samples: int = 0
     # What the search and the confirmation were measured on (VariantLab.describe()).
     evaluation: dict[str, Any] = field(default_factory=dict)
+    # How far the search's figures may be off, which the floor held by (None: not needed).
+    margin: Margins | None = None
 
     @property
     def confirmed(self) -> bool:
@@ -82,10 +89,14 @@ def make_plan(lab: VariantLab, sensitivity: Sensitivity, floor: Floor, progress=
         )
     excluded: list[str] = []
     current = full
+
+    def holds(layers: list[str], figures: Figures) -> bool:
+        return floor.met_by(figures) and floor.met_by(figures, lab.margins(layers, floor))
+
     gains = {layer.name: layer.gain for layer in sensitivity.layers}
     candidates = _by_gain_per_flop(gains, flops)
     reranks = 0
-    while not floor.met_by(current) and candidates:
+    while not holds(excluded, current) and candidates:
         layer = candidates.pop(0)
         progress(f"excluding {layer} ({len(excluded) + 1} excluded)")
         after = lab.evaluate([*excluded, layer])
@@ -93,19 +104,19 @@ def make_plan(lab: VariantLab, sensitivity: Sensitivity, floor: Floor, progress=
         excluded.append(layer)
         steps.append(Step("exclude", layer, after, f"bought {change_text(bought)} of cosine, ranked on {change_text(promised)}"))
         current = after
-        if not floor.met_by(current) and candidates and reranks < RERANKS and not bought >= INTERACTION * promised:
+        if not holds(excluded, current) and candidates and reranks < RERANKS and not bought >= INTERACTION * promised:
             reranks += 1
             progress(f"layers interact: measuring the {len(candidates)} remaining again")
             gains = {name: lab.evaluate([*excluded, name]).cosine - current.cosine for name in candidates}
             candidates = _by_gain_per_flop(gains, flops)
             steps.append(Step("rerank", None, None, f"the remaining {len(candidates)} layers ranked again beside the exclusions so far"))
-    if not floor.met_by(current):
+    if not holds(excluded, current):
         excluded = list(lab.layers)  # only the unquantized model meets it (checked above)
     for layer in sorted(excluded, key=lambda name: flops[name], reverse=True):
         trial = [name for name in excluded if name != layer]
         progress(f"putting {layer} back")
         figures = lab.evaluate(trial)
-        if floor.met_by(figures):
+        if holds(trial, figures):
             excluded, current = trial, figures
             steps.append(Step("put back", layer, figures, "no longer needed: the floor holds with it quantized"))
         else:
@@ -129,6 +140,7 @@ def make_plan(lab: VariantLab, sensitivity: Sensitivity, floor: Floor, progress=
         fully_quantized={"search": full, "confirm": lab.evaluate([], "confirm")},
         quantized_flops_share=sum(flops[name] for name in lab.layers if name not in excluded) / total if total else 0.0,
         steps=steps,
+        margin=lab.margins(excluded, floor),
         search_samples=described["search"]["samples"],
         confirm_samples=described["confirm"]["samples"],
         evaluation=described,

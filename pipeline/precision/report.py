@@ -14,8 +14,8 @@ from pipeline.precision.figures import Figures, change_text, cosine_text
 from pipeline.precision.plan import Plan
 from pipeline.precision.sensitivity import LayerSensitivity, Sensitivity
 
-SENSITIVITY_SCHEMA_VERSION = 2
-PLAN_SCHEMA_VERSION = 2
+SENSITIVITY_SCHEMA_VERSION = 3
+PLAN_SCHEMA_VERSION = 3
 # Layers the terminal lists; JSON and HTML list every one.
 TERMINAL_LAYERS = 15
 
@@ -66,7 +66,9 @@ def sensitivity_document(result: Sensitivity) -> dict[str, Any]:
     }
 
 
-def plan_document(plan: Plan, variant_name: str, variant_table: dict[str, Any], toml_text: str, command: str) -> dict[str, Any]:
+def plan_document(
+    plan: Plan, variant_name: str, variant_table: dict[str, Any], toml_text: str, command: str, measured: dict[str, Any] | None = None
+) -> dict[str, Any]:
     return {
         "kind": "plan",
         "schema_version": PLAN_SCHEMA_VERSION,
@@ -81,8 +83,10 @@ def plan_document(plan: Plan, variant_name: str, variant_table: dict[str, Any], 
         "confirm": _figures(plan.confirm),
         "fully_quantized": {which: _figures(figures) for which, figures in plan.fully_quantized.items()},
         "steps": [step.as_dict() for step in plan.steps],
+        "margin": plan.margin.as_dict() if plan.margin is not None else None,
         "variant": {"name": variant_name, "table": variant_table, "toml": toml_text},
         "measure_with": command,
+        "measured": measured,  # --measure: pipeline/precision/measure.py
     }
 
 
@@ -92,12 +96,15 @@ def plan_document(plan: Plan, variant_name: str, variant_table: dict[str, Any], 
 def _drawn(part: dict[str, Any]) -> str:
     """Where the samples came from, in words: "seeds 1000–1001", or "images of 4 classes from DIR,
     8 each"."""
+    metric = f"; metric {part['metric']}" if part.get("metric") else ""
     if part.get("source") == "images":
         counts = sorted(set(part["classes"].values()))
         each = f"{counts[0]} each" if len(counts) == 1 else f"{counts[0]}–{counts[-1]} each"
-        return f"images of {len(part['classes'])} classes from {part['folder']}, {each}"
+        return f"images of {len(part['classes'])} classes from {part['folder']}, {each}{metric}"
+    if part.get("source") == "hook":
+        return f"{part['batches']} batches of {part['hook']}{metric}"
     seeds = part["seeds"]
-    return f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {seeds[0]}–{seeds[-1]}"
+    return (f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {seeds[0]}–{seeds[-1]}") + metric
 
 
 def _kept(kept: dict[str, str]) -> list[str]:
@@ -189,7 +196,9 @@ def print_depth(depth: list[dict[str, Any]], console) -> None:
 def print_plan(plan: Plan, total_layers: int, toml_text: str, command: str, console) -> None:
     confirm, search = plan.confirm, plan.search
     if not plan.needed:
-        console.print(f"[bold]{plan.engine}[/bold] already meets {plan.floor} fully quantized: {search.said()}; no layer needs excluding.")
+        console.print(
+            f"[bold]{plan.engine}[/bold] already meets {plan.floor} fully quantized: {search.said()}{_margin(plan)}; no layer needs excluding."
+        )
         return
     console.print(
         f"[bold]plan for {plan.engine}[/bold]: exclude {len(plan.exclude)} of {total_layers} quantized layers "
@@ -199,6 +208,8 @@ def print_plan(plan: Plan, total_layers: int, toml_text: str, command: str, cons
         f"  fully quantized   search: {plan.fully_quantized['search'].said()}   confirmation: {plan.fully_quantized['confirm'].said()}"
     )
     console.print(f"  planned           search: {search.said()}   confirmation: {confirm.said()}")
+    if plan.margin is not None:
+        console.print(f"  the floor held on the search{_margin(plan)}")
     if plan.evaluation:
         drawn = plan.evaluation["search"], plan.evaluation["confirm"]
         console.print(
@@ -210,6 +221,24 @@ def print_plan(plan: Plan, total_layers: int, toml_text: str, command: str, cons
         console.print(f"[red]floor {plan.floor}: met on the search batches, missed on the confirmation batches[/red]")
     console.print("\n" + toml_text.rstrip(), markup=False, highlight=False)
     console.print(f"\nmeasure whether it still pays, in paired rounds beside the full and unquantized variants:\n  {command}", markup=False)
+
+
+def print_paid(paid: list, toolchain: str, console) -> None:
+    """What the plan costs in speed on ``toolchain``, point by point (pipeline/precision/measure.py)."""
+    console.print(f"\n[bold]what it costs on {toolchain}[/bold] (paired rounds; planned engine's time over each other's, 95% interval):")
+    for point in paid:
+        console.print(f"  {point.said()}", markup=False, highlight=False)
+
+
+def _margin(plan: Plan) -> str:
+    """ " with a margin of cosine −0.00041 (the 5th percentile of 400 bootstrap resamples of its
+    32 samples)", or nothing without one."""
+    margin = plan.margin
+    metrics = [metric for metric, _ in (*plan.floor.thresholds, *plan.floor.drops)]
+    said = margin.said(metrics) if margin is not None else ""
+    if not said:
+        return ""
+    return f" with a margin of {said} (95% one-sided, {margin.resamples} bootstrap resamples of its {margin.samples} samples)"
 
 
 # --- HTML ----------------------------------------------------------------------------------------------

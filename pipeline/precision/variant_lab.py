@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 from pipeline.catalog import Catalog, EngineRef
@@ -27,6 +28,8 @@ from pipeline.environment import package_version
 from pipeline.errors import UsageError
 from pipeline.models import model_source
 from pipeline.precision.figures import Figures, cosine_of, figures, relative_error_of
+from pipeline.precision.hooks import drawn_batches, load_hook, metric_of
+from pipeline.precision.margin import Margins, SampleStats, margins, sample_stats
 from pipeline.runtimes.torch_memory import out_of_memory_as_error
 from pipeline.stages.quantize import (
     DEFAULT_WEIGHTS_DTYPE,
@@ -79,6 +82,7 @@ class VariantLab:
         self.samples = samples
         self._progress = progress or (lambda text: None)
         self._cache: dict[tuple[frozenset, str], Figures] = {}
+        self._stats: dict[tuple[frozenset, str], SampleStats] = {}  # the same, sample by sample
         self.timings: dict[str, float] = {}
         started = time.perf_counter()
         require_cuda_for(self.variant.precision)
@@ -123,18 +127,28 @@ class VariantLab:
         self.calibration = {
             k: v for k, v in source.describe_calibration(calibration_dir, settings.samples, settings.batch_size).items() if k != "files"
         }
-        evaluation_dir = self.catalog.evaluation.directory
+        evaluation = self.catalog.evaluation
         self.labels: dict[str, list[int]] | None = None  # each draw's labels, in its batches' order
-        if evaluation_dir is not None:
-            self.batches = self._image_batches(model, source.in_workspace(evaluation_dir))
+        self.drawn, self.given = None, None  # given: each batch as a metric hook sees it
+        if evaluation.data is not None and evaluation.directory is not None:
+            raise UsageError(
+                f"both an evaluation folder ({evaluation.directory}) and a data hook ({evaluation.data}) are given.",
+                hint="pass one of --eval-dir and --eval-data",
+            )
+        if evaluation.data is not None:
+            self.batches = self._hook_batches(evaluation.data)
+        elif evaluation.directory is not None:
+            self.batches = self._image_batches(model, source.in_workspace(evaluation.directory))
         else:
-            self.drawn = None
             self.batches = {"search": self._batches(model, SEARCH_SEED), "confirm": self._batches(model, CONFIRM_SEED)}
+        self.given = self.given or {which: self._given(which, batches) for which, batches in self.batches.items()}
 
         self._progress("running the FP32 model")
         self.flops, self._reference_depth = {}, {}
         self.references = {which: [self._fp32(runnable, batch, first=(which, i) == ("search", 0), model=model) for i, batch in enumerate(batches)]
                            for which, batches in self.batches.items()}  # fmt: skip
+        self.metric = load_hook(evaluation.metric, "--metric", self.catalog.root) if evaluation.metric else None
+        self.fp32_metric = {which: self._metric(which, outputs) for which, outputs in self.references.items()}
 
         self.dtype = torch.float32
         weights_dtype = variant.weights_dtype or DEFAULT_WEIGHTS_DTYPE[variant.precision]
@@ -159,6 +173,34 @@ class VariantLab:
             return [self.source.sample_inputs(model, self.source.at_batch(self.point, self.samples), self.spec.seed + offset)]
         count = max(1, -(-self.samples // self.spec.batch_size))
         return [self.source.sample_inputs(model, None, self.spec.seed + offset + n) for n in range(count)]
+
+    def _hook_batches(self, spec: str) -> dict[str, list[tuple]]:
+        """The search's and the confirmation's batches from the user's data hook, dealt whole
+        (seeded by the model's seed + SEARCH_SEED)."""
+        seed = self.spec.seed + SEARCH_SEED
+        search, confirm = drawn_batches(load_hook(spec, "--eval-data", self.catalog.root), spec, self.samples, seed)
+        self.drawn = {"hook": spec, "seed": seed}
+        self.given = {"search": [b.given for b in search], "confirm": [b.given for b in confirm]}
+        return {"search": [b.inputs for b in search], "confirm": [b.inputs for b in confirm]}
+
+    def _given(self, which: str, batches: list[tuple]) -> list:
+        """Each batch as a metric hook sees it: {"inputs", "labels"} where the images have labels,
+        else the inputs."""
+        if not self.labels:
+            return list(batches)
+        import torch
+
+        given, start = [], 0
+        for batch in batches:
+            count = batch[0].shape[0]
+            given.append({"inputs": batch, "labels": torch.tensor(self.labels[which][start : start + count])})
+            start += count
+        return given
+
+    def _metric(self, which: str, outputs: list, given: list | None = None) -> float | None:
+        if self.metric is None:
+            return None
+        return metric_of(self.metric, self.catalog.evaluation.metric, outputs, self.given[which] if given is None else given)
 
     def _image_batches(self, model, directory) -> dict[str, list[tuple]]:
         """The search's and the confirmation's batches from the user's images: ``samples`` each,
@@ -247,8 +289,25 @@ class VariantLab:
         if key not in self._cache:
             self.switches.quantize_all_but(key[0])
             outputs = [self._run(batch) for batch in self.batches[which]]
-            self._cache[key] = figures(self.references[which], outputs, self.labels[which] if self.labels else None)
+            labels = self.labels[which] if self.labels else None
+            measured = figures(self.references[which], outputs, labels)
+            stats = sample_stats(self.references[which], outputs, labels)
+            if self.metric is not None:
+                per_batch = [self._metric(which, [output], [given]) for output, given in zip(outputs, self.given[which])]
+                fp32 = [self._metric(which, [ref], [given]) for ref, given in zip(self.references[which], self.given[which])]
+                measured = replace(measured, metric=self._metric(which, outputs), fp32_metric=self.fp32_metric[which])
+                stats = replace(
+                    stats, metric=_array(per_batch), fp32_metric=_array(fp32), batch_sizes=_array([o.shape[0] for o in outputs])
+                )
+            self._cache[key], self._stats[key] = measured, stats
         return self._cache[key]
+
+    def margins(self, excluded: Iterable[str], floor) -> Margins:
+        """How far the search's figures of ``excluded`` may be off, for ``floor``'s metrics
+        (pipeline/precision/margin.py)."""
+        self.evaluate(excluded)
+        stats = self._stats[(frozenset(excluded), "search")]
+        return margins(stats, [metric for metric, _ in floor.thresholds], [metric for metric, _ in floor.drops])
 
     def evaluate_only(self, quantized: Iterable[str]) -> Figures:
         """The variant with only ``quantized`` layers quantized, on the search batches."""
@@ -302,8 +361,13 @@ class VariantLab:
         """Where the search's or the confirmation's samples came from: seeded inputs (their seeds),
         or the user's images (the folder, the seed that drew them, how many each class gave)."""
         batches = self.batches[which]
+        metric = {"metric": self.catalog.evaluation.metric} if self.metric else {}
         if self.drawn is None:
-            return {"source": "seeded", "seeds": [self.spec.seed + offset + n for n in range(len(batches))], "samples": _samples(batches)}
+            seeds = [self.spec.seed + offset + n for n in range(len(batches))]
+            return {"source": "seeded", "seeds": seeds, "samples": _samples(batches), **metric}
+        if "hook" in self.drawn:
+            return {"source": "hook", "seeds": None, "hook": self.drawn["hook"], "seed": self.drawn["seed"],
+                    "samples": _samples(batches), "batches": len(batches), **metric}  # fmt: skip
         return {
             "source": "images",
             "seeds": None,
@@ -313,6 +377,7 @@ class VariantLab:
             "classes": self.drawn[which],
             "labels": self.drawn["labels"],
             "labels_skipped": self.drawn["labels_skipped"],
+            **metric,
         }
 
 
@@ -332,6 +397,12 @@ def depth_units(model, layers: list[str]) -> list[str]:
             if len(run) >= 2 and len(run) > len(best) and not issubclass(cls, (nn.Linear, nn.modules.conv._ConvNd)):
                 best = run
     return best or list(layers)
+
+
+def _array(values: list):
+    import numpy as np
+
+    return np.asarray(values, dtype=float)
 
 
 def _samples(batches: list[tuple]) -> int:

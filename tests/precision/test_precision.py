@@ -328,9 +328,13 @@ def test_every_line_of_the_bad_input_section_has_a_case():
     for case in CASES:
         assert any(case.doc in bullet for bullet in bullets), f"{case.id}: {case.doc!r} is in no docs line"
     for bullet in bullets:
-        if any(words in bullet for words in ("Ctrl-C", "changed since", "out of memory", "fewer than twice", "not class scores")):
+        if any(
+            words in bullet
+            for words in ("Ctrl-C", "changed since", "out of memory", "fewer than twice", "not class scores", "test_hooks.py")
+        ):
             # The two tests above, too few images and a top-1 of no classes (they need an image
-            # model and a transformer: the test of them below); out of GPU memory is the
+            # model and a transformer: the test of them below); the hooks' own cases
+            # (tests/precision/test_hooks.py, on a trained model); out of GPU memory is the
             # profile's error (pipeline/runtimes/torch_memory.py).
             continue
         assert any(case.doc in bullet for case in CASES), f"no case for: {bullet}"
