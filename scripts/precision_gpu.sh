@@ -8,6 +8,8 @@
 # batches), is added to pipeline.toml and exported. Writes
 # OUT_DIR/ENGINE.sensitivity.json, .sensitivity.txt (the terminal's table), .plan.json, the
 # planned export's manifest, and OUT_DIR/timings.txt.
+# EVAL_DATA=scripts/gpu_eval_data.py measures on that file's data hook MODEL_batches (--eval-data)
+# instead of seeded inputs; NO_EXPORT=1 leaves the planned variant unexported.
 set -uo pipefail
 out="${1:?usage: precision_gpu.sh OUT_DIR ENGINE[:NAME] ...}"
 shift
@@ -20,19 +22,24 @@ for item in "$@"; do
   engine="${item%%:*}"
   name="${item#*:}"
   [ "$name" = "$item" ] && name=""
+  model_of="${engine%_*}"
+  data=()
+  [ -n "${EVAL_DATA:-}" ] && data=(--eval-data "$EVAL_DATA:${model_of}_batches")
   start=$(date +%s.%N)
-  COLUMNS=110 pipeline sensitivity --engine "$engine" --format json --out "$out/$engine.sensitivity.json" || status=1
+  COLUMNS=110 pipeline sensitivity --engine "$engine" "${data[@]}" --format json --out "$out/$engine.sensitivity.json" || status=1
   analysed=$(date +%s.%N)
-  COLUMNS=110 pipeline sensitivity --engine "$engine" > "$out/$engine.sensitivity.txt" 2>/dev/null || status=1
+  COLUMNS=110 pipeline sensitivity --engine "$engine" "${data[@]}" > "$out/$engine.sensitivity.txt" 2>/dev/null || status=1
   before_plan=$(date +%s.%N)
   for share in 2 3; do
     floor=$(python3 -c "import json,math,sys; c=json.load(open(sys.argv[1]))['fully_quantized']['cosine']; print(math.floor((1-(1-c)/int(sys.argv[2]))*1e4)/1e4)" "$out/$engine.sensitivity.json" "$share") || break
-    pipeline plan --engine "$engine" --floor "cos=$floor" ${name:+--name "$name"} --format json --out "$out/$engine.plan.json" --apply && break
+    pipeline plan --engine "$engine" "${data[@]}" --floor "cos=$floor" ${name:+--name "$name"} --format json --out "$out/$engine.plan.json" --apply && break
   done
   planned=$(date +%s.%N)
   variant=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['variant']['name'])" "$out/$engine.plan.json") || { status=1; continue; }
   model=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['engine'].removesuffix('_' + sys.argv[2]))" "$out/$engine.sensitivity.json" "$(echo "$engine" | sed 's/.*_\(int8\|fp8\|mxfp8\|nvfp4\)$/\1/')")
-  pipeline export --engine "${model}_${variant}" && cp "manifests/export/${model}_${variant}.json" "$out/" || status=1
+  if [ -z "${NO_EXPORT:-}" ]; then
+    pipeline export --engine "${model}_${variant}" && cp "manifests/export/${model}_${variant}.json" "$out/" || status=1
+  fi
   exported=$(date +%s.%N)
   python3 -c "import sys; a,b,c,d,e=map(float,sys.argv[2:]); print(f'{sys.argv[1]}: sensitivity {b-a:.1f} s, plan {d-c:.1f} s, export of the plan {e-d:.1f} s')" \
     "$engine" "$start" "$analysed" "$before_plan" "$planned" "$exported" | tee -a "$out/timings.txt"
