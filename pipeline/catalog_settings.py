@@ -73,6 +73,9 @@ class EvaluationSettings(_Strict):
     # inputs; and the user's metric, FUNCTION(outputs, batch) -> float, higher better.
     data: str | None = None
     metric: str | None = None
+    # `sensitivity` and `plan` only: a transformer's token ids (.npy, one sequence per row, as
+    # calibration_tokens) in place of seeded ones.
+    tokens: Path | None = None
 
 
 class Defaults(_Strict):

@@ -54,13 +54,13 @@ def _metric_threshold(text: str):
     return "metric", threshold
 
 
-def _users_evaluation(state: State, eval_dir, eval_data, metric) -> None:
+def _users_evaluation(state: State, eval_dir, eval_data, metric, eval_tokens=None) -> None:
     """The command line's evaluation data and metric in place of the catalog's, the hooks loaded
     now so that a wrong one is said before minutes of calibrating."""
     from pipeline.precision.hooks import load_hook
 
     state.override(eval_dir=eval_dir)
-    state.override_evaluation(data=eval_data, metric=metric)
+    state.override_evaluation(data=eval_data, metric=metric, tokens=Path(eval_tokens).resolve() if eval_tokens else None)
     evaluation = state.catalog.evaluation
     for spec, option in ((evaluation.data, "--eval-data"), (evaluation.metric, "--metric")):
         if spec:
@@ -75,6 +75,10 @@ MAX_DROP_HELP = (
 EVAL_DATA_HELP = (
     "Measure on your own data: FILE.py:FUNCTION, a function of no arguments yielding batches of the model's inputs (a "
     'tensor, a tuple of them, or {"inputs": ..., "labels": ...}); dealt whole, seeded, to the search and the confirmation.'
+)
+EVAL_TOKENS_HELP = (
+    "Measure a transformer on these token ids (.npy, one sequence per row, as calibration_tokens): --samples rows "
+    "for the search and as many others for the confirmation, drawn seeded."
 )
 METRIC_HELP = (
     "Your metric: FILE.py:FUNCTION, called as FUNCTION(outputs, batch) -> float per batch, higher better; shown beside "
@@ -126,6 +130,7 @@ def _refuse_top1_without_classes(lab, floor) -> None:
 @click.option("--samples", type=click.IntRange(min=1), default=32, show_default=True, help=SAMPLES_HELP)
 @click.option("--eval-dir", type=click.Path(path_type=Path), metavar="FOLDER", help=EVAL_DIR_HELP)
 @click.option("--eval-data", metavar="FILE.py:FUNCTION", help=EVAL_DATA_HELP)
+@click.option("--eval-tokens", type=click.Path(path_type=Path), metavar="FILE.npy", help=EVAL_TOKENS_HELP)
 @click.option("--metric", metavar="FILE.py:FUNCTION", help=METRIC_HELP)
 @click.option("--floor", "floors", multiple=True, metavar="THRESHOLD", help=FLOOR_HELP)
 @click.option("--max-drop", "max_drops", multiple=True, metavar="METRIC=DROP", help=MAX_DROP_HELP)
@@ -134,7 +139,7 @@ def _refuse_top1_without_classes(lab, floor) -> None:
     "--out", type=click.Path(dir_okay=False, path_type=Path), help="Write to this file (html default: reports/sensitivity_ENGINE.html)."
 )
 @pass_state
-def sensitivity(state: State, engine, samples, eval_dir, eval_data, metric, floors, max_drops, fmt, out):
+def sensitivity(state: State, engine, samples, eval_dir, eval_data, eval_tokens, metric, floors, max_drops, fmt, out):
     """Which layers break a quantized engine's accuracy: every quantized layer measured with it
     alone left unquantized (what excluding it buys) and alone quantized (what it costs), ranked,
     with each block's error along the depth.
@@ -148,7 +153,7 @@ def sensitivity(state: State, engine, samples, eval_dir, eval_data, metric, floo
     """
     from pipeline.precision import report
 
-    _users_evaluation(state, eval_dir, eval_data, metric)
+    _users_evaluation(state, eval_dir, eval_data, metric, eval_tokens)
     ref = state.catalog.engine(engine)
     floor = _floor(state, ref, floors, max_drops)
     _, result = _analysed(state, engine, samples, floor, "analyse")
@@ -170,6 +175,7 @@ def sensitivity(state: State, engine, samples, eval_dir, eval_data, metric, floo
 @click.option("--samples", type=click.IntRange(min=1), default=32, show_default=True, help=SAMPLES_HELP)
 @click.option("--eval-dir", type=click.Path(path_type=Path), metavar="FOLDER", help=EVAL_DIR_HELP)
 @click.option("--eval-data", metavar="FILE.py:FUNCTION", help=EVAL_DATA_HELP)
+@click.option("--eval-tokens", type=click.Path(path_type=Path), metavar="FILE.npy", help=EVAL_TOKENS_HELP)
 @click.option("--metric", metavar="FILE.py:FUNCTION", help=METRIC_HELP)
 @click.option("--name", metavar="VARIANT", help="The planned variant's name (default: VARIANT_plan, e.g. int8_plan).")
 @click.option("--apply", "apply_", is_flag=True, help="Add the planned variant to pipeline.toml (comments and layout kept).")
@@ -182,7 +188,7 @@ def sensitivity(state: State, engine, samples, eval_dir, eval_data, metric, floo
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write the output to this file.")
 @pass_state
-def plan(state: State, engine, floors, max_drops, samples, eval_dir, eval_data, metric, name, apply_, measure, fmt, out):
+def plan(state: State, engine, floors, max_drops, samples, eval_dir, eval_data, eval_tokens, metric, name, apply_, measure, fmt, out):
     """The variant of a quantized engine that meets an accuracy floor keeping the least of the
     model's work (FLOPs) in high precision: layers are excluded in order of what each buys per
     FLOP until the floor holds, then every exclusion no longer needed is undone.
@@ -200,7 +206,7 @@ def plan(state: State, engine, floors, max_drops, samples, eval_dir, eval_data, 
     from pipeline.precision.plan import make_plan
     from pipeline.reporting import Reporter, stdout_console
 
-    _users_evaluation(state, eval_dir, eval_data, metric)
+    _users_evaluation(state, eval_dir, eval_data, metric, eval_tokens)
     ref = state.catalog.engine(engine)
     variant = state.catalog.variant(ref.variant)
     name = name or f"{ref.variant}_plan"

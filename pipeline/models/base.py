@@ -310,6 +310,16 @@ class ModelSource(ABC):
         self.describe_evaluation(directory)  # raises: this family has no use for images
         return []
 
+    def token_batches(self, model, path: Path, rows: list[int]) -> tuple:
+        """Rows of a token-id file as one input batch (`--eval-tokens`), for a model that takes
+        token ids."""
+        raise UsageError(f"model {self.name!r} takes no token ids ({path}).", hint="leave out --eval-tokens for this model")
+
+    def token_rows(self, model, path: Path) -> int:
+        """How many sequences a token-id file holds, checked for this model."""
+        self.token_batches(model, path, [])  # raises: this family takes no token ids
+        return 0
+
     def calibration_batches(self, model, directory: Path | None, samples: int, batch_size: int) -> list[tuple]:
         """Inputs for quantization and sparsegpt calibration, as tuples in inputs()'s order."""
         points = self.shape_points()

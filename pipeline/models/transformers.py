@@ -133,7 +133,30 @@ class TransformersModel(ModelSource):
         import numpy as np
         import torch
 
-        path = self.tokens_path()
+        tokens = self._token_ids(model, self.tokens_path())
+        tokens = torch.from_numpy(tokens[:samples].astype(np.int64))
+        values = {"attention_mask": torch.ones_like(tokens), "token_type_ids": torch.zeros_like(tokens)}
+        return [
+            tuple(batch if name == "input_ids" else values[name][start : start + batch_size] for name in self.spec.inputs)
+            for start, batch in ((start, tokens[start : start + batch_size]) for start in range(0, len(tokens), batch_size))
+        ]
+
+    def token_rows(self, model, path: Path) -> int:
+        return len(self._token_ids(model, path))
+
+    def token_batches(self, model, path: Path, rows: list[int]) -> tuple:
+        """Those rows of a token-id file (`--eval-tokens`) as one batch, every position attended."""
+        import numpy as np
+        import torch
+
+        tokens = torch.from_numpy(self._token_ids(model, path)[rows].astype(np.int64))
+        values = {"input_ids": tokens, "attention_mask": torch.ones_like(tokens), "token_type_ids": torch.zeros_like(tokens)}
+        return tuple(values[name] for name in self.spec.inputs)
+
+    def _token_ids(self, model, path: Path):
+        """A .npy of token ids, one sequence per row, checked against the model's vocabulary and length."""
+        import numpy as np
+
         try:
             tokens = np.load(path, allow_pickle=False)
         except (OSError, ValueError) as exc:
@@ -162,12 +185,7 @@ class TransformersModel(ModelSource):
                 f"model {self.name!r}: the sequences of {path} are {tokens.shape[1]} long; the model takes at most {limit}.",
                 hint=f"cut the sequences to at most {limit} tokens (ids[:, :{limit}])",
             )
-        tokens = torch.from_numpy(tokens[:samples].astype(np.int64))
-        values = {"attention_mask": torch.ones_like(tokens), "token_type_ids": torch.zeros_like(tokens)}
-        return [
-            tuple(batch if name == "input_ids" else values[name][start : start + batch_size] for name in self.spec.inputs)
-            for start, batch in ((start, tokens[start : start + batch_size]) for start in range(0, len(tokens), batch_size))
-        ]
+        return tokens
 
     def facts(self) -> dict[str, Any]:
         facts: dict[str, Any] = {

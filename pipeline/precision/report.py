@@ -101,6 +101,8 @@ def _drawn(part: dict[str, Any]) -> str:
         counts = sorted(set(part["classes"].values()))
         each = f"{counts[0]} each" if len(counts) == 1 else f"{counts[0]}–{counts[-1]} each"
         return f"images of {len(part['classes'])} classes from {part['folder']}, {each}{metric}"
+    if part.get("source") == "tokens":
+        return f"sequences of {part['file']} ({part['rows']} rows), drawn seeded{metric}"
     if part.get("source") == "hook":
         return f"{part['batches']} batches of {part['hook']}{metric}"
     seeds = part["seeds"]

@@ -130,13 +130,16 @@ class VariantLab:
         evaluation = self.catalog.evaluation
         self.labels: dict[str, list[int]] | None = None  # each draw's labels, in its batches' order
         self.drawn, self.given = None, None  # given: each batch as a metric hook sees it
-        if evaluation.data is not None and evaluation.directory is not None:
+        given = [f"{what} ({value})" for what, value in (("an evaluation folder", evaluation.directory),
+                 ("a data hook", evaluation.data), ("token ids", evaluation.tokens)) if value is not None]  # fmt: skip
+        if len(given) > 1:
             raise UsageError(
-                f"both an evaluation folder ({evaluation.directory}) and a data hook ({evaluation.data}) are given.",
-                hint="pass one of --eval-dir and --eval-data",
+                f"{' and '.join(given)} are given: the samples come from one.", hint="pass one of --eval-dir, --eval-data and --eval-tokens"
             )
         if evaluation.data is not None:
             self.batches = self._hook_batches(evaluation.data)
+        elif evaluation.tokens is not None:
+            self.batches = self._token_batches(model, source.in_workspace(evaluation.tokens))
         elif evaluation.directory is not None:
             self.batches = self._image_batches(model, source.in_workspace(evaluation.directory))
         else:
@@ -182,6 +185,24 @@ class VariantLab:
         self.drawn = {"hook": spec, "seed": seed}
         self.given = {"search": [b.given for b in search], "confirm": [b.given for b in confirm]}
         return {"search": [b.inputs for b in search], "confirm": [b.inputs for b in confirm]}
+
+    def _token_batches(self, model, path) -> dict[str, list[tuple]]:
+        """The search's and the confirmation's sequences from a token-id file: ``samples`` rows
+        each, disjoint, drawn seeded (the model's seed + SEARCH_SEED), one batch each."""
+        import random
+
+        rows = self.source.token_rows(model, path)
+        if rows < 2 * self.samples:
+            raise UsageError(
+                f"token file {path} holds {rows} sequences; {self.ref.name}'s search and its confirmation need {2 * self.samples}: "
+                f"{self.samples} each (--samples), drawn apart so that the confirmation sees sequences the search never did.",
+                hint=f"pass --samples {max(1, rows // 2)} or fewer, or a file with at least {2 * self.samples} rows",
+            )
+        seed = self.spec.seed + SEARCH_SEED
+        order = random.Random(seed).sample(range(rows), 2 * self.samples)
+        search, confirm = sorted(order[: self.samples]), sorted(order[self.samples :])
+        self.drawn = {"tokens": str(path), "seed": seed, "rows": rows}
+        return {"search": [self.source.token_batches(model, path, search)], "confirm": [self.source.token_batches(model, path, confirm)]}
 
     def _given(self, which: str, batches: list[tuple]) -> list:
         """Each batch as a metric hook sees it: {"inputs", "labels"} where the images have labels,
@@ -365,6 +386,9 @@ class VariantLab:
         if self.drawn is None:
             seeds = [self.spec.seed + offset + n for n in range(len(batches))]
             return {"source": "seeded", "seeds": seeds, "samples": _samples(batches), **metric}
+        if "tokens" in self.drawn:
+            return {"source": "tokens", "seeds": None, "file": self.drawn["tokens"], "seed": self.drawn["seed"],
+                    "rows": self.drawn["rows"], "samples": _samples(batches), **metric}  # fmt: skip
         if "hook" in self.drawn:
             return {"source": "hook", "seeds": None, "hook": self.drawn["hook"], "seed": self.drawn["seed"],
                     "samples": _samples(batches), "batches": len(batches), **metric}  # fmt: skip

@@ -141,7 +141,7 @@ def test_the_users_metric_on_labelled_images_is_the_top1_accuracy_the_product_me
         (("--eval-data", "{hooks}:batches", "--metric", "{hooks}:nothing"), "--metric '{hooks}:nothing' returned None, not a number"),
         (("--metric", "{hooks}:absent"), "has no function absent"),
         (("--metric", "{hooks}"), "names no Python function"),
-        (("--eval-data", "{hooks}:batches", "--eval-dir", "{images}"), "both an evaluation folder"),
+        (("--eval-data", "{hooks}:batches", "--eval-dir", "{images}"), "are given: the samples come from one"),
         (("--max-drop", "metric=0.01"), "a floor on the metric needs the metric: no --metric"),
     ],
     ids=[
