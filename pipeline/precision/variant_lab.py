@@ -8,12 +8,16 @@ those exclusions, not an approximation of it: ModelOpt calibrates with every qua
 ranges and none quantizing (``enable_stats_collection`` disables quantization while it runs), so
 each layer's ranges come from FP32 activations whichever layers are excluded.
 
-Accuracy is measured against the FP32 model's outputs on *evaluation batches kept apart from
-calibration*: seeded inputs at the model's evaluated shape point, drawn with seeds that
+Accuracy is measured against the FP32 model's outputs (and, with a metric hook of the user's,
+by that metric beside the FP32 model's, pipeline/precision/hooks.py) on *evaluation batches kept
+apart from calibration*: seeded inputs at the model's evaluated shape point, drawn with seeds that
 calibration (seed + 2 + n) and the export's reference batch (seed + 1) never use —
 ``SEARCH_SEED`` for what sensitivity and the plan's search see, ``CONFIRM_SEED`` for the batches
-only the plan's confirmation sees. With an evaluation folder (``--eval-dir``), the user's images
-instead: two disjoint draws across its classes, one for the search, one for the confirmation.
+only the plan's confirmation sees. With the user's data instead — an evaluation folder's images
+(``--eval-dir``, drawn across its classes), a token-id file's rows (``--eval-tokens``) or a data
+hook's batches (``--eval-data``, dealt whole) — two disjoint draws, one for the search, one for the
+confirmation. Each variant's figures are also kept sample by sample, for the plan's margin
+(pipeline/precision/margin.py).
 """
 
 from __future__ import annotations
@@ -151,7 +155,8 @@ class VariantLab:
         self.references = {which: [self._fp32(runnable, batch, first=(which, i) == ("search", 0), model=model) for i, batch in enumerate(batches)]
                            for which, batches in self.batches.items()}  # fmt: skip
         self.metric = load_hook(evaluation.metric, "--metric", self.catalog.root) if evaluation.metric else None
-        self.fp32_metric = {which: self._metric(which, outputs) for which, outputs in self.references.items()}
+        # The FP32 model's metric, batch by batch (the bootstrap resamples batches) and over all.
+        self.fp32_by_batch = {which: self._by_batch(which, outputs) for which, outputs in self.references.items()}
 
         self.dtype = torch.float32
         weights_dtype = variant.weights_dtype or DEFAULT_WEIGHTS_DTYPE[variant.precision]
@@ -218,10 +223,12 @@ class VariantLab:
             start += count
         return given
 
-    def _metric(self, which: str, outputs: list, given: list | None = None) -> float | None:
+    def _by_batch(self, which: str, outputs: list) -> list[float] | None:
+        """The metric hook on each batch's outputs (None without one)."""
         if self.metric is None:
             return None
-        return metric_of(self.metric, self.catalog.evaluation.metric, outputs, self.given[which] if given is None else given)
+        spec = self.catalog.evaluation.metric
+        return [metric_of(self.metric, spec, [output], [given]) for output, given in zip(outputs, self.given[which])]
 
     def _image_batches(self, model, directory) -> dict[str, list[tuple]]:
         """The search's and the confirmation's batches from the user's images: ``samples`` each,
@@ -314,12 +321,10 @@ class VariantLab:
             measured = figures(self.references[which], outputs, labels)
             stats = sample_stats(self.references[which], outputs, labels)
             if self.metric is not None:
-                per_batch = [self._metric(which, [output], [given]) for output, given in zip(outputs, self.given[which])]
-                fp32 = [self._metric(which, [ref], [given]) for ref, given in zip(self.references[which], self.given[which])]
-                measured = replace(measured, metric=self._metric(which, outputs), fp32_metric=self.fp32_metric[which])
-                stats = replace(
-                    stats, metric=_array(per_batch), fp32_metric=_array(fp32), batch_sizes=_array([o.shape[0] for o in outputs])
-                )
+                sizes = _array([output.shape[0] for output in outputs])
+                mine, fp32 = _array(self._by_batch(which, outputs)), _array(self.fp32_by_batch[which])
+                measured = replace(measured, metric=_weighted(mine, sizes), fp32_metric=_weighted(fp32, sizes))
+                stats = replace(stats, metric=mine, fp32_metric=fp32, batch_sizes=sizes)
             self._cache[key], self._stats[key] = measured, stats
         return self._cache[key]
 
@@ -421,6 +426,11 @@ def depth_units(model, layers: list[str]) -> list[str]:
             if len(run) >= 2 and len(run) > len(best) and not issubclass(cls, (nn.Linear, nn.modules.conv._ConvNd)):
                 best = run
     return best or list(layers)
+
+
+def _weighted(values, sizes) -> float:
+    """The mean over samples of a figure given per batch: each batch weighted by its size."""
+    return float((values * sizes).sum() / sizes.sum())
 
 
 def _array(values: list):
