@@ -229,14 +229,15 @@ def plan(state: State, engine, floors, max_drops, samples, eval_dir, eval_data, 
     toml_text = catalog_edit.variant_toml(name, table)
     command = _measure_command(state, ref, name)
     paid = None
-    if measure and planned.needed and planned.confirmed:
+    if measure and planned.confirmed:
         from pipeline.precision.measure import measure_plan
 
-        if apply_:  # the variant is in the file before its engines are made
+        if apply_ and planned.needed:  # the variant is in the file before its engines are made
             catalog_edit.apply_variant(catalog_file, name, table, digest)
             click.echo(f"added [variants.{name}] to {catalog_file}", err=True)
             apply_ = False
-        paid = measure_plan(state, ref, name, table, measure)
+        # No layer needed excluding: the plan is the fully quantized variant, timed beside the unquantized.
+        paid = measure_plan(state, ref, name if planned.needed else None, table, measure)
     if fmt == "json":
         measured = None if paid is None else {"toolchain": measure, "points": [point.as_dict() for point in paid]}
         _emit(_json(report.plan_document(planned, name, table, toml_text, command, measured)), out)

@@ -95,10 +95,11 @@ def _how(estimate: RatioEstimate) -> str:
     return {"faster": "faster", "slower": "slower", "same": "the same within the tie width"}.get(estimate.outcome, "undecided")
 
 
-def measure_plan(state, ref: EngineRef, planned: str, table: dict[str, Any], toolchain: str) -> list[Paid]:
+def measure_plan(state, ref: EngineRef, planned: str | None, table: dict[str, Any], toolchain: str) -> list[Paid]:
     """Export, build and time the planned variant beside the full and the unquantized one on
     ``toolchain``; what it costs at each shape point. The planned variant is added to this run's
-    catalog where it is not in the file (without --apply)."""
+    catalog where it is not in the file (without --apply). ``planned`` None: no layer needed
+    excluding, the plan is the fully quantized variant, timed beside the unquantized one."""
     from pipeline.report.compare import compare
     from pipeline.stages.runner import LocalLauncher
     from pipeline.workspace import Workspace
@@ -106,11 +107,12 @@ def measure_plan(state, ref: EngineRef, planned: str, table: dict[str, Any], too
     catalog = state.catalog
     plain, plain_spec = unquantized_variant(catalog, catalog.variant(ref.variant))
     variants = {**catalog.variants, plain: plain_spec}
-    variants.setdefault(planned, VariantSpec.model_validate(table))
+    if planned is not None:
+        variants.setdefault(planned, VariantSpec.model_validate(table))
     catalog = catalog.model_copy(update={"variants": variants})
     state.use_catalog(catalog)
-    names = {"unquantized": plain, "full": ref.variant, "planned": planned}
-    engines = [catalog.engine(f"{ref.model}_{variant}") for variant in names.values()]
+    names = {"unquantized": plain, "full": ref.variant, "planned": planned or ref.variant}
+    engines = [catalog.engine(f"{ref.model}_{variant}") for variant in dict.fromkeys(names.values())]
     with state.holding_workspace(False):
         LocalLauncher().run(state.context(False), engines, [toolchain], "profile")
     rows, _ = compare(catalog, Workspace(catalog.root), [toolchain], "json", [ref.model])
@@ -120,7 +122,10 @@ def measure_plan(state, ref: EngineRef, planned: str, table: dict[str, Any], too
             if row.variant == variant and row.toolchain == toolchain:
                 by_point.setdefault(row.shape, {})[which] = row
     tie = catalog.profile.tie
-    return [Paid(shape, found, _over(found, "full", tie), _over(found, "unquantized", tie)) for shape, found in by_point.items()]
+    return [
+        Paid(shape, found, _over(found, "full", tie) if planned else None, _over(found, "unquantized", tie))
+        for shape, found in by_point.items()
+    ]
 
 
 def _over(found: dict[str, Any], which: str, tie: float) -> RatioEstimate | None:

@@ -230,6 +230,8 @@ def print_paid(paid: list, toolchain: str, console) -> None:
     console.print(f"\n[bold]what it costs on {toolchain}[/bold] (paired rounds; planned engine's time over each other's, 95% interval):")
     for point in paid:
         console.print(f"  {point.said()}", markup=False, highlight=False)
+    if paid and paid[0].vs_full is None and paid[0].rows.get("planned") is paid[0].rows.get("full"):
+        console.print("  (no layer needed excluding: the plan is the fully quantized variant itself)")
 
 
 def _margin(plan: Plan) -> str:
