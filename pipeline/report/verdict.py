@@ -14,17 +14,17 @@ Built from comparison rows only (pipeline/report/rows.py), so every format says 
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.accuracy import AccuracyFloor, AccuracyThreshold
+from pipeline.report import pairs
 from pipeline.report.confidence import interval_words, time_ratio
 from pipeline.report.flags import LAUNCH_BOUND
 from pipeline.report.gates import accuracy_shortfalls
 from pipeline.report.rows import ComparisonRow, shape_order
-from pipeline.stats import RatioEstimate, at_band_edge, tie_band
+from pipeline.stats import RatioEstimate
 
 # Flags that make a row's number untrustworthy for a verdict (rows.measurement_flags words them),
 # and the flag of an engine that failed its precision's own accuracy check. A noisy row is not
@@ -191,9 +191,7 @@ class Verdict:
                 after = f"after {rounds} rounds" if rounds else "by their own intervals"
                 budget = " (the point's budget_s ran out)" if any(r.rounds_stop == "budget" for r in group) else ""
                 # Apart, but by less or more than the tie width: not "cannot be told apart".
-                edge = any(
-                    _beats(self.ratio(a, b), self.tie) != _outcome(self.ratio(a, b)) for i, a in enumerate(group) for b in group[i + 1 :]
-                )
+                edge = any(pairs.on_band_edge(self.ratio(a, b), self.tie) for i, a in enumerate(group) for b in group[i + 1 :])
                 told = f"differ by less or more than the ±{self.tie:.0%} tie width" if edge else "cannot be told apart"
                 answer = f"{self.where}: undecided{meeting}: {names} ({times_ms}) {told} {after}{budget}"
             else:
@@ -309,9 +307,7 @@ class Verdict:
                     "rounds": estimate.rounds if estimate else None,
                     "paired": estimate.paired if estimate else False,
                     "outcome": estimate.outcome if estimate else "ambiguous",
-                    "at_band_edge": bool(estimate)
-                    and estimate.outcome in ("faster", "slower")
-                    and at_band_edge(estimate.low, estimate.high, self.tie),
+                    "at_band_edge": pairs.on_band_edge(estimate, self.tie),
                 }
                 for a, b, estimate in self.comparisons
             ],
@@ -379,7 +375,7 @@ def _decide(verdict: Verdict, candidates: list[ComparisonRow], group: list[Compa
     of engines at one point take minutes (scripts/benchmark_compare.py): the candidate of least
     median against each other one — those it beats are out whatever else they meet — then, among
     the rest ("close"), whether another beats each one: paired, pair by pair, where they were timed
-    together, and by their intervals where they were not (_beaten_apart, a sweep). The comparisons
+    together, and by their intervals where they were not (pairs.beaten_apart, a sweep). The comparisons
     kept for the report are the ones made pair by pair: for a point timed in one set of rounds,
     every pair, as before."""
     verdict.candidates = candidates
@@ -396,8 +392,8 @@ def _decide(verdict: Verdict, candidates: list[ComparisonRow], group: list[Compa
         return estimate if first is a or estimate is None else estimate.inverse()
 
     least = min(candidates, key=lambda r: r.median_ms)
-    close = [row for row in candidates if row is least or _beats(compare(least, row), verdict.tie) != "faster"]
-    beaten = _beaten_apart(close, verdict.tie)
+    close = [row for row in candidates if row is least or pairs.decided(compare(least, row), verdict.tie) != "faster"]
+    beaten = pairs.beaten_apart(close, verdict.tie)
     # Engines timed in one set of rounds are compared pair by pair, all of them (a set is the
     # engines of one point in one run: tens at most), so a point measured in one run keeps every
     # pair in the report; only pairs of the close ones decide who is beaten.
@@ -409,7 +405,7 @@ def _decide(verdict: Verdict, candidates: list[ComparisonRow], group: list[Compa
     for members in together.values():
         for i, a in enumerate(members):
             for b in members[i + 1 :]:
-                outcome = _beats(compare(a, b), verdict.tie)
+                outcome = pairs.decided(compare(a, b), verdict.tie)
                 if id(a) not in in_close or id(b) not in in_close:
                     continue
                 if outcome == "faster":
@@ -423,7 +419,7 @@ def _decide(verdict: Verdict, candidates: list[ComparisonRow], group: list[Compa
         for row in candidates:
             if row is not verdict.fastest:
                 compare(verdict.fastest, row)
-    verdict.undecided_among = _undecided([verdict.fastest, *verdict.tied], compare, verdict.tie)
+    verdict.undecided_among = pairs.undecided([verdict.fastest, *verdict.tied], compare, verdict.tie)
     bases = [r for r in group if r.toolchain == baseline_toolchain and r.median_ms is not None]
     same = [r for r in bases if r.variant == verdict.fastest.variant]
     verdict.baseline = (same or sorted(bases, key=lambda r: r.median_ms) or [None])[0]
@@ -432,69 +428,3 @@ def _decide(verdict: Verdict, candidates: list[ComparisonRow], group: list[Compa
         for row in [verdict.fastest, *verdict.tied]:
             if row is not verdict.baseline and not verdict.compared(verdict.baseline, row):
                 verdict.comparisons.append((verdict.baseline, row, time_ratio(verdict.baseline, row, verdict.tie)))
-
-
-# Of the rows whose intervals end lowest, how many _beaten_apart keeps at each step of its sweep.
-_LOWEST_KEPT = 4
-
-
-def _beaten_apart(rows: list[ComparisonRow], tie: float) -> set[int]:
-    """The ids of the rows another row is faster than with confidence by the two medians'
-    intervals, among rows not timed together (pipeline/stats.py: A/B lies in [A's low / B's high,
-    A's high / B's low]; decided "faster" when that lies wholly below the tie band, not across its
-    edge — ``_beats``).
-
-    In n log n, not n²: with the rows sorted by their interval's high end, those that beat B (high
-    at most B's low over 1 + tie) are a prefix, and any of them timed apart from B beats it. Rows
-    timed together with B are skipped here (their comparison is paired)."""
-    lowest, _ = tie_band(tie)
-    apart = sorted((row for row in rows if row.median_ci_ms is not None), key=lambda r: r.median_ci_ms[1])
-    highs = [row.median_ci_ms[1] for row in apart]
-    kept: list[list[ComparisonRow]] = []  # per prefix of `apart`: its rows of lowest low end, lowest first
-    for row in apart:
-        previous = kept[-1] if kept else []
-        kept.append(sorted([*previous, row], key=lambda r: r.median_ci_ms[0])[:_LOWEST_KEPT])
-    beaten = set()
-    for row in apart:
-        low = row.median_ci_ms[0]
-        faster_end = bisect_right(highs, low * lowest)  # apart[:faster_end] end below the band under this row's low
-        if faster_end == 0:
-            continue
-        rounds = set(row.round_medians)
-        timed_apart = any(not rounds & set(other.round_medians) for other in kept[faster_end - 1])
-        if not timed_apart and len(kept[faster_end - 1]) == _LOWEST_KEPT:  # each kept one was timed with it
-            timed_apart = any(not rounds & set(other.round_medians) for other in apart[:faster_end])
-        if timed_apart:
-            beaten.add(id(row))
-    return beaten
-
-
-def _undecided(front: list[ComparisonRow], compare, tie: float) -> bool:
-    """Whether some two engines of the answer's group are not "the same" (within the tie band).
-    Rows timed apart whose intervals all lie within the band of each other are the same pairwise
-    (every ratio lies between the lowest low over the highest high and its inverse), without a
-    comparison each."""
-    if len(front) < 2:
-        return False
-    intervals = [row.median_ci_ms for row in front]
-    sets_of_rounds = [name for row in front for name in row.round_medians]
-    if all(intervals) and len(sets_of_rounds) == len(set(sets_of_rounds)):
-        lowest, highest = tie_band(tie)
-        low, high = min(i[0] for i in intervals), max(i[1] for i in intervals)
-        if high > 0 and low > 0 and lowest <= low / high and high / low <= highest:
-            return False
-    return any(_outcome(compare(a, b)) != "same" for i, a in enumerate(front) for b in front[i + 1 :])
-
-
-def _outcome(estimate: RatioEstimate | None) -> str:
-    return estimate.outcome if estimate is not None else "ambiguous"
-
-
-def _beats(estimate: RatioEstimate | None, tie: float) -> str:
-    """The outcome a pair decides by: "faster" or "slower" only with an interval that does not reach
-    across an edge of the tie band, as the rounds judge it (pipeline/measurement.py, ``undecided``):
-    two runs stopped there named one engine once and a tie the next (docs/cluster.md)."""
-    outcome = _outcome(estimate)
-    if outcome in ("faster", "slower") and at_band_edge(estimate.low, estimate.high, tie):
-        return "ambiguous"
-    return outcome

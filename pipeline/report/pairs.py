@@ -1,0 +1,83 @@
+"""How two engines decide against each other in a verdict (pipeline/report/verdict.py): what a
+pair's ratio interval says once the tie band is taken into account, which rows timed apart another
+beats by their own intervals, and whether the answer's group is all "the same".
+
+A pair is decided "faster" or "slower" only where its interval does not reach across an edge of the
+tie band — the rounds' own rule for when to stop measuring (pipeline/measurement.py,
+``undecided``). Where a point's budget ran out with a pair at the edge, one run of the same engines
+stops a hair inside the band (a tie) and the next a hair outside: neither is an answer, so the pair
+stays undecided (docs/cluster.md measured two H100 runs that did exactly that).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+
+from pipeline.report.rows import ComparisonRow
+from pipeline.stats import RatioEstimate, at_band_edge, tie_band
+
+# Of the rows whose intervals end lowest, how many beaten_apart keeps at each step of its sweep.
+_LOWEST_KEPT = 4
+
+
+def beaten_apart(rows: list[ComparisonRow], tie: float) -> set[int]:
+    """The ids of the rows another row is faster than with confidence by the two medians'
+    intervals, among rows not timed together (pipeline/stats.py: A/B lies in [A's low / B's high,
+    A's high / B's low]; decided "faster" when that lies wholly below the tie band, not across its
+    edge — ``decided``).
+
+    In n log n, not n²: with the rows sorted by their interval's high end, those that beat B (high
+    at most B's low over 1 + tie) are a prefix, and any of them timed apart from B beats it. Rows
+    timed together with B are skipped here (their comparison is paired)."""
+    lowest, _ = tie_band(tie)
+    apart = sorted((row for row in rows if row.median_ci_ms is not None), key=lambda r: r.median_ci_ms[1])
+    highs = [row.median_ci_ms[1] for row in apart]
+    kept: list[list[ComparisonRow]] = []  # per prefix of `apart`: its rows of lowest low end, lowest first
+    for row in apart:
+        previous = kept[-1] if kept else []
+        kept.append(sorted([*previous, row], key=lambda r: r.median_ci_ms[0])[:_LOWEST_KEPT])
+    beaten = set()
+    for row in apart:
+        low = row.median_ci_ms[0]
+        faster_end = bisect_right(highs, low * lowest)  # apart[:faster_end] end below the band under this row's low
+        if faster_end == 0:
+            continue
+        rounds = set(row.round_medians)
+        timed_apart = any(not rounds & set(other.round_medians) for other in kept[faster_end - 1])
+        if not timed_apart and len(kept[faster_end - 1]) == _LOWEST_KEPT:  # each kept one was timed with it
+            timed_apart = any(not rounds & set(other.round_medians) for other in apart[:faster_end])
+        if timed_apart:
+            beaten.add(id(row))
+    return beaten
+
+
+def undecided(front: list[ComparisonRow], compare, tie: float) -> bool:
+    """Whether some two engines of the answer's group are not "the same" (within the tie band).
+    Rows timed apart whose intervals all lie within the band of each other are the same pairwise
+    (every ratio lies between the lowest low over the highest high and its inverse), without a
+    comparison each."""
+    if len(front) < 2:
+        return False
+    intervals = [row.median_ci_ms for row in front]
+    sets_of_rounds = [name for row in front for name in row.round_medians]
+    if all(intervals) and len(sets_of_rounds) == len(set(sets_of_rounds)):
+        lowest, highest = tie_band(tie)
+        low, high = min(i[0] for i in intervals), max(i[1] for i in intervals)
+        if high > 0 and low > 0 and lowest <= low / high and high / low <= highest:
+            return False
+    return any(outcome(compare(a, b)) != "same" for i, a in enumerate(front) for b in front[i + 1 :])
+
+
+def outcome(estimate: RatioEstimate | None) -> str:
+    return estimate.outcome if estimate is not None else "ambiguous"
+
+
+def decided(estimate: RatioEstimate | None, tie: float) -> str:
+    """The outcome a pair decides by: its own, but "ambiguous" for "faster" or "slower" across an
+    edge of the tie band."""
+    return "ambiguous" if on_band_edge(estimate, tie) else outcome(estimate)
+
+
+def on_band_edge(estimate: RatioEstimate | None, tie: float) -> bool:
+    """Whether ``estimate`` is faster or slower, by less or more than the tie width."""
+    return estimate is not None and estimate.outcome in ("faster", "slower") and at_band_edge(estimate.low, estimate.high, tie)
