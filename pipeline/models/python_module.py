@@ -26,14 +26,11 @@ naming the catalog key and the file with the factory's own words, exit status 2,
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import importlib.util
 import inspect
 import json
 import reprlib
-import sys
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +41,7 @@ from pydantic import Field, field_validator
 from pipeline.catalog import ModelSpec
 from pipeline.errors import PipelineError, UsageError
 from pipeline.models.base import MODEL_FLOAT, ModelInput, ModelSource, ShapePoint, attention_mask
+from pipeline.user_code import digest, exited, import_file, said, where_in
 
 # The dtypes an input may declare: "float" takes the variant's floating type (fp32, fp16, bf16).
 INPUT_DTYPES = (MODEL_FLOAT, "int64", "int32")
@@ -128,7 +126,7 @@ class PythonModel(ModelSource):
         try:
             found = importlib.util.find_spec(where)
         except Exception as exc:  # finding a submodule imports its packages, which may raise anything
-            found, reason = None, _said(exc)
+            found, reason = None, said(exc)
         else:
             reason = "no module by that name is installed"
         if found is None or not found.origin or not Path(found.origin).is_file():
@@ -145,35 +143,20 @@ class PythonModel(ModelSource):
 
     def _exited(self, what: str, exc: SystemExit, hint: str) -> UsageError:
         """The user's code ending the process (sys.exit), which would end the pipeline without a word."""
-        return self._error(f"{what} called sys.exit({exc.code!r}){_where_in(exc, self.factory_file())}", hint)
+        return self._error(exited(what, exc, self.factory_file()), hint)
 
     def _factory(self) -> Callable:
         path = self.factory_file()
         where, function = self._where()
         if self._is_file():
-            module_name = f"_pipeline_user_model_{_digest(path)[:16]}"
-            module = sys.modules.get(module_name)
-            if module is None:
-                spec = importlib.util.spec_from_file_location(module_name, path)
-                module = importlib.util.module_from_spec(spec)
-                try:
-                    spec.loader.exec_module(module)
-                except SyntaxError as exc:
-                    raise self._error(
-                        f"{path} does not parse: {exc.msg} (line {exc.lineno})", f"fix the syntax error in {path.name}"
-                    ) from None
-                except SystemExit as exc:
-                    raise self._exited(f"importing {path}", exc, f"remove the exit from {path.name}'s top level") from None
-                except Exception as exc:
-                    raise self._error(f"importing {path} failed: {_said(exc)}", f"fix {path.name} so that it imports") from None
-                sys.modules[module_name] = module
+            module = import_file(path, self._error)
         else:
             try:
                 module = importlib.import_module(where)
             except SystemExit as exc:
                 raise self._exited(f"importing {where}", exc, f"remove the exit from {path.name}'s top level") from None
             except Exception as exc:
-                raise self._error(f"importing {where} failed: {_said(exc)}", f"fix {path} so that it imports") from None
+                raise self._error(f"importing {where} failed: {said(exc)}", f"fix {path} so that it imports") from None
         factory = getattr(module, function, None)
         if not callable(factory):
             defined = sorted(name for name, value in vars(module).items() if inspect.isfunction(value) and not name.startswith("_"))
@@ -194,7 +177,7 @@ class PythonModel(ModelSource):
         except SystemExit as exc:
             raise self._exited("the factory", exc, "return the module and its inputs instead of exiting") from None
         except Exception as exc:
-            raise self._error(f"the factory raised {_said(exc)}{_where_in(exc, self.factory_file())}", "fix the factory") from None
+            raise self._error(f"the factory raised {said(exc)}{where_in(exc, self.factory_file())}", "fix the factory") from None
         if isinstance(made, dict):
             module, inputs, flops = made.get("module"), made.get("inputs"), made.get("flops")
         elif isinstance(made, (tuple, list)) and len(made) == 2:
@@ -279,7 +262,7 @@ class PythonModel(ModelSource):
         return _DESCRIPTIONS[key]
 
     def _cache_key(self) -> tuple[str, str, str]:
-        content = _digest(self.factory_file())
+        content = digest(self.factory_file())
         return self.spec.python, content, json.dumps(self.spec.model_dump(mode="json"), sort_keys=True)
 
     # --- the model ------------------------------------------------------------------------------
@@ -324,7 +307,7 @@ class PythonModel(ModelSource):
         try:
             return float(count(point.as_dict()))
         except Exception as exc:
-            raise self._error(f"flops({point.as_dict()}) raised {_said(exc)}", "fix the factory's flops function") from None
+            raise self._error(f"flops({point.as_dict()}) raised {said(exc)}", "fix the factory's flops function") from None
 
     def sample_inputs(self, model, point: ShapePoint | None, seed: int) -> tuple:
         """Floats from a seeded standard normal, integers below their bound, attention masks of
@@ -342,7 +325,7 @@ class PythonModel(ModelSource):
                 try:
                     tensor = described.make[spec.name](shape, generator)
                 except Exception as exc:
-                    raise self._error(f"make() of input {spec.name!r} raised {_said(exc)}", "fix the input's make function") from None
+                    raise self._error(f"make() of input {spec.name!r} raised {said(exc)}", "fix the input's make function") from None
                 if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != shape:
                     got = list(tensor.shape) if isinstance(tensor, torch.Tensor) else _kind(tensor)
                     raise self._error(f"make() of input {spec.name!r} returned {got} at {point}; the shape there is {list(shape)}")
@@ -361,29 +344,13 @@ class PythonModel(ModelSource):
         not match what the module takes."""
         return self._error(
             f"its forward failed on the inputs the factory describes ({self._shapes_text()}, the first {'×'.join(map(str, shape))}): "
-            f"{_said(exc)}"
-            f"{_where_in(exc, self.factory_file())}",
+            f"{said(exc)}"
+            f"{where_in(exc, self.factory_file())}",
             "make the description's names, order, shapes and dtypes those the module's forward() takes",
         )
 
     def _shapes_text(self) -> str:
         return ", ".join(f"{i.name} {list(i.dims)}" for i in self.inputs())
-
-
-def _digest(path: Path) -> str:
-    """The file's content hash: a changed file is a new module and a new description."""
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _said(exc: BaseException) -> str:
-    message = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {message[0]}" if message else type(exc).__name__
-
-
-def _where_in(exc: BaseException, path: Path) -> str:
-    """ " (FILE, line N)": the last frame of the traceback in the user's file, where there is one."""
-    frames = [frame for frame in traceback.extract_tb(exc.__traceback__) if Path(frame.filename).resolve() == path.resolve()]
-    return f" ({path.name}, line {frames[-1].lineno})" if frames else ""
 
 
 def _kind(value) -> str:

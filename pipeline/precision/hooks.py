@@ -18,16 +18,16 @@ traceback of ours.
 
 from __future__ import annotations
 
-import importlib.util
+import inspect
 import math
 import random
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pipeline.errors import UsageError
+from pipeline.user_code import import_file, said
 
 HOOK_FORM = "FILE.py:FUNCTION, e.g. eval_data.py:batches"
 
@@ -43,20 +43,11 @@ def load_hook(spec: str, option: str, root: Path | None = None) -> Callable:
         path = root / path
     if not path.is_file():
         raise UsageError(f"{option} {spec!r}: no file {path}.", hint=f"give {HOOK_FORM}, the file's path relative to this folder")
-    module_name = f"_pipeline_hook_{abs(hash(str(path.resolve())))}"
-    module = sys.modules.get(module_name)
-    if module is None:
-        loader = importlib.util.spec_from_file_location(module_name, path)
-        module = importlib.util.module_from_spec(loader)
-        try:
-            loader.loader.exec_module(module)
-        except Exception as exc:  # the user's module: said, not a traceback of ours
-            raise UsageError(f"{option} {spec!r}: importing {path} raised {_said(exc)}.", hint=f"run `python {path}` to see it") from exc
-        sys.modules[module_name] = module
+    module = import_file(path, lambda what, hint: UsageError(f"{option} {spec!r}: {what}.", hint=hint))
     function = getattr(module, name, None)
     if not callable(function):
         found = sorted(
-            n for n, v in vars(module).items() if callable(v) and not n.startswith("_") and getattr(v, "__module__", None) == module_name
+            n for n, v in vars(module).items() if inspect.isfunction(v) and not n.startswith("_") and v.__module__ == module.__name__
         )
         raise UsageError(
             f"{option} {spec!r}: {path} has no function {name}.",
@@ -91,7 +82,7 @@ def drawn_batches(hook: Callable, spec: str, samples: int, seed: int) -> tuple[l
         raise
     except Exception as exc:
         raise UsageError(
-            f"--eval-data {spec!r} raised {_said(exc)} after {len(batches)} batch(es).",
+            f"--eval-data {spec!r} raised {said(exc)} after {len(batches)} batch(es).",
             hint="call it on its own (`for batch in FUNCTION(): ...`) to see where",
         ) from exc
     total = sum(b.samples for b in batches)
@@ -146,7 +137,7 @@ def metric_of(metric: Callable, spec: str, outputs: list, given: list) -> float:
             value = metric(output, batch)
         except Exception as exc:
             raise UsageError(
-                f"--metric {spec!r} raised {_said(exc)} on a batch of {output.shape[0]} outputs.",
+                f"--metric {spec!r} raised {said(exc)} on a batch of {output.shape[0]} outputs.",
                 hint="it is called as FUNCTION(outputs, batch): outputs the model's output tensor, batch as the data yielded it",
             ) from exc
         number = _number(value)
@@ -171,7 +162,3 @@ def _number(value) -> float | None:
 def _shown(value) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _said(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
