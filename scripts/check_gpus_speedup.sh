@@ -8,7 +8,8 @@
 #
 # Each writes OUT/<mode>/{run.log,compare.json,seconds.txt} and prints where each point was
 # measured (GPU, CPUs), the rows' flags and the wall clock. VARIANTS="bf16 fp16" runs the whole matrix;
-# TOOLCHAINS="torch-eager torch-compile" fewer toolchains.
+# TOOLCHAINS="torch-eager torch-compile" fewer toolchains; MODEL=NAME another model of pipeline.toml;
+# SHAPES="8x2048 16x4096" other shape points for it (the workspace's copy of the catalog is changed).
 #   bash scripts/check_gpus_speedup.sh compare OUT  # the two runs side by side, point by point
 #
 # `compare` prints both wall clocks and their ratio, then every row's median in each run, their
@@ -65,9 +66,26 @@ out="${2:?usage: check_gpus_speedup.sh one|all OUT}/$mode"
 PIPELINE="${PIPELINE:-python3 -m pipeline.cli}"
 rm -rf "$out" && mkdir -p "$out/ws"
 cp pipeline.toml "$out/ws/pipeline.toml"
+model="${MODEL:-modernbert}"
+if [ -n "${SHAPES:-}" ]; then
+  python3 - "$out/ws/pipeline.toml" "$model" $SHAPES <<'PY' || exit 1
+import re, sys, tomllib
+from pathlib import Path
+
+path, model, shapes = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
+text = path.read_text()
+section = re.search(rf"^\[models\.{re.escape(model)}\]\n(?:(?!^\[).*\n)*", text, re.M)
+if section is None or not re.search(r"^shapes = .*$", section.group(0), re.M):
+    sys.exit(f"no shapes line for model {model} in {path}")
+body = re.sub(r"^shapes = .*$", "shapes = " + repr(shapes).replace("'", '"'), section.group(0), count=1, flags=re.M)
+text = text[: section.start()] + body + text[section.end() :]
+assert tomllib.loads(text)["models"][model]["shapes"] == shapes
+path.write_text(text)
+PY
+fi
 # Compiled from nothing, as on a fresh machine: Inductor's cache (FX graphs, AOTAutograd, kernels) and Triton's.
 rm -rf "/tmp/torchinductor_$(id -un)" "${TORCHINDUCTOR_CACHE_DIR:-/nonexistent}" "$HOME/.triton/cache"
-args=(run --model modernbert)
+args=(run --model "$model")
 for variant in ${VARIANTS:-bf16}; do args+=(--variant "$variant"); done
 for toolchain in ${TOOLCHAINS:-torch-eager torch-eager-attn torch-compile torch-cudagraphs torch-reduce-overhead}; do args+=(--toolchain "$toolchain"); done
 if [ "$mode" = one ]; then
@@ -76,11 +94,13 @@ else
   args+=(--gpus "$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd,)")
 fi
 started=$(date +%s.%N)
-$PIPELINE --catalog "$out/ws/pipeline.toml" "${args[@]}" > "$out/run.log" 2>&1
-status=$?
+# Each line of the log stamped with the seconds since the start: where the wall clock went.
+PYTHONUNBUFFERED=1 $PIPELINE --catalog "$out/ws/pipeline.toml" "${args[@]}" 2>&1 |
+  python3 -u -c 'import sys, time; t = time.monotonic(); [print(f"{time.monotonic() - t:7.1f}  {line}", end="") for line in sys.stdin]' > "$out/run.log"
+status=${PIPESTATUS[0]}
 seconds=$(python3 -c "print(round($(date +%s.%N) - $started, 1))")
 echo "$seconds" > "$out/seconds.txt"
-$PIPELINE --catalog "$out/ws/pipeline.toml" compare --model modernbert --format json > "$out/compare.json" 2> "$out/compare.err"
+$PIPELINE --catalog "$out/ws/pipeline.toml" compare --model "$model" --format json > "$out/compare.json" 2> "$out/compare.err"
 echo "== $mode: pipeline run exit $status in $seconds s"
 python3 - "$out" <<'PY'
 import json, sys
@@ -122,5 +142,5 @@ for manifest in sorted((out / "ws" / "manifests").glob("*/*.json")):
     if ahead:
         print(f"  {manifest.stem} on {manifest.parent.name} built on {compiler.get('threads')} threads; ahead: {json.dumps(ahead)}")
 PY
-grep -E "^(export|build|profile|cluster|running|done|measuring)" "$out/run.log" | tail -60
+grep -E "^ *[0-9.]+  (export|build|profile|cluster|running|done|measuring)" "$out/run.log" | tail -60
 exit $status

@@ -28,6 +28,7 @@ from rich.markup import escape
 
 from pipeline.catalog import EngineRef
 from pipeline.cluster.connection import Cluster, Node
+from pipeline.cluster.host_holds import HostHolds
 from pipeline.cluster.plan import ClusterPlan, Job, Member
 from pipeline.cluster.point_workers import PointWorkers
 from pipeline.cluster.requests import JobRequests
@@ -75,6 +76,7 @@ class ClusterRun:
         self.head_misses = 0  # checks in a row the head did not answer
         self.workers = PointWorkers(cluster)  # each GPU's worker for its points, while points are ready
         self.requests = JobRequests(ctx, self.blobs, verbose)  # what a node is sent for a job
+        self.holds = HostHolds()  # how the points held their hosts, said at the end
 
     # --- running -------------------------------------------------------------------------------
 
@@ -331,9 +333,8 @@ class ClusterRun:
             return
         try:
             self.bytes_back += write_result(self.ctx.workspace, result, self.requests.known)
-            for member in result.members:  # what was written is valid
-                if member.manifest_path is not None:
-                    read_manifest(self.ctx.workspace.root / member.manifest_path)
+            # What was written is valid.
+            written = [read_manifest(self.ctx.workspace.root / m.manifest_path) for m in result.members if m.manifest_path is not None]
         except PipelineError as exc:
             self._fail(job, exc)
             return
@@ -354,6 +355,8 @@ class ClusterRun:
             job.state, job.error = "failed", job.failures[0][1]
             return
         job.state = "skipped" if all(status == "skipped" for status in statuses) else "done"
+        if job.stage == "profile" and job.state == "done" and job.node is not None:
+            self.holds.note(job.node, written)
         where = job.node.label() if job.node else result.node_id[:8]
         self.reporter.console.print(f"[green]{job.state:<9}[/] {job.stage:<8} {job.name} {job.target} in {result.seconds:.1f}s on {where}")
 
@@ -434,6 +437,8 @@ class ClusterRun:
             counts[job.state] = counts.get(job.state, 0) + 1
         elapsed = time.monotonic() - self.started
         self._print_table()
+        for line in self.holds.sentences({node.node_id: node.label() for node in self.cluster.nodes}):
+            self.reporter.info(f"host     {line}")
         self.reporter.info(
             f"summary  {self.dispatched} task(s) dispatched in {elapsed:.1f}s — "
             + ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))

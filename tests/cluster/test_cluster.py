@@ -255,6 +255,11 @@ def test_points_measured_at_once_on_one_hosts_gpus_each_run_on_cpus_of_their_own
         assert ort.profile.details.rounds[0].group == torch.profile.details.rounds[0].group
         record = torch.profile
         windows.append((record.finished_at.timestamp() - record.duration_s, record.finished_at.timestamp(), set(node.cpus)))
+    # ONNX Runtime's time is the host's: every point held the node whole, one at a time, and the
+    # run's end says so for the node of two GPUs.
+    said = " ".join((result.stdout + result.stderr).split())
+    assert "3 of its 3 shape points held the host whole for their rounds" in said, result.stderr
+    assert "on its 2 GPUs; none ran its rounds beside another's" in said, result.stderr
     # One worker per GPU at most, each on one share throughout: three points, two processes.
     assert len(shares) <= 2 and all(len(cpus) == 1 for cpus in shares.values()), shares
     for (start_a, end_a, cpus_a), (start_b, end_b, cpus_b) in itertools.combinations(windows, 2):

@@ -424,3 +424,30 @@ def test_the_builds_that_compile_at_every_point_are_started_first(tmp_path):
     ]
     stages = [job.stage for job in jobs]
     assert stages == ["export"] * 2 + ["build"] * 10 + ["profile"] * (len(stages) - 12)
+
+
+def test_a_run_on_several_gpus_of_one_host_says_how_its_points_held_the_host():
+    from types import SimpleNamespace
+
+    from pipeline.cluster.host_holds import HostHolds, held_words
+
+    assert held_words(["whole", "whole", "shared"], gpus=2).startswith("2 of its 3 shape points held the host whole")
+    assert "the other one ran its rounds beside other points'" in held_words(["whole", "whole", "shared"], gpus=2)
+    assert "the other 2 ran theirs beside" in held_words(["whole", "shared", "shared"], gpus=4)
+    assert held_words(["shared", "shared"], gpus=2).startswith("every one of its 2 shape points ran its rounds beside")
+    # Nothing could have run beside anything: one GPU, or one point; an unheld point counts for neither.
+    assert held_words(["whole", "whole"], gpus=1) is None
+    assert held_words(["whole", None], gpus=2) is None
+
+    def profile_manifest(held):
+        rounds = [SimpleNamespace(host_held=held)]
+        return SimpleNamespace(stage=lambda name: SimpleNamespace(details=SimpleNamespace(rounds=rounds)) if name == "profile" else None)
+
+    pair = SimpleNamespace(node_id="a" * 16, resources={"GPU": 2.0})
+    single = SimpleNamespace(node_id="b" * 16, resources={"GPU": 1.0})
+    holds = HostHolds()
+    for held in ("whole", "shared", "whole"):
+        holds.note(pair, [profile_manifest(held), profile_manifest(held)])  # one hold per point, whatever its engines
+        holds.note(single, [profile_manifest(held)])
+    said = holds.sentences({pair.node_id: "pair-host"})
+    assert len(said) == 1 and said[0].startswith("pair-host: 2 of its 3 shape points held the host whole"), said
