@@ -51,11 +51,12 @@ def held_words(holds: list[str | None], gpus: int) -> str | None:
         return None
     if whole == 0:
         return f"every one of its {shared} shape points ran its rounds beside the others' (every engine GPU-bound)."
-    beside = {0: "none ran its rounds beside another's", 1: "the other one ran its rounds beside other points'"}.get(
-        shared, f"the other {shared} ran theirs beside other points'"
-    )
+    beside = {
+        0: "none ran its rounds beside another's: its other GPUs shortened only the work outside the rounds",
+        1: "the other one ran its rounds beside other points'",
+    }.get(shared, f"the other {shared} ran theirs beside other points'")
     return (
         f"{whole} of its {whole + shared} shape points held the host whole for their rounds (an engine whose time is the "
-        f"host's: launch-bound or on the CPU), so those rounds ran one at a time on its {gpus} GPUs; {beside}. "
-        "Its other GPUs shortened only the work outside those rounds (docs/cluster.md)."
+        f"host's: launch-bound or on the CPU), so those rounds ran one at a time on its {gpus} GPUs; {beside} "
+        "(docs/cluster.md)."
     )
