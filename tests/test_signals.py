@@ -35,10 +35,16 @@ def test_a_signal_during_an_import_lands_after_it(tmp_path, monkeypatch, name, r
     module = f"signalled_{name.lower()}"
     (tmp_path / f"{module}.py").write_text(SLOW_IMPORT.format(name=name))
     monkeypatch.syspath_prepend(tmp_path)
-    with sigterm_as_interrupt(), pytest.raises(raised):
-        __import__(module)
-        imported = sys.modules[module]
-        time.sleep(5)  # the signal, sent again, lands here
+    # Ctrl-C as an interactive shell leaves it: a shell without job control starts a background
+    # job (a CI runner's, say) with SIGINT ignored, and an ignored SIGINT rightly stays ignored.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with sigterm_as_interrupt(), pytest.raises(raised):
+            __import__(module)
+            imported = sys.modules[module]
+            time.sleep(5)  # the signal, sent again, lands here
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert imported.finished
     assert sys.modules[module] is imported
 
