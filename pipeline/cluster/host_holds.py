@@ -18,7 +18,7 @@ class HostHolds:
 
     def __init__(self):
         self._by_node: dict[str, list[str | None]] = defaultdict(list)
-        self._gpus: dict[str, int] = {}
+        self._nodes: dict[str, tuple[str, int]] = {}  # node id → its label and GPUs
 
     def note(self, node, manifests: list) -> None:
         """A point finished on ``node``: its profiles' manifests (one hold for the point: its
@@ -30,16 +30,17 @@ class HostHolds:
             rounds = getattr(getattr(record, "details", None), "rounds", None) or []
             if rounds:
                 self._by_node[node.node_id].append(rounds[0].host_held)
-                self._gpus[node.node_id] = int(gpus_of(node.resources) or 0)
+                self._nodes[node.node_id] = (node.label(), int(gpus_of(node.resources) or 0))
                 return
 
-    def sentences(self, labels: dict[str, str]) -> list[str]:
+    def sentences(self) -> list[str]:
         """One sentence for each node of two GPUs or more that timed two points or more."""
         out = []
         for node_id, holds in self._by_node.items():
-            words = held_words(holds, self._gpus.get(node_id, 0))
+            label, gpus = self._nodes[node_id]
+            words = held_words(holds, gpus)
             if words:
-                out.append(f"{labels.get(node_id, node_id[:8])}: {words}")
+                out.append(f"{label}: {words}")
         return out
 
 

@@ -437,7 +437,7 @@ class ClusterRun:
             counts[job.state] = counts.get(job.state, 0) + 1
         elapsed = time.monotonic() - self.started
         self._print_table()
-        for line in self.holds.sentences({node.node_id: node.label() for node in self.cluster.nodes}):
+        for line in self.holds.sentences():
             self.reporter.info(f"host     {line}")
         self.reporter.info(
             f"summary  {self.dispatched} task(s) dispatched in {elapsed:.1f}s — "

@@ -443,11 +443,11 @@ def test_a_run_on_several_gpus_of_one_host_says_how_its_points_held_the_host():
         rounds = [SimpleNamespace(host_held=held)]
         return SimpleNamespace(stage=lambda name: SimpleNamespace(details=SimpleNamespace(rounds=rounds)) if name == "profile" else None)
 
-    pair = SimpleNamespace(node_id="a" * 16, resources={"GPU": 2.0})
-    single = SimpleNamespace(node_id="b" * 16, resources={"GPU": 1.0})
+    pair = SimpleNamespace(node_id="a" * 16, resources={"GPU": 2.0}, label=lambda: "pair-host")
+    single = SimpleNamespace(node_id="b" * 16, resources={"GPU": 1.0}, label=lambda: "single-host")
     holds = HostHolds()
     for held in ("whole", "shared", "whole"):
         holds.note(pair, [profile_manifest(held), profile_manifest(held)])  # one hold per point, whatever its engines
         holds.note(single, [profile_manifest(held)])
-    said = holds.sentences({pair.node_id: "pair-host"})
+    said = holds.sentences()
     assert len(said) == 1 and said[0].startswith("pair-host: 2 of its 3 shape points held the host whole"), said
