@@ -73,7 +73,7 @@ class ClusterNode(_Model):
     # (pipeline/cluster/cpu_share.py); None where it ran wherever the OS put it.
     cpus: tuple[int, ...] | None = None
     # The node's process that ran the stage: a point's engines, measured together, share it, and a
-    # GPU's points share their worker's (pipeline/cluster/point_workers.py).
+    # GPU's jobs share their worker's (pipeline/cluster/gpu_workers.py).
     worker_pid: int | None = None
 
 

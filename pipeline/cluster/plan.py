@@ -60,6 +60,7 @@ class Job:
     replaced: int = 0
     note: str = ""
     handle: Any = None  # the task's ObjectRefGenerator while it is out
+    submitted_at: float = 0.0  # time.monotonic() when it was last sent
 
     @property
     def engine(self) -> EngineRef:
@@ -132,6 +133,10 @@ class ClusterPlan:
         self.targets = {toolchain: self._targets(toolchain, gpu_types) for toolchain in self.toolchains}
         self.exports: dict[EngineRef, Job] = {}
         self._jobs: list[Job] = []
+        # The GPU types whose builds are all built where they are timed: their builds, and the
+        # exports of the engines built there, go to the type's GPU workers with its points.
+        self.built_on_workers: set[str] = set()
+        self._export_on: dict[EngineRef, str] = {}
 
     # --- the jobs ------------------------------------------------------------------------------
 
@@ -189,8 +194,40 @@ class ClusterPlan:
         # dispatches the tasks of one scheduling class (function and resource shape: the builds of
         # one GPU type) first in, first out (ray-project/ray#5851, fair queueing between classes).
         self._jobs.sort(key=lambda job: not self.runtimes[job.toolchain].builds_long)
+        self._place_builds_on_workers()
         self._jobs += self._one_job_a_point(points)
         return self.jobs()
+
+    def _place_builds_on_workers(self) -> None:
+        """Which GPU types' builds and exports go to their GPU workers (pipeline/cluster/gpu_workers.py):
+        those every build for which is built where it is timed. A type with any other build
+        (a TensorRT builder's, a compiled engine's compiling its points in processes of its own)
+        keeps every build a task of its own, so that none waits for a worker to let go of a GPU."""
+        on_gpus = [job for job in self._jobs if self.runtimes[job.toolchain].placement == "gpu" and job.gpu_type is not None]
+        types = {job.gpu_type for job in on_gpus}
+        self.built_on_workers = {
+            gpu_type
+            for gpu_type in types
+            if all(self.runtimes[job.toolchain].builds_where_timed for job in on_gpus if job.gpu_type == gpu_type)
+        }
+        needs_cuda = {e for e in self.exports if self.ctx.catalog.variant(e.variant).precision in CUDA_EXPORTS}
+        for job in on_gpus:
+            gpu_type = job.gpu_type
+            if gpu_type not in self.built_on_workers or job.engine in self._export_on:
+                continue
+            # A quantizer that needs CUDA needs a GPU of Ray's, not a declared type alone.
+            if job.engine in needs_cuda and not any(node.resources.get("GPU") for node in self.cluster.nodes_with(gpu_type)):
+                continue
+            self._export_on[job.engine] = gpu_type
+
+    def worker_for(self, job: Job) -> str | None:
+        """The GPU type whose GPU worker runs ``job``, or None: a task of its own."""
+        if job.stage == "profile":
+            return job.placed_on
+        if job.stage == "build":
+            on_gpu = self.runtimes[job.toolchain].placement == "gpu"
+            return job.gpu_type if on_gpu and job.gpu_type in self.built_on_workers else None
+        return self._export_on.get(job.engine)
 
     def _timed_on(self, toolchain: str, target: str | None) -> str | None:
         """The GPU type a toolchain's engine is timed on: its target; for an engine built ahead of
@@ -299,8 +336,7 @@ class ClusterPlan:
                 # asked for like a PyTorch build, it never runs on a GPU a point is measuring on.
                 options["num_gpus"] = 1 / BUILDS_A_GPU
         elif job.stage == "profile":
-            gpu_type = job.placed_on
-            options["num_cpus"] = self._measurement_cpus(gpu_type)
+            return self.worker_options(job.placed_on), job.placed_on
         elif self.runtimes[job.toolchain].placement == "gpu":
             gpu_type = job.gpu_type
             if self.runtimes[job.toolchain].builds_share_gpu:
@@ -313,6 +349,18 @@ class ClusterPlan:
         if job.stage != "export":
             options["runtime_env"] = {"env_vars": {"OMP_NUM_THREADS": str(self._threads(gpu_type))}}
         return options, gpu_type
+
+    def worker_options(self, gpu_type: str | None) -> dict[str, Any]:
+        """Ray options for a shape point's process on ``gpu_type`` (a GPU worker's): the whole GPU
+        and its share of the node's CPUs; for a point that needs no GPU, a whole node's CPUs."""
+        options: dict[str, Any] = {"num_cpus": self._measurement_cpus(gpu_type)}
+        if gpu_type is not None:
+            node = self.cluster.nodes_with(gpu_type)[0]
+            options["resources"] = placement_resources(node.resources, gpu_type, 1.0)
+            if node.resources.get("GPU"):
+                options["num_gpus"] = 1.0
+        options["runtime_env"] = {"env_vars": {"OMP_NUM_THREADS": str(self._threads(gpu_type))}}
+        return options
 
     def _threads(self, gpu_type: str | None) -> int:
         """PyTorch's threads in a build's or a point's task of ``gpu_type``: as many as a point's

@@ -3,8 +3,9 @@
 For each engine the export runs once, on any node (a node with a CUDA GPU for MXFP8/NVFP4); then,
 per toolchain and target, the build; then, per model, shape point and GPU type, one job that
 measures every engine of the point together in rounds, as a local run does, on its GPU's worker
-(pipeline/cluster/point_workers.py; pipeline/cluster/plan.py says which jobs there are and where). Where a toolchain's engines belong to a GPU
-(trtexec, PyTorch), the target is a GPU type and the outputs go to engines/<toolchain>@<gpu>/.
+(pipeline/cluster/gpu_workers.py), which also builds and exports what is built where it is timed
+(pipeline/cluster/plan.py says which jobs there are and where). Where a toolchain's engines belong
+to a GPU (trtexec, PyTorch), the target is a GPU type and the outputs go to engines/<toolchain>@<gpu>/.
 Ahead-of-time builds (TensorRT-RTX) and CPU runtimes (ONNX Runtime) build anywhere; the first are
 timed on a GPU they target, the second with their point's engines.
 
@@ -28,9 +29,9 @@ from rich.markup import escape
 
 from pipeline.catalog import EngineRef
 from pipeline.cluster.connection import Cluster, Node
+from pipeline.cluster.gpu_workers import GpuWorkers
 from pipeline.cluster.host_holds import HostHolds
 from pipeline.cluster.plan import ClusterPlan, Job, Member
-from pipeline.cluster.point_workers import PointWorkers
 from pipeline.cluster.requests import JobRequests
 from pipeline.cluster.transfer import DriverBlobs, write_result
 from pipeline.cluster.worker import run_stage
@@ -74,7 +75,7 @@ class ClusterRun:
         self.bytes_fetched = 0
         self.started = time.monotonic()
         self.head_misses = 0  # checks in a row the head did not answer
-        self.workers = PointWorkers(cluster)  # each GPU's worker for its points, while points are ready
+        self.workers = GpuWorkers(cluster)  # each GPU's worker, while work of its type is to come
         self.requests = JobRequests(ctx, self.blobs, verbose)  # what a node is sent for a job
         self.holds = HostHolds()  # how the points held their hosts, said at the end
 
@@ -83,14 +84,16 @@ class ClusterRun:
     def submit(self, job: Job) -> None:
         import ray
 
-        options, job.placed_by = self.matrix.placement(job)
-        if job.stage == "profile" and job.placed_by is not None:
-            worker = self.workers.take(job, job.placed_by, options)  # a GPU's points one after another
+        on = self.matrix.worker_for(job)
+        if on is not None:  # a GPU's work one job after another, in its worker's one process
+            job.placed_by = on
+            worker = self.workers.take(job, on, self.matrix.worker_options(on))
             if worker is None:
-                job.state = "waiting"  # every GPU of its type is timing a point: the next free one takes it
+                job.state = "waiting"  # every GPU of its type is busy: the next free one takes it
                 return
             job.handle = worker.run.options(num_returns="streaming").remote(self.requests.request(job))
         else:
+            options, job.placed_by = self.matrix.placement(job)
             # A task on a GPU ends its process with it: an idle one keeping its CUDA context (and
             # memory) would sit beside the next measurement on that GPU (seen on an H100). So does
             # an export wherever it runs: it runs the user's model, and a process whose kernel
@@ -99,7 +102,7 @@ class ClusterRun:
             remote = ray.remote(num_returns="streaming", max_retries=0, max_calls=max_calls)(run_stage)
             job.handle = remote.options(**options).remote(self.requests.request(job))
         job.attempts += 1
-        job.state = "queued"
+        job.state, job.submitted_at = "queued", time.monotonic()
         self.dispatched += 1
 
     def advance(self) -> None:
@@ -134,7 +137,7 @@ class ClusterRun:
                     )
                 continue
             self._try_submit(job)
-        self.workers.release_idle(self.matrix.jobs())  # while none of a GPU type's points is ready: builds need the GPUs
+        self.workers.release_idle(self.matrix.jobs(), self.matrix.worker_for)
 
     @staticmethod
     def _drop_unbuilt(job: Job) -> None:
@@ -253,7 +256,7 @@ class ClusterRun:
     def _lost(self, job: Job, exc: Exception) -> None:
         from ray import exceptions
 
-        self.workers.lose(job)  # a point worker that failed a point is never handed another
+        self.workers.lose(job)  # a GPU worker that failed a job is never handed another
         if isinstance(exc, exceptions.TaskCancelledError):
             job.state, job.handle = "cancelled", None
             return
@@ -391,7 +394,7 @@ class ClusterRun:
             job.state, job.handle = "cancelled", None
 
     def _stop(self, job: Job) -> None:
-        """A running point's worker is ended, and the point with it; a running task is cancelled."""
+        """A running job's GPU worker is ended, and the job with it; a running task is cancelled."""
         import ray
 
         if not self.workers.lose(job):

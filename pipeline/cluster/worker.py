@@ -66,15 +66,15 @@ class StageResult:
     seconds: float = 0.0
     bytes_fetched: int = 0
     # A kernel faulted on the GPU in the process that ran the task: its CUDA context is unusable, so
-    # the driver ends that process (a point worker) and hands what it did not finish to a fresh one.
+    # the driver ends that process (a GPU worker) and hands what it did not finish to a fresh one.
     poisoned: bool = False
 
 
-def run_stage(request: StageRequest, session: PointSession | None = None):
+def run_stage(request: StageRequest, session: WorkerSession | None = None):
     """The Ray task (a streaming generator): where it started, when it starts measuring, then
     what it did. The stage runs in a thread of its own so that the task can say when its rounds
     begin while they run; a cancelled task's worker is killed (the driver cancels with force, or
-    kills the GPU's point worker), so nothing of it runs on."""
+    kills the GPU's worker), so nothing of it runs on."""
     import ray
 
     node_id = ray.get_runtime_context().get_node_id()
@@ -90,7 +90,7 @@ def run_stage(request: StageRequest, session: PointSession | None = None):
         finally:
             said.put(None)
 
-    # A point worker runs every point in its one thread (PointSession.thread); a task, in one of its own.
+    # A GPU worker runs every job in its one thread (WorkerSession.thread); a task, in one of its own.
     thread = session.thread if session is not None else concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pipeline-stage")
     running = thread.submit(work)
     while (text := said.get()) is not None:
@@ -103,15 +103,15 @@ def run_stage(request: StageRequest, session: PointSession | None = None):
     yield ("result", outcome["result"])
 
 
-class PointSession:
-    """What a GPU's point worker keeps from one shape point to the next: its workspace (the
-    engine files stay where the runtimes loaded them from), the runtimes with the engines they
-    prepared (a model loaded once, a compiled engine traced once and specialised again at each
-    point from Inductor's cache, as in the one process of a local run), and its share of the
-    node's CPUs, claimed once and held until the worker ends."""
+class WorkerSession:
+    """What a GPU's worker keeps from one job to the next (an export, a build, a shape point):
+    its workspace (the engine files stay where the runtimes loaded them from), the runtimes with
+    the engines they prepared (a model loaded once, a compiled engine traced once and specialised
+    again at each point from Inductor's cache, as in the one process of a local run), and its
+    share of the node's CPUs, claimed once and held until the worker ends."""
 
     def __init__(self):
-        # One thread for all the worker's points: torch.compile's CUDA graph trees
+        # One thread for all the worker's jobs: torch.compile's CUDA graph trees
         # (mode="reduce-overhead") are kept per thread (torch/_inductor/cudagraph_trees.py), and a
         # point prepared in a thread of its own failed with an AssertionError at every point after
         # a worker's first (two H200s).
@@ -138,21 +138,22 @@ class PointSession:
         return self.cpus
 
 
-class PointWorker:
-    """A Ray actor that holds one GPU for a run and times the shape points the driver hands it,
-    one after another, in one process (pipeline/cluster/scheduler.py keeps one per GPU while
-    points are ready). A task per point paid for a fresh process each time — importing PyTorch,
-    loading the model, tracing every compiled engine — 46–85 s a point on two H200s against
-    about 22 s in one process (docs/cluster.md)."""
+class GpuWorker:
+    """A Ray actor that holds one GPU for a run and does the jobs the driver hands it, one after
+    another, in one process (pipeline/cluster/gpu_workers.py): the GPU's shape points, and the
+    builds and exports made where they are timed. A task per job paid for a fresh process each
+    time — importing PyTorch, loading the model, tracing every compiled engine — 46-85 s a point
+    on two H200s against about 22 s in one process, 18-23 s an eager build against about 1 s
+    (docs/cluster.md)."""
 
     def __init__(self):
-        self.session = PointSession()
+        self.session = WorkerSession()
 
     def run(self, request: StageRequest):
         yield from run_stage(request, self.session)
 
 
-def execute(request: StageRequest, node_id: str, on_measuring=None, session: PointSession | None = None) -> StageResult:
+def execute(request: StageRequest, node_id: str, on_measuring=None, session: WorkerSession | None = None) -> StageResult:
     from rich.console import Console
 
     from pipeline.errors import DeviceFault, PipelineError
@@ -208,7 +209,7 @@ def execute(request: StageRequest, node_id: str, on_measuring=None, session: Poi
             1,
         )
     finally:
-        if session is None:  # a point worker's stays, for its next point
+        if session is None:  # a GPU worker's stays, for its next job
             shutil.rmtree(scratch, ignore_errors=True)
     result.messages = buffer.getvalue()
     result.seconds = time.perf_counter() - started
@@ -247,16 +248,18 @@ def _faulted_here(stage) -> bool:
 
 
 @contextlib.contextmanager
-def _measuring_share(request: StageRequest, node, session: PointSession | None = None):
+def _measuring_share(request: StageRequest, node, session: WorkerSession | None = None):
     """A shape point's task on a GPU runs on its GPU's share of the node's cores, so that points
     measured at once on one host's GPUs do not meet on a CPU (pipeline/cluster/cpu_share.py); the
-    CPUs it ran on, or None where it ran wherever the OS put it. A point worker claims its share
-    once and keeps it; each point's thread runs there."""
+    CPUs it ran on, or None where it ran wherever the OS put it. A GPU worker claims its share at
+    its first job, whatever it is, and keeps it; each job's thread runs there (and the processes
+    it starts: a build's compiler's)."""
     from pipeline.cluster.connection import gpus_of
     from pipeline.cluster.cpu_share import claimed_share
     from pipeline.environment import running_on
 
-    gpus = int(gpus_of(node.resources, request.placed_by)) if request.stage == "profile" and request.placed_by else 0
+    on_a_gpu = request.placed_by and (request.stage == "profile" or session is not None)
+    gpus = int(gpus_of(node.resources, request.placed_by)) if on_a_gpu else 0
     if session is not None:
         cpus = session.claim_share(gpus)
         with running_on(cpus):
@@ -294,7 +297,7 @@ def _member_result(stage, name: str, outcome, scratch: Path, blobs: NodeBlobs, k
     return member
 
 
-def _stage(request: StageRequest, member: Member, scratch: Path, reporter, node, session: PointSession | None = None):
+def _stage(request: StageRequest, member: Member, scratch: Path, reporter, node, session: WorkerSession | None = None):
     from pipeline.stages.base import RunContext
     from pipeline.stages.runner import stage_for
     from pipeline.workspace import Workspace

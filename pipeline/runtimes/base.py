@@ -245,6 +245,14 @@ class EngineRuntime(ABC):
         from the second, and get None where the exporter refused the model."""
 
     @property
+    def builds_where_timed(self) -> bool:
+        """Whether a cluster run builds it on the GPU's worker that then times its shape points
+        (pipeline/cluster/gpu_workers.py): its build prepares the engine in the building process
+        (the model loaded, a graph compiled or captured), which later profiles in that process use
+        again, and it has no work to spread over processes of its own (``ahead_work``)."""
+        return False
+
+    @property
     def builds_long(self) -> bool:
         """Whether its builds take longer than other toolchains' of the same placement, by work
         that grows with the model's shape points (compiling at each): a cluster starts them first,

@@ -327,6 +327,13 @@ class TorchRuntime(InProcessRuntime):
         # the others ahead of the profiles), where an eager or CUDA graph build only saves weights.
         return self.spec.backend == "compile" and not self.spec.dynamic
 
+    @property
+    def builds_where_timed(self) -> bool:
+        # Loading the model (and capturing, or compiling once) is most of an eager, CUDA graph or
+        # dynamic build, and of a profile in a fresh process: 18-23 s a build as a task of its own
+        # against about 1 s in the process that keeps the model (docs/cluster.md).
+        return not self.builds_long
+
     def ahead_work(self, engine_path: Path, workloads: list[ReferenceBatch]) -> AheadWork | None:
         """torch.compile at every shape point, in processes of their own beside the other compiled
         engines' points, leaving the graphs in Inductor's cache for the profiles

@@ -164,7 +164,7 @@ def import_torch():
 def cache_keys_alike_in_every_process(torch) -> None:
     """Make Inductor's cache keys for a graph the same in every process that compiles it: the
     run's own, the processes compiling ahead (pipeline/runtimes/torch_compile_ahead.py), a
-    cluster's build tasks and point workers.
+    cluster's build tasks and GPU workers.
 
     The keys (FX graph and AOTAutograd caches) hash a pickle of each input's metadata, its
     ``torch.memory_format`` among it. A memory format pickles as a global name with no module of
@@ -172,7 +172,7 @@ def cache_keys_alike_in_every_process(torch) -> None:
     ``torch.contiguous_format`` can be reached: which one depends on what the process imported
     first (``torch._utils`` in a plain process, ``__mp_main__`` in a spawned one). Seen on two
     H200s: every input of every graph hashed differently in the processes compiling ahead and in
-    Ray's workers, so no point worker ever found a graph compiled ahead and each recompiled it
+    Ray's workers, so no GPU worker ever found a graph compiled ahead and each recompiled it
     (15–22 s an engine, a point). Pickled here by a function of this module's, found by name
     alike everywhere; the format still tells keys apart. Inductor's picklers start from
     ``copyreg``'s table (torch/_inductor/codecache.py, FxGraphCachePickler)."""

@@ -267,8 +267,9 @@ def test_points_measured_at_once_on_one_hosts_gpus_each_run_on_cpus_of_their_own
             assert not cpus_a & cpus_b
 
 
-def test_a_gpus_points_are_timed_one_after_another_in_one_process(cluster, tmp_path):
-    """A node of one GPU: its worker takes the model's three points in turn, in one process (the
+def test_a_gpus_export_build_and_points_are_done_one_after_another_in_one_process(cluster, tmp_path):
+    """A node of one GPU and an eager engine, which is built where it is timed: the GPU's worker
+    exports the model, builds the engine and takes the three points in turn, in one process (the
     model loaded once, as in a local run), each point in a set of rounds of its own."""
     pytest.importorskip("transformers", reason="bert is a transformers model")
     points = ("2x8", "3x16", "2x16")
@@ -277,7 +278,11 @@ def test_a_gpus_points_are_timed_one_after_another_in_one_process(cluster, tmp_p
     result = cluster.pipeline(catalog, *args)
     assert result.returncode == 0, result.stderr
     profiles = [read_manifest(catalog.parent / "manifests" / "torch-eager@H100" / f"bert_fp32@{point}.json") for point in points]
-    assert len({p.environment.cluster_node.worker_pid for p in profiles}) == 1
+    export = read_manifest(catalog.parent / "manifests" / "export" / "bert_fp32.json")
+    build = read_manifest(catalog.parent / "manifests" / "torch-eager@H100" / "bert_fp32.json")
+    pids = {m.environment.cluster_node.worker_pid for m in [export, build, *profiles]}
+    assert len(pids) == 1 and None not in pids, pids
+    assert export.environment.cluster_node.gpu_type == "H100"  # done on the H100's worker
     assert len({p.profile.details.rounds[0].group for p in profiles}) == 3
     assert result.stderr.count("measuring profile") == 3
 

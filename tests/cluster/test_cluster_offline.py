@@ -426,6 +426,84 @@ def test_the_builds_that_compile_at_every_point_are_started_first(tmp_path):
     assert stages == ["export"] * 2 + ["build"] * 10 + ["profile"] * (len(stages) - 12)
 
 
+def test_a_gpu_types_builds_and_exports_go_to_its_workers_where_every_build_is_made_where_it_is_timed(tmp_path):
+    """Eager and CUDA graph builds are mostly loading the model, which the GPU's worker that times
+    the points keeps: there, the export, the builds and the points of the type are one process's
+    work. A type with a build that is not made where it is timed — a compiled engine compiling its
+    points in processes of its own, a TensorRT builder — keeps every build and export a task."""
+    from pipeline.catalog import EngineRef
+    from pipeline.cluster.connection import Cluster
+    from pipeline.cluster.plan import ClusterPlan
+    from pipeline.runtimes import load_catalog
+    from pipeline.stages.base import RunContext
+    from pipeline.workspace import Workspace
+    from tests.conftest import TINY_CATALOG, write_catalog
+
+    torch = {"torch-eager": 'backend = "eager"', "torch-cudagraphs": 'backend = "cudagraphs"', "torch-compile": 'backend = "compile"'}
+    extra = "".join(f'\n[toolchains.{name}]\nkind = "torch"\n{settings}\n' for name, settings in torch.items())
+    extra += '\n[toolchains.trt-local]\nkind = "trtexec-local"\ntrt = "10.14.1"\ngpus = "none"\n'
+    catalog = load_catalog(write_catalog(tmp_path, TINY_CATALOG + extra))
+    ctx = RunContext(catalog=catalog, workspace=Workspace(catalog.root))
+    two = Node("d" * 56, "10.0.0.4", {"CPU": 32, "GPU": 2, "accelerator_type:H200": 1})
+    declared = Node("b" * 56, "10.0.0.2", {"CPU": 8, "gpu_type:L4": 1})
+    engines = [EngineRef("tiny", "fp16"), EngineRef("tiny", "nvfp4")]
+
+    def on_workers(toolchains, nodes=(two,)):
+        plan = ClusterPlan(ctx, Cluster("x:1", list(nodes)), engines, toolchains, "profile")
+        return {(job.stage, job.engine.variant, job.toolchain): plan.worker_for(job) for job in plan.plan()}, plan
+
+    where, plan = on_workers(["torch-eager", "torch-cudagraphs"])
+    assert set(where.values()) == {"H200"}, where  # every export, build and point: the H200s' workers
+    # Each worker has its GPU whole and its share of the host's CPUs, whatever job it starts with.
+    assert plan.worker_options("H200") == {
+        "num_cpus": 16.0,
+        "resources": {"accelerator_type:H200": 0.001},
+        "num_gpus": 1.0,
+        "runtime_env": {"env_vars": {"OMP_NUM_THREADS": "16"}},
+    }
+
+    where, _ = on_workers(["torch-eager", "torch-compile"])
+    assert {stage: where[key] for key in where for stage in [key[0]]} == {"export": None, "build": None, "profile": "H200"}
+    where, _ = on_workers(["torch-eager", "trt-local"])
+    assert where[("build", "fp16", "torch-eager")] is None and where[("export", "fp16", None)] is None
+
+    # A type declared by a node without Ray's GPU: NVFP4's quantizer needs CUDA, so its export is a
+    # task that asks Ray for a GPU, while FP16's goes to the worker.
+    where, _ = on_workers(["torch-eager"], nodes=(declared, two))
+    assert where[("export", "fp16", None)] == where[("export", "nvfp4", None)] == "H200"  # the first type built for, a CUDA GPU
+    plan = ClusterPlan(ctx, Cluster("x:1", [declared]), engines, ["torch-eager"], "profile")
+    exports = {job.engine.variant: plan.worker_for(job) for job in plan.plan() if job.stage == "export"}
+    assert exports == {"fp16": "L4", "nvfp4": None}
+
+
+def test_idle_gpu_workers_stay_while_their_work_is_to_come_and_give_way_to_a_task_kept_waiting(monkeypatch):
+    import time
+    from types import SimpleNamespace
+
+    from pipeline.cluster.gpu_workers import TASK_WAIT_S, GpuWorkers
+
+    workers = GpuWorkers(cluster=None)
+    ended = []
+    monkeypatch.setattr(workers, "_end", lambda gpu_type, actor: ended.append((gpu_type, actor)))
+    h200_point = SimpleNamespace(state="waiting", on="H200")
+    l4_point = SimpleNamespace(state="waiting", on="L4")
+
+    def release(*jobs):
+        ended.clear()
+        workers.idle = {"H200": ["h0", "h1"], "L4": ["l0"]}
+        workers.release_idle(list(jobs), lambda job: job.on)
+        return sorted(ended)
+
+    assert release(h200_point, l4_point) == []  # the next job of each type takes one
+    assert release(h200_point, SimpleNamespace(state="done", on="L4")) == [("L4", "l0")]  # nothing more for the L4s
+    # A task (a TensorRT build, say) sent just now may start on its own; one still waiting after
+    # TASK_WAIT_S waits for what the idle workers hold, and they give it back.
+    fresh = SimpleNamespace(state="queued", on=None, submitted_at=time.monotonic())
+    assert release(h200_point, l4_point, fresh) == []
+    kept_waiting = SimpleNamespace(state="queued", on=None, submitted_at=time.monotonic() - TASK_WAIT_S - 1)
+    assert release(h200_point, l4_point, kept_waiting) == [("H200", "h0"), ("H200", "h1"), ("L4", "l0")]
+
+
 def test_a_run_on_several_gpus_of_one_host_says_how_its_points_held_the_host():
     from types import SimpleNamespace
 
