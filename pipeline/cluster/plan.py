@@ -335,30 +335,28 @@ class ClusterPlan:
                 # a task that asks for none (ray/_private/utils.py, set_visible_accelerator_ids):
                 # asked for like a PyTorch build, it never runs on a GPU a point is measuring on.
                 options["num_gpus"] = 1 / BUILDS_A_GPU
-        elif job.stage == "profile":
+            return options, None
+        if job.stage == "profile":
             return self.worker_options(job.placed_on), job.placed_on
-        elif self.runtimes[job.toolchain].placement == "gpu":
+        if self.runtimes[job.toolchain].placement == "gpu":
             gpu_type = job.gpu_type
             if self.runtimes[job.toolchain].builds_share_gpu:
                 share = 1 / BUILDS_A_GPU
+        return self._on_gpu_type(options, gpu_type, share), gpu_type
+
+    def worker_options(self, gpu_type: str | None) -> dict[str, Any]:
+        """Ray options for a shape point's process on ``gpu_type`` (a GPU worker's): the whole GPU
+        and its share of the node's CPUs; for a point that needs no GPU, a whole node's CPUs."""
+        return self._on_gpu_type({"num_cpus": self._measurement_cpus(gpu_type)}, gpu_type, 1.0)
+
+    def _on_gpu_type(self, options: dict[str, Any], gpu_type: str | None, share: float) -> dict[str, Any]:
+        """``options`` with ``share`` of a GPU of ``gpu_type`` (none for None), and PyTorch's
+        threads for that type."""
         if gpu_type is not None:
             node = self.cluster.nodes_with(gpu_type)[0]
             options["resources"] = placement_resources(node.resources, gpu_type, share)
             if node.resources.get("GPU"):
                 options["num_gpus"] = share
-        if job.stage != "export":
-            options["runtime_env"] = {"env_vars": {"OMP_NUM_THREADS": str(self._threads(gpu_type))}}
-        return options, gpu_type
-
-    def worker_options(self, gpu_type: str | None) -> dict[str, Any]:
-        """Ray options for a shape point's process on ``gpu_type`` (a GPU worker's): the whole GPU
-        and its share of the node's CPUs; for a point that needs no GPU, a whole node's CPUs."""
-        options: dict[str, Any] = {"num_cpus": self._measurement_cpus(gpu_type)}
-        if gpu_type is not None:
-            node = self.cluster.nodes_with(gpu_type)[0]
-            options["resources"] = placement_resources(node.resources, gpu_type, 1.0)
-            if node.resources.get("GPU"):
-                options["num_gpus"] = 1.0
         options["runtime_env"] = {"env_vars": {"OMP_NUM_THREADS": str(self._threads(gpu_type))}}
         return options
 
