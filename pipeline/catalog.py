@@ -381,6 +381,7 @@ class Catalog(_Strict):
         calib_samples: int | None = None,
         eval_dir: Path | None = None,
         repeats: int | None = None,
+        racing: bool | None = None,
     ) -> Catalog:
         """This catalog with a run's command-line settings in place of its own (None keeps the catalog's)."""
         catalog = self
@@ -395,8 +396,9 @@ class Catalog(_Strict):
             calibration["samples"] = calib_samples
         if calibration:
             catalog = catalog.model_copy(update={"calibration": catalog.calibration.model_copy(update=calibration)})
-        if repeats is not None:
-            catalog = catalog.model_copy(update={"profile": catalog.profile.model_copy(update={"repeats": repeats})})
+        profile = {key: value for key, value in (("repeats", repeats), ("racing", racing)) if value is not None}
+        if profile:
+            catalog = catalog.model_copy(update={"profile": catalog.profile.model_copy(update=profile)})
         return catalog
 
 

@@ -44,6 +44,10 @@ class ProfileSettings(_Strict):
     min_rounds: int = Field(default=6, ge=2, le=10_000)
     budget_s: float = Field(default=30.0, gt=0, le=86_400)
     tie: float = Field(default=0.03, gt=0, lt=0.5)
+    # Racing (pipeline/stopping.py): an engine the point's leader is faster than beyond the tie
+    # band leaves the point's rounds, which go on timing the contenders; false (`--no-racing`):
+    # every engine takes part in every round, as before racing.
+    racing: bool = True
 
     @field_validator("host_cpus")
     @classmethod

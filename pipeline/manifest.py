@@ -34,10 +34,12 @@ from pipeline.stats import LatencyStats
 # that is against and how they held the host
 # (RoundsRecord.host_alone_probe_ms, host_alone_from, host_held: pipeline/host_speed.py,
 # pipeline/host_rounds.py).
-SCHEMA_VERSION = 4
+# 5: each set of rounds records the engines that left it out of the running, and after how many
+# rounds (RoundsRecord.raced_out: racing, pipeline/stopping.py).
+SCHEMA_VERSION = 5
 # Versions read: a version-1 manifest is lifted as it is read (pipeline/manifest_versions.py); a
-# version-2 or 3 one reads as 4 unchanged (3 and 4 only add).
-READS = (1, 2, 3, 4)
+# version-2, 3 or 4 one reads as 5 unchanged (3, 4 and 5 only add).
+READS = (1, 2, 3, 4, 5)
 
 
 class _Model(BaseModel):

@@ -52,7 +52,8 @@ from pipeline.errors import DeviceFault, PipelineError
 from pipeline.host_rounds import HostRounds
 from pipeline.host_speed import HostSpeed
 from pipeline.sm_clock import THROTTLE_THRESHOLD, SmClock
-from pipeline.stats import RatioEstimate, at_band_edge, median, paired_ratio
+from pipeline.stats import median
+from pipeline.stopping import open_pair_words, out_of_the_running, undecided
 
 # The timing of an engine whose runs are timed by the host's clock (on the CPU, or a runtime that
 # cannot time on the GPU).
@@ -215,6 +216,9 @@ class RoundsRecord(BaseModel):
     default_sm_clock_mhz: float | None = None
     # Engines that failed during the rounds, and why (they stop taking part; the rounds go on).
     failed: dict[str, str] = {}
+    # Engines that left the rounds out of the running (racing, pipeline/stopping.py), and after how
+    # many rounds: their takes end there. Absent in manifests written before racing.
+    raced_out: dict[str, int] = {}
     # The host's probe alone, in ms, that each take's host_slowdown is against, and whose
     # calibration it was ("this process" or "host record": pipeline/host_speed.py).
     host_alone_probe_ms: float | None = None
@@ -247,6 +251,7 @@ class RoundsOutcome:
     seed: int
     default_sm_clock_mhz: float | None
     failed: dict[str, str] = field(default_factory=dict)
+    raced_out: dict[str, int] = field(default_factory=dict)
     host_alone_probe_ms: float | None = None
     host_alone_from: str | None = None
     host_noise: float | None = None
@@ -272,41 +277,12 @@ class RoundsOutcome:
             seed=self.seed,
             default_sm_clock_mhz=self.default_sm_clock_mhz,
             failed=self.failed,
+            raced_out=self.raced_out,
             host_alone_probe_ms=None if self.host_alone_probe_ms is None else round(self.host_alone_probe_ms, 6),
             host_alone_from=self.host_alone_from,
             host_noise=None if self.host_noise is None else round(self.host_noise, 4),
             host_held=self.host_held,
         )
-
-
-def undecided(takes: dict[str, list[Take]], tie: float) -> list[tuple[str, str, RatioEstimate | None]]:
-    """The comparisons the verdict needs that the takes do not settle yet: the engine whose
-    per-round times are lowest against each of the others, where their ratio's interval holds 1
-    without lying within the tie band, or excludes 1 but reaches across an edge of the band (more
-    rounds could still make it "the same": stopping there would let two runs disagree)."""
-    medians = {key: {take.round: take.median_ms for take in entries if take.dropped is None} for key, entries in takes.items()}
-    medians = {key: rounds for key, rounds in medians.items() if rounds}
-    if len(medians) < 2:
-        return []
-    reference = next(iter(medians))
-
-    def against_reference(key: str) -> float:
-        estimate = paired_ratio(medians[key], medians[reference], tie)
-        return estimate.ratio if estimate is not None else float("inf")
-
-    leader = min(medians, key=against_reference)
-    open_pairs = []
-    for other in medians:
-        if other == leader:
-            continue
-        estimate = paired_ratio(medians[leader], medians[other], tie)
-        if (
-            estimate is None
-            or estimate.outcome == "ambiguous"
-            or (estimate.outcome != "same" and at_band_edge(estimate.low, estimate.high, tie))
-        ):
-            open_pairs.append((leader, other, estimate))
-    return open_pairs
 
 
 def measure_in_rounds(
@@ -317,10 +293,14 @@ def measure_in_rounds(
     clock: SmClock | None = None,
     host: HostSpeed | None = None,
     held: HostRounds | None = None,
+    stays: frozenset[str] = frozenset(),
 ) -> RoundsOutcome:
     """Every engine of one shape point, measured in rounds until decided or out of budget. An
     engine that fails during a take (out of memory, say) is recorded with its reason and leaves the
-    rounds; the others go on. The rounds hold the host as pipeline/host_rounds.py says: beside
+    rounds; the others go on. A kernel fault ends the rounds (DeviceFault, pinned to the engine
+    whose take saw it): CUDA's context is gone for every engine of the process. With racing
+    (``settings.racing``) an engine out of the running leaves the rounds (pipeline/stopping.py);
+    ``stays``, the baseline toolchain's engines, never do. The rounds hold the host as pipeline/host_rounds.py says: beside
     other points' rounds while every engine is GPU-bound, alone once one is not (``held``: the
     hold the point's preparation had, else one of their own). ``host``: the host's speed around
     each take (calibrated here, once the host is held, when not given)."""
@@ -343,7 +323,7 @@ def measure_in_rounds(
         if not held.try_whole():  # the host held by others: beside them while they let it
             held.share()
         host = host if host is not None else HostSpeed.calibrated()
-        outcome = _rounds(engines, settings, random.Random(seed), progress, clock, host, held, failed)
+        outcome = rounds_loop(engines, settings, random.Random(seed), progress, clock, host, held, failed, stays=stays)
     outcome.seed, outcome.errors = seed, {**errors, **outcome.errors}  # the warm-up's and the rounds' own
     return outcome
 
@@ -358,21 +338,36 @@ def follows_the_host(engine: PreparedEngine, takes: list[Take]) -> bool:
     return bool(issued) and median([t.issue_ms for t in issued]) >= NEAR_LAUNCH_BOUND_SHARE * median([t.median_ms for t in issued])
 
 
-def _rounds(
-    engines, settings: ProfileSettings, rng: random.Random, progress, clock, host: HostSpeed, held: HostRounds, failed
+def rounds_loop(
+    engines,
+    settings: ProfileSettings,
+    rng: random.Random,
+    progress,
+    clock,
+    host: HostSpeed,
+    held: HostRounds,
+    failed: dict[str, str],
+    now: Callable[[], float] = time.perf_counter,
+    stays: frozenset[str] = frozenset(),
 ) -> RoundsOutcome:
+    """The rounds themselves, once the engines are warm and the host is held: what
+    measure_in_rounds runs, and what the simulation of the rule (scripts/simulate_confidence.py)
+    drives with synthetic engines and ``now``, a clock of their own."""
     entrants = list(engines)
     takes: dict[str, list[Take]] = {key: [] for key in entrants}
     times: dict[str, list[float]] = {key: [] for key in entrants}
     errors: dict[str, PipelineError] = {}
-    started = time.perf_counter()
+    started = now()
+    raced_out: dict[str, int] = {}
     rounds, stop = 0, "rounds"
     while rounds < MAX_ROUNDS:
-        order = [key for key in entrants if key not in failed]
+        order = [key for key in entrants if key not in failed and key not in raced_out]
         rng.shuffle(order)
         for position, key in enumerate(order):
             try:
                 take, measured = _take(engines[key], key, rounds, position, settings, clock, host)
+            except DeviceFault:
+                raise  # the process is poisoned: no other engine can be timed in it
             except PipelineError as exc:
                 failed[key], errors[key] = exc.message, exc
                 continue
@@ -387,14 +382,19 @@ def _rounds(
                 # taken beside whatever else held the host then, is taken again.
                 held.take_whole()
                 takes, times = {key: [] for key in entrants}, {key: [] for key in entrants}
-                rounds, started = 0, time.perf_counter()
+                rounds, started = 0, now()
                 continue
             if not following and held.mode == "whole":
                 held.share()  # every engine GPU-bound: other points may be timed beside it
-        open_pairs = undecided({k: v for k, v in takes.items() if k not in failed}, settings.tie)
-        elapsed = time.perf_counter() - started
+        running = {k: v for k, v in takes.items() if k not in failed and k not in raced_out}
+        if settings.racing and rounds >= settings.min_rounds:
+            for key in out_of_the_running(running, settings.tie, stays):
+                raced_out[key] = rounds
+                del running[key]
+        open_pairs = undecided(running, settings.tie)
+        elapsed = now() - started
         if progress is not None:
-            progress(_progress_text(rounds, open_pairs, elapsed, settings))
+            progress(_progress_text(rounds, open_pairs, elapsed, settings, len(raced_out)))
         if len(entrants) - len(failed) == 0:
             stop = "failed"
             break
@@ -411,11 +411,12 @@ def _rounds(
         times_ms=times,
         rounds=rounds,
         stop=stop,
-        elapsed_s=time.perf_counter() - started,
+        elapsed_s=now() - started,
         settings=settings,
         seed=0,
         default_sm_clock_mhz=clock.default_mhz if clock is not None else None,
         failed=failed,
+        raced_out=raced_out,
         errors=errors,
         host_alone_probe_ms=host.alone_ms,
         host_alone_from=host.source,
@@ -458,21 +459,11 @@ def _take(
     return take, measured
 
 
-def _progress_text(rounds: int, open_pairs, elapsed: float, settings: ProfileSettings) -> str:
+def _progress_text(rounds: int, open_pairs, elapsed: float, settings: ProfileSettings, out: int = 0) -> str:
     text = f"round {rounds} ({elapsed:.0f} of at most {settings.budget_s:g} s)"
+    if out:
+        text += f", {out} out of the running"
     if not open_pairs:
         return text + (": decided" if rounds >= settings.min_rounds else f": at least {settings.min_rounds} rounds")
     more = f" and {len(open_pairs) - 1} more" if len(open_pairs) > 1 else ""
     return f"{text}: {open_pair_words(*open_pairs[0])}{more}"
-
-
-def open_pair_words(leader: str, other: str, estimate: RatioEstimate | None) -> str:
-    """Why a comparison is still open: "a against b undecided (0.962–1.041)", or, for an interval
-    that excludes 1 but reaches across an edge of the tie band, "a faster than b, by less or more
-    than the tie width (0.963–0.988)"."""
-    if estimate is None:
-        return f"{leader} against {other} undecided (too few rounds)"
-    interval = f"({estimate.low:.3f}–{estimate.high:.3f})"
-    if estimate.outcome in ("faster", "slower"):
-        return f"{leader} {estimate.outcome} than {other}, by less or more than the tie width {interval}"
-    return f"{leader} against {other} undecided {interval}"

@@ -279,20 +279,101 @@ class RatioEstimate(BaseModel):
         return RatioEstimate(ratio=1 / self.ratio, low=1 / self.high, high=1 / self.low, rounds=self.rounds, outcome=flipped)
 
 
+# --- the paired ratio's interval, valid at every look ---------------------------------------------
+#
+# The rounds look at a pair after every round from min_rounds on and stop once it is decided (and,
+# racing, drop an engine once it is out of the running), so a fixed-n sign-test interval, checked
+# again and again, would exclude the true ratio more often than 5 % of the time: on the CI VM's
+# spells a pair of engines whose true ratio lay on the tie band's edge was called "slower" in 13 %
+# of points (scripts/simulate_confidence.py). The paired interval is therefore a confidence
+# sequence: order statistics x(k_n) and x(n+1-k_n) whose ranks k_n are computed, look by look, so
+# that a median outside them at *any* look from the first has probability at most 1 - confidence
+# (the sign test's own walk, computed exactly; any continuous distribution of independent rounds).
+# The first look may spend what n0 rounds all on one side cost (2 / 2**n0, so a point whose rounds
+# all agree still decides in min_rounds rounds); the rest of the error is spent as 1/n, so later
+# looks keep the power to decide a noisy pair. scripts/simulate_confidence.py measures what that
+# does for the whole procedure, on the host spells measured here as well.
+
+
+class _SequentialRanks:
+    """k_n for n = 0, 1, …: the sign test's confidence sequence for the median at one level.
+    0 where no interval is possible yet (the interval is then the whole range, and says nothing)."""
+
+    def __init__(self, alpha: float):
+        import numpy as np
+
+        self.alpha = alpha
+        # The first look: the fewest values whose range alone bounds the median at this level.
+        self.first = next(n for n in range(1, 64) if 2 * 0.5**n <= alpha)
+        self.ranks = [0]  # n = 0
+        # P(S_n = s and no look so far excluded the median), S_n the count of values below it.
+        self._alive = np.ones(1)
+        self._spent = 0.0
+
+    def _spend(self, n: int) -> float:
+        """The error that may have been spent by the look at n values."""
+        first_share = 2 * 0.5**self.first / self.alpha
+        return self.alpha * (1.0 - (1.0 - first_share) * self.first / n)
+
+    def rank(self, n: int) -> int:
+        import numpy as np
+
+        while len(self.ranks) <= n:
+            look = len(self.ranks)
+            grown = np.zeros(look + 1)  # one more value: above the median or below it, 1/2 each
+            grown[:-1] += self._alive * 0.5
+            grown[1:] += self._alive * 0.5
+            self._alive = grown
+            if look < self.first:
+                self.ranks.append(0)
+                continue
+            # The interval (x(k), x(n+1-k)) excludes the median when at most k-1 values lie on one
+            # side of it: k grows while the walk's mass newly excluded (both sides alike) fits in
+            # what may be spent by this look. Mass excluded at an earlier look is gone, so k never
+            # shrinks from one look to the next.
+            allowed = self._spend(look)
+            k, excluded = 0, 0.0
+            while k < look // 2 and self._spent + excluded + 2 * self._alive[k] <= allowed * (1 + 1e-12):
+                excluded += 2 * self._alive[k]
+                k += 1
+            self._spent += excluded
+            self._alive[:k] = 0.0
+            self._alive[look - k + 1 :] = 0.0
+            self.ranks.append(k)
+        return self.ranks[n]
+
+
+@functools.lru_cache(maxsize=8)
+def _sequential_ranks(alpha: float) -> _SequentialRanks:
+    return _SequentialRanks(alpha)
+
+
+def sequential_median_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float] | None:
+    """The median's interval from a confidence sequence at ``confidence`` (above): valid whichever
+    look it is read at. None before the first look that can bound it."""
+    ordered = sorted(values)
+    k = _sequential_ranks(round(1.0 - confidence, 12)).rank(len(ordered))
+    if k == 0:
+        return None
+    return ordered[k - 1], ordered[len(ordered) - k]
+
+
 def paired_ratio(
     a_by_round: dict[Any, float], b_by_round: dict[Any, float], tie: float, confidence: float = CONFIDENCE
 ) -> RatioEstimate | None:
     """A/B from takes measured side by side: the median of the rounds' ratios of A's take median
-    to B's, with the sign-test interval of that median. Both saw the host and the GPU as they were
+    to B's, with the sign test's confidence sequence for that median (valid at whichever round
+    the rounds stopped, above). Both saw the host and the GPU as they were
     in that round, so a host that changes speed between rounds moves both alike. None when no
     round has both."""
     rounds = sorted(set(a_by_round) & set(b_by_round))
     ratios = [a_by_round[r] / b_by_round[r] for r in rounds if b_by_round[r] > 0]
     if not ratios:
         return None
-    low, high = median_interval(ratios, confidence)
-    # Too few rounds to reach the confidence: whatever the interval, no decision (never a guess).
-    said = outcome(low, high, tie) if reaches_confidence(len(ratios), confidence) else "ambiguous"
+    interval = sequential_median_interval(ratios, confidence)
+    # Too few rounds to reach the confidence: their whole range, and no decision (never a guess).
+    low, high = interval if interval is not None else (min(ratios), max(ratios))
+    said = outcome(low, high, tie) if interval is not None else "ambiguous"
     return RatioEstimate(ratio=float(median(ratios)), low=low, high=high, rounds=len(ratios), outcome=said)
 
 

@@ -12,9 +12,17 @@ import time
 import pytest
 
 from pipeline.catalog import ProfileSettings
-from pipeline.errors import OutOfMemory
+from pipeline.errors import DeviceFault, OutOfMemory
 from pipeline.measurement import SmClock, host_take, measure_in_rounds, undecided
-from pipeline.stats import at_band_edge, median_interval, outcome, paired_ratio, reaches_confidence, unpaired_ratio
+from pipeline.stats import (
+    at_band_edge,
+    median_interval,
+    outcome,
+    paired_ratio,
+    reaches_confidence,
+    sequential_median_interval,
+    unpaired_ratio,
+)
 
 
 class Scripted:
@@ -101,6 +109,35 @@ def test_too_few_rounds_decide_nothing():
     assert paired_ratio({r: 1.0 for r in range(6)}, {r: 2.0 for r in range(6)}, tie=0.03).outcome == "faster"
 
 
+def test_the_paired_interval_holds_at_every_look_where_a_fixed_n_one_looked_at_each_round_does_not():
+    """The rounds look at a pair after every round and stop when it is decided. Rounds whose
+    ratios fall either side of the true one at random, looked at from round 6 to 60: the fixed-n
+    sign-test interval excludes the truth at some look in far more than 5 % of the runs; the
+    confidence sequence paired_ratio reads in at most 5 %."""
+    import random
+
+    rng = random.Random(0)
+    runs, fixed_missed, sequence_missed = 1000, 0, 0
+    for _ in range(runs):
+        ratios: list[float] = []
+        fixed = sequence = False
+        for n in range(1, 61):
+            ratios.append(1.0 + rng.gauss(0.0, 0.02))
+            if n < 6:
+                continue
+            low, high = median_interval(ratios)
+            fixed = fixed or not low <= 1.0 <= high
+            interval = sequential_median_interval(ratios)
+            sequence = sequence or not interval[0] <= 1.0 <= interval[1]
+        fixed_missed += fixed
+        sequence_missed += sequence
+    assert fixed_missed / runs > 0.15, fixed_missed
+    assert sequence_missed / runs <= 0.05, sequence_missed
+    # Rounds that all agree still decide at the first look, as before.
+    assert sequential_median_interval([0.5, 0.51, 0.49, 0.5, 0.52, 0.5]) == (0.49, 0.52)
+    assert sequential_median_interval([0.5] * 5) is None
+
+
 # --- rounds ----------------------------------------------------------------------------------------
 
 
@@ -183,6 +220,55 @@ def test_an_engine_that_fails_in_a_round_leaves_and_the_rounds_go_on():
     assert isinstance(done.errors["b"], OutOfMemory)
     assert len(done.takes["b"]) == 2 and len(done.takes["a"]) == done.rounds == 6
     assert done.stop == "decided"
+
+
+def test_racing_takes_an_engine_out_of_the_running_out_of_the_rounds_and_keeps_the_baseline():
+    """A and B are a tie width apart and need rounds to settle; C is three times slower and is out
+    of the running after the first look; the baseline, twice as slow, stays so that every speedup
+    over it keeps its paired interval. Without racing, every engine takes every round."""
+    wobble = [1.0, 1.03, 0.97, 1.02, 0.98, 1.01, 0.99, 1.025, 0.975, 1.0]
+
+    def engines():
+        return {
+            "a": Scripted(1.0, host_of_two_speeds),
+            "b": Scripted(1.03, host_of_two_speeds, lambda r: wobble[r % len(wobble)]),
+            "c": Scripted(3.0, host_of_two_speeds),
+            "base": Scripted(2.0, host_of_two_speeds),
+        }
+
+    raced = measure_in_rounds(engines(), settings(min_rounds=6, budget_s=5), seed=2, stays=frozenset({"base"}))
+    assert raced.rounds > 6
+    assert raced.raced_out == {"c": 6} and len(raced.takes["c"]) == 6
+    assert len(raced.takes["base"]) == len(raced.takes["a"]) == len(raced.takes["b"]) == raced.rounds
+    assert raced.record("c").raced_out == {"c": 6} and raced.record("a").raced_out == {"c": 6}
+    # The rounds after it left were drawn among the others alone.
+    assert all(
+        sorted(t.order for key in ("a", "b", "base") for t in raced.takes[key] if t.round == r) == [0, 1, 2] for r in range(6, raced.rounds)
+    )
+
+    every = measure_in_rounds(engines(), settings(min_rounds=6, budget_s=5, racing=False), seed=2, stays=frozenset({"base"}))
+    assert every.raced_out == {} and all(len(takes) == every.rounds for takes in every.takes.values())
+
+
+def test_a_fault_seen_in_a_take_ends_the_rounds_before_another_engine_runs_in_the_poisoned_process():
+    class Poisoned(Scripted):
+        def __init__(self, ms, world, fault_in_round=None):
+            super().__init__(ms, lambda r: 1.0)
+            self.world, self.fault_in_round = world, fault_in_round
+
+        def take(self, runs, min_ms):
+            if self.world["poisoned"]:
+                raise OutOfMemory("CUDA error: an illegal memory access was encountered", hint="")  # what CUDA says next
+            if self.round + 1 == self.fault_in_round:
+                self.world["poisoned"] = True
+                raise DeviceFault("CUDA error: an illegal memory access was encountered", hint="")
+            return super().take(runs, min_ms)
+
+    world = {"poisoned": False}
+    engines = {"a": Poisoned(1.0, world), "b": Poisoned(2.0, world, fault_in_round=2), "c": Poisoned(3.0, world)}
+    with pytest.raises(DeviceFault) as raised:
+        measure_in_rounds(engines, settings(racing=False), seed=5)
+    assert raised.value.entrant == "b"
 
 
 class Clock:

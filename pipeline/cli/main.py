@@ -164,13 +164,14 @@ def _stage_command(
     gpu_types,
     until,
     repeat=None,
+    racing=None,
 ) -> list[str]:
     """Select, settle the toolchains, then print the work (--dry-run) or do it, one toolchain after
     the other (a failure in one does not stop the next); the toolchains' names."""
     from pipeline.errors import DeviceFault
     from pipeline.stages.runner import build_order, describe, onnx_read_by
 
-    state.override(calib_dir, calib_samples, eval_dir, repeat)
+    state.override(calib_dir, calib_samples, eval_dir, repeat, racing)
     refs = state.catalog.select(engines, models, variants)
     chains = state.toolchains(toolchains, trts, archs)
     ctx = state.context(force)

@@ -106,6 +106,14 @@ def calibration_options(func):
 
 
 def repeat_option(func):
+    """How a profile measures: --repeat, and --racing/--no-racing."""
+    func = click.option(
+        "--racing/--no-racing",
+        default=None,
+        help="Racing: an engine that the fastest one at its shape point beats beyond the tie band, with the rounds' "
+        "confidence, leaves that point's rounds, which go on timing the others (the baseline toolchain's engines stay). "
+        "--no-racing times every engine in every round. Default: the catalog's [profile] racing (on).",
+    )(func)
     return click.option(
         "--repeat",
         type=click.IntRange(min=1, max=100),

@@ -46,9 +46,12 @@ class ComparisonRow:
     # The 95 % interval of the median: the sign-test interval of the per-round take medians for an
     # engine timed in rounds (pipeline/measurement.py), else a bootstrap of the per-iteration times.
     median_ci_ms: tuple[float, float] | None = None
-    # Timed in rounds: how many, and why they ended ("decided", "budget", "alone").
+    # Timed in rounds: how many it took part in, and why they ended ("decided", "budget", "alone").
     rounds: int | None = None
     rounds_stop: str | None = None
+    # Where it left its point's rounds out of the running (racing, pipeline/stopping.py): after how
+    # many rounds (its `rounds`); None where it took part in every round.
+    raced_out_after: int | None = None
     p5_ms: float | None = None
     p95_ms: float | None = None
     p99_ms: float | None = None
@@ -366,8 +369,12 @@ def _take_rounds(row: ComparisonRow, records) -> None:
     kept = [value for medians in row.round_medians.values() for value in medians if value is not None]
     if kept:
         row.median_ci_ms = median_interval(kept)
-    row.rounds = sum(record.rounds for record in records)
+    row.rounds = sum(record.raced_out.get(record.entrant, record.rounds) for record in records)
     row.rounds_stop = records[0].stop
+    if any(record.entrant in record.raced_out for record in records):
+        row.raced_out_after = row.rounds
+        of = sum(record.rounds for record in records)
+        row.flags.append(f"out of the running after {row.rounds} of {of} rounds (racing): its figures are from those rounds")
 
 
 def _gpu_memory(details) -> tuple[float | None, str | None]:

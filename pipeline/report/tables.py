@@ -190,9 +190,9 @@ def _compact_status(row: ComparisonRow, notes: _Notes) -> str:
     word = row.status.split(" ", 1)[0].rstrip(":")
     word = {"build": "refused", "not": "not profiled"}.get(word, word)
     word = {"out_of_memory": "out of memory", "faulted": "faulted"}.get(row.outcome, word)
-    for kind in ("inaccurate", "busy", "host slowed", "throttled", "noisy", "measured differently"):
+    for kind in ("inaccurate", "busy", "host slowed", "throttled", "noisy", "measured differently", "out of the running"):
         if any(flag.startswith(kind) for flag in row.flags):
-            word = "differs" if kind.startswith("measured") else kind
+            word = {"measured differently": "differs", "out of the running": "raced out"}.get(kind, kind)
             break
     return f"{word} {notes.mark(row.full_status)}"
 
@@ -383,8 +383,10 @@ def _cell(column: Column, row: ComparisonRow, notes: _Notes | None) -> str:
 # on; 6 each row's gpu_device and each sweep's gpus; 7 each row's outcome ("measured",
 # "out_of_memory", "faulted", …), out_of_memory facts and accuracy_unchecked, each verdict's
 # out_of_memory rows (no longer among its excluded) and accuracy_unchecked, each sweep line's ends;
-# 8 each comparison's at_band_edge, and such a pair no longer decides the answer.
-JSON_SCHEMA_VERSION = 8
+# 8 each comparison's at_band_edge, and such a pair no longer decides the answer; 9 each row's
+# raced_out_after, the paired intervals read as confidence sequences, and only the pairs the
+# answer rests on among the comparisons.
+JSON_SCHEMA_VERSION = 9
 
 
 def render_json(rows: list[ComparisonRow], answer: Answer | None = None) -> str:

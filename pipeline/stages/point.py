@@ -36,10 +36,11 @@ from pipeline.errors import DeviceFault, EnvironmentMissing, PipelineError
 from pipeline.host_rounds import HostRounds
 from pipeline.machine_watch import MachineWatch
 from pipeline.manifest import StageRecord
-from pipeline.measurement import RoundsOutcome, RoundsRecord, measure_in_rounds, open_pair_words, undecided
+from pipeline.measurement import RoundsOutcome, RoundsRecord, measure_in_rounds
 from pipeline.runtimes.base import ProfileResult
 from pipeline.sm_clock import SmClock
 from pipeline.stats import LatencyStats
+from pipeline.stopping import open_pair_words, undecided
 
 # Seconds a repeat's process has to end after an interruption before it is killed.
 STOP_GRACE_S = 10
@@ -120,10 +121,17 @@ def point_seed(stages: list) -> int:
     return zlib.crc32(f"{first.engine.model}@{first.shape}".encode())
 
 
+def baseline_entrants(catalog, stages: list) -> frozenset[str]:
+    """The engines of the catalog's baseline toolchain: they stay in every round when racing, so
+    that every speedup over them keeps its paired interval."""
+    return frozenset(entrant_name(stage) for stage in stages if stage.toolchain == catalog.baseline_toolchain)
+
+
 def undecided_words(outcome: RoundsOutcome) -> str:
     """What the budget left open: "undecided after 8 rounds (budget_s = 30): bf16/torch-compile
     against bf16/torch-reduce-overhead undecided (0.981–1.034)"."""
-    open_pairs = undecided({k: v for k, v in outcome.takes.items() if k not in outcome.failed}, outcome.settings.tie)
+    running = {k: v for k, v in outcome.takes.items() if k not in outcome.failed and k not in outcome.raced_out}
+    open_pairs = undecided(running, outcome.settings.tie)
     pairs = "; ".join(open_pair_words(*pair) for pair in open_pairs)
     return f"undecided after {outcome.rounds} rounds (budget_s = {outcome.settings.budget_s:g})" + (f": {pairs}" if pairs else "")
 
@@ -167,7 +175,8 @@ def _in_rounds(stages: list) -> dict[Any, Measured | PipelineError]:
         with MachineWatch(gpu_uuid=uuid) as watch, running_on(settings.host_cpus):
             clock = SmClock(uuid)
             try:
-                outcome = measure_in_rounds(engines, settings, point_seed(stages), reporter.progress, clock, held=held)
+                stays = baseline_entrants(ctx.catalog, stages)
+                outcome = measure_in_rounds(engines, settings, point_seed(stages), reporter.progress, clock, held=held, stays=stays)
             except DeviceFault as exc:  # pinned to the engine whose take saw it (every take waits for its GPU work)
                 return {next(stage for stage in prepared if entrant_name(stage) == exc.entrant): exc}
         held.release()  # each repeat's process holds the host for itself
@@ -322,7 +331,8 @@ def _fresh_process(send, catalog, members: list[tuple[str, str, Path, Any]], set
                     exc.entrant = name  # pinned to the engine being prepared
                     raise
             gpu = measuring_gpu()
-            outcome = measure_in_rounds(engines, settings, seed, None, SmClock(gpu["uuid"] if gpu else None), held=held)
+            stays = frozenset(name for name, toolchain, _, _ in members if toolchain == catalog.baseline_toolchain)
+            outcome = measure_in_rounds(engines, settings, seed, None, SmClock(gpu["uuid"] if gpu else None), held=held, stays=stays)
         evidence = {name: engine.evidence() for name, engine in engines.items() if name not in outcome.failed}
         outcome.errors = {name: error.plain() for name, error in outcome.errors.items()}
         send.send(("ok", (outcome, evidence)))

@@ -684,14 +684,16 @@ def test_the_verdicts_comparisons_grow_linearly_with_the_engines_of_a_point(monk
         assert large < 10 * 3000, (alike, large)  # a few for each engine; n²/2 would be 4.5 million
 
 
-def test_a_point_timed_in_one_set_of_rounds_keeps_every_pair_in_the_report():
-    """As before schema 5: a local run times a point's engines together, and the report lists
-    every two of them (in the candidates' order), whatever the answer needed."""
-    rows = [_paired(f"t{i}", [10.0 + i + 0.01 * r for r in range(6)]) for i in range(5)]
+def test_a_point_timed_in_one_set_of_rounds_reports_the_pairs_its_answer_rests_on():
+    """Schema 9: the report lists the least against every engine and every two close ones (in the
+    candidates' order); two engines both beaten by the least are not compared, since each
+    comparison is a claim the point's confidence must cover (scripts/simulate_confidence.py)."""
+    rows = [_paired("t0", [10.0 + 0.01 * r for r in range(6)]), _paired("t1", [10.0 + 0.011 * r for r in range(6)])]
+    rows += [_paired(f"t{i}", [10.0 + i + 0.01 * r for r in range(6)]) for i in range(2, 5)]
     (verdict,) = verdicts(rows, "t0")
-    assert verdict.fastest is rows[0]
+    assert verdict.fastest is rows[0] and verdict.tied == [rows[1]]
     pairs = [(a.toolchain, b.toolchain) for a, b, _ in verdict.comparisons]
-    assert pairs == [(f"t{i}", f"t{j}") for i in range(5) for j in range(i + 1, 5)]
+    assert pairs == [("t0", "t1"), ("t0", "t2"), ("t0", "t3"), ("t0", "t4")]
 
 
 GPU_0 = {"index": 0, "uuid": "GPU-aaaa1111-0000", "name": "NVIDIA H100 80GB HBM3"}

@@ -1,0 +1,352 @@
+"""How often the product's answer is wrong, measured by running its own procedure on engines whose
+truth is known.
+
+The rounds loop (pipeline/measurement.py, ``rounds_loop``) times synthetic engines on a clock of
+their own, with the noise shapes measured on this project's machines; the takes go through the
+same rows (pipeline/report/rows.py) and the same verdict (pipeline/report/verdict.py) as a real
+run's manifests. Each point is then checked against the truth:
+
+* **wrong fastest**: the answer (the fastest, with any engines it is tied or undecided with) holds
+  no engine within the tie band of the truly fastest one: it named as fastest an engine that is
+  not, beyond the tie band;
+* **false difference**: some comparison the verdict decided "faster" or "slower" (pairs.decided:
+  what the answer, the JSON's comparisons and the racing act on) is between engines whose true
+  ratio lies inside the tie band, or says the opposite of the truth. Every pair of the point and
+  every look at the data counts: a point with any such claim is one error.
+
+Both are rates of points, to be at or below the 5 % the output's "95 % confidence" claims. The
+true ratio of two engines is the median of their per-round ratio under the same noise, from a
+long run (what the paired rounds estimate); with spells that slow only launch-bound engines it is
+not their speeds' ratio.
+
+    python scripts/simulate_confidence.py             # the table docs/measurement.md shows
+    python scripts/simulate_confidence.py --points 100  # quicker, coarser
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+
+from pipeline.catalog import ProfileSettings
+from pipeline.host_speed import HostTake
+from pipeline.measurement import RoundsOutcome, rounds_loop
+from pipeline.report import pairs
+from pipeline.report.rows import ComparisonRow, _take_rounds
+from pipeline.report.verdict import verdicts
+from pipeline.stats import median, tie_band
+
+BASELINE = "torch-eager"
+# Points per scenario, noise and rule: the table in docs/measurement.md, which CI prints again.
+POINTS = 150
+SETTINGS = ProfileSettings()  # the catalog's defaults: take_ms 250, min_rounds 6, budget_s 30, tie 0.03
+
+
+# --- the host: noise shapes measured here ---------------------------------------------------------
+
+
+@dataclass
+class Spells:
+    """A host that runs at one of two speeds in spells: ``slow`` times slower for a spell of
+    ``shortest_s``–``longest_s`` seconds, then at full speed for another (the CI VM's probe at 1.65
+    or 2.7 ms in spells of 0.5–3 s; the lent GPUs' vCPUs 1.8× apart every 0.5–4 s)."""
+
+    slow: float
+    shortest_s: float
+    longest_s: float
+    # The fast spells' length against the slow ones' (2: the host is slow a third of the time).
+    fast_longer: float
+    rng: random.Random
+    _ends: list[float] = field(default_factory=list)
+    _slow: list[bool] = field(default_factory=list)
+
+    def slow_share(self, start_s: float, end_s: float) -> float:
+        """The share of [start, end) the host ran slow."""
+        while not self._ends or self._ends[-1] < end_s:
+            begin = self._ends[-1] if self._ends else 0.0
+            slow = not self._slow[-1] if self._slow else self.rng.random() < 0.5
+            self._ends.append(begin + self.rng.uniform(self.shortest_s, self.longest_s) * (1.0 if slow else self.fast_longer))
+            self._slow.append(slow)
+        slow, begin = 0.0, 0.0
+        for end, is_slow in zip(self._ends, self._slow):
+            if end > start_s and begin < end_s and is_slow:
+                slow += min(end, end_s) - max(begin, start_s)
+            begin = end
+            if begin >= end_s:
+                break
+        return slow / (end_s - start_s)
+
+
+@dataclass
+class Noise:
+    """How a take's median departs from the engine's true time: ``jitter`` (a log-normal sigma per
+    take) and, with ``spells``, the host's slow spells on the engines that follow the host."""
+
+    name: str
+    jitter: float
+    spells: tuple[float, float, float, float] | None = None  # Spells: (slow, shortest_s, longest_s, fast_longer)
+    # Whether the spells slow every engine (all timed on the CPU) or the launch-bound ones only.
+    every_engine: bool = False
+
+
+NOISES = (
+    Noise("independent, 2 %", 0.02),
+    Noise("CI VM: two speeds 1.64x apart, spells 0.5-3 s", 0.01, (1.64, 0.5, 3.0, 1.0), every_engine=True),
+    Noise("lent GPU: 1.8x spells on launch-bound engines only", 0.01, (1.8, 0.5, 2.0, 2.0)),
+)
+
+
+class Clock:
+    def __init__(self):
+        self.s = 0.0
+
+    def __call__(self) -> float:
+        return self.s
+
+
+class SyntheticEngine:
+    """An engine of known true time: each take lasts at least take_ms, and its median is the true
+    time, times the host's slow factor where it follows the host and the take fell mostly in a
+    slow spell, times the jitter."""
+
+    timing = "GPU time (CUDA events)"
+
+    def __init__(self, true_ms: float, follows_host: bool, noise: Noise, clock: Clock, spells: Spells | None, rng: random.Random):
+        self.true_ms, self.follows_host, self.noise = true_ms, follows_host, noise
+        self.clock, self.spells, self.rng = clock, spells, rng
+
+    def take(self, runs: int, min_ms: float) -> list[float]:
+        start = self.clock.s
+        lasted_s = max(min_ms, runs * self.true_ms) / 1000.0
+        factor = 1.0
+        follows = self.follows_host or self.noise.every_engine
+        if self.spells is not None and follows and self.spells.slow_share(start, start + lasted_s) > 0.5:
+            factor = self.spells.slow
+        self.clock.s += lasted_s * factor
+        center = self.true_ms * factor * math.exp(self.rng.gauss(0.0, self.noise.jitter))
+        return [center * (1 + 0.001 * (i - 1)) for i in range(3)]
+
+    def evidence(self) -> dict:
+        return {}
+
+
+class _QuietHost:
+    """A host the rounds see as never slowed by its neighbours: the spells are the host's own."""
+
+    alone_ms, source, noise = 1.0, "simulated", 1.0
+
+    def before_take(self) -> None:
+        pass
+
+    def after_take(self) -> HostTake:
+        return HostTake(slowdown=1.0, others_cpus=None, throttled=0.0)
+
+
+class _Unheld:
+    mode = None
+
+
+# --- scenarios: engines of known truth ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A shape point's engines: (name, true ms, follows the host). The first is the baseline
+    toolchain's engine (it stays in every round)."""
+
+    name: str
+    engines: tuple[tuple[str, float, bool], ...]
+
+
+def _engines(times: list[float], launch_bound: list[bool]) -> tuple[tuple[str, float, bool], ...]:
+    names = [f"e{i}/{BASELINE if i == 0 else f'chain{i}'}" for i in range(len(times))]
+    return tuple(zip(names, times, launch_bound))
+
+
+def scenarios() -> list[Scenario]:
+    """Engines all equal (every claim of a difference is false); a ladder whose neighbours sit on
+    the tie band's edge (the hardest case for both errors); and a matrix's point: three contenders
+    within 2 % of each other and seven engines 20-80 % slower (where racing pays). Every other
+    engine follows the host (launch-bound)."""
+    out = []
+    for count in (2, 5, 10):
+        bound = [i % 2 == 0 for i in range(count)]
+        out.append(Scenario(f"{count} equal", _engines([10.0] * count, bound)))
+        out.append(Scenario(f"{count} a tie width apart", _engines([10.0 * 1.03**i for i in range(count)][::-1], bound)))
+    matrix = [12.0, 10.0, 10.1, 10.2, 14.0, 15.0, 16.0, 17.0, 18.0, 12.5]
+    out.append(Scenario("10: 3 within 2 %, 7 slower", _engines(matrix, [i % 2 == 0 for i in range(10)])))
+    return out
+
+
+# --- one point, and its truth ----------------------------------------------------------------------
+
+
+def run_point(scenario: Scenario, noise: Noise, seed: int, settings: ProfileSettings = SETTINGS) -> RoundsOutcome:
+    rng = random.Random(seed)
+    clock = Clock()
+    spells = Spells(*noise.spells, random.Random(rng.random())) if noise.spells else None
+    engines = {name: SyntheticEngine(ms, bound, noise, clock, spells, random.Random(rng.random())) for name, ms, bound in scenario.engines}
+    stays = frozenset(name for name in engines if name.endswith("/" + BASELINE))
+    outcome = rounds_loop(engines, settings, random.Random(seed), None, None, _QuietHost(), _Unheld(), {}, now=clock, stays=stays)
+    outcome.seed = seed
+    return outcome
+
+
+def rows_of(outcome: RoundsOutcome) -> list[ComparisonRow]:
+    """The rows a compare of the point's manifests would read: their takes, through the product's
+    own reading of them."""
+    rows = []
+    for entrant in outcome.entrants:
+        variant, toolchain = entrant.split("/")
+        row = ComparisonRow(model="sim", variant=variant, toolchain=toolchain, status="measured (GPU time)", outcome="measured")
+        kept = outcome.times_ms[entrant]
+        row.median_ms = median(kept) if kept else None
+        _take_rounds(row, [outcome.record(entrant)])
+        rows.append(row)
+    return rows
+
+
+def true_ratios(scenario: Scenario, noise: Noise, rounds: int = 4000) -> dict[tuple[str, str], float]:
+    """Each pair's true ratio: the median of its per-round ratio over a long run under the same
+    noise, every engine in every round in a random order (what the rounds estimate)."""
+    rng = random.Random(10**6)
+    clock = Clock()
+    spells = Spells(*noise.spells, random.Random(rng.random())) if noise.spells else None
+    engines = {name: SyntheticEngine(ms, bound, noise, clock, spells, random.Random(rng.random())) for name, ms, bound in scenario.engines}
+    by_round: dict[str, list[float]] = {name: [] for name in engines}
+    for _ in range(rounds):
+        order = list(engines)
+        rng.shuffle(order)
+        for name in order:
+            by_round[name].append(median(engines[name].take(SETTINGS.take_runs, SETTINGS.take_ms)))
+    names = list(engines)
+    return {(a, b): median([x / y for x, y in zip(by_round[a], by_round[b])]) for a in names for b in names if a != b}
+
+
+@dataclass
+class Tally:
+    points: int = 0
+    wrong_fastest: int = 0
+    false_difference: int = 0
+    decided: int = 0
+    rounds: int = 0
+    seconds: float = 0.0
+
+    def add(self, other: Tally) -> None:
+        for name in ("points", "wrong_fastest", "false_difference", "decided", "rounds"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.seconds += other.seconds
+
+
+def judge(outcome: RoundsOutcome, truth: dict[tuple[str, str], float], tie: float) -> Tally:
+    rows = rows_of(outcome)
+    (verdict,) = verdicts(rows, BASELINE, tie=tie)
+    name = {id(row): f"{row.variant}/{row.toolchain}" for row in rows}
+    lowest, highest = tie_band(tie)
+    best = min(outcome.entrants, key=lambda e: max(truth[(e, other)] for other in outcome.entrants if other != e))
+    group = [verdict.fastest, *verdict.tied]
+    wrong_fastest = not any(name[id(row)] == best or truth[(name[id(row)], best)] <= highest for row in group)
+    false_difference = False
+    for a, b, estimate in verdict.comparisons:
+        said = pairs.decided(estimate, tie)
+        if said in ("faster", "slower"):
+            true = truth[(name[id(a)], name[id(b)])]
+            if lowest <= true <= highest or (said == "faster") != (true < 1.0):
+                false_difference = True
+    return Tally(
+        1,
+        int(wrong_fastest),
+        int(false_difference),
+        int(verdict.fastest is not None and not verdict.tied),
+        outcome.rounds,
+        outcome.elapsed_s,
+    )
+
+
+RULES = {"every round": SETTINGS.model_copy(update={"racing": False}), "racing": SETTINGS}
+
+
+def _one_row(job: tuple[int, int, int, int]) -> dict[str, Tally]:
+    """One scenario under one noise: ``points`` points under each rule, against one truth."""
+    noise_index, scenario_index, points, seed = job
+    noise, scenario = NOISES[noise_index], scenarios()[scenario_index]
+    truth = true_ratios(scenario, noise)
+    tallies = {}
+    for rule, settings in RULES.items():
+        tally = Tally()
+        for index in range(points):
+            tally.add(judge(run_point(scenario, noise, seed * 10**6 + index, settings), truth, settings.tie))
+        tallies[rule] = tally
+    return tallies
+
+
+def simulate(points: int, seed: int = 0, workers: int = 2) -> list[tuple[Scenario, Noise, dict[str, Tally]]]:
+    """Every scenario under every noise, in ``workers`` processes (each row is seeded on its own,
+    so the table is the same however many)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    jobs = [(n, i, points, seed) for n in range(len(NOISES)) for i in range(len(scenarios()))]
+    if workers > 1:
+        with ProcessPoolExecutor(workers) as pool:
+            rows = list(pool.map(_one_row, jobs))
+    else:
+        rows = [_one_row(job) for job in jobs]
+    return [(scenarios()[i], NOISES[n], tallies) for (n, i, _, _), tallies in zip(jobs, rows)]
+
+
+def wilson_upper(errors: int, n: int, z: float = 1.96) -> float:
+    """The upper end of the Wilson interval of a rate: how high the true rate could be."""
+    if n == 0:
+        return 1.0
+    p = errors / n
+    centre = p + z * z / (2 * n)
+    spread = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return (centre + spread) / (1 + z * z / n)
+
+
+def markdown(table: list[tuple[Scenario, Noise, dict[str, Tally]]]) -> str:
+    """One row per scenario and noise; each figure under every rule, "every round / racing"."""
+
+    def rates(tallies: dict[str, Tally], figure) -> str:
+        return " / ".join(figure(tally) for tally in tallies.values())
+
+    lines = [
+        "| noise | engines | wrong fastest | false difference | stopped decided | rounds (mean) | seconds (mean) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for scenario, noise, tallies in table:
+        cells = [
+            rates(tallies, lambda t: f"{t.wrong_fastest / t.points:.1%}"),
+            rates(tallies, lambda t: f"{t.false_difference / t.points:.1%}"),
+            rates(tallies, lambda t: f"{t.decided / t.points:.0%}"),
+            rates(tallies, lambda t: f"{t.rounds / t.points:.1f}"),
+            rates(tallies, lambda t: f"{t.seconds / t.points:.1f}"),
+        ]
+        lines.append(f"| {noise.name} | {scenario.name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--points",
+        type=int,
+        default=POINTS,
+        help=f"points per scenario, noise and rule (default {POINTS}, the table docs/measurement.md shows)",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workers", type=int, default=2, help="processes (default 2)")
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    table = simulate(args.points, args.seed, args.workers)
+    print(markdown(table))
+    print(f"\n{len(table) * args.points} points in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
