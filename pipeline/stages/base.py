@@ -63,6 +63,9 @@ class RunContext:
     # What ran out of memory in this run, as (where, the error): results, said with a WARNING each
     # and summed up when the run ends (pipeline/stages/runner.py); the run still exits 0 for them.
     out_of_memory: list = field(default_factory=list)
+    # The stages that ended with their result in this run (done now, or unchanged from before), by
+    # name: a run whose every stage of its last kind ran out of memory produced nothing, and says so.
+    produced: set = field(default_factory=set)
 
 
 @dataclass
@@ -218,6 +221,8 @@ class Stage(ABC):
                     reporter.unchanged(self.name, self.progress_label)
                 else:
                     self._kept_outcome(previous, found_now=False)
+            if previous.status == "done":
+                self.ctx.produced.add(self.name)
             self.ctx.workspace.hashes.save()
             return previous
         kept = None if force else self._made_elsewhere(manifest, previous, params, inputs, reason)
@@ -269,6 +274,7 @@ class Stage(ABC):
         if reason:
             reporter.skipped(self.name, self.progress_label, reason)
         else:
+            self.ctx.produced.add(self.name)
             # Work done before the stage ran for it (the rounds a profile shared) is what its line reports.
             reporter.done(self.name, self.progress_label, elapsed if outcome.seconds is None else outcome.seconds, outcome.note)
         return record

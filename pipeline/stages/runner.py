@@ -203,19 +203,30 @@ def run_engines(ctx: RunContext, engines: list[EngineRef], toolchains: list[str]
                 raise exc
             print_error(f"{stage.engine.name}{on}{where}: {exc.message}", exc.hint)
             summary.fail(stage.engine.name, stage.toolchain, exc)
-    say_out_of_memory(ctx)
+    say_out_of_memory(ctx, until)
     return summary.raise_for_failures(requested, toolchains)
 
 
-def say_out_of_memory(ctx: RunContext) -> None:
+def say_out_of_memory(ctx: RunContext, until: str | None = None) -> None:
     """The run's results that did not fit in memory, summed up in one WARNING (each was said as it
-    was found): they are results, and the run exits 0 for them."""
+    was found): they are results, and the run exits 0 for them — where something else of what
+    was asked (``until``: its last stage) came to a result. A run of which nothing did (an export
+    that did not fit, every point of a sweep out of memory) produced nothing and fails, as pytest
+    exits 5 when no test ran: a script that checks the exit status must not take it for a run."""
     if ctx.out_of_memory:
         labels = list(dict.fromkeys(label for label, _ in ctx.out_of_memory))
         ctx.reporter.warn(
             f"{len(labels)} did not fit in memory, recorded as results (`pipeline compare` shows them; `--force` tries again): "
             + "; ".join(labels)
         )
+        if until is not None and until not in ctx.produced:
+            raise PipelineError(
+                f"nothing to {until} fit in memory: no {_WHAT_A_STAGE_MAKES.get(until, until)} was written.",
+                hint="smaller shape points or batch, or a machine with more memory; `--force` tries again",
+            )
+
+
+_WHAT_A_STAGE_MAKES = {"export": "model", "build": "engine", "profile": "measurement"}
 
 
 class WorkAhead:

@@ -155,6 +155,24 @@ def test_a_reference_that_does_not_fit_even_a_sample_at_a_time_leaves_the_accura
     assert "Its accuracy here is unchecked: the FP32 reference did not fit" in at_large["text"]
 
 
+def test_a_run_of_which_nothing_fit_in_memory_exits_non_zero(tmp_path, run_cli):
+    """Exit 0 is for a run whose points that fit were measured. When nothing of what was asked
+    came to a result — the one point of a sweep, its engine out of memory as it is built — the warning
+    says so and the run fails: a script that checks the exit status must not take it for a run.
+    The result is still recorded, and a second run that finds it fails the same way."""
+    path = workspace(tmp_path, 128, shapes='["4x64"]')
+    result = run_cli(path, "run", "--model", "bound", "--toolchain", "torch-eager")
+    assert result.exit_code == 1, result.err
+    assert "1 did not fit in memory, recorded as results" in result.err
+    assert "ERROR nothing to profile fit in memory: no measurement was written." in result.err
+    assert "Traceback" not in result.err
+    manifest = read_manifest(tmp_path / "manifests" / "torch-eager" / "bound_fp32@4x64.json")
+    assert manifest.build.status == "out_of_memory" and manifest.profile.reason.startswith("not built: out of GPU memory")
+    again = run_cli(path, "profile", "--model", "bound", "--toolchain", "torch-eager")
+    assert again.exit_code == 1 and "nothing to profile fit in memory" in again.err
+    # Beside a point that fits, the same result is no failure (the test above: exit 0).
+
+
 FAULT_CATALOG = (
     catalog_head(["faulty"], ["fp32"])
     + """
