@@ -387,11 +387,13 @@ def rounds_loop(
             if not following and held.mode == "whole":
                 held.share()  # every engine GPU-bound: other points may be timed beside it
         running = {k: v for k, v in takes.items() if k not in failed and k not in raced_out}
-        if settings.racing and rounds >= settings.min_rounds:
+        open_pairs = undecided(running, settings.tie)
+        if settings.racing and rounds >= settings.min_rounds and open_pairs:
+            # Rounds go on: those out of the running leave them (a point decided now ends whole).
             for key in out_of_the_running(running, settings.tie, stays):
                 raced_out[key] = rounds
                 del running[key]
-        open_pairs = undecided(running, settings.tie)
+            open_pairs = undecided(running, settings.tie)
         elapsed = now() - started
         if progress is not None:
             progress(_progress_text(rounds, open_pairs, elapsed, settings, len(raced_out)))
