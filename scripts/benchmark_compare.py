@@ -66,7 +66,9 @@ def engines_of(layout: str, count: int) -> list[tuple[str, str, str]]:
     return [(f"bench{m:05d}", "fp32", f"build{i:05d}") for m in range(max(1, count // SPREAD)) for i in range(min(count, SPREAD))]
 
 
-def write_workspace(root: Path, count: int, iterations: int, layout: str = "models", rounds: bool = False) -> int:
+def write_workspace(
+    root: Path, count: int, iterations: int, layout: str = "models", rounds: bool = False, set_size: int = ROUNDS_SET
+) -> int:
     """The manifests of ``layout`` and a catalog naming their models; returns how many were written."""
     import numpy as np
 
@@ -74,16 +76,16 @@ def write_workspace(root: Path, count: int, iterations: int, layout: str = "mode
     rng = np.random.default_rng(0)
     catalog = (REPO / "pipeline.toml").read_text()
     engines = engines_of(layout, count)
-    # The sets of rounds: per model, its engines in runs of at most ROUNDS_SET.
+    # The sets of rounds: per model, its engines in runs of at most set_size.
     sets: dict[tuple[str, str, str], tuple[str, list[str]]] = {}
     if rounds:
         by_model: dict[str, list[tuple[str, str, str]]] = {}
         for engine in engines:
             by_model.setdefault(engine[0], []).append(engine)
         for model, members in by_model.items():
-            for start in range(0, len(members), ROUNDS_SET):
-                chunk = members[start : start + ROUNDS_SET]
-                group = f"{model}-{start // ROUNDS_SET:04d}"
+            for start in range(0, len(members), set_size):
+                chunk = members[start : start + set_size]
+                group = f"{model}-{start // set_size:04d}"
                 entrants = [f"{variant}/{toolchain}" for _, variant, toolchain in chunk]
                 sets.update({engine: (group, entrants) for engine in chunk})
     for index, (model, variant, toolchain) in enumerate(engines):
@@ -198,6 +200,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--layout", choices=LAYOUTS, default="models")
     parser.add_argument("--rounds", action="store_true", help="give each manifest the rounds record of its point's set of rounds")
+    parser.add_argument("--set", type=int, default=ROUNDS_SET, help=f"engines timed together in one set of rounds (default {ROUNDS_SET})")
     parser.add_argument("--growth", action="store_true", help="compare 3 and --manifests in every layout, with and without rounds")
     args = parser.parse_args()
     print(
@@ -208,8 +211,8 @@ def main() -> None:
         return
     workspace = Path(tempfile.mkdtemp(prefix="bench-compare-"))
     try:
-        written = write_workspace(workspace, args.manifests, args.iterations, args.layout, args.rounds)
-        print(f"{written} manifests, layout {args.layout}{', timed in rounds' if args.rounds else ''}")
+        written = write_workspace(workspace, args.manifests, args.iterations, args.layout, args.rounds, args.set)
+        print(f"{written} manifests, layout {args.layout}{f', timed in rounds in sets of {args.set}' if args.rounds else ''}")
         cache_states(workspace, args.repeat)
     finally:
         shutil.rmtree(workspace)

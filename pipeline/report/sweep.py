@@ -73,14 +73,18 @@ class Sweep:
         with thousands (a sweep over many builds) a sentence each, not millions."""
         out = []
         keys = list(self.lines)
-        references = self._references()
-        for i, a in enumerate(keys):
-            for b in keys[i + 1 :]:
-                if a[0] != b[0] or not ({a, b} & references):
-                    continue
-                sentence = _crossover(self.shapes, self.lines[a], self.lines[b], self.tie)
-                if sentence:
-                    out.append(sentence)
+        place = {key: index for index, key in enumerate(keys)}
+        # The pairs with a reference in them, in the lines' order: a reference against each line of
+        # its variant, not every two lines (n² of them for a sweep over thousands of builds).
+        pairs = set()
+        for reference in self._references():
+            for key in keys:
+                if key[0] == reference[0] and key != reference:
+                    pairs.add((min(place[key], place[reference]), max(place[key], place[reference])))
+        for i, j in sorted(pairs):
+            sentence = _crossover(self.shapes, self.lines[keys[i]], self.lines[keys[j]], self.tie)
+            if sentence:
+                out.append(sentence)
         return out
 
     def _references(self) -> set[tuple[str, str]]:

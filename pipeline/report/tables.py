@@ -399,7 +399,25 @@ def render_json(rows: list[ComparisonRow], answer: Answer | None = None) -> str:
         "sweeps": [sweep.public(answer.metric) for sweep in answer.sweeps],
         "rows": [row.public() for row in rows],
     }
-    return json.dumps(data, indent=2) + "\n"
+    return _one_entry_a_line(data)
+
+
+def _one_entry_a_line(data: dict) -> str:
+    """The document with each key of the top level, and each entry of its lists, on a line of its
+    own: as diffable as an indented document, and written by json's C encoder (which indents
+    nothing) in a third of the time — 3000 engines at a point make 18 MB."""
+    lines = []
+    for index, (key, value) in enumerate(data.items()):
+        end = "," if index < len(data) - 1 else ""
+        if isinstance(value, list) and value:
+            entries = [json.dumps(entry) for entry in value]
+            lines.append(f"  {json.dumps(key)}: [")
+            lines.extend(f"    {entry}," for entry in entries[:-1])
+            lines.append(f"    {entries[-1]}")
+            lines.append(f"  ]{end}")
+        else:
+            lines.append(f"  {json.dumps(key)}: {json.dumps(value)}{end}")
+    return "{\n" + "\n".join(lines) + "\n}\n"
 
 
 def _join_sweep(texts: list[str], widths: list[int]) -> str:
