@@ -9,7 +9,8 @@
 # Each writes OUT/<mode>/{run.log,compare.json,seconds.txt} and prints where each point was
 # measured (GPU, CPUs), the rows' flags and the wall clock. VARIANTS="bf16 fp16" runs the whole matrix;
 # TOOLCHAINS="torch-eager torch-compile" fewer toolchains; MODEL=NAME another model of pipeline.toml;
-# SHAPES="8x2048 16x4096" other shape points for it (the workspace's copy of the catalog is changed).
+# SHAPES="8x2048 16x4096" other shape points for it (the workspace's copy of the catalog is changed);
+# RUN_ARGS="--no-racing" more arguments for `pipeline run`.
 #   bash scripts/check_gpus_speedup.sh compare OUT  # the two runs side by side, point by point
 #
 # `compare` prints both wall clocks and their ratio, then every row's median in each run, their
@@ -88,6 +89,7 @@ rm -rf "/tmp/torchinductor_$(id -un)" "${TORCHINDUCTOR_CACHE_DIR:-/nonexistent}"
 args=(run --model "$model")
 for variant in ${VARIANTS:-bf16}; do args+=(--variant "$variant"); done
 for toolchain in ${TOOLCHAINS:-torch-eager torch-eager-attn torch-compile torch-cudagraphs torch-reduce-overhead}; do args+=(--toolchain "$toolchain"); done
+for arg in ${RUN_ARGS:-}; do args+=("$arg"); done  # RUN_ARGS="--no-racing", say
 if [ "$mode" = one ]; then
   export CUDA_VISIBLE_DEVICES=0
 else
