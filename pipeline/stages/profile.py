@@ -237,9 +237,9 @@ class ProfileStage(Stage):
         note = f": median {stats.median:.2f} ms, {rate} over {stats.count} runs{pooled_from}"
         if rounds:
             others = len(rounds[0].entrants) - 1
-            note = f" of rounds{note} in {rounds[0].rounds} rounds" + (
-                f" beside {others} other engine{'s' if others > 1 else ''}" if others else ""
-            )
+            left = rounds[0].raced_out.get(rounds[0].entrant)
+            taken = f"{left} of {rounds[0].rounds} rounds (then out of the running)" if left is not None else f"{rounds[0].rounds} rounds"
+            note = f" of rounds{note} in {taken}" + (f" beside {others} other engine{'s' if others > 1 else ''}" if others else "")
         accuracy = details.accuracy
         if accuracy:
             cosine = accuracy["cosine_similarity"]
