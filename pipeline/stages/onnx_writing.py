@@ -122,6 +122,9 @@ class OnnxWriter:
         except (OSError, PipelineError):
             raise
         except Exception as exc:
+            ran_out = _out_of_memory_in(exc)
+            if ran_out is not None:  # the machine's limit, not the model's: a result of the export
+                raise ran_out from exc
             if self.stage.quantized or self.stage.variant_spec.sparsity:
                 # ModelOpt's export of a model PyTorch ran: the product's own path, not the module's.
                 raise PipelineError(
@@ -318,6 +321,18 @@ class input_refused_as_error:
         if kind is None or not issubclass(kind, refusals) or is_out_of_memory(kind, exc):
             return False  # out of memory is out_of_memory_as_error's
         raise self.source.input_refused(exc, self.shape, self.model) from exc
+
+
+def _out_of_memory_in(exc: BaseException) -> BaseException | None:
+    """Running out of memory where the exporter met it: the exception itself or one it wraps (the
+    torch.export-based exporter reports a MemoryError as its own error, "MemoryError: no message")."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if is_out_of_memory(type(exc), exc):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 class ExporterRefused(Exception):

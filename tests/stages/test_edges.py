@@ -369,3 +369,22 @@ def test_a_schema_2_manifest_that_recorded_out_of_memory_as_failed_reads_as_out_
     raw["profile"]["status"] = "failed"
     row = row_of(parse_manifest(json.dumps(raw), "bound_fp32@4x64.json"))
     assert row.outcome == "out_of_memory" and row.status.startswith("out of GPU memory at shape 4×64")
+
+
+def test_an_exporter_that_ran_out_of_memory_is_out_of_memory_not_a_model_it_refuses():
+    """The torch.export-based exporter reports a MemoryError as its own error ("MemoryError: no
+    message"); under an 800 MiB–1 GiB address-space limit the export read it as a model the
+    exporter cannot take, wrote no ONNX, and exited 0. The limit is found in the error's chain and
+    raised as the memory it is (out_of_memory_as_error makes it the export's result)."""
+    from pipeline.stages.onnx_writing import _out_of_memory_in
+
+    ran_out = MemoryError()
+    try:
+        try:
+            raise ran_out
+        except MemoryError as exc:
+            raise RuntimeError("Failed to export the model with torch.export") from exc
+    except RuntimeError as wrapped:
+        assert _out_of_memory_in(wrapped) is ran_out
+    assert _out_of_memory_in(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried 2 GB")) is not None
+    assert _out_of_memory_in(ValueError("unsupported operator aten::foo")) is None
