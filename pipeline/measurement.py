@@ -20,7 +20,8 @@ owns the rest, once for all of them — as nvbench separates a benchmark from it
 * **Stopping**: after ``min_rounds`` rounds, as soon as every comparison the verdict needs is
   decided — the engine with the lowest time against each of the others (its ratio's interval
   excludes 1, or lies within 1 ± ``tie``) — or when ``budget_s`` is spent. A GPU-bound point
-  decides in a few rounds; a launch-bound one, on a host of two speeds, takes more.
+  decides in a few rounds; a launch-bound one, on a host of two speeds, takes more. Racing: an
+  engine out of the running leaves the rounds before that (pipeline/stopping.py, the rule).
 * **The host's speed**: each take records how much slower the measuring process's CPUs ran than
   alone (pipeline/host_speed.py: a probe between takes, its cgroup's throttled time during one);
   a report flags an engine whose time is the host's when they ran slower by more than the tie band
@@ -300,9 +301,9 @@ def measure_in_rounds(
     rounds; the others go on. A kernel fault ends the rounds (DeviceFault, pinned to the engine
     whose take saw it): CUDA's context is gone for every engine of the process. With racing
     (``settings.racing``) an engine out of the running leaves the rounds (pipeline/stopping.py);
-    ``stays``, the baseline toolchain's engines, never do. The rounds hold the host as pipeline/host_rounds.py says: beside
-    other points' rounds while every engine is GPU-bound, alone once one is not (``held``: the
-    hold the point's preparation had, else one of their own). ``host``: the host's speed around
+    ``stays``, the baseline toolchain's engines, never do. The rounds hold the host as
+    pipeline/host_rounds.py says: beside other points' rounds while every engine is GPU-bound,
+    alone once one is not (``held``: the hold the point's preparation had, else one of their own). ``host``: the host's speed around
     each take (calibrated here, once the host is held, when not given)."""
     clock = clock if clock is not None and clock.available else None
     failed: dict[str, str] = {}

@@ -250,6 +250,30 @@ def test_racing_takes_an_engine_out_of_the_running_out_of_the_rounds_and_keeps_t
     assert every.raced_out == {} and all(len(takes) == every.rounds for takes in every.takes.values())
 
 
+def test_an_engine_raced_out_keeps_its_figures_and_the_row_the_table_and_the_json_say_so():
+    from pipeline.report.rows import ComparisonRow, _take_rounds
+    from pipeline.report.tables import _compact_status, _Notes
+
+    wobble = [1.0, 1.03, 0.97, 1.02, 0.98, 1.01, 0.99, 1.025, 0.975, 1.0]
+    engines = {
+        "a": Scripted(1.0, host_of_two_speeds),
+        "b": Scripted(1.03, host_of_two_speeds, lambda r: wobble[r % len(wobble)]),
+        "c": Scripted(3.0, host_of_two_speeds),
+    }
+    done = measure_in_rounds(engines, settings(min_rounds=6, budget_s=5), seed=2)
+    rows = {}
+    for entrant in done.entrants:
+        row = ComparisonRow(model="m", variant=entrant, toolchain="t", status="measured (host latency)", outcome="measured")
+        _take_rounds(row, [done.record(entrant)])
+        rows[entrant] = row
+    out, kept = rows["c"], rows["a"]
+    assert (out.rounds, out.raced_out_after, kept.rounds, kept.raced_out_after) == (6, 6, done.rounds, None)
+    assert out.median_ci_ms is not None and len([m for m in out.round_medians[done.group] if m is not None]) == 6
+    assert f"out of the running after 6 of {done.rounds} rounds (racing)" in out.full_status
+    assert out.public()["raced_out_after"] == 6 and kept.public()["raced_out_after"] is None
+    assert _compact_status(out, _Notes()).startswith("raced out [") and _compact_status(kept, _Notes()).startswith("measured [")
+
+
 def test_a_fault_seen_in_a_take_ends_the_rounds_before_another_engine_runs_in_the_poisoned_process():
     class Poisoned(Scripted):
         def __init__(self, ms, world, fault_in_round=None):
