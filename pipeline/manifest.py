@@ -35,7 +35,8 @@ from pipeline.stats import LatencyStats
 # (RoundsRecord.host_alone_probe_ms, host_alone_from, host_held: pipeline/host_speed.py,
 # pipeline/host_rounds.py).
 # 5: each set of rounds records the engines that left it out of the running, and after how many
-# rounds (RoundsRecord.raced_out: racing, pipeline/stopping.py).
+# rounds (RoundsRecord.raced_out: racing, pipeline/stopping.py); each profile what preparing its
+# engine at its point cost (ProfileDetails.preparation_s).
 SCHEMA_VERSION = 5
 # Versions read: a version-1 manifest is lifted as it is read (pipeline/manifest_versions.py); a
 # version-2, 3 or 4 one reads as 5 unchanged (3, 4 and 5 only add).
@@ -306,6 +307,10 @@ class ProfileDetails(_Model):
     # or why they were not checked.
     accuracy: dict[str, Any] | None = None
     accuracy_skipped: str | None = None
+    # Seconds this engine's point spent on it before its rounds, in this process: "prepare" (load,
+    # compile, capture: the runtime's prepare) and "check" (its outputs on the reference batch
+    # against FP32). Empty for a tool's engine measured alone and in manifests written before.
+    preparation_s: dict[str, float] = {}
 
 
 StageDetails = Annotated[ExportDetails | BuildDetails | ProfileDetails, Field(discriminator="kind")]

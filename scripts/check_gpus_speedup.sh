@@ -126,9 +126,14 @@ for manifest in sorted((out / "ws" / "manifests").rglob("*@*.json")):
     point["group"] = point.get("group") or rounds.get("group")  # a failed engine has no rounds
     engine = f"{manifest.stem.split('@')[0]} on {manifest.parent.name}"  # both variants of a toolchain
     point["engines"][engine] = {k: execution.get(k) for k in ("prepare_s", "compile_s", "inductor_cache_hits", "threads") if k in execution}
+    point["engines"][engine].update(details.get("preparation_s") or {})
 for name, point in points.items():
-    prepare = sum(e.get("prepare_s") or 0 for e in point["engines"].values())
-    print(f"  {name}: {len(point['engines'])} engines in group {point['group']} on CPUs {point['cpus']}; rounds {point['rounds_s']} s, preparing {prepare:.1f} s")
+    prepare = sum(e.get("prepare") or 0 for e in point["engines"].values())
+    check = sum(e.get("check") or 0 for e in point["engines"].values())
+    print(
+        f"  {name}: {len(point['engines'])} engines in group {point['group']} on CPUs {point['cpus']}; rounds {point['rounds_s']} s, "
+        f"preparing {prepare:.1f} s, checking outputs {check:.1f} s"
+    )
     for engine, facts in point["engines"].items():
         print(f"    {engine}: {facts}")
 # Where each export's time went, by phase (ExportDetails.timings_s).

@@ -65,6 +65,8 @@ class Measured:
     # The wall time the measurement took: the rounds' (shared with the point's other engines), or
     # the tool's runs alone. What the profile's line reports, not the instant it took to record it.
     seconds: float | None = None
+    # What preparing the engine at its point cost before the rounds (ProfileDetails.preparation_s).
+    preparation_s: dict[str, float] = field(default_factory=dict)
 
 
 def profile_point(stages: list) -> dict[Any, StageRecord | PipelineError]:
@@ -156,9 +158,12 @@ def _in_rounds(stages: list) -> dict[Any, Measured | PipelineError]:
                 reporter.step(f"preparing {entrant_name(stage)}")
                 engine_path, workload = stage.engine_file(), stage.workload()
                 with running_on(settings.host_cpus):
+                    started = time.perf_counter()
                     engine = stage.runtime.prepare(engine_path, workload)
                     reporter.step(f"checking {entrant_name(stage)}'s outputs on the reference batch")
+                    checked = time.perf_counter()
                     accuracy = stage.check_accuracy(engine_path, workload)
+                    cost = {"prepare": round(checked - started, 3), "check": round(time.perf_counter() - checked, 3)}
             except EnvironmentMissing:
                 raise
             except DeviceFault as exc:  # the process is poisoned: this engine's result, and no more
@@ -167,7 +172,7 @@ def _in_rounds(stages: list) -> dict[Any, Measured | PipelineError]:
                 out[stage] = exc
                 continue
             engines[entrant_name(stage)] = engine
-            prepared[stage] = (engine, accuracy)
+            prepared[stage] = (engine, accuracy, cost)
         if not engines:
             return out
         reporter.measuring(f"{len(engines)} engine(s) in rounds")
@@ -197,7 +202,7 @@ def _in_rounds(stages: list) -> dict[Any, Measured | PipelineError]:
             return {**out, **dict.fromkeys(prepared, PipelineError(exc.message, exc.hint))}
         except PipelineError as exc:  # the group's repeat failed: every engine of it is without its figures
             return {**out, **dict.fromkeys(prepared, exc)}
-    for stage, (engine, accuracy) in prepared.items():
+    for stage, (engine, accuracy, cost) in prepared.items():
         key = entrant_name(stage)
         if key in outcome.errors:  # recorded in its manifest where it is a refusal (out of memory)
             out[stage] = outcome.errors[key]
@@ -213,7 +218,9 @@ def _in_rounds(stages: list) -> dict[Any, Measured | PipelineError]:
             continue
         seconds = sum(record.elapsed_s for record in records)
         watched = [watch.summary] * len(repeats)
-        out[stage] = Measured(results, watched, load_at_start, records, accuracy, gpu_device=gpu_device, seconds=seconds)
+        out[stage] = Measured(
+            results, watched, load_at_start, records, accuracy, gpu_device=gpu_device, seconds=seconds, preparation_s=cost
+        )
     return out
 
 

@@ -200,6 +200,7 @@ class ProfileStage(Stage):
             retaken_in_fresh_process=None if not measured.retaken else False,
             rounds=rounds,
             gpu_device=measured.gpu_device,
+            preparation_s=measured.preparation_s,
             stable=stable if len(medians) > 1 else None,
             # The machine's load around the measurement and what it did during each one, so a
             # number taken on a busy machine shows it.
