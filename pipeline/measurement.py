@@ -390,11 +390,11 @@ def rounds_loop(
         running = {k: v for k, v in takes.items() if k not in failed and k not in raced_out}
         open_pairs = undecided(running, settings.tie)
         if settings.racing and rounds >= settings.min_rounds and open_pairs:
-            # Rounds go on: those out of the running leave them (a point decided now ends whole).
-            for key in out_of_the_running(running, settings.tie, stays):
-                raced_out[key] = rounds
-                del running[key]
-            open_pairs = undecided(running, settings.tie)
+            out = out_of_the_running(running, settings.tie, stays)
+            contenders = {key: value for key, value in running.items() if key not in out}
+            open_pairs = undecided(contenders, settings.tie)
+            if open_pairs:  # the rounds go on, without those out of the running (a point decided now ends whole)
+                raced_out.update(dict.fromkeys(out, rounds))
         elapsed = now() - started
         if progress is not None:
             progress(_progress_text(rounds, open_pairs, elapsed, settings, len(raced_out)))
