@@ -18,12 +18,18 @@ fastest engine or claims a difference inside the tie band.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from pipeline.stats import RatioEstimate, at_band_edge, paired_ratio
 
-if TYPE_CHECKING:
-    from pipeline.measurement import Take
+
+class Take(Protocol):
+    """What the rule reads of a take (pipeline/measurement.py, Take): its round, its median and
+    whether it was dropped."""
+
+    round: int
+    median_ms: float
+    dropped: str | None
 
 
 def _medians(takes: dict[str, list[Take]]) -> dict[str, dict[int, float]]:

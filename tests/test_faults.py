@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.manifest import SCHEMA_VERSION, read_manifest
+from pipeline.manifest import READS, SCHEMA_VERSION, read_manifest
 from tests.conftest import REPO_ROOT
 
 RECORDED = Path(__file__).parent / "data" / "manifests" / "landed-bdf42fb"
@@ -64,7 +64,11 @@ def test_a_baseline_of_a_newer_schema_version_says_so(recorded_workspace, run_cl
     edit_manifest(baseline / "onnxruntime" / "vit_tiny_int8.json", lambda d: d.update(schema_version=SCHEMA_VERSION + 1))
     result = run_cli(recorded_workspace / "pipeline.toml", "compare", "--baseline", str(baseline))
     assert result.exit_code == 1, result.err
-    assert "vit_tiny_int8.json has schema_version 5: it was written by a newer version (this one reads 1, 2, 3 and 4)" in result.err
+    reads = ", ".join(str(v) for v in READS[:-1]) + f" and {READS[-1]}"
+    assert (
+        f"vit_tiny_int8.json has schema_version {SCHEMA_VERSION + 1}: it was written by a newer version (this one reads {reads})"
+        in result.err
+    )
     assert "upgrade this checkout" in result.err and "Traceback" not in result.err
 
 
@@ -126,7 +130,10 @@ def test_a_batch_too_large_for_memory_is_named_instead_of_crashing(tmp_path, run
     # 4096 images of 16000×16000: terabytes, refused by the allocator at once.
     catalog = tiny_workspace(tmp_path, ("batch_size = 2", "batch_size = 4096\nimage_size = 16000"))
     result = run_cli(catalog, "run", "--variant", "fp32")
-    assert result.exit_code == 0  # a result, said with a WARNING and its TIP
+    # A result, said with a WARNING and its TIP; and since nothing else was asked, a run that
+    # produced nothing: exit 1, not 0 (a script must not take it for a run).
+    assert result.exit_code == 1
+    assert "ERROR nothing to profile fit in memory: no measurement was written." in result.err
     assert "WARNING tiny_fp32: out of host memory exporting tiny_fp32 at batch size 4096" in result.err
     assert "TIP lower the model's batch_size" in result.err and "Traceback" not in result.err
     export = read_manifest(catalog.parent / "manifests" / "export" / "tiny_fp32.json").export
