@@ -304,7 +304,7 @@ class _SequentialRanks:
 
         self.alpha = alpha
         # The first look: the fewest values whose range alone bounds the median at this level.
-        self.first = next(n for n in range(1, 64) if 2 * 0.5**n <= alpha)
+        self.first = next(n for n in range(1, 64) if reaches_confidence(n, 1.0 - alpha))
         self.ranks = [0]  # n = 0
         # P(S_n = s and no look so far excluded the median), S_n the count of values below it.
         self._alive = np.ones(1)

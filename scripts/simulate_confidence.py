@@ -298,16 +298,6 @@ def simulate(points: int, seed: int = 0, workers: int = 2) -> list[tuple[Scenari
     return [(scenarios()[i], NOISES[n], tallies) for (n, i, _, _), tallies in zip(jobs, rows)]
 
 
-def wilson_upper(errors: int, n: int, z: float = 1.96) -> float:
-    """The upper end of the Wilson interval of a rate: how high the true rate could be."""
-    if n == 0:
-        return 1.0
-    p = errors / n
-    centre = p + z * z / (2 * n)
-    spread = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return (centre + spread) / (1 + z * z / n)
-
-
 def markdown(table: list[tuple[Scenario, Noise, dict[str, Tally]]]) -> str:
     """One row per scenario and noise; each figure under every rule, "every round / racing"."""
 
