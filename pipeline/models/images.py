@@ -20,16 +20,36 @@ IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".ppm"}
 
 
 def image_files(directory: Path, purpose: str = "calibration", option: str = "--calib-dir") -> list[Path]:
+    """The folder's images, sorted. A run asks several times (the export's fingerprint, the draws,
+    the labels' classes); a folder of 50,000 images is walked once while it and its class folders
+    are unchanged (their modification times: adding or removing an image changes its folder's)."""
     directory = Path(directory)
     if not directory.is_dir():
         raise PipelineError(f"{purpose} folder {directory} does not exist.", hint=f"pass an existing folder of images to {option}")
-    files = sorted(p for p in directory.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    key = _listing_key(directory)
+    if key not in _LISTED:
+        _LISTED.clear()  # one folder at a time is what a run reads; the cache holds no more
+        _LISTED[key] = _walk(directory)
+    files = list(_LISTED[key])
     if not files:
         raise PipelineError(
             f"{purpose} folder {directory} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))}).",
             hint=f"point {option} at a folder of images, or leave it out to use synthetic inputs",
         )
     return files
+
+
+_LISTED: dict[tuple, tuple[Path, ...]] = {}
+
+
+def _listing_key(directory: Path) -> tuple:
+    """The folder and the modification times of it and its class folders."""
+    folders = [directory, *(entry for entry in directory.iterdir() if entry.is_dir())]
+    return (str(directory.resolve()), tuple(sorted((str(folder), folder.stat().st_mtime_ns) for folder in folders)))
+
+
+def _walk(directory: Path) -> tuple[Path, ...]:
+    return tuple(sorted(p for p in directory.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES))
 
 
 def image_class(path: Path, directory: Path) -> str:

@@ -108,7 +108,9 @@ def measure_plan(state, ref: EngineRef, planned: str | None, table: dict[str, An
     plain, plain_spec = unquantized_variant(catalog, catalog.variant(ref.variant))
     variants = {**catalog.variants, plain: plain_spec}
     if planned is not None:
-        variants.setdefault(planned, VariantSpec.model_validate(table))
+        wanted = VariantSpec.model_validate(table)
+        refuse_another_plan(planned, catalog.variants.get(planned), wanted)
+        variants.setdefault(planned, wanted)
     catalog = catalog.model_copy(update={"variants": variants})
     state.use_catalog(catalog)
     names = {"unquantized": plain, "full": ref.variant, "planned": planned or ref.variant}
@@ -126,6 +128,29 @@ def measure_plan(state, ref: EngineRef, planned: str | None, table: dict[str, An
         Paid(shape, found, _over(found, "full", tie) if planned else None, _over(found, "unquantized", tie))
         for shape, found in by_point.items()
     ]
+
+
+def refuse_another_plan(name: str, existing: VariantSpec | None, wanted: VariantSpec) -> None:
+    """A user error when the catalog already has a variant of the planned name that is not this
+    plan (another exclude list, say, from an earlier `--apply`): timing it would report another
+    variant's cost as this plan's. The same variant (its description aside) is timed as it is."""
+    from pipeline.errors import UsageError
+
+    if existing is None:
+        return
+
+    def essence(spec: VariantSpec) -> dict[str, Any]:
+        return {**spec.model_dump(exclude={"description", "exclude"}), "exclude": sorted(spec.exclude)}
+
+    if essence(existing) == essence(wanted):
+        return
+    differ = [key for key, value in essence(wanted).items() if essence(existing)[key] != value]
+    said = "; ".join(f"{key} {essence(existing)[key]!r} there, {value!r} in this plan" for key, value in essence(wanted).items() if key in differ)
+    raise UsageError(
+        f"the catalog already has a variant named {name!r} that is not this plan ({said}): measuring it would time that "
+        "variant as this plan's cost; nothing was measured.",
+        hint=f"name the planned variant otherwise (--name {name}_2), or remove [variants.{name}] first",
+    )
 
 
 def _over(found: dict[str, Any], which: str, tie: float) -> RatioEstimate | None:

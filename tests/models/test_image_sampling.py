@@ -69,3 +69,18 @@ def test_a_search_and_its_confirmation_are_disjoint_and_each_drawn_across_every_
     assert len(search) == len(confirm) == 9 and not set(search) & set(confirm)
     counts = class_counts(search, tmp_path / "odd"), class_counts(confirm, tmp_path / "odd")
     assert all(abs(counts[0][name] - counts[1][name]) <= 1 for name in "abc")
+
+
+def test_a_folder_is_walked_once_while_it_is_unchanged_and_again_once_an_image_is_added(tmp_path, monkeypatch):
+    from pipeline.models import images
+
+    folder(tmp_path, {"a": 3, "b": 3})
+    walks = []
+    walk = images._walk
+    monkeypatch.setattr(images, "_walk", lambda directory: walks.append(directory) or walk(directory))
+    first = images.image_files(tmp_path)
+    assert images.image_files(tmp_path) == first and len(first) == 6 and len(walks) == 1
+    (tmp_path / "b" / "new.png").write_bytes(b"")
+    assert len(images.image_files(tmp_path)) == 7 and len(walks) == 2
+    (tmp_path / "a" / "000.png").unlink()
+    assert len(images.image_files(tmp_path)) == 6 and len(walks) == 3

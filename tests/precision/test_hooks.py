@@ -211,3 +211,29 @@ def test_plan_measure_of_a_variant_that_needs_no_exclusion_times_it_beside_the_u
     (point,) = plan["measured"]["points"]
     assert point["planned"]["variant"] == point["full"]["variant"] == "int8" and point["planned_over_full"] is None
     assert point["planned_over_unquantized"]["rounds"] >= 2
+
+
+def test_plan_measure_times_a_variant_of_the_planned_name_only_when_it_is_this_plan(trained, hooks, run_cli, tmp_path):  # noqa: F811
+    """A variant of the planned name from an earlier `--apply` is timed when it is this plan, and
+    refused, with nothing measured, once its exclusions are another plan's."""
+    source, _ = trained
+    catalog = tmp_path / "pipeline.toml"
+    catalog.write_text(Path(source).read_text())
+    args = ("--engine", "vit_int8", "--samples", "16", "--eval-data", f"{hooks}:batches", "--floor", "cos=0.999")
+    applied = run_cli(catalog, "plan", *args, "--apply")
+    assert applied.exit_code == 0 and "added [variants.int8_plan]" in applied.err, applied.err
+    same = run_cli(catalog, "plan", *args, "--measure", "onnxruntime", "--format", "json")
+    assert same.exit_code == 0, same.err
+    assert json.loads(same.out)["measured"]["points"][0]["planned"]["variant"] == "int8_plan"
+
+    text = catalog.read_text()
+    start = text.index("[variants.int8_plan]")
+    catalog.write_text(text[:start] + text[start:].replace("exclude = [", 'exclude = ["blocks.0.mlp.fc1", ', 1))
+    manifest = tmp_path / "manifests" / "onnxruntime" / "vit_int8_plan.json"
+    before = manifest.stat().st_mtime_ns
+    stale = run_cli(catalog, "plan", *args, "--measure", "onnxruntime")
+    assert stale.exit_code == 2 and "Traceback" not in stale.err
+    said = " ".join(stale.err.split())
+    assert "the catalog already has a variant named 'int8_plan' that is not this plan (exclude" in said, said
+    assert "nothing was measured" in said and "TIP name the planned variant otherwise (--name int8_plan_2)" in said
+    assert manifest.stat().st_mtime_ns == before

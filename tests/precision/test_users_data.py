@@ -47,11 +47,17 @@ def vit_catalog(ws: Path) -> Path:
     )
 
 
-def test_sensitivity_and_plan_measure_on_the_users_images_search_and_confirmation_apart(tmp_path, run_cli):
+def test_sensitivity_and_plan_measure_on_the_users_images_search_and_confirmation_apart(tmp_path, run_cli, monkeypatch):
+    from pipeline.models import images as listing
+
     catalog = vit_catalog(tmp_path / "ws")
     images = image_folder(tmp_path / "images", {"cat": 6, "dog": 6, "eel": 6, "owl": 6})
+    walks = []
+    walk = listing._walk
+    monkeypatch.setattr(listing, "_walk", lambda directory: walks.append(directory) or walk(directory))
     result = run_cli(catalog, "sensitivity", "--engine", "vit_int8", "--samples", "8", "--eval-dir", str(images))
     assert result.exit_code == 0, result.err
+    assert walks == [images]  # the folder is listed once a run, not once a use
     assert f"on 8 samples (images of 4 classes from {images}, 2 each, apart from calibration)" in " ".join(result.out.split())
     document = json.loads(
         run_cli(catalog, "sensitivity", "--engine", "vit_int8", "--samples", "8", "--eval-dir", str(images), "--format", "json").out
