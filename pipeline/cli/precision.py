@@ -195,7 +195,8 @@ def plan(state: State, engine, floors, max_drops, samples, eval_dir, eval_data, 
 
     \b
     The floor is checked on the search batches and confirmed on as many again that the search
-    never saw; both are printed, with the margin the search held the floor by. The result is
+    never saw, each by a one-sided 95% bound (exact for top-1, a bootstrap for cosine and the
+    metric); where the samples are too few to show a top-1 floor, it says so. The result is
     catalog TOML (a [variants.NAME] table with its exclude list) and, with --apply, written into
     pipeline.toml. --measure TOOLCHAIN (or the `pipeline run` printed) measures whether it still
     pays, beside the fully quantized and the unquantized variants.
@@ -229,7 +230,7 @@ def plan(state: State, engine, floors, max_drops, samples, eval_dir, eval_data, 
     toml_text = catalog_edit.variant_toml(name, table)
     command = _measure_command(state, ref, name)
     paid = None
-    if measure and planned.confirmed:
+    if measure and planned.confirmed:  # a plan that failed is not worth timing
         from pipeline.precision.measure import measure_plan
 
         if apply_ and planned.needed:  # the variant is in the file before its engines are made
@@ -247,11 +248,21 @@ def plan(state: State, engine, floors, max_drops, samples, eval_dir, eval_data, 
         report.print_plan(planned, len(result.layers), toml_text, command, stdout_console())
         if paid is not None:
             report.print_paid(paid, measure, stdout_console())
-    if not planned.confirmed:
+    if not planned.held_on_search:
+        unresolved = planned.unresolved()
         raise PipelineError(
-            f"the plan for {ref.name} meets {floor} on the search batches but not on the confirmation batches "
-            f"({planned.confirm.said()}); it was not applied.",
-            hint="evaluate on more samples (--samples) so the search sees what the confirmation does",
+            f"no plan for {ref.name} meets {floor} on the search batches: {planned.steps[-1].note if planned.steps else ''} "
+            f"({planned.search.said()}); nothing was applied.",
+            hint=f"pass --samples {unresolved[0].samples_needed}: {unresolved[0].unresolved_said()}"
+            if unresolved and unresolved[0].samples_needed
+            else "lower the floor, or evaluate on more samples (--samples)",
+        )
+    if not planned.confirmed:
+        failed = "; ".join(bound.said() for bound in planned.bounds["confirm"] if not bound.held) or planned.confirm.said()
+        raise PipelineError(
+            f"the plan for {ref.name} holds {floor} on the search batches but its bounds on the confirmation batches do not "
+            f"({failed}); it was not applied.",
+            hint="evaluate on more samples (--samples): the bounds narrow as the samples grow",
         )
     if apply_ and planned.needed:
         catalog_edit.apply_variant(catalog_file, name, table, digest)

@@ -17,7 +17,6 @@ from typing import Any
 
 from pipeline.accuracy import AccuracyFloor, AccuracyThreshold, accuracy_floor
 from pipeline.catalog import Catalog, EngineRef
-from pipeline.precision.margin import Margins
 
 # "--max-drop" forms: a metric and how far below the FP32 model it may fall, as a fraction or a percentage.
 DROP_FORMS = (
@@ -112,18 +111,12 @@ class Floor:
     source: str
     drops: tuple[AccuracyThreshold, ...] = ()
 
-    def met_by(self, figures: Figures, margins: Margins | None = None) -> bool:
-        """Whether ``figures`` keep the floor; with ``margins`` (pipeline/precision/margin.py),
-        whether they keep it by that much: each figure less its margin, each drop plus its."""
-        below, above = (margins.below, margins.above) if margins is not None else ({}, {})
+    def met_by(self, figures: Figures) -> bool:
+        """Whether ``figures`` keep the floor at their point estimates (how sure that is:
+        pipeline/precision/bounds.py)."""
         # Within float rounding: FP32 against itself is a cosine of 1 give or take 1e-16.
-        kept = all(
-            (value := figures.value(metric)) is not None and value - below.get(metric, 0.0) >= threshold - 1e-9
-            for metric, threshold in self.thresholds
-        )
-        return kept and all(
-            (fell := figures.drop(metric)) is not None and fell + above.get(metric, 0.0) <= drop + 1e-9 for metric, drop in self.drops
-        )
+        kept = all((value := figures.value(metric)) is not None and value >= threshold - 1e-12 for metric, threshold in self.thresholds)
+        return kept and all((fell := figures.drop(metric)) is not None and fell <= drop + 1e-12 for metric, drop in self.drops)
 
     def wanted(self) -> str:
         """What it asks, without who set it: "cosine ≥ 0.99, top-1 at most 1% below FP32's"."""

@@ -145,7 +145,9 @@ def refuse_another_plan(name: str, existing: VariantSpec | None, wanted: Variant
     if essence(existing) == essence(wanted):
         return
     differ = [key for key, value in essence(wanted).items() if essence(existing)[key] != value]
-    said = "; ".join(f"{key} {essence(existing)[key]!r} there, {value!r} in this plan" for key, value in essence(wanted).items() if key in differ)
+    said = "; ".join(
+        f"{key} {essence(existing)[key]!r} there, {value!r} in this plan" for key, value in essence(wanted).items() if key in differ
+    )
     raise UsageError(
         f"the catalog already has a variant named {name!r} that is not this plan ({said}): measuring it would time that "
         "variant as this plan's cost; nothing was measured.",

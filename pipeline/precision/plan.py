@@ -2,21 +2,25 @@
 
 Search, on the search batches (what sensitivity.py measured):
 
-1. Exclude layers in order of what each buys per FLOP (its ``gain`` — the cosine excluding it
-   alone adds — over its FLOPs), measuring after each, until the floor holds. When an exclusion
-   buys less than half of what its rank promised, layers interact: the remaining layers are
-   measured again, each excluded beside the exclusions so far, and ranked anew (at most
-   ``RERANKS`` times; each costs a measurement per remaining layer).
-2. Put back every excluded layer that is no longer needed, the costliest in FLOPs first: a layer
+1. Exclude layers one at a time, the one that buys the most on **the floor metric that fails**
+   per FLOP first: cosine where the cosine floor fails, top-1 (in samples: predictions changed, or
+   lost against the labels) where a top-1 floor fails, the user's metric where that one does; cosine
+   breaks ties. A layer that buys nothing on the failing metric is never taken. What each layer buys
+   is measured beside the exclusions so far whenever they interact (an exclusion that bought less
+   than half of what its rank promised) or when no layer buys anything by the old measurements —
+   at most ``RERANKS`` times; each costs a measurement per remaining layer.
+2. Where no remaining layer moves the failing metric, the search ends: on a top-1 floor the
+   samples cannot resolve (pipeline/precision/bounds.py), it says so and which ``--samples`` would;
+   otherwise it starts again from every layer excluded and step 3 keeps what the floor needs.
+3. Put back every excluded layer that is no longer needed, the costliest in FLOPs first: a layer
    stays excluded only if quantizing it again breaks the floor.
-3. Confirm the result on the confirmation batches, which the search never saw.
+4. Confirm the result on the confirmation batches, which the search never saw.
 
-"The floor holds" in the search means it holds with a margin from the search's own spread (a
-bootstrap over its samples, pipeline/precision/margin.py): a plan that stopped exactly at the floor
-would miss it on the confirmation about half the time. The confirmation is judged at the floor.
-
-The floor metrics are those of the floor; the order is by cosine, the one that moves with every
-layer (top-1 agreement moves in steps of a sample).
+"The floor holds" means it holds by each metric's one-sided 95 % bound on those samples (exact for
+proportions, a bootstrap for cosine and the metric: pipeline/precision/bounds.py), on the search
+and on the confirmation alike. A plan that stopped exactly at the floor would miss it on the
+confirmation about half the time; the confirmation's own bound is what makes "confirmed" a claim
+at 95 % about the plan that was chosen, however the search came to it.
 """
 
 from __future__ import annotations
@@ -26,12 +30,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.errors import PipelineError
+from pipeline.precision.bounds import Bound
 from pipeline.precision.figures import Figures, Floor, change_text
-from pipeline.precision.margin import Margins
 from pipeline.precision.sensitivity import Sensitivity
 from pipeline.precision.variant_lab import VariantLab
 
-# How often the remaining layers are ranked again when exclusions interact.
+# How often what the remaining layers buy is measured again beside the exclusions so far.
 RERANKS = 3
 # An exclusion that buys less than this share of what it was ranked on means the layers interact.
 INTERACTION = 0.5
@@ -62,16 +66,24 @@ class Plan:
     confirm_samples: int = 0
     # What the search and the confirmation were measured on (VariantLab.describe()).
     evaluation: dict[str, Any] = field(default_factory=dict)
-    # How far the search's figures may be off, which the floor held by (None: not needed).
-    margin: Margins | None = None
+    # Each floor metric's figure and bound: "search", "confirm".
+    bounds: dict[str, list[Bound]] = field(default_factory=dict)
+
+    @property
+    def held_on_search(self) -> bool:
+        return self.floor.met_by(self.search) and all(bound.held for bound in self.bounds.get("search", []))
 
     @property
     def confirmed(self) -> bool:
-        return self.floor.met_by(self.confirm)
+        return self.held_on_search and self.floor.met_by(self.confirm) and all(bound.held for bound in self.bounds.get("confirm", []))
 
     @property
     def needed(self) -> bool:
         return bool(self.exclude)
+
+    def unresolved(self) -> list[Bound]:
+        """The floor's proportions these samples cannot show at 95 % (bounds.py), on the search."""
+        return [bound for bound in self.bounds.get("search", []) if not bound.resolvable]
 
 
 def make_plan(lab: VariantLab, sensitivity: Sensitivity, floor: Floor, progress=None) -> Plan:
@@ -87,40 +99,66 @@ def make_plan(lab: VariantLab, sensitivity: Sensitivity, floor: Floor, progress=
             f"{described['compute_dtype']}) does: {lab.evaluate(lab.layers).said()}.",
             hint="lower the floor (--floor), or measure this model unquantized",
         )
+
+    def holds(layers: list[str]) -> bool:
+        return floor.met_by(lab.evaluate(layers)) and all(bound.held for bound in lab.bounds(layers, floor))
+
+    search = _Search(lab, floor, flops)
     excluded: list[str] = []
-    current = full
-
-    def holds(layers: list[str], figures: Figures) -> bool:
-        return floor.met_by(figures) and floor.met_by(figures, lab.margins(layers, floor))
-
-    gains = {layer.name: layer.gain for layer in sensitivity.layers}
-    candidates = _by_gain_per_flop(gains, flops)
-    reranks = 0
-    while not holds(excluded, current) and candidates:
-        layer = candidates.pop(0)
+    candidates = [layer.name for layer in sensitivity.layers]
+    base: list[str] = []  # the exclusions what each candidate buys was measured beside
+    reranks, stopped = 0, False
+    while not holds(excluded) and candidates:
+        failing = search.failing(excluded)
+        ranked = search.ranked(candidates, base, failing)
+        if not ranked:
+            if base != excluded and reranks < RERANKS:
+                reranks, base = reranks + 1, list(excluded)
+                progress(f"no layer buys {search.name(failing)} by the old measurements: measuring the {len(candidates)} remaining again")
+                steps.append(
+                    Step(
+                        "rerank",
+                        None,
+                        None,
+                        f"no remaining layer bought {search.name(failing)}; all {len(candidates)} measured again beside the exclusions so far",
+                    )
+                )
+                continue
+            stopped = True
+            steps.append(
+                Step("stop", None, lab.evaluate(excluded), f"no remaining layer moves {search.name(failing)} beside the exclusions so far")
+            )
+            break
+        layer = ranked[0]
+        promised = search.buys(layer, base, failing)
         progress(f"excluding {layer} ({len(excluded) + 1} excluded)")
-        after = lab.evaluate([*excluded, layer])
-        bought, promised = after.cosine - current.cosine, gains[layer]
-        excluded.append(layer)
-        steps.append(Step("exclude", layer, after, f"bought {change_text(bought)} of cosine, ranked on {change_text(promised)}"))
-        current = after
-        if not holds(excluded, current) and candidates and reranks < RERANKS and not bought >= INTERACTION * promised:
-            reranks += 1
+        bought = search.buys(layer, excluded, failing)
+        after = [*excluded, layer]
+        steps.append(
+            Step(
+                "exclude",
+                layer,
+                lab.evaluate(after),
+                f"{search.moved(excluded, after, failing)}; ranked on {search.amount(promised, failing)}",
+            )
+        )
+        excluded = after
+        candidates.remove(layer)
+        if not holds(excluded) and candidates and reranks < RERANKS and not bought >= INTERACTION * promised:
+            reranks, base = reranks + 1, list(excluded)
             progress(f"layers interact: measuring the {len(candidates)} remaining again")
-            gains = {name: lab.evaluate([*excluded, name]).cosine - current.cosine for name in candidates}
-            candidates = _by_gain_per_flop(gains, flops)
-            steps.append(Step("rerank", None, None, f"the remaining {len(candidates)} layers ranked again beside the exclusions so far"))
-    if not holds(excluded, current):
+            steps.append(Step("rerank", None, None, f"the remaining {len(candidates)} layers measured again beside the exclusions so far"))
+    unresolvable = stopped and any(not bound.resolvable for bound in lab.bounds(excluded, floor) if not bound.held)
+    if not holds(excluded) and not unresolvable:
         excluded = list(lab.layers)  # only the unquantized model meets it (checked above)
-    for layer in sorted(excluded, key=lambda name: flops[name], reverse=True):
+    for layer in sorted(excluded, key=lambda name: flops[name], reverse=True) if not unresolvable else []:
         trial = [name for name in excluded if name != layer]
         progress(f"putting {layer} back")
-        figures = lab.evaluate(trial)
-        if holds(trial, figures):
-            excluded, current = trial, figures
-            steps.append(Step("put back", layer, figures, "no longer needed: the floor holds with it quantized"))
+        if holds(trial):
+            excluded = trial
+            steps.append(Step("put back", layer, lab.evaluate(trial), "no longer needed: the floor holds with it quantized"))
         else:
-            steps.append(Step("keep", layer, figures, "quantizing it again breaks the floor"))
+            steps.append(Step("keep", layer, lab.evaluate(trial), "quantizing it again breaks the floor"))
     if set(excluded) == set(lab.layers):
         raise PipelineError(
             f"only the unquantized model meets {floor} for {lab.ref.name}: every quantized layer had to be excluded.",
@@ -129,25 +167,105 @@ def make_plan(lab: VariantLab, sensitivity: Sensitivity, floor: Floor, progress=
     order = {name: index for index, name in enumerate(lab.layers)}
     excluded.sort(key=order.__getitem__)
     progress("confirming on the batches the search never saw")
-    confirm = lab.evaluate(excluded, "confirm")
     total = sum(flops.values())
     return Plan(
         engine=lab.ref.name,
         floor=floor,
         exclude=excluded,
-        search=current,
-        confirm=confirm,
+        search=lab.evaluate(excluded),
+        confirm=lab.evaluate(excluded, "confirm"),
         fully_quantized={"search": full, "confirm": lab.evaluate([], "confirm")},
         quantized_flops_share=sum(flops[name] for name in lab.layers if name not in excluded) / total if total else 0.0,
         steps=steps,
-        margin=lab.margins(excluded, floor),
+        bounds={which: lab.bounds(excluded, floor, which) for which in ("search", "confirm")},
         search_samples=described["search"]["samples"],
         confirm_samples=described["confirm"]["samples"],
         evaluation=described,
     )
 
 
-def _by_gain_per_flop(gains: dict[str, float], flops: dict[str, float]) -> list[str]:
-    """Layers whose exclusion buys anything, the most per FLOP first (larger gains first on a tie)."""
-    useful = [name for name, gain in gains.items() if not math.isnan(gain) and gain > 0]
-    return sorted(useful, key=lambda name: (gains[name] / flops[name], gains[name]), reverse=True)
+Failing = tuple[str, str]  # a floor metric and its side: ("top1", "upper") is a top-1 drop
+
+
+class _Search:
+    """What the search asks of the measurements: which floor metric fails, and what a layer buys on
+    it — in samples for a proportion (one fewer changed is 1), as the figure for cosine and the
+    metric (a drop's fall counts as a gain)."""
+
+    def __init__(self, lab: VariantLab, floor: Floor, flops: dict[str, float]):
+        self.lab, self.floor, self.flops = lab, floor, flops
+
+    def failing(self, layers: list[str]) -> Failing:
+        """The first of the floor's metrics that fails at ``layers`` (by its figure or its bound)."""
+        figures = self.lab.evaluate(layers)
+        by_metric = {(bound.metric, bound.side): bound for bound in self.lab.bounds(layers, self.floor)}
+        for metric, limit in self.floor.thresholds:
+            bound = by_metric.get((metric, "lower"))
+            if (value := figures.value(metric)) is None or value < limit - 1e-12 or (bound is not None and not bound.held):
+                return metric, "lower"
+        for metric, limit in self.floor.drops:
+            bound = by_metric.get((metric, "upper"))
+            if (fell := figures.drop(metric)) is None or fell > limit + 1e-12 or (bound is not None and not bound.held):
+                return metric, "upper"
+        return "cos", "lower"  # held: nothing fails (the caller does not ask)
+
+    def score(self, layers: list[str], failing: Failing) -> float:
+        """Higher is better: minus the samples counted against a proportion; the cosine or the
+        metric; minus a drop. NaN where the outputs are not finite."""
+        metric, side = failing
+        bound = next((b for b in self.lab.bounds(layers, self.floor) if (b.metric, b.side) == failing), None)
+        if bound is not None and bound.counted is not None:
+            return -float(bound.counted)
+        if metric == "cos":
+            return self.lab.evaluate(layers).cosine
+        if bound is None:
+            return math.nan
+        return bound.estimate if side == "lower" else -bound.estimate
+
+    def buys(self, layer: str, beside: list[str], failing: Failing) -> float:
+        return self.score([*beside, layer], failing) - self.score(beside, failing)
+
+    def ranked(self, candidates: list[str], beside: list[str], failing: Failing) -> list[str]:
+        """The candidates that buy anything on ``failing`` beside ``beside``, the most per FLOP first,
+        then by cosine per FLOP."""
+        cosine = ("cos", "lower")
+        gains = {name: self.buys(name, beside, failing) for name in candidates}
+        useful = [name for name, gain in gains.items() if not math.isnan(gain) and gain > 0]
+        ties = {name: self.buys(name, beside, cosine) for name in useful}
+        return sorted(useful, key=lambda name: (gains[name] / self.flops[name], _number(ties[name]) / self.flops[name]), reverse=True)
+
+    def name(self, failing: Failing) -> str:
+        metric, side = failing
+        if metric == "top1":
+            labelled = side == "upper" and self.lab.labels
+            return "top-1 (predictions lost against the labels)" if labelled else "top-1 (predictions changed)"
+        return {"cos": "cosine", "metric": "the metric"}[metric]
+
+    def amount(self, gain: float, failing: Failing) -> str:
+        """What a gain is in the failing metric's own terms: "1 sample", "+0.0042 of cosine"."""
+        metric, side = failing
+        bound = next((b for b in self.lab.bounds([], self.floor) if (b.metric, b.side) == failing), None)
+        if bound is not None and bound.counted is not None:
+            count = round(gain)
+            return f"{count} sample{'s' if abs(count) != 1 else ''} of top-1"
+        if metric == "cos":
+            return f"{change_text(gain)} of cosine"
+        return f"{gain:+.4g} of the metric"
+
+    def moved(self, before: list[str], after: list[str], failing: Failing) -> str:
+        """ "bought 1 sample of top-1 (3 → 2 changed), +0.0031 of cosine"."""
+        gain = self.score(after, failing) - self.score(before, failing)
+        said = f"bought {self.amount(gain, failing)}"
+        bounds = {
+            which: next((b for b in self.lab.bounds(layers, self.floor) if (b.metric, b.side) == failing), None)
+            for which, layers in (("before", before), ("after", after))
+        }
+        if bounds["before"] is not None and bounds["before"].counted is not None and bounds["after"] is not None:
+            said += f" ({bounds['before'].counted} → {bounds['after'].counted} {bounds['after'].counting})"
+        if failing != ("cos", "lower"):
+            said += f", {change_text(self.lab.evaluate(after).cosine - self.lab.evaluate(before).cosine)} of cosine"
+        return said
+
+
+def _number(value: float) -> float:
+    return -math.inf if math.isnan(value) else value

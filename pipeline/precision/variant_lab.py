@@ -16,8 +16,8 @@ calibration (seed + 2 + n) and the export's reference batch (seed + 1) never use
 only the plan's confirmation sees. With the user's data instead — an evaluation folder's images
 (``--eval-dir``, drawn across its classes), a token-id file's rows (``--eval-tokens``) or a data
 hook's batches (``--eval-data``, dealt whole) — two disjoint draws, one for the search, one for the
-confirmation. Each variant's figures are also kept sample by sample, for the plan's margin
-(pipeline/precision/margin.py).
+confirmation. Each variant's figures are also kept sample by sample, for the bounds the plan is
+judged by (pipeline/precision/bounds.py).
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from pipeline.catalog import Catalog, EngineRef
 from pipeline.environment import package_version
 from pipeline.errors import UsageError
 from pipeline.models import model_source
+from pipeline.precision.bounds import Bound, SampleStats, bounds, sample_stats
 from pipeline.precision.figures import Figures, cosine_of, figures, relative_error_of
 from pipeline.precision.hooks import drawn_batches, load_hook, metric_of
-from pipeline.precision.margin import Margins, SampleStats, margins, sample_stats
 from pipeline.runtimes.torch_memory import out_of_memory_as_error
 from pipeline.stages.quantize import (
     DEFAULT_WEIGHTS_DTYPE,
@@ -87,6 +87,7 @@ class VariantLab:
         self._progress = progress or (lambda text: None)
         self._cache: dict[tuple[frozenset, str], Figures] = {}
         self._stats: dict[tuple[frozenset, str], SampleStats] = {}  # the same, sample by sample
+        self._bounds: dict[tuple, list[Bound]] = {}
         self.timings: dict[str, float] = {}
         started = time.perf_counter()
         require_cuda_for(self.variant.precision)
@@ -328,12 +329,14 @@ class VariantLab:
             self._cache[key], self._stats[key] = measured, stats
         return self._cache[key]
 
-    def margins(self, excluded: Iterable[str], floor) -> Margins:
-        """How far the search's figures of ``excluded`` may be off, for ``floor``'s metrics
-        (pipeline/precision/margin.py)."""
-        self.evaluate(excluded)
-        stats = self._stats[(frozenset(excluded), "search")]
-        return margins(stats, [metric for metric, _ in floor.thresholds], [metric for metric, _ in floor.drops])
+    def bounds(self, excluded: Iterable[str], floor, which: str = "search") -> list[Bound]:
+        """How sure the figures of ``excluded`` on the search (or the confirmation) samples are,
+        for each of ``floor``'s metrics (pipeline/precision/bounds.py)."""
+        key = (frozenset(excluded), which)
+        if (key, floor) not in self._bounds:  # the search asks again and again as it ranks
+            self.evaluate(excluded, which)
+            self._bounds[(key, floor)] = bounds(self._stats[key], floor)
+        return self._bounds[(key, floor)]
 
     def evaluate_only(self, quantized: Iterable[str]) -> Figures:
         """The variant with only ``quantized`` layers quantized, on the search batches."""

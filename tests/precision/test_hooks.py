@@ -87,7 +87,7 @@ def test_a_plan_on_the_users_data_hook_keeps_the_users_metric_within_its_max_dro
 
     plan = json.loads(run_cli(catalog, "plan", *args, *floor, "--format", "json").out)
     jsonschema.validate(plan, schema("plan"))
-    assert plan["schema_version"] == 3 and plan["floor"]["max_drop"] == [{"metric": "metric", "value": 0.05}]
+    assert plan["schema_version"] == 4 and plan["floor"]["max_drop"] == [{"metric": "metric", "value": 0.05}]
     search, confirm = plan["evaluation"]["search"], plan["evaluation"]["confirm"]
     assert search["source"] == confirm["source"] == "hook" and search["hook"] == f"{hooks}:batches"
     assert search["samples"] == confirm["samples"] == 16 and search["batches"] == confirm["batches"] == 4
@@ -96,13 +96,15 @@ def test_a_plan_on_the_users_data_hook_keeps_the_users_metric_within_its_max_dro
         figures = plan[which]
         assert figures["fp32_metric"] > 0.9  # the trained model's own accuracy, through the user's metric
         assert figures["fp32_metric"] - figures["metric"] <= 0.05 + 1e-9
-    # The search held the floor by its margin: the cosine less its bootstrap margin, the metric's
-    # drop plus its (resampled by batch).
-    margin = plan["margin"]
-    assert margin["resamples"] == 400 and margin["samples"] == 16 and margin["below"]["cos"] > 0
-    assert plan["search"]["cosine"] - margin["below"]["cos"] >= 0.999 - 1e-9
-    assert plan["search"]["fp32_metric"] - plan["search"]["metric"] + margin["above"]["metric"] <= 0.05 + 1e-9
-    assert "the floor held on the search with a margin of cosine −" in said
+    # The floor held by each metric's bound, on the search and on the confirmation: the cosine's
+    # lower bound (a bootstrap over the samples) and the metric's drop's upper bound (over batches).
+    for which in ("search", "confirm"):
+        cosine, metric = plan["bounds"][which]
+        assert (cosine["metric"], cosine["side"], metric["metric"], metric["side"]) == ("cos", "lower", "metric", "upper")
+        assert cosine["bound"] < plan[which]["cosine"] == pytest.approx(cosine["estimate"]) and cosine["bound"] >= 0.999 - 1e-9
+        assert metric["bound"] >= metric["estimate"] and metric["bound"] <= 0.05 + 1e-9 and cosine["held"] and metric["held"]
+    assert plan["held_on_search"] and plan["confirmed"]
+    assert "95% one-sided bounds search: cosine ≥ 0.999" in said and "metric drop ≤" in said
     # The search and the confirmation saw different batches: the FP32 model's figures differ or,
     # where it is right on both, the batches still came from one draw of eight dealt apart.
     assert plan["search"]["fp32_metric"] != plan["confirm"]["fp32_metric"] or plan["search"]["cosine"] != plan["confirm"]["cosine"]
@@ -204,7 +206,10 @@ def test_plan_measure_of_a_variant_that_needs_no_exclusion_times_it_beside_the_u
     result = run_cli(catalog, "plan", *args)
     assert result.exit_code == 0, result.err
     said = " ".join(result.out.split())
-    assert "already meets top-1 at most 1% below FP32's (--max-drop) fully quantized" in said and "with a margin of top-1 drop" in said
+    assert "already meets top-1 at most 1% below FP32's (--max-drop) fully quantized" in said
+    # 16 images cannot show a 1% drop (even none lost bounds it at 17%): said, with the samples that could.
+    assert "16 samples cannot show a top-1 drop of at most 1.00% at 95% confidence" in said and "--samples 299 would resolve it" in said
+    assert "top-1 drop ≤ 17.1% (0 of 16 lost, exact)" in said
     assert "what it costs on onnxruntime" in said and "× fp32's time [" in said and "the plan is the fully quantized variant itself" in said
     plan = json.loads(run_cli(catalog, "plan", *args, "--format", "json").out)
     jsonschema.validate(plan, schema("plan"))

@@ -130,7 +130,7 @@ def test_plan_apply_then_run_meets_the_floor_with_no_qdq_on_the_excluded_layer(t
     before = catalog.read_text()
     result = run_cli(catalog, "plan", "--engine", "faulty_int8", "--apply")
     assert result.exit_code == 0, result.err
-    assert "[variants.int8_plan]" in result.out and "confirmed on batches the search never saw" in result.out
+    assert "[variants.int8_plan]" in result.out and "confirmed, by its bounds, on batches the search never saw" in result.out
     after = catalog.read_text()
     # Only lines were added: every comment and blank line of the user's file is where it was.
     import difflib
@@ -406,11 +406,16 @@ def test_a_plan_the_confirmation_does_not_hold_is_said_and_not_applied(tmp_path,
 
     def unconfirmed(lab, sensitivity, floor, progress=None):
         planned = original(lab, sensitivity, floor, progress)
-        return dataclasses.replace(planned, confirm=planned.fully_quantized["confirm"])  # as if the unseen batches broke it
+        # As if the unseen batches broke it: the confirmation's figures and bounds those of the fully quantized variant.
+        return dataclasses.replace(
+            planned, confirm=planned.fully_quantized["confirm"], bounds={**planned.bounds, "confirm": lab.bounds([], floor, "confirm")}
+        )
 
     monkeypatch.setattr(plan_module, "make_plan", unconfirmed)
     result = run_cli(catalog, "plan", "--engine", "faulty_int8", "--apply")
     assert result.exit_code == 1, result.err
-    assert "missed on the confirmation batches" in result.out and "[variants.int8_plan]" in result.out
-    assert "meets cosine ≥ 0.99 (the int8 check of pipeline/accuracy.py) on the search batches but not on the confirmation" in result.err
+    assert "not confirmed by its bounds on the confirmation batches" in result.out and "[variants.int8_plan]" in result.out
+    said = " ".join(result.err.split())
+    assert "holds cosine ≥ 0.99 (the int8 check of pipeline/accuracy.py) on the search batches but its bounds on the confirmation" in said
+    assert "(cosine ≥ 0." in said and "bootstrap)" in said  # the bound that failed
     assert "it was not applied" in result.err and catalog.read_text() == before

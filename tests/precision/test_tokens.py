@@ -20,9 +20,16 @@ def tokens(path, rows: int, vocab: int = 128, length: int = 8, seed: int = 0):
     return path
 
 
-def test_a_transformers_plan_measures_on_the_users_token_ids_search_and_confirmation_apart(tmp_path, run_cli):
+def test_a_transformers_plan_measures_on_the_users_token_ids_search_and_confirmation_apart(tmp_path, run_cli, monkeypatch):
+    from pipeline.models.transformers import TransformersModel
+
     catalog = vit_catalog(tmp_path / "ws")
     ids = tokens(tmp_path / "ids.npy", 20)
+    drawn: list[list[int]] = []
+    token_batches = TransformersModel.token_batches
+    monkeypatch.setattr(
+        TransformersModel, "token_batches", lambda self, model, path, rows: drawn.append(rows) or token_batches(self, model, path, rows)
+    )
     args = ("--engine", "bert_int8", "--samples", "8", "--eval-tokens", str(ids))
     result = run_cli(catalog, "sensitivity", *args)
     assert result.exit_code == 0, result.err
@@ -35,9 +42,17 @@ def test_a_transformers_plan_measures_on_the_users_token_ids_search_and_confirma
     seeded = json.loads(run_cli(catalog, "sensitivity", "--engine", "bert_int8", "--samples", "8", "--format", "json").out)
     assert seeded["fully_quantized"] != document["fully_quantized"]  # other inputs, other figures
 
-    plan = json.loads(run_cli(catalog, "plan", *args, "--floor", "cos=0", "--format", "json").out)
+    search_rows, confirm_rows = drawn[:2]
+    assert len(search_rows) == len(confirm_rows) == 8 and not set(search_rows) & set(confirm_rows)  # apart
+
+    # BERT-tiny's INT8 is within 1.3e-8 of FP32 in cosine here: a largest drop of 5e-9 binds.
+    plan = json.loads(run_cli(catalog, "plan", *args, "--max-drop", "cos=5e-9", "--format", "json").out)
     jsonschema.validate(plan, schema("plan"))
-    assert plan["evaluation"]["confirm"]["source"] == "tokens" and plan["confirmed"]
+    assert plan["evaluation"]["confirm"]["source"] == "tokens" and plan["needed"] and plan["confirmed"]
+    assert 1 - plan["fully_quantized"]["search"]["cosine"] > 5e-9 and 1 - plan["search"]["cosine"] <= 5e-9
+    (search,), (confirm,) = plan["bounds"]["search"], plan["bounds"]["confirm"]
+    assert search["estimate"] <= search["bound"] <= 5e-9 and confirm["estimate"] <= confirm["bound"] <= 5e-9
+    assert plan["search"] != plan["confirm"]  # other rows, other figures
 
 
 @pytest.mark.parametrize(

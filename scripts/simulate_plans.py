@@ -1,0 +1,304 @@
+"""How often a confirmed quantization plan holds on data it never saw, measured by running the
+product's own search and bounds on models whose truth can be measured.
+
+Each model is a small classifier with learned weights (an MLP trained for a fraction of a second
+on a mixture of Gaussian classes) whose layers are fake-quantized per tensor, weights and inputs,
+as INT8 is — with a fault planted at one layer: one of its input channels carries values
+``OUTLIER`` times larger than the rest (the layer before scaled up, this one scaled down, so the
+FP32 model is unchanged), and per-tensor quantization of that input rounds the other channels
+coarsely. A lab with the face of the product's VariantLab measures any set of layers left
+unquantized on the search and the confirmation samples; ``pipeline.precision.plan.make_plan`` —
+the product's search, prune, bounds and confirmation — makes the plan. Each plan is then measured
+on ``FRESH`` samples drawn from the same distribution, which stand for the truth.
+
+A confirmed plan *holds* when the truth keeps what its output claims: the floor, where the
+samples could show it; where they could not (a top-1 limit finer than the samples resolve,
+pipeline/precision/bounds.py), the bound the output states instead. The share of confirmed plans
+that hold is to be at least the 95 % the output claims. Every trial draws new search and
+confirmation samples.
+
+    python scripts/simulate_plans.py             # the table docs/precision.md shows
+    python scripts/simulate_plans.py --trials 50  # quicker, coarser
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import torch
+
+from pipeline.errors import PipelineError
+from pipeline.precision.bounds import bounds, sample_stats
+from pipeline.precision.figures import Floor, figures
+from pipeline.precision.plan import make_plan
+
+TRIALS = 100  # plans per row: the table in docs/precision.md, which CI prints again
+FRESH = 50_000  # samples that stand for the truth
+CLASSES, FEATURES, HIDDEN = 10, 16, 48
+OUTLIER = 40.0
+LAYERS = ("fc1", "fc2", "fc3", "head")
+
+
+class Model:
+    """An MLP trained on ``CLASSES`` Gaussian classes; ``forward(x, quantized)`` fake-quantizes the
+    named layers (weights and inputs, per tensor, ``bits`` bits, symmetric) with input ranges from
+    a calibration batch, as the export calibrates once and switches quantizers on and off."""
+
+    def __init__(self, seed: int, fault: str, bits: int = 8, separation: float = 1.2):
+        generator = torch.Generator().manual_seed(seed)
+        self.generator = generator
+        self.centres = separation * torch.randn(CLASSES, FEATURES, generator=generator)
+        sizes = [FEATURES, HIDDEN, HIDDEN, HIDDEN, CLASSES]
+        torch.manual_seed(seed)
+        self.linears = [torch.nn.Linear(sizes[i], sizes[i + 1]) for i in range(len(LAYERS))]
+        self._train()
+        self._plant(fault)
+        self.bits = bits
+        calibration, _ = self.draw(512, seed + 1)
+        self.ranges = self._input_ranges(calibration)
+
+    def draw(self, count: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        generator = torch.Generator().manual_seed(seed)
+        labels = torch.randint(0, CLASSES, (count,), generator=generator)
+        return self.centres[labels] + torch.randn(count, FEATURES, generator=generator), labels
+
+    def _train(self) -> None:
+        inputs, labels = self.draw(4096, 7)
+        parameters = [p for layer in self.linears for p in layer.parameters()]
+        optimiser = torch.optim.Adam(parameters, lr=1e-2)
+        for _ in range(150):
+            optimiser.zero_grad()
+            torch.nn.functional.cross_entropy(self.forward(inputs), labels).backward()
+            optimiser.step()
+
+    @torch.no_grad()
+    def _plant(self, fault: str) -> None:
+        """One input channel of ``fault`` OUTLIER times larger; the FP32 model is unchanged
+        (ReLU commutes with a positive scale)."""
+        index = LAYERS.index(fault)
+        if index == 0:
+            self.centres[:, 0] *= OUTLIER
+            self.linears[0].weight[:, 0] /= OUTLIER
+            return
+        before, layer = self.linears[index - 1], self.linears[index]
+        before.weight[0] *= OUTLIER
+        before.bias[0] *= OUTLIER
+        layer.weight[:, 0] /= OUTLIER
+
+    def _input_ranges(self, inputs) -> dict[str, float]:
+        ranges = {}
+        with torch.no_grad():
+            x = inputs
+            for name, layer in zip(LAYERS, self.linears):
+                ranges[name] = float(x.abs().max())
+                x = layer(x)
+                x = torch.relu(x) if name != "head" else x
+        return ranges
+
+    def _fake(self, tensor, top: float):
+        steps = 2 ** (self.bits - 1) - 1
+        scale = top / steps if top > 0 else 1.0
+        return torch.clamp(torch.round(tensor / scale), -steps, steps) * scale
+
+    def forward(self, inputs, quantized: frozenset = frozenset()):
+        x = inputs
+        for name, layer in zip(LAYERS, self.linears):
+            if name in quantized:
+                weight = self._fake(layer.weight, float(layer.weight.abs().max()))
+                x = torch.nn.functional.linear(self._fake(x, self.ranges[name]), weight, layer.bias)
+            else:
+                x = layer(x)
+            x = torch.relu(x) if name != "head" else x
+        return x
+
+
+class Lab:
+    """The face of the product's VariantLab (what make_plan asks) over a Model, on one trial's
+    search and confirmation samples."""
+
+    def __init__(self, model: Model, samples: int, seed: int, labelled: bool):
+        self.model, self.layers = model, list(LAYERS)
+        self.ref = SimpleNamespace(name="mlp_int8", model="mlp")
+        search, confirm = model.draw(samples, seed), model.draw(samples, seed + 1)
+        self.inputs = {"search": search[0], "confirm": confirm[0]}
+        self.labels = {"search": search[1].tolist(), "confirm": confirm[1].tolist()} if labelled else None
+        with torch.no_grad():
+            self.references = {which: model.forward(inputs) for which, inputs in self.inputs.items()}
+        self._outputs: dict = {}
+        self._bounds: dict = {}
+
+    def _output(self, excluded, which: str):
+        key = (frozenset(excluded), which)
+        if key not in self._outputs:
+            with torch.no_grad():
+                self._outputs[key] = self.model.forward(self.inputs[which], frozenset(self.layers) - key[0])
+        return self._outputs[key]
+
+    def evaluate(self, excluded=(), which: str = "search"):
+        labels = self.labels[which] if self.labels else None
+        return figures([self.references[which]], [self._output(excluded, which)], labels)
+
+    def bounds(self, excluded, floor, which: str = "search"):
+        key = (frozenset(excluded), which, floor)
+        if key not in self._bounds:
+            labels = self.labels[which] if self.labels else None
+            self._bounds[key] = bounds(sample_stats([self.references[which]], [self._output(excluded, which)], labels), floor)
+        return self._bounds[key]
+
+    def describe(self):
+        samples = len(self.inputs["search"])
+        return {"compute_dtype": "fp32", "search": {"samples": samples}, "confirm": {"samples": len(self.inputs["confirm"])}}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A model (its fault, its bits), a floor on one metric, and the samples the search and the
+    confirmation each draw. The floor's limit is given, or set a hair past what the exclusions
+    ``edge`` truly keep on the fresh samples: a plan of exactly those exclusions truly fails it,
+    and looks as if it met it about half the time — the hardest case for the claim."""
+
+    name: str
+    fault: str
+    bits: int
+    metric: str  # "cos", "top1"
+    side: str  # "lower": a threshold; "upper": a largest drop
+    samples: int
+    labelled: bool = False
+    limit: float | None = None
+    edge: tuple[str, ...] = ()
+
+    def floor(self, truths) -> Floor:
+        limit = self.limit
+        if limit is None:
+            kept = truths(frozenset(self.edge))[self.key]
+            limit = kept + 1e-6 if self.side == "lower" else kept - 1e-6
+        if self.side == "lower":
+            return Floor(((self.metric, limit),), "--floor")
+        return Floor((), "--max-drop", ((self.metric, limit),))
+
+    @property
+    def key(self) -> tuple:
+        return (
+            (self.metric, self.side, "changed")
+            if self.metric == "top1" and self.side == "upper" and not self.labelled
+            else (self.metric, self.side)
+        )
+
+
+def scenarios() -> list[Scenario]:
+    return [
+        Scenario("top-1 changed, a hair below the fully quantized's 2.0 %, 32 samples", "fc2", 8, "top1", "upper", 32),
+        Scenario("top-1 changed, a hair below the fully quantized's 2.0 %, 400 samples", "fc2", 8, "top1", "upper", 400),
+        Scenario(
+            "top-1 accuracy drop, labels, a hair below the fully quantized's 4.8 %, 300 samples", "fc1", 6, "top1", "upper", 300, True
+        ),
+        Scenario("cosine, a hair above the fault excluded alone (0.9701), 64 samples", "fc2", 6, "cos", "lower", 64, edge=("fc2",)),
+        Scenario("cosine ≥ 0.9994 (the fault excluded keeps 0.99946), 128 samples", "fc1", 6, "cos", "lower", 128, limit=0.9994),
+        Scenario("top-1 changed ≤ 5 % (the fault excluded keeps 3.5 %), 300 samples", "fc3", 6, "top1", "upper", 300, limit=0.05),
+    ]
+
+
+@dataclass
+class Tally:
+    trials: int = 0
+    no_plan: int = 0  # only the unquantized model met it, or the search could not
+    confirmed: int = 0
+    held: int = 0  # of the confirmed: the truth keeps what the output claims
+    unresolved: int = 0  # of the confirmed: the samples could not show the floor
+
+    def row(self, name: str) -> str:
+        held = f"{self.held / self.confirmed:.1%}" if self.confirmed else "—"
+        return f"| {name} | {self.trials} | {self.confirmed} | {self.unresolved} | {held} | {self.no_plan} |"
+
+
+def truth(model: Model, fresh, excluded: frozenset) -> dict[tuple[str, str], float]:
+    """What a plan's exclusions keep on the fresh samples: each metric's figure (a drop for "upper")."""
+    inputs, labels = fresh
+    with torch.no_grad():
+        reference, output = model.forward(inputs), model.forward(inputs, frozenset(LAYERS) - excluded)
+    measured = figures([reference], [output], labels.tolist())
+    changed = 1.0 - measured.top1
+    return {
+        ("cos", "lower"): measured.cosine,
+        ("cos", "upper"): 1.0 - measured.cosine,
+        ("top1", "lower"): measured.top1,
+        ("top1", "upper"): measured.fp32_top1_accuracy - measured.top1_accuracy,
+        ("top1", "upper", "changed"): changed,
+    }
+
+
+def holds(plan, truths: dict) -> bool:
+    """Whether the truth keeps each claim of the confirmation: the floor's limit where the samples
+    could show it, else the bound the output states."""
+    for bound in plan.bounds["confirm"]:
+        key = (bound.metric, bound.side, "changed") if bound.counting == "changed" and bound.side == "upper" else (bound.metric, bound.side)
+        value = truths[key]
+        claim = bound.limit if bound.resolvable else bound.bound
+        if not (value >= claim - 1e-12 if bound.side == "lower" else value <= claim + 1e-12):
+            return False
+    return True
+
+
+def run_scenario(scenario: Scenario, trials: int) -> Tally:
+    model = Model(seed=11, fault=scenario.fault, bits=scenario.bits)
+    fresh = model.draw(FRESH, 99)
+    truths: dict[frozenset, dict] = {}
+
+    def truth_of(excluded: frozenset) -> dict:
+        if excluded not in truths:
+            truths[excluded] = truth(model, fresh, excluded)
+        return truths[excluded]
+
+    floor = scenario.floor(truth_of)
+    tally = Tally()
+    flops = {name: float(layer.weight.numel()) for name, layer in zip(LAYERS, model.linears)}
+    sensitivity = SimpleNamespace(layers=[SimpleNamespace(name=name, flops=flops[name]) for name in LAYERS])
+    for trial in range(trials):
+        tally.trials += 1
+        lab = Lab(model, scenario.samples, 1000 + 2 * trial, scenario.labelled)
+        try:
+            plan = make_plan(lab, sensitivity, floor)
+        except PipelineError:
+            tally.no_plan += 1
+            continue
+        if not plan.held_on_search:
+            tally.no_plan += 1
+            continue
+        if not plan.confirmed:
+            continue
+        tally.confirmed += 1
+        tally.unresolved += bool(plan.unresolved())
+        tally.held += holds(plan, truth_of(frozenset(plan.exclude)))
+    return tally
+
+
+def simulate(trials: int = TRIALS) -> list[tuple[Scenario, Tally]]:
+    return [(scenario, run_scenario(scenario, trials)) for scenario in scenarios()]
+
+
+def markdown(table: list[tuple[Scenario, Tally]]) -> str:
+    lines = [
+        "| scenario | plans | confirmed | of which unresolvable | confirmed plans that hold on fresh data | no plan on the search |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    lines += [tally.row(scenario.name) for scenario, tally in table]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trials", type=int, default=TRIALS, help="plans per scenario")
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    table = simulate(args.trials)
+    print(markdown(table))
+    print(f"\n({args.trials} plans a row, {time.perf_counter() - started:.0f} s)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""The plan's search chases the floor metric that fails (pipeline/precision/plan.py), on a lab of
+known layers: what each layer does to the outputs when quantized is planted, so the right plan is
+known. The case of a model whose INT8 variant breaks at one layer of its stem: once that layer is
+excluded, one sample's prediction is still changed, and a top-1 drop of 1 % on 32 samples cannot
+be shown at 95 % — the search must take the layer that changes that sample back, not the layers
+that buy the most cosine, or say that the samples cannot resolve the drop."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import SimpleNamespace
+
+import pytest
+
+from pipeline.errors import PipelineError
+from pipeline.precision.bounds import bounds, sample_stats
+from pipeline.precision.figures import Floor, figures
+from pipeline.precision.plan import make_plan
+
+torch = pytest.importorskip("torch")
+
+SAMPLES = 32
+
+
+class PlantedLab:
+    """A VariantLab's face over planted layers: quantizing ``layer`` adds ``noise[layer]`` times
+    a fixed random direction to every output, and ``flips(quantized)`` names the samples whose
+    prediction changes."""
+
+    def __init__(self, noise: dict[str, float], flips: Callable[[set[str]], set[int]], samples: int = SAMPLES):
+        self.ref = SimpleNamespace(name="toy_int8", model="toy")
+        self.layers = list(noise)
+        self.labels = None
+        self.noise, self.flips, self.samples = noise, flips, samples
+        generator = torch.Generator().manual_seed(0)
+        self.reference = {which: torch.randn(samples, 10, generator=generator) for which in ("search", "confirm")}
+        for reference in self.reference.values():  # a clear winner: the noise alone changes no prediction
+            reference[torch.arange(samples), reference.argmax(dim=1)] += 20.0
+        self.directions = {(which, layer): torch.randn(samples, 10, generator=generator) for which in self.reference for layer in noise}
+        self.evaluated: list[frozenset] = []
+
+    def _output(self, excluded, which: str):
+        quantized = {layer for layer in self.layers if layer not in set(excluded)}
+        reference = self.reference[which]
+        output = reference + sum((self.noise[layer] * self.directions[(which, layer)] for layer in quantized), torch.zeros_like(reference))
+        for sample in self.flips(quantized):
+            output[sample] = -reference[sample]  # the predicted class changes
+        return output
+
+    def evaluate(self, excluded=(), which: str = "search"):
+        self.evaluated.append(frozenset(excluded))
+        return figures([self.reference[which]], [self._output(excluded, which)])
+
+    def bounds(self, excluded, floor, which: str = "search"):
+        return bounds(sample_stats([self.reference[which]], [self._output(excluded, which)]), floor)
+
+    def describe(self):
+        return {"compute_dtype": "fp32", "search": {"samples": self.samples}, "confirm": {"samples": self.samples}}
+
+
+def sensitivity(lab: PlantedLab, flops: dict[str, float] | None = None):
+    return SimpleNamespace(layers=[SimpleNamespace(name=layer, flops=(flops or {}).get(layer, 1.0)) for layer in lab.layers])
+
+
+NOISE = {"conv1.3": 1.0, "conv1.6": 0.4, "layer2.conv2": 0.35, "layer2.down": 0.3, "layer4.fc": 0.02}
+DROP_1_PERCENT = Floor((), "--max-drop", (("top1", 0.01),))
+
+
+def stem_fault(last_flip_by: str | None) -> Callable[[set[str]], set[int]]:
+    """conv1.3 quantized changes 24 of 32 predictions; ``last_flip_by`` quantized changes sample 7."""
+
+    def flips(quantized: set[str]) -> set[int]:
+        changed = set(range(24)) if "conv1.3" in quantized else set()
+        if last_flip_by is not None and last_flip_by in quantized:
+            changed.add(7 if "conv1.3" not in quantized else 30)
+        return changed
+
+    return flips
+
+
+def test_the_last_flip_is_fixed_by_the_layer_that_moves_it_not_by_those_that_buy_the_most_cosine():
+    lab = PlantedLab(NOISE, stem_fault("layer4.fc"))
+    plan = make_plan(lab, sensitivity(lab), DROP_1_PERCENT)
+    assert plan.exclude == ["conv1.3", "layer4.fc"], [step.as_dict() for step in plan.steps]
+    assert plan.held_on_search and plan.confirmed
+    (search,) = plan.bounds["search"]
+    assert search.counted == 0 and not search.resolvable and search.samples_needed == 299
+    excluded = [step for step in plan.steps if step.action == "exclude"]
+    assert excluded[0].note.startswith("bought 24 samples of top-1 (25 → 1 changed)")
+    assert excluded[1].layer == "layer4.fc" and excluded[1].note.startswith("bought 1 sample of top-1 (1 → 0 changed)")
+
+
+def test_a_flip_no_layer_moves_alone_ends_the_search_saying_the_samples_cannot_resolve_the_drop():
+    def flips(quantized: set[str]) -> set[int]:  # sample 30 changes while two or more small layers are quantized
+        small = quantized - {"conv1.3"}
+        return (set(range(24)) if "conv1.3" in quantized else set()) | ({30} if len(small) >= 2 else set())
+
+    lab = PlantedLab(NOISE, flips)
+    plan = make_plan(lab, sensitivity(lab), DROP_1_PERCENT)
+    assert plan.exclude == ["conv1.3"] and not plan.held_on_search and not plan.confirmed
+    assert plan.steps[-1].action == "stop" and "no remaining layer moves top-1 (predictions changed)" in plan.steps[-1].note
+    assert [bound.samples_needed for bound in plan.unresolved()] == [299]
+    # Not a run of layers chosen by cosine: after the rerank, nothing else was excluded.
+    assert [step.action for step in plan.steps] == ["exclude", "rerank", "stop"]
+
+
+def test_a_drop_the_samples_resolve_is_kept_by_its_exact_bound_and_a_cosine_floor_is_chased_by_cosine():
+    lab = PlantedLab(NOISE, stem_fault("layer4.fc"), samples=400)
+    plan = make_plan(lab, sensitivity(lab), DROP_1_PERCENT)
+    (search,) = plan.bounds["search"]
+    assert search.resolvable and search.held and search.bound <= 0.01 and plan.exclude == ["conv1.3", "layer4.fc"]
+
+    cosine = PlantedLab(NOISE, lambda quantized: set())
+    floor = Floor((("cos", 0.99),), "--floor")
+    planned = make_plan(cosine, sensitivity(cosine), floor)
+    assert planned.exclude[0] == "conv1.3" and planned.held_on_search
+    assert all(bound.metric == "cos" and bound.held for bound in planned.bounds["search"])
+
+
+def test_per_flop_a_cheap_layer_that_buys_as_much_is_taken_first():
+    def flips(quantized: set[str]) -> set[int]:
+        return ({1} if "conv1.6" in quantized else set()) | ({2} if "layer2.down" in quantized else set())
+
+    lab = PlantedLab(NOISE, flips)
+    flops = {"conv1.6": 100.0, "layer2.down": 1.0}
+    plan = make_plan(lab, sensitivity(lab, flops), DROP_1_PERCENT)
+    assert [step.layer for step in plan.steps if step.action == "exclude"] == ["layer2.down", "conv1.6"]
+
+
+def test_where_only_the_unquantized_model_meets_a_floor_the_samples_resolve_it_is_said():
+    lab = PlantedLab(NOISE, lambda quantized: {0} if quantized else set(), samples=400)  # every layer changes sample 0
+    with pytest.raises(PipelineError, match="only the unquantized model meets"):
+        make_plan(lab, sensitivity(lab), DROP_1_PERCENT)
