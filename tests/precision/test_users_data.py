@@ -164,3 +164,43 @@ def test_a_max_drop_only_the_unquantized_model_meets_is_said_and_one_that_does_n
         refused = run_cli(catalog, "plan", "--engine", "vit_int8", "--max-drop", bad)
         assert refused.exit_code == 2 and f"--max-drop {bad!r} is not a largest drop" in refused.err, refused.err
         assert "TIP give top1=1%" in refused.err
+
+
+def test_a_fault_planted_in_a_trained_model_is_excluded_and_a_top1_drop_too_fine_for_the_samples_is_said(trained, run_cli, tmp_path):
+    """The trained test_vit with a fault at one layer: four of blocks.0.attn.proj's input channels
+    carry values a thousand times larger (the attention's values scaled up in qkv, proj's weights
+    scaled down: the FP32 model is unchanged), so per-tensor INT8 of that input rounds the other
+    channels away. A top-1 drop of 5 % on 16 images cannot be shown at 95 % (59 would), so the plan
+    asks that no image be lost: it excludes the faulty layer first, on what it buys in top-1, and
+    either holds with nothing lost or says the samples cannot resolve the drop."""
+    import re
+
+    import torch
+
+    source, images = trained
+    text = Path(source).read_text()
+    weights = torch.load(re.search(r'checkpoint = "([^"]+)"', text).group(1))
+    channels = torch.arange(4)
+    weights["blocks.0.attn.qkv.weight"][128 + channels] *= 1000.0  # the values' channels 0–3
+    weights["blocks.0.attn.qkv.bias"][128 + channels] *= 1000.0
+    weights["blocks.0.attn.proj.weight"][:, channels] /= 1000.0
+    torch.save(weights, tmp_path / "faulty.pth")
+    catalog = tmp_path / "pipeline.toml"
+    catalog.write_text(re.sub(r'checkpoint = "[^"]+"', f'checkpoint = "{tmp_path / "faulty.pth"}"', text))
+
+    args = ("--engine", "vit_int8", "--samples", "16", "--eval-dir", str(images), "--max-drop", "top1=5%", "--format", "json")
+    result = run_cli(catalog, "plan", *args)
+    plan = json.loads(result.out)
+    jsonschema.validate(plan, schema("plan"))
+    assert plan["fully_quantized"]["search"]["top1_accuracy"] < plan["fully_quantized"]["search"]["fp32_top1_accuracy"] - 0.05
+    first = next(step for step in plan["steps"] if step["action"] == "exclude")
+    assert first["layer"] == "blocks.0.attn.proj" and "samples of top-1" in first["note"], plan["steps"]
+    assert "blocks.0.attn.proj" in plan["exclude"]
+    (search,) = plan["bounds"]["search"]
+    assert (search["counting"], search["resolvable"], search["samples_needed"]) == ("lost", False, 59)
+    if result.exit_code == 0:
+        assert plan["confirmed"] and search["counted"] == 0 and plan["bounds"]["confirm"][0]["counted"] == 0
+    elif plan["held_on_search"]:  # held on the search, an image lost on the confirmation: not applied
+        assert result.exit_code == 1 and not plan["confirmed"] and "it was not applied" in result.err
+    else:  # an image still lost that no layer moves: said, with the samples that would resolve it
+        assert result.exit_code == 1 and plan["steps"][-1]["action"] == "stop" and "TIP pass --samples 59" in result.err
