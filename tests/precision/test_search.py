@@ -131,3 +131,23 @@ def test_where_only_the_unquantized_model_meets_a_floor_the_samples_resolve_it_i
     lab = PlantedLab(NOISE, lambda quantized: {0} if quantized else set(), samples=400)  # every layer changes sample 0
     with pytest.raises(PipelineError, match="only the unquantized model meets"):
         make_plan(lab, sensitivity(lab), DROP_1_PERCENT)
+
+
+def test_the_bound_makes_the_search_go_further_than_the_figure_would(monkeypatch):
+    """400 samples, a top-1 drop of 2 %: with the fault excluded, 4 predictions of 400 still change
+    (1 %, within the drop), but their exact bound is 2.3 %: the plan also excludes the layer that
+    changes them. Read at its figure, the same search would have stopped at the fault."""
+    from pipeline.precision import bounds as bounds_module
+
+    def flips(quantized: set[str]) -> set[int]:
+        return (set(range(200)) if "conv1.3" in quantized else set()) | ({1, 2, 3, 4} if "layer2.down" in quantized else set())
+
+    floor = Floor((), "--max-drop", (("top1", 0.02),))
+    lab = PlantedLab(NOISE, flips, samples=400)
+    plan = make_plan(lab, sensitivity(lab), floor)
+    assert plan.exclude == ["conv1.3", "layer2.down"] and plan.confirmed
+    assert plan.bounds["search"][0].counted == 0
+
+    monkeypatch.setattr(bounds_module.Bound, "held", property(lambda bound: bound.estimate <= bound.limit))
+    at_the_figure = PlantedLab(NOISE, flips, samples=400)
+    assert make_plan(at_the_figure, sensitivity(at_the_figure), floor).exclude == ["conv1.3"]
