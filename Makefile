@@ -14,9 +14,14 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 PIPELINE := $(BIN)/pipeline
-# The small CPU build of torch by default (`pip install timm` alone pulls ~5.8 GB of CUDA torch).
+# The small CPU build of torch by default (`pip install timm` alone pulls ~5.8 GB of CUDA torch),
+# from PyTorch's CPU wheel index (pytorch.org/get-started/locally: Linux or Windows, pip, CPU) where
+# it answers within seconds, else from pip's own indexes (scripts/install_torch.py says which).
+# macOS wheels are CPU builds already: pip's own indexes. TORCH_INDEX= uses pip's own indexes
+# anywhere; TORCH_INDEX=URL another index (a mirror of PyTorch's, say).
 # GPU machines: install your CUDA torch into $(VENV) first, then `make setup TORCH_PACKAGES=`.
 TORCH_PACKAGES ?= torch==2.13.0 torchvision==0.28.0
+TORCH_INDEX ?= $(if $(filter Darwin,$(shell uname -s 2>/dev/null)),,https://download.pytorch.org/whl/cpu)
 MODEL ?= vit
 TRT ?=
 TOOLCHAIN ?=
@@ -39,7 +44,7 @@ setup: $(VENV)/.installed ## Create .venv and install the pipeline with its test
 
 $(VENV)/.installed: pyproject.toml $(if $(EXTRAS),FORCE)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(if $(strip $(TORCH_PACKAGES)),$(BIN)/python -m pip install -q $(TORCH_PACKAGES))
+	$(if $(strip $(TORCH_PACKAGES)),$(BIN)/python scripts/install_torch.py --index '$(TORCH_INDEX)' $(TORCH_PACKAGES))
 	$(BIN)/python -m pip install -q -e '.[all,test$(if $(EXTRAS),$(comma)$(EXTRAS))]'
 	touch $@
 

@@ -93,3 +93,23 @@ def test_every_make_target_shown_exists():
     shown = {line.split()[1] for path in DOCS for line in code_lines(path) if line.startswith("make ") and len(line.split()) > 1}
     shown = {word for word in shown if "=" not in word}
     assert shown and shown <= targets, shown - targets
+
+
+def test_the_readmes_set_up_names_what_the_makefile_does():
+    """The Makefile's torch variables, their defaults and the script that uses them are the ones
+    the README's set-up section describes; `make -n setup` shows the CPU index on Linux."""
+    import platform
+    import subprocess
+
+    makefile, readme = (REPO_ROOT / "Makefile").read_text(), (REPO_ROOT / "README.md").read_text()
+    setup = readme[readme.index("## Set-up") : readme.index("## Quick start")]
+    packages = re.search(r"^TORCH_PACKAGES \?= (.+)$", makefile, re.M).group(1)
+    index = re.search(r"^TORCH_INDEX \?= .*,(https://[^)]+)\)$", makefile, re.M).group(1)
+    assert "`torch==2.13.0 torchvision==0.28.0`" in setup and packages == "torch==2.13.0 torchvision==0.28.0"
+    assert index == "https://download.pytorch.org/whl/cpu" and f"`{index}`" in setup
+    for name in ("TORCH_PACKAGES", "TORCH_INDEX", "scripts/install_torch.py", "make setup TORCH_PACKAGES=", "EXTRAS=cluster"):
+        assert name in setup and (name.startswith("make ") or name.split("=")[0] in makefile), name
+    assert "scripts/install_torch.py --index '$(TORCH_INDEX)' $(TORCH_PACKAGES)" in makefile
+    if platform.system() == "Linux":
+        dry = subprocess.run(["make", "-n", "-B", "setup"], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout
+        assert f"scripts/install_torch.py --index '{index}' {packages}" in dry

@@ -52,6 +52,30 @@ def check_cuda() -> Check:
     return Check("CUDA (torch)", False, f"torch {torch.__version__} sees no CUDA device")
 
 
+def check_torch_build(gpus: list | None = None) -> Check:
+    """Which build of torch this is: the CPU one (``+cpu``, no CUDA) or a CUDA one and its CUDA
+    release; a CPU build on a machine with an NVIDIA GPU is a "no", with what to run instead
+    (PyTorch's wheel indexes, pytorch.org/get-started/locally: /whl/cpu for the CPU build,
+    /whl/cuXYZ for CUDA XY.Z, a release the GPU's driver supports)."""
+    if util.find_spec("torch") is None:
+        return Check("torch build", False, "torch not installed (make setup installs the CPU build)")
+    import torch
+
+    cuda = torch.version.cuda
+    if cuda:
+        return Check("torch build", True, f"torch {torch.__version__}: the CUDA {cuda} build")
+    gpus = nvidia_gpus() if gpus is None else gpus
+    if not gpus:
+        return Check("torch build", True, f"torch {torch.__version__}: the CPU build")
+    return Check(
+        "torch build",
+        False,
+        f"torch {torch.__version__}: the CPU build, on a machine with an NVIDIA GPU ({gpus[0].name}); for the GPU: "
+        ".venv/bin/pip install torch torchvision --index-url https://download.pytorch.org/whl/cuXYZ (the CUDA release your "
+        "driver supports, pytorch.org/get-started/locally), then make setup TORCH_PACKAGES=",
+    )
+
+
 def check_gpus() -> Check:
     gpus = nvidia_gpus()
     if not gpus:
@@ -103,7 +127,7 @@ def check_runtime_kinds() -> list[Check]:
 def run_doctor(catalog: Catalog) -> list[Check]:
     checks = check_python()
     daemon, runtime = check_docker()
-    return checks + [check_cuda(), check_gpus(), daemon, runtime] + check_runtime_kinds() + check_toolchains(catalog)
+    return checks + [check_torch_build(), check_cuda(), check_gpus(), daemon, runtime] + check_runtime_kinds() + check_toolchains(catalog)
 
 
 def render(checks: list[Check]):

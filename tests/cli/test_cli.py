@@ -115,6 +115,26 @@ def test_doctor_reports_the_embedded_runtime_as_usable(run_cli, tiny_catalog):
     assert "NVIDIA GPU" in checks and "Docker daemon" in checks and "toolchain trt10.14" in checks
 
 
+def test_doctor_names_the_torch_build_and_on_a_gpu_machine_what_installs_the_cuda_one(monkeypatch):
+    import torch
+
+    from pipeline.environment import GpuInfo
+    from pipeline.runtimes.doctor import check_torch_build
+
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(torch, "__version__", "2.13.0+cpu")
+    alone = check_torch_build(gpus=[])
+    assert alone.ok and alone.detail == "torch 2.13.0+cpu: the CPU build"
+    h200 = GpuInfo(name="NVIDIA H200", driver="580.159.04", compute_capability="9.0", memory_mib=143771)
+    beside = check_torch_build(gpus=[h200])
+    assert not beside.ok and "the CPU build, on a machine with an NVIDIA GPU (NVIDIA H200)" in beside.detail
+    assert "--index-url https://download.pytorch.org/whl/cuXYZ" in beside.detail and "make setup TORCH_PACKAGES=" in beside.detail
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
+    cuda = check_torch_build(gpus=[h200])
+    assert cuda.ok and cuda.detail == "torch 2.11.0+cu130: the CUDA 13.0 build"
+
+
 def test_missing_dependencies_say_how_to_install_them():
     import pytest
 
