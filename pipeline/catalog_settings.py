@@ -30,7 +30,7 @@ class ProfileSettings(_Strict):
     # The CPUs the measuring process runs on while it measures (Linux sched_setaffinity), and every
     # process it starts then. A launch-bound GPU measurement is the host's speed: on the lent H100
     # one process moved between 12.7 and 23.0 ms per run (ModernBERT 2x512, eager) while pinned to
-    # one core it stayed within 11.3-12.4 (it still met the host's slow spells; docs/sweeps.md).
+    # one core it stayed within 11.3-12.4 (it still met the host's slow spells; docs/results/sweeps.md).
     # None: wherever the OS schedules it.
     host_cpus: tuple[int, ...] | None = Field(default=None, min_length=1)
     # Paired rounds (pipeline/measurement.py): at a shape point every engine runs one take per round

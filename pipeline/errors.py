@@ -57,16 +57,21 @@ class PointResult(RefusedByTool):
     """Work at a shape point that ended without a number but is a result all the same, recorded
     for that point with ``facts`` (the manifest's record of it) while the others go on."""
 
-    def __init__(self, message: str, hint: str | None = None, *, result=None, facts: dict | None = None):
+    def __init__(self, message: str, hint: str | None = None, *, result=None, facts: dict | None = None, entrant: str | None = None):
         super().__init__(message, hint, result=result)
         self.facts = dict(facts or {})
+        # The engine of a point's rounds it happened to, where the rounds know it (pinned_to).
+        self.entrant = entrant
+
+    def pinned_to(self, entrant: str) -> PointResult:
+        """This result, pinned to the engine of the point's rounds whose take or preparation raised it."""
+        self.entrant = entrant
+        return self
 
     def plain(self) -> PointResult:
         # Its facts cross a pipe too (a point measured in another process records them), and so
-        # does the engine of a point's rounds it was pinned to, where it was.
-        plain = type(self)(self.message, self.hint, facts=self.facts)
-        plain.entrant = getattr(self, "entrant", None)
-        return plain
+        # does the engine it was pinned to.
+        return type(self)(self.message, self.hint, facts=self.facts, entrant=self.entrant)
 
 
 class OutOfMemory(PointResult):
@@ -81,7 +86,17 @@ class DeviceFault(PointResult):
     uncorrectable ECC error): CUDA's context is unusable for the rest of the process, so the fault
     is recorded for the point and toolchain where it happened (status ``faulted``) and the process
     is replaced (pipeline/faults.py) so that the other points and toolchains go on. ``facts``:
-    the error in CUDA's words and the call it was pinned to."""
+    the error in CUDA's words and the call it was pinned to. ``done``: the stages the run had done
+    when it faulted (what --force redid), which the fresh process does not do again."""
+
+    def __init__(self, message: str, hint: str | None = None, *, result=None, facts: dict | None = None, entrant: str | None = None):
+        super().__init__(message, hint, result=result, facts=facts, entrant=entrant)
+        self.done: set = set()
+
+    def after(self, done: set) -> DeviceFault:
+        """This fault, with the stages the run had done before it."""
+        self.done = set(done)
+        return self
 
 
 def tool_message(exc: BaseException) -> str:

@@ -314,7 +314,7 @@ def measure_in_rounds(
             try:
                 warm()
             except DeviceFault as exc:
-                exc.entrant = key  # the process is poisoned: no other engine can be timed in it
+                exc.pinned_to(key)  # the process is poisoned: no other engine can be timed in it
                 raise
             except PipelineError as exc:
                 failed[key], errors[key] = exc.message, exc
@@ -329,14 +329,22 @@ def measure_in_rounds(
     return outcome
 
 
-def follows_the_host(engine: PreparedEngine, takes: list[Take]) -> bool:
-    """Whether an engine's time moves with the host's speed, by its takes: timed by the host's
-    clock, or on the GPU with a host that needs NEAR_LAUNCH_BOUND_SHARE or more of a run's GPU time
-    to issue it. A tool's runs (no issue times) are the GPU's."""
-    if engine.timing == HOST_LATENCY:
-        return True
+def issue_share(takes) -> float | None:
+    """The host's time to issue a run over the run's GPU time, medians over the takes kept that
+    recorded it (in-process takes, or a manifest's); None where none did (a tool's runs, an engine
+    timed by the host's clock). The one measure of launch-boundness: the rounds' host hold reads
+    it here, the table's flags in pipeline/report/flags.py."""
     issued = [take for take in takes if take.issue_ms is not None and take.dropped is None]
-    return bool(issued) and median([t.issue_ms for t in issued]) >= NEAR_LAUNCH_BOUND_SHARE * median([t.median_ms for t in issued])
+    if not issued:
+        return None
+    return median([take.issue_ms for take in issued]) / median([take.median_ms for take in issued])
+
+
+def follows_the_host(host_timed: bool, takes) -> bool:
+    """Whether an engine's time moves with the host's speed: timed by the host's clock, or on the
+    GPU with a host that needs NEAR_LAUNCH_BOUND_SHARE or more of a run's GPU time to issue it."""
+    share = issue_share(takes)
+    return host_timed or (share is not None and share >= NEAR_LAUNCH_BOUND_SHARE)
 
 
 def rounds_loop(
@@ -377,7 +385,7 @@ def rounds_loop(
                 times[key].extend(measured)
         rounds += 1
         if rounds == 1 and held.mode is not None:
-            following = any(follows_the_host(engines[k], takes[k]) for k in entrants if k not in failed)
+            following = any(follows_the_host(engines[k].timing == HOST_LATENCY, takes[k]) for k in entrants if k not in failed)
             if following and held.mode == "shared":
                 # Its time is the host's: the point holds the host alone, and its first round,
                 # taken beside whatever else held the host then, is taken again.
@@ -440,7 +448,7 @@ def _take(
         else:
             measured, mhz = engine.take(settings.take_runs, settings.take_ms), None
     except DeviceFault as exc:
-        exc.entrant = key
+        exc.pinned_to(key)
         raise
     around = host.after_take()
     issued = getattr(engine, "issue_ms", None)

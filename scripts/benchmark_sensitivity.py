@@ -1,4 +1,4 @@
-"""How long `pipeline sensitivity` takes, and where the time goes: the figures of docs/precision.md.
+"""How long `pipeline sensitivity` takes, and where the time goes: the figures of docs/results/precision.md.
 
     python scripts/benchmark_sensitivity.py [--engine vit_tiny_int8] [--samples 32] [--out result.json]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The seed matrix's bf16 half (docs/sweeps.md) from an empty workspace — no Inductor or Triton
+# The seed matrix's bf16 half (docs/results/sweeps.md) from an empty workspace — no Inductor or Triton
 # cache either — on one GPU, or on several with `--gpus`, for docs/cluster.md's comparison:
 #
 #   bash scripts/check_gpus_speedup.sh one OUT    # CUDA_VISIBLE_DEVICES=0 pipeline run …

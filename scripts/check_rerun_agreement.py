@@ -17,7 +17,7 @@ run: the host needs half a run's GPU time or more to issue it) is the host's spe
 GPU's; on a host whose speed changes, pairing cannot hold it, so such ratios are listed apart,
 with how far they moved, and not held to the tolerance. For them the script says instead whether the
 two runs' intervals overlap: each interval covers its own run's rounds, so where they do not, the
-host's mix of speeds changed between the runs by more than within either (docs/sweeps.md measured
+host's mix of speeds changed between the runs by more than within either (docs/results/sweeps.md measured
 that on the lent H100). That is reported, not failed: it is the host, not the engines.
 """
 

@@ -12,7 +12,7 @@ the median of `--takes` such takes, is the figure the product's median must be w
 of. The take's total divided by its count (the mean, which a few host stalls move and the median
 does not) is kept beside it. A CUDA graph is timed after one eager forward of the model (a
 graph replays faster only until its process runs such work, which the product's rounds always
-have: docs/sweeps.md), its takes before that kept as a diagnostic. With `--host-cpus`, the product (`[profile] host_cpus`) and the
+have: docs/results/sweeps.md), its takes before that kept as a diagnostic. With `--host-cpus`, the product (`[profile] host_cpus`) and the
 independent process run on those CPUs alone.
 
     python scripts/check_sweep_timing.py --workspace reports/gpu-sweep --out RESULTS \\
@@ -158,7 +158,7 @@ def independent_ms(job: dict) -> dict[str, dict]:
                 elif job["backend"] == "cudagraphs":
                     # A graph replays faster (ModernBERT at 2×512 on an H100: 8 %) only while its
                     # process has run none of the model's work eagerly since capturing it
-                    # (docs/sweeps.md); the product's rounds have run the point's other engines,
+                    # (docs/results/sweeps.md); the product's rounds have run the point's other engines,
                     # as any process that does more than replay one graph has. The figure is taken
                     # after one eager forward; the takes before it are kept beside it.
                     diagnostics[shape]["before_any_eager_work_ms"] = take_medians_ms(torch, infer, runs, job["takes"])[0]

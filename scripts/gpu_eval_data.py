@@ -1,5 +1,5 @@
 """Data hooks (`--eval-data scripts/gpu_eval_data.py:FUNCTION`) for the GPU figures of
-docs/precision.md: what a user's loader yields, in batches — seeded synthetic data of the seed
+docs/results/precision.md: what a user's loader yields, in batches — seeded synthetic data of the seed
 models' shapes (the lent machines hold no dataset), so the figures show the hook's path at scale
 (batches dealt whole to the search and the confirmation, the metric's bound by resample), not a task's
 accuracy."""

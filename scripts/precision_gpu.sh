@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sensitivity and plan of quantized engines on a GPU machine, timed, and the planned variants
-# exported: the figures of docs/precision.md.
+# exported: the figures of docs/results/precision.md.
 #   bash scripts/precision_gpu.sh OUT_DIR ENGINE[:PLANNED_NAME] ...
 # e.g. bash scripts/precision_gpu.sh out vit_nvfp4 vit_mxfp8 modernbert_nvfp4:nvfp4_kept
 # Each engine's plan keeps half of its fully quantized variant's error (cosine floor

@@ -17,7 +17,7 @@ import pytest
 from pipeline.cli import main
 from tests.conftest import REPO_ROOT
 
-DOCS = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
+DOCS = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]
 PROMPTS = ("$ ", ".venv/bin/")
 
 

@@ -187,7 +187,7 @@ def _stage_command(
         try:
             _launcher(state, cluster, gpu_types).run(ctx, refs, chains, until)
         except DeviceFault as exc:
-            exc.done = ctx.done  # what --force redid: the fresh process does not redo it
+            exc.after(ctx.done)  # what --force redid: the fresh process does not redo it
             raise
     return chains
 
@@ -286,7 +286,7 @@ def _run(argv: list[str] | None) -> int:
         from pipeline.reporting import print_error
 
         print_error(exc.message, "recorded for that point; the run goes on in a fresh process (CUDA cannot be used again in this one)")
-        return go_on_in_fresh_process(args, getattr(exc, "done", set()), replace=argv is None)
+        return go_on_in_fresh_process(args, exc.done, replace=argv is None)
     except PipelineError as exc:
         from pipeline.reporting import print_error
 

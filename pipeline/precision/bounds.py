@@ -28,6 +28,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from pipeline.precision.hooks import weighted_mean
+
 CONFIDENCE = 0.95  # one-sided: a threshold's figure at its lower bound, a drop at its upper
 BOOTSTRAP_RESAMPLES = 400
 BOOTSTRAP_SEED = 4
@@ -229,7 +231,7 @@ def _bound(stats: SampleStats, metric: str, side: str, limit: float, picks, rng)
     batches = rng.integers(0, len(sizes), size=(BOOTSTRAP_RESAMPLES, len(sizes)))
 
     def weighted(values, idx):
-        return (values[idx] * sizes[idx]).sum(-1) / sizes[idx].sum(-1)
+        return weighted_mean(values[idx], sizes[idx])
 
     every = np.arange(len(sizes))
     if side == "upper":

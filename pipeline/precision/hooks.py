@@ -131,7 +131,8 @@ def _is_array(value) -> bool:
 
 def metric_of(metric: Callable, spec: str, outputs: list, given: list) -> float:
     """The metric over batches: each batch's value weighted by its samples."""
-    total = weight = 0.0
+    values: list[float] = []
+    sizes: list[int] = []
     for output, batch in zip(outputs, given):
         try:
             value = metric(output, batch)
@@ -146,9 +147,19 @@ def metric_of(metric: Callable, spec: str, outputs: list, given: list) -> float:
                 f"--metric {spec!r} returned {_shown(value)}, not a number.",
                 hint="return one finite number per batch, higher better (a 0-d tensor or a float)",
             )
-        total += number * output.shape[0]
-        weight += output.shape[0]
-    return total / weight
+        values.append(number)
+        sizes.append(output.shape[0])
+    return float(weighted_mean(values, sizes))
+
+
+def weighted_mean(values, sizes):
+    """The mean over samples of a figure given per batch, each batch weighted by its samples: the
+    metric over a set, and over each bootstrap resample of its batches (numpy arrays whose last
+    axis is the batches)."""
+    import numpy as np
+
+    values, sizes = np.asarray(values, dtype=float), np.asarray(sizes, dtype=float)
+    return (values * sizes).sum(-1) / sizes.sum(-1)
 
 
 def _number(value) -> float | None:

@@ -10,14 +10,9 @@ each layer's ranges come from FP32 activations whichever layers are excluded.
 
 Accuracy is measured against the FP32 model's outputs (and, with a metric hook of the user's,
 by that metric beside the FP32 model's, pipeline/precision/hooks.py) on *evaluation batches kept
-apart from calibration*: seeded inputs at the model's evaluated shape point, drawn with seeds that
-calibration (seed + 2 + n) and the export's reference batch (seed + 1) never use —
-``SEARCH_SEED`` for what sensitivity and the plan's search see, ``CONFIRM_SEED`` for the batches
-only the plan's confirmation sees. With the user's data instead — an evaluation folder's images
-(``--eval-dir``, drawn across its classes), a token-id file's rows (``--eval-tokens``) or a data
-hook's batches (``--eval-data``, dealt whole) — two disjoint draws, one for the search, one for the
-confirmation. Each variant's figures are also kept sample by sample, for the bounds the plan is
-judged by (pipeline/precision/bounds.py).
+apart from calibration*, a search's and, drawn apart, a confirmation's: seeded inputs, or the
+user's images, token ids or data hook (pipeline/precision/samples.py). Each variant's figures are
+also kept sample by sample, for the bounds the plan is judged by (pipeline/precision/bounds.py).
 """
 
 from __future__ import annotations
@@ -33,7 +28,8 @@ from pipeline.errors import UsageError
 from pipeline.models import model_source
 from pipeline.precision.bounds import Bound, SampleStats, bounds, sample_stats
 from pipeline.precision.figures import Figures, cosine_of, figures, relative_error_of
-from pipeline.precision.hooks import drawn_batches, load_hook, metric_of
+from pipeline.precision.hooks import load_hook, metric_of, weighted_mean
+from pipeline.precision.samples import draw
 from pipeline.runtimes.torch_memory import out_of_memory_as_error
 from pipeline.stages.quantize import (
     DEFAULT_WEIGHTS_DTYPE,
@@ -45,9 +41,6 @@ from pipeline.stages.quantize import (
 )
 from pipeline.stages.quantized_layers import LayerSwitches, layers_to_rewrite, prefix_of, quantizable_layers, resolve_exclude
 
-# Seeds of the evaluation batches, above the model's seed (calibration uses seed + 2 + n, n < 1000).
-SEARCH_SEED = 1000
-CONFIRM_SEED = 2000
 DEFAULT_SAMPLES = 32
 
 
@@ -133,28 +126,17 @@ class VariantLab:
             k: v for k, v in source.describe_calibration(calibration_dir, settings.samples, settings.batch_size).items() if k != "files"
         }
         evaluation = self.catalog.evaluation
-        self.labels: dict[str, list[int]] | None = None  # each draw's labels, in its batches' order
-        self.drawn, self.given = None, None  # given: each batch as a metric hook sees it
-        given = [f"{what} ({value})" for what, value in (("an evaluation folder", evaluation.directory),
-                 ("a data hook", evaluation.data), ("token ids", evaluation.tokens)) if value is not None]  # fmt: skip
-        if len(given) > 1:
-            raise UsageError(
-                f"{' and '.join(given)} are given: the samples come from one.", hint="pass one of --eval-dir, --eval-data and --eval-tokens"
-            )
-        if evaluation.data is not None:
-            self.batches = self._hook_batches(evaluation.data)
-        elif evaluation.tokens is not None:
-            self.batches = self._token_batches(model, source.in_workspace(evaluation.tokens))
-        elif evaluation.directory is not None:
-            self.batches = self._image_batches(model, source.in_workspace(evaluation.directory))
-        else:
-            self.batches = {"search": self._batches(model, SEARCH_SEED), "confirm": self._batches(model, CONFIRM_SEED)}
-        self.given = self.given or {which: self._given(which, batches) for which, batches in self.batches.items()}
+        self.drawn = draw(self, model)
+        # Each set's batches, labels (in its batches' order) and each batch as a metric hook sees it.
+        self.batches, self.labels, self.given = self.drawn.batches, self.drawn.labels, self.drawn.given
 
         self._progress("running the FP32 model")
         self.flops, self._reference_depth = {}, {}
-        self.references = {which: [self._fp32(runnable, batch, first=(which, i) == ("search", 0), model=model) for i, batch in enumerate(batches)]
-                           for which, batches in self.batches.items()}  # fmt: skip
+        self.references = {}
+        for which, batches in self.batches.items():
+            self.references[which] = [
+                self._fp32(runnable, batch, first=(which, i) == ("search", 0), model=model) for i, batch in enumerate(batches)
+            ]
         self.metric = load_hook(evaluation.metric, "--metric", self.catalog.root) if evaluation.metric else None
         # The FP32 model's metric, batch by batch (the bootstrap resamples batches) and over all.
         self.fp32_by_batch = {which: self._by_batch(which, outputs) for which, outputs in self.references.items()}
@@ -174,103 +156,12 @@ class VariantLab:
         self.switches = LayerSwitches(runnable, prefix)
         self.layers = [name for name in self.quantizable if name in set(self.switches.layers)]
 
-    def _batches(self, model, offset: int) -> list[tuple]:
-        """``samples`` inputs at the evaluated point: one batch of them where the batch axis is free
-        (one forward per measurement: on a GPU, 16 batches of 2 took 8× as long as one of 32), else
-        batches of the model's own batch size."""
-        if self.point is not None:
-            return [self.source.sample_inputs(model, self.source.at_batch(self.point, self.samples), self.spec.seed + offset)]
-        count = max(1, -(-self.samples // self.spec.batch_size))
-        return [self.source.sample_inputs(model, None, self.spec.seed + offset + n) for n in range(count)]
-
-    def _hook_batches(self, spec: str) -> dict[str, list[tuple]]:
-        """The search's and the confirmation's batches from the user's data hook, dealt whole
-        (seeded by the model's seed + SEARCH_SEED)."""
-        seed = self.spec.seed + SEARCH_SEED
-        search, confirm = drawn_batches(load_hook(spec, "--eval-data", self.catalog.root), spec, self.samples, seed)
-        self.drawn = {"hook": spec, "seed": seed}
-        self.given = {"search": [b.given for b in search], "confirm": [b.given for b in confirm]}
-        return {"search": [b.inputs for b in search], "confirm": [b.inputs for b in confirm]}
-
-    def _token_batches(self, model, path) -> dict[str, list[tuple]]:
-        """The search's and the confirmation's sequences from a token-id file: ``samples`` rows
-        each, disjoint, drawn seeded (the model's seed + SEARCH_SEED), one batch each."""
-        import random
-
-        rows = self.source.token_rows(model, path)
-        if rows < 2 * self.samples:
-            raise UsageError(
-                f"token file {path} holds {rows} sequences; {self.ref.name}'s search and its confirmation need {2 * self.samples}: "
-                f"{self.samples} each (--samples), drawn apart so that the confirmation sees sequences the search never did.",
-                hint=f"pass --samples {max(1, rows // 2)} or fewer, or a file with at least {2 * self.samples} rows",
-            )
-        seed = self.spec.seed + SEARCH_SEED
-        order = random.Random(seed).sample(range(rows), 2 * self.samples)
-        search, confirm = sorted(order[: self.samples]), sorted(order[self.samples :])
-        self.drawn = {"tokens": str(path), "seed": seed, "rows": rows}
-        return {"search": [self.source.token_batches(model, path, search)], "confirm": [self.source.token_batches(model, path, confirm)]}
-
-    def _given(self, which: str, batches: list[tuple]) -> list:
-        """Each batch as a metric hook sees it: {"inputs", "labels"} where the images have labels,
-        else the inputs."""
-        if not self.labels:
-            return list(batches)
-        import torch
-
-        given, start = [], 0
-        for batch in batches:
-            count = batch[0].shape[0]
-            given.append({"inputs": batch, "labels": torch.tensor(self.labels[which][start : start + count])})
-            start += count
-        return given
-
     def _by_batch(self, which: str, outputs: list) -> list[float] | None:
         """The metric hook on each batch's outputs (None without one)."""
         if self.metric is None:
             return None
         spec = self.catalog.evaluation.metric
         return [metric_of(self.metric, spec, [output], [given]) for output, given in zip(outputs, self.given[which])]
-
-    def _image_batches(self, model, directory) -> dict[str, list[tuple]]:
-        """The search's and the confirmation's batches from the user's images: ``samples`` each,
-        disjoint, each drawn across the folder's classes (seeded by the model's seed + SEARCH_SEED)."""
-        from pipeline.models.images import class_counts, image_files, split_across_classes
-        from pipeline.stages.export_references import image_labels
-
-        self.source.describe_evaluation(directory)  # a family that takes no images says so first
-        files = image_files(directory, "evaluation", "--eval-dir")
-        needed = 2 * self.samples
-        if len(files) < needed:
-            raise UsageError(
-                f"evaluation folder {directory} holds {len(files)} images; {self.ref.name}'s search and its confirmation need "
-                f"{needed}: {self.samples} each (--samples), drawn apart so that the confirmation sees images the search never did.",
-                hint=f"pass --samples {max(1, len(files) // 2)} or fewer, or a folder with at least {needed} images",
-            )
-        seed = self.spec.seed + SEARCH_SEED
-        search, confirm = split_across_classes(files, directory, (self.samples, self.samples), seed)
-        labels, skipped = image_labels(model, directory, search, self.spec.checkpoint)
-        if labels is not None:
-            self.labels = {"search": labels, "confirm": image_labels(model, directory, confirm, self.spec.checkpoint)[0]}
-        self.drawn = {
-            "folder": str(directory),
-            "seed": seed,
-            "search": class_counts(search, directory),
-            "confirm": class_counts(confirm, directory),
-            "labels": None if labels is None else self._label_source(model),
-            "labels_skipped": skipped,
-        }
-        batch_size = self.spec.batch_size
-        return {
-            "search": self.source.evaluation_batches(model, directory, search, batch_size),
-            "confirm": self.source.evaluation_batches(model, directory, confirm, batch_size),
-        }
-
-    @staticmethod
-    def _label_source(model) -> str:
-        """How the class folders' names became labels (pipeline/stages/export_references.py)."""
-        if getattr(model, "num_classes", None) == 1000:
-            return "class folders as ImageNet-1k synsets"
-        return "class folders in sorted order as the model's classes"
 
     def _fp32(self, runnable, batch, first: bool, model):
         """The FP32 output of one batch; for the first search batch, also each layer's FLOPs and
@@ -322,9 +213,11 @@ class VariantLab:
             measured = figures(self.references[which], outputs, labels)
             stats = sample_stats(self.references[which], outputs, labels)
             if self.metric is not None:
-                sizes = _array([output.shape[0] for output in outputs])
-                mine, fp32 = _array(self._by_batch(which, outputs)), _array(self.fp32_by_batch[which])
-                measured = replace(measured, metric=_weighted(mine, sizes), fp32_metric=_weighted(fp32, sizes))
+                import numpy as np
+
+                sizes = np.asarray([output.shape[0] for output in outputs], dtype=float)
+                mine, fp32 = np.asarray(self._by_batch(which, outputs), dtype=float), np.asarray(self.fp32_by_batch[which], dtype=float)
+                measured = replace(measured, metric=float(weighted_mean(mine, sizes)), fp32_metric=float(weighted_mean(fp32, sizes)))
                 stats = replace(stats, metric=mine, fp32_metric=fp32, batch_sizes=sizes)
             self._cache[key], self._stats[key] = measured, stats
         return self._cache[key]
@@ -380,37 +273,16 @@ class VariantLab:
             "device": self.device,
             "compute_dtype": {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}[str(self.dtype).replace("torch.", "")],
             "calibration": self.calibration,
-            "search": self._drawn("search", SEARCH_SEED),
-            "confirm": self._drawn("confirm", CONFIRM_SEED),
+            "search": self._drawn("search"),
+            "confirm": self._drawn("confirm"),
             "reference": "the FP32 PyTorch model (attention by the math kernel) on the same batches",
             "versions": {dist: package_version(dist) for dist in ("torch", "nvidia-modelopt", *self.source.packages)},
         }
 
-    def _drawn(self, which: str, offset: int) -> dict[str, Any]:
-        """Where the search's or the confirmation's samples came from: seeded inputs (their seeds),
-        or the user's images (the folder, the seed that drew them, how many each class gave)."""
-        batches = self.batches[which]
+    def _drawn(self, which: str) -> dict[str, Any]:
+        """Where the search's or the confirmation's samples came from (samples.py), and the metric."""
         metric = {"metric": self.catalog.evaluation.metric} if self.metric else {}
-        if self.drawn is None:
-            seeds = [self.spec.seed + offset + n for n in range(len(batches))]
-            return {"source": "seeded", "seeds": seeds, "samples": _samples(batches), **metric}
-        if "tokens" in self.drawn:
-            return {"source": "tokens", "seeds": None, "file": self.drawn["tokens"], "seed": self.drawn["seed"],
-                    "rows": self.drawn["rows"], "samples": _samples(batches), **metric}  # fmt: skip
-        if "hook" in self.drawn:
-            return {"source": "hook", "seeds": None, "hook": self.drawn["hook"], "seed": self.drawn["seed"],
-                    "samples": _samples(batches), "batches": len(batches), **metric}  # fmt: skip
-        return {
-            "source": "images",
-            "seeds": None,
-            "folder": self.drawn["folder"],
-            "seed": self.drawn["seed"],
-            "samples": _samples(batches),
-            "classes": self.drawn[which],
-            "labels": self.drawn["labels"],
-            "labels_skipped": self.drawn["labels_skipped"],
-            **metric,
-        }
+        return {**self.drawn.describe(which), **metric}
 
 
 def depth_units(model, layers: list[str]) -> list[str]:
@@ -429,18 +301,3 @@ def depth_units(model, layers: list[str]) -> list[str]:
             if len(run) >= 2 and len(run) > len(best) and not issubclass(cls, (nn.Linear, nn.modules.conv._ConvNd)):
                 best = run
     return best or list(layers)
-
-
-def _weighted(values, sizes) -> float:
-    """The mean over samples of a figure given per batch: each batch weighted by its size."""
-    return float((values * sizes).sum() / sizes.sum())
-
-
-def _array(values: list):
-    import numpy as np
-
-    return np.asarray(values, dtype=float)
-
-
-def _samples(batches: list[tuple]) -> int:
-    return sum(batch[0].shape[0] for batch in batches)

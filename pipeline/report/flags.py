@@ -5,7 +5,7 @@ machine, repeats that disagree, an engine whose time is the host's (launch-bound
 from __future__ import annotations
 
 from pipeline.host_speed import IDLE_OTHERS_CPUS
-from pipeline.measurement import NEAR_LAUNCH_BOUND_SHARE
+from pipeline.measurement import NEAR_LAUNCH_BOUND_SHARE, follows_the_host, issue_share
 from pipeline.stats import median
 
 # A run whose spread is above this coefficient of variation is flagged noisy (`--noisy-cv`). ONNX
@@ -31,12 +31,9 @@ LAUNCH_BOUND = "launch-bound"
 
 def launch_bound_flag(details) -> str | None:
     """A flag for an engine whose runs were launch-bound, or near it, in its rounds (the takes'
-    issue times against their GPU times, medians), or None."""
-    kept = [take for rounds in details.rounds for take in rounds.takes if take.dropped is None and take.issue_ms is not None]
-    if not kept:
-        return None
-    share = median([take.issue_ms for take in kept]) / median([take.median_ms for take in kept])
-    if share < NEAR_LAUNCH_BOUND_SHARE:
+    issue times against their GPU times, medians: measurement.issue_share), or None."""
+    share = issue_share([take for rounds in details.rounds for take in rounds.takes])
+    if share is None or share < NEAR_LAUNCH_BOUND_SHARE:
         return None
     needs = f"the host needs {share:.0%} of a run's GPU time to issue it"
     if share < LAUNCH_BOUND_SHARE:
@@ -46,18 +43,6 @@ def launch_bound_flag(details) -> str | None:
 
 # How a host-slowed row's flag begins (the verdict leaves such a row out: pipeline/report/verdict.py).
 HOST_SLOWED = "host slowed"
-
-
-def _follows_the_host(details, kept) -> bool:
-    """Whether the engine's time moves with the host's speed: timed by the host's clock (a CPU
-    engine), or a GPU engine whose host needs at least NEAR_LAUNCH_BOUND_SHARE of a run's GPU time
-    to issue it. One whose host issues a run in less than half its GPU time has the headroom of a
-    host twice as slow before the GPU waits for it; one without issue times (a tool's runs) is not
-    judged."""
-    issued = [take for take in kept if take.issue_ms is not None]
-    if issued:
-        return median([take.issue_ms for take in issued]) / median([take.median_ms for take in issued]) >= NEAR_LAUNCH_BOUND_SHARE
-    return "host" in (details.metric or "").lower()
 
 
 # A take was slowed by something beside it when its cgroup's quota held it off at least this share
@@ -93,7 +78,7 @@ def host_slowed_flag(details) -> str | None:
     rounds' interleaving keeps its comparisons fair; docs/measurement.md)."""
     for rounds in details.rounds:
         kept = [take for take in rounds.takes if take.dropped is None and take.host_slowdown is not None]
-        if not kept or not _follows_the_host(details, kept):
+        if not kept or not follows_the_host("host" in (details.metric or "").lower(), kept):
             continue
         noise = rounds.host_noise or 1.0
         bar = max(1.0 + rounds.tie, noise)

@@ -196,7 +196,7 @@ def _in_rounds(stages: list) -> dict[Any, Measured | PipelineError]:
         except EnvironmentMissing:
             raise
         except DeviceFault as exc:  # in the repeat's process: the engine it was pinned to there
-            faulted = next((stage for stage in prepared if entrant_name(stage) == getattr(exc, "entrant", None)), None)
+            faulted = next((stage for stage in prepared if entrant_name(stage) == exc.entrant), None)
             if faulted is not None:
                 return {faulted: exc}
             return {**out, **dict.fromkeys(prepared, PipelineError(exc.message, exc.hint))}
@@ -335,7 +335,7 @@ def _fresh_process(send, catalog, members: list[tuple[str, str, Path, Any]], set
                 try:
                     engines[name] = runtimes[toolchain].prepare(engine_path, workload)
                 except DeviceFault as exc:
-                    exc.entrant = name  # pinned to the engine being prepared
+                    exc.pinned_to(name)  # the engine being prepared
                     raise
             gpu = measuring_gpu()
             stays = frozenset(name for name, toolchain, _, _ in members if toolchain == catalog.baseline_toolchain)

@@ -75,12 +75,12 @@ def hooks(trained, tmp_path_factory) -> Path:  # noqa: F811 (the fixture importe
 def test_a_plan_on_the_users_data_hook_keeps_the_users_metric_within_its_max_drop(trained, hooks, run_cli, monkeypatch):  # noqa: F811
     import torch
 
-    import pipeline.precision.variant_lab as variant_lab
+    import pipeline.precision.samples as samples
 
     catalog, _ = trained
     dealt = []
-    drawn_batches = variant_lab.drawn_batches
-    monkeypatch.setattr(variant_lab, "drawn_batches", lambda *args: dealt.append(drawn_batches(*args)) or dealt[-1])
+    drawn_batches = samples.drawn_batches
+    monkeypatch.setattr(samples, "drawn_batches", lambda *args: dealt.append(drawn_batches(*args)) or dealt[-1])
     args = ("--engine", "vit_int8", "--samples", "16", "--eval-data", f"{hooks}:batches", "--metric", f"{hooks}:accuracy")
     # int8 keeps the task's accuracy whole; a cosine floor beside the drop makes the plan search.
     floor = ("--max-drop", "metric=0.05", "--floor", "cos=0.999")
