@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def main() -> int:
     from pipeline.models import model_source
     from pipeline.precision.where import engine_layers_by_layer, onnx_nodes_by_layer, read_graph
-    from pipeline.reporting import Reporter
+    from pipeline.running.reporting import Reporter
     from pipeline.runtimes import create_runtime, load_catalog
     from pipeline.stages.quantized_layers import prefix_of, quantizable_layers
     from pipeline.trtexec.layers import INTENDED_DTYPE, MATH_TYPES, read_layer_info

@@ -16,7 +16,7 @@ the pipeline), each with its own seeded per-iteration times, laid out three ways
 - ``spread``: 30 engines (fp32 in 30 toolchain folders) for each of N/30 models.
 
 With ``--rounds`` each manifest also holds the rounds record it would have from a run that timed
-its point's engines together (pipeline/measurement.py), in sets of at most 30 engines (a model's
+its point's engines together (pipeline/measuring/rounds.py), in sets of at most 30 engines (a model's
 30 in ``spread``; in ``one-point`` the toolchains 30 at a time, as separate runs would): the
 verdict compares engines of one set paired, round by round, and the others by their intervals.
 

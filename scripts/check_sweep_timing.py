@@ -129,7 +129,7 @@ def independent_ms(job: dict) -> dict[str, dict]:
                 # A diagnostic beside it: the product's own timing method (each run bracketed by
                 # CUDA events, the median of the runs) on this process's model and inputs, to tell
                 # a difference of method from a difference of what is timed.
-                from pipeline.measurement import cuda_take
+                from pipeline.measuring.rounds import cuda_take
 
                 product_method = cuda_take(torch, infer, 10, 1000.0)
                 diagnostics[shape] = {"per_run_events_median_ms": statistics.median(product_method), "runs_per_take": runs}
@@ -231,8 +231,8 @@ def main() -> int:
         return args.budget_s is not None and time.monotonic() - started > args.budget_s
 
     sys.path.insert(0, str(REPO))
-    from pipeline.accuracy import ReferenceBatch
     from pipeline.manifest import read_manifest
+    from pipeline.measuring.accuracy import ReferenceBatch
     from pipeline.runtimes import load_catalog
 
     workspace = args.workspace.resolve()

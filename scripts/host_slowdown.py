@@ -1,4 +1,4 @@
-"""What slows one CPU of this host while others work: the probe of pipeline/host_speed.py on one CPU,
+"""What slows one CPU of this host while others work: the probe of pipeline/measuring/host_speed.py on one CPU,
 alone and beside loads on other CPUs — busy loops (clocks, shared physical cores), memory streams
 (bandwidth) — with the CPU topology, for docs/cluster.md.
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.host_speed import probe_ms  # noqa: E402
+from pipeline.measuring.host_speed import probe_ms  # noqa: E402
 
 
 def siblings(cpu: int) -> list[int]:

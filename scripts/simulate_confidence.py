@@ -1,7 +1,7 @@
 """How often the product's answer is wrong, measured by running its own procedure on engines whose
 truth is known.
 
-The rounds loop (pipeline/measurement.py, ``rounds_loop``) times synthetic engines on a clock of
+The rounds loop (pipeline/measuring/rounds.py, ``rounds_loop``) times synthetic engines on a clock of
 their own, with the noise shapes measured on this project's machines; the takes go through the
 same rows (pipeline/report/rows.py) and the same verdict (pipeline/report/verdict.py) as a real
 run's manifests. Each point is then checked against the truth:
@@ -33,12 +33,12 @@ import time
 from dataclasses import dataclass, field
 
 from pipeline.catalog import ProfileSettings
-from pipeline.host_speed import HostTake
-from pipeline.measurement import RoundsOutcome, rounds_loop
+from pipeline.measuring.host_speed import HostTake
+from pipeline.measuring.rounds import RoundsOutcome, rounds_loop
+from pipeline.measuring.stats import median, tie_band
 from pipeline.report import pairs
 from pipeline.report.rows import ComparisonRow, _take_rounds
 from pipeline.report.verdict import verdicts
-from pipeline.stats import median, tie_band
 
 BASELINE = "torch-eager"
 # Points per scenario, noise and rule: the table in docs/measurement.md, which CI prints again.

@@ -31,10 +31,10 @@ from types import SimpleNamespace
 
 import torch
 
-from pipeline.errors import PipelineError
 from pipeline.precision.bounds import bounds, sample_stats
 from pipeline.precision.figures import Floor, figures
 from pipeline.precision.plan import make_plan
+from pipeline.running.errors import PipelineError
 
 TRIALS = 100  # plans per row: the table in docs/precision.md, which CI prints again
 FRESH = 50_000  # samples that stand for the truth

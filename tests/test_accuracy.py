@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.accuracy import ReferenceTensor, compare_outputs, parse_accuracy_lines, read_trtexec_outputs
-from pipeline.errors import PipelineError
+from pipeline.measuring.accuracy import ReferenceTensor, compare_outputs, parse_accuracy_lines, read_trtexec_outputs
+from pipeline.running.errors import PipelineError
 
 
 def figures(reference, output, precision="fp16"):
@@ -62,7 +62,7 @@ def test_a_reference_file_of_the_wrong_size_is_an_error(tmp_path):
 
 def test_bfloat16_reference_files_round_trip(tmp_path):
     torch = pytest.importorskip("torch")
-    from pipeline.accuracy import write_tensor
+    from pipeline.measuring.accuracy import write_tensor
 
     values = torch.randn(3, 5).to(torch.bfloat16)
     write_tensor(values, tmp_path / "x.bin")

@@ -94,3 +94,25 @@ def test_no_module_is_over_500_lines_and_no_function_over_100():
         f"{path}: {name}() {size} lines" for path, _, functions in _sizes() for name, size in functions if size > MAX_FUNCTION_LINES
     ]
     assert too_long == []
+
+
+def test_no_module_sits_loose_at_the_top_and_the_import_contracts_name_packages():
+    """The core is a few packages by meaning (catalog, manifest, workspace, measuring, machine,
+    running), each with a face: at pipeline/ itself only the package's face and __main__."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: the catalog's own reader
+        import tomli as tomllib
+
+    loose = sorted(path.name for path in PACKAGE.glob("*.py") if path.name not in ("__init__.py", "__main__.py"))
+    assert loose == []
+    packages = {path.name for path in PACKAGE.iterdir() if (path / "__init__.py").is_file()}
+    contracts = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    named = {
+        module
+        for contract in contracts
+        for key in ("layers", "source_modules", "forbidden_modules")
+        for entry in contract.get(key, [])
+        for module in entry.split(" | ")
+    }
+    assert {name.removeprefix("pipeline.") for name in named} == packages  # every package in a contract, nothing but packages

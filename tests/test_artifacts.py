@@ -3,9 +3,9 @@ import os
 
 import pytest
 
-from pipeline import artifacts
-from pipeline.artifacts import HashCache, atomic_output, atomic_write_text, sha256_file
-from pipeline.errors import PipelineError
+from pipeline.running.errors import PipelineError
+from pipeline.workspace import artifacts
+from pipeline.workspace.artifacts import HashCache, atomic_output, atomic_write_text, sha256_file
 
 
 def test_atomic_output_replaces_only_on_success(tmp_path):
@@ -65,10 +65,10 @@ def test_hash_cache_rehashes_only_when_size_or_mtime_changes(tmp_path, monkeypat
 
 
 def test_a_sigterm_just_after_the_temporary_file_is_made_leaves_no_file(tmp_path, monkeypatch):
-    """SIGTERM raises wherever Python is (pipeline/signals.py), here the moment the temporary file
+    """SIGTERM raises wherever Python is (pipeline/running/signals.py), here the moment the temporary file
     exists and before its maker returns: the file left behind once in a suite run, when the
     signal landed in another thread than the one that had blocked it."""
-    from pipeline.signals import Terminated
+    from pipeline.running.signals import Terminated
 
     made = artifacts._create_new
 

@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.catalog import EngineRef
-from pipeline.errors import UsageError
+from pipeline.running.errors import UsageError
 from pipeline.runtimes import load_catalog
 from tests.conftest import REPO_ROOT, TINY_CATALOG, write_catalog
 

@@ -1,5 +1,5 @@
-"""The host's speed around each take (pipeline/host_speed.py), the flag a slowed row earns
-(pipeline/report/flags.py), and how a point's rounds hold the host (pipeline/host_rounds.py)."""
+"""The host's speed around each take (pipeline/measuring/host_speed.py), the flag a slowed row earns
+(pipeline/report/flags.py), and how a point's rounds hold the host (pipeline/measuring/host_rounds.py)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-from pipeline import host_speed
 from pipeline.catalog import ProfileSettings
-from pipeline.host_rounds import HostRounds
-from pipeline.host_speed import HostSpeed
-from pipeline.measurement import HOST_LATENCY, RoundsRecord, Take, measure_in_rounds
+from pipeline.measuring import host_speed
+from pipeline.measuring.host_rounds import HostRounds
+from pipeline.measuring.host_speed import HostSpeed
+from pipeline.measuring.rounds import HOST_LATENCY, RoundsRecord, Take, measure_in_rounds
 from pipeline.report.flags import host_slowed_flag
 
 
@@ -48,7 +48,7 @@ def test_a_takes_slowdown_is_the_probe_against_alone_times_the_share_it_was_held
 
 
 def test_a_take_counts_other_processes_cpus_over_a_quarter_second_up_to_its_end(monkeypatch):
-    from pipeline import machine_watch
+    from pipeline.measuring import machine_watch
 
     now = [100.0]
     monkeypatch.setattr(host_speed.time, "perf_counter", lambda: now[0])
@@ -80,7 +80,7 @@ def test_a_child_is_another_process_and_its_cpu_time_never_lands_on_this_one_whe
     """A child's CPU time joins the parent's os.times() only when it is reaped, all at once: counted
     as this process's own, a worker compiling ahead beside the rounds would make the window it
     ended in read "no other process", however busy the others were."""
-    from pipeline.machine_watch import own_cpu_s
+    from pipeline.measuring.machine_watch import own_cpu_s
 
     before = own_cpu_s()
     child = multiprocessing.get_context("fork").Process(target=_burn, args=(0.5,))

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import PipelineError
 from pipeline.manifest import SCHEMA_VERSION, EngineManifest, Environment, read_manifest
+from pipeline.running.errors import PipelineError
 
 
 def _manifest() -> EngineManifest:

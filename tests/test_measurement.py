@@ -1,5 +1,5 @@
-"""The measurement protocol (pipeline/measurement.py) and the statistics it decides by
-(pipeline/stats.py): takes, seeded rounds, the stopping rule, throttled takes, failures, and a
+"""The measurement protocol (pipeline/measuring/rounds.py) and the statistics it decides by
+(pipeline/measuring/stats.py): takes, seeded rounds, the stopping rule, throttled takes, failures, and a
 host that slows down in the middle of a measurement."""
 
 from __future__ import annotations
@@ -12,9 +12,8 @@ import time
 import pytest
 
 from pipeline.catalog import ProfileSettings
-from pipeline.errors import DeviceFault, OutOfMemory
-from pipeline.measurement import SmClock, host_take, measure_in_rounds, undecided
-from pipeline.stats import (
+from pipeline.measuring.rounds import SmClock, host_take, measure_in_rounds, undecided
+from pipeline.measuring.stats import (
     at_band_edge,
     median_interval,
     outcome,
@@ -23,6 +22,7 @@ from pipeline.stats import (
     sequential_median_interval,
     unpaired_ratio,
 )
+from pipeline.running.errors import DeviceFault, OutOfMemory
 
 
 class Scripted:
@@ -187,7 +187,7 @@ def test_a_real_difference_smaller_than_the_tie_width_runs_on_until_it_is_the_sa
     assert done.stop == "decided" and done.rounds > 6
     assert paired_ratio(ratios["b"], ratios["a"], 0.03).outcome == "same"
     # While it was open, the progress line said which way it leaned and why it was not settled.
-    from pipeline.measurement import open_pair_words
+    from pipeline.measuring.rounds import open_pair_words
 
     assert open_pair_words("b", "a", first_six) == "b slower than a, by less or more than the tie width (1.008–1.032)"
 
@@ -338,7 +338,7 @@ def fake_sm_clock(reads):
 def test_a_tools_take_reads_the_clock_only_while_the_gpu_is_busy(monkeypatch):
     # A take that is mostly a tool starting and ending (the GPU idle, its clock down) around a
     # short busy run.
-    monkeypatch.setattr("pipeline.sm_clock.CLOCK_INTERVAL_S", 0.001)
+    monkeypatch.setattr("pipeline.measuring.sm_clock.CLOCK_INTERVAL_S", 0.001)
     starting_then_running = [(345.0, 0)] * 10 + [(1755.0, 97)] * 10 + [(345.0, 0)]
     clock = fake_sm_clock(starting_then_running)
     _, everything = clock.during(lambda: time.sleep(0.2))
@@ -523,7 +523,7 @@ class FakeTorch:
 
 
 def test_a_gpu_take_keeps_the_hosts_issue_time_of_its_untimed_run():
-    from pipeline.measurement import cuda_take
+    from pipeline.measuring.rounds import cuda_take
 
     issues = iter([5.0, 1.0] + [0.0] * 1000)  # the first run after another engine issues slowly
 

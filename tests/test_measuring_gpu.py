@@ -15,7 +15,7 @@ TWO_GPUS = [["0", "GPU-aaaa1111-0000", "NVIDIA H100 80GB HBM3"], ["1", "GPU-bbbb
 
 @pytest.fixture
 def two_gpus(monkeypatch):
-    from pipeline import nvidia_smi
+    from pipeline.machine import nvidia_smi
 
     monkeypatch.setattr(
         nvidia_smi, "query", lambda fields, what="gpu": [row[:3] for row in TWO_GPUS] if fields == "index,uuid,name" else []
@@ -27,7 +27,7 @@ def two_gpus(monkeypatch):
     [(None, 0), ("1", 1), ("1,0", 1), ("GPU-bbbb2222-0000", 1), ("GPU-bbbb", 1), ("0", 0), ("7", None), ("", None)],
 )
 def test_the_gpu_measured_on_is_the_first_visible_one(two_gpus, monkeypatch, visible, index):
-    from pipeline.environment import measuring_gpu
+    from pipeline.machine.environment import measuring_gpu
 
     if visible is None:
         monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -40,8 +40,8 @@ def test_the_gpu_measured_on_is_the_first_visible_one(two_gpus, monkeypatch, vis
 
 
 def test_without_a_gpu_none_is_recorded(monkeypatch):
-    from pipeline import nvidia_smi
-    from pipeline.environment import measuring_gpu
+    from pipeline.machine import nvidia_smi
+    from pipeline.machine.environment import measuring_gpu
 
     monkeypatch.setattr(nvidia_smi, "query", lambda fields, what="gpu": [])
     assert measuring_gpu() is None

@@ -17,7 +17,7 @@ import time
 import pytest
 from rich.console import Console
 
-from pipeline.reporting import Reporter, _shortened
+from pipeline.running.reporting import Reporter, _shortened
 from tests.conftest import REPO_ROOT, TINY_CATALOG, write_catalog
 
 

@@ -1,5 +1,5 @@
 """Ctrl-C and SIGTERM end a command as the signals document (exit 130, 143), at any moment:
-never an internal error, never a half-written file (pipeline/signals.py)."""
+never an internal error, never a half-written file (pipeline/running/signals.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from pipeline.signals import Terminated, sigterm_as_interrupt
+from pipeline.running.signals import Terminated, sigterm_as_interrupt
 from tests.conftest import TINY_CATALOG, write_catalog
 
 TORCH_EAGER = """

@@ -70,7 +70,7 @@ def models(state: _State):
     """List models, variants, toolchains and the engine names they make."""
     from rich.table import Table
 
-    from pipeline.reporting import stdout_console
+    from pipeline.running.reporting import stdout_console
 
     catalog = state.catalog
     console = stdout_console()
@@ -90,7 +90,7 @@ def models(state: _State):
     for name, spec in catalog.variants.items():
         variants.add_row(name, spec.precision, spec.sparsity or "–")
     console.print(variants)
-    from pipeline.reporting import Reporter
+    from pipeline.running.reporting import Reporter
     from pipeline.runtimes import create_runtime
 
     chains = Table(title="Toolchains")
@@ -123,7 +123,7 @@ def export(state: _State, engines, models, variants, force, wait, calib_dir, cal
 def _launcher(state: _State, cluster: str | None, gpu_types):
     """Where the stages run: in this process, on the Ray cluster named by --cluster, or on the GPUs
     of this machine --gpus names (a Ray instance here)."""
-    from pipeline.errors import UsageError
+    from pipeline.running.errors import UsageError
 
     visible = click.get_current_context().meta.get("visible_gpus")
     if visible and cluster:
@@ -168,7 +168,7 @@ def _stage_command(
 ) -> list[str]:
     """Select, settle the toolchains, then print the work (--dry-run) or do it, one toolchain after
     the other (a failure in one does not stop the next); the toolchains' names."""
-    from pipeline.errors import DeviceFault
+    from pipeline.running.errors import DeviceFault
     from pipeline.stages.runner import build_order, describe, onnx_read_by
 
     state.override(calib_dir, calib_samples, eval_dir, repeat, racing)
@@ -223,7 +223,7 @@ def run(state: _State, **options):
 
     With no selection it runs the catalog's defaults: the demo on ONNX Runtime.
     """
-    from pipeline.errors import DeviceFault, PipelineError, UsageError
+    from pipeline.running.errors import DeviceFault, PipelineError, UsageError
 
     try:
         chains = _stage_command(state, **options, dry_run=False, until="profile")
@@ -259,8 +259,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(argv: list[str] | None) -> int:
-    from pipeline.errors import DeviceFault, PipelineError
-    from pipeline.signals import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, sigterm_as_interrupt
+    from pipeline.running.errors import DeviceFault, PipelineError
+    from pipeline.running.signals import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, sigterm_as_interrupt
 
     args = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -273,7 +273,7 @@ def _run(argv: list[str] | None) -> int:
         exc.show()
         return exc.exit_code
     except (click.exceptions.Abort, KeyboardInterrupt) as exc:
-        from pipeline.reporting import print_error
+        from pipeline.running.reporting import print_error
 
         # click turns an interruption inside a command into Abort, keeping it as the cause.
         if isinstance(exc, Terminated) or isinstance(exc.__cause__, Terminated):
@@ -282,13 +282,13 @@ def _run(argv: list[str] | None) -> int:
         print_error("interrupted; partial outputs were removed, finished ones are kept.")
         return EXIT_INTERRUPTED
     except DeviceFault as exc:
-        from pipeline.faults import go_on_in_fresh_process
-        from pipeline.reporting import print_error
+        from pipeline.running.faults import go_on_in_fresh_process
+        from pipeline.running.reporting import print_error
 
         print_error(exc.message, "recorded for that point; the run goes on in a fresh process (CUDA cannot be used again in this one)")
         return go_on_in_fresh_process(args, exc.done, replace=argv is None)
     except PipelineError as exc:
-        from pipeline.reporting import print_error
+        from pipeline.running.reporting import print_error
 
         if exc.__cause__ is not None and ("-v" in args or "--verbose" in args):
             import traceback

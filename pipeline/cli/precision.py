@@ -19,9 +19,9 @@ FLOOR_HELP = (
 
 
 def _floor(state: State, ref, floors: tuple[str, ...], max_drops: tuple[str, ...] = ()):
-    from pipeline.accuracy import THRESHOLD_FORMS, parse_accuracy_threshold
-    from pipeline.errors import UsageError
+    from pipeline.measuring.accuracy import THRESHOLD_FORMS, parse_accuracy_threshold
     from pipeline.precision.figures import DROP_FORMS, floor_for, parse_drop
+    from pipeline.running.errors import UsageError
 
     given, drops = [], []
     for text in floors:
@@ -96,7 +96,7 @@ def _analysed(state: State, engine: str, samples: int, floor, stage: str):
     from pipeline.precision.sensitivity import analyse
     from pipeline.precision.variant_lab import VariantLab, refuse_unless_analysable
     from pipeline.precision.where import attach_locations
-    from pipeline.reporting import Reporter
+    from pipeline.running.reporting import Reporter
 
     ref = state.catalog.engine(engine)
     refuse_unless_analysable(state.catalog, ref)
@@ -114,7 +114,7 @@ def _analysed(state: State, engine: str, samples: int, floor, stage: str):
 def _refuse_top1_without_classes(lab, floor) -> None:
     """A top-1 floor or drop on a model whose output is not class scores can never be met: say so
     before minutes of measuring."""
-    from pipeline.errors import UsageError
+    from pipeline.running.errors import UsageError
 
     if lab.references["search"][0].dim() == 2:
         return
@@ -160,7 +160,7 @@ def sensitivity(state: State, engine, samples, eval_dir, eval_data, eval_tokens,
     if fmt == "html" and out is None:
         out = state.catalog.root / "reports" / f"sensitivity_{ref.name}.html"
     if fmt == "table" and out is None:
-        from pipeline.reporting import stdout_console
+        from pipeline.running.reporting import stdout_console
 
         report.print_sensitivity(result, stdout_console())
         return
@@ -201,11 +201,11 @@ def plan(state: State, engine, floors, max_drops, samples, eval_dir, eval_data, 
     pipeline.toml. --measure TOOLCHAIN (or the `pipeline run` printed) measures whether it still
     pays, beside the fully quantized and the unquantized variants.
     """
-    from pipeline.catalog_file import find_catalog
-    from pipeline.errors import PipelineError
+    from pipeline.catalog.file import find_catalog
     from pipeline.precision import catalog_edit, report
     from pipeline.precision.plan import make_plan
-    from pipeline.reporting import Reporter, stdout_console
+    from pipeline.running.errors import PipelineError
+    from pipeline.running.reporting import Reporter, stdout_console
 
     _users_evaluation(state, eval_dir, eval_data, metric, eval_tokens)
     ref = state.catalog.engine(engine)
@@ -291,7 +291,7 @@ def _emit(text: str, out: Path | None) -> None:
     if out is None:
         click.echo(text, nl=False)
         return
-    from pipeline.artifacts import atomic_write_text
+    from pipeline.workspace.artifacts import atomic_write_text
 
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, text)

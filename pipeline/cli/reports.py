@@ -109,7 +109,7 @@ def _print_comparison(
     from pipeline.report.compare import write_output
     from pipeline.report.flags import NOISY_CV
     from pipeline.report.tables import parse_columns
-    from pipeline.reporting import stdout_console
+    from pipeline.running.reporting import stdout_console
     from pipeline.workspace import Workspace
 
     console = stdout_console()
@@ -131,7 +131,7 @@ def _print_comparison(
     )
     differently = [f"{r.engine} on {r.toolchain}: {flag}" for r in rows for flag in r.flags if flag.startswith("measured differently")]
     if differently:
-        from pipeline.reporting import Reporter
+        from pipeline.running.reporting import Reporter
 
         for line in differently:
             Reporter().warn(f"{line}; the comparison is not like for like")
@@ -179,7 +179,7 @@ def diff(state: _State, a, b, fmt, out):
     if fmt == "html" and out is None:  # beside the workspace whose engines were diffed, else here
         out = (state.catalog.root if state._catalog is not None else Path.cwd()) / "reports" / "diff.html"
     if fmt == "table" and out is None:
-        from pipeline.reporting import stdout_console
+        from pipeline.running.reporting import stdout_console
 
         stdout_console().print(render_terminal(result), crop=False)
         return

@@ -23,8 +23,8 @@ class State:
         return self._catalog
 
     def context(self, force: bool = False):
-        from pipeline.faults import forced_done_before
-        from pipeline.reporting import Reporter
+        from pipeline.running.faults import forced_done_before
+        from pipeline.running.reporting import Reporter
         from pipeline.stages.base import RunContext
         from pipeline.workspace import Workspace
 
@@ -55,7 +55,7 @@ class State:
     def toolchains(self, toolchains: tuple[str, ...], trts: tuple[str, ...], archs: tuple[str, ...] = ()) -> list[str]:
         """The toolchains named by --toolchain and --trt (or the catalog's default), with --arch
         applied to those that compile ahead of time (a sweep may mix them with others)."""
-        from pipeline.errors import UsageError
+        from pipeline.running.errors import UsageError
 
         names = self.catalog.toolchains_named(toolchains, trts)
         if archs:
@@ -70,10 +70,10 @@ class State:
         return names
 
     def holding_workspace(self, wait: bool):
-        """The workspace lock, for commands that run stages (pipeline/workspace_lock.py)."""
-        from pipeline.reporting import Reporter
+        """The workspace lock, for commands that run stages (pipeline/workspace/lock.py)."""
+        from pipeline.running.reporting import Reporter
         from pipeline.workspace import Workspace
-        from pipeline.workspace_lock import workspace_lock
+        from pipeline.workspace.lock import workspace_lock
 
         return workspace_lock(Workspace(self.catalog.root).manifests_dir, Reporter(verbose=self.verbose), wait)
 

@@ -18,7 +18,7 @@ def doctor(state: _State, as_json):
     """What this machine can run: Python deps, CUDA, GPU, Docker, NVIDIA runtime, toolchains."""
     import json
 
-    from pipeline.reporting import stdout_console
+    from pipeline.running.reporting import stdout_console
     from pipeline.runtimes.doctor import as_dicts, render, run_doctor
 
     checks = run_doctor(state.catalog)
@@ -40,7 +40,7 @@ def toolchains_list(state: _State):
     from rich.markup import escape
     from rich.table import Table
 
-    from pipeline.reporting import Reporter, stdout_console
+    from pipeline.running.reporting import Reporter, stdout_console
     from pipeline.runtimes.toolchains import status
 
     rows = status(state.catalog, Reporter(state.verbose))
@@ -62,7 +62,7 @@ def toolchains_list(state: _State):
 def toolchains_pull(state: _State, names, wait):
     """Fetch what NAMES need (default: every toolchain): pull or build a container image, or
     create a TensorRT-RTX release's own environment. Re-pulling repairs a broken one."""
-    from pipeline.reporting import Reporter
+    from pipeline.running.reporting import Reporter
     from pipeline.runtimes.toolchains import pull
 
     with state.holding_workspace(wait):
@@ -74,7 +74,7 @@ def toolchains_pull(state: _State, names, wait):
 @pass_state
 def toolchains_lock(state: _State, names):
     """Record what pins each toolchain (image digest, installed wheels) in toolchains.lock.json."""
-    from pipeline.reporting import Reporter
+    from pipeline.running.reporting import Reporter
     from pipeline.runtimes.toolchains import lock
 
     path = lock(state.catalog, list(names) or None, Reporter(state.verbose))
@@ -112,7 +112,7 @@ def trtexec_parse(log, exports, precision, as_json):
     """
     import json
 
-    from pipeline.errors import PipelineError
+    from pipeline.running.errors import PipelineError
     from pipeline.trtexec.log import NOTHING_TO_REPORT
     from pipeline.trtexec.report import find_exports, parse_run, run_as_json
 
@@ -120,7 +120,7 @@ def trtexec_parse(log, exports, precision, as_json):
     if as_json:
         click.echo(json.dumps(run_as_json(run), indent=2))
     else:
-        from pipeline.reporting import stdout_console
+        from pipeline.running.reporting import stdout_console
         from pipeline.trtexec.summary import render_run
 
         stdout_console().print(render_run(run))

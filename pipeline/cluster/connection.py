@@ -15,8 +15,8 @@ import socket
 from dataclasses import dataclass, field
 
 from pipeline import __version__
-from pipeline.errors import EnvironmentMissing, UsageError
-from pipeline.reporting import native_stderr_held
+from pipeline.running.errors import EnvironmentMissing, UsageError
+from pipeline.running.reporting import native_stderr_held
 
 # Ray's own resource for a node's NVIDIA GPU model (it detects "accelerator_type:H100" from the
 # driver), and the custom resource a node can declare for any GPU type (`ray start --resources
@@ -168,7 +168,7 @@ def connect(address: str, verbose: bool = False) -> Cluster:
 def _keep_sigterm() -> None:
     """ray.init installs its own SIGTERM handler (a stack dump, then death); SIGTERM must stay what
     it is everywhere in the pipeline: Ctrl-C's clean-up, then exit 143."""
-    from pipeline.signals import terminate_like_interrupt
+    from pipeline.running.signals import terminate_like_interrupt
 
     terminate_like_interrupt()
 
@@ -297,8 +297,8 @@ def probe(cluster: Cluster) -> None:
     from ray import cloudpickle
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from pipeline import nvidia_smi
     from pipeline.cluster import probe as probe_module
+    from pipeline.machine import nvidia_smi
 
     if not cluster.nodes:
         raise EnvironmentMissing(

@@ -22,7 +22,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from pipeline.environment import SYS_CPU, physical_cores
+from pipeline.machine.environment import SYS_CPU, physical_cores
 
 
 def shares(cpus: list[int], parts: int, sys_cpu: Path = SYS_CPU) -> list[tuple[int, ...]]:

@@ -1,7 +1,7 @@
 """What a run on several GPUs of one host says, at its end, of how its shape points held that host.
 
 A point whose engine's time is the host's (a launch-bound GPU engine, a CPU engine) holds the host
-whole for its rounds (pipeline/host_rounds.py), so on one host such points are timed one at a time
+whole for its rounds (pipeline/measuring/host_rounds.py), so on one host such points are timed one at a time
 whatever the number of GPUs: only what lies outside their rounds — exports, builds, other points'
 preparing — overlaps. A user who gave `--gpus 0,1` and waited as long as on one GPU should read why
 in the run's own output, not in the docs; each profile records how its rounds held the host

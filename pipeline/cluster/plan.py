@@ -14,7 +14,7 @@ from typing import Any
 
 from pipeline.catalog import EngineRef
 from pipeline.cluster.connection import Cluster, Node, gpus_of, placement_resources
-from pipeline.errors import EnvironmentMissing, PipelineError, UsageError
+from pipeline.running.errors import EnvironmentMissing, PipelineError, UsageError
 from pipeline.stages.base import RunContext
 from pipeline.stages.runner import builds_of, shapes_to_profile, stage_for
 
@@ -55,7 +55,7 @@ class Job:
     # The members' own failures, where the job ran but some of its engines did not (a point).
     failures: list[tuple[Member, PipelineError]] = field(default_factory=list)
     # Kernels that faulted on the GPU, each recorded for its member, and how many times the job went
-    # on in a fresh process after one (pipeline/faults.py).
+    # on in a fresh process after one (pipeline/running/faults.py).
     faults: list[tuple[Member, PipelineError]] = field(default_factory=list)
     replaced: int = 0
     note: str = ""

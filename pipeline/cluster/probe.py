@@ -3,12 +3,12 @@
 This module is sent to the nodes by value (``register_pickle_by_value``), not imported there, so it
 answers even on a node where the pipeline is not installed: that is exactly the node it must be
 able to name. It therefore uses the standard library only, inside the function, and
-pipeline/nvidia_smi.py, sent by value with it.
+pipeline/machine/nvidia_smi.py, sent by value with it.
 """
 
 from __future__ import annotations
 
-from pipeline import nvidia_smi
+from pipeline.machine import nvidia_smi
 
 
 def probe_node() -> dict:

@@ -18,7 +18,7 @@ so an interrupted run keeps everything finished and nothing half-written looks v
 Faults: a task whose node or worker dies is retried whole on another node that can run it, at most
 MAX_ATTEMPTS times; a compiler's refusal or a user error is recorded or reported, never retried. A
 kernel that faults on the GPU is recorded for its point on the node, and what its process did not
-finish goes to a fresh one (pipeline/faults.py): the process itself can run nothing more.
+finish goes to a fresh one (pipeline/running/faults.py): the process itself can run nothing more.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from pipeline.cluster.plan import ClusterPlan, Job, Member
 from pipeline.cluster.requests import JobRequests
 from pipeline.cluster.transfer import DriverBlobs, write_result
 from pipeline.cluster.worker import run_stage
-from pipeline.errors import EnvironmentMissing, PipelineError, UsageError
+from pipeline.running.errors import EnvironmentMissing, PipelineError, UsageError
 from pipeline.stages.base import RunContext
 from pipeline.stages.runner import RunSummary
 
@@ -366,8 +366,8 @@ class ClusterRun:
     def _go_on_after_fault(self, job: Job, result) -> bool:
         """A kernel faulted in the process that ran ``job`` (its faults are recorded and written
         above): what that process did not finish goes to a fresh one — a point's other engines, or
-        the export without the point that faulted (pipeline/faults.py). Whether it went."""
-        from pipeline.faults import MAX_REPLACEMENTS
+        the export without the point that faulted (pipeline/running/faults.py). Whether it went."""
+        from pipeline.running.faults import MAX_REPLACEMENTS
 
         outcomes = list(zip(job.members, result.members))
         faulted = [(member, _error_of(outcome.error)) for member, outcome in outcomes if outcome.status == "faulted"]

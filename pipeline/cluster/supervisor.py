@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from pipeline.errors import EnvironmentMissing, PipelineError
+from pipeline.running.errors import EnvironmentMissing, PipelineError
 from pipeline.stages.runner import RunSummary
 
 # Seconds to let the child cancel its tasks after an interruption before it is killed.
@@ -59,7 +59,7 @@ def run_on_cluster(
     import multiprocessing
 
     from pipeline.cluster.connection import preflight
-    from pipeline.workspace_lock import inherited_lock
+    from pipeline.workspace.lock import inherited_lock
 
     preflight(address)
     spawn = multiprocessing.get_context("spawn")  # a fresh interpreter: Ray must not inherit a fork
@@ -84,7 +84,7 @@ def run_on_cluster(
     try:
         child.join()
     except KeyboardInterrupt as exc:
-        from pipeline.signals import Terminated
+        from pipeline.running.signals import Terminated
 
         # The child has a process group of its own (below): pass Ctrl-C or SIGTERM on to it.
         if child.is_alive():
@@ -116,8 +116,8 @@ def run_on_cluster(
 
 def _child(send, settings, lock, parent: int) -> None:
     from pipeline.cluster.scheduler import drive
-    from pipeline.reporting import Reporter
-    from pipeline.signals import terminate_like_interrupt
+    from pipeline.running.reporting import Reporter
+    from pipeline.running.signals import terminate_like_interrupt
     from pipeline.stages.base import RunContext
     from pipeline.workspace import Workspace
 

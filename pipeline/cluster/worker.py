@@ -156,8 +156,8 @@ class GpuWorker:
 def execute(request: StageRequest, node_id: str, on_measuring=None, session: WorkerSession | None = None) -> StageResult:
     from rich.console import Console
 
-    from pipeline.errors import DeviceFault, PipelineError
-    from pipeline.reporting import Reporter
+    from pipeline.running.errors import DeviceFault, PipelineError
+    from pipeline.running.reporting import Reporter
 
     class TaskReporter(Reporter):
         def measuring(self, text: str) -> None:
@@ -220,7 +220,7 @@ def execute(request: StageRequest, node_id: str, on_measuring=None, session: Wor
 def _run(name: str, stages: list) -> list:
     """Each stage's record, or the error that stopped it: a shape point's profiles measured
     together, as a local run measures them (pipeline/stages/point.py); an export or a build alone."""
-    from pipeline.errors import DeviceFault, PipelineError
+    from pipeline.running.errors import DeviceFault, PipelineError
 
     if name == "profile":
         from pipeline.stages.point import profile_point
@@ -256,7 +256,7 @@ def _measuring_share(request: StageRequest, node, session: WorkerSession | None 
     it starts: a build's compiler's)."""
     from pipeline.cluster.connection import gpus_of
     from pipeline.cluster.cpu_share import claimed_share
-    from pipeline.environment import running_on
+    from pipeline.machine.environment import running_on
 
     on_a_gpu = request.placed_by and (request.stage == "profile" or session is not None)
     gpus = int(gpus_of(node.resources, request.placed_by)) if on_a_gpu else 0
@@ -272,8 +272,8 @@ def _measuring_share(request: StageRequest, node, session: WorkerSession | None 
 def _member_result(stage, name: str, outcome, scratch: Path, blobs: NodeBlobs, known: frozenset[str], outputs: list) -> MemberResult:
     """What the driver is sent of one engine's stage: its manifest and the files it made (those the
     driver does not hold already, in chunks), or its error."""
-    from pipeline.errors import DeviceFault, PipelineError, RefusedByTool
     from pipeline.manifest import read_manifest
+    from pipeline.running.errors import DeviceFault, PipelineError, RefusedByTool
 
     if outcome is NOT_MEASURED:
         member = MemberResult(status="not_measured")

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from pipeline.catalog import ModelSpec, VariantSpec
-from pipeline.errors import PipelineError, UsageError
+from pipeline.running.errors import PipelineError, UsageError
 
 # torch dtype name of each precision a PyTorch model runs natively; quantized precisions are
 # fake-quantized graphs in PyTorch and have no entry.
@@ -99,7 +99,7 @@ def attention_mask(shape: tuple[int, ...], dtype, generator, padding: bool):
 @dataclass(frozen=True)
 class PointShapes:
     """Every input's shape at one shape point: what a runtime needs to describe a measurement
-    there (the reference batch, :class:`~pipeline.accuracy.ReferenceBatch`, has the same two
+    there (the reference batch, :class:`~pipeline.measuring.accuracy.ReferenceBatch`, has the same two
     fields and the values besides)."""
 
     shape: str

@@ -18,8 +18,8 @@ from typing import Any
 from pydantic import Field
 
 from pipeline.catalog import ModelSpec, VariantSpec
-from pipeline.errors import PipelineError, UsageError
 from pipeline.models.base import ModelInput, ModelSource, ShapePoint, attention_mask
+from pipeline.running.errors import PipelineError, UsageError
 
 # ONNX element types the pipeline feeds, by their numpy names (onnx.TensorProto values).
 _ELEMENT_TYPES = {1: "float32", 10: "float16", 16: "bfloat16", 6: "int32", 7: "int64", 9: "bool"}

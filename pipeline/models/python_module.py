@@ -39,9 +39,9 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from pipeline.catalog import ModelSpec
-from pipeline.errors import PipelineError, UsageError
 from pipeline.models.base import MODEL_FLOAT, ModelInput, ModelSource, ShapePoint, attention_mask
-from pipeline.user_code import digest, exited, import_file, said, where_in
+from pipeline.running.errors import PipelineError, UsageError
+from pipeline.running.user_code import digest, exited, import_file, said, where_in
 
 # The dtypes an input may declare: "float" takes the variant's floating type (fp32, fp16, bf16).
 INPUT_DTYPES = (MODEL_FLOAT, "int64", "int32")

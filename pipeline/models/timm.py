@@ -13,8 +13,8 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from pipeline.catalog import ModelSpec
-from pipeline.errors import PipelineError
 from pipeline.models.base import MODEL_FLOAT, ModelInput, ModelSource, ShapePoint
+from pipeline.running.errors import PipelineError
 
 
 class TimmSpec(ModelSpec):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 import types
 
-from pipeline.errors import require_module
+from pipeline.running.errors import require_module
 
 _TORCHVISION_OPS_MISSING = "operator torchvision::"
 

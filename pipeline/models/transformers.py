@@ -27,8 +27,8 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from pipeline.catalog import ModelSpec
-from pipeline.errors import EnvironmentMissing, PipelineError, UsageError
 from pipeline.models.base import ModelInput, ModelSource, ShapePoint, attention_mask
+from pipeline.running.errors import EnvironmentMissing, PipelineError, UsageError
 
 # What each input the pipeline knows how to fill holds.
 INPUT_KINDS = {"input_ids": "token_ids", "attention_mask": "attention_mask", "token_type_ids": "token_type_ids"}

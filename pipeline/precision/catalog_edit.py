@@ -11,9 +11,9 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from pipeline.artifacts import atomic_write_text
 from pipeline.catalog import VariantSpec
-from pipeline.errors import UsageError, require_module
+from pipeline.running.errors import UsageError, require_module
+from pipeline.workspace.artifacts import atomic_write_text
 
 
 def planned_table(base: VariantSpec, model: str, exclude: list[str], description: str) -> dict[str, Any]:

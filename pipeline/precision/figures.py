@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from pipeline.accuracy import AccuracyFloor, AccuracyThreshold, accuracy_floor
 from pipeline.catalog import Catalog, EngineRef
+from pipeline.measuring.accuracy import AccuracyFloor, AccuracyThreshold, accuracy_floor
 
 # "--max-drop" forms: a metric and how far below the FP32 model it may fall, as a fraction or a percentage.
 DROP_FORMS = (
@@ -153,7 +153,8 @@ def floor_for(
         return Floor(configured.thresholds, configured.source)
     variant = catalog.variant(ref.variant)
     return Floor(
-        (("cos", accuracy_floor(variant.precision, bool(variant.sparsity))),), f"the {variant.precision} check of pipeline/accuracy.py"
+        (("cos", accuracy_floor(variant.precision, bool(variant.sparsity))),),
+        f"the {variant.precision} check of pipeline/measuring/accuracy.py",
     )
 
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import UsageError
-from pipeline.user_code import import_file, said
+from pipeline.running.errors import UsageError
+from pipeline.running.user_code import import_file, said
 
 HOOK_FORM = "FILE.py:FUNCTION, e.g. eval_data.py:batches"
 

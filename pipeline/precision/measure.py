@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.catalog import Catalog, EngineRef, VariantSpec
-from pipeline.stats import RatioEstimate
+from pipeline.measuring.stats import RatioEstimate
 
 
 def unquantized_variant(catalog: Catalog, base: VariantSpec) -> tuple[str, VariantSpec]:
@@ -134,7 +134,7 @@ def refuse_another_plan(name: str, existing: VariantSpec | None, wanted: Variant
     """A user error when the catalog already has a variant of the planned name that is not this
     plan (another exclude list, say, from an earlier `--apply`): timing it would report another
     variant's cost as this plan's. The same variant (its description aside) is timed as it is."""
-    from pipeline.errors import UsageError
+    from pipeline.running.errors import UsageError
 
     if existing is None:
         return

@@ -29,11 +29,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.errors import PipelineError
 from pipeline.precision.bounds import Bound
 from pipeline.precision.figures import Figures, Floor, change_text
 from pipeline.precision.sensitivity import Sensitivity
 from pipeline.precision.variant_lab import VariantLab
+from pipeline.running.errors import PipelineError
 
 # How often what the remaining layers buy is measured again beside the exclusions so far.
 RERANKS = 3

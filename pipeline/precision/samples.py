@@ -20,8 +20,8 @@ import random
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import UsageError
 from pipeline.precision.hooks import drawn_batches, load_hook
+from pipeline.running.errors import UsageError
 
 # Seeds of the evaluation batches, above the model's seed (calibration uses seed + 2 + n, n < 1000).
 SEARCH_SEED = 1000

@@ -23,13 +23,13 @@ from dataclasses import replace
 from typing import Any
 
 from pipeline.catalog import Catalog, EngineRef
-from pipeline.environment import package_version
-from pipeline.errors import UsageError
+from pipeline.machine.environment import package_version
 from pipeline.models import model_source
 from pipeline.precision.bounds import Bound, SampleStats, bounds, sample_stats
 from pipeline.precision.figures import Figures, cosine_of, figures, relative_error_of
 from pipeline.precision.hooks import load_hook, metric_of, weighted_mean
 from pipeline.precision.samples import draw
+from pipeline.running.errors import UsageError
 from pipeline.runtimes.torch_memory import out_of_memory_as_error
 from pipeline.stages.quantize import (
     DEFAULT_WEIGHTS_DTYPE,

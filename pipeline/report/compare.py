@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.accuracy import AccuracyFloor, AccuracyThreshold
 from pipeline.catalog import Catalog
-from pipeline.errors import PipelineError, UsageError
+from pipeline.measuring.accuracy import AccuracyFloor, AccuracyThreshold
 from pipeline.report.flags import NOISY_CV
 from pipeline.report.json_document import render_json
 from pipeline.report.manifest_sources import load_manifests, manifest_paths
@@ -23,6 +22,7 @@ from pipeline.report.rows import attach_timings, compare_rows
 from pipeline.report.sweep import METRICS, sweeps
 from pipeline.report.tables import Answer, render_csv, render_markdown, render_table
 from pipeline.report.verdict import verdicts
+from pipeline.running.errors import PipelineError, UsageError
 from pipeline.workspace import Workspace
 
 FORMATS = ("table", "md", "html", "json", "csv")
@@ -94,6 +94,6 @@ def compare(
 
 
 def write_output(text: str, out: Path) -> None:
-    from pipeline.artifacts import atomic_write_text
+    from pipeline.workspace.artifacts import atomic_write_text
 
     atomic_write_text(out, text)

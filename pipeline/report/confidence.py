@@ -1,8 +1,8 @@
 """Which of two comparison rows is faster, and how sure that is.
 
-Rows timed together in rounds (pipeline/measurement.py) are compared round by round: the median of
+Rows timed together in rounds (pipeline/measuring/rounds.py) are compared round by round: the median of
 the per-round ratios of their take medians, with the sign-test interval of that median
-(pipeline/stats.py). Rows measured apart — another run, a trtexec or TensorRT-RTX engine measured
+(pipeline/measuring/stats.py). Rows measured apart — another run, a trtexec or TensorRT-RTX engine measured
 alone — are compared by their medians' own intervals. Either way the comparison is one of the four
 outcomes NVIDIA's nvbench-compare-robust reports: faster, slower, same (the ratio's interval lies
 within the tie band, 1/(1 + tie) to 1 + tie) or ambiguous.
@@ -10,8 +10,8 @@ within the tie band, 1/(1 + tie) to 1 + tie) or ambiguous.
 
 from __future__ import annotations
 
+from pipeline.measuring.stats import RatioEstimate, paired_ratio, unpaired_ratio
 from pipeline.report.rows import ComparisonRow
-from pipeline.stats import RatioEstimate, paired_ratio, unpaired_ratio
 
 
 def time_ratio(a: ComparisonRow, b: ComparisonRow, tie: float) -> RatioEstimate | None:

@@ -4,9 +4,9 @@ machine, repeats that disagree, an engine whose time is the host's (launch-bound
 
 from __future__ import annotations
 
-from pipeline.host_speed import IDLE_OTHERS_CPUS
-from pipeline.measurement import NEAR_LAUNCH_BOUND_SHARE, follows_the_host, issue_share
-from pipeline.stats import median
+from pipeline.measuring.host_speed import IDLE_OTHERS_CPUS
+from pipeline.measuring.rounds import NEAR_LAUNCH_BOUND_SHARE, follows_the_host, issue_share
+from pipeline.measuring.stats import median
 
 # A run whose spread is above this coefficient of variation is flagged noisy (`--noisy-cv`). ONNX
 # Runtime on a quiet CPU stays within a few percent. The spread is the quartiles' (iqr_cv): on the
@@ -46,7 +46,7 @@ HOST_SLOWED = "host slowed"
 
 
 # A take was slowed by something beside it when its cgroup's quota held it off at least this share
-# of it, or other processes used IDLE_OTHERS_CPUS or more around it (pipeline/host_speed.py).
+# of it, or other processes used IDLE_OTHERS_CPUS or more around it (pipeline/measuring/host_speed.py).
 HELD_OFF_SHARE = 0.01
 
 
@@ -73,7 +73,7 @@ def _cause(slowed) -> str:
 def host_slowed_flag(details) -> str | None:
     """A flag for an engine whose time is the host's and whose takes ran on CPUs slowed by
     something beside them — other processes, or its cgroup's CPU quota — by more than the tie band
-    and the host's own noise (the median take's slowdown: pipeline/host_speed.py), or None. A take
+    and the host's own noise (the median take's slowdown: pipeline/measuring/host_speed.py), or None. A take
     slower than alone with nothing beside it is the host's own spell: it counts as unslowed (the
     rounds' interleaving keeps its comparisons fair; docs/measurement.md)."""
     for rounds in details.rounds:
@@ -111,9 +111,9 @@ def measurement_flags(details, noisy_cv: float = NOISY_CV) -> list[str]:
         flags.append(f"noisy: interquartile CV {spread:.1%} is above {noisy_cv:.0%}")
     load = details.machine_load or {}
     if load.get("during"):
-        # What was seen while each measurement ran (pipeline/machine_watch.py); the load averages
+        # What was seen while each measurement ran (pipeline/measuring/machine_watch.py); the load averages
         # around it are older evidence, kept for manifests written before the measurement was watched.
-        from pipeline.machine_watch import verdict
+        from pipeline.measuring.machine_watch import verdict
 
         return flags + verdict(load["during"])
     for when in ("start", "end"):

@@ -7,12 +7,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pipeline.accuracy import THRESHOLD_FORMS, AccuracyFloor, AccuracyThreshold
-from pipeline.accuracy import parse_accuracy_threshold as accuracy_threshold
-from pipeline.errors import PipelineError, UsageError
 from pipeline.manifest import EngineManifest
+from pipeline.measuring.accuracy import THRESHOLD_FORMS, AccuracyFloor, AccuracyThreshold
+from pipeline.measuring.accuracy import parse_accuracy_threshold as accuracy_threshold
 from pipeline.report.manifest_sources import load_baseline, load_manifests
 from pipeline.report.rows import ComparisonRow
+from pipeline.running.errors import PipelineError, UsageError
 from pipeline.workspace import Workspace, output_folder
 
 
@@ -30,7 +30,7 @@ class Regression:
 
 def regression_gate(current: list[EngineManifest], baseline: list[EngineManifest], fail_above_pct: float) -> list[Regression]:
     """Every engine measured in both; `regressed` when slower by more than the threshold AND the noise."""
-    from pipeline.stats import median_difference_cis
+    from pipeline.measuring.stats import median_difference_cis
 
     def measured(manifests):
         return {

@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.errors import PipelineError, UsageError
+from pipeline.running.errors import PipelineError, UsageError
 from pipeline.trtexec.layers import MATH_TYPES, NO_OUTPUT, EngineLayer, LayerInfo
 
 KINDS = ("matched", "matched by ONNX nodes", "fused differently", "only in A", "only in B")

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import PipelineError, UsageError
 from pipeline.report.layer_diff import EngineSide, TimedLayer, how_to_get_layers
+from pipeline.running.errors import PipelineError, UsageError
 
 _SIDE_HINT = (
     "name an engine as TOOLCHAIN/ENGINE (e.g. trt10.16/vit_fp16, trt-rtx1.7/vit_tiny_fp8@2x512), "

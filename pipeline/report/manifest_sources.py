@@ -7,8 +7,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from pipeline.errors import PipelineError
 from pipeline.manifest import EngineManifest, parse_manifest, read_manifest
+from pipeline.running.errors import PipelineError
 from pipeline.workspace import Workspace
 
 

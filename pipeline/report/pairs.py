@@ -3,7 +3,7 @@ pair's ratio interval says once the tie band is taken into account, which rows t
 beats by their own intervals, and whether the answer's group is all "the same".
 
 A pair is decided "faster" or "slower" only where its interval does not reach across an edge of the
-tie band — the rounds' own rule for when to stop measuring (pipeline/measurement.py,
+tie band — the rounds' own rule for when to stop measuring (pipeline/measuring/rounds.py,
 ``undecided``). Where a point's budget ran out with a pair at the edge, one run of the same engines
 stops a hair inside the band (a tie) and the next a hair outside: neither is an answer, so the pair
 stays undecided (docs/cluster.md measured two H100 runs that did exactly that).
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from bisect import bisect_right
 
+from pipeline.measuring.stats import RatioEstimate, at_band_edge, tie_band
 from pipeline.report.rows import ComparisonRow
-from pipeline.stats import RatioEstimate, at_band_edge, tie_band
 
 # Of the rows whose intervals end lowest, how many beaten_apart keeps at each step of its sweep.
 _LOWEST_KEPT = 4
@@ -22,7 +22,7 @@ _LOWEST_KEPT = 4
 
 def beaten_apart(rows: list[ComparisonRow], tie: float) -> set[int]:
     """The ids of the rows another row is faster than with confidence by the two medians'
-    intervals, among rows not timed together (pipeline/stats.py: A/B lies in [A's low / B's high,
+    intervals, among rows not timed together (pipeline/measuring/stats.py: A/B lies in [A's low / B's high,
     A's high / B's low]; decided "faster" when that lies wholly below the tie band, not across its
     edge — ``decided``).
 

@@ -7,7 +7,7 @@ A row is reused only while its manifest is the same file — same size, modifica
 the same code: the cache is keyed by a digest of the modules that compute rows and intervals, so an
 upgraded checkout starts afresh rather than showing rows computed the old way. An interval of a
 difference is kept per pair of manifest versions. The bootstrap is seeded and its draws depend only
-on the series' lengths (pipeline/stats.py), so a remembered interval is the one a fresh
+on the series' lengths (pipeline/measuring/stats.py), so a remembered interval is the one a fresh
 computation gives, bit for bit.
 
 The cache is an optimisation: a missing, unreadable or unwritable cache file costs time, never a
@@ -23,17 +23,17 @@ import os
 from dataclasses import fields
 from pathlib import Path
 
-from pipeline.errors import PipelineError
 from pipeline.manifest import read_manifest
 from pipeline.report.rows import FILLED_BY_COMPARISON, ComparisonRow, attach_timings, row_of, shallow_copy
+from pipeline.running.errors import PipelineError
 
 CACHE_NAME = ".compare-cache.json"
 # What a cached row is made from: a change to any of these modules invalidates every entry.
 _CODE = (
-    "pipeline/manifest.py",
-    "pipeline/measurement.py",
-    "pipeline/machine_watch.py",
-    "pipeline/stats.py",
+    "pipeline/manifest/schema.py",
+    "pipeline/measuring/rounds.py",
+    "pipeline/measuring/machine_watch.py",
+    "pipeline/measuring/stats.py",
     "pipeline/report/rows.py",
     "pipeline/report/row_cache.py",
 )
@@ -82,7 +82,7 @@ class RowCache:
     def save(self) -> None:
         if self.cache_file is None or not self._dirty:
             return
-        from pipeline.artifacts import atomic_write_text
+        from pipeline.workspace.artifacts import atomic_write_text
 
         # Forget manifests that are gone, and intervals of versions no row has any more.
         self._rows = {path: entry for path, entry in self._rows.items() if os.path.exists(path)}
@@ -136,7 +136,7 @@ class RowCache:
 
     def fill_median_cis(self, rows: list[ComparisonRow]) -> None:
         """Each measured row's 95% bootstrap interval of its median, where the row has none yet."""
-        from pipeline.stats import bootstrap_median_cis
+        from pipeline.measuring.stats import bootstrap_median_cis
 
         missing = [row for row in rows if row.median_ms is not None and row.median_ci_ms is None]
         for row, interval in zip(missing, bootstrap_median_cis([self.samples(row) for row in missing])):
@@ -148,7 +148,7 @@ class RowCache:
 
     def difference_cis(self, pairs: list[tuple[ComparisonRow, ComparisonRow]]) -> list[tuple[float, float]]:
         """The 95% bootstrap interval of median(row) - median(base) for each pair."""
-        from pipeline.stats import median_difference_cis
+        from pipeline.measuring.stats import median_difference_cis
 
         keys = [self._pair_key(row, base) for row, base in pairs]
         missing = [i for i, key in enumerate(keys) if key is None or key not in self._pairs]

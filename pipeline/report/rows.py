@@ -10,10 +10,10 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from pipeline.catalog import Catalog
-from pipeline.errors import PipelineError
 from pipeline.manifest import EngineManifest
+from pipeline.measuring.stats import paired_ratio
 from pipeline.report.flags import NOISY_CV, measurement_flags
-from pipeline.stats import paired_ratio
+from pipeline.running.errors import PipelineError
 
 FORMATS = ("table", "md", "html", "json", "csv")
 
@@ -44,12 +44,12 @@ class ComparisonRow:
     batch_size: int | None = None
     median_ms: float | None = None
     # The 95 % interval of the median: the sign-test interval of the per-round take medians for an
-    # engine timed in rounds (pipeline/measurement.py), else a bootstrap of the per-iteration times.
+    # engine timed in rounds (pipeline/measuring/rounds.py), else a bootstrap of the per-iteration times.
     median_ci_ms: tuple[float, float] | None = None
     # Timed in rounds: how many it took part in, and why they ended ("decided", "budget", "alone").
     rounds: int | None = None
     rounds_stop: str | None = None
-    # Where it left its point's rounds out of the running (racing, pipeline/stopping.py): after how
+    # Where it left its point's rounds out of the running (racing, pipeline/measuring/stopping.py): after how
     # many rounds (its `rounds`); None where it took part in every round.
     raced_out_after: int | None = None
     p5_ms: float | None = None
@@ -223,12 +223,12 @@ def compare_rows(catalog: Catalog, rows: list[ComparisonRow], toolchain_order: l
         _add_roofline(row, flops_by_model)
     cache.fill_median_cis(rows)
     # Each comparison names the two rows and the field its significance goes in; the intervals
-    # of all of them are computed together (pipeline/stats.py), or remembered from an earlier call.
+    # of all of them are computed together (pipeline/measuring/stats.py), or remembered from an earlier call.
     comparisons = _speedups(catalog, rows) + _toolchain_changes(rows, toolchain_order)
     if catalog.baseline_toolchain:
         comparisons += _against_baseline_toolchain(rows, catalog.baseline_toolchain)
     # Rows timed together in rounds: significant when the interval of their paired per-round
-    # ratio excludes 1 (pipeline/stats.py); the others by the bootstrap below.
+    # ratio excludes 1 (pipeline/measuring/stats.py); the others by the bootstrap below.
     unpaired = []
     for row, base, field_name in comparisons:
         shared = set(row.round_medians) & set(base.round_medians)
@@ -357,7 +357,7 @@ def _row(m: EngineManifest, noisy_cv: float) -> ComparisonRow:
 def _take_rounds(row: ComparisonRow, records) -> None:
     """A row timed in rounds: its take medians by group and round, and its median's interval from
     them (takes spread over the whole measurement, so a host that changed speed widens it)."""
-    from pipeline.stats import median_interval
+    from pipeline.measuring.stats import median_interval
 
     for record in records:
         medians: list[float | None] = [None] * record.rounds

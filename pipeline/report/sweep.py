@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.measuring.stats import RatioEstimate
 from pipeline.report.confidence import time_ratio
 from pipeline.report.rows import ComparisonRow, shape_order
 from pipeline.report.verdict import TIE, Verdict, gpu_type_judged_on, gpu_words, measured_on, times
-from pipeline.stats import RatioEstimate
 
 METRICS = ("ms", "tokens", "memory")
 

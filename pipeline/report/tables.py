@@ -10,8 +10,8 @@ import io
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pipeline.errors import UsageError
 from pipeline.report.rows import ComparisonRow
+from pipeline.running.errors import UsageError
 
 
 def _fmt(value: float | None, spec: str, suffix: str = "") -> str:

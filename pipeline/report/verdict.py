@@ -18,13 +18,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.accuracy import AccuracyFloor, AccuracyThreshold
+from pipeline.measuring.accuracy import AccuracyFloor, AccuracyThreshold
+from pipeline.measuring.stats import RatioEstimate
 from pipeline.report import pairs
 from pipeline.report.confidence import interval_words, time_ratio
 from pipeline.report.flags import LAUNCH_BOUND
 from pipeline.report.gates import accuracy_shortfalls
 from pipeline.report.rows import ComparisonRow, shape_order
-from pipeline.stats import RatioEstimate
 
 # Flags that make a row's number untrustworthy for a verdict (rows.measurement_flags words them),
 # and the flag of an engine that failed its precision's own accuracy check. A noisy row is not

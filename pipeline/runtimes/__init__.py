@@ -13,10 +13,10 @@ import importlib
 from pathlib import Path
 
 from pipeline.catalog import Catalog
-from pipeline.catalog_file import read_catalog
-from pipeline.errors import EnvironmentMissing
+from pipeline.catalog.file import read_catalog
 from pipeline.manifest import know_tool_evidence
 from pipeline.models import spec_class as model_spec_class
+from pipeline.running.errors import EnvironmentMissing
 from pipeline.runtimes.base import EngineRuntime
 
 # kind → "module:class". Modules are imported when a catalog names their kind, not before.

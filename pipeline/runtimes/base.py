@@ -10,11 +10,11 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
-from pipeline.accuracy import ReferenceBatch
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
-from pipeline.measurement import PreparedEngine
+from pipeline.measuring.accuracy import ReferenceBatch
+from pipeline.measuring.rounds import PreparedEngine
 from pipeline.models import ModelSource, PointShapes
-from pipeline.reporting import Reporter
+from pipeline.running.reporting import Reporter
 
 
 @dataclass
@@ -96,7 +96,7 @@ class ProfileResult:
 
 @dataclass
 class ReferenceRun:
-    """An engine run on the reference batch (pipeline/accuracy.py), for its accuracy."""
+    """An engine run on the reference batch (pipeline/measuring/accuracy.py), for its accuracy."""
 
     # Output tensors by name, as arrays.
     outputs: dict[str, Any]
@@ -127,7 +127,7 @@ class NoEvidence(BaseModel):
 
 
 def checked_evidence(runtime: EngineRuntime, evidence: dict[str, Any], details: type[BaseModel]) -> dict[str, Any]:
-    """``evidence`` for a build's or profile's details (``details``, pipeline/manifest.py): what
+    """``evidence`` for a build's or profile's details (``details``, pipeline/manifest/schema.py): what
     the core schema names as it is, the rest — the runtime's own — checked against the model its
     runtime owns (EngineRuntime.Evidence) and kept as that model writes it. A key the runtime's
     model does not name is an error in the runtime, not a new field in the manifest."""
@@ -158,7 +158,7 @@ class EngineRuntime(ABC):
     builds_share_gpu: ClassVar[bool] = False
     #: Whether the engine is timed inside the pipeline's own process (InProcessRuntime), rather
     #: than in a tool's process of its own. Either is timed in rounds beside the shape point's
-    #: other engines (pipeline/measurement.py); a tool's engine with none beside it is one whole
+    #: other engines (pipeline/measuring/rounds.py); a tool's engine with none beside it is one whole
     #: measurement by the tool.
     measures_in_this_process: ClassVar[bool] = False
     #: Set by the build stage while a build runs (None otherwise): a runtime whose build goes on
@@ -301,7 +301,7 @@ class EngineRuntime(ABC):
 
 class InProcessRuntime(EngineRuntime):
     """A runtime that runs its engines in the pipeline's own process (PyTorch, ONNX Runtime): it
-    prepares an engine, and the measurement protocol (pipeline/measurement.py) times it — in rounds
+    prepares an engine, and the measurement protocol (pipeline/measuring/rounds.py) times it — in rounds
     beside the shape point's other engines, or alone as a group of one (pipeline/stages/point.py)."""
 
     measures_in_this_process = True

@@ -13,9 +13,9 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.artifacts import atomic_write_text
-from pipeline.errors import EnvironmentMissing, PipelineError
-from pipeline.reporting import Reporter
+from pipeline.running.errors import EnvironmentMissing, PipelineError
+from pipeline.running.reporting import Reporter
+from pipeline.workspace.artifacts import atomic_write_text
 
 # Exit status of a process killed by SIGKILL: a timeout, `docker kill`, or the OOM killer.
 EXIT_KILLED = 137

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from importlib import util
 
 from pipeline.catalog import Catalog
-from pipeline.environment import nvidia_gpus, package_version
+from pipeline.machine.environment import nvidia_gpus, package_version
 
 
 @dataclass
@@ -111,7 +111,7 @@ def check_docker() -> tuple[Check, Check]:
 
 
 def check_toolchains(catalog: Catalog) -> list[Check]:
-    from pipeline.reporting import Reporter
+    from pipeline.running.reporting import Reporter
     from pipeline.runtimes.toolchains import status
 
     return [Check(f"toolchain {row.name}", row.status.usable, row.status.detail) for row in status(catalog, Reporter())]

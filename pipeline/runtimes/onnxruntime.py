@@ -11,12 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pipeline.accuracy import ReferenceBatch
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
-from pipeline.environment import pinned_cores
-from pipeline.errors import PipelineError, require_module, tool_message
-from pipeline.measurement import HOST_LATENCY, host_take
+from pipeline.machine.environment import pinned_cores
+from pipeline.measuring.accuracy import ReferenceBatch
+from pipeline.measuring.rounds import HOST_LATENCY, host_take
 from pipeline.models import ModelSource
+from pipeline.running.errors import PipelineError, require_module, tool_message
 from pipeline.runtimes.base import BuildResult, InProcessRuntime, ReferenceRun, ToolchainStatus, rounds_words
 
 # Precisions whose ONNX form (plain FP32/FP16 graphs, INT8 QuantizeLinear/DequantizeLinear) this
@@ -199,7 +199,7 @@ class OnnxRuntimeRuntime(InProcessRuntime):
 
 
 class OrtEngine:
-    """An ONNX Runtime session and its inputs, ready for takes (pipeline/measurement.py): each run
+    """An ONNX Runtime session and its inputs, ready for takes (pipeline/measuring/rounds.py): each run
     is one ``session.run``, timed by the host's clock."""
 
     timing = HOST_LATENCY

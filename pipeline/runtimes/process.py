@@ -10,9 +10,9 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.artifacts import atomic_write_text
-from pipeline.errors import EnvironmentMissing, PipelineError
-from pipeline.reporting import Reporter
+from pipeline.running.errors import EnvironmentMissing, PipelineError
+from pipeline.running.reporting import Reporter
+from pipeline.workspace.artifacts import atomic_write_text
 
 
 @dataclass

@@ -10,7 +10,7 @@ The stages mean what they mean for every toolchain:
   at every point in processes side by side (pipeline/runtimes/torch_compile_ahead.py), so that
   each point's profile finds its graphs in Inductor's cache; for ``cudagraphs`` the capture.
 * **profile** prepares it (:meth:`TorchRuntime.prepare`) and hands it to the measurement protocol
-  (pipeline/measurement.py), which times it in rounds beside the other engines of the shape point.
+  (pipeline/measuring/rounds.py), which times it in rounds beside the other engines of the shape point.
   On a GPU the runs of a take are enqueued back to back and each is bracketed by CUDA events, so a
   run's time is the GPU's, as trtexec's GPU compute time is; the host-synchronised latency is kept
   beside it as a second figure. On the CPU a run's time is host time. A profile at the build's
@@ -37,11 +37,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from pipeline.accuracy import ReferenceBatch
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
-from pipeline.environment import nvidia_gpus, package_version
-from pipeline.errors import EnvironmentMissing, OutOfMemory, PipelineError, RefusedByTool
+from pipeline.machine.environment import nvidia_gpus, package_version
+from pipeline.measuring.accuracy import ReferenceBatch
 from pipeline.models import TORCH_DTYPES, ModelSource
+from pipeline.running.errors import EnvironmentMissing, OutOfMemory, PipelineError, RefusedByTool
 from pipeline.runtimes.base import AheadWork, BuildResult, InProcessRuntime, ReferenceRun, ToolchainStatus, rounds_words
 from pipeline.runtimes.torch_memory import gpu_memory, out_of_memory_as_error
 from pipeline.runtimes.torch_prepared import (
@@ -436,7 +436,7 @@ class TorchRuntime(InProcessRuntime):
         return model.eval()
 
     def prepare(self, engine_path: Path, workload: ReferenceBatch | None = None) -> Prepared:
-        """The engine ready to time at the workload's shape point (pipeline/measurement.py), with
+        """The engine ready to time at the workload's shape point (pipeline/measuring/rounds.py), with
         what the manifest records of how it runs."""
         prepared = self.load(engine_path, workload)
         # A model its build left prepared at this point took nothing to prepare here (its build's

@@ -22,11 +22,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipeline.accuracy import ReferenceBatch, parse_accuracy_lines, read_trtexec_outputs
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
-from pipeline.environment import nvidia_gpus
-from pipeline.errors import EnvironmentMissing, OutOfMemory, PipelineError, RefusedByTool
+from pipeline.machine.environment import nvidia_gpus
+from pipeline.measuring.accuracy import ReferenceBatch, parse_accuracy_lines, read_trtexec_outputs
 from pipeline.models import ModelSource
+from pipeline.running.errors import EnvironmentMissing, OutOfMemory, PipelineError, RefusedByTool
 from pipeline.runtimes.base import BuildResult, EngineRuntime, ProfileResult, ReferenceRun
 from pipeline.trtexec.command import BuildCommand, ProfileCommand, ReferenceCommand
 from pipeline.trtexec.exports import read_profile, read_times

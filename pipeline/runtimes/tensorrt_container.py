@@ -9,8 +9,8 @@ from typing import Any, Literal
 
 from pydantic import model_validator
 
-from pipeline.environment import nvidia_gpus
-from pipeline.errors import EnvironmentMissing
+from pipeline.machine.environment import nvidia_gpus
+from pipeline.running.errors import EnvironmentMissing
 from pipeline.runtimes.base import ToolchainStatus
 from pipeline.runtimes.tensorrt import Execution, TrtexecRuntime, TrtexecSpec
 

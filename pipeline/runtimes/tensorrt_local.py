@@ -8,8 +8,8 @@ import shutil
 from pathlib import Path
 from typing import Any, Literal
 
-from pipeline.environment import nvidia_gpus
-from pipeline.errors import EnvironmentMissing
+from pipeline.machine.environment import nvidia_gpus
+from pipeline.running.errors import EnvironmentMissing
 from pipeline.runtimes.base import ToolchainStatus
 from pipeline.runtimes.tensorrt import Execution, TrtexecRuntime, TrtexecSpec
 

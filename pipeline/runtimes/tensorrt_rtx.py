@@ -23,13 +23,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipeline.accuracy import ReferenceBatch
-from pipeline.artifacts import atomic_write_text
-from pipeline.cache import cache_dir
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
-from pipeline.environment import nvidia_gpus
-from pipeline.errors import EnvironmentMissing, OutOfMemory, PipelineError, RefusedByTool, UsageError
+from pipeline.machine.environment import nvidia_gpus
+from pipeline.measuring.accuracy import ReferenceBatch
 from pipeline.models import ModelSource
+from pipeline.running.errors import EnvironmentMissing, OutOfMemory, PipelineError, RefusedByTool, UsageError
 from pipeline.runtimes.base import BuildResult, EngineRuntime, ProfileResult, ToolchainStatus
 from pipeline.runtimes.tensorrt_rtx_release import (
     DRIVER,
@@ -37,6 +35,8 @@ from pipeline.runtimes.tensorrt_rtx_release import (
     cuda_flavour,
 )
 from pipeline.runtimes.tensorrt_rtx_reports import layer_times, tidy
+from pipeline.workspace.artifacts import atomic_write_text
+from pipeline.workspace.cache import cache_dir
 
 # Architectures the compiler targets (its ComputeCapability enum: SM75 … SM121 in 1.4-1.7) and
 # the compute capability each stands for.

@@ -12,12 +12,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.artifacts import atomic_write_text
 from pipeline.catalog import Catalog
-from pipeline.errors import EnvironmentMissing, PipelineError, UsageError
-from pipeline.reporting import Reporter
+from pipeline.running.errors import EnvironmentMissing, PipelineError, UsageError
+from pipeline.running.reporting import Reporter
 from pipeline.runtimes import create_runtime
 from pipeline.runtimes.base import ToolchainStatus
+from pipeline.workspace.artifacts import atomic_write_text
 
 LOCK_FILENAME = "toolchains.lock.json"
 

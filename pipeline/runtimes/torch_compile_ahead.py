@@ -189,8 +189,8 @@ def _compile_points(jobs, results, threads: int) -> None:
     # the processes together use the machine's CPUs, not each all of them. (Read when torch is
     # first imported, which is below; not part of the cache's key.)
     os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = str(threads)
-    from pipeline.errors import PipelineError
-    from pipeline.reporting import Reporter
+    from pipeline.running.errors import PipelineError
+    from pipeline.running.reporting import Reporter
     from pipeline.runtimes import create_runtime
 
     runtimes: dict[str, Any] = {}

@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 import sys
 
-from pipeline.errors import OutOfMemory, PipelineError
-from pipeline.faults import as_fault, synchronised
+from pipeline.running.errors import OutOfMemory, PipelineError
+from pipeline.running.faults import as_fault, synchronised
 
 
 def gpu_memory(torch, prepared) -> dict[str, float]:
@@ -64,7 +64,7 @@ class out_of_memory_as_error:
 
     def __exit__(self, kind, exc, traceback):
         # The call's GPU work waited for, so that a kernel it launched that faults is seen here, in
-        # the call that launched it (pipeline/faults.py), and named for this point.
+        # the call that launched it (pipeline/running/faults.py), and named for this point.
         doing = " ".join(part for part in (self.doing, f"at {self.at}") if part)
         if kind is None:
             synchronised(doing)

@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pipeline.errors import RefusedByTool
-from pipeline.faults import fault_words
+from pipeline.running.errors import RefusedByTool
+from pipeline.running.faults import fault_words
 from pipeline.runtimes.torch_memory import is_out_of_memory, out_of_memory_as_error
 from pipeline.runtimes.torch_prepared import (
     Prepared,
@@ -193,7 +193,7 @@ class TorchPreparation:
         to the accumulated limit instead. A model another one's compilation served — same class,
         shapes and mode, so no graph was traced, and fullgraph and the graph facts untested — is
         compiled afresh after a reset; the others recompile when they next run, which the
-        protocol's warm-up does before any take (pipeline/measurement.py)."""
+        protocol's warm-up does before any take (pipeline/measuring/rounds.py)."""
         import torch._dynamo
         from torch._inductor.runtime import cache_dir_utils
 
@@ -246,7 +246,7 @@ class TorchPreparation:
             raise
         except Exception as exc:  # Dynamo/Inductor raise many types: Unsupported, BackendCompilerFailed, …
             if fault_words(exc) is not None:
-                raise  # a kernel faulted: the point's result (pipeline/faults.py), not the compiler's refusal
+                raise  # a kernel faulted: the point's result (pipeline/running/faults.py), not the compiler's refusal
             ran_out = _out_of_memory_within(torch, exc)
             if ran_out is not None:  # Inductor's autotuning, say, wraps PyTorch's own: the point's result
                 raise ran_out from exc

@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from pipeline.catalog import Catalog, EngineRef
-from pipeline.environment import capture_environment
-from pipeline.errors import DeviceFault, OutOfMemory, PipelineError, RefusedByTool
+from pipeline.machine.environment import capture_environment
 from pipeline.manifest import Artifact, EngineManifest, FaultFacts, OutOfMemoryFacts, StageRecord, read_manifest
 from pipeline.models import ModelSource, model_source
-from pipeline.reporting import Reporter
+from pipeline.running.errors import DeviceFault, OutOfMemory, PipelineError, RefusedByTool
+from pipeline.running.reporting import Reporter
 from pipeline.workspace import Workspace
 
 STAGE_ORDER = ("export", "build", "profile")

@@ -6,12 +6,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pipeline.artifacts import atomic_output, storage_shortfall
-from pipeline.errors import PipelineError, RefusedByTool
 from pipeline.manifest import Artifact, BuildDetails, StageRecord, read_manifest
+from pipeline.running.errors import PipelineError, RefusedByTool
 from pipeline.runtimes import get_runtime
 from pipeline.runtimes.base import checked_evidence
 from pipeline.stages.base import Stage, StageOutcome
+from pipeline.workspace.artifacts import atomic_output, storage_shortfall
 
 
 class BuildStage(Stage):
@@ -188,7 +188,7 @@ class BuildStage(Stage):
     def point_workloads(self) -> list:
         """The inputs each shape point's profile will feed this engine (the export's reference
         batches); none for an engine of one shape or one point."""
-        from pipeline.accuracy import ReferenceBatch
+        from pipeline.measuring.accuracy import ReferenceBatch
 
         if self.shape is not None:
             return []

@@ -20,11 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.artifacts import sha256_file
-from pipeline.environment import package_version
-from pipeline.errors import DeviceFault, EnvironmentMissing, UsageError
+from pipeline.machine.environment import package_version
 from pipeline.manifest import Artifact, ExportDetails, OutOfMemoryFacts
 from pipeline.models import TORCH_DTYPES
+from pipeline.running.errors import DeviceFault, EnvironmentMissing, UsageError
 from pipeline.runtimes.torch_memory import out_of_memory_as_error
 from pipeline.stages.base import Stage, StageOutcome
 from pipeline.stages.export_phases import Phases
@@ -52,6 +51,7 @@ from pipeline.stages.quantize import (
 from pipeline.stages.quantized_layers import layers_to_rewrite, prefix_of, resolve_exclude
 from pipeline.stages.sparsify import sparsify_model
 from pipeline.stages.user_onnx import take_onnx
+from pipeline.workspace.artifacts import sha256_file
 
 
 @dataclass
@@ -368,7 +368,7 @@ class ExportStage(Stage):
         return _Traced(model, runnable, device, points, model_inputs, sample)
 
     def _fp32_references(self, traced: _Traced, source) -> _References:
-        """What every engine of this variant is checked against (pipeline/accuracy.py): one batch
+        """What every engine of this variant is checked against (pipeline/measuring/accuracy.py): one batch
         per shape point, or the one batch of a model of one shape, and the FP32 model's outputs."""
         import torch
         from torch.nn.attention import SDPBackend, sdpa_kernel

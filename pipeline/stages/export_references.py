@@ -1,7 +1,7 @@
 """The reference an export leaves for every engine of its variant: the batch each engine is checked
 on (seeded inputs, or images of the evaluation folder with their labels) and the FP32 PyTorch
 model's outputs for it, written beside the ONNX — one batch for a model of one shape, one per shape
-point otherwise. The profile stage (pipeline/accuracy.py) reads them back.
+point otherwise. The profile stage (pipeline/measuring/accuracy.py) reads them back.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline.artifacts import atomic_output
 from pipeline.models.images import class_counts, image_class, image_files, load_images, sample_across_classes
+from pipeline.workspace.artifacts import atomic_output
 
 
 def reference_batch(model, sample, directory: Path | None, seed: int, checkpoint) -> tuple[Any, dict[str, Any]]:
@@ -75,7 +75,7 @@ class ReferenceWriter:
 
     def one_batch(self, input_name: str, engine_input, fp32_output, facts: dict[str, Any]) -> dict[str, Any]:
         """The reference batch in the engine's input dtype and the FP32 model's outputs for it."""
-        from pipeline.accuracy import write_tensor
+        from pipeline.measuring.accuracy import write_tensor
 
         described = dict(facts)
         names = (input_name, self.output_name)
@@ -91,7 +91,7 @@ class ReferenceWriter:
         """Each shape point's reference inputs (floating ones in the engine's dtype, integer ones
         as they are) and the FP32 model's outputs for them; a point in ``missing`` (label → why)
         has its inputs only, which its engines are measured on, their accuracy there unchecked."""
-        from pipeline.accuracy import write_tensor
+        from pipeline.measuring.accuracy import write_tensor
 
         workspace = self.workspace
         described: dict[str, Any] = {**facts, "points": {}}

@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.artifacts import atomic_output
-from pipeline.errors import PipelineError, UsageError, require_module
+from pipeline.running.errors import PipelineError, UsageError, require_module
 from pipeline.runtimes.onnxruntime import NO_CPU_KERNELS
 from pipeline.runtimes.torch_memory import is_out_of_memory
 from pipeline.stages.parity import check_parity
 from pipeline.stages.quantize import as_inputs, export_quantized
 from pipeline.stages.sparsify import onnx_sparsity
+from pipeline.workspace.artifacts import atomic_output
 
 # Samples the parity check runs for graphs traced with a dynamic batch (CPU traces): more than the
 # traced batch, fewer than a batch of 64, which takes ONNX Runtime seconds on the CPU.

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.errors import PipelineError, tool_message
 from pipeline.manifest import ParityCheck
+from pipeline.running.errors import PipelineError, tool_message
 from pipeline.stages.quantize import PRESETS
 
 # How far the ONNX Runtime output may drift from PyTorch's on the same input, per precision:

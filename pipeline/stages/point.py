@@ -6,7 +6,7 @@ task, a profile asked for alone):
 
 - Every engine is prepared once — an engine that runs in this process (PyTorch, ONNX Runtime)
   loaded, compiled, captured and warmed — and its accuracy checked on the point's reference batch.
-- Then all of them are timed by the protocol in pipeline/measurement.py: one take each per round,
+- Then all of them are timed by the protocol in pipeline/measuring/rounds.py: one take each per round,
   in a seeded random order, until the comparisons the verdict needs are decided or the point's
   budget is spent. An engine a tool times in a process of its own (trtexec, the TensorRT-RTX driver)
   takes part by a short run of the tool per take (pipeline/runtimes/base.py, ToolTakes).
@@ -31,16 +31,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.environment import machine_load, measuring_gpu, running_on
-from pipeline.errors import DeviceFault, EnvironmentMissing, PipelineError
-from pipeline.host_rounds import HostRounds
-from pipeline.machine_watch import MachineWatch
+from pipeline.machine.environment import machine_load, measuring_gpu, running_on
 from pipeline.manifest import StageRecord
-from pipeline.measurement import RoundsOutcome, RoundsRecord, measure_in_rounds
+from pipeline.measuring.host_rounds import HostRounds
+from pipeline.measuring.machine_watch import MachineWatch
+from pipeline.measuring.rounds import RoundsOutcome, RoundsRecord, measure_in_rounds
+from pipeline.measuring.sm_clock import SmClock
+from pipeline.measuring.stats import LatencyStats
+from pipeline.measuring.stopping import open_pair_words, undecided
+from pipeline.running.errors import DeviceFault, EnvironmentMissing, PipelineError
 from pipeline.runtimes.base import ProfileResult
-from pipeline.sm_clock import SmClock
-from pipeline.stats import LatencyStats
-from pipeline.stopping import open_pair_words, undecided
 
 # Seconds a repeat's process has to end after an interruption before it is killed.
 STOP_GRACE_S = 10
@@ -74,7 +74,7 @@ def profile_point(stages: list) -> dict[Any, StageRecord | PipelineError]:
     run, then let each record its result. What each recorded, or the error that stopped it (a
     refusal — a capture refused — is recorded in its manifest as failed; out of memory as a result
     of its own). A kernel that faults is recorded for the engine it is pinned to and raised: the
-    process can time nothing more (pipeline/faults.py)."""
+    process can time nothing more (pipeline/running/faults.py)."""
     runnable = [stage for stage in stages if stage.skip_reason() is None]
     # A result kept without a number (out of memory, a fault) is not measured again beside the
     # others when they are: it would only run out, or fault, again; --force tries it.
@@ -151,7 +151,7 @@ def _in_rounds(stages: list) -> dict[Any, Measured | PipelineError]:
     working = reporter.working("profile", f"{label} ({len(stages)} engine{'s' if len(stages) > 1 else ''} in rounds)")
     with working, HostRounds(on_wait=reporter.progress) as held:
         # Preparing is CPU work that would slow another point's launch-bound rounds: it holds the
-        # host shared, and the rounds hold it as their engines need (pipeline/host_rounds.py).
+        # host shared, and the rounds hold it as their engines need (pipeline/measuring/host_rounds.py).
         held.share()
         for stage in stages:
             try:
@@ -237,7 +237,7 @@ def _of_takes(said: dict[str, Any], times_ms: list[float], elapsed_s: float) -> 
 
 
 def _tool_alone(stage) -> Measured:
-    """``repeats`` whole runs of the tool, each watched (pipeline/machine_watch.py), taken again
+    """``repeats`` whole runs of the tool, each watched (pipeline/measuring/machine_watch.py), taken again
     while their medians disagree by more than ``max_repeat_cv`` (at most ``retakes`` times); then
     the engine's accuracy on the reference batch."""
     reporter = stage.ctx.reporter
@@ -320,7 +320,7 @@ def _in_fresh_process(stages: list, settings):
 
 
 def _fresh_process(send, catalog, members: list[tuple[str, str, Path, Any]], settings, seed: int, verbose: bool) -> None:
-    from pipeline.reporting import Reporter
+    from pipeline.running.reporting import Reporter
     from pipeline.runtimes import create_runtime
 
     try:

@@ -5,7 +5,7 @@ the variant at the parity points. A point whose batch does not fit in memory is 
 a time — every sample's output is its own, so the reference is the same — and one that does not fit
 even a sample at a time is a result: its engines are still built and measured there, their
 accuracy said to be unchecked and why. A kernel that faults at a point is named for that point
-(pipeline/faults.py); the export then goes on in a fresh process without that point's reference.
+(pipeline/running/faults.py); the export then goes on in a fresh process without that point's reference.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pipeline.errors import DeviceFault, OutOfMemory
+from pipeline.running.errors import DeviceFault, OutOfMemory
 from pipeline.runtimes.torch_memory import out_of_memory_as_error
 
 

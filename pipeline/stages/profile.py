@@ -7,18 +7,18 @@ import functools
 from pathlib import Path
 from typing import Any
 
-from pipeline.environment import cpu_name, machine_load, nvidia_gpus
-from pipeline.errors import PipelineError, RefusedByTool
-from pipeline.machine_watch import verdict
+from pipeline.machine.environment import cpu_name, machine_load, nvidia_gpus
 from pipeline.manifest import Artifact, ProfileDetails, StageRecord, read_manifest
+from pipeline.measuring.machine_watch import verdict
+from pipeline.measuring.stats import LatencyStats
+from pipeline.running.errors import PipelineError, RefusedByTool
 from pipeline.runtimes import get_runtime
 from pipeline.runtimes.base import checked_evidence
 from pipeline.stages.base import Stage, StageOutcome
-from pipeline.stats import LatencyStats
 
 
 class ProfileStage(Stage):
-    """Time the engine, then check its own outputs on the reference batch (pipeline/accuracy.py)."""
+    """Time the engine, then check its own outputs on the reference batch (pipeline/measuring/accuracy.py)."""
 
     name = "profile"
 
@@ -117,7 +117,7 @@ class ProfileStage(Stage):
     def workload(self):
         """The inputs measured at this shape point (the reference batch there); None for a model of
         one shape, whose runtimes feed seeded inputs of the engine's own shape."""
-        from pipeline.accuracy import ReferenceBatch
+        from pipeline.measuring.accuracy import ReferenceBatch
 
         if self.shape is None:
             return None
@@ -274,7 +274,7 @@ class ProfileStage(Stage):
     def check_accuracy(self, engine_path: Path, workload=None):
         """(figures, why not checked, the reference run) for this engine on its reference batch
         (the workload's, at a shape point)."""
-        from pipeline.accuracy import ReferenceBatch, compare_outputs
+        from pipeline.measuring.accuracy import ReferenceBatch, compare_outputs
 
         self.ctx.reporter.step("checking its outputs on the reference batch")
         export = self.export_record

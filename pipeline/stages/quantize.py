@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.errors import EnvironmentMissing, PipelineError, UsageError, require_module
+from pipeline.running.errors import EnvironmentMissing, PipelineError, UsageError, require_module
 from pipeline.stages.fp4_graph import make_fp4_graph_consistent
 from pipeline.stages.quantized_layers import (
     BLOCK_FORMATS,
@@ -457,7 +457,7 @@ def accuracy_proxy(reference_outputs, outputs, precision: str, sparse: bool) -> 
     # Top-1 agreement where the outputs are class scores (samples × classes), not hidden states.
     classes = reference_outputs[0].dim() == 2
     top1 = float((ref.argmax(dim=1) == out.argmax(dim=1)).float().mean()) if classes else None
-    from pipeline.accuracy import accuracy_floor
+    from pipeline.measuring.accuracy import accuracy_floor
 
     floor = accuracy_floor(precision, sparse)
     result = {

@@ -20,7 +20,7 @@ from __future__ import annotations
 import difflib
 import fnmatch
 
-from pipeline.errors import UsageError
+from pipeline.running.errors import UsageError
 
 BLOCK_FORMATS = {"mxfp8", "nvfp4"}
 EXCLUDED_BY_CATALOG = "excluded by the catalog (exclude in [variants.{variant}])"

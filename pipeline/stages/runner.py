@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from pipeline.catalog import EngineRef
-from pipeline.errors import DeviceFault, EnvironmentMissing, PipelineError
+from pipeline.running.errors import DeviceFault, EnvironmentMissing, PipelineError
 from pipeline.stages.base import STAGE_ORDER, RunContext
 
 
@@ -97,7 +97,7 @@ def run_engine(ctx: RunContext, engine: EngineRef, toolchain: str | None, until:
 def _each_point(ctx: RunContext, engine: EngineRef, points: list[str | None], work) -> None:
     """``work`` at every shape point; a point that fails (out of memory at the largest, say) is
     reported and recorded, and the others still run. One error afterwards names the failed ones."""
-    from pipeline.reporting import print_error
+    from pipeline.running.reporting import print_error
 
     if points == [None]:
         work(None)
@@ -158,7 +158,7 @@ def run_engines(ctx: RunContext, engines: list[EngineRef], toolchains: list[str]
     """Each engine on each toolchain (none: the export alone); a failure is reported and the rest
     still runs (like `make -k`). The profiles of the runtimes that time in this process are run
     last, a shape point at a time, every engine of the point in one set of rounds."""
-    from pipeline.reporting import print_error
+    from pipeline.running.reporting import print_error
     from pipeline.runtimes import get_runtime
     from pipeline.stages.point import profile_point
 
@@ -185,7 +185,7 @@ def run_engines(ctx: RunContext, engines: list[EngineRef], toolchains: list[str]
                     run_engine(ctx, engine, toolchain, until, points)
                     summary.succeeded.append(engine.name)
                 except DeviceFault:
-                    raise  # recorded; the command goes on in a fresh process (pipeline/faults.py)
+                    raise  # recorded; the command goes on in a fresh process (pipeline/running/faults.py)
                 except PipelineError as exc:
                     if single:
                         raise

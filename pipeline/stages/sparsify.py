@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.errors import PipelineError
+from pipeline.running.errors import PipelineError
 
 METHODS = ("sparse_magnitude", "sparsegpt")
 # Ops that sit between a weight initializer and the layer using it in exported graphs: casts, and

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import shutil
 
-from pipeline.artifacts import atomic_output
-from pipeline.errors import PipelineError, UsageError
 from pipeline.manifest import ExportDetails
+from pipeline.running.errors import PipelineError, UsageError
 from pipeline.stages.base import StageOutcome
 from pipeline.stages.export_references import ReferenceWriter, reference_files
 from pipeline.stages.onnx_writing import onnx_audit, op_histogram
 from pipeline.stages.parity import run_onnx
+from pipeline.workspace.artifacts import atomic_output
 
 
 def take_onnx(stage, source, phase) -> StageOutcome:

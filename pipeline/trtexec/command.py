@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.errors import UsageError
+from pipeline.running.errors import UsageError
 
 # Weakly typed precision flags, per the deprecation note in the 10.14.1 --help.
 WEAK_TYPING_FLAGS = ("--fp16", "--bf16", "--int8", "--fp8", "--int4", "--best")

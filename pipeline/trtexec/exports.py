@@ -13,9 +13,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from pipeline.errors import PipelineError
 from pipeline.manifest import LayerTime
-from pipeline.stats import LatencyStats
+from pipeline.measuring.stats import LatencyStats
+from pipeline.running.errors import PipelineError
 from pipeline.trtexec.text import read_text
 
 

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from pipeline.errors import PipelineError
+from pipeline.running.errors import PipelineError
 from pipeline.trtexec.text import log_lines, read_document
 
 # --- data types ----------------------------------------------------------------------------------

@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from pipeline.errors import PipelineError
 from pipeline.manifest import LayerTime
+from pipeline.running.errors import PipelineError
 from pipeline.trtexec.command_shapes import read_command_shapes
 from pipeline.trtexec.log_lines import BANNER, PREFIX, trtexec_lines
 from pipeline.trtexec.log_records import (

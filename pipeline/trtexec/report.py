@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from pipeline.errors import PipelineError
+from pipeline.running.errors import PipelineError
 from pipeline.trtexec.exports import ExportedProfile, IterationTimes, read_profile, read_times
 from pipeline.trtexec.layers import LayerInfo, PrecisionAudit, read_layer_info
 from pipeline.trtexec.log import TrtexecLog, read_log

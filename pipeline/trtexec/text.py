@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import PipelineError
+from pipeline.running.errors import PipelineError
 
 # Byte-order marks, longest first (UTF-32's begin with UTF-16's). Windows PowerShell's `>` writes
 # UTF-16 LE with a BOM; Notepad and some editors save UTF-8 with one.

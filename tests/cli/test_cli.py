@@ -118,7 +118,7 @@ def test_doctor_reports_the_embedded_runtime_as_usable(run_cli, tiny_catalog):
 def test_doctor_names_the_torch_build_and_on_a_gpu_machine_what_installs_the_cuda_one(monkeypatch):
     import torch
 
-    from pipeline.environment import GpuInfo
+    from pipeline.machine.environment import GpuInfo
     from pipeline.runtimes.doctor import check_torch_build
 
     monkeypatch.setattr(torch.version, "cuda", None)
@@ -138,7 +138,7 @@ def test_doctor_names_the_torch_build_and_on_a_gpu_machine_what_installs_the_cud
 def test_missing_dependencies_say_how_to_install_them():
     import pytest
 
-    from pipeline.errors import EnvironmentMissing, require_module
+    from pipeline.running.errors import EnvironmentMissing, require_module
 
     with pytest.raises(EnvironmentMissing) as optional:
         require_module("no_such_module_xyz", purpose="Exporting models")

@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.artifacts import sha256_file
 from pipeline.manifest import read_manifest
+from pipeline.workspace.artifacts import sha256_file
 from tests import raycluster
 from tests.conftest import CPU_TOOLCHAINS, RTX_TOOLCHAINS, TINY_CATALOG, tiny_bert_catalog, write_catalog
 from tests.dockerd import STANDIN, standin_files
@@ -498,7 +498,7 @@ def test_a_worker_killed_in_a_points_rounds_leaves_nothing_and_the_point_is_meas
 
 
 def holding_the_host_whole(lock: Path) -> int | None:
-    """The process whose point's rounds hold its host whole (pipeline/host_rounds.py): the holder of
+    """The process whose point's rounds hold its host whole (pipeline/measuring/host_rounds.py): the holder of
     an exclusive flock on the node's lock file, as /proc/locks lists it."""
     try:
         inode = lock.stat().st_ino

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from pipeline.cluster.connection import Node, _connection_error, describe_node, gpu_types_of, placement_resources
-from pipeline.errors import EnvironmentMissing
+from pipeline.running.errors import EnvironmentMissing
 
 
 def test_ray_is_never_imported_without_cluster():
@@ -85,7 +85,7 @@ def test_each_kind_of_work_is_placed_where_it_can_run(tmp_path):
     from pipeline.catalog import EngineRef
     from pipeline.cluster.connection import Cluster
     from pipeline.cluster.plan import ClusterPlan, Job, Member
-    from pipeline.errors import UsageError
+    from pipeline.running.errors import UsageError
     from pipeline.runtimes import load_catalog
     from pipeline.stages.base import RunContext
     from pipeline.workspace import Workspace
@@ -303,13 +303,13 @@ def test_a_server_that_speaks_http2_passes_the_check():
 
 def test_the_probe_answers_on_a_node_without_the_product(tmp_path):
     """The probe goes to the nodes by value, with the nvidia-smi query it uses
-    (pipeline/nvidia_smi.py): unpickled where `import pipeline` fails, it still says what the node
+    (pipeline/machine/nvidia_smi.py): unpickled where `import pipeline` fails, it still says what the node
     has, and that the product is missing there."""
     pytest.importorskip("ray", reason="the probe is sent with Ray's cloudpickle (the cluster extra)")
     from ray import cloudpickle
 
-    from pipeline import nvidia_smi
     from pipeline.cluster import probe
+    from pipeline.machine import nvidia_smi
 
     for module in (probe, nvidia_smi):
         cloudpickle.register_pickle_by_value(module)
@@ -327,7 +327,7 @@ def test_the_probe_answers_on_a_node_without_the_product(tmp_path):
     done = subprocess.run([sys.executable, "-c", elsewhere, str(tmp_path / "probe.pickle")], capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     answer = json.loads(done.stdout.strip().splitlines()[-1])
-    from pipeline.environment import nvidia_gpus
+    from pipeline.machine.environment import nvidia_gpus
 
     assert answer["pipeline"] is None and answer["hostname"] and answer["cpu_count"] >= 1
     assert [(gpu["name"], gpu["compute_capability"]) for gpu in answer["gpus"]] == [
@@ -343,7 +343,7 @@ def test_a_toolchain_that_builds_for_its_machines_gpu_builds_for_the_clusters_gp
     from pipeline.catalog import EngineRef
     from pipeline.cluster.connection import Cluster
     from pipeline.cluster.plan import ClusterPlan, Member
-    from pipeline.environment import GpuInfo
+    from pipeline.machine.environment import GpuInfo
     from pipeline.runtimes import get_runtime, load_catalog
     from pipeline.runtimes import tensorrt_rtx as rtx_module
     from pipeline.stages.base import RunContext

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.cluster.cpu_share import claimed_share, shares
-from pipeline.environment import physical_cores
+from pipeline.machine.environment import physical_cores
 
 
 def topology(root: Path, cpus: dict[int, tuple[int, int]]) -> Path:

@@ -160,8 +160,8 @@ def test_dry_runs_print_the_optimization_profile_and_one_point_per_profile(versi
 def test_a_torch_engine_of_a_transformer_loads_again_in_a_new_runtime(bert_ws):
     """The engine file describes the model by family and settings: a fresh runtime (a later
     command) rebuilds it at another shape point and gets the same outputs as the profile did."""
-    from pipeline.accuracy import ReferenceBatch
-    from pipeline.reporting import Reporter
+    from pipeline.measuring.accuracy import ReferenceBatch
+    from pipeline.running.reporting import Reporter
     from pipeline.runtimes import create_runtime, load_catalog
 
     catalog = load_catalog(bert_ws / "pipeline.toml")

@@ -416,6 +416,9 @@ def test_a_plan_the_confirmation_does_not_hold_is_said_and_not_applied(tmp_path,
     assert result.exit_code == 1, result.err
     assert "not confirmed by its bounds on the confirmation batches" in result.out and "[variants.int8_plan]" in result.out
     said = " ".join(result.err.split())
-    assert "holds cosine ≥ 0.99 (the int8 check of pipeline/accuracy.py) on the search batches but its bounds on the confirmation" in said
+    assert (
+        "holds cosine ≥ 0.99 (the int8 check of pipeline/measuring/accuracy.py) on the search batches but its bounds on the confirmation"
+        in said
+    )
     assert "(cosine ≥ 0." in said and "bootstrap)" in said  # the bound that failed
     assert "it was not applied" in result.err and catalog.read_text() == before

@@ -12,10 +12,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipeline.errors import PipelineError
 from pipeline.precision.bounds import bounds, sample_stats
 from pipeline.precision.figures import Floor, figures
 from pipeline.precision.plan import make_plan
+from pipeline.running.errors import PipelineError
 
 torch = pytest.importorskip("torch")
 

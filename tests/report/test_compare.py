@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from pipeline.manifest import Artifact, BuildDetails, EngineManifest, Environment, ExportDetails, ProfileDetails, StageRecord, read_manifest
+from pipeline.measuring.stats import LatencyStats
 from pipeline.runtimes.tensorrt import context_memory_mib
-from pipeline.stats import LatencyStats
 from pipeline.trtexec.layers import read_layer_info
 from pipeline.trtexec.log import read_log
 from tests.conftest import SAMPLES, TINY_CATALOG, render_in_chromium, write_catalog

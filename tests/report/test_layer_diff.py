@@ -7,9 +7,9 @@ import shutil
 
 import pytest
 
-from pipeline.errors import PipelineError, UsageError
 from pipeline.report.layer_diff import EngineSide, canonical, diff, nodes_of
 from pipeline.report.layer_sides import load_side
+from pipeline.running.errors import PipelineError, UsageError
 from pipeline.trtexec.layers import read_layer_info
 from pipeline.trtexec.log import read_log
 from tests.conftest import SAMPLES, render_in_chromium

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.accuracy import AccuracyFloor
 from pipeline.manifest import read_manifest
+from pipeline.measuring.accuracy import AccuracyFloor
+from pipeline.measuring.stats import at_band_edge
 from pipeline.report.rows import ComparisonRow
 from pipeline.report.sweep import sweeps
 from pipeline.report.verdict import verdicts
-from pipeline.stats import at_band_edge
 from tests.conftest import CPU_TOOLCHAINS, render_in_chromium, tiny_bert_catalog
 from tests.runtimes.test_pytorch_runtime import needs_inductor
 
@@ -317,7 +317,7 @@ def test_work_ahead_of_profiles_goes_on_in_one_pool_per_kind_and_a_failure_only_
     evidence recorded for it; a kind whose pool fails is a warning, and the run goes on."""
     from types import SimpleNamespace
 
-    from pipeline.reporting import Reporter
+    from pipeline.running.reporting import Reporter
     from pipeline.runtimes.base import AheadPool, AheadWork
     from pipeline.stages.runner import WorkAhead
 

@@ -315,7 +315,7 @@ def test_a_tampered_onnx_is_re_exported_and_force_reruns(demo, run_cli):
 
 
 def test_full_disk_during_export_leaves_nothing_that_looks_valid(tiny_catalog, run_cli, monkeypatch):
-    from pipeline import artifacts
+    from pipeline.workspace import artifacts
 
     real_replace = os.replace
 
@@ -389,8 +389,8 @@ def test_a_pinned_process_sizes_onnx_runtimes_thread_pool_to_its_own_cores(tmp_p
     import onnxruntime
     from onnx import TensorProto, helper
 
-    from pipeline.environment import running_on
-    from pipeline.reporting import Reporter
+    from pipeline.machine.environment import running_on
+    from pipeline.running.reporting import Reporter
     from pipeline.runtimes import create_runtime
     from pipeline.runtimes.onnxruntime import OnnxRuntimeSpec
 

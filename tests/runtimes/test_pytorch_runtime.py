@@ -28,7 +28,7 @@ def _why_no_inductor() -> str | None:
     PIPELINE_REQUIRE_COMPILER=1, so there these tests run, or fail saying what is missing."""
     if os.environ.get("PIPELINE_REQUIRE_COMPILER") == "1":
         return None
-    from pipeline.reporting import Reporter
+    from pipeline.running.reporting import Reporter
     from pipeline.runtimes import create_runtime, spec_class
 
     spec = spec_class("torch").model_validate({"kind": "torch", "backend": "compile"})
@@ -153,7 +153,7 @@ if sys.argv[1] == "early":
 import torch
 if sys.argv[1] == "early":
     early.torch = torch
-from pipeline.reporting import Reporter
+from pipeline.running.reporting import Reporter
 from pipeline.runtimes import spec_class
 from pipeline.runtimes.torch_preparing import TorchPreparation
 
@@ -392,7 +392,7 @@ def test_ctrl_c_during_a_compile_leaves_nothing_that_looks_valid(tmp_path, run_c
 
 
 def test_out_of_memory_names_the_batch_and_the_free_memory(monkeypatch):
-    from pipeline.errors import PipelineError
+    from pipeline.running.errors import PipelineError
     from pipeline.runtimes.torch_memory import out_of_memory_as_error
 
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)

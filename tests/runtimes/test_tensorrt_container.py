@@ -105,7 +105,7 @@ def _engine_dir(catalog, toolchain):
 
 
 def test_runner_isolates_the_container(docker_host, tmp_path, monkeypatch):
-    from pipeline.reporting import Reporter
+    from pipeline.running.reporting import Reporter
     from pipeline.runtimes import container
     from pipeline.runtimes.container import DockerRunner, Mount
 
@@ -136,8 +136,8 @@ def test_runner_isolates_the_container(docker_host, tmp_path, monkeypatch):
 
 
 def test_runner_kills_on_timeout_and_removes_the_container(docker_host, tmp_path):
-    from pipeline.errors import PipelineError
-    from pipeline.reporting import Reporter
+    from pipeline.running.errors import PipelineError
+    from pipeline.running.reporting import Reporter
     from pipeline.runtimes.container import DockerRunner
 
     with pytest.raises(PipelineError, match="ran past its 2 s limit and was killed"):
@@ -301,8 +301,8 @@ def test_lock_pins_digests_and_builds_warn_when_the_image_changed(docker_host, w
 
 def test_profiling_an_engine_from_another_release_is_refused(docker_host, workspace, run_cli):
     assert run_cli(workspace, "build", "--engine", "tiny_fp32", "--toolchain", "standin").exit_code == 0
-    from pipeline.errors import PipelineError
-    from pipeline.reporting import Reporter
+    from pipeline.running.errors import PipelineError
+    from pipeline.running.reporting import Reporter
     from pipeline.runtimes import load_catalog
     from pipeline.stages.base import RunContext
     from pipeline.stages.profile import ProfileStage

@@ -209,7 +209,7 @@ def test_a_build_that_runs_out_of_gpu_memory_is_a_result_with_what_tensorrt_aske
     build is out of memory, a result with the bytes asked for and the log, not a refusal."""
     from types import SimpleNamespace
 
-    from pipeline.errors import OutOfMemory
+    from pipeline.running.errors import OutOfMemory
     from pipeline.runtimes.tensorrt import Execution, TrtexecRuntime, out_of_memory_words
     from pipeline.trtexec.log import parse_log
     from tests.conftest import SAMPLES

@@ -16,10 +16,10 @@ import subprocess
 
 import pytest
 
-from pipeline.artifacts import sha256_file
-from pipeline.environment import nvidia_gpus
+from pipeline.machine.environment import nvidia_gpus
 from pipeline.manifest import read_manifest
 from pipeline.trtexec.layers import read_layer_info
+from pipeline.workspace.artifacts import sha256_file
 from tests.conftest import RTX_TOOLCHAINS, TINY_CATALOG, render_in_chromium, write_catalog
 
 CPU_VARIANTS = ("fp32", "fp16", "bf16", "int8", "fp8", "fp16_sparse", "int8_sparse", "fp8_sparse")
@@ -401,7 +401,7 @@ def test_an_unreachable_package_index_is_a_missing_environment_and_leaves_nothin
 
 
 def test_catalog_refuses_an_unknown_architecture_or_release_form(tmp_path):
-    from pipeline.errors import UsageError
+    from pipeline.running.errors import UsageError
     from pipeline.runtimes import load_catalog
 
     bad = CATALOG.replace('release = "1.7.1.116"', 'release = "1.7"\narchs = ["sm90"]')
@@ -414,8 +414,8 @@ def test_catalog_refuses_an_unknown_architecture_or_release_form(tmp_path):
 def test_a_compiler_killed_mid_build_is_reported_as_such(tmp_path, monkeypatch):
     import pipeline.runtimes.process as process
     from pipeline.catalog import VariantSpec
-    from pipeline.errors import PipelineError, RefusedByTool
-    from pipeline.reporting import Reporter
+    from pipeline.running.errors import PipelineError, RefusedByTool
+    from pipeline.running.reporting import Reporter
     from pipeline.runtimes.tensorrt_rtx import TensorRtRtxRuntime, TensorRtRtxSpec
 
     def killed(argv, *, log_path, **_):

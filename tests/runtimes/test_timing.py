@@ -10,8 +10,8 @@ import types
 
 import pytest
 
-from pipeline import measurement
 from pipeline.catalog import ProfileSettings
+from pipeline.measuring import rounds as measurement
 from pipeline.runtimes import tensorrt_rtx_cuda
 
 
@@ -93,7 +93,7 @@ class FakeDriverCuda:
 
 
 def run_torch_timer(gpu, settings):
-    """A take of the measurement protocol (pipeline/measurement.py), as PyTorch's runs are timed."""
+    """A take of the measurement protocol (pipeline/measuring/rounds.py), as PyTorch's runs are timed."""
     torch = fake_torch(gpu)
 
     def run():

@@ -43,7 +43,7 @@ def test_the_simulation_catches_the_rule_it_replaced(simulation, monkeypatch):
     """The same harness, with the paired interval read as a fixed-n sign test after every round
     (the rule before the confidence sequence), finds a pair on the tie band's edge called faster
     or slower in more than 5 % of points on the CI VM's spells: the table can fail."""
-    import pipeline.stats as stats
+    import pipeline.measuring.stats as stats
 
     monkeypatch.setattr(stats, "sequential_median_interval", lambda values, confidence=0.95: stats.median_interval(values, confidence))
     noise = next(i for i, n in enumerate(simulation.NOISES) if n.name.startswith("CI VM"))

@@ -118,7 +118,7 @@ def test_onnx_runtimes_refusal_keeps_its_whole_explanation(tmp_path):
     import onnx
     from onnx import TensorProto, helper
 
-    from pipeline.errors import PipelineError
+    from pipeline.running.errors import PipelineError
     from pipeline.stages.parity import check_parity
 
     fixed = [helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, 4]) for name in ("x", "y")]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.artifacts import sha256_file
+from pipeline.workspace.artifacts import sha256_file
 from tests.conftest import REPO_ROOT, write_catalog
 
 pytest.importorskip("transformers", reason="the transformers family needs the transformers package (`make setup` installs it)")

@@ -93,7 +93,7 @@ def pipeline(catalog: Path, *args: str, cache: Path, background: bool = False):
 
 
 def held_whole(lock: Path) -> bool:
-    """Whether a point's rounds hold the host whole (pipeline/host_rounds.py): from then on the
+    """Whether a point's rounds hold the host whole (pipeline/measuring/host_rounds.py): from then on the
     rounds it keeps are under way."""
     if not lock.exists():
         return False

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from pipeline import machine_watch
 from pipeline.manifest import read_manifest
+from pipeline.measuring import machine_watch
 from pipeline.runtimes.onnxruntime import OnnxRuntimeRuntime
 from tests.conftest import TINY_CATALOG, write_catalog
 
@@ -45,7 +45,7 @@ def scripted_measurements(monkeypatch, medians: list[float]):
     """ONNX Runtime's engine runs at these milliseconds, one per measurement of `--repeat`: the
     first here, the others where a fresh process would take them (run here: the scripting cannot
     reach a new interpreter; test_a_repeat_runs_in_a_fresh_process checks the real thing)."""
-    from pipeline.measurement import SmClock, measure_in_rounds
+    from pipeline.measuring.rounds import SmClock, measure_in_rounds
 
     remaining = list(medians)
     monkeypatch.setattr(OnnxRuntimeRuntime, "prepare", lambda self, engine_path, workload=None: Fixed(remaining.pop(0)))
@@ -291,7 +291,7 @@ def test_host_cpus_the_process_may_not_use_are_named_with_those_it_may(tmp_path,
 
 
 def test_cpu_ranges_read_as_a_person_writes_them():
-    from pipeline.environment import _ranges
+    from pipeline.machine.environment import _ranges
 
     assert _ranges([0, 1, 2, 3, 8, 10, 11]) == "0-3, 8, 10-11" and _ranges([5]) == "5"
 

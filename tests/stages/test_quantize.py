@@ -234,7 +234,7 @@ def test_block_format_exclusions_are_found_by_rule():
 def test_a_model_without_sparsifiable_layers_is_refused():
     import torch.nn as nn
 
-    from pipeline.errors import PipelineError
+    from pipeline.running.errors import PipelineError
     from pipeline.stages.sparsify import sparsify_model
 
     with pytest.raises(PipelineError, match="no layer of this model could be 2:4-sparsified"):

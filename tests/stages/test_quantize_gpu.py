@@ -145,7 +145,7 @@ def test_this_gpu_refuses_tensorrt_rtx_engines_unless_it_is_an_rtx_class_gpu(rtx
     import subprocess
 
     from pipeline.cli import main
-    from pipeline.environment import nvidia_gpus
+    from pipeline.machine.environment import nvidia_gpus
     from pipeline.runtimes.tensorrt_rtx import RUNS_ON
 
     gpu = nvidia_gpus()[0]
@@ -172,8 +172,8 @@ def test_this_gpu_refuses_tensorrt_rtx_engines_unless_it_is_an_rtx_class_gpu(rtx
     profile = read_manifest(rtx / "manifests" / "trt-rtx1.7" / "vit_mxfp8.json").profile
     assert profile.status == "skipped" and gpu.name in profile.reason and gpu.compute_capability in profile.reason
     # Asked anyway, the runtime refuses the engine and names the GPUs it runs on.
-    from pipeline.cache import cache_dir
     from pipeline.runtimes.tensorrt_rtx_release import DRIVER, ReleaseEnvironment, cuda_flavour
+    from pipeline.workspace.cache import cache_dir
 
     env = ReleaseEnvironment("1.7.1.116", cuda_flavour("auto"), cache_dir())
     result = rtx / "refused.json"
@@ -196,9 +196,9 @@ def test_the_drivers_cuda_timing_replays_a_graph_on_this_gpu(rtx):
     warm-up/iterations/duration rules) on a GPU that cannot run TensorRT-RTX engines itself."""
     import subprocess
 
-    from pipeline.cache import cache_dir
-    from pipeline.environment import nvidia_gpus
+    from pipeline.machine.environment import nvidia_gpus
     from pipeline.runtimes.tensorrt_rtx_release import DRIVER, ReleaseEnvironment, cuda_flavour
+    from pipeline.workspace.cache import cache_dir
 
     env = ReleaseEnvironment("1.7.1.116", cuda_flavour("auto"), cache_dir())
     result = rtx / "cuda-check.json"

@@ -7,7 +7,7 @@ from itertools import product
 
 import pytest
 
-from pipeline.errors import UsageError
+from pipeline.running.errors import UsageError
 from pipeline.trtexec.command import WEAK_TYPING_FLAGS, BuildCommand, ProfileCommand, shapes_spec
 from pipeline.trtexec.preflight import unsupported_reasons
 from tests.conftest import SAMPLES

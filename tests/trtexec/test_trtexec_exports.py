@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from pipeline.errors import PipelineError
+from pipeline.running.errors import PipelineError
 from pipeline.trtexec.exports import read_profile, read_times
 from pipeline.trtexec.layers import layer_info_from_dump, normalise_dtype, read_layer_info
 from pipeline.trtexec.report import classify_export, find_exports, parse_run, run_as_json

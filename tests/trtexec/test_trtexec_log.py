@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from pipeline.errors import PipelineError
+from pipeline.running.errors import PipelineError
 from pipeline.trtexec.log import NOTHING_TO_REPORT, parse_log, read_log
 from pipeline.trtexec.log_records import SummaryFigures, decode_version
 from tests.conftest import SAMPLES

@@ -1,5 +1,5 @@
 """The SM clock of the GPU a point is measured on, read through NVML while a take runs: a take whose
-clock fell below THROTTLE_THRESHOLD of the default is dropped (pipeline/measurement.py)."""
+clock fell below THROTTLE_THRESHOLD of the default is dropped (pipeline/measuring/rounds.py)."""
 
 from __future__ import annotations
 

@@ -12,9 +12,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from pipeline import __version__, nvidia_smi
-from pipeline.errors import PipelineError
+from pipeline import __version__
+from pipeline.machine import nvidia_smi
 from pipeline.manifest import Environment, GpuInfo
+from pipeline.running.errors import PipelineError
 
 SYS_CPU = Path("/sys/devices/system/cpu")
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.artifacts import HashCache
 from pipeline.catalog import EngineRef
 from pipeline.manifest import Artifact
+from pipeline.workspace.artifacts import HashCache
 
 
 def output_folder(toolchain: str, gpu_type: str | None = None) -> str:
@@ -49,7 +49,7 @@ class Workspace:
         return self.models_dir / engine.model / f"{engine.variant}.onnx"
 
     def reference_paths(self, engine: EngineRef) -> tuple[Path, Path]:
-        """The variant's reference batch and the FP32 model's outputs for it (pipeline/accuracy.py)."""
+        """The variant's reference batch and the FP32 model's outputs for it (pipeline/measuring/accuracy.py)."""
         folder = self.models_dir / engine.model
         return folder / f"{engine.variant}.ref-input.bin", folder / f"{engine.variant}.ref-output.bin"
 

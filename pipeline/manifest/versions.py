@@ -1,4 +1,4 @@
-"""Manifests of older schema versions, read as the current one says them (pipeline/manifest.py reads
+"""Manifests of older schema versions, read as the current one says them (pipeline/manifest/schema.py reads
 every version in its READS): what a version moved is lifted into its new place once, as the file is
 read; the file itself is left as it was."""
 

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 
-from pipeline.errors import DeviceFault
+from pipeline.running.errors import DeviceFault
 
 # CUDA's words for the errors that poison a context (cudaGetErrorString of each), as PyTorch and
 # the CUDA libraries pass them on; out of memory is not among them: the context survives it.
@@ -86,7 +86,7 @@ def go_on_in_fresh_process(args: list[str], done: set, replace: bool) -> int:
     this process with it (exec; the command line's own run), or wait for it as a child (a caller
     that called main() in its own process). ``done``: what this run's --force already redid, so the
     next process does not redo it. The exit status is the fresh process's."""
-    from pipeline.reporting import print_error
+    from pipeline.running.reporting import print_error
 
     count = int(os.environ.get(REPLACED, "0") or 0)
     if count >= MAX_REPLACEMENTS:

@@ -1,5 +1,5 @@
 """Finding and reading the catalog file (``pipeline.toml``): TOML parsed, every table validated by
-its kind's or family's settings, errors located (pipeline/catalog_errors.py)."""
+its kind's or family's settings, errors located (pipeline/catalog/errors.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from pipeline.catalog import CATALOG_FILENAME, MODEL_SETTINGS, TOOLCHAIN_SETTINGS, Catalog, ModelSpec, ToolchainSpec
-from pipeline.catalog_errors import describe_errors
-from pipeline.errors import PipelineError, UsageError
+from pipeline.catalog.errors import describe_errors
+from pipeline.running.errors import PipelineError, UsageError
 
 
 def find_catalog(start: Path | None = None) -> Path:

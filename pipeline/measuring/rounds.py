@@ -15,17 +15,17 @@ owns the rest, once for all of them — as nvbench separates a benchmark from it
 * **Rounds**: every engine of a shape point takes one take per round, in an order drawn afresh
   each round from a generator seeded by the point, as Google Benchmark's random interleaving does.
   Engines compared in one round saw the same host and GPU: a host that changes speed between rounds
-  moves them alike, and the per-round ratios (pipeline/stats.py, :func:`~pipeline.stats.paired_ratio`)
+  moves them alike, and the per-round ratios (pipeline/measuring/stats.py, :func:`~pipeline.measuring.stats.paired_ratio`)
   stay put where medians taken at different moments would not.
 * **Stopping**: after ``min_rounds`` rounds, as soon as every comparison the verdict needs is
   decided — the engine with the lowest time against each of the others (its ratio's interval
   excludes 1, or lies within 1 ± ``tie``) — or when ``budget_s`` is spent. A GPU-bound point
   decides in a few rounds; a launch-bound one, on a host of two speeds, takes more. Racing: an
-  engine out of the running leaves the rounds before that (pipeline/stopping.py, the rule).
+  engine out of the running leaves the rounds before that (pipeline/measuring/stopping.py, the rule).
 * **The host's speed**: each take records how much slower the measuring process's CPUs ran than
-  alone (pipeline/host_speed.py: a probe between takes, its cgroup's throttled time during one);
+  alone (pipeline/measuring/host_speed.py: a probe between takes, its cgroup's throttled time during one);
   a report flags an engine whose time is the host's when they ran slower by more than the tie band
-  and the host's own noise. The rounds hold the host (pipeline/host_rounds.py): beside other
+  and the host's own noise. The rounds hold the host (pipeline/measuring/host_rounds.py): beside other
   points' while every engine is GPU-bound, alone once one is not.
 * **Clocks**: each take records the GPU's SM clock (NVML, sampled while it runs); a take whose clock
   fell below three quarters of the default — the threshold nvbench discards a trial at
@@ -49,19 +49,19 @@ from typing import Any, Protocol
 from pydantic import BaseModel
 
 from pipeline.catalog import ProfileSettings
-from pipeline.errors import DeviceFault, PipelineError
-from pipeline.host_rounds import HostRounds
-from pipeline.host_speed import HostSpeed
-from pipeline.sm_clock import THROTTLE_THRESHOLD, SmClock
-from pipeline.stats import median
-from pipeline.stopping import open_pair_words, out_of_the_running, undecided
+from pipeline.measuring.host_rounds import HostRounds
+from pipeline.measuring.host_speed import HostSpeed
+from pipeline.measuring.sm_clock import THROTTLE_THRESHOLD, SmClock
+from pipeline.measuring.stats import median
+from pipeline.measuring.stopping import open_pair_words, out_of_the_running, undecided
+from pipeline.running.errors import DeviceFault, PipelineError
 
 # The timing of an engine whose runs are timed by the host's clock (on the CPU, or a runtime that
 # cannot time on the GPU).
 HOST_LATENCY = "host latency"
 # A GPU run whose host needs at least this share of the run's GPU time to issue it is near
 # launch-bound: its time can follow the host's (pipeline/report/flags.py says why this share). Its
-# point's rounds hold the host alone (pipeline/host_rounds.py).
+# point's rounds hold the host alone (pipeline/measuring/host_rounds.py).
 NEAR_LAUNCH_BOUND_SHARE = 0.5
 # Rounds, at most, whatever the budget: a guard against a take_ms of microseconds.
 MAX_ROUNDS = 10_000
@@ -184,7 +184,7 @@ class Take(BaseModel):
     # The host's time to issue the take's untimed run, the GPU idle (cuda_take), where the engine says it.
     issue_ms: float | None = None
     # How much slower the measuring process's CPUs ran around the take than alone (1.0: as fast;
-    # pipeline/host_speed.py). Absent in manifests written before it was measured.
+    # pipeline/measuring/host_speed.py). Absent in manifests written before it was measured.
     host_slowdown: float | None = None
     # Who slowed it: the CPUs other processes used over the last quarter second up to its end, and
     # the share of it the process's cgroup CPU quota held it off. Absent (None) as above, and
@@ -217,17 +217,17 @@ class RoundsRecord(BaseModel):
     default_sm_clock_mhz: float | None = None
     # Engines that failed during the rounds, and why (they stop taking part; the rounds go on).
     failed: dict[str, str] = {}
-    # Engines that left the rounds out of the running (racing, pipeline/stopping.py), and after how
+    # Engines that left the rounds out of the running (racing, pipeline/measuring/stopping.py), and after how
     # many rounds: their takes end there. Absent in manifests written before racing.
     raced_out: dict[str, int] = {}
     # The host's probe alone, in ms, that each take's host_slowdown is against, and whose
-    # calibration it was ("this process" or "host record": pipeline/host_speed.py).
+    # calibration it was ("this process" or "host record": pipeline/measuring/host_speed.py).
     host_alone_probe_ms: float | None = None
     host_alone_from: str | None = None
     # The host's own spread of the probe when calibrated (its 90th percentile against its median):
     # a take slowed within it is the host's noise.
     host_noise: float | None = None
-    # How its rounds held the host (pipeline/host_rounds.py): "shared" beside other points' GPU-bound
+    # How its rounds held the host (pipeline/measuring/host_rounds.py): "shared" beside other points' GPU-bound
     # rounds, "whole" alone; None where not held (a cache that cannot be written) or not recorded.
     host_held: str | None = None
 
@@ -300,9 +300,9 @@ def measure_in_rounds(
     engine that fails during a take (out of memory, say) is recorded with its reason and leaves the
     rounds; the others go on. A kernel fault ends the rounds (DeviceFault, pinned to the engine
     whose take saw it): CUDA's context is gone for every engine of the process. With racing
-    (``settings.racing``) an engine out of the running leaves the rounds (pipeline/stopping.py);
+    (``settings.racing``) an engine out of the running leaves the rounds (pipeline/measuring/stopping.py);
     ``stays``, the baseline toolchain's engines, never do. The rounds hold the host as
-    pipeline/host_rounds.py says: beside other points' rounds while every engine is GPU-bound,
+    pipeline/measuring/host_rounds.py says: beside other points' rounds while every engine is GPU-bound,
     alone once one is not (``held``: the hold the point's preparation had, else one of their own). ``host``: the host's speed around
     each take (calibrated here, once the host is held, when not given)."""
     clock = clock if clock is not None and clock.available else None

@@ -1,5 +1,5 @@
 """When a shape point's rounds end, and which engines leave them before: the rule the rounds loop
-(pipeline/measurement.py) applies after every round.
+(pipeline/measuring/rounds.py) applies after every round.
 
 * **Stop when decided**: the engine whose per-round times are lowest (the leader) against each of
   the others is "the same" (its ratio's interval within the tie band), or faster or slower beyond
@@ -10,7 +10,7 @@
   time only the contenders. The baseline toolchain's engines stay, so that every speedup keeps its
   paired interval. As F-race and successive halving drop candidates, but by the paired interval the
   verdict itself decides by (pipeline/report/pairs.py), read at every look as a confidence
-  sequence (pipeline/stats.py), so that leaving early claims no more than a decision at the end.
+  sequence (pipeline/measuring/stats.py), so that leaving early claims no more than a decision at the end.
 
 scripts/simulate_confidence.py measures how often the whole procedure, racing or not, names a wrong
 fastest engine or claims a difference inside the tie band.
@@ -20,11 +20,11 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from pipeline.stats import RatioEstimate, at_band_edge, paired_ratio
+from pipeline.measuring.stats import RatioEstimate, at_band_edge, paired_ratio
 
 
 class Take(Protocol):
-    """What the rule reads of a take (pipeline/measurement.py, Take): its round, its median and
+    """What the rule reads of a take (pipeline/measuring/rounds.py, Take): its round, its median and
     whether it was dropped."""
 
     round: int

@@ -14,12 +14,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError
 
-from pipeline.artifacts import atomic_write_text
 from pipeline.catalog import ProfileSettings, check_shape
-from pipeline.errors import PipelineError
-from pipeline.manifest_versions import lift_version_1
-from pipeline.measurement import RoundsRecord
-from pipeline.stats import LatencyStats
+from pipeline.manifest.versions import lift_version_1
+from pipeline.measuring.rounds import RoundsRecord
+from pipeline.measuring.stats import LatencyStats
+from pipeline.running.errors import PipelineError
+from pipeline.workspace.artifacts import atomic_write_text
 
 # Bump when a field changes meaning or a reader would misread an old file. 2: the core schema
 # names no tool — a runtime's own evidence sits beside the core fields under its own keys, in the
@@ -32,13 +32,13 @@ from pipeline.stats import LatencyStats
 # 4: each take of a set of rounds records how much slower the host's CPUs ran than alone
 # (Take.host_slowdown) with who slowed it (host_others_cpus, host_throttled), and the rounds what
 # that is against and how they held the host
-# (RoundsRecord.host_alone_probe_ms, host_alone_from, host_held: pipeline/host_speed.py,
-# pipeline/host_rounds.py).
+# (RoundsRecord.host_alone_probe_ms, host_alone_from, host_held: pipeline/measuring/host_speed.py,
+# pipeline/measuring/host_rounds.py).
 # 5: each set of rounds records the engines that left it out of the running, and after how many
-# rounds (RoundsRecord.raced_out: racing, pipeline/stopping.py); each profile what preparing its
+# rounds (RoundsRecord.raced_out: racing, pipeline/measuring/stopping.py); each profile what preparing its
 # engine at its point cost (ProfileDetails.preparation_s).
 SCHEMA_VERSION = 5
-# Versions read: a version-1 manifest is lifted as it is read (pipeline/manifest_versions.py); a
+# Versions read: a version-1 manifest is lifted as it is read (pipeline/manifest/versions.py); a
 # version-2, 3 or 4 one reads as 5 unchanged (3, 4 and 5 only add).
 READS = (1, 2, 3, 4, 5)
 
@@ -178,7 +178,7 @@ class ExportDetails(_Model):
     # accuracy proxy, for engines that never ran.
     accuracy: dict[str, Any] | None = None
     # The reference batch every engine of this variant is checked on: its description and the
-    # input and FP32-output files (name, path, shape, dtype), see pipeline/accuracy.py.
+    # input and FP32-output files (name, path, shape, dtype), see pipeline/measuring/accuracy.py.
     reference: dict[str, Any] | None = None
     # The shape points whose FP32 reference did not fit in memory, even a sample at a time: their
     # engines are still built and measured, their accuracy there said to be unchecked and why.
@@ -278,14 +278,14 @@ class ProfileDetails(_Model):
     # measurement is a process of its own (trtexec, the TensorRT-RTX driver).
     retaken_in_fresh_process: bool | None = None
     stable: bool | None = None
-    # Engines are timed in rounds beside the shape point's other engines (pipeline/measurement.py):
+    # Engines are timed in rounds beside the shape point's other engines (pipeline/measuring/rounds.py):
     # each measurement's takes, round by round, and the group it was in, from which reports pair
     # engines round by round. Empty for a trtexec or TensorRT-RTX engine measured alone (one whole
     # run of its tool) and in manifests written before rounds.
     rounds: list[RoundsRecord] = []
     # The machine's load when the measurement started and ended: load average and CPU count, and
-    # per GPU its utilisation, clocks and the other processes using it (pipeline/environment.py);
-    # "during": what was seen while each measurement ran (pipeline/machine_watch.py).
+    # per GPU its utilisation, clocks and the other processes using it (pipeline/machine/environment.py);
+    # "during": what was seen while each measurement ran (pipeline/measuring/machine_watch.py).
     machine_load: dict[str, Any] | None = None
     warnings: list[str] = []
     # The GPU it was timed on, by name, when the runtime knows it (for the roofline's peaks).

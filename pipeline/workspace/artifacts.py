@@ -17,7 +17,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from pipeline.running.errors import PipelineError
 
 _CHUNK = 1 << 20
 
@@ -75,7 +75,7 @@ def atomic_output(path: Path) -> Iterator[Path]:
 
     The temporary name is chosen before its file is made, so there is no moment when the file
     exists and the block that deletes it does not know it: Ctrl-C and SIGTERM raise wherever
-    Python is (pipeline/signals.py), and with ``tempfile.mkstemp`` one landing between the file's
+    Python is (pipeline/running/signals.py), and with ``tempfile.mkstemp`` one landing between the file's
     making and the name's return left `.fp32.onnx.….tmp` behind. Blocking the signals around that
     call did not close it: a signal sent to the process is taken by any thread that does not
     block it, and Python then raises in the main thread anyway."""

@@ -1,6 +1,6 @@
 """The catalog's settings tables (`[profile]`, `[calibration]`, `[evaluation]`, `[defaults]`,
 `[cluster]`): how to measure, what to calibrate and evaluate on, what runs by default. The catalog
-itself (pipeline/catalog.py) holds the models, variants and toolchains they apply to."""
+itself (pipeline/catalog/schema.py) holds the models, variants and toolchains they apply to."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ class ProfileSettings(_Strict):
     # one core it stayed within 11.3-12.4 (it still met the host's slow spells; docs/results/sweeps.md).
     # None: wherever the OS schedules it.
     host_cpus: tuple[int, ...] | None = Field(default=None, min_length=1)
-    # Paired rounds (pipeline/measurement.py): at a shape point every engine runs one take per round
+    # Paired rounds (pipeline/measuring/rounds.py): at a shape point every engine runs one take per round
     # — at least `take_runs` inferences and `take_ms` milliseconds; for trtexec and TensorRT-RTX a
     # short run of the tool — in a seeded random order, until each comparison the verdict needs is
     # decided (its ratio's interval excludes 1, or lies within the tie band) after at least
@@ -44,7 +44,7 @@ class ProfileSettings(_Strict):
     min_rounds: int = Field(default=6, ge=2, le=10_000)
     budget_s: float = Field(default=30.0, gt=0, le=86_400)
     tie: float = Field(default=0.03, gt=0, lt=0.5)
-    # Racing (pipeline/stopping.py): an engine the point's leader is faster than beyond the tie
+    # Racing (pipeline/measuring/stopping.py): an engine the point's leader is faster than beyond the tie
     # band leaves the point's rounds, which go on timing the contenders; false (`--no-racing`):
     # every engine takes part in every round, as before racing.
     racing: bool = True

@@ -17,7 +17,7 @@ the same (19.82 against 19.84 ms). So a point's rounds hold the host:
   first round and lets go to shared after it if all its engines are GPU-bound.
 
 Exports and builds are not held back (in a run they mostly come before the points); a
-measurement they slow anyway is seen by the host's probe (pipeline/host_speed.py) and flagged
+measurement they slow anyway is seen by the host's probe (pipeline/measuring/host_speed.py) and flagged
 ``host slowed``.
 
 The hold is an advisory lock (``flock``) on a file under the pipeline's cache: the kernel lets go
@@ -44,7 +44,7 @@ class HostRounds:
     """
 
     def __init__(self, path: Path | None = None, on_wait=None):
-        from pipeline.cache import cache_dir
+        from pipeline.workspace.cache import cache_dir
 
         self.path = path or cache_dir() / LOCK_FILE
         self.on_wait = on_wait  # said once when the hold must wait for another point's rounds

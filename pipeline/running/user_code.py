@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
-from pipeline.errors import UsageError
+from pipeline.running.errors import UsageError
 
 
 def import_file(path: Path, error: Callable[[str, str], UsageError]) -> ModuleType:

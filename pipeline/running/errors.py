@@ -85,7 +85,7 @@ class DeviceFault(PointResult):
     """A kernel faulted on the GPU (a device-side assert, an illegal address, a launch failure, an
     uncorrectable ECC error): CUDA's context is unusable for the rest of the process, so the fault
     is recorded for the point and toolchain where it happened (status ``faulted``) and the process
-    is replaced (pipeline/faults.py) so that the other points and toolchains go on. ``facts``:
+    is replaced (pipeline/running/faults.py) so that the other points and toolchains go on. ``facts``:
     the error in CUDA's words and the call it was pinned to. ``done``: the stages the run had done
     when it faulted (what --force redid), which the fresh process does not do again."""
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from pipeline.errors import PipelineError
+from pipeline.running.errors import PipelineError
 
 # Cosine similarity to FP32 below which a precision is reported as drifting. Tighter for formats
 # that keep 16 bits of mantissa-and-exponent, looser for block formats (as measured on ViT-B).

@@ -2,7 +2,7 @@
 the evidence behind a row's ``host slowed`` flag (pipeline/report/flags.py).
 
 A launch-bound GPU engine's time, and a CPU engine's, is the host's speed. Two things slow it
-without anything queueing for a CPU beside it, which the busy flag (pipeline/machine_watch.py,
+without anything queueing for a CPU beside it, which the busy flag (pipeline/measuring/machine_watch.py,
 CPU pressure with other processes' CPU time) would see:
 
 * **Slower CPUs.** Clocks fall when other cores of the package get busy, a hypervisor's vCPU shares
@@ -160,7 +160,7 @@ def _host_key() -> str:
 
 
 def _record_path() -> Path:
-    from pipeline.cache import cache_dir
+    from pipeline.workspace.cache import cache_dir
 
     return cache_dir() / HOST_RECORD
 
@@ -176,7 +176,7 @@ def _read_record() -> tuple[float, float] | None:
 
 
 def _write_record(alone_ms: float, noise: float) -> None:
-    from pipeline.artifacts import atomic_write_text
+    from pipeline.workspace.artifacts import atomic_write_text
 
     try:
         path = _record_path()
@@ -190,7 +190,7 @@ def _write_record(alone_ms: float, noise: float) -> None:
 def _calibration() -> tuple[float, float, float]:
     """The probe's median over CALIBRATION_S of back-to-back probes, the host's own noise (their
     90th percentile against it) and the CPUs other processes used meanwhile."""
-    from pipeline.machine_watch import cpu_busy_s, own_cpu_s
+    from pipeline.measuring.machine_watch import cpu_busy_s, own_cpu_s
 
     cgroups = _cgroup_stat_files()
     busy, own, started = cpu_busy_s(), own_cpu_s(), time.perf_counter()
@@ -254,7 +254,7 @@ class HostSpeed:
         return cls(alone, "this process", noise)
 
     def _sample_cpus(self) -> tuple[float, float | None, float]:
-        from pipeline.machine_watch import cpu_busy_s, own_cpu_s
+        from pipeline.measuring.machine_watch import cpu_busy_s, own_cpu_s
 
         sample = (time.perf_counter(), cpu_busy_s(), own_cpu_s())
         self._cpu_samples.append(sample)

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from pipeline.running.errors import PipelineError
 
 LOCK_NAME = ".workspace.lock"
 # The descriptor holding each workspace's lock in this process, by lock file.
@@ -154,7 +154,7 @@ def inherited_lock(manifests_dir: Path) -> InheritedLock | None:
     return InheritedLock(fd) if fd is not None else None
 
 
-# What atomic_output (pipeline/artifacts.py) writes before the move that completes a file:
+# What atomic_output (pipeline/workspace/artifacts.py) writes before the move that completes a file:
 # ".<name>.<8 random characters>.tmp" beside it. Only a run that was killed leaves one.
 _LEFTOVER = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp$")
 _OUTPUT_DIRS = ("models", "engines", "manifests", "reports")
@@ -174,7 +174,7 @@ def remove_leftovers(root: Path) -> list[str]:
 
 
 def _free_space(directory: Path) -> str:
-    from pipeline.artifacts import free_bytes
+    from pipeline.workspace.artifacts import free_bytes
 
     free = free_bytes(directory)
     return "unknown" if free is None else f"{free / 2**20:,.0f} MiB"

@@ -15,9 +15,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, model_validator
 
-from pipeline.accuracy import AccuracyFloor, parse_accuracy_threshold
-from pipeline.catalog_errors import validate_by_settings
-from pipeline.catalog_settings import (  # noqa: F401 (the settings tables are the catalog's, imported from here too)
+from pipeline.catalog.errors import validate_by_settings
+from pipeline.catalog.settings import (  # noqa: F401 (the settings tables are the catalog's, imported from here too)
     CalibrationSettings,
     ClusterSettings,
     Defaults,
@@ -25,7 +24,8 @@ from pipeline.catalog_settings import (  # noqa: F401 (the settings tables are t
     ProfileSettings,
     _Strict,
 )
-from pipeline.errors import UsageError
+from pipeline.measuring.accuracy import AccuracyFloor, parse_accuracy_threshold
+from pipeline.running.errors import UsageError
 
 CATALOG_FILENAME = "pipeline.toml"
 # The validation context key of the toolchain kinds' settings lookup (see read_catalog).

@@ -1,0 +1,44 @@
+"""The one manifest schema every stage writes (schema.py), and how older manifests are read
+(versions.py: each schema version's lift to the current one)."""
+
+from pipeline.manifest.schema import (
+    READS,
+    SCHEMA_VERSION,
+    Artifact,
+    BuildDetails,
+    ClusterNode,
+    EngineManifest,
+    Environment,
+    ExportDetails,
+    FaultFacts,
+    GpuInfo,
+    LayerTime,
+    OutOfMemoryFacts,
+    ParityCheck,
+    ProfileDetails,
+    StageRecord,
+    know_tool_evidence,
+    parse_manifest,
+    read_manifest,
+)
+
+__all__ = [
+    "READS",
+    "SCHEMA_VERSION",
+    "Artifact",
+    "BuildDetails",
+    "ClusterNode",
+    "EngineManifest",
+    "Environment",
+    "ExportDetails",
+    "FaultFacts",
+    "GpuInfo",
+    "LayerTime",
+    "OutOfMemoryFacts",
+    "ParityCheck",
+    "ProfileDetails",
+    "StageRecord",
+    "know_tool_evidence",
+    "parse_manifest",
+    "read_manifest",
+]
