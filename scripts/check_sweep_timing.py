@@ -129,7 +129,7 @@ def independent_ms(job: dict) -> dict[str, dict]:
                 # A diagnostic beside it: the product's own timing method (each run bracketed by
                 # CUDA events, the median of the runs) on this process's model and inputs, to tell
                 # a difference of method from a difference of what is timed.
-                from pipeline.measuring.rounds import cuda_take
+                from pipeline.measuring.takes import cuda_take
 
                 product_method = cuda_take(torch, infer, 10, 1000.0)
                 diagnostics[shape] = {"per_run_events_median_ms": statistics.median(product_method), "runs_per_take": runs}

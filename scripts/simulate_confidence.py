@@ -19,7 +19,7 @@ true ratio of two engines is the median of their per-round ratio under the same 
 long run (what the paired rounds estimate); with spells that slow only launch-bound engines it is
 not their speeds' ratio.
 
-    python scripts/simulate_confidence.py             # the table docs/measurement.md shows
+    python scripts/simulate_confidence.py             # the table docs/confidence.md shows
     python scripts/simulate_confidence.py --points 100  # quicker, coarser
 """
 
@@ -41,7 +41,7 @@ from pipeline.report.rows import ComparisonRow, _take_rounds
 from pipeline.report.verdict import verdicts
 
 BASELINE = "torch-eager"
-# Points per scenario, noise and rule: the table in docs/measurement.md, which CI prints again.
+# Points per scenario, noise and rule: the table in docs/confidence.md, which CI prints again.
 POINTS = 150
 SETTINGS = ProfileSettings()  # the catalog's defaults: take_ms 250, min_rounds 6, budget_s 30, tie 0.03
 
@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         "--points",
         type=int,
         default=POINTS,
-        help=f"points per scenario, noise and rule (default {POINTS}, the table docs/measurement.md shows)",
+        help=f"points per scenario, noise and rule (default {POINTS}, the table docs/confidence.md shows)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=2, help="processes (default 2)")

@@ -113,3 +113,12 @@ def test_the_readmes_set_up_names_what_the_makefile_does():
     if platform.system() == "Linux":
         dry = subprocess.run(["make", "-n", "-B", "setup"], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout
         assert f"scripts/install_torch.py --index '{index}' {packages}" in dry
+
+
+def test_no_guide_is_over_300_lines_and_the_run_records_are_pages_of_their_own():
+    """A guide says how to use the product and what its output means; dated records of measurement
+    runs go to docs/results/, linked from their guide, so a reader of a guide does not read logs."""
+    long = {path.name: n for path in (REPO_ROOT / "docs").glob("*.md") if (n := path.read_text().count("\n")) > 300}
+    assert long == {}
+    for record in (REPO_ROOT / "docs" / "results").glob("*.md"):
+        assert any(f"results/{record.name}" in guide.read_text() for guide in (REPO_ROOT / "docs").glob("*.md")), record.name

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from pipeline.catalog import ProfileSettings
-from pipeline.measuring.rounds import SmClock, host_take, measure_in_rounds, undecided
+from pipeline.measuring.rounds import SmClock, measure_in_rounds, undecided
 from pipeline.measuring.stats import (
     at_band_edge,
     median_interval,
@@ -22,6 +22,7 @@ from pipeline.measuring.stats import (
     sequential_median_interval,
     unpaired_ratio,
 )
+from pipeline.measuring.takes import host_take
 from pipeline.running.errors import DeviceFault, OutOfMemory
 
 
@@ -523,7 +524,7 @@ class FakeTorch:
 
 
 def test_a_gpu_take_keeps_the_hosts_issue_time_of_its_untimed_run():
-    from pipeline.measuring.rounds import cuda_take
+    from pipeline.measuring.takes import cuda_take
 
     issues = iter([5.0, 1.0] + [0.0] * 1000)  # the first run after another engine issues slowly
 

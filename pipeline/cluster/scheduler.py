@@ -31,8 +31,9 @@ from pipeline.catalog import EngineRef
 from pipeline.cluster.connection import Cluster, Node
 from pipeline.cluster.gpu_workers import GpuWorkers
 from pipeline.cluster.host_holds import HostHolds
-from pipeline.cluster.plan import ClusterPlan, Job, Member
+from pipeline.cluster.plan import ClusterPlan, Job
 from pipeline.cluster.requests import JobRequests
+from pipeline.cluster.run_report import member_target, run_summary
 from pipeline.cluster.transfer import DriverBlobs, write_result
 from pipeline.cluster.worker import run_stage
 from pipeline.running.errors import EnvironmentMissing, PipelineError, UsageError
@@ -133,7 +134,7 @@ class ClusterRun:
                 job.faults = self.matrix.kept_faults(job)
                 for member, error in job.faults:
                     self.reporter.console.print(
-                        f"[red]{'faulted':<9}[/] {job.stage:<8} {member.engine.name} {_member_target(member)}: {error.message}"
+                        f"[red]{'faulted':<9}[/] {job.stage:<8} {member.engine.name} {member_target(member)}: {error.message}"
                     )
                 continue
             self._try_submit(job)
@@ -351,7 +352,7 @@ class ClusterRun:
         ]
         for member, error in job.failures:
             self.reporter.console.print(
-                f"[red]{'failed':<9}[/] {job.stage:<8} {member.engine.name} {_member_target(member)}: {error.message}"
+                f"[red]{'failed':<9}[/] {job.stage:<8} {member.engine.name} {member_target(member)}: {error.message}"
             )
         statuses = [outcome.status for outcome in result.members]
         if len(job.failures) == len(job.members):
@@ -374,7 +375,7 @@ class ClusterRun:
         job.faults.extend(faulted)
         for member, error in faulted:
             self.reporter.console.print(
-                f"[red]{'faulted':<9}[/] {job.stage:<8} {member.engine.name} {_member_target(member)}: {error.message}"
+                f"[red]{'faulted':<9}[/] {job.stage:<8} {member.engine.name} {member_target(member)}: {error.message}"
             )
         rest = list(job.members) if job.stage == "export" and faulted else [m for m, o in outcomes if o.status == "not_measured"]
         if not rest or job.replaced >= MAX_REPLACEMENTS:
@@ -400,55 +401,9 @@ class ClusterRun:
         if not self.workers.lose(job):
             ray.cancel(job.handle, force=True)
 
-    def _print_table(self) -> None:
-        from rich.table import Table
-
-        ran = [job for job in self.matrix.jobs() if job.state not in ("unchanged",) or self.verbose]
-        if not ran:
-            return
-        table = Table(title="cluster run", title_justify="left", box=None, pad_edge=False)
-        for column in ("engine", "stage", "toolchain", "node", "result", "seconds", "tries"):
-            # Names are never cut short: a narrow terminal wraps them instead.
-            table.add_column(column, justify="right" if column in ("seconds", "tries") else "left", overflow="fold")
-        for job in ran:
-            result = job.state + (f" ({job.note})" if job.note else "")
-            table.add_row(
-                job.name,
-                job.stage,
-                job.target,
-                job.node.label() if job.node else "–",
-                result,
-                f"{job.seconds:.1f}" if job.seconds else "–",
-                str(job.attempts or "–"),
-            )
-        self.reporter.console.print(table)
-
     def summary(self) -> RunSummary:
-        summary = RunSummary()
-        failures: dict[str, tuple[str | None, PipelineError]] = {}
-        for job in self.matrix.jobs():
-            failed = [(member, job.error) for member in job.members] if job.state == "failed" else job.failures
-            failed = [*job.faults, *failed]
-            for member, error in failed:
-                failures.setdefault(f"{member.engine.name} ({job.stage} {_member_target(member)})", (member.toolchain, error))
-        for engine in self.engines:
-            if not any(name.startswith(engine.name + " ") for name in failures):
-                summary.succeeded.append(engine.name)
-        summary.failed = [(name, toolchain, error) for name, (toolchain, error) in failures.items()]
-        counts: dict[str, int] = {}
-        for job in self.matrix.jobs():
-            counts[job.state] = counts.get(job.state, 0) + 1
-        elapsed = time.monotonic() - self.started
-        self._print_table()
-        for line in self.holds.sentences():
-            self.reporter.info(f"host     {line}")
-        self.reporter.info(
-            f"summary  {self.dispatched} task(s) dispatched in {elapsed:.1f}s — "
-            + ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
-            + f"; over the network: nodes fetched {_size(self.bytes_fetched)} of the {_size(self.blobs.bytes_put)} offered, "
-            f"and sent back {_size(self.bytes_back)}"
-        )
-        return summary
+        """What the run did, job by job and in all (pipeline/cluster/run_report.py)."""
+        return run_summary(self)
 
 
 def _error_of(error: tuple[str, str | None, int]) -> PipelineError:
@@ -458,18 +413,9 @@ def _error_of(error: tuple[str, str | None, int]) -> PipelineError:
     return kind(message, hint)
 
 
-def _member_target(member: Member) -> str:
-    where = f"{member.toolchain}@{member.gpu_type}" if member.gpu_type else str(member.toolchain)
-    return f"{where} at {member.shape}" if member.shape else where
-
-
 def _clock(seconds: float) -> str:
     minutes, seconds = divmod(int(seconds), 60)
     return f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
-
-
-def _size(n: int) -> str:
-    return f"{n / (1 << 20):.1f} MiB" if n >= 1 << 20 else f"{n / 1024:.0f} KiB"
 
 
 def drive(

@@ -1,6 +1,8 @@
-"""The one manifest schema every stage writes (schema.py), and how older manifests are read
-(versions.py: each schema version's lift to the current one)."""
+"""The one manifest schema every stage writes (schema.py), how a manifest is read and checked
+(reading.py), and how older ones are read (versions.py: each schema version's lift to the current
+one)."""
 
+from pipeline.manifest.reading import parse_manifest, read_manifest
 from pipeline.manifest.schema import (
     READS,
     SCHEMA_VERSION,
@@ -18,8 +20,6 @@ from pipeline.manifest.schema import (
     ProfileDetails,
     StageRecord,
     know_tool_evidence,
-    parse_manifest,
-    read_manifest,
 )
 
 __all__ = [

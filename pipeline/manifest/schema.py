@@ -7,18 +7,15 @@ read, so a manifest on disk is always complete.
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
 
 from pipeline.catalog import ProfileSettings, check_shape
-from pipeline.manifest.versions import lift_version_1
 from pipeline.measuring.rounds import RoundsRecord
 from pipeline.measuring.stats import LatencyStats
-from pipeline.running.errors import PipelineError
 from pipeline.workspace.artifacts import atomic_write_text
 
 # Bump when a field changes meaning or a reader would misread an old file. 2: the core schema
@@ -380,77 +377,7 @@ class EngineManifest(_Model):
         atomic_write_text(path, self.model_dump_json(indent=2) + "\n")
 
 
-def read_manifest(path: Path) -> EngineManifest:
-    """Read and validate one manifest; a broken file is a user-facing error naming it."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise
-    except (OSError, ValueError) as exc:
-        raise PipelineError(
-            f"manifest {path} is unreadable: {exc}.",
-            hint="delete it and re-run the stage that wrote it (`--force`)",
-        ) from exc
-    return parse_manifest(text, str(path))
-
-
-def _versions_read() -> str:
-    """ "1, 2, 3 and 4": the schema versions this pipeline reads, in words."""
-    return ", ".join(map(str, READS[:-1])) + f" and {READS[-1]}"
-
-
-def parse_manifest(text: str, source: str) -> EngineManifest:
-    """Validate a manifest's text; ``source`` (a path, or ``ref:path`` in git) names it in errors."""
-    try:
-        raw = json.loads(text)
-    except ValueError as exc:
-        raise PipelineError(
-            f"manifest {source} is not JSON: {exc}.", hint="delete it and re-run the stage that wrote it (`--force`)"
-        ) from exc
-    version = raw.get("schema_version") if isinstance(raw, dict) else None
-    if isinstance(version, int) and version > SCHEMA_VERSION:
-        raise PipelineError(
-            f"manifest {source} has schema_version {version}: it was written by a newer version (this one reads {_versions_read()}).",
-            hint="upgrade this checkout (git pull; make setup) to read it, or compare against results written by this version",
-        )
-    if version not in READS:
-        raise PipelineError(
-            f"manifest {source} has schema_version {version!r}; this pipeline reads {_versions_read()}.",
-            hint="re-run the stages with --force to rewrite it",
-        )
-    if version == 1:
-        raw = lift_version_1(raw, SCHEMA_VERSION)
-    try:
-        manifest = EngineManifest.model_validate(raw)
-    except ValidationError as exc:
-        errors = exc.errors()
-        unknown = [_where(e["loc"]) for e in errors if e["type"] == "extra_forbidden"]
-        if unknown:
-            # A field this version does not know: written by a newer pipeline (a results branch
-            # other machines push to), not damaged.
-            raise PipelineError(
-                f"manifest {source} has field(s) this version of the pipeline does not know: {', '.join(unknown[:5])}; "
-                "it was written by a newer version.",
-                hint="upgrade this checkout (git pull; make setup) to read it, or compare against results written by this version",
-            ) from exc
-        first = errors[0]
-        raise PipelineError(
-            f"manifest {source} does not match the schema: {first['msg']} at {_where(first['loc'])}.",
-            hint="delete it and re-run the stage that wrote it (`--force`)",
-        ) from exc
-    unknown = _unknown_evidence(manifest)
-    if unknown:
-        raise PipelineError(
-            f"manifest {source} has field(s) this version of the pipeline does not know: {', '.join(unknown[:5])}; "
-            "it was written by a newer version.",
-            hint="upgrade this checkout (git pull; make setup) to read it, or compare against results written by this version",
-        )
-    _check_named_for(manifest, source)
-    manifest._source = source
-    return manifest
-
-
-def _unknown_evidence(manifest: EngineManifest) -> list[str]:
+def unknown_evidence(manifest: EngineManifest) -> list[str]:
     """The keys of a build's or profile's details that no runtime names (none until told)."""
     if _tool_evidence_keys is None:
         return []
@@ -460,39 +387,6 @@ def _unknown_evidence(manifest: EngineManifest) -> list[str]:
         extra = (record.details.model_extra or {}) if record is not None and record.details is not None else {}
         unknown += [f"{name}.details.{key}" for key in extra if key not in _tool_evidence_keys]
     return unknown
-
-
-def _check_named_for(manifest: EngineManifest, source: str) -> None:
-    """A manifest's file name (``<engine>[@<shape>].json``) and contents must name the same engine
-    and shape point: reports find a point's manifest by its name and show it by its contents, so
-    a file copied or edited into disagreement would be shown as another point (and compared with
-    itself)."""
-    name = source.replace("\\", "/").rsplit("/", 1)[-1]
-    if not name.endswith(".json"):
-        return
-    engine, _, shape = name.removesuffix(".json").partition("@")
-    named, holds = (engine, shape.replace("×", "x") or None), (manifest.engine, manifest.shape)
-    if named != holds:
-
-        def said(engine: str, shape: str | None) -> str:
-            return f"{engine} at shape point {shape}" if shape else f"{engine} (no shape point)"
-
-        toolchain = f" --toolchain {manifest.toolchain}" if manifest.toolchain else ""
-        raise PipelineError(
-            f"manifest {source} is named for {said(*named)} but holds {said(*holds)}.",
-            hint=f"a copy or an edit made them differ: delete it and run `pipeline profile --engine {engine}{toolchain}` again",
-        )
-
-
-def _where(loc: tuple) -> str:
-    """A validation error's location as the file's keys: pydantic puts the tag of the stage
-    details' union (``details.profile.…``) into it, which the file does not have."""
-    keys = [
-        str(part)
-        for index, part in enumerate(loc)
-        if not (index and loc[index - 1] == "details" and part in ("export", "build", "profile"))
-    ]
-    return ".".join(keys)
 
 
 def manifest_json_schema() -> dict:

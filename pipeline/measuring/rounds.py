@@ -5,10 +5,10 @@ owns the rest, once for all of them — as nvbench separates a benchmark from it
 
 * **Takes**: at least ``take_runs`` inferences and ``take_ms`` milliseconds, back to back, after
   one untimed inference (another engine ran in between). On a GPU each inference is timed by
-  CUDA events around it, enqueued without waiting (:func:`cuda_take`, trtexec's way); on a CPU by
-  the host's clock (:func:`host_take`).
+  CUDA events around it, enqueued without waiting (takes.py, trtexec's way); on a CPU by
+  the host's clock.
 * **Launch-bound or not**: a GPU take's untimed run is issued with the GPU idle, and the host's
-  time to issue it is kept (:func:`cuda_take`): where it comes near the run's GPU time the GPU
+  time to issue it is kept (takes.py): where it comes near the run's GPU time the GPU
   waits for the host, and the engine's figures are the host's speed.
 * **Warm-up**: once every engine of the point is prepared, each runs once, untimed (preparing one
   engine may disturb another: a compiler's cache reset makes it recompile, here and not in a take).
@@ -65,10 +65,6 @@ HOST_LATENCY = "host latency"
 NEAR_LAUNCH_BOUND_SHARE = 0.5
 # Rounds, at most, whatever the budget: a guard against a take_ms of microseconds.
 MAX_ROUNDS = 10_000
-# How many runs may be enqueued ahead of the oldest one not yet finished, in a CUDA take: enough
-# that the GPU always has the next run queued while the host enqueues the one after, few enough
-# that a stopped take drains at once.
-QUEUE_DEPTH = 4
 
 
 class PreparedEngine(Protocol):
@@ -92,72 +88,6 @@ class PreparedEngine(Protocol):
     # ``clock_while_busy`` True where a take is mostly not the GPU's work (a tool's process
     # starting), so its SM clock is read only while the GPU is busy; and ``issue_ms``, the host's
     # time to issue the last take's untimed run (cuda_take), kept with the take.
-
-
-# --- one take ------------------------------------------------------------------------------------
-
-
-def host_take(run: Callable[[], Any], runs: int, min_ms: float) -> list[float]:
-    """``run`` timed by the host's clock, each call on its own."""
-    run()  # untimed: another engine ran since this one's last take
-    times_ms: list[float] = []
-    started = time.perf_counter()
-    while len(times_ms) < runs or (time.perf_counter() - started) * 1000.0 < min_ms:
-        t0 = time.perf_counter_ns()
-        run()
-        times_ms.append((time.perf_counter_ns() - t0) / 1e6)
-    return times_ms
-
-
-def cuda_take(torch, run: Callable[[], Any], runs: int, min_ms: float, issue_ms: list[float] | None = None) -> list[float]:
-    """``run`` enqueued back to back on the current CUDA stream, each timed on the GPU by a pair of
-    CUDA events, as trtexec times its iterations: a run's time is what the GPU spent from its first
-    kernel's launch to its last kernel's end. A host that waited for every run would leave the GPU
-    idle between launches inside the timed window and time PyTorch slower than an engine timed by
-    trtexec. A ring of QUEUE_DEPTH event pairs: a slot is read (its run waited for) only when the
-    ring comes round to it, so the host blocks only while that many runs are queued.
-
-    The untimed run is issued with the GPU idle; the host's time to issue it (``run()`` returning,
-    its kernels launched) is appended to ``issue_ms``. Near a run's GPU time, the GPU waits for
-    the host between kernels: the run is launch-bound, its time the host's speed. The first run
-    after another engine's take can cost the host more than the runs of a take (on the H100,
-    `reduce-overhead` at 2x512: 74–82 % of the run's GPU time, against 45–55 % for a run right
-    after one of its own), so a short run is issued twice, untimed,
-    and the second one's issue kept; a long one once (a second would cost the take's budget, and a
-    run that long issues thousands of kernels before it could be launch-bound)."""
-    issued, whole = _issued(torch, run)
-    if issue_ms is not None:
-        if whole * max(runs, 1) < min_ms:  # a short run
-            issued, _ = _issued(torch, run)
-        issue_ms.append(issued)
-    slots = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(QUEUE_DEPTH)]
-    times_ms: list[float] = []
-    enqueued = 0
-    started = time.perf_counter()
-    while enqueued < runs or (time.perf_counter() - started) * 1000.0 < min_ms:
-        start, end = slots[enqueued % QUEUE_DEPTH]
-        if enqueued >= QUEUE_DEPTH:  # the slot's previous run: wait for it and keep its time
-            end.synchronize()
-            times_ms.append(start.elapsed_time(end))
-        start.record()
-        run()
-        end.record()
-        enqueued += 1
-    for index in range(max(0, enqueued - QUEUE_DEPTH), enqueued):  # drain, oldest first
-        start, end = slots[index % QUEUE_DEPTH]
-        end.synchronize()
-        times_ms.append(start.elapsed_time(end))
-    return times_ms
-
-
-def _issued(torch, run: Callable[[], Any]) -> tuple[float, float]:
-    """One run, waited for: (ms until ``run()`` returned, ms until the GPU finished it). The GPU is
-    idle before it: every take ends with its runs waited for, as does the run before this one."""
-    started = time.perf_counter_ns()
-    run()
-    issued = time.perf_counter_ns()
-    torch.cuda.synchronize()
-    return (issued - started) / 1e6, (time.perf_counter_ns() - started) / 1e6
 
 
 def _on_gpu(engine: PreparedEngine) -> bool:

@@ -28,6 +28,7 @@ from pydantic import Field, field_validator, model_validator
 
 from pipeline.catalog import ModelSpec
 from pipeline.models.base import ModelInput, ModelSource, ShapePoint, attention_mask
+from pipeline.models.transformers_weights import has_weights, no_init_weights, seeded
 from pipeline.running.errors import EnvironmentMissing, PipelineError, UsageError
 
 # What each input the pipeline knows how to fill holds.
@@ -287,14 +288,14 @@ class TransformersModel(ModelSource):
             )
         torch.manual_seed(self.spec.seed)
         try:
-            if self.spec.path is not None and _has_weights(self.folder()):
+            if self.spec.path is not None and has_weights(self.folder()):
                 model = cls.from_pretrained(
                     str(self.folder()), config=config, local_files_only=True, trust_remote_code=False, torch_dtype=torch.float32
                 )
             elif initialise:
-                model = _seeded(cls, config, self.spec.seed)
+                model = seeded(cls, config, self.spec.seed)
             else:
-                with _no_init_weights():
+                with no_init_weights():
                     model = cls(config)
         # AssertionError: torch's own checks of a config (an embedding's padding_idx beyond its size).
         except (ValueError, RuntimeError, OSError, TypeError, AssertionError) as exc:
@@ -392,55 +393,6 @@ class TransformersModel(ModelSource):
             mask = mask.flip(1)  # padded on the left: the last position is a real token
         values = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros(batch, sequence, dtype=torch.int64)}
         return tuple(values[name] for name in self.spec.inputs)
-
-
-# The seeded weights of the last model initialised in this process, by class, config and seed: a
-# run creates its transformer once for each export and each torch build (twelve times in the seed
-# matrix, one after another in one process), and initialising ModernBERT-base's weights is most
-# of each creation. One model's at a time, and none over KEPT_WEIGHTS_BYTES (a copy in host memory).
-_last_seeded: dict[tuple, dict] = {}
-KEPT_WEIGHTS_BYTES = 2 << 30
-
-
-def _seeded(cls, config, seed: int):
-    """``cls(config)`` with the weights initialised after ``torch.manual_seed(seed)``: made here,
-    or the same tensors copied in when this process made them last."""
-    import torch
-
-    key = (cls.__module__, cls.__qualname__, config.to_json_string(use_diff=False), seed)
-    kept = _last_seeded.get(key)
-    if kept is not None:
-        with _no_init_weights():
-            model = cls(config)
-        with torch.no_grad():
-            # Every parameter and every buffer, those left out of the state dict too: a class's
-            # weight initialisation may also fill buffers it does not save (position ids).
-            for name, tensor in _tensors(model).items():
-                tensor.copy_(kept[name])
-        return model
-    model = cls(config)
-    tensors = _tensors(model)
-    _last_seeded.clear()
-    if sum(t.numel() * t.element_size() for t in tensors.values()) <= KEPT_WEIGHTS_BYTES:
-        _last_seeded[key] = {name: t.detach().clone() for name, t in tensors.items()}
-    return model
-
-
-def _tensors(model) -> dict[str, Any]:
-    return {**dict(model.named_parameters(remove_duplicate=False)), **dict(model.named_buffers(remove_duplicate=False))}
-
-
-def _no_init_weights():
-    """transformers' context in which a model's weights are allocated but not initialised."""
-    try:
-        from transformers.initialization import no_init_weights  # transformers 5
-    except ImportError:
-        from transformers.modeling_utils import no_init_weights  # transformers 4
-    return no_init_weights()
-
-
-def _has_weights(folder: Path) -> bool:
-    return any(folder.glob("*.safetensors")) or any(folder.glob("pytorch_model*.bin"))
 
 
 @functools.cache

@@ -14,13 +14,15 @@ from pathlib import Path
 
 from pipeline.catalog import Catalog
 from pipeline.measuring.accuracy import AccuracyFloor, AccuracyThreshold
+from pipeline.report.answer import Answer
 from pipeline.report.flags import NOISY_CV
 from pipeline.report.json_document import render_json
 from pipeline.report.manifest_sources import load_manifests, manifest_paths
 from pipeline.report.row_cache import workspace_cache
-from pipeline.report.rows import attach_timings, compare_rows
+from pipeline.report.row_comparisons import compare_rows
+from pipeline.report.rows import attach_timings
 from pipeline.report.sweep import METRICS, sweeps
-from pipeline.report.tables import Answer, render_csv, render_markdown, render_table
+from pipeline.report.tables import render_csv, render_markdown, render_table
 from pipeline.report.verdict import verdicts
 from pipeline.running.errors import PipelineError, UsageError
 from pipeline.workspace import Workspace

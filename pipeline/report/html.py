@@ -12,8 +12,9 @@ import io
 from datetime import datetime, timezone
 
 from pipeline.manifest import EngineManifest
+from pipeline.report.answer import Answer
 from pipeline.report.rows import ComparisonRow
-from pipeline.report.tables import HEADERS, Answer, row_cells, samples_header
+from pipeline.report.tables import HEADERS, row_cells, samples_header
 from pipeline.workspace import output_folder
 
 STYLE = """

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 
+from pipeline.report.answer import Answer
 from pipeline.report.rows import ComparisonRow
-from pipeline.report.tables import Answer
 
 # The version of `compare --format json` (docs/reports.md, docs/compare.schema.json): 1 was a
 # list of rows; 2 the object {verdicts, sweeps, rows}, without this key; 3 adds it, and the

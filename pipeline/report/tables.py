@@ -5,11 +5,11 @@ format renders the same rows and the same cells; the HTML report uses them too.
 from __future__ import annotations
 
 import csv
-import functools
 import io
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pipeline.report.answer import GAP, Answer, cell_len, wrap
 from pipeline.report.rows import ComparisonRow
 from pipeline.running.errors import UsageError
 
@@ -225,8 +225,6 @@ def render_table(
 
 # Long texts (a skip reason, the layer audit) wrap at this width in a wide table.
 WRAP_AT = 36
-# Between two columns.
-GAP = "  "
 
 
 class _TextTable:
@@ -247,9 +245,9 @@ class _TextTable:
         self.wraps = [column.key in ("status", "audit") for column in self.columns]
         self.widths = []
         for index, header in enumerate(self.headers):
-            widest = max([_cell_len(line) for line in header] + [_cell_len(cells[index]) for cells in self.cells])
+            widest = max([cell_len(line) for line in header] + [cell_len(cells[index]) for cells in self.cells])
             if self.wraps[index] and not compact:
-                widest = max([_cell_len(line) for line in header] + [min(WRAP_AT, widest)])
+                widest = max([cell_len(line) for line in header] + [min(WRAP_AT, widest)])
             self.widths.append(widest)
 
     @property
@@ -275,7 +273,7 @@ class _TextTable:
             out.append((self._join(texts), "bold"))
         out.append(("─" * self.width, None))
         for row, cells in zip(self.rows, self.cells):
-            wrapped = [_wrap(text, self.widths[i]) if self.wraps[i] else [text] for i, text in enumerate(cells)]
+            wrapped = [wrap(text, self.widths[i]) if self.wraps[i] else [text] for i, text in enumerate(cells)]
             for line in range(max(map(len, wrapped))):
                 texts = [parts[line] if line < len(parts) else "" for parts in wrapped]
                 out.append((self._join(texts), None if row.median_ms is not None else "dim"))
@@ -283,23 +281,15 @@ class _TextTable:
         if self.notes is not None:
             footer += _reference_notes(self.rows, {c.key for c in self.columns}) + self.notes.lines()
         for note in footer:
-            out += [(line, "dim") for line in (_wrap(note, width, indent="    ") if width else [note])]
+            out += [(line, "dim") for line in (wrap(note, width, indent="    ") if width else [note])]
         return out + [("", None)]
 
     def _join(self, texts: list[str]) -> str:
         parts = []
         for text, width, column in zip(texts, self.widths, self.columns):
-            padding = " " * max(0, width - _cell_len(text))
+            padding = " " * max(0, width - cell_len(text))
             parts.append(text + padding if column.text else padding + text)
         return GAP.join(parts).rstrip()
-
-
-def _wrap(text: str, width: int, indent: str = "") -> list[str]:
-    import textwrap
-
-    if len(text) <= width:
-        return [text]
-    return textwrap.wrap(text, width, subsequent_indent=indent, break_long_words=True, break_on_hyphens=False) or [""]
 
 
 def _text(tables: list[_TextTable], width: int | None, answer: Answer | None = None) -> _Lines:
@@ -323,14 +313,6 @@ class _Lines:
                 styles[style] = console.get_style(style)
             yield Segment(text, styles[style])
             yield Segment.line()
-
-
-@functools.lru_cache(maxsize=4096)
-def _cell_len(text: str) -> int:
-    """Terminal columns the text takes (CJK characters take two); most cells repeat ("–", "1.00x")."""
-    from rich.cells import cell_len
-
-    return len(text) if text.isascii() else cell_len(text)
 
 
 def _reference_notes(rows: list[ComparisonRow], keys: set[str]) -> list[str]:
@@ -373,80 +355,6 @@ def _cell(column: Column, row: ComparisonRow, notes: _Notes | None) -> str:
     if column.key == "vs-ref-toolchain" and row.change_pct is not None:
         return ("" if row.change_significant else "~") + f"{row.change_pct:+.1f}%"
     return column.cell(row)
-
-
-def _join_sweep(texts: list[str], widths: list[int]) -> str:
-    """A sweep table's line: the two names left-aligned, the figures right-aligned."""
-    return GAP.join(t.ljust(w) if i < 2 else t.rjust(w) for i, (t, w) in enumerate(zip(texts, widths))).rstrip()
-
-
-# --- the answer first: the verdicts and the sweeps (pipeline/report/sweep.py) ------------------
-
-
-METRIC_WORDS = {"ms": "median latency, ms", "tokens": "tokens/s", "memory": "GPU memory, MiB"}
-
-
-@dataclass
-class Answer:
-    """What every report opens with: a verdict per model and point, and the sweep tables."""
-
-    verdicts: list
-    sweeps: list
-    metric: str = "ms"
-
-    def verdict_text(self) -> list[str]:
-        return [" ".join(verdict.sentences()) for verdict in self.verdicts]
-
-    def sweep_table(self, sweep) -> tuple[list[str], list[list[str]]]:
-        """(headers, cells) of one sweep: a line per variant × toolchain, a column per shape point."""
-        headers = ["variant", "toolchain", *(shape.replace("x", "×") for shape in sweep.shapes)]
-        cells = [
-            [variant, target, *(sweep.cell((variant, target), shape, self.metric) for shape in sweep.shapes)]
-            for variant, target in sweep.lines
-        ]
-        return headers, cells
-
-    def sweep_title(self, sweep) -> str:
-        return f"{sweep.title}: {METRIC_WORDS[self.metric]} at each shape point (* the verdict's choice, = not told apart from it)"
-
-    def lines(self, width: int | None) -> list[tuple[str, str | None]]:
-        """The terminal's: the verdicts, then each sweep's table and crossovers."""
-        out: list[tuple[str, str | None]] = []
-        if self.verdicts:
-            out.append(("The answer: the fastest engine that meets the accuracy floor", "bold"))
-            for text in self.verdict_text():
-                out += [(line, None) for line in (_wrap(text, width, indent="    ") if width else [text])]
-            out.append(("", None))
-        for sweep in self.sweeps:
-            headers, cells = self.sweep_table(sweep)
-            widths = [max(_cell_len(text) for text in column) for column in zip(headers, *cells)]
-
-            join = functools.partial(_join_sweep, widths=widths)
-            out.append((self.sweep_title(sweep), "italic"))
-            out.append((join(headers), "bold"))
-            out.append(("─" * (sum(widths) + len(GAP) * (len(widths) - 1)), None))
-            out += [(join(row), None) for row in cells]
-            for sentence in sweep.notes():
-                out += [(line, "dim") for line in (_wrap(sentence, width, indent="    ") if width else [sentence])]
-            out.append(("", None))
-        return out
-
-    def markdown(self) -> str:
-        out = []
-        if self.verdicts:
-            out.append("## The answer\n")
-            out += [f"- {text}" for text in self.verdict_text()]
-            out.append("")
-        for sweep in self.sweeps:
-            headers, cells = self.sweep_table(sweep)
-            out.append(f"### {self.sweep_title(sweep)}\n")
-            out.append("| " + " | ".join(headers) + " |")
-            out.append("|" + "|".join("---" for _ in headers) + "|")
-            out += ["| " + " | ".join(cell.replace("|", "\\|").replace("*", "\\*") for cell in row) + " |" for row in cells]
-            out.append("")
-            out += [f"- {sentence}" for sentence in sweep.notes()]
-            out.append("")
-        return "\n".join(out) + ("\n" if out else "")
 
 
 def render_csv(rows: list[ComparisonRow]) -> str:

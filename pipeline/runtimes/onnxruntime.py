@@ -14,7 +14,8 @@ from typing import Any, Literal
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
 from pipeline.machine.environment import pinned_cores
 from pipeline.measuring.accuracy import ReferenceBatch
-from pipeline.measuring.rounds import HOST_LATENCY, host_take
+from pipeline.measuring.rounds import HOST_LATENCY
+from pipeline.measuring.takes import host_take
 from pipeline.models import ModelSource
 from pipeline.running.errors import PipelineError, require_module, tool_message
 from pipeline.runtimes.base import BuildResult, InProcessRuntime, ReferenceRun, ToolchainStatus, rounds_words
@@ -199,7 +200,7 @@ class OnnxRuntimeRuntime(InProcessRuntime):
 
 
 class OrtEngine:
-    """An ONNX Runtime session and its inputs, ready for takes (pipeline/measuring/rounds.py): each run
+    """An ONNX Runtime session and its inputs, ready for takes (pipeline/measuring/takes.py): each run
     is one ``session.run``, timed by the host's clock."""
 
     timing = HOST_LATENCY

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.measuring.rounds import cuda_take, host_take
+from pipeline.measuring.takes import cuda_take, host_take
 from pipeline.running.reporting import native_stderr_held
 from pipeline.runtimes.torch_memory import out_of_memory_as_error
 
@@ -71,7 +71,7 @@ class Prepared:
     execution: dict[str, Any] = field(default_factory=dict)
     # Graphs torch.compile compiled while it was being timed (0 when every point is warmed first).
     recompiles: int = 0
-    # The host's time to issue the last take's untimed run (pipeline/measuring/rounds.py, cuda_take).
+    # The host's time to issue the last take's untimed run (pipeline/measuring/takes.py, cuda_take).
     issue_ms: float | None = None
 
     @property
@@ -87,7 +87,7 @@ class Prepared:
         return "GPU time (CUDA events)" if self.cuda else "host latency"
 
     def take(self, runs: int, min_ms: float) -> list[float]:
-        """One take (pipeline/measuring/rounds.py): on a GPU enqueued back to back and timed by CUDA
+        """One take (pipeline/measuring/takes.py): on a GPU enqueued back to back and timed by CUDA
         events, on the CPU by the host's clock. Running out of memory is this point's failure."""
         torch = import_torch()
         graphs = compiled_graphs(torch)

@@ -16,7 +16,6 @@ writes the references only (``onnx_skipped``), and a later run that reads the ON
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ from pipeline.models import TORCH_DTYPES
 from pipeline.running.errors import DeviceFault, EnvironmentMissing, UsageError
 from pipeline.runtimes.torch_memory import out_of_memory_as_error
 from pipeline.stages.base import Stage, StageOutcome
+from pipeline.stages.export_parts import References, Traced, VariantModel, export_note
 from pipeline.stages.export_phases import Phases
 from pipeline.stages.export_references import ReferenceWriter, reference_batch, reference_files
 from pipeline.stages.onnx_writing import (
@@ -52,41 +52,6 @@ from pipeline.stages.quantized_layers import layers_to_rewrite, prefix_of, resol
 from pipeline.stages.sparsify import sparsify_model
 from pipeline.stages.user_onnx import take_onnx
 from pipeline.workspace.artifacts import sha256_file
-
-
-@dataclass
-class _Traced:
-    """The FP32 model on its device, what the exporter traces, and the model's inputs and points."""
-
-    model: Any
-    runnable: Any
-    device: str
-    points: list
-    inputs: list
-    sample: tuple
-
-
-@dataclass
-class _References:
-    """The batches every engine is checked on (by shape point; None: the one batch), what they are,
-    and the FP32 model's outputs for them."""
-
-    batches: dict
-    facts: dict[str, Any]
-    fp32_outputs: dict
-    # The points without an FP32 output, and why (it did not fit, or faulted in an earlier process).
-    missing: dict
-
-
-@dataclass
-class _Variant:
-    """The model of the variant, the dtype it runs in, and what sparsifying and quantizing it did."""
-
-    runnable: Any
-    dtype: Any
-    sparsification: dict[str, Any] | None
-    quantization: dict[str, Any] | None
-
 
 # Why an export wrote no ONNX though the exporter would have (ExportDetails.onnx_skipped).
 ONNX_NOT_READ = "no toolchain of the run reads it"
@@ -319,7 +284,7 @@ class ExportStage(Stage):
         )
         outputs = [self.ctx.workspace.artifact("onnx", written.path)] if written.refused is None and self.writes_onnx else []
         outputs += [self.ctx.workspace.artifact(role, self.ctx.workspace.root / path) for role, path in reference_files(reference)]
-        return StageOutcome(outputs=outputs, details=details, note=_export_note(details, len(traced.points)))
+        return StageOutcome(outputs=outputs, details=details, note=export_note(details, len(traced.points)))
 
     def _import_tools(self, phase: Phases, source) -> None:
         """torch, timm and (for a quantized or sparse variant) ModelOpt imported, each timed as its
@@ -350,7 +315,7 @@ class ExportStage(Stage):
             )
         return resolve_exclude(model, variant.exclude, linear_only, self.engine.variant, source.describe())
 
-    def _on_device(self, model, source, phase: Phases) -> _Traced:
+    def _on_device(self, model, source, phase: Phases) -> Traced:
         import torch
 
         points = source.check_points(model)
@@ -365,9 +330,9 @@ class ExportStage(Stage):
             model = model.to(device)
         runnable = source.runnable(model)
         sample = source.sample_inputs(model, source.trace_point(points), self.model_spec.seed + 1)
-        return _Traced(model, runnable, device, points, model_inputs, sample)
+        return Traced(model, runnable, device, points, model_inputs, sample)
 
-    def _fp32_references(self, traced: _Traced, source) -> _References:
+    def _fp32_references(self, traced: Traced, source) -> References:
         """What every engine of this variant is checked against (pipeline/measuring/accuracy.py): one batch
         per shape point, or the one batch of a model of one shape, and the FP32 model's outputs."""
         import torch
@@ -401,9 +366,9 @@ class ExportStage(Stage):
         if labels:
             predicted = fp32_outputs[None][: len(labels)].argmax(dim=1)
             facts["fp32_top1_accuracy"] = float((predicted == torch.tensor(labels)).float().mean())
-        return _References(batches, facts, fp32_outputs, missing)
+        return References(batches, facts, fp32_outputs, missing)
 
-    def _calibration_batches(self, traced: _Traced, source) -> tuple[list, list, dict[str, Any]]:
+    def _calibration_batches(self, traced: Traced, source) -> tuple[list, list, dict[str, Any]]:
         """The calibration batches, the FP32 model's outputs for them (the accuracy proxy's
         reference), and what they are."""
         import torch
@@ -415,7 +380,7 @@ class ExportStage(Stage):
             outputs = [traced.runnable(*as_inputs(b, traced.device, torch.float32)).cpu() for b in batches]
         return batches, outputs, calibration
 
-    def _variant_of(self, traced: _Traced, source, batches, calibration, excluded, phase: Phases) -> _Variant:
+    def _variant_of(self, traced: Traced, source, batches, calibration, excluded, phase: Phases) -> VariantModel:
         """The model of this variant: sparsified, cast to FP16/BF16, or quantized (calibrated on
         ``batches``), with the dtype it runs in."""
         import torch
@@ -450,9 +415,9 @@ class ExportStage(Stage):
                 )
             quantization["weights_dtype"] = self.weights_dtype()
             quantization["calibration"] = calibration
-        return _Variant(runnable, dtype, sparsification, quantization)
+        return VariantModel(runnable, dtype, sparsification, quantization)
 
-    def _variant_outputs(self, traced: _Traced, references: _References, variant: _Variant, batches, reference_outputs):
+    def _variant_outputs(self, traced: Traced, references: References, variant: VariantModel, batches, reference_outputs):
         """(the accuracy proxy: the variant against the FP32 model on the calibration batches, the
         variant's outputs where parity is checked — the parity points, or the seeded sample)."""
         import torch
@@ -478,21 +443,3 @@ class ExportStage(Stage):
             else:  # parity is checked on the seeded sample (the reference may be images)
                 variant_outputs[None] = variant.runnable(*as_inputs(traced.sample, traced.device, variant.dtype)).float().cpu().numpy()
         return accuracy, variant_outputs
-
-
-def _export_note(details: ExportDetails, points: int) -> str:
-    """The export's line: " (parity at 2 shapes: cosine ≥ 1.000000), vs FP32: cosine 0.9987"."""
-    parity = details.parity
-    note = f" (parity: cosine {parity.cosine_similarity:.6f})" if parity else f" (parity not run: {details.parity_skipped})"
-    if details.onnx_refused:
-        note = " (no ONNX: the exporter refused the model; references written for the torch toolchains)"
-    if details.parity_by_shape:
-        checked = len(details.parity_by_shape)
-        of = f" of {points}" if checked < points else ""
-        plural = "s" if (points if of else checked) > 1 else ""
-        note = f" (parity at {checked}{of} shape{plural}: cosine ≥ {parity.cosine_similarity:.6f})"
-    if details.accuracy:
-        note += f", vs FP32: cosine {details.accuracy['cosine_similarity']:.4f}"
-    if details.sparsification:
-        note += f", {details.sparsification['onnx']['weights_2_4']} weights 2:4-sparse"
-    return note

@@ -16,7 +16,8 @@ from pipeline.running.errors import PipelineError, UsageError, require_module
 from pipeline.runtimes.onnxruntime import NO_CPU_KERNELS
 from pipeline.runtimes.torch_memory import is_out_of_memory
 from pipeline.stages.parity import check_parity
-from pipeline.stages.quantize import as_inputs, export_quantized
+from pipeline.stages.quantize import as_inputs
+from pipeline.stages.quantized_onnx import export_quantized
 from pipeline.stages.sparsify import onnx_sparsity
 from pipeline.workspace.artifacts import atomic_output
 

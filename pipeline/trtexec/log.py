@@ -12,19 +12,15 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from pipeline.manifest import LayerTime
 from pipeline.running.errors import PipelineError
 from pipeline.trtexec.command_shapes import read_command_shapes
+from pipeline.trtexec.log_facts import device_line, is_summary_line, profile_row, shape_line, summary_line
 from pipeline.trtexec.log_lines import BANNER, PREFIX, trtexec_lines
 from pipeline.trtexec.log_records import (
-    SUMMARY_FIELDS,
-    TOTAL_FIELDS,
-    DeviceInfo,
     LayerProfile,
     PerformanceSummary,
     ProfileShapes,
     SummaryFigures,
-    TimingSummary,
     TraceAverage,
     TrtexecError,
     TrtexecLog,
@@ -33,17 +29,12 @@ from pipeline.trtexec.log_records import (
 from pipeline.trtexec.text import read_text
 
 _SECTION = re.compile(r"^=== (?P<name>.+?) ===$")
-# The "=" is optional: chat and markdown renderers eat it ("min 2.01 ms, max 4.5 ms").
-_STAT = re.compile(r"(?<![\w(])(?P<label>min|max|mean|median|percentile\((?P<pct>[\d.]+)%\))\s*=?\s*(?P<value>[-+\d.eE]+|inf|nan)\s*ms\b")
 _TRACE = re.compile(
     r"^Average on (?P<runs>\d+) runs - GPU latency: (?P<gpu>[\d.eE+-]+) ms - Host latency: (?P<host>[\d.eE+-]+) ms"
     r"(?: \(enqueue (?P<enqueue>[\d.eE+-]+) ms\))?"
 )
 _OMITTING = re.compile(r"^\.\.\. Omitting (?P<count>\d+) lines")
 _PROFILE_HEADER = re.compile(r"^=== Profile \((?P<iterations>\d+) iterations ?\) ===$")
-_NUMBER = r"[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"
-_ROW_NAME_LAST = re.compile(rf"^\s*(?P<numbers>(?:{_NUMBER}\s+){{3,4}})(?P<name>\S.*?)\s*$")
-_ROW_NAME_FIRST = re.compile(rf"^\s*(?P<name>\S.*?)\s+(?P<numbers>(?:{_NUMBER}\s+){{2,3}}{_NUMBER})\s*$")
 # Every wording trtexec has used: 8.x "--workspace flag has been deprecated by --memPoolSize flag",
 # 10.x "--plugins flag has been deprecated, use --staticPlugins flag instead.", 10.x/11.x
 # "--useCudaGraph is deprecated. CUDA graph is now enabled by default. …".
@@ -51,49 +42,9 @@ _DEPRECATED_FLAG = re.compile(r"^(--[A-Za-z0-9]+)(?:=\S*)?(?: flag)? (?:is|has b
 # "Error Code 4: …" (TensorRT's error recorder) or "Error[4]: …" (trtexec's own prefix).
 _ERROR_CODE = re.compile(r"Error(?: Code |\[)(?P<code>\d+)\]?: ?(?P<message>.*)")
 _PARSER_ERROR = re.compile(r"^\[(?P<code>\d+)\] (?P<message>.+)$")
-# Each input's shapes, in every wording trtexec has printed them (samples/common/sampleOptions.cpp
-# and sampleEngines.cpp of the TensorRT OSS release): the options echo, one line per input
-# ("Input build shape: x=1x3+2x3+4x3" in 8.x, "Input build shape (profile 0): x=…" in 10.x; the
-# plural "… shapes: model" when none were given), what the builder and the context were told, and
-# the bindings created for the run ("Created input binding for x with dimensions 32x128" in 8.x,
-# "Input binding for x with dimensions 1x1x28x28 and type fp32 is created." in 10.x).
-_BUILD_SHAPE = re.compile(
-    r"^Input build shape(?: \(profile (?P<profile>\d+)\))?\s*:\s*(?P<name>.+)=(?P<min>[\dx]*)\+(?P<opt>[\dx]*)\+(?P<max>[\dx]*)$"
-)
-_INFERENCE_SHAPE = re.compile(r"^Input inference shape(?: \(profile \d+\))?\s*:\s*(?P<name>.+)=(?P<dims>[\dx]*)$")
-_PROFILE_SET = re.compile(
-    r"^Set shape of input tensor (?P<name>.+) for optimization profile (?P<profile>\d+) to: MIN=(?P<min>\S*) OPT=(?P<opt>\S*) MAX=(?P<max>\S*)$"
-)
-_CONTEXT_SET = re.compile(r"^Set shape of input tensor (?P<name>.+) to: (?P<dims>\S*)$")
-_BINDING = re.compile(
-    r"^(?:Created (?P<io8>input|output) binding for (?P<name8>.+) with dimensions (?P<dims8>\S*)"
-    r"|(?P<io>Input|Output) binding for (?P<name>.+) with dimensions (?P<dims>\S*)(?: and type (?P<dtype>\S+))? is created\.)$"
-)
 _AUTOMATIC_SHAPE = re.compile(
     r"^Dynamic dimensions required for input: (?P<name>.+), but no shapes were provided\. Automatically overriding shape to: (?P<dims>\S+)$"
 )
-
-
-def _summary(text: str) -> TimingSummary:
-    summary = TimingSummary()
-    other = {}
-    for match in _STAT.finditer(text):
-        value = float(match.group("value"))
-        pct = match.group("pct")
-        if pct is None:
-            setattr(summary, match.group("label"), value)
-        else:
-            key = "p" + pct.rstrip("0").rstrip(".") if "." in pct else "p" + pct
-            if key in ("p90", "p95", "p99"):
-                setattr(summary, key, value)
-            else:
-                other[key] = value
-    summary.other = other
-    return summary
-
-
-def _floats(text: str) -> list[float]:
-    return [float(v) for v in re.findall(_NUMBER, text)]
 
 
 _FACTS = (
@@ -224,7 +175,7 @@ class _LogReader:
             self.profile_layout = "name-first (8.x)" if stripped.startswith("Layer") else "name-last (10.x)"
             self.profile.layout = self.profile_layout
             return True
-        row = _profile_row(message, self.profile_layout)
+        row = profile_row(message, self.profile_layout)
         if row is None:
             self.profile = None  # not a row: the table ended without its blank line (a grepped text)
             return False
@@ -254,7 +205,7 @@ class _LogReader:
             if not self._summary_line(stripped, any_label=True):
                 self.in_summary = bool(stripped)
             return True
-        if _is_summary_line(stripped):
+        if is_summary_line(stripped):
             self._summary_line(stripped, any_label=False)  # outside its section: pasted without the header
             return True
         trace = _TRACE.match(stripped)
@@ -277,13 +228,13 @@ class _LogReader:
     def _info(self, severity: str, stripped: str, prefixed: bool) -> None:
         """Shapes, the release, device information, an options section's settings, or a fact."""
         log = self.log
-        if severity == "I" and _shape_line(log, stripped):
+        if severity == "I" and shape_line(log, stripped):
             return
         if stripped.startswith("TensorRT version:"):
             log.trt_version = stripped.split(":", 1)[1].strip()
             return
         if self.section == "Device Information" or stripped.startswith(("Selected Device", "Compute Capability")):
-            _device_line(log.device, stripped)
+            device_line(log.device, stripped)
         if severity == "I" and self.section in log.options and ":" in stripped and not stripped.startswith("[TRT]"):
             key, value = stripped.split(":", 1)
             log.options[self.section][key.strip()] = value.strip()
@@ -314,7 +265,7 @@ class _LogReader:
             self._start_summary()
         elif self.summary.empty:
             self.summary.label = self.label
-        return _summary_line(self.summary, text, any_label)
+        return summary_line(self.summary, text, any_label)
 
     def finish(self) -> TrtexecLog:
         log = self.log
@@ -369,93 +320,6 @@ def _continues(message: str, line: str) -> bool:
 
 
 NOTHING_TO_REPORT = "no performance summary and no PASSED/FAILED line: there is nothing to report from this text"
-
-
-def _shape_line(log: TrtexecLog, text: str) -> bool:
-    """Record an input's or output's shapes from this line; False when it names none."""
-    found = _BUILD_SHAPE.match(text) or _PROFILE_SET.match(text)
-    if found:
-        profile = int(found.group("profile") or 0)
-        shapes = ProfileShapes(min=found.group("min"), opt=found.group("opt"), max=found.group("max"))
-        log.tensor(found.group("name").strip()).profiles[profile] = shapes
-        return True
-    found = _INFERENCE_SHAPE.match(text) or _CONTEXT_SET.match(text)
-    if found:
-        log.tensor(found.group("name").strip()).inference = found.group("dims")
-        return True
-    found = _BINDING.match(text)
-    if found:
-        if found.group("name8") is not None:
-            tensor = log.tensor(found.group("name8"), found.group("io8"))
-            tensor.binding = found.group("dims8")
-        else:
-            tensor = log.tensor(found.group("name"), found.group("io").lower())
-            tensor.binding, tensor.dtype = found.group("dims"), found.group("dtype") or tensor.dtype
-        return True
-    return False
-
-
-def _is_summary_line(text: str) -> bool:
-    """A performance-summary line wherever it stands: a known label and its numbers."""
-    label, colon, rest = text.partition(":")
-    if not colon:
-        return False
-    label = label.strip()
-    if label in SUMMARY_FIELDS:
-        return _STAT.search(rest) is not None
-    return label in TOTAL_FIELDS and bool(re.match(rf"\s*{_NUMBER}\s*(qps|s)\b", rest))
-
-
-def _summary_line(summary: PerformanceSummary, text: str, any_label: bool) -> bool:
-    """Read one summary line into ``summary``; labels other than trtexec's own only inside the
-    summary section (``any_label``)."""
-    if not text or ":" not in text:
-        return False
-    label, rest = (part.strip() for part in text.split(":", 1))
-    if label in TOTAL_FIELDS:
-        values = _floats(rest)
-        if not values:
-            return False
-        setattr(summary, TOTAL_FIELDS[label], values[0])
-    elif _STAT.search(rest) and (any_label or label in SUMMARY_FIELDS):
-        if label in SUMMARY_FIELDS:
-            setattr(summary, SUMMARY_FIELDS[label], _summary(rest))
-        else:
-            summary.other_summaries[label] = _summary(rest)
-    else:
-        return False
-    return True
-
-
-def _device_line(device: DeviceInfo, text: str) -> None:
-    if ":" not in text:
-        return
-    key, value = (part.strip() for part in text.split(":", 1))
-    if key == "Selected Device":
-        device.name = value
-    elif key == "Compute Capability":
-        device.compute_capability = value
-    elif key == "SMs" and value.isdigit():
-        device.sms = int(value)
-    elif key == "Device Global Memory":
-        numbers = _floats(value)
-        device.memory_mib = int(numbers[0]) if numbers else None
-    elif key == "Selected Device UUID":
-        device.uuid = value
-
-
-def _profile_row(message: str, layout: str) -> LayerTime | None:
-    pattern = _ROW_NAME_LAST if layout == "name-last (10.x)" else _ROW_NAME_FIRST
-    match = pattern.match(message)
-    if not match:
-        return None
-    numbers = [float(v) for v in match.group("numbers").split()]
-    if len(numbers) == 4:
-        total, average, median, percent = numbers
-    else:  # tables without a median column (before 8.5)
-        total, average, percent = numbers
-        median = None
-    return LayerTime(name=match.group("name").strip(), total_ms=total, average_ms=average, median_ms=median, percent=percent)
 
 
 def read_log(path: Path) -> TrtexecLog:

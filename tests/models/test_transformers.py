@@ -292,9 +292,9 @@ def test_tensorrt_rtx_builds_the_transformer_for_its_shape_range(rtx_cache, tmp_
 def test_an_nvfp4_transformer_with_dynamic_sequence_builds_for_sm120(rtx_cache, tmp_path, run_cli, monkeypatch):
     """ModelOpt's block-format graph of BERT reshapes the attention output to (batch, sequence, -1);
     TensorRT must know the quantized axis' size when it builds. The export writes it out
-    (quantize.fix_block_axes); without that, TensorRT-RTX refuses the graph (as it did the NVFP4
+    (quantized_onnx.fix_block_axes); without that, TensorRT-RTX refuses the graph (as it did the NVFP4
     and MXFP8 exports of the lent H100)."""
-    import pipeline.stages.quantize
+    import pipeline.stages.quantized_onnx
     from tests.conftest import RTX_TOOLCHAINS
     from tests.cpu_nvfp4 import nvfp4_without_cuda
 
@@ -307,7 +307,7 @@ def test_an_nvfp4_transformer_with_dynamic_sequence_builds_for_sm120(rtx_cache, 
         assert build["status"] == "done" and build["details"]["precision_audit"]["intended_found"] is True
         assert "--shape-range input_ids=2x8/3x24/3x24" in " ".join(build["command"])
 
-        monkeypatch.setattr(pipeline.stages.quantize, "fix_block_axes", lambda model, sizes, axes: 0)
+        monkeypatch.setattr(pipeline.stages.quantized_onnx, "fix_block_axes", lambda model, sizes, axes: 0)
         refused = run_cli(catalog, *args, "--force")
     assert refused.exit_code == 1
     assert "attention/output/dense/input_quantizer/TRT_FP4DynamicQuantize" in refused.err
@@ -601,7 +601,7 @@ def test_a_model_made_again_in_one_process_has_the_same_weights_without_initiali
     import torch
 
     from pipeline.models import model_source
-    from pipeline.models import transformers as family_module
+    from pipeline.models import transformers_weights as weights_module
     from pipeline.runtimes import load_catalog
 
     text = LLAMA_CATALOG if family == "llama" else BERT_CATALOG
@@ -615,16 +615,16 @@ def test_a_model_made_again_in_one_process_has_the_same_weights_without_initiali
     monkeypatch.setattr(cls, "_init_weights", lambda self, module: initialised.append(module) or real(self, module))
     again = source.create()
     assert initialised == []
-    tensors = family_module._tensors(first)
-    assert tensors.keys() == family_module._tensors(again).keys()
-    assert all(torch.equal(tensor, tensors[key]) for key, tensor in family_module._tensors(again).items())
+    tensors = weights_module.tensors_of(first)
+    assert tensors.keys() == weights_module.tensors_of(again).keys()
+    assert all(torch.equal(tensor, tensors[key]) for key, tensor in weights_module.tensors_of(again).items())
     ids = torch.randint(1, 100, (2, 16), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.equal(source.runnable(first)(ids, torch.ones_like(ids)), source.runnable(again)(ids, torch.ones_like(ids)))
     reseeded = model_source(name, catalog.model(name).model_copy(update={"seed": catalog.model(name).seed + 1}), tmp_path).create()
     assert initialised, "another seed initialises its weights"
     assert any(
-        not torch.equal(tensor, tensors[key]) for key, tensor in family_module._tensors(reseeded).items() if tensor.is_floating_point()
+        not torch.equal(tensor, tensors[key]) for key, tensor in weights_module.tensors_of(reseeded).items() if tensor.is_floating_point()
     )
 
 

@@ -267,11 +267,11 @@ def test_nvfp4_graphs_parse_and_build_for_sm120(workspace, run_cli, monkeypatch,
 
 @pytest.mark.rtx
 def test_modelopts_unrepaired_nvfp4_graph_is_refused_node_name_first(workspace, run_cli, monkeypatch):
-    """What the repair in pipeline/stages/quantize.py is for: without it, TensorRT's parser says no."""
-    import pipeline.stages.quantize
+    """What the repair in pipeline/stages/quantized_onnx.py is for: without it, TensorRT's parser says no."""
+    import pipeline.stages.quantized_onnx
     from tests.cpu_nvfp4 import nvfp4_without_cuda
 
-    monkeypatch.setattr(pipeline.stages.quantize, "make_fp4_graph_consistent", lambda graph, weights_dtype: 0)
+    monkeypatch.setattr(pipeline.stages.quantized_onnx, "make_fp4_graph_consistent", lambda graph, weights_dtype: 0)
     with nvfp4_without_cuda(monkeypatch):
         result = run_cli(workspace, "build", "--engine", "tiny_nvfp4_fp32", "--toolchain", "trt-rtx1.7", "--arch", "sm120", "--force")
     assert result.exit_code == 1

@@ -11,7 +11,7 @@ import types
 import pytest
 
 from pipeline.catalog import ProfileSettings
-from pipeline.measuring import rounds as measurement
+from pipeline.measuring import takes
 from pipeline.runtimes import tensorrt_rtx_cuda
 
 
@@ -93,14 +93,14 @@ class FakeDriverCuda:
 
 
 def run_torch_timer(gpu, settings):
-    """A take of the measurement protocol (pipeline/measuring/rounds.py), as PyTorch's runs are timed."""
+    """A take of the measurement protocol (pipeline/measuring/takes.py), as PyTorch's runs are timed."""
     torch = fake_torch(gpu)
 
     def run():
         gpu.measuring = gpu.stream_syncs > 0  # the untimed run before a take ends with a synchronisation
         gpu.launch()
 
-    return measurement.cuda_take(torch, run, settings.iterations, settings.duration_s * 1000), None
+    return takes.cuda_take(torch, run, settings.iterations, settings.duration_s * 1000), None
 
 
 def run_driver_timer(gpu, settings):
@@ -123,8 +123,8 @@ def test_a_gpu_bound_model_is_timed_back_to_back_with_a_bounded_queue(timer):
     # The host synchronised the stream only to end the warm-up, never between timed runs...
     assert gpu.stream_syncs == 1
     # ...waited only for a run with QUEUE_DEPTH - 1 more queued behind it (while measuring),
-    assert min(gpu.waits[: 40 - measurement.QUEUE_DEPTH]) == measurement.QUEUE_DEPTH - 1
-    assert max(gpu.waits) <= measurement.QUEUE_DEPTH
+    assert min(gpu.waits[: 40 - takes.QUEUE_DEPTH]) == takes.QUEUE_DEPTH - 1
+    assert max(gpu.waits) <= takes.QUEUE_DEPTH
     # ...so the GPU never idled between runs: the runs' times add up to the time it was busy.
     assert gpu.idle_ms == 0.0 and sum(times) == pytest.approx(6.0 + 39 * 5.0)
 
@@ -150,4 +150,4 @@ def test_fewer_runs_than_the_queue_holds_are_all_timed(timer):
 def test_both_timers_keep_the_same_queue_depth():
     # The driver runs in the compiler's own environment and cannot import the product: the same
     # rule is written twice, and this keeps the two in step.
-    assert tensorrt_rtx_cuda.QUEUE_DEPTH == measurement.QUEUE_DEPTH
+    assert tensorrt_rtx_cuda.QUEUE_DEPTH == takes.QUEUE_DEPTH

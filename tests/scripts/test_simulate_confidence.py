@@ -1,7 +1,7 @@
 """scripts/simulate_confidence.py: the product's own rounds and verdict, run on engines of known
 truth, name a wrong fastest engine and claim a difference inside the tie band no more often than
 the 95 % they claim — every look at the data and every pair of a point counted — with and without
-racing; and docs/measurement.md shows the table this run prints."""
+racing; and docs/confidence.md shows the table this run prints."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def test_the_answer_and_its_claims_are_wrong_no_more_often_than_the_confidence_i
     # Racing spends the budget on the contenders: at the matrix-like point they get more rounds.
     matrix = [tallies for scenario, _, tallies in table if scenario.name.startswith("10: 3 within")]
     assert all(t["racing"].rounds > t["every round"].rounds for t in matrix)
-    assert printed in (REPO_ROOT / "docs" / "measurement.md").read_text(), "docs/measurement.md shows another table: paste the one above"
+    assert printed in (REPO_ROOT / "docs" / "confidence.md").read_text(), "docs/confidence.md shows another table: paste the one above"
 
 
 def test_the_simulation_catches_the_rule_it_replaced(simulation, monkeypatch):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pipeline.manifest import read_manifest
-from pipeline.stages.quantize import INT8_EXPORTER, MODELOPT_EXPORTER
+from pipeline.stages.quantized_onnx import INT8_EXPORTER, MODELOPT_EXPORTER
 from tests.conftest import TINY_CATALOG, modelopt_onnx, quantized_test_vit, write_catalog
 
 CATALOG = (
@@ -195,9 +195,9 @@ def test_empty_or_unreadable_calibration_folder(tmp_path, run_cli):
 
 
 def test_weights_over_the_onnx_size_limit_are_refused_clearly(tmp_path, run_cli, monkeypatch):
-    import pipeline.stages.quantize
+    import pipeline.stages.quantized_onnx
 
-    monkeypatch.setattr(pipeline.stages.quantize, "PROTOBUF_LIMIT_BYTES", 1000)  # test_vit's weights are 1.5 MB
+    monkeypatch.setattr(pipeline.stages.quantized_onnx, "PROTOBUF_LIMIT_BYTES", 1000)  # test_vit's weights are 1.5 MB
     catalog = write_catalog(tmp_path / "ws", CATALOG)
     result = run_cli(catalog, "export", "--engine", "tiny_int8")
     assert result.exit_code == 1 and "exceed 2 GB" in result.err
@@ -253,7 +253,7 @@ def test_int8_export_gives_the_graph_modelopts_exporter_gives(tmp_path):
     import onnxruntime as ort
     import torch
 
-    from pipeline.stages.quantize import INT8_EXPORTER, export_quantized
+    from pipeline.stages.quantized_onnx import INT8_EXPORTER, export_quantized
 
     model = quantized_test_vit("int8")
     sample = torch.randn(2, 3, 160, 160)
@@ -306,7 +306,7 @@ def test_modelopt_is_loaded_without_its_hugging_face_plugins(tmp_path):
 def test_shape_inference_without_weights_gives_modelopts_export_byte_for_byte():
     import torch
 
-    from pipeline.stages.quantize import shape_inference_without_weights
+    from pipeline.stages.quantized_onnx import shape_inference_without_weights
 
     model = quantized_test_vit("fp8")
     sample = torch.randn(2, 3, 160, 160)

@@ -95,7 +95,8 @@ def test_int8_is_calibrated_on_the_gpu_and_traced_on_the_cpu_at_a_small_batch(ex
 @pytest.mark.parametrize("precision", ["mxfp8", "nvfp4"])
 def test_block_format_exports_are_unchanged_by_weightless_shape_inference(precision):
     """The shim around ModelOpt's exporter must give its exact output for the CUDA-only formats too."""
-    from pipeline.stages.quantize import DEFAULT_WEIGHTS_DTYPE, TRACED_HIGH_PRECISION, shape_inference_without_weights
+    from pipeline.stages.quantize import DEFAULT_WEIGHTS_DTYPE, TRACED_HIGH_PRECISION
+    from pipeline.stages.quantized_onnx import shape_inference_without_weights
 
     # NVFP4's FP16 comes from the traced model; ModelOpt is asked to convert nothing ("fp32").
     weights_dtype = "fp32" if precision in TRACED_HIGH_PRECISION else DEFAULT_WEIGHTS_DTYPE[precision]

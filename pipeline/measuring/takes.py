@@ -1,0 +1,77 @@
+"""One take: an engine's runs timed back to back, by the host's clock (a CPU engine, a runtime that
+cannot time on the GPU) or on the GPU by CUDA events as trtexec times its iterations, with the
+host's time to issue each run beside it. The rounds (rounds.py) take turns of these."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+# How many runs may be enqueued ahead of the oldest one not yet finished, in a CUDA take: enough
+# that the GPU always has the next run queued while the host enqueues the one after, few enough
+# that a stopped take drains at once.
+QUEUE_DEPTH = 4
+
+
+def host_take(run: Callable[[], Any], runs: int, min_ms: float) -> list[float]:
+    """``run`` timed by the host's clock, each call on its own."""
+    run()  # untimed: another engine ran since this one's last take
+    times_ms: list[float] = []
+    started = time.perf_counter()
+    while len(times_ms) < runs or (time.perf_counter() - started) * 1000.0 < min_ms:
+        t0 = time.perf_counter_ns()
+        run()
+        times_ms.append((time.perf_counter_ns() - t0) / 1e6)
+    return times_ms
+
+
+def cuda_take(torch, run: Callable[[], Any], runs: int, min_ms: float, issue_ms: list[float] | None = None) -> list[float]:
+    """``run`` enqueued back to back on the current CUDA stream, each timed on the GPU by a pair of
+    CUDA events, as trtexec times its iterations: a run's time is what the GPU spent from its first
+    kernel's launch to its last kernel's end. A host that waited for every run would leave the GPU
+    idle between launches inside the timed window and time PyTorch slower than an engine timed by
+    trtexec. A ring of QUEUE_DEPTH event pairs: a slot is read (its run waited for) only when the
+    ring comes round to it, so the host blocks only while that many runs are queued.
+
+    The untimed run is issued with the GPU idle; the host's time to issue it (``run()`` returning,
+    its kernels launched) is appended to ``issue_ms``. Near a run's GPU time, the GPU waits for
+    the host between kernels: the run is launch-bound, its time the host's speed. The first run
+    after another engine's take can cost the host more than the runs of a take (on the H100,
+    `reduce-overhead` at 2x512: 74–82 % of the run's GPU time, against 45–55 % for a run right
+    after one of its own), so a short run is issued twice, untimed,
+    and the second one's issue kept; a long one once (a second would cost the take's budget, and a
+    run that long issues thousands of kernels before it could be launch-bound)."""
+    issued, whole = _issued(torch, run)
+    if issue_ms is not None:
+        if whole * max(runs, 1) < min_ms:  # a short run
+            issued, _ = _issued(torch, run)
+        issue_ms.append(issued)
+    slots = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(QUEUE_DEPTH)]
+    times_ms: list[float] = []
+    enqueued = 0
+    started = time.perf_counter()
+    while enqueued < runs or (time.perf_counter() - started) * 1000.0 < min_ms:
+        start, end = slots[enqueued % QUEUE_DEPTH]
+        if enqueued >= QUEUE_DEPTH:  # the slot's previous run: wait for it and keep its time
+            end.synchronize()
+            times_ms.append(start.elapsed_time(end))
+        start.record()
+        run()
+        end.record()
+        enqueued += 1
+    for index in range(max(0, enqueued - QUEUE_DEPTH), enqueued):  # drain, oldest first
+        start, end = slots[index % QUEUE_DEPTH]
+        end.synchronize()
+        times_ms.append(start.elapsed_time(end))
+    return times_ms
+
+
+def _issued(torch, run: Callable[[], Any]) -> tuple[float, float]:
+    """One run, waited for: (ms until ``run()`` returned, ms until the GPU finished it). The GPU is
+    idle before it: every take ends with its runs waited for, as does the run before this one."""
+    started = time.perf_counter_ns()
+    run()
+    issued = time.perf_counter_ns()
+    torch.cuda.synchronize()
+    return (issued - started) / 1e6, (time.perf_counter_ns() - started) / 1e6

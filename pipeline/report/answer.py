@@ -1,0 +1,98 @@
+"""What every report opens with: the answer — a verdict per model and shape point — and the sweep
+tables (pipeline/report/sweep.py), as terminal lines and as markdown; and the text layout the
+terminal table shares with them (wrapping, cell widths)."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+# Between two columns.
+GAP = "  "
+
+
+def wrap(text: str, width: int, indent: str = "") -> list[str]:
+    import textwrap
+
+    if len(text) <= width:
+        return [text]
+    return textwrap.wrap(text, width, subsequent_indent=indent, break_long_words=True, break_on_hyphens=False) or [""]
+
+
+@functools.lru_cache(maxsize=4096)
+def cell_len(text: str) -> int:
+    """Terminal columns the text takes (CJK characters take two); most cells repeat ("–", "1.00x")."""
+    from rich.cells import cell_len
+
+    return len(text) if text.isascii() else cell_len(text)
+
+
+def _join_sweep(texts: list[str], widths: list[int]) -> str:
+    """A sweep table's line: the two names left-aligned, the figures right-aligned."""
+    return GAP.join(t.ljust(w) if i < 2 else t.rjust(w) for i, (t, w) in enumerate(zip(texts, widths))).rstrip()
+
+
+METRIC_WORDS = {"ms": "median latency, ms", "tokens": "tokens/s", "memory": "GPU memory, MiB"}
+
+
+@dataclass
+class Answer:
+    """What every report opens with: a verdict per model and point, and the sweep tables."""
+
+    verdicts: list
+    sweeps: list
+    metric: str = "ms"
+
+    def verdict_text(self) -> list[str]:
+        return [" ".join(verdict.sentences()) for verdict in self.verdicts]
+
+    def sweep_table(self, sweep) -> tuple[list[str], list[list[str]]]:
+        """(headers, cells) of one sweep: a line per variant × toolchain, a column per shape point."""
+        headers = ["variant", "toolchain", *(shape.replace("x", "×") for shape in sweep.shapes)]
+        cells = [
+            [variant, target, *(sweep.cell((variant, target), shape, self.metric) for shape in sweep.shapes)]
+            for variant, target in sweep.lines
+        ]
+        return headers, cells
+
+    def sweep_title(self, sweep) -> str:
+        return f"{sweep.title}: {METRIC_WORDS[self.metric]} at each shape point (* the verdict's choice, = not told apart from it)"
+
+    def lines(self, width: int | None) -> list[tuple[str, str | None]]:
+        """The terminal's: the verdicts, then each sweep's table and crossovers."""
+        out: list[tuple[str, str | None]] = []
+        if self.verdicts:
+            out.append(("The answer: the fastest engine that meets the accuracy floor", "bold"))
+            for text in self.verdict_text():
+                out += [(line, None) for line in (wrap(text, width, indent="    ") if width else [text])]
+            out.append(("", None))
+        for sweep in self.sweeps:
+            headers, cells = self.sweep_table(sweep)
+            widths = [max(cell_len(text) for text in column) for column in zip(headers, *cells)]
+
+            join = functools.partial(_join_sweep, widths=widths)
+            out.append((self.sweep_title(sweep), "italic"))
+            out.append((join(headers), "bold"))
+            out.append(("─" * (sum(widths) + len(GAP) * (len(widths) - 1)), None))
+            out += [(join(row), None) for row in cells]
+            for sentence in sweep.notes():
+                out += [(line, "dim") for line in (wrap(sentence, width, indent="    ") if width else [sentence])]
+            out.append(("", None))
+        return out
+
+    def markdown(self) -> str:
+        out = []
+        if self.verdicts:
+            out.append("## The answer\n")
+            out += [f"- {text}" for text in self.verdict_text()]
+            out.append("")
+        for sweep in self.sweeps:
+            headers, cells = self.sweep_table(sweep)
+            out.append(f"### {self.sweep_title(sweep)}\n")
+            out.append("| " + " | ".join(headers) + " |")
+            out.append("|" + "|".join("---" for _ in headers) + "|")
+            out += ["| " + " | ".join(cell.replace("|", "\\|").replace("*", "\\*") for cell in row) + " |" for row in cells]
+            out.append("")
+            out += [f"- {sentence}" for sentence in sweep.notes()]
+            out.append("")
+        return "\n".join(out) + ("\n" if out else "")
