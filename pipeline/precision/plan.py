@@ -195,16 +195,19 @@ class _Search:
     def __init__(self, lab: VariantLab, floor: Floor, flops: dict[str, float]):
         self.lab, self.floor, self.flops = lab, floor, flops
 
+    def bound(self, layers: list[str], failing: Failing) -> Bound | None:
+        """The bound of ``failing``'s metric at ``layers`` (None where these samples do not measure it)."""
+        return next((b for b in self.lab.bounds(layers, self.floor) if (b.metric, b.side) == failing), None)
+
     def failing(self, layers: list[str]) -> Failing:
         """The first of the floor's metrics that fails at ``layers`` (by its figure or its bound)."""
         figures = self.lab.evaluate(layers)
-        by_metric = {(bound.metric, bound.side): bound for bound in self.lab.bounds(layers, self.floor)}
         for metric, limit in self.floor.thresholds:
-            bound = by_metric.get((metric, "lower"))
+            bound = self.bound(layers, (metric, "lower"))
             if (value := figures.value(metric)) is None or value < limit - 1e-12 or (bound is not None and not bound.held):
                 return metric, "lower"
         for metric, limit in self.floor.drops:
-            bound = by_metric.get((metric, "upper"))
+            bound = self.bound(layers, (metric, "upper"))
             if (fell := figures.drop(metric)) is None or fell > limit + 1e-12 or (bound is not None and not bound.held):
                 return metric, "upper"
         return "cos", "lower"  # held: nothing fails (the caller does not ask)
@@ -213,7 +216,7 @@ class _Search:
         """Higher is better: minus the samples counted against a proportion; the cosine or the
         metric; minus a drop. NaN where the outputs are not finite."""
         metric, side = failing
-        bound = next((b for b in self.lab.bounds(layers, self.floor) if (b.metric, b.side) == failing), None)
+        bound = self.bound(layers, failing)
         if bound is not None and bound.counted is not None:
             return -float(bound.counted)
         if metric == "cos":
@@ -243,9 +246,8 @@ class _Search:
 
     def amount(self, gain: float, failing: Failing) -> str:
         """What a gain is in the failing metric's own terms: "1 sample", "+0.0042 of cosine"."""
-        metric, side = failing
-        bound = next((b for b in self.lab.bounds([], self.floor) if (b.metric, b.side) == failing), None)
-        if bound is not None and bound.counted is not None:
+        metric, _ = failing
+        if metric == "top1":  # counted in samples (score)
             count = round(gain)
             return f"{count} sample{'s' if abs(count) != 1 else ''} of top-1"
         if metric == "cos":
@@ -256,12 +258,9 @@ class _Search:
         """ "bought 1 sample of top-1 (3 → 2 changed), +0.0031 of cosine"."""
         gain = self.score(after, failing) - self.score(before, failing)
         said = f"bought {self.amount(gain, failing)}"
-        bounds = {
-            which: next((b for b in self.lab.bounds(layers, self.floor) if (b.metric, b.side) == failing), None)
-            for which, layers in (("before", before), ("after", after))
-        }
-        if bounds["before"] is not None and bounds["before"].counted is not None and bounds["after"] is not None:
-            said += f" ({bounds['before'].counted} → {bounds['after'].counted} {bounds['after'].counting})"
+        was, now = self.bound(before, failing), self.bound(after, failing)
+        if was is not None and was.counted is not None and now is not None:
+            said += f" ({was.counted} → {now.counted} {now.counting})"
         if failing != ("cos", "lower"):
             said += f", {change_text(self.lab.evaluate(after).cosine - self.lab.evaluate(before).cosine)} of cosine"
         return said

@@ -221,10 +221,10 @@ def print_plan(plan: Plan, total_layers: int, toml_text: str, command: str, cons
     console.print(f"  planned           search: {search.said()}   confirmation: {confirm.said()}")
     console.print(f"  {CONFIDENCE:.0%} one-sided bounds   search: {_bounds(plan, 'search')}   confirmation: {_bounds(plan, 'confirm')}")
     for step in plan.steps:
-        if step.action in ("exclude", "stop"):
-            console.print(
-                f"  {step.action} {step.layer or ''}: {step.note}".replace("  stop : ", "  stopped: "), markup=False, highlight=False
-            )
+        if step.action == "exclude":
+            console.print(f"  exclude {step.layer}: {step.note}", markup=False, highlight=False)
+        elif step.action == "stop":
+            console.print(f"  stopped: {step.note}", markup=False, highlight=False)
     if plan.evaluation:
         drawn = plan.evaluation["search"], plan.evaluation["confirm"]
         console.print(

@@ -4,25 +4,17 @@ indexes here are loopback servers: one that serves, one that refuses, one that n
 
 from __future__ import annotations
 
-import importlib
 import socket
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tests.conftest import REPO_ROOT
-
 
 @pytest.fixture(scope="module")
-def install_torch():
-    sys.path.insert(0, str(REPO_ROOT / "scripts"))
-    try:
-        yield importlib.import_module("install_torch")
-    finally:
-        sys.path.remove(str(REPO_ROOT / "scripts"))
+def install_torch(import_script):
+    return import_script("install_torch")
 
 
 class _Index(BaseHTTPRequestHandler):

@@ -5,22 +5,14 @@ racing; and docs/confidence.md shows the table this run prints."""
 
 from __future__ import annotations
 
-import importlib
-import sys
-
 import pytest
 
 from tests.conftest import REPO_ROOT
 
 
 @pytest.fixture(scope="module")
-def simulation():
-    # Imported by its own name, as the script's worker processes find it.
-    sys.path.insert(0, str(REPO_ROOT / "scripts"))
-    try:
-        yield importlib.import_module("simulate_confidence")
-    finally:
-        sys.path.remove(str(REPO_ROOT / "scripts"))
+def simulation(import_script):
+    return import_script("simulate_confidence")
 
 
 def test_the_answer_and_its_claims_are_wrong_no_more_often_than_the_confidence_it_states(simulation):

@@ -6,9 +6,6 @@ prints."""
 
 from __future__ import annotations
 
-import importlib
-import sys
-
 import pytest
 
 from tests.conftest import REPO_ROOT
@@ -17,12 +14,8 @@ pytest.importorskip("torch")
 
 
 @pytest.fixture(scope="module")
-def simulation():
-    sys.path.insert(0, str(REPO_ROOT / "scripts"))
-    try:
-        yield importlib.import_module("simulate_plans")
-    finally:
-        sys.path.remove(str(REPO_ROOT / "scripts"))
+def simulation(import_script):
+    return import_script("simulate_plans")
 
 
 def test_confirmed_plans_hold_on_fresh_data_at_least_as_often_as_claimed(simulation):
