@@ -200,6 +200,9 @@ class Catalog(_Strict):
     defaults: Defaults = Defaults()
     cluster: ClusterSettings = ClusterSettings()
     opset: int = Field(default=17, ge=13)
+    # Constant folding before TensorRT reads a graph (pipeline/graph/sanitize.py): the exported or
+    # user's ONNX with what folds computed once, where that is safe; false keeps it as written.
+    sanitize: bool = True
     # The toolchain every engine is measured against in `pipeline compare` (PyTorch eager): each
     # row's speedup over the same model and variant there. None: no such column.
     baseline_toolchain: str | None = None
@@ -382,9 +385,10 @@ class Catalog(_Strict):
         eval_dir: Path | None = None,
         repeats: int | None = None,
         racing: bool | None = None,
+        sanitize: bool | None = None,
     ) -> Catalog:
         """This catalog with a run's command-line settings in place of its own (None keeps the catalog's)."""
-        catalog = self
+        catalog = self if sanitize is None else self.model_copy(update={"sanitize": sanitize})
         if eval_dir is not None:
             catalog = catalog.model_copy(
                 update={"evaluation": catalog.evaluation.model_copy(update={"directory": Path(eval_dir).resolve()})}

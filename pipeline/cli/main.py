@@ -29,7 +29,7 @@ from pipeline.cli.precision import plan, sensitivity
 from pipeline.cli.reports import _print_comparison, compare, diff
 from pipeline.cli.state import State as _State
 from pipeline.cli.state import pass_state
-from pipeline.cli.tools import doctor, toolchains, trtexec
+from pipeline.cli.tools import doctor, reduce, toolchains, trtexec
 
 EXIT_INTERNAL = 70
 
@@ -60,7 +60,7 @@ def cli(ctx: click.Context, catalog: Path | None, verbose: bool):
 
 # --- commands -----------------------------------------------------------------------------------
 
-for command in (sensitivity, plan, compare, diff, doctor, toolchains, trtexec):
+for command in (sensitivity, plan, compare, diff, doctor, toolchains, trtexec, reduce):
     cli.add_command(command)
 
 
@@ -108,13 +108,13 @@ def models(state: _State):
 @calibration_options
 @cluster_options
 @pass_state
-def export(state: _State, engines, models, variants, force, wait, calib_dir, calib_samples, eval_dir, cluster, gpu_types):
+def export(state: _State, engines, models, variants, force, wait, calib_dir, calib_samples, eval_dir, sanitize, cluster, gpu_types):
     """Export models to ONNX, sparsifying and quantizing as the variant needs.
 
     Writes models/<model>/<variant>.onnx. Quantized and sparse variants are calibrated on
     synthetic inputs unless --calib-dir names a folder of images.
     """
-    state.override(calib_dir, calib_samples, eval_dir)
+    state.override(calib_dir, calib_samples, eval_dir, sanitize=sanitize)
     refs = state.catalog.select(engines, models, variants)
     with state.holding_workspace(wait):
         _launcher(state, cluster, gpu_types).run(state.context(force), refs, None, "export")
@@ -165,13 +165,14 @@ def _stage_command(
     until,
     repeat=None,
     racing=None,
+    sanitize=None,
 ) -> list[str]:
     """Select, settle the toolchains, then print the work (--dry-run) or do it, one toolchain after
     the other (a failure in one does not stop the next); the toolchains' names."""
     from pipeline.running.errors import DeviceFault
     from pipeline.stages.runner import build_order, describe, onnx_read_by
 
-    state.override(calib_dir, calib_samples, eval_dir, repeat, racing)
+    state.override(calib_dir, calib_samples, eval_dir, repeat, racing, sanitize)
     refs = state.catalog.select(engines, models, variants)
     chains = state.toolchains(toolchains, trts, archs)
     ctx = state.context(force)

@@ -89,6 +89,13 @@ def cluster_options(func):
 
 def calibration_options(func):
     func = click.option(
+        "--sanitize/--no-sanitize",
+        default=None,
+        help="Fold constants (shape computations, constant subgraphs) out of the ONNX before TensorRT reads it, with "
+        "Polygraphy, where that is safe (graphs without quantization nodes, in one file); the parity check runs on "
+        "the folded graph. --no-sanitize keeps the graph as exported. Default: the catalog's `sanitize` (on).",
+    )(func)
+    func = click.option(
         "--eval-dir",
         type=click.Path(path_type=Path),
         help="Check every engine's accuracy on images from this folder (ImageFolder layout; a batch's worth drawn "

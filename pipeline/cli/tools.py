@@ -1,5 +1,5 @@
 """The commands about this machine and its tools: `pipeline doctor`, `pipeline toolchains`
-(list, pull, lock) and `pipeline trtexec parse`."""
+(list, pull, lock), `pipeline trtexec parse`, and `pipeline reduce` for a build that failed."""
 
 from __future__ import annotations
 
@@ -134,3 +134,30 @@ def trtexec_parse(log, exports, precision, as_json):
 
 
 # --- the error boundary ---------------------------------------------------------------------
+
+
+@click.command()
+@click.option("--engine", "engine_name", required=True, metavar="NAME", help="The engine whose build failed, e.g. vit_fp16.")
+@click.option("--toolchain", required=True, metavar="NAME", help="The toolchain it failed on (its build is the check).")
+@click.option("--wait", is_flag=True, help="If another run holds this workspace, wait for it to finish instead of failing at once.")
+@pass_state
+def reduce(state: _State, engine_name, toolchain, wait):
+    """Cut the graph of a failed build down to the smallest that still fails the same way.
+
+    Polygraphy's reducer (`polygraphy debug reduce`) bisects the engine's ONNX, and each cut is
+    built with the toolchain's own build; a cut counts as failing only when it fails as the build
+    did (the same node op, parser check and words). The result goes to
+    models/<model>/<variant>.<toolchain>.reduced.onnx, and the build manifest records it: the
+    graph to attach to a bug report, or to try a plugin on.
+
+    \b
+    pipeline build  --engine vit_fp16 --toolchain trt-rtx1.7    # fails
+    pipeline reduce --engine vit_fp16 --toolchain trt-rtx1.7
+    """
+    from pipeline.stages.reduce import reduce_engine
+
+    catalog = state.catalog
+    (engine,) = catalog.select((engine_name,), (), ())
+    catalog.toolchain(toolchain)  # an unknown name is refused with the known ones
+    with state.holding_workspace(wait):
+        reduce_engine(state.context(), engine, toolchain)

@@ -34,10 +34,13 @@ from pipeline.workspace.artifacts import atomic_write_text
 # 5: each set of rounds records the engines that left it out of the running, and after how many
 # rounds (RoundsRecord.raced_out: racing, pipeline/measuring/stopping.py); each profile what preparing its
 # engine at its point cost (ProfileDetails.preparation_s).
-SCHEMA_VERSION = 5
+# 6: a build records the node a TensorRT ONNX parser refused (BuildDetails.parser_failure) and
+# what `pipeline reduce` made of the failure (BuildDetails.reduced); an export what constant
+# folding did to its graph (ExportDetails.sanitized).
+SCHEMA_VERSION = 6
 # Versions read: a version-1 manifest is lifted as it is read (pipeline/manifest/versions.py); a
-# version-2, 3 or 4 one reads as 5 unchanged (3, 4 and 5 only add).
-READS = (1, 2, 3, 4, 5)
+# version-2, 3, 4 or 5 one reads as 6 unchanged (3, 4, 5 and 6 only add).
+READS = (1, 2, 3, 4, 5, 6)
 
 
 class _Model(BaseModel):
@@ -191,6 +194,10 @@ class ExportDetails(_Model):
     parity_by_shape: dict[str, ParityCheck] = {}
     # Why the ONNX could not be run in ONNX Runtime (TensorRT-only operators).
     parity_skipped: str | None = None
+    # Constant folding before TensorRT reads the graph (pipeline/graph/sanitize.py): the tool, the
+    # nodes before and after, the ops folded away and the seconds; or why it was not done
+    # (`skipped`: a graph with quantization nodes, weights in external files, --no-sanitize).
+    sanitized: dict[str, Any] | None = None
     onnx_ops: dict[str, int] = {}
     # Opset, initializer data types, size.
     onnx_audit: dict[str, Any] = {}
@@ -237,6 +244,12 @@ class BuildDetails(_Model):
     notes: list[str] = []
     # Layers whose precision differs from the variant's (a TensorRT build's layer information).
     precision_audit: dict[str, Any] | None = None
+    # The node a TensorRT ONNX parser refused (trtexec's or TensorRT-RTX's, as its log says it:
+    # pipeline/trtexec/onnx_parser.py): its number, op, name, output, the check and its words.
+    parser_failure: dict[str, Any] | None = None
+    # The smallest graph that still fails the same way, from `pipeline reduce` (pipeline/graph/reduce.py):
+    # its file, the nodes before and after, the failure kept, the iterations and the time.
+    reduced: dict[str, Any] | None = None
 
 
 class ProfileDetails(_Model):

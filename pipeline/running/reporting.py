@@ -74,6 +74,10 @@ class Reporter:
     def _line(self, stage: str, engine: str, text: str) -> None:
         self.console.print(f"{stage:<8} {escape(engine):<26} {text}")
 
+    def line(self, stage: str, engine: str, text: str) -> None:
+        """A line of a stage's own about an engine ("reduce   m_fp32   iteration 3: …"), as given."""
+        self._line(stage, engine, escape(text))
+
     def done(self, stage: str, engine: str, seconds: float, note: str = "") -> None:
         self._line(stage, engine, f"[green]done[/] in {seconds:.1f}s{escape(note)}")
 
@@ -115,12 +119,17 @@ class Reporter:
         quieted = logging.root.manager.disable
         if not self.verbose:
             logging.disable(logging.WARNING)
+        # The pipeline's own lines (a WARNING the stage gives) still reach the terminal: a console
+        # made for stderr looks the stream up as it prints, and would find the buffer.
+        own_stream = getattr(self.console, "_file", None)
+        self.console.file = own_stream or sys.stderr
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
                 with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer):
                     yield
             finally:
+                self.console._file = own_stream
                 logging.disable(quieted)
                 if self.verbose:
                     for line in buffer.getvalue().splitlines():

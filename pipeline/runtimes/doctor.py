@@ -25,6 +25,9 @@ PYTHON_DEPS = (
     ("timm", "timm", False),
     ("modelopt", "nvidia-modelopt", False),
     ("docker", "docker", True),
+    # Constant folding before TensorRT builds and `pipeline reduce` (pipeline/graph/).
+    ("polygraphy", "polygraphy", True),
+    ("onnx_graphsurgeon", "onnx-graphsurgeon", True),
     ("tensorrt", "tensorrt", False),
 )
 

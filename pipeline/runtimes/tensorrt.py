@@ -32,6 +32,7 @@ from pipeline.trtexec.command import BuildCommand, ProfileCommand, ReferenceComm
 from pipeline.trtexec.exports import read_profile, read_times
 from pipeline.trtexec.layers import read_layer_info
 from pipeline.trtexec.log import TrtexecLog, parse_log
+from pipeline.trtexec.onnx_parser import parser_failure
 from pipeline.trtexec.preflight import unsupported_reasons
 
 
@@ -169,11 +170,19 @@ class TrtexecRuntime(EngineRuntime):
                     facts={"memory": "GPU", "during": f"trtexec {what}", "requested_bytes": requested},
                 )
             if what == "build" and log.status == "FAILED" and not killed:
-                # TensorRT itself ran and said no (a parser or builder error): recorded in the manifest.
+                # TensorRT itself ran and said no (a parser or builder error): recorded in the manifest,
+                # the node its ONNX parser refused named first where it refused one.
+                failure = parser_failure(execution.log_text)
+                if failure is not None:
+                    onnx = next((a.partition("=")[2] for a in argv if a.startswith("--onnx=")), "the ONNX")
+                    message = (
+                        f"trtexec {what} failed with exit status {execution.exit_code}{where}: could not parse {onnx} at {failure.words()}"
+                    )
                 evidence = {
                     "image": execution.image,
                     "image_digest": execution.image_digest,
                     "trtexec": json.loads(log.model_dump_json(exclude={"trace"})),
+                    "parser_failure": failure.model_dump() if failure else None,
                 }
                 raise RefusedByTool(
                     message, hint, result=BuildResult(engine_path=None, command=argv, sidecars={"build_log": log_path}, evidence=evidence)

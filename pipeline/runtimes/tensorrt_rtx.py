@@ -35,6 +35,7 @@ from pipeline.runtimes.tensorrt_rtx_release import (
 )
 from pipeline.runtimes.tensorrt_rtx_reports import layer_times, tidy
 from pipeline.runtimes.tensorrt_rtx_spec import ARCHS, RUNS_ON, TensorRtRtxSpec
+from pipeline.trtexec.onnx_parser import ParserFailure, parser_failure
 from pipeline.workspace.artifacts import atomic_write_text
 from pipeline.workspace.cache import cache_dir
 
@@ -215,12 +216,12 @@ class TensorRtRtxRuntime(EngineRuntime):
         layers_path = self.sidecar(engine_path, ".layers.json")
         if not result.get("built"):
             layers_path.unlink(missing_ok=True)  # an earlier build's, which no longer describes anything
+            failure = self._parser_failure(result)
+            evidence = {"compiler": compiler, "parser_failure": failure.model_dump() if failure else None}
             raise RefusedByTool(
-                self._refusal(onnx_path, result),
+                self._refusal(onnx_path, result, failure),
                 hint=f"full log: {log_path}",
-                result=BuildResult(
-                    engine_path=None, settings=settings, command=argv, sidecars={"build_log": log_path}, evidence={"compiler": compiler}
-                ),
+                result=BuildResult(engine_path=None, settings=settings, command=argv, sidecars={"build_log": log_path}, evidence=evidence),
             )
         if not engine_path.exists() or engine_path.stat().st_size == 0:
             raise PipelineError(f"TensorRT-RTX reported a build but wrote no engine to {engine_path}.", hint=f"full log: {log_path}")
@@ -246,15 +247,28 @@ class TensorRtRtxRuntime(EngineRuntime):
             evidence={"compiler": compiler, "precision_audit": audit.model_dump() if audit else None},
         )
 
-    def _refusal(self, onnx_path: Path, result: dict) -> str:
-        """The compiler's reason, node name first, without its source-file locations."""
+    @staticmethod
+    def _parser_failure(result: dict) -> ParserFailure | None:
+        """The node the parser refused, as its log tells it; the parser's own error code where the
+        log's check says nothing more ("[8] false")."""
+        if result.get("parsed", True):
+            return None
+        failure = parser_failure("\n".join(result.get("errors", [])))
+        first = (result.get("parser_errors") or [{}])[0]
+        if failure is None and first:  # a refusal the log does not word (none seen): the parser's record
+            failure = ParserFailure(op_type=first.get("operator") or "?", node=first.get("node") or None)
+            failure.message = tidy(first.get("message") or "") or None
+        if failure is not None and failure.message is None and first.get("code"):
+            failure.message = first["code"]
+        return failure
+
+    def _refusal(self, onnx_path: Path, result: dict, failure: ParserFailure | None = None) -> str:
+        """The compiler's reason, node first, without its source-file locations."""
         release = f"TensorRT-RTX {result.get('release') or self.spec.release}"
         with contextlib.suppress(ValueError):
             onnx_path = onnx_path.relative_to(self.workspace_root)
         if not result.get("parsed"):
-            errors = result.get("parser_errors") or []
-            first = errors[0] if errors else {}
-            return f"{release} could not parse {onnx_path}: {first.get('node', '?')}: {tidy(first.get('message', 'no reason given'))}"
+            return f"{release} could not parse {onnx_path} at {failure.words() if failure else 'a node it does not name'}"
         reason = next((tidy(e) for e in result.get("errors", []) if "Error Code" in e or "Exception" in e), None)
         targets = "+".join(t.lower() for t in result.get("targets", [])) or "its default targets"
         return f"{release} refused to build {onnx_path} for {targets}: {reason or 'no reason given (see the log)'}"

@@ -133,6 +133,7 @@ class ExportStage(Stage):
             "parity_tolerance": PARITY_TOLERANCE[variant.precision],
             "calibration": self.calibration_params(),
             "evaluation": self.evaluation_params(),
+            "sanitize": self.ctx.catalog.sanitize,
         }
         if spec.shapes:
             params["shapes"] = list(spec.shapes)
@@ -273,6 +274,7 @@ class ExportStage(Stage):
             parity=written.parity,
             parity_by_shape=written.parity_by_shape,
             parity_skipped=written.parity_skipped,
+            sanitized=written.sanitized,
             references_out_of_memory={label: OutOfMemoryFacts(**facts) for label, facts in self._at_points.out_of_memory.items()},
             references_in_parts=dict(self._at_points.in_parts),
             references_faulted=dict(self._faulted),

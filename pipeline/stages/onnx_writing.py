@@ -41,6 +41,8 @@ class Written:
     parity: Any = None
     parity_skipped: str | None = None
     parity_by_shape: dict = field(default_factory=dict)
+    # What constant folding did before the checks (ExportDetails.sanitized).
+    sanitized: dict[str, Any] | None = None
 
 
 class OnnxWriter:
@@ -59,6 +61,7 @@ class OnnxWriter:
         try:
             with atomic_output(onnx_path) as tmp:
                 graph = written.graph = self._exported_graph(traced, source, variant, tmp, written)
+                graph = written.graph = self._sanitized(graph, tmp, written)
                 written.ops = op_histogram(graph)
                 self._check_parity(traced, references, variant_outputs, tmp, written)
                 if written.traced_batch:
@@ -78,6 +81,22 @@ class OnnxWriter:
             written.graph = None
             onnx_path.unlink(missing_ok=True)
         return written
+
+    def _sanitized(self, graph, tmp: Path, written: Written):
+        """The graph with its constants folded (pipeline/graph/sanitize.py) and saved in place of
+        the exporter's, so that parity checks what TensorRT will read; as it was with --no-sanitize."""
+        if not self.stage.ctx.catalog.sanitize:
+            written.sanitized = {"skipped": "--no-sanitize (or `sanitize = false` in pipeline.toml)"}
+            return graph
+        from pipeline.graph.sanitize import sanitize
+
+        with self.phase("sanitize"):
+            folded, written.sanitized = sanitize(graph)
+            if folded is not graph:
+                import onnx
+
+                onnx.save(folded, str(tmp))
+        return folded
 
     def _exported_graph(self, traced, source, variant, tmp: Path, written: Written):
         """The exporter's graph, loaded once for every check (these graphs are hundreds of MB), its

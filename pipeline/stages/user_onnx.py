@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import shutil
 
+from pipeline.graph.lint import custom_nodes, lint
 from pipeline.manifest import ExportDetails
-from pipeline.running.errors import PipelineError, UsageError
+from pipeline.running.errors import PipelineError
 from pipeline.stages.base import StageOutcome
 from pipeline.stages.export_references import ReferenceWriter, reference_files
 from pipeline.stages.onnx_writing import onnx_audit, op_histogram
@@ -29,16 +30,25 @@ def take_onnx(stage, source, phase) -> StageOutcome:
                 f"{path} keeps its weights in external data files, which this pipeline does not copy yet.",
                 hint="save the model with its weights inside the file (onnx.save(..., save_as_external_data=False), up to 2 GB)",
             )
-        try:
-            onnx.checker.check_model(str(path))
-        except Exception as exc:  # onnx.checker.ValidationError and friends
-            raise UsageError(
-                f"model {source.name!r}: {path} is not a valid ONNX model: {str(exc).strip().splitlines()[0]}",
-                hint="`python -c \"import onnx; onnx.checker.check_model('FILE', full_check=True)\"` says more; fix the graph or export it again",
-            ) from exc
+        lint(path, source.name)
+        plugins = custom_nodes(graph)
+        if plugins:
+            stage.ctx.reporter.warn(
+                f"model {source.name!r}: {len(plugins)} node(s) outside ONNX's standard domains, which TensorRT builds only "
+                f"through a plugin of that name: {', '.join(node.words() for node in plugins[:3])}{' …' if len(plugins) > 3 else ''}"
+            )
     points = source.check_points()
     model_inputs = source.inputs()
-    references, fp32_outputs = {}, {}
+    references, fp32_outputs, unchecked, ran_here = {}, {}, {}, []
+    # ONNX Runtime has no kernel for a custom op: the graph is built all the same (a TensorRT plugin
+    # may implement it), its engines measured with their accuracy unchecked unless the user gives
+    # the reference (`reference`).
+    cannot_run = (
+        f"ONNX Runtime cannot run {plugins[0].words()}, a custom op, for the FP32 reference; "
+        "give the graph's outputs in `reference` (docs/models.md) to check its engines"
+        if plugins
+        else None
+    )
     with phase("fp32_reference"):
         for point in points:
             given = source.user_reference(point)
@@ -46,14 +56,23 @@ def take_onnx(stage, source, phase) -> StageOutcome:
                 references[point.label], fp32_outputs[point.label] = given
                 continue
             references[point.label] = source.sample_inputs(None, point, stage.model_spec.seed + 1)
+            if cannot_run:
+                unchecked[point.label] = cannot_run
+                continue
             output = run_onnx(path, [t.numpy() for t in references[point.label]])
             fp32_outputs[point.label] = torch.from_numpy(output.astype("float32"))
+            ran_here.append(point.label)
+    if unchecked:
+        stage.ctx.reporter.warn(f"{stage.engine.name}: {cannot_run}")
     onnx_path = stage.ctx.workspace.onnx_path(stage.engine)
     with atomic_output(onnx_path) as tmp:
         shutil.copyfile(path, tmp)
+        sanitized, parity = _sanitized(
+            stage, source, graph, tmp, {label: (references[label], fp32_outputs[label]) for label in ran_here}, phase
+        )
     facts = {"description": source.describe_reference(stage.model_spec.seed + 1)}
     writer = ReferenceWriter(stage.ctx.workspace, stage.engine, source.output_name())
-    reference = writer.each_point(references, fp32_outputs, model_inputs, torch.float32, facts)
+    reference = writer.each_point(references, fp32_outputs, model_inputs, torch.float32, facts, missing=unchecked)
     floats = [i.dtype for i in model_inputs if not i.dtype.startswith(("int", "bool"))]
     first = references[points[0].label][0]
     details = ExportDetails(
@@ -67,7 +86,10 @@ def take_onnx(stage, source, phase) -> StageOutcome:
         exporter=f"none: {source.spec.onnx} taken as it is",
         opset=next((entry.version for entry in graph.opset_import if entry.domain in ("", "ai.onnx")), 0),
         precision=stage.variant_spec.precision,
-        parity_skipped="the reference is this ONNX file's own outputs (there is no PyTorch model to compare it with)",
+        parity=min(parity.values(), key=lambda check: (check.passed, check.cosine_similarity)) if parity else None,
+        parity_by_shape=parity,
+        parity_skipped=None if parity else "the reference is this ONNX file's own outputs (there is no PyTorch model to compare it with)",
+        sanitized=sanitized,
         onnx_ops=op_histogram(graph),
         onnx_audit=onnx_audit(graph, path.stat().st_size),
         reference=reference,
@@ -75,4 +97,43 @@ def take_onnx(stage, source, phase) -> StageOutcome:
     )
     outputs = [stage.ctx.workspace.artifact("onnx", onnx_path)]
     outputs += [stage.ctx.workspace.artifact(role, stage.ctx.workspace.root / p) for role, p in reference_files(reference)]
-    return StageOutcome(outputs=outputs, details=details, note=f" (taken as it is; reference at {len(points)} shape point(s))")
+    return StageOutcome(outputs=outputs, details=details, note=f" ({_folding_words(sanitized)}; reference at {len(points)} shape point(s))")
+
+
+def _sanitized(stage, source, graph, tmp, checked: dict, phase) -> tuple[dict, dict]:
+    """The user's graph with its constants folded (pipeline/graph/sanitize.py), written over the copy
+    at ``tmp``, and checked against the file as given at each point ONNX Runtime ran it
+    (``checked``: label → (inputs, outputs)): (the export's record of it, the parity by point)."""
+    import onnx
+
+    from pipeline.graph.sanitize import sanitize
+    from pipeline.stages.parity import check_parity
+
+    if not stage.ctx.catalog.sanitize:
+        return {"skipped": "--no-sanitize (or `sanitize = false` in pipeline.toml)"}, {}
+    with phase("sanitize"):
+        folded, record = sanitize(graph)
+        if folded is graph or record["nodes_after"] == record["nodes_before"]:
+            return record, {}  # the file as given: nothing to check it against
+        onnx.save(folded, str(tmp))
+    parity = {}
+    with phase("parity"):
+        for label, (feeds, outputs) in checked.items():
+            check = check_parity(tmp, [t.numpy() for t in feeds], outputs.numpy(), "fp32")
+            parity[label] = check.model_copy(update={"reference": f"{source.spec.onnx} as given, ONNX Runtime, same input"})
+    failed = next((label for label, check in parity.items() if not check.passed), None)
+    if failed is not None:
+        check = parity[failed]
+        raise PipelineError(
+            f"{source.spec.onnx} with its constants folded does not compute what it did at {failed}: max |error| "
+            f"{check.max_abs_error:.3g} (limit {check.max_abs_error_limit:.3g}), cosine {check.cosine_similarity:.6f}.",
+            hint="export with --no-sanitize to build the graph as given, and report the graph to Polygraphy's maintainers",
+        )
+    return record, parity
+
+
+def _folding_words(sanitized: dict) -> str:
+    """What the export did to the user's graph, for its line: "constants folded: 371 → 194 nodes"."""
+    if "skipped" in sanitized or sanitized["nodes_after"] == sanitized["nodes_before"]:
+        return "taken as it is"
+    return f"constants folded: {sanitized['nodes_before']} → {sanitized['nodes_after']} nodes"

@@ -34,7 +34,9 @@ def user_graph(path: Path, dims=("batch", "sequence"), elem: str = "INT64") -> N
     ids = helper.make_tensor_value_info("input_ids", getattr(TensorProto, elem), list(dims))
     hidden = helper.make_tensor_value_info("hidden", TensorProto.FLOAT, [*dims, 8])
     table = numpy_helper.from_array(np.random.default_rng(0).standard_normal((200, 8)).astype("float32"), "embeddings")
-    graph = helper.make_graph([helper.make_node("Gather", ["embeddings", "input_ids"], ["hidden"])], "user", [ids], [hidden], [table])
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["embeddings", "input_ids"], ["hidden"], name="lookup")], "user", [ids], [hidden], [table]
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
 
 
@@ -132,6 +134,19 @@ def checker_refuses(path: Path) -> None:
 
     model = onnx.load(str(path))
     model.graph.node[0].input[0] = "no_such_tensor"  # a node reading what nothing produces
+    onnx.save(model, str(path))
+
+
+def shapes_disagree(path: Path) -> None:
+    """The embedding projected by a weight whose rows are not the embedding's width."""
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.load(str(path))
+    model.graph.node[0].output[0] = "embedded"
+    model.graph.initializer.append(numpy_helper.from_array(np.ones((5, 8), "float32"), "projection"))
+    model.graph.node.append(helper.make_node("MatMul", ["embedded", "projection"], ["hidden"], name="project"))
     onnx.save(model, str(path))
 
 
@@ -317,7 +332,11 @@ CASES = [
     Case("onnx-cut-at-a-field", "or is cut short", user(edit=without_outputs), 2,
          "is no whole ONNX model: it has no graph output", "export the model to ONNX again"),
     Case("onnx-checker", "a graph the ONNX checker refuses", user(edit=checker_refuses), 2,
-         "user.onnx is not a valid ONNX model", "onnx.checker.check_model"),
+         'user.onnx cannot be read as ONNX at node "lookup" (Gather): Nodes in a graph must be topologically sorted',
+         "onnx.checker.check_model('FILE', full_check=True)"),
+    Case("onnx-shapes-disagree", "or whose shapes disagree at a node", user(edit=shapes_disagree), 2,
+         'user.onnx cannot be read as ONNX at node "project" (MatMul): Incompatible dimensions for matrix multiplication',
+         "no compiler reads a graph ONNX's own checker refuses"),
     Case("onnx-unnamed-dims", "dynamic dimensions without a name", user(dims=("batch", None)), 2,
          "have dimensions without a size or a name", "export the graph with named dynamic axes"),
     Case("onnx-axes-not-sized", "axes the catalog does not size", user(catalog_edit=('shapes = ["2x8", "4x32"]\n', "")), 2,

@@ -221,8 +221,13 @@ def test_failed_build_says_where_leaves_no_engine_and_records_the_refusal(docker
     result = run_cli(workspace, "build", "--engine", "tiny_fp32", "--toolchain", "standin-failed")
     assert result.exit_code == 1
     assert "ERROR trtexec build failed with exit status 1 in image standin-trtexec:failed" in result.err
-    assert "Plugin not found" in result.err
+    # The node TensorRT's parser refused, as its log names it (the recorded log's custom op).
+    assert (
+        'could not parse /work/models/tiny/fp32.onnx at node 0 "CustomOpModel-N-0-AddScalar" (AddScalar → CustomOpModel-V-0-AddScalar-0): '
+        "checkFallbackPluginImporter: Plugin not found, are the plugin name, version, and namespace correct?"
+    ) in " ".join(result.err.split())
     assert "TIP full log: " in result.err and "tiny_fp32.build.log" in result.err
+    assert "`pipeline reduce --engine tiny_fp32 --toolchain standin-failed`" in " ".join(result.err.split())
     engines = _engine_dir(workspace, "standin-failed")
     assert sorted(p.name for p in engines.iterdir() if not p.name.startswith("timing")) == ["tiny_fp32.build.log"]
     assert "&&&& FAILED" in (engines / "tiny_fp32.build.log").read_text()
@@ -231,6 +236,7 @@ def test_failed_build_says_where_leaves_no_engine_and_records_the_refusal(docker
     assert build.status == "failed" and "Plugin not found" in build.reason
     assert [a.role for a in build.outputs] == ["build_log"]
     assert build.details.trtexec["status"] == "FAILED"
+    assert build.details.parser_failure["op_type"] == "AddScalar" and build.details.parser_failure["node_number"] == 0
     table = run_cli(workspace, "compare", "--format", "csv", "--toolchain", "standin-failed")
     assert "build refused: trtexec build failed" in table.out
 

@@ -1,0 +1,119 @@
+"""`pipeline reduce`: the graph of an engine whose build failed, cut down to the smallest that
+still fails the same way on the same toolchain, by Polygraphy's reducer with the toolchain's own
+build as the check (pipeline/graph/reduce.py) — what TensorRT's maintainers ask for in a bug report.
+
+The failure kept is the build's first: the node its ONNX parser refused (op, check, words), or the
+compiler's own message with its numbers and names left out. The reduced graph goes to
+models/<model>/<variant>.<toolchain>.reduced.onnx and the build manifest records it
+(BuildDetails.reduced); nothing is written before the reduction ends, and the candidates go with
+it whatever ends it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from pipeline.catalog import EngineRef
+from pipeline.graph.reduce import Checks, reduce_graph, scratch
+from pipeline.manifest import read_manifest
+from pipeline.models import model_source
+from pipeline.running.errors import PipelineError, RefusedByTool, UsageError
+from pipeline.runtimes import get_runtime
+from pipeline.trtexec.onnx_parser import ParserFailure
+from pipeline.workspace.artifacts import sha256_file
+
+
+class _CutGraph:
+    """The model as a build sees it for a cut of the graph: Polygraphy's cuts have static shapes,
+    so there is no optimization profile to give."""
+
+    @staticmethod
+    def input_ranges() -> dict:
+        return {}
+
+
+def failure_signature(refusal: str, parser_failure: dict | None) -> tuple:
+    """What makes two failures of a build the same: the parser's (op, check, words) where it
+    refused a node, else the compiler's message without its numbers, quoted names and paths."""
+    if parser_failure:
+        return ("parser", *ParserFailure.model_validate(parser_failure).signature())
+    words = re.sub(r'"[^"]*"|\'[^\']*\'|\S*/\S*|\d+', "_", refusal)
+    return ("build", " ".join(words.split()))
+
+
+def reduce_engine(ctx, engine: EngineRef, toolchain: str) -> Path:
+    """Reduce the graph of ``engine``'s failed build on ``toolchain``; the reduced graph's path."""
+    workspace, reporter = ctx.workspace, ctx.reporter
+    manifest_path = workspace.manifest_path(toolchain, engine)
+    manifest = read_manifest(manifest_path) if manifest_path.is_file() else None
+    build = manifest.build if manifest is not None else None
+    again = f"pipeline build --engine {engine.name} --toolchain {toolchain}"
+    if build is None:
+        raise UsageError(f"{engine.name} has no build on {toolchain} yet: there is no failure to reduce.", hint=f"run `{again}` first")
+    if build.status != "failed":
+        said = "built" if build.status == "done" else f"{build.status.replace('_', ' ')}" + (f" ({build.reason})" if build.reason else "")
+        raise UsageError(
+            f"the build of {engine.name} on {toolchain} did not fail ({said}): reduce cuts down a graph the compiler refused.",
+            hint="reduce an engine whose build failed; `pipeline compare` lists each build's status",
+        )
+    runtime = get_runtime(ctx, toolchain)
+    onnx = next((a for a in build.inputs if a.role == "onnx"), None)
+    if not runtime.reads_onnx or onnx is None:
+        raise UsageError(f"{toolchain} builds {engine.name} from the PyTorch model, not from a graph: there is no ONNX to reduce.")
+    onnx_path = workspace.root / onnx.path
+    if not onnx_path.is_file() or sha256_file(onnx_path) != onnx.sha256:
+        raise UsageError(
+            f"{onnx.path} is not the graph the build of {engine.name} on {toolchain} refused (it changed or is gone).",
+            hint=f"build it again (`{again} --force`), then reduce what fails now",
+        )
+    details = build.details
+    signature = failure_signature(build.reason or "", getattr(details, "parser_failure", None))
+    variant = ctx.catalog.variants[engine.variant]
+    with scratch(workspace.engine_dir(toolchain) / f".reduce-{engine.name}") as workdir:
+
+        def fails_the_same_way(candidate: Path, source=_CutGraph) -> tuple[bool, str]:
+            try:
+                runtime.build(candidate, workdir / "candidate.engine", variant, source)
+            except RefusedByTool as exc:
+                evidence = exc.result.evidence if exc.result is not None else {}
+                same = failure_signature(exc.message, evidence.get("parser_failure")) == signature
+                return same, "fails otherwise: " + exc.message
+            return False, "builds"
+
+        reporter.line("reduce", engine.name, f"checking that {onnx.path} still fails on {toolchain} as its build did")
+        source = model_source(engine.model, ctx.catalog.models[engine.model], workspace.root)
+        same, words = fails_the_same_way(onnx_path, source)
+        if not same:
+            raise PipelineError(
+                f"{onnx.path} no longer fails on {toolchain} as its build did ({words}): there is nothing to keep while cutting it.",
+                hint=f"a failure that comes and goes (flaky) cannot be reduced; `{again} --force` records what happens now",
+            )
+        output = workspace.onnx_path(engine).with_name(f"{engine.variant}.{toolchain}.reduced.onnx")
+        checks = Checks(fails_the_same_way, lambda line: reporter.line("reduce", engine.name, line))
+        reduction = reduce_graph(onnx_path, output, checks, _shapes_reduced_at(ctx, engine), workdir)
+    failure = build.reason or "the build's failure"
+    record = reduction.record(workspace.relative(output), failure)
+    build = build.model_copy(update={"details": details.model_copy(update={"reduced": record})})
+    read_manifest(manifest_path).model_copy(update={"build": build}).write(manifest_path)
+    for assumed in reduction.assumed:
+        reporter.warn(f"the reducer assumed {assumed}")
+    reporter.line(
+        "reduce",
+        engine.name,
+        f"{reduction.nodes_before} → {reduction.nodes_after} node(s) ({', '.join(reduction.ops)}) in {reduction.iterations} "
+        f"builds, {reduction.seconds:.1f} s: {workspace.relative(output)}",
+    )
+    return output
+
+
+def _shapes_reduced_at(ctx, engine: EngineRef) -> dict[str, list[int]]:
+    """The inputs' shapes the cuts are made at: the export's reference batch, at its first shape
+    point (a graph with dynamic axes is cut at fixed shapes, as Polygraphy's reducer needs)."""
+    from pipeline.measuring.accuracy import ReferenceBatch
+
+    export = read_manifest(ctx.workspace.export_manifest_path(engine)).export
+    reference = (export.details.reference or {}) if export is not None and export.details is not None else {}
+    first = next(iter(reference.get("points") or {}), None)
+    batch = ReferenceBatch.from_export(export.details, ctx.workspace.root, first) if reference else None
+    return {name: list(shape) for name, shape in batch.shapes.items()} if batch is not None else {}

@@ -1,0 +1,234 @@
+"""A build that fails, named and reduced: a user's ONNX holding one op no compiler here can build,
+buried in a real model's graph (timm's test_vit as this pipeline exports it), built to an ERROR
+naming the node, then cut by `pipeline reduce` to the few nodes that still fail the same way.
+
+With TensorRT-RTX (marked ``rtx``: real releases from the package index, building on this CPU)
+and with trtexec (the stand-in replaying a recorded refusal of the custom op AddScalar); and the
+bad inputs: an engine whose build did not fail, none built, a graph changed since, a failure that
+does not come back (flaky), and a reduce cut short by SIGTERM.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.manifest import read_manifest
+from tests.conftest import TINY_CATALOG, write_catalog
+from tests.dockerd import STANDIN, standin_files
+
+PLUGIN_NOT_FOUND = "Plugin not found, are the plugin name, version, and namespace correct?"
+
+USER = """
+[models.user]
+onnx = "user.onnx"
+
+[toolchains."trt-rtx1.7"]
+kind = "tensorrt-rtx"
+release = "1.7.1.116"
+archs = ["sm89"]
+"""
+
+
+def bury(exported: Path, path: Path, op: str, domain: str) -> None:
+    """The exported graph with its fourth GELU's Erf replaced by ``domain:op`` (no compiler here
+    has it), named as a user's layer would be, and no value_info (a hand-edited graph has none)."""
+    import onnx
+    from onnx import helper
+
+    model = onnx.load(str(exported))
+    erfs = [i for i, node in enumerate(model.graph.node) if node.op_type == "Erf"]
+    index = erfs[3]
+    old = model.graph.node[index]
+    new = helper.make_node(op, list(old.input), list(old.output), name=f"blocks.3.mlp.act/{op}", domain=domain)
+    model.graph.node.remove(old)
+    model.graph.node.insert(index, new)
+    model.opset_import.append(helper.make_opsetid(domain, 1))
+    del model.graph.value_info[:]
+    onnx.save(model, str(path))
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> Path:
+    """timm's test_vit as this pipeline exports it: a real graph of 194 nodes once folded."""
+    from pipeline.cli import main
+
+    catalog = write_catalog(tmp_path_factory.mktemp("exported"), TINY_CATALOG)
+    assert main(["--catalog", str(catalog), "export", "--engine", "tiny_fp32"]) == 0
+    return catalog.parent / "models" / "tiny" / "fp32.onnx"
+
+
+def nodes_of(path: Path) -> list[str]:
+    import onnx
+
+    return [node.op_type for node in onnx.load(str(path)).graph.node]
+
+
+# --- TensorRT-RTX -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def rtx_workspace(rtx_cache, exported, tmp_path):
+    catalog = write_catalog(tmp_path / "ws", TINY_CATALOG + USER)
+    bury(exported, catalog.parent / "user.onnx", "FancyErf", "acme.custom")
+    return catalog
+
+
+@pytest.mark.rtx
+def test_the_failing_node_is_named_and_the_graph_reduced_to_it(rtx_workspace, run_cli):
+    ws = rtx_workspace.parent
+    built = run_cli(rtx_workspace, "build", "--engine", "user_fp32", "--toolchain", "trt-rtx1.7")
+    err = " ".join(built.err.split())
+    assert built.exit_code == 1, built.err
+    # Linted: a node only a plugin builds is said before anything is built, and ONNX Runtime's
+    # reference (it cannot run it either) leaves the accuracy unchecked, not the build refused.
+    assert (
+        'node(s) outside ONNX\'s standard domains, which TensorRT builds only through a plugin of that name: "blocks.3.mlp.act/FancyErf" (acme.custom:FancyErf)'
+        in err
+    )
+    assert 'ONNX Runtime cannot run "blocks.3.mlp.act/FancyErf" (acme.custom:FancyErf), a custom op, for the FP32 reference' in err
+    assert "ERROR TensorRT-RTX 1.7.1.116 could not parse models/user/fp32.onnx at node " in err
+    assert '"blocks.3.mlp.act/FancyErf" (FancyErf → ' in err and f"checkFallbackPluginImporter: {PLUGIN_NOT_FOUND}" in err
+    assert "`pipeline reduce --engine user_fp32 --toolchain trt-rtx1.7`" in err
+    build = read_manifest(ws / "manifests" / "trt-rtx1.7" / "user_fp32.json").build
+    assert build.status == "failed" and build.details.parser_failure["node"] == "blocks.3.mlp.act/FancyErf"
+    before = len(nodes_of(ws / "models" / "user" / "fp32.onnx"))
+
+    reduced = run_cli(rtx_workspace, "reduce", "--engine", "user_fp32", "--toolchain", "trt-rtx1.7")
+    assert reduced.exit_code == 0, reduced.err
+    assert "iteration 1: " in reduced.err  # progress says which iteration it is on
+    path = ws / "models" / "user" / "fp32.trt-rtx1.7.reduced.onnx"
+    ops = nodes_of(path)
+    assert len(ops) <= 3 and "FancyErf" in ops, ops
+    assert f"{before} → {len(ops)} node(s)" in reduced.err and "models/user/fp32.trt-rtx1.7.reduced.onnx" in reduced.err
+    record = read_manifest(ws / "manifests" / "trt-rtx1.7" / "user_fp32.json").build.details.reduced
+    assert record["onnx"] == "models/user/fp32.trt-rtx1.7.reduced.onnx"
+    assert (record["nodes_before"], record["nodes_after"], record["ops"]) == (before, len(ops), ops)
+    assert record["iterations"] >= 2 and record["seconds"] > 0 and record["failure"] == build.reason
+    assert record["tool"].startswith("polygraphy ") and "FancyErf" in " ".join(record["assumed"])
+    assert not list((ws / "engines" / "trt-rtx1.7").glob(".reduce-*")), "the candidates went with the reduce"
+
+    # The reduced graph, built as a model of its own, fails the same way.
+    with rtx_workspace.open("a") as catalog:
+        catalog.write('\n[models.cut]\nonnx = "models/user/fp32.trt-rtx1.7.reduced.onnx"\n')
+    again = run_cli(rtx_workspace, "build", "--engine", "cut_fp32", "--toolchain", "trt-rtx1.7")
+    assert again.exit_code == 1 and f"checkFallbackPluginImporter: {PLUGIN_NOT_FOUND}" in " ".join(again.err.split())
+    assert read_manifest(ws / "manifests" / "trt-rtx1.7" / "cut_fp32.json").build.details.parser_failure["op_type"] == "FancyErf"
+
+
+@pytest.mark.rtx
+def test_a_reduce_of_a_build_that_did_not_fail_is_refused(rtx_workspace, run_cli):
+    built = run_cli(rtx_workspace, "build", "--engine", "tiny_fp32", "--toolchain", "trt-rtx1.7")
+    assert built.exit_code == 0, built.err
+    result = run_cli(rtx_workspace, "reduce", "--engine", "tiny_fp32", "--toolchain", "trt-rtx1.7")
+    assert result.exit_code == 2
+    assert "ERROR the build of tiny_fp32 on trt-rtx1.7 did not fail (built): reduce cuts down a graph the compiler refused." in result.err
+    assert "TIP reduce an engine whose build failed" in result.err
+
+
+@pytest.mark.rtx
+def test_a_reduce_cut_short_by_sigterm_leaves_nothing_half_written(rtx_workspace, run_cli):
+    ws = rtx_workspace.parent
+    assert run_cli(rtx_workspace, "build", "--engine", "user_fp32", "--toolchain", "trt-rtx1.7").exit_code == 1
+    manifest = ws / "manifests" / "trt-rtx1.7" / "user_fp32.json"
+    recorded = manifest.read_bytes()
+    argv = [
+        sys.executable,
+        "-m",
+        "pipeline",
+        "--catalog",
+        str(rtx_workspace),
+        "reduce",
+        "--engine",
+        "user_fp32",
+        "--toolchain",
+        "trt-rtx1.7",
+    ]
+    child = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    lines = []
+    for line in child.stderr:
+        lines.append(line)
+        if "iteration 2:" in line:
+            child.send_signal(signal.SIGTERM)
+            break
+    rest = child.stderr.read()
+    assert child.wait(timeout=120) == 143, "".join(lines) + rest
+    assert not (ws / "models" / "user" / "fp32.trt-rtx1.7.reduced.onnx").exists()
+    assert not list((ws / "engines" / "trt-rtx1.7").glob(".reduce-*"))
+    assert not list(ws.rglob("*.partial"))
+    assert manifest.read_bytes() == recorded
+
+
+# --- trtexec (the stand-in) ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def standin_workspace(exported, tmp_path, monkeypatch):
+    """trtexec installed here, as the stand-in in a mode: "plugin" refuses any graph holding the
+    custom op AddScalar with the recorded TensorRT 10.16 refusal; "once" refuses the first build."""
+
+    def make(mode: str) -> Path:
+        root = tmp_path / "TensorRT"
+        (root / "bin").mkdir(parents=True)
+        (root / "lib").mkdir()
+        shutil.copy(STANDIN, root / "bin" / "trtexec")
+        data = tmp_path / "standin"
+        data.mkdir()
+        for name, content in standin_files(mode).items():
+            (data / name).write_bytes(content)
+        monkeypatch.setenv("STANDIN_DIR", str(data))
+        local = f'\n[toolchains.local]\nkind = "trtexec-local"\ntrt = "10.14.1"\ntrt_root = "{root}"\ngpus = "none"\n'
+        catalog = write_catalog(tmp_path / "ws", TINY_CATALOG + USER + local)
+        bury(exported, catalog.parent / "user.onnx", "AddScalar", "acme.plugins")
+        return catalog
+
+    return make
+
+
+def test_a_trtexec_refusal_is_reduced_by_builds_in_trtexec(standin_workspace, run_cli):
+    catalog = standin_workspace("plugin")
+    ws = catalog.parent
+    built = run_cli(catalog, "build", "--engine", "user_fp32", "--toolchain", "local")
+    assert built.exit_code == 1
+    assert 'at node 0 "CustomOpModel-N-0-AddScalar" (AddScalar → CustomOpModel-V-0-AddScalar-0)' in built.err
+    result = run_cli(catalog, "reduce", "--engine", "user_fp32", "--toolchain", "local")
+    assert result.exit_code == 0, result.err
+    ops = nodes_of(ws / "models" / "user" / "fp32.local.reduced.onnx")
+    assert len(ops) <= 3 and "AddScalar" in ops, ops
+    record = read_manifest(ws / "manifests" / "local" / "user_fp32.json").build.details.reduced
+    assert record["nodes_after"] == len(ops) and record["iterations"] >= 2
+
+
+def test_a_failure_that_does_not_come_back_is_not_reduced(standin_workspace, run_cli):
+    catalog = standin_workspace("once")
+    ws = catalog.parent
+    assert run_cli(catalog, "build", "--engine", "user_fp32", "--toolchain", "local").exit_code == 1
+    recorded = (ws / "manifests" / "local" / "user_fp32.json").read_bytes()
+    result = run_cli(catalog, "reduce", "--engine", "user_fp32", "--toolchain", "local")
+    assert result.exit_code == 1
+    assert "ERROR models/user/fp32.onnx no longer fails on local as its build did (builds)" in result.err
+    assert "TIP a failure that comes and goes (flaky) cannot be reduced" in result.err
+    assert not (ws / "models" / "user" / "fp32.local.reduced.onnx").exists()
+    assert (ws / "manifests" / "local" / "user_fp32.json").read_bytes() == recorded
+
+
+def test_a_reduce_needs_a_failed_build_of_the_graph_as_it_is(standin_workspace, run_cli):
+    catalog = standin_workspace("plugin")
+    ws = catalog.parent
+    none = run_cli(catalog, "reduce", "--engine", "user_fp32", "--toolchain", "local")
+    assert none.exit_code == 2 and "ERROR user_fp32 has no build on local yet: there is no failure to reduce." in none.err
+    assert "TIP run `pipeline build --engine user_fp32 --toolchain local` first" in none.err
+    assert run_cli(catalog, "build", "--engine", "user_fp32", "--toolchain", "local").exit_code == 1
+    with (ws / "models" / "user" / "fp32.onnx").open("ab") as graph:
+        graph.write(b"\0")  # another graph than the one the build refused
+    changed = run_cli(catalog, "reduce", "--engine", "user_fp32", "--toolchain", "local")
+    assert changed.exit_code == 2
+    assert "ERROR models/user/fp32.onnx is not the graph the build of user_fp32 on local refused (it changed or is gone)." in changed.err
+    unknown = run_cli(catalog, "reduce", "--engine", "user_fp32", "--toolchain", "nosuch")
+    assert unknown.exit_code == 2 and "nosuch" in unknown.err
