@@ -229,3 +229,32 @@ def rtx_cache(tmp_path_factory):
         os.environ.pop("PIPELINE_CACHE_DIR", None)
     else:
         os.environ["PIPELINE_CACHE_DIR"] = previous
+
+
+# --- a graph no compiler here builds ---------------------------------------------------------------
+
+
+def bury(exported: Path, path: Path, op: str, domain: str) -> None:
+    """The exported graph with its fourth GELU's Erf replaced by ``domain:op`` (no compiler here
+    has it), named as a user's layer would be, and no value_info (a hand-edited graph has none)."""
+    import onnx
+    from onnx import helper
+
+    model = onnx.load(str(exported))
+    erfs = [i for i, node in enumerate(model.graph.node) if node.op_type == "Erf"]
+    index = erfs[3]
+    old = model.graph.node[index]
+    new = helper.make_node(op, list(old.input), list(old.output), name=f"blocks.3.mlp.act/{op}", domain=domain)
+    model.graph.node.remove(old)
+    model.graph.node.insert(index, new)
+    model.opset_import.append(helper.make_opsetid(domain, 1))
+    del model.graph.value_info[:]
+    onnx.save(model, str(path))
+
+
+@pytest.fixture(scope="session")
+def exported_tiny(tmp_path_factory) -> Path:
+    """timm's test_vit as this pipeline exports it: a real graph of 194 nodes once folded."""
+    catalog = write_catalog(tmp_path_factory.mktemp("exported"), TINY_CATALOG)
+    assert main(["--catalog", str(catalog), "export", "--engine", "tiny_fp32"]) == 0
+    return catalog.parent / "models" / "tiny" / "fp32.onnx"

@@ -18,7 +18,7 @@ from pathlib import Path
 from tests.conftest import SAMPLES
 
 STANDIN = Path(__file__).parent / "standin" / "trtexec"
-BUSYBOX_APPLETS = ("sh", "cat", "cp", "echo", "id", "ls", "rm", "sleep", "touch", "tr", "kill", "printf", "od", "awk", "sed", "wc")
+BUSYBOX_APPLETS = ("sh", "cat", "cp", "echo", "grep", "id", "ls", "rm", "sleep", "touch", "tr", "kill", "printf", "od", "awk", "sed", "wc")
 
 
 def why_unavailable() -> str | None:
@@ -160,7 +160,7 @@ def standin_image_tar(mode: str) -> bytes:
     return buffer.getvalue()
 
 
-def import_standin_images(client, modes=("ok", "failed", "slow", "killed", "noengine")) -> dict[str, str]:
+def import_standin_images(client, modes=("ok", "failed", "slow", "killed", "noengine", "plugin")) -> dict[str, str]:
     images = {}
     for mode in modes:
         tag = f"standin-trtexec:{mode}"

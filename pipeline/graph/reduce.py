@@ -95,7 +95,14 @@ def reduce_graph(onnx_path: Path, output: Path, checks: Checks, input_shapes: di
     bisected = workdir / "bisected.onnx"
     _polygraphy_reduce(onnx_path, bisected, checks, standins, input_shapes, workdir, "bisect")
     result = bisected
-    if len(onnx.load(str(bisected), load_external_data=False).graph.node) > SMALL_ENOUGH:
+    left = len(onnx.load(str(bisected), load_external_data=False).graph.node)
+    if left >= before:
+        raise PipelineError(
+            f"no cut of the graph fails the same way (in {checks.count} builds): the failure needs the whole graph, "
+            "or its dynamic shapes (the cuts are made at fixed ones).",
+            hint="the build's log names the node; a graph with that node alone may still reproduce it (`polygraphy surgeon extract`)",
+        )
+    if left > SMALL_ENOUGH:
         result = workdir / "linear.onnx"
         _polygraphy_reduce(bisected, result, checks, standins, {}, workdir, "linear")
     reduced = onnx.load(str(result), load_external_data=False)
@@ -114,7 +121,9 @@ def reduce_graph(onnx_path: Path, output: Path, checks: Checks, input_shapes: di
 
 def _polygraphy_reduce(source: Path, output: Path, checks: Checks, standins: StandIns, shapes: dict, workdir: Path, mode: str) -> None:
     """One run of Polygraphy's `debug reduce` tool in this process, its check and its fallback
-    inference the product's (below)."""
+    inference the product's (below): the tool's own argument groups (CheckCmdArgs.run_check,
+    OnnxInferShapesArgs.fallback_inference, as Polygraphy 0.53 names them) answer with ours, so
+    nothing is run as a shell command and no file is left in the current directory."""
     from polygraphy.exception import PolygraphyException
     from polygraphy.logger import G_LOGGER
     from polygraphy.tools.args import OnnxInferShapesArgs

@@ -20,9 +20,17 @@ import time
 from collections import Counter
 from typing import Any
 
+# Why a graph was not folded when the user said not to (ExportDetails.sanitized.skipped).
+NOT_ASKED = "--no-sanitize (or `sanitize = false` in pipeline.toml)"
+
 # Ops that carry a quantization TensorRT must see as written: ONNX's Q/DQ, and the TensorRT ops
 # ModelOpt writes for block formats (pipeline/stages/fp4_graph.py).
 _QUANTIZATION_OPS = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear")
+
+
+def changed(record: dict[str, Any] | None) -> bool:
+    """Whether folding changed the graph, by its record (ExportDetails.sanitized)."""
+    return bool(record) and "skipped" not in record and record["nodes_after"] != record["nodes_before"]
 
 
 def unsafe_reason(model) -> str | None:

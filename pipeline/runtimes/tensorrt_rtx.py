@@ -35,7 +35,7 @@ from pipeline.runtimes.tensorrt_rtx_release import (
 )
 from pipeline.runtimes.tensorrt_rtx_reports import layer_times, tidy
 from pipeline.runtimes.tensorrt_rtx_spec import ARCHS, RUNS_ON, TensorRtRtxSpec
-from pipeline.trtexec.onnx_parser import ParserFailure, parser_failure
+from pipeline.trtexec.onnx_parser import ParserFailure, check_words, parser_failure
 from pipeline.workspace.artifacts import atomic_write_text
 from pipeline.workspace.cache import cache_dir
 
@@ -249,17 +249,16 @@ class TensorRtRtxRuntime(EngineRuntime):
 
     @staticmethod
     def _parser_failure(result: dict) -> ParserFailure | None:
-        """The node the parser refused, as its log tells it; the parser's own error code where the
-        log's check says nothing more ("[8] false")."""
+        """The node the parser refused, as its log tells it, in the parser's own words where it
+        has some (the log's check may only say "Invalid Node"), else its error code ("[8] false")."""
         if result.get("parsed", True):
             return None
         failure = parser_failure("\n".join(result.get("errors", [])))
         first = (result.get("parser_errors") or [{}])[0]
         if failure is None and first:  # a refusal the log does not word (none seen): the parser's record
             failure = ParserFailure(op_type=first.get("operator") or "?", node=first.get("node") or None)
-            failure.message = tidy(first.get("message") or "") or None
-        if failure is not None and failure.message is None and first.get("code"):
-            failure.message = first["code"]
+        if failure is not None:
+            failure.message = check_words(tidy(first.get("message") or "")) or failure.message or first.get("code")
         return failure
 
     def _refusal(self, onnx_path: Path, result: dict, failure: ParserFailure | None = None) -> str:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.graph.sanitize import NOT_ASKED, changed, sanitize
 from pipeline.running.errors import PipelineError, UsageError, require_module
 from pipeline.runtimes.onnxruntime import NO_CPU_KERNELS
 from pipeline.runtimes.torch_memory import is_out_of_memory
@@ -86,10 +87,8 @@ class OnnxWriter:
         """The graph with its constants folded (pipeline/graph/sanitize.py) and saved in place of
         the exporter's, so that parity checks what TensorRT will read; as it was with --no-sanitize."""
         if not self.stage.ctx.catalog.sanitize:
-            written.sanitized = {"skipped": "--no-sanitize (or `sanitize = false` in pipeline.toml)"}
+            written.sanitized = {"skipped": NOT_ASKED}
             return graph
-        from pipeline.graph.sanitize import sanitize
-
         with self.phase("sanitize"):
             folded, written.sanitized = sanitize(graph)
             if folded is not graph:
@@ -187,7 +186,8 @@ class OnnxWriter:
                 f"exported {self.stage.engine.name} does not match PyTorch{where}: max |error| {parity.max_abs_error:.3g} "
                 f"(limit {parity.max_abs_error_limit:.3g}), cosine similarity {parity.cosine_similarity:.6f} "
                 f"(floor {parity.cosine_similarity_floor}).",
-                hint="the ONNX was not kept; try another opset (`opset` in pipeline.toml)",
+                hint="the ONNX was not kept; try another opset (`opset` in pipeline.toml)"
+                + ("; --no-sanitize exports it without constant folding" if changed(written.sanitized) else ""),
             )
 
     def _check_sparsity(self, graph, sparsification: dict[str, Any]) -> None:

@@ -58,6 +58,7 @@ def reduce_engine(ctx, engine: EngineRef, toolchain: str) -> Path:
             hint="reduce an engine whose build failed; `pipeline compare` lists each build's status",
         )
     runtime = get_runtime(ctx, toolchain)
+    runtime.check_usable()  # each cut is a build on it
     onnx = next((a for a in build.inputs if a.role == "onnx"), None)
     if not runtime.reads_onnx or onnx is None:
         raise UsageError(f"{toolchain} builds {engine.name} from the PyTorch model, not from a graph: there is no ONNX to reduce.")

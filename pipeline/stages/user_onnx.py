@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 
 from pipeline.graph.lint import custom_nodes, lint
+from pipeline.graph.sanitize import NOT_ASKED, changed, sanitize
 from pipeline.manifest import ExportDetails
 from pipeline.running.errors import PipelineError
 from pipeline.stages.base import StageOutcome
@@ -106,14 +107,13 @@ def _sanitized(stage, source, graph, tmp, checked: dict, phase) -> tuple[dict, d
     (``checked``: label → (inputs, outputs)): (the export's record of it, the parity by point)."""
     import onnx
 
-    from pipeline.graph.sanitize import sanitize
     from pipeline.stages.parity import check_parity
 
     if not stage.ctx.catalog.sanitize:
-        return {"skipped": "--no-sanitize (or `sanitize = false` in pipeline.toml)"}, {}
+        return {"skipped": NOT_ASKED}, {}
     with phase("sanitize"):
         folded, record = sanitize(graph)
-        if folded is graph or record["nodes_after"] == record["nodes_before"]:
+        if not changed(record):
             return record, {}  # the file as given: nothing to check it against
         onnx.save(folded, str(tmp))
     parity = {}
@@ -134,6 +134,6 @@ def _sanitized(stage, source, graph, tmp, checked: dict, phase) -> tuple[dict, d
 
 def _folding_words(sanitized: dict) -> str:
     """What the export did to the user's graph, for its line: "constants folded: 371 → 194 nodes"."""
-    if "skipped" in sanitized or sanitized["nodes_after"] == sanitized["nodes_before"]:
+    if not changed(sanitized):
         return "taken as it is"
     return f"constants folded: {sanitized['nodes_before']} → {sanitized['nodes_after']} nodes"

@@ -78,12 +78,12 @@ def parser_failure(text: str) -> ParserFailure | None:
         checked = _CHECK.search("\n".join(rest[index : index + 2]))
         if checked and "In function" in line:
             failure.check, failure.code = checked["check"], int(checked["code"])
-            failure.message = _tidy(checked["message"])
+            failure.message = check_words(checked["message"])
             break
     return failure
 
 
-def _tidy(message: str) -> str | None:
+def check_words(message: str) -> str | None:
     """The check's words without the assertion's code: ``creator && "Plugin not found"`` → the
     quoted words; ``Assertion failed: false`` → None (it says nothing)."""
     message = message.strip().removeprefix("Assertion failed:").strip()

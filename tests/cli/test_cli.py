@@ -19,7 +19,7 @@ def test_help_imports_no_heavy_dependency():
 
 
 def test_every_command_has_help(run_cli, tiny_catalog):
-    for command in ("models", "export", "build", "profile", "run", "compare", "doctor"):
+    for command in ("models", "export", "build", "profile", "run", "compare", "doctor", "reduce"):
         result = run_cli(tiny_catalog, command, "--help")
         assert result.exit_code == 0, command
         assert "Usage: pipeline " + command in result.out
@@ -112,6 +112,10 @@ def test_doctor_reports_the_embedded_runtime_as_usable(run_cli, tiny_catalog):
     checks = {c["name"]: c for c in json.loads(result.out)}
     assert checks["toolchain onnxruntime"]["ok"] is True
     assert checks["package onnxruntime"]["ok"] is True
+    # The tools the build's ONNX goes through (pipeline/graph/), by version.
+    from importlib.metadata import version
+
+    assert checks["package polygraphy"] == {"name": "package polygraphy", "ok": True, "detail": version("polygraphy")}
     assert "NVIDIA GPU" in checks and "Docker daemon" in checks and "toolchain trt10.14" in checks
 
 

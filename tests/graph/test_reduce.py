@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.manifest import read_manifest
-from tests.conftest import TINY_CATALOG, write_catalog
+from tests.conftest import TINY_CATALOG, bury, write_catalog
 from tests.dockerd import STANDIN, standin_files
 
 PLUGIN_NOT_FOUND = "Plugin not found, are the plugin name, version, and namespace correct?"
@@ -36,34 +36,6 @@ archs = ["sm89"]
 """
 
 
-def bury(exported: Path, path: Path, op: str, domain: str) -> None:
-    """The exported graph with its fourth GELU's Erf replaced by ``domain:op`` (no compiler here
-    has it), named as a user's layer would be, and no value_info (a hand-edited graph has none)."""
-    import onnx
-    from onnx import helper
-
-    model = onnx.load(str(exported))
-    erfs = [i for i, node in enumerate(model.graph.node) if node.op_type == "Erf"]
-    index = erfs[3]
-    old = model.graph.node[index]
-    new = helper.make_node(op, list(old.input), list(old.output), name=f"blocks.3.mlp.act/{op}", domain=domain)
-    model.graph.node.remove(old)
-    model.graph.node.insert(index, new)
-    model.opset_import.append(helper.make_opsetid(domain, 1))
-    del model.graph.value_info[:]
-    onnx.save(model, str(path))
-
-
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory) -> Path:
-    """timm's test_vit as this pipeline exports it: a real graph of 194 nodes once folded."""
-    from pipeline.cli import main
-
-    catalog = write_catalog(tmp_path_factory.mktemp("exported"), TINY_CATALOG)
-    assert main(["--catalog", str(catalog), "export", "--engine", "tiny_fp32"]) == 0
-    return catalog.parent / "models" / "tiny" / "fp32.onnx"
-
-
 def nodes_of(path: Path) -> list[str]:
     import onnx
 
@@ -74,9 +46,9 @@ def nodes_of(path: Path) -> list[str]:
 
 
 @pytest.fixture
-def rtx_workspace(rtx_cache, exported, tmp_path):
+def rtx_workspace(rtx_cache, exported_tiny, tmp_path):
     catalog = write_catalog(tmp_path / "ws", TINY_CATALOG + USER)
-    bury(exported, catalog.parent / "user.onnx", "FancyErf", "acme.custom")
+    bury(exported_tiny, catalog.parent / "user.onnx", "FancyErf", "acme.custom")
     return catalog
 
 
@@ -120,6 +92,50 @@ def test_the_failing_node_is_named_and_the_graph_reduced_to_it(rtx_workspace, ru
     again = run_cli(rtx_workspace, "build", "--engine", "cut_fp32", "--toolchain", "trt-rtx1.7")
     assert again.exit_code == 1 and f"checkFallbackPluginImporter: {PLUGIN_NOT_FOUND}" in " ".join(again.err.split())
     assert read_manifest(ws / "manifests" / "trt-rtx1.7" / "cut_fp32.json").build.details.parser_failure["op_type"] == "FancyErf"
+
+
+def branchy_graph_with_det(path: Path) -> None:
+    """x → MatMul → Relu, then two branches met by a Mul: one through Det (a standard op ONNX
+    Runtime runs and TensorRT-RTX has no importer for), one through ReduceSum; no node named."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    weights = [
+        numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 4)).astype("float32"), "w"),
+        numpy_helper.from_array(np.array([2.0], np.float32), "two"),
+        numpy_helper.from_array(np.array([1], np.int64), "axis"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"]),
+        helper.make_node("Relu", ["h"], ["a"]),
+        helper.make_node("Det", ["a"], ["d"]),
+        helper.make_node("Unsqueeze", ["d", "axis"], ["d1"]),
+        helper.make_node("Mul", ["d1", "two"], ["d2"]),
+        helper.make_node("ReduceSum", ["a", "axis"], ["r"], keepdims=0),
+        helper.make_node("Mul", ["r", "d2"], ["y"]),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])
+    onnx.save(
+        helper.make_model(helper.make_graph(nodes, "user", [x], [y], weights), opset_imports=[helper.make_opsetid("", 17)]), str(path)
+    )
+
+
+@pytest.mark.rtx
+def test_an_unnamed_standard_op_without_an_importer_is_named_by_number_and_reduced(rtx_cache, tmp_path, run_cli):
+    catalog = write_catalog(tmp_path / "ws", TINY_CATALOG + USER)
+    ws = catalog.parent
+    branchy_graph_with_det(ws / "user.onnx")
+    built = run_cli(catalog, "build", "--engine", "user_fp32", "--toolchain", "trt-rtx1.7")
+    assert built.exit_code == 1
+    assert "could not parse models/user/fp32.onnx at node 2 (Det → d): checkDet: UNSUPPORTED_NODE" in built.err
+    reference = read_manifest(ws / "manifests" / "export" / "user_fp32.json").export.details.reference
+    assert all(point["output"] for point in reference["points"].values())  # ONNX Runtime ran it: checked
+    result = run_cli(catalog, "reduce", "--engine", "user_fp32", "--toolchain", "trt-rtx1.7")
+    assert result.exit_code == 0, result.err
+    assert nodes_of(ws / "models" / "user" / "fp32.trt-rtx1.7.reduced.onnx") == ["Det"]
+    assert read_manifest(ws / "manifests" / "trt-rtx1.7" / "user_fp32.json").build.details.reduced["assumed"] == []
 
 
 @pytest.mark.rtx
@@ -169,9 +185,10 @@ def test_a_reduce_cut_short_by_sigterm_leaves_nothing_half_written(rtx_workspace
 
 
 @pytest.fixture
-def standin_workspace(exported, tmp_path, monkeypatch):
+def standin_workspace(exported_tiny, tmp_path, monkeypatch):
     """trtexec installed here, as the stand-in in a mode: "plugin" refuses any graph holding the
-    custom op AddScalar with the recorded TensorRT 10.16 refusal; "once" refuses the first build."""
+    custom op AddScalar with the recorded TensorRT 10.16 refusal; "once" refuses the first build;
+    "whole" refuses only graphs holding both the first and the last layer."""
 
     def make(mode: str) -> Path:
         root = tmp_path / "TensorRT"
@@ -185,7 +202,7 @@ def standin_workspace(exported, tmp_path, monkeypatch):
         monkeypatch.setenv("STANDIN_DIR", str(data))
         local = f'\n[toolchains.local]\nkind = "trtexec-local"\ntrt = "10.14.1"\ntrt_root = "{root}"\ngpus = "none"\n'
         catalog = write_catalog(tmp_path / "ws", TINY_CATALOG + USER + local)
-        bury(exported, catalog.parent / "user.onnx", "AddScalar", "acme.plugins")
+        bury(exported_tiny, catalog.parent / "user.onnx", "AddScalar", "acme.plugins")
         return catalog
 
     return make
@@ -216,6 +233,17 @@ def test_a_failure_that_does_not_come_back_is_not_reduced(standin_workspace, run
     assert "TIP a failure that comes and goes (flaky) cannot be reduced" in result.err
     assert not (ws / "models" / "user" / "fp32.local.reduced.onnx").exists()
     assert (ws / "manifests" / "local" / "user_fp32.json").read_bytes() == recorded
+
+
+def test_a_failure_no_cut_shows_is_said_and_nothing_written(standin_workspace, run_cli):
+    catalog = standin_workspace("whole")
+    ws = catalog.parent
+    assert run_cli(catalog, "build", "--engine", "user_fp32", "--toolchain", "local").exit_code == 1
+    result = run_cli(catalog, "reduce", "--engine", "user_fp32", "--toolchain", "local")
+    assert result.exit_code == 1
+    assert "ERROR no cut of the graph fails the same way (in " in result.err and "the failure needs the whole graph" in result.err
+    assert not (ws / "models" / "user" / "fp32.local.reduced.onnx").exists()
+    assert read_manifest(ws / "manifests" / "local" / "user_fp32.json").build.details.reduced is None
 
 
 def test_a_reduce_needs_a_failed_build_of_the_graph_as_it_is(standin_workspace, run_cli):

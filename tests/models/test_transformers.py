@@ -366,7 +366,10 @@ def test_a_users_onnx_goes_through_build_profile_and_compare_without_an_export(t
     export = manifest(ws, "export", "mine_fp32")["export"]
     assert export["details"]["exporter"] == "none: encoder.onnx taken as it is"
     assert export["params"]["files"] == {"encoder.onnx": export["params"]["files"]["encoder.onnx"]}
-    assert (ws / "models" / "mine" / "fp32.onnx").read_bytes() == (ws / "encoder.onnx").read_bytes()
+    # Its constants folded before TensorRT reads it, and checked at each point against the file as given.
+    sanitized = export["details"]["sanitized"]
+    assert sanitized["nodes_after"] < sanitized["nodes_before"]
+    assert sorted(export["details"]["parity_by_shape"]) == ["2x8", "4x32"] and export["details"]["parity"]["passed"]
     ids = export["details"]["reference"]["points"]["4x32"]["inputs"][0]
     assert np.fromfile(ws / ids["path"], dtype="int64").max() < 200  # below the embedding table's rows, read from the graph
     for shape in ("2x8", "4x32"):

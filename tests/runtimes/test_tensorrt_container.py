@@ -15,7 +15,7 @@ import textwrap
 import pytest
 
 from pipeline.manifest import read_manifest
-from tests.conftest import TINY_CATALOG, write_catalog
+from tests.conftest import TINY_CATALOG, bury, write_catalog
 from tests.dockerd import PrivateDockerd, import_standin_images, standin_times_json, why_unavailable
 
 REASON = why_unavailable()
@@ -33,6 +33,12 @@ timeout_s = 60
 kind = "trtexec-container"
 trt = "10.14.1"
 image = "standin-trtexec:failed"
+gpus = "none"
+
+[toolchains.standin-plugin]
+kind = "trtexec-container"
+trt = "10.14.1"
+image = "standin-trtexec:plugin"
 gpus = "none"
 
 [toolchains.standin-slow]
@@ -239,6 +245,22 @@ def test_failed_build_says_where_leaves_no_engine_and_records_the_refusal(docker
     assert build.details.parser_failure["op_type"] == "AddScalar" and build.details.parser_failure["node_number"] == 0
     table = run_cli(workspace, "compare", "--format", "csv", "--toolchain", "standin-failed")
     assert "build refused: trtexec build failed" in table.out
+
+
+def test_a_refused_build_is_reduced_by_builds_in_the_container(docker_host, exported_tiny, tmp_path, run_cli):
+    """Each cut of the graph is built by trtexec in the toolchain's image, from the engine folder
+    the container sees; the stand-in refuses any graph holding the custom op AddScalar."""
+    import onnx
+
+    catalog = write_catalog(tmp_path / "user", TINY_CATALOG + STANDIN_TOOLCHAINS + '\n[models.user]\nonnx = "user.onnx"\n')
+    bury(exported_tiny, catalog.parent / "user.onnx", "AddScalar", "acme.plugins")
+    assert run_cli(catalog, "build", "--engine", "user_fp32", "--toolchain", "standin-plugin").exit_code == 1
+    result = run_cli(catalog, "reduce", "--engine", "user_fp32", "--toolchain", "standin-plugin")
+    assert result.exit_code == 0, result.err
+    reduced = onnx.load(str(catalog.parent / "models" / "user" / "fp32.standin-plugin.reduced.onnx"))
+    ops = [node.op_type for node in reduced.graph.node]
+    assert len(ops) <= 3 and "AddScalar" in ops, ops
+    assert not list(_engine_dir(catalog, "standin-plugin").glob(".reduce-*"))
 
 
 @pytest.mark.parametrize(

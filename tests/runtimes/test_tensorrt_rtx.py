@@ -275,10 +275,13 @@ def test_modelopts_unrepaired_nvfp4_graph_is_refused_node_name_first(workspace, 
     with nvfp4_without_cuda(monkeypatch):
         result = run_cli(workspace, "build", "--engine", "tiny_nvfp4_fp32", "--toolchain", "trt-rtx1.7", "--arch", "sm120", "--force")
     assert result.exit_code == 1
-    assert "ERROR TensorRT-RTX 1.7.1.116 could not parse models/tiny/nvfp4_fp32.onnx: /blocks/blocks.0/attn/qkv/Add:" in result.err
-    assert "ElementWiseOperation SUM must have same input types. But they are of types Float and Half" in result.err
+    err = " ".join(result.err.split())
+    assert "ERROR TensorRT-RTX 1.7.1.116 could not parse models/tiny/nvfp4_fp32.onnx at node " in err
+    assert '"/blocks/blocks.0/attn/qkv/Add" (Add → ' in err  # the node the log names, its op and output
+    assert "ElementWiseOperation SUM must have same input types. But they are of types Float and Half" in err
     build = manifest(workspace.parent, "trt-rtx1.7", "tiny_nvfp4_fp32").build
     assert build.status == "failed" and build.details.compiler["parser_errors"][0]["node"] == "/blocks/blocks.0/attn/qkv/Add"
+    assert build.details.parser_failure["node"] == "/blocks/blocks.0/attn/qkv/Add" and build.details.parser_failure["op_type"] == "Add"
 
 
 @pytest.mark.rtx
