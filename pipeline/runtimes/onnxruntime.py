@@ -17,7 +17,7 @@ from pipeline.measuring.accuracy import ReferenceBatch
 from pipeline.measuring.rounds import HOST_LATENCY
 from pipeline.measuring.takes import host_take
 from pipeline.models import ModelSource
-from pipeline.running.errors import PipelineError, require_module, tool_message
+from pipeline.running.errors import PipelineError, RefusedByTool, require_module, tool_message
 from pipeline.runtimes.base import BuildResult, InProcessRuntime, ReferenceRun, ToolchainStatus, rounds_words
 
 # Precisions whose ONNX form (plain FP32/FP16 graphs, INT8 QuantizeLinear/DequantizeLinear) this
@@ -136,13 +136,16 @@ class OnnxRuntimeRuntime(InProcessRuntime):
 
     def build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec, source: ModelSource) -> BuildResult:
         ort = _ort()
-        self._session(onnx_path, ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED, optimized_out=engine_path)
+        settings = {"graph_optimization_level": "ORT_ENABLE_EXTENDED", "providers": self.providers()}
+        try:
+            self._session(onnx_path, ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED, optimized_out=engine_path)
+        except PipelineError as exc:
+            # ONNX Runtime read the graph and said no (an op it has no kernel for): a fact about the
+            # graph and this release, recorded like a compiler's refusal.
+            raise RefusedByTool(exc.message, exc.hint, result=BuildResult(engine_path=None, settings=settings)) from exc.__cause__
         if not engine_path.exists() or engine_path.stat().st_size == 0:
             raise PipelineError(f"ONNX Runtime wrote no optimised model for {onnx_path.name}.")
-        return BuildResult(
-            engine_path=engine_path,
-            settings={"graph_optimization_level": "ORT_ENABLE_EXTENDED", "providers": self.providers()},
-        )
+        return BuildResult(engine_path=engine_path, settings=settings)
 
     def describe_build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec, source: ModelSource) -> list[str]:
         return [f"build: onnxruntime {self.version} {self.providers()[0]}: optimise {onnx_path.name} (ORT_ENABLE_EXTENDED) → {engine_path}"]

@@ -35,10 +35,11 @@ class _CutGraph:
 
 def failure_signature(refusal: str, parser_failure: dict | None) -> tuple:
     """What makes two failures of a build the same: the parser's (op, check, words) where it
-    refused a node, else the compiler's message without its numbers, quoted names and paths."""
+    refused a node, else the compiler's message without its numbers, quoted names, paths and file
+    names (the cuts are other files)."""
     if parser_failure:
         return ("parser", *ParserFailure.model_validate(parser_failure).signature())
-    words = re.sub(r'"[^"]*"|\'[^\']*\'|\S*/\S*|\d+', "_", refusal)
+    words = re.sub(r'"[^"]*"|\'[^\']*\'|\S*/\S*|\S+\.(?:onnx|engine|plan)\b|\d+', "_", refusal)
     return ("build", " ".join(words.split()))
 
 

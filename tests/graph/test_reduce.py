@@ -181,6 +181,24 @@ def test_a_reduce_cut_short_by_sigterm_leaves_nothing_half_written(rtx_workspace
     assert manifest.read_bytes() == recorded
 
 
+# --- ONNX Runtime, the embedded runtime -----------------------------------------------------------
+
+
+def test_onnx_runtime_refusing_a_graph_is_recorded_and_reduced(exported_tiny, tmp_path, run_cli):
+    """ONNX Runtime has no kernel for the custom op: its build is a refusal, recorded like a
+    compiler's, and its message (file names and numbers aside) is the failure kept."""
+    catalog = write_catalog(tmp_path / "ws", TINY_CATALOG + USER)
+    ws = catalog.parent
+    bury(exported_tiny, ws / "user.onnx", "FancyErf", "acme.custom")
+    built = run_cli(catalog, "build", "--engine", "user_fp32", "--toolchain", "onnxruntime")
+    assert built.exit_code == 1 and "acme.custom:FancyErf(-1) is not a registered function/op" in built.err
+    build = read_manifest(ws / "manifests" / "onnxruntime" / "user_fp32.json").build
+    assert build.status == "failed" and "ONNX Runtime could not load fp32.onnx" in build.reason
+    result = run_cli(catalog, "reduce", "--engine", "user_fp32", "--toolchain", "onnxruntime")
+    assert result.exit_code == 0, result.err
+    assert nodes_of(ws / "models" / "user" / "fp32.onnxruntime.reduced.onnx") == ["FancyErf"]
+
+
 # --- trtexec (the stand-in) ---------------------------------------------------------------------
 
 
