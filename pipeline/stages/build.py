@@ -160,7 +160,7 @@ class BuildStage(Stage):
                 # goes: the manifest now says this configuration has none.
                 engine_path.unlink(missing_ok=True)
                 exc.outcome = self.outcome(exc.result, engine_path=None)
-                if onnx_path is not None and self.runtime.reads_onnx:
+                if onnx_path is not None and self.runtime.reads_onnx and self.ctx.gpu_type is None:  # reduce reads local builds
                     reduce = f"`pipeline reduce --engine {self.engine.name} --toolchain {self.toolchain}` cuts the graph to the smallest that fails the same way"
                     exc.hint = f"{exc.hint}; {reduce}" if exc.hint else reduce
             raise
