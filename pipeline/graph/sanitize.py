@@ -48,10 +48,12 @@ def unsafe_reason(model) -> str | None:
     return None
 
 
-def sanitize(model) -> tuple[Any, dict[str, Any]]:
+def sanitize(model, asked: bool = True) -> tuple[Any, dict[str, Any]]:
     """(the graph with its constants folded, the record the export keeps: the tool, node counts
-    before and after, the ops folded away and the seconds), or the graph as it was and why not
-    (``skipped``) where folding is not safe."""
+    before and after, the ops folded away and the seconds). ``model`` itself where nothing folded,
+    and with why not (``skipped``) where folding is not safe or not ``asked`` (--no-sanitize)."""
+    if not asked:
+        return model, {"skipped": NOT_ASKED}
     import polygraphy
     from polygraphy.backend.onnx import fold_constants
     from polygraphy.logger import G_LOGGER
@@ -72,7 +74,7 @@ def sanitize(model) -> tuple[Any, dict[str, Any]]:
     finally:
         G_LOGGER.module_severity = severity
     after = Counter(node.op_type for node in folded.graph.node)
-    return folded, {
+    return folded if after != before else model, {
         "tool": tool,
         "nodes_before": sum(before.values()),
         "nodes_after": sum(after.values()),

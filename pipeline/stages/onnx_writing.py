@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.graph.sanitize import NOT_ASKED, changed, sanitize
+from pipeline.graph.sanitize import changed, sanitize
 from pipeline.running.errors import PipelineError, UsageError, require_module
 from pipeline.runtimes.onnxruntime import NO_CPU_KERNELS
 from pipeline.runtimes.torch_memory import is_out_of_memory
-from pipeline.stages.parity import check_parity
+from pipeline.stages.parity import check_parity, worst
 from pipeline.stages.quantize import as_inputs
 from pipeline.stages.quantized_onnx import export_quantized
 from pipeline.stages.sparsify import onnx_sparsity
@@ -86,11 +86,8 @@ class OnnxWriter:
     def _sanitized(self, graph, tmp: Path, written: Written):
         """The graph with its constants folded (pipeline/graph/sanitize.py) and saved in place of
         the exporter's, so that parity checks what TensorRT will read; as it was with --no-sanitize."""
-        if not self.stage.ctx.catalog.sanitize:
-            written.sanitized = {"skipped": NOT_ASKED}
-            return graph
         with self.phase("sanitize"):
-            folded, written.sanitized = sanitize(graph)
+            folded, written.sanitized = sanitize(graph, asked=self.stage.ctx.catalog.sanitize)
             if folded is not graph:
                 import onnx
 
@@ -171,7 +168,7 @@ class OnnxWriter:
             with self.phase("parity"):
                 for label, feeds in self.stage._each_point({label: references.batches[label] for label in variant_outputs}):
                     written.parity_by_shape[label] = check_parity(tmp, [t.numpy() for t in feeds], variant_outputs[label], precision)
-            written.parity = min(written.parity_by_shape.values(), key=lambda check: (check.passed, check.cosine_similarity))
+            written.parity = worst(written.parity_by_shape)
         else:
             # A graph traced with a dynamic batch is checked at a batch it was not traced at, which
             # also shows that the batch axis really is free before it is pinned.

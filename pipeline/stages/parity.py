@@ -40,6 +40,12 @@ def run_onnx(onnx_path: Path, feeds: list):
         ) from exc
 
 
+def worst(checks: dict[str, ParityCheck]) -> ParityCheck | None:
+    """The check of several shape points that speaks for them all: the first that failed, else
+    the lowest cosine; None where there are none."""
+    return min(checks.values(), key=lambda check: (check.passed, check.cosine_similarity)) if checks else None
+
+
 def check_parity(onnx_path: Path, feeds: list, reference, precision: str) -> ParityCheck:
     """ONNX Runtime's output of the graph on ``feeds`` (arrays in the graph's input order, as the
     names are given after this check; floating ones get the graph's floating type) against

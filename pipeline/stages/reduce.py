@@ -97,7 +97,7 @@ def reduce_engine(ctx, engine: EngineRef, toolchain: str) -> Path:
     failure = build.reason or "the build's failure"
     record = reduction.record(workspace.relative(output), failure)
     build = build.model_copy(update={"details": details.model_copy(update={"reduced": record})})
-    read_manifest(manifest_path).model_copy(update={"build": build}).write(manifest_path)
+    manifest.model_copy(update={"build": build}).write(manifest_path)
     for assumed in reduction.assumed:
         reporter.warn(f"the reducer assumed {assumed}")
     reporter.line(

@@ -7,13 +7,13 @@ from __future__ import annotations
 import shutil
 
 from pipeline.graph.lint import custom_nodes, lint
-from pipeline.graph.sanitize import NOT_ASKED, changed, sanitize
+from pipeline.graph.sanitize import changed, sanitize
 from pipeline.manifest import ExportDetails
 from pipeline.running.errors import PipelineError
 from pipeline.stages.base import StageOutcome
 from pipeline.stages.export_references import ReferenceWriter, reference_files
 from pipeline.stages.onnx_writing import onnx_audit, op_histogram
-from pipeline.stages.parity import run_onnx
+from pipeline.stages.parity import check_parity, run_onnx, worst
 from pipeline.workspace.artifacts import atomic_output
 
 
@@ -87,7 +87,7 @@ def take_onnx(stage, source, phase) -> StageOutcome:
         exporter=f"none: {source.spec.onnx} taken as it is",
         opset=next((entry.version for entry in graph.opset_import if entry.domain in ("", "ai.onnx")), 0),
         precision=stage.variant_spec.precision,
-        parity=min(parity.values(), key=lambda check: (check.passed, check.cosine_similarity)) if parity else None,
+        parity=worst(parity),
         parity_by_shape=parity,
         parity_skipped=None if parity else "the reference is this ONNX file's own outputs (there is no PyTorch model to compare it with)",
         sanitized=sanitized,
@@ -107,13 +107,9 @@ def _sanitized(stage, source, graph, tmp, checked: dict, phase) -> tuple[dict, d
     (``checked``: label → (inputs, outputs)): (the export's record of it, the parity by point)."""
     import onnx
 
-    from pipeline.stages.parity import check_parity
-
-    if not stage.ctx.catalog.sanitize:
-        return {"skipped": NOT_ASKED}, {}
     with phase("sanitize"):
-        folded, record = sanitize(graph)
-        if not changed(record):
+        folded, record = sanitize(graph, asked=stage.ctx.catalog.sanitize)
+        if folded is graph:
             return record, {}  # the file as given: nothing to check it against
         onnx.save(folded, str(tmp))
     parity = {}
