@@ -42,9 +42,13 @@ class AheadPool(ABC):
         this pool will not do it (too few CPUs, say: ``finish`` says why)."""
 
     @abstractmethod
-    def finish(self, progress: Callable[[str], None]) -> tuple[list[dict[str, Any]], str | None]:
+    def finish(
+        self, progress: Callable[[str], None], done: Callable[[AheadWork, Any], None] | None = None
+    ) -> tuple[list[dict[str, Any]], str | None]:
         """Wait for every submitted work: each one's evidence for its build manifest, in the
-        order submitted, and why none was done where none was (None when it was)."""
+        order submitted, and why none was done where none was (None when it was). ``done(work,
+        job)`` is called, in this process, for each job as soon as it has been done well, while
+        the others go on."""
 
     @abstractmethod
     def close(self) -> None:
@@ -166,6 +170,10 @@ class EngineRuntime(ABC):
     #: point) calls it with the file then, so that the work ahead (compiling the other points)
     #: starts beside the rest of the build, not after it.
     engine_written: Callable[[Path], None] | None = None
+    #: Set by the build stage in a run whose profiles follow (False otherwise): the build may leave
+    #: the point it would prepare itself to its work ahead as well, where the run's process then
+    #: prepares every point as the work finishes it (``prepare_ahead``).
+    leave_build_point_ahead: bool = False
     #: Whether its engines are made from the exported ONNX. Those that start from the PyTorch
     #: model itself still run a model the exporter refused (its export then writes no ONNX).
     reads_onnx: ClassVar[bool] = True
@@ -264,6 +272,12 @@ class EngineRuntime(ABC):
         faster done for every point at once, beside other engines' such work, in the background
         while the run builds the rest (AheadPool); None where there is none."""
         return None
+
+    def prepare_ahead(self, engine_path: Path, workload: ReferenceBatch | None) -> str | None:
+        """Prepare the engine, in this process, at a point its work ahead has just finished, for
+        that point's profile to find it so; called while the run waits for the rest of the work.
+        Why it was not, where it was not (the profile then prepares it as it always does)."""
+        return "nothing to prepare ahead"
 
     def profile(self, engine_path: Path, settings: ProfileSettings, workload: ReferenceBatch | None = None) -> ProfileResult:
         """One whole measurement of the engine by the tool that times it in a process of its own.

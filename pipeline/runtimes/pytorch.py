@@ -8,7 +8,9 @@ The stages mean what they mean for every toolchain:
   prepares it: for ``compile`` the compilation, timed, with the graph breaks counted and where
   Inductor keeps its cache recorded — and, for a model of several shape points, the compilation
   at every point in processes side by side (pipeline/runtimes/torch_compile_ahead.py), so that
-  each point's profile finds its graphs in Inductor's cache; for ``cudagraphs`` the capture.
+  each point's profile finds its graphs in Inductor's cache (in a run that profiles, the build's
+  own point too, each point then traced in this process while the run waits: prepare_ahead);
+  for ``cudagraphs`` the capture.
 * **profile** prepares it (:meth:`TorchRuntime.prepare`) and hands it to the measurement protocol
   (pipeline/measuring/rounds.py), which times it in rounds beside the other engines of the shape point.
   On a GPU the runs of a take are enqueued back to back and each is bracketed by CUDA events, so a
@@ -41,13 +43,10 @@ from pipeline.catalog import ProfileSettings, VariantSpec
 from pipeline.machine.environment import nvidia_gpus, package_version
 from pipeline.measuring.accuracy import ReferenceBatch
 from pipeline.models import TORCH_DTYPES, ModelSource
-from pipeline.running.errors import EnvironmentMissing, OutOfMemory, PipelineError, RefusedByTool
+from pipeline.running.errors import DeviceFault, EnvironmentMissing, OutOfMemory, PipelineError, RefusedByTool
 from pipeline.runtimes.base import AheadWork, BuildResult, InProcessRuntime, ReferenceRun, ToolchainStatus, rounds_words
 from pipeline.runtimes.torch_memory import gpu_memory, out_of_memory_as_error
-from pipeline.runtimes.torch_prepared import (
-    Prepared,
-    import_torch,
-)
+from pipeline.runtimes.torch_prepared import KeptModels, Prepared, import_torch
 from pipeline.runtimes.torch_preparing import NotPrepared, TorchPreparation, captures_graphs, compile_mode
 from pipeline.runtimes.torch_spec import TorchSpec
 
@@ -55,6 +54,9 @@ from pipeline.runtimes.torch_spec import TorchSpec
 ENGINE_FORMAT = "trt-pipeline torch model"
 # 2: the model is described by its family and catalog settings (1: a timm architecture's name).
 ENGINE_FORMAT_VERSION = 2
+# The share of the GPU's memory that must be free for a compiled engine to be prepared ahead of its
+# point's profile (TorchRuntime.prepare_ahead).
+AHEAD_FREE_GPU = 0.25
 
 
 class TorchEvidence(BaseModel):
@@ -81,10 +83,8 @@ class TorchRuntime(InProcessRuntime):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        # The last model this runtime prepared of each engine file, kept so a profile right after
-        # its build does not compile again, and the next shape point reuses the loaded model (the
-        # variants of a sweep alternate, point after point, in one process).
-        self._prepared: dict[tuple[int, int, int], Prepared] = {}
+        self._kept = KeptModels()
+        self._warned: set[tuple[int, int, int]] = set()  # engine files whose graph breaks were said
         # The shape point the current build prepares itself, in this process: no work ahead for it.
         self._building_point: str | None = None
 
@@ -211,7 +211,11 @@ class TorchRuntime(InProcessRuntime):
         prepare = {
             "eager": "nothing to prepare",
             "compile": f"torch.compile(mode={self.mode!r}, fullgraph={self.spec.fullgraph}, dynamic={self.spec.dynamic}), compiled by one run"
-            + ("" if self.spec.dynamic or points < 2 else f", then at each of the {points} shape points in processes side by side")
+            + (
+                ""
+                if self.spec.dynamic or points < 2
+                else f", then at each of the {points} shape points in processes side by side (in a run that profiles them, the first too)"
+            )
             + " (Inductor's cache: $TORCHINDUCTOR_CACHE_DIR, else torchinductor_<user> in the temp directory)",
             "cudagraphs": "capture one run in a CUDA graph",
         }[self.spec.backend]
@@ -229,10 +233,13 @@ class TorchRuntime(InProcessRuntime):
             source.use_attention(model, self.spec.attn_implementation)
         points = source.shape_points()
         # Prepared (compiled, captured) at the first shape point (a static engine's own); the others
-        # are prepared when they are profiled.
+        # are prepared when they are profiled. A run whose profiles follow may take that point too
+        # into its work ahead (leave_build_point_ahead): compiled there beside the other points,
+        # not in this process one engine after another.
         point = source.static_point or (points[0] if points else None)
         examples = source.sample_inputs(created, point, 0)
-        self._building_point = point.label if point is not None else None
+        leave_point = self.leave_build_point_ahead and self.builds_long and source.static_point is None and len(points) > 1
+        self._building_point = point.label if point is not None and not leave_point else None
         torch.save(
             {
                 "format": ENGINE_FORMAT,
@@ -249,12 +256,14 @@ class TorchRuntime(InProcessRuntime):
             self.engine_written(engine_path)
         device = "cuda" if self._cuda_available() else "cpu"
         settings = self.settings(variant.precision, device)
+        if leave_point:  # every point, this one too, is compiled ahead: its facts join this manifest then
+            return BuildResult(engine_path=engine_path, settings=settings, evidence={"compiler": self.versions()})
         # The models the earlier builds prepared at this build's point are what that point's profile
         # times next, beside this one, so they stay: the seed matrix's first point, whose five bf16
         # engines the fp16 builds had dropped, spent about 24 s reading and preparing them again on
         # an H100 (the whole matrix 513 s; 490 s with them kept, on another start). Those prepared
         # at another point (a model of one shape per point) would only hold memory.
-        self._prepared = {key: kept for key, kept in self._prepared.items() if kept.shape == self._building_point}
+        self._kept.only_at(self._building_point)
         try:
             preparation = TorchPreparation(self.spec, self.reporter)
             prepared = preparation.prepare(model, examples, dtype, device, _file_identity(engine_path), point and point.label)
@@ -269,14 +278,12 @@ class TorchRuntime(InProcessRuntime):
             note = f"preparing at {point.label} ran out of memory; that point's profile records it: {exc.message}"
             self.reporter.warn(f"{engine_path.name}: {note}")
             return BuildResult(engine_path=engine_path, settings=settings, notes=[note], evidence={"compiler": self.versions()})
-        self._prepared[prepared.engine_file] = prepared
+        self._kept.keep(prepared)
         facts = prepared.facts
         notes = []
         if facts.get("graph_breaks"):
-            notes.append(
-                f"{facts['graph_breaks']} graph break(s): the model runs as {facts['graphs']} compiled graphs with eager code between them"
-            )
-            self.reporter.warn(f"{engine_path.name}: {notes[-1]} (set fullgraph = true to refuse them)")
+            notes.append(_graph_break_words(facts).removesuffix(FULLGRAPH_WORDS))
+            self.reporter.warn(f"{engine_path.name}: {_graph_break_words(facts)}")
         return BuildResult(engine_path=engine_path, settings=settings, notes=notes, evidence={"compiler": {**self.versions(), **facts}})
 
     @property
@@ -331,10 +338,10 @@ class TorchRuntime(InProcessRuntime):
         loaded when only the shape point differs."""
         identity = _file_identity(engine_path)
         shape = workload.shape if workload is not None else None
-        prepared = self._prepared.pop(identity, None)
-        if prepared is not None and prepared.shape == shape:
-            self._prepared[identity] = prepared
+        prepared, lender = self._kept.take(identity, shape)
+        if prepared is not None:
             return prepared
+        prepared = lender
         torch = import_torch()
         saved = None
         if prepared is not None:
@@ -365,8 +372,40 @@ class TorchRuntime(InProcessRuntime):
             # Recorded in this point's profile manifest (this shape, this GPU, this release).
             raise RefusedByTool(exc.message, exc.hint) from exc.__cause__
         prepared.facts["prepare_s"] = round(time.perf_counter() - started, 3)
-        self._prepared[identity] = prepared
+        self._kept.keep(prepared)
         return prepared
+
+    def prepare_ahead(self, engine_path: Path, workload: ReferenceBatch | None) -> str | None:
+        """Prepare a compiled engine at a point its compilation ahead has just finished, in this
+        process, while the run waits for the rest: Dynamo's tracing (2.5-4 s an engine and point
+        on the lent H200) done before anything is measured, not between the points' rounds. Not
+        where under AHEAD_FREE_GPU of the GPU's memory is free: what is kept holds some, and a
+        point's profile would run out sooner than alone. Why not, where it was not."""
+        if not self.builds_long or workload is None:
+            return "nothing to prepare ahead"
+        torch = import_torch()
+        if self._cuda_available():
+            free, total = torch.cuda.mem_get_info()
+            if free < AHEAD_FREE_GPU * total:
+                return f"{free / 2**30:.1f} GiB of {total / 2**30:.1f} GiB GPU memory free: left to its profile"
+        identity = _file_identity(engine_path)
+        self._kept.hold_for_profiles(identity)  # those prepared so far too (a build's own point)
+        known = self._kept.has(identity, workload.shape)
+        try:
+            prepared = self.load(engine_path, workload)
+        except DeviceFault:  # the process is replaced, where the point's profile records the fault
+            raise
+        except PipelineError as exc:  # its profile prepares it again and records what it finds
+            if self._cuda_available():
+                torch.cuda.empty_cache()
+            return exc.message
+        if not known:
+            prepared.facts["prepared_ahead"] = True
+            if prepared.facts.get("graph_breaks") and identity not in self._warned:  # a build would have said it
+                self._warned.add(identity)
+                self.reporter.warn(f"{Path(engine_path).name.lstrip('.').removesuffix('.ahead')}: {_graph_break_words(prepared.facts)}")
+        self._kept.hold_for_profiles(identity)
+        return None
 
     def _read(self, engine_path: Path) -> dict[str, Any]:
         torch = import_torch()
@@ -432,6 +471,13 @@ class TorchRuntime(InProcessRuntime):
             "attn_implementation": self.spec.attn_implementation,
             "sdpa_backend": self.spec.sdpa_backend,
         }
+
+
+FULLGRAPH_WORDS = " (set fullgraph = true to refuse them)"
+
+
+def _graph_break_words(facts: dict[str, Any]) -> str:
+    return f"{facts['graph_breaks']} graph break(s): the model runs as {facts['graphs']} compiled graphs with eager code between them{FULLGRAPH_WORDS}"
 
 
 def _at(workload) -> str:

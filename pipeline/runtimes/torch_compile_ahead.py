@@ -1,18 +1,18 @@
-"""torch.compile at every shape point of every compiled engine of a run (but the one its build
-compiles itself), side by side in processes of their own, ahead of the profiles.
+"""torch.compile at every shape point of every compiled engine of a run, side by side in processes
+of their own, ahead of the profiles (a build asked for alone compiles its first point itself).
 
 A compiled toolchain specialises its graph to each shape point (``dynamic = false``), and Inductor
 takes about half a minute to compile ModernBERT-base at one point in one dtype: most of a sweep's
 time when the points are compiled one after another as they are profiled. Compiling is mostly
 single-threaded Python, so each engine's points are compiled as soon as its engine file is written
-(beside the build's own compilation of its first point: pipeline/stages/build.py, _EarlyWork), in a few
-processes beside the builds still to come, and the results left in Inductor's on-disk caches (FXGraphCache,
+(pipeline/stages/build.py, _EarlyWork), in a few processes beside the builds still to come, and the results left in Inductor's on-disk caches (FXGraphCache,
 AOTAutogradCache). Those caches "avoid recompilation across process boundaries when it encounters
 the same graph with the same Tensor input shapes (and the same configuration)" (PyTorch's Compile
 Time Caching Configuration recipe,
 docs.pytorch.org/tutorials/recipes/torch_compile_caching_configuration_tutorial.html). A point's
-profile then compiles by tracing with Dynamo and finding the rest there; its manifest's
-``inductor_cache_hits`` says it did. Each process prepares exactly as the profile will (same
+profile then compiles by tracing with Dynamo and finding the rest there — in a run, the run's own
+process does that as each point comes back, while it waits (``finish``'s ``done``,
+TorchRuntime.prepare_ahead) — and its manifest's ``inductor_cache_hits`` says it did. Each process prepares exactly as the profile will (same
 inputs, same settings), which is what makes the graphs the same. Starting a process (a new
 interpreter, torch, the model, a CUDA context) cost about a minute on the lent H100, so all the
 engines' points share one set of processes rather than each engine starting its own; the run
@@ -41,7 +41,7 @@ MAX_PROCESSES = 8
 # Seconds a compiling process has to end after an interruption before it is killed.
 STOP_GRACE_S = 5
 # What the build manifest keeps of each point's compilation (compiled_ahead.points).
-POINT_FACTS = ("compile_s", "graphs", "inductor_cache_hits", "threads")
+POINT_FACTS = ("compile_s", "graphs", "graph_breaks", "inductor_cache_hits", "threads")
 
 
 def processes_for(points: int, cpus: int, gpu_free_bytes: int | None, model_bytes: int) -> int:
@@ -82,6 +82,7 @@ class CompilePool(AheadPool):
         self._limit: int | None = None
         self._threads = 1
         self._started = 0.0
+        self._started_at = 0.0  # the same instant on the wall clock, which the processes share
         self._reported = False
 
     def submit(self, work) -> bool:
@@ -90,7 +91,7 @@ class CompilePool(AheadPool):
             largest = max(job.engine_path.stat().st_size for job in work.jobs)
             self._limit = processes_for(MAX_PROCESSES, usable_cpus(), gpu_free, largest)
             self._threads = max(1, usable_cpus() // max(self._limit, 1))
-            self._started = time.perf_counter()
+            self._started, self._started_at = time.perf_counter(), time.time()
         self._works.append(work)
         if self._limit < 2:
             return False  # finish says why nothing was compiled
@@ -108,27 +109,35 @@ class CompilePool(AheadPool):
             self._children.append(child)
         return True
 
-    def finish(self, progress: Callable[[str], None]) -> tuple[list[dict[str, Any]], str | None]:
+    def finish(self, progress: Callable[[str], None], done: Callable | None = None) -> tuple[list[dict[str, Any]], str | None]:
         if not self._works:
             return [], None
         if self._limit < 2:
             why = "too few CPUs or too little free GPU memory to compile the points side by side; each profile compiles its own"
             return [{"compiler": {"compiled_ahead": {"skipped": why}}} for _ in self._works], why
         jobs = [job for work in self._works for job in work.jobs]
+        whose = {(str(job.engine_path), job.workload.shape): (work, job) for work in self._works for job in work.jobs}
+        processes = len(self._children)
         for _ in self._children:
             self._jobs.put(None)  # one stop for each process, behind every point
         outcomes: dict[tuple[str, str], Any] = {}
-        progress(f"compiling {len(jobs)} shape points in {len(self._children)} processes")
+        last_compiled, preparing = self._started_at, 0.0
+        progress(f"compiling {len(jobs)} shape points in {processes} processes")
         try:
             while len(outcomes) < len(jobs):
                 try:
-                    engine, shape, outcome = self._results.get(timeout=1.0)
+                    engine, shape, outcome, compiled_at = self._results.get(timeout=1.0)
                 except queue.Empty:
                     if all(not child.is_alive() for child in self._children) and self._results.empty():
                         break  # the processes ended without saying what became of some points
                     continue
                 outcomes[(engine, shape)] = outcome
+                last_compiled = max(last_compiled, compiled_at)
                 progress(f"compiled {len(outcomes)} of {len(jobs)} shape points ({Path(engine).stem} at {shape}: {_words(outcome)})")
+                if done is not None and "error" not in outcome and (engine, shape) in whose:
+                    began = time.perf_counter()
+                    done(*whose[(engine, shape)])
+                    preparing += time.perf_counter() - began
             self._reported = True
         finally:
             self.close()
@@ -139,9 +148,13 @@ class CompilePool(AheadPool):
                 {"error": f"the compiling processes ended (exit status {ended}) before compiling it"},
             )
         facts = {
-            "processes": len(self._children),
+            "processes": processes,
             "compile_threads": self._threads,
+            # From the first point handed over: to the last one compiled, and to the end of the
+            # wait (this process preparing the points as they came back, done then or not).
+            "compiled_s": round(last_compiled - self._started_at, 3),
             "wall_s": round(time.perf_counter() - self._started, 3),
+            "prepared_here_s": round(preparing, 3),
             "engines": len(self._works),
         }
         evidence = []
@@ -204,4 +217,4 @@ def _compile_points(jobs, results, threads: int) -> None:
             outcome = {"error": exc.message}
         except Exception as exc:  # recorded for the point: its profile compiles it and says why it fails
             outcome = {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"}
-        results.put((str(job.engine_path), job.workload.shape, outcome))
+        results.put((str(job.engine_path), job.workload.shape, outcome, time.time()))

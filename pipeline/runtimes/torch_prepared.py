@@ -283,3 +283,40 @@ def _memory(execution: dict[str, Any]) -> dict[str, Any]:
     """The profile's GPU memory (a core fact) from what the preparation measured, where it did."""
     allocated = (execution.get("peak_memory_mib") or {}).get("allocated")
     return {} if allocated is None else {"gpu_memory_mib": float(allocated), "gpu_memory_counts": "peak allocated by PyTorch"}
+
+
+class KeptModels:
+    """The models a torch runtime prepared, by engine file and shape point: the last one of each
+    file, kept so a profile right after its build does not compile again and the next shape point
+    reuses the loaded model (the variants of a sweep alternate, point after point, in one
+    process); and those prepared ahead of their points' profiles (TorchRuntime.prepare_ahead),
+    kept until their profile has taken them and moved on."""
+
+    def __init__(self):
+        self._models: dict[tuple[tuple[int, int, int], str | None], Prepared] = {}
+        self._ahead: set[tuple[tuple[int, int, int], str | None]] = set()  # not yet taken by their profile
+
+    def take(self, identity: tuple[int, int, int], shape: str | None) -> tuple[Prepared | None, Prepared | None]:
+        """The file's model prepared at ``shape`` (None), and the newest one prepared at another
+        point, which lends its loaded model; the file's others go, but those prepared ahead."""
+        self._ahead.discard((identity, shape))
+        others = [key for key in self._models if key[0] == identity and key[1] != shape]
+        lender = self._models[others[-1]] if others else None
+        for key in others:
+            if key not in self._ahead:
+                del self._models[key]
+        return self._models.get((identity, shape)), lender
+
+    def keep(self, prepared: Prepared) -> None:
+        self._models[(prepared.engine_file, prepared.shape)] = prepared
+
+    def has(self, identity: tuple[int, int, int], shape: str | None) -> bool:
+        return (identity, shape) in self._models
+
+    def hold_for_profiles(self, identity: tuple[int, int, int]) -> None:
+        """Keep the file's models prepared so far until their profiles take them."""
+        self._ahead.update(key for key in self._models if key[0] == identity)
+
+    def only_at(self, shape: str | None) -> None:
+        """Drop those prepared at other points than ``shape``, but those held for their profiles."""
+        self._models = {key: kept for key, kept in self._models.items() if kept.shape == shape or key in self._ahead}

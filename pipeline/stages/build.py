@@ -139,6 +139,7 @@ class BuildStage(Stage):
         engine_path = self.engine_path()
         early = _EarlyWork(self, engine_path)
         self.runtime.engine_written = early.hand_over
+        self.runtime.leave_build_point_ahead = self.ctx.ahead is not None and self.ctx.ahead.prepares
         try:
             with atomic_output(engine_path) as tmp:
                 result = self.runtime.build(onnx_path, tmp, self.variant_spec, self.model_source())
@@ -169,6 +170,7 @@ class BuildStage(Stage):
             raise
         finally:
             self.runtime.engine_written = None
+            self.runtime.leave_build_point_ahead = False
         if not early.tried:  # the runtime did not say when it wrote the engine: handed over now
             early.hand_over(engine_path)
         return early.finish(result)

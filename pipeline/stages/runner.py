@@ -177,7 +177,7 @@ def run_engines(ctx: RunContext, engines: list[EngineRef], toolchains: list[str]
                 summary.fail(engine.name, toolchain, exc)
     points: dict = {}
     single = len(engines) == 1 and len(usable) == 1
-    ctx.ahead = WorkAhead(ctx.reporter)
+    ctx.ahead = WorkAhead(ctx.reporter, prepares=until == "profile")
     try:
         for toolchain in build_order(ctx, usable):
             for engine in engines:
@@ -235,10 +235,17 @@ class WorkAhead:
     kind, while the run builds the other engines; ``finish`` waits for all of it before the
     first profile, so nothing of it runs while anything is measured, and adds each engine's
     evidence to its build manifest. A failure there costs time only: each profile then
-    prepares its own point."""
+    prepares its own point.
 
-    def __init__(self, reporter):
+    In a run whose profiles follow (``prepares``), the builds leave every point to it, their own
+    too, and while this process waits it prepares each point the work has finished
+    (EngineRuntime.prepare_ahead), for the point's profile to find ready: the compilations run
+    side by side instead of each build's in this process one after another, and the tracing each
+    profile would start with is done while nothing is measured."""
+
+    def __init__(self, reporter, prepares: bool = False):
         self.reporter = reporter
+        self.prepares = prepares
         # By kind (the pool's opener): the open pool and the (build stage, work) pairs handed to it.
         self._pools: dict = {}
         # By kind: the error that took its pool out of this run (it is not tried again).
@@ -282,7 +289,9 @@ class WorkAhead:
                 self.reporter.step(names)
                 started = time.perf_counter()
                 try:
-                    evidence, skipped = pool.finish(self.reporter.progress)
+                    evidence, skipped = pool.finish(self.reporter.progress, self._prepare(group) if self.prepares else None)
+                except DeviceFault:
+                    raise  # a kernel faulted while a point was prepared ahead: this process is replaced
                 except Exception as exc:
                     self.reporter.warn(
                         f"nothing done ahead of profiles for {names}: {type(exc).__name__}: {exc}; each profile prepares its own point"
@@ -296,6 +305,25 @@ class WorkAhead:
                 waited = time.perf_counter() - started
                 self.reporter.done("build", engines, waited, f" of waiting, ahead of profiles: {names}")
         self._discard()
+
+    def _prepare(self, group: list):
+        """What ``finish`` calls for each job done: the engine prepared at the job's point, here."""
+        stages = {id(work): stage for stage, work in group}
+
+        def prepare(work, job) -> None:
+            stage = stages.get(id(work))
+            if stage is None:
+                return
+            started = time.perf_counter()
+            why = stage.runtime.prepare_ahead(work.engine_path, job.workload)
+            point = getattr(job.workload, "shape", None)
+            where = f"{stage.engine.name} on {stage.toolchain}" + (f" at {point}" if point else "")
+            if why is None:
+                self.reporter.progress(f"prepared {where} for its profile ({time.perf_counter() - started:.1f} s)")
+            else:
+                self.reporter.progress(f"not prepared ahead: {where}: {why}")
+
+        return prepare
 
     def close(self) -> None:
         """Stop whatever is still running (the run was interrupted, or failed before ``finish``)."""

@@ -223,9 +223,12 @@ def test_torch_compile_dynamic_compiles_once_and_counts_what_each_point_recompil
 
 
 @needs_inductor
-def test_torch_compile_compiles_every_point_of_every_engine_at_build_in_one_set_of_processes(tmp_path, run_cli, monkeypatch):
-    """Two compiled engines, three points each: once both are built, their six points compile in
-    one set of processes, and each point's profile finds its graphs in Inductor's cache."""
+def test_a_run_compiles_every_point_of_every_compiled_engine_side_by_side_and_prepares_each_while_it_waits(tmp_path, run_cli, monkeypatch):
+    """Two compiled engines, three points each, in a run that profiles them: each build writes its
+    engine and hands every point over, its own first point too, so the six compile in one set of
+    processes rather than each build's first in this process one after the other; while the run
+    waits for them, this process prepares each point the processes have compiled (Dynamo's
+    tracing, every graph found in Inductor's cache), and each point's profile finds it prepared."""
     from pipeline.runtimes import torch_compile_ahead
     from pipeline.runtimes.torch_preparing import TorchPreparation
     from pipeline.stages.runner import WorkAhead
@@ -233,10 +236,13 @@ def test_torch_compile_compiles_every_point_of_every_engine_at_build_in_one_set_
     # Two processes (this machine's CPUs may be too few to choose that on their own); the cache is
     # this test's alone.
     monkeypatch.setattr(torch_compile_ahead, "usable_cpus", lambda: 4)
-    events = []  # what this process did, in order: each build's hand-over and its own compile
-    handing_over, preparing = WorkAhead.submit, TorchPreparation.prepare
+    events = []  # what this process did, in order: each build's hand-over, each preparation and the wait
+    handing_over, preparing, finishing = WorkAhead.submit, TorchPreparation.prepare, WorkAhead.finish
     monkeypatch.setattr(WorkAhead, "submit", lambda self, stage, work: events.append(stage.toolchain) or handing_over(self, stage, work))
-    monkeypatch.setattr(TorchPreparation, "prepare", lambda *args, **kwargs: events.append("compiled") or preparing(*args, **kwargs))
+    monkeypatch.setattr(
+        TorchPreparation, "prepare", lambda *args, **kwargs: events.append(f"prepared at {args[6]}") or preparing(*args, **kwargs)
+    )
+    monkeypatch.setattr(WorkAhead, "finish", lambda self: events.append("waiting") or finishing(self) or events.append("waited"))
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     compiled = ("torch-compile", "torch-compile-eager-attn")
     (tmp_path / "pipeline.toml").write_text(
@@ -247,24 +253,45 @@ def test_torch_compile_compiles_every_point_of_every_engine_at_build_in_one_set_
     result = run_cli(tmp_path / "pipeline.toml", "run", "--model", "bert", *(arg for name in compiled for arg in ("--toolchain", name)))
     assert result.exit_code == 0, result.err
     assert "ahead of profiles" in result.err, result.err
+    # Neither build compiled anything itself: both handed over, then every preparation came while
+    # the run waited, one per engine and point.
+    assert events[:3] == ["torch-compile", "torch-compile-eager-attn", "waiting"], events
+    assert events[-1] == "waited" and sorted(events[3:-1]) == sorted(f"prepared at {shape}" for shape in POINTS for _ in compiled), events
     aheads = [read_manifest(tmp_path / "manifests" / name / "bert_fp32.json").build.details.compiler["compiled_ahead"] for name in compiled]
     for ahead in aheads:
-        # Every point but the first, which the build compiled itself.
-        assert ahead["processes"] == 2 and ahead["engines"] == 2 and sorted(ahead["points"]) == sorted(POINTS[1:]), ahead
+        assert ahead["processes"] == 2 and ahead["engines"] == 2 and sorted(ahead["points"]) == sorted(POINTS), ahead
         assert all(point["compile_s"] > 0 and point["graphs"] >= 1 for point in ahead["points"].values()), ahead
+        # The last point compiled before the wait ended; this process prepared them meanwhile.
+        assert 0 < ahead["compiled_s"] <= ahead["wall_s"] and 0 < ahead["prepared_here_s"] < ahead["wall_s"], ahead
     assert aheads[0]["wall_s"] == aheads[1]["wall_s"]  # one set of processes for both
-    # Each build handed its points over as soon as it had written the engine, before compiling its
-    # own first point: the other points compiled beside that compilation, not after it.
-    assert events[:4] == ["torch-compile", "compiled", "torch-compile-eager-attn", "compiled"], events
     assert not list((tmp_path / "engines").rglob("*.ahead"))  # the engines' second names went with the work
-    # Each build's own process kept its first point's compiled model for its profile; the other
-    # points compiled again and found every graph in the cache the processes filled.
+    # Each point was prepared in this process from the graphs the processes left in the cache,
+    # before any profile, and its profile took it as it was.
     # (On as many threads as the processes compiled with: the count is in the cache's key.)
     for name, ahead in zip(compiled, aheads, strict=True):
-        for shape in POINTS[1:]:
-            execution = point_manifest(tmp_path, name, shape).profile.details.execution
+        for shape in POINTS:
+            profile = point_manifest(tmp_path, name, shape).profile.details
+            execution = profile.execution
+            assert execution["prepared_ahead"] is True and execution["prepare_s"] > 0, (name, shape, execution)
             assert execution["inductor_cache_hits"] == execution["graphs"] >= 1, (name, shape, execution)
             assert execution["threads"] == ahead["points"][shape]["threads"] >= 1, (name, shape, execution)
+            assert execution["recompiles_during_measurement"] == 0
+
+
+@needs_inductor
+def test_a_compiled_build_asked_for_alone_compiles_its_first_point_itself(tmp_path, run_cli, monkeypatch):
+    """`pipeline build` has no profiles to prepare for: the build compiles its own first point
+    (a refusal there is the build's), the other points beside it."""
+    from pipeline.runtimes import torch_compile_ahead
+
+    monkeypatch.setattr(torch_compile_ahead, "usable_cpus", lambda: 4)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    (tmp_path / "pipeline.toml").write_text(SWEEP_CATALOG + '\n[toolchains.torch-compile]\nkind = "torch"\nbackend = "compile"\n')
+    result = run_cli(tmp_path / "pipeline.toml", "build", "--model", "bert", "--toolchain", "torch-compile")
+    assert result.exit_code == 0, result.err
+    compiler = read_manifest(tmp_path / "manifests" / "torch-compile" / "bert_fp32.json").build.details.compiler
+    assert compiler["graphs"] >= 1 and compiler["compile_s"] > 0, compiler  # its own point, compiled by the build
+    assert sorted(compiler["compiled_ahead"]["points"]) == sorted(POINTS[1:]), compiler
 
 
 @needs_inductor
@@ -333,7 +360,7 @@ def test_work_ahead_of_profiles_goes_on_in_one_pool_per_kind_and_a_failure_only_
             self.works.append(work)
             return True
 
-        def finish(self, progress):
+        def finish(self, progress, done=None):
             events.append("finish")
             return [{"compiler": {"compiled_ahead": {"points": len(work.jobs)}}} for work in self.works], None
 

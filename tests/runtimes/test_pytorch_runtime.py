@@ -375,6 +375,85 @@ def test_graph_breaks_are_counted_and_fullgraph_refuses_them(tmp_path, run_cli):
 
 
 @needs_inductor
+def test_in_a_run_graph_breaks_are_said_and_fullgraph_refuses_at_each_point(tmp_path, run_cli, monkeypatch):
+    """In a run that profiles, a compiled build hands every point, its own first too, to the
+    compiling processes and compiles nothing itself: what a build would have said of its first
+    point is said when the run prepares the points — graph breaks once, as a warning — and a
+    fullgraph toolchain's refusal is each point's, recorded in its profile, its build done."""
+    import shutil
+
+    from pipeline.runtimes import torch_compile_ahead
+    from tests.conftest import catalog_head
+
+    monkeypatch.setattr(torch_compile_ahead, "usable_cpus", lambda: 4)  # two processes
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    (tmp_path / "models-in").mkdir()
+    shutil.copy(Path(__file__).parents[1] / "data" / "python_models" / "graph_break.py", tmp_path / "models-in")
+    text = (
+        catalog_head(["m"], ["fp32"])
+        + """
+[models.m]
+python = "models-in/graph_break.py:make"
+config = { features = 8 }
+shapes = ["2x4", "2x8"]
+
+[variants.fp32]
+precision = "fp32"
+
+[toolchains.onnxruntime]
+kind = "onnxruntime"
+
+[toolchains.torch-eager]
+kind = "torch"
+
+[toolchains.torch-compile]
+kind = "torch"
+backend = "compile"
+
+[toolchains.torch-fullgraph]
+kind = "torch"
+backend = "compile"
+fullgraph = true
+"""
+    )
+    catalog = write_catalog(tmp_path, text)
+    result = run_cli(catalog, "run", "--model", "m", "--toolchain", "torch-compile", "--toolchain", "torch-fullgraph")
+    assert result.exit_code == 1, result.err
+    assert result.err.count("graph break(s): the model runs as 2 compiled graphs") == 1, result.err
+    compiled = manifest(catalog, "torch-compile", "m_fp32").build.details.compiler["compiled_ahead"]
+    assert sorted(compiled["points"]) == ["2x4", "2x8"] and all(p["graph_breaks"] >= 1 for p in compiled["points"].values()), compiled
+    full = manifest(catalog, "torch-fullgraph", "m_fp32").build
+    assert full.status == "done" and all("error" in p for p in full.details.compiler["compiled_ahead"]["points"].values()), full
+    for shape in ("2x4", "2x8"):
+        measured = manifest(catalog, "torch-compile", f"m_fp32@{shape}").profile
+        assert measured.status == "done" and measured.details.execution["graphs"] == 2, measured
+        assert measured.details.execution["prepared_ahead"] is True
+        refused = manifest(catalog, "torch-fullgraph", f"m_fp32@{shape}").profile
+        assert refused.status == "failed" and refused.reason.startswith("torch.compile failed:"), refused
+        assert f"m_fp32 on torch-fullgraph at {shape}: torch.compile failed:" in result.err
+
+
+def test_a_point_is_not_prepared_ahead_where_the_gpu_has_little_memory_free(tmp_path, monkeypatch):
+    """What is kept prepared holds GPU memory: under a quarter free, the point is left to its profile."""
+    from pipeline.running.reporting import Reporter
+    from pipeline.runtimes import create_runtime, pytorch, spec_class
+
+    spec = spec_class("torch").model_validate({"kind": "torch", "backend": "compile"})
+    runtime = create_runtime("torch-compile", spec, Reporter(), tmp_path)
+    monkeypatch.setattr(pytorch.TorchRuntime, "_cuda_available", staticmethod(lambda: True))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (10 * 2**30, 80 * 2**30))
+    monkeypatch.setattr(pytorch.TorchRuntime, "load", lambda *args: pytest.fail("prepared with 10 GiB of 80 GiB free"))
+    why = runtime.prepare_ahead(tmp_path / "m.pt", _Point("2x8"))
+    assert why == "10.0 GiB of 80.0 GiB GPU memory free: left to its profile"
+    assert runtime.prepare_ahead(tmp_path / "m.pt", None) == "nothing to prepare ahead"
+
+
+class _Point:
+    def __init__(self, shape):
+        self.shape = shape
+
+
+@needs_inductor
 def test_ctrl_c_during_a_compile_leaves_nothing_that_looks_valid(tmp_path, run_cli, monkeypatch):
     tiny_catalog = write_catalog(tmp_path / "ws", CATALOG)
     assert run_cli(tiny_catalog, "export", "--engine", "tiny_fp32").exit_code == 0
