@@ -4,19 +4,21 @@ of their own, ahead of the profiles (a build asked for alone compiles its first 
 A compiled toolchain specialises its graph to each shape point (``dynamic = false``), and Inductor
 takes about half a minute to compile ModernBERT-base at one point in one dtype: most of a sweep's
 time when the points are compiled one after another as they are profiled. Compiling is mostly
-single-threaded Python, so each engine's points are compiled as soon as its engine file is written
-(pipeline/stages/build.py, _EarlyWork), in a few processes beside the builds still to come, and the results left in Inductor's on-disk caches (FXGraphCache,
-AOTAutogradCache). Those caches "avoid recompilation across process boundaries when it encounters
-the same graph with the same Tensor input shapes (and the same configuration)" (PyTorch's Compile
-Time Caching Configuration recipe,
-docs.pytorch.org/tutorials/recipes/torch_compile_caching_configuration_tutorial.html). A point's
-profile then compiles by tracing with Dynamo and finding the rest there — in a run, the run's own
-process does that as each point comes back, while it waits (``finish``'s ``done``,
-TorchRuntime.prepare_ahead) — and its manifest's ``inductor_cache_hits`` says it did. Each process prepares exactly as the profile will (same
-inputs, same settings), which is what makes the graphs the same. Starting a process (a new
-interpreter, torch, the model, a CUDA context) cost about a minute on the lent H100, so all the
-engines' points share one set of processes rather than each engine starting its own; the run
-waits for them before its first profile, so nothing compiles while anything is measured.
+single-threaded Python, so each engine's points are compiled as soon as its engine file is
+written (pipeline/stages/build.py, _EarlyWork), in a few processes beside the builds still to
+come, and the results left in Inductor's on-disk caches (FXGraphCache, AOTAutogradCache). Those
+caches "avoid recompilation across process boundaries when it encounters the same graph with the
+same Tensor input shapes (and the same configuration)" (PyTorch's Compile Time Caching
+Configuration recipe,
+docs.pytorch.org/tutorials/recipes/torch_compile_caching_configuration_tutorial.html). A point
+is then compiled again by tracing with Dynamo and finding the rest there: in a run, by the run's
+own process as each point comes back, while it waits (``finish``'s ``done``,
+TorchRuntime.prepare_ahead); else by the point's profile. Its manifest's ``inductor_cache_hits``
+says it did. Each process prepares exactly as the profile will (same inputs, same settings),
+which is what makes the graphs the same. Starting a process (a new interpreter, torch, the model,
+a CUDA context) cost about a minute on the lent H100, so all the engines' points share one set of
+processes rather than each engine starting its own; the run waits for them before its first
+profile, so nothing compiles while anything is measured.
 
 A point that fails here (out of memory, a refusal) is left to its profile, which records the
 reason for that point as it always did; nothing here decides anything about the engine.
