@@ -523,22 +523,47 @@ class FakeTorch:
     cuda = FakeCuda
 
 
-def test_a_gpu_take_keeps_the_hosts_issue_time_of_its_untimed_run():
-    from pipeline.measuring.takes import cuda_take
+class FakeClock:
+    """time as pipeline/measuring/takes.py reads it, advanced by the runs alone: a loaded host's
+    scheduling cannot stretch what the runs take."""
 
-    issues = iter([5.0, 1.0] + [0.0] * 1000)  # the first run after another engine issues slowly
+    def __init__(self):
+        self.now = 0.0
 
-    def short_run():
-        time.sleep(next(issues) / 1000.0)
+    def advance(self, ms: float) -> None:
+        self.now += ms / 1000.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def perf_counter_ns(self) -> int:
+        return round(self.now * 1e9)
+
+
+def clocked_torch(clock: FakeClock):
+    """FakeTorch whose events read ``clock``."""
+
+    class Event(FakeCuda.Event):
+        def record(self):
+            self.at = clock.now
+
+    from types import SimpleNamespace
+
+    return SimpleNamespace(cuda=SimpleNamespace(Event=Event, synchronize=lambda: None))
+
+
+def test_a_gpu_take_keeps_the_hosts_issue_time_of_its_untimed_run(monkeypatch):
+    from pipeline.measuring import takes
+
+    clock = FakeClock()
+    monkeypatch.setattr(takes, "time", clock)
+    issues = iter([5.0, 1.0] + [0.5] * 1000)  # the first run after another engine issues slowly
 
     issued: list[float] = []
-    times = cuda_take(FakeTorch, short_run, 3, 20.0, issued)
-    assert len(times) >= 3 and issued == [pytest.approx(1.0, abs=0.5)]  # a short run: the second issue is kept
-    long_issues = iter([30.0] + [0.0] * 1000)
-
-    def long_run():
-        time.sleep(next(long_issues) / 1000.0)
+    times = takes.cuda_take(clocked_torch(clock), lambda: clock.advance(next(issues)), 3, 20.0, issued)
+    assert len(times) >= 3 and issued == [pytest.approx(1.0)]  # a short run: the second issue is kept
+    long_issues = iter([30.0] + [0.5] * 1000)
 
     issued = []
-    cuda_take(FakeTorch, long_run, 3, 20.0, issued)
-    assert issued == [pytest.approx(30.0, abs=10.0)]  # a run longer than a take's share: issued once, that one kept
+    takes.cuda_take(clocked_torch(clock), lambda: clock.advance(next(long_issues)), 3, 20.0, issued)
+    assert issued == [pytest.approx(30.0)]  # a run longer than a take's share: issued once, that one kept
