@@ -282,8 +282,8 @@ class TorchRuntime(InProcessRuntime):
         facts = prepared.facts
         notes = []
         if facts.get("graph_breaks"):
-            notes.append(_graph_break_words(facts).removesuffix(FULLGRAPH_WORDS))
-            self.reporter.warn(f"{engine_path.name}: {_graph_break_words(facts)}")
+            notes.append(_graph_break_words(facts))
+            self.reporter.warn(f"{engine_path.name}: {notes[-1]}{FULLGRAPH_WORDS}")
         return BuildResult(engine_path=engine_path, settings=settings, notes=notes, evidence={"compiler": {**self.versions(), **facts}})
 
     @property
@@ -403,7 +403,8 @@ class TorchRuntime(InProcessRuntime):
             prepared.facts["prepared_ahead"] = True
             if prepared.facts.get("graph_breaks") and identity not in self._warned:  # a build would have said it
                 self._warned.add(identity)
-                self.reporter.warn(f"{Path(engine_path).name.lstrip('.').removesuffix('.ahead')}: {_graph_break_words(prepared.facts)}")
+                name = Path(engine_path).name.lstrip(".").removesuffix(".ahead")
+                self.reporter.warn(f"{name}: {_graph_break_words(prepared.facts)}{FULLGRAPH_WORDS}")
         self._kept.hold_for_profiles(identity)
         return None
 
@@ -477,7 +478,7 @@ FULLGRAPH_WORDS = " (set fullgraph = true to refuse them)"
 
 
 def _graph_break_words(facts: dict[str, Any]) -> str:
-    return f"{facts['graph_breaks']} graph break(s): the model runs as {facts['graphs']} compiled graphs with eager code between them{FULLGRAPH_WORDS}"
+    return f"{facts['graph_breaks']} graph break(s): the model runs as {facts['graphs']} compiled graphs with eager code between them"
 
 
 def _at(workload) -> str:

@@ -332,6 +332,25 @@ def test_cuda_graphs_without_a_gpu_is_a_clear_error(workspace, run_cli):
     assert "TIP" in result.err and "Traceback" not in result.err
 
 
+# fp32, ONNX Runtime, and torch.compile with and without fullgraph: a model with a graph break's catalog.
+GRAPH_BREAK_TOOLCHAINS = """
+[variants.fp32]
+precision = "fp32"
+
+[toolchains.onnxruntime]
+kind = "onnxruntime"
+
+[toolchains.torch-compile]
+kind = "torch"
+backend = "compile"
+
+[toolchains.torch-fullgraph]
+kind = "torch"
+backend = "compile"
+fullgraph = true
+"""
+
+
 @needs_inductor
 def test_graph_breaks_are_counted_and_fullgraph_refuses_them(tmp_path, run_cli):
     model = register_graph_break_model()
@@ -341,21 +360,11 @@ def test_graph_breaks_are_counted_and_fullgraph_refuses_them(tmp_path, run_cli):
         [models.net]
         timm = "{model}"
         batch_size = 2
-        [variants.fp32]
-        precision = "fp32"
-        [toolchains.onnxruntime]
-        kind = "onnxruntime"
-        [toolchains.torch-compile]
-        kind = "torch"
-        backend = "compile"
-        [toolchains.torch-fullgraph]
-        kind = "torch"
-        backend = "compile"
-        fullgraph = true
         [defaults]
         models = ["net"]
         variants = ["fp32"]
-        """,
+        """
+        + GRAPH_BREAK_TOOLCHAINS,
     )
     pieces = run_cli(catalog, "build", "--engine", "net_fp32", "--toolchain", "torch-compile")
     assert pieces.exit_code == 0, pieces.err
@@ -383,12 +392,12 @@ def test_in_a_run_graph_breaks_are_said_and_fullgraph_refuses_at_each_point(tmp_
     import shutil
 
     from pipeline.runtimes import torch_compile_ahead
-    from tests.conftest import catalog_head
+    from tests.conftest import DATA, catalog_head
 
     monkeypatch.setattr(torch_compile_ahead, "usable_cpus", lambda: 4)  # two processes
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     (tmp_path / "models-in").mkdir()
-    shutil.copy(Path(__file__).parents[1] / "data" / "python_models" / "graph_break.py", tmp_path / "models-in")
+    shutil.copy(DATA / "python_models" / "graph_break.py", tmp_path / "models-in")
     text = (
         catalog_head(["m"], ["fp32"])
         + """
@@ -397,24 +406,10 @@ python = "models-in/graph_break.py:make"
 config = { features = 8 }
 shapes = ["2x4", "2x8"]
 
-[variants.fp32]
-precision = "fp32"
-
-[toolchains.onnxruntime]
-kind = "onnxruntime"
-
 [toolchains.torch-eager]
 kind = "torch"
-
-[toolchains.torch-compile]
-kind = "torch"
-backend = "compile"
-
-[toolchains.torch-fullgraph]
-kind = "torch"
-backend = "compile"
-fullgraph = true
 """
+        + GRAPH_BREAK_TOOLCHAINS
     )
     catalog = write_catalog(tmp_path, text)
     result = run_cli(catalog, "run", "--model", "m", "--toolchain", "torch-compile", "--toolchain", "torch-fullgraph")
