@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 from pipeline.catalog import ProfileSettings
 from pipeline.measuring.host_speed import HostTake
-from pipeline.measuring.rounds import RoundsOutcome, rounds_loop
+from pipeline.measuring.rounds import RoundsOutcome, rounds_loop, take_length
 from pipeline.measuring.stats import median, tie_band
 from pipeline.report import pairs
 from pipeline.report.rows import ComparisonRow, _take_rounds
@@ -43,7 +43,7 @@ from pipeline.report.verdict import verdicts
 BASELINE = "torch-eager"
 # Points per scenario, noise and rule: the table in docs/confidence.md, which CI prints again.
 POINTS = 150
-SETTINGS = ProfileSettings()  # the catalog's defaults: take_ms 250, min_rounds 6, budget_s 30, tie 0.03
+SETTINGS = ProfileSettings()  # the catalog's defaults: take_ms 100, round_ms 1000, min_rounds 6, budget_s 30, tie 0.03
 
 
 # --- the host: noise shapes measured here ---------------------------------------------------------
@@ -118,6 +118,7 @@ class SyntheticEngine:
     def __init__(self, true_ms: float, follows_host: bool, noise: Noise, clock: Clock, spells: Spells | None, rng: random.Random):
         self.true_ms, self.follows_host, self.noise = true_ms, follows_host, noise
         self.clock, self.spells, self.rng = clock, spells, rng
+        self.timed_s = 0.0  # how long its takes lasted, together
 
     def take(self, runs: int, min_ms: float) -> list[float]:
         start = self.clock.s
@@ -127,6 +128,7 @@ class SyntheticEngine:
         if self.spells is not None and follows and self.spells.slow_share(start, start + lasted_s) > 0.5:
             factor = self.spells.slow
         self.clock.s += lasted_s * factor
+        self.timed_s += lasted_s * factor
         center = self.true_ms * factor * math.exp(self.rng.gauss(0.0, self.noise.jitter))
         return [center * (1 + 0.001 * (i - 1)) for i in range(3)]
 
@@ -185,7 +187,8 @@ def scenarios() -> list[Scenario]:
 # --- one point, and its truth ----------------------------------------------------------------------
 
 
-def run_point(scenario: Scenario, noise: Noise, seed: int, settings: ProfileSettings = SETTINGS) -> RoundsOutcome:
+def run_point(scenario: Scenario, noise: Noise, seed: int, settings: ProfileSettings = SETTINGS) -> tuple[RoundsOutcome, dict[str, float]]:
+    """The point's rounds, and how long each engine's takes lasted together."""
     rng = random.Random(seed)
     clock = Clock()
     spells = Spells(*noise.spells, random.Random(rng.random())) if noise.spells else None
@@ -193,7 +196,7 @@ def run_point(scenario: Scenario, noise: Noise, seed: int, settings: ProfileSett
     stays = frozenset(name for name in engines if name.endswith("/" + BASELINE))
     outcome = rounds_loop(engines, settings, random.Random(seed), None, None, _QuietHost(), _Unheld(), {}, now=clock, stays=stays)
     outcome.seed = seed
-    return outcome
+    return outcome, {name: engine.timed_s for name, engine in engines.items()}
 
 
 def rows_of(outcome: RoundsOutcome) -> list[ComparisonRow]:
@@ -222,7 +225,7 @@ def true_ratios(scenario: Scenario, noise: Noise, rounds: int = 4000) -> dict[tu
         order = list(engines)
         rng.shuffle(order)
         for name in order:
-            by_round[name].append(median(engines[name].take(SETTINGS.take_runs, SETTINGS.take_ms)))
+            by_round[name].append(median(engines[name].take(SETTINGS.take_runs, take_length(SETTINGS, len(order)))))
     names = list(engines)
     return {(a, b): median([x / y for x, y in zip(by_round[a], by_round[b])]) for a in names for b in names if a != b}
 
@@ -235,14 +238,17 @@ class Tally:
     decided: int = 0
     rounds: int = 0
     seconds: float = 0.0
+    # Seconds the contenders (engines truly within the tie band of the fastest) were timed for.
+    contenders_s: float = 0.0
 
     def add(self, other: Tally) -> None:
         for name in ("points", "wrong_fastest", "false_difference", "decided", "rounds"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.seconds += other.seconds
+        self.contenders_s += other.contenders_s
 
 
-def judge(outcome: RoundsOutcome, truth: dict[tuple[str, str], float], tie: float) -> Tally:
+def judge(outcome: RoundsOutcome, timed_s: dict[str, float], truth: dict[tuple[str, str], float], tie: float) -> Tally:
     rows = rows_of(outcome)
     (verdict,) = verdicts(rows, BASELINE, tie=tie)
     name = {id(row): f"{row.variant}/{row.toolchain}" for row in rows}
@@ -257,6 +263,7 @@ def judge(outcome: RoundsOutcome, truth: dict[tuple[str, str], float], tie: floa
             true = truth[(name[id(a)], name[id(b)])]
             if lowest <= true <= highest or (said == "faster") != (true < 1.0):
                 false_difference = True
+    contenders = [e for e in outcome.entrants if e == best or truth[(e, best)] <= highest]
     return Tally(
         1,
         int(wrong_fastest),
@@ -264,6 +271,7 @@ def judge(outcome: RoundsOutcome, truth: dict[tuple[str, str], float], tie: floa
         int(verdict.fastest is not None and not verdict.tied),
         outcome.rounds,
         outcome.elapsed_s,
+        sum(timed_s[e] for e in contenders),
     )
 
 
@@ -279,7 +287,7 @@ def _one_row(job: tuple[int, int, int, int]) -> dict[str, Tally]:
     for rule, settings in RULES.items():
         tally = Tally()
         for index in range(points):
-            tally.add(judge(run_point(scenario, noise, seed * 10**6 + index, settings), truth, settings.tie))
+            tally.add(judge(*run_point(scenario, noise, seed * 10**6 + index, settings), truth, settings.tie))
         tallies[rule] = tally
     return tallies
 
@@ -305,8 +313,8 @@ def markdown(table: list[tuple[Scenario, Noise, dict[str, Tally]]]) -> str:
         return " / ".join(figure(tally) for tally in tallies.values())
 
     lines = [
-        "| noise | engines | wrong fastest | false difference | stopped decided | rounds (mean) | seconds (mean) |",
-        "|---|---|---|---|---|---|---|",
+        "| noise | engines | wrong fastest | false difference | stopped decided | rounds (mean) | seconds (mean) | contenders timed (s, mean) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for scenario, noise, tallies in table:
         cells = [
@@ -315,6 +323,7 @@ def markdown(table: list[tuple[Scenario, Noise, dict[str, Tally]]]) -> str:
             rates(tallies, lambda t: f"{t.decided / t.points:.0%}"),
             rates(tallies, lambda t: f"{t.rounds / t.points:.1f}"),
             rates(tallies, lambda t: f"{t.seconds / t.points:.1f}"),
+            rates(tallies, lambda t: f"{t.contenders_s / t.points:.1f}"),
         ]
         lines.append(f"| {noise.name} | {scenario.name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

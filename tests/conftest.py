@@ -33,6 +33,7 @@ warmup_ms = 5
 iterations = 5
 duration_s = 0.05
 take_ms = 5
+round_ms = 0
 
 [models.tiny]
 timm = "test_vit"
@@ -126,6 +127,7 @@ warmup_ms = 5
 iterations = 5
 duration_s = 0.05
 take_ms = 5
+round_ms = 0
 """
 
 

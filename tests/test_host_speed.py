@@ -198,7 +198,7 @@ class _Engine:
         return {}
 
 
-SETTINGS = ProfileSettings(take_ms=1, take_runs=2, min_rounds=3, budget_s=5)
+SETTINGS = ProfileSettings(take_ms=1, take_runs=2, round_ms=0, min_rounds=3, budget_s=5)
 
 
 def test_a_point_whose_engines_follow_the_host_holds_it_whole_from_its_first_round_on_a_free_host(tmp_path, monkeypatch):

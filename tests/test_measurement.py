@@ -48,7 +48,7 @@ class Scripted:
 
 
 def settings(**given) -> ProfileSettings:
-    return ProfileSettings(**{"take_ms": 1, "take_runs": 3, "min_rounds": 6, "budget_s": 5, **given})
+    return ProfileSettings(**{"take_ms": 1, "take_runs": 3, "round_ms": 0, "min_rounds": 6, "budget_s": 5, **given})
 
 
 def host_of_two_speeds(round_number: int) -> float:
@@ -249,6 +249,46 @@ def test_racing_takes_an_engine_out_of_the_running_out_of_the_rounds_and_keeps_t
 
     every = measure_in_rounds(engines(), settings(min_rounds=6, budget_s=5, racing=False), seed=2, stays=frozenset({"base"}))
     assert every.raced_out == {} and all(len(takes) == every.rounds for takes in every.takes.values())
+
+
+class Lengths(Scripted):
+    """A scripted engine that keeps the least length each take was asked for."""
+
+    def __init__(self, ms: float):
+        super().__init__(ms, lambda r: 1.0)
+        self.asked: list[float] = []
+
+    def take(self, runs: int, min_ms: float) -> list[float]:
+        self.asked.append(min_ms)
+        return super().take(runs, min_ms)
+
+
+def test_a_round_of_few_engines_lengthens_its_takes_to_last_round_ms():
+    """Ten engines of 100 ms takes fill a round of a second; two fill it with takes of 500 ms, and
+    those left after racing with takes as long as their number needs. One engine alone is compared
+    with nothing and keeps take_ms; round_ms 0 never lengthens a take."""
+    ten = {f"e{i}": Lengths(1.0 + i) for i in range(10)}
+    measure_in_rounds(ten, settings(take_ms=100, round_ms=1000, min_rounds=6, budget_s=60), seed=1)
+    assert {ms for engine in ten.values() for ms in engine.asked} == {100}
+
+    two = {"a": Lengths(1.0), "b": Lengths(2.0)}
+    done = measure_in_rounds(two, settings(take_ms=100, round_ms=1000, min_rounds=6, budget_s=60), seed=1)
+    assert done.stop == "decided" and two["a"].asked == two["b"].asked == [500] * 6
+    assert done.record("a").round_ms == 1000
+
+    # Racing: c leaves after the sixth round; the three left take a third of the round each.
+    wobble = [1.0, 1.03, 0.97, 1.02, 0.98, 1.01, 0.99, 1.025, 0.975, 1.0]
+    four = {"a": Lengths(1.0), "b": Lengths(1.03), "c": Lengths(3.0), "base": Lengths(2.0)}
+    four["b"].noise = lambda r: wobble[r % len(wobble)]
+    raced = measure_in_rounds(four, settings(take_ms=100, round_ms=1000, min_rounds=6, budget_s=60), seed=2, stays=frozenset({"base"}))
+    assert raced.raced_out == {"c": 6} and raced.rounds > 6
+    assert four["c"].asked == [250] * 6 and four["a"].asked == [250] * 6 + [pytest.approx(1000 / 3)] * (raced.rounds - 6)
+
+    alone = {"a": Lengths(1.0)}
+    measure_in_rounds(alone, settings(take_ms=100, round_ms=1000, min_rounds=6, budget_s=60), seed=1)
+    never = {"a": Lengths(1.0), "b": Lengths(2.0)}
+    measure_in_rounds(never, settings(take_ms=100, round_ms=0, min_rounds=6, budget_s=60), seed=1)
+    assert set(alone["a"].asked) == set(never["a"].asked) == {100}
 
 
 def test_an_engine_raced_out_keeps_its_figures_and_the_row_the_table_and_the_json_say_so():

@@ -39,8 +39,21 @@ class ProfileSettings(_Strict):
     # decided (its ratio's interval excludes 1, or lies within the tie band) after at least
     # `min_rounds` rounds, or `budget_s` seconds are spent. `warmup_ms`, `iterations` and
     # `duration_s` bound a trtexec or TensorRT-RTX engine measured alone (one whole run of its tool).
-    take_ms: float = Field(default=250.0, gt=0, le=60_000)
-    take_runs: int = Field(default=3, ge=1, le=100_000)
+    # A take is short because a point's rounds cost take_ms × engines × rounds, and the sign test
+    # needs six rounds however long a take is: what decides is how many rounds agree, not how long
+    # each take ran. At 250 ms and 3 runs the seed matrix's rounds took 148 s of its 382 s on the
+    # lent H200 (docs/results/sweeps.md), ten engines a point.
+    # One run at least: an engine slower than take_ms (eager attention at 4x4096, 294 ms) is not
+    # run three times in every round.
+    take_ms: float = Field(default=100.0, gt=0, le=60_000)
+    take_runs: int = Field(default=1, ge=1, le=100_000)
+    # A round of several engines lasts at least this long, its takes lengthened to fill it (a point
+    # of two engines: 500 ms takes). Rounds much shorter than a host's speed spells (0.5-4 s on the
+    # lent GPUs) follow one another inside one spell, and six of them agreeing says only the spell:
+    # with 100 ms takes, two equal engines, one launch-bound, were called different at 17 % of
+    # points in the simulation of the rule (docs/confidence.md), at 0 % with one-second rounds.
+    # 0: takes of take_ms whatever the round.
+    round_ms: float = Field(default=1000.0, ge=0, le=600_000)
     min_rounds: int = Field(default=6, ge=2, le=10_000)
     budget_s: float = Field(default=30.0, gt=0, le=86_400)
     tie: float = Field(default=0.03, gt=0, lt=0.5)

@@ -37,10 +37,12 @@ from pipeline.workspace.artifacts import atomic_write_text
 # 6: a build records the node a TensorRT ONNX parser refused (BuildDetails.parser_failure) and
 # what `pipeline reduce` made of the failure (BuildDetails.reduced); an export what constant
 # folding did to its graph (ExportDetails.sanitized).
-SCHEMA_VERSION = 6
+# 7: each set of rounds records the least length of a round its takes were lengthened to fill
+# (RoundsRecord.round_ms: pipeline/measuring/rounds.py, take_length).
+SCHEMA_VERSION = 7
 # Versions read: a version-1 manifest is lifted as it is read (pipeline/manifest/versions.py); a
-# version-2, 3, 4 or 5 one reads as 6 unchanged (3, 4, 5 and 6 only add).
-READS = (1, 2, 3, 4, 5, 6)
+# version-2 to 6 one reads as 7 unchanged (3 to 7 only add).
+READS = (1, 2, 3, 4, 5, 6, 7)
 
 
 class _Model(BaseModel):

@@ -4,7 +4,8 @@ A runtime knows how to prepare an engine and time one *take* (:class:`PreparedEn
 owns the rest, once for all of them — as nvbench separates a benchmark from its measurement loop:
 
 * **Takes**: at least ``take_runs`` inferences and ``take_ms`` milliseconds, back to back, after
-  one untimed inference (another engine ran in between). On a GPU each inference is timed by
+  one untimed inference (another engine ran in between), longer where a round of few engines
+  would last under ``round_ms`` (:func:`take_length`). On a GPU each inference is timed by
   CUDA events around it, enqueued without waiting (takes.py, trtexec's way); on a CPU by
   the host's clock.
 * **Launch-bound or not**: a GPU take's untimed run is issued with the GPU idle, and the host's
@@ -140,6 +141,9 @@ class RoundsRecord(BaseModel):
     elapsed_s: float
     take_ms: float
     take_runs: int
+    # A round's least length, its takes lengthened to fill it (take_length). Absent (None) in
+    # manifests written before: their takes were take_ms whatever the round.
+    round_ms: float | None = None
     min_rounds: int
     budget_s: float
     tie: float
@@ -202,6 +206,7 @@ class RoundsOutcome:
             elapsed_s=round(self.elapsed_s, 3),
             take_ms=self.settings.take_ms,
             take_runs=self.settings.take_runs,
+            round_ms=self.settings.round_ms,
             min_rounds=self.settings.min_rounds,
             budget_s=self.settings.budget_s,
             tie=self.settings.tie,
@@ -302,9 +307,10 @@ def rounds_loop(
     while rounds < MAX_ROUNDS:
         order = [key for key in entrants if key not in failed and key not in raced_out]
         rng.shuffle(order)
+        take_ms = take_length(settings, len(order))
         for position, key in enumerate(order):
             try:
-                take, measured = _take(engines[key], key, rounds, position, settings, clock, host)
+                take, measured = _take(engines[key], key, rounds, position, settings, clock, host, take_ms)
             except DeviceFault:
                 raise  # the process is poisoned: no other engine can be timed in it
             except PipelineError as exc:
@@ -366,17 +372,27 @@ def rounds_loop(
     )
 
 
+def take_length(settings: ProfileSettings, engines: int) -> float:
+    """How long each take of a round of ``engines`` engines lasts at least: ``take_ms``, or longer
+    where the round would otherwise last under ``round_ms`` (a point of few engines, or few left
+    in the running); one engine alone is compared with nothing, and takes ``take_ms``."""
+    if engines < 2:
+        return settings.take_ms
+    return max(settings.take_ms, settings.round_ms / engines)
+
+
 def _take(
-    engine: PreparedEngine, key: str, round_: int, position: int, settings: ProfileSettings, clock, host: HostSpeed
+    engine: PreparedEngine, key: str, round_: int, position: int, settings: ProfileSettings, clock, host: HostSpeed, take_ms: float
 ) -> tuple[Take, list[float]]:
-    """One take of ``engine``, with the GPU's clock read while it ran and the host's speed around it."""
+    """One take of ``engine`` (at least ``take_ms``), with the GPU's clock read while it ran and the
+    host's speed around it."""
     try:
         host.before_take()
         if clock is not None and _on_gpu(engine):
             busy_only = getattr(engine, "clock_while_busy", False)
-            measured, mhz = clock.during(lambda: engine.take(settings.take_runs, settings.take_ms), busy_only)
+            measured, mhz = clock.during(lambda: engine.take(settings.take_runs, take_ms), busy_only)
         else:
-            measured, mhz = engine.take(settings.take_runs, settings.take_ms), None
+            measured, mhz = engine.take(settings.take_runs, take_ms), None
     except DeviceFault as exc:
         exc.pinned_to(key)
         raise

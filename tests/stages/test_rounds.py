@@ -22,7 +22,7 @@ BERT_POINTS = ("2x16", "2x64", "4x64")
 def shipped_catalog() -> str:
     """The shipped catalog with takes of a few milliseconds."""
     text = (REPO_ROOT / "pipeline.toml").read_text()
-    short = "[profile]\nwarmup_ms = 5\niterations = 5\nduration_s = 0.05\ntake_ms = 5\n"
+    short = "[profile]\nwarmup_ms = 5\niterations = 5\nduration_s = 0.05\ntake_ms = 5\nround_ms = 0\n"
     return re.sub(r"(?ms)^\[profile\]\n.*?(?=^\[)", short + "\n", text, count=1)
 
 
