@@ -592,6 +592,58 @@ def clocked_torch(clock: FakeClock):
     return SimpleNamespace(cuda=SimpleNamespace(Event=Event, synchronize=lambda: None))
 
 
+def queued_gpu(clock: FakeClock, gpu_ms: float, issue_ms: float):
+    """(torch, run): a GPU that runs each run for ``gpu_ms`` after the work queued before it, and a
+    host that takes ``issue_ms`` to issue one; events complete when the GPU reaches them, and
+    waiting for one moves the host's clock there."""
+    from types import SimpleNamespace
+
+    gpu = SimpleNamespace(free_at=0.0)
+
+    class Event:
+        def __init__(self, enable_timing=True):
+            self.at = None
+
+        def record(self):
+            self.at = max(gpu.free_at, clock.now)
+
+        def synchronize(self):
+            clock.now = max(clock.now, self.at)
+
+        def elapsed_time(self, end):
+            return (end.at - self.at) * 1000.0
+
+    def synchronize():
+        clock.now = max(clock.now, gpu.free_at)
+
+    def run():
+        begin = clock.now
+        clock.advance(issue_ms)
+        gpu.free_at = max(gpu.free_at, begin) + gpu_ms / 1000.0
+
+    return SimpleNamespace(cuda=SimpleNamespace(Event=Event, synchronize=synchronize)), run
+
+
+def test_a_gpu_take_of_long_runs_ends_at_the_run_that_reaches_its_length(monkeypatch):
+    """The host queues runs ahead of the GPU; a take of runs longer than its length is not those
+    queued runs more (eager attention at 4x4096: 212 ms a run, 100 ms a take, once 2 runs and 4
+    for the untimed one's cost). Short runs still fill the take."""
+    from pipeline.measuring import takes
+
+    clock = FakeClock()
+    monkeypatch.setattr(takes, "time", clock)
+    torch, run = queued_gpu(clock, gpu_ms=212.0, issue_ms=20.0)
+    assert takes.cuda_take(torch, run, 1, 100.0) == [pytest.approx(212.0)]
+    torch, run = queued_gpu(clock, gpu_ms=27.0, issue_ms=8.0)
+    times = takes.cuda_take(torch, run, 1, 100.0)
+    assert len(times) == 4 and sum(times) >= 100.0  # the fourth run reaches 100 ms
+    torch, run = queued_gpu(clock, gpu_ms=1.3, issue_ms=0.8)
+    times = takes.cuda_take(torch, run, 1, 100.0)
+    assert 100.0 <= sum(times) <= 100.0 + 1.3 * takes.QUEUE_DEPTH
+    torch, run = queued_gpu(clock, gpu_ms=212.0, issue_ms=20.0)
+    assert len(takes.cuda_take(torch, run, 3, 100.0)) == 3  # take_runs still holds
+
+
 def test_a_gpu_take_keeps_the_hosts_issue_time_of_its_untimed_run(monkeypatch):
     from pipeline.measuring import takes
 

@@ -51,7 +51,15 @@ def cuda_take(torch, run: Callable[[], Any], runs: int, min_ms: float, issue_ms:
     times_ms: list[float] = []
     enqueued = 0
     started = time.perf_counter()
-    while enqueued < runs or (time.perf_counter() - started) * 1000.0 < min_ms:
+    # The host's clock reaches min_ms with up to QUEUE_DEPTH - 1 runs still queued behind it: runs
+    # longer than a take's share would make it that many runs longer (eager attention at 4x4096,
+    # 212 ms a run: 2-4 runs for a 100 ms take). So the take also ends once the runs queued reach
+    # min_ms by their GPU time: those done as timed, the others as the shortest done, or the
+    # untimed run's whole time before any is done.
+    while enqueued < runs or (
+        (time.perf_counter() - started) * 1000.0 < min_ms
+        and sum(times_ms) + (enqueued - len(times_ms)) * (min(times_ms) if times_ms else whole) < min_ms
+    ):
         start, end = slots[enqueued % QUEUE_DEPTH]
         if enqueued >= QUEUE_DEPTH:  # the slot's previous run: wait for it and keep its time
             end.synchronize()
