@@ -45,15 +45,12 @@ from pipeline.measuring.accuracy import ReferenceBatch
 from pipeline.models import TORCH_DTYPES, ModelSource
 from pipeline.running.errors import DeviceFault, EnvironmentMissing, OutOfMemory, PipelineError, RefusedByTool
 from pipeline.runtimes.base import AheadWork, BuildResult, InProcessRuntime, ReferenceRun, ToolchainStatus, rounds_words
+from pipeline.runtimes.torch_engine_file import ENGINE_FORMAT_VERSION, file_identity, model_from, read_engine, write_engine
 from pipeline.runtimes.torch_memory import gpu_memory, out_of_memory_as_error
 from pipeline.runtimes.torch_prepared import KeptModels, Prepared, import_torch
 from pipeline.runtimes.torch_preparing import NotPrepared, TorchPreparation, captures_graphs, compile_mode
 from pipeline.runtimes.torch_spec import TorchSpec
 
-# What the engine file holds; checked on load so a stray .pt is a clear error, not a crash.
-ENGINE_FORMAT = "trt-pipeline torch model"
-# 2: the model is described by its family and catalog settings (1: a timm architecture's name).
-ENGINE_FORMAT_VERSION = 2
 # The share of the GPU's memory that must be free for a compiled engine to be prepared ahead of its
 # point's profile (TorchRuntime.prepare_ahead).
 AHEAD_FREE_GPU = 0.25
@@ -240,18 +237,7 @@ class TorchRuntime(InProcessRuntime):
         examples = source.sample_inputs(created, point, 0)
         leave_point = self.leave_build_point_ahead and self.builds_long and source.static_point is None and len(points) > 1
         self._building_point = point.label if point is not None and not leave_point else None
-        torch.save(
-            {
-                "format": ENGINE_FORMAT,
-                "format_version": ENGINE_FORMAT_VERSION,
-                # What makes the model again: its family and catalog settings (weights below).
-                "source": {"name": source.name, "family": source.family, "spec": source.spec.model_dump(mode="json")},
-                "precision": variant.precision,
-                "input_shapes": [list(t.shape) for t in examples],
-                "state_dict": model.state_dict(),
-            },
-            engine_path,
-        )
+        write_engine(engine_path, source, variant.precision, examples, model)
         if self.engine_written is not None:  # the other points compile beside this one's
             self.engine_written(engine_path)
         device = "cuda" if self._cuda_available() else "cpu"
@@ -266,7 +252,7 @@ class TorchRuntime(InProcessRuntime):
         self._kept.only_at(self._building_point)
         try:
             preparation = TorchPreparation(self.spec, self.reporter)
-            prepared = preparation.prepare(model, examples, dtype, device, _file_identity(engine_path), point and point.label)
+            prepared = preparation.prepare(model, examples, dtype, device, file_identity(engine_path), point and point.label)
         except NotPrepared as exc:
             result = BuildResult(engine_path=None, settings=settings, evidence={"compiler": {**self.versions(), **exc.facts}})
             raise RefusedByTool(exc.message, exc.hint, result=result) from exc.__cause__
@@ -336,7 +322,7 @@ class TorchRuntime(InProcessRuntime):
         """The prepared model for this engine file at the workload's shape point: the one the build
         (or the last profile) left, else prepared again — from the file, or from the model already
         loaded when only the shape point differs."""
-        identity = _file_identity(engine_path)
+        identity = file_identity(engine_path)
         shape = workload.shape if workload is not None else None
         prepared, lender = self._kept.take(identity, shape)
         if prepared is not None:
@@ -347,8 +333,8 @@ class TorchRuntime(InProcessRuntime):
         if prepared is not None:
             model = prepared.model
         else:
-            saved = self._read(engine_path)
-            model = self._model_from(saved)
+            saved = read_engine(engine_path)
+            model = model_from(saved, self.workspace_root, self.spec.attn_implementation)
         # The model's floating type; a module without weights (attention alone) has it from the
         # engine's precision, or from the inputs it was prepared with.
         floating = [t.dtype for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()]
@@ -388,7 +374,7 @@ class TorchRuntime(InProcessRuntime):
             free, total = torch.cuda.mem_get_info()
             if free < AHEAD_FREE_GPU * total:
                 return f"{free / 2**30:.1f} GiB of {total / 2**30:.1f} GiB GPU memory free: left to its profile"
-        identity = _file_identity(engine_path)
+        identity = file_identity(engine_path)
         self._kept.hold_for_profiles(identity)  # those prepared so far too (a build's own point)
         known = self._kept.has(identity, workload.shape)
         try:
@@ -407,31 +393,6 @@ class TorchRuntime(InProcessRuntime):
                 self.reporter.warn(f"{name}: {_graph_break_words(prepared.facts)}{FULLGRAPH_WORDS}")
         self._kept.hold_for_profiles(identity)
         return None
-
-    def _read(self, engine_path: Path) -> dict[str, Any]:
-        torch = import_torch()
-        try:
-            saved = torch.load(engine_path, map_location="cpu", weights_only=True)
-        except Exception as exc:
-            raise PipelineError(f"{engine_path} is not a readable PyTorch file: {exc}", hint="rebuild it with --force") from exc
-        if not isinstance(saved, dict) or saved.get("format") != ENGINE_FORMAT or saved.get("format_version") != ENGINE_FORMAT_VERSION:
-            raise PipelineError(f"{engine_path} was not written by this pipeline's torch toolchain.", hint="rebuild it with --force")
-        return saved
-
-    def _model_from(self, saved: dict[str, Any]):
-        """The model an engine file describes, with its weights, in its precision, in eval mode."""
-        from pipeline.models import model_source, source_class
-
-        torch = import_torch()
-        described = saved["source"]
-        spec = source_class(described["family"]).Spec.model_validate(described["spec"])
-        source = model_source(described["name"], spec, self.workspace_root)
-        dtype = getattr(torch, TORCH_DTYPES[saved["precision"]])
-        model = source.cast(source.runnable(source.create_for_weights()), dtype)
-        model.load_state_dict(saved["state_dict"])  # every weight: strict
-        if self.spec.attn_implementation:
-            source.use_attention(model, self.spec.attn_implementation)
-        return model.eval()
 
     def prepare(self, engine_path: Path, workload: ReferenceBatch | None = None) -> Prepared:
         """The engine ready to time at the workload's shape point (pipeline/measuring/rounds.py), with
@@ -483,8 +444,3 @@ def _graph_break_words(facts: dict[str, Any]) -> str:
 
 def _at(workload) -> str:
     return " at " + ", ".join(f"{n} {'×'.join(map(str, d))}" for n, d in workload.shapes.items()) if workload is not None else ""
-
-
-def _file_identity(path: Path) -> tuple[int, int, int]:
-    stat = Path(path).stat()
-    return stat.st_ino, stat.st_size, stat.st_mtime_ns

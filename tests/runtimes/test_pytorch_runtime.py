@@ -575,13 +575,13 @@ def test_a_sweep_reads_no_engine_back_that_its_builds_prepared_at_the_first_poin
     """Each toolchain's builds of several variants keep the models they prepared at the first shape
     point, which that point's profile times next: a run reads no engine file back, at that point
     or (each model kept and prepared again at the next shape) after it."""
-    from pipeline.runtimes.pytorch import TorchRuntime
+    from pipeline.runtimes import pytorch
     from tests.conftest import CPU_TOOLCHAINS, tiny_bert_catalog
 
     catalog = write_catalog(tmp_path, tiny_bert_catalog(["2x8", "2x16"], ["fp32", "fp16"], ["fp32"]) + CPU_TOOLCHAINS)
     read = []
-    real_read = TorchRuntime._read
-    monkeypatch.setattr(TorchRuntime, "_read", lambda self, path: read.append(Path(path).name) or real_read(self, path))
+    real_read = pytorch.read_engine
+    monkeypatch.setattr(pytorch, "read_engine", lambda path: read.append(Path(path).name) or real_read(path))
     result = run_cli(catalog, "run", "--model", "bert", "--variant", "fp32", "--variant", "fp16", "--toolchain", "torch-eager")
     assert result.exit_code == 0, result.err
     for variant in ("fp32", "fp16"):
