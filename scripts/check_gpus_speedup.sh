@@ -127,12 +127,21 @@ for manifest in sorted((out / "ws" / "manifests").rglob("*@*.json")):
     engine = f"{manifest.stem.split('@')[0]} on {manifest.parent.name}"  # both variants of a toolchain
     point["engines"][engine] = {k: execution.get(k) for k in ("prepare_s", "compile_s", "inductor_cache_hits", "threads") if k in execution}
     point["engines"][engine].update(details.get("preparation_s") or {})
+    # Prepared and checked while the run waited for its compilations, not at the point; or timed
+    # in the process that compiled it.
+    point["engines"][engine]["ahead"] = bool(details.get("prepared_ahead"))
+    if execution.get("served_by"):
+        point["engines"][engine]["served_by"] = execution["served_by"]["process"]
 for name, point in points.items():
-    prepare = sum(e.get("prepare") or 0 for e in point["engines"].values())
-    check = sum(e.get("check") or 0 for e in point["engines"].values())
+    here = [e for e in point["engines"].values() if not e["ahead"]]
+    prepare = sum(e.get("prepare") or 0 for e in here)
+    check = sum(e.get("check") or 0 for e in here)
+    ahead = sum((e.get("prepare") or 0) + (e.get("check") or 0) for e in point["engines"].values() if e["ahead"])
+    served = sum(1 for e in point["engines"].values() if "served_by" in e)
     print(
         f"  {name}: {len(point['engines'])} engines in group {point['group']} on CPUs {point['cpus']}; rounds {point['rounds_s']} s, "
-        f"preparing {prepare:.1f} s, checking outputs {check:.1f} s"
+        f"at the point preparing {prepare:.1f} s, checking outputs {check:.1f} s; {len(point['engines']) - len(here)} prepared "
+        f"ahead ({ahead:.1f} s), {served} served by the processes that compiled them"
     )
     for engine, facts in point["engines"].items():
         print(f"    {engine}: {facts}")

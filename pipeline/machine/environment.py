@@ -91,6 +91,22 @@ def measuring_gpu() -> dict[str, Any] | None:
     return {"index": int(index), "uuid": uuid, "name": name}
 
 
+def gpu_memory_free(uuid: str) -> tuple[int, int] | None:
+    """(free, total) bytes of the GPU with this UUID, by NVML (as nvidia-smi counts them, every
+    process's use together); None where NVML cannot say."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            memory = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByUUID(uuid))
+            return int(memory.free), int(memory.total)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no NVML, no driver, another GPU than NVML knows
+        return None
+
+
 @functools.lru_cache(maxsize=4)
 def git_state(root: Path) -> tuple[str | None, bool | None]:
     """HEAD commit of the checkout the pipeline runs from, and whether it has local changes."""

@@ -38,7 +38,8 @@ from pipeline.workspace.artifacts import atomic_write_text
 # what `pipeline reduce` made of the failure (BuildDetails.reduced); an export what constant
 # folding did to its graph (ExportDetails.sanitized).
 # 7: each set of rounds records the least length of a round its takes were lengthened to fill
-# (RoundsRecord.round_ms: pipeline/measuring/rounds.py, take_length).
+# (RoundsRecord.round_ms: pipeline/measuring/rounds.py, take_length); each profile whether its
+# engine was prepared and checked ahead of its point (ProfileDetails.prepared_ahead).
 SCHEMA_VERSION = 7
 # Versions read: a version-1 manifest is lifted as it is read (pipeline/manifest/versions.py); a
 # version-2 to 6 one reads as 7 unchanged (3 to 7 only add).
@@ -323,6 +324,10 @@ class ProfileDetails(_Model):
     # compile, capture: the runtime's prepare) and "check" (its outputs on the reference batch
     # against FP32). Empty for a tool's engine measured alone and in manifests written before.
     preparation_s: dict[str, float] = {}
+    # Whether that preparation and check were done ahead of its point, while the run waited for its
+    # compilations (pipeline/stages/point.py, prepare_points_ahead): preparation_s is what they
+    # cost then, not at the point.
+    prepared_ahead: bool = False
 
 
 StageDetails = Annotated[ExportDetails | BuildDetails | ProfileDetails, Field(discriminator="kind")]

@@ -27,7 +27,8 @@ was otherwise idle, this boot, if that was faster (HOST_RECORD). The calibration
 host's own short-term noise.
 
 Each take also keeps the evidence of who slowed it: the CPUs other processes used over the last
-OTHERS_WINDOW_S up to its end (``/proc/stat``, steal time included, less this process's own threads: its children count as others), and
+OTHERS_WINDOW_S up to its end (``/proc/stat``, steal time included, less this process's own threads and those of
+the processes its takes run in, ``helpers``: its other children count as others), and
 the share of it its cgroup was held off. A host's CPUs also change speed with nothing beside them:
 a 2-vCPU KVM guest of an AMD EPYC, idle, runs the probe at 1.65 ms or 2.7 ms in spells of 0.5-3 s with
 under 0.2 CPUs of steal and other work, and a quarter-second calibration sees one spell or the
@@ -187,19 +188,19 @@ def _write_record(alone_ms: float, noise: float) -> None:
         pass
 
 
-def _calibration() -> tuple[float, float, float]:
+def _calibration(helpers: frozenset[int] = frozenset()) -> tuple[float, float, float]:
     """The probe's median over CALIBRATION_S of back-to-back probes, the host's own noise (their
-    90th percentile against it) and the CPUs other processes used meanwhile."""
+    90th percentile against it) and the CPUs other processes (not ``helpers``) used meanwhile."""
     from pipeline.measuring.machine_watch import cpu_busy_s, own_cpu_s
 
     cgroups = _cgroup_stat_files()
-    busy, own, started = cpu_busy_s(), own_cpu_s(), time.perf_counter()
+    busy, own, started = cpu_busy_s(), own_cpu_s(helpers), time.perf_counter()
     probes = [probe_ms(cgroups)]
     while time.perf_counter() - started < CALIBRATION_S:
         probes.append(probe_ms(cgroups))
     seconds = time.perf_counter() - started
     busy_after = cpu_busy_s()
-    others = 0.0 if busy is None or busy_after is None else max(0.0, busy_after - busy - (own_cpu_s() - own)) / seconds
+    others = 0.0 if busy is None or busy_after is None else max(0.0, busy_after - busy - (own_cpu_s(helpers) - own)) / seconds
     alone = statistics.median(probes)
     return alone, sorted(probes)[int(0.9 * (len(probes) - 1))] / alone, others
 
@@ -225,7 +226,7 @@ class HostSpeed:
     >>> host.before_take(); measure(); around = host.after_take()
     """
 
-    def __init__(self, alone_ms: float, source: str, noise: float = 1.0):
+    def __init__(self, alone_ms: float, source: str, noise: float = 1.0, helpers: frozenset[int] = frozenset()):
         self.alone_ms = alone_ms
         # Whose calibration "alone" is: "this process" (the host otherwise idle, or slower beside
         # others than the host's record) or "host record" (an idle calibration of an earlier process).
@@ -233,6 +234,9 @@ class HostSpeed:
         # The host's own short-term spread of the probe, alone (>= 1.0): a slowdown within it is
         # the host's noise, not a neighbour's doing.
         self.noise = noise
+        # The processes the takes run in besides this one (a compiling process serving its engine,
+        # pipeline/runtimes/torch_served.py): their CPU time is the takes', not others'.
+        self.helpers = frozenset(helpers)
         self._cgroups = _cgroup_stat_files()
         self._last_probe: float | None = None
         self._throttled_at = 0
@@ -241,22 +245,22 @@ class HostSpeed:
         self._cpu_samples: deque[tuple[float, float | None, float]] = deque()
 
     @classmethod
-    def calibrated(cls) -> HostSpeed:
-        """Calibrated now; where other processes used the CPUs meanwhile, the host's latest idle
-        calibration if it was faster."""
-        alone, noise, others = _calibration()
+    def calibrated(cls, helpers: frozenset[int] = frozenset()) -> HostSpeed:
+        """Calibrated now; where other processes (not ``helpers``) used the CPUs meanwhile, the
+        host's latest idle calibration if it was faster."""
+        alone, noise, others = _calibration(helpers)
         if others < IDLE_OTHERS_CPUS:
             _write_record(alone, noise)
-            return cls(alone, "this process", noise)
+            return cls(alone, "this process", noise, helpers)
         recorded = _read_record()
         if recorded is not None and recorded[0] < alone:
-            return cls(recorded[0], "host record", recorded[1])
-        return cls(alone, "this process", noise)
+            return cls(recorded[0], "host record", recorded[1], helpers)
+        return cls(alone, "this process", noise, helpers)
 
     def _sample_cpus(self) -> tuple[float, float | None, float]:
         from pipeline.measuring.machine_watch import cpu_busy_s, own_cpu_s
 
-        sample = (time.perf_counter(), cpu_busy_s(), own_cpu_s())
+        sample = (time.perf_counter(), cpu_busy_s(), own_cpu_s(self.helpers))
         self._cpu_samples.append(sample)
         return sample
 

@@ -74,13 +74,30 @@ def cpu_busy_s() -> float | None:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
-def own_cpu_s() -> float:
-    """CPU seconds of this process's own threads. Not its children's: a child is another process
-    beside a measurement while it runs (a worker compiling ahead), and the kernel adds its CPU time
-    to the parent's only when it is reaped, all at that instant, which would hide every other
-    process's use in the window it landed in."""
+def own_cpu_s(helpers: frozenset[int] = frozenset()) -> float:
+    """CPU seconds of this process's own threads, and of ``helpers``: the processes a measurement
+    runs its takes in besides this one (a compiling process that serves the engine it compiled,
+    pipeline/runtimes/torch_served.py), whose CPU time is the measurement's own. Not other
+    children's: a child is another process beside a measurement while it runs (a worker compiling
+    ahead), and the kernel adds its CPU time to the parent's only when it is reaped, all at that
+    instant, which would hide every other process's use in the window it landed in."""
     times = os.times()
-    return times.user + times.system
+    return times.user + times.system + sum(_process_cpu_s(pid) for pid in helpers)
+
+
+# The last CPU time read of each helper process: one that has ended keeps what it had used, so that
+# a window across its end does not count its past CPU time as another process's.
+_HELPER_CPU_S: dict[int, float] = {}
+
+
+def _process_cpu_s(pid: int) -> float:
+    """User and system CPU seconds of process ``pid`` (its own threads), from /proc/<pid>/stat."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        _HELPER_CPU_S[pid] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+    except (OSError, ValueError, IndexError):
+        pass
+    return _HELPER_CPU_S.get(pid, 0.0)
 
 
 class _Nvml:
@@ -155,10 +172,18 @@ class MachineWatch:
     >>> watch.summary  # {"seconds": …, "cpu_pressure": {"average": …, "peak": …}, …}
     """
 
-    def __init__(self, interval_s: float = SAMPLE_INTERVAL_S, watch_gpus: bool = True, gpu_uuid: str | None = None):
+    def __init__(
+        self,
+        interval_s: float = SAMPLE_INTERVAL_S,
+        watch_gpus: bool = True,
+        gpu_uuid: str | None = None,
+        helpers: frozenset[int] = frozenset(),
+    ):
         self.interval_s = interval_s
         self.watch_gpus = watch_gpus
         self.gpu_uuid = gpu_uuid  # the GPU measured on (environment.measuring_gpu); None: every GPU
+        # Processes that are the measurement's own beside this one (own_cpu_s): not others on the CPUs or the GPU.
+        self.helpers = frozenset(helpers)
         self.summary: dict[str, Any] = {}
         self._stop = threading.Event()
         self._windows: list[float] = []
@@ -170,7 +195,7 @@ class MachineWatch:
         self._started = time.monotonic()
         self._since_us = int(time.time() * 1e6)
         self._psi_start = _psi_some_total_us()
-        self._busy_start, self._own_start = cpu_busy_s(), own_cpu_s()
+        self._busy_start, self._own_start = cpu_busy_s(), own_cpu_s(self.helpers)
         self._thread = threading.Thread(target=self._sample_until_stopped, name="machine-watch", daemon=True)
         self._thread.start()
         return self
@@ -180,7 +205,7 @@ class MachineWatch:
         last_busy, last_own = self._busy_start, self._own_start
         while not self._stop.wait(self.interval_s):
             now, psi = time.monotonic(), _psi_some_total_us()
-            busy, own = cpu_busy_s(), own_cpu_s()
+            busy, own = cpu_busy_s(), own_cpu_s(self.helpers)
             if psi is not None and last_psi is not None and now > last_at:
                 self._windows.append((psi - last_psi) / 1e6 / (now - last_at))
             if busy is not None and last_busy is not None and now > last_at:
@@ -201,7 +226,7 @@ class MachineWatch:
             summary["cpu_pressure"] = {"average": round(average, 4), "peak": round(max(self._windows, default=average), 4)}
         busy_end = cpu_busy_s()
         if self._busy_start is not None and busy_end is not None and seconds > 0:
-            own = own_cpu_s() - self._own_start
+            own = own_cpu_s(self.helpers) - self._own_start
             others = max(0.0, busy_end - self._busy_start - own) / seconds
             summary["cpus_used"] = {
                 "all": round((busy_end - self._busy_start) / seconds, 3),
@@ -210,15 +235,15 @@ class MachineWatch:
                 "others_peak": round(max(self._others_windows, default=others), 3),
             }
         if self._gpu_samples:
-            summary["gpus"] = _summarise_gpus(self._gpu_samples)
+            summary["gpus"] = _summarise_gpus(self._gpu_samples, self.helpers)
         if self._nvml is not None:
             self._nvml.close()
         self.summary = summary
         return False
 
 
-def _summarise_gpus(samples: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    me = os.getpid()
+def _summarise_gpus(samples: list[list[dict[str, Any]]], helpers: frozenset[int] = frozenset()) -> list[dict[str, Any]]:
+    measurement = {os.getpid(), *helpers}  # the processes that are this measurement
     gpus = []
     for position in range(len(samples[0])):
         seen = [sample[position] for sample in samples if position < len(sample)]
@@ -228,19 +253,23 @@ def _summarise_gpus(samples: list[list[dict[str, Any]]]) -> list[dict[str, Any]]
             reasons |= int(sample.get("reasons") or 0)
         clocks = [s["sm_clock_mhz"] for s in seen if "sm_clock_mhz" in s]
         temperatures = [s["temperature_c"] for s in seen if "temperature_c" in s]
-        # Inside a container NVML may list processes by the host's pids, so this process need not
-        # appear as itself; then the one that is this measurement is the busiest (or the only) one.
+        # Inside a container NVML may list processes by the host's pids, so the measurement's
+        # processes need not appear as themselves; then they are the busiest (or the only) ones,
+        # as many as there are of them.
         most = max((s.get("processes") or [] for s in seen), key=len, default=[])
         use: dict[int, int] = {}
         for sample in seen:
             for pid, percent in (sample.get("sm_use") or {}).items():
                 use[pid] = max(use.get(pid, 0), percent)
-        ours = me if me in most or me in use else max(use, key=use.get, default=most[0] if most else None)
-        others = len([pid for pid in set(most) | set(use) if pid != ours])
+        listed = list(dict.fromkeys([*use, *most]))
+        ours = measurement & set(listed)
+        if not ours:
+            ours = set(sorted(listed, key=lambda pid: -use.get(pid, -1))[: len(measurement)])
+        others = len([pid for pid in listed if pid not in ours])
         # A process that holds a context but runs nothing does not compete for the GPU; where NVML
         # reports per-process use, only the ones that ran kernels count as contention.
         measured_use = any("sm_use" in sample for sample in seen)
-        competing = len([pid for pid, percent in use.items() if pid != ours and percent > 0]) if measured_use else others
+        competing = len([pid for pid, percent in use.items() if pid not in ours and percent > 0]) if measured_use else others
         gpus.append(
             {
                 "index": index,

@@ -87,8 +87,16 @@ class PreparedEngine(Protocol):
     # ``on_gpu``, whether its takes run on the GPU (absent: all but those timed by the host's
     # clock), whose SM clock is then read to drop throttled takes;
     # ``clock_while_busy`` True where a take is mostly not the GPU's work (a tool's process
-    # starting), so its SM clock is read only while the GPU is busy; and ``issue_ms``, the host's
-    # time to issue the last take's untimed run (cuda_take), kept with the take.
+    # starting), so its SM clock is read only while the GPU is busy; ``issue_ms``, the host's
+    # time to issue the last take's untimed run (cuda_take), kept with the take; and
+    # ``processes``, the pids of the processes besides this one that its takes run in or that hold
+    # the GPU for it (helper_processes), whose CPU and GPU use is the measurement's own.
+
+
+def helper_processes(engines: dict[str, PreparedEngine]) -> frozenset[int]:
+    """The processes besides this one that the engines' takes run in, or that hold the GPU for
+    them (``processes``: a compiling process serving what it compiled): the measurement's own."""
+    return frozenset(pid for engine in engines.values() for pid in getattr(engine, "processes", ()) if pid)
 
 
 def _on_gpu(engine: PreparedEngine) -> bool:
@@ -258,7 +266,7 @@ def measure_in_rounds(
             held = stack.enter_context(HostRounds(on_wait=progress))
         if not held.try_whole():  # the host held by others: beside them while they let it
             held.share()
-        host = host if host is not None else HostSpeed.calibrated()
+        host = host if host is not None else HostSpeed.calibrated(helper_processes(engines))
         outcome = rounds_loop(engines, settings, random.Random(seed), progress, clock, host, held, failed, stays=stays)
     outcome.seed, outcome.errors = seed, {**errors, **outcome.errors}  # the warm-up's and the rounds' own
     return outcome

@@ -16,6 +16,13 @@ from pipeline.measuring.rounds import PreparedEngine
 from pipeline.models import ModelSource, PointShapes
 from pipeline.running.reporting import Reporter
 
+# The share of the GPU's memory that must stay free for anything to be kept prepared ahead of its
+# point's profile: a compiled point by the process that compiled it (torch_compile_ahead.py) or by
+# the run's process (EngineRuntime.prepare_ahead), the run's other engines while it waits
+# (pipeline/stages/point.py, prepare_points_ahead). What is kept holds memory until its point, and
+# a point's profile would run out sooner than alone.
+AHEAD_FREE_GPU = 0.25
+
 
 @dataclass
 class BuildResult:
@@ -43,16 +50,19 @@ class AheadPool(ABC):
 
     @abstractmethod
     def finish(
-        self, progress: Callable[[str], None], done: Callable[[AheadWork, Any], None] | None = None
+        self, progress: Callable[[str], None], done: Callable[[AheadWork, Any, Any], None] | None = None
     ) -> tuple[list[dict[str, Any]], str | None]:
         """Wait for every submitted work: each one's evidence for its build manifest, in the
         order submitted, and why none was done where none was (None when it was). ``done(work,
-        job)`` is called, in this process, for each job as soon as it has been done well, while
-        the others go on."""
+        job, served)`` is called, in this process, for each job as soon as it has been done well,
+        while the others go on; ``served``: what the pool keeps of the job's result and serves to
+        its profile (a compiled point, EngineRuntime.prepare_ahead), else None. A pool that serves
+        something stays open after ``finish``, until ``close``; one that serves nothing has ended."""
 
     @abstractmethod
     def close(self) -> None:
-        """Stop whatever is still running (the run was interrupted); safe after ``finish``."""
+        """Stop whatever is still running or serving (the run ended, or was interrupted); safe
+        after ``finish``."""
 
 
 @dataclass(frozen=True)
@@ -273,10 +283,11 @@ class EngineRuntime(ABC):
         while the run builds the rest (AheadPool); None where there is none."""
         return None
 
-    def prepare_ahead(self, engine_path: Path, workload: ReferenceBatch | None) -> str | None:
-        """Prepare the engine, in this process, at a point its work ahead has just finished, for
-        that point's profile to find it so; called while the run waits for the rest of the work.
-        Why it was not, where it was not (the profile then prepares it as it always does)."""
+    def prepare_ahead(self, engine_path: Path, workload: ReferenceBatch | None, served=None) -> str | None:
+        """Prepare the engine at a point its work ahead has just finished, for that point's profile
+        to find it so — in this process, or, ``served``, kept by the pool that did the work, which
+        serves it to the profile (AheadPool.finish); called while the run waits for the rest of the
+        work. Why it was not, where it was not (the profile then prepares it as it always does)."""
         return "nothing to prepare ahead"
 
     def profile(self, engine_path: Path, settings: ProfileSettings, workload: ReferenceBatch | None = None) -> ProfileResult:

@@ -44,16 +44,13 @@ from pipeline.machine.environment import nvidia_gpus, package_version
 from pipeline.measuring.accuracy import ReferenceBatch
 from pipeline.models import TORCH_DTYPES, ModelSource
 from pipeline.running.errors import DeviceFault, EnvironmentMissing, OutOfMemory, PipelineError, RefusedByTool
-from pipeline.runtimes.base import AheadWork, BuildResult, InProcessRuntime, ReferenceRun, ToolchainStatus, rounds_words
+from pipeline.runtimes.base import AHEAD_FREE_GPU, AheadWork, BuildResult, InProcessRuntime, ReferenceRun, ToolchainStatus, rounds_words
 from pipeline.runtimes.torch_engine_file import ENGINE_FORMAT_VERSION, file_identity, model_from, read_engine, write_engine
 from pipeline.runtimes.torch_memory import gpu_memory, out_of_memory_as_error
 from pipeline.runtimes.torch_prepared import KeptModels, Prepared, import_torch
 from pipeline.runtimes.torch_preparing import NotPrepared, TorchPreparation, captures_graphs, compile_mode
+from pipeline.runtimes.torch_served import ProcessGone, engine_name
 from pipeline.runtimes.torch_spec import TorchSpec
-
-# The share of the GPU's memory that must be free for a compiled engine to be prepared ahead of its
-# point's profile (TorchRuntime.prepare_ahead).
-AHEAD_FREE_GPU = 0.25
 
 
 class TorchEvidence(BaseModel):
@@ -81,6 +78,8 @@ class TorchRuntime(InProcessRuntime):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._kept = KeptModels()
+        # Points a compiling process kept and serves, by engine file and shape point (torch_served.py).
+        self._served: dict[tuple[tuple[int, int, int], str], Any] = {}
         self._warned: set[tuple[int, int, int]] = set()  # engine files whose graph breaks were said
         # The shape point the current build prepares itself, in this process: no work ahead for it.
         self._building_point: str | None = None
@@ -361,14 +360,21 @@ class TorchRuntime(InProcessRuntime):
         self._kept.keep(prepared)
         return prepared
 
-    def prepare_ahead(self, engine_path: Path, workload: ReferenceBatch | None) -> str | None:
-        """Prepare a compiled engine at a point its compilation ahead has just finished, in this
-        process, while the run waits for the rest: Dynamo's tracing (2.5-4 s an engine and point
-        on the lent H200) done before anything is measured, not between the points' rounds. Not
-        where under AHEAD_FREE_GPU of the GPU's memory is free: what is kept holds some, and a
-        point's profile would run out sooner than alone. Why not, where it was not."""
+    def prepare_ahead(self, engine_path: Path, workload: ReferenceBatch | None, served=None) -> str | None:
+        """A compiled engine at a point its compilation ahead has just finished, while the run waits
+        for the rest. ``served``: the process that compiled it kept it and serves it
+        (torch_served.ServedPoint), and the point's profile times it there: nothing to do here.
+        Else it is prepared in this process: Dynamo's tracing (2.5-4 s an engine and point on the
+        lent H200) done before anything is measured, not between the points' rounds. Not where
+        under AHEAD_FREE_GPU of the GPU's memory is free: what is kept holds some, and a point's
+        profile would run out sooner than alone. Why not, where it was not."""
         if not self.builds_long or workload is None:
             return "nothing to prepare ahead"
+        if served is not None:
+            identity = file_identity(engine_path)
+            self._served[(identity, workload.shape)] = served
+            self._say_graph_breaks(engine_path, identity, served.facts)
+            return None
         torch = import_torch()
         if self._cuda_available():
             free, total = torch.cuda.mem_get_info()
@@ -387,17 +393,37 @@ class TorchRuntime(InProcessRuntime):
             return exc.message
         if not known:
             prepared.facts["prepared_ahead"] = True
-            if prepared.facts.get("graph_breaks") and identity not in self._warned:  # a build would have said it
-                self._warned.add(identity)
-                name = Path(engine_path).name.lstrip(".").removesuffix(".ahead")
-                self.reporter.warn(f"{name}: {_graph_break_words(prepared.facts)}{FULLGRAPH_WORDS}")
+            self._say_graph_breaks(engine_path, identity, prepared.facts)
         self._kept.hold_for_profiles(identity)
         return None
 
-    def prepare(self, engine_path: Path, workload: ReferenceBatch | None = None) -> Prepared:
+    def _say_graph_breaks(self, engine_path: Path, identity: tuple[int, int, int], facts: dict[str, Any]) -> None:
+        """An engine's graph breaks, once, as its build would have said them had it compiled itself."""
+        if facts.get("graph_breaks") and identity not in self._warned:
+            self._warned.add(identity)
+            self.reporter.warn(f"{engine_name(str(engine_path))}: {_graph_break_words(facts)}{FULLGRAPH_WORDS}")
+
+    def prepare(self, engine_path: Path, workload: ReferenceBatch | None = None):
         """The engine ready to time at the workload's shape point (pipeline/measuring/rounds.py), with
-        what the manifest records of how it runs."""
-        prepared = self.load(engine_path, workload)
+        what the manifest records of how it runs: served by the process that compiled it where one
+        kept it (torch_served.ServedEngine), else prepared here."""
+        served = self._served_at(engine_path, workload)
+        if served is not None:
+            try:
+                return served.ready()
+            except ProcessGone as exc:  # prepared here instead, from Inductor's cache
+                self.reporter.warn(f"{Path(engine_path).name} at {served.shape}: {exc.message}; preparing it in this process")
+                self._served.pop((file_identity(engine_path), served.shape), None)
+        return self.ready(self.load(engine_path, workload))
+
+    def _served_at(self, engine_path: Path, workload):
+        if workload is None or not self._served:
+            return None
+        return self._served.get((file_identity(engine_path), workload.shape))
+
+    def ready(self, prepared: Prepared) -> Prepared:
+        """A loaded model made ready for the rounds: what the manifest records of how it runs, and
+        its memory measured (this process's, or a compiling process's that serves it)."""
         # A model its build left prepared at this point took nothing to prepare here (its build's
         # compilation is in the build manifest); one prepared here says how long it took.
         execution: dict[str, Any] = {**self.versions(), **self.settings_in_force(prepared), "prepare_s": 0.0, **prepared.facts}
@@ -409,19 +435,27 @@ class TorchRuntime(InProcessRuntime):
         return prepared
 
     def run_reference(self, engine_path: Path, reference: ReferenceBatch) -> ReferenceRun:
-        prepared = self.load(engine_path, reference if reference.shape else None)
+        served = self._served_at(engine_path, reference if reference.shape else None)
+        if served is not None and served.alive():
+            return served.reference_run(reference)
+        return self.reference_run(self.load(engine_path, reference if reference.shape else None), reference, engine_path.name)
+
+    def reference_run(self, prepared: Prepared, reference: ReferenceBatch, name: str) -> ReferenceRun:
+        """The prepared model's outputs on the reference batch (its inputs copied into the model's
+        own); ``name``: the engine's, for an error."""
         expected = [list(t.shape) for t in prepared.examples]
         given = [list(t.shape) for t in reference.inputs]
         if expected != given:
             raise PipelineError(
-                f"{engine_path.name} takes input(s) of shape {expected}; the reference batch has {given}.",
+                f"{name} takes input(s) of shape {expected}; the reference batch has {given}.",
                 hint="the engine and the reference come from different exports; rebuild it (`--force`)",
             )
         with out_of_memory_as_error(prepared.batch_size, shape=prepared.shape):
             output = prepared.infer(tuple(t.values() if t.is_integer else t.as_float32() for t in reference.inputs))
+        where = prepared.execution.get("served_by", {}).get("process", "this process")
         return ReferenceRun(
             outputs={reference.output.name: output},
-            checked_by=f"torch {self.version} {self.spec.backend} on {prepared.device}, in this process",
+            checked_by=f"torch {self.version} {self.spec.backend} on {prepared.device}, in {where}",
         )
 
     def settings_in_force(self, prepared: Prepared) -> dict[str, Any]:

@@ -22,6 +22,11 @@ profile, so nothing compiles while anything is measured.
 
 A point that fails here (out of memory, a refusal) is left to its profile, which records the
 reason for that point as it always did; nothing here decides anything about the engine.
+
+In a run, each process keeps the points it compiled, ready, and once every point is compiled
+serves them to the point's profile (pipeline/runtimes/torch_served.py): the run's process then
+traces none of them. A process keeps a point only while AHEAD_FREE_GPU of the GPU's memory stays
+free; a point not kept is prepared by the run's process, as it was before.
 """
 
 from __future__ import annotations
@@ -35,7 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.runtimes.base import AheadPool
+from pipeline.runtimes.base import AHEAD_FREE_GPU, AheadPool
+from pipeline.runtimes.torch_served import ServedPoint, ServingProcess, serve
 
 # At most this many processes compile at once: each holds a CUDA context, the model and one
 # inference's memory, and Inductor's own compile workers.
@@ -80,6 +86,9 @@ class CompilePool(AheadPool):
         self._jobs = self._spawn.Queue()
         self._results = self._spawn.Queue()
         self._children: list = []
+        # Each process's own pipe, over which it serves the points it kept once every point is compiled.
+        self._serving: list[ServingProcess] = []
+        self._pids: set[int] = set()
         self._works: list = []
         self._limit: int | None = None
         self._threads = 1
@@ -101,14 +110,19 @@ class CompilePool(AheadPool):
             self._jobs.put(job)
         queued = sum(len(w.jobs) for w in self._works)
         while len(self._children) < min(self._limit, queued):
+            index = len(self._children)
+            ours, theirs = self._spawn.Pipe()
             child = self._spawn.Process(
                 target=_compile_points,
-                args=(self._jobs, self._results, self._threads),
-                name=f"pipeline-compile-{len(self._children)}",
+                args=(self._jobs, self._results, self._threads, index, theirs),
+                name=f"pipeline-compile-{index}",
                 daemon=True,
             )
             child.start()
+            theirs.close()
             self._children.append(child)
+            self._serving.append(ServingProcess(ours, child, self._pids))
+            self._pids.add(child.pid)
         return True
 
     def finish(self, progress: Callable[[str], None], done: Callable | None = None) -> tuple[list[dict[str, Any]], str | None]:
@@ -125,10 +139,11 @@ class CompilePool(AheadPool):
         outcomes: dict[tuple[str, str], Any] = {}
         last_compiled, preparing = self._started_at, 0.0
         progress(f"compiling {len(jobs)} shape points in {processes} processes")
+        kept = 0
         try:
             while len(outcomes) < len(jobs):
                 try:
-                    engine, shape, outcome, compiled_at = self._results.get(timeout=1.0)
+                    engine, shape, outcome, compiled_at, index, keeps = self._results.get(timeout=1.0)
                 except queue.Empty:
                     if all(not child.is_alive() for child in self._children) and self._results.empty():
                         break  # the processes ended without saying what became of some points
@@ -137,12 +152,17 @@ class CompilePool(AheadPool):
                 last_compiled = max(last_compiled, compiled_at)
                 progress(f"compiled {len(outcomes)} of {len(jobs)} shape points ({Path(engine).stem} at {shape}: {_words(outcome)})")
                 if done is not None and "error" not in outcome and (engine, shape) in whose:
+                    # Served by the process that compiled it, where it kept it (only once every
+                    # point is compiled: it asks nothing of that process before then).
+                    served = ServedPoint(self._serving[index], Path(engine), shape, outcome) if keeps else None
+                    kept += served is not None
                     began = time.perf_counter()
-                    done(*whose[(engine, shape)])
+                    done(*whose[(engine, shape)], served)
                     preparing += time.perf_counter() - began
             self._reported = True
         finally:
-            self.close()
+            if not kept:  # nothing to serve: the processes end now (close again is harmless)
+                self.close()
         ended = ", ".join(sorted({str(child.exitcode) for child in self._children}))
         for job in jobs:
             outcomes.setdefault(
@@ -157,6 +177,8 @@ class CompilePool(AheadPool):
             "compiled_s": round(last_compiled - self._started_at, 3),
             "wall_s": round(time.perf_counter() - self._started, 3),
             "prepared_here_s": round(preparing, 3),
+            # Points their compiling process kept and serves to their profiles (torch_served.py).
+            "served": kept,
             "engines": len(self._works),
         }
         evidence = []
@@ -166,8 +188,11 @@ class CompilePool(AheadPool):
         return evidence, None
 
     def close(self) -> None:
-        # Told to stop and every point reported: the processes are ending on their own. Otherwise
-        # (an interruption) whatever they are compiling is of no use: stop them now.
+        # Told to stop and every point reported: the processes are ending on their own once they
+        # are told to stop serving. Otherwise (an interruption) whatever they are compiling is of
+        # no use: stop them now.
+        for serving in self._serving:
+            serving.stop()
         grace = STOP_GRACE_S if self._reported else 0
         for child in self._children:
             child.join(grace)
@@ -196,9 +221,10 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def _compile_points(jobs, results, threads: int) -> None:
+def _compile_points(jobs, results, threads: int, index: int, connection) -> None:
     """In a new interpreter: prepare each job's engine at its point, as its profile will, and say
-    how each went, until the pool says stop. A toolchain's runtime keeps the model it last read,
+    how each went, until the pool says every point is handed out; then serve the points kept
+    (torch_served.py) until told to stop. A toolchain's runtime keeps the model it last read,
     so consecutive points of one engine read it once; each point compiles its own graph."""
     # Inductor compiles kernels in a pool of workers, one per CPU by default: shared out here, so
     # the processes together use the machine's CPUs, not each all of them. (Read when torch is
@@ -209,14 +235,47 @@ def _compile_points(jobs, results, threads: int) -> None:
     from pipeline.runtimes import create_runtime
 
     runtimes: dict[str, Any] = {}
+    kept: dict[tuple[str, str], tuple[Any, Any]] = {}
     while (job := jobs.get()) is not None:
+        keeps = False
         try:
             if job.toolchain not in runtimes:
                 runtimes[job.toolchain] = create_runtime(job.toolchain, job.spec, Reporter(), job.workspace_root)
-            prepared = runtimes[job.toolchain].load(job.engine_path, job.workload)
+            runtime = runtimes[job.toolchain]
+            prepared = runtime.load(job.engine_path, job.workload)
             outcome = {key: prepared.facts[key] for key in POINT_FACTS if key in prepared.facts}
+            keeps = _room_to_keep()
+            if keeps:
+                kept[(str(job.engine_path), job.workload.shape)] = (runtime, prepared)
         except PipelineError as exc:
             outcome = {"error": exc.message}
         except Exception as exc:  # recorded for the point: its profile compiles it and says why it fails
             outcome = {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"}
-        results.put((str(job.engine_path), job.workload.shape, outcome, time.time()))
+        results.put((str(job.engine_path), job.workload.shape, outcome, time.time(), index, keeps))
+    if kept:
+        _stop_compile_workers()
+    serve(connection, kept, multiprocessing.current_process().name)
+
+
+def _stop_compile_workers() -> None:
+    """End Inductor's kernel-compiling worker processes before serving: nothing compiles while
+    anything is measured, and idle, they are still processes beside the measurement (a GPU's
+    process list, a host's CPUs). Were anything to compile later (a reset's recompilation at the
+    warm-up), Inductor starts them again."""
+    try:
+        from torch._inductor.async_compile import shutdown_compile_workers
+
+        shutdown_compile_workers()
+    except Exception:  # another torch's internals: they stay, idle
+        pass
+
+
+def _room_to_keep() -> bool:
+    """Whether this process may keep the point it just compiled: on a GPU, while AHEAD_FREE_GPU of
+    its memory is free (what is kept holds some); on the CPU, always."""
+    import torch
+
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return True
+    free, total = torch.cuda.mem_get_info()
+    return free >= AHEAD_FREE_GPU * total

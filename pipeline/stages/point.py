@@ -27,6 +27,7 @@ from __future__ import annotations
 import multiprocessing
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ from pipeline.machine.environment import machine_load, measuring_gpu, running_on
 from pipeline.manifest import StageRecord
 from pipeline.measuring.host_rounds import HostRounds
 from pipeline.measuring.machine_watch import MachineWatch
-from pipeline.measuring.rounds import RoundsOutcome, RoundsRecord, measure_in_rounds
+from pipeline.measuring.rounds import RoundsOutcome, RoundsRecord, helper_processes, measure_in_rounds
 from pipeline.measuring.sm_clock import SmClock
 from pipeline.measuring.stats import LatencyStats
 from pipeline.measuring.stopping import open_pair_words, undecided
@@ -65,8 +66,10 @@ class Measured:
     # The wall time the measurement took: the rounds' (shared with the point's other engines), or
     # the tool's runs alone. What the profile's line reports, not the instant it took to record it.
     seconds: float | None = None
-    # What preparing the engine at its point cost before the rounds (ProfileDetails.preparation_s).
+    # What preparing the engine at its point cost before the rounds (ProfileDetails.preparation_s),
+    # and whether that was done ahead of the point, while the run waited (prepare_points_ahead).
     preparation_s: dict[str, float] = field(default_factory=dict)
+    prepared_ahead: bool = False
 
 
 def profile_point(stages: list) -> dict[Any, StageRecord | PipelineError]:
@@ -75,19 +78,17 @@ def profile_point(stages: list) -> dict[Any, StageRecord | PipelineError]:
     refusal — a capture refused — is recorded in its manifest as failed; out of memory as a result
     of its own). A kernel that faults is recorded for the engine it is pinned to and raised: the
     process can time nothing more (pipeline/running/faults.py)."""
-    runnable = [stage for stage in stages if stage.skip_reason() is None]
     # A result kept without a number (out of memory, a fault) is not measured again beside the
     # others when they are: it would only run out, or fault, again; --force tries it.
-    runnable = [stage for stage in runnable if not stage.kept_outcome()]
-    stale = [stage for stage in runnable if not stage.is_current()]
-    measured = measure_point(runnable) if stale else {}
+    measuring = _measured(stages)
+    measured = measure_point(measuring) if measuring else {}
     fault = next((stage for stage, result in measured.items() if isinstance(result, DeviceFault)), None)
     if fault is not None:  # recorded for its engine, then raised: this process can time nothing more
         fault.run(force=True, measured=measured[fault])
     out: dict[Any, StageRecord | PipelineError] = {}
     for stage in stages:
         try:
-            out[stage] = stage.run(force=bool(stale) and stage in runnable, measured=measured.get(stage))
+            out[stage] = stage.run(force=stage in measuring, measured=measured.get(stage))
         except EnvironmentMissing:
             raise
         except PipelineError as exc:
@@ -154,16 +155,9 @@ def _in_rounds(stages: list) -> dict[Any, Measured | PipelineError]:
         # host shared, and the rounds hold it as their engines need (pipeline/measuring/host_rounds.py).
         held.share()
         for stage in stages:
+            ahead, stage.ahead = stage.ahead, None
             try:
-                reporter.step(f"preparing {entrant_name(stage)}")
-                engine_path, workload = stage.engine_file(), stage.workload()
-                with running_on(settings.host_cpus):
-                    started = time.perf_counter()
-                    engine = stage.runtime.prepare(engine_path, workload)
-                    reporter.step(f"checking {entrant_name(stage)}'s outputs on the reference batch")
-                    checked = time.perf_counter()
-                    accuracy = stage.check_accuracy(engine_path, workload)
-                    cost = {"prepare": round(checked - started, 3), "check": round(time.perf_counter() - checked, 3)}
+                ready = ahead or _prepared_and_checked(stage)
             except EnvironmentMissing:
                 raise
             except DeviceFault as exc:  # the process is poisoned: this engine's result, and no more
@@ -171,13 +165,13 @@ def _in_rounds(stages: list) -> dict[Any, Measured | PipelineError]:
             except PipelineError as exc:
                 out[stage] = exc
                 continue
-            engines[entrant_name(stage)] = engine
-            prepared[stage] = (engine, accuracy, cost)
+            engines[entrant_name(stage)] = ready[0]
+            prepared[stage] = (*ready, ahead is not None)
         if not engines:
             return out
         reporter.measuring(f"{len(engines)} engine(s) in rounds")
         uuid = gpu_device["uuid"] if gpu_device else None
-        with MachineWatch(gpu_uuid=uuid) as watch, running_on(settings.host_cpus):
+        with MachineWatch(gpu_uuid=uuid, helpers=helper_processes(engines)) as watch, running_on(settings.host_cpus):
             clock = SmClock(uuid)
             try:
                 stays = baseline_entrants(ctx.catalog, stages)
@@ -202,7 +196,7 @@ def _in_rounds(stages: list) -> dict[Any, Measured | PipelineError]:
             return {**out, **dict.fromkeys(prepared, PipelineError(exc.message, exc.hint))}
         except PipelineError as exc:  # the group's repeat failed: every engine of it is without its figures
             return {**out, **dict.fromkeys(prepared, exc)}
-    for stage, (engine, accuracy, cost) in prepared.items():
+    for stage, (engine, accuracy, cost, ahead) in prepared.items():
         key = entrant_name(stage)
         if key in outcome.errors:  # recorded in its manifest where it is a refusal (out of memory)
             out[stage] = outcome.errors[key]
@@ -219,9 +213,71 @@ def _in_rounds(stages: list) -> dict[Any, Measured | PipelineError]:
         seconds = sum(record.elapsed_s for record in records)
         watched = [watch.summary] * len(repeats)
         out[stage] = Measured(
-            results, watched, load_at_start, records, accuracy, gpu_device=gpu_device, seconds=seconds, preparation_s=cost
+            results,
+            watched,
+            load_at_start,
+            records,
+            accuracy,
+            gpu_device=gpu_device,
+            seconds=seconds,
+            preparation_s=cost,
+            prepared_ahead=ahead,
         )
     return out
+
+
+def _prepared_and_checked(stage) -> tuple[Any, Any, dict[str, float]]:
+    """The profile's engine prepared at its point and its accuracy checked: (engine, accuracy, what
+    each cost, ProfileDetails.preparation_s)."""
+    reporter, settings = stage.ctx.reporter, stage.settings
+    reporter.step(f"preparing {entrant_name(stage)}")
+    engine_path, workload = stage.engine_file(), stage.workload()
+    with running_on(settings.host_cpus):
+        started = time.perf_counter()
+        engine = stage.runtime.prepare(engine_path, workload)
+        reporter.step(f"checking {entrant_name(stage)}'s outputs on the reference batch")
+        checked = time.perf_counter()
+        accuracy = stage.check_accuracy(engine_path, workload)
+    return engine, accuracy, {"prepare": round(checked - started, 3), "check": round(time.perf_counter() - checked, 3)}
+
+
+def prepare_points_ahead(points: list[list], room: Callable[[], str | None]) -> int:
+    """Every engine of the run's shape points that is prepared in this process and has no work
+    ahead of its own (eager, CUDA graphs, ONNX Runtime: EngineRuntime.builds_long) prepared and
+    checked now, while the run waits for its work ahead (compiling, pipeline/stages/runner.py),
+    instead of between one point's rounds and the next's: each point's profile then starts with
+    its engines ready. Only the profiles that will measure (profile_point's choice), and only
+    while ``room()`` says there is room (None; else why not): what is prepared holds memory until
+    its point. A point that fails here is left to its profile, which prepares it again and records
+    what it finds; a kernel fault is recorded for its engine and raised, as a point's measurement
+    does (this process is replaced). How many were prepared."""
+    count = 0
+    for stages in points:
+        for stage in _measured(stages):
+            if not stage.runtime.measures_in_this_process or stage.runtime.builds_long or stage.ahead is not None:
+                continue
+            why = room()
+            if why is not None:
+                stage.ctx.reporter.progress(f"engines left to their profiles from {stage.progress_label} on: {why}")
+                return count
+            try:
+                stage.ahead = _prepared_and_checked(stage)
+                count += 1
+            except EnvironmentMissing:
+                raise
+            except DeviceFault as exc:
+                stage.run(force=True, measured=exc)
+                raise
+            except PipelineError as exc:
+                stage.ctx.reporter.progress(f"not prepared ahead: {stage.progress_label}: {exc.message}")
+    return count
+
+
+def _measured(stages: list) -> list:
+    """The profiles of one point that its measurement prepares: all that can run and have no result
+    kept without a number, where any of them must run (profile_point)."""
+    runnable = [stage for stage in stages if stage.skip_reason() is None and not stage.kept_outcome()]
+    return runnable if any(not stage.is_current() for stage in runnable) else []
 
 
 def _of_takes(said: dict[str, Any], times_ms: list[float], elapsed_s: float) -> ProfileResult:

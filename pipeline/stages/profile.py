@@ -28,6 +28,9 @@ class ProfileStage(Stage):
         self.settings = ctx.catalog.profile
         # The shape point measured ("2x512"), for models with several; its own manifest.
         self.shape = shape
+        # Its engine prepared and checked while the run waited for its work ahead, for its point's
+        # measurement to take: (engine, accuracy, costs) (pipeline/stages/point.py, prepare_points_ahead).
+        self.ahead: tuple | None = None
 
     def manifest_path(self) -> Path:
         return self.ctx.workspace.manifest_path(self.toolchain, self.engine, self.ctx.gpu_type, self.shape)
@@ -201,6 +204,7 @@ class ProfileStage(Stage):
             rounds=rounds,
             gpu_device=measured.gpu_device,
             preparation_s=measured.preparation_s,
+            prepared_ahead=measured.prepared_ahead,
             stable=stable if len(medians) > 1 else None,
             # The machine's load around the measurement and what it did during each one, so a
             # number taken on a busy machine shows it.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -160,7 +161,7 @@ def run_engines(ctx: RunContext, engines: list[EngineRef], toolchains: list[str]
     last, a shape point at a time, every engine of the point in one set of rounds."""
     from pipeline.running.reporting import print_error
     from pipeline.runtimes import get_runtime
-    from pipeline.stages.point import profile_point
+    from pipeline.stages.point import prepare_points_ahead, profile_point
 
     summary = RunSummary()
     requested = len(engines)
@@ -177,7 +178,7 @@ def run_engines(ctx: RunContext, engines: list[EngineRef], toolchains: list[str]
                 summary.fail(engine.name, toolchain, exc)
     points: dict = {}
     single = len(engines) == 1 and len(usable) == 1
-    ctx.ahead = WorkAhead(ctx.reporter, prepares=until == "profile")
+    ahead = ctx.ahead = WorkAhead(ctx.reporter, prepares=until == "profile")
     try:
         for toolchain in build_order(ctx, usable):
             for engine in engines:
@@ -191,18 +192,19 @@ def run_engines(ctx: RunContext, engines: list[EngineRef], toolchains: list[str]
                         raise
                     print_error(f"{engine.name}{f' on {toolchain}' if len(usable) > 1 else ''}: {exc.message}", exc.hint)
                     summary.fail(engine.name, toolchain, exc)
-        ctx.ahead.finish()
+        ahead.finish(while_waiting=lambda: prepare_points_ahead(list(points.values()), room_on_the_gpu()))
+        ctx.ahead = None  # the builds are over; what the work ahead serves stays until the profiles are
+        for (_, _, shape), stages in points.items():
+            for stage, exc in _failures(profile_point(stages)):
+                where = f" at {shape}" if shape else ""
+                on = f" on {stage.toolchain}" if len(usable) > 1 else ""
+                if single and not shape:
+                    raise exc
+                print_error(f"{stage.engine.name}{on}{where}: {exc.message}", exc.hint)
+                summary.fail(stage.engine.name, stage.toolchain, exc)
     finally:
-        ctx.ahead.close()
+        ahead.close()
         ctx.ahead = None
-    for (_, _, shape), stages in points.items():
-        for stage, exc in _failures(profile_point(stages)):
-            where = f" at {shape}" if shape else ""
-            on = f" on {stage.toolchain}" if len(usable) > 1 else ""
-            if single and not shape:
-                raise exc
-            print_error(f"{stage.engine.name}{on}{where}: {exc.message}", exc.hint)
-            summary.fail(stage.engine.name, stage.toolchain, exc)
     say_out_of_memory(ctx, until)
     return summary.raise_for_failures(requested, toolchains)
 
@@ -238,10 +240,12 @@ class WorkAhead:
     prepares its own point.
 
     In a run whose profiles follow (``prepares``), the builds leave every point to it, their own
-    too, and while this process waits it prepares each point the work has finished
-    (EngineRuntime.prepare_ahead), for the point's profile to find ready: the compilations run
-    side by side instead of each build's in this process one after another, and the tracing each
-    profile would start with is done while nothing is measured."""
+    too, and as the work finishes each point it is made ready for the point's profile
+    (EngineRuntime.prepare_ahead): kept by the process that compiled it, which serves it to the
+    profile (the pool stays open until ``close``, after the profiles), or else prepared in this
+    process while it waits. The compilations run side by side instead of each build's in this
+    process one after another, and the tracing each profile would start with is done while
+    nothing is measured."""
 
     def __init__(self, reporter, prepares: bool = False):
         self.reporter = reporter
@@ -281,7 +285,22 @@ class WorkAhead:
         entries.append((stage, work))
         return started
 
-    def finish(self) -> None:
+    def finish(self, while_waiting: Callable[[], int] | None = None) -> None:
+        """Wait for every pool's work, recording what it found; ``while_waiting``: what this process
+        does first, while the work goes on, where there is work to wait for (in a run that
+        profiles: its other engines prepared for their points; how many)."""
+        if while_waiting is not None and self.prepares and self._pools:
+            started = time.perf_counter()
+            with self.reporter.working("profile", "engines ahead of their points"):
+                count = while_waiting()
+            if count:
+                seconds = time.perf_counter() - started
+                self.reporter.done(
+                    "profile",
+                    f"{count} engine{'s' if count > 1 else ''}",
+                    seconds,
+                    " prepared ahead of their points, beside the work ahead",
+                )
         for pool, group in self._pools.values():
             names = ", ".join(f"{stage.engine.name} on {stage.toolchain}" for stage, _ in group)
             engines = f"{len(group)} engine{'s' if len(group) > 1 else ''}"
@@ -310,23 +329,26 @@ class WorkAhead:
         """What ``finish`` calls for each job done: the engine prepared at the job's point, here."""
         stages = {id(work): stage for stage, work in group}
 
-        def prepare(work, job) -> None:
+        def prepare(work, job, served=None) -> None:
             stage = stages.get(id(work))
             if stage is None:
                 return
             started = time.perf_counter()
-            why = stage.runtime.prepare_ahead(work.engine_path, job.workload)
+            why = stage.runtime.prepare_ahead(work.engine_path, job.workload, served)
             point = getattr(job.workload, "shape", None)
             where = f"{stage.engine.name} on {stage.toolchain}" + (f" at {point}" if point else "")
-            if why is None:
-                self.reporter.progress(f"prepared {where} for its profile ({time.perf_counter() - started:.1f} s)")
-            else:
+            if why is not None:
                 self.reporter.progress(f"not prepared ahead: {where}: {why}")
+            elif served is not None:
+                self.reporter.progress(f"{where} kept for its profile by the process that compiled it")
+            else:
+                self.reporter.progress(f"prepared {where} for its profile ({time.perf_counter() - started:.1f} s)")
 
         return prepare
 
     def close(self) -> None:
-        """Stop whatever is still running (the run was interrupted, or failed before ``finish``)."""
+        """Stop whatever is still running or serving: the run's profiles are over, or it was
+        interrupted or failed before them."""
         for pool, _ in self._pools.values():
             _close_quietly(pool)
         self._discard()
@@ -335,6 +357,24 @@ class WorkAhead:
         for path in self._discarded:
             path.unlink(missing_ok=True)
         self._discarded.clear()
+
+
+def room_on_the_gpu() -> Callable[[], str | None]:
+    """Whether another engine may be prepared ahead of its point on the GPU measured on, asked
+    before each: None while AHEAD_FREE_GPU of its memory is free (or there is no GPU, or NVML
+    cannot say), else why not."""
+    from pipeline.machine.environment import gpu_memory_free, measuring_gpu
+    from pipeline.runtimes.base import AHEAD_FREE_GPU
+
+    gpu = measuring_gpu()
+
+    def room() -> str | None:
+        memory = gpu_memory_free(gpu["uuid"]) if gpu else None
+        if memory is None or memory[0] >= AHEAD_FREE_GPU * memory[1]:
+            return None
+        return f"{memory[0] / 2**30:.1f} GiB of {memory[1] / 2**30:.1f} GiB GPU memory free"
+
+    return room
 
 
 def _close_quietly(pool) -> None:

@@ -223,12 +223,18 @@ def test_torch_compile_dynamic_compiles_once_and_counts_what_each_point_recompil
 
 
 @needs_inductor
-def test_a_run_compiles_every_point_of_every_compiled_engine_side_by_side_and_prepares_each_while_it_waits(tmp_path, run_cli, monkeypatch):
+def test_a_run_compiles_every_point_of_every_compiled_engine_side_by_side_and_times_each_where_it_was_compiled(
+    tmp_path, run_cli, monkeypatch
+):
     """Two compiled engines, three points each, in a run that profiles them: each build writes its
     engine and hands every point over, its own first point too, so the six compile in one set of
-    processes rather than each build's first in this process one after the other; while the run
-    waits for them, this process prepares each point the processes have compiled (Dynamo's
-    tracing, every graph found in Inductor's cache), and each point's profile finds it prepared."""
+    processes rather than each build's first in this process one after the other; each process
+    keeps the points it compiled, and once all are compiled serves them to their profiles: this
+    process traces none of them, and each point is checked and timed in the process that
+    compiled it, in rounds as any other. The processes end with the run."""
+    import multiprocessing
+    import os
+
     from pipeline.runtimes import torch_compile_ahead
     from pipeline.runtimes.torch_preparing import TorchPreparation
     from pipeline.stages.runner import WorkAhead
@@ -242,7 +248,9 @@ def test_a_run_compiles_every_point_of_every_compiled_engine_side_by_side_and_pr
     monkeypatch.setattr(
         TorchPreparation, "prepare", lambda *args, **kwargs: events.append(f"prepared at {args[6]}") or preparing(*args, **kwargs)
     )
-    monkeypatch.setattr(WorkAhead, "finish", lambda self: events.append("waiting") or finishing(self) or events.append("waited"))
+    monkeypatch.setattr(
+        WorkAhead, "finish", lambda self, **given: events.append("waiting") or finishing(self, **given) or events.append("waited")
+    )
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     compiled = ("torch-compile", "torch-compile-eager-attn")
     (tmp_path / "pipeline.toml").write_text(
@@ -250,32 +258,56 @@ def test_a_run_compiles_every_point_of_every_compiled_engine_side_by_side_and_pr
         + '\n[toolchains.torch-compile]\nkind = "torch"\nbackend = "compile"\n'
         + '\n[toolchains.torch-compile-eager-attn]\nkind = "torch"\nbackend = "compile"\nattn_implementation = "eager"\n'
     )
-    result = run_cli(tmp_path / "pipeline.toml", "run", "--model", "bert", *(arg for name in compiled for arg in ("--toolchain", name)))
+    result = run_cli(
+        tmp_path / "pipeline.toml",
+        "run",
+        "--model",
+        "bert",
+        "--toolchain",
+        "torch-eager",
+        *(arg for name in compiled for arg in ("--toolchain", name)),
+    )
     assert result.exit_code == 0, result.err
     assert "ahead of profiles" in result.err, result.err
-    # Neither build compiled anything itself: both handed over, then every preparation came while
-    # the run waited, one per engine and point.
-    assert events[:3] == ["torch-compile", "torch-compile-eager-attn", "waiting"], events
-    assert events[-1] == "waited" and sorted(events[3:-1]) == sorted(f"prepared at {shape}" for shape in POINTS for _ in compiled), events
+    # Neither compiled build compiled or prepared anything in this process, before the wait or
+    # after it: the eager engine is the only one, prepared here by its build at the first point
+    # and, while the run waited for the compilations, at the others.
+    assert events == ["torch-compile", "torch-compile-eager-attn", f"prepared at {POINTS[0]}", "waiting"] + [
+        f"prepared at {shape}" for shape in POINTS[1:]
+    ] + ["waited"], events
     aheads = [read_manifest(tmp_path / "manifests" / name / "bert_fp32.json").build.details.compiler["compiled_ahead"] for name in compiled]
     for ahead in aheads:
         assert ahead["processes"] == 2 and ahead["engines"] == 2 and sorted(ahead["points"]) == sorted(POINTS), ahead
         assert all(point["compile_s"] > 0 and point["graphs"] >= 1 for point in ahead["points"].values()), ahead
-        # The last point compiled before the wait ended; this process prepared them meanwhile.
-        assert 0 < ahead["compiled_s"] <= ahead["wall_s"] and 0 < ahead["prepared_here_s"] < ahead["wall_s"], ahead
+        assert ahead["served"] == 6 and 0 < ahead["compiled_s"] <= ahead["wall_s"], ahead
     assert aheads[0]["wall_s"] == aheads[1]["wall_s"]  # one set of processes for both
     assert not list((tmp_path / "engines").rglob("*.ahead"))  # the engines' second names went with the work
-    # Each point was prepared in this process from the graphs the processes left in the cache,
-    # before any profile, and its profile took it as it was.
-    # (On as many threads as the processes compiled with: the count is in the cache's key.)
+    servers = set()
     for name, ahead in zip(compiled, aheads, strict=True):
         for shape in POINTS:
-            profile = point_manifest(tmp_path, name, shape).profile.details
-            execution = profile.execution
-            assert execution["prepared_ahead"] is True and execution["prepare_s"] > 0, (name, shape, execution)
-            assert execution["inductor_cache_hits"] == execution["graphs"] >= 1, (name, shape, execution)
+            profile = point_manifest(tmp_path, name, shape).profile
+            assert profile.status == "done", (name, shape, profile.reason)
+            execution = profile.details.execution
+            served_by = execution["served_by"]
+            assert served_by["process"].startswith("pipeline-compile-") and served_by["pid"] != os.getpid(), execution
+            servers.add(served_by["pid"])
+            # What that process compiled, as it compiled it: its graphs, on its threads, and
+            # nothing compiled again while it was timed.
+            assert execution["compile_s"] == ahead["points"][shape]["compile_s"] and execution["graphs"] >= 1, (name, shape, execution)
             assert execution["threads"] == ahead["points"][shape]["threads"] >= 1, (name, shape, execution)
             assert execution["recompiles_during_measurement"] == 0
+            rounds = profile.details.rounds[0]
+            assert rounds.rounds >= 6 and len(rounds.entrants) == 3 and all(take.median_ms > 0 for take in rounds.takes), rounds
+            # Checked there too, against FP32, and as close as the eager engine checked here.
+            accuracy = profile.details.accuracy
+            assert served_by["process"] in accuracy["checked_by"] and accuracy["cosine_similarity"] > 0.999, accuracy
+            eager = point_manifest(tmp_path, "torch-eager", shape).profile.details
+            assert "this process" in eager.accuracy["checked_by"] and eager.rounds[0].group == rounds.group
+            # Prepared (its build's model taken as it was, at the first point) and checked ahead of its point.
+            assert eager.prepared_ahead is True and eager.preparation_s["check"] > 0, (shape, eager.preparation_s)
+            assert profile.details.prepared_ahead is False  # the compiled engines: served, ready at their point
+    assert len(servers) == 2, servers  # both processes served
+    assert multiprocessing.active_children() == []  # they ended with the run
 
 
 @needs_inductor

@@ -423,6 +423,7 @@ kind = "torch"
         measured = manifest(catalog, "torch-compile", f"m_fp32@{shape}").profile
         assert measured.status == "done" and measured.details.execution["graphs"] == 2, measured
         assert measured.details.execution["prepared_ahead"] is True
+        assert measured.details.execution["served_by"]["process"].startswith("pipeline-compile-")  # timed where it was compiled
         refused = manifest(catalog, "torch-fullgraph", f"m_fp32@{shape}").profile
         assert refused.status == "failed" and refused.reason.startswith("torch.compile failed:"), refused
         assert f"m_fp32 on torch-fullgraph at {shape}: torch.compile failed:" in result.err

@@ -225,6 +225,52 @@ def test_a_process_that_holds_the_gpu_but_runs_nothing_is_not_contention():
     ]
 
 
+def test_the_processes_that_serve_a_measurements_engines_are_its_own_on_the_gpu():
+    """A compiled engine timed in the process that compiled it (pipeline/runtimes/torch_served.py):
+    that process, and its companions holding the GPU idle, are the measurement's, not contention;
+    any other process running kernels still is. In a container (host pids) the measurement is the
+    busiest processes, as many as it has."""
+    me = os.getpid()
+    helpers = frozenset({5001, 5002})
+    samples = [[{"index": 0, "processes": [me, 5001, 5002, 4242], "sm_use": {me: 60, 5001: 35, 5002: 0, 4242: 0}}]]
+    (gpu,) = machine_watch._summarise_gpus(samples, helpers)
+    assert gpu["other_processes"] == 1 and gpu["competing_processes"] == 0, gpu
+    assert machine_watch.verdict([{"seconds": 1.0, "cpu_count": 16, "gpus": [gpu]}]) == []
+    # Where NVML gives no per-process use, idle companions holding a context count as ours too.
+    (unmeasured,) = machine_watch._summarise_gpus([[{"index": 0, "processes": [me, 5001, 5002]}]], helpers)
+    assert unmeasured["competing_processes"] == 0, unmeasured
+    busy = [[{"index": 0, "processes": [me, 5001, 4242], "sm_use": {me: 60, 5001: 35, 4242: 20}}]]
+    (shared,) = machine_watch._summarise_gpus(busy, helpers)
+    assert shared["competing_processes"] == 1, shared
+    hosted = [[{"index": 0, "processes": [900, 901, 902, 903], "sm_use": {900: 50, 901: 40, 902: 1, 903: 30}}]]
+    (container,) = machine_watch._summarise_gpus(hosted, helpers)
+    assert container["competing_processes"] == 1, container  # 902, the least busy of the four
+
+
+def test_the_cpu_time_of_the_processes_that_serve_a_measurement_is_its_own():
+    """Their CPU time counts with this process's, so a take served elsewhere is not a busy host;
+    one that has ended keeps what it had used."""
+    import subprocess
+    import sys
+    import time
+
+    # The child burns 0.3 s of CPU, says so, and waits to be read.
+    burn = "import time\nwhile time.process_time() < 0.3: pass\nprint('burnt', flush=True)\ntime.sleep(5)"
+    child = subprocess.Popen([sys.executable, "-c", burn], stdout=subprocess.PIPE, text=True)
+    try:
+        before, alone = machine_watch.own_cpu_s(frozenset({child.pid})), machine_watch.own_cpu_s()
+        assert child.stdout.readline().strip() == "burnt"
+        during, alone_during = machine_watch.own_cpu_s(frozenset({child.pid})), machine_watch.own_cpu_s()
+    finally:
+        child.kill()
+        child.wait(10)
+    counted = (during - before) - (alone_during - alone)
+    assert 0.25 <= counted <= 1.0, counted  # its 0.3 s (less what it had used when first read), in ticks of 10 ms
+    time.sleep(0.05)
+    ended = machine_watch.own_cpu_s(frozenset({child.pid})) - machine_watch.own_cpu_s()
+    assert ended == pytest.approx(during - alone_during, abs=0.02)  # gone, it keeps what it had used
+
+
 def test_several_measurements_are_judged_together():
     calm = {"seconds": 3.0, "cpu_count": 2, "cpu_pressure": {"average": 0.01, "peak": 0.02}, "cpus_used": {"all": 1.0, "others": 0.0}}
     contended = {"seconds": 1.0, "cpu_count": 2, "cpu_pressure": {"average": 0.30, "peak": 0.50}, "cpus_used": {"all": 2.0, "others": 1.0}}

@@ -1,0 +1,218 @@
+"""A compiled engine timed in the process that compiled it, at the point it compiled there.
+
+A run that profiles compiles every point of its compiled engines in processes side by side
+(pipeline/runtimes/torch_compile_ahead.py). Preparing such a point again in the run's own process
+costs Dynamo's tracing even with every graph in Inductor's cache: 2.5-4 s an engine and point on
+the lent H200, 92-116 s for the seed matrix's 24, one after another, while the compiling
+processes had long finished. The compiling process already holds the point ready (traced,
+compiled, run once), so it keeps it and, once every point is compiled and nothing compiles any
+more, serves it: each request of the run's process — ready it, a take, the warm-up, its evidence,
+its outputs on the reference batch — is one message over a pipe, answered when done. The rounds
+(pipeline/measuring/rounds.py) time it as any engine of this process: a take is timed inside
+the serving process, by the same code (takes.py), and only one process runs at a time, the
+others waiting on their pipes, so the GPU and the host see one take at a time, as before.
+
+The run's process counts these processes as its own when it watches the machine (their CPU time
+and their work on the GPU are the measurement's, not a neighbour's): ``ServedEngine.processes``.
+
+Here, the two ends: ``serve`` runs in the compiling process; ``ServedPoint`` and
+``ServedEngine`` in the run's.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from pipeline.running.errors import PipelineError
+
+# What a request asks of a point kept in a compiling process, by the word it is sent with.
+READY, TAKE, WARM, EVIDENCE, REFERENCE = "ready", "take", "warm", "evidence", "reference"
+
+
+class ProcessGone(PipelineError):
+    """The serving process is no longer there (it crashed, was killed, or was told to stop)."""
+
+
+# --- in the compiling process ----------------------------------------------------------------------
+
+
+def serve(connection, points: dict[tuple[str, str], tuple[Any, Any]], name: str) -> None:
+    """Answer the run's requests for the ``points`` this process kept (engine file, shape point →
+    (its runtime, its prepared model)), one at a time, until told to stop (None) or the run's end of
+    the pipe closes. An error is answered as the run's process would have raised it itself, a kernel
+    fault (DeviceFault) among them: this process's context is then gone, as the run's would be."""
+    while True:
+        try:
+            request = connection.recv()
+        except (EOFError, OSError):  # the run's process ended (or replaced itself after a fault)
+            return
+        if request is None:
+            return
+        what, key, args = request
+        try:
+            reply = ("ok", _answer(what, key, *points[key], name, *args))
+        except PipelineError as exc:
+            reply = ("error", exc.plain())
+        except Exception as exc:  # a bug here, or a tool's own: the engine's failure at this point, in words
+            words = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            reply = ("error", PipelineError(f"{type(exc).__name__} in {name}: {words}"))
+        try:
+            connection.send(reply)
+        except (OSError, EOFError):
+            return
+
+
+def _answer(what: str, key: tuple[str, str], runtime, prepared, name: str, *args):
+    if what == READY:
+        prepared.facts["prepared_ahead"] = True  # compiled and kept before any point was measured
+        runtime.ready(prepared)
+        prepared.execution["served_by"] = {"process": name, "pid": os.getpid()}
+        return prepared.timing
+    if what == TAKE:
+        runs, min_ms, cpus = args
+        with _on_cpus(cpus):
+            times = prepared.take(runs, min_ms)
+        return times, prepared.issue_ms
+    if what == WARM:
+        return prepared.warm()
+    if what == EVIDENCE:
+        return prepared.evidence()
+    if what == REFERENCE:
+        (reference,) = args
+        return runtime.reference_run(prepared, reference, engine_name(key[0]))
+    raise PipelineError(f"{name} was asked to {what!r}, which it does not know")
+
+
+def engine_name(path: str) -> str:
+    """An engine's file name from the second name its compilation ahead read it by (".vit_fp16.pt.ahead")."""
+    return Path(path).name.lstrip(".").removesuffix(".ahead")
+
+
+@contextmanager
+def _on_cpus(cpus):
+    """On the CPUs the run's process measures on while it asks (``[profile] host_cpus``, else all of
+    its own): a take here runs where it would have run there."""
+    if cpus is None or not hasattr(os, "sched_setaffinity"):
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, cpus)
+    except OSError:  # a CPU this process may not use: it stays where it is
+        yield
+        return
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+# --- in the run's process --------------------------------------------------------------------------
+
+
+class ServingProcess:
+    """The run's end of one compiling process's pipe: one request at a time, its answer awaited.
+    ``siblings``: the pids of every process of its pool, which all hold the GPU while the run
+    measures (shared by the pool's ServingProcess objects, filled as they start)."""
+
+    def __init__(self, connection, process, siblings: set[int]):
+        self.connection, self.process, self.siblings = connection, process, siblings
+        self._lock = threading.Lock()
+        self.gone: str | None = None  # why it can serve no more
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    @property
+    def name(self) -> str:
+        return self.process.name
+
+    def alive(self) -> bool:
+        return self.gone is None and self.process.is_alive()
+
+    def ask(self, what: str, key: tuple[str, str], *args):
+        with self._lock:
+            if self.gone is not None:
+                raise ProcessGone(self.gone)
+            try:
+                self.connection.send((what, key, args))
+                kind, value = self.connection.recv()
+            except (EOFError, OSError) as exc:
+                self.process.join(1)
+                status = self.process.exitcode
+                self.gone = f"{self.name}, which compiled and kept it, ended (exit status {status})"
+                raise ProcessGone(self.gone, hint="run the same command again; -v shows what the process printed") from exc
+        if kind == "error":
+            raise value
+        return value
+
+    def stop(self) -> None:
+        """Ask it to stop serving (it then ends); quietly, whatever state its pipe is in."""
+        with self._lock:
+            if self.gone is None:
+                self.gone = f"{self.name} was told to stop"
+                try:
+                    self.connection.send(None)
+                except (OSError, ValueError):
+                    pass
+        try:
+            self.connection.close()
+        except OSError:
+            pass
+
+
+class ServedPoint:
+    """One engine file's point kept by the compiling process that compiled it: what the torch
+    runtime of the run's process is handed (TorchRuntime.prepare_ahead) and prepares and checks
+    through, instead of tracing the point itself."""
+
+    def __init__(self, process: ServingProcess, engine_path: Path, shape: str, facts: dict[str, Any]):
+        self.process, self.key = process, (str(engine_path), shape)
+        # What compiling it found (compile time, graphs, graph breaks: torch_compile_ahead.POINT_FACTS).
+        self.facts = facts
+
+    @property
+    def shape(self) -> str:
+        return self.key[1]
+
+    def alive(self) -> bool:
+        return self.process.alive()
+
+    def ready(self) -> ServedEngine:
+        """The point ready for its takes (as TorchRuntime.ready readies one of this process)."""
+        return ServedEngine(self, self.process.ask(READY, self.key))
+
+    def reference_run(self, reference):
+        return self.process.ask(REFERENCE, self.key, reference)
+
+
+class ServedEngine:
+    """A served point as the rounds time it (pipeline/measuring/rounds.py, PreparedEngine): each call
+    one request to the process that holds it."""
+
+    def __init__(self, point: ServedPoint, timing: str):
+        self.point, self.timing = point, timing
+        # The host's time to issue the last take's untimed run (takes.py, cuda_take), as that process measured it.
+        self.issue_ms: float | None = None
+
+    @property
+    def processes(self) -> frozenset[int]:
+        """The processes beside the run's own that a measurement of this engine keeps busy or holds
+        the GPU in: its serving process and that process's companions."""
+        return frozenset(self.point.process.siblings)
+
+    def take(self, runs: int, min_ms: float) -> list[float]:
+        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        times, self.issue_ms = self.point.process.ask(TAKE, self.point.key, runs, min_ms, cpus)
+        return times
+
+    def warm(self) -> None:
+        self.point.process.ask(WARM, self.point.key)
+
+    def evidence(self) -> dict[str, Any]:
+        return self.point.process.ask(EVIDENCE, self.point.key)
