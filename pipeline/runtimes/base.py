@@ -43,10 +43,6 @@ class AheadPool(ABC):
     (or as it ends) and the run goes on
     building; before the first profile, the run waits for all of it."""
 
-    def start(self) -> None:  # noqa: B027 — optional: most pools start with their first work
-        """Get ready for work that is sure to come (a run that will build such engines), before
-        any is handed over: what starting costs then overlaps the run's other work."""
-
     @abstractmethod
     def submit(self, work: AheadWork) -> bool:
         """Start ``work`` beside what is under way; it runs while the caller goes on. False when
@@ -280,11 +276,6 @@ class EngineRuntime(ABC):
         that grows with the model's shape points (compiling at each): a cluster starts them first,
         so that the longest builds do not wait for a GPU's share behind short ones."""
         return False
-
-    def ahead_pool(self, source: ModelSource) -> Callable[[], AheadPool] | None:
-        """The pool its builds of ``source``'s engines will hand their work ahead to (AheadWork.pool),
-        or None where they will have none: a run that will build them starts it early."""
-        return None
 
     def ahead_work(self, engine_path: Path, workloads: list[ReferenceBatch]) -> AheadWork | None:
         """Work each shape point's profile would start with (compiling for the point) that is

@@ -284,12 +284,6 @@ class TorchRuntime(InProcessRuntime):
         # against about 1 s in the process that keeps the model (docs/cluster.md).
         return not self.builds_long
 
-    def ahead_pool(self, source: ModelSource):
-        from pipeline.runtimes import torch_compile_ahead
-
-        several = source.static_point is None and len(source.shape_points()) > 1
-        return torch_compile_ahead.CompilePool if self.builds_long and several else None
-
     def ahead_work(self, engine_path: Path, workloads: list[ReferenceBatch]) -> AheadWork | None:
         """torch.compile at every shape point, in processes of their own beside the other compiled
         engines' points, leaving the graphs in Inductor's cache for the profiles

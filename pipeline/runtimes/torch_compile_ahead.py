@@ -45,10 +45,7 @@ from pipeline.runtimes.torch_served import ServedPoint, ServingProcess, serve
 
 # At most this many processes compile at once: each holds a CUDA context, the model and one
 # inference's memory, and Inductor's own compile workers.
-MAX_PROCESSES = 12
-# Inductor's kernel-compiling workers per process, at least: with one, Inductor compiles every
-# kernel in the process's own thread, one after another.
-MIN_COMPILE_THREADS = 2
+MAX_PROCESSES = 8
 # Seconds a compiling process has to end after an interruption before it is killed.
 STOP_GRACE_S = 5
 # What the build manifest keeps of each point's compilation (compiled_ahead.points).
@@ -56,21 +53,12 @@ POINT_FACTS = ("compile_s", "graphs", "graph_breaks", "inductor_cache_hits", "th
 
 
 def processes_for(points: int, cpus: int, gpu_free_bytes: int | None, model_bytes: int) -> int:
-    """How many processes compile ``points`` shape points at once: one per point, three for every
-    four CPUs, and room on the GPU for each process's model twice over (weights, inputs, one
-    inference) plus a CUDA context of about 1 GiB. A compiling process is mostly its compiler's
-    Python, one CPU; its kernel-compiling workers run in bursts beside it. On the lent H200 (16
-    vCPUs) eight processes, two CPUs each, took 121 s for the seed matrix's 24 points in three
-    waves while the CPUs were not all busy (a point 15-35 s, docs/results/sweeps.md)."""
-    by_cpus = cpus * 3 // 4
+    """How many processes compile ``points`` shape points at once: one per point, two CPUs each (the
+    compiler's Python and its kernel-compiling workers), and room on the GPU for each process's model
+    twice over (weights, inputs, one inference) plus a CUDA context of about 1 GiB."""
+    by_cpus = cpus // 2
     by_gpu = gpu_free_bytes // (2 * model_bytes + (1 << 30)) if gpu_free_bytes is not None else by_cpus
     return max(0, min(points, by_cpus, by_gpu, MAX_PROCESSES))
-
-
-def compile_threads(processes: int, cpus: int) -> int:
-    """Inductor's kernel-compiling workers for each of ``processes`` processes on ``cpus`` CPUs: the
-    CPUs shared out, MIN_COMPILE_THREADS at least."""
-    return max(MIN_COMPILE_THREADS, cpus // max(processes, 1))
 
 
 @dataclass(frozen=True)
@@ -88,11 +76,10 @@ class CompileJob:
 class CompilePool(AheadPool):
     """Processes that compile shape points as the builds hand them over: each takes the next
     point from one queue, keeps the last model it read, and reports what each compilation took.
-    A process starts when there is a point for it, or, in a run that knows it will compile, when
-    the run starts (``start``); at most as many as the CPUs and the GPU's free memory allow
-    (``processes_for``). All of them start once and stay until ``finish`` (in a run, until
-    ``close``: they serve what they compiled), so the points of every compiled engine of a run
-    share one set of processes, and their compiling overlaps the builds still to come."""
+    A process starts when there is a point for it (at most as many as the CPUs and the GPU's free
+    memory allow, ``processes_for``); all of them start once and stay until ``finish``, so the
+    points of every compiled engine of a run share one set of processes, and their compiling
+    overlaps the builds still to come."""
 
     def __init__(self):
         self._spawn = multiprocessing.get_context("spawn")  # a new interpreter: CUDA cannot be forked
@@ -109,40 +96,20 @@ class CompilePool(AheadPool):
         self._started_at = 0.0  # the same instant on the wall clock, which the processes share
         self._reported = False
 
-    def start(self) -> None:
-        """Start the processes before any point is handed over, in a run that will compile: each
-        imports what compiling needs and starts CUDA while the run exports (_warm_up), which cost
-        each 10-20 s of the first points' compiling when it started at the first hand-over (on the
-        lent H200, eight processes starting at once beside the builds). Sized by the CPUs and the
-        GPU's free memory for a context each; the first work's model sizes the pool again, for
-        what a process that has not started yet may take."""
-        if self._limit is not None:
-            return
-        self._limit = processes_for(MAX_PROCESSES, usable_cpus(), _gpu_free_bytes(), 0)
-        self._threads = compile_threads(self._limit, usable_cpus())
-        if self._limit >= 2:
-            self._start_processes(self._limit)
-
     def submit(self, work) -> bool:
-        if not self._works:  # the first work sizes the pool, by its model
+        if self._limit is None:  # the first work sizes the pool
             gpu_free = _gpu_free_bytes()
             largest = max(job.engine_path.stat().st_size for job in work.jobs)
-            fits = processes_for(MAX_PROCESSES, usable_cpus(), gpu_free, largest)
-            if self._limit is None:
-                self._limit, self._threads = fits, compile_threads(fits, usable_cpus())
-            elif fits < 2:
-                self._limit = fits  # the processes started early take no point: finish says why
+            self._limit = processes_for(MAX_PROCESSES, usable_cpus(), gpu_free, largest)
+            self._threads = max(1, usable_cpus() // max(self._limit, 1))
             self._started, self._started_at = time.perf_counter(), time.time()
         self._works.append(work)
         if self._limit < 2:
             return False  # finish says why nothing was compiled
         for job in work.jobs:
             self._jobs.put(job)
-        self._start_processes(min(self._limit, sum(len(w.jobs) for w in self._works)))
-        return True
-
-    def _start_processes(self, count: int) -> None:
-        while len(self._children) < count:
+        queued = sum(len(w.jobs) for w in self._works)
+        while len(self._children) < min(self._limit, queued):
             index = len(self._children)
             ours, theirs = self._spawn.Pipe()
             child = self._spawn.Process(
@@ -156,10 +123,10 @@ class CompilePool(AheadPool):
             self._children.append(child)
             self._serving.append(ServingProcess(ours, child, self._pids))
             self._pids.add(child.pid)
+        return True
 
     def finish(self, progress: Callable[[str], None], done: Callable | None = None) -> tuple[list[dict[str, Any]], str | None]:
-        if not self._works:  # started for work that never came (its builds were refused): the processes end
-            self.close()
+        if not self._works:
             return [], None
         if self._limit < 2:
             why = "too few CPUs or too little free GPU memory to compile the points side by side; each profile compiles its own"
@@ -267,7 +234,6 @@ def _compile_points(jobs, results, threads: int, index: int, connection) -> None
     from pipeline.running.reporting import Reporter
     from pipeline.runtimes import create_runtime
 
-    _warm_up()
     runtimes: dict[str, Any] = {}
     kept: dict[tuple[str, str], tuple[Any, Any]] = {}
     while (job := jobs.get()) is not None:
@@ -289,20 +255,6 @@ def _compile_points(jobs, results, threads: int, index: int, connection) -> None
     if kept:
         _stop_compile_workers()
     serve(connection, kept, multiprocessing.current_process().name)
-
-
-def _warm_up() -> None:
-    """What every compilation needs before its first point, done before one is handed over: torch
-    (and timm) imported, Dynamo and Inductor imported, and the CUDA context made."""
-    import importlib
-
-    from pipeline.runtimes.torch_prepared import import_torch
-
-    torch = import_torch()
-    for module in ("torch._dynamo", "torch._inductor.compile_fx"):
-        importlib.import_module(module)
-    if torch.cuda.is_available():
-        torch.zeros(1, device="cuda")
 
 
 def _stop_compile_workers() -> None:

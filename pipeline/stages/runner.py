@@ -180,9 +180,6 @@ def run_engines(ctx: RunContext, engines: list[EngineRef], toolchains: list[str]
     single = len(engines) == 1 and len(usable) == 1
     ahead = ctx.ahead = WorkAhead(ctx.reporter, prepares=until == "profile")
     try:
-        if until != "export":
-            for opener in _pools_ahead(ctx, engines, usable):
-                ahead.start(opener)
         for toolchain in build_order(ctx, usable):
             for engine in engines:
                 try:
@@ -210,25 +207,6 @@ def run_engines(ctx: RunContext, engines: list[EngineRef], toolchains: list[str]
         ctx.ahead = None
     say_out_of_memory(ctx, until)
     return summary.raise_for_failures(requested, toolchains)
-
-
-def _pools_ahead(ctx: RunContext, engines: list[EngineRef], toolchains: list[str | None]) -> list:
-    """The pools this run's builds will hand work ahead to (EngineRuntime.ahead_pool): those of the
-    builds that will run (not current, not refused up front), each once."""
-    from pipeline.runtimes import get_runtime
-    from pipeline.stages.build import BuildStage
-
-    openers = []
-    for toolchain in toolchains:
-        if toolchain is None:
-            continue
-        runtime = get_runtime(ctx, toolchain)
-        for engine in engines:
-            build = BuildStage(ctx, engine, toolchain)
-            opener = runtime.ahead_pool(build.model_source())
-            if opener is not None and opener not in openers and build.unsupported() is None and not build.is_current():
-                openers.append(opener)
-    return openers
 
 
 def say_out_of_memory(ctx: RunContext, until: str | None = None) -> None:
@@ -279,24 +257,6 @@ class WorkAhead:
         # Files the work reads that go once it is over (BuildStage: an engine's second name).
         self._discarded: list = []
 
-    def start(self, opener) -> None:
-        """Open the pool ``opener`` makes and let it get ready (AheadPool.start) before the builds
-        hand it work: this run's builds will. A pool that fails to start costs only time."""
-        if opener in self._pools or opener in self._failed:
-            return
-        try:
-            pool = opener()
-            self._pools[opener] = (pool, [])
-            pool.start()
-        except Exception as exc:  # each build then opens it as it hands work over
-            self._failed_start(opener, exc)
-
-    def _failed_start(self, opener, exc: Exception) -> None:
-        failed = self._pools.pop(opener, None)
-        if failed is not None:
-            _close_quietly(failed[0])
-        self.reporter.warn(f"the processes for work ahead of profiles did not start: {type(exc).__name__}: {exc}")
-
     def discard_after(self, path) -> None:
         """Remove ``path`` once the work ahead is over: finished, or stopped."""
         self._discarded.append(path)
@@ -341,11 +301,7 @@ class WorkAhead:
                     seconds,
                     " prepared ahead of their points, beside the work ahead",
                 )
-        for opener, (pool, group) in list(self._pools.items()):
-            if not group:  # started for builds that handed nothing over (refused, say): it ends
-                _close_quietly(pool)
-                del self._pools[opener]
-                continue
+        for pool, group in self._pools.values():
             names = ", ".join(f"{stage.engine.name} on {stage.toolchain}" for stage, _ in group)
             engines = f"{len(group)} engine{'s' if len(group) > 1 else ''}"
             with self.reporter.working("build", f"{engines} ahead of profiles"):

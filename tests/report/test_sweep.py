@@ -241,7 +241,7 @@ def test_a_run_compiles_every_point_of_every_compiled_engine_side_by_side_and_ti
 
     # Two processes (this machine's CPUs may be too few to choose that on their own); the cache is
     # this test's alone.
-    monkeypatch.setattr(torch_compile_ahead, "usable_cpus", lambda: 3)
+    monkeypatch.setattr(torch_compile_ahead, "usable_cpus", lambda: 4)
     events = []  # what this process did, in order: each build's hand-over, each preparation and the wait
     handing_over, preparing, finishing = WorkAhead.submit, TorchPreparation.prepare, WorkAhead.finish
     monkeypatch.setattr(WorkAhead, "submit", lambda self, stage, work: events.append(stage.toolchain) or handing_over(self, stage, work))
@@ -251,8 +251,6 @@ def test_a_run_compiles_every_point_of_every_compiled_engine_side_by_side_and_ti
     monkeypatch.setattr(
         WorkAhead, "finish", lambda self, **given: events.append("waiting") or finishing(self, **given) or events.append("waited")
     )
-    starting = torch_compile_ahead.CompilePool.start
-    monkeypatch.setattr(torch_compile_ahead.CompilePool, "start", lambda self: events.append("started") or starting(self))
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     compiled = ("torch-compile", "torch-compile-eager-attn")
     (tmp_path / "pipeline.toml").write_text(
@@ -271,11 +269,10 @@ def test_a_run_compiles_every_point_of_every_compiled_engine_side_by_side_and_ti
     )
     assert result.exit_code == 0, result.err
     assert "ahead of profiles" in result.err, result.err
-    # The processes started before the first build, which would compile; neither compiled build
-    # compiled or prepared anything in this process, before the wait or after it: the eager
-    # engine is the only one, prepared here by its build at the first point and, while the run
-    # waited for the compilations, at the others.
-    assert events == ["started", "torch-compile", "torch-compile-eager-attn", f"prepared at {POINTS[0]}", "waiting"] + [
+    # Neither compiled build compiled or prepared anything in this process, before the wait or
+    # after it: the eager engine is the only one, prepared here by its build at the first point
+    # and, while the run waited for the compilations, at the others.
+    assert events == ["torch-compile", "torch-compile-eager-attn", f"prepared at {POINTS[0]}", "waiting"] + [
         f"prepared at {shape}" for shape in POINTS[1:]
     ] + ["waited"], events
     aheads = [read_manifest(tmp_path / "manifests" / name / "bert_fp32.json").build.details.compiler["compiled_ahead"] for name in compiled]
@@ -311,19 +308,6 @@ def test_a_run_compiles_every_point_of_every_compiled_engine_side_by_side_and_ti
             assert profile.details.prepared_ahead is False  # the compiled engines: served, ready at their point
     assert len(servers) == 2, servers  # both processes served
     assert multiprocessing.active_children() == []  # they ended with the run
-    # Run again, nothing changed: no build runs, so no process starts, and nothing is measured.
-    events.clear()
-    again = run_cli(
-        tmp_path / "pipeline.toml",
-        "run",
-        "--model",
-        "bert",
-        "--toolchain",
-        "torch-eager",
-        *(arg for name in compiled for arg in ("--toolchain", name)),
-    )
-    assert again.exit_code == 0, again.err
-    assert events == ["waiting", "waited"] and "didn't change" in again.err, (events, again.err)
 
 
 @needs_inductor
@@ -332,7 +316,7 @@ def test_a_compiled_build_asked_for_alone_compiles_its_first_point_itself(tmp_pa
     (a refusal there is the build's), the other points beside it."""
     from pipeline.runtimes import torch_compile_ahead
 
-    monkeypatch.setattr(torch_compile_ahead, "usable_cpus", lambda: 3)
+    monkeypatch.setattr(torch_compile_ahead, "usable_cpus", lambda: 4)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     (tmp_path / "pipeline.toml").write_text(SWEEP_CATALOG + '\n[toolchains.torch-compile]\nkind = "torch"\nbackend = "compile"\n')
     result = run_cli(tmp_path / "pipeline.toml", "build", "--model", "bert", "--toolchain", "torch-compile")
@@ -356,7 +340,7 @@ def test_a_compiled_engine_built_alone_compiles_its_points_beside_its_own_first(
     from pipeline.stages.runner import stage_for
     from pipeline.workspace import Workspace
 
-    monkeypatch.setattr(torch_compile_ahead, "usable_cpus", lambda: 3)
+    monkeypatch.setattr(torch_compile_ahead, "usable_cpus", lambda: 4)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     events = []
     handing_over, preparing = torch_compile_ahead.CompilePool.submit, TorchPreparation.prepare
@@ -384,21 +368,6 @@ def test_a_compiled_engine_built_alone_compiles_its_points_beside_its_own_first(
         profile_point([stage_for(fresh, "profile", engine, "torch-compile", shape)])
         execution = read_manifest(tmp_path / "manifests" / "torch-compile" / f"bert_fp32@{shape}.json").profile.details.execution
         assert execution["inductor_cache_hits"] == execution["graphs"] >= 1, (shape, execution)
-
-
-def test_the_compiling_processes_are_sized_by_the_cpus_and_the_gpu():
-    """Three processes for every four CPUs (the lent H200's 16 vCPUs: 12), one per point at most,
-    room on the GPU for each one's model twice and a context; two kernel-compiling workers each
-    at least."""
-    from pipeline.runtimes.torch_compile_ahead import compile_threads, processes_for
-
-    gib = 1 << 30
-    assert processes_for(24, 16, 140 * gib, 300 << 20) == 12
-    assert processes_for(5, 16, 140 * gib, 300 << 20) == 5
-    assert processes_for(24, 64, None, 0) == 12  # MAX_PROCESSES
-    assert processes_for(24, 16, 10 * gib, 4 * gib) == 1  # one 4 GiB model twice and a context fits once
-    assert processes_for(24, 2, None, 0) == 1  # too few to compile side by side
-    assert compile_threads(12, 16) == 2 and compile_threads(2, 16) == 8 and compile_threads(2, 3) == 2
 
 
 def test_work_ahead_of_profiles_goes_on_in_one_pool_per_kind_and_a_failure_only_costs_time(capsys):
@@ -455,67 +424,6 @@ def test_work_ahead_of_profiles_goes_on_in_one_pool_per_kind_and_a_failure_only_
     assert "WARNING nothing done ahead of profiles for b on t: OSError: no processes here" in err
     assert "WARNING nothing done ahead of profiles for d on t: OSError: no processes here" in err
     assert "2 engines" in err and "done" in err
-
-
-def test_a_pool_started_before_its_work_is_the_one_its_builds_hand_work_to(capsys):
-    """A run that will build such engines starts their pool first (AheadPool.start): the builds
-    then hand their work to that pool; one whose builds handed nothing over ends at the wait,
-    saying nothing; one that fails to start is a warning, and a build opens it again."""
-    from types import SimpleNamespace
-
-    from pipeline.running.reporting import Reporter
-    from pipeline.runtimes.base import AheadPool, AheadWork
-    from pipeline.stages.runner import WorkAhead
-
-    events = []
-
-    class Early(AheadPool):
-        def __init__(self):
-            events.append(f"open {type(self).__name__}")
-            self.works = []
-
-        def start(self):
-            events.append(f"start {type(self).__name__}")
-
-        def submit(self, work):
-            events.append(f"submit {work.engine_path.name}")
-            self.works.append(work)
-            return True
-
-        def finish(self, progress, done=None):
-            events.append(f"finish {type(self).__name__}")
-            return [{"compiler": {}} for _ in self.works], None
-
-        def close(self):
-            events.append(f"close {type(self).__name__}")
-
-    class Idle(Early):
-        pass
-
-    class Broken(Early):
-        def start(self):
-            raise OSError("no processes here")
-
-    stage = SimpleNamespace(engine=SimpleNamespace(name="a"), toolchain="t", record_ahead=lambda facts: None)
-    ahead = WorkAhead(Reporter(), prepares=True)
-    ahead.start(Early)
-    ahead.start(Early)  # once
-    ahead.start(Idle)
-    ahead.start(Broken)
-    assert events == ["open Early", "start Early", "open Idle", "start Idle", "open Broken", "close Broken"]
-    assert ahead.submit(stage, AheadWork(Path("a.pt"), [1], Early))
-    assert ahead.submit(stage, AheadWork(Path("b.pt"), [1], Broken))  # opened again, by its build
-    waited = []
-    ahead.finish(while_waiting=lambda: waited.append("prepared") or 3)
-    ahead.close()
-    assert waited == ["prepared"]
-    assert events[6:] == ["submit a.pt", "open Broken", "submit b.pt", "finish Early", "close Idle", "finish Broken"] + [
-        "close Early",
-        "close Broken",
-    ], events
-    err = capsys.readouterr().err
-    assert "WARNING the processes for work ahead of profiles did not start: OSError: no processes here" in err
-    assert "3 engines" in err and "prepared ahead of their points" in err and "Idle" not in err
 
 
 def _row(toolchain, shape, median, spread=0.01, **extra) -> ComparisonRow:

@@ -394,7 +394,7 @@ def test_in_a_run_graph_breaks_are_said_and_fullgraph_refuses_at_each_point(tmp_
     from pipeline.runtimes import torch_compile_ahead
     from tests.conftest import DATA, catalog_head
 
-    monkeypatch.setattr(torch_compile_ahead, "usable_cpus", lambda: 3)  # two processes
+    monkeypatch.setattr(torch_compile_ahead, "usable_cpus", lambda: 4)  # two processes
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     (tmp_path / "models-in").mkdir()
     shutil.copy(DATA / "python_models" / "graph_break.py", tmp_path / "models-in")
