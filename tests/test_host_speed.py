@@ -56,7 +56,7 @@ def test_a_take_counts_other_processes_cpus_over_a_quarter_second_up_to_its_end(
     monkeypatch.setattr(host_speed, "probe_ms", lambda cgroups=None: 2.0)
     # The machine busy 3 CPUs' worth, of which this process 1: others used 2.
     monkeypatch.setattr(machine_watch, "cpu_busy_s", lambda: 3.0 * now[0])
-    monkeypatch.setattr(machine_watch, "own_cpu_s", lambda: 1.0 * now[0])
+    monkeypatch.setattr(machine_watch, "own_cpu_s", lambda helpers=frozenset(): 1.0 * now[0])
     host = HostSpeed(alone_ms=2.0, source="this process")
     for _ in range(40):  # takes of 10 ms: each one's window reaches back past the take to a quarter second
         host.before_take()
@@ -91,15 +91,15 @@ def test_a_child_is_another_process_and_its_cpu_time_never_lands_on_this_one_whe
 
 def test_alone_is_this_process_calibration_unless_others_used_the_cpus_and_the_host_was_faster_idle(monkeypatch, tmp_path):
     monkeypatch.setenv("PIPELINE_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(host_speed, "_calibration", lambda: (1.5, 1.04, 0.1))  # the host otherwise idle
+    monkeypatch.setattr(host_speed, "_calibration", lambda helpers=frozenset(): (1.5, 1.04, 0.1))  # the host otherwise idle
     first = HostSpeed.calibrated()
     assert (first.alone_ms, first.source, first.noise) == (1.5, "this process", 1.04)
-    monkeypatch.setattr(host_speed, "_calibration", lambda: (2.5, 1.1, 3.0))  # beside another GPU's compiling
+    monkeypatch.setattr(host_speed, "_calibration", lambda helpers=frozenset(): (2.5, 1.1, 3.0))  # beside another GPU's compiling
     later = HostSpeed.calibrated()
     assert (later.alone_ms, later.source, later.noise) == (1.5, "host record", 1.04)
-    monkeypatch.setattr(host_speed, "_calibration", lambda: (1.2, 1.1, 3.0))  # faster than the record: its own
+    monkeypatch.setattr(host_speed, "_calibration", lambda helpers=frozenset(): (1.2, 1.1, 3.0))  # faster than the record: its own
     assert HostSpeed.calibrated().alone_ms == 1.2
-    monkeypatch.setattr(host_speed, "_calibration", lambda: (2.5, 1.1, 3.0))
+    monkeypatch.setattr(host_speed, "_calibration", lambda helpers=frozenset(): (2.5, 1.1, 3.0))
     monkeypatch.setattr(host_speed, "_host_key", lambda: "another boot")  # the record says nothing of it
     assert HostSpeed.calibrated().source == "this process"
 
