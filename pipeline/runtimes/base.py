@@ -24,6 +24,14 @@ from pipeline.running.reporting import Reporter
 AHEAD_FREE_GPU = 0.25
 
 
+def too_little_to_keep(free: int, total: int) -> str | None:
+    """Why nothing more may be kept prepared ahead with ``free`` of ``total`` bytes of the GPU's
+    memory free (under AHEAD_FREE_GPU of it), or None where there is room."""
+    if free >= AHEAD_FREE_GPU * total:
+        return None
+    return f"{free / 2**30:.1f} GiB of {total / 2**30:.1f} GiB GPU memory free"
+
+
 @dataclass
 class BuildResult:
     # None when the tool refused the input and wrote no engine (see RefusedByTool).

@@ -44,7 +44,7 @@ from pipeline.machine.environment import nvidia_gpus, package_version
 from pipeline.measuring.accuracy import ReferenceBatch
 from pipeline.models import TORCH_DTYPES, ModelSource
 from pipeline.running.errors import DeviceFault, EnvironmentMissing, OutOfMemory, PipelineError, RefusedByTool
-from pipeline.runtimes.base import AHEAD_FREE_GPU, AheadWork, BuildResult, InProcessRuntime, ReferenceRun, ToolchainStatus, rounds_words
+from pipeline.runtimes.base import AheadWork, BuildResult, InProcessRuntime, ReferenceRun, ToolchainStatus, rounds_words, too_little_to_keep
 from pipeline.runtimes.torch_engine_file import ENGINE_FORMAT_VERSION, file_identity, model_from, read_engine, write_engine
 from pipeline.runtimes.torch_memory import gpu_memory, out_of_memory_as_error
 from pipeline.runtimes.torch_prepared import KeptModels, Prepared, import_torch
@@ -377,9 +377,9 @@ class TorchRuntime(InProcessRuntime):
             return None
         torch = import_torch()
         if self._cuda_available():
-            free, total = torch.cuda.mem_get_info()
-            if free < AHEAD_FREE_GPU * total:
-                return f"{free / 2**30:.1f} GiB of {total / 2**30:.1f} GiB GPU memory free: left to its profile"
+            short = too_little_to_keep(*torch.cuda.mem_get_info())
+            if short is not None:
+                return f"{short}: left to its profile"
         identity = file_identity(engine_path)
         self._kept.hold_for_profiles(identity)  # those prepared so far too (a build's own point)
         known = self._kept.has(identity, workload.shape)

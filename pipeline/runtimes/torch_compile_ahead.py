@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.runtimes.base import AHEAD_FREE_GPU, AheadPool
+from pipeline.runtimes.base import AheadPool, too_little_to_keep
 from pipeline.runtimes.torch_served import ServedPoint, ServingProcess, serve
 
 # At most this many processes compile at once: each holds a CUDA context, the model and one
@@ -277,5 +277,4 @@ def _room_to_keep() -> bool:
 
     if not torch.cuda.is_available() or not torch.cuda.is_initialized():
         return True
-    free, total = torch.cuda.mem_get_info()
-    return free >= AHEAD_FREE_GPU * total
+    return too_little_to_keep(*torch.cuda.mem_get_info()) is None

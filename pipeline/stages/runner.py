@@ -364,15 +364,13 @@ def room_on_the_gpu() -> Callable[[], str | None]:
     before each: None while AHEAD_FREE_GPU of its memory is free (or there is no GPU, or NVML
     cannot say), else why not."""
     from pipeline.machine.environment import gpu_memory_free, measuring_gpu
-    from pipeline.runtimes.base import AHEAD_FREE_GPU
+    from pipeline.runtimes.base import too_little_to_keep
 
     gpu = measuring_gpu()
 
     def room() -> str | None:
         memory = gpu_memory_free(gpu["uuid"]) if gpu else None
-        if memory is None or memory[0] >= AHEAD_FREE_GPU * memory[1]:
-            return None
-        return f"{memory[0] / 2**30:.1f} GiB of {memory[1] / 2**30:.1f} GiB GPU memory free"
+        return None if memory is None else too_little_to_keep(*memory)
 
     return room
 
