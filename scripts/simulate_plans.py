@@ -41,6 +41,10 @@ FRESH = 50_000  # samples that stand for the truth
 CLASSES, FEATURES, HIDDEN = 10, 16, 48
 OUTLIER = 40.0
 LAYERS = ("fc1", "fc2", "fc3", "head")
+# In double precision, so that the table is the same on every CPU: in single precision the
+# training's and the forward's sums round differently on other vector units, and the rows whose
+# floor sits a hair past the truth confirmed 96 plans on one CI machine and 97 on another.
+DTYPE = torch.float64
 
 
 class Model:
@@ -51,10 +55,10 @@ class Model:
     def __init__(self, seed: int, fault: str, bits: int = 8, separation: float = 1.2):
         generator = torch.Generator().manual_seed(seed)
         self.generator = generator
-        self.centres = separation * torch.randn(CLASSES, FEATURES, generator=generator)
+        self.centres = separation * torch.randn(CLASSES, FEATURES, generator=generator, dtype=DTYPE)
         sizes = [FEATURES, HIDDEN, HIDDEN, HIDDEN, CLASSES]
         torch.manual_seed(seed)
-        self.linears = [torch.nn.Linear(sizes[i], sizes[i + 1]) for i in range(len(LAYERS))]
+        self.linears = [torch.nn.Linear(sizes[i], sizes[i + 1], dtype=DTYPE) for i in range(len(LAYERS))]
         self._train()
         self._plant(fault)
         self.bits = bits
@@ -64,7 +68,7 @@ class Model:
     def draw(self, count: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         generator = torch.Generator().manual_seed(seed)
         labels = torch.randint(0, CLASSES, (count,), generator=generator)
-        return self.centres[labels] + torch.randn(count, FEATURES, generator=generator), labels
+        return self.centres[labels] + torch.randn(count, FEATURES, generator=generator, dtype=DTYPE), labels
 
     def _train(self) -> None:
         inputs, labels = self.draw(4096, 7)
@@ -191,14 +195,14 @@ class Scenario:
 
 def scenarios() -> list[Scenario]:
     return [
-        Scenario("top-1 changed, a hair below the fully quantized's 2.0 %, 32 samples", "fc2", 8, "top1", "upper", 32),
-        Scenario("top-1 changed, a hair below the fully quantized's 2.0 %, 400 samples", "fc2", 8, "top1", "upper", 400),
+        Scenario("top-1 changed, a hair below the fully quantized's 2.7 %, 32 samples", "fc2", 8, "top1", "upper", 32),
+        Scenario("top-1 changed, a hair below the fully quantized's 2.7 %, 400 samples", "fc2", 8, "top1", "upper", 400),
         Scenario(
-            "top-1 accuracy drop, labels, a hair below the fully quantized's 4.8 %, 300 samples", "fc1", 6, "top1", "upper", 300, True
+            "top-1 accuracy drop, labels, a hair below the fully quantized's 2.1 %, 300 samples", "fc1", 6, "top1", "upper", 300, True
         ),
-        Scenario("cosine, a hair above the fault excluded alone (0.9701), 64 samples", "fc2", 6, "cos", "lower", 64, edge=("fc2",)),
-        Scenario("cosine ≥ 0.9994 (the fault excluded keeps 0.99946), 128 samples", "fc1", 6, "cos", "lower", 128, limit=0.9994),
-        Scenario("top-1 changed ≤ 5 % (the fault excluded keeps 3.5 %), 300 samples", "fc3", 6, "top1", "upper", 300, limit=0.05),
+        Scenario("cosine, a hair above the fault excluded alone (0.9821), 64 samples", "fc2", 6, "cos", "lower", 64, edge=("fc2",)),
+        Scenario("cosine ≥ 0.999 (the fault excluded keeps 0.99907), 128 samples", "fc1", 6, "cos", "lower", 128, limit=0.999),
+        Scenario("top-1 changed ≤ 5 % (the fault excluded keeps 4.4 %), 300 samples", "fc3", 6, "top1", "upper", 300, limit=0.05),
     ]
 
 
@@ -277,7 +281,12 @@ def run_scenario(scenario: Scenario, trials: int) -> Tally:
 
 
 def simulate(trials: int = TRIALS) -> list[tuple[Scenario, Tally]]:
-    return [(scenario, run_scenario(scenario, trials)) for scenario in scenarios()]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # sums in one order, whatever the machine's count of cores
+    try:
+        return [(scenario, run_scenario(scenario, trials)) for scenario in scenarios()]
+    finally:
+        torch.set_num_threads(threads)
 
 
 def markdown(table: list[tuple[Scenario, Tally]]) -> str:
