@@ -155,7 +155,7 @@ class Lab:
 
     def describe(self):
         samples = len(self.inputs["search"])
-        return {"compute_dtype": "fp32", "search": {"samples": samples}, "confirm": {"samples": len(self.inputs["confirm"])}}
+        return {"compute_dtype": "fp64", "search": {"samples": samples}, "confirm": {"samples": len(self.inputs["confirm"])}}
 
 
 @dataclass(frozen=True)
