@@ -97,9 +97,11 @@ def gpu_memory_free(uuid: str) -> tuple[int, int] | None:
     try:
         import pynvml
 
+        from pipeline.measuring.sm_clock import nvml_handle
+
         pynvml.nvmlInit()
         try:
-            memory = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByUUID(uuid))
+            memory = pynvml.nvmlDeviceGetMemoryInfo(nvml_handle(pynvml, uuid))
             return int(memory.free), int(memory.total)
         finally:
             pynvml.nvmlShutdown()

@@ -16,7 +16,8 @@ CLOCK_INTERVAL_S = 0.02
 BUSY_UTILIZATION = 50
 
 
-def _nvml_handle(pynvml, gpu_uuid: str | None):
+def nvml_handle(pynvml, gpu_uuid: str | None):
+    """NVML's handle of the GPU with this UUID, else of the first it lists."""
     if not gpu_uuid:
         return pynvml.nvmlDeviceGetHandleByIndex(0)
     try:
@@ -38,7 +39,7 @@ class SmClock:
 
             pynvml.nvmlInit()
             self.nvml = pynvml
-            self.handle = _nvml_handle(pynvml, gpu_uuid)
+            self.handle = nvml_handle(pynvml, gpu_uuid)
             try:
                 self.default_mhz = float(pynvml.nvmlDeviceGetDefaultApplicationsClock(self.handle, pynvml.NVML_CLOCK_SM))
             except Exception:  # not every GPU has application clocks
