@@ -50,20 +50,24 @@ def cuda_take(torch, run: Callable[[], Any], runs: int, min_ms: float, issue_ms:
     slots = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(QUEUE_DEPTH)]
     times_ms: list[float] = []
     enqueued = 0
-    started = time.perf_counter()
     # The host's clock reaches min_ms with up to QUEUE_DEPTH - 1 runs still queued behind it: runs
     # longer than a take's share would make it that many runs longer (eager attention at 4x4096,
     # 212 ms a run: 2-4 runs for a 100 ms take). So the take also ends once the runs queued reach
     # min_ms by their GPU time: those done as timed, the others as the shortest done, or the
-    # untimed run's whole time before any is done.
+    # untimed run's whole time before any is done. Both kept as the runs finish, not summed
+    # again at every launch: the loop is the host's time between runs of a launch-bound engine.
+    done_ms, shortest = 0.0, whole
+    started = time.perf_counter()
     while enqueued < runs or (
-        (time.perf_counter() - started) * 1000.0 < min_ms
-        and sum(times_ms) + (enqueued - len(times_ms)) * (min(times_ms) if times_ms else whole) < min_ms
+        (time.perf_counter() - started) * 1000.0 < min_ms and done_ms + (enqueued - len(times_ms)) * shortest < min_ms
     ):
         start, end = slots[enqueued % QUEUE_DEPTH]
         if enqueued >= QUEUE_DEPTH:  # the slot's previous run: wait for it and keep its time
             end.synchronize()
-            times_ms.append(start.elapsed_time(end))
+            elapsed = start.elapsed_time(end)
+            shortest = min(shortest, elapsed) if times_ms else elapsed
+            times_ms.append(elapsed)
+            done_ms += elapsed
         start.record()
         run()
         end.record()
