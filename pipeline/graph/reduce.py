@@ -25,6 +25,7 @@ import contextlib
 import os
 import shutil
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,16 @@ from pipeline.running.errors import PipelineError
 
 # Where bisection may stop: the failing node with an input or an output of its own.
 SMALL_ENOUGH = 3
+
+# Nodes that hold or pass on a value and compute nothing: Polygraphy's cuts turn the Constants a
+# cut carries along into weights, so a cut with fewer nodes is not a smaller graph unless it has
+# fewer of the others.
+NO_WORK = ("Constant", "Identity")
+
+
+def working_nodes(graph) -> int:
+    """The nodes of ``graph`` that compute something (not Constant or Identity)."""
+    return sum(1 for node in graph.node if node.op_type not in NO_WORK)
 
 
 @dataclass
@@ -49,6 +60,8 @@ class Reduction:
     assumed: list[str] = field(default_factory=list)
     # The op types left, in graph order.
     ops: list[str] = field(default_factory=list)
+    # The cuts whose build ended without an answer, by why ("crashed (SIGSEGV)": 2).
+    skipped: dict[str, int] = field(default_factory=dict)
 
     def record(self, path: str, failure: str) -> dict[str, Any]:
         return {
@@ -60,16 +73,28 @@ class Reduction:
             "iterations": self.iterations,
             "seconds": round(self.seconds, 2),
             "assumed": self.assumed,
+            "skipped": self.skipped,
             "tool": _polygraphy_version(),
         }
 
 
+class CutNotBuilt(Exception):
+    """A cut's build that ended without an answer (it crashed, ran out of memory, ran out of
+    time): it says nothing about the failure, so the cut counts as one that did not reproduce it."""
+
+    def __init__(self, why: str):
+        super().__init__(why)
+        self.why = why
+
+
 class Checks:
-    """The product's check as the reducer calls it, counting and reporting each iteration."""
+    """The product's check as the reducer calls it, counting and reporting each iteration, and the
+    cuts whose build ended without an answer (CutNotBuilt), by why."""
 
     def __init__(self, fails_the_same_way: Callable[[Path], tuple[bool, str]], progress: Callable[[str], None]):
         self.fails_the_same_way, self.progress = fails_the_same_way, progress
         self.count = 0
+        self.skipped: Counter[str] = Counter()
 
     def passes(self, candidate: Path) -> bool:
         """Polygraphy's sense of a check: True when the candidate does NOT fail the same way."""
@@ -77,9 +102,20 @@ class Checks:
 
         self.count += 1
         nodes = len(onnx.load(str(candidate), load_external_data=False).graph.node)
-        same, words = self.fails_the_same_way(candidate)
+        try:
+            same, words = self.fails_the_same_way(candidate)
+        except CutNotBuilt as exc:
+            self.skipped[exc.why] += 1
+            same, words = False, f"skipped, its build {exc.why}: counted as not failing the same way"
         self.progress(f"iteration {self.count}: {nodes} node(s), {'fails the same way' if same else words}")
         return not same
+
+    def skipped_words(self) -> str:
+        """The skipped cuts for a closing line (", 2 cuts skipped: 1 crashed (SIGSEGV), 1 ran out of memory"); "" if none."""
+        if not self.skipped:
+            return ""
+        total = sum(self.skipped.values())
+        return f", {total} cut{'s' if total > 1 else ''} skipped: " + ", ".join(f"{n} {why}" for why, n in sorted(self.skipped.items()))
 
 
 def reduce_graph(onnx_path: Path, output: Path, checks: Checks, input_shapes: dict[str, list[int]], workdir: Path) -> Reduction:
@@ -89,20 +125,21 @@ def reduce_graph(onnx_path: Path, output: Path, checks: Checks, input_shapes: di
     import onnx
 
     started = time.perf_counter()
-    model = onnx.load(str(onnx_path))
+    model = onnx.load(str(onnx_path), load_external_data=False)
     before = len(model.graph.node)
     standins = StandIns(model, input_shapes)
     bisected = workdir / "bisected.onnx"
     _polygraphy_reduce(onnx_path, bisected, checks, standins, input_shapes, workdir, "bisect")
     result = bisected
-    left = len(onnx.load(str(bisected), load_external_data=False).graph.node)
-    if left >= before:
+    left = onnx.load(str(bisected), load_external_data=False).graph
+    if working_nodes(left) >= working_nodes(model.graph):
         raise PipelineError(
-            f"no cut of the graph fails the same way (in {checks.count} builds): the failure needs the whole graph, "
+            f"no cut of the graph fails the same way (in {checks.count} builds{checks.skipped_words()}): the failure needs "
+            f"the whole graph ({working_nodes(model.graph)} nodes that compute, not counting Constant and Identity), "
             "or its dynamic shapes (the cuts are made at fixed ones).",
             hint="the build's log names the node; a graph with that node alone may still reproduce it (`polygraphy surgeon extract`)",
         )
-    if left > SMALL_ENOUGH:
+    if working_nodes(left) > SMALL_ENOUGH:
         result = workdir / "linear.onnx"
         _polygraphy_reduce(bisected, result, checks, standins, {}, workdir, "linear")
     reduced = onnx.load(str(result), load_external_data=False)
@@ -116,6 +153,7 @@ def reduce_graph(onnx_path: Path, output: Path, checks: Checks, input_shapes: di
         seconds=time.perf_counter() - started,
         assumed=sorted(standins.assumed),
         ops=[node.op_type for node in reduced.graph.node],
+        skipped=dict(checks.skipped),
     )
 
 

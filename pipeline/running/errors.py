@@ -53,6 +53,26 @@ class RefusedByTool(PipelineError):
         self.outcome = None
 
 
+class ToolCrashed(RefusedByTool):
+    """An outside tool ended by a signal (a segmentation fault, an abort) without an error of its
+    own. A build that crashed so is recorded as failed, with the signal (``signal``: its name); a
+    cut of a graph whose build crashed says nothing of the failure reduced (pipeline reduce)."""
+
+    def __init__(self, message: str, hint: str | None = None, *, result=None, signal: str = "a signal"):
+        super().__init__(message, hint, result=result)
+        self.signal = signal
+
+
+class ToolStopped(PipelineError):
+    """An outside tool that ran past its time limit, or was killed (SIGKILL: the out-of-memory
+    killer, or someone stopping it): it gave no answer, which is no fact about its input. ``why``:
+    which, in a few words ("ran past its time limit")."""
+
+    def __init__(self, message: str, hint: str | None = None, *, why: str = "was stopped"):
+        super().__init__(message, hint)
+        self.why = why
+
+
 class PointResult(RefusedByTool):
     """Work at a shape point that ended without a number but is a result all the same, recorded
     for that point with ``facts`` (the manifest's record of it) while the others go on."""

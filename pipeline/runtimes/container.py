@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.running.errors import EnvironmentMissing, PipelineError
+from pipeline.running.errors import EnvironmentMissing, PipelineError, ToolStopped
 from pipeline.running.reporting import Reporter
 from pipeline.workspace.artifacts import atomic_write_text
 
@@ -199,9 +199,10 @@ class DockerRunner:
             log_text = "".join(chunks)
             atomic_write_text(log_path, log_text)
             if timed_out:
-                raise PipelineError(
+                raise ToolStopped(
                     f"{what} in {image} ran past its {timeout_s:g} s limit and was killed.",
                     hint=f"the log so far is {log_path}; raise the toolchain's timeout_s if the model needs longer",
+                    why="ran past its time limit",
                 )
             return ContainerResult(
                 exit_code=exit_code,

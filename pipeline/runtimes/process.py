@@ -10,7 +10,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.running.errors import EnvironmentMissing, PipelineError
+from pipeline.running.errors import EnvironmentMissing, ToolStopped
 from pipeline.running.reporting import Reporter
 from pipeline.workspace.artifacts import atomic_write_text
 
@@ -24,6 +24,23 @@ class Finished:
     def killed(self) -> bool:
         """Ended by SIGKILL: the out-of-memory killer, or someone stopping it."""
         return self.exit_code in (-signal.SIGKILL, 128 + signal.SIGKILL)
+
+    @property
+    def signal(self) -> str | None:
+        """The signal that ended it ("SIGSEGV"), or None where it exited (signal_name)."""
+        return signal_name(self.exit_code)
+
+
+def signal_name(exit_code: int) -> str | None:
+    """The signal that ended a process, from its exit status: negative as Python's subprocess
+    gives it (-11), or 128 + the signal's number as a shell or a container gives it (139)."""
+    number = -exit_code if exit_code < 0 else exit_code - 128 if 128 < exit_code < 128 + 65 else None
+    if number is None:
+        return None
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def run_logged(
@@ -61,7 +78,9 @@ def run_logged(
         process.wait()
         reader.join(timeout=5)
         atomic_write_text(log_path, "".join(lines))
-        raise PipelineError(f"{what} ran past its {timeout_s:g} s limit and was killed.", hint=f"log so far: {log_path}") from None
+        raise ToolStopped(
+            f"{what} ran past its {timeout_s:g} s limit and was killed.", hint=f"log so far: {log_path}", why="ran past its time limit"
+        ) from None
     finally:
         if process.poll() is None:  # Ctrl-C: do not leave the tool running
             _kill_group(process)

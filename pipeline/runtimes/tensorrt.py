@@ -26,8 +26,9 @@ from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
 from pipeline.machine.environment import nvidia_gpus
 from pipeline.measuring.accuracy import ReferenceBatch, parse_accuracy_lines, read_trtexec_outputs
 from pipeline.models import ModelSource
-from pipeline.running.errors import EnvironmentMissing, OutOfMemory, PipelineError, RefusedByTool
+from pipeline.running.errors import EnvironmentMissing, OutOfMemory, PipelineError, RefusedByTool, ToolCrashed, ToolStopped
 from pipeline.runtimes.base import BuildResult, EngineRuntime, ProfileResult, ReferenceRun
+from pipeline.runtimes.process import signal_name
 from pipeline.trtexec.command import BuildCommand, ProfileCommand, ReferenceCommand
 from pipeline.trtexec.exports import read_profile, read_times
 from pipeline.trtexec.layers import read_layer_info
@@ -168,6 +169,19 @@ class TrtexecRuntime(EngineRuntime):
                     hint=hint,
                     result=result,
                     facts={"memory": "GPU", "during": f"trtexec {what}", "requested_bytes": requested},
+                )
+            crashed = signal_name(execution.exit_code)
+            if killed:
+                raise ToolStopped(message, hint=hint, why="was killed (out of memory, or stopped)")
+            if what == "build" and crashed and not log.errors:
+                # Ended by a signal before any error of its own: recorded as failed, with the signal.
+                evidence = {"image": execution.image, "image_digest": execution.image_digest}
+                evidence["trtexec"] = {"crashed": {"signal": crashed, "exit_status": execution.exit_code}}
+                raise ToolCrashed(
+                    f"trtexec {what} crashed ({crashed}, exit status {execution.exit_code}){where} without an error of its own",
+                    hint,
+                    result=BuildResult(engine_path=None, command=argv, sidecars={"build_log": log_path}, evidence=evidence),
+                    signal=crashed,
                 )
             if what == "build" and log.status == "FAILED" and not killed:
                 # TensorRT itself ran and said no (a parser or builder error): recorded in the manifest,

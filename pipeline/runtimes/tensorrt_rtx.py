@@ -26,7 +26,7 @@ from pipeline.catalog import ProfileSettings, VariantSpec
 from pipeline.machine.environment import nvidia_gpus
 from pipeline.measuring.accuracy import ReferenceBatch
 from pipeline.models import ModelSource
-from pipeline.running.errors import EnvironmentMissing, OutOfMemory, PipelineError, RefusedByTool, UsageError
+from pipeline.running.errors import EnvironmentMissing, OutOfMemory, PipelineError, RefusedByTool, ToolCrashed, ToolStopped, UsageError
 from pipeline.runtimes.base import BuildResult, EngineRuntime, ProfileResult, ToolchainStatus
 from pipeline.runtimes.tensorrt_rtx_release import (
     DRIVER,
@@ -197,7 +197,14 @@ class TensorRtRtxRuntime(EngineRuntime):
         log_path = self.sidecar(engine_path, ".build.log")
         result_path = self.sidecar(engine_path, ".build-result.json.partial")
         argv = self._build_argv(onnx_path, engine_path, variant, result_path, source.input_ranges())
-        finished, result = self._run_driver(argv, result_path, log_path, "build")
+        try:
+            finished, result = self._run_driver(argv, result_path, log_path, "build")
+        except ToolCrashed as exc:
+            settings, compiler = self._settings(variant), {"release": self.spec.release, "crashed": {"signal": exc.signal}}
+            exc.result = BuildResult(
+                engine_path=None, settings=settings, command=argv, sidecars={"build_log": log_path}, evidence={"compiler": compiler}
+            )
+            raise
         if finished.exit_code == 2 and result.get("unknown_targets"):
             raise UsageError(
                 f"TensorRT-RTX {self.spec.release} cannot target {', '.join(t.lower() for t in result['unknown_targets'])}.",
@@ -290,7 +297,19 @@ class TensorRtRtxRuntime(EngineRuntime):
 
     def _read_result(self, path: Path, finished, log_path: Path, what: str) -> dict:
         if finished.killed:
-            raise PipelineError(f"TensorRT-RTX {what} was killed (out of memory, or stopped).", hint=f"log so far: {log_path}")
+            raise ToolStopped(
+                f"TensorRT-RTX {what} was killed (out of memory, or stopped).",
+                hint=f"log so far: {log_path}",
+                why="was killed (out of memory, or stopped)",
+            )
+        if finished.signal and not path.is_file():
+            # Ended by a signal inside the compiler, before the driver could write what it saw.
+            raise ToolCrashed(
+                f"TensorRT-RTX {self.spec.release} {what} crashed ({finished.signal}, exit status {finished.exit_code}) "
+                "without an error of its own",
+                hint=f"full log: {log_path}",
+                signal=finished.signal,
+            )
         try:
             return json.loads(path.read_text())
         except (OSError, ValueError):

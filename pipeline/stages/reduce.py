@@ -11,16 +11,15 @@ it whatever ends it.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from pipeline.catalog import EngineRef
-from pipeline.graph.reduce import Checks, reduce_graph, scratch
+from pipeline.graph.failure import failure_signature
+from pipeline.graph.reduce import Checks, CutNotBuilt, reduce_graph, scratch
 from pipeline.manifest import read_manifest
 from pipeline.models import model_source
-from pipeline.running.errors import PipelineError, RefusedByTool, UsageError
+from pipeline.running.errors import OutOfMemory, PipelineError, RefusedByTool, ToolCrashed, ToolStopped, UsageError
 from pipeline.runtimes import get_runtime
-from pipeline.trtexec.onnx_parser import ParserFailure
 from pipeline.workspace.artifacts import sha256_file
 
 
@@ -31,16 +30,6 @@ class _CutGraph:
     @staticmethod
     def input_ranges() -> dict:
         return {}
-
-
-def failure_signature(refusal: str, parser_failure: dict | None) -> tuple:
-    """What makes two failures of a build the same: the parser's (op, check, words) where it
-    refused a node, else the compiler's message without its numbers, quoted names, paths and file
-    names (the cuts are other files)."""
-    if parser_failure:
-        return ("parser", *ParserFailure.model_validate(parser_failure).signature())
-    words = re.sub(r'"[^"]*"|\'[^\']*\'|\S*/\S*|\S+\.(?:onnx|engine|plan)\b|\d+', "_", refusal)
-    return ("build", " ".join(words.split()))
 
 
 def reduce_engine(ctx, engine: EngineRef, toolchain: str) -> Path:
@@ -70,22 +59,33 @@ def reduce_engine(ctx, engine: EngineRef, toolchain: str) -> Path:
             hint=f"build it again (`{again} --force`), then reduce what fails now",
         )
     details = build.details
-    signature = failure_signature(build.reason or "", getattr(details, "parser_failure", None))
+    signature = failure_signature(build.reason or "", getattr(details, "parser_failure", None), onnx_path)
     variant = ctx.catalog.variants[engine.variant]
     with scratch(workspace.engine_dir(toolchain) / f".reduce-{engine.name}") as workdir:
 
         def fails_the_same_way(candidate: Path, source=_CutGraph) -> tuple[bool, str]:
             try:
                 runtime.build(candidate, workdir / "candidate.engine", variant, source)
+            except OutOfMemory as exc:
+                raise CutNotBuilt("ran out of memory") from exc
+            except ToolStopped as exc:
+                raise CutNotBuilt(exc.why) from exc
+            except ToolCrashed as exc:
+                if signature != failure_signature(exc.message, None, candidate):  # a crash of its own, not the one reduced
+                    raise CutNotBuilt(f"crashed ({exc.signal})") from exc
+                return True, "crashed the same way"
             except RefusedByTool as exc:
                 evidence = exc.result.evidence if exc.result is not None else {}
-                same = failure_signature(exc.message, evidence.get("parser_failure")) == signature
+                same = failure_signature(exc.message, evidence.get("parser_failure"), candidate) == signature
                 return same, "fails otherwise: " + exc.message
             return False, "builds"
 
         reporter.line("reduce", engine.name, f"checking that {onnx.path} still fails on {toolchain} as its build did")
         source = model_source(engine.model, ctx.catalog.models[engine.model], workspace.root)
-        same, words = fails_the_same_way(onnx_path, source)
+        try:
+            same, words = fails_the_same_way(onnx_path, source)
+        except CutNotBuilt as exc:
+            same, words = False, f"its build {exc.why}"
         if not same:
             raise PipelineError(
                 f"{onnx.path} no longer fails on {toolchain} as its build did ({words}): there is nothing to keep while cutting it.",
@@ -104,7 +104,7 @@ def reduce_engine(ctx, engine: EngineRef, toolchain: str) -> Path:
         "reduce",
         engine.name,
         f"{reduction.nodes_before} → {reduction.nodes_after} node(s) ({', '.join(reduction.ops)}) in {reduction.iterations} "
-        f"builds, {reduction.seconds:.1f} s: {workspace.relative(output)}",
+        f"builds{checks.skipped_words()}, {reduction.seconds:.1f} s: {workspace.relative(output)}",
     )
     return output
 

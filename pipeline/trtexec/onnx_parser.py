@@ -53,10 +53,11 @@ class ParserFailure(BaseModel):
         number = f"node {self.node_number}" if self.node_number is not None else "node"
         return f"{number}{named} ({self.op_type}{output})" + (f": {why}" if why else "")
 
-    def signature(self) -> tuple[str, str | None, str | None]:
-        """What makes two refusals the same failure: the op, the check and its message — not the
-        node's number or name, which change as a graph is cut down (pipeline/graph/reduce.py)."""
-        return (self.op_type, self.check, self.message)
+    def signature(self) -> tuple[str, str | None, str | None, str | None]:
+        """What makes two refusals the same failure: the op, the check, its message and the node's
+        name as the exporter wrote it (with or without slashes; None for a node without one) — not
+        its number, which changes as a graph is cut down (pipeline/graph/reduce.py)."""
+        return (self.op_type, self.check, self.message, self.node)
 
 
 def parser_failure(text: str) -> ParserFailure | None:

@@ -278,3 +278,74 @@ def test_a_reduce_needs_a_failed_build_of_the_graph_as_it_is(standin_workspace, 
     assert "ERROR models/user/fp32.onnx is not the graph the build of user_fp32 on local refused (it changed or is gone)." in changed.err
     unknown = run_cli(catalog, "reduce", "--engine", "user_fp32", "--toolchain", "nosuch")
     assert unknown.exit_code == 2 and "nosuch" in unknown.err
+
+
+def dynamo_names(path: Path) -> str:
+    """The graph's nodes renamed as torch.onnx.export(dynamo=True) names them (``node_MatMul_12``:
+    no slash); the name of a MatMul in its middle that no other name starts with."""
+    import onnx
+
+    model = onnx.load(str(path))
+    for index, node in enumerate(model.graph.node):
+        node.name = f"node_{node.op_type}_{index}"
+    onnx.save(model, str(path))
+    names = [node.name for node in model.graph.node]
+    matmuls = [name for name in names if name.startswith("node_MatMul_")]
+    return next((m for m in matmuls[len(matmuls) // 2 :] if not any(n != m and n.startswith(m) for n in names)), "")
+
+
+def test_a_builder_failure_naming_a_node_without_a_slash_is_reduced(standin_workspace, run_cli):
+    """TensorRT's builder names a fused range from the first node the graph holds to the failing
+    one: the range's start moves with each cut, the failing node does not."""
+    catalog = standin_workspace("fused")
+    ws = catalog.parent
+    node = dynamo_names(ws / "user.onnx")
+    (Path(os.environ["STANDIN_DIR"]) / "node").write_text(node)
+    built = run_cli(catalog, "build", "--engine", "user_fp32", "--toolchain", "local")
+    assert built.exit_code == 1 and "Could not find any implementation for node {ForeignNode[node_" in built.err
+    result = run_cli(catalog, "reduce", "--engine", "user_fp32", "--toolchain", "local")
+    assert result.exit_code == 0, result.err
+    path = ws / "models" / "user" / "fp32.local.reduced.onnx"
+    import onnx
+
+    names = [n.name for n in onnx.load(str(path)).graph.node]
+    assert node in names and len(names) <= 3, names
+
+
+def test_cuts_whose_build_crashed_are_counted_and_the_reduce_goes_on(standin_workspace, run_cli):
+    catalog = standin_workspace("crashes")  # AddScalar refused; any graph without it crashes the build
+    ws = catalog.parent
+    assert run_cli(catalog, "build", "--engine", "user_fp32", "--toolchain", "local").exit_code == 1
+    result = run_cli(catalog, "reduce", "--engine", "user_fp32", "--toolchain", "local")
+    assert result.exit_code == 0, result.err
+    assert "skipped, its build crashed (SIGSEGV): counted as not failing the same way" in result.err
+    record = read_manifest(ws / "manifests" / "local" / "user_fp32.json").build.details.reduced
+    skipped = record["skipped"]["crashed (SIGSEGV)"]
+    assert skipped > 0 and f"builds, {skipped} cut{'s' if skipped > 1 else ''} skipped: {skipped} crashed (SIGSEGV)," in result.err
+    assert "AddScalar" in nodes_of(ws / "models" / "user" / "fp32.local.reduced.onnx")
+
+
+def test_a_build_that_crashed_is_recorded_as_failed_with_its_signal(standin_workspace, run_cli):
+    catalog = standin_workspace("segv")
+    ws = catalog.parent
+    built = run_cli(catalog, "build", "--engine", "user_fp32", "--toolchain", "local")
+    assert built.exit_code == 1
+    assert "ERROR trtexec build crashed (SIGSEGV, exit status -11) without an error of its own" in built.err
+    build = read_manifest(ws / "manifests" / "local" / "user_fp32.json").build
+    assert build.status == "failed" and "SIGSEGV" in build.reason
+    assert build.details.trtexec["crashed"] == {"signal": "SIGSEGV", "exit_status": -11}
+
+
+@pytest.mark.rtx
+def test_a_refused_node_named_without_a_slash_is_reduced_on_tensorrt_rtx(rtx_cache, tmp_path, run_cli):
+    """The Det graph with its nodes named as the torch.export-based exporter names them: the real
+    compiler's log names the node ("Node name: node_Det_2"), and the cuts keep that name."""
+    catalog = write_catalog(tmp_path / "ws", TINY_CATALOG + USER)
+    ws = catalog.parent
+    branchy_graph_with_det(ws / "user.onnx")
+    dynamo_names(ws / "user.onnx")
+    built = run_cli(catalog, "build", "--engine", "user_fp32", "--toolchain", "trt-rtx1.7")
+    assert built.exit_code == 1 and 'at node 2 "node_Det_2" (Det → d): checkDet: UNSUPPORTED_NODE' in built.err
+    result = run_cli(catalog, "reduce", "--engine", "user_fp32", "--toolchain", "trt-rtx1.7")
+    assert result.exit_code == 0, result.err
+    assert nodes_of(ws / "models" / "user" / "fp32.trt-rtx1.7.reduced.onnx") == ["Det"]

@@ -440,6 +440,32 @@ def test_a_compiler_killed_mid_build_is_reported_as_such(tmp_path, monkeypatch):
     assert not (tmp_path / "model.build-result.json.partial").exists()
 
 
+
+def test_a_compiler_that_crashed_is_a_failed_build_with_its_signal(tmp_path, monkeypatch):
+    """A segmentation fault inside the compiler leaves no result: the build is recorded as failed,
+    with the signal (the build stage records a RefusedByTool with its result)."""
+    import pipeline.runtimes.process as process
+    from pipeline.catalog import VariantSpec
+    from pipeline.models import model_source
+    from pipeline.models.timm import TimmSpec
+    from pipeline.running.errors import ToolCrashed
+    from pipeline.running.reporting import Reporter
+    from pipeline.runtimes.tensorrt_rtx import TensorRtRtxRuntime, TensorRtRtxSpec
+
+    def crashed(argv, *, log_path, **_):
+        log_path.write_text("[I] building …\n")
+        return process.Finished(-signal.SIGSEGV, "[I] building …\n")
+
+    monkeypatch.setattr(process, "run_logged", crashed)
+    spec = TensorRtRtxSpec(kind="tensorrt-rtx", release="1.7.1.116", archs=("sm120",))
+    runtime = TensorRtRtxRuntime("trt-rtx1.7", spec, Reporter(), tmp_path)
+    source = model_source("tiny", TimmSpec(timm="test_vit", batch_size=2), tmp_path)
+    with pytest.raises(ToolCrashed) as info:
+        runtime.build(tmp_path / "model.onnx", tmp_path / "model.engine", VariantSpec(precision="fp16"), source=source)
+    assert info.value.message == "TensorRT-RTX 1.7.1.116 build crashed (SIGSEGV, exit status -11) without an error of its own"
+    assert info.value.signal == "SIGSEGV" and info.value.result.evidence["compiler"]["crashed"] == {"signal": "SIGSEGV"}
+    assert info.value.result.engine_path is None and info.value.result.sidecars == {"build_log": tmp_path / "model.build.log"}
+
 def test_compiler_messages_lose_their_source_locations():
     from pipeline.runtimes.tensorrt_rtx_reports import tidy
 
