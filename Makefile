@@ -19,9 +19,12 @@ PIPELINE := $(BIN)/pipeline
 # it answers within seconds, else from pip's own indexes (scripts/install_torch.py says which).
 # macOS wheels are CPU builds already: pip's own indexes. TORCH_INDEX= uses pip's own indexes
 # anywhere; TORCH_INDEX=URL another index (a mirror of PyTorch's, say).
-# GPU machines: install your CUDA torch into $(VENV) first, then `make setup TORCH_PACKAGES=`.
 TORCH_PACKAGES ?= torch==2.13.0 torchvision==0.28.0
 TORCH_INDEX ?= $(if $(filter Darwin,$(shell uname -s 2>/dev/null)),,https://download.pytorch.org/whl/cpu)
+# A TORCH_INDEX the user named (command line or environment) is used or the set-up fails; only the
+# default falls back to pip's own indexes. On a machine with an NVIDIA GPU a CUDA torch already
+# installed is kept, else the CUDA build comes from pip's own indexes.
+TORCH_NAMED = $(if $(filter command line environment,$(origin TORCH_INDEX)),--named)
 MODEL ?= vit
 TRT ?=
 TOOLCHAIN ?=
@@ -42,9 +45,9 @@ help: ## List the targets.
 
 setup: $(VENV)/.installed ## Create .venv and install the pipeline with its test tools (EXTRAS=cluster adds Ray).
 
-$(VENV)/.installed: pyproject.toml $(if $(EXTRAS),FORCE)
+$(VENV)/.installed: pyproject.toml $(if $(EXTRAS)$(TORCH_NAMED),FORCE)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(if $(strip $(TORCH_PACKAGES)),$(BIN)/python scripts/install_torch.py --index '$(TORCH_INDEX)' $(TORCH_PACKAGES))
+	$(if $(strip $(TORCH_PACKAGES)),$(BIN)/python scripts/install_torch.py --index '$(TORCH_INDEX)' $(TORCH_NAMED) $(TORCH_PACKAGES))
 	$(BIN)/python -m pip install -q -e '.[all,test$(if $(EXTRAS),$(comma)$(EXTRAS))]'
 	touch $@
 

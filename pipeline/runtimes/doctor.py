@@ -79,6 +79,19 @@ def check_torch_build(gpus: list | None = None) -> Check:
     )
 
 
+def check_torch_pair(versions: tuple[str | None, str | None] | None = None, import_error=None) -> Check | None:
+    """Whether torchvision goes with the torch installed (pipeline/runtimes/torch_pair.py); None
+    where either is missing. ``versions`` and ``import_error`` (a function) stand in for the
+    installed ones in tests."""
+    from pipeline.runtimes.torch_pair import pair_problem, torchvision_import_error
+
+    torch, torchvision = versions or (package_version("torch"), package_version("torchvision"))
+    if not torch or not torchvision:
+        return None
+    problem = pair_problem(torch, torchvision, (import_error or torchvision_import_error)())
+    return Check("torch/torchvision pair", problem is None, problem or f"torch {torch} with torchvision {torchvision}")
+
+
 def check_gpus() -> Check:
     gpus = nvidia_gpus()
     if not gpus:
@@ -130,7 +143,9 @@ def check_runtime_kinds() -> list[Check]:
 def run_doctor(catalog: Catalog) -> list[Check]:
     checks = check_python()
     daemon, runtime = check_docker()
-    return checks + [check_torch_build(), check_cuda(), check_gpus(), daemon, runtime] + check_runtime_kinds() + check_toolchains(catalog)
+    pair = [check] if (check := check_torch_pair()) is not None else []
+    checks += [check_torch_build(), *pair, check_cuda(), check_gpus(), daemon, runtime]
+    return checks + check_runtime_kinds() + check_toolchains(catalog)
 
 
 def render(checks: list[Check]):

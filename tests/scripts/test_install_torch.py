@@ -66,6 +66,8 @@ def test_pip_gets_the_index_where_it_answers_and_pips_own_indexes_with_one_line_
     calls = []
     monkeypatch.setattr(install_torch.subprocess, "call", lambda command: calls.append(command) or 0)
     monkeypatch.setattr(install_torch, "PROBE_S", 0.5)
+    monkeypatch.setattr(install_torch, "nvidia_gpu", lambda: None)
+    monkeypatch.setattr(install_torch, "installed_torch", lambda python: None)  # nothing said after pip
     packages = ["torch==2.13.0", "torchvision==0.28.0"]
     assert install_torch.main(["--python", "py", "--index", index, *packages]) == 0
     assert calls[-1] == ["py", "-m", "pip", "install", "-q", *packages, "--index-url", index]
@@ -77,8 +79,56 @@ def test_pip_gets_the_index_where_it_answers_and_pips_own_indexes_with_one_line_
     assert calls[-1] == ["py", "-m", "pip", "install", "-q", *packages]
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(
-        f"setup: {silent} cannot be reached (no answer in 0.5 s); installing torch==2.13.0 torchvision==0.28.0 from pip's"
+        f"setup: the default torch index {silent} cannot be reached (no answer in 0.5 s); installing torch==2.13.0 "
+        "torchvision==0.28.0 from pip's own indexes instead"
     )
 
     assert install_torch.main(["--python", "py", "--index", "", "torch"]) == 0  # TORCH_INDEX= : pip's own, nothing said
     assert calls[-1] == ["py", "-m", "pip", "install", "-q", "torch"] and capsys.readouterr().err == ""
+
+
+PAIR = ["torch==2.13.0", "torchvision==0.28.0"]
+
+
+@pytest.fixture
+def pip(install_torch, monkeypatch):
+    """pip and the machine stubbed: the pip commands run, a machine without a GPU, torch as pip left it."""
+    calls = []
+    monkeypatch.setattr(install_torch.subprocess, "call", lambda command: calls.append(command) or 0)
+    monkeypatch.setattr(install_torch, "PROBE_S", 0.5)
+    monkeypatch.setattr(install_torch, "nvidia_gpu", lambda: None)
+    monkeypatch.setattr(install_torch, "installed_torch", lambda python: ("2.13.0+cpu", None))
+    monkeypatch.setattr(install_torch, "torchvision_fails", lambda python: None)
+    return calls
+
+
+def test_an_index_the_user_named_is_used_or_the_set_up_fails(install_torch, pip, index, silent, capsys):
+    assert install_torch.main(["--python", "py", "--index", silent, "--named", *PAIR]) == 1
+    assert pip == []  # nothing installed from another index
+    err = capsys.readouterr().err
+    assert err.startswith(f"ERROR TORCH_INDEX={silent} cannot be reached (no answer in 0.5 s): the set-up stops rather than install")
+    assert "\nTIP check the URL and the network" in err
+    assert install_torch.main(["--python", "py", "--index", index, "--named", *PAIR]) == 0
+    assert pip[-1][-2:] == ["--index-url", index]
+    assert capsys.readouterr().err == f"setup: torch from {index}\nsetup: torch 2.13.0+cpu (the CPU build); torchvision imports beside it\n"
+
+
+def test_a_gpu_machine_keeps_its_cuda_torch_or_gets_one(install_torch, pip, index, capsys, monkeypatch):
+    monkeypatch.setattr(install_torch, "nvidia_gpu", lambda: "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)")
+    monkeypatch.setattr(install_torch, "installed_torch", lambda python: ("2.13.0+cu128", "12.8"))
+    assert install_torch.main(["--python", "py", "--index", index, *PAIR]) == 0
+    assert pip == []
+    assert "setup: keeping torch 2.13.0+cu128, the CUDA 12.8 build already installed (GPU 0: NVIDIA H100" in capsys.readouterr().err
+
+    monkeypatch.setattr(install_torch, "installed_torch", lambda python: ("2.13.0+cpu", None))
+    assert install_torch.main(["--python", "py", "--index", index, *PAIR]) == 0
+    assert pip[-1] == ["py", "-m", "pip", "install", "-q", *PAIR]  # pip's own indexes: PyPI's Linux torch is the CUDA build
+    assert "the CUDA build of torch from pip's own indexes" in capsys.readouterr().err
+
+
+def test_a_pair_that_does_not_import_is_said_after_the_install(install_torch, pip, index, capsys, monkeypatch):
+    monkeypatch.setattr(install_torch, "torchvision_fails", lambda python: "RuntimeError: operator torchvision::nms does not exist")
+    assert install_torch.main(["--python", "py", "--index", index, *PAIR]) == 0
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last.startswith("setup: WARNING torch 2.13.0+cpu (the CPU build) with a torchvision that does not import beside it")
+    assert "timm models work, torchvision's own ops do not; `pipeline doctor` prints the command that fixes the pair" in last
