@@ -15,6 +15,7 @@ from pipeline.catalog import ProfileSettings
 from pipeline.measuring.rounds import SmClock, measure_in_rounds, undecided
 from pipeline.measuring.stats import (
     at_band_edge,
+    first_deciding_round,
     median_interval,
     outcome,
     paired_ratio,
@@ -200,7 +201,7 @@ def test_a_budget_too_small_to_decide_stops_undecided():
     done = measure_in_rounds(engines, settings(budget_s=0.2, take_ms=5), seed=1)
     assert done.stop == "budget" and done.rounds >= 6
     assert time.perf_counter() - started < 2
-    (pair,) = undecided(done.takes, 0.03)
+    (pair,) = undecided(done.takes, 0.03, len(done.entrants))
     assert pair[2].outcome == "ambiguous"
     # Said once for the point, naming the pair left open and its interval.
     from pipeline.stages.point import undecided_words
@@ -219,7 +220,8 @@ def test_an_engine_that_fails_in_a_round_leaves_and_the_rounds_go_on():
     done = measure_in_rounds(engines, settings(), seed=5)
     assert done.failed == {"b": "out of GPU memory at shape 4×4096: 512 MiB free of 81,559 MiB"}
     assert isinstance(done.errors["b"], OutOfMemory)
-    assert len(done.takes["b"]) == 2 and len(done.takes["a"]) == done.rounds == 6
+    # Decided at the first round a pair of three engines can be (all three pairs held at 95 % together).
+    assert len(done.takes["b"]) == 2 and len(done.takes["a"]) == done.rounds == first_deciding_round(3) == 7
     assert done.stop == "decided"
 
 
@@ -238,13 +240,15 @@ def test_racing_takes_an_engine_out_of_the_running_out_of_the_rounds_and_keeps_t
         }
 
     raced = measure_in_rounds(engines(), settings(min_rounds=6, budget_s=5), seed=2, stays=frozenset({"base"}))
-    assert raced.rounds > 6
-    assert raced.raced_out == {"c": 6} and len(raced.takes["c"]) == 6
+    first = first_deciding_round(4)  # the first look of a pair of four engines: 8 rounds
+    assert raced.rounds > first == 8
+    assert raced.raced_out == {"c": first} and len(raced.takes["c"]) == first
     assert len(raced.takes["base"]) == len(raced.takes["a"]) == len(raced.takes["b"]) == raced.rounds
-    assert raced.record("c").raced_out == {"c": 6} and raced.record("a").raced_out == {"c": 6}
+    assert raced.record("c").raced_out == {"c": first} and raced.record("a").raced_out == {"c": first}
     # The rounds after it left were drawn among the others alone.
     assert all(
-        sorted(t.order for key in ("a", "b", "base") for t in raced.takes[key] if t.round == r) == [0, 1, 2] for r in range(6, raced.rounds)
+        sorted(t.order for key in ("a", "b", "base") for t in raced.takes[key] if t.round == r) == [0, 1, 2]
+        for r in range(first, raced.rounds)
     )
 
     every = measure_in_rounds(engines(), settings(min_rounds=6, budget_s=5, racing=False), seed=2, stays=frozenset({"base"}))
@@ -276,13 +280,15 @@ def test_a_round_of_few_engines_lengthens_its_takes_to_last_round_ms():
     assert done.stop == "decided" and two["a"].asked == two["b"].asked == [500] * 6
     assert done.record("a").round_ms == 1000
 
-    # Racing: c leaves after the sixth round; the three left take a third of the round each.
+    # Racing: c leaves at the first look a pair of four can decide at (round 8); the three left
+    # take a third of the round each.
     wobble = [1.0, 1.03, 0.97, 1.02, 0.98, 1.01, 0.99, 1.025, 0.975, 1.0]
     four = {"a": Lengths(1.0), "b": Lengths(1.03), "c": Lengths(3.0), "base": Lengths(2.0)}
     four["b"].noise = lambda r: wobble[r % len(wobble)]
     raced = measure_in_rounds(four, settings(take_ms=100, round_ms=1000, min_rounds=6, budget_s=60), seed=2, stays=frozenset({"base"}))
-    assert raced.raced_out == {"c": 6} and raced.rounds > 6
-    assert four["c"].asked == [250] * 6 and four["a"].asked == [250] * 6 + [pytest.approx(1000 / 3)] * (raced.rounds - 6)
+    first = first_deciding_round(4)
+    assert raced.raced_out == {"c": first} and raced.rounds > first
+    assert four["c"].asked == [250] * first and four["a"].asked == [250] * first + [pytest.approx(1000 / 3)] * (raced.rounds - first)
 
     alone = {"a": Lengths(1.0)}
     measure_in_rounds(alone, settings(take_ms=100, round_ms=1000, min_rounds=6, budget_s=60), seed=1)
@@ -308,10 +314,11 @@ def test_an_engine_raced_out_keeps_its_figures_and_the_row_the_table_and_the_jso
         _take_rounds(row, [done.record(entrant)])
         rows[entrant] = row
     out, kept = rows["c"], rows["a"]
-    assert (out.rounds, out.raced_out_after, kept.rounds, kept.raced_out_after) == (6, 6, done.rounds, None)
-    assert out.median_ci_ms is not None and len([m for m in out.round_medians[done.group] if m is not None]) == 6
-    assert f"out of the running after 6 of {done.rounds} rounds (racing)" in out.full_status
-    assert out.public()["raced_out_after"] == 6 and kept.public()["raced_out_after"] is None
+    first = first_deciding_round(3)  # 7: the first look a pair of three engines decides at
+    assert (out.rounds, out.raced_out_after, kept.rounds, kept.raced_out_after) == (first, first, done.rounds, None)
+    assert out.median_ci_ms is not None and len([m for m in out.round_medians[done.group] if m is not None]) == first
+    assert f"out of the running after {first} of {done.rounds} rounds (racing)" in out.full_status
+    assert out.public()["raced_out_after"] == first and kept.public()["raced_out_after"] is None
     assert _compact_status(out, _Notes()).startswith("raced out [") and _compact_status(kept, _Notes()).startswith("measured [")
 
 

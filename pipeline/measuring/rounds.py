@@ -340,11 +340,11 @@ def rounds_loop(
             if not following and held.mode == "whole":
                 held.share()  # every engine GPU-bound: other points may be timed beside it
         running = {k: v for k, v in takes.items() if k not in failed and k not in raced_out}
-        open_pairs = undecided(running, settings.tie)
+        open_pairs = undecided(running, settings.tie, len(entrants))
         if settings.racing and rounds >= settings.min_rounds and open_pairs:
-            out = out_of_the_running(running, settings.tie, stays)
+            out = out_of_the_running(running, settings.tie, stays, len(entrants))
             contenders = {key: value for key, value in running.items() if key not in out}
-            open_pairs = undecided(contenders, settings.tie)
+            open_pairs = undecided(contenders, settings.tie, len(entrants))
             if open_pairs:  # the rounds go on, without those out of the running (a point decided now ends whole)
                 raced_out.update(dict.fromkeys(out, rounds))
         elapsed = now() - started

@@ -268,6 +268,9 @@ class RatioEstimate(BaseModel):
     # How many rounds paired the two (None: unpaired, from the two medians' own intervals).
     rounds: int | None = None
     outcome: str
+    # The level the interval was read at: for a pair timed together, the level that holds every
+    # pair of its set of rounds at 95 % together (family_confidence); 95 % for one timed apart.
+    confidence: float = CONFIDENCE
 
     @property
     def paired(self) -> bool:
@@ -276,7 +279,9 @@ class RatioEstimate(BaseModel):
     def inverse(self) -> RatioEstimate:
         """B over A."""
         flipped = {"faster": "slower", "slower": "faster"}.get(self.outcome, self.outcome)
-        return RatioEstimate(ratio=1 / self.ratio, low=1 / self.high, high=1 / self.low, rounds=self.rounds, outcome=flipped)
+        return RatioEstimate(
+            ratio=1 / self.ratio, low=1 / self.high, high=1 / self.low, rounds=self.rounds, outcome=flipped, confidence=self.confidence
+        )
 
 
 # --- the paired ratio's interval, valid at every look ---------------------------------------------
@@ -343,9 +348,37 @@ class _SequentialRanks:
         return self.ranks[n]
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=64)  # a level per family size (stats.family_confidence) a compare meets
 def _sequential_ranks(alpha: float) -> _SequentialRanks:
     return _SequentialRanks(alpha)
+
+
+# --- one confidence for every pair of a point ----------------------------------------------------
+#
+# A point of k engines has k(k-1)/2 pairs, and its output makes claims about many of them at once
+# (the verdict's comparisons, the table's marks, the sweep's crossover sentences), about an engine
+# chosen *because* it timed fastest. Each pair's confidence sequence read at 95 % would let a
+# point of ten equal engines carry some false "faster" in a quarter to two thirds of points
+# (scripts/simulate_confidence.py measured it). So each pair's sequence is read at
+# 1 - (1 - confidence) / pairs (Bonferroni over the point's pairs): with probability at least
+# ``confidence`` every pair's interval holds its true ratio at every look together — whichever
+# pairs are then compared, whichever engine leads, however the rounds stopped. The union bound
+# needs no independence between the pairs (they share engines and rounds). Its price is the first
+# look: a pair of a point of ten engines can decide from round 11 on (two engines: round 6).
+
+
+def family_confidence(engines: int, confidence: float = CONFIDENCE) -> float:
+    """The confidence each pair's interval is read at so that all pairs of ``engines`` engines
+    timed together hold at ``confidence`` together (above)."""
+    pairs = engines * (engines - 1) // 2
+    return 1.0 - (1.0 - confidence) / max(pairs, 1)
+
+
+def first_deciding_round(engines: int, confidence: float = CONFIDENCE) -> int:
+    """The first round at which a pair of a point of ``engines`` engines can be decided: the
+    fewest rounds whose range alone bounds a median at the pair's level (6 for two engines, 7
+    for three, 11 for ten)."""
+    return _sequential_ranks(round(1.0 - family_confidence(engines, confidence), 12)).first
 
 
 def sequential_median_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float] | None:
@@ -374,7 +407,7 @@ def paired_ratio(
     # Too few rounds to reach the confidence: their whole range, and no decision (never a guess).
     low, high = interval if interval is not None else (min(ratios), max(ratios))
     said = outcome(low, high, tie) if interval is not None else "ambiguous"
-    return RatioEstimate(ratio=float(median(ratios)), low=low, high=high, rounds=len(ratios), outcome=said)
+    return RatioEstimate(ratio=float(median(ratios)), low=low, high=high, rounds=len(ratios), outcome=said, confidence=confidence)
 
 
 def unpaired_ratio(

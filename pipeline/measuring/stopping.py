@@ -5,6 +5,9 @@
   the others is "the same" (its ratio's interval within the tie band), or faster or slower beyond
   the band; an interval that holds 1, or excludes it but reaches across an edge of the band, keeps
   the rounds going.
+* **One confidence for the point**: every pair's interval is read at the level that makes all the
+  pairs of the point's engines hold together at 95 % (stats.family_confidence), as the verdict
+  reads them, so that what the rounds stop on is what the verdict then claims.
 * **Racing**: an engine the leader is faster than beyond the tie band, by the same interval, is out
   of the running — no further round can make it the answer — and leaves the rounds, which then
   time only the contenders. The baseline toolchain's engines stay, so that every speedup keeps its
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from pipeline.measuring.stats import RatioEstimate, at_band_edge, paired_ratio
+from pipeline.measuring.stats import RatioEstimate, at_band_edge, family_confidence, paired_ratio
 
 
 class Take(Protocol):
@@ -40,7 +43,7 @@ def _medians(takes: dict[str, list[Take]]) -> dict[str, dict[int, float]]:
 
 def _leader(medians: dict[str, dict[int, float]], tie: float) -> str:
     """The engine whose per-round times are lowest: each one's paired ratio to the first engine,
-    the least of them."""
+    the least of them (the point estimate: no interval is read)."""
     reference = next(iter(medians))
 
     def against_reference(key: str) -> float:
@@ -55,20 +58,22 @@ def _beyond_the_band(estimate: RatioEstimate | None, tie: float) -> bool:
     return estimate is not None and estimate.outcome == "faster" and not at_band_edge(estimate.low, estimate.high, tie)
 
 
-def undecided(takes: dict[str, list[Take]], tie: float) -> list[tuple[str, str, RatioEstimate | None]]:
+def undecided(takes: dict[str, list[Take]], tie: float, engines: int) -> list[tuple[str, str, RatioEstimate | None]]:
     """The comparisons the verdict needs that the takes do not settle yet: the leader against each
     of the others, where their ratio's interval holds 1 without lying within the tie band, or
     excludes 1 but reaches across an edge of the band (more rounds could still make it "the same":
-    stopping there would let two runs disagree)."""
+    stopping there would let two runs disagree). ``engines``: how many the point's rounds time
+    (those raced out too), whose pairs the intervals hold for together."""
     medians = _medians(takes)
     if len(medians) < 2:
         return []
     leader = _leader(medians, tie)
+    confidence = family_confidence(engines)
     open_pairs = []
     for other in medians:
         if other == leader:
             continue
-        estimate = paired_ratio(medians[leader], medians[other], tie)
+        estimate = paired_ratio(medians[leader], medians[other], tie, confidence)
         if (
             estimate is None
             or estimate.outcome == "ambiguous"
@@ -78,17 +83,19 @@ def undecided(takes: dict[str, list[Take]], tie: float) -> list[tuple[str, str, 
     return open_pairs
 
 
-def out_of_the_running(takes: dict[str, list[Take]], tie: float, stays: set[str]) -> list[str]:
-    """The engines the leader is faster than beyond the tie band (decided, not at the band's edge):
-    out of the running at this point, they may leave its rounds; those in ``stays`` never do."""
+def out_of_the_running(takes: dict[str, list[Take]], tie: float, stays: set[str], engines: int) -> list[str]:
+    """The engines the leader is faster than beyond the tie band (decided, not at the band's edge,
+    read as ``undecided`` reads it): out of the running at this point, they may leave its rounds;
+    those in ``stays`` never do."""
     medians = _medians(takes)
     if len(medians) < 2:
         return []
     leader = _leader(medians, tie)
+    confidence = family_confidence(engines)
     return [
         key
         for key in medians
-        if key != leader and key not in stays and _beyond_the_band(paired_ratio(medians[leader], medians[key], tie), tie)
+        if key != leader and key not in stays and _beyond_the_band(paired_ratio(medians[leader], medians[key], tie, confidence), tie)
     ]
 
 

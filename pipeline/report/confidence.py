@@ -1,8 +1,9 @@
 """Which of two comparison rows is faster, and how sure that is.
 
 Rows timed together in rounds (pipeline/measuring/rounds.py) are compared round by round: the median of
-the per-round ratios of their take medians, with the sign-test interval of that median
-(pipeline/measuring/stats.py). Rows measured apart — another run, a trtexec or TensorRT-RTX engine measured
+the per-round ratios of their take medians, with the sign test's confidence sequence for that median
+(pipeline/measuring/stats.py), read at the level that makes every pair of the set of rounds' engines
+hold together at 95 % (``pair_confidence``). Rows measured apart — another run, a trtexec or TensorRT-RTX engine measured
 alone — are compared by their medians' own intervals. Either way the comparison is one of the four
 outcomes NVIDIA's nvbench-compare-robust reports: faster, slower, same (the ratio's interval lies
 within the tie band, 1/(1 + tie) to 1 + tie) or ambiguous.
@@ -10,7 +11,7 @@ within the tie band, 1/(1 + tie) to 1 + tie) or ambiguous.
 
 from __future__ import annotations
 
-from pipeline.measuring.stats import RatioEstimate, paired_ratio, unpaired_ratio
+from pipeline.measuring.stats import RatioEstimate, family_confidence, paired_ratio, unpaired_ratio
 from pipeline.report.rows import ComparisonRow
 
 
@@ -21,12 +22,21 @@ def time_ratio(a: ComparisonRow, b: ComparisonRow, tie: float) -> RatioEstimate 
         return None
     shared = set(a.round_medians) & set(b.round_medians)
     if shared:
-        estimate = paired_ratio(a.medians_by_round(shared), b.medians_by_round(shared), tie)
+        estimate = paired_ratio(a.medians_by_round(shared), b.medians_by_round(shared), tie, pair_confidence(a, shared))
         if estimate is not None:
             return estimate
     if a.median_ci_ms is None or b.median_ci_ms is None:
         return None
     return unpaired_ratio(a.median_ms, a.median_ci_ms, b.median_ms, b.median_ci_ms, tie)
+
+
+def pair_confidence(row: ComparisonRow, shared) -> float:
+    """The level a pair of rows timed together in the sets of rounds ``shared`` is read at: the
+    one that holds for every pair of the largest of those sets' engines at once
+    (stats.family_confidence), as the rounds read it when they stopped. A set's engines are
+    recorded in each of its manifests (``round_entrants``)."""
+    engines = max((len(row.round_entrants.get(group, ("", ()))[1]) for group in shared), default=2)
+    return family_confidence(engines)
 
 
 def interval_words(estimate: RatioEstimate) -> str:

@@ -18,8 +18,9 @@ from pipeline.report.rows import ComparisonRow
 # out_of_memory rows (no longer among its excluded) and accuracy_unchecked, each sweep line's ends;
 # 8 each comparison's at_band_edge, and such a pair no longer decides the answer; 9 each row's
 # raced_out_after, the paired intervals read as confidence sequences, and only the pairs the
-# answer rests on among the comparisons.
-JSON_SCHEMA_VERSION = 9
+# answer rests on among the comparisons; 10 each comparison's confidence, every paired interval
+# read so that all pairs of its set of rounds hold at 95 % together.
+JSON_SCHEMA_VERSION = 10
 
 
 def render_json(rows: list[ComparisonRow], answer: Answer | None = None) -> str:

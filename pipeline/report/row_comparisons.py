@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pipeline.catalog import Catalog
 from pipeline.measuring.stats import paired_ratio
+from pipeline.report.confidence import pair_confidence
 from pipeline.report.rows import ComparisonRow, shape_order, trusted_rounds
 
 
@@ -24,11 +25,16 @@ def compare_rows(catalog: Catalog, rows: list[ComparisonRow], toolchain_order: l
     if catalog.baseline_toolchain:
         comparisons += _against_baseline_toolchain(rows, catalog.baseline_toolchain)
     # Rows timed together in rounds: significant when the interval of their paired per-round
-    # ratio excludes 1 (pipeline/measuring/stats.py); the others by the bootstrap below.
+    # ratio excludes 1, read at the point's level for all its pairs (pipeline/report/confidence.py);
+    # the others by the bootstrap below.
     unpaired = []
     for row, base, field_name in comparisons:
         shared = set(row.round_medians) & set(base.round_medians)
-        estimate = paired_ratio(row.medians_by_round(shared), base.medians_by_round(shared), catalog.profile.tie) if shared else None
+        estimate = (
+            paired_ratio(row.medians_by_round(shared), base.medians_by_round(shared), catalog.profile.tie, pair_confidence(row, shared))
+            if shared
+            else None
+        )
         if estimate is not None:
             setattr(row, field_name, estimate.low > 1.0 or estimate.high < 1.0)
         else:

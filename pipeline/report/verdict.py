@@ -308,6 +308,7 @@ class Verdict:
                     "paired": estimate.paired if estimate else False,
                     "outcome": estimate.outcome if estimate else "ambiguous",
                     "at_band_edge": pairs.on_band_edge(estimate, self.tie),
+                    "confidence": estimate.confidence if estimate else None,
                 }
                 for a, b, estimate in self.comparisons
             ],

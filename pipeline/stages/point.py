@@ -134,7 +134,7 @@ def undecided_words(outcome: RoundsOutcome) -> str:
     """What the budget left open: "undecided after 8 rounds (budget_s = 30): bf16/torch-compile
     against bf16/torch-reduce-overhead undecided (0.981–1.034)"."""
     running = {k: v for k, v in outcome.takes.items() if k not in outcome.failed and k not in outcome.raced_out}
-    open_pairs = undecided(running, outcome.settings.tie)
+    open_pairs = undecided(running, outcome.settings.tie, len(outcome.entrants))
     pairs = "; ".join(open_pair_words(*pair) for pair in open_pairs)
     return f"undecided after {outcome.rounds} rounds (budget_s = {outcome.settings.budget_s:g})" + (f": {pairs}" if pairs else "")
 
