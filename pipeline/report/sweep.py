@@ -73,19 +73,29 @@ class Sweep:
         with thousands (a sweep over many builds) a sentence each, not millions."""
         out = []
         keys = list(self.lines)
+        for i, j in self._crossover_pairs():
+            sentence = _crossover(self.shapes, self.lines[keys[i]], self.lines[keys[j]], self.tie)
+            if sentence:
+                out.append(sentence)
+        return out
+
+    def crossover_leads(self) -> list[Lead]:
+        """Every comparison the crossover sentences are made of (what they claim, pair by pair)."""
+        keys = list(self.lines)
+        return [lead for i, j in self._crossover_pairs() for lead in leads(self.shapes, self.lines[keys[i]], self.lines[keys[j]], self.tie)]
+
+    def _crossover_pairs(self) -> list[tuple[int, int]]:
+        """The pairs of lines (by their place) with a reference in them, in the lines' order: a
+        reference against each line of its variant, not every two lines (n² of them for a sweep
+        over thousands of builds)."""
+        keys = list(self.lines)
         place = {key: index for index, key in enumerate(keys)}
-        # The pairs with a reference in them, in the lines' order: a reference against each line of
-        # its variant, not every two lines (n² of them for a sweep over thousands of builds).
         pairs = set()
         for reference in self._references():
             for key in keys:
                 if key[0] == reference[0] and key != reference:
                     pairs.add((min(place[key], place[reference]), max(place[key], place[reference])))
-        for i, j in sorted(pairs):
-            sentence = _crossover(self.shapes, self.lines[keys[i]], self.lines[keys[j]], self.tie)
-            if sentence:
-                out.append(sentence)
-        return out
+        return sorted(pairs)
 
     def _references(self) -> set[tuple[str, str]]:
         """The lines every other line of their variant is set against: each variant's fastest line
@@ -183,51 +193,89 @@ def sweeps(rows: list[ComparisonRow], verdict_list: list[Verdict], tie: float = 
     return list(out.values())
 
 
-def _crossover(shapes: list[str], a: dict[str, ComparisonRow], b: dict[str, ComparisonRow], tie: float) -> str | None:
-    """Two ways of running a variant across the points they share, in words: by how much one is
-    faster at the first and the last point (the paired ratio and its interval where they were
-    timed together), where the two cannot be told apart, and where the lead changes."""
-    shared = [s for s in shapes if a.get(s) and b.get(s) and a[s].median_ms and b[s].median_ms]
-    if not shared:
-        return None
-    name_a, name_b = a[shared[0]].target, b[shared[0]].target
+@dataclass(frozen=True)
+class Lead:
+    """What two lines say of each other at one point: ``first`` and ``second`` in the order their
+    interval decides (the faster first where one is decided faster), the ratio of the second's
+    time to the first's with its interval, and the comparison's outcome (None: no interval, the
+    medians alone)."""
 
-    def lead(shape: str) -> tuple[str, str, float, str]:
-        """(faster, slower, by how much, its interval in words) at a point."""
+    shape: str
+    first: ComparisonRow
+    second: ComparisonRow
+    estimate: RatioEstimate | None
+
+    @property
+    def outcome(self) -> str:
+        return self.estimate.outcome if self.estimate is not None else "medians only"
+
+    @property
+    def decided(self) -> bool:
+        """Whether one is faster by the interval (what a lead, and a change of lead, is said on)."""
+        return self.outcome in ("faster", "slower")
+
+    @property
+    def ratio(self) -> float:
+        return self.estimate.ratio if self.estimate is not None else self.second.median_ms / self.first.median_ms
+
+    def words(self, names: dict[int, str], again: bool = False) -> str:
+        """ "inductor is faster than eager by 3.33× [3.27–3.40]", "eager and inductor cannot be told
+        apart [0.95–1.04]", "… are the same within the tie width [0.98–1.02]"; ``again``: the
+        lead already named, only its size."""
+        first, second = names[id(self.first)], names[id(self.second)]
+        interval = f" [{self.estimate.low:.2f}–{self.estimate.high:.2f}]" if self.estimate is not None else ""
+        if self.outcome == "same":
+            return f"{first} and {second} are the same within the tie width{interval}"
+        if self.outcome == "ambiguous":
+            return f"{first} and {second} cannot be told apart{interval}"
+        if self.estimate is None:
+            return f"{first}'s median is {self.ratio:.2f}× below {second}'s (no interval to say how sure)"
+        return f"{self.ratio:.2f}×{interval}" if again else f"{first} is faster than {second} by {self.ratio:.2f}×{interval}"
+
+
+def leads(shapes: list[str], a: dict[str, ComparisonRow], b: dict[str, ComparisonRow], tie: float) -> list[Lead]:
+    """Two lines at each point they share: the comparison every crossover sentence is made of
+    (read at the point's level for all its pairs, pipeline/report/confidence.py)."""
+    out = []
+    for shape in shapes:
+        if not (a.get(shape) and b.get(shape) and a[shape].median_ms and b[shape].median_ms):
+            continue
         estimate = time_ratio(b[shape], a[shape], tie)  # B's time over A's: above 1, A is faster
-        if estimate is None:
-            ms_a, ms_b = a[shape].median_ms, b[shape].median_ms
-            return (name_a, name_b, ms_b / ms_a, "") if ms_a <= ms_b else (name_b, name_a, ms_a / ms_b, "")
-        if estimate.ratio < 1:
-            estimate = estimate.inverse()
-            return name_b, name_a, estimate.ratio, _said(estimate)
-        return name_a, name_b, estimate.ratio, _said(estimate)
+        first, second = a[shape], b[shape]
+        faster_b = estimate.ratio < 1 if estimate is not None else b[shape].median_ms < a[shape].median_ms
+        if faster_b:
+            first, second, estimate = b[shape], a[shape], estimate.inverse() if estimate is not None else None
+        out.append(Lead(shape, first, second, estimate))
+    return out
 
-    start, end = lead(shared[0]), lead(shared[-1])
-    variant = a[shared[0]].variant
-    if len(shared) == 1:
-        return f"{variant}: {start[0]} is faster than {start[1]} by {start[2]:.2f}×{start[3]} at {times(shared[0])}."
-    sentence = f"{variant}: {start[0]} is faster than {start[1]} by {start[2]:.2f}×{start[3]} at {times(shared[0])}"
-    sentence += (
-        f" and {end[2]:.2f}×{end[3]} at {times(shared[-1])}"
-        if end[0] == start[0]
-        else f"; {end[0]} is faster by {end[2]:.2f}×{end[3]} at {times(shared[-1])}"
-    )
+
+def _crossover(shapes: list[str], a: dict[str, ComparisonRow], b: dict[str, ComparisonRow], tie: float) -> str | None:
+    """Two ways of running a variant across the points they share, in words: how they compare at
+    the first and the last point (by how much one is faster, where its interval says so; else
+    that they are the same or cannot be told apart), and where the lead changes as the sequence
+    grows — said only between points where one is faster by its interval at both."""
+    found = leads(shapes, a, b, tie)
+    if not found:
+        return None
+    names = {id(row): row.target for lead in found for row in (lead.first, lead.second)}
+    start, end = found[0], found[-1]
+    sentence = f"{start.first.variant}: {start.words(names)} at {times(start.shape)}"
+    if len(found) > 1:
+        same_lead = start.decided and end.decided and start.first.target == end.first.target
+        sentence += f" and {end.words(names, again=True)}" if same_lead else f"; {end.words(names)}"
+        sentence += f" at {times(end.shape)}"
     # Where the lead changes as the sequence grows, at each batch size.
     changes = []
-    batches = dict.fromkeys(s.split("x")[0] for s in shared)
-    for batch in batches:
-        points = [s for s in shared if s.split("x")[0] == batch]
+    for batch in dict.fromkeys(shape_batch(lead.shape) for lead in found):
+        points = [lead for lead in found if shape_batch(lead.shape) == batch]
         for before, after in zip(points, points[1:]):
-            if lead(before)[0] != lead(after)[0]:
-                changes.append(f"{lead(after)[0]} takes the lead between {times(before)} and {times(after)}")
+            if before.decided and after.decided and before.first.target != after.first.target:
+                changes.append(f"{after.first.target} takes the lead between {times(before.shape)} and {times(after.shape)}")
     if changes:
         sentence += "; " + "; ".join(changes)
     return sentence + "."
 
 
-def _said(estimate: RatioEstimate) -> str:
-    """ " [2.05–2.16]" with what the interval says when it is not a clear lead: " [0.98–1.02],
-    the same" or " [0.95–1.04], undecided"."""
-    qualifier = {"same": ", the same within the tie width", "ambiguous": ", undecided"}.get(estimate.outcome, "")
-    return f" [{estimate.low:.2f}–{estimate.high:.2f}{qualifier}]"
+def shape_batch(shape: str) -> str:
+    """A point's batch size, as its text names it ("2" of "2x512")."""
+    return shape.split("x")[0]

@@ -101,7 +101,9 @@ def test_the_sweep_table_has_a_column_per_point_and_the_answer_comes_first(swept
         assert sweep_lines[("fp32", verdict["fastest"]["toolchain"])][column].startswith("*")
     (sweep,) = data["sweeps"]
     assert sweep["shapes"] == POINTS and len(sweep["crossovers"]) == 3  # every two of the three toolchains
-    assert all(sentence.startswith("fp32: ") and " is faster than " in sentence for sentence in sweep["crossovers"])
+    # Each end says a lead only where its interval shows one.
+    said = (" is faster than ", " cannot be told apart ", " are the same within the tie width ")
+    assert all(sentence.startswith("fp32: ") and any(words in sentence for words in said) for sentence in sweep["crossovers"])
 
 
 def test_the_html_report_opens_with_the_answer_and_draws_the_sweep(swept, run_cli):
@@ -532,10 +534,28 @@ def test_a_crossover_is_said_where_the_lead_changes():
     (sweep,) = sweeps(rows, verdicts(rows, "eager"))
     (sentence,) = sweep.crossovers()
     assert sentence == (
-        "fp16: inductor is faster than eager by 3.33× [3.27–3.40] at 2×512; eager is faster by 1.50× [1.47–1.53] at 2×4096; "
-        "eager takes the lead between 2×512 and 2×2048."
+        "fp16: inductor is faster than eager by 3.33× [3.27–3.40] at 2×512; eager is faster than inductor by 1.50× [1.47–1.53] "
+        "at 2×4096; eager takes the lead between 2×512 and 2×2048."
     )
     assert [sweep.cell(("fp16", "eager"), shape, "ms") for shape in ("2x512", "2x2048")] == ["20.000", "*22.000"]
+
+
+def test_a_crossover_claims_no_lead_its_intervals_do_not_show():
+    """Two lines whose medians swap between points but whose intervals cannot tell them apart: the
+    sentence says so at each end and names no change of lead (a lead read off the medians alone
+    was a claim no interval backed)."""
+    rows = [
+        _row("eager", "2x512", 20.0, spread=0.05),
+        _row("eager", "2x2048", 20.4, spread=0.05),
+        _row("inductor", "2x512", 20.3, spread=0.05),
+        _row("inductor", "2x2048", 20.1, spread=0.05),
+    ]
+    (sweep,) = sweeps(rows, verdicts(rows, "eager"))
+    (sentence,) = sweep.crossovers()
+    assert sentence == (
+        "fp16: eager and inductor cannot be told apart [0.92–1.12] at 2×512; inductor and eager cannot be told apart [0.92–1.12] at 2×2048."
+    )
+    assert "lead" not in sentence and "faster" not in sentence
 
 
 # --- the verdict by confidence ------------------------------------------------------------------
