@@ -1,21 +1,25 @@
-"""How often the product's answer is wrong, measured by running its own procedure on engines whose
-truth is known.
+"""How often the product's answer and its claims about pairs are wrong, measured by running its
+own procedure on engines whose truth is known.
 
 The rounds loop (pipeline/measuring/rounds.py, ``rounds_loop``) times synthetic engines on a clock of
-their own, with the noise shapes measured on this project's machines; the takes go through the
-same rows (pipeline/report/rows.py) and the same verdict (pipeline/report/verdict.py) as a real
-run's manifests. Each point is then checked against the truth:
+their own, with the noise shapes measured on this project's machines and on the lent GPUs; the
+takes go through the same rows (pipeline/report/rows.py), the same verdict
+(pipeline/report/verdict.py) and the same sweep (pipeline/report/sweep.py) as a real run's
+manifests. Each point is then checked against the truth:
 
 * **wrong fastest**: the answer (the fastest, with any engines it is tied or undecided with) holds
-  no engine within the tie band of the truly fastest one: it named as fastest an engine that is
-  not, beyond the tie band;
-* **false difference**: some comparison the verdict decided "faster" or "slower" (pairs.decided:
-  what the answer, the JSON's comparisons and the racing act on) is between engines whose true
-  ratio lies inside the tie band, or says the opposite of the truth. Every pair of the point and
-  every look at the data counts: a point with any such claim is one error.
+  no engine within the tie band of the truly fastest one;
+* **false claim**: some claim the output makes about a pair is false. The claims are every
+  comparison of the verdict (what the JSON's ``comparisons`` list, each with its ``outcome``) and
+  every comparison a crossover sentence is made of, read as the output words them: "faster"
+  beyond the tie band (the true ratio must lie below the band), "faster" by less or more than the
+  tie width (``at_band_edge``: the true ratio must lie below 1), "the same" (the true ratio must
+  lie within the band); "slower" alike; "ambiguous" claims nothing. Every pair of the point and
+  every look at the data count: a point with any false claim is one error.
 
-Both are rates of points, to be at or below the 5 % the output's "95 % confidence" claims. The
-true ratio of two engines is the median of their per-round ratio under the same noise, from a
+Both are rates of points, to be at or below the 5 % the output's "95 % confidence" claims; each
+is printed with its exact one-sided 95 % upper bound over the simulated points (Clopper–Pearson).
+The true ratio of two engines is the median of their per-round ratio under the same noise, from a
 long run (what the paired rounds estimate); with spells that slow only launch-bound engines it is
 not their speeds' ratio.
 
@@ -30,14 +34,15 @@ import math
 import random
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pipeline.catalog import ProfileSettings
 from pipeline.measuring.host_speed import HostTake
 from pipeline.measuring.rounds import RoundsOutcome, rounds_loop, take_length
-from pipeline.measuring.stats import median, tie_band
-from pipeline.report import pairs
+from pipeline.measuring.stats import at_band_edge, median, tie_band
+from pipeline.precision.bounds import exact_upper
 from pipeline.report.rows import ComparisonRow, _take_rounds
+from pipeline.report.sweep import sweeps
 from pipeline.report.verdict import verdicts
 
 BASELINE = "torch-eager"
@@ -83,20 +88,37 @@ class Spells:
 
 @dataclass
 class Noise:
-    """How a take's median departs from the engine's true time: ``jitter`` (a log-normal sigma per
-    take) and, with ``spells``, the host's slow spells on the engines that follow the host."""
+    """How a take's runs depart from the engine's true time: ``jitter`` (a log-normal sigma per
+    take, common to its runs) and, with ``spells``, the host's slow spells on the engines that
+    follow the host. The lent GPUs' measured shapes add, on the launch-bound engines, each run's
+    own spread (``run_spread``, a log-normal sigma: 0.37 is a quartile spread of half the median)
+    and stalls (a run ``stall`` times slower, with probability ``stall_p``), and on every engine a
+    drift of the GPU's speed over the point (up to ``drift``, growing over its first 30 s)."""
 
     name: str
     jitter: float
     spells: tuple[float, float, float, float] | None = None  # Spells: (slow, shortest_s, longest_s, fast_longer)
     # Whether the spells slow every engine (all timed on the CPU) or the launch-bound ones only.
     every_engine: bool = False
+    run_spread: float = 0.0
+    stall_p: float = 0.0
+    stall: tuple[float, float] = (5.0, 20.0)
+    drift: float = 0.0
 
 
 NOISES = (
-    Noise("independent, 2 %", 0.02),
+    Noise("independent, 1 %", 0.01),
+    Noise("independent, 3 %", 0.03),
     Noise("CI VM: two speeds 1.64x apart, spells 0.5-3 s", 0.01, (1.64, 0.5, 3.0, 1.0), every_engine=True),
     Noise("lent GPU: 1.8x spells on launch-bound engines only", 0.01, (1.8, 0.5, 2.0, 2.0)),
+    Noise(
+        "lent GPU as measured: runs spread to 50 %, stalls 5-20x, drift, 1.5x spells 15 % of the time",
+        0.01,
+        (1.5, 0.5, 4.0, 17 / 3),
+        run_spread=0.37,
+        stall_p=0.01,
+        drift=0.08,
+    ),
 )
 
 
@@ -109,28 +131,40 @@ class Clock:
 
 
 class SyntheticEngine:
-    """An engine of known true time: each take lasts at least take_ms, and its median is the true
-    time, times the host's slow factor where it follows the host and the take fell mostly in a
-    slow spell, times the jitter."""
+    """An engine of known true time: each take lasts at least take_ms, as many runs as fit; each
+    run is the true time, times the host's slow factor where it follows the host and the take fell
+    mostly in a slow spell, the point's drift and the take's jitter, and (launch-bound) its own
+    spread and stalls."""
 
     timing = "GPU time (CUDA events)"
 
-    def __init__(self, true_ms: float, follows_host: bool, noise: Noise, clock: Clock, spells: Spells | None, rng: random.Random):
+    def __init__(
+        self, true_ms: float, follows_host: bool, noise: Noise, clock: Clock, spells: Spells | None, rng: random.Random, drift: float
+    ):
         self.true_ms, self.follows_host, self.noise = true_ms, follows_host, noise
-        self.clock, self.spells, self.rng = clock, spells, rng
+        self.clock, self.spells, self.rng, self.drift = clock, spells, rng, drift
         self.timed_s = 0.0  # how long its takes lasted, together
 
     def take(self, runs: int, min_ms: float) -> list[float]:
         start = self.clock.s
         lasted_s = max(min_ms, runs * self.true_ms) / 1000.0
-        factor = 1.0
+        factor = 1.0 + self.drift * min(start / 30.0, 1.0)
         follows = self.follows_host or self.noise.every_engine
         if self.spells is not None and follows and self.spells.slow_share(start, start + lasted_s) > 0.5:
-            factor = self.spells.slow
+            factor *= self.spells.slow
         self.clock.s += lasted_s * factor
         self.timed_s += lasted_s * factor
         center = self.true_ms * factor * math.exp(self.rng.gauss(0.0, self.noise.jitter))
-        return [center * (1 + 0.001 * (i - 1)) for i in range(3)]
+        count = max(3, round(lasted_s * 1000.0 / self.true_ms))
+        if not self.follows_host or (self.noise.run_spread == 0 and self.noise.stall_p == 0):
+            return [center * (1 + 0.001 * (i - 1)) for i in range(3)]
+        out = []
+        for _ in range(count):
+            run = center * math.exp(self.rng.gauss(0.0, self.noise.run_spread))
+            if self.rng.random() < self.noise.stall_p:
+                run *= self.rng.uniform(*self.noise.stall)
+            out.append(run)
+        return out
 
     def evidence(self) -> dict:
         return {}
@@ -162,6 +196,9 @@ class Scenario:
 
     name: str
     engines: tuple[tuple[str, float, bool], ...]
+    # Compared as if the rounds had stopped at this round (a compare of manifests whose rounds
+    # ended there for reasons of their own, a budget or other engines): a look like any other.
+    look: int | None = None
 
 
 def _engines(times: list[float], launch_bound: list[bool]) -> tuple[tuple[str, float, bool], ...]:
@@ -181,7 +218,20 @@ def scenarios() -> list[Scenario]:
         out.append(Scenario(f"{count} a tie width apart", _engines([10.0 * 1.03**i for i in range(count)][::-1], bound)))
     matrix = [12.0, 10.0, 10.1, 10.2, 14.0, 15.0, 16.0, 17.0, 18.0, 12.5]
     out.append(Scenario("10: 3 within 2 %, 7 slower", _engines(matrix, [i % 2 == 0 for i in range(10)])))
+    # Ten equal engines compared after 6 rounds (a real point of ten engines often stops there,
+    # decided by its other engines) and after 11 (the first round a pair of ten can be decided).
+    ten = _engines([10.0] * 10, [i % 2 == 0 for i in range(10)])
+    out += [Scenario(f"10 equal, compared at round {look}", ten, look) for look in (6, 11)]
     return out
+
+
+def at_look(outcome: RoundsOutcome, look: int) -> RoundsOutcome:
+    """The rounds as a compare would read them had they stopped after ``look`` rounds."""
+    takes = {key: [take for take in entries if take.round < look] for key, entries in outcome.takes.items()}
+    times = {key: [take.median_ms for take in entries if take.dropped is None] for key, entries in takes.items()}
+    rounds = min(look, outcome.rounds)
+    elapsed = outcome.elapsed_s * rounds / outcome.rounds
+    return replace(outcome, takes=takes, times_ms=times, rounds=rounds, elapsed_s=elapsed, stop="rounds", raced_out={})
 
 
 # --- one point, and its truth ----------------------------------------------------------------------
@@ -192,11 +242,20 @@ def run_point(scenario: Scenario, noise: Noise, seed: int, settings: ProfileSett
     rng = random.Random(seed)
     clock = Clock()
     spells = Spells(*noise.spells, random.Random(rng.random())) if noise.spells else None
-    engines = {name: SyntheticEngine(ms, bound, noise, clock, spells, random.Random(rng.random())) for name, ms, bound in scenario.engines}
+    drift = rng.uniform(0.0, noise.drift)
+    engines = {
+        name: SyntheticEngine(ms, bound, noise, clock, spells, random.Random(rng.random()), drift) for name, ms, bound in scenario.engines
+    }
     stays = frozenset(name for name in engines if name.endswith("/" + BASELINE))
+    if scenario.look is not None:  # every engine in every round until then
+        settings = settings.model_copy(update={"racing": False, "min_rounds": scenario.look})
     outcome = rounds_loop(engines, settings, random.Random(seed), None, None, _QuietHost(), _Unheld(), {}, now=clock, stays=stays)
     outcome.seed = seed
-    return outcome, {name: engine.timed_s for name, engine in engines.items()}
+    timed = {name: engine.timed_s for name, engine in engines.items()}
+    if scenario.look is not None:
+        share = min(scenario.look, outcome.rounds) / outcome.rounds  # rounds of one length, every engine in each
+        outcome, timed = at_look(outcome, scenario.look), {name: seconds * share for name, seconds in timed.items()}
+    return outcome, timed
 
 
 def rows_of(outcome: RoundsOutcome) -> list[ComparisonRow]:
@@ -204,8 +263,9 @@ def rows_of(outcome: RoundsOutcome) -> list[ComparisonRow]:
     own reading of them."""
     rows = []
     for entrant in outcome.entrants:
-        variant, toolchain = entrant.split("/")
-        row = ComparisonRow(model="sim", variant=variant, toolchain=toolchain, status="measured (GPU time)", outcome="measured")
+        _, toolchain = entrant.split("/")
+        # One variant on many toolchains, so that the sweep sets them against each other too.
+        row = ComparisonRow(model="sim", variant="v", toolchain=toolchain, status="measured (GPU time)", outcome="measured", shape="1x1")
         kept = outcome.times_ms[entrant]
         row.median_ms = median(kept) if kept else None
         _take_rounds(row, [outcome.record(entrant)])
@@ -219,7 +279,10 @@ def true_ratios(scenario: Scenario, noise: Noise, rounds: int = 4000) -> dict[tu
     rng = random.Random(10**6)
     clock = Clock()
     spells = Spells(*noise.spells, random.Random(rng.random())) if noise.spells else None
-    engines = {name: SyntheticEngine(ms, bound, noise, clock, spells, random.Random(rng.random())) for name, ms, bound in scenario.engines}
+    engines = {
+        name: SyntheticEngine(ms, bound, noise, clock, spells, random.Random(rng.random()), noise.drift / 2)
+        for name, ms, bound in scenario.engines
+    }
     by_round: dict[str, list[float]] = {name: [] for name in engines}
     for _ in range(rounds):
         order = list(engines)
@@ -234,7 +297,9 @@ def true_ratios(scenario: Scenario, noise: Noise, rounds: int = 4000) -> dict[tu
 class Tally:
     points: int = 0
     wrong_fastest: int = 0
-    false_difference: int = 0
+    false_claim: int = 0  # points with any false claim about a pair
+    claims: int = 0  # claims about pairs made (comparisons and crossovers), and of them false
+    false_claims: int = 0
     decided: int = 0
     rounds: int = 0
     seconds: float = 0.0
@@ -242,36 +307,52 @@ class Tally:
     contenders_s: float = 0.0
 
     def add(self, other: Tally) -> None:
-        for name in ("points", "wrong_fastest", "false_difference", "decided", "rounds"):
+        for name in ("points", "wrong_fastest", "false_claim", "claims", "false_claims", "decided", "rounds"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.seconds += other.seconds
         self.contenders_s += other.contenders_s
 
 
+def claim_is_false(estimate, true: float, tie: float) -> bool | None:
+    """Whether what an interval's outcome claims about a pair is false for its true ratio (None:
+    it claims nothing): "faster" beyond the band needs the truth below the band, "faster" by less
+    or more than the tie width (at the band's edge) the truth below 1, "the same" the truth within
+    the band; "slower" alike."""
+    if estimate is None or estimate.outcome == "ambiguous":
+        return None
+    lowest, highest = tie_band(tie)
+    if estimate.outcome == "same":
+        return not lowest <= true <= highest
+    edge = at_band_edge(estimate.low, estimate.high, tie)
+    if estimate.outcome == "faster":
+        return true >= (1.0 if edge else lowest)
+    return true <= (1.0 if edge else highest)
+
+
 def judge(outcome: RoundsOutcome, timed_s: dict[str, float], truth: dict[tuple[str, str], float], tie: float) -> Tally:
     rows = rows_of(outcome)
     (verdict,) = verdicts(rows, BASELINE, tie=tie)
-    name = {id(row): f"{row.variant}/{row.toolchain}" for row in rows}
-    lowest, highest = tie_band(tie)
+    name = {id(row): entrant for row, entrant in zip(rows, outcome.entrants)}
+    _, highest = tie_band(tie)
     best = min(outcome.entrants, key=lambda e: max(truth[(e, other)] for other in outcome.entrants if other != e))
     group = [verdict.fastest, *verdict.tied]
     wrong_fastest = not any(name[id(row)] == best or truth[(name[id(row)], best)] <= highest for row in group)
-    false_difference = False
-    for a, b, estimate in verdict.comparisons:
-        said = pairs.decided(estimate, tie)
-        if said in ("faster", "slower"):
-            true = truth[(name[id(a)], name[id(b)])]
-            if lowest <= true <= highest or (said == "faster") != (true < 1.0):
-                false_difference = True
+    claims = [(a, b, estimate) for a, b, estimate in verdict.comparisons]
+    for sweep in sweeps(rows, [verdict], tie, BASELINE):
+        claims += [(lead.second, lead.first, lead.estimate) for lead in sweep.crossover_leads()]
+    judged = [claim_is_false(estimate, truth[(name[id(a)], name[id(b)])], tie) for a, b, estimate in claims]
+    made = [false for false in judged if false is not None]
     contenders = [e for e in outcome.entrants if e == best or truth[(e, best)] <= highest]
     return Tally(
-        1,
-        int(wrong_fastest),
-        int(false_difference),
-        int(verdict.fastest is not None and not verdict.tied),
-        outcome.rounds,
-        outcome.elapsed_s,
-        sum(timed_s[e] for e in contenders),
+        points=1,
+        wrong_fastest=int(wrong_fastest),
+        false_claim=int(any(made)),
+        claims=len(made),
+        false_claims=sum(made),
+        decided=int(verdict.fastest is not None and not verdict.tied),
+        rounds=outcome.rounds,
+        seconds=outcome.elapsed_s,
+        contenders_s=sum(timed_s[e] for e in contenders),
     )
 
 
@@ -306,6 +387,11 @@ def simulate(points: int, seed: int = 0, workers: int = 2) -> list[tuple[Scenari
     return [(scenarios()[i], NOISES[n], tallies) for (n, i, _, _), tallies in zip(jobs, rows)]
 
 
+def rate(count: int, points: int) -> str:
+    """ "2.0% (≤ 5.1%)": a rate of points and its exact one-sided 95 % upper bound."""
+    return f"{count / points:.1%} (≤ {exact_upper(count, points):.1%})"
+
+
 def markdown(table: list[tuple[Scenario, Noise, dict[str, Tally]]]) -> str:
     """One row per scenario and noise; each figure under every rule, "every round / racing"."""
 
@@ -313,13 +399,15 @@ def markdown(table: list[tuple[Scenario, Noise, dict[str, Tally]]]) -> str:
         return " / ".join(figure(tally) for tally in tallies.values())
 
     lines = [
-        "| noise | engines | wrong fastest | false difference | stopped decided | rounds (mean) | seconds (mean) | contenders timed (s, mean) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| noise | engines | wrong fastest | false claim | claims false (of made) | stopped decided | rounds (mean) "
+        "| seconds (mean) | contenders timed (s, mean) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for scenario, noise, tallies in table:
         cells = [
-            rates(tallies, lambda t: f"{t.wrong_fastest / t.points:.1%}"),
-            rates(tallies, lambda t: f"{t.false_difference / t.points:.1%}"),
+            rates(tallies, lambda t: rate(t.wrong_fastest, t.points)),
+            rates(tallies, lambda t: rate(t.false_claim, t.points)),
+            rates(tallies, lambda t: f"{t.false_claims} of {t.claims}"),
             rates(tallies, lambda t: f"{t.decided / t.points:.0%}"),
             rates(tallies, lambda t: f"{t.rounds / t.points:.1f}"),
             rates(tallies, lambda t: f"{t.seconds / t.points:.1f}"),

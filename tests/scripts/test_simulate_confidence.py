@@ -1,7 +1,8 @@
-"""scripts/simulate_confidence.py: the product's own rounds and verdict, run on engines of known
-truth, name a wrong fastest engine and claim a difference inside the tie band no more often than
-the 95 % they claim — every look at the data and every pair of a point counted — with and without
-racing; and docs/confidence.md shows the table this run prints."""
+"""scripts/simulate_confidence.py: the product's own rounds, verdict and sweep, run on engines of
+known truth, name a wrong fastest engine, and make any false claim about a pair, no more often
+than the 95 % they claim — every look at the data, every pair a comparison or a crossover sentence
+speaks of counted — with and without racing, under noise as harsh as the lent GPUs'; and
+docs/confidence.md shows the table this run prints."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ def simulation(import_script):
 
 
 def test_the_answer_and_its_claims_are_wrong_no_more_often_than_the_confidence_it_states(simulation):
+    from pipeline.precision.bounds import exact_upper
+
     table = simulation.simulate(simulation.POINTS)
     printed = simulation.markdown(table)
     print("\n" + printed)
@@ -24,25 +27,56 @@ def test_the_answer_and_its_claims_are_wrong_no_more_often_than_the_confidence_i
             where = f"{noise.name}, {scenario.name}, {rule}"
             assert tally.points == simulation.POINTS
             assert tally.wrong_fastest / tally.points <= 0.05, where
-            assert tally.false_difference / tally.points <= 0.05, where
+            # At most 5 % of points carry any false claim, and the exact upper bound of that rate
+            # over the simulated points is at most 10 %.
+            assert tally.false_claim / tally.points <= 0.05, where
+            assert exact_upper(tally.false_claim, tally.points) <= 0.10, where
+    # The claims scored are many (comparisons and crossovers alike), not a handful.
+    ten_equal = [t for scenario, _, t in table if scenario.name == "10 equal, compared at round 11"]
+    assert all(t["every round"].claims >= 10 * simulation.POINTS for t in ten_equal[:1])
     # Racing spends the budget on the contenders: at the matrix-like point, which the budget ends,
-    # they are timed for longer (rounds of a second at least: longer takes rather than more rounds).
+    # they are timed for longer (rounds of a second at least: longer takes rather than more rounds;
+    # 1.3-2x, the least where spells slow every engine and the first decision comes later).
     matrix = [tallies for scenario, _, tallies in table if scenario.name.startswith("10: 3 within")]
-    assert all(t["racing"].contenders_s > 1.5 * t["every round"].contenders_s for t in matrix)
+    assert all(t["racing"].contenders_s > 1.2 * t["every round"].contenders_s for t in matrix)
     assert printed in (REPO_ROOT / "docs" / "confidence.md").read_text(), "docs/confidence.md shows another table: paste the one above"
 
 
-def test_the_simulation_catches_the_rule_it_replaced(simulation, monkeypatch):
-    """The same harness, with the paired interval read as a fixed-n sign test after every round
-    (the rule before the confidence sequence), finds pairs on the tie band's edge called faster
-    or slower in more than 5 % of points on the CI VM's spells: the table can fail."""
+def _row(simulation, noise: str, scenario: str, points: int = 100):
+    noise_index = next(i for i, n in enumerate(simulation.NOISES) if n.name.startswith(noise))
+    scenario_index = next(i for i, s in enumerate(simulation.scenarios()) if s.name == scenario)
+    return simulation._one_row((noise_index, scenario_index, points, 0))
+
+
+def _each_pair_alone(monkeypatch) -> None:
+    """Each pair's interval read at 95 % on its own, as before one confidence for the point."""
+    import pipeline.measuring.stopping as stopping
+    import pipeline.report.confidence as confidence
+
+    alone = lambda engines, confidence=0.95: confidence  # noqa: E731
+    monkeypatch.setattr(stopping, "family_confidence", alone)
+    monkeypatch.setattr(confidence, "family_confidence", alone)
+
+
+def test_the_simulation_catches_each_pair_read_at_95_percent_on_its_own(simulation, monkeypatch):
+    """The rule before one confidence for the point: each pair's interval read at 95 % alone.
+    Ten equal engines compared after six rounds then carry some false claim in far more than 5 %
+    of points (the table can fail), as a compare of real manifests found."""
+    _each_pair_alone(monkeypatch)
+    tallies = _row(simulation, "independent, 1 %", "10 equal, compared at round 6")
+    assert tallies["every round"].false_claim / 100 > 0.10
+
+
+def test_the_simulation_catches_claims_read_past_the_band_edge(simulation, monkeypatch):
+    """The rule before the confidence sequence, a fixed-n sign test read after every round: pairs
+    on the tie band's edge are called faster or slower in more than 5 % of points on the CI VM's
+    spells."""
     import pipeline.measuring.stats as stats
 
+    _each_pair_alone(monkeypatch)
     monkeypatch.setattr(stats, "sequential_median_interval", lambda values, confidence=0.95: stats.median_interval(values, confidence))
-    noise = next(i for i, n in enumerate(simulation.NOISES) if n.name.startswith("CI VM"))
-    edge = next(i for i, s in enumerate(simulation.scenarios()) if s.name == "5 a tie width apart")
-    tallies = simulation._one_row((noise, edge, 100, 0))
-    assert tallies["every round"].false_difference / 100 > 0.05
+    tallies = _row(simulation, "CI VM", "5 a tie width apart")
+    assert tallies["every round"].false_claim / 100 > 0.05
 
 
 def test_the_simulation_catches_rounds_shorter_than_the_hosts_spells(simulation, monkeypatch):
@@ -52,7 +86,21 @@ def test_the_simulation_catches_rounds_shorter_than_the_hosts_spells(simulation,
     short = simulation.SETTINGS.model_copy(update={"round_ms": 0.0})
     monkeypatch.setattr(simulation, "SETTINGS", short)
     monkeypatch.setattr(simulation, "RULES", {"every round": short.model_copy(update={"racing": False}), "racing": short})
-    noise = next(i for i, n in enumerate(simulation.NOISES) if n.name.startswith("lent GPU"))
-    equal = next(i for i, s in enumerate(simulation.scenarios()) if s.name == "2 equal")
-    tallies = simulation._one_row((noise, equal, 100, 0))
-    assert tallies["every round"].false_difference / 100 > 0.05
+    tallies = _row(simulation, "lent GPU: 1.8x", "2 equal")
+    assert tallies["every round"].false_claim / 100 > 0.05
+
+
+def test_a_claim_is_judged_as_the_output_words_it(simulation):
+    """ "faster" beyond the band is false unless the truth lies below the band; "faster" at the
+    band's edge unless it lies below 1; "the same" unless it lies within the band."""
+    from pipeline.measuring.stats import RatioEstimate
+
+    def said(outcome, low, high):
+        return RatioEstimate(ratio=(low + high) / 2, low=low, high=high, outcome=outcome)
+
+    judge = simulation.claim_is_false
+    assert judge(said("faster", 0.90, 0.95), 0.975, 0.03) and not judge(said("faster", 0.90, 0.95), 0.96, 0.03)
+    assert not judge(said("faster", 0.95, 0.99), 0.98, 0.03) and judge(said("faster", 0.95, 0.99), 1.0, 0.03)
+    assert judge(said("same", 0.98, 1.02), 1.031, 0.03) and not judge(said("same", 0.98, 1.02), 1.029, 0.03)
+    assert judge(said("slower", 1.01, 1.05), 0.99, 0.03) and judge(said("slower", 1.04, 1.08), 1.02, 0.03)
+    assert judge(said("ambiguous", 0.9, 1.1), 2.0, 0.03) is None and judge(None, 1.0, 0.03) is None
