@@ -139,9 +139,21 @@ def trtexec_parse(log, exports, precision, as_json):
 @click.command()
 @click.option("--engine", "engine_name", required=True, metavar="NAME", help="The engine whose build failed, e.g. vit_fp16.")
 @click.option("--toolchain", required=True, metavar="NAME", help="The toolchain it failed on (its build is the check).")
+@click.option(
+    "--arch",
+    "archs",
+    multiple=True,
+    metavar="SM",
+    help="GPU architecture the failed build compiled for, as given to `pipeline build` (repeatable; ahead-of-time toolchains).",
+)
+@click.option(
+    "--shape",
+    metavar="POINT",
+    help="The export's shape point the cuts are made at, for a graph with dynamic inputs (default: its first; the output names it).",
+)
 @click.option("--wait", is_flag=True, help="If another run holds this workspace, wait for it to finish instead of failing at once.")
 @pass_state
-def reduce(state: _State, engine_name, toolchain, wait):
+def reduce(state: _State, engine_name, toolchain, archs, shape, wait):
     """Cut the graph of a failed build down to the smallest that still fails the same way.
 
     Polygraphy's reducer (`polygraphy debug reduce`) bisects the engine's ONNX, and each cut is
@@ -151,13 +163,12 @@ def reduce(state: _State, engine_name, toolchain, wait):
     graph to attach to a bug report, or to try a plugin on.
 
     \b
-    pipeline build  --engine vit_fp16 --toolchain trt-rtx1.7    # fails
-    pipeline reduce --engine vit_fp16 --toolchain trt-rtx1.7
+    pipeline build  --engine vit_fp16 --toolchain trt-rtx1.7 --arch sm120    # fails
+    pipeline reduce --engine vit_fp16 --toolchain trt-rtx1.7 --arch sm120
     """
     from pipeline.stages.reduce import reduce_engine
 
-    catalog = state.catalog
-    (engine,) = catalog.select((engine_name,), (), ())
-    catalog.toolchain(toolchain)  # an unknown name is refused with the known ones
+    (engine,) = state.catalog.select((engine_name,), (), ())
+    state.toolchains((toolchain,), (), archs)  # an unknown name is refused with the known ones; --arch as the build took it
     with state.holding_workspace(wait):
-        reduce_engine(state.context(), engine, toolchain)
+        reduce_engine(state.context(), engine, toolchain, shape)

@@ -32,7 +32,7 @@ class _CutGraph:
         return {}
 
 
-def reduce_engine(ctx, engine: EngineRef, toolchain: str) -> Path:
+def reduce_engine(ctx, engine: EngineRef, toolchain: str, shape: str | None = None) -> Path:
     """Reduce the graph of ``engine``'s failed build on ``toolchain``; the reduced graph's path."""
     workspace, reporter = ctx.workspace, ctx.reporter
     manifest_path = workspace.manifest_path(toolchain, engine)
@@ -93,7 +93,7 @@ def reduce_engine(ctx, engine: EngineRef, toolchain: str) -> Path:
             )
         output = workspace.onnx_path(engine).with_name(f"{engine.variant}.{toolchain}.reduced.onnx")
         checks = Checks(fails_the_same_way, lambda line: reporter.line("reduce", engine.name, line))
-        reduction = reduce_graph(onnx_path, output, checks, _shapes_reduced_at(ctx, engine), workdir)
+        reduction = reduce_graph(onnx_path, output, checks, _shapes_reduced_at(ctx, engine, onnx_path, shape), workdir)
     failure = build.reason or "the build's failure"
     record = reduction.record(workspace.relative(output), failure)
     build = build.model_copy(update={"details": details.model_copy(update={"reduced": record})})
@@ -109,13 +109,31 @@ def reduce_engine(ctx, engine: EngineRef, toolchain: str) -> Path:
     return output
 
 
-def _shapes_reduced_at(ctx, engine: EngineRef) -> dict[str, list[int]]:
-    """The inputs' shapes the cuts are made at: the export's reference batch, at its first shape
-    point (a graph with dynamic axes is cut at fixed shapes, as Polygraphy's reducer needs)."""
+def _shapes_reduced_at(ctx, engine: EngineRef, onnx_path: Path, shape: str | None) -> dict[str, list[int]]:
+    """The inputs' shapes the cuts are made at: the export's reference batch at the shape point
+    ``shape`` (--shape), else its first (a graph with dynamic axes is cut at fixed shapes, as
+    Polygraphy's reducer needs); said where the graph has dynamic inputs."""
+    import onnx as onnx_module
+
     from pipeline.measuring.accuracy import ReferenceBatch
 
     export = read_manifest(ctx.workspace.export_manifest_path(engine)).export
     reference = (export.details.reference or {}) if export is not None and export.details is not None else {}
-    first = next(iter(reference.get("points") or {}), None)
-    batch = ReferenceBatch.from_export(export.details, ctx.workspace.root, first) if reference else None
-    return {name: list(shape) for name, shape in batch.shapes.items()} if batch is not None else {}
+    points = list(reference.get("points") or {})
+    if shape is not None and shape not in points:
+        raise UsageError(
+            f"--shape {shape}: {engine.name} was exported at {', '.join(points) or 'no shape point'}, not at {shape}.",
+            hint="give one of the export's shape points (the model's `shapes` in pipeline.toml)",
+        )
+    point = shape or next(iter(points), None)
+    batch = ReferenceBatch.from_export(export.details, ctx.workspace.root, point) if reference else None
+    shapes = {name: list(dims) for name, dims in batch.shapes.items()} if batch is not None else {}
+    graph = onnx_module.load(str(onnx_path), load_external_data=False).graph
+    dynamic = [i.name for i in graph.input if any(not d.HasField("dim_value") for d in i.type.tensor_type.shape.dim)]
+    if dynamic and shapes:
+        fixed = ", ".join(f"{name} {'×'.join(map(str, shapes[name]))}" for name in dynamic if name in shapes)
+        chosen = (
+            "chosen by --shape" if shape else f"the first of {len(points)}; --shape picks another" if len(points) > 1 else "its only one"
+        )
+        ctx.reporter.line("reduce", engine.name, f"cutting at shape point {point} ({chosen}): {fixed}")
+    return shapes

@@ -264,6 +264,29 @@ def test_a_failure_no_cut_shows_is_said_and_nothing_written(standin_workspace, r
     assert read_manifest(ws / "manifests" / "local" / "user_fp32.json").build.details.reduced is None
 
 
+def test_the_shape_point_of_a_dynamic_graph_is_named_and_chosen_by_shape(standin_workspace, run_cli):
+    import onnx
+
+    catalog = standin_workspace("plugin")
+    ws = catalog.parent
+    model = onnx.load(str(ws / "user.onnx"))
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"  # a dynamic batch
+    model = onnx.shape_inference.infer_shapes(model)  # the shapes up to the custom op, and its output's as its input's
+    custom = next(node for node in model.graph.node if node.op_type == "AddScalar")
+    declared = next(v for v in model.graph.value_info if v.name == custom.input[0])
+    model.graph.value_info.append(onnx.helper.make_value_info(custom.output[0], declared.type))
+    onnx.save(model, str(ws / "user.onnx"))
+    catalog.write_text(catalog.read_text().replace('onnx = "user.onnx"', 'onnx = "user.onnx"\nshapes = ["1", "2"]'))
+    assert run_cli(catalog, "build", "--engine", "user_fp32", "--toolchain", "local").exit_code == 1
+    first = run_cli(catalog, "reduce", "--engine", "user_fp32", "--toolchain", "local")
+    second = run_cli(catalog, "reduce", "--engine", "user_fp32", "--toolchain", "local", "--shape", "2")
+    unknown = run_cli(catalog, "reduce", "--engine", "user_fp32", "--toolchain", "local", "--shape", "7")
+    # Said before the first cut (what the cuts then do is the other tests' business).
+    assert "cutting at shape point 1 (the first of 2; --shape picks another): input 1×3×160×160" in first.err
+    assert "cutting at shape point 2 (chosen by --shape): input 2×3×160×160" in second.err
+    assert unknown.exit_code == 2 and "ERROR --shape 7: user_fp32 was exported at 1, 2, not at 7." in unknown.err
+
+
 def test_a_reduce_needs_a_failed_build_of_the_graph_as_it_is(standin_workspace, run_cli):
     catalog = standin_workspace("plugin")
     ws = catalog.parent
@@ -344,8 +367,9 @@ def test_a_refused_node_named_without_a_slash_is_reduced_on_tensorrt_rtx(rtx_cac
     ws = catalog.parent
     branchy_graph_with_det(ws / "user.onnx")
     dynamo_names(ws / "user.onnx")
-    built = run_cli(catalog, "build", "--engine", "user_fp32", "--toolchain", "trt-rtx1.7")
+    # The build's own command line, --arch included, is the reduce's.
+    built = run_cli(catalog, "build", "--engine", "user_fp32", "--toolchain", "trt-rtx1.7", "--arch", "sm89")
     assert built.exit_code == 1 and 'at node 2 "node_Det_2" (Det → d): checkDet: UNSUPPORTED_NODE' in built.err
-    result = run_cli(catalog, "reduce", "--engine", "user_fp32", "--toolchain", "trt-rtx1.7")
+    result = run_cli(catalog, "reduce", "--engine", "user_fp32", "--toolchain", "trt-rtx1.7", "--arch", "sm89")
     assert result.exit_code == 0, result.err
     assert nodes_of(ws / "models" / "user" / "fp32.trt-rtx1.7.reduced.onnx") == ["Det"]
