@@ -109,10 +109,13 @@ def test_the_readmes_set_up_names_what_the_makefile_does():
     assert index == "https://download.pytorch.org/whl/cpu" and f"`{index}`" in setup
     for name in ("TORCH_PACKAGES", "TORCH_INDEX", "scripts/install_torch.py", "make setup TORCH_PACKAGES=", "EXTRAS=cluster"):
         assert name in setup and (name.startswith("make ") or name.split("=")[0] in makefile), name
-    assert "scripts/install_torch.py --index '$(TORCH_INDEX)' $(TORCH_PACKAGES)" in makefile
+    assert "scripts/install_torch.py --index '$(TORCH_INDEX)' $(TORCH_NAMED) $(TORCH_PACKAGES)" in makefile
     if platform.system() == "Linux":
         dry = subprocess.run(["make", "-n", "-B", "setup"], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout
-        assert f"scripts/install_torch.py --index '{index}' {packages}" in dry
+        assert f"scripts/install_torch.py --index '{index}'  {packages}" in dry  # the default: it may fall back
+        named = ["make", "-n", "-B", "setup", "TORCH_INDEX=http://mirror.invalid/whl/cpu"]
+        dry = subprocess.run(named, cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout
+        assert f"scripts/install_torch.py --index 'http://mirror.invalid/whl/cpu' --named {packages}" in dry  # used or the set-up fails
 
 
 def test_no_guide_is_over_300_lines_and_the_run_records_are_pages_of_their_own():
