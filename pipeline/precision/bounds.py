@@ -1,40 +1,69 @@
 """How sure a figure measured on n samples is: a one-sided 95 % bound on each floor metric, for the
-search and, alike, for the confirmation.
+search and, alike, for the confirmation; its status against the floor's limit; and about how many
+samples would show the limit with an 80 % chance at the rates seen here. docs/bounds.md has the
+methods, what they guarantee and the coverage CI measures (scripts/coverage_of_bounds.py).
 
-- **Proportions** — top-1 agreement with FP32, the share of predictions changed, the share of samples
-  the FP32 model gets right and the variant gets wrong ("lost"): exact binomial bounds
-  (Clopper–Pearson, one-sided). A bootstrap of a proportion has no spread at 0 or n: 0 changed
-  predictions of 32 would get a margin of 0, where the true share could be 8.9 % (the exact bound).
-- **Cosine and the user's metric**: the percentile bootstrap over the samples (over batches for
-  the metric, which is given per batch), ``BOOTSTRAP_RESAMPLES`` resamples, seeded. Resampling needs
-  no forward pass: a variant's figures are kept per sample (cosine as per-sample dot products and
-  norms, whose sums give the cosine over every value exactly).
+- **Top-1 changed** (no labels) and **agreement**: the exact binomial bound (Clopper–Pearson) on the
+  samples whose predicted class is not FP32's. A bootstrap of a proportion has no spread at 0 or n.
+- **Top-1 against labels**: the net drop, (lost − gained)/n, paired. Given d discordant samples
+  (lost or gained), lost ~ Binomial(d, p) exactly, and the net drop is π_d·(2p − 1) with π_d the
+  discordant share: its bound is π_d's exact bound (upper, or lower where 2p − 1 < 0) times
+  2p_upper − 1, the two at confidences whose product is 95 % (``PAIRED_CONFIDENCE``).
+- **Cosine** (the global cosine over every value): with β = Σdot/Σref², a sample's residual energy
+  q = ‖out − β·ref‖² and the population's 1 − cos² = min_β E‖out − β·ref‖²/E‖out‖² ≤ E[q]/E‖out‖²,
+  so cos ≥ √(1 − U(q)/L(‖out‖²)) with an upper bound of the mean residual energy (heavy-tailed:
+  pipeline/precision/one_sided.py) and a lower one of the mean output energy (``COSINE_CONFIDENCE``).
+- **The user's metric**, per batch weighted by its samples: the same bound of a mean over the
+  batches' drops (FP32's figure less the variant's); a threshold is FP32's lower bound less the
+  drop's upper one. A metric over one batch has no bound (``NO_BOUND``): nothing says how it varies.
 
-A top-1 drop against labels is the lost share less the gained share (samples the variant fixes),
-so the exact upper bound of the lost share bounds the drop; it is conservative where the variant
-also fixes some.
+**Status.** ``held``: the bound is on the right side of the limit; ``failed``: the figure itself is
+past it; ``unresolved``: the figure is within it but its bound is not, or there is no bound.
 
-**Resolution.** n samples can show a proportion's floor only if their best outcome — no sample
-changed or lost — bounds it: a largest drop d needs 1 − 0.05^(1/n) ≤ d, that is
-n ≥ ln 0.05 / ln(1 − d) (299 samples for 1 %, 59 for 5 %); an agreement threshold t needs
-0.05^(1/n) ≥ t. Below that no outcome shows the floor at 95 %, and the floor asks instead for
-what the samples can say: no sample changed (or lost). The plan says so, and which ``--samples``
-would resolve it.
+**Samples for power.** The fewest samples at which the bound, with the figures at the rates seen
+here coming out at their 80 % quantile against it, shows the limit (``one_sided.smallest_n``); never
+fewer than the best-outcome floor ``samples_to_resolve`` (a top-1 limit d needs
+n ≥ ln 0.05 / ln(1 − d) even with nothing changed: 299 samples for 1 %, 59 for 5 %). None where no
+number can: the figure is past the limit, or the limit allows no change at all. The old reading of
+an unresolvable top-1 limit — held where no sample is counted against it — is ``held``'s still.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from functools import cached_property, partial
+from statistics import NormalDist
 from typing import Any
 
 from pipeline.precision.hooks import weighted_mean
+from pipeline.precision.one_sided import (
+    MOST_SAMPLES,
+    RESAMPLE_SEED,
+    RESAMPLES,
+    approximate_upper,
+    exact_lower,
+    mean_lower,
+    mean_upper,
+    resampled_power,
+    smallest_n,
+)
+from pipeline.precision.one_sided import binomial_cdf as binomial_cdf
+from pipeline.precision.one_sided import exact_upper as exact_upper
 
 CONFIDENCE = 0.95  # one-sided: a threshold's figure at its lower bound, a drop at its upper
-BOOTSTRAP_RESAMPLES = 400
-BOOTSTRAP_SEED = 4
+POWER = 0.80  # the chance that the samples a bound asks for show its limit
+ALPHA = 1.0 - CONFIDENCE
+# The conditional bound of lost's share of the discordant samples holds at 1 − 0.01 whatever their
+# number, so with the discordant share's bound at 1 − 0.0404 both hold together at 0.99 · 0.9596 = 0.95.
+PAIRED_CONFIDENCE = (CONFIDENCE / 0.99, 0.99)  # the discordant share's, lost's share of them
+COSINE_CONFIDENCE = (0.96, 0.99)  # the mean error energy's upper bound, the output energy's lower: Bonferroni
 EXACT = "exact binomial (Clopper-Pearson)"
-BOOTSTRAP = f"bootstrap, {BOOTSTRAP_RESAMPLES} resamples"
+PAIRED = "paired exact binomial (discordant samples, Clopper-Pearson)"
+HEAVY_TAILED = "skew-corrected t or log-normal (the larger)"
+NO_BOUND = "none: one batch"
+SHORT = {EXACT: "exact", PAIRED: "paired exact", HEAVY_TAILED: "heavy-tailed", NO_BOUND: "no bound: one batch"}
 
 
 @dataclass(frozen=True)
@@ -77,14 +106,14 @@ def sample_stats(references: list, outputs: list, labels=None) -> SampleStats:
 
 @dataclass(frozen=True)
 class Bound:
-    """One floor metric on one set of samples: its figure, its one-sided bound, and whether the
-    floor holds by it."""
+    """One floor metric on one set of samples: its figure, its one-sided bound, whether the floor
+    holds by it, and about how many samples would show the limit."""
 
     metric: str  # "cos", "top1", "metric"
     side: str  # "lower": a threshold the figure must reach; "upper": a drop it may not pass
     limit: float  # the floor's threshold or largest drop
     estimate: float  # the figure (a drop for "upper") on these samples
-    bound: float  # its one-sided CONFIDENCE bound
+    bound: float | None  # its one-sided CONFIDENCE bound; None where nothing bounds it (NO_BOUND)
     method: str
     samples: int
     # Proportions: the samples counted against the floor, and what they are ("changed": the
@@ -93,27 +122,53 @@ class Bound:
     counted: int | None = None
     counting: str | None = None
     resolvable: bool = True
-    samples_needed: int | None = None  # the fewest that can; None: no count can, or not a proportion
+    samples_needed: int | None = None  # the best-outcome floor on samples; None: no count can, or not a proportion
+    gained: int | None = None  # top-1 against labels: FP32's is wrong, the variant's right
+    # Searched only when asked (``samples_for_power``): the search asks for bounds hundreds of times.
+    power_search: Callable[[], int | None] | None = field(default=None, compare=False, repr=False)
+
+    @cached_property
+    def samples_for_power(self) -> int | None:
+        """About how many samples would show the limit with a POWER chance at the rates seen here,
+        never fewer than ``samples_needed``; None where no number can (module docstring)."""
+        return None if self.power_search is None else self.power_search()
 
     @property
     def held(self) -> bool:
-        """By the bound; where the samples cannot resolve the limit, by no sample counted against it."""
+        """By the bound (the figure where there is none); where the samples cannot resolve the
+        limit, by no sample counted against it."""
         if not self.resolvable:
             return self.counted == 0
+        return self._within(self.estimate if self.bound is None else self.bound)
+
+    @property
+    def status(self) -> str:
+        """ "held": the bound is on the right side of the limit; "failed": the figure itself is
+        past it; "unresolved": the figure is within it, its bound is not (or there is none)."""
+        if not self._within(self.estimate):
+            return "failed"
+        return "held" if self.bound is not None and self._within(self.bound) else "unresolved"
+
+    def _within(self, value: float) -> bool:
         if self.side == "lower":
-            return self.bound >= self.limit - 1e-12  # within float rounding: FP32 against itself
-        return self.bound <= self.limit + 1e-12
+            return value >= self.limit - 1e-12  # within float rounding: FP32 against itself
+        return value <= self.limit + 1e-12
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "held": self.held}
+        kept = {name: getattr(self, name) for name in (f.name for f in fields(self)) if name not in ("power_search", "gained")}
+        return {**kept, "samples_for_power": self.samples_for_power, "held": self.held, "status": self.status}
 
     def said(self) -> str:
-        """ "top-1 drop ≤ 8.9% (0 of 32 lost, exact)", "cosine ≥ 0.99912 (bootstrap)"."""
+        """ "top-1 drop ≤ 8.9% (0 of 32 lost, 0 gained, paired exact)", "cosine ≥ 0.99912 (heavy-tailed)"."""
         name = {"cos": "cosine", "top1": "top-1", "metric": "metric"}[self.metric]
-        what = f"{name} drop ≤" if self.side == "upper" else f"{name} ≥"
+        what = f"{name} drop" if self.side == "upper" else name
+        if self.bound is None:
+            figure = f"{self.estimate:.1%}" if self.metric == "top1" else f"{self.estimate:.5g}"
+            return f"{what} {figure} ({SHORT[self.method]})"
         value = f"{self.bound:.1%}" if self.metric == "top1" else f"{self.bound:.5g}"
         counted = f"{self.counted} of {self.samples} {self.counting}, " if self.counted is not None else ""
-        return f"{what} {value} ({counted}{'exact' if self.method == EXACT else 'bootstrap'})"
+        counted += f"{self.gained} gained, " if self.gained is not None else ""
+        return f"{what} {'≤' if self.side == 'upper' else '≥'} {value} ({counted}{SHORT.get(self.method, self.method)})"
 
     def unresolved_said(self) -> str:
         """Why the samples cannot show this limit, what is asked instead, and what would resolve it."""
@@ -130,39 +185,35 @@ class Bound:
             f"{best:.1%}; the floor asks instead that none be {self.counting}; {resolve}"
         )
 
-
-def exact_upper(k: int, n: int, confidence: float = CONFIDENCE) -> float:
-    """The one-sided exact (Clopper–Pearson) upper bound of a proportion seen k times in n: the p
-    at which k or fewer happen with probability 1 − confidence."""
-    if k >= n:
-        return 1.0
-    alpha = 1.0 - confidence
-    if k == 0:
-        return 1.0 - alpha ** (1.0 / n)
-    low, high = k / n, 1.0
-    for _ in range(100):  # the tail falls as p grows: bisect to double precision
-        middle = (low + high) / 2
-        if binomial_cdf(k, n, middle) > alpha:
-            low = middle
+    def warning(self) -> tuple[str, str] | None:
+        """What to tell the user where the limit is not shown, and what to try (a WARNING and its
+        TIP); None where the metric held or failed by its figure."""
+        if self.status != "unresolved":
+            return None
+        name = {"cos": "cosine", "top1": "top-1", "metric": "the metric"}[self.metric]
+        if self.bound is None:
+            return (
+                f"{name} is measured over one batch: it has no {CONFIDENCE:.0%} bound, and its limit is not shown, only its figure",
+                "give the data hook several batches (a smaller batch size): the metric's bound is over the batches",
+            )
+        if self.samples_for_power is not None:
+            tip = f"about {self.samples_for_power} samples (--samples {self.samples_for_power}) would show it with an {POWER:.0%} chance"
+            tip += " at the rates seen here"
+        elif (self.side == "upper" and self.limit <= 0) or (self.side == "lower" and self.limit >= 1 and self.metric != "metric"):
+            tip = "no number of samples shows a limit of exactly no change"
         else:
-            high = middle
-    return high
+            tip = f"at the rates seen here no number of samples up to {MOST_SAMPLES} shows it: loosen the limit"
+        floor = (
+            f" (at least {self.samples_needed} even if nothing changed)"
+            if self.samples_needed is not None and self.metric == "top1"
+            else ""
+        )
+        return f"{self.samples} samples do not show {self._limit_said()} at {CONFIDENCE:.0%}: {self.said()}", tip + floor
 
-
-def binomial_cdf(k: int, n: int, p: float) -> float:
-    """P(X ≤ k) for X ~ Binomial(n, p), summed in logs over the shorter tail."""
-    if p <= 0.0:
-        return 1.0
-    if p >= 1.0:
-        return 1.0 if k >= n else 0.0
-    log_p, log_q = math.log(p), math.log1p(-p)
-
-    def term(i: int) -> float:
-        return math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * log_p + (n - i) * log_q)
-
-    if k < n / 2:
-        return min(1.0, math.fsum(term(i) for i in range(k + 1)))
-    return max(0.0, 1.0 - math.fsum(term(i) for i in range(k + 1, n + 1)))
+    def _limit_said(self) -> str:
+        name = {"cos": "cosine", "top1": "top-1", "metric": "the metric"}[self.metric]
+        value = f"{self.limit:.2%}" if self.metric == "top1" else f"{self.limit:.5g}"
+        return f"a {name} drop of at most {value}" if self.side == "upper" else f"{name} of at least {value}"
 
 
 def samples_to_resolve(side: str, limit: float, confidence: float = CONFIDENCE) -> int | None:
@@ -176,69 +227,136 @@ def samples_to_resolve(side: str, limit: float, confidence: float = CONFIDENCE) 
     return math.ceil(math.log(alpha) / math.log1p(-share) - 1e-9)
 
 
+def net_drop_upper(lost: int, gained: int, n: int, approximate: bool = False) -> float:
+    """The paired upper bound of the net top-1 drop (lost − gained)/n (module docstring)."""
+    upper = approximate_upper if approximate else exact_upper
+    discordant = lost + gained
+    share_confidence, lost_confidence = PAIRED_CONFIDENCE
+    factor = 2.0 * (upper(lost, discordant, lost_confidence) if discordant else 1.0) - 1.0
+    if factor >= 0:
+        return upper(discordant, n, share_confidence) * factor
+    return exact_lower(discordant, n, share_confidence) * factor
+
+
 def bounds(stats: SampleStats, floor) -> list[Bound]:
     """Each of ``floor``'s metrics on these samples, with its bound (module docstring). A metric
     these samples do not measure (top-1 of an output that is not class scores) is left out: the
     floor's check of the figures themselves fails it."""
-    import numpy as np
-
-    rng = np.random.default_rng(BOOTSTRAP_SEED)
-    n = len(stats.dot)
-    picks = rng.integers(0, n, size=(BOOTSTRAP_RESAMPLES, n))
     result = []
-    for metric, limit in floor.thresholds:
-        if (found := _bound(stats, metric, "lower", limit, picks, rng)) is not None:
-            result.append(found)
-    for metric, limit in floor.drops:
-        if (found := _bound(stats, metric, "upper", limit, picks, rng)) is not None:
-            result.append(found)
+    for side, pairs in (("lower", floor.thresholds), ("upper", floor.drops)):
+        for metric, limit in pairs:
+            found = (
+                _top1(stats, side, limit)
+                if metric == "top1"
+                else _cosine(stats, side, limit)
+                if metric == "cos"
+                else _metric(stats, side, limit)
+            )
+            if found is not None:
+                result.append(found)
     return result
 
 
-def _bound(stats: SampleStats, metric: str, side: str, limit: float, picks, rng) -> Bound | None:
+def _top1(stats: SampleStats, side: str, limit: float) -> Bound | None:
     import numpy as np
 
-    n = len(stats.dot)
-    if metric == "top1":
-        if stats.agree is None:
-            return None
-        if side == "upper" and stats.correct is not None:
-            counted = int(np.sum(stats.fp32_correct & ~stats.correct))
-            estimate = float(stats.fp32_correct.mean() - stats.correct.mean())
-            kind = "lost"
-        else:
-            counted = int(np.sum(~stats.agree))
-            estimate = counted / n if side == "upper" else 1.0 - counted / n
-            kind = "changed"
-        needed = samples_to_resolve(side, limit)
-        upper = exact_upper(counted, n)
-        bound = upper if side == "upper" else 1.0 - upper
-        return Bound(metric, side, limit, estimate, bound, EXACT, n, counted, kind, needed is not None and n >= needed, needed)
-    if metric == "cos":
+    if stats.agree is None:
+        return None
+    n, needed = len(stats.agree), samples_to_resolve(side, limit)
+    resolvable, quantile = needed is not None and n >= needed, NormalDist().inv_cdf(POWER)
+    if side == "upper" and stats.correct is not None:
+        lost, gained = int(np.sum(stats.fp32_correct & ~stats.correct)), int(np.sum(~stats.fp32_correct & stats.correct))
+        estimate = (lost - gained) / n
 
-        def cosine(idx):
-            return stats.dot[idx].sum(-1) / np.sqrt(stats.ref_sq[idx].sum(-1) * stats.out_sq[idx].sum(-1))
+        def shows(size: int) -> bool:  # in POWER of RESAMPLES draws of size samples at the rates seen here
+            rng = np.random.default_rng((RESAMPLE_SEED, size))
+            draws = rng.multinomial(size, [lost / n, gained / n, 1 - (lost + gained) / n], RESAMPLES)
+            shown = sum(net_drop_upper(int(worse), int(better), size, approximate=True) <= limit for worse, better, _ in draws)
+            return shown >= POWER * RESAMPLES
 
-        values, point = cosine(picks), float(cosine(np.arange(n)))
-        if side == "upper":
-            return Bound(
-                metric, side, limit, 1.0 - point, max(1.0 - point, float(np.percentile(1.0 - values, 100 * CONFIDENCE))), BOOTSTRAP, n
-            )
-        return Bound(metric, side, limit, point, min(point, float(np.percentile(values, 100 * (1 - CONFIDENCE)))), BOOTSTRAP, n)
+        search = partial(smallest_n, shows, needed) if needed is not None and estimate < limit else None
+        bound = net_drop_upper(lost, gained, n)
+        return Bound("top1", side, limit, estimate, bound, PAIRED, n, lost, "lost", resolvable, needed, gained, search)
+    changed = int(np.sum(~stats.agree))
+    rate, allowed = changed / n, limit if side == "upper" else 1.0 - limit  # the changed share the limit allows
+
+    def shows_changed(size: int) -> bool:
+        count = round(size * rate + quantile * math.sqrt(size * rate * (1 - rate)))
+        return approximate_upper(min(count, size), size) <= allowed
+
+    search = partial(smallest_n, shows_changed, needed) if needed is not None and rate < allowed else None
+    upper = exact_upper(changed, n)
+    estimate, bound = (rate, upper) if side == "upper" else (1.0 - rate, 1.0 - upper)
+    return Bound("top1", side, limit, estimate, bound, EXACT, n, changed, "changed", resolvable, needed, power_search=search)
+
+
+def cosine_lower(dot, ref_sq, out_sq) -> float:
+    """The lower bound of the global cosine of these samples (module docstring)."""
+    point = float(dot.sum() / math.sqrt(ref_sq.sum() * out_sq.sum()))
+    # A sample's error energy ‖out − ref‖² (β = 1: exact, fitted from nothing); zero within rounding
+    # where the variant leaves the sample as FP32 does.
+    residual = (out_sq - 2 * dot + ref_sq).clip(min=0.0)
+    residual[residual <= 1e-12 * (out_sq + ref_sq)] = 0.0
+    residual_confidence, energy_confidence = COSINE_CONFIDENCE
+    residual_upper, energy_lower = mean_upper(residual, residual_confidence), mean_lower(out_sq, energy_confidence)
+    if point <= 0 or energy_lower <= 0 or residual_upper >= energy_lower:
+        return -1.0
+    return min(point, math.sqrt(1.0 - residual_upper / energy_lower))
+
+
+def _cosine(stats: SampleStats, side: str, limit: float) -> Bound:
+    import numpy as np
+
+    dot, ref_sq, out_sq = (np.asarray(values, dtype=float) for values in (stats.dot, stats.ref_sq, stats.out_sq))
+    n = len(dot)
+    point = float(dot.sum() / math.sqrt(ref_sq.sum() * out_sq.sum()))
+    estimate = 1.0 - point if side == "upper" else point
+    if n < 2:
+        return Bound("cos", side, limit, estimate, None, NO_BOUND, n)
+    cosine = cosine_lower(dot, ref_sq, out_sq)
+    target = limit if side == "lower" else 1.0 - limit  # the cosine the limit asks for
+
+    def shows(picks) -> bool:
+        return cosine_lower(dot[picks], ref_sq[picks], out_sq[picks]) >= target
+
+    search = partial(resampled_power, n, shows, 2, POWER) if target < 1.0 and point > target else None
+    bound = 1.0 - cosine if side == "upper" else cosine
+    return Bound("cos", side, limit, estimate, bound, HEAVY_TAILED, n, power_search=search)
+
+
+def metric_bound(fp32, mine, sizes, side: str) -> float:
+    """The bound of the metric's drop (upper) or of the variant's metric (lower), over batches of
+    ``sizes`` samples (module docstring)."""
+    # The weighted mean over batches is the plain mean of each batch's figure times its share of
+    # a mean batch: the bound of a mean then bounds the metric.
+    weights = sizes / sizes.mean()
+    drops = (fp32 - mine) * weights
+    if side == "upper":
+        return max(float(drops.mean()), mean_upper(drops, CONFIDENCE))
+    half = 1.0 - ALPHA / 2  # FP32's figure and the drop: Bonferroni
+    return min(float((mine * weights).mean()), mean_lower(fp32 * weights, half) - mean_upper(drops, half))
+
+
+def _metric(stats: SampleStats, side: str, limit: float) -> Bound | None:
+    import numpy as np
+
     if stats.metric is None:
         return None
-    sizes = stats.batch_sizes
-    batches = rng.integers(0, len(sizes), size=(BOOTSTRAP_RESAMPLES, len(sizes)))
+    sizes = np.asarray(stats.batch_sizes, dtype=float)
+    mine, fp32 = np.asarray(stats.metric, dtype=float), np.asarray(stats.fp32_metric, dtype=float)
+    drop, figure = float(weighted_mean(fp32, sizes) - weighted_mean(mine, sizes)), float(weighted_mean(mine, sizes))
+    estimate, samples = drop if side == "upper" else figure, int(sizes.sum())
+    if len(sizes) < 2:
+        return Bound("metric", side, limit, estimate, None, NO_BOUND, samples)
+    bound = metric_bound(fp32, mine, sizes, side)
 
-    def weighted(values, idx):
-        return weighted_mean(values[idx], sizes[idx])
+    def shows(picks) -> bool:
+        found = metric_bound(fp32[picks], mine[picks], sizes[picks], side)
+        return found <= limit if side == "upper" else found >= limit
 
-    every = np.arange(len(sizes))
-    if side == "upper":
-        drops = weighted(stats.fp32_metric, batches) - weighted(stats.metric, batches)
-        point = float(weighted(stats.fp32_metric, every) - weighted(stats.metric, every))
-        return Bound(metric, side, limit, point, max(point, float(np.percentile(drops, 100 * CONFIDENCE))), BOOTSTRAP, n)
-    point = float(weighted(stats.metric, every))
-    return Bound(
-        metric, side, limit, point, min(point, float(np.percentile(weighted(stats.metric, batches), 100 * (1 - CONFIDENCE)))), BOOTSTRAP, n
-    )
+    def search() -> int | None:
+        batches = resampled_power(len(sizes), shows, 2, POWER)
+        return None if batches is None else math.ceil(batches * sizes.mean())
+
+    within = estimate < limit if side == "upper" else estimate > limit
+    return Bound("metric", side, limit, estimate, bound, HEAVY_TAILED, samples, power_search=search if within and drop != 0 else None)
