@@ -6,11 +6,13 @@ methods, what they guarantee and the coverage CI measures (scripts/coverage_of_b
 - **Top-1 changed** (no labels) and **agreement**: the exact binomial bound (Clopper–Pearson) on the
   samples whose predicted class is not FP32's. A bootstrap of a proportion has no spread at 0 or n.
 - **Top-1 against labels**: the net drop, (lost − gained)/n, paired. Given d discordant samples
-  (lost or gained), lost ~ Binomial(d, p) exactly, and the net drop is π_d·(2p − 1) with π_d the
-  discordant share: its bound is π_d's exact bound (upper, or lower where 2p − 1 < 0) times
-  2p_upper − 1, the two at confidences whose product is 95 % (``PAIRED_CONFIDENCE``).
-- **Cosine** (the global cosine over every value): with β = Σdot/Σref², a sample's residual energy
-  q = ‖out − β·ref‖² and the population's 1 − cos² = min_β E‖out − β·ref‖²/E‖out‖² ≤ E[q]/E‖out‖²,
+  (lost or gained), lost ~ Binomial(d, p) exactly (conditional on d, whatever d is), and the net
+  drop is π_lost·(2 − 1/p) with π_lost the lost share: its bound is π_lost's exact bound (upper, or
+  lower where 2 − 1/p_upper < 0) times 2 − 1/p_upper, at 96 % and 99 % (``PAIRED_CONFIDENCE``,
+  Bonferroni: both hold together at 95 %). Bounding π_lost rather than π_d counts d's own
+  uncertainty without paying for the gained samples twice.
+- **Cosine** (the global cosine over every value): with a sample's error energy q = ‖out − ref‖², the
+  population's 1 − cos² = min_β E‖out − β·ref‖²/E‖out‖² ≤ E[q]/E‖out‖²,
   so cos ≥ √(1 − U(q)/L(‖out‖²)) with an upper bound of the mean residual energy (heavy-tailed:
   pipeline/precision/one_sided.py) and a lower one of the mean output energy (``COSINE_CONFIDENCE``).
 - **The user's metric**, per batch weighted by its samples: the same bound of a mean over the
@@ -55,9 +57,7 @@ from pipeline.precision.one_sided import exact_upper as exact_upper
 CONFIDENCE = 0.95  # one-sided: a threshold's figure at its lower bound, a drop at its upper
 POWER = 0.80  # the chance that the samples a bound asks for show its limit
 ALPHA = 1.0 - CONFIDENCE
-# The conditional bound of lost's share of the discordant samples holds at 1 − 0.01 whatever their
-# number, so with the discordant share's bound at 1 − 0.0404 both hold together at 0.99 · 0.9596 = 0.95.
-PAIRED_CONFIDENCE = (CONFIDENCE / 0.99, 0.99)  # the discordant share's, lost's share of them
+PAIRED_CONFIDENCE = (0.96, 0.99)  # the lost share's, lost's share of the discordant: Bonferroni
 COSINE_CONFIDENCE = (0.96, 0.99)  # the mean error energy's upper bound, the output energy's lower: Bonferroni
 EXACT = "exact binomial (Clopper-Pearson)"
 PAIRED = "paired exact binomial (discordant samples, Clopper-Pearson)"
@@ -230,12 +230,14 @@ def samples_to_resolve(side: str, limit: float, confidence: float = CONFIDENCE) 
 def net_drop_upper(lost: int, gained: int, n: int, approximate: bool = False) -> float:
     """The paired upper bound of the net top-1 drop (lost − gained)/n (module docstring)."""
     upper = approximate_upper if approximate else exact_upper
-    discordant = lost + gained
     share_confidence, lost_confidence = PAIRED_CONFIDENCE
-    factor = 2.0 * (upper(lost, discordant, lost_confidence) if discordant else 1.0) - 1.0
+    # The net drop π_lost − π_gained is π_lost·(2 − 1/p), p lost's share of the discordant: it
+    # grows with p, so p's upper bound bounds it; with nothing discordant p is unknown (1).
+    p = upper(lost, lost + gained, lost_confidence) if lost + gained else 1.0
+    factor = 2.0 - 1.0 / p if p > 0 else -math.inf
     if factor >= 0:
-        return upper(discordant, n, share_confidence) * factor
-    return exact_lower(discordant, n, share_confidence) * factor
+        return upper(lost, n, share_confidence) * factor
+    return exact_lower(lost, n, share_confidence) * factor if lost else 0.0
 
 
 def bounds(stats: SampleStats, floor) -> list[Bound]:

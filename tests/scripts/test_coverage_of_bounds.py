@@ -1,8 +1,8 @@
 """scripts/coverage_of_bounds.py: the plan's 95 % bounds — cosine, the user's metric, the net top-1
 drop — hold the truth in at least 95 % of draws (each cell's exact lower bound at least 94 %) under
-even, log-normal and outlier errors at 32 to 2048 samples, but for the one cell no bound tight on
-even errors can cover (docs/bounds.md); docs/bounds.md shows the table this run prints; and the
-percentile bootstrap the bounds replaced fails the same check."""
+even, log-normal and outlier errors at 32 to 2048 samples, but for the one cell where covering
+asks a bound ten times too loose elsewhere (docs/bounds.md); docs/bounds.md shows the table this
+run prints; and the percentile bootstrap the bounds replaced fails the same check."""
 
 from __future__ import annotations
 
