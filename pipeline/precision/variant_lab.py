@@ -208,19 +208,24 @@ class VariantLab:
         key = (frozenset(excluded), which)
         if key not in self._cache:
             self.switches.quantize_all_but(key[0])
-            outputs = [self._run(batch) for batch in self.batches[which]]
-            labels = self.labels[which] if self.labels else None
-            measured = figures(self.references[which], outputs, labels)
-            stats = sample_stats(self.references[which], outputs, labels)
-            if self.metric is not None:
-                import numpy as np
-
-                sizes = np.asarray([output.shape[0] for output in outputs], dtype=float)
-                mine, fp32 = np.asarray(self._by_batch(which, outputs), dtype=float), np.asarray(self.fp32_by_batch[which], dtype=float)
-                measured = replace(measured, metric=float(weighted_mean(mine, sizes)), fp32_metric=float(weighted_mean(fp32, sizes)))
-                stats = replace(stats, metric=mine, fp32_metric=fp32, batch_sizes=sizes)
-            self._cache[key], self._stats[key] = measured, stats
+            self._cache[key], self._stats[key] = self.measured(which, [self._run(batch) for batch in self.batches[which]])
         return self._cache[key]
+
+    def measured(self, which: str, outputs: list) -> tuple[Figures, SampleStats]:
+        """Outputs on the search (or the confirmation) batches, one tensor a batch, against the FP32
+        model's: the figures and, sample by sample, what the bounds read — the variant's here, or
+        a built engine's (pipeline/precision/built.py)."""
+        labels = self.labels[which] if self.labels else None
+        measured = figures(self.references[which], outputs, labels)
+        stats = sample_stats(self.references[which], outputs, labels)
+        if self.metric is not None:
+            import numpy as np
+
+            sizes = np.asarray([output.shape[0] for output in outputs], dtype=float)
+            mine, fp32 = np.asarray(self._by_batch(which, outputs), dtype=float), np.asarray(self.fp32_by_batch[which], dtype=float)
+            measured = replace(measured, metric=float(weighted_mean(mine, sizes)), fp32_metric=float(weighted_mean(fp32, sizes)))
+            stats = replace(stats, metric=mine, fp32_metric=fp32, batch_sizes=sizes)
+        return measured, stats
 
     def bounds(self, excluded: Iterable[str], floor, which: str = "search") -> list[Bound]:
         """How sure the figures of ``excluded`` on the search (or the confirmation) samples are,
