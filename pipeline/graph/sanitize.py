@@ -8,10 +8,20 @@ loader runs onnx-graphsurgeon's folding with ONNX Runtime, pass after pass with 
 between them, until nothing more folds; onnxslim does more (it fuses and rewrites patterns), which
 is more than the parity check should have to vouch for before a compiler that fuses anyway.
 
-Where it is not safe it is not done, and the export says why: a graph with quantization nodes
-(folding a constant weight through its ``DequantizeLinear`` would hand TensorRT float weights and
-lose the quantization), and a graph whose weights live in external files (over 2 GB: the loader
-holds the whole model in one protobuf, which cannot exceed that).
+A graph with ONNX's quantization nodes is folded too: onnx-graphsurgeon never folds them
+(``Graph.fold_constants`` in onnx_graphsurgeon/ir/graph.py, 0.6.1: its ``is_foldable`` returns False
+for ``NO_FOLD_OPS = ["QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"]``, so a constant
+weight keeps its ``DequantizeLinear`` and what consumes it is not folded either), and a guard below
+keeps the graph as given should a release ever drop one. TensorRT's own quantization ops
+(``trt::TRT_FP8QuantizeLinear``, ``TRT_FP4DynamicQuantize``, …) are not on that list: graphsurgeon
+hands them to ONNX Runtime like any op whose inputs are constant, which has no kernel for them, so
+the pass fails and folds nothing (polygraphy 0.53.6 on a ``TRT_FP8QuantizeLinear`` of a weight:
+"trt:TRT_FP8QuantizeLinear(-1) is not a registered function/op"); with a kernel it would hand
+TensorRT float weights. Graphs with them are left as written, and the export says why.
+
+Where ONNX Runtime cannot run the graph (bfloat16, TensorRT-only or custom ops), the folded graph
+cannot be checked against the one given: the record says so (``parity: "unchecked: <why>"``) and
+the export warns.
 """
 
 from __future__ import annotations
@@ -23,9 +33,11 @@ from typing import Any
 # Why a graph was not folded when the user said not to (ExportDetails.sanitized.skipped).
 NOT_ASKED = "--no-sanitize (or `sanitize = false` in pipeline.toml)"
 
-# Ops that carry a quantization TensorRT must see as written: ONNX's Q/DQ, and the TensorRT ops
-# ModelOpt writes for block formats (pipeline/stages/fp4_graph.py).
+# ONNX's quantization ops, which graphsurgeon never folds (above); the guard counts them.
 _QUANTIZATION_OPS = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear")
+# TensorRT's own quantization ops, which ModelOpt writes for FP8 and the block formats
+# (pipeline/stages/fp4_graph.py): graphsurgeon would try to fold them.
+_TENSORRT_QUANTIZATION_PREFIX = "TRT_"
 
 
 def changed(record: dict[str, Any] | None) -> bool:
@@ -37,15 +49,24 @@ def unsafe_reason(model) -> str | None:
     """Why folding this graph is not safe (the export records it), or None."""
     import onnx
 
-    quantizing = sorted({n.op_type for n in model.graph.node if n.op_type in _QUANTIZATION_OPS or n.op_type.startswith("TRT_")})
+    quantizing = sorted({n.op_type for n in model.graph.node if n.op_type.startswith(_TENSORRT_QUANTIZATION_PREFIX)})
     if quantizing:
         return (
-            f"the graph quantizes ({', '.join(quantizing)}): folding a weight through its DequantizeLinear "
-            "would give TensorRT float weights"
+            f"the graph quantizes with TensorRT's own ops ({', '.join(quantizing)}), which graphsurgeon's folding would "
+            "evaluate like any other (it leaves only ONNX's QuantizeLinear/DequantizeLinear alone): a weight would reach TensorRT in float"
         )
     if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
         return "its weights are in external data files (over 2 GB), which the folding would have to hold in one protobuf"
     return None
+
+
+def folding_unchecked(record: dict[str, Any], why: str) -> str | None:
+    """Mark a folding record whose folded graph ONNX Runtime could not check against the graph as
+    given (``why``: what it cannot run); the WARNING to print, or None where nothing was folded."""
+    if not changed(record):
+        return None
+    record["parity"] = f"unchecked: {why}"
+    return f"constant folding changed the graph ({record['nodes_before']} → {record['nodes_after']} nodes), unchecked: {why}"
 
 
 def sanitize(model, asked: bool = True) -> tuple[Any, dict[str, Any]]:
@@ -74,6 +95,15 @@ def sanitize(model, asked: bool = True) -> tuple[Any, dict[str, Any]]:
     finally:
         G_LOGGER.module_severity = severity
     after = Counter(node.op_type for node in folded.graph.node)
+    lost = {op: before[op] - after[op] for op in _QUANTIZATION_OPS if after[op] < before[op]}
+    if lost:  # graphsurgeon's NO_FOLD_OPS, should a release drop them
+        words = ", ".join(f"{n} {op}" for op, n in sorted(lost.items()))
+        return model, {
+            "tool": tool,
+            "skipped": f"folding removed {words}",
+            "nodes_before": sum(before.values()),
+            "nodes_after": sum(before.values()),
+        }
     return folded if after != before else model, {
         "tool": tool,
         "nodes_before": sum(before.values()),

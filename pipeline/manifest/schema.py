@@ -198,8 +198,9 @@ class ExportDetails(_Model):
     # Why the ONNX could not be run in ONNX Runtime (TensorRT-only operators).
     parity_skipped: str | None = None
     # Constant folding before TensorRT reads the graph (pipeline/graph/sanitize.py): the tool, the
-    # nodes before and after, the ops folded away and the seconds; or why it was not done
-    # (`skipped`: a graph with quantization nodes, weights in external files, --no-sanitize).
+    # nodes before and after, the ops folded away and the seconds, and `parity: "unchecked: <why>"`
+    # where ONNX Runtime could not check the folded graph; or why it was not done (`skipped`: a
+    # graph with TensorRT's own TRT_* quantization ops, --no-sanitize).
     sanitized: dict[str, Any] | None = None
     onnx_ops: dict[str, int] = {}
     # Opset, initializer data types, size.

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.graph.sanitize import changed, sanitize
+from pipeline.graph.sanitize import changed, folding_unchecked, sanitize
 from pipeline.running.errors import PipelineError, UsageError, require_module
 from pipeline.runtimes.onnxruntime import NO_CPU_KERNELS
 from pipeline.runtimes.torch_memory import is_out_of_memory
@@ -65,6 +65,9 @@ class OnnxWriter:
                 graph = written.graph = self._sanitized(graph, tmp, written)
                 written.ops = op_histogram(graph)
                 self._check_parity(traced, references, variant_outputs, tmp, written)
+                warning = folding_unchecked(written.sanitized, written.parity_skipped) if written.parity_skipped else None
+                if warning:  # the folding too: the parity check is what vouches for it
+                    self.stage.ctx.reporter.warn(f"{self.stage.engine.name}: {warning}")
                 if written.traced_batch:
                     pin_batch(graph, self.stage.model_spec.batch_size)
                 if written.renamed or written.traced_batch:

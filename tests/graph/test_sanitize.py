@@ -60,17 +60,111 @@ def test_folding_removes_the_shape_computation_and_keeps_the_result(tmp_path):
     np.testing.assert_array_equal(run(tmp_path / "folded.onnx", x), run(tmp_path / "user.onnx", x))
 
 
-def test_a_quantized_graph_is_left_as_written_and_says_why():
-    """Folding a constant weight through its DequantizeLinear would hand TensorRT float weights."""
+def quantized_graph(path: Path) -> None:
+    """x [2, 3, 4] flattened by a shape computed from x (five nodes folding removes), then an INT8
+    Q/DQ pair on the activations and on a constant float weight (QuantizeLinear of a weight, whose
+    inputs are all constant), a MatMul, and a weight already int8 behind its DequantizeLinear."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(1)
+    weights = [
+        numpy_helper.from_array(np.array(0, np.int64), "zero"),
+        numpy_helper.from_array(np.array([0], np.int64), "axes"),
+        numpy_helper.from_array(np.array([-1], np.int64), "rest"),
+        numpy_helper.from_array(np.array(0.02, np.float32), "x_scale"),
+        numpy_helper.from_array(np.array(0, np.int8), "x_zero"),
+        numpy_helper.from_array(rng.standard_normal((12, 5)).astype(np.float32), "w"),
+        numpy_helper.from_array(np.array(0.01, np.float32), "w_scale"),
+        numpy_helper.from_array(rng.integers(-100, 100, (5,)).astype(np.int8), "b_q"),
+        numpy_helper.from_array(np.array(0.05, np.float32), "b_scale"),
+    ]
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"], name="shape"),
+        helper.make_node("Gather", ["shape", "zero"], ["batch"], name="batch", axis=0),
+        helper.make_node("Unsqueeze", ["batch", "axes"], ["batch1"], name="batch1"),
+        helper.make_node("Concat", ["batch1", "rest"], ["flat_shape"], name="flat_shape", axis=0),
+        helper.make_node("Reshape", ["x", "flat_shape"], ["flat"], name="flatten"),
+        helper.make_node("QuantizeLinear", ["flat", "x_scale", "x_zero"], ["flat_q"], name="x_q"),
+        helper.make_node("DequantizeLinear", ["flat_q", "x_scale", "x_zero"], ["flat_dq"], name="x_dq"),
+        helper.make_node("QuantizeLinear", ["w", "w_scale", "x_zero"], ["w_q"], name="w_q"),
+        helper.make_node("DequantizeLinear", ["w_q", "w_scale", "x_zero"], ["w_dq"], name="w_dq"),
+        helper.make_node("MatMul", ["flat_dq", "w_dq"], ["product"], name="project"),
+        helper.make_node("DequantizeLinear", ["b_q", "b_scale"], ["b"], name="b_dq"),
+        helper.make_node("Add", ["product", "b"], ["y"], name="bias"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "q",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5])],
+        weights,
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
+def test_a_quantized_graph_is_folded_around_its_q_dq_which_all_stay(tmp_path):
+    """graphsurgeon never folds QuantizeLinear/DequantizeLinear, not even a weight's whose inputs
+    are all constant: the shape computation goes, every Q/DQ stays, the outputs are the same."""
+    import onnx
+
+    from pipeline.graph.sanitize import sanitize
+
+    quantized_graph(tmp_path / "q.onnx")
+    given = onnx.load(str(tmp_path / "q.onnx"))
+    folded, record = sanitize(given)
+    assert "skipped" not in record and record["folded"] == {"Concat": 1, "Gather": 1, "Shape": 1, "Unsqueeze": 1}
+    kept = [node.op_type for node in folded.graph.node]
+    assert kept == [
+        "Reshape",
+        "QuantizeLinear",
+        "DequantizeLinear",
+        "QuantizeLinear",
+        "DequantizeLinear",
+        "MatMul",
+        "DequantizeLinear",
+        "Add",
+    ]
+    assert {t.name: t.data_type for t in folded.graph.initializer}["w"] == onnx.TensorProto.FLOAT  # the weight as given, unquantized
+    onnx.save(folded, str(tmp_path / "folded.onnx"))
+    x = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)
+    np.testing.assert_array_equal(run(tmp_path / "folded.onnx", x), run(tmp_path / "q.onnx", x))
+
+
+def test_a_folding_that_removed_a_dequantize_keeps_the_graph_as_given(tmp_path, monkeypatch):
+    """The guard, should a release of graphsurgeon fold Q/DQ: the graph as given, and why."""
+    import onnx
+    import polygraphy.backend.onnx as polygraphy_onnx
+
+    from pipeline.graph.sanitize import sanitize
+
+    quantized_graph(tmp_path / "q.onnx")
+    given = onnx.load(str(tmp_path / "q.onnx"))
+
+    def folds_the_bias(model, **_):
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        del copy.graph.node[10]  # b_dq
+        return copy
+
+    monkeypatch.setattr(polygraphy_onnx, "fold_constants", folds_the_bias)
+    same, record = sanitize(given)
+    assert same is given and record["skipped"] == "folding removed 1 DequantizeLinear" and record["nodes_after"] == 12
+
+
+def test_tensorrts_own_quantization_ops_are_left_as_written_and_say_why():
+    """graphsurgeon treats trt::TRT_* like any op whose inputs are constant and hands it to ONNX
+    Runtime: a graph with them is not folded."""
     from onnx import TensorProto, helper, numpy_helper
 
     from pipeline.graph.sanitize import sanitize
 
-    weight = numpy_helper.from_array(np.ones((4, 4), np.int8), "w_q")
+    weight = numpy_helper.from_array(np.ones((4, 4), np.float32), "w")
     scale = numpy_helper.from_array(np.array(0.1, np.float32), "w_scale")
     nodes = [
-        helper.make_node("DequantizeLinear", ["w_q", "w_scale"], ["w"]),
-        helper.make_node("MatMul", ["x", "w"], ["y"]),
+        helper.make_node("TRT_FP8QuantizeLinear", ["w", "w_scale"], ["w_q"], domain="trt"),
+        helper.make_node("TRT_FP8DequantizeLinear", ["w_q", "w_scale"], ["w_dq"], domain="trt"),
+        helper.make_node("MatMul", ["x", "w_dq"], ["y"]),
     ]
     graph = helper.make_graph(
         nodes,
@@ -79,10 +173,10 @@ def test_a_quantized_graph_is_left_as_written_and_says_why():
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
         [weight, scale],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("trt", 1)])
     same, record = sanitize(model)
-    assert same is model and [n.op_type for n in same.graph.node] == ["DequantizeLinear", "MatMul"]
-    assert "DequantizeLinear" in record["skipped"] and record["nodes_after"] == record["nodes_before"] == 2
+    assert same is model and [n.op_type for n in same.graph.node] == ["TRT_FP8QuantizeLinear", "TRT_FP8DequantizeLinear", "MatMul"]
+    assert "TRT_FP8DequantizeLinear, TRT_FP8QuantizeLinear" in record["skipped"] and record["nodes_after"] == record["nodes_before"] == 3
 
 
 USER = """
@@ -125,3 +219,31 @@ def test_no_sanitize_keeps_the_users_graph_byte_for_byte(workspace, run_cli):
     # Turning it on is another export (its fingerprint says so), not the one on disk.
     again = run_cli(workspace, "export", "--engine", "user_fp32")
     assert again.exit_code == 0 and "didn't change" not in again.err and "constants folded" in again.err
+
+
+CUSTOM = """
+[models.custom]
+onnx = "custom.onnx"
+"""
+
+
+def test_a_fold_onnx_runtime_cannot_check_is_said_unchecked(tmp_path, run_cli):
+    """A user's graph with a custom op: folded all the same, with a WARNING and the record's
+    `parity` saying why it is unchecked."""
+    import onnx
+
+    catalog = write_catalog(tmp_path / "ws", TINY_CATALOG + CUSTOM)
+    foldable_graph(catalog.parent / "custom.onnx")
+    graph = onnx.load(str(catalog.parent / "custom.onnx"))
+    graph.graph.node[-1].op_type, graph.graph.node[-1].domain = "FancyScale", "acme.custom"
+    graph.opset_import.append(onnx.helper.make_opsetid("acme.custom", 1))
+    onnx.save(graph, str(catalog.parent / "custom.onnx"))
+    result = run_cli(catalog, "export", "--engine", "custom_fp32")
+    assert result.exit_code == 0, result.err
+    assert "WARNING custom_fp32: constant folding changed the graph (6 → 2 nodes), unchecked: ONNX Runtime cannot run" in result.err
+    details = read_manifest(catalog.parent / "manifests" / "export" / "custom_fp32.json").export.details
+    assert (
+        details.sanitized["parity"]
+        == 'unchecked: ONNX Runtime cannot run "scale_it" (acme.custom:FancyScale), a custom op, for the FP32 reference'
+    )
+    assert details.parity is None and details.parity_by_shape == {}
