@@ -45,10 +45,9 @@ def custom_nodes(model) -> list[CustomNode]:
 def lint(path: Path, model_name: str) -> None:
     """Raise UsageError, naming the node, where ONNX's checker with full shape inference refuses
     the file."""
-    import onnx
 
     try:
-        onnx.checker.check_model(str(path), full_check=True)
+        _check(path)
     except Exception as exc:  # onnx.checker.ValidationError, onnx.shape_inference.InferenceError
         text = " ".join(str(exc).split())
         found = _SHAPE_NODE.search(text) or _ORDER_NODE.search(text)
@@ -60,3 +59,35 @@ def lint(path: Path, model_name: str) -> None:
             hint="no compiler reads a graph ONNX's own checker refuses; fix the graph or export it again "
             "(`python -c \"import onnx; onnx.checker.check_model('FILE', full_check=True)\"` reproduces this)",
         ) from exc
+
+
+# External tensors up to this size are read for the shape inference: the values of shape inputs
+# (a Reshape's target, an Unsqueeze's axes), which a model saved with ``size_threshold=0`` keeps
+# outside too; the weights themselves are not needed, their dims are in the graph.
+_SHAPE_VALUES_BYTES = 1 << 16
+
+
+def _check(path: Path) -> None:
+    """ONNX's checker on the file (its path, as ONNX asks for models over 2 GB: the checker then
+    also finds each external data file), with full shape inference; for a graph with external
+    data, that inference runs on the graph with its small tensors read, since ONNX's own, from a
+    path, does not read external data ("Cannot parse data from external tensors")."""
+    import onnx
+    from onnx.external_data_helper import load_external_data_for_tensor
+
+    from pipeline.graph.external import external_tensors
+
+    graph = onnx.load(str(path), load_external_data=False)
+    outside = external_tensors(graph)
+    if not outside:
+        onnx.checker.check_model(str(path), full_check=True)
+        return
+    onnx.checker.check_model(str(path))
+    for tensor in outside:
+        length = next((int(e.value) for e in tensor.external_data if e.key == "length"), None)
+        if length is not None and length <= _SHAPE_VALUES_BYTES:
+            load_external_data_for_tensor(tensor, str(path.parent))
+            tensor.data_location = onnx.TensorProto.DEFAULT
+            del tensor.external_data[:]
+    # What check_model(full_check=True) adds to the checker (onnx/checker.py).
+    onnx.shape_inference.infer_shapes(graph, check_type=True, strict_mode=True)

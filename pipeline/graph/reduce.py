@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.graph.external import data_path, has_external_data, load_whole, named_files, save
 from pipeline.graph.lint import STANDARD_DOMAINS
 from pipeline.running.errors import PipelineError
 
@@ -101,12 +102,18 @@ class Checks:
         import onnx
 
         self.count += 1
-        nodes = len(onnx.load(str(candidate), load_external_data=False).graph.node)
+        cut = onnx.load(str(candidate), load_external_data=False)
+        nodes = len(cut.graph.node)
         try:
             same, words = self.fails_the_same_way(candidate)
         except CutNotBuilt as exc:
             self.skipped[exc.why] += 1
             same, words = False, f"skipped, its build {exc.why}: counted as not failing the same way"
+        finally:
+            # A cut over 2 GB comes with its weights in a file Polygraphy names afresh each time
+            # (SaveOnnx: external data past the protobuf limit); built, it is no one's.
+            for data in named_files(candidate, cut):
+                data.unlink(missing_ok=True)
         self.progress(f"iteration {self.count}: {nodes} node(s), {'fails the same way' if same else words}")
         return not same
 
@@ -143,9 +150,7 @@ def reduce_graph(onnx_path: Path, output: Path, checks: Checks, input_shapes: di
         result = workdir / "linear.onnx"
         _polygraphy_reduce(bisected, result, checks, standins, {}, workdir, "linear")
     reduced = onnx.load(str(result), load_external_data=False)
-    partial = output.with_name(f".{output.name}.partial")
-    shutil.copyfile(result, partial)
-    os.replace(partial, output)
+    _write(result, output, external=has_external_data(model))
     return Reduction(
         nodes_before=before,
         nodes_after=len(reduced.graph.node),
@@ -155,6 +160,21 @@ def reduce_graph(onnx_path: Path, output: Path, checks: Checks, input_shapes: di
         ops=[node.op_type for node in reduced.graph.node],
         skipped=dict(checks.skipped),
     )
+
+
+def _write(result: Path, output: Path, external: bool) -> None:
+    """The reduced graph at ``output``, whole or not at all; where the graph reduced kept its
+    weights in external data, with its own in ``<output>.data`` beside it (pipeline/graph/external.py),
+    which loads wherever the two go together."""
+    import onnx
+
+    partial = output.with_name(f".{output.name}.partial")
+    if external or has_external_data(onnx.load(str(result), load_external_data=False)):
+        save(load_whole(result), partial, external=True, data=data_path(output))
+    else:
+        data_path(output).unlink(missing_ok=True)
+        shutil.copyfile(result, partial)
+    os.replace(partial, output)
 
 
 def _polygraphy_reduce(source: Path, output: Path, checks: Checks, standins: StandIns, shapes: dict, workdir: Path, mode: str) -> None:

@@ -56,7 +56,8 @@ def unsafe_reason(model) -> str | None:
             "evaluate like any other (it leaves only ONNX's QuantizeLinear/DequantizeLinear alone): a weight would reach TensorRT in float"
         )
     if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
-        return "its weights are in external data files (over 2 GB), which the folding would have to hold in one protobuf"
+        # A graph read without its external data (an export over 2 GB): folding needs the weights.
+        return "its weights are in external data files that were not read with it"
     return None
 
 

@@ -72,7 +72,22 @@ class OnnxModel(ModelSource):
         }
 
     def input_files(self) -> list[Path]:
-        return [self.path(), *self.reference_files().values()]
+        return [self.path(), *self.data_files(), *self.reference_files().values()]
+
+    def data_files(self) -> list[Path]:
+        """The external data files holding the graph's weights, named relative to its folder (as
+        pipeline/graph/external.py reads them; onnx.save writes only initializers there unless
+        told otherwise); empty where the file holds them. Refused where one is not there."""
+        path = self.path()
+        named = (entry.value for t in self.graph.graph.initializer for entry in t.external_data if entry.key == "location")
+        files = [path.parent / name for name in dict.fromkeys(named)]
+        missing = [file.name for file in files if not file.is_file()]
+        if missing:
+            raise UsageError(
+                f"model {self.name!r}: {path} keeps its weights in external data file(s) {', '.join(missing)}, which are not beside it.",
+                hint="keep the data files where the model was saved with them: their names are relative to the model's folder",
+            )
+        return files
 
     def reference_files(self) -> dict[str, Path]:
         """The user's reference file of each shape point, by point; empty without `reference`."""

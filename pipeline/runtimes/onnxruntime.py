@@ -126,6 +126,7 @@ class OnnxRuntimeRuntime(InProcessRuntime):
             options.intra_op_num_threads = cores
         if optimized_out is not None:
             options.optimized_model_filepath = str(optimized_out)
+            _weights_beside(options, path, optimized_out)
         try:
             return ort.InferenceSession(str(path), sess_options=options, providers=self.providers())
         except Exception as exc:  # ORT raises its own exception types for invalid or unsupported graphs
@@ -200,6 +201,27 @@ class OnnxRuntimeRuntime(InProcessRuntime):
                 feeds[spec.name] = rng.standard_normal(spec.shape).astype(dtype)
         session.run(None, feeds)  # the first run allocates: not in any take
         return OrtEngine(session, feeds)
+
+
+def _weights_beside(options, path: Path, optimized_out: Path) -> None:
+    """Where ``path`` keeps its weights in external data (pipeline/graph/external.py), the
+    optimized model's weights: inline up to 2 GB, else in ``<engine>.data`` beside it. Left to
+    itself ONNX Runtime writes the input's external references as they were, relative to the
+    input's folder, which the engine's is not ("External data path does not exist" when loaded).
+    The session options are ONNX Runtime's (onnxruntime_session_options_config_keys.h:
+    session.optimized_model_external_initializers_file_name, …_min_size_in_bytes)."""
+    import onnx
+
+    from pipeline.graph.external import PROTOBUF_LIMIT_BYTES, has_external_data, named_files
+    from pipeline.workspace.artifacts import final_path
+
+    graph = onnx.load(str(path), load_external_data=False)
+    if not has_external_data(graph):
+        return
+    size = sum(file.stat().st_size for file in named_files(path, graph) if file.is_file())
+    smallest = 1024 if size >= PROTOBUF_LIMIT_BYTES else PROTOBUF_LIMIT_BYTES
+    options.add_session_config_entry("session.optimized_model_external_initializers_file_name", f"{final_path(optimized_out).name}.data")
+    options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", str(smallest))
 
 
 class OrtEngine:

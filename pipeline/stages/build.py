@@ -111,11 +111,12 @@ class BuildStage(Stage):
         return record
 
     def inputs(self) -> list[Artifact]:
-        # The ONNX only: the export's reference batch is what the profile checks engines against.
-        # A model the exporter refused has none; a toolchain that builds from the PyTorch model
-        # then reads the export's reference files, which stand for the model that made them.
+        # The ONNX only (and its external data, read beside it): the export's reference batch is
+        # what the profile checks engines against. A model the exporter refused has none; a
+        # toolchain that builds from the PyTorch model then reads the export's reference files,
+        # which stand for the model that made them.
         record = self.export_record()
-        onnx = [artifact for artifact in record.outputs if artifact.role == "onnx"] or record.outputs
+        onnx = [artifact for artifact in record.outputs if artifact.role in ("onnx", "onnx_data")] or record.outputs
         for artifact in onnx:
             if not self.ctx.workspace.is_intact(artifact):
                 raise PipelineError(

@@ -53,7 +53,8 @@ def reduce_engine(ctx, engine: EngineRef, toolchain: str, shape: str | None = No
     if not runtime.reads_onnx or onnx is None:
         raise UsageError(f"{toolchain} builds {engine.name} from the PyTorch model, not from a graph: there is no ONNX to reduce.")
     onnx_path = workspace.root / onnx.path
-    if not onnx_path.is_file() or sha256_file(onnx_path) != onnx.sha256:
+    read = [onnx, *(a for a in build.inputs if a.role == "onnx_data")]  # its external data too
+    if any(not (workspace.root / a.path).is_file() or sha256_file(workspace.root / a.path) != a.sha256 for a in read):
         raise UsageError(
             f"{onnx.path} is not the graph the build of {engine.name} on {toolchain} refused (it changed or is gone).",
             hint=f"build it again (`{again} --force`), then reduce what fails now",

@@ -5,7 +5,10 @@ checked against (there is no PyTorch model to compare it with)."""
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
+from pipeline.graph.external import data_path, has_external_data, load_whole
+from pipeline.graph.external import save as save_graph
 from pipeline.graph.lint import custom_nodes, lint
 from pipeline.graph.sanitize import changed, folding_unchecked, sanitize
 from pipeline.manifest import ExportDetails
@@ -20,17 +23,12 @@ from pipeline.workspace.artifacts import atomic_output
 def take_onnx(stage, source, phase) -> StageOutcome:
     """A user's ONNX file: checked, copied in as it is, and run in ONNX Runtime at each shape
     point for the reference every engine built from it is checked against."""
-    import onnx
     import torch
 
     path = source.path()
     with phase("onnx_checks"):
         graph = source.graph
-        if any(t.data_location == onnx.TensorProto.EXTERNAL for t in graph.graph.initializer):
-            raise PipelineError(
-                f"{path} keeps its weights in external data files, which this pipeline does not copy yet.",
-                hint="save the model with its weights inside the file (onnx.save(..., save_as_external_data=False), up to 2 GB)",
-            )
+        data = source.data_files()  # external data: checked beside the file before anything reads it
         lint(path, source.name)
         plugins = custom_nodes(graph)
         if plugins:
@@ -66,15 +64,18 @@ def take_onnx(stage, source, phase) -> StageOutcome:
     if unchecked:
         stage.ctx.reporter.warn(f"{stage.engine.name}: {cannot_run}")
     onnx_path = stage.ctx.workspace.onnx_path(stage.engine)
-    with atomic_output(onnx_path) as tmp:
-        shutil.copyfile(path, tmp)
-        checked = {label: (references[label], fp32_outputs[label]) for label in ran_here}
-        sanitized, parity = _sanitized(stage, source, graph, tmp, checked, phase)
-        # No point ONNX Runtime ran the file as given at: the folding is not checked (said, not silent).
-        why = cannot_run or "ONNX Runtime did not run the file as given: the reference is the user's own (`reference`)"
-        warning = folding_unchecked(sanitized, why.split(";")[0]) if not parity else None
-        if warning:
-            stage.ctx.reporter.warn(f"{stage.engine.name}: {warning}")
+    try:
+        with atomic_output(onnx_path) as tmp:
+            checked = {label: (references[label], fp32_outputs[label]) for label in ran_here}
+            sanitized, parity, written_data = _taken_in(stage, source, graph, (tmp, onnx_path), checked, phase)
+    except BaseException:
+        data_path(onnx_path).unlink(missing_ok=True)  # written for a graph that was not: no one's data
+        raise
+    # No point ONNX Runtime ran the file as given at: the folding is not checked (said, not silent).
+    why = cannot_run or "ONNX Runtime did not run the file as given: the reference is the user's own (`reference`)"
+    warning = folding_unchecked(sanitized, why.split(";")[0]) if not parity else None
+    if warning:
+        stage.ctx.reporter.warn(f"{stage.engine.name}: {warning}")
     facts = {"description": source.describe_reference(stage.model_spec.seed + 1)}
     writer = ReferenceWriter(stage.ctx.workspace, stage.engine, source.output_name())
     reference = writer.each_point(references, fp32_outputs, model_inputs, torch.float32, facts, missing=unchecked)
@@ -82,7 +83,7 @@ def take_onnx(stage, source, phase) -> StageOutcome:
     first = references[points[0].label][0]
     details = ExportDetails(
         source=source.describe(),
-        weights=f"as in {source.spec.onnx}",
+        weights=f"as in {source.spec.onnx}" + (f" and its external data ({', '.join(p.name for p in data)})" if data else ""),
         input_shape=list(first.shape),
         input_dtype=floats[0] if floats else str(first.dtype).replace("torch.", ""),
         inputs=[i.describe() for i in model_inputs],
@@ -96,26 +97,35 @@ def take_onnx(stage, source, phase) -> StageOutcome:
         parity_skipped=None if parity else "the reference is this ONNX file's own outputs (there is no PyTorch model to compare it with)",
         sanitized=sanitized,
         onnx_ops=op_histogram(graph),
-        onnx_audit=onnx_audit(graph, path.stat().st_size),
+        onnx_audit=onnx_audit(graph, sum(p.stat().st_size for p in (path, *data))),
         reference=reference,
         timings_s=phase.seconds,
     )
     outputs = [stage.ctx.workspace.artifact("onnx", onnx_path)]
+    if written_data is not None:  # the graph's weights, which every build reads beside it
+        outputs.append(stage.ctx.workspace.artifact("onnx_data", written_data))
     outputs += [stage.ctx.workspace.artifact(role, stage.ctx.workspace.root / p) for role, p in reference_files(reference)]
     return StageOutcome(outputs=outputs, details=details, note=f" ({_folding_words(sanitized)}; reference at {len(points)} shape point(s))")
 
 
-def _sanitized(stage, source, graph, tmp, checked: dict, phase) -> tuple[dict, dict]:
-    """The user's graph with its constants folded (pipeline/graph/sanitize.py), written over the copy
-    at ``tmp``, and checked against the file as given at each point ONNX Runtime ran it
-    (``checked``: label → (inputs, outputs)): (the export's record of it, the parity by point)."""
-    import onnx
-
+def _taken_in(stage, source, graph, paths, checked: dict, phase) -> tuple[dict, dict, Path | None]:
+    """The user's graph copied in at ``paths`` (the temporary name, the final one) with its
+    constants folded (pipeline/graph/sanitize.py), checked against the file as given at each point
+    ONNX Runtime ran it (``checked``: label → (inputs, outputs)): (the export's record of the
+    folding, the parity by point, the data file written beside it). A graph with external data is
+    read whole and written with its weights in one file beside the copy (pipeline/graph/external.py)."""
+    tmp, final = paths
+    external = has_external_data(graph)
+    model = load_whole(source.path()) if external else graph
     with phase("sanitize"):
-        folded, record = sanitize(graph, asked=stage.ctx.catalog.sanitize)
-        if folded is graph:
-            return record, {}  # the file as given: nothing to check it against
-        onnx.save(folded, str(tmp))
+        folded, record = sanitize(model, asked=stage.ctx.catalog.sanitize)
+        if folded is model and not external:
+            shutil.copyfile(source.path(), tmp)  # the file as given, byte for byte
+            data_path(final).unlink(missing_ok=True)
+            return record, {}, None
+        written = save_graph(folded, tmp, external, data=data_path(final))
+    if folded is model:
+        return record, {}, written  # the graph as given: nothing to check it against
     parity = {}
     with phase("parity"):
         for label, (feeds, outputs) in checked.items():
@@ -129,7 +139,7 @@ def _sanitized(stage, source, graph, tmp, checked: dict, phase) -> tuple[dict, d
             f"{check.max_abs_error:.3g} (limit {check.max_abs_error_limit:.3g}), cosine {check.cosine_similarity:.6f}.",
             hint="export with --no-sanitize to build the graph as given, and report the graph to Polygraphy's maintainers",
         )
-    return record, parity
+    return record, parity, written
 
 
 def _folding_words(sanitized: dict) -> str:

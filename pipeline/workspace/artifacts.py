@@ -106,6 +106,15 @@ def atomic_output(path: Path) -> Iterator[Path]:
                 tmp.unlink()
 
 
+def final_path(tmp: Path) -> Path:
+    """The path an ``atomic_output`` temporary name (``.<name>.<hex>.tmp``) becomes; ``tmp`` itself
+    where it is no such name. For a file that names another beside it by its final name."""
+    parts = tmp.name.split(".")
+    if len(parts) < 4 or parts[0] or parts[-1] != "tmp":
+        return tmp
+    return tmp.with_name(".".join(parts[1:-2]))
+
+
 def _create_new(path: Path) -> int:
     """An open descriptor of a new, empty file at ``path``; FileExistsError where one is there."""
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
