@@ -180,6 +180,19 @@ def sensitivity(state: State, engine, samples, eval_dir, eval_data, eval_tokens,
 @click.option("--name", metavar="VARIANT", help="The planned variant's name (default: VARIANT_plan, e.g. int8_plan).")
 @click.option("--apply", "apply_", is_flag=True, help="Add the planned variant to pipeline.toml (comments and layout kept).")
 @click.option(
+    "--apply-unresolved",
+    is_flag=True,
+    help="With --apply: add a plan whose limits these samples cannot show (status unresolved) too; without it such a plan "
+    "is refused, since it is not confirmed.",
+)
+@click.option(
+    "--check-built/--no-check-built",
+    default=True,
+    show_default=True,
+    help="Build the planned variant on the measuring runtime (ONNX Runtime, or --measure's toolchain) and measure it on "
+    "the confirmation samples against the FP32 model: the floor on the engine that ships.",
+)
+@click.option(
     "--measure",
     metavar="TOOLCHAIN",
     help="Then export, build and time the planned variant beside the fully quantized and the unquantized ones on this "
@@ -188,7 +201,24 @@ def sensitivity(state: State, engine, samples, eval_dir, eval_data, eval_tokens,
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write the output to this file.")
 @pass_state
-def plan(state: State, engine, floors, max_drops, samples, eval_dir, eval_data, eval_tokens, metric, name, apply_, measure, fmt, out):
+def plan(
+    state: State,
+    engine,
+    floors,
+    max_drops,
+    samples,
+    eval_dir,
+    eval_data,
+    eval_tokens,
+    metric,
+    name,
+    apply_,
+    apply_unresolved,
+    check_built,
+    measure,
+    fmt,
+    out,
+):
     """The variant of a quantized engine that meets an accuracy floor keeping the least of the
     model's work (FLOPs) in high precision: layers are excluded in order of what each buys per
     FLOP until the floor holds, then every exclusion no longer needed is undone.
@@ -229,8 +259,18 @@ def plan(state: State, engine, floors, max_drops, samples, eval_dir, eval_data, 
     table = catalog_edit.planned_table(variant, ref.model, planned.exclude, description)
     toml_text = catalog_edit.variant_toml(name, table)
     command = _measure_command(state, ref, name)
+    for bound in planned.bounds.get("confirm", []):  # a metric over one batch: no bound to show its limit
+        if (said := bound.warning()) is not None and bound.bound is None:
+            reporter.warn(f"{said[0]}. TIP {said[1]}")
+    accepted = planned.confirmed or (planned.status == "unresolved" and apply_unresolved)
+    built = None
+    if check_built and planned.status != "failed":
+        from pipeline.precision.built import check_built as build_and_check
+
+        measuring = measure or ("onnxruntime" if "onnxruntime" in state.catalog.toolchains else state.catalog.defaults.toolchain)
+        built = build_and_check(state, lab, ref, name if planned.needed else None, table, measuring, floor)
     paid = None
-    if measure and planned.confirmed:  # a plan that failed is not worth timing
+    if measure and accepted:  # a plan that failed, or one not shown, is not worth timing
         from pipeline.precision.measure import measure_plan
 
         if apply_ and planned.needed:  # the variant is in the file before its engines are made
@@ -241,13 +281,17 @@ def plan(state: State, engine, floors, max_drops, samples, eval_dir, eval_data, 
         paid = measure_plan(state, ref, name if planned.needed else None, table, measure)
     if fmt == "json":
         measured = None if paid is None else {"toolchain": measure, "points": [point.as_dict() for point in paid]}
-        _emit(_json(report.plan_document(planned, name, table, toml_text, command, measured)), out)
+        _emit(_json(report.plan_document(planned, name, table, toml_text, command, measured, built)), out)
     elif out is not None:
         _emit(toml_text, out)
     else:
         report.print_plan(planned, len(result.layers), toml_text, command, stdout_console())
+        if built is not None:
+            stdout_console().print(built.said(floor), markup=False, highlight=False)
         if paid is not None:
             report.print_paid(paid, measure, stdout_console())
+    if built is not None and built.held is False and fmt != "table":
+        reporter.warn(built.said(floor))
     if not planned.held_on_search:
         unresolved = planned.unresolved()
         raise PipelineError(
@@ -257,7 +301,20 @@ def plan(state: State, engine, floors, max_drops, samples, eval_dir, eval_data, 
             if unresolved and unresolved[0].samples_needed
             else "lower the floor, or evaluate on more samples (--samples)",
         )
-    if not planned.confirmed:
+    if planned.status == "unresolved":
+        shown = [bound for bound in planned.bounds["confirm"] if bound.status == "unresolved"]
+        needed = max((bound.samples_for_power or 0 for bound in shown), default=0)
+        if not (apply_ and apply_unresolved):
+            raise PipelineError(
+                f"the plan for {ref.name} is unresolved: {planned.confirm_samples} confirmation samples cannot show "
+                + "; ".join(bound.said() for bound in shown)
+                + f" against {floor}; it was {'not applied' if apply_ else 'written, not confirmed'}.",
+                hint=(
+                    f"pass --samples {needed} to resolve it with an 80% chance at the rates seen" if needed else "evaluate on more samples"
+                )
+                + (", or --apply-unresolved to add it as it is" if apply_ else ""),
+            )
+    elif not planned.confirmed:
         failed = "; ".join(bound.said() for bound in planned.bounds["confirm"] if not bound.held) or planned.confirm.said()
         raise PipelineError(
             f"the plan for {ref.name} holds {floor} on the search batches but its bounds on the confirmation batches do not "

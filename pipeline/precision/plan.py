@@ -74,16 +74,28 @@ class Plan:
         return self.floor.met_by(self.search) and all(bound.held for bound in self.bounds.get("search", []))
 
     @property
+    def status(self) -> str:
+        """ "confirmed": the floor held on the search and every one of its limits is shown by its
+        bound on the confirmation samples; "unresolved": it held by everything these samples can
+        say, but some limit they cannot show (a top-1 limit finer than they resolve, a metric
+        over one batch) — a plan, not a confirmed one; "failed": otherwise."""
+        confirm = self.bounds.get("confirm", [])
+        if not (self.held_on_search and self.floor.met_by(self.confirm) and all(bound.held for bound in confirm)):
+            return "failed"
+        return "confirmed" if all(bound.status == "held" for bound in confirm) else "unresolved"
+
+    @property
     def confirmed(self) -> bool:
-        return self.held_on_search and self.floor.met_by(self.confirm) and all(bound.held for bound in self.bounds.get("confirm", []))
+        return self.status == "confirmed"
 
     @property
     def needed(self) -> bool:
         return bool(self.exclude)
 
     def unresolved(self) -> list[Bound]:
-        """The floor's proportions these samples cannot show at 95 % (bounds.py), on the search."""
-        return [bound for bound in self.bounds.get("search", []) if not bound.resolvable]
+        """The floor's limits these samples cannot show at 95 % (bounds.py), on the search: a
+        proportion finer than they resolve, a metric over one batch."""
+        return [bound for bound in self.bounds.get("search", []) if not bound.resolvable or bound.bound is None]
 
 
 def make_plan(lab: VariantLab, sensitivity: Sensitivity, floor: Floor, progress=None) -> Plan:

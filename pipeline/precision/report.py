@@ -16,7 +16,7 @@ from pipeline.precision.plan import Plan
 from pipeline.precision.sensitivity import LayerSensitivity, Sensitivity
 
 SENSITIVITY_SCHEMA_VERSION = 3
-PLAN_SCHEMA_VERSION = 4
+PLAN_SCHEMA_VERSION = 5
 # Layers the terminal lists; JSON and HTML list every one.
 TERMINAL_LAYERS = 15
 
@@ -67,8 +67,34 @@ def sensitivity_document(result: Sensitivity) -> dict[str, Any]:
     }
 
 
+def plan_metrics(plan: Plan, built=None) -> list[dict[str, Any]]:
+    """Per floor metric, on the confirmation samples: the figure, its bound and method, its status,
+    the samples that would show its limit with an 80 % chance, and the built engine's (null where
+    it was not built: pipeline/precision/built.py)."""
+    return [
+        {
+            "metric": bound.metric,
+            "side": bound.side,
+            "limit": bound.limit,
+            "figure": _number(bound.estimate),
+            "bound": _number(bound.bound),
+            "method": bound.method,
+            "status": bound.status,
+            "samples_for_power": bound.samples_for_power,
+            "built": built.figure(bound.metric, bound.side) if built is not None else None,
+        }
+        for bound in plan.bounds.get("confirm", [])
+    ]
+
+
 def plan_document(
-    plan: Plan, variant_name: str, variant_table: dict[str, Any], toml_text: str, command: str, measured: dict[str, Any] | None = None
+    plan: Plan,
+    variant_name: str,
+    variant_table: dict[str, Any],
+    toml_text: str,
+    command: str,
+    measured: dict[str, Any] | None = None,
+    built=None,
 ) -> dict[str, Any]:
     return {
         "kind": "plan",
@@ -79,6 +105,9 @@ def plan_document(
         "needed": plan.needed,
         "held_on_search": plan.held_on_search,
         "confirmed": plan.confirmed,
+        "status": plan.status,
+        "metrics": plan_metrics(plan, built),
+        "built": built.as_dict() if built is not None else None,
         "quantized_flops_share": plan.quantized_flops_share,
         "evaluation": plan.evaluation,
         "search": _figures(plan.search),
@@ -210,6 +239,8 @@ def print_plan(plan: Plan, total_layers: int, toml_text: str, command: str, cons
     if not plan.needed and plan.held_on_search:
         console.print(f"[bold]{plan.engine}[/bold] already meets {plan.floor} fully quantized: {search.said()}; no layer needs excluding.")
         console.print(f"  search: {_bounds(plan, 'search')}   confirmation: {_bounds(plan, 'confirm')}")
+        if plan.status == "unresolved":
+            console.print(f"[yellow]floor {plan.floor}: unresolved — these samples cannot show every limit by its bound[/yellow]")
         return
     console.print(
         f"[bold]plan for {plan.engine}[/bold]: exclude {len(plan.exclude)} of {total_layers} quantized layers "
@@ -235,6 +266,11 @@ def print_plan(plan: Plan, total_layers: int, toml_text: str, command: str, cons
         return
     if plan.confirmed:
         console.print(f"floor {plan.floor}: held on the search batches and confirmed, by its bounds, on batches the search never saw")
+    elif plan.status == "unresolved":
+        console.print(
+            f"[yellow]floor {plan.floor}: unresolved — held by everything these samples can say, but not every limit is shown "
+            "by its bound: a plan, not a confirmed one[/yellow]"
+        )
     else:
         console.print(f"[red]floor {plan.floor}: held on the search batches, not confirmed by its bounds on the confirmation batches[/red]")
     console.print("\n" + toml_text.rstrip(), markup=False, highlight=False)

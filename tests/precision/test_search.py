@@ -82,7 +82,7 @@ def test_the_last_flip_is_fixed_by_the_layer_that_moves_it_not_by_those_that_buy
     lab = PlantedLab(NOISE, stem_fault("layer4.fc"))
     plan = make_plan(lab, sensitivity(lab), DROP_1_PERCENT)
     assert plan.exclude == ["conv1.3", "layer4.fc"], [step.as_dict() for step in plan.steps]
-    assert plan.held_on_search and plan.confirmed
+    assert plan.held_on_search and plan.status == "unresolved" and not plan.confirmed  # 0 of 32 cannot show 1 %
     (search,) = plan.bounds["search"]
     assert search.counted == 0 and not search.resolvable and search.samples_needed == 299
     excluded = [step for step in plan.steps if step.action == "exclude"]
