@@ -440,7 +440,6 @@ def test_a_compiler_killed_mid_build_is_reported_as_such(tmp_path, monkeypatch):
     assert not (tmp_path / "model.build-result.json.partial").exists()
 
 
-
 def test_a_compiler_that_crashed_is_a_failed_build_with_its_signal(tmp_path, monkeypatch):
     """A segmentation fault inside the compiler leaves no result: the build is recorded as failed,
     with the signal (the build stage records a RefusedByTool with its result)."""
@@ -465,6 +464,7 @@ def test_a_compiler_that_crashed_is_a_failed_build_with_its_signal(tmp_path, mon
     assert info.value.message == "TensorRT-RTX 1.7.1.116 build crashed (SIGSEGV, exit status -11) without an error of its own"
     assert info.value.signal == "SIGSEGV" and info.value.result.evidence["compiler"]["crashed"] == {"signal": "SIGSEGV"}
     assert info.value.result.engine_path is None and info.value.result.sidecars == {"build_log": tmp_path / "model.build.log"}
+
 
 def test_compiler_messages_lose_their_source_locations():
     from pipeline.runtimes.tensorrt_rtx_reports import tidy
