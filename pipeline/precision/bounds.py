@@ -174,12 +174,15 @@ class Bound:
         """Why the samples cannot show this limit, what is asked instead, and what would resolve it."""
         name = "a top-1 drop" if self.side == "upper" else "top-1 agreement"
         limit = f"of at most {self.limit:.2%}" if self.side == "upper" else f"of at least {self.limit:.2%}"
-        best = exact_upper(0, self.samples) if self.side == "upper" else 1 - exact_upper(0, self.samples)
-        resolve = (
-            f"--samples {self.samples_needed} would resolve it"
-            if self.samples_needed is not None
-            else "no number of samples resolves a limit of exactly no change"
-        )
+        none = net_drop_upper(0, 0, self.samples) if self.method == PAIRED else exact_upper(0, self.samples)
+        best = none if self.side == "upper" else 1 - none
+        if self.samples_for_power is not None:  # at the rates seen; the best-outcome floor below it
+            resolve = f"--samples {self.samples_for_power} would resolve it with an {POWER:.0%} chance at the rates seen here"
+            resolve += f" (no fewer than {self.samples_needed} could)" if self.samples_for_power > self.samples_needed else ""
+        elif self.samples_needed is None:
+            resolve = "no number of samples resolves a limit of exactly no change"
+        else:
+            resolve = "at the rates seen here no number of samples resolves it"
         return (
             f"{self.samples} samples cannot show {name} {limit} at {CONFIDENCE:.0%} confidence: even none changed bounds it at "
             f"{best:.1%}; the floor asks instead that none be {self.counting}; {resolve}"
