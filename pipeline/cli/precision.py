@@ -234,7 +234,6 @@ def plan(
     from pipeline.catalog.file import find_catalog
     from pipeline.precision import catalog_edit, report
     from pipeline.precision.plan import make_plan
-    from pipeline.running.errors import PipelineError
     from pipeline.running.reporting import Reporter, stdout_console
 
     _users_evaluation(state, eval_dir, eval_data, metric, eval_tokens)
@@ -292,6 +291,17 @@ def plan(
             report.print_paid(paid, measure, stdout_console())
     if built is not None and built.held is False and fmt != "table":
         reporter.warn(built.said(floor))
+    _refuse_unless_shown(planned, ref, floor, apply_, apply_unresolved)
+    if apply_ and planned.needed:
+        catalog_edit.apply_variant(catalog_file, name, table, digest)
+        click.echo(f"added [variants.{name}] to {catalog_file}", err=True)
+
+
+def _refuse_unless_shown(planned, ref, floor, apply_: bool, apply_unresolved: bool) -> None:
+    """A failed plan, or an unresolved one the user did not accept, is said as an error (exit 1)
+    after the plan itself was written: nothing is applied."""
+    from pipeline.running.errors import PipelineError
+
     if not planned.held_on_search:
         unresolved = planned.unresolved()
         raise PipelineError(
@@ -321,9 +331,6 @@ def plan(
             f"({failed}); it was not applied.",
             hint="evaluate on more samples (--samples): the bounds narrow as the samples grow",
         )
-    if apply_ and planned.needed:
-        catalog_edit.apply_variant(catalog_file, name, table, digest)
-        click.echo(f"added [variants.{name}] to {catalog_file}", err=True)
 
 
 def _measure_command(state: State, ref, name: str) -> str:
