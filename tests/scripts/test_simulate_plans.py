@@ -22,11 +22,20 @@ def test_confirmed_plans_hold_on_fresh_data_at_least_as_often_as_claimed(simulat
     table = simulation.simulate(simulation.TRIALS)
     printed = simulation.markdown(table)
     print("\n" + printed)
+    from pipeline.precision.bounds import exact_upper
+
     for scenario, tally in table:
-        assert tally.trials == simulation.TRIALS and tally.confirmed >= 20, scenario.name  # enough plans to judge
-        assert tally.held / tally.confirmed >= 0.95, scenario.name
+        given = tally.confirmed + tally.unresolved
+        assert tally.trials == simulation.TRIALS and given >= 20, scenario.name  # enough plans to judge
+        assert tally.held / given >= 0.95, scenario.name
+        # The fixed variant's confirmation bound alone: where the truth misses, it shows the floor
+        # held no more often than its 5 % allows, by the exact bound of that rate.
+        if tally.fixed_missing >= 20:
+            assert exact_upper(tally.fixed_passed, tally.fixed_missing) <= 0.15, scenario.name
     unresolvable = [tally for scenario, tally in table if scenario.samples == 32 and scenario.metric == "top1"]
-    assert unresolvable and all(tally.unresolved == tally.confirmed for tally in unresolvable)
+    # 32 samples cannot show a top-1 drop of 2.7 %: no plan there is confirmed, each is unresolved.
+    assert unresolvable and all(tally.confirmed == 0 and tally.unresolved >= 20 for tally in unresolvable)
+    assert any(scenario.tails for scenario, _ in table)  # heavy-tailed rows are among them
     assert printed in (REPO_ROOT / "docs" / "precision.md").read_text(), "docs/precision.md shows another table: paste the one above"
 
 
@@ -42,4 +51,5 @@ def test_the_simulation_catches_plans_judged_at_their_point_estimates(simulation
     monkeypatch.setattr(bounds.Bound, "held", property(at_the_figure))
     edge = next(s for s in simulation.scenarios() if s.name.startswith("top-1 changed, a hair below") and s.samples == 400)
     tally = simulation.run_scenario(edge, simulation.TRIALS)
-    assert tally.confirmed >= 20 and tally.held / tally.confirmed < 0.8
+    given = tally.confirmed + tally.unresolved
+    assert given >= 20 and tally.held / given < 0.8
