@@ -116,6 +116,15 @@ def user(edit: Callable[[Path], None] | None = None, catalog_edit: tuple[str, st
     return setup
 
 
+def data_file_gone(path: Path) -> None:
+    """The graph saved with its weights in an external data file, which is then removed."""
+    import onnx
+
+    model = onnx.load(str(path))
+    onnx.save(model, str(path), save_as_external_data=True, location="user.weights", size_threshold=0)
+    (path.parent / "user.weights").unlink()
+
+
 def cut_short(path: Path) -> None:
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
@@ -337,6 +346,8 @@ CASES = [
     Case("onnx-shapes-disagree", "or whose shapes disagree at a node", user(edit=shapes_disagree), 2,
          'user.onnx cannot be read as ONNX at node "project" (MatMul): Incompatible dimensions for matrix multiplication',
          "no compiler reads a graph ONNX's own checker refuses"),
+    Case("onnx-external-data-missing", "an external data file the graph names that is not beside it", user(edit=data_file_gone), 2,
+         "keeps its weights in external data file(s) user.weights, which are not beside it", "keep the data files where the model was saved"),
     Case("onnx-unnamed-dims", "dynamic dimensions without a name", user(dims=("batch", None)), 2,
          "have dimensions without a size or a name", "export the graph with named dynamic axes"),
     Case("onnx-axes-not-sized", "axes the catalog does not size", user(catalog_edit=('shapes = ["2x8", "4x32"]\n', "")), 2,
