@@ -2,22 +2,25 @@
 
 Search, on the search batches (what sensitivity.py measured):
 
-1. Exclude layers one at a time, the one that buys the most on **the floor metric that fails**
-   per FLOP first: cosine where the cosine floor fails, top-1 (in samples: predictions changed, or
-   lost against the labels) where a top-1 floor fails, the user's metric where that one does; cosine
-   breaks ties. A layer that buys nothing on the failing metric is never taken. What each layer buys
-   is measured beside the exclusions so far whenever they interact (an exclusion that bought less
-   than half of what its rank promised) or when no layer buys anything by the old measurements —
-   at most ``RERANKS`` times; each costs a measurement per remaining layer.
-2. Where no remaining layer moves the failing metric, the search ends: on a top-1 floor the
-   samples cannot resolve (pipeline/precision/bounds.py), it says so and which ``--samples`` would;
-   otherwise it starts again from every layer excluded and step 3 keeps what the floor needs.
+1. Exclude layers one at a time, the one that buys the most on **a floor metric that fails** per
+   FLOP first: every failing metric is named at each step, and the first of them (in the floor's
+   order) that some layer moves is chased — cosine where the cosine floor fails, top-1 (in samples:
+   predictions changed, or lost against the labels) where a top-1 floor fails, the user's metric
+   where that one does; cosine breaks ties. A layer that buys nothing on the chased metric is never
+   taken for it. What each layer buys is measured beside the exclusions so far whenever they
+   interact (an exclusion that bought less than half of what its rank promised) or when no layer
+   buys anything on any failing metric by the old measurements — at most ``RERANKS`` times; each
+   costs a measurement per remaining layer. The search goes on until every floor metric holds.
+2. Where no remaining layer moves any failing metric, the search ends: on a top-1 floor the
+   samples cannot resolve (pipeline/precision/bounds.py), the plan is the best the search reached
+   (nothing lost, or the least lost) with the samples that would resolve it; otherwise it starts
+   again from every layer excluded and step 3 keeps what the floor needs.
 3. Put back every excluded layer that is no longer needed, the costliest in FLOPs first: a layer
    stays excluded only if quantizing it again breaks the floor.
 4. Confirm the result on the confirmation batches, which the search never saw.
 
 "The floor holds" means it holds by each metric's one-sided 95 % bound on those samples (exact for
-proportions, a bootstrap for cosine and the metric: pipeline/precision/bounds.py), on the search
+proportions, bounds that cover heavy-tailed errors for cosine and the metric: pipeline/precision/bounds.py), on the search
 and on the confirmation alike. A plan that stopped exactly at the floor would miss it on the
 confirmation about half the time; the confirmation's own bound is what makes "confirmed" a claim
 at 95 % about the plan that was chosen, however the search came to it.
@@ -40,6 +43,8 @@ RERANKS = 3
 # An exclusion that buys less than this share of what it was ranked on means the layers interact.
 INTERACTION = 0.5
 
+Failing = tuple[str, str]  # a floor metric and its side: ("top1", "upper") is a top-1 drop
+
 
 @dataclass
 class Step:
@@ -47,9 +52,16 @@ class Step:
     layer: str | None
     search: Figures | None = None
     note: str = ""
+    failing: list[Failing] = field(default_factory=list)  # the floor metrics that failed when it was taken
 
     def as_dict(self) -> dict[str, Any]:
-        return {"action": self.action, "layer": self.layer, "search": self.search.as_dict() if self.search else None, "note": self.note}
+        return {
+            "action": self.action,
+            "layer": self.layer,
+            "search": self.search.as_dict() if self.search else None,
+            "note": self.note,
+            "failing": [{"metric": metric, "side": side} for metric, side in self.failing],
+        }
 
 
 @dataclass
@@ -92,6 +104,11 @@ class Plan:
     def needed(self) -> bool:
         return bool(self.exclude)
 
+    def failing(self) -> list[Bound]:
+        """Every floor metric that fails on the search at the plan's exclusions, by its figure or by
+        its bound (empty where the floor held)."""
+        return [bound for bound in self.bounds.get("search", []) if not bound.held or bound.status == "failed"]
+
     def unresolved(self) -> list[Bound]:
         """The floor's limits these samples cannot show at 95 % (bounds.py), on the search: a
         proportion finer than they resolve, a metric over one batch."""
@@ -103,7 +120,6 @@ def make_plan(lab: VariantLab, sensitivity: Sensitivity, floor: Floor, progress=
     progress = progress or (lambda text: None)
     flops = {layer.name: max(layer.flops, 1.0) for layer in sensitivity.layers}
     full = lab.evaluate([])
-    steps: list[Step] = []
     described = lab.describe()
     if not floor.met_by(lab.evaluate(lab.layers)):
         raise PipelineError(
@@ -111,67 +127,23 @@ def make_plan(lab: VariantLab, sensitivity: Sensitivity, floor: Floor, progress=
             f"{described['compute_dtype']}) does: {lab.evaluate(lab.layers).said()}.",
             hint="lower the floor (--floor), or measure this model unquantized",
         )
-
-    def holds(layers: list[str]) -> bool:
-        return floor.met_by(lab.evaluate(layers)) and all(bound.held for bound in lab.bounds(layers, floor))
-
     search = _Search(lab, floor, flops)
-    excluded: list[str] = []
-    candidates = [layer.name for layer in sensitivity.layers]
-    base: list[str] = []  # the exclusions what each candidate buys was measured beside
-    reranks, stopped = 0, False
-    while not holds(excluded) and candidates:
-        failing = search.failing(excluded)
-        ranked = search.ranked(candidates, base, failing)
-        if not ranked:
-            if base != excluded and reranks < RERANKS:
-                reranks, base = reranks + 1, list(excluded)
-                progress(f"no layer buys {search.name(failing)} by the old measurements: measuring the {len(candidates)} remaining again")
-                steps.append(
-                    Step(
-                        "rerank",
-                        None,
-                        None,
-                        f"no remaining layer bought {search.name(failing)}; all {len(candidates)} measured again beside the exclusions so far",
-                    )
-                )
-                continue
-            stopped = True
-            steps.append(
-                Step("stop", None, lab.evaluate(excluded), f"no remaining layer moves {search.name(failing)} beside the exclusions so far")
-            )
-            break
-        layer = ranked[0]
-        promised = search.buys(layer, base, failing)
-        progress(f"excluding {layer} ({len(excluded) + 1} excluded)")
-        bought = search.buys(layer, excluded, failing)
-        after = [*excluded, layer]
-        steps.append(
-            Step(
-                "exclude",
-                layer,
-                lab.evaluate(after),
-                f"{search.moved(excluded, after, failing)}; ranked on {search.amount(promised, failing)}",
-            )
-        )
-        excluded = after
-        candidates.remove(layer)
-        if not holds(excluded) and candidates and reranks < RERANKS and not bought >= INTERACTION * promised:
-            reranks, base = reranks + 1, list(excluded)
-            progress(f"layers interact: measuring the {len(candidates)} remaining again")
-            steps.append(Step("rerank", None, None, f"the remaining {len(candidates)} layers measured again beside the exclusions so far"))
+    excluded, steps, stopped = _exclude_until_held(search, [layer.name for layer in sensitivity.layers], progress)
+    # Where the samples cannot resolve a limit the search could not reach, the plan is the best it
+    # reached (nothing lost, or the least lost), said with the samples that would resolve it.
     unresolvable = stopped and any(not bound.resolvable for bound in lab.bounds(excluded, floor) if not bound.held)
-    if not holds(excluded) and not unresolvable:
+    if not search.holds(excluded) and not unresolvable:
         excluded = list(lab.layers)  # only the unquantized model meets it (checked above)
     for layer in sorted(excluded, key=lambda name: flops[name], reverse=True) if not unresolvable else []:
         trial = [name for name in excluded if name != layer]
         progress(f"putting {layer} back")
-        if holds(trial):
+        if search.holds(trial):
             excluded = trial
             steps.append(Step("put back", layer, lab.evaluate(trial), "no longer needed: the floor holds with it quantized"))
         else:
-            steps.append(Step("keep", layer, lab.evaluate(trial), "quantizing it again breaks the floor"))
-    if set(excluded) == set(lab.layers):
+            steps.append(Step("keep", layer, lab.evaluate(trial), "quantizing it again breaks the floor", search.failing(trial)))
+    # A variant with every weighted layer unquantized quantizes no weight: the export refuses it.
+    if set(getattr(lab, "weighted", lab.layers)) <= set(excluded):
         raise PipelineError(
             f"only the unquantized model meets {floor} for {lab.ref.name}: every quantized layer had to be excluded.",
             hint=f"measure {lab.ref.model} at fp16 or bf16, or lower the floor (--floor)",
@@ -196,7 +168,45 @@ def make_plan(lab: VariantLab, sensitivity: Sensitivity, floor: Floor, progress=
     )
 
 
-Failing = tuple[str, str]  # a floor metric and its side: ("top1", "upper") is a top-1 drop
+def _exclude_until_held(search: _Search, candidates: list[str], progress) -> tuple[list[str], list[Step], bool]:
+    """Step 1 of the module docstring: the exclusions, the steps, and whether the search stopped
+    with no remaining layer moving any failing metric."""
+    lab = search.lab
+    excluded: list[str] = []
+    steps: list[Step] = []
+    base: list[str] = []  # the exclusions what each candidate buys was measured beside
+    reranks = 0
+    while candidates and (failing := search.failing(excluded)):
+        chased, ranked = next(((metric, found) for metric in failing if (found := search.ranked(candidates, base, metric))), (None, []))
+        if chased is None:
+            names = search.names(failing)
+            if base != excluded and reranks < RERANKS:
+                reranks, base = reranks + 1, list(excluded)
+                progress(f"no layer buys {names} by the old measurements: measuring the {len(candidates)} remaining again")
+                note = f"no remaining layer bought {names}; all {len(candidates)} measured again beside the exclusions so far"
+                steps.append(Step("rerank", None, None, note, failing))
+                continue
+            steps.append(
+                Step("stop", None, lab.evaluate(excluded), f"no remaining layer moves {names} beside the exclusions so far", failing)
+            )
+            return excluded, steps, True
+        layer = ranked[0]
+        promised = search.buys(layer, base, chased)
+        progress(f"excluding {layer} ({len(excluded) + 1} excluded)")
+        bought = search.buys(layer, excluded, chased)
+        after = [*excluded, layer]
+        note = f"{search.moved(excluded, after, chased)}; ranked on {search.amount(promised, chased)}"
+        if len(failing) > 1:
+            note += f"; failing: {search.names(failing)}"
+        steps.append(Step("exclude", layer, lab.evaluate(after), note, failing))
+        excluded = after
+        candidates.remove(layer)
+        if not search.holds(excluded) and candidates and reranks < RERANKS and not bought >= INTERACTION * promised:
+            reranks, base = reranks + 1, list(excluded)
+            progress(f"layers interact: measuring the {len(candidates)} remaining again")
+            note = f"the remaining {len(candidates)} layers measured again beside the exclusions so far"
+            steps.append(Step("rerank", None, None, note, search.failing(excluded)))
+    return excluded, steps, False
 
 
 class _Search:
@@ -211,18 +221,23 @@ class _Search:
         """The bound of ``failing``'s metric at ``layers`` (None where these samples do not measure it)."""
         return next((b for b in self.lab.bounds(layers, self.floor) if (b.metric, b.side) == failing), None)
 
-    def failing(self, layers: list[str]) -> Failing:
-        """The first of the floor's metrics that fails at ``layers`` (by its figure or its bound)."""
+    def holds(self, layers: list[str]) -> bool:
+        return self.floor.met_by(self.lab.evaluate(layers)) and all(bound.held for bound in self.lab.bounds(layers, self.floor))
+
+    def failing(self, layers: list[str]) -> list[Failing]:
+        """Every one of the floor's metrics that fails at ``layers`` (by its figure or its bound), in
+        the floor's order: thresholds, then largest drops."""
         figures = self.lab.evaluate(layers)
+        found: list[Failing] = []
         for metric, limit in self.floor.thresholds:
             bound = self.bound(layers, (metric, "lower"))
             if (value := figures.value(metric)) is None or value < limit - 1e-12 or (bound is not None and not bound.held):
-                return metric, "lower"
+                found.append((metric, "lower"))
         for metric, limit in self.floor.drops:
             bound = self.bound(layers, (metric, "upper"))
             if (fell := figures.drop(metric)) is None or fell > limit + 1e-12 or (bound is not None and not bound.held):
-                return metric, "upper"
-        return "cos", "lower"  # held: nothing fails (the caller does not ask)
+                found.append((metric, "upper"))
+        return found
 
     def score(self, layers: list[str], failing: Failing) -> float:
         """Higher is better: minus the samples counted against a proportion; the cosine or the
@@ -255,6 +270,10 @@ class _Search:
             labelled = side == "upper" and self.lab.labels
             return "top-1 (predictions lost against the labels)" if labelled else "top-1 (predictions changed)"
         return {"cos": "cosine", "metric": "the metric"}[metric]
+
+    def names(self, failing: list[Failing]) -> str:
+        """ "top-1 (predictions changed)", "top-1 (predictions changed) or cosine"."""
+        return " or ".join(self.name(metric) for metric in failing)
 
     def amount(self, gain: float, failing: Failing) -> str:
         """What a gain is in the failing metric's own terms: "1 sample", "+0.0042 of cosine"."""

@@ -151,3 +151,39 @@ def test_the_bound_makes_the_search_go_further_than_the_figure_would(monkeypatch
     monkeypatch.setattr(bounds_module.Bound, "held", property(lambda bound: bound.estimate <= bound.limit))
     at_the_figure = PlantedLab(NOISE, flips, samples=400)
     assert make_plan(at_the_figure, sensitivity(at_the_figure), floor).exclude == ["conv1.3"]
+
+
+def test_every_failing_metric_is_named_and_one_no_layer_moves_alone_does_not_stop_the_chase_of_the_others():
+    """Sample 30's prediction changes while two or more of the small layers are quantized: no one
+    exclusion moves top-1, which fails first. The cosine floor fails too, and every layer moves it:
+    chasing cosine excludes small layers until the flip goes, and both hold. Chasing only the first
+    failing metric would have stopped with nothing excluded."""
+
+    def flips(quantized: set[str]) -> set[int]:
+        return {30} if len(quantized - {"conv1.3"}) >= 2 else set()
+
+    lab = PlantedLab(NOISE, flips, samples=400)
+    floor = Floor((("top1", 0.99), ("cos", 0.9999)), "--floor")
+    plan = make_plan(lab, sensitivity(lab), floor)
+    assert plan.held_on_search and plan.failing() == [], [step.as_dict() for step in plan.steps]
+    first = next(step for step in plan.steps if step.action == "exclude")
+    assert first.failing == [("top1", "lower"), ("cos", "lower")]
+    assert first.as_dict()["failing"] == [{"metric": "top1", "side": "lower"}, {"metric": "cos", "side": "lower"}]
+    assert "of cosine" in first.note and "failing: top-1 (predictions changed) or cosine" in first.note
+    assert "conv1.3" in plan.exclude and {"conv1.6", "layer2.conv2", "layer2.down"} & set(plan.exclude)
+
+
+def test_a_search_that_stops_names_every_metric_still_failing():
+    """Quantizing any layer adds no noise, but sample 30 changes while two or more of the small
+    layers are quantized, which fails top-1 and cosine alike and which no one exclusion moves: the
+    search stops naming both, then keeps from every layer excluded what the floor needs."""
+
+    def flips(quantized: set[str]) -> set[int]:
+        return {30} if len(quantized - {"conv1.3"}) >= 2 else set()
+
+    lab = PlantedLab(dict.fromkeys(NOISE, 0.0), flips, samples=400)
+    plan = make_plan(lab, sensitivity(lab), Floor((("top1", 0.99), ("cos", 0.999)), "--floor"))
+    (stop,) = [step for step in plan.steps if step.action == "stop"]
+    assert stop.failing == [("top1", "lower"), ("cos", "lower")]
+    assert stop.note == "no remaining layer moves top-1 (predictions changed) or cosine beside the exclusions so far"
+    assert plan.exclude == ["layer2.conv2", "layer2.down", "layer4.fc"] and plan.confirmed
