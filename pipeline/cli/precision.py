@@ -303,12 +303,16 @@ def _refuse_unless_shown(planned, ref, floor, apply_: bool, apply_unresolved: bo
     from pipeline.running.errors import PipelineError
 
     if not planned.held_on_search:
-        unresolved = planned.unresolved()
+        # Every metric that fails is said, and where the samples cannot resolve one, how many would.
+        failing = "; ".join(bound.said() for bound in planned.failing()) or planned.search.said()
+        stopped = planned.steps[-1].note + "; " if planned.steps and planned.steps[-1].action == "stop" else ""
+        unresolved = [bound for bound in planned.unresolved() if bound.samples_needed]
+        needed = max((bound.samples_for_power or bound.samples_needed for bound in unresolved), default=0)
         raise PipelineError(
-            f"no plan for {ref.name} meets {floor} on the search batches: {planned.steps[-1].note if planned.steps else ''} "
-            f"({planned.search.said()}); nothing was applied.",
-            hint=f"pass --samples {unresolved[0].samples_needed}: {unresolved[0].unresolved_said()}"
-            if unresolved and unresolved[0].samples_needed
+            f"the plan for {ref.name} does not meet {floor} on the search batches: {stopped}failing {failing}; "
+            f"it was {'written, ' if planned.needed else ''}not applied.",
+            hint=f"pass --samples {needed}: {unresolved[0].unresolved_said()}"
+            if unresolved
             else "lower the floor, or evaluate on more samples (--samples)",
         )
     if planned.status == "unresolved":

@@ -262,7 +262,8 @@ def print_plan(plan: Plan, total_layers: int, toml_text: str, command: str, cons
             f"  search on {drawn[0]['samples']} samples ({_drawn(drawn[0])}); confirmation on {drawn[1]['samples']} others ({_drawn(drawn[1])})"
         )
     if not plan.held_on_search:
-        console.print(f"[red]floor {plan.floor}: not met on the search batches[/red]")
+        failing = "; ".join(bound.said() for bound in plan.failing())
+        console.print(f"[red]floor {plan.floor}: not met on the search batches{': ' + failing if failing else ''}[/red]", highlight=False)
         return
     if plan.confirmed:
         console.print(f"floor {plan.floor}: held on the search batches and confirmed, by its bounds, on batches the search never saw")

@@ -8,13 +8,17 @@ that buy the most cosine, or say that the samples cannot resolve the drop."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
+from rich.console import Console
 
+from pipeline.cli.precision import _refuse_unless_shown
 from pipeline.precision.bounds import bounds, sample_stats
 from pipeline.precision.figures import Floor, figures
 from pipeline.precision.plan import make_plan
+from pipeline.precision.report import print_plan
 from pipeline.running.errors import PipelineError
 
 torch = pytest.importorskip("torch")
@@ -102,6 +106,18 @@ def test_a_flip_no_layer_moves_alone_ends_the_search_saying_the_samples_cannot_r
     assert [bound.samples_needed for bound in plan.unresolved()] == [299]
     # Not a run of layers chosen by cosine: after the rerank, nothing else was excluded.
     assert [step.action for step in plan.steps] == ["exclude", "rerank", "stop"]
+    # The least lost the search reached is the plan given: it fails, saying what fails, why the
+    # search stopped and how many samples would resolve the drop.
+    assert plan.status == "failed" and [(bound.metric, bound.counted) for bound in plan.failing()] == [("top1", 1)]
+    with pytest.raises(PipelineError) as refused:
+        _refuse_unless_shown(plan, lab.ref, DROP_1_PERCENT, apply_=True, apply_unresolved=True)
+    said = " ".join(str(refused.value).split())
+    assert said.startswith("the plan for toy_int8 does not meet top-1 at most 1% below FP32's (--max-drop) on the search batches: ")
+    assert "no remaining layer moves top-1 (predictions changed)" in said and "failing top-1 drop ≤ 14.0% (1 of 32 changed" in said
+    assert said.endswith("it was written, not applied.") and refused.value.hint.startswith("pass --samples 299: 32 samples cannot show")
+    console = Console(record=True, width=400)
+    print_plan(replace(plan, evaluation={}), len(lab.layers), "", "", console)  # the planted lab draws no samples
+    assert "not met on the search batches: top-1 drop ≤ 14.0% (1 of 32 changed, exact)" in console.export_text()
 
 
 def test_a_drop_the_samples_resolve_is_kept_by_its_exact_bound_and_a_cosine_floor_is_chased_by_cosine():
