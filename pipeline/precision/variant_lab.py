@@ -6,7 +6,9 @@ of layers left unquantized here is the variant with ``exclude`` naming them. Mod
 are turned off and on again without recalibrating (``LayerSwitches``). That is the export with
 those exclusions, not an approximation of it: ModelOpt calibrates with every quantizer collecting
 ranges and none quantizing (``enable_stats_collection`` disables quantization while it runs), so
-each layer's ranges come from FP32 activations whichever layers are excluded.
+each layer's ranges come from FP32 activations whichever layers are excluded. Every quantizer the
+variant carries belongs to one of its layers (a pooling's input quantizer to the pooling:
+pipeline/stages/quantized_layers.py), so with every layer excluded its outputs are FP32's, bit for bit.
 
 Accuracy is measured against the FP32 model's outputs (and, with a metric hook of the user's,
 by that metric beside the FP32 model's, pipeline/precision/hooks.py) on *evaluation batches kept
@@ -39,7 +41,14 @@ from pipeline.stages.quantize import (
     quantize_model,
     require_cuda_for,
 )
-from pipeline.stages.quantized_layers import LayerSwitches, layers_to_rewrite, prefix_of, quantizable_layers, resolve_exclude
+from pipeline.stages.quantized_layers import (
+    LayerSwitches,
+    layers_to_rewrite,
+    prefix_of,
+    quantizable_layers,
+    resolve_exclude,
+    weighted_layers,
+)
 
 DEFAULT_SAMPLES = 32
 
@@ -155,6 +164,11 @@ class VariantLab:
         self.model, self.runnable, self.prefix = model, runnable, prefix
         self.switches = LayerSwitches(runnable, prefix)
         self.layers = [name for name in self.quantizable if name in set(self.switches.layers)]
+        if stray := sorted(set(self.switches.layers) - set(self.layers)):
+            # A quantizer no exclusion reaches would keep "every layer excluded" from being FP32.
+            raise RuntimeError(f"quantizers outside the layers a plan can exclude: {', '.join(stray)}")
+        # A plan may not exclude all of these: the variant would quantize no weight (resolve_exclude).
+        self.weighted = weighted_layers(model, self.layers)
 
     def _by_batch(self, which: str, outputs: list) -> list[float] | None:
         """The metric hook on each batch's outputs (None without one)."""
@@ -185,6 +199,8 @@ class VariantLab:
         def hook(module, inputs, output):
             if hasattr(module, "in_features"):  # Linear: 2 · rows · in · out
                 self.flops[name] = 2.0 * inputs[0].numel() * module.out_features
+            elif not hasattr(module, "in_channels"):  # pooling, a norm: about one operation a value read
+                self.flops[name] = float(inputs[0].numel())
             else:  # convolution: 2 · output values · (in / groups) · kernel
                 kernel = 1
                 for size in module.kernel_size:

@@ -1,9 +1,12 @@
 """Which layers of a model are quantized, which stay in high precision, and why.
 
-A *layer* here is what ModelOpt puts quantizers on: a Linear layer or a convolution, named as the
-model names its modules (``blocks.11.mlp.fc2``); ModelOpt names the quantizers after it
-(``blocks.11.mlp.fc2.input_quantizer``). Layers stay unquantized for three reasons, each recorded
-in the export's manifest with its reason:
+A *layer* here is what ModelOpt puts quantizers on: a Linear layer or a convolution, and every other
+module whose input ModelOpt quantizes (pooling, a LayerNorm: its ``QuantModuleRegistry``), named as
+the model names its modules (``blocks.11.mlp.fc2``, ``maxpool``); ModelOpt names the quantizers after
+it (``blocks.11.mlp.fc2.input_quantizer``). Every enabled quantizer belongs to a layer, so a variant
+with every layer excluded is the unquantized model, exactly; a plan's exclusions can reach all of
+them. Layers stay unquantized for three reasons, each recorded in the export's manifest with its
+reason:
 
 - by rule (block formats): convolutions, and the classifier head;
 - by the model family: transformers and a user's module quantize their Linear layers only;
@@ -20,7 +23,7 @@ from __future__ import annotations
 import difflib
 import fnmatch
 
-from pipeline.running.errors import UsageError
+from pipeline.running.errors import UsageError, require_module
 
 BLOCK_FORMATS = {"mxfp8", "nvfp4"}
 EXCLUDED_BY_CATALOG = "excluded by the catalog (exclude in [variants.{variant}])"
@@ -33,9 +36,37 @@ def _layer_kinds(linear_only: bool) -> tuple:
 
 
 def quantizable_layers(model, linear_only: bool) -> list[str]:
-    """The names of the layers quantization could act on, in the model's order."""
+    """The names of the layers quantization could act on, in the model's order: Linear layers and
+    convolutions, and unless ``linear_only`` every other module ModelOpt puts an input quantizer on
+    (a pooling's input is quantized too, and left out here it would stay quantized in a variant
+    that excludes every layer)."""
     kinds = _layer_kinds(linear_only)
-    return [name for name, module in model.named_modules() if name and isinstance(module, kinds)]
+    registered = (lambda module: False) if linear_only else _quantized_by_modelopt()
+    return [name for name, module in model.named_modules() if name and (isinstance(module, kinds) or registered(module))]
+
+
+def weighted_layers(model, layers: list[str]) -> list[str]:
+    """Those of ``layers`` with weights (Linear layers, convolutions): a variant with all of them
+    unquantized quantizes no weight, whatever inputs it still quantizes."""
+    kinds = _layer_kinds(False)
+    modules = dict(model.named_modules())
+    return [name for name in layers if isinstance(modules[name], kinds)]
+
+
+def _quantized_by_modelopt():
+    """Whether ModelOpt quantizes a module's input: a class its QuantModuleRegistry has a quantized
+    form of, less those every preset turns off as a whole (BatchNorm, Embedding: the default
+    exclusions each preset appends), so that a block named in ``exclude`` lists no layer that was
+    never quantized."""
+    # Its callers have loaded ModelOpt already, without its Hugging Face plugins (quantize.load_modelopt).
+    registry = require_module("modelopt.torch.quantization.nn", purpose="Finding the layers to quantize").QuantModuleRegistry
+    config = require_module("modelopt.torch.quantization.config", purpose="Finding the layers to quantize")
+    off = {
+        entry["parent_class"]
+        for entry in getattr(config, "_default_disabled_quantizer_cfg", [])
+        if entry.get("parent_class") and entry.get("quantizer_name") == "*" and entry.get("enable") is False
+    }
+    return lambda module: module in registry and registry.get_key(type(module)) not in off
 
 
 def layers_to_rewrite(model, linear_only: bool) -> int:
@@ -61,6 +92,7 @@ def resolve_exclude(model, patterns: tuple[str, ...], linear_only: bool, variant
     if not patterns:
         return {}
     layers = quantizable_layers(model, linear_only)
+    weighted = weighted_layers(model, layers)
     modules = [name for name, _ in model.named_modules() if name]
     reason = EXCLUDED_BY_CATALOG.format(variant=variant)
     excluded: dict[str, str] = {}
@@ -69,14 +101,13 @@ def resolve_exclude(model, patterns: tuple[str, ...], linear_only: bool, variant
         matched = [layer for layer in layers if any(layer == c or layer.startswith(c + ".") for c in containers)]
         if not matched:
             raise UsageError(
-                f"exclude {pattern!r} in [variants.{variant}] matches no {'Linear' if linear_only else 'Linear or convolution'} "
-                f"layer of {model_name}.",
+                f"exclude {pattern!r} in [variants.{variant}] matches no {'Linear' if linear_only else 'quantized'} layer of {model_name}.",
                 hint=f"nearest layer names: {', '.join(nearest(pattern, layers))} (`pipeline sensitivity` lists them all)",
             )
         excluded.update(dict.fromkeys(matched, reason))
-    if len(excluded) == len(layers):
+    if weighted and set(weighted) <= set(excluded):
         raise UsageError(
-            f"exclude in [variants.{variant}] keeps every one of {model_name}'s {len(layers)} quantizable layers unquantized, "
+            f"exclude in [variants.{variant}] keeps every one of {model_name}'s {len(weighted)} quantizable layers unquantized, "
             "so the engine would be the unquantized model under another name.",
             hint="exclude fewer layers, or measure the model at fp32, fp16 or bf16",
         )
