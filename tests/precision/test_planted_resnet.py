@@ -3,7 +3,8 @@ adds) trained for a moment to tell four colours of noise apart, with a fault pla
 
 - Every quantizer is the plan's to exclude: ModelOpt quantizes the inputs of the pooling layers
   too, and with every layer the plan can exclude excluded, the variant's outputs are the FP32
-  model's, bit for bit; an exclusion of a pooling layer in the catalog is the one measured.
+  model's, bit for bit; a pooling layer excluded in the catalog is excluded in the variant measured
+  and in its ONNX.
 - 32 labelled images cannot show a top-1 drop of 1 % even with none lost (299 could): the plan is
   still given — the fault excluded, at most two more, nothing lost — written with the samples that
   would resolve it, unresolved and not confirmed, and the command exits 1.
@@ -91,7 +92,7 @@ def trained(tmp_path_factory, one_thread):
     return root / "w.pth", root / "faulty.pth", images
 
 
-def test_every_quantizer_belongs_to_a_layer_the_plan_can_exclude(trained, tmp_path):
+def test_every_quantizer_belongs_to_a_layer_the_plan_can_exclude(trained, tmp_path, run_cli):
     """With every layer excluded the variant is the FP32 model, bit for bit; pooling layers are
     layers of the plan, and excluded in the catalog they are excluded in the variant measured."""
     import torch
@@ -122,6 +123,28 @@ def test_every_quantizer_belongs_to_a_layer_the_plan_can_exclude(trained, tmp_pa
     lab.switches.quantize_all_but(kept)
     batch = lab.batches["search"][0]
     assert torch.equal(planned._run(batch), lab._run(batch))  # the planned variant is the one the plan measured
+    # And the one exported: no Q/DQ in front of the pooling layers it excludes, as in front of the others.
+    assert run_cli(state.catalog_path, "export", "--engine", "resnet_int8_some").exit_code == 0
+    assert pooling_fed_by_dequantize(tmp_path / "ws" / "models" / "resnet" / "int8_some.onnx") == {
+        "/layer2/layer2.0/downsample/downsample.0/AveragePool": True,
+        "/layer3/layer3.0/downsample/downsample.0/AveragePool": False,
+        "/layer4/layer4.0/downsample/downsample.0/AveragePool": True,
+        "/maxpool/MaxPool": False,
+        "/global_pool/pool/GlobalAveragePool": False,
+    }
+
+
+def pooling_fed_by_dequantize(path: Path) -> dict[str, bool]:
+    """Each pooling node of the ONNX: whether its input comes from a DequantizeLinear."""
+    import onnx
+
+    graph = onnx.load(path).graph
+    producer = {output: node for node in graph.node for output in node.output}
+    return {
+        node.name: getattr(producer.get(node.input[0]), "op_type", None) == "DequantizeLinear"
+        for node in graph.node
+        if node.op_type in ("MaxPool", "AveragePool", "GlobalAveragePool")
+    }
 
 
 def test_a_plan_on_32_images_that_cannot_show_a_1_percent_drop_is_given_unresolved_with_the_samples_that_would(trained, tmp_path, run_cli):
