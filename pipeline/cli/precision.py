@@ -182,8 +182,8 @@ def sensitivity(state: State, engine, samples, eval_dir, eval_data, eval_tokens,
 @click.option(
     "--apply-unresolved",
     is_flag=True,
-    help="With --apply: add a plan whose limits these samples cannot show (status unresolved) too; without it such a plan "
-    "is refused, since it is not confirmed.",
+    help="Accept a plan whose limits these samples cannot show (status unresolved: held by everything they can say, not "
+    "confirmed): --apply adds it and --measure times it. Without it such a plan is written but neither applied nor timed.",
 )
 @click.option(
     "--check-built/--no-check-built",
@@ -269,6 +269,10 @@ def plan(
         measuring = measure or ("onnxruntime" if "onnxruntime" in state.catalog.toolchains else state.catalog.defaults.toolchain)
         built = build_and_check(state, lab, ref, name if planned.needed else None, table, measuring, floor)
     paid = None
+    if measure and not accepted and planned.status == "unresolved":
+        reporter.warn(
+            f"--measure: the plan for {ref.name} is unresolved, so it was not timed. TIP pass --apply-unresolved to time it as it is"
+        )
     if measure and accepted:  # a plan that failed, or one not shown, is not worth timing
         from pipeline.precision.measure import measure_plan
 

@@ -170,9 +170,20 @@ def test_a_plan_on_32_images_that_cannot_show_a_1_percent_drop_is_given_unresolv
     assert "the plan for resnet_int8 is unresolved: 32 confirmation samples cannot show top-1 drop ≤" in said
     assert f"TIP pass --samples {metric['samples_for_power']} to resolve it with an 80% chance" in said
 
-    shown = run_cli(catalog, "plan", *args, "--no-check-built")
+    before = catalog.read_text()
+    shown = run_cli(catalog, "plan", *args, "--no-check-built", "--apply")
     out = " ".join(shown.out.split())
     assert shown.exit_code == 1 and "32 samples cannot show a top-1 drop of at most 1.00% at 95% confidence" in out
     assert f"--samples {metric['samples_for_power']} would resolve it with an 80% chance at the rates seen here" in out
     assert "unresolved — held by everything these samples can say" in out and "confirmed, by its bounds" not in out
     assert f"exclude = {json.dumps(plan['exclude'])}" in shown.out
+    # --apply refuses an unresolved plan: nothing written, unless the user accepts it as it is.
+    said = " ".join(shown.err.split())
+    assert catalog.read_text() == before and "is unresolved" in said and "it was not applied" in said
+    assert f"TIP pass --samples {metric['samples_for_power']} to resolve it" in said and "or --apply-unresolved to add it as it is" in said
+    untimed = run_cli(catalog, "plan", *args, "--no-check-built", "--measure", "onnxruntime")
+    assert untimed.exit_code == 1 and "WARNING --measure: the plan for resnet_int8 is unresolved, so it was not timed" in untimed.err
+    assert "what it costs on onnxruntime" not in untimed.out
+    accepted = run_cli(catalog, "plan", *args, "--no-check-built", "--apply", "--apply-unresolved")
+    assert accepted.exit_code == 0, accepted.err
+    assert f"exclude = {json.dumps(plan['exclude'])}" in catalog.read_text().split("[variants.int8_plan]")[1]
