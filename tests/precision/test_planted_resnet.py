@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import CPU_TOOLCHAINS, catalog_head, write_catalog
-from tests.precision.test_users_data import image_folder, schema
+from tests.precision.test_users_data import image_folder, schema, train_on_folders
 
 pytest.importorskip("modelopt", reason="quantization needs nvidia-modelopt (`make setup` installs it)")
 jsonschema = pytest.importorskip("jsonschema")
@@ -72,16 +72,7 @@ def trained(tmp_path_factory, one_thread):
     model = import_timm().create_model("test_resnet", pretrained=False, num_classes=4)
     files = image_files(images)
     batch = load_images(model, files, (3, IMAGE_SIZE, IMAGE_SIZE))
-    truth = torch.tensor([sorted({f.parent.name for f in files}).index(f.parent.name) for f in files])
-    optimiser = torch.optim.Adam(model.parameters(), lr=1e-2)
-    model.train()
-    for _ in range(15):
-        optimiser.zero_grad()
-        torch.nn.functional.cross_entropy(model(batch), truth).backward()
-        optimiser.step()
-    model.eval()
-    with torch.no_grad():
-        assert (model(batch).argmax(1) == truth).float().mean() > 0.9  # it learned the task
+    train_on_folders(model, batch, files, lr=1e-2, steps=15)
     weights = model.state_dict()
     torch.save(weights, root / "w.pth")
     channels = torch.arange(4)

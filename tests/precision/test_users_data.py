@@ -112,16 +112,7 @@ def trained(tmp_path_factory):
     model = import_timm().create_model("test_vit", pretrained=False, num_classes=4)
     files = image_files(images)
     batch = load_images(model, files, model.pretrained_cfg["input_size"])
-    truth = torch.tensor([sorted({f.parent.name for f in files}).index(f.parent.name) for f in files])
-    optimiser = torch.optim.Adam(model.parameters(), lr=3e-3)
-    model.train()
-    for _ in range(40):
-        optimiser.zero_grad()
-        torch.nn.functional.cross_entropy(model(batch), truth).backward()
-        optimiser.step()
-    model.eval()
-    with torch.no_grad():
-        assert (model(batch).argmax(1) == truth).float().mean() > 0.9  # it learned the task
+    train_on_folders(model, batch, files, lr=3e-3, steps=40)
     torch.save(model.state_dict(), root / "w.pth")
     catalog = write_catalog(
         root / "ws",
@@ -212,3 +203,20 @@ def test_a_fault_planted_in_a_trained_model_is_excluded_and_a_top1_drop_too_fine
     assert f"TIP pass --samples {metric['samples_for_power']} to resolve it with an 80% chance" in said
     # The floor on the engine that ships: the planned variant built on ONNX Runtime, measured on the confirmation images.
     assert plan["built"]["toolchain"] == "onnxruntime" and plan["built"]["figures"] is not None and metric["built"] is not None
+
+
+def train_on_folders(model, batch, files, lr: float, steps: int) -> None:
+    """Train ``model`` on the images of ``batch``, each labelled by its class folder, until it has
+    learned the task (over 90 % right on them)."""
+    import torch
+
+    truth = torch.tensor([sorted({f.parent.name for f in files}).index(f.parent.name) for f in files])
+    optimiser = torch.optim.Adam(model.parameters(), lr=lr)
+    model.train()
+    for _ in range(steps):
+        optimiser.zero_grad()
+        torch.nn.functional.cross_entropy(model(batch), truth).backward()
+        optimiser.step()
+    model.eval()
+    with torch.no_grad():
+        assert (model(batch).argmax(1) == truth).float().mean() > 0.9  # it learned the task
