@@ -265,9 +265,11 @@ def plan(
     built = None
     if check_built and planned.status != "failed":
         from pipeline.precision.built import check_built as build_and_check
+        from pipeline.precision.built import record_on_engine
 
         measuring = measure or ("onnxruntime" if "onnxruntime" in state.catalog.toolchains else state.catalog.defaults.toolchain)
         built = build_and_check(state, lab, ref, name if planned.needed else None, table, measuring, floor)
+        record_on_engine(built, planned)
     paid = None
     if measure and not accepted and planned.status == "unresolved":
         reporter.warn(
@@ -309,7 +311,8 @@ def _refuse_unless_shown(planned, ref, floor, apply_: bool, apply_unresolved: bo
     if not planned.held_on_search:
         # Every metric that fails is said, and where the samples cannot resolve one, how many would.
         failing = "; ".join(bound.said() for bound in planned.failing()) or planned.search.said()
-        stopped = planned.steps[-1].note + "; " if planned.steps and planned.steps[-1].action == "stop" else ""
+        stop = next((step for step in planned.steps if step.action == "stop"), None)  # the pruning follows it
+        stopped = stop.note + "; " if stop is not None else ""
         unresolved = [bound for bound in planned.unresolved() if bound.samples_needed]
         needed = max((bound.samples_for_power or bound.samples_needed for bound in unresolved), default=0)
         raise PipelineError(

@@ -254,6 +254,9 @@ class BuildDetails(_Model):
     # The smallest graph that still fails the same way, from `pipeline reduce` (pipeline/graph/reduce.py):
     # its file, the nodes before and after, the failure kept, the iterations and the time.
     reduced: dict[str, Any] | None = None
+    # The floor a `pipeline plan` set, checked on this engine (pipeline/precision/built.py): per
+    # metric the plan's figure and bound beside this engine's on the plan's confirmation samples.
+    plan_check: dict[str, Any] | None = None
 
 
 class ProfileDetails(_Model):

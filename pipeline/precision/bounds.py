@@ -184,7 +184,7 @@ class Bound:
         else:
             resolve = "at the rates seen here no number of samples resolves it"
         return (
-            f"{self.samples} samples cannot show {name} {limit} at {CONFIDENCE:.0%} confidence: even none changed bounds it at "
+            f"{self.samples} samples cannot show {name} {limit} at {CONFIDENCE:.0%} confidence: even none {self.counting} bounds it at "
             f"{best:.1%}; the floor asks instead that none be {self.counting}; {resolve}"
         )
 

@@ -34,6 +34,7 @@ class BuiltCheck:
     held: bool | None = None  # the floor by its figures and bounds; None: not measured
     checked_by: str | None = None
     why_not: str | None = None  # why the built engine has no figures (a refused build, a runtime that cannot feed it)
+    manifest: Path | None = field(default=None, repr=False)  # the built engine's manifest (record_on_engine)
 
     def figure(self, metric: str, side: str) -> dict[str, Any] | None:
         """One floor metric's figure and bound on the built engine, for the plan's JSON."""
@@ -61,8 +62,12 @@ class BuiltCheck:
         if self.figures is None:
             return f"{where} was not measured on the confirmation samples: {self.why_not}"
         said = f"{where}, on the {self.samples} confirmation samples: {self.figures.said()}"
-        if self.held:
+        unresolved = [bound for bound in self.bounds if bound.status == "unresolved"]
+        if self.held and not unresolved:
             return f"{said}; it holds {floor} by its bounds"
+        if self.held:  # by no sample counted, where these samples cannot bound the limit
+            shown = "; ".join(bound.said() for bound in unresolved)
+            return f"{said}; it holds {floor} as far as {self.samples} samples can show, unresolved by its bounds: {shown}"
         failing = "; ".join(bound.said() for bound in self.bounds if not bound.held) or "by its figures"
         return f"{said}; it MISSES {floor} ({failing})"
 
@@ -93,6 +98,7 @@ def check_built(state, lab, ref, planned: str | None, table: dict[str, Any], too
     if not engine_path.is_file():
         check.why_not = f"{toolchain} built no engine for {engine.name} (`pipeline compare` says why)"
         return check
+    check.manifest = stage.manifest_path()
     outputs, checked_by = _run_on(stage.runtime, engine_path, ctx.workspace.root / ctx.workspace.onnx_path(engine), lab.batches["confirm"])
     if outputs is None:
         check.why_not = f"{toolchain} cannot run its engines on given inputs"
@@ -104,6 +110,32 @@ def check_built(state, lab, ref, planned: str | None, table: dict[str, Any], too
     check.held = floor.met_by(check.figures) and all(bound.held for bound in check.bounds)
     check.checked_by = checked_by
     return check
+
+
+def record_on_engine(check: BuiltCheck, plan) -> None:
+    """Keep the plan's floor in the built engine's manifest (``build.details.plan_check``): per
+    metric the plan's figure and bound (fake quantization in PyTorch) beside this engine's on the
+    same confirmation samples, so the engine that ships carries the evidence, not only the plan."""
+    from pipeline.manifest import read_manifest
+    from pipeline.precision.report import plan_metrics
+
+    if check.manifest is None or check.figures is None or not check.manifest.is_file():
+        return
+    manifest = read_manifest(check.manifest)
+    if manifest.build is None or manifest.build.details is None:
+        return
+    kept = {
+        "floor": plan.floor.wanted(),
+        "plan_status": plan.status,
+        "exclude": list(plan.exclude),
+        "samples": check.samples,
+        "metrics": plan_metrics(plan, check),
+        "held": check.held,
+        "checked_by": check.checked_by,
+    }
+    details = manifest.build.details.model_copy(update={"plan_check": kept})
+    manifest.build = manifest.build.model_copy(update={"details": details})
+    manifest.write(check.manifest)
 
 
 def _run_on(runtime, engine_path: Path, onnx_path: Path, batches: list) -> tuple[list | None, str | None]:

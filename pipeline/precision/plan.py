@@ -16,7 +16,9 @@ Search, on the search batches (what sensitivity.py measured):
    (nothing lost, or the least lost) with the samples that would resolve it; otherwise it starts
    again from every layer excluded and step 3 keeps what the floor needs.
 3. Put back every excluded layer that is no longer needed, the costliest in FLOPs first: a layer
-   stays excluded only if quantizing it again breaks the floor.
+   stays excluded only if quantizing it again breaks the floor — or, for the best the search
+   reached (step 2), only if quantizing it again makes it worse: a metric that held no longer
+   holds, or more samples are counted against the limit the samples cannot resolve.
 4. Confirm the result on the confirmation batches, which the search never saw.
 
 "The floor holds" means it holds by each metric's one-sided 95 % bound on those samples (exact for
@@ -134,14 +136,16 @@ def make_plan(lab: VariantLab, sensitivity: Sensitivity, floor: Floor, progress=
     unresolvable = stopped and any(not bound.resolvable for bound in lab.bounds(excluded, floor) if not bound.held)
     if not search.holds(excluded) and not unresolvable:
         excluded = list(lab.layers)  # only the unquantized model meets it (checked above)
-    for layer in sorted(excluded, key=lambda name: flops[name], reverse=True) if not unresolvable else []:
+    for layer in sorted(excluded, key=lambda name: flops[name], reverse=True):
         trial = [name for name in excluded if name != layer]
         progress(f"putting {layer} back")
-        if search.holds(trial):
+        if search.as_good(trial, excluded) if unresolvable else search.holds(trial):
+            kept = "no worse with it quantized" if unresolvable else "the floor holds with it quantized"
+            steps.append(Step("put back", layer, lab.evaluate(trial), f"no longer needed: {kept}"))
             excluded = trial
-            steps.append(Step("put back", layer, lab.evaluate(trial), "no longer needed: the floor holds with it quantized"))
         else:
-            steps.append(Step("keep", layer, lab.evaluate(trial), "quantizing it again breaks the floor", search.failing(trial)))
+            broke = "makes the best reached worse" if unresolvable else "breaks the floor"
+            steps.append(Step("keep", layer, lab.evaluate(trial), f"quantizing it again {broke}", search.failing(trial)))
     # A variant with every weighted layer unquantized quantizes no weight: the export refuses it.
     if set(getattr(lab, "weighted", lab.layers)) <= set(excluded):
         raise PipelineError(
@@ -223,6 +227,22 @@ class _Search:
 
     def holds(self, layers: list[str]) -> bool:
         return self.floor.met_by(self.lab.evaluate(layers)) and all(bound.held for bound in self.lab.bounds(layers, self.floor))
+
+    def as_good(self, layers: list[str], than: list[str]) -> bool:
+        """Whether ``layers`` are no worse than ``than`` by every floor metric: one that holds at
+        ``than`` holds, and one that fails there counts no more samples against its limit (a
+        proportion the samples cannot resolve; a failing metric that counts no samples keeps
+        every layer where it is)."""
+        if self.floor.met_by(self.lab.evaluate(than)) and not self.floor.met_by(self.lab.evaluate(layers)):
+            return False
+        before = {(bound.metric, bound.side): bound for bound in self.lab.bounds(than, self.floor)}
+        for bound in self.lab.bounds(layers, self.floor):
+            was = before.get((bound.metric, bound.side))
+            if bound.held or was is None:
+                continue
+            if was.held or bound.counted is None or was.counted is None or bound.counted > was.counted:
+                return False
+        return True
 
     def failing(self, layers: list[str]) -> list[Failing]:
         """Every one of the floor's metrics that fails at ``layers`` (by its figure or its bound), in

@@ -54,3 +54,32 @@ def test_a_built_engine_that_misses_the_floor_is_said_plainly(lab_and_state):
     assert check.held is False
     said = check.said(floor)
     assert "MISSES" in said and "on the 32 confirmation samples" in said
+
+
+def test_the_engine_that_ships_keeps_the_plans_figures_beside_its_own_in_its_manifest(lab_and_state):
+    from types import SimpleNamespace
+
+    from pipeline.manifest import read_manifest
+    from pipeline.precision.built import check_built, record_on_engine
+
+    lab, state, ref = lab_and_state
+    # A 1 % top-1 drop: 32 samples cannot bound it, so the engine holds it only as far as they show.
+    floor = Floor((("cos", 0.99),), "--floor", (("top1", 0.01),))
+    check = check_built(state, lab, ref, "int8_plan", {"precision": "int8", "exclude": ["fc2"]}, "onnxruntime", floor)
+    top1 = next(bound for bound in check.bounds if bound.metric == "top1")
+    assert check.held and top1.status == "unresolved" and top1.counted == 0
+    said = check.said(floor)
+    assert (
+        "it holds cosine ≥ 0.99, top-1 at most 1% below FP32's (--floor) as far as 32 samples can show, unresolved by its bounds: top-1 drop ≤"
+        in said
+    )
+
+    plan = SimpleNamespace(floor=floor, status="unresolved", exclude=["fc2"], bounds={"confirm": lab.bounds(["fc2"], floor, "confirm")})
+    record_on_engine(check, plan)
+    kept = read_manifest(check.manifest).build.details.plan_check
+    assert kept["floor"] == floor.wanted() and kept["plan_status"] == "unresolved" and kept["exclude"] == ["fc2"]
+    assert kept["held"] is True and kept["samples"] == 32 and kept["checked_by"] == check.checked_by
+    cosine = next(metric for metric in kept["metrics"] if metric["metric"] == "cos")
+    # The plan's figure (fake quantization) and the built engine's, each with its bound, side by side.
+    assert cosine["figure"] == pytest.approx(lab.evaluate(["fc2"], "confirm").cosine)
+    assert cosine["built"]["estimate"] == pytest.approx(check.figures.cosine) and cosine["built"]["held"] is True

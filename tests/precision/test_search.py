@@ -102,10 +102,11 @@ def test_a_flip_no_layer_moves_alone_ends_the_search_saying_the_samples_cannot_r
     lab = PlantedLab(NOISE, flips)
     plan = make_plan(lab, sensitivity(lab), DROP_1_PERCENT)
     assert plan.exclude == ["conv1.3"] and not plan.held_on_search and not plan.confirmed
-    assert plan.steps[-1].action == "stop" and "no remaining layer moves top-1 (predictions changed)" in plan.steps[-1].note
+    assert plan.steps[2].action == "stop" and "no remaining layer moves top-1 (predictions changed)" in plan.steps[2].note
     assert [bound.samples_needed for bound in plan.unresolved()] == [299]
-    # Not a run of layers chosen by cosine: after the rerank, nothing else was excluded.
-    assert [step.action for step in plan.steps] == ["exclude", "rerank", "stop"]
+    # Not a run of layers chosen by cosine: after the rerank, nothing else was excluded; the
+    # pruning then keeps conv1.3 (24 more changed with it quantized).
+    assert [step.action for step in plan.steps] == ["exclude", "rerank", "stop", "keep"]
     # The least lost the search reached is the plan given: it fails, saying what fails, why the
     # search stopped and how many samples would resolve the drop.
     assert plan.status == "failed" and [(bound.metric, bound.counted) for bound in plan.failing()] == [("top1", 1)]
@@ -203,3 +204,29 @@ def test_a_search_that_stops_names_every_metric_still_failing():
     assert stop.failing == [("top1", "lower"), ("cos", "lower")]
     assert stop.note == "no remaining layer moves top-1 (predictions changed) or cosine beside the exclusions so far"
     assert plan.exclude == ["layer2.conv2", "layer2.down", "layer4.fc"] and plan.confirmed
+
+
+def test_the_best_a_search_reached_short_of_the_floor_is_pruned_of_layers_no_longer_needed():
+    """conv1.3 buys 20 samples per FLOP, layer1.conv (twice the FLOPs) 24: conv1.3 is taken first,
+    then layer1.conv for the last 4 — after which conv1.3 buys nothing. Sample 30 changes while any
+    two small layers are quantized, which no layer moves alone: the search stops short, and the plan
+    it gives keeps layer1.conv only, with as few samples changed."""
+
+    def flips(quantized: set[str]) -> set[int]:
+        root = set()
+        if "layer1.conv" in quantized:
+            root = set(range(24)) if "conv1.3" in quantized else set(range(20, 24))
+        small = quantized & {"layer2.conv2", "layer2.down", "layer4.fc"}
+        return root | ({30} if len(small) >= 2 else set())
+
+    noise = {"conv1.3": 0.2, "layer1.conv": 0.2, "layer2.conv2": 0.05, "layer2.down": 0.05, "layer4.fc": 0.02}
+    lab = PlantedLab(noise, flips)
+    plan = make_plan(lab, sensitivity(lab, {"conv1.3": 1.0, "layer1.conv": 2.0}), DROP_1_PERCENT)
+    taken = [step.layer for step in plan.steps if step.action == "exclude"]
+    assert taken == ["conv1.3", "layer1.conv"], [step.as_dict() for step in plan.steps]
+    assert plan.exclude == ["layer1.conv"] and plan.status == "failed"
+    assert [(bound.metric, bound.counted) for bound in plan.failing()] == [("top1", 1)]  # as few as before the pruning
+    put_back = next(step for step in plan.steps if step.action == "put back")
+    assert put_back.layer == "conv1.3" and put_back.note == "no longer needed: no worse with it quantized"
+    kept = next(step for step in plan.steps if step.action == "keep")
+    assert kept.layer == "layer1.conv" and kept.note == "quantizing it again makes the best reached worse"

@@ -203,6 +203,10 @@ def test_a_fault_planted_in_a_trained_model_is_excluded_and_a_top1_drop_too_fine
     assert f"TIP pass --samples {metric['samples_for_power']} to resolve it with an 80% chance" in said
     # The floor on the engine that ships: the planned variant built on ONNX Runtime, measured on the confirmation images.
     assert plan["built"]["toolchain"] == "onnxruntime" and plan["built"]["figures"] is not None and metric["built"] is not None
+    # ... and its manifest keeps both figures, the plan's and its own.
+    engine = json.loads((catalog.parent / "manifests" / "onnxruntime" / f"{plan['built']['engine']}.json").read_text())
+    kept = engine["build"]["details"]["plan_check"]
+    assert kept["metrics"] == plan["metrics"] and kept["plan_status"] == "unresolved" and kept["held"] == plan["built"]["held"]
 
 
 def train_on_folders(model, batch, files, lr: float, steps: int) -> None:
