@@ -114,10 +114,14 @@ def export(state: _State, engines, models, variants, force, wait, calib_dir, cal
     Writes models/<model>/<variant>.onnx. Quantized and sparse variants are calibrated on
     synthetic inputs unless --calib-dir names a folder of images.
     """
+    from pipeline.stages.runner import raise_if_nothing_exported
+
     state.override(calib_dir, calib_samples, eval_dir, sanitize=sanitize)
     refs = state.catalog.select(engines, models, variants)
     with state.holding_workspace(wait):
-        _launcher(state, cluster, gpu_types).run(state.context(force), refs, None, "export")
+        ctx = state.context(force)
+        _launcher(state, cluster, gpu_types).run(ctx, refs, None, "export")
+        raise_if_nothing_exported(ctx, refs)
 
 
 def _launcher(state: _State, cluster: str | None, gpu_types):

@@ -21,7 +21,11 @@ processes rather than each engine starting its own; the run waits for them befor
 profile, so nothing compiles while anything is measured.
 
 A point that fails here (out of memory, a refusal) is left to its profile, which records the
-reason for that point as it always did; nothing here decides anything about the engine.
+reason for that point as it always did; nothing here decides anything about the engine. But a
+kernel that faults leaves the process's CUDA context unusable for good (pipeline/running/faults.py):
+the process says so for that point and ends, compiling and serving nothing more; the point's
+profile records the fault (torch_served.FaultedPoint) as the run's own process records one, and
+the points that process kept are prepared by the run's process as points not kept are.
 
 In a run, each process keeps the points it compiled, ready, and once every point is compiled
 serves them to the point's profile (pipeline/runtimes/torch_served.py): the run's process then
@@ -40,8 +44,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.running.errors import DeviceFault, PipelineError
+from pipeline.running.faults import as_fault, fault_words
 from pipeline.runtimes.base import AheadPool, too_little_to_keep
-from pipeline.runtimes.torch_served import ServedPoint, ServingProcess, serve
+from pipeline.runtimes.torch_served import FaultedPoint, ServedPoint, ServingProcess, serve
 
 # At most this many processes compile at once: each holds a CUDA context, the model and one
 # inference's memory, and Inductor's own compile workers.
@@ -140,6 +146,7 @@ class CompilePool(AheadPool):
         last_compiled, preparing = self._started_at, 0.0
         progress(f"compiling {len(jobs)} shape points in {processes} processes")
         kept = 0
+        to_serve: list = []  # the points kept, handed over once every point is compiled (_hand_over_kept)
         try:
             while len(outcomes) < len(jobs):
                 try:
@@ -149,16 +156,24 @@ class CompilePool(AheadPool):
                         break  # the processes ended without saying what became of some points
                     continue
                 outcomes[(engine, shape)] = outcome
+                if "faulted" in outcome:  # that process ended: it serves nothing it kept
+                    self._serving[index].faulted()
                 last_compiled = max(last_compiled, compiled_at)
                 progress(f"compiled {len(outcomes)} of {len(jobs)} shape points ({Path(engine).stem} at {shape}: {_words(outcome)})")
                 if done is not None and "error" not in outcome and (engine, shape) in whose:
                     # Served by the process that compiled it, where it kept it (only once every
                     # point is compiled: it asks nothing of that process before then).
                     served = ServedPoint(self._serving[index], Path(engine), shape, outcome) if keeps else None
-                    kept += served is not None
-                    began = time.perf_counter()
-                    done(*whose[(engine, shape)], served)
-                    preparing += time.perf_counter() - began
+                    if served is not None:
+                        to_serve.append((*whose[(engine, shape)], served))
+                    else:
+                        began = time.perf_counter()
+                        done(*whose[(engine, shape)], None)
+                        preparing += time.perf_counter() - began
+                elif done is not None and "faulted" in outcome and (engine, shape) in whose:
+                    done(*whose[(engine, shape)], FaultedPoint(shape, outcome["faulted"]))  # recorded at its profile
+            kept, seconds = _hand_over_kept(to_serve, done)
+            preparing += seconds
             self._reported = True
         finally:
             if not kept:  # nothing to serve: the processes end now (close again is harmless)
@@ -204,6 +219,19 @@ class CompilePool(AheadPool):
                 child.join()
 
 
+def _hand_over_kept(kept: list, done) -> tuple[int, float]:
+    """The points their compiling processes kept, handed over once every point is compiled: each to
+    be served by its process where that still serves (ServedPoint), else — a kernel faulted there,
+    and it ended — to be prepared by the run's process, as a point not kept is. How many are
+    served, and the seconds this process spent preparing the others."""
+    served, began = 0, time.perf_counter()
+    for work, job, point in kept:
+        alive = point.alive()
+        served += alive
+        done(work, job, point if alive else None)
+    return served, time.perf_counter() - began
+
+
 def _gpu_free_bytes() -> int | None:
     import torch
 
@@ -230,7 +258,6 @@ def _compile_points(jobs, results, threads: int, index: int, connection) -> None
     # the processes together use the machine's CPUs, not each all of them. (Read when torch is
     # first imported, which is below; not part of the cache's key.)
     os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = str(threads)
-    from pipeline.running.errors import PipelineError
     from pipeline.running.reporting import Reporter
     from pipeline.runtimes import create_runtime
 
@@ -247,14 +274,34 @@ def _compile_points(jobs, results, threads: int, index: int, connection) -> None
             keeps = _room_to_keep()
             if keeps:
                 kept[(str(job.engine_path), job.workload.shape)] = (runtime, prepared)
-        except PipelineError as exc:
-            outcome = {"error": exc.message}
         except Exception as exc:  # recorded for the point: its profile compiles it and says why it fails
-            outcome = {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"}
+            outcome = _failure(exc, multiprocessing.current_process().name)
         results.put((str(job.engine_path), job.workload.shape, outcome, time.time(), index, keeps))
+        if "faulted" in outcome:
+            # CUDA's context is gone for good here: this process compiles nothing more (the other
+            # processes take the points still queued) and serves nothing it kept (the run's
+            # process prepares those); it ends.
+            return
     if kept:
         _stop_compile_workers()
     serve(connection, kept, multiprocessing.current_process().name)
+
+
+def _failure(exc: Exception, name: str) -> dict[str, Any]:
+    """What is recorded of a point that process ``name`` could not prepare: why (its profile
+    prepares it again and says so), and where a kernel faulted, the fault (``faulted``: CUDA's
+    words and where, as a profile's FaultFacts), which the run records for the point's profile."""
+    if isinstance(exc, DeviceFault):
+        words, during = exc.facts.get("error"), exc.facts.get("during")
+    else:
+        words, during = fault_words(exc), None
+    fault = as_fault(RuntimeError(words), ", ".join(part for part in (during, f"compiling it ahead in {name}") if part)) if words else None
+    if fault is not None:
+        return {"error": fault.message, "faulted": fault.facts}
+    if isinstance(exc, PipelineError):
+        return {"error": exc.message}
+    text = str(exc).strip()
+    return {"error": f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"}
 
 
 def _stop_compile_workers() -> None:

@@ -27,7 +27,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pipeline.running.errors import PipelineError
+from pipeline.running.errors import DeviceFault, PipelineError
+from pipeline.running.faults import as_fault
 
 # What a request asks of a point kept in a compiling process, by the word it is sent with.
 READY, TAKE, WARM, EVIDENCE, REFERENCE = "ready", "take", "warm", "evidence", "reference"
@@ -44,7 +45,8 @@ def serve(connection, points: dict[tuple[str, str], tuple[Any, Any]], name: str)
     """Answer the run's requests for the ``points`` this process kept (engine file, shape point →
     (its runtime, its prepared model)), one at a time, until told to stop (None) or the run's end of
     the pipe closes. An error is answered as the run's process would have raised it itself, a kernel
-    fault (DeviceFault) among them: this process's context is then gone, as the run's would be."""
+    fault (DeviceFault) among them: this process's context is then gone, as the run's would be, so
+    it serves nothing more and ends (the run's process prepares the points it kept)."""
     while True:
         try:
             request = connection.recv()
@@ -55,15 +57,19 @@ def serve(connection, points: dict[tuple[str, str], tuple[Any, Any]], name: str)
         what, key, args = request
         try:
             reply = ("ok", _answer(what, key, *points[key], name, *args))
-        except PipelineError as exc:
+        except DeviceFault as exc:
             reply = ("error", exc.plain())
+        except PipelineError as exc:
+            reply = ("error", as_fault(exc, f"in {name}") or exc.plain())
         except Exception as exc:  # a bug here, or a tool's own: the engine's failure at this point, in words
             words = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            reply = ("error", PipelineError(f"{type(exc).__name__} in {name}: {words}"))
+            reply = ("error", as_fault(exc, f"in {name}") or PipelineError(f"{type(exc).__name__} in {name}: {words}"))
         try:
             connection.send(reply)
         except (OSError, EOFError):
             return
+        if isinstance(reply[1], DeviceFault):
+            return  # a kernel faulted: CUDA's context is gone for good in this process
 
 
 def _answer(what: str, key: tuple[str, str], runtime, prepared, name: str, *args):
@@ -148,8 +154,17 @@ class ServingProcess:
                 self.gone = f"{self.name}, which compiled and kept it, ended (exit status {status})"
                 raise ProcessGone(self.gone, hint="run the same command again; -v shows what the process printed") from exc
         if kind == "error":
+            if isinstance(value, DeviceFault):
+                self.faulted()  # it answered the fault and ended
             raise value
         return value
+
+    def faulted(self) -> None:
+        """A kernel faulted in it: its CUDA context is gone, it ended, and nothing more is asked of it
+        (each point it kept is prepared in the run's process instead)."""
+        with self._lock:
+            if self.gone is None:
+                self.gone = f"{self.name}, which compiled and kept it, faulted on the GPU (its CUDA context is gone)"
 
     def stop(self) -> None:
         """Ask it to stop serving (it then ends); quietly, whatever state its pipe is in."""
@@ -189,6 +204,31 @@ class ServedPoint:
 
     def reference_run(self, reference):
         return self.process.ask(REFERENCE, self.key, reference)
+
+
+class FaultedPoint:
+    """A point whose compilation ahead faulted on the GPU, in a process that then ended: what the
+    torch runtime of the run's process is handed instead of a ServedPoint, so that the point's
+    profile records the fault for its engine, as a fault of the run's own process is recorded
+    (preparing it raises it), instead of compiling the point again. ``fault``: CUDA's words and
+    where (DeviceFault.facts)."""
+
+    def __init__(self, shape: str, fault: dict[str, Any]):
+        self.shape, self.fault = shape, fault
+        self.facts: dict[str, Any] = {}  # nothing was compiled
+
+    def alive(self) -> bool:
+        return False
+
+    def ready(self):
+        raise self._raised()
+
+    def reference_run(self, reference):
+        raise self._raised()
+
+    def _raised(self) -> DeviceFault:
+        words, during = self.fault.get("error") or "", self.fault.get("during")
+        return as_fault(RuntimeError(words), during) or DeviceFault(f"faulted on the GPU {during}: {words}", facts=self.fault)
 
 
 class ServedEngine:

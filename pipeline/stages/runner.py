@@ -231,6 +231,35 @@ def say_out_of_memory(ctx: RunContext, until: str | None = None) -> None:
 _WHAT_A_STAGE_MAKES = {"export": "model", "build": "engine", "profile": "measurement"}
 
 
+def raise_if_nothing_exported(ctx: RunContext, engines: list[EngineRef]) -> None:
+    """`pipeline export` is asked for ONNX models: one of which no engine selected has its ONNX (the
+    exporter refused each model, say) produced nothing it was asked for and fails, as a run of which
+    nothing fit in memory does; what it did write (the references the torch toolchains run from) is
+    kept. An export the run did not record (none) is not judged here."""
+    from pipeline.manifest import read_manifest
+
+    why: dict[str, str] = {}
+    refused = True
+    for engine in engines:
+        try:
+            record = read_manifest(ctx.workspace.export_manifest_path(engine)).export
+        except FileNotFoundError:
+            record = None
+        if record is None or any(artifact.role == "onnx" for artifact in record.outputs):
+            return
+        reason = record.details.onnx_refused if record.details else None
+        refused = refused and reason is not None
+        why[engine.name] = reason or record.reason or record.status
+    if not why:
+        return
+    said = "; ".join(f"{name}: {reason}" for name, reason in why.items())
+    raise PipelineError(
+        f"nothing was exported to ONNX: {'the exporter refused every model selected' if refused else 'no engine selected has one'} ({said}).",
+        hint="the references are written, and the torch toolchains still run the model (`pipeline run --toolchain torch-eager`); "
+        "the ONNX toolchains need a model the exporter takes",
+    )
+
+
 class WorkAhead:
     """The builds' work ahead of their profiles (compiling at every shape point, say): each
     build's is handed over once its engine is written and goes on in the background, in one pool per
@@ -339,6 +368,8 @@ class WorkAhead:
             where = f"{stage.engine.name} on {stage.toolchain}" + (f" at {point}" if point else "")
             if why is not None:
                 self.reporter.progress(f"not prepared ahead: {where}: {why}")
+            elif getattr(served, "fault", None) is not None:  # torch_served.FaultedPoint
+                self.reporter.progress(f"not prepared ahead: {where}: it faulted in the process that compiled it; its profile records it")
             elif served is not None:
                 self.reporter.progress(f"{where} kept for its profile by the process that compiled it")
             else:

@@ -44,6 +44,8 @@ class FakePrepared:
             raise DeviceFault("faulted on the GPU: an illegal memory access was encountered", facts={"error": "illegal"})
         if min_ms == 99.0:
             raise ZeroDivisionError("division by zero")
+        if min_ms == 77.0:  # CUDA's words, as PyTorch raises them
+            raise RuntimeError("CUDA error: an illegal memory access was encountered\nCompile with `TORCH_USE_CUDA_DSA`")
         if min_ms == 0.0:
             os._exit(7)  # the process dies in the middle of a take
         self.issue_ms = 0.25
@@ -101,17 +103,34 @@ def test_a_served_point_answers_as_the_process_that_holds_it(served):
 
 
 def test_a_served_points_errors_are_raised_here_as_they_were_there(served):
-    point, _ = served
+    point, process = served
     engine = point.ready()
     with pytest.raises(OutOfMemory) as ran_out:
         engine.take(1, 13.0)
     assert ran_out.value.facts == {"memory": "GPU"}  # a result of the point, with its facts
-    with pytest.raises(DeviceFault) as fault:
-        engine.take(1, 66.0)
-    assert "illegal memory access" in fault.value.message and fault.value.facts == {"error": "illegal"}
     with pytest.raises(PipelineError, match=r"ZeroDivisionError in pipeline-compile-0: division by zero"):
         engine.take(1, 99.0)
     assert engine.take(1, 5.0)  # the process serves on after each
+    with pytest.raises(DeviceFault) as fault:
+        engine.take(1, 66.0)
+    assert "illegal memory access" in fault.value.message and fault.value.facts == {"error": "illegal"}
+    # A kernel fault is the last thing it answers: its CUDA context is gone, so it ends, and what
+    # it kept is asked of it no more (the run's process prepares it instead).
+    process.join(10)
+    assert process.exitcode == 0 and not point.alive()
+    with pytest.raises(ProcessGone, match=r"pipeline-compile-0, which compiled and kept it, faulted on the GPU"):
+        point.ready()
+
+
+def test_a_served_points_error_in_cudas_fault_words_is_a_fault_and_ends_its_process(served):
+    point, process = served
+    engine = point.ready()
+    with pytest.raises(DeviceFault) as fault:
+        engine.take(1, 77.0)
+    assert fault.value.message == "faulted on the GPU in pipeline-compile-0: CUDA error: an illegal memory access was encountered"
+    assert fault.value.facts["error"] == "CUDA error: an illegal memory access was encountered"
+    process.join(10)
+    assert process.exitcode == 0 and not point.alive()
 
 
 def test_a_process_gone_is_said_once_in_words_for_every_point_it_held(served):

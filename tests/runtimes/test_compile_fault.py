@@ -1,0 +1,181 @@
+"""A kernel that faults in a process compiling points ahead of the profiles (pipeline/runtimes/
+torch_compile_ahead.py), or serving the points it kept to them (torch_served.py): CUDA's context is
+gone for good in that process, so it stops there — it compiles nothing more and serves nothing it
+kept — the faulted point is recorded as faulted for its engine, as a fault in the run's own process
+is, the points it had kept are prepared by the run's process, and the run goes on.
+
+On the CPU, the fault planted as the other fault tests plant theirs: a module that raises CUDA's
+words for a device-side assert (tests/data/python_models/faulting_compiled.py), here only in the
+compiling processes."""
+
+from __future__ import annotations
+
+import multiprocessing
+import queue
+import shutil
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from pipeline.manifest import read_manifest
+from pipeline.running.errors import DeviceFault
+from tests.conftest import DATA, catalog_head, write_catalog
+from tests.runtimes.test_pytorch_runtime import needs_inductor
+
+DEVICE_SIDE_ASSERT = "CUDA error: device-side assert triggered"
+SHAPES = ["1x16", "2x16", "4x16", "4x64"]
+CATALOG = (
+    catalog_head(["faulty"], ["fp32"])
+    + f"""
+[models.faulty]
+python = "models-in/faulting_compiled.py:make"
+config = {{ features = 8, longest = 32 }}
+shapes = {SHAPES}
+
+[variants.fp32]
+precision = "fp32"
+
+[toolchains.onnxruntime]
+kind = "onnxruntime"
+
+[toolchains.torch-eager]
+kind = "torch"
+backend = "eager"
+
+[toolchains.torch-compile]
+kind = "torch"
+backend = "compile"
+"""
+)
+
+
+class FakePrepared:
+    def __init__(self, shape: str):
+        self.facts = {"compile_s": 1.0, "graphs": 1, "shape": shape}
+
+
+class FakeRuntime:
+    """A compiled toolchain whose kernel faults at 4x64 (CUDA's words in a RuntimeError, as PyTorch
+    raises them), every point's preparation recorded."""
+
+    def __init__(self):
+        self.loaded: list[str] = []
+
+    def load(self, engine_path, workload):
+        self.loaded.append(workload.shape)
+        if workload.shape == "4x64":
+            raise RuntimeError(f"{DEVICE_SIDE_ASSERT}\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1")
+        return FakePrepared(workload.shape)
+
+
+def _job(shape: str):
+    from pipeline.runtimes.torch_compile_ahead import CompileJob
+
+    return CompileJob("torch-compile", None, Path("/tmp"), Path("/engines/.m_fp32.pt.ahead"), SimpleNamespace(shape=shape))
+
+
+def test_a_compiling_process_whose_kernel_faults_compiles_and_serves_nothing_more(monkeypatch):
+    """The process compiles 1x16 and keeps it, then faults at 4x64: it says so for that point (the
+    fault in CUDA's words, in that process) and ends there — 2x16, still queued, is left to the
+    other processes, and 1x16, kept, is not served from a context that is gone."""
+    import pipeline.runtimes
+    from pipeline.runtimes import torch_compile_ahead
+
+    runtime = FakeRuntime()
+    monkeypatch.setattr(pipeline.runtimes, "create_runtime", lambda *args: runtime)
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "1")  # the function sets it: restored after
+    jobs, results = queue.Queue(), queue.Queue()
+    for shape in ("1x16", "4x64", "2x16"):
+        jobs.put(_job(shape))
+    jobs.put(None)
+    ours, theirs = multiprocessing.Pipe()
+    compiling = threading.Thread(target=torch_compile_ahead._compile_points, args=(jobs, results, 1, 0, theirs), daemon=True)
+    compiling.start()
+    compiling.join(10)
+    ended = not compiling.is_alive()
+    if not ended:  # serving what it kept: told to stop, so that the test ends
+        ours.send(None)
+        compiling.join(10)
+    reported = [results.get_nowait() for _ in range(results.qsize())]
+    assert [(shape, keeps) for _, shape, _, _, _, keeps in reported[:2]] == [("1x16", True), ("4x64", False)], reported
+    faulted = reported[1][2]
+    assert faulted["faulted"]["error"] == DEVICE_SIDE_ASSERT and "MainProcess" in faulted["faulted"]["during"], faulted
+    assert faulted["error"].startswith("faulted on the GPU") and DEVICE_SIDE_ASSERT in faulted["error"], faulted
+    assert runtime.loaded == ["1x16", "4x64"] and len(reported) == 2  # nothing compiled after the fault
+    assert jobs.get_nowait().workload.shape == "2x16"  # left for the other processes
+    assert ended  # and nothing served: it ended, its kept point with it
+
+
+def test_the_points_a_process_kept_before_it_faulted_are_handed_over_to_be_prepared_by_the_run():
+    """Once every point is compiled, each kept point is handed over to be served by the process that
+    kept it; one whose process faulted since (and ended) is handed over as a point not kept, which
+    the run's process prepares itself."""
+    from pipeline.runtimes.torch_compile_ahead import _hand_over_kept
+    from pipeline.runtimes.torch_served import ProcessGone, ServedPoint, ServingProcess
+
+    class Process:
+        name, pid = "pipeline-compile-1", 1234
+
+        def is_alive(self):
+            return True
+
+    healthy, faulted = ServingProcess(None, Process(), set()), ServingProcess(None, Process(), set())
+    faulted.faulted()
+    kept = [
+        ("work", shape, ServedPoint(process, Path("/engines/.m_fp32.pt.ahead"), shape, {}))
+        for process, shape in ((healthy, "1x16"), (faulted, "2x16"))
+    ]
+    handed = []
+    served, _ = _hand_over_kept(kept, lambda work, job, point: handed.append((job, point)))
+    assert served == 1 and handed == [("1x16", kept[0][2]), ("2x16", None)]
+    with pytest.raises(ProcessGone, match=r"pipeline-compile-1, which compiled and kept it, faulted on the GPU"):
+        kept[1][2].ready()  # nothing is asked of it
+
+
+@needs_inductor
+def test_a_run_records_a_fault_in_a_compiling_process_and_prepares_what_that_process_kept(tmp_path, run_cli, monkeypatch):
+    """Four points of one compiled engine in two compiling processes; whichever compiles 4x64
+    faults there, and from then on every call in it fails (a sticky error). 4x64 is recorded as
+    faulted for the engine, in the compiling process's words, and the run goes on (in a fresh
+    process, as after any fault); every other point is measured, none of them by the process that
+    faulted: what it kept before the fault is prepared by the run's process instead."""
+    from pipeline.runtimes import torch_compile_ahead
+
+    monkeypatch.setattr(torch_compile_ahead, "usable_cpus", lambda: 4)  # two processes
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    (tmp_path / "models-in").mkdir()
+    shutil.copy(DATA / "python_models" / "faulting_compiled.py", tmp_path / "models-in")
+    catalog = write_catalog(tmp_path, CATALOG)
+    result = run_cli(catalog, "run", "--model", "faulty", "--toolchain", "torch-compile")
+    assert result.exit_code == 1, result.err  # the fault named, in the fresh process that went on
+    assert "Traceback" not in result.err
+    assert "faulted on the GPU" in result.err and "compiling it ahead in pipeline-compile-" in result.err, result.err
+    manifests = tmp_path / "manifests" / "torch-compile"
+    ahead = read_manifest(manifests / "faulty_fp32.json").build.details.compiler["compiled_ahead"]
+    assert ahead["points"]["4x64"]["faulted"]["error"] == DEVICE_SIDE_ASSERT, ahead
+    faulted = read_manifest(manifests / "faulty_fp32@4x64.json").profile
+    assert faulted.status == "faulted" and faulted.fault.error == DEVICE_SIDE_ASSERT, faulted
+    where = faulted.fault.during.rsplit(" ", 1)[-1]  # the compiling process it faulted in
+    assert where.startswith("pipeline-compile-"), faulted.fault
+    for shape in SHAPES[:-1]:
+        profile = read_manifest(manifests / f"faulty_fp32@{shape}.json").profile
+        assert profile.status == "done", (shape, profile.reason)
+        served_by = profile.details.execution.get("served_by", {}).get("process")
+        assert served_by != where, (shape, profile.details.execution)  # served by the other process, or prepared here
+        assert f"in {where}" not in profile.details.accuracy["checked_by"], profile.details.accuracy
+
+
+def test_a_faulted_point_handed_over_raises_its_fault_at_its_profile():
+    """What the run's process is handed for a point whose compilation ahead faulted: its profile's
+    preparation raises the fault, recorded for that engine as one of the run's own would be."""
+    from pipeline.runtimes.torch_served import FaultedPoint
+
+    point = FaultedPoint("4x64", {"error": DEVICE_SIDE_ASSERT, "during": "at shape 4×64, compiling it ahead in pipeline-compile-1"})
+    assert not point.alive() and point.shape == "4x64" and point.facts == {}
+    for ask in (point.ready, lambda: point.reference_run(None)):  # each time it is asked, a fault of its own
+        with pytest.raises(DeviceFault, match="4×64") as raised:
+            ask()
+        assert raised.value.facts == {"error": DEVICE_SIDE_ASSERT, "during": "at shape 4×64, compiling it ahead in pipeline-compile-1"}
+        assert raised.value.message == f"faulted on the GPU at shape 4×64, compiling it ahead in pipeline-compile-1: {DEVICE_SIDE_ASSERT}"
