@@ -4,6 +4,7 @@
 #
 #   bash scripts/check_gpus_speedup.sh one OUT    # CUDA_VISIBLE_DEVICES=0 pipeline run …
 #   bash scripts/check_gpus_speedup.sh all OUT    # pipeline run --gpus 0,1,… (every GPU; the cluster extra)
+#   bash scripts/check_gpus_speedup.sh again OUT  # after `one`: its workspace and compiled work kept, --force
 #   python scripts/check_rerun_agreement.py OUT/one/compare.json OUT/all/compare.json
 #
 # Each writes OUT/<mode>/{run.log,compare.json,seconds.txt} and prints where each point was
@@ -63,10 +64,16 @@ PY
   python3 scripts/check_rerun_agreement.py "$root/one/compare.json" "$root/all/compare.json"
   exit $?
 fi
-out="${2:?usage: check_gpus_speedup.sh one|all OUT}/$mode"
+out="${2:?usage: check_gpus_speedup.sh one|all|again OUT}/$mode"
 PIPELINE="${PIPELINE:-python3 -m pipeline.cli}"
-rm -rf "$out" && mkdir -p "$out/ws"
-cp pipeline.toml "$out/ws/pipeline.toml"
+if [ "$mode" = again ]; then
+  # The same workspace as `one` — its compiled work kept in ws/.cache/torch — every stage run again (--force).
+  [ -f "$out/../one/ws/pipeline.toml" ] || { echo "again: run 'one' first, with the same OUT"; exit 2; }
+  rm -rf "$out" && mkdir -p "$out" && ln -s ../one/ws "$out/ws"
+else
+  rm -rf "$out" && mkdir -p "$out/ws"
+  cp pipeline.toml "$out/ws/pipeline.toml"
+fi
 model="${MODEL:-modernbert}"
 if [ -n "${SHAPES:-}" ]; then
   python3 - "$out/ws/pipeline.toml" "$model" $SHAPES <<'PY' || exit 1
@@ -84,13 +91,17 @@ assert tomllib.loads(text)["models"][model]["shapes"] == shapes
 path.write_text(text)
 PY
 fi
-# Compiled from nothing, as on a fresh machine: Inductor's cache (FX graphs, AOTAutograd, kernels) and Triton's.
-rm -rf "/tmp/torchinductor_$(id -un)" "${TORCHINDUCTOR_CACHE_DIR:-/nonexistent}" "$HOME/.triton/cache"
+# Compiled from nothing, as on a fresh machine: Inductor's cache (FX graphs, AOTAutograd, kernels) and
+# Triton's, wherever they are (the workspace's .cache/torch is new with it); `again` keeps them.
+if [ "$mode" != again ]; then
+  rm -rf "/tmp/torchinductor_$(id -un)" "${TORCHINDUCTOR_CACHE_DIR:-/nonexistent}" "$HOME/.triton/cache"
+fi
 args=(run --model "$model")
 for variant in ${VARIANTS:-bf16}; do args+=(--variant "$variant"); done
 for toolchain in ${TOOLCHAINS:-torch-eager torch-eager-attn torch-compile torch-cudagraphs torch-reduce-overhead}; do args+=(--toolchain "$toolchain"); done
 for arg in ${RUN_ARGS:-}; do args+=("$arg"); done  # RUN_ARGS="--no-racing", say
-if [ "$mode" = one ]; then
+[ "$mode" = again ] && args+=(--force)
+if [ "$mode" = one ] || [ "$mode" = again ]; then
   export CUDA_VISIBLE_DEVICES=0
 else
   args+=(--gpus "$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd,)")

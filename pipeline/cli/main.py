@@ -29,7 +29,7 @@ from pipeline.cli.precision import plan, sensitivity
 from pipeline.cli.reports import _print_comparison, compare, diff
 from pipeline.cli.state import State as _State
 from pipeline.cli.state import pass_state
-from pipeline.cli.tools import doctor, reduce, toolchains, trtexec
+from pipeline.cli.tools import cache, doctor, reduce, toolchains, trtexec
 
 EXIT_INTERNAL = 70
 
@@ -60,7 +60,7 @@ def cli(ctx: click.Context, catalog: Path | None, verbose: bool):
 
 # --- commands -----------------------------------------------------------------------------------
 
-for command in (sensitivity, plan, compare, diff, doctor, toolchains, trtexec, reduce):
+for command in (sensitivity, plan, compare, diff, doctor, toolchains, trtexec, cache, reduce):
     cli.add_command(command)
 
 

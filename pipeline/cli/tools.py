@@ -1,5 +1,6 @@
 """The commands about this machine and its tools: `pipeline doctor`, `pipeline toolchains`
-(list, pull, lock), `pipeline trtexec parse`, and `pipeline reduce` for a build that failed."""
+(list, pull, lock), `pipeline trtexec parse`, `pipeline cache` (compiled work, carried), and
+`pipeline reduce` for a build that failed."""
 
 from __future__ import annotations
 
@@ -131,6 +132,43 @@ def trtexec_parse(log, exports, precision, as_json):
             f"{log}: {NOTHING_TO_REPORT}.",
             hint="pass trtexec's whole output (`trtexec … | tee run.log`), or at least its performance summary lines",
         )
+
+
+@click.group()
+def cache():
+    """torch.compile's compiled work, kept in the workspace (.cache/torch/): carry it elsewhere.
+
+    \b
+    pipeline cache export compiled.zip   # on the machine that compiled
+    pipeline cache import compiled.zip   # on another, before `pipeline run`: its compiles are cache hits
+    """
+
+
+@cache.command("export")
+@click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
+@pass_state
+def cache_export(state: _State, out: Path):
+    """Write every graph this workspace's runs compiled or found (PyTorch's Mega-Cache records) to OUT."""
+    from pipeline.runtimes.torch_cache import export_bundle, use_workspace_cache
+
+    use_workspace_cache(state.catalog.root)
+    records, size = export_bundle(out)
+    click.echo(f"wrote {out}: {records} record(s) of compiled work, {size / 2**20:.1f} MiB")
+
+
+@cache.command("import")
+@click.argument("bundle", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@pass_state
+def cache_import(state: _State, bundle: Path):
+    """Load compiled work `pipeline cache export` wrote into this workspace's caches."""
+    from pipeline.runtimes.torch_cache import import_bundle, use_workspace_cache
+    from pipeline.runtimes.torch_prepared import import_torch
+
+    import_torch()  # or the error that says how to install it
+    directory = use_workspace_cache(state.catalog.root)
+    counts = import_bundle(bundle)
+    kinds = ", ".join(f"{count} {kind}" for kind, count in counts.items() if kind != "records") or "no cache entries"
+    click.echo(f"loaded {counts['records']} record(s) into {directory}: {kinds}")
 
 
 # --- the error boundary ---------------------------------------------------------------------

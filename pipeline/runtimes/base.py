@@ -72,6 +72,10 @@ class AheadPool(ABC):
         """Stop whatever is still running or serving (the run ended, or was interrupted); safe
         after ``finish``."""
 
+    def said(self) -> str:
+        """What the work came to, in a few words for the run's output, once finished ("" for nothing to say)."""
+        return ""
+
 
 @dataclass(frozen=True)
 class AheadWork:

@@ -29,9 +29,6 @@ skipped here. Their engines are TensorRT's job.
 
 from __future__ import annotations
 
-import os
-import shutil
-import sysconfig
 import time
 from importlib.util import find_spec
 from pathlib import Path
@@ -45,10 +42,11 @@ from pipeline.measuring.accuracy import ReferenceBatch
 from pipeline.models import TORCH_DTYPES, ModelSource
 from pipeline.running.errors import DeviceFault, EnvironmentMissing, OutOfMemory, PipelineError, RefusedByTool
 from pipeline.runtimes.base import AheadWork, BuildResult, InProcessRuntime, ReferenceRun, ToolchainStatus, rounds_words, too_little_to_keep
+from pipeline.runtimes.torch_cache import use_workspace_cache
 from pipeline.runtimes.torch_engine_file import ENGINE_FORMAT_VERSION, file_identity, model_from, read_engine, write_engine
 from pipeline.runtimes.torch_memory import gpu_memory, out_of_memory_as_error
 from pipeline.runtimes.torch_prepared import KeptModels, Prepared, import_torch
-from pipeline.runtimes.torch_preparing import NotPrepared, TorchPreparation, captures_graphs, compile_mode
+from pipeline.runtimes.torch_preparing import NotPrepared, TorchPreparation, compile_mode
 from pipeline.runtimes.torch_served import ProcessGone, engine_name
 from pipeline.runtimes.torch_spec import TorchSpec
 
@@ -77,6 +75,8 @@ class TorchRuntime(InProcessRuntime):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        # torch.compile's caches in the workspace, for this process and those it starts (torch_cache.py).
+        self.compile_cache = use_workspace_cache(self.workspace_root)
         self._kept = KeptModels()
         # Points a compiling process kept and serves, by engine file and shape point (torch_served.py).
         self._served: dict[tuple[tuple[int, int, int], str], Any] = {}
@@ -114,7 +114,8 @@ class TorchRuntime(InProcessRuntime):
 
     def describe(self) -> str:
         dynamic = ", once for every shape (dynamic)" if self.spec.dynamic else ""
-        what = {"eager": "eager", "compile": f"torch.compile (Inductor, mode {self.mode}{dynamic})", "cudagraphs": "eager in a CUDA graph"}
+        compiled = f"torch.compile (Inductor, mode {self.mode}{dynamic})" + (" in a CUDA graph" if self.spec.capture else "")
+        what = {"eager": "eager", "compile": compiled, "cudagraphs": "eager in a CUDA graph"}
         return f"PyTorch {self.version}: {what[self.spec.backend]}{self._attention_words()}"
 
     def _attention_words(self) -> str:
@@ -136,31 +137,7 @@ class TorchRuntime(InProcessRuntime):
 
     def _machine_problem(self) -> tuple[str, str] | None:
         """(what is missing, how to get it) for this backend on this machine, or None."""
-        cuda = self._cuda_available()
-        if (self.spec.backend == "cudagraphs" or captures_graphs(self.spec)) and not cuda:
-            how = "captures" if self.spec.backend == "cudagraphs" else f"compiles with mode {self.spec.mode}, which captures"
-            return (
-                f"toolchain {self.name} {how} CUDA graphs, which need an NVIDIA GPU; torch {self.version} sees none.",
-                "here, use a torch toolchain whose backend is eager or compile (without CUDA graphs); or run on a GPU machine",
-            )
-        if self.spec.backend == "compile":
-            if cuda and find_spec("triton") is None:
-                return (
-                    f"toolchain {self.name} compiles with Inductor, which needs Triton on GPUs; it is not installed.",
-                    "install the triton release your torch was built with (CUDA wheels of torch bring it)",
-                )
-            if not cuda and not any(shutil.which(cxx) for cxx in (os.environ.get("CXX", ""), "g++", "clang++", "c++") if cxx):
-                return (
-                    f"toolchain {self.name} compiles with Inductor, which needs a C++ compiler on the CPU; none is on PATH.",
-                    "install one (`apt-get install g++`) or set CXX",
-                )
-            if not cuda and not (Path(sysconfig.get_paths()["include"]) / "Python.h").is_file():
-                # Inductor's CPU kernels are C++ that includes Python.h.
-                return (
-                    f"toolchain {self.name} compiles with Inductor, which needs Python's C headers on the CPU; Python.h is not installed.",
-                    "install them (`apt-get install python3-dev`, matching this Python)",
-                )
-        return None
+        return self.spec.machine_problem(self.name, self.version, self._cuda_available())
 
     @staticmethod
     def _cuda_available() -> bool:
@@ -200,6 +177,8 @@ class TorchRuntime(InProcessRuntime):
         }
         if self.spec.backend == "compile":
             settings.update(mode=self.mode, fullgraph=self.spec.fullgraph, dynamic=self.spec.dynamic)
+            if self.spec.capture:  # absent where unset: a manifest written before it stays current
+                settings.update(capture=True)
         return settings
 
     def describe_build(self, onnx_path: Path | None, engine_path: Path, variant: VariantSpec, source: ModelSource) -> list[str]:
@@ -212,7 +191,8 @@ class TorchRuntime(InProcessRuntime):
                 if self.spec.dynamic or points < 2
                 else f", then at each of the {points} shape points in processes side by side (in a run that profiles them, the first too)"
             )
-            + " (Inductor's cache: $TORCHINDUCTOR_CACHE_DIR, else torchinductor_<user> in the temp directory)",
+            + (", replayed from a CUDA graph" if self.spec.capture else "")
+            + f" (compiled work kept in {self.compile_cache})",
             "cudagraphs": "capture one run in a CUDA graph",
         }[self.spec.backend]
         return [
@@ -359,6 +339,14 @@ class TorchRuntime(InProcessRuntime):
         prepared.facts["prepare_s"] = round(time.perf_counter() - started, 3)
         self._kept.keep(prepared)
         return prepared
+
+    def prepared_from(self, leader: Prepared, engine_path: Path) -> Prepared:
+        """This engine at ``leader``'s point from ``leader``'s compiled graph, compiled once for both
+        (TorchPreparation.shared; pipeline/runtimes/torch_compile_ahead.py, graph_key)."""
+        try:
+            return TorchPreparation(self.spec, self.reporter).shared(leader, file_identity(engine_path))
+        except NotPrepared as exc:
+            raise RefusedByTool(exc.message, exc.hint) from exc.__cause__
 
     def prepare_ahead(self, engine_path: Path, workload: ReferenceBatch | None, served=None) -> str | None:
         """A compiled engine at a point its compilation ahead has just finished, while the run waits

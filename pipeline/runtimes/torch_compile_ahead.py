@@ -67,6 +67,19 @@ def processes_for(points: int, cpus: int, gpu_free_bytes: int | None, model_byte
     return max(0, min(points, by_cpus, by_gpu, MAX_PROCESSES))
 
 
+def graph_key(job: CompileJob) -> tuple | None:
+    """What makes two jobs compile the same graph: the same engine (its file's name and size under
+    each toolchain's folder), point and inputs, and the same toolchain settings but ``capture``
+    (torch-compile and torch-reduce-overhead); None for a job whose graph is its own (a mode that
+    captures CUDA graphs itself, or a dynamic compilation)."""
+    spec = job.spec
+    if getattr(spec, "backend", None) != "compile" or spec.dynamic or spec.mode in ("reduce-overhead", "max-autotune"):
+        return None
+    settings = spec.model_dump(exclude={"capture", "baselines", "source"})
+    inputs = tuple(str(getattr(tensor, "path", "")) for tensor in job.workload.inputs)
+    return (job.engine_path.name, job.engine_path.stat().st_size, job.workload.shape, inputs, repr(sorted(settings.items())))
+
+
 @dataclass(frozen=True)
 class CompileJob:
     """One engine compiled at one shape point: what a compiling process needs to prepare it as its
@@ -101,6 +114,11 @@ class CompilePool(AheadPool):
         self._started = 0.0
         self._started_at = 0.0  # the same instant on the wall clock, which the processes share
         self._reported = False
+        self._points: dict[tuple[str, str], dict[str, Any]] = {}  # what became of each point (said)
+        # By graph (graph_key): the job that compiles it, and the (work, job) pairs that share its
+        # compiled graph instead of compiling it again.
+        self._leaders: dict[tuple, CompileJob] = {}
+        self._followers: dict[tuple, list] = {}
 
     def submit(self, work) -> bool:
         if self._limit is None:  # the first work sizes the pool
@@ -113,8 +131,14 @@ class CompilePool(AheadPool):
         if self._limit < 2:
             return False  # finish says why nothing was compiled
         for job in work.jobs:
+            key = graph_key(job)
+            if key is not None and key in self._leaders:
+                self._followers.setdefault(key, []).append((work, job))
+                continue
+            if key is not None:
+                self._leaders[key] = job
             self._jobs.put(job)
-        queued = sum(len(w.jobs) for w in self._works)
+        queued = sum(len(w.jobs) for w in self._works) - sum(len(f) for f in self._followers.values())
         while len(self._children) < min(self._limit, queued):
             index = len(self._children)
             ours, theirs = self._spawn.Pipe()
@@ -160,18 +184,26 @@ class CompilePool(AheadPool):
                     self._serving[index].faulted()
                 last_compiled = max(last_compiled, compiled_at)
                 progress(f"compiled {len(outcomes)} of {len(jobs)} shape points ({Path(engine).stem} at {shape}: {_words(outcome)})")
-                if done is not None and "error" not in outcome and (engine, shape) in whose:
+                leader = whose.get((engine, shape))
+                sharing = self._followers.get(graph_key(leader[1]), []) if leader is not None and graph_key(leader[1]) else []
+                for _, job in sharing:  # the same graph: compiled once, by the leader's process
+                    outcomes[(str(job.engine_path), shape)] = shared_outcome(outcome, leader[1].toolchain)
+                if done is not None and "error" not in outcome and leader is not None:
                     # Served by the process that compiled it, where it kept it (only once every
-                    # point is compiled: it asks nothing of that process before then).
-                    served = ServedPoint(self._serving[index], Path(engine), shape, outcome) if keeps else None
-                    if served is not None:
-                        to_serve.append((*whose[(engine, shape)], served))
-                    else:
-                        began = time.perf_counter()
-                        done(*whose[(engine, shape)], None)
-                        preparing += time.perf_counter() - began
-                elif done is not None and "faulted" in outcome and (engine, shape) in whose:
-                    done(*whose[(engine, shape)], FaultedPoint(shape, outcome["faulted"]))  # recorded at its profile
+                    # point is compiled: it asks nothing of that process before then); a job that
+                    # shares its graph is prepared there from it when first asked for.
+                    began = time.perf_counter()
+                    for work, job in [leader, *sharing]:
+                        shared_from = None if job is leader[1] else ((engine, shape), job)
+                        facts = outcomes[(str(job.engine_path), shape)]
+                        served = ServedPoint(self._serving[index], job.engine_path, shape, facts, shared_from) if keeps else None
+                        if served is None:
+                            done(work, job, None)
+                        else:
+                            to_serve.append((work, job, served))
+                    preparing += time.perf_counter() - began
+                elif done is not None and "faulted" in outcome and leader is not None:
+                    done(*leader, FaultedPoint(shape, outcome["faulted"]))  # recorded at its profile
             kept, seconds = _hand_over_kept(to_serve, done)
             preparing += seconds
             self._reported = True
@@ -196,11 +228,23 @@ class CompilePool(AheadPool):
             "served": kept,
             "engines": len(self._works),
         }
+        self._points = outcomes
         evidence = []
         for work in self._works:
             points = {job.workload.shape: outcomes[(str(job.engine_path), job.workload.shape)] for job in work.jobs}
             evidence.append({"compiler": {"compiled_ahead": {**facts, "points": points}}})
         return evidence, None
+
+    def said(self) -> str:
+        """ "12 shape points compiled, 10 of them found in the cache; 12 more shared their graphs"."""
+        points = self._points.values()
+        compiled = [point for point in points if "compile_s" in point and "shares_graph_of" not in point]
+        if not compiled:
+            return ""
+        hits = sum(1 for point in compiled if point.get("inductor_cache_hits"))
+        shared = sum(1 for point in points if "shares_graph_of" in point)
+        said = f"{len(compiled)} shape point{'s' if len(compiled) != 1 else ''} compiled, {hits} of them found in the cache"
+        return said + (f"; {shared} more shared their graphs" if shared else "")
 
     def close(self) -> None:
         # Told to stop and every point reported: the processes are ending on their own once they
@@ -217,6 +261,13 @@ class CompilePool(AheadPool):
             if child.is_alive():
                 child.kill()
                 child.join()
+
+
+def shared_outcome(outcome: dict[str, Any], toolchain: str) -> dict[str, Any]:
+    """What the build manifest keeps of a point that shares another toolchain's compiled graph."""
+    if "error" in outcome:
+        return {"error": f"{toolchain}, whose compiled graph it shares, failed here: {outcome['error']}"}
+    return {**outcome, "compile_s": 0.0, "shares_graph_of": toolchain}
 
 
 def _hand_over_kept(kept: list, done) -> tuple[int, float]:
@@ -263,12 +314,16 @@ def _compile_points(jobs, results, threads: int, index: int, connection) -> None
 
     runtimes: dict[str, Any] = {}
     kept: dict[tuple[str, str], tuple[Any, Any]] = {}
+
+    def runtime_for(job: CompileJob):
+        if job.toolchain not in runtimes:
+            runtimes[job.toolchain] = create_runtime(job.toolchain, job.spec, Reporter(), job.workspace_root)
+        return runtimes[job.toolchain]
+
     while (job := jobs.get()) is not None:
         keeps = False
         try:
-            if job.toolchain not in runtimes:
-                runtimes[job.toolchain] = create_runtime(job.toolchain, job.spec, Reporter(), job.workspace_root)
-            runtime = runtimes[job.toolchain]
+            runtime = runtime_for(job)
             prepared = runtime.load(job.engine_path, job.workload)
             outcome = {key: prepared.facts[key] for key in POINT_FACTS if key in prepared.facts}
             keeps = _room_to_keep()
@@ -282,9 +337,21 @@ def _compile_points(jobs, results, threads: int, index: int, connection) -> None
             # processes take the points still queued) and serves nothing it kept (the run's
             # process prepares those); it ends.
             return
+    _save_recorded(index)
     if kept:
         _stop_compile_workers()
-    serve(connection, kept, multiprocessing.current_process().name)
+    serve(connection, kept, multiprocessing.current_process().name, runtime_for)
+
+
+def _save_recorded(index: int) -> None:
+    """What this process compiled or found in the caches, saved for `pipeline cache export`
+    (torch_cache.py). Never this process's failure: the caches themselves hold the work."""
+    from pipeline.runtimes.torch_cache import save_recorded
+
+    try:
+        save_recorded(f"compile-{index}")
+    except Exception:  # another torch's Mega-Cache, a full disk: nothing exported, nothing lost
+        pass
 
 
 def _failure(exc: Exception, name: str) -> dict[str, Any]:

@@ -106,6 +106,8 @@ class TorchPreparation:
                             shape,
                         )
                         run, facts = self._compile(torch, compiled, placed)
+                    if getattr(self.spec, "capture", False) and device == "cuda":
+                        run, facts = self.captured_compiled(torch, compiled, placed, facts)
             run = within(attention, run)
             # The kernel PyTorch chose for scaled-dot-product attention (it prefers cuDNN's where its
             # bundled cuDNN is new enough): a CUDA graph's replay passes no operator, so the eager
@@ -124,6 +126,26 @@ class TorchPreparation:
                     {"sdpa_backend": wanted, "sdpa_kernels": chose},
                 )
         return Prepared(engine_file, self._refusing_later(run), placed, device, shape, facts, model, compiled, compiled_at)
+
+    def shared(self, leader: Prepared, engine_file: tuple[int, int, int]) -> Prepared:
+        """This toolchain at ``leader``'s point from ``leader``'s compiled graph: a toolchain that
+        differs from the leader's only by ``capture`` (torch_compile_ahead.py, graph_key), so the
+        same kernels, compiled once. With ``capture``, the graph replayed from one CUDA graph;
+        without, the compiled graph as the leader captured it."""
+        torch = import_torch()
+        attention = self._attention_kernel(torch)
+        facts = {key: value for key, value in leader.facts.items() if key not in ("captured", "capture_s", "prepare_s", "prepared_ahead")}
+        facts.update(compile_s=0.0, compiled_by="another toolchain's compilation of the same graph at this point")
+        with out_of_memory_as_error(leader.batch_size, shape=leader.shape), attention():
+            if getattr(self.spec, "capture", False) and leader.cuda:
+                run, facts = self.captured_compiled(torch, leader.compiled, leader.examples, facts)
+            else:
+                run = compiled_run(torch, leader.compiled, leader.examples)
+                self._first_run(torch, run)
+        run = self._refusing_later(within(attention, run))
+        return Prepared(
+            engine_file, run, leader.examples, leader.device, leader.shape, facts, leader.model, leader.compiled, leader.compiled_at
+        )
 
     def _attention_kernel(self, torch):
         """A fresh context per call that restricts SDPA to the toolchain's kernel (a no-op context without one)."""
@@ -270,6 +292,15 @@ class TorchPreparation:
                 else "run with -v for the compiler's traceback; try another mode, or the torch-eager toolchain",
                 {"error": text[:4000], "error_type": type(exc).__name__, "compile_s": round(time.perf_counter() - started, 3)},
             ) from exc
+
+    def captured_compiled(self, torch, compiled, examples: tuple, facts: dict[str, Any]):
+        """torch.compile's module, compiled and run at these inputs, captured in one CUDA graph:
+        its kernels, launched by one replay (``capture``). Also how a compiled point of a toolchain
+        without ``capture`` is shared with one that has it (torch_compile_ahead.py)."""
+        self.reporter.progress("capturing the compiled model in a CUDA graph")
+        started = time.perf_counter()
+        run = self._captured(torch, compiled, examples)
+        return run, {**facts, "captured": "the compiled graph in one CUDA graph", "capture_s": round(time.perf_counter() - started, 3)}
 
     def _captured(self, torch, model, examples: tuple):
         """``model`` captured in a CUDA graph; a model the capture cannot hold (one that synchronises

@@ -32,6 +32,8 @@ from pipeline.running.faults import as_fault
 
 # What a request asks of a point kept in a compiling process, by the word it is sent with.
 READY, TAKE, WARM, EVIDENCE, REFERENCE = "ready", "take", "warm", "evidence", "reference"
+# Prepare a point from another toolchain's compiled graph at that point, kept here (torch_compile_ahead.py, graph_key).
+SHARE = "share"
 
 
 class ProcessGone(PipelineError):
@@ -41,12 +43,13 @@ class ProcessGone(PipelineError):
 # --- in the compiling process ----------------------------------------------------------------------
 
 
-def serve(connection, points: dict[tuple[str, str], tuple[Any, Any]], name: str) -> None:
+def serve(connection, points: dict[tuple[str, str], tuple[Any, Any]], name: str, runtime_for=None) -> None:
     """Answer the run's requests for the ``points`` this process kept (engine file, shape point →
     (its runtime, its prepared model)), one at a time, until told to stop (None) or the run's end of
     the pipe closes. An error is answered as the run's process would have raised it itself, a kernel
     fault (DeviceFault) among them: this process's context is then gone, as the run's would be, so
-    it serves nothing more and ends (the run's process prepares the points it kept)."""
+    it serves nothing more and ends (the run's process prepares the points it kept).
+    ``runtime_for(job)``: a compile job's runtime, for the points prepared here from another's graph (SHARE)."""
     while True:
         try:
             request = connection.recv()
@@ -56,7 +59,14 @@ def serve(connection, points: dict[tuple[str, str], tuple[Any, Any]], name: str)
             return
         what, key, args = request
         try:
-            reply = ("ok", _answer(what, key, *points[key], name, *args))
+            if what == SHARE:  # another toolchain's point, kept here: this one from its graph
+                leader, job = args
+                runtime = runtime_for(job)
+                engine = Path(job.engine_path)  # read by its second name, gone by now: the engine's own
+                points[key] = (runtime, runtime.prepared_from(points[leader][1], engine.with_name(engine_name(str(engine)))))
+                reply = ("ok", None)
+            else:
+                reply = ("ok", _answer(what, key, *points[key], name, *args))
         except DeviceFault as exc:
             reply = ("error", exc.plain())
         except PipelineError as exc:
@@ -186,10 +196,13 @@ class ServedPoint:
     runtime of the run's process is handed (TorchRuntime.prepare_ahead) and prepares and checks
     through, instead of tracing the point itself."""
 
-    def __init__(self, process: ServingProcess, engine_path: Path, shape: str, facts: dict[str, Any]):
+    def __init__(self, process: ServingProcess, engine_path: Path, shape: str, facts: dict[str, Any], shared_from=None):
         self.process, self.key = process, (str(engine_path), shape)
         # What compiling it found (compile time, graphs, graph breaks: torch_compile_ahead.POINT_FACTS).
         self.facts = facts
+        # (the kept point's key, this point's compile job): prepared there from that point's graph,
+        # when first asked for (torch_compile_ahead.py, graph_key); None: that process compiled it.
+        self._shared_from = shared_from
 
     @property
     def shape(self) -> str:
@@ -200,10 +213,17 @@ class ServedPoint:
 
     def ready(self) -> ServedEngine:
         """The point ready for its takes (as TorchRuntime.ready readies one of this process)."""
+        self._share()
         return ServedEngine(self, self.process.ask(READY, self.key))
 
     def reference_run(self, reference):
+        self._share()
         return self.process.ask(REFERENCE, self.key, reference)
+
+    def _share(self) -> None:
+        if self._shared_from is not None:
+            self.process.ask(SHARE, self.key, *self._shared_from)
+            self._shared_from = None
 
 
 class FaultedPoint:

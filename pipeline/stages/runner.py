@@ -351,7 +351,8 @@ class WorkAhead:
                 self.reporter.skipped("build", engines, f"nothing done ahead of profiles for {names}: {skipped}")
             else:
                 waited = time.perf_counter() - started
-                self.reporter.done("build", engines, waited, f" of waiting, ahead of profiles: {names}")
+                said = f" ({pool.said()})" if pool.said() else ""
+                self.reporter.done("build", engines, waited, f" of waiting, ahead of profiles{said}: {names}")
         self._discard()
 
     def _prepare(self, group: list):

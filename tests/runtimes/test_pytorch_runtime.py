@@ -491,7 +491,7 @@ def test_catalog_keeps_compile_settings_to_the_compile_backend(tmp_path, run_cli
     )
     result = run_cli(catalog, "models")
     assert result.exit_code == 2
-    assert 'toolchains.bad: mode, fullgraph and dynamic are torch.compile settings: they need backend = "compile"' in result.err
+    assert 'toolchains.bad: mode, fullgraph, dynamic and capture are torch.compile settings: they need backend = "compile"' in result.err
 
 
 def test_dry_run_says_what_would_be_compiled_without_importing_torch(workspace, run_cli):
