@@ -88,7 +88,7 @@ def main() -> None:
                 own(*inputs)
             own_s = time.perf_counter() - began
 
-            def mode_run():
+            def mode_run(own=own, inputs=inputs):
                 torch.compiler.cudagraph_mark_step_begin()
                 return own(*inputs)
 
