@@ -22,7 +22,8 @@ owns the rest, once for all of them — as nvbench separates a benchmark from it
   decided — the engine with the lowest time against each of the others (its ratio's interval
   excludes 1, or lies within 1 ± ``tie``) — or when ``budget_s`` is spent. A GPU-bound point
   decides in a few rounds; a launch-bound one, on a host of two speeds, takes more. Racing: an
-  engine out of the running leaves the rounds before that (pipeline/measuring/stopping.py, the rule).
+  engine out of the running leaves the rounds before that, and one grossly slower than the leader
+  before the interval can say so (pipeline/measuring/stopping.py, the rules).
 * **The host's speed**: each take records how much slower the measuring process's CPUs ran than
   alone (pipeline/measuring/host_speed.py: a probe between takes, its cgroup's throttled time during one);
   a report flags an engine whose time is the host's when they ran slower by more than the tie band
@@ -54,7 +55,7 @@ from pipeline.measuring.host_rounds import HostRounds
 from pipeline.measuring.host_speed import HostSpeed
 from pipeline.measuring.sm_clock import THROTTLE_THRESHOLD, SmClock
 from pipeline.measuring.stats import median
-from pipeline.measuring.stopping import open_pair_words, out_of_the_running, undecided
+from pipeline.measuring.stopping import open_pair_words, race, undecided
 from pipeline.running.errors import DeviceFault, PipelineError
 
 # The timing of an engine whose runs are timed by the host's clock (on the CPU, or a runtime that
@@ -162,6 +163,10 @@ class RoundsRecord(BaseModel):
     # Engines that left the rounds out of the running (racing, pipeline/measuring/stopping.py), and after how
     # many rounds: their takes end there. Absent in manifests written before racing.
     raced_out: dict[str, int] = {}
+    # The rule that took each of them out: "interval" (the leader faster beyond the tie band) or
+    # "grossly slower" (every take over GROSS_FACTOR times the leader's slowest, before the interval
+    # can act). Absent in manifests written before the second rule: all theirs are "interval".
+    raced_out_by: dict[str, str] = {}
     # The host's probe alone, in ms, that each take's host_slowdown is against, and whose
     # calibration it was ("this process" or "host record": pipeline/measuring/host_speed.py).
     host_alone_probe_ms: float | None = None
@@ -195,6 +200,7 @@ class RoundsOutcome:
     default_sm_clock_mhz: float | None
     failed: dict[str, str] = field(default_factory=dict)
     raced_out: dict[str, int] = field(default_factory=dict)
+    raced_out_by: dict[str, str] = field(default_factory=dict)
     host_alone_probe_ms: float | None = None
     host_alone_from: str | None = None
     host_noise: float | None = None
@@ -222,6 +228,7 @@ class RoundsOutcome:
             default_sm_clock_mhz=self.default_sm_clock_mhz,
             failed=self.failed,
             raced_out=self.raced_out,
+            raced_out_by=self.raced_out_by,
             host_alone_probe_ms=None if self.host_alone_probe_ms is None else round(self.host_alone_probe_ms, 6),
             host_alone_from=self.host_alone_from,
             host_noise=None if self.host_noise is None else round(self.host_noise, 4),
@@ -311,6 +318,7 @@ def rounds_loop(
     errors: dict[str, PipelineError] = {}
     started = now()
     raced_out: dict[str, int] = {}
+    raced_out_by: dict[str, str] = {}
     rounds, stop = 0, "rounds"
     while rounds < MAX_ROUNDS:
         order = [key for key in entrants if key not in failed and key not in raced_out]
@@ -340,13 +348,12 @@ def rounds_loop(
             if not following and held.mode == "whole":
                 held.share()  # every engine GPU-bound: other points may be timed beside it
         running = {k: v for k, v in takes.items() if k not in failed and k not in raced_out}
-        open_pairs = undecided(running, settings.tie, len(entrants))
-        if settings.racing and rounds >= settings.min_rounds and open_pairs:
-            out = out_of_the_running(running, settings.tie, stays, len(entrants))
-            contenders = {key: value for key, value in running.items() if key not in out}
-            open_pairs = undecided(contenders, settings.tie, len(entrants))
-            if open_pairs:  # the rounds go on, without those out of the running (a point decided now ends whole)
-                raced_out.update(dict.fromkeys(out, rounds))
+        if settings.racing:  # those out of the running leave (a point decided now ends whole)
+            out, open_pairs = race(running, settings.tie, stays, len(entrants), rounds, settings.min_rounds)
+            raced_out.update(dict.fromkeys(out, rounds))
+            raced_out_by.update(out)
+        else:
+            open_pairs = undecided(running, settings.tie, len(entrants))
         elapsed = now() - started
         if progress is not None:
             progress(_progress_text(rounds, open_pairs, elapsed, settings, len(raced_out)))
@@ -372,6 +379,7 @@ def rounds_loop(
         default_sm_clock_mhz=clock.default_mhz if clock is not None else None,
         failed=failed,
         raced_out=raced_out,
+        raced_out_by=raced_out_by,
         errors=errors,
         host_alone_probe_ms=host.alone_ms,
         host_alone_from=host.source,

@@ -14,6 +14,16 @@
   paired interval. As F-race and successive halving drop candidates, but by the paired interval the
   verdict itself decides by (pipeline/report/pairs.py), read at every look as a confidence
   sequence (pipeline/measuring/stats.py), so that leaving early claims no more than a decision at the end.
+* **Grossly slower, before the interval can act**: the interval needs six rounds (more with more
+  engines: stats.first_deciding_round), so from round GROSS_ROUNDS until then an engine whose every
+  kept take, over at least GROSS_ROUNDS rounds, lasted more than GROSS_FACTOR times the leader's
+  slowest take in the same rounds leaves too (``grossly_slower``). No interval backs it: its
+  false-drop rate is what scripts/simulate_confidence.py measures on the noise shapes of this
+  project's machines and the lent GPUs (docs/confidence.md). Comparing the engine's fastest take
+  with the leader's slowest, one stalled take cannot make it leave, nor can a host spell that
+  slows the leader; only the engine alone slowed by more than GROSS_FACTOR for GROSS_ROUNDS rounds
+  could, well beyond the host spells measured (1.5-1.8x). The verdict reads the rule again from
+  the takes (pipeline/report/pairs.py, grossly_beaten): an engine so dropped is no answer.
 
 scripts/simulate_confidence.py measures how often the whole procedure, racing or not, names a wrong
 fastest engine or claims a difference inside the tie band.
@@ -23,7 +33,15 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from pipeline.measuring.stats import RatioEstimate, at_band_edge, family_confidence, paired_ratio
+from pipeline.measuring.stats import RatioEstimate, at_band_edge, family_confidence, first_deciding_round, paired_ratio
+
+# The early rule (grossly_slower): how many times the leader's slowest take every kept take of an
+# engine must exceed, over at least how many rounds (docs/measurement.md: chosen from the
+# simulation's false drops and catches).
+GROSS_FACTOR = 3.0
+GROSS_ROUNDS = 3
+# Which rule took an engine out of the running (RoundsRecord.raced_out_by).
+INTERVAL, GROSS = "interval", "grossly slower"
 
 
 class Take(Protocol):
@@ -97,6 +115,51 @@ def out_of_the_running(takes: dict[str, list[Take]], tie: float, stays: set[str]
         for key in medians
         if key != leader and key not in stays and _beyond_the_band(paired_ratio(medians[leader], medians[key], tie, confidence), tie)
     ]
+
+
+def gross(leader_by_round: dict, other_by_round: dict, factor: float = GROSS_FACTOR, least: int = GROSS_ROUNDS) -> bool:
+    """Whether ``other`` is grossly slower than ``leader`` by their take medians by round: in at
+    least ``least`` rounds where both have a kept take, every one of ``other``'s lasted more than
+    ``factor`` times the slowest of ``leader``'s in those rounds."""
+    shared = set(leader_by_round) & set(other_by_round)
+    if len(shared) < least:
+        return False
+    return min(other_by_round[r] for r in shared) > factor * max(leader_by_round[r] for r in shared)
+
+
+def grossly_slower(takes: dict[str, list[Take]], tie: float, stays: set[str], engines: int, rounds: int, min_rounds: int) -> list[str]:
+    """The engines grossly slower than the leader (``gross``) after ``rounds`` rounds, from round
+    GROSS_ROUNDS until the interval can act (``min_rounds`` and the first round a pair of
+    ``engines`` engines can be decided at); none otherwise. Those in ``stays`` never are."""
+    if not GROSS_ROUNDS <= rounds < max(min_rounds, first_deciding_round(engines)):
+        return []
+    medians = _medians(takes)
+    if len(medians) < 2:
+        return []
+    leader = _leader(medians, tie)
+    return [key for key in medians if key != leader and key not in stays and gross(medians[leader], medians[key])]
+
+
+def race(
+    takes: dict[str, list[Take]], tie: float, stays: set[str], engines: int, rounds: int, min_rounds: int
+) -> tuple[dict[str, str], list[tuple[str, str, RatioEstimate | None]]]:
+    """After ``rounds`` rounds of the engines still running (``takes``): those that leave them now,
+    each with the rule that took it out (GROSS, INTERVAL), and the comparisons left open among the
+    rest. The grossly slower leave whatever the rest do (the interval cannot decide yet); those
+    out of the running by the interval (from ``min_rounds`` on) only while the rest stay
+    undecided: a point decided now ends whole."""
+    open_pairs = undecided(takes, tie, engines)
+    if not open_pairs:
+        return {}, open_pairs
+    out = dict.fromkeys(grossly_slower(takes, tie, stays, engines, rounds, min_rounds), GROSS)
+    contenders = {key: value for key, value in takes.items() if key not in out}
+    open_pairs = undecided(contenders, tie, engines) if out else open_pairs
+    if rounds >= min_rounds and open_pairs:
+        by_interval = out_of_the_running(contenders, tie, stays, engines)
+        open_pairs = undecided({key: value for key, value in contenders.items() if key not in by_interval}, tie, engines)
+        if open_pairs:  # the rounds go on, without those out of the running
+            out.update(dict.fromkeys(by_interval, INTERVAL))
+    return out, open_pairs
 
 
 def open_pair_words(leader: str, other: str, estimate: RatioEstimate | None) -> str:

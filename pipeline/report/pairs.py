@@ -14,6 +14,7 @@ from __future__ import annotations
 from bisect import bisect_right
 
 from pipeline.measuring.stats import RatioEstimate, at_band_edge, tie_band
+from pipeline.measuring.stopping import GROSS, gross
 from pipeline.report.rows import ComparisonRow
 
 # Of the rows whose intervals end lowest, how many beaten_apart keeps at each step of its sweep.
@@ -81,3 +82,14 @@ def decided(estimate: RatioEstimate | None, tie: float) -> str:
 def on_band_edge(estimate: RatioEstimate | None, tie: float) -> bool:
     """Whether ``estimate`` is faster or slower, by less or more than the tie width."""
     return estimate is not None and estimate.outcome in ("faster", "slower") and at_band_edge(estimate.low, estimate.high, tie)
+
+
+def grossly_beaten(least: ComparisonRow, row: ComparisonRow) -> bool:
+    """Whether ``row`` left its rounds grossly slower (pipeline/measuring/stopping.py, ``gross``)
+    and is so against ``least`` in a set of rounds they shared: too few rounds for its interval to
+    say anything, so it is out of the answer by the rule that took it out, whose false drops the
+    simulation measures (scripts/simulate_confidence.py), and no comparison is made of it."""
+    if row.raced_out_by != GROSS:
+        return False
+    shared = set(least.round_medians) & set(row.round_medians)
+    return any(gross(least.medians_by_round({group}), row.medians_by_round({group})) for group in shared)

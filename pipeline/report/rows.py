@@ -49,6 +49,8 @@ class ComparisonRow:
     # Where it left its point's rounds out of the running (racing, pipeline/measuring/stopping.py): after how
     # many rounds (its `rounds`); None where it took part in every round.
     raced_out_after: int | None = None
+    # The rule that took it out ("interval" or "grossly slower": stopping.INTERVAL, GROSS); None where it stayed.
+    raced_out_by: str | None = None
     p5_ms: float | None = None
     p95_ms: float | None = None
     p99_ms: float | None = None
@@ -148,6 +150,7 @@ class ComparisonRow:
 
 
 PRIVATE_FIELDS = ("samples_ms", "layers", "source", "precision", "export_flops", "point_flops", "round_medians", "round_entrants")
+PRIVATE_FIELDS += ("raced_out_by",)  # its flag says it in words: no key of the compare JSON
 # What compare_rows fills in from the other rows; the rest of a row comes from its manifest alone.
 FILLED_BY_COMPARISON = (
     "baseline",
@@ -327,9 +330,14 @@ def _take_rounds(row: ComparisonRow, records) -> None:
     row.rounds = sum(record.raced_out.get(record.entrant, record.rounds) for record in records)
     row.rounds_stop = records[0].stop
     if any(record.entrant in record.raced_out for record in records):
+        from pipeline.measuring.stopping import GROSS, GROSS_FACTOR, INTERVAL
+
         row.raced_out_after = row.rounds
+        rules = {record.raced_out_by.get(record.entrant, INTERVAL) for record in records if record.entrant in record.raced_out}
+        row.raced_out_by = GROSS if GROSS in rules else INTERVAL
         of = sum(record.rounds for record in records)
-        row.flags.append(f"out of the running after {row.rounds} of {of} rounds (racing): its figures are from those rounds")
+        rule = f"racing: {GROSS}, every take over {GROSS_FACTOR:g}× the leader's slowest" if row.raced_out_by == GROSS else "racing"
+        row.flags.append(f"out of the running after {row.rounds} of {of} rounds ({rule}): its figures are from those rounds")
 
 
 def _gpu_memory(details) -> tuple[float | None, str | None]:

@@ -394,7 +394,11 @@ def _decide(verdict: Verdict, candidates: list[ComparisonRow], group: list[Compa
         return estimate if first is a or estimate is None else estimate.inverse()
 
     least = min(candidates, key=lambda r: r.median_ms)
-    close = [row for row in candidates if row is least or pairs.decided(compare(least, row), verdict.tie) != "faster"]
+    close = [
+        row
+        for row in candidates
+        if row is least or (not pairs.grossly_beaten(least, row) and pairs.decided(compare(least, row), verdict.tie) != "faster")
+    ]
     beaten = pairs.beaten_apart(close, verdict.tie)
     # The close ones timed in one set of rounds are compared pair by pair. Pairs of which one is
     # beaten by the least are not compared: their outcome decides nothing, and every comparison
