@@ -11,7 +11,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Literal
 
-from pydantic import model_validator
+from pydantic import model_serializer, model_validator
 
 from pipeline.catalog import ToolchainSpec
 
@@ -47,6 +47,15 @@ class TorchSpec(ToolchainSpec):
     # FP32 matrix products on TF32 tensor cores. Off is PyTorch's default (real FP32); TensorRT
     # uses TF32 for FP32 by default, so turn it on for a like-for-like FP32 comparison.
     tf32: bool = False
+
+    @model_serializer(mode="wrap")
+    def _capture_only_where_set(self, handler):
+        # A build's fingerprint holds these settings: unset, `capture` leaves every torch engine
+        # built before it was added current.
+        data = handler(self)
+        if not self.capture:
+            data.pop("capture", None)
+        return data
 
     @model_validator(mode="after")
     def _sdpa_backend_needs_sdpa(self):
