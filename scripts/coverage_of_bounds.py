@@ -23,8 +23,10 @@ figures are bounded, each from the same samples:
   ``TRUTH_SAMPLES`` samples (its standard error, about 1e-4, is a twentieth of the bound's margin at
   n = 2048).
 
-A cell's coverage is the share of its trials whose bound holds the truth, printed with its exact
-one-sided 95 % lower bound over the trials (Clopper–Pearson); CI asserts each is at least 94 %.
+A cell's coverage is the share of its trials that make no false claim — the bound holds the truth,
+or no bound is stated (one sample carries most of the cosine's error: the figure is unresolved, and
+the table says how often) — printed with its exact one-sided 95 % lower bound over the trials
+(Clopper–Pearson); CI asserts each is at least 94 %.
 Everything is seeded and computed in float64, so every machine prints the same table.
 
     python scripts/coverage_of_bounds.py               # the table docs/bounds.md shows
@@ -135,37 +137,49 @@ def truths(errors: Errors, seed: int) -> dict[str, float]:
     return {**truth, "top-1 net drop": (lost - gained) / TRUTH_SAMPLES}
 
 
-def coverage(errors: Errors, n: int, trials: int, truth: dict[str, float], seed: int) -> dict[str, int]:
-    """Of ``trials`` draws of n samples, how many bounds hold the truth, figure by figure."""
+def coverage(errors: Errors, n: int, trials: int, truth: dict[str, float], seed: int, unbounded: dict | None = None) -> dict[str, int]:
+    """Of ``trials`` draws of n samples, how many make no false claim, figure by figure: the bound
+    holds the truth, or no bound is stated (one sample carries most of the cosine's error: the
+    figure is then unresolved, a plan on it not confirmed). ``unbounded`` counts the latter."""
     rng = np.random.default_rng((seed, n))
     held = dict.fromkeys(FIGURES, 0)
     for _ in range(trials):
         stats = draw(errors, n, rng)
         for figure in FIGURES:
             (bound,) = bounds(stats, FLOORS[figure])
+            if bound.bound is None:
+                held[figure] += 1
+                if unbounded is not None:
+                    unbounded[figure] = unbounded.get(figure, 0) + 1
+                continue
             held[figure] += bound.bound <= truth[figure] if bound.side == "lower" else bound.bound >= truth[figure]
     return held
 
 
-def table(trials: int = TRIALS, sizes=SIZES) -> list[tuple[str, str, int, int, int]]:
-    """(figure, errors, n, trials, held) for every cell."""
+def table(trials: int = TRIALS, sizes=SIZES) -> list[tuple[str, str, int, int, int, int]]:
+    """(figure, errors, n, trials, held, unbounded) for every cell."""
     rows = []
     for index, errors in enumerate(ERRORS):
         truth = truths(errors, SEED + index)
         for n in sizes:
-            held = coverage(errors, n, trials, truth, SEED + index)
-            rows += [(figure, errors.name, n, trials, held[figure]) for figure in FIGURES]
+            unbounded: dict[str, int] = {}
+            held = coverage(errors, n, trials, truth, SEED + index, unbounded)
+            rows += [(figure, errors.name, n, trials, held[figure], unbounded.get(figure, 0)) for figure in FIGURES]
     return rows
 
 
 def markdown(rows) -> str:
-    """One line per figure and errors, a column per n: coverage (its exact 95 % lower bound)."""
-    sizes = sorted({n for _, _, n, _, _ in rows})
+    """One line per figure and errors, a column per n: coverage (its exact 95 % lower bound; the
+    share of draws with no bound stated, where there were any)."""
+    sizes = sorted({row[2] for row in rows})
     lines = ["| figure | errors | " + " | ".join(f"n = {n}" for n in sizes) + " |", "|---|---|" + "---|" * len(sizes)]
     for figure in FIGURES:
         for errors in ERRORS:
-            cells = {n: (held, trials) for f, e, n, trials, held in rows if (f, e) == (figure, errors.name)}
-            text = [f"{held / trials:.1%} ({exact_lower(held, trials):.1%})" for held, trials in (cells[n] for n in sizes)]
+            cells = {n: (held, trials, none) for f, e, n, trials, held, none in rows if (f, e) == (figure, errors.name)}
+            text = [
+                f"{held / trials:.1%} ({exact_lower(held, trials):.1%}" + (f"; no bound {none / trials:.1%})" if none else ")")
+                for held, trials, none in (cells[n] for n in sizes)
+            ]
             lines.append(f"| {figure} | {errors.name} | " + " | ".join(text) + " |")
     return "\n".join(lines)
 

@@ -15,6 +15,7 @@ from pipeline.precision.bounds import (
     EXACT,
     HEAVY_TAILED,
     NO_BOUND,
+    ONE_SAMPLE,
     PAIRED,
     SampleStats,
     binomial_cdf,
@@ -208,6 +209,27 @@ def test_a_cosine_floor_met_at_its_figure_is_not_held_by_its_bound():
     assert below.held and below.status == "held"
     (above,) = bounds(sample_stats(refs, outs), Floor((("cos", 0.9999),), "--floor"))
     assert above.status == "failed" and above.samples_for_power is None  # past the limit at its figure
+
+
+def test_a_cosine_one_sample_sets_has_no_bound_and_asks_for_the_samples_that_would_spread_it():
+    """One of 32 samples carries most of the error energy: the mean is that one value's, and no
+    bound from these samples says how often such values come."""
+    generator = torch.Generator().manual_seed(3)
+    refs = torch.randn(32, 10, generator=generator)
+    outs = refs + 0.02 * torch.randn(32, 10, generator=generator)
+    outs[5] = refs[5] + 0.5 * torch.randn(10, generator=generator)  # its error energy ~600x the others'
+    floor = Floor((("cos", 0.99),), "--floor")
+    (cosine,) = bounds(sample_stats([refs], [outs]), floor)
+    assert (cosine.bound, cosine.method) == (None, ONE_SAMPLE) and cosine.estimate > 0.99
+    assert cosine.status == "unresolved" and cosine.held  # by its figure; not confirmed by a bound
+    message, tip = cosine.warning()
+    assert message.startswith("one of the 32 samples carries most of the cosine's error: they cannot bound it at 95%")
+    assert tip.startswith(f"evaluate on about {cosine.samples_for_power} samples") and cosine.samples_for_power > 32
+    assert cosine.said().endswith("(no bound: one sample carries most of the error)")
+    # Spread over the others (no one sample with most of the energy), it is bounded as before.
+    outs[5] = refs[5] + 0.05 * torch.randn(10, generator=generator)
+    (spread,) = bounds(sample_stats([refs], [outs]), floor)
+    assert spread.method == HEAVY_TAILED and spread.bound is not None and spread.status == "held"
 
 
 def test_a_metric_over_one_batch_has_no_bound_and_says_so():
