@@ -71,7 +71,9 @@ DROP_1_PERCENT = Floor((), "--max-drop", (("top1", 0.01),))
 
 
 def stem_fault(last_flip_by: str | None) -> Callable[[set[str]], set[int]]:
-    """conv1.3 quantized changes 24 of 32 predictions; ``last_flip_by`` quantized changes sample 7."""
+    """conv1.3 quantized changes 24 of 32 predictions (0–23); ``last_flip_by`` quantized changes one
+    more — sample 7, or sample 30 while conv1.3's 24 are changed — so that the two never count the
+    same sample and each layer's share is seen in the count (25 with both quantized)."""
 
     def flips(quantized: set[str]) -> set[int]:
         changed = set(range(24)) if "conv1.3" in quantized else set()
