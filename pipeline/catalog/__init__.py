@@ -5,6 +5,7 @@ settings tables each kind accepts; errors.py: a validation error in the user's w
 from pipeline.catalog.schema import (
     CATALOG_FILENAME,
     MODEL_SETTINGS,
+    STATIC_SHAPE,
     TOOLCHAIN_SETTINGS,
     Catalog,
     EngineRef,
@@ -25,5 +26,6 @@ __all__ = [
     "ProfileSettings",
     "ToolchainSpec",
     "VariantSpec",
+    "STATIC_SHAPE",
     "check_shape",
 ]

@@ -57,6 +57,11 @@ def check_name(kind: str, name: str) -> str:
 SHAPE_RE = re.compile(r"^[1-9][0-9]*(x[1-9][0-9]*)*$")
 
 
+# The one shape of a graph without dynamic axes, as its shape point is named (models/base.py,
+# ShapePoint.label): a manifest's point, never one the catalog lists.
+STATIC_SHAPE = "static"
+
+
 def check_shape(text: str) -> str:
     """A shape point as the catalog writes it: sizes of the model's dynamic axes joined by 'x' ("2x512")."""
     if not isinstance(text, str) or not SHAPE_RE.match(text):

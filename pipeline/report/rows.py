@@ -217,7 +217,9 @@ def trusted_rounds(rows: list[ComparisonRow]) -> None:
 def shape_order(shape: str | None) -> tuple[int, ...]:
     """Shape points in the order of their sizes, the later axes first (sequence, then batch):
     2x512, 4x512, 2x2048, …"""
-    return tuple(reversed([int(size) for size in shape.split("x")])) if shape else ()
+    if not shape or not shape[0].isdigit():  # none, or the one shape of a graph without dynamic axes
+        return ()
+    return tuple(reversed([int(size) for size in shape.split("x")]))
 
 
 # How a profile that ran out of memory began its reason (pipeline/runtimes/torch_memory.py).
