@@ -413,7 +413,3 @@ def unknown_evidence(manifest: EngineManifest) -> list[str]:
         extra = (record.details.model_extra or {}) if record is not None and record.details is not None else {}
         unknown += [f"{name}.details.{key}" for key in extra if key not in _tool_evidence_keys]
     return unknown
-
-
-def manifest_json_schema() -> dict:
-    return EngineManifest.model_json_schema()

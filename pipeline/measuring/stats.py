@@ -195,12 +195,12 @@ class _unique:
 
 # --- which of two engines is faster, and how sure that is ---------------------------------------
 #
-# The outcomes NVIDIA's nvbench-compare-robust reports for two benchmarks: one is faster, slower,
-# the same (the difference inside a tie width) or ambiguous (the data cannot tell). Here each is
-# read off an interval of the ratio of two engines' times: paired, the per-round ratios of takes
-# measured side by side (pipeline/measuring/rounds.py); unpaired, the two medians' own intervals.
+# A comparison's outcome is one of those NVIDIA's nvbench-compare-robust reports for two
+# benchmarks: "faster", "slower", "same" (the difference inside a tie width) or "ambiguous" (the
+# data cannot tell). Here each is read off an interval of the ratio of two engines' times: paired,
+# the per-round ratios of takes measured side by side (pipeline/measuring/rounds.py); unpaired,
+# the two medians' own intervals.
 
-OUTCOMES = ("faster", "slower", "same", "ambiguous")
 CONFIDENCE = 0.95
 
 
