@@ -13,7 +13,7 @@ import pytest
 from pipeline.manifest import READS, SCHEMA_VERSION, read_manifest
 from tests.conftest import REPO_ROOT
 
-RECORDED = Path(__file__).parent / "data" / "manifests" / "landed-bdf42fb"
+RECORDED = Path(__file__).parents[1] / "data" / "manifests" / "landed-bdf42fb"
 
 
 @pytest.fixture

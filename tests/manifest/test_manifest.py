@@ -50,7 +50,7 @@ def test_schema_violation_is_reported_with_its_location(tmp_path):
 def test_manifests_of_the_previous_layout_are_read_and_compared(tmp_path, run_cli):
     from tests.conftest import REPO_ROOT
 
-    recorded = Path(__file__).parent / "data" / "manifests" / "landed-bdf42fb"
+    recorded = Path(__file__).parents[1] / "data" / "manifests" / "landed-bdf42fb"
     int8 = read_manifest(recorded / "onnxruntime" / "vit_tiny_int8.json")
     assert (int8.engine, int8.toolchain, int8.profile.status) == ("vit_tiny_int8", "onnxruntime", "done")
     assert int8.profile.details.latency_ms.median > 0 and int8.profile.details.accuracy["cosine_similarity"] > 0.99

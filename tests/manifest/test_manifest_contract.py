@@ -6,7 +6,7 @@ Two runs are recorded in tests/data/manifests/contract/: a 2-layer BERT at two s
 fp32 and fp16 on ONNX Runtime and PyTorch eager (measured in rounds together), and timm's
 test_vit on trtexec installed locally (the stand-in replaying recorded TensorRT 10.14.1 output:
 a tool's engine measured alone). A change that is meant to change the manifests records them
-again (``RECORD_CONTRACT=1 pytest tests/test_manifest_contract.py``) and says what changed in
+again (``RECORD_CONTRACT=1 pytest tests/manifest/test_manifest_contract.py``) and says what changed in
 docs/outputs.md, with the schema version.
 """
 
@@ -23,7 +23,7 @@ import pytest
 from tests.conftest import CPU_TOOLCHAINS, TINY_CATALOG, tiny_bert_catalog, write_catalog
 from tests.dockerd import STANDIN, standin_files
 
-RECORDED = Path(__file__).parent / "data" / "manifests" / "contract"
+RECORDED = Path(__file__).parents[1] / "data" / "manifests" / "contract"
 HEX = re.compile(r"\b[0-9a-f]{32,}\b")
 TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)?")
 TEMPORARY = re.compile(r"\.[a-z0-9_]{8}\.tmp\b")  # a file written under a temporary name, then renamed
