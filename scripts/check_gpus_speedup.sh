@@ -68,7 +68,7 @@ out="${2:?usage: check_gpus_speedup.sh one|all|again OUT}/$mode"
 PIPELINE="${PIPELINE:-python3 -m pipeline.cli}"
 if [ "$mode" = again ]; then
   # The same workspace as `one` — its compiled work kept in ws/.cache/torch — every stage run again (--force).
-  [ -f "$out/../one/ws/pipeline.toml" ] || { echo "again: run 'one' first, with the same OUT"; exit 2; }
+  [ -f "$2/one/ws/pipeline.toml" ] || { echo "again: run 'one' first, with the same OUT"; exit 2; }
   rm -rf "$out" && mkdir -p "$out" && ln -s ../one/ws "$out/ws"
 else
   rm -rf "$out" && mkdir -p "$out/ws"
