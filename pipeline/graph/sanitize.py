@@ -30,6 +30,8 @@ import time
 from collections import Counter
 from typing import Any
 
+from pipeline.running.errors import require_module
+
 # Why a graph was not folded when the user said not to (ExportDetails.sanitized.skipped).
 NOT_ASKED = "--no-sanitize (or `sanitize = false` in pipeline.toml)"
 
@@ -76,7 +78,8 @@ def sanitize(model, asked: bool = True) -> tuple[Any, dict[str, Any]]:
     and with why not (``skipped``) where folding is not safe or not ``asked`` (--no-sanitize)."""
     if not asked:
         return model, {"skipped": NOT_ASKED}
-    import polygraphy
+    # Where Polygraphy is missing, an ERROR that says how to get it (or to pass --no-sanitize).
+    polygraphy = require_module("polygraphy", purpose="Constant folding before TensorRT reads the graph (--no-sanitize skips it)")
     from polygraphy.backend.onnx import fold_constants
     from polygraphy.logger import G_LOGGER
 

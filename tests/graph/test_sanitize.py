@@ -221,6 +221,17 @@ def test_no_sanitize_keeps_the_users_graph_byte_for_byte(workspace, run_cli):
     assert again.exit_code == 0 and "didn't change" not in again.err and "constants folded" in again.err
 
 
+def test_without_polygraphy_an_export_that_folds_is_an_error_that_says_how_to_get_it(workspace, run_cli, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "polygraphy", None)  # not importable, as on a machine without it
+    result = run_cli(workspace, "export", "--engine", "user_fp32", "--force")
+    assert result.exit_code == 3, result.err
+    assert "Traceback" not in result.err and "INTERNAL ERROR" not in result.err
+    assert "Constant folding before TensorRT reads the graph (--no-sanitize skips it) needs the Python package 'polygraphy'" in result.err
+    assert "TIP install the 'export' extra" in result.err
+
+
 CUSTOM = """
 [models.custom]
 onnx = "custom.onnx"
