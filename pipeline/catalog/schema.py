@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, model_validator
 
 from pipeline.catalog.errors import validate_by_settings
+from pipeline.catalog.floor import AccuracyFloor, parse_accuracy_threshold
 from pipeline.catalog.settings import (  # noqa: F401 (the settings tables are the catalog's, imported from here too)
     CalibrationSettings,
     ClusterSettings,
@@ -24,7 +25,6 @@ from pipeline.catalog.settings import (  # noqa: F401 (the settings tables are t
     ProfileSettings,
     _Strict,
 )
-from pipeline.measuring.accuracy import AccuracyFloor, parse_accuracy_threshold
 from pipeline.running.errors import UsageError
 
 CATALOG_FILENAME = "pipeline.toml"

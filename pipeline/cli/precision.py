@@ -19,7 +19,7 @@ FLOOR_HELP = (
 
 
 def _floor(state: State, ref, floors: tuple[str, ...], max_drops: tuple[str, ...] = ()):
-    from pipeline.measuring.accuracy import THRESHOLD_FORMS, parse_accuracy_threshold
+    from pipeline.catalog.floor import THRESHOLD_FORMS, parse_accuracy_threshold
     from pipeline.precision.figures import DROP_FORMS, floor_for, parse_drop
     from pipeline.running.errors import UsageError
 
@@ -366,7 +366,7 @@ def _emit(text: str, out: Path | None) -> None:
     if out is None:
         click.echo(text, nl=False)
         return
-    from pipeline.workspace.artifacts import atomic_write_text
+    from pipeline.running.files import atomic_write_text
 
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, text)

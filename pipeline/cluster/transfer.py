@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.running.errors import PipelineError
-from pipeline.workspace.artifacts import atomic_output, write_failed
+from pipeline.running.files import atomic_output, write_failed
 
 # Large files go as several objects, so neither side holds one huge buffer and Ray can stream them.
 CHUNK_BYTES = 64 << 20
@@ -65,7 +65,7 @@ class DriverBlobs:
 
 def node_cache_dir() -> Path:
     """This node's content-addressed cache ($PIPELINE_CACHE_DIR/cluster, else the user's cache)."""
-    from pipeline.workspace.cache import cache_dir
+    from pipeline.running.cache import cache_dir
 
     return cache_dir() / "cluster"
 
@@ -139,7 +139,7 @@ def write_result(workspace, result, known: dict[str, Path]) -> int:
     that are not there. A task that did not end (its worker lost) sends nothing, so no half set of
     rounds is kept. ``known``: contents already here, by sha256 (updated). The bytes received."""
     from pipeline.running.errors import PipelineError
-    from pipeline.workspace.artifacts import atomic_output, atomic_write_text, write_failed
+    from pipeline.running.files import atomic_output, atomic_write_text, write_failed
 
     received = 0
     for output in result.outputs:

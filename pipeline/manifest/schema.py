@@ -16,7 +16,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
 from pipeline.catalog import STATIC_SHAPE, ProfileSettings, check_shape
 from pipeline.measuring.rounds import RoundsRecord
 from pipeline.measuring.stats import LatencyStats
-from pipeline.workspace.artifacts import atomic_write_text
+from pipeline.running.files import atomic_write_text
 
 # Bump when a field changes meaning or a reader would misread an old file. 2: the core schema
 # names no tool — a runtime's own evidence sits beside the core fields under its own keys, in the

@@ -44,7 +44,7 @@ class HostRounds:
     """
 
     def __init__(self, path: Path | None = None, on_wait=None):
-        from pipeline.workspace.cache import cache_dir
+        from pipeline.running.cache import cache_dir
 
         self.path = path or cache_dir() / LOCK_FILE
         self.on_wait = on_wait  # said once when the hold must wait for another point's rounds

@@ -161,7 +161,7 @@ def _host_key() -> str:
 
 
 def _record_path() -> Path:
-    from pipeline.workspace.cache import cache_dir
+    from pipeline.running.cache import cache_dir
 
     return cache_dir() / HOST_RECORD
 
@@ -177,7 +177,7 @@ def _read_record() -> tuple[float, float] | None:
 
 
 def _write_record(alone_ms: float, noise: float) -> None:
-    from pipeline.workspace.artifacts import atomic_write_text
+    from pipeline.running.files import atomic_write_text
 
     try:
         path = _record_path()

@@ -13,7 +13,7 @@ from typing import Any
 
 from pipeline.catalog import VariantSpec
 from pipeline.running.errors import UsageError, require_module
-from pipeline.workspace.artifacts import atomic_write_text
+from pipeline.running.files import atomic_write_text
 
 
 def planned_table(base: VariantSpec, model: str, exclude: list[str], description: str) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from pipeline.catalog import Catalog, EngineRef
-from pipeline.measuring.accuracy import AccuracyFloor, AccuracyThreshold, accuracy_floor
+from pipeline.catalog.floor import AccuracyFloor, AccuracyThreshold, accuracy_floor
 
 # "--max-drop" forms: a metric and how far below the FP32 model it may fall, as a fraction or a percentage.
 DROP_FORMS = (
@@ -154,7 +154,7 @@ def floor_for(
     variant = catalog.variant(ref.variant)
     return Floor(
         (("cos", accuracy_floor(variant.precision, bool(variant.sparsity))),),
-        f"the {variant.precision} check of pipeline/measuring/accuracy.py",
+        f"the {variant.precision} check of pipeline/catalog/floor.py",
     )
 
 

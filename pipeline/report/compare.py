@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.catalog import Catalog
-from pipeline.measuring.accuracy import AccuracyFloor, AccuracyThreshold
+from pipeline.catalog.floor import AccuracyFloor, AccuracyThreshold
 from pipeline.report.answer import Answer
 from pipeline.report.flags import NOISY_CV
 from pipeline.report.json_document import render_json
@@ -96,6 +96,6 @@ def compare(
 
 
 def write_output(text: str, out: Path) -> None:
-    from pipeline.workspace.artifacts import atomic_write_text
+    from pipeline.running.files import atomic_write_text
 
     atomic_write_text(out, text)

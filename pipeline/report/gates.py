@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pipeline.catalog.floor import THRESHOLD_FORMS, AccuracyFloor, AccuracyThreshold
+from pipeline.catalog.floor import parse_accuracy_threshold as accuracy_threshold
 from pipeline.manifest import EngineManifest
-from pipeline.measuring.accuracy import THRESHOLD_FORMS, AccuracyFloor, AccuracyThreshold
-from pipeline.measuring.accuracy import parse_accuracy_threshold as accuracy_threshold
 from pipeline.report.manifest_sources import load_baseline, load_manifests
 from pipeline.report.rows import ComparisonRow
 from pipeline.running.errors import PipelineError, UsageError

@@ -82,7 +82,7 @@ class RowCache:
     def save(self) -> None:
         if self.cache_file is None or not self._dirty:
             return
-        from pipeline.workspace.artifacts import atomic_write_text
+        from pipeline.running.files import atomic_write_text
 
         # Forget manifests that are gone, and intervals of versions no row has any more.
         self._rows = {path: entry for path, entry in self._rows.items() if os.path.exists(path)}

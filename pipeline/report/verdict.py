@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.measuring.accuracy import AccuracyFloor, AccuracyThreshold
+from pipeline.catalog.floor import AccuracyFloor, AccuracyThreshold
 from pipeline.measuring.stats import RatioEstimate
 from pipeline.report import pairs
 from pipeline.report.confidence import interval_words, time_ratio

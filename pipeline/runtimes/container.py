@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.running.errors import EnvironmentMissing, PipelineError, ToolStopped
+from pipeline.running.files import atomic_write_text
 from pipeline.running.reporting import Reporter
-from pipeline.workspace.artifacts import atomic_write_text
 
 # Exit status of a process killed by SIGKILL: a timeout, `docker kill`, or the OOM killer.
 EXIT_KILLED = 137

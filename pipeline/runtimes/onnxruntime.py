@@ -213,7 +213,7 @@ def _weights_beside(options, path: Path, optimized_out: Path) -> None:
     import onnx
 
     from pipeline.graph.external import PROTOBUF_LIMIT_BYTES, has_external_data, named_files
-    from pipeline.workspace.artifacts import final_path
+    from pipeline.running.files import final_path
 
     graph = onnx.load(str(path), load_external_data=False)
     if not has_external_data(graph):

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.running.errors import EnvironmentMissing, ToolStopped
+from pipeline.running.files import atomic_write_text
 from pipeline.running.reporting import Reporter
-from pipeline.workspace.artifacts import atomic_write_text
 
 
 @dataclass

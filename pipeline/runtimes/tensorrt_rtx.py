@@ -26,7 +26,9 @@ from pipeline.catalog import ProfileSettings, VariantSpec
 from pipeline.machine.environment import nvidia_gpus
 from pipeline.measuring.accuracy import ReferenceBatch
 from pipeline.models import ModelSource
+from pipeline.running.cache import cache_dir
 from pipeline.running.errors import EnvironmentMissing, OutOfMemory, PipelineError, RefusedByTool, ToolCrashed, ToolStopped, UsageError
+from pipeline.running.files import atomic_write_text
 from pipeline.runtimes.base import BuildResult, EngineRuntime, ProfileResult, ToolchainStatus
 from pipeline.runtimes.tensorrt_rtx_release import (
     DRIVER,
@@ -36,8 +38,6 @@ from pipeline.runtimes.tensorrt_rtx_release import (
 from pipeline.runtimes.tensorrt_rtx_reports import layer_times, tidy
 from pipeline.runtimes.tensorrt_rtx_spec import ARCHS, RUNS_ON, TensorRtRtxSpec
 from pipeline.trtexec.onnx_parser import ParserFailure, check_words, parser_failure
-from pipeline.workspace.artifacts import atomic_write_text
-from pipeline.workspace.cache import cache_dir
 
 # Runs of the separate per-layer profiling pass.
 LAYER_PROFILE_RUNS = 10

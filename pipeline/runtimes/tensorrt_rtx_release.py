@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.machine.environment import nvidia_gpus
+from pipeline.running.cache import cache_dir
 from pipeline.running.errors import EnvironmentMissing, PipelineError, UsageError
-from pipeline.workspace.cache import cache_dir
 
 # The script that drives a release from inside its environment (it imports only the release).
 DRIVER = Path(__file__).with_name("tensorrt_rtx_driver.py")

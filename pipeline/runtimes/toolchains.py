@@ -14,10 +14,10 @@ from pathlib import Path
 
 from pipeline.catalog import Catalog
 from pipeline.running.errors import EnvironmentMissing, PipelineError, UsageError
+from pipeline.running.files import atomic_write_text
 from pipeline.running.reporting import Reporter
 from pipeline.runtimes import create_runtime
 from pipeline.runtimes.base import ToolchainStatus
-from pipeline.workspace.artifacts import atomic_write_text
 
 LOCK_FILENAME = "toolchains.lock.json"
 

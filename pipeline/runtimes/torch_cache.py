@@ -24,7 +24,7 @@ import zipfile
 from pathlib import Path
 
 from pipeline.running.errors import UsageError
-from pipeline.workspace.artifacts import atomic_output
+from pipeline.running.files import atomic_output
 
 CACHE_FOLDER = Path(".cache") / "torch"
 ENVIRONMENT = "TORCHINDUCTOR_CACHE_DIR"

@@ -8,10 +8,11 @@ from typing import Any
 
 from pipeline.manifest import Artifact, BuildDetails, StageRecord, read_manifest
 from pipeline.running.errors import PipelineError, RefusedByTool
+from pipeline.running.files import atomic_output
 from pipeline.runtimes import get_runtime
 from pipeline.runtimes.base import checked_evidence
 from pipeline.stages.base import Stage, StageOutcome
-from pipeline.workspace.artifacts import atomic_output, storage_shortfall
+from pipeline.workspace.artifacts import storage_shortfall
 
 
 class BuildStage(Stage):

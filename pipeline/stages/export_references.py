@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.models.images import class_counts, image_class, image_files, load_images, sample_across_classes
-from pipeline.workspace.artifacts import atomic_output
+from pipeline.running.files import atomic_output
 
 
 def reference_batch(model, sample, directory: Path | None, seed: int, checkpoint) -> tuple[Any, dict[str, Any]]:

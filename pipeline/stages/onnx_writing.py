@@ -14,13 +14,13 @@ from typing import Any
 
 from pipeline.graph.sanitize import changed, folding_unchecked, sanitize
 from pipeline.running.errors import PipelineError, UsageError, require_module
+from pipeline.running.files import atomic_output
 from pipeline.runtimes.onnxruntime import NO_CPU_KERNELS
 from pipeline.runtimes.torch_memory import is_out_of_memory
 from pipeline.stages.parity import check_parity, worst
 from pipeline.stages.quantize import as_inputs
 from pipeline.stages.quantized_onnx import export_quantized
 from pipeline.stages.sparsify import onnx_sparsity
-from pipeline.workspace.artifacts import atomic_output
 
 # Samples the parity check runs for graphs traced with a dynamic batch (CPU traces): more than the
 # traced batch, fewer than a batch of 64, which takes ONNX Runtime seconds on the CPU.

@@ -200,7 +200,7 @@ def accuracy_proxy(reference_outputs, outputs, precision: str, sparse: bool) -> 
     # Top-1 agreement where the outputs are class scores (samples × classes), not hidden states.
     classes = reference_outputs[0].dim() == 2
     top1 = float((ref.argmax(dim=1) == out.argmax(dim=1)).float().mean()) if classes else None
-    from pipeline.measuring.accuracy import accuracy_floor
+    from pipeline.catalog.floor import accuracy_floor
 
     floor = accuracy_floor(precision, sparse)
     result = {

@@ -13,11 +13,11 @@ from pipeline.graph.lint import custom_nodes, lint
 from pipeline.graph.sanitize import changed, folding_unchecked, sanitize
 from pipeline.manifest import ExportDetails
 from pipeline.running.errors import PipelineError
+from pipeline.running.files import atomic_output
 from pipeline.stages.base import StageOutcome
 from pipeline.stages.export_references import ReferenceWriter, reference_files
 from pipeline.stages.onnx_writing import onnx_audit, op_histogram
 from pipeline.stages.parity import check_parity, run_onnx, worst
-from pipeline.workspace.artifacts import atomic_output
 
 
 def take_onnx(stage, source, phase) -> StageOutcome:

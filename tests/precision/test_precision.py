@@ -417,8 +417,7 @@ def test_a_plan_the_confirmation_does_not_hold_is_said_and_not_applied(tmp_path,
     assert "not confirmed by its bounds on the confirmation batches" in result.out and "[variants.int8_plan]" in result.out
     said = " ".join(result.err.split())
     assert (
-        "holds cosine ≥ 0.99 (the int8 check of pipeline/measuring/accuracy.py) on the search batches but its bounds on the confirmation"
-        in said
+        "holds cosine ≥ 0.99 (the int8 check of pipeline/catalog/floor.py) on the search batches but its bounds on the confirmation" in said
     )
     assert "do not (cosine ≥ " in said and "heavy-tailed)" in said  # the bound that failed
     assert "it was not applied" in result.err and catalog.read_text() == before

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.catalog.floor import AccuracyFloor
 from pipeline.manifest import read_manifest
-from pipeline.measuring.accuracy import AccuracyFloor
 from pipeline.measuring.stats import at_band_edge
 from pipeline.report.rows import ComparisonRow
 from pipeline.report.sweep import sweeps

@@ -315,7 +315,7 @@ def test_a_tampered_onnx_is_re_exported_and_force_reruns(demo, run_cli):
 
 
 def test_full_disk_during_export_leaves_nothing_that_looks_valid(tiny_catalog, run_cli, monkeypatch):
-    from pipeline.workspace import artifacts
+    from pipeline.running import files
 
     real_replace = os.replace
 
@@ -324,7 +324,7 @@ def test_full_disk_during_export_leaves_nothing_that_looks_valid(tiny_catalog, r
             raise OSError(28, "No space left on device")
         return real_replace(src, dst)
 
-    monkeypatch.setattr(artifacts.os, "replace", replace)
+    monkeypatch.setattr(files.os, "replace", replace)
     result = run_cli(tiny_catalog, "export", "--engine", "tiny_fp32")
     assert result.exit_code == 1
     assert "ERROR could not write" in result.err and "No space left on device" in result.err

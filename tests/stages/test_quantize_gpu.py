@@ -173,8 +173,8 @@ def test_this_gpu_refuses_tensorrt_rtx_engines_unless_it_is_an_rtx_class_gpu(rtx
     profile = read_manifest(rtx / "manifests" / "trt-rtx1.7" / "vit_mxfp8.json").profile
     assert profile.status == "skipped" and gpu.name in profile.reason and gpu.compute_capability in profile.reason
     # Asked anyway, the runtime refuses the engine and names the GPUs it runs on.
+    from pipeline.running.cache import cache_dir
     from pipeline.runtimes.tensorrt_rtx_release import DRIVER, ReleaseEnvironment, cuda_flavour
-    from pipeline.workspace.cache import cache_dir
 
     env = ReleaseEnvironment("1.7.1.116", cuda_flavour("auto"), cache_dir())
     result = rtx / "refused.json"
@@ -198,8 +198,8 @@ def test_the_drivers_cuda_timing_replays_a_graph_on_this_gpu(rtx):
     import subprocess
 
     from pipeline.machine.environment import nvidia_gpus
+    from pipeline.running.cache import cache_dir
     from pipeline.runtimes.tensorrt_rtx_release import DRIVER, ReleaseEnvironment, cuda_flavour
-    from pipeline.workspace.cache import cache_dir
 
     env = ReleaseEnvironment("1.7.1.116", cuda_flavour("auto"), cache_dir())
     result = rtx / "cuda-check.json"

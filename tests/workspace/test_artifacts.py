@@ -3,9 +3,11 @@ import os
 
 import pytest
 
+from pipeline.running import files
 from pipeline.running.errors import PipelineError
+from pipeline.running.files import atomic_output, atomic_write_text
 from pipeline.workspace import artifacts
-from pipeline.workspace.artifacts import HashCache, atomic_output, atomic_write_text, sha256_file
+from pipeline.workspace.artifacts import HashCache, sha256_file
 
 
 def test_atomic_output_replaces_only_on_success(tmp_path):
@@ -32,7 +34,7 @@ def test_full_disk_becomes_a_user_error_and_leaves_no_temp_file(tmp_path, monkey
     def full_disk(src, dst):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(artifacts.os, "replace", full_disk)
+    monkeypatch.setattr(files.os, "replace", full_disk)
     with pytest.raises(PipelineError) as info:
         atomic_write_text(tmp_path / "manifest.json", "{}")
     assert "No space left on device" in info.value.message
@@ -70,16 +72,16 @@ def test_a_sigterm_just_after_the_temporary_file_is_made_leaves_no_file(tmp_path
     signal landed in another thread than the one that had blocked it."""
     from pipeline.running.signals import Terminated
 
-    made = artifacts._create_new
+    made = files._create_new
 
     def create_then_terminated(path):
         os.close(made(path))
         assert path.exists()
         raise Terminated()
 
-    monkeypatch.setattr(artifacts, "_create_new", create_then_terminated)
+    monkeypatch.setattr(files, "_create_new", create_then_terminated)
     with pytest.raises(Terminated):
-        with artifacts.atomic_output(tmp_path / "model.onnx") as tmp:
+        with files.atomic_output(tmp_path / "model.onnx") as tmp:
             tmp.write_bytes(b"never finished")
     assert list(tmp_path.iterdir()) == []
 
@@ -88,8 +90,8 @@ def test_a_temporary_name_already_taken_is_passed_over(tmp_path, monkeypatch):
     taken = tmp_path / ".model.onnx.0000.tmp"
     taken.write_bytes(b"someone else's")
     names = iter(["0000", "0001"])
-    monkeypatch.setattr(artifacts.secrets, "token_hex", lambda _n: next(names))
-    with artifacts.atomic_output(tmp_path / "model.onnx") as tmp:
+    monkeypatch.setattr(files.secrets, "token_hex", lambda _n: next(names))
+    with files.atomic_output(tmp_path / "model.onnx") as tmp:
         assert tmp.name == ".model.onnx.0001.tmp"
         tmp.write_bytes(b"mine")
     assert taken.read_bytes() == b"someone else's" and (tmp_path / "model.onnx").read_bytes() == b"mine"
