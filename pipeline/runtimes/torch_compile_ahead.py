@@ -119,6 +119,7 @@ class CompilePool(AheadPool):
         # compiled graph instead of compiling it again.
         self._leaders: dict[tuple, CompileJob] = {}
         self._followers: dict[tuple, list] = {}
+        self._keys: dict[tuple[str, str], tuple | None] = {}  # each job's graph_key, taken while its file is there
 
     def submit(self, work) -> bool:
         if self._limit is None:  # the first work sizes the pool
@@ -131,7 +132,7 @@ class CompilePool(AheadPool):
         if self._limit < 2:
             return False  # finish says why nothing was compiled
         for job in work.jobs:
-            key = graph_key(job)
+            key = self._keys[(str(job.engine_path), job.workload.shape)] = graph_key(job)
             if key is not None and key in self._leaders:
                 self._followers.setdefault(key, []).append((work, job))
                 continue
@@ -185,7 +186,8 @@ class CompilePool(AheadPool):
                 last_compiled = max(last_compiled, compiled_at)
                 progress(f"compiled {len(outcomes)} of {len(jobs)} shape points ({Path(engine).stem} at {shape}: {_words(outcome)})")
                 leader = whose.get((engine, shape))
-                sharing = self._followers.get(graph_key(leader[1]), []) if leader is not None and graph_key(leader[1]) else []
+                key = self._keys.get((engine, shape))
+                sharing = self._followers.get(key, []) if leader is not None and key is not None else []
                 for _, job in sharing:  # the same graph: compiled once, by the leader's process
                     outcomes[(str(job.engine_path), shape)] = shared_outcome(outcome, leader[1].toolchain)
                 if done is not None and "error" not in outcome and leader is not None:
