@@ -116,3 +116,25 @@ def test_no_module_sits_loose_at_the_top_and_the_import_contracts_name_packages(
         for module in entry.split(" | ")
     }
     assert {name.removeprefix("pipeline.") for name in named} == packages  # every package in a contract, nothing but packages
+
+
+def test_only_the_process_room_starts_processes_its_own_way():
+    """Work leaves the command's process through pipeline/launchers/ only: no other module imports
+    multiprocessing, opens a Pipe or replaces the process (execve)."""
+    elsewhere = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.parent.name == "launchers":
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            imported = (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            called = node.func.attr if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) else None
+            if any(name.split(".")[0] == "multiprocessing" for name in imported) or called in ("Pipe", "execve", "execv", "fork"):
+                elsewhere.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+    assert elsewhere == []

@@ -114,13 +114,14 @@ def export(state: _State, engines, models, variants, force, wait, calib_dir, cal
     Writes models/<model>/<variant>.onnx. Quantized and sparse variants are calibrated on
     synthetic inputs unless --calib-dir names a folder of images.
     """
+    from pipeline.stages.base import RunRequest
     from pipeline.stages.runner import raise_if_nothing_exported
 
     state.override(calib_dir, calib_samples, eval_dir, sanitize=sanitize)
     refs = state.catalog.select(engines, models, variants)
     with state.holding_workspace(wait):
         ctx = state.context(force)
-        _launcher(state, cluster, gpu_types).run(ctx, refs, None, "export")
+        _launcher(state, cluster, gpu_types).run(ctx, RunRequest(refs, None, "export", tuple(gpu_types)))
         raise_if_nothing_exported(ctx, refs)
 
 
@@ -138,7 +139,7 @@ def _launcher(state: _State, cluster: str | None, gpu_types):
     if visible:
         from pipeline.cluster.supervisor import ClusterLauncher
 
-        return ClusterLauncher("local", tuple(gpu_types), state.verbose, visible)
+        return ClusterLauncher("local", state.verbose, visible)
     if not cluster:
         if gpu_types:
             raise UsageError("--gpu chooses among a cluster's GPU types; it needs --cluster.", hint="add --cluster HOST:PORT")
@@ -147,7 +148,7 @@ def _launcher(state: _State, cluster: str | None, gpu_types):
         return LocalLauncher()
     from pipeline.cluster.supervisor import ClusterLauncher
 
-    return ClusterLauncher(cluster, tuple(gpu_types), state.verbose)
+    return ClusterLauncher(cluster, state.verbose)
 
 
 def _stage_command(
@@ -174,6 +175,7 @@ def _stage_command(
     """Select, settle the toolchains, then print the work (--dry-run) or do it, one toolchain after
     the other (a failure in one does not stop the next); the toolchains' names."""
     from pipeline.running.errors import DeviceFault
+    from pipeline.stages.base import RunRequest
     from pipeline.stages.runner import build_order, describe, onnx_read_by
 
     state.override(calib_dir, calib_samples, eval_dir, repeat, racing, sanitize)
@@ -190,7 +192,7 @@ def _stage_command(
         return chains
     with state.holding_workspace(wait):
         try:
-            _launcher(state, cluster, gpu_types).run(ctx, refs, chains, until)
+            _launcher(state, cluster, gpu_types).run(ctx, RunRequest(refs, chains, until, tuple(gpu_types)))
         except DeviceFault as exc:
             exc.after(ctx.done)  # what --force redid: the fresh process does not redo it
             raise
@@ -287,7 +289,7 @@ def _run(argv: list[str] | None) -> int:
         print_error("interrupted; partial outputs were removed, finished ones are kept.")
         return EXIT_INTERRUPTED
     except DeviceFault as exc:
-        from pipeline.running.faults import go_on_in_fresh_process
+        from pipeline.launchers.restart import go_on_in_fresh_process
         from pipeline.running.reporting import print_error
 
         print_error(exc.message, "recorded for that point; the run goes on in a fresh process (CUDA cannot be used again in this one)")

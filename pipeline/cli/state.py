@@ -23,7 +23,7 @@ class State:
         return self._catalog
 
     def context(self, force: bool = False):
-        from pipeline.running.faults import forced_done_before
+        from pipeline.launchers.restart import forced_done_before
         from pipeline.running.reporting import Reporter
         from pipeline.stages.base import RunContext
         from pipeline.workspace import Workspace

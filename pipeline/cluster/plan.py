@@ -15,7 +15,7 @@ from typing import Any
 from pipeline.catalog import EngineRef
 from pipeline.cluster.connection import Cluster, Node, gpus_of, placement_resources
 from pipeline.running.errors import EnvironmentMissing, PipelineError, UsageError
-from pipeline.stages.base import RunContext
+from pipeline.stages.base import RunContext, RunRequest
 from pipeline.stages.runner import builds_of, shapes_to_profile, stage_for
 
 # Precisions whose export needs a CUDA GPU (ModelOpt's MXFP8/NVFP4 quantizers).
@@ -106,17 +106,9 @@ class Job:
 
 
 class ClusterPlan:
-    def __init__(
-        self,
-        ctx: RunContext,
-        cluster: Cluster,
-        engines: list[EngineRef],
-        toolchains: list[str] | None,
-        until: str,
-        gpu_types: tuple[str, ...] = (),
-    ):
-        self.ctx, self.cluster, self.engines, self.until = ctx, cluster, engines, until
-        self.toolchains = list(toolchains or [])
+    def __init__(self, ctx: RunContext, cluster: Cluster, request: RunRequest):
+        self.ctx, self.cluster, self.engines, self.until = ctx, cluster, request.engines, request.until
+        self.toolchains = list(request.toolchains or [])
         self.reporter = ctx.reporter
         # What each toolchain builds for is settled here, once for every node (the catalog the
         # driver sends with each task, and checks its records against): a toolchain that would
@@ -130,7 +122,7 @@ class ClusterPlan:
         from pipeline.runtimes import get_runtime
 
         self.runtimes = {toolchain: get_runtime(ctx, toolchain) for toolchain in self.toolchains}
-        self.targets = {toolchain: self._targets(toolchain, gpu_types) for toolchain in self.toolchains}
+        self.targets = {toolchain: self._targets(toolchain, request.gpu_types) for toolchain in self.toolchains}
         self.exports: dict[EngineRef, Job] = {}
         self._jobs: list[Job] = []
         # The GPU types whose builds are all built where they are timed: their builds, and the

@@ -27,7 +27,6 @@ import time
 
 from rich.markup import escape
 
-from pipeline.catalog import EngineRef
 from pipeline.cluster.connection import Cluster, Node
 from pipeline.cluster.gpu_workers import GpuWorkers
 from pipeline.cluster.host_holds import HostHolds
@@ -37,7 +36,7 @@ from pipeline.cluster.run_report import member_target, run_summary
 from pipeline.cluster.transfer import DriverBlobs, write_result
 from pipeline.cluster.worker import run_stage
 from pipeline.running.errors import EnvironmentMissing, PipelineError, UsageError
-from pipeline.stages.base import RunContext
+from pipeline.stages.base import RunContext, RunRequest
 from pipeline.stages.runner import RunSummary
 
 # Attempts per task when its node or worker is lost (the first run included).
@@ -51,26 +50,17 @@ HEAD_MISSES = 3
 
 
 class ClusterRun:
-    def __init__(
-        self,
-        ctx: RunContext,
-        cluster: Cluster,
-        engines: list[EngineRef],
-        toolchains: list[str] | None,
-        until: str,
-        gpu_types: tuple[str, ...] = (),
-        verbose: bool = False,
-    ):
+    def __init__(self, ctx: RunContext, cluster: Cluster, request: RunRequest, verbose: bool = False):
         self.ctx = ctx
         self.cluster = cluster
-        self.engines = engines
-        self.toolchains = list(toolchains or [])
-        self.until = until
+        self.engines = request.engines
+        self.toolchains = list(request.toolchains or [])
+        self.until = request.until
         self.verbose = verbose
         self.reporter = ctx.reporter
         self.blobs = DriverBlobs(ctx.workspace.root)
         # What runs where: the jobs, their targets and placement, whether each is current.
-        self.matrix = ClusterPlan(ctx, cluster, engines, toolchains, until, gpu_types)
+        self.matrix = ClusterPlan(ctx, cluster, request)
         self.dispatched = 0
         self.bytes_back = 0
         self.bytes_fetched = 0
@@ -368,7 +358,7 @@ class ClusterRun:
         """A kernel faulted in the process that ran ``job`` (its faults are recorded and written
         above): what that process did not finish goes to a fresh one — a point's other engines, or
         the export without the point that faulted (pipeline/running/faults.py). Whether it went."""
-        from pipeline.running.faults import MAX_REPLACEMENTS
+        from pipeline.launchers.restart import MAX_REPLACEMENTS
 
         outcomes = list(zip(job.members, result.members))
         faulted = [(member, _error_of(outcome.error)) for member, outcome in outcomes if outcome.status == "faulted"]
@@ -418,21 +408,13 @@ def _clock(seconds: float) -> str:
     return f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
 
 
-def drive(
-    ctx: RunContext,
-    address: str,
-    engines: list[EngineRef],
-    toolchains: list[str] | None,
-    until: str,
-    gpu_types: tuple[str, ...] = (),
-    verbose: bool = False,
-) -> RunSummary:
+def drive(ctx: RunContext, address: str, request: RunRequest, verbose: bool = False) -> RunSummary:
     """Join the cluster, check its nodes, run the matrix (in the Ray driver process)."""
     from pipeline.cluster.connection import connect, disconnect, probe
 
     cluster = connect(address, verbose)
     try:
         probe(cluster)
-        return ClusterRun(ctx, cluster, engines, toolchains, until, gpu_types, verbose).run()
+        return ClusterRun(ctx, cluster, request, verbose).run()
     finally:
         disconnect()

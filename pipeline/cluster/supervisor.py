@@ -20,13 +20,18 @@ import threading
 import time
 from dataclasses import dataclass
 
+from pipeline.launchers.child import ERROR, OK, Child, Reply, ended_words, send_quietly
 from pipeline.running.errors import EnvironmentMissing, PipelineError
+from pipeline.stages.base import RunRequest
 from pipeline.stages.runner import RunSummary
 
 # Seconds to let the child cancel its tasks after an interruption before it is killed.
 CANCEL_GRACE_S = 30
 # How often the child looks for its parent.
 PARENT_POLL_S = 0.5
+# What the driver says beside a result or an error: it was interrupted (Ray ended it), or it failed
+# with a bug (its traceback printed there).
+INTERRUPTED, BUG = "interrupted", "bug"
 
 
 @dataclass(frozen=True)
@@ -34,87 +39,52 @@ class ClusterLauncher:
     """Runs the stages as Ray tasks on the cluster at ``address``, placed by GPU type."""
 
     address: str
-    gpu_types: tuple[str, ...] = ()
     verbose: bool = False
     # `--gpus 0,1`: the GPUs of this machine a local Ray instance ("local") may use, each timing a
     # shape point at a time (CUDA_VISIBLE_DEVICES of the instance; Ray gives each task one of them).
     visible_gpus: str | None = None
 
-    def run(self, ctx, engines, toolchains: list[str] | None, until: str) -> RunSummary:
+    def run(self, ctx, request: RunRequest) -> RunSummary:
         """Every toolchain in one cluster run: each shape point's engines are timed together."""
-        return run_on_cluster(ctx, self.address, engines, toolchains, until, self.gpu_types, self.verbose, self.visible_gpus)
+        return run_on_cluster(ctx, self.address, request, self.verbose, self.visible_gpus)
 
 
-def run_on_cluster(
-    ctx,
-    address: str,
-    engines,
-    toolchains: list[str] | None,
-    until: str,
-    gpu_types: tuple[str, ...] = (),
-    verbose: bool = False,
-    visible_gpus: str | None = None,
-) -> RunSummary:
+def run_on_cluster(ctx, address: str, request: RunRequest, verbose: bool = False, visible_gpus: str | None = None) -> RunSummary:
     """What `--cluster ADDRESS` does for run/export/build/profile."""
-    import multiprocessing
-
     from pipeline.cluster.connection import preflight
     from pipeline.workspace.lock import inherited_lock
 
     preflight(address)
-    spawn = multiprocessing.get_context("spawn")  # a fresh interpreter: Ray must not inherit a fork
-    receive, send = spawn.Pipe(duplex=False)
-    settings = (
-        ctx.catalog,
-        ctx.force,
-        ctx.argv,
-        ctx.exports_write_onnx,
-        address,
-        engines,
-        toolchains,
-        until,
-        gpu_types,
-        verbose,
-        visible_gpus,
-    )
+    settings = (ctx.catalog, ctx.force, ctx.argv, ctx.exports_write_onnx, address, request, verbose, visible_gpus)
     lock = inherited_lock(ctx.workspace.manifests_dir)
-    child = spawn.Process(target=_child, args=(send, settings, lock, os.getpid()), name="pipeline-cluster-driver")
-    child.start()
-    send.close()
+    # A fresh interpreter: Ray must not inherit a fork.
+    child = Child(_child, settings, lock, os.getpid(), name="pipeline-cluster-driver").start()
     try:
         child.join()
     except KeyboardInterrupt as exc:
         from pipeline.running.signals import Terminated
 
         # The child has a process group of its own (below): pass Ctrl-C or SIGTERM on to it.
-        if child.is_alive():
-            os.kill(child.pid, signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
+        child.signal(signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
         child.join(CANCEL_GRACE_S)
-        if child.is_alive():
-            child.kill()
+        child.stop(0)
         raise
-    try:
-        outcome = receive.recv() if receive.poll() else None
-    except EOFError:  # the child ended before it could say anything
-        outcome = None
-    if outcome is None or outcome[0] == "interrupted":
+    outcome = child.reply_if_any()
+    if outcome is None or outcome.kind == INTERRUPTED:
         # Nobody interrupted this process, yet the driver stopped: Ray ended it (on losing its node
         # it exits, or interrupts the driver's main thread).
         raise EnvironmentMissing(
-            f"the Ray driver ended without a result (exit status {child.exitcode}): Ray ends a driver when the node it "
+            f"the Ray driver ended without a result ({ended_words(child.exitcode)}): Ray ends a driver when the node it "
             f"runs on, usually the cluster's head at {address}, goes away. Every stage that had finished is in the workspace.",
             hint="check the head (`ray status`), restart it and its workers if needed, then run the same command: "
             "finished stages are not run again",
         )
-    kind, payload = outcome
-    if kind == "bug":
-        raise RuntimeError(f"the cluster driver failed (its traceback is above): {payload}")
-    if kind == "error":
-        raise payload
-    return payload.raise_for_failures(len(engines), toolchains)
+    if outcome.kind == BUG:
+        raise RuntimeError(f"the cluster driver failed (its traceback is above): {outcome.value}")
+    return outcome.result().raise_for_failures(len(request.engines), request.toolchains)
 
 
-def _child(send, settings, lock, parent: int) -> None:
+def _child(channel, settings, lock, parent: int) -> None:
     from pipeline.cluster.scheduler import drive
     from pipeline.running.reporting import Reporter
     from pipeline.running.signals import terminate_like_interrupt
@@ -126,7 +96,7 @@ def _child(send, settings, lock, parent: int) -> None:
     terminate_like_interrupt()
     # `lock` (the workspace lock's descriptor) stays open until this process ends.
     threading.Thread(target=_end_with_parent, args=(parent,), name="parent-watch", daemon=True).start()
-    catalog, force, argv, write_onnx, address, engines, toolchains, until, gpu_types, verbose, visible_gpus = settings
+    catalog, force, argv, write_onnx, address, request, verbose, visible_gpus = settings
     if visible_gpus:  # the local Ray instance sees these GPUs only, and hands one to each task
         os.environ["CUDA_VISIBLE_DEVICES"] = visible_gpus
     ctx = RunContext(
@@ -138,21 +108,18 @@ def _child(send, settings, lock, parent: int) -> None:
         exports_write_onnx=write_onnx,
     )
     try:
-        summary = drive(ctx, address, engines, toolchains, until, gpu_types, verbose)
-        outcome = ("ok", RunSummary(summary.succeeded, [(name, chain, exc.plain()) for name, chain, exc in summary.failed]))
+        summary = drive(ctx, address, request, verbose)
+        outcome = Reply(OK, RunSummary(summary.succeeded, [(name, chain, exc.plain()) for name, chain, exc in summary.failed]))
     except PipelineError as exc:
-        outcome = ("error", exc.plain())
+        outcome = Reply(ERROR, exc.plain())
     except KeyboardInterrupt:
-        outcome = ("interrupted", None)
+        outcome = Reply(INTERRUPTED)
     except Exception as exc:  # a bug: its traceback here, and the command exits as for any bug
         import traceback
 
         traceback.print_exc()
-        outcome = ("bug", f"{type(exc).__name__}: {exc}")
-    try:
-        send.send(outcome)
-    except OSError:  # the parent is gone: nobody to tell
-        pass
+        outcome = Reply(BUG, f"{type(exc).__name__}: {exc}")
+    send_quietly(channel, outcome)  # the parent may be gone: nobody to tell
 
 
 def _end_with_parent(parent: int) -> None:

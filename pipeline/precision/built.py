@@ -78,6 +78,7 @@ def check_built(state, lab, ref, planned: str | None, table: dict[str, Any], too
     against the FP32 model's outputs there."""
     from pipeline.catalog import VariantSpec
     from pipeline.precision.measure import refuse_another_plan
+    from pipeline.stages.base import RunRequest
     from pipeline.stages.build import BuildStage
     from pipeline.stages.runner import LocalLauncher
 
@@ -92,7 +93,7 @@ def check_built(state, lab, ref, planned: str | None, table: dict[str, Any], too
     check = BuiltCheck(toolchain, engine.name, samples)
     ctx = state.context(False)
     with state.holding_workspace(False):
-        LocalLauncher().run(ctx, [engine], [toolchain], "build")
+        LocalLauncher().run(ctx, RunRequest([engine], [toolchain], "build"))
     stage = BuildStage(ctx, engine, toolchain)
     engine_path = stage.engine_path()
     if not engine_path.is_file():

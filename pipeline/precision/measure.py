@@ -101,6 +101,7 @@ def measure_plan(state, ref: EngineRef, planned: str | None, table: dict[str, An
     catalog where it is not in the file (without --apply). ``planned`` None: no layer needed
     excluding, the plan is the fully quantized variant, timed beside the unquantized one."""
     from pipeline.report.compare import compare
+    from pipeline.stages.base import RunRequest
     from pipeline.stages.runner import LocalLauncher
     from pipeline.workspace import Workspace
 
@@ -116,7 +117,7 @@ def measure_plan(state, ref: EngineRef, planned: str | None, table: dict[str, An
     names = {"unquantized": plain, "full": ref.variant, "planned": planned or ref.variant}
     engines = [catalog.engine(f"{ref.model}_{variant}") for variant in dict.fromkeys(names.values())]
     with state.holding_workspace(False):
-        LocalLauncher().run(state.context(False), engines, [toolchain], "profile")
+        LocalLauncher().run(state.context(False), RunRequest(engines, [toolchain], "profile"))
     rows, _ = compare(catalog, Workspace(catalog.root), [toolchain], "json", [ref.model])
     by_point: dict[str | None, dict[str, Any]] = {}
     for row in rows:

@@ -7,17 +7,13 @@ cudaErrorIllegalAddress, cudaErrorLaunchFailure in the CUDA Runtime API's error 
 is recorded for the point and toolchain where it happened (every GPU call of a stage is
 synchronised before it returns, pipeline/runtimes/torch_memory.py, so the call that launched the
 faulting kernel is the one that sees it), and the run goes on in a fresh process with the same
-command line: what was done is current there and skipped, the fault is a recorded result, and the
-other points and toolchains are measured.
+command line (pipeline/launchers/restart.py): what was done is current there and skipped, the fault
+is a recorded result, and the other points and toolchains are measured.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
-import tempfile
 
 from pipeline.running.errors import DeviceFault
 
@@ -34,12 +30,6 @@ STICKY_ERRORS = (
     "the launch timed out and was terminated",
     "CUBLAS_STATUS_EXECUTION_FAILED",
 )
-# How many times one command replaces its process after faults before it gives up: each fault is
-# recorded, so each replacement makes progress; a bound all the same, against a fault that is not.
-MAX_REPLACEMENTS = 32
-# What a replaced process is told by its predecessor (environment variables).
-REPLACED = "PIPELINE_REPLACED_AFTER_FAULTS"
-FORCED_DONE = "PIPELINE_FORCED_DONE"
 
 
 def fault_words(exc: BaseException) -> str | None:
@@ -79,45 +69,3 @@ def synchronised(doing: str | None) -> None:
         if fault is None:
             raise
         raise fault from exc
-
-
-def go_on_in_fresh_process(args: list[str], done: set, replace: bool) -> int:
-    """Run the same command again in a fresh process, after a fault poisoned this one: ``replace``
-    this process with it (exec; the command line's own run), or wait for it as a child (a caller
-    that called main() in its own process). ``done``: what this run's --force already redid, so the
-    next process does not redo it. The exit status is the fresh process's."""
-    from pipeline.running.reporting import print_error
-
-    count = int(os.environ.get(REPLACED, "0") or 0)
-    if count >= MAX_REPLACEMENTS:
-        print_error(
-            f"{count} faults in one run: stopping rather than starting another process.",
-            "each fault is recorded in its point's manifest; run the same command again to go on",
-        )
-        return 1
-    with tempfile.NamedTemporaryFile("w", prefix="pipeline-done-", suffix=".json", delete=False) as handle:
-        json.dump(sorted([list(key) for key in done]), handle)
-    env = {**os.environ, REPLACED: str(count + 1), FORCED_DONE: handle.name}
-    command = [sys.executable, "-m", "pipeline", *args]
-    sys.stdout.flush()
-    sys.stderr.flush()
-    if replace:
-        os.execve(sys.executable, command, env)
-    return subprocess.run(command, env=env, check=False).returncode
-
-
-def forced_done_before() -> set:
-    """What the processes this one replaced had already redone under --force (none for a fresh run)."""
-    path = os.environ.pop(FORCED_DONE, None)
-    if not path:
-        return set()
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return {tuple(key) for key in json.load(handle)}
-    except (OSError, ValueError):
-        return set()
-    finally:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass

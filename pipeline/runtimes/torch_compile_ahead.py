@@ -35,15 +35,15 @@ free; a point not kept is prepared by the run's process, as it was before.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-import queue
+import queue as queues
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.launchers.child import Child, queue, this_process_name
 from pipeline.running.errors import DeviceFault, PipelineError
 from pipeline.running.faults import as_fault, fault_words
 from pipeline.runtimes.base import AheadPool, too_little_to_keep
@@ -101,11 +101,10 @@ class CompilePool(AheadPool):
     overlaps the builds still to come."""
 
     def __init__(self):
-        self._spawn = multiprocessing.get_context("spawn")  # a new interpreter: CUDA cannot be forked
-        self._jobs = self._spawn.Queue()
-        self._results = self._spawn.Queue()
-        self._children: list = []
-        # Each process's own pipe, over which it serves the points it kept once every point is compiled.
+        self._jobs = queue()
+        self._results = queue()
+        self._children: list[Child] = []
+        # Each process as the points it kept are asked of it, once every point is compiled.
         self._serving: list[ServingProcess] = []
         self._pids: set[int] = set()
         self._works: list = []
@@ -142,17 +141,10 @@ class CompilePool(AheadPool):
         queued = sum(len(w.jobs) for w in self._works) - sum(len(f) for f in self._followers.values())
         while len(self._children) < min(self._limit, queued):
             index = len(self._children)
-            ours, theirs = self._spawn.Pipe()
-            child = self._spawn.Process(
-                target=_compile_points,
-                args=(self._jobs, self._results, self._threads, index, theirs),
-                name=f"pipeline-compile-{index}",
-                daemon=True,
-            )
-            child.start()
-            theirs.close()
+            args = (self._jobs, self._results, self._threads, index)
+            child = Child(_compile_points, *args, name=f"pipeline-compile-{index}", requests=True, daemon=True).start()
             self._children.append(child)
-            self._serving.append(ServingProcess(ours, child, self._pids))
+            self._serving.append(ServingProcess(child, self._pids))
             self._pids.add(child.pid)
         return True
 
@@ -176,8 +168,8 @@ class CompilePool(AheadPool):
             while len(outcomes) < len(jobs):
                 try:
                     engine, shape, outcome, compiled_at, index, keeps = self._results.get(timeout=1.0)
-                except queue.Empty:
-                    if all(not child.is_alive() for child in self._children) and self._results.empty():
+                except queues.Empty:
+                    if all(not child.alive() for child in self._children) and self._results.empty():
                         break  # the processes ended without saying what became of some points
                     continue
                 outcomes[(engine, shape)] = outcome
@@ -257,12 +249,7 @@ class CompilePool(AheadPool):
         grace = STOP_GRACE_S if self._reported else 0
         for child in self._children:
             child.join(grace)
-            if child.is_alive():
-                child.terminate()
-                child.join(STOP_GRACE_S)
-            if child.is_alive():
-                child.kill()
-                child.join()
+            child.stop(STOP_GRACE_S)
 
 
 def shared_outcome(outcome: dict[str, Any], toolchain: str) -> dict[str, Any]:
@@ -302,7 +289,7 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def _compile_points(jobs, results, threads: int, index: int, connection) -> None:
+def _compile_points(channel, jobs, results, threads: int, index: int) -> None:
     """In a new interpreter: prepare each job's engine at its point, as its profile will, and say
     how each went, until the pool says every point is handed out; then serve the points kept
     (torch_served.py) until told to stop. A toolchain's runtime keeps the model it last read,
@@ -332,7 +319,7 @@ def _compile_points(jobs, results, threads: int, index: int, connection) -> None
             if keeps:
                 kept[(str(job.engine_path), job.workload.shape)] = (runtime, prepared)
         except Exception as exc:  # recorded for the point: its profile compiles it and says why it fails
-            outcome = _failure(exc, multiprocessing.current_process().name)
+            outcome = _failure(exc, this_process_name())
         results.put((str(job.engine_path), job.workload.shape, outcome, time.time(), index, keeps))
         if "faulted" in outcome:
             # CUDA's context is gone for good here: this process compiles nothing more (the other
@@ -342,7 +329,7 @@ def _compile_points(jobs, results, threads: int, index: int, connection) -> None
     _save_recorded(index)
     if kept:
         _stop_compile_workers()
-    serve(connection, kept, multiprocessing.current_process().name, runtime_for)
+    serve(channel, kept, this_process_name(), runtime_for)
 
 
 def _save_recorded(index: int) -> None:

@@ -7,10 +7,11 @@ the lent H200, 92-116 s for the seed matrix's 24, one after another, while the c
 processes had long finished. The compiling process already holds the point ready (traced,
 compiled, run once), so it keeps it and, once every point is compiled and nothing compiles any
 more, serves it: each request of the run's process — ready it, a take, the warm-up, its evidence,
-its outputs on the reference batch — is one message over a pipe, answered when done. The rounds
+its outputs on the reference batch — is one request over the channel to that child
+(pipeline/launchers/child.py), answered when done. The rounds
 (pipeline/measuring/rounds.py) time it as any engine of this process: a take is timed inside
 the serving process, by the same code (takes.py), and only one process runs at a time, the
-others waiting on their pipes, so the GPU and the host see one take at a time, as before.
+others waiting on their channels, so the GPU and the host see one take at a time, as before.
 
 The run's process counts these processes as its own when it watches the machine (their CPU time
 and their work on the GPU are the measurement's, not a neighbour's): ``ServedEngine.processes``.
@@ -27,6 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from pipeline.launchers.child import ENDS, ERROR, OK, ChildEnded, Reply, ended_words, serve_requests
 from pipeline.running.errors import DeviceFault, PipelineError
 from pipeline.running.faults import as_fault
 
@@ -43,20 +45,16 @@ class ProcessGone(PipelineError):
 # --- in the compiling process ----------------------------------------------------------------------
 
 
-def serve(connection, points: dict[tuple[str, str], tuple[Any, Any]], name: str, runtime_for=None) -> None:
+def serve(channel, points: dict[tuple[str, str], tuple[Any, Any]], name: str, runtime_for=None) -> None:
     """Answer the run's requests for the ``points`` this process kept (engine file, shape point →
-    (its runtime, its prepared model)), one at a time, until told to stop (None) or the run's end of
-    the pipe closes. An error is answered as the run's process would have raised it itself, a kernel
-    fault (DeviceFault) among them: this process's context is then gone, as the run's would be, so
-    it serves nothing more and ends (the run's process prepares the points it kept).
-    ``runtime_for(job)``: a compile job's runtime, for the points prepared here from another's graph (SHARE)."""
-    while True:
-        try:
-            request = connection.recv()
-        except (EOFError, OSError):  # the run's process ended (or replaced itself after a fault)
-            return
-        if request is None:
-            return
+    (its runtime, its prepared model)), one at a time, until told to stop or the run's end of the
+    channel closes (pipeline/launchers/child.py, serve_requests). An error is answered as the run's
+    process would have raised it itself, a kernel fault (DeviceFault) among them: this process's
+    context is then gone, as the run's would be, so it serves nothing more and ends (the run's
+    process prepares the points it kept). ``runtime_for(job)``: a compile job's runtime, for the
+    points prepared here from another's graph (SHARE)."""
+
+    def answer(request) -> Reply:
         what, key, args = request
         try:
             if what == SHARE:  # another toolchain's point, kept here: this one from its graph
@@ -64,22 +62,18 @@ def serve(connection, points: dict[tuple[str, str], tuple[Any, Any]], name: str,
                 runtime = runtime_for(job)
                 engine = Path(job.engine_path)  # read by its second name, gone by now: the engine's own
                 points[key] = (runtime, runtime.prepared_from(points[leader][1], engine.with_name(engine_name(str(engine)))))
-                reply = ("ok", None)
-            else:
-                reply = ("ok", _answer(what, key, *points[key], name, *args))
+                return Reply(OK, None)
+            return Reply(OK, _answer(what, key, *points[key], name, *args))
         except DeviceFault as exc:
-            reply = ("error", exc.plain())
+            return Reply(ENDS, exc.plain())
         except PipelineError as exc:
-            reply = ("error", as_fault(exc, f"in {name}") or exc.plain())
+            error = as_fault(exc, f"in {name}") or exc.plain()
         except Exception as exc:  # a bug here, or a tool's own: the engine's failure at this point, in words
             words = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            reply = ("error", as_fault(exc, f"in {name}") or PipelineError(f"{type(exc).__name__} in {name}: {words}"))
-        try:
-            connection.send(reply)
-        except (OSError, EOFError):
-            return
-        if isinstance(reply[1], DeviceFault):
-            return  # a kernel faulted: CUDA's context is gone for good in this process
+            error = as_fault(exc, f"in {name}") or PipelineError(f"{type(exc).__name__} in {name}: {words}")
+        return Reply(ENDS if isinstance(error, DeviceFault) else ERROR, error)
+
+    serve_requests(channel, answer)
 
 
 def _answer(what: str, key: tuple[str, str], runtime, prepared, name: str, *args):
@@ -131,64 +125,56 @@ def _on_cpus(cpus):
 
 
 class ServingProcess:
-    """The run's end of one compiling process's pipe: one request at a time, its answer awaited.
-    ``siblings``: the pids of every process of its pool, which all hold the GPU while the run
-    measures (shared by the pool's ServingProcess objects, filled as they start)."""
+    """The run's end of one compiling process (a launchers.child.Child that answers requests): one
+    request at a time, its answer awaited. ``siblings``: the pids of every process of its pool,
+    which all hold the GPU while the run measures (shared by the pool's ServingProcess objects,
+    filled as they start)."""
 
-    def __init__(self, connection, process, siblings: set[int]):
-        self.connection, self.process, self.siblings = connection, process, siblings
+    def __init__(self, child, siblings: set[int]):
+        self.child, self.siblings = child, siblings
         self._lock = threading.Lock()
         self.gone: str | None = None  # why it can serve no more
 
     @property
     def pid(self) -> int | None:
-        return self.process.pid
+        return self.child.pid
 
     @property
     def name(self) -> str:
-        return self.process.name
+        return self.child.name
 
     def alive(self) -> bool:
-        return self.gone is None and self.process.is_alive()
+        return self.gone is None and self.child.alive()
 
     def ask(self, what: str, key: tuple[str, str], *args):
         with self._lock:
             if self.gone is not None:
                 raise ProcessGone(self.gone)
             try:
-                self.connection.send((what, key, args))
-                kind, value = self.connection.recv()
-            except (EOFError, OSError) as exc:
-                self.process.join(1)
-                status = self.process.exitcode
-                self.gone = f"{self.name}, which compiled and kept it, ended (exit status {status})"
+                return self.child.ask((what, key, args))
+            except ChildEnded as exc:
+                self.gone = f"{self.name}, which compiled and kept it, ended ({ended_words(self.child.exitcode)})"
                 raise ProcessGone(self.gone, hint="run the same command again; -v shows what the process printed") from exc
-        if kind == "error":
-            if isinstance(value, DeviceFault):
-                self.faulted()  # it answered the fault and ended
-            raise value
-        return value
+            except DeviceFault:  # it answered the fault and ended
+                self.gone = self.gone or _FAULTED.format(name=self.name)
+                raise
 
     def faulted(self) -> None:
         """A kernel faulted in it: its CUDA context is gone, it ended, and nothing more is asked of it
         (each point it kept is prepared in the run's process instead)."""
         with self._lock:
             if self.gone is None:
-                self.gone = f"{self.name}, which compiled and kept it, faulted on the GPU (its CUDA context is gone)"
+                self.gone = _FAULTED.format(name=self.name)
 
     def stop(self) -> None:
-        """Ask it to stop serving (it then ends); quietly, whatever state its pipe is in."""
+        """Ask it to stop serving (it then ends); quietly, whatever state its channel is in."""
         with self._lock:
             if self.gone is None:
                 self.gone = f"{self.name} was told to stop"
-                try:
-                    self.connection.send(None)
-                except (OSError, ValueError):
-                    pass
-        try:
-            self.connection.close()
-        except OSError:
-            pass
+        self.child.stop_serving()
+
+
+_FAULTED = "{name}, which compiled and kept it, faulted on the GPU (its CUDA context is gone)"
 
 
 class ServedPoint:

@@ -32,6 +32,18 @@ STAGE_ORDER = ("export", "build", "profile")
 KEPT_OUTCOMES = ("out_of_memory", "faulted")
 
 
+@dataclass(frozen=True)
+class RunRequest:
+    """What a run is asked, wherever it runs (a launcher: this process, or a Ray cluster): every
+    stage up to ``until`` of ``engines`` on ``toolchains`` (None: the export alone), timed on GPUs of
+    ``gpu_types`` where a cluster has several (none: where each toolchain builds for)."""
+
+    engines: list[EngineRef]
+    toolchains: list[str] | None
+    until: str
+    gpu_types: tuple[str, ...] = ()
+
+
 @dataclass
 class RunContext:
     """Everything a stage needs besides its own configuration."""

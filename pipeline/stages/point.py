@@ -24,7 +24,6 @@ the group they were measured in, so a report pairs them round by round.
 
 from __future__ import annotations
 
-import multiprocessing
 import time
 import zlib
 from collections.abc import Callable
@@ -32,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.launchers.child import Child, answer_with
 from pipeline.machine.environment import machine_load, measuring_gpu, running_on
 from pipeline.manifest import StageRecord
 from pipeline.measuring.host_rounds import HostRounds
@@ -346,58 +346,35 @@ def _in_fresh_process(stages: list, settings):
     """The group measured again in a new interpreter: (RoundsOutcome, each engine's evidence by name)."""
     ctx = stages[0].ctx
     members = [(entrant_name(stage), stage.toolchain, stage.engine_file(), stage.workload()) for stage in stages]
-    spawn = multiprocessing.get_context("spawn")  # a new interpreter, not a copy of this one
-    receive, send = spawn.Pipe(duplex=False)
-    args = (send, ctx.catalog, members, settings, point_seed(stages), ctx.reporter.verbose)
-    child = spawn.Process(target=_fresh_process, args=args, name="pipeline-repeat")
-    child.start()
-    send.close()
-    try:
-        outcome = receive.recv()
-    except EOFError:  # it ended without a word: killed, or crashed in native code
-        outcome = None
-    except BaseException:  # Ctrl-C, SIGTERM: the measurement goes with this process
-        child.terminate()
-        child.join(STOP_GRACE_S)
-        if child.is_alive():
-            child.kill()
-        raise
-    child.join()
-    if outcome is None:
-        names = ", ".join(name for name, *_ in members)
-        raise PipelineError(
-            f"the process repeating the measurement of {names} ended without a result (exit status {child.exitcode}).",
-            hint="run the same command again; -v shows what it printed",
-        )
-    kind, payload = outcome
-    if kind == "error":
-        raise payload
-    return payload
+    child = Child(_fresh_process, ctx.catalog, members, settings, point_seed(stages), ctx.reporter.verbose, name="pipeline-repeat")
+    names = ", ".join(name for name, *_ in members)
+    return child.start().result(f"repeating the measurement of {names}", STOP_GRACE_S)
 
 
-def _fresh_process(send, catalog, members: list[tuple[str, str, Path, Any]], settings, seed: int, verbose: bool) -> None:
+def _fresh_process(channel, catalog, members: list[tuple[str, str, Path, Any]], settings, seed: int, verbose: bool) -> None:
+    answer_with(channel, lambda: _measured_again(catalog, members, settings, seed, verbose))
+
+
+def _measured_again(catalog, members: list[tuple[str, str, Path, Any]], settings, seed: int, verbose: bool):
     from pipeline.running.reporting import Reporter
     from pipeline.runtimes import create_runtime
 
-    try:
-        reporter = Reporter(verbose=verbose)
-        runtimes: dict[str, Any] = {}
-        engines = {}
-        with running_on(settings.host_cpus), HostRounds() as held:
-            held.share()  # preparing, as in the first measurement
-            for name, toolchain, engine_path, workload in members:
-                if toolchain not in runtimes:
-                    runtimes[toolchain] = create_runtime(toolchain, catalog.toolchain(toolchain), reporter, catalog.root)
-                try:
-                    engines[name] = runtimes[toolchain].prepare(engine_path, workload)
-                except DeviceFault as exc:
-                    exc.pinned_to(name)  # the engine being prepared
-                    raise
-            gpu = measuring_gpu()
-            stays = frozenset(name for name, toolchain, _, _ in members if toolchain == catalog.baseline_toolchain)
-            outcome = measure_in_rounds(engines, settings, seed, None, SmClock(gpu["uuid"] if gpu else None), held=held, stays=stays)
-        evidence = {name: engine.evidence() for name, engine in engines.items() if name not in outcome.failed}
-        outcome.errors = {name: error.plain() for name, error in outcome.errors.items()}
-        send.send(("ok", (outcome, evidence)))
-    except PipelineError as exc:
-        send.send(("error", exc.plain()))
+    reporter = Reporter(verbose=verbose)
+    runtimes: dict[str, Any] = {}
+    engines = {}
+    with running_on(settings.host_cpus), HostRounds() as held:
+        held.share()  # preparing, as in the first measurement
+        for name, toolchain, engine_path, workload in members:
+            if toolchain not in runtimes:
+                runtimes[toolchain] = create_runtime(toolchain, catalog.toolchain(toolchain), reporter, catalog.root)
+            try:
+                engines[name] = runtimes[toolchain].prepare(engine_path, workload)
+            except DeviceFault as exc:
+                exc.pinned_to(name)  # the engine being prepared
+                raise
+        gpu = measuring_gpu()
+        stays = frozenset(name for name, toolchain, _, _ in members if toolchain == catalog.baseline_toolchain)
+        outcome = measure_in_rounds(engines, settings, seed, None, SmClock(gpu["uuid"] if gpu else None), held=held, stays=stays)
+    evidence = {name: engine.evidence() for name, engine in engines.items() if name not in outcome.failed}
+    outcome.errors = {name: error.plain() for name, error in outcome.errors.items()}
+    return outcome, evidence

@@ -5,11 +5,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from pipeline.catalog import EngineRef
 from pipeline.running.errors import DeviceFault, EnvironmentMissing, PipelineError
-from pipeline.stages.base import STAGE_ORDER, RunContext
+from pipeline.stages.base import STAGE_ORDER, RunContext, RunRequest
 
 
 @dataclass
@@ -414,21 +413,12 @@ def _close_quietly(pool) -> None:
         pass
 
 
-class Launcher(Protocol):
-    """Where the stages run: in this process (LocalLauncher) or on Ray nodes
-    (pipeline/cluster/supervisor.py, ClusterLauncher). The command line chooses one and hands it
-    the selection; a stage never knows which ran it."""
-
-    def run(self, ctx: RunContext, engines: list[EngineRef], toolchains: list[str] | None, until: str) -> RunSummary:
-        """Every stage up to ``until`` of ``engines`` on ``toolchains`` (None: the export alone)."""
-
-
 class LocalLauncher:
     """Runs the stages in this process, every toolchain at once: the engines of a shape point are
-    timed together."""
+    timed together. (The other launcher, on a Ray cluster: pipeline/cluster/supervisor.py.)"""
 
-    def run(self, ctx: RunContext, engines: list[EngineRef], toolchains: list[str] | None, until: str) -> RunSummary:
-        return run_engines(ctx, engines, toolchains, until)
+    def run(self, ctx: RunContext, request: RunRequest) -> RunSummary:
+        return run_engines(ctx, request.engines, request.toolchains, request.until)
 
 
 def describe(ctx: RunContext, engines: list[EngineRef], toolchain: str, until: str) -> list[str]:

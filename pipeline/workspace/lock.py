@@ -130,8 +130,8 @@ def workspace_lock(manifests_dir: Path, reporter, wait: bool = False, argv: list
 
 
 class InheritedLock:
-    """The held lock, for a child process started with multiprocessing's spawn: pickled into the
-    child as a duplicate of the descriptor. An flock belongs to the open file, which the duplicate
+    """The held lock, for a child process (pipeline/launchers/child.py): pickled into the child as
+    a duplicate of the descriptor. An flock belongs to the open file, which the duplicate
     shares, so the child holds the lock for as long as it lives, even past this process's death
     (kill -9): the next run waits for the child, never races it."""
 
@@ -139,9 +139,9 @@ class InheritedLock:
         self.fd = fd
 
     def __reduce__(self):
-        from multiprocessing.reduction import DupFd
+        from pipeline.launchers.child import inheritable
 
-        return (_adopt, (DupFd(self.fd),))
+        return (_adopt, (inheritable(self.fd),))
 
 
 def _adopt(duplicate) -> InheritedLock:

@@ -14,6 +14,7 @@ import pytest
 
 from pipeline.cluster.connection import Node, _connection_error, describe_node, gpu_types_of, placement_resources
 from pipeline.running.errors import EnvironmentMissing
+from pipeline.stages.base import RunRequest
 
 
 def test_ray_is_never_imported_without_cluster():
@@ -111,7 +112,7 @@ def test_each_kind_of_work_is_placed_where_it_can_run(tmp_path):
     cluster = Cluster("10.0.0.1:6379", [h100, rtx, cpu])
     engine = EngineRef("tiny", "fp16")
 
-    trt = ClusterPlan(ctx, cluster, [engine], ["trt-local"], "profile")
+    trt = ClusterPlan(ctx, cluster, RunRequest([engine], ["trt-local"], "profile"))
     assert trt.targets == {"trt-local": ["H100", "RTX-PRO-6000"]}  # every GPU type the toolchain supports
     assert trt.placement(Job("build", [Member(engine, "trt-local", "H100")])) == (
         {"num_cpus": 1, "resources": {"accelerator_type:H100": 0.001}, "num_gpus": 1, "runtime_env": threads(16)},
@@ -124,19 +125,19 @@ def test_each_kind_of_work_is_placed_where_it_can_run(tmp_path):
     )
     # A PyTorch build (loading, compiling) shares a GPU with other builds; a TensorRT build, which
     # times its tactics there, has one to itself (above). A point holds its GPU whole either way.
-    torch = ClusterPlan(ctx, cluster, [engine], ["torch-eager"], "profile", ("H100",))
+    torch = ClusterPlan(ctx, cluster, RunRequest([engine], ["torch-eager"], "profile", ("H100",)))
     assert torch.placement(Job("build", [Member(engine, "torch-eager", "H100")])) == (
         {"num_cpus": 1, "resources": {"accelerator_type:H100": 0.001}, "num_gpus": 0.25, "runtime_env": threads(16)},
         "H100",
     )
     assert torch.placement(Job("build", [Member(engine, "torch-eager", "RTX-PRO-6000")]))[0]["resources"] == {"gpu_type:RTX-PRO-6000": 0.25}
-    assert ClusterPlan(ctx, cluster, [engine], ["trt-local"], "profile", ("H100",)).targets == {"trt-local": ["H100"]}
+    assert ClusterPlan(ctx, cluster, RunRequest([engine], ["trt-local"], "profile", ("H100",))).targets == {"trt-local": ["H100"]}
     with pytest.raises(UsageError, match="no node of the cluster has A100; its GPU types are: H100, RTX-PRO-6000"):
-        ClusterPlan(ctx, cluster, [engine], ["trt-local"], "profile", ("A100",))
+        ClusterPlan(ctx, cluster, RunRequest([engine], ["trt-local"], "profile", ("A100",)))
 
     # TensorRT-RTX for sm120: built anywhere, timed on the RTX PRO 6000 (compute capability 12.0),
     # never on the H100 (9.0), which its engines do not run on.
-    aot = ClusterPlan(ctx, cluster, [engine], ["trt-rtx1.7"], "profile")
+    aot = ClusterPlan(ctx, cluster, RunRequest([engine], ["trt-rtx1.7"], "profile"))
     assert aot.targets == {"trt-rtx1.7": [None]}
     assert aot.placement(Job("build", [Member(engine, "trt-rtx1.7")])) == ({"num_cpus": 1, "runtime_env": threads(4)}, None)
     (point,) = [job for job in aot.plan() if job.stage == "profile"]
@@ -147,13 +148,13 @@ def test_each_kind_of_work_is_placed_where_it_can_run(tmp_path):
 
     # Two GPUs of one host (Ray's own resources): a point each at once, each with half the CPUs.
     two = Node("d" * 56, "10.0.0.4", {"CPU": 32, "GPU": 2, "accelerator_type:H200": 1})
-    pair = ClusterPlan(ctx, Cluster("10.0.0.4:6379", [two]), [engine], ["trt-local"], "profile")
+    pair = ClusterPlan(ctx, Cluster("10.0.0.4:6379", [two]), RunRequest([engine], ["trt-local"], "profile"))
     assert pair.placement(Job("profile", [Member(engine, "trt-local", "H200")], placed_on="H200")) == (
         {"num_cpus": 16.0, "resources": {"accelerator_type:H200": 0.001}, "num_gpus": 1, "runtime_env": threads(16)},
         "H200",
     )
 
-    ort = ClusterPlan(ctx, cluster, [engine], ["onnxruntime"], "profile")
+    ort = ClusterPlan(ctx, cluster, RunRequest([engine], ["onnxruntime"], "profile"))
     assert ort.targets == {"onnxruntime": [None]} and ort.placement(Job("build", [Member(engine, "onnxruntime")])) == (
         {"num_cpus": 1, "runtime_env": threads(4)},
         None,
@@ -164,12 +165,12 @@ def test_each_kind_of_work_is_placed_where_it_can_run(tmp_path):
     # GPUs, a quarter of one too: it computes on a GPU it sees, and must not on one a point holds.
     assert ort.placement(Job("export", [Member(engine)])) == ({"num_cpus": 4.0, "num_gpus": 0.25}, None)
     assert pair.placement(Job("export", [Member(engine)])) == ({"num_cpus": 16.0, "num_gpus": 0.25}, None)
-    stand_ins = ClusterPlan(ctx, Cluster("10.0.0.2:6379", [rtx, cpu]), [engine], ["onnxruntime"], "profile")
+    stand_ins = ClusterPlan(ctx, Cluster("10.0.0.2:6379", [rtx, cpu]), RunRequest([engine], ["onnxruntime"], "profile"))
     assert stand_ins.placement(Job("export", [Member(engine)])) == ({"num_cpus": 4.0}, None)  # no CUDA GPU to ask for
     # NVFP4's export needs CUDA: a node with Ray's GPU resource, and a clear error without one.
     nvfp4 = EngineRef("tiny", "nvfp4")
     assert ort.placement(Job("export", [Member(nvfp4)])) == ({"num_cpus": 4.0, "num_gpus": 1}, None)
-    no_gpu = ClusterPlan(ctx, Cluster("10.0.0.3:6379", [cpu]), [nvfp4], ["onnxruntime"], "profile")
+    no_gpu = ClusterPlan(ctx, Cluster("10.0.0.3:6379", [cpu]), RunRequest([nvfp4], ["onnxruntime"], "profile"))
     with pytest.raises(EnvironmentMissing, match="exporting tiny_nvfp4 needs a CUDA GPU, and no node of the cluster has one"):
         no_gpu.placement(Job("export", [Member(nvfp4)]))
 
@@ -200,7 +201,9 @@ def test_a_points_engines_of_every_toolchain_are_one_job_on_one_gpu_type(tmp_pat
     h100 = Node("a" * 56, "10.0.0.1", {"CPU": 16, "GPU": 1, "accelerator_type:H100": 1})
     pro = Node("b" * 56, "10.0.0.2", {"CPU": 8, "gpu_type:RTX-PRO-6000": 1})
     engines = [EngineRef("tiny", "fp32"), EngineRef("tiny", "fp16")]
-    plan = ClusterPlan(ctx, Cluster("10.0.0.1:6379", [h100, pro]), engines, ["trt-local", "onnxruntime", "trt-rtx1.7"], "profile")
+    plan = ClusterPlan(
+        ctx, Cluster("10.0.0.1:6379", [h100, pro]), RunRequest(engines, ["trt-local", "onnxruntime", "trt-rtx1.7"], "profile")
+    )
     jobs = plan.plan()
     points = {job.placed_on: job for job in jobs if job.stage == "profile"}
     assert set(points) == {"H100", "RTX-PRO-6000"}  # one model of one shape: one point, once per GPU type
@@ -365,7 +368,7 @@ def test_a_toolchain_that_builds_for_its_machines_gpu_builds_for_the_clusters_gp
 
     ctx = RunContext(catalog=catalog, workspace=Workspace(catalog.root))
     get_runtime(ctx, "trt-rtx1.7")  # one made before the plan (for this machine) is made again
-    plan = ClusterPlan(ctx, Cluster("x:1", [h100, rtx, l4]), [engine], ["trt-rtx1.7"], "build")
+    plan = ClusterPlan(ctx, Cluster("x:1", [h100, rtx, l4]), RunRequest([engine], ["trt-rtx1.7"], "build"))
     assert plan.runtimes["trt-rtx1.7"].spec.archs == ("sm89", "sm120")
     assert plan.ctx.catalog.toolchain("trt-rtx1.7").archs == ("sm89", "sm120")  # the L4's and the RTX PRO 6000's, not the H100's
     (build,) = [job for job in plan.plan() if job.stage == "build"]
@@ -373,12 +376,16 @@ def test_a_toolchain_that_builds_for_its_machines_gpu_builds_for_the_clusters_gp
     # The catalog's own archs (or --arch) stay as they are.
     pinned = catalog.with_targets("trt-rtx1.7", ("sm120",))
     plan = ClusterPlan(
-        RunContext(catalog=pinned, workspace=Workspace(catalog.root)), Cluster("x:1", [h100, l4]), [engine], ["trt-rtx1.7"], "build"
+        RunContext(catalog=pinned, workspace=Workspace(catalog.root)),
+        Cluster("x:1", [h100, l4]),
+        RunRequest([engine], ["trt-rtx1.7"], "build"),
     )
     assert plan.ctx.catalog.toolchain("trt-rtx1.7").archs == ("sm120",)
     # No GPU of the cluster it can target: the compiler's portable default, as on a machine without one.
     plan = ClusterPlan(
-        RunContext(catalog=catalog, workspace=Workspace(catalog.root)), Cluster("x:1", [h100]), [engine], ["trt-rtx1.7"], "build"
+        RunContext(catalog=catalog, workspace=Workspace(catalog.root)),
+        Cluster("x:1", [h100]),
+        RunRequest([engine], ["trt-rtx1.7"], "build"),
     )
     assert plan.ctx.catalog.toolchain("trt-rtx1.7").archs == ()
 
@@ -406,7 +413,7 @@ def test_the_builds_that_compile_at_every_point_are_started_first(tmp_path):
     two = Node("d" * 56, "10.0.0.4", {"CPU": 32, "GPU": 2, "accelerator_type:H200": 1})
     engines = [EngineRef("tiny", "fp16"), EngineRef("tiny", "fp32")]
     plan = ClusterPlan(
-        RunContext(catalog=catalog, workspace=Workspace(catalog.root)), Cluster("x:1", [two]), engines, list(torch), "profile"
+        RunContext(catalog=catalog, workspace=Workspace(catalog.root)), Cluster("x:1", [two]), RunRequest(engines, list(torch), "profile")
     )
     jobs = plan.plan()
     builds = [(job.engine.variant, job.toolchain) for job in jobs if job.stage == "build"]
@@ -449,7 +456,7 @@ def test_a_gpu_types_builds_and_exports_go_to_its_workers_where_every_build_is_m
     engines = [EngineRef("tiny", "fp16"), EngineRef("tiny", "nvfp4")]
 
     def on_workers(toolchains, nodes=(two,)):
-        plan = ClusterPlan(ctx, Cluster("x:1", list(nodes)), engines, toolchains, "profile")
+        plan = ClusterPlan(ctx, Cluster("x:1", list(nodes)), RunRequest(engines, toolchains, "profile"))
         return {(job.stage, job.engine.variant, job.toolchain): plan.worker_for(job) for job in plan.plan()}, plan
 
     where, plan = on_workers(["torch-eager", "torch-cudagraphs"])
@@ -471,7 +478,7 @@ def test_a_gpu_types_builds_and_exports_go_to_its_workers_where_every_build_is_m
     # task that asks Ray for a GPU, while FP16's goes to the worker.
     where, _ = on_workers(["torch-eager"], nodes=(declared, two))
     assert where[("export", "fp16", None)] == where[("export", "nvfp4", None)] == "H200"  # the first type built for, a CUDA GPU
-    plan = ClusterPlan(ctx, Cluster("x:1", [declared]), engines, ["torch-eager"], "profile")
+    plan = ClusterPlan(ctx, Cluster("x:1", [declared]), RunRequest(engines, ["torch-eager"], "profile"))
     exports = {job.engine.variant: plan.worker_for(job) for job in plan.plan() if job.stage == "export"}
     assert exports == {"fp16": "L4", "nvfp4": None}
 

@@ -91,7 +91,7 @@ def test_a_compiling_process_whose_kernel_faults_compiles_and_serves_nothing_mor
         jobs.put(_job(shape))
     jobs.put(None)
     ours, theirs = multiprocessing.Pipe()
-    compiling = threading.Thread(target=torch_compile_ahead._compile_points, args=(jobs, results, 1, 0, theirs), daemon=True)
+    compiling = threading.Thread(target=torch_compile_ahead._compile_points, args=(theirs, jobs, results, 1, 0), daemon=True)
     compiling.start()
     compiling.join(10)
     ended = not compiling.is_alive()
@@ -115,13 +115,13 @@ def test_the_points_a_process_kept_before_it_faulted_are_handed_over_to_be_prepa
     from pipeline.runtimes.torch_compile_ahead import _hand_over_kept
     from pipeline.runtimes.torch_served import ProcessGone, ServedPoint, ServingProcess
 
-    class Process:
+    class Child:
         name, pid = "pipeline-compile-1", 1234
 
-        def is_alive(self):
+        def alive(self):
             return True
 
-    healthy, faulted = ServingProcess(None, Process(), set()), ServingProcess(None, Process(), set())
+    healthy, faulted = ServingProcess(Child(), set()), ServingProcess(Child(), set())
     faulted.faulted()
     kept = [
         ("work", shape, ServedPoint(process, Path("/engines/.m_fp32.pt.ahead"), shape, {}))

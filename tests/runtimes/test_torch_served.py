@@ -6,12 +6,12 @@ profile."""
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 from pathlib import Path
 
 import pytest
 
+from pipeline.launchers.child import Child
 from pipeline.running.errors import DeviceFault, OutOfMemory, PipelineError
 from pipeline.runtimes.torch_served import ProcessGone, ServedPoint, ServingProcess, serve
 
@@ -65,18 +65,11 @@ def _serve_fakes(connection):
 @pytest.fixture
 def served():
     """A real serving process holding one fake point: (the ServedPoint, its process)."""
-    spawn = multiprocessing.get_context("spawn")
-    ours, theirs = spawn.Pipe()
-    process = spawn.Process(target=_serve_fakes, args=(theirs,), name="pipeline-compile-0", daemon=True)
-    process.start()
-    theirs.close()
-    siblings = {process.pid}
-    serving = ServingProcess(ours, process, siblings)
-    yield ServedPoint(serving, Path(KEY[0]), KEY[1], {"graphs": 1}), process
+    child = Child(_serve_fakes, name="pipeline-compile-0", requests=True, daemon=True).start()
+    serving = ServingProcess(child, {child.pid})
+    yield ServedPoint(serving, Path(KEY[0]), KEY[1], {"graphs": 1}), child.process
     serving.stop()
-    process.join(5)
-    if process.is_alive():
-        process.kill()
+    child.stop(5)
 
 
 def test_a_served_point_answers_as_the_process_that_holds_it(served):

@@ -1,0 +1,221 @@
+"""A child process: a new interpreter that runs one function and talks to its parent over one channel.
+
+Two shapes of talk, one helper:
+
+- **one reply** (``Child(...)``): the child does its work and answers once (``answer_with``); the
+  parent waits for it (``reply``), or, having waited for the child itself, reads whatever it said
+  (``reply_if_any``);
+- **requests** (``Child(..., requests=True)``): the parent asks (``ask``), the child answers each in
+  turn (``serve_requests``) until told to stop (``stop_serving``) or the parent's end closes.
+
+A reply is a ``Reply``: ``ok`` with a value, ``error`` with the pipeline's own error (what the child
+raised, its traceback left behind), or a word of the caller's own ("interrupted"). A child that
+ends without a reply is a ``ChildEnded`` naming its exit status or the signal that ended it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.running.errors import PipelineError
+
+# Every child is a new interpreter: CUDA cannot be forked, nor may Ray inherit a fork.
+_SPAWN = multiprocessing.get_context("spawn")
+OK, ERROR = "ok", "error"
+# An error after which the child serves nothing more (a kernel fault poisoned its CUDA context).
+ENDS = "error, and no more"
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What a child says: ``kind`` OK with its ``value``, ERROR (or ENDS) with the PipelineError it
+    raised, or a word of the caller's own."""
+
+    kind: str
+    value: Any = None
+
+    def result(self) -> Any:
+        """The value, or the child's error raised here."""
+        if self.kind in (ERROR, ENDS):
+            raise self.value
+        return self.value
+
+
+class ChildEnded(PipelineError):
+    """A child ended, or was found gone, without the reply it owed."""
+
+
+def ended_words(exitcode: int | None) -> str:
+    """How a process ended, in words: "exit status 1", "killed by SIGKILL", "still running"."""
+    if exitcode is None:
+        return "still running"
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit status {exitcode}"
+
+
+def queue():
+    """A queue children and their parent share (the compiling processes' jobs and results)."""
+    return _SPAWN.Queue()
+
+
+def this_process_name() -> str:
+    """The name this process was started under ("pipeline-compile-3"; "MainProcess" for the command)."""
+    return multiprocessing.current_process().name
+
+
+def inheritable(fd: int):
+    """A descriptor of this process as a child receives it: pickled with the child's arguments, it
+    arrives as a duplicate (``.detach()`` there gives its number), open as long as the child lives."""
+    from multiprocessing.reduction import DupFd
+
+    return DupFd(fd)
+
+
+class Child:
+    """``target(channel, *args)`` in a new interpreter named ``name``. ``requests``: the channel
+    carries the parent's requests and the child's answers (else only the child's one reply).
+    ``daemon``: it ends with this process (it may start no processes of its own)."""
+
+    def __init__(self, target: Callable, *args, name: str, requests: bool = False, daemon: bool = False):
+        if requests:
+            self._ours, self._theirs = _SPAWN.Pipe(duplex=True)
+        else:
+            self._ours, self._theirs = _SPAWN.Pipe(duplex=False)  # (receiving end, sending end)
+        self.process = _SPAWN.Process(target=target, args=(self._theirs, *args), name=name, daemon=daemon)
+
+    def start(self) -> Child:
+        self.process.start()
+        self._theirs.close()  # the child's end lives in the child: its exit closes the channel
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    @property
+    def name(self) -> str:
+        return self.process.name
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.process.exitcode
+
+    def alive(self) -> bool:
+        return self.process.is_alive()
+
+    def join(self, timeout: float | None = None) -> None:
+        self.process.join(timeout)
+
+    def reply(self) -> Reply | None:
+        """Wait for the child's reply; None when it ended without one."""
+        try:
+            return self._ours.recv()
+        except EOFError:
+            return None
+
+    def reply_if_any(self) -> Reply | None:
+        """The reply the child left, without waiting (after ``join``); None when it left none."""
+        try:
+            return self._ours.recv() if self._ours.poll() else None
+        except (EOFError, OSError):
+            return None
+
+    def result(self, what: str, grace_s: float = 5.0) -> Any:
+        """Wait for the reply and give its value, raising the child's error; a ChildEnded, naming
+        ``what`` the child was doing, when it ended without one. Interrupted (Ctrl-C, SIGTERM), it
+        stops the child (``grace_s`` to end) before it goes."""
+        try:
+            said = self.reply()
+        except BaseException:
+            self.stop(grace_s)
+            raise
+        self.join()
+        if said is None:
+            raise ChildEnded(
+                f"the process {what} ended without a result ({ended_words(self.exitcode)}).",
+                hint="run the same command again; -v shows what it printed",
+            )
+        return said.result()
+
+    def ask(self, request: Any) -> Any:
+        """Send a request and wait for its answer (a Reply's value; the child's error raised here).
+        ChildEnded when the child is gone."""
+        try:
+            self._ours.send(request)
+            said = self._ours.recv()
+        except (EOFError, OSError) as exc:
+            self.join(1)
+            raise ChildEnded(f"{self.name} ended ({ended_words(self.exitcode)})") from exc
+        return said.result()
+
+    def stop_serving(self) -> None:
+        """Tell a child that answers requests to stop; quietly, whatever state its channel is in."""
+        try:
+            self._ours.send(None)
+        except (OSError, ValueError):
+            pass
+        try:
+            self._ours.close()
+        except OSError:
+            pass
+
+    def signal(self, number: int) -> None:
+        """Send the child a signal (Ctrl-C passed on), if it is still there."""
+        if self.alive() and self.pid is not None:
+            os.kill(self.pid, number)
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """End the child: asked to (SIGTERM), then made to (SIGKILL) after ``grace_s``."""
+        if self.alive():
+            self.process.terminate()
+            self.process.join(grace_s)
+        if self.alive():
+            self.process.kill()
+            self.process.join()
+
+
+# --- in the child ----------------------------------------------------------------------------------
+
+
+def answer_with(channel, work: Callable[[], Any]) -> None:
+    """Do ``work`` and send its value as the one reply; the pipeline's own error it raises is sent
+    instead (without its traceback, which holds what cannot cross); anything else is this
+    process's bug and propagates (the child then ends without a reply, and its parent says so)."""
+    try:
+        said = Reply(OK, work())
+    except PipelineError as exc:
+        said = Reply(ERROR, exc.plain())
+    send_quietly(channel, said)
+
+
+def send_quietly(channel, said: Reply) -> bool:
+    """Send ``said``; False where the parent is gone (nobody to tell)."""
+    try:
+        channel.send(said)
+        return True
+    except (OSError, EOFError, BrokenPipeError):
+        return False
+
+
+def serve_requests(channel, answer: Callable[[Any], Reply]) -> None:
+    """Answer the parent's requests one at a time with ``answer(request)`` until told to stop
+    (None), the parent's end closes, or an answer ends the talk (``Reply.kind`` ENDS)."""
+    while True:
+        try:
+            request = channel.recv()
+        except (EOFError, OSError):  # the parent ended (or replaced itself after a fault)
+            return
+        if request is None:
+            return
+        said = answer(request)
+        if not send_quietly(channel, said) or said.kind == ENDS:
+            return
