@@ -25,6 +25,7 @@ from pipeline.catalog.settings import (  # noqa: F401 (the settings tables are t
     ProfileSettings,
     _Strict,
 )
+from pipeline.catalog.shape import ShapeSizes
 from pipeline.running.errors import UsageError
 
 CATALOG_FILENAME = "pipeline.toml"
@@ -54,18 +55,10 @@ def check_name(kind: str, name: str) -> str:
     return name
 
 
-SHAPE_RE = re.compile(r"^[1-9][0-9]*(x[1-9][0-9]*)*$")
-
-
-# The one shape of a graph without dynamic axes, as its shape point is named (models/base.py,
-# ShapePoint.label): a manifest's point, never one the catalog lists.
-STATIC_SHAPE = "static"
-
-
 def check_shape(text: str) -> str:
-    """A shape point as the catalog writes it: sizes of the model's dynamic axes joined by 'x' ("2x512")."""
-    if not isinstance(text, str) or not SHAPE_RE.match(text):
-        raise ValueError(f"{text!r} is not a shape: write the sizes of the model's dynamic axes joined by 'x', e.g. \"2x512\"")
+    """A shape point as the catalog writes it: sizes of the model's dynamic axes joined by 'x' ("2x512");
+    never "static", which only a manifest holds."""
+    ShapeSizes.parse(text, static=False)
     return text
 
 

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
 
-from pipeline.catalog import STATIC_SHAPE, ProfileSettings, check_shape
+from pipeline.catalog import ProfileSettings, ShapeSizes
 from pipeline.measuring.rounds import RoundsRecord
 from pipeline.measuring.stats import LatencyStats
 from pipeline.running.files import atomic_write_text
@@ -363,9 +363,9 @@ class StageRecord(_Model):
 def _shape_point(value: Any) -> Any:
     """A shape point as the pipeline writes it ("2x512"), also as reports print it ("2×512": a
     hand edit copied from a report reads the same)."""
-    if value == STATIC_SHAPE:  # the one shape of a graph without dynamic axes
-        return value
-    return check_shape(value.replace("×", "x")) if isinstance(value, str) else value
+    # "static" too: the one shape of a graph without dynamic axes. Kept as text (the file's form),
+    # the label its sizes write back.
+    return ShapeSizes.parse(value.replace("×", "x")).label if isinstance(value, str) else value
 
 
 class EngineManifest(_Model):

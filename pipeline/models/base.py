@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pipeline.catalog import ModelSpec, VariantSpec
+from pipeline.catalog import ModelSpec, ShapeSizes, VariantSpec
 from pipeline.running.errors import PipelineError, UsageError
 
 # torch dtype name of each precision a PyTorch model runs natively; quantized precisions are
@@ -56,8 +56,9 @@ class ShapePoint:
 
     @classmethod
     def parse(cls, text: str, axis_names: tuple[str, ...], model: str) -> ShapePoint:
-        """A catalog shape ("2x512") as sizes of ``axis_names`` (("batch", "sequence"))."""
-        sizes = [int(part) for part in text.split("x")]
+        """A catalog shape ("2x512") as sizes of ``axis_names`` (("batch", "sequence")); the text is
+        read by ShapeSizes, as everywhere a point's text is read."""
+        sizes = ShapeSizes.parse(text).sizes
         if len(sizes) != len(axis_names):
             raise UsageError(
                 f"model {model!r}: shape {text!r} has {len(sizes)} size(s), but the model's dynamic axes are {' × '.join(axis_names)}.",
@@ -68,7 +69,7 @@ class ShapePoint:
     @property
     def label(self) -> str:
         """ "2x512"; "static" for the one shape of a graph without dynamic axes."""
-        return "x".join(str(size) for _, size in self.axes) or "static"
+        return ShapeSizes(tuple(size for _, size in self.axes)).label
 
     def size(self, axis: str) -> int:
         for name, size in self.axes:

@@ -11,6 +11,7 @@ import html
 import io
 from datetime import datetime, timezone
 
+from pipeline.catalog import ShapeSizes
 from pipeline.manifest import EngineManifest
 from pipeline.report.answer import Answer
 from pipeline.report.rows import ComparisonRow
@@ -125,15 +126,16 @@ def _sweep_curves(sweep) -> str | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    batches = list(dict.fromkeys(shape.split("x")[0] for shape in sweep.shapes))
-    if any(len(shape.split("x")) != 2 for shape in sweep.shapes):
+    sizes = {shape: ShapeSizes.parse(shape) for shape in sweep.shapes}
+    if any(len(point.sizes) != 2 for point in sizes.values()):
         return None  # not batch × sequence: the table says it all
+    batches = list(dict.fromkeys(point.batch for point in sizes.values()))
     metrics = [("ms", "median latency, ms"), ("tokens", "tokens/s")]
     if any(row.gpu_memory_mib for points in sweep.lines.values() for row in points.values()):
         metrics.append(("memory", "GPU memory, MiB"))
     figure, axes = plt.subplots(len(metrics), len(batches), figsize=(4.6 * len(batches), 3.2 * len(metrics)), squeeze=False, sharex="col")
     for column, batch in enumerate(batches):
-        shapes = [shape for shape in sweep.shapes if shape.split("x")[0] == batch]
+        shapes = [shape for shape, point in sizes.items() if point.batch == batch]
         for row_index, (metric, label) in enumerate(metrics):
             axis = axes[row_index][column]
             for (variant, target), points in sweep.lines.items():
@@ -144,20 +146,20 @@ def _sweep_curves(sweep) -> str | None:
                     if row is not None and row.median_ms is not None:
                         value = {"ms": row.median_ms, "tokens": row.tokens_per_s, "memory": row.gpu_memory_mib}[metric]
                     if value is not None:
-                        xs.append(int(shape.split("x")[1]))
+                        xs.append(sizes[shape].sequence)
                         ys.append(value)
                         spans.append(_interval_of(row, metric, value))
                     elif row is not None and row.median_ms is None and row.status.startswith("failed"):
-                        failed.append(int(shape.split("x")[1]))
+                        failed.append(shape)
                 (line,) = axis.plot(xs, ys, marker="o", label=f"{target} · {variant}")
                 if any(span != (0.0, 0.0) for span in spans):  # each point's interval of its median
                     below, above = zip(*spans)
                     axis.errorbar(xs, ys, yerr=[below, above], fmt="none", ecolor=line.get_color(), capsize=3, alpha=0.8)
-                for x in failed:  # e.g. out of memory: where the line would have gone
-                    axis.axvline(x, color=line.get_color(), linestyle=":", alpha=0.6)
+                for shape in failed:  # e.g. out of memory: where the line would have gone
+                    axis.axvline(sizes[shape].sequence, color=line.get_color(), linestyle=":", alpha=0.6)
                     axis.annotate(
-                        "✕ " + {"out_of_memory": "OOM", "faulted": "faulted"}.get(points[f"{batch}x{x}"].outcome, "failed"),
-                        (x, 0.95),
+                        "✕ " + {"out_of_memory": "OOM", "faulted": "faulted"}.get(points[shape].outcome, "failed"),
+                        (sizes[shape].sequence, 0.95),
                         xycoords=("data", "axes fraction"),
                         color=line.get_color(),
                         fontsize=8,

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from pipeline.catalog import ShapeSizes
 from pipeline.manifest import EngineManifest
 from pipeline.report.flags import NOISY_CV, measurement_flags
 from pipeline.running.errors import PipelineError
@@ -216,10 +217,9 @@ def trusted_rounds(rows: list[ComparisonRow]) -> None:
 
 def shape_order(shape: str | None) -> tuple[int, ...]:
     """Shape points in the order of their sizes, the later axes first (sequence, then batch):
-    2x512, 4x512, 2x2048, …"""
-    if not shape or not shape[0].isdigit():  # none, or the one shape of a graph without dynamic axes
-        return ()
-    return tuple(reversed([int(size) for size in shape.split("x")]))
+    2x512, 4x512, 2x2048, … (ShapeSizes.order); none, or "static", first. Rows hold the point as
+    text, as the row cache and the JSON documents do: it is a manifest's, checked when it was read."""
+    return ShapeSizes.parse(shape).order if shape else ()
 
 
 # How a profile that ran out of memory began its reason (pipeline/runtimes/torch_memory.py).

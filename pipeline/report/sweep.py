@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.catalog import ShapeSizes
 from pipeline.measuring.stats import RatioEstimate
 from pipeline.report.confidence import time_ratio
 from pipeline.report.rows import ComparisonRow, shape_order
@@ -276,6 +277,6 @@ def _crossover(shapes: list[str], a: dict[str, ComparisonRow], b: dict[str, Comp
     return sentence + "."
 
 
-def shape_batch(shape: str) -> str:
-    """A point's batch size, as its text names it ("2" of "2x512")."""
-    return shape.split("x")[0]
+def shape_batch(shape: str) -> int | None:
+    """A point's batch size (2 of "2x512"); None for "static"."""
+    return ShapeSizes.parse(shape).batch

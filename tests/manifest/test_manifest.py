@@ -65,3 +65,14 @@ def test_manifests_of_the_previous_layout_are_read_and_compared(tmp_path, run_cl
     rows = {row["variant"]: row for row in json.loads(result.out)["rows"]}
     assert set(rows) == {"fp32", "int8"}
     assert rows["int8"]["median_ms"] == int8.profile.details.latency_ms.median
+
+
+@pytest.mark.parametrize(("given", "kept"), [("2x512", "2x512"), ("2×512", "2x512"), ("static", "static"), (None, None)])
+def test_a_manifests_shape_point_is_kept_as_the_pipeline_writes_it(given, kept):
+    assert EngineManifest.model_validate({**_manifest().model_dump(), "shape": given}).shape == kept
+
+
+@pytest.mark.parametrize("given", ["2x", "0x512", "big"])
+def test_a_manifests_shape_point_that_is_not_one_is_refused(given):
+    with pytest.raises(ValueError, match="is not a shape"):
+        EngineManifest.model_validate({**_manifest().model_dump(), "shape": given})
