@@ -60,7 +60,7 @@ class RunContext:
     # The Ray node running this stage, recorded in the manifest's environment (cluster runs).
     cluster_node: Any = None
     # While a run builds its engines: where each build hands over its work ahead of its profiles,
-    # to be done in the background (runner.WorkAhead). None: each build does its own, then and there.
+    # to be done in the background (work_ahead.WorkAhead). None: each build does its own, then and there.
     ahead: Any = None
     # Whether this run's exports write the ONNX: only a toolchain that compiles or runs the ONNX
     # reads it (EngineRuntime.reads_onnx); a run of PyTorch toolchains alone skips writing and

@@ -239,7 +239,7 @@ def test_a_run_compiles_every_point_of_every_compiled_engine_side_by_side_and_ti
 
     from pipeline.runtimes import torch_compile_ahead
     from pipeline.runtimes.torch_preparing import TorchPreparation
-    from pipeline.stages.runner import WorkAhead
+    from pipeline.stages.work_ahead import WorkAhead
 
     # Two processes (this machine's CPUs may be too few to choose that on their own); the cache is
     # this test's alone.
@@ -380,7 +380,7 @@ def test_work_ahead_of_profiles_goes_on_in_one_pool_per_kind_and_a_failure_only_
 
     from pipeline.running.reporting import Reporter
     from pipeline.runtimes.base import AheadPool, AheadWork
-    from pipeline.stages.runner import WorkAhead
+    from pipeline.stages.work_ahead import WorkAhead
 
     events, recorded = [], {}
 
