@@ -45,6 +45,11 @@ class ShapeSizes:
         return self.label
 
     @property
+    def shown(self) -> str:
+        """The form the reports print: "2×512", or "static"."""
+        return self.label.replace("x", "×")
+
+    @property
     def batch(self) -> int | None:
         """The first axis's size (batch, for every family that has one); None for "static"."""
         return self.sizes[0] if self.sizes else None
@@ -59,3 +64,14 @@ class ShapeSizes:
         """What points sort by: their sizes, the later axes first (sequence, then batch), so that
         2x512, 4x512, 2x2048 read as a sweep over the sequence; "static" first."""
         return tuple(reversed(self.sizes))
+
+
+def shown(text: str | None) -> str:
+    """A shape point's text as the reports print it ("2x512" as "2×512"); "" for none."""
+    return text.replace("x", "×") if text else ""
+
+
+def written(text: str) -> str:
+    """A shape point typed as the reports print it ("2×512") or as the pipeline writes it, in the
+    form the pipeline writes ("2x512"): what a user copies from a table finds its manifest."""
+    return text.replace("×", "x")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from pipeline.catalog.shape import written
 from pipeline.manifest.schema import READS, SCHEMA_VERSION, EngineManifest, unknown_evidence
 from pipeline.manifest.versions import lift_version_1
 from pipeline.running.errors import PipelineError
@@ -92,7 +93,7 @@ def _check_named_for(manifest: EngineManifest, source: str) -> None:
     if not name.endswith(".json"):
         return
     engine, _, shape = name.removesuffix(".json").partition("@")
-    named, holds = (engine, shape.replace("×", "x") or None), (manifest.engine, manifest.shape)
+    named, holds = (engine, written(shape) or None), (manifest.engine, manifest.shape)
     if named != holds:
 
         def said(engine: str, shape: str | None) -> str:

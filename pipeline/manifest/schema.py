@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
 
 from pipeline.catalog import ProfileSettings, ShapeSizes
+from pipeline.catalog.shape import written
 from pipeline.measuring.rounds import RoundsRecord
 from pipeline.measuring.stats import LatencyStats
 from pipeline.running.files import atomic_write_text
@@ -365,7 +366,7 @@ def _shape_point(value: Any) -> Any:
     hand edit copied from a report reads the same)."""
     # "static" too: the one shape of a graph without dynamic axes. Kept as text (the file's form),
     # the label its sizes write back.
-    return ShapeSizes.parse(value.replace("×", "x")).label if isinstance(value, str) else value
+    return ShapeSizes.parse(written(value)).label if isinstance(value, str) else value
 
 
 class EngineManifest(_Model):

@@ -7,6 +7,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from pipeline.catalog.shape import shown
+
 # Between two columns.
 GAP = "  "
 
@@ -48,7 +50,7 @@ class Answer:
 
     def sweep_table(self, sweep) -> tuple[list[str], list[list[str]]]:
         """(headers, cells) of one sweep: a line per variant × toolchain, a column per shape point."""
-        headers = ["variant", "toolchain", *(shape.replace("x", "×") for shape in sweep.shapes)]
+        headers = ["variant", "toolchain", *(shown(shape) for shape in sweep.shapes)]
         cells = [
             [variant, target, *(sweep.cell((variant, target), shape, self.metric) for shape in sweep.shapes)]
             for variant, target in sweep.lines

@@ -12,6 +12,7 @@ import io
 from datetime import datetime, timezone
 
 from pipeline.catalog import ShapeSizes
+from pipeline.catalog.shape import shown
 from pipeline.manifest import EngineManifest
 from pipeline.report.answer import Answer
 from pipeline.report.rows import ComparisonRow
@@ -68,7 +69,7 @@ def _latency_bars(rows: list[ComparisonRow]) -> str | None:
             low.append(row.median_ms - row.p5_ms)
             high.append(row.p95_ms - row.median_ms)
         axis.bar(xs, medians, width, yerr=[low, high], capsize=3, label=chain)
-    labels = [f"{variant} {shape.replace('x', '×')}" if shape else variant for variant, shape in variants]
+    labels = [f"{variant} {shown(shape)}" if shape else variant for variant, shape in variants]
     axis.set_xticks(np.arange(len(variants)) + width * (len(chains) - 1) / 2, labels)
     axis.set_ylabel("median latency, ms (whiskers: p5–p95)")
     axis.legend(title="toolchain")

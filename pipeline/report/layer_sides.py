@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pipeline.catalog.shape import written
 from pipeline.report.layer_diff import EngineSide, TimedLayer, how_to_get_layers
 from pipeline.running.errors import PipelineError, UsageError
 
@@ -85,7 +86,7 @@ def _profiled(workspace, toolchain: str, ref, built, shape: str, side: EngineSid
     if not shape and built.profile:
         return built
     if shape:
-        shape = shape.replace("×", "x")  # as the reports print it
+        shape = written(shape)  # as the reports print it
         path = workspace.manifest_path(toolchain, ref, shape=shape)
         if path.exists():
             return read_manifest(path)

@@ -9,6 +9,7 @@ import io
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pipeline.catalog.shape import shown
 from pipeline.report.answer import GAP, Answer, cell_len, wrap
 from pipeline.report.rows import ComparisonRow
 from pipeline.running.errors import UsageError
@@ -59,7 +60,7 @@ COLUMNS = (
     Column("engine", "engine", lambda r: r.engine, text=True),
     Column("variant", "variant", lambda r: r.variant, text=True),
     Column("toolchain", "toolchain", lambda r: r.target, text=True),
-    Column("shape", "shape", lambda r: r.shape.replace("x", "×") if r.shape else "–", text=True),
+    Column("shape", "shape", lambda r: shown(r.shape) or "–", text=True),
     Column("median", "median ms", lambda r: _fmt(r.median_ms, ".3f")),
     Column("p99", "p99 ms", lambda r: _fmt(r.p99_ms, ".3f")),
     Column("cv", "CV", lambda r: _fmt(r.cv * 100 if r.cv is not None else None, ".1f", "%")),

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.catalog.floor import AccuracyFloor, AccuracyThreshold
+from pipeline.catalog.shape import shown
 from pipeline.measuring.stats import RatioEstimate
 from pipeline.report import pairs
 from pipeline.report.confidence import interval_words, time_ratio
@@ -63,7 +64,7 @@ def gpu_words(device: dict[str, Any]) -> str:
 
 
 def times(shape: str | None) -> str:
-    return shape.replace("x", "×") if shape else ""
+    return shown(shape)
 
 
 def line_label(row: ComparisonRow) -> str:

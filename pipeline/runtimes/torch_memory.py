@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import sys
 
+from pipeline.catalog.shape import shown
 from pipeline.running.errors import OutOfMemory, PipelineError
 from pipeline.running.faults import as_fault, synchronised
 
@@ -53,7 +54,7 @@ class out_of_memory_as_error:
 
     @property
     def at(self) -> str:
-        return f"shape {self.shape.replace('x', '×')}" if self.shape else f"batch size {self.batch_size}"
+        return f"shape {shown(self.shape)}" if self.shape else f"batch size {self.batch_size}"
 
     @property
     def smaller(self) -> str:

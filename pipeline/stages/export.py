@@ -19,6 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pipeline.catalog.shape import shown
 from pipeline.machine.environment import package_version
 from pipeline.manifest import Artifact, ExportDetails, OutOfMemoryFacts
 from pipeline.models import TORCH_DTYPES
@@ -95,7 +96,7 @@ class ExportStage(Stage):
         large model's points take minutes each on a CPU."""
         for index, (label, feeds) in enumerate(references.items(), 1):
             if label is not None:
-                self.ctx.reporter.progress(f"{label.replace('x', '×')} ({index} of {len(references)})")
+                self.ctx.reporter.progress(f"{shown(label)} ({index} of {len(references)})")
             yield label, feeds
 
     def _calibration_dir(self) -> Path | None:

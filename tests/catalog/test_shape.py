@@ -38,3 +38,11 @@ def test_the_catalog_lists_sizes_only_never_static():
         check_shape(STATIC_SHAPE)
     with pytest.raises(ValueError, match="is not a shape"):
         ShapeSizes.parse(STATIC_SHAPE, static=False)
+
+
+def test_the_printed_form_and_back():
+    from pipeline.catalog.shape import shown, written
+
+    assert shown("2x512") == "2×512" == ShapeSizes.parse("2x512").shown and shown(None) == "" and shown("static") == "static"
+    assert written("2×512") == "2x512" == written("2x512")
+    assert ShapeSizes.parse(written(shown("4x4096"))).label == "4x4096"
