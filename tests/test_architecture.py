@@ -1,5 +1,5 @@
 """The house as its imports and sizes show it, held by CI: no module imports itself back through
-others (no circle), no module over 500 lines and no function over 100 — past that, a part of the
+others (no circle), no module over 450 lines and no function over 100 — past that, a part of the
 code has become two things that want names of their own. (The layers themselves are import-linter's
 contracts in pyproject.toml, run by `make lint`.)"""
 
@@ -12,7 +12,7 @@ import grimp
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "pipeline"
-MAX_MODULE_LINES = 500
+MAX_MODULE_LINES = 450
 MAX_FUNCTION_LINES = 100
 
 
@@ -88,7 +88,7 @@ def _sizes():
         yield path.relative_to(PACKAGE.parent), text.count("\n"), functions
 
 
-def test_no_module_is_over_500_lines_and_no_function_over_100():
+def test_no_module_is_over_450_lines_and_no_function_over_100():
     too_long = [f"{path}: {lines} lines" for path, lines, _ in _sizes() if lines > MAX_MODULE_LINES]
     too_long += [
         f"{path}: {name}() {size} lines" for path, _, functions in _sizes() for name, size in functions if size > MAX_FUNCTION_LINES
@@ -138,3 +138,16 @@ def test_only_the_process_room_starts_processes_its_own_way():
             if any(name.split(".")[0] == "multiprocessing" for name in imported) or called in ("Pipe", "execve", "execv", "fork"):
                 elsewhere.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
     assert elsewhere == []
+
+
+def test_each_backend_is_a_folder_of_its_own_and_few_modules_sit_beside_them():
+    """runtimes/ holds a sub-package per backend, each kind registered in one place (RUNTIMES), and at
+    most four loose modules beside them (what every backend shares)."""
+    from pipeline.runtimes import RUNTIMES
+
+    runtimes = PACKAGE / "runtimes"
+    loose = sorted(path.name for path in runtimes.glob("*.py") if path.name != "__init__.py")
+    assert len(loose) <= 4, loose
+    backends = {path.name for path in runtimes.iterdir() if (path / "__init__.py").is_file()}
+    registered = {target.split(":")[0].split(".")[2] for target in RUNTIMES.values()}
+    assert registered == backends  # every kind's class in a backend's folder, every folder registered

@@ -149,7 +149,7 @@ def cache():
 @pass_state
 def cache_export(state: _State, out: Path):
     """Write every graph this workspace's runs compiled or found (PyTorch's Mega-Cache records) to OUT."""
-    from pipeline.runtimes.torch_cache import export_bundle, use_workspace_cache
+    from pipeline.runtimes.pytorch.cache import export_bundle, use_workspace_cache
 
     use_workspace_cache(state.catalog.root)
     records, size = export_bundle(out)
@@ -161,8 +161,8 @@ def cache_export(state: _State, out: Path):
 @pass_state
 def cache_import(state: _State, bundle: Path):
     """Load compiled work `pipeline cache export` wrote into this workspace's caches."""
-    from pipeline.runtimes.torch_cache import import_bundle, use_workspace_cache
-    from pipeline.runtimes.torch_prepared import import_torch
+    from pipeline.runtimes.pytorch.cache import import_bundle, use_workspace_cache
+    from pipeline.runtimes.pytorch.prepared import import_torch
 
     import_torch()  # or the error that says how to install it
     directory = use_workspace_cache(state.catalog.root)

@@ -235,7 +235,7 @@ class HostSpeed:
         # the host's noise, not a neighbour's doing.
         self.noise = noise
         # The processes the takes run in besides this one (a compiling process serving its engine,
-        # pipeline/runtimes/torch_served.py): their CPU time is the takes', not others'.
+        # pipeline/runtimes/pytorch/served.py): their CPU time is the takes', not others'.
         self.helpers = frozenset(helpers)
         self._cgroups = _cgroup_stat_files()
         self._last_probe: float | None = None

@@ -77,7 +77,7 @@ def cpu_busy_s() -> float | None:
 def own_cpu_s(helpers: frozenset[int] = frozenset()) -> float:
     """CPU seconds of this process's own threads, and of ``helpers``: the processes a measurement
     runs its takes in besides this one (a compiling process that serves the engine it compiled,
-    pipeline/runtimes/torch_served.py), whose CPU time is the measurement's own. Not other
+    pipeline/runtimes/pytorch/served.py), whose CPU time is the measurement's own. Not other
     children's: a child is another process beside a measurement while it runs (a worker compiling
     ahead), and the kernel adds its CPU time to the parent's only when it is reaped, all at that
     instant, which would hide every other process's use in the window it landed in."""

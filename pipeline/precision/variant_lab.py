@@ -32,7 +32,7 @@ from pipeline.precision.figures import Figures, cosine_of, figures, relative_err
 from pipeline.precision.hooks import load_hook, metric_of, weighted_mean
 from pipeline.precision.samples import draw
 from pipeline.running.errors import UsageError
-from pipeline.runtimes.torch_memory import out_of_memory_as_error
+from pipeline.runtimes.pytorch.memory import out_of_memory_as_error
 from pipeline.stages.quantize import (
     DEFAULT_WEIGHTS_DTYPE,
     TRACED_HIGH_PRECISION,

@@ -1,8 +1,11 @@
 """The registry of engine runtimes: the one place a toolchain ``kind`` is tied to its code.
 
-Each kind is one module here with a runtime class (behind :class:`EngineRuntime`) and the
-catalog settings it reads (a :class:`~pipeline.catalog.ToolchainSpec` subclass, ``Spec``).
-Nothing outside this package needs to know which kinds exist.
+Each backend is one folder here (pytorch/, tensorrt/, tensorrt_rtx/, onnxrt/) with a runtime class
+for each of its kinds (behind :class:`EngineRuntime`, base.py) and the catalog settings it reads (a
+:class:`~pipeline.catalog.ToolchainSpec` subclass, ``Spec``). A new backend is a new folder and
+one line in RUNTIMES; nothing outside this package needs to know which kinds exist. Beside the
+folders: base.py (what every runtime fills), toolchains.py (the toolchains a run selects),
+process.py (running a tool and reading how it ended) and doctor.py (what this machine can run).
 """
 
 from __future__ import annotations
@@ -21,11 +24,11 @@ from pipeline.runtimes.base import EngineRuntime
 
 # kind → "module:class". Modules are imported when a catalog names their kind, not before.
 RUNTIMES = {
-    "onnxruntime": "pipeline.runtimes.onnxruntime:OnnxRuntimeRuntime",
-    "trtexec-container": "pipeline.runtimes.tensorrt_container:TrtexecContainerRuntime",
-    "trtexec-local": "pipeline.runtimes.tensorrt_local:TrtexecLocalRuntime",
-    "tensorrt-rtx": "pipeline.runtimes.tensorrt_rtx:TensorRtRtxRuntime",
-    "torch": "pipeline.runtimes.pytorch:TorchRuntime",
+    "onnxruntime": "pipeline.runtimes.onnxrt.runtime:OnnxRuntimeRuntime",
+    "trtexec-container": "pipeline.runtimes.tensorrt.in_container:TrtexecContainerRuntime",
+    "trtexec-local": "pipeline.runtimes.tensorrt.local:TrtexecLocalRuntime",
+    "tensorrt-rtx": "pipeline.runtimes.tensorrt_rtx.runtime:TensorRtRtxRuntime",
+    "torch": "pipeline.runtimes.pytorch.runtime:TorchRuntime",
 }
 
 

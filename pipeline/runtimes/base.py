@@ -17,7 +17,7 @@ from pipeline.models import ModelSource, PointShapes
 from pipeline.running.reporting import Reporter
 
 # The share of the GPU's memory that must stay free for anything to be kept prepared ahead of its
-# point's profile: a compiled point by the process that compiled it (torch_compile_ahead.py) or by
+# point's profile: a compiled point by the process that compiled it (pytorch/compile_ahead.py) or by
 # the run's process (EngineRuntime.prepare_ahead), the run's other engines while it waits
 # (pipeline/stages/point.py, prepare_points_ahead). What is kept holds memory until its point, and
 # a point's profile would run out sooner than alone.
@@ -162,8 +162,53 @@ def checked_evidence(runtime: EngineRuntime, evidence: dict[str, Any], details: 
     return {**core, **runtime.Evidence.model_validate(own).model_dump(mode="json", exclude_unset=True)}
 
 
-class EngineRuntime(ABC):
-    """One toolchain's way of turning ONNX into something that runs, and of timing it."""
+class WorksAhead:
+    """What a backend fills only if its builds leave work for later that is faster done for every
+    shape point at once, in the background (the torch backend's compiling at each point,
+    pipeline/runtimes/pytorch/): by default, none. The stages ask every runtime, never its kind."""
+
+    #: Set by the build stage while a build runs (None otherwise): a runtime whose build goes on
+    #: working on the engine once it has written it (a compiled engine prepared at its first
+    #: point) calls it with the file then, so that the work ahead (compiling the other points)
+    #: starts beside the rest of the build, not after it.
+    engine_written: Callable[[Path], None] | None = None
+    #: Set by the build stage in a run whose profiles follow (False otherwise): the build may leave
+    #: the point it would prepare itself to its work ahead as well, where the run's process then
+    #: prepares every point as the work finishes it (``prepare_ahead``).
+    leave_build_point_ahead: bool = False
+
+    @property
+    def builds_where_timed(self) -> bool:
+        """Whether a cluster run builds it on the GPU's worker that then times its shape points
+        (pipeline/cluster/gpu_workers.py): its build prepares the engine in the building process
+        (the model loaded, a graph compiled or captured), which later profiles in that process use
+        again, and it has no work to spread over processes of its own (``ahead_work``)."""
+        return False
+
+    @property
+    def builds_long(self) -> bool:
+        """Whether its builds take longer than other toolchains' of the same placement, by work
+        that grows with the model's shape points (compiling at each): a cluster starts them first,
+        so that the longest builds do not wait for a GPU's share behind short ones."""
+        return False
+
+    def ahead_work(self, engine_path: Path, workloads: list[ReferenceBatch]) -> AheadWork | None:
+        """Work each shape point's profile would start with (compiling for the point) that is
+        faster done for every point at once, beside other engines' such work, in the background
+        while the run builds the rest (AheadPool); None where there is none."""
+        return None
+
+    def prepare_ahead(self, engine_path: Path, workload: ReferenceBatch | None, served=None) -> str | None:
+        """Prepare the engine at a point its work ahead has just finished, for that point's profile
+        to find it so — in this process, or, ``served``, kept by the pool that did the work, which
+        serves it to the profile (AheadPool.finish); called while the run waits for the rest of the
+        work. Why it was not, where it was not (the profile then prepares it as it always does)."""
+        return "nothing to prepare ahead"
+
+
+class EngineRuntime(WorksAhead, ABC):
+    """One toolchain's way of turning ONNX into something that runs, and of timing it: what every
+    backend fills (its work ahead, if any, is WorksAhead's)."""
 
     #: The catalog ``kind`` this class implements.
     kind: ClassVar[str]
@@ -187,15 +232,6 @@ class EngineRuntime(ABC):
     #: other engines (pipeline/measuring/rounds.py); a tool's engine with none beside it is one whole
     #: measurement by the tool.
     measures_in_this_process: ClassVar[bool] = False
-    #: Set by the build stage while a build runs (None otherwise): a runtime whose build goes on
-    #: working on the engine once it has written it (a compiled engine prepared at its first
-    #: point) calls it with the file then, so that the work ahead (compiling the other points)
-    #: starts beside the rest of the build, not after it.
-    engine_written: Callable[[Path], None] | None = None
-    #: Set by the build stage in a run whose profiles follow (False otherwise): the build may leave
-    #: the point it would prepare itself to its work ahead as well, where the run's process then
-    #: prepares every point as the work finishes it (``prepare_ahead``).
-    leave_build_point_ahead: bool = False
     #: Whether its engines are made from the exported ONNX. Those that start from the PyTorch
     #: model itself still run a model the exporter refused (its export then writes no ONNX).
     reads_onnx: ClassVar[bool] = True
@@ -273,34 +309,6 @@ class EngineRuntime(ABC):
         ``onnx_path`` is the exported graph, ``source`` the PyTorch model it was exported from:
         compilers read the first, runtimes that run PyTorch itself (``reads_onnx`` False) start
         from the second, and get None where the exporter refused the model."""
-
-    @property
-    def builds_where_timed(self) -> bool:
-        """Whether a cluster run builds it on the GPU's worker that then times its shape points
-        (pipeline/cluster/gpu_workers.py): its build prepares the engine in the building process
-        (the model loaded, a graph compiled or captured), which later profiles in that process use
-        again, and it has no work to spread over processes of its own (``ahead_work``)."""
-        return False
-
-    @property
-    def builds_long(self) -> bool:
-        """Whether its builds take longer than other toolchains' of the same placement, by work
-        that grows with the model's shape points (compiling at each): a cluster starts them first,
-        so that the longest builds do not wait for a GPU's share behind short ones."""
-        return False
-
-    def ahead_work(self, engine_path: Path, workloads: list[ReferenceBatch]) -> AheadWork | None:
-        """Work each shape point's profile would start with (compiling for the point) that is
-        faster done for every point at once, beside other engines' such work, in the background
-        while the run builds the rest (AheadPool); None where there is none."""
-        return None
-
-    def prepare_ahead(self, engine_path: Path, workload: ReferenceBatch | None, served=None) -> str | None:
-        """Prepare the engine at a point its work ahead has just finished, for that point's profile
-        to find it so — in this process, or, ``served``, kept by the pool that did the work, which
-        serves it to the profile (AheadPool.finish); called while the run waits for the rest of the
-        work. Why it was not, where it was not (the profile then prepares it as it always does)."""
-        return "nothing to prepare ahead"
 
     def profile(self, engine_path: Path, settings: ProfileSettings, workload: ReferenceBatch | None = None) -> ProfileResult:
         """One whole measurement of the engine by the tool that times it in a process of its own.

@@ -80,10 +80,10 @@ def check_torch_build(gpus: list | None = None) -> Check:
 
 
 def check_torch_pair(versions: tuple[str | None, str | None] | None = None, import_error=None) -> Check | None:
-    """Whether torchvision goes with the torch installed (pipeline/runtimes/torch_pair.py); None
+    """Whether torchvision goes with the torch installed (pipeline/runtimes/pytorch/pair.py); None
     where either is missing. ``versions`` and ``import_error`` (a function) stand in for the
     installed ones in tests."""
-    from pipeline.runtimes.torch_pair import pair_problem, torchvision_import_error
+    from pipeline.runtimes.pytorch.pair import pair_problem, torchvision_import_error
 
     torch, torchvision = versions or (package_version("torch"), package_version("torchvision"))
     if not torch or not torchvision:
@@ -117,7 +117,7 @@ def check_docker() -> tuple[Check, Check]:
             Check("Docker daemon", False, f"unreachable ({str(exc).splitlines()[0][:120]})"),
             Check("NVIDIA container runtime", False, "no Docker"),
         )
-    from pipeline.runtimes.container import nvidia_runtime
+    from pipeline.runtimes.tensorrt.docker import nvidia_runtime
 
     daemon = Check("Docker daemon", True, f"Docker {info.get('ServerVersion', '?')}")
     how = nvidia_runtime(info)

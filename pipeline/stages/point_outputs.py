@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 from pipeline.running.errors import DeviceFault, OutOfMemory
-from pipeline.runtimes.torch_memory import out_of_memory_as_error
+from pipeline.runtimes.pytorch.memory import out_of_memory_as_error
 
 
 class PointOutputs:

@@ -118,7 +118,7 @@ class WorkAhead:
             where = f"{stage.engine.name} on {stage.toolchain}" + (f" at {point}" if point else "")
             if why is not None:
                 self.reporter.progress(f"not prepared ahead: {where}: {why}")
-            elif getattr(served, "fault", None) is not None:  # torch_served.FaultedPoint
+            elif getattr(served, "fault", None) is not None:  # pytorch.served.FaultedPoint
                 self.reporter.progress(f"not prepared ahead: {where}: it faulted in the process that compiled it; its profile records it")
             elif served is not None:
                 self.reporter.progress(f"{where} kept for its profile by the process that compiled it")

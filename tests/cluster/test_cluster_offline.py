@@ -348,7 +348,7 @@ def test_a_toolchain_that_builds_for_its_machines_gpu_builds_for_the_clusters_gp
     from pipeline.cluster.plan import ClusterPlan, Member
     from pipeline.machine.environment import GpuInfo
     from pipeline.runtimes import get_runtime, load_catalog
-    from pipeline.runtimes import tensorrt_rtx as rtx_module
+    from pipeline.runtimes.tensorrt_rtx import runtime as rtx_module
     from pipeline.stages.base import RunContext
     from pipeline.workspace import Workspace
     from tests.conftest import RTX_TOOLCHAINS, TINY_CATALOG, write_catalog

@@ -61,7 +61,7 @@ def test_every_profile_of_a_point_names_the_gpu_it_was_measured_on(two_gpus, mon
 def test_a_trtexec_container_gets_the_gpus_this_run_sees(monkeypatch, visible, request_ids, count):
     pytest.importorskip("docker.types", reason="the trtexec-container toolchain runs through the Docker SDK")
     import docker
-    from pipeline.runtimes.container import gpu_request
+    from pipeline.runtimes.tensorrt.docker import gpu_request
 
     if visible is None:
         monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)

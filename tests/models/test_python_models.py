@@ -250,13 +250,13 @@ def test_attention_kernels_as_a_model_report_tflops_and_their_error_against_the_
 def test_a_toolchain_whose_kernel_pytorch_did_not_run_is_refused_not_mislabelled(tmp_path, run_cli, monkeypatch):
     """torch-sdpa-flash whose prepared model ran another kernel (as torch.compile's own choice does
     on a GPU): a refusal naming both, recorded for the point, never a time under flash's name."""
-    from pipeline.runtimes import torch_preparing
+    from pipeline.runtimes.pytorch import preparing
 
     root = REPO_ROOT
     catalog = write_catalog(tmp_path / "ws", FLUX)
     (tmp_path / "ws" / "examples").mkdir()
     shutil.copy(root / "examples" / "flux_attention.py", tmp_path / "ws" / "examples" / "flux_attention.py")
-    monkeypatch.setattr(torch_preparing, "sdpa_kernels", lambda torch, run: ["efficient"])
+    monkeypatch.setattr(preparing, "sdpa_kernels", lambda torch, run: ["efficient"])
     result = run_cli(catalog, "build", "--engine", "flux_attention_fp32", "--toolchain", "torch-sdpa-flash")
     assert result.exit_code == 1, result.err
     assert "the flash SDPA kernel was asked for, but the prepared model ran efficient" in " ".join(result.err.split())

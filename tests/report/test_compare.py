@@ -15,7 +15,7 @@ import pytest
 
 from pipeline.manifest import Artifact, BuildDetails, EngineManifest, Environment, ExportDetails, ProfileDetails, StageRecord, read_manifest
 from pipeline.measuring.stats import LatencyStats
-from pipeline.runtimes.tensorrt import context_memory_mib
+from pipeline.runtimes.tensorrt.trtexec import context_memory_mib
 from pipeline.trtexec.layers import read_layer_info
 from pipeline.trtexec.log import read_log
 from tests.conftest import SAMPLES, TINY_CATALOG, render_in_chromium, write_catalog

@@ -129,8 +129,8 @@ def test_a_point_out_of_gpu_memory_is_recorded_and_the_rest_still_run(tmp_path, 
     free and total memory named, for that point only."""
     import torch
 
-    from pipeline.runtimes.pytorch import TorchRuntime
-    from pipeline.runtimes.torch_memory import out_of_memory_as_error
+    from pipeline.runtimes.pytorch.memory import out_of_memory_as_error
+    from pipeline.runtimes.pytorch.runtime import TorchRuntime
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (512 * 2**20, 81_559 * 2**20))
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
@@ -237,13 +237,13 @@ def test_a_run_compiles_every_point_of_every_compiled_engine_side_by_side_and_ti
     import multiprocessing
     import os
 
-    from pipeline.runtimes import torch_compile_ahead
-    from pipeline.runtimes.torch_preparing import TorchPreparation
+    from pipeline.runtimes.pytorch import compile_ahead
+    from pipeline.runtimes.pytorch.preparing import TorchPreparation
     from pipeline.stages.work_ahead import WorkAhead
 
     # Two processes (this machine's CPUs may be too few to choose that on their own); the cache is
     # this test's alone.
-    monkeypatch.setattr(torch_compile_ahead, "usable_cpus", lambda: 4)
+    monkeypatch.setattr(compile_ahead, "usable_cpus", lambda: 4)
     events = []  # what this process did, in order: each build's hand-over, each preparation and the wait
     handing_over, preparing, finishing = WorkAhead.submit, TorchPreparation.prepare, WorkAhead.finish
     monkeypatch.setattr(WorkAhead, "submit", lambda self, stage, work: events.append(stage.toolchain) or handing_over(self, stage, work))
@@ -316,9 +316,9 @@ def test_a_run_compiles_every_point_of_every_compiled_engine_side_by_side_and_ti
 def test_a_compiled_build_asked_for_alone_compiles_its_first_point_itself(tmp_path, run_cli, monkeypatch):
     """`pipeline build` has no profiles to prepare for: the build compiles its own first point
     (a refusal there is the build's), the other points beside it."""
-    from pipeline.runtimes import torch_compile_ahead
+    from pipeline.runtimes.pytorch import compile_ahead
 
-    monkeypatch.setattr(torch_compile_ahead, "usable_cpus", lambda: 4)
+    monkeypatch.setattr(compile_ahead, "usable_cpus", lambda: 4)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     (tmp_path / "pipeline.toml").write_text(SWEEP_CATALOG + '\n[toolchains.torch-compile]\nkind = "torch"\nbackend = "compile"\n')
     result = run_cli(tmp_path / "pipeline.toml", "build", "--model", "bert", "--toolchain", "torch-compile")
@@ -333,8 +333,9 @@ def test_a_compiled_engine_built_alone_compiles_its_points_beside_its_own_first(
     """A build outside a run of several engines (a cluster's build task) has no run's pool: it
     opens its own as soon as it has written the engine, compiles its first point meanwhile, and
     waits for the rest before it ends, their facts in its manifest."""
-    from pipeline.runtimes import load_catalog, torch_compile_ahead
-    from pipeline.runtimes.torch_preparing import TorchPreparation
+    from pipeline.runtimes import load_catalog
+    from pipeline.runtimes.pytorch import compile_ahead
+    from pipeline.runtimes.pytorch.preparing import TorchPreparation
     from pipeline.stages.base import RunContext
     from pipeline.stages.build import BuildStage
     from pipeline.stages.export import ExportStage
@@ -342,13 +343,11 @@ def test_a_compiled_engine_built_alone_compiles_its_points_beside_its_own_first(
     from pipeline.stages.runner import stage_for
     from pipeline.workspace import Workspace
 
-    monkeypatch.setattr(torch_compile_ahead, "usable_cpus", lambda: 4)
+    monkeypatch.setattr(compile_ahead, "usable_cpus", lambda: 4)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     events = []
-    handing_over, preparing = torch_compile_ahead.CompilePool.submit, TorchPreparation.prepare
-    monkeypatch.setattr(
-        torch_compile_ahead.CompilePool, "submit", lambda self, work: events.append("handed over") or handing_over(self, work)
-    )
+    handing_over, preparing = compile_ahead.CompilePool.submit, TorchPreparation.prepare
+    monkeypatch.setattr(compile_ahead.CompilePool, "submit", lambda self, work: events.append("handed over") or handing_over(self, work))
     monkeypatch.setattr(TorchPreparation, "prepare", lambda *args, **kwargs: events.append("compiled") or preparing(*args, **kwargs))
     (tmp_path / "pipeline.toml").write_text(SWEEP_CATALOG + '\n[toolchains.torch-compile]\nkind = "torch"\nbackend = "compile"\n')
     catalog = load_catalog(tmp_path / "pipeline.toml")
@@ -657,16 +656,16 @@ def test_rows_measured_apart_are_compared_by_their_own_intervals():
 def test_a_machine_too_small_to_compile_side_by_side_declines_and_says_why(tmp_path, monkeypatch):
     """Two CPUs: no compiling processes start, the build is not told its points compile in the
     background, and each build manifest records why (each profile then compiles its own)."""
-    from pipeline.runtimes import torch_compile_ahead
     from pipeline.runtimes.base import AheadWork
+    from pipeline.runtimes.pytorch import compile_ahead
 
-    monkeypatch.setattr(torch_compile_ahead, "usable_cpus", lambda: 2)
-    monkeypatch.setattr(torch_compile_ahead, "_gpu_free_bytes", lambda: None)
+    monkeypatch.setattr(compile_ahead, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(compile_ahead, "_gpu_free_bytes", lambda: None)
     engine = tmp_path / "m.pt"
     engine.write_bytes(b"weights")
-    jobs = [torch_compile_ahead.CompileJob("torch-compile", None, tmp_path, engine, None) for _ in range(3)]
-    pool = torch_compile_ahead.CompilePool()
-    assert pool.submit(AheadWork(engine, jobs, torch_compile_ahead.CompilePool)) is False
+    jobs = [compile_ahead.CompileJob("torch-compile", None, tmp_path, engine, None) for _ in range(3)]
+    pool = compile_ahead.CompilePool()
+    assert pool.submit(AheadWork(engine, jobs, compile_ahead.CompilePool)) is False
     evidence, why = pool.finish(lambda line: None)
     pool.close()
     assert "too few CPUs" in why and evidence == [{"compiler": {"compiled_ahead": {"skipped": why}}}]

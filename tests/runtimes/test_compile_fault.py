@@ -1,5 +1,5 @@
 """A kernel that faults in a process compiling points ahead of the profiles (pipeline/runtimes/
-torch_compile_ahead.py), or serving the points it kept to them (torch_served.py): CUDA's context is
+pytorch/compile_ahead.py), or serving the points it kept to them (pytorch/served.py): CUDA's context is
 gone for good in that process, so it stops there — it compiles nothing more and serves nothing it
 kept — the faulted point is recorded as faulted for its engine, as a fault in the run's own process
 is, the points it had kept are prepared by the run's process, and the run goes on.
@@ -71,7 +71,7 @@ class FakeRuntime:
 
 
 def _job(shape: str):
-    from pipeline.runtimes.torch_compile_ahead import CompileJob
+    from pipeline.runtimes.pytorch.compile_ahead import CompileJob
 
     return CompileJob("torch-compile", None, Path("/tmp"), Path("/engines/.m_fp32.pt.ahead"), SimpleNamespace(shape=shape))
 
@@ -81,7 +81,7 @@ def test_a_compiling_process_whose_kernel_faults_compiles_and_serves_nothing_mor
     fault in CUDA's words, in that process) and ends there — 2x16, still queued, is left to the
     other processes, and 1x16, kept, is not served from a context that is gone."""
     import pipeline.runtimes
-    from pipeline.runtimes import torch_compile_ahead
+    from pipeline.runtimes.pytorch import compile_ahead
 
     runtime = FakeRuntime()
     monkeypatch.setattr(pipeline.runtimes, "create_runtime", lambda *args: runtime)
@@ -91,7 +91,7 @@ def test_a_compiling_process_whose_kernel_faults_compiles_and_serves_nothing_mor
         jobs.put(_job(shape))
     jobs.put(None)
     ours, theirs = multiprocessing.Pipe()
-    compiling = threading.Thread(target=torch_compile_ahead._compile_points, args=(theirs, jobs, results, 1, 0), daemon=True)
+    compiling = threading.Thread(target=compile_ahead._compile_points, args=(theirs, jobs, results, 1, 0), daemon=True)
     compiling.start()
     compiling.join(10)
     ended = not compiling.is_alive()
@@ -112,8 +112,8 @@ def test_the_points_a_process_kept_before_it_faulted_are_handed_over_to_be_prepa
     """Once every point is compiled, each kept point is handed over to be served by the process that
     kept it; one whose process faulted since (and ended) is handed over as a point not kept, which
     the run's process prepares itself."""
-    from pipeline.runtimes.torch_compile_ahead import _hand_over_kept
-    from pipeline.runtimes.torch_served import ProcessGone, ServedPoint, ServingProcess
+    from pipeline.runtimes.pytorch.compile_ahead import _hand_over_kept
+    from pipeline.runtimes.pytorch.served import ProcessGone, ServedPoint, ServingProcess
 
     class Child:
         name, pid = "pipeline-compile-1", 1234
@@ -141,9 +141,9 @@ def test_a_run_records_a_fault_in_a_compiling_process_and_prepares_what_that_pro
     faulted for the engine, in the compiling process's words, and the run goes on (in a fresh
     process, as after any fault); every other point is measured, none of them by the process that
     faulted: what it kept before the fault is prepared by the run's process instead."""
-    from pipeline.runtimes import torch_compile_ahead
+    from pipeline.runtimes.pytorch import compile_ahead
 
-    monkeypatch.setattr(torch_compile_ahead, "usable_cpus", lambda: 4)  # two processes
+    monkeypatch.setattr(compile_ahead, "usable_cpus", lambda: 4)  # two processes
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     (tmp_path / "models-in").mkdir()
     shutil.copy(DATA / "python_models" / "faulting_compiled.py", tmp_path / "models-in")
@@ -170,7 +170,7 @@ def test_a_run_records_a_fault_in_a_compiling_process_and_prepares_what_that_pro
 def test_a_faulted_point_handed_over_raises_its_fault_at_its_profile():
     """What the run's process is handed for a point whose compilation ahead faulted: its profile's
     preparation raises the fault, recorded for that engine as one of the run's own would be."""
-    from pipeline.runtimes.torch_served import FaultedPoint
+    from pipeline.runtimes.pytorch.served import FaultedPoint
 
     point = FaultedPoint("4x64", {"error": DEVICE_SIDE_ASSERT, "during": "at shape 4×64, compiling it ahead in pipeline-compile-1"})
     assert not point.alive() and point.shape == "4x64" and point.facts == {}

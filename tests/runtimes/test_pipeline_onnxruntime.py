@@ -179,7 +179,7 @@ def test_an_export_this_machine_cannot_redo_is_kept_when_only_the_tools_versions
 
 def test_engine_outputs_named_unlike_the_onnx_are_a_clear_error(demo, run_cli, monkeypatch):
     from pipeline.runtimes.base import ReferenceRun
-    from pipeline.runtimes.onnxruntime import OnnxRuntimeRuntime
+    from pipeline.runtimes.onnxrt.runtime import OnnxRuntimeRuntime
 
     ws = demo.parent / "renamed"
     shutil.copytree(demo, ws)
@@ -392,7 +392,7 @@ def test_a_pinned_process_sizes_onnx_runtimes_thread_pool_to_its_own_cores(tmp_p
     from pipeline.machine.environment import running_on
     from pipeline.running.reporting import Reporter
     from pipeline.runtimes import create_runtime
-    from pipeline.runtimes.onnxruntime import OnnxRuntimeSpec
+    from pipeline.runtimes.onnxrt.runtime import OnnxRuntimeSpec
 
     graph = helper.make_graph(
         [helper.make_node("Relu", ["x"], ["y"])],

@@ -155,7 +155,7 @@ if sys.argv[1] == "early":
     early.torch = torch
 from pipeline.running.reporting import Reporter
 from pipeline.runtimes import spec_class
-from pipeline.runtimes.torch_preparing import TorchPreparation
+from pipeline.runtimes.pytorch.preparing import TorchPreparation
 
 spec = spec_class("torch").model_validate({"kind": "torch", "backend": "compile"})
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)).eval()
@@ -391,10 +391,10 @@ def test_in_a_run_graph_breaks_are_said_and_fullgraph_refuses_at_each_point(tmp_
     fullgraph toolchain's refusal is each point's, recorded in its profile, its build done."""
     import shutil
 
-    from pipeline.runtimes import torch_compile_ahead
+    from pipeline.runtimes.pytorch import compile_ahead
     from tests.conftest import DATA, catalog_head
 
-    monkeypatch.setattr(torch_compile_ahead, "usable_cpus", lambda: 4)  # two processes
+    monkeypatch.setattr(compile_ahead, "usable_cpus", lambda: 4)  # two processes
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     (tmp_path / "models-in").mkdir()
     shutil.copy(DATA / "python_models" / "graph_break.py", tmp_path / "models-in")
@@ -432,7 +432,8 @@ kind = "torch"
 def test_a_point_is_not_prepared_ahead_where_the_gpu_has_little_memory_free(tmp_path, monkeypatch):
     """What is kept prepared holds GPU memory: under a quarter free, the point is left to its profile."""
     from pipeline.running.reporting import Reporter
-    from pipeline.runtimes import create_runtime, pytorch, spec_class
+    from pipeline.runtimes import create_runtime, spec_class
+    from pipeline.runtimes.pytorch import runtime as pytorch
 
     spec = spec_class("torch").model_validate({"kind": "torch", "backend": "compile"})
     runtime = create_runtime("torch-compile", spec, Reporter(), tmp_path)
@@ -468,7 +469,7 @@ def test_ctrl_c_during_a_compile_leaves_nothing_that_looks_valid(tmp_path, run_c
 
 def test_out_of_memory_names_the_batch_and_the_free_memory(monkeypatch):
     from pipeline.running.errors import PipelineError
-    from pipeline.runtimes.torch_memory import out_of_memory_as_error
+    from pipeline.runtimes.pytorch.memory import out_of_memory_as_error
 
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (512 * 2**20, 80 * 2**30))
@@ -561,7 +562,7 @@ FLASH_REFUSAL_WARNINGS = [
 
 
 def test_a_kernel_refusal_gives_pytorchs_reason_not_the_restriction_it_restates():
-    from pipeline.runtimes.torch_preparing import _kernel_reasons
+    from pipeline.runtimes.pytorch.preparing import _kernel_reasons
 
     assert _kernel_reasons(FLASH_REFUSAL_WARNINGS, "flash") == ["Flash Attention does not support non-null attn_mask."]
     # The kernel asked for, disabled by PyTorch itself: that is the reason.
@@ -576,7 +577,7 @@ def test_a_sweep_reads_no_engine_back_that_its_builds_prepared_at_the_first_poin
     """Each toolchain's builds of several variants keep the models they prepared at the first shape
     point, which that point's profile times next: a run reads no engine file back, at that point
     or (each model kept and prepared again at the next shape) after it."""
-    from pipeline.runtimes import pytorch
+    from pipeline.runtimes.pytorch import runtime as pytorch
     from tests.conftest import CPU_TOOLCHAINS, tiny_bert_catalog
 
     catalog = write_catalog(tmp_path, tiny_bert_catalog(["2x8", "2x16"], ["fp32", "fp16"], ["fp32"]) + CPU_TOOLCHAINS)

@@ -112,8 +112,8 @@ def _engine_dir(catalog, toolchain):
 
 def test_runner_isolates_the_container(docker_host, tmp_path, monkeypatch):
     from pipeline.running.reporting import Reporter
-    from pipeline.runtimes import container
-    from pipeline.runtimes.container import DockerRunner, Mount
+    from pipeline.runtimes.tensorrt import docker as container
+    from pipeline.runtimes.tensorrt.docker import DockerRunner, Mount
 
     inputs, outputs = tmp_path / "in", tmp_path / "out"
     inputs.mkdir()
@@ -144,7 +144,7 @@ def test_runner_isolates_the_container(docker_host, tmp_path, monkeypatch):
 def test_runner_kills_on_timeout_and_removes_the_container(docker_host, tmp_path):
     from pipeline.running.errors import PipelineError
     from pipeline.running.reporting import Reporter
-    from pipeline.runtimes.container import DockerRunner
+    from pipeline.runtimes.tensorrt.docker import DockerRunner
 
     with pytest.raises(PipelineError, match="ran past its 2 s limit and was killed"):
         DockerRunner(Reporter()).run(

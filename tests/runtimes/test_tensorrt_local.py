@@ -185,7 +185,7 @@ def test_a_tool_measured_alone_reports_the_time_its_runs_took(local_install, run
     import re
     import time
 
-    from pipeline.runtimes.tensorrt import TrtexecRuntime
+    from pipeline.runtimes.tensorrt.trtexec import TrtexecRuntime
 
     catalog = local_install("ok")
     assert run_cli(catalog, "build", "--engine", "tiny_fp32", "--toolchain", "local").exit_code == 0
@@ -210,7 +210,7 @@ def test_a_build_that_runs_out_of_gpu_memory_is_a_result_with_what_tensorrt_aske
     from types import SimpleNamespace
 
     from pipeline.running.errors import OutOfMemory
-    from pipeline.runtimes.tensorrt import Execution, TrtexecRuntime, out_of_memory_words
+    from pipeline.runtimes.tensorrt.trtexec import Execution, TrtexecRuntime, out_of_memory_words
     from pipeline.trtexec.log import parse_log
     from tests.conftest import SAMPLES
 

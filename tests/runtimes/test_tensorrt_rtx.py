@@ -76,7 +76,7 @@ def workspace(rtx_cache, tmp_path_factory):
 
 @pytest.mark.rtx
 def test_pull_gives_each_release_its_own_environment(rtx_cache, workspace, run_cli):
-    from pipeline.runtimes.tensorrt_rtx_release import cuda_flavour
+    from pipeline.runtimes.tensorrt_rtx.release import cuda_flavour
 
     cuda = cuda_flavour("auto")  # cu13 where there is no NVIDIA driver, as on CI
     for release in ("1.7.1.116", "1.6.1.120"):
@@ -102,7 +102,7 @@ def test_a_pull_ignores_a_pythonpath_that_already_holds_the_release(rtx_cache, w
     # NGC containers and HPC module systems put packages on PYTHONPATH; pip then used to report the
     # release "already satisfied" and leave the new environment empty. An install location set
     # for pip (PIP_TARGET) must not redirect it either.
-    from pipeline.runtimes.tensorrt_rtx_release import cuda_flavour
+    from pipeline.runtimes.tensorrt_rtx.release import cuda_flavour
 
     cuda = cuda_flavour("auto")
     (site,) = (rtx_cache / "tensorrt-rtx" / f"1.7.1.116-{cuda}").glob("lib/python*/site-packages")
@@ -419,7 +419,7 @@ def test_a_compiler_killed_mid_build_is_reported_as_such(tmp_path, monkeypatch):
     from pipeline.catalog import VariantSpec
     from pipeline.running.errors import PipelineError, RefusedByTool
     from pipeline.running.reporting import Reporter
-    from pipeline.runtimes.tensorrt_rtx import TensorRtRtxRuntime, TensorRtRtxSpec
+    from pipeline.runtimes.tensorrt_rtx.runtime import TensorRtRtxRuntime, TensorRtRtxSpec
 
     def killed(argv, *, log_path, **_):
         log_path.write_text("[I] building …\n")
@@ -449,7 +449,7 @@ def test_a_compiler_that_crashed_is_a_failed_build_with_its_signal(tmp_path, mon
     from pipeline.models.timm import TimmSpec
     from pipeline.running.errors import ToolCrashed
     from pipeline.running.reporting import Reporter
-    from pipeline.runtimes.tensorrt_rtx import TensorRtRtxRuntime, TensorRtRtxSpec
+    from pipeline.runtimes.tensorrt_rtx.runtime import TensorRtRtxRuntime, TensorRtRtxSpec
 
     def crashed(argv, *, log_path, **_):
         log_path.write_text("[I] building …\n")
@@ -467,7 +467,7 @@ def test_a_compiler_that_crashed_is_a_failed_build_with_its_signal(tmp_path, mon
 
 
 def test_compiler_messages_lose_their_source_locations():
-    from pipeline.runtimes.tensorrt_rtx_reports import tidy
+    from pipeline.runtimes.tensorrt_rtx.reports import tidy
 
     myelin = (
         "IBuilder::buildSerializedNetwork: Error Code 1: Myelin ([pass.cpp:1500: run_passes] Cannot compile for target(s) sm80, "

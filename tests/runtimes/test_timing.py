@@ -12,7 +12,7 @@ import pytest
 
 from pipeline.catalog import ProfileSettings
 from pipeline.measuring import takes
-from pipeline.runtimes import tensorrt_rtx_cuda
+from pipeline.runtimes.tensorrt_rtx import cuda
 
 
 class SimulatedGpu:
@@ -108,7 +108,7 @@ def run_driver_timer(gpu, settings):
         gpu.measuring = gpu.stream_syncs > 0
         gpu.launch()
 
-    return tensorrt_rtx_cuda.timed_runs(FakeDriverCuda(gpu), None, launch, settings.warmup_ms, settings.iterations, settings.duration_s)
+    return cuda.timed_runs(FakeDriverCuda(gpu), None, launch, settings.warmup_ms, settings.iterations, settings.duration_s)
 
 
 TIMERS = [pytest.param(run_torch_timer, id="torch"), pytest.param(run_driver_timer, id="tensorrt-rtx")]
@@ -150,4 +150,4 @@ def test_fewer_runs_than_the_queue_holds_are_all_timed(timer):
 def test_both_timers_keep_the_same_queue_depth():
     # The driver runs in the compiler's own environment and cannot import the product: the same
     # rule is written twice, and this keeps the two in step.
-    assert tensorrt_rtx_cuda.QUEUE_DEPTH == takes.QUEUE_DEPTH
+    assert cuda.QUEUE_DEPTH == takes.QUEUE_DEPTH

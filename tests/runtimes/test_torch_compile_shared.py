@@ -1,5 +1,5 @@
-"""Each graph compiled once, and compiled work kept (pipeline/runtimes/torch_compile_ahead.py,
-torch_cache.py): two compiled toolchains that differ only by ``capture`` share each point's
+"""Each graph compiled once, and compiled work kept (pipeline/runtimes/pytorch/compile_ahead.py,
+pytorch/cache.py): two compiled toolchains that differ only by ``capture`` share each point's
 compilation, the caches live in the workspace, and `pipeline cache export` / `import` carry them
 to another workspace, whose compiles are then cache hits.
 
@@ -15,7 +15,7 @@ import zipfile
 
 import pytest
 
-from pipeline.runtimes.torch_spec import TorchSpec
+from pipeline.runtimes.pytorch.spec import TorchSpec
 from tests.conftest import DATA, catalog_head, write_catalog
 from tests.runtimes.test_pytorch_runtime import manifest, needs_inductor
 
@@ -51,12 +51,12 @@ def mlp_catalog(root):
 def cpu_capture(monkeypatch):
     """``capture`` allowed on this CPU (where it compiles without capturing), the compiling
     processes two, and the cache directory left to the product (restored after the test)."""
-    from pipeline.runtimes import torch_compile_ahead
-    from pipeline.runtimes.torch_cache import ENVIRONMENT, torch_default_cache_dir
+    from pipeline.runtimes.pytorch import compile_ahead
+    from pipeline.runtimes.pytorch.cache import ENVIRONMENT, torch_default_cache_dir
 
     real = TorchSpec.machine_problem
     monkeypatch.setattr(TorchSpec, "machine_problem", lambda self, *a: None if self.capture else real(self, *a))
-    monkeypatch.setattr(torch_compile_ahead, "usable_cpus", lambda: 4)
+    monkeypatch.setattr(compile_ahead, "usable_cpus", lambda: 4)
     monkeypatch.setenv(ENVIRONMENT, torch_default_cache_dir())
 
 
@@ -70,7 +70,7 @@ def test_capture_is_a_compile_setting_and_not_beside_a_mode_that_captures_itself
 
 @needs_inductor
 def test_two_toolchains_differing_only_by_capture_compile_each_point_once(tmp_path, run_cli, cpu_capture):
-    from pipeline.runtimes.torch_compile_ahead import CompileJob, graph_key
+    from pipeline.runtimes.pytorch.compile_ahead import CompileJob, graph_key
 
     catalog = mlp_catalog(tmp_path / "ws")
     result = run_cli(catalog, "run", "--model", "m", "--toolchain", "torch-compile", "--toolchain", "torch-captured")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.runtimes.torch_prepared import KeptModels, Prepared
+from pipeline.runtimes.pytorch.prepared import KeptModels, Prepared
 
 FILE, OTHER = (1, 10, 100), (2, 10, 100)
 

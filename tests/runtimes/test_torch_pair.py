@@ -1,4 +1,4 @@
-"""`pipeline doctor` on a torch/torchvision pair (pipeline/runtimes/torch_pair.py), with fake
+"""`pipeline doctor` on a torch/torchvision pair (pipeline/runtimes/pytorch/pair.py), with fake
 pairs: the one `make setup`'s fallback gave (torch 2.13.0+cpu from a local wheel, torchvision 0.28.0
 from PyPI, built for CUDA torch), and pairs that match."""
 

@@ -1,4 +1,4 @@
-"""A compiled point served by the process that compiled it (pipeline/runtimes/torch_served.py): each
+"""A compiled point served by the process that compiled it (pipeline/runtimes/pytorch/served.py): each
 request answered there as the run's process would have answered it itself, its errors raised
 here as they were raised there, and a process that is gone said once, in words, for every point it
 held — and the torch runtime preparing the point itself instead, where one was gone before its
@@ -13,7 +13,7 @@ import pytest
 
 from pipeline.launchers.child import Child
 from pipeline.running.errors import DeviceFault, OutOfMemory, PipelineError
-from pipeline.runtimes.torch_served import ProcessGone, ServedPoint, ServingProcess, serve
+from pipeline.runtimes.pytorch.served import ProcessGone, ServedPoint, ServingProcess, serve
 
 KEY = ("/engines/torch-compile/.bert_fp32.pt.ahead", "2x8")
 
@@ -140,7 +140,8 @@ def test_a_point_whose_process_is_gone_is_prepared_here(tmp_path, monkeypatch):
     """The torch runtime of the run's process, handed a served point whose process has gone by its
     profile, says so and prepares the point itself, as it would have without one."""
     from pipeline.running.reporting import Reporter
-    from pipeline.runtimes import create_runtime, pytorch, spec_class
+    from pipeline.runtimes import create_runtime, spec_class
+    from pipeline.runtimes.pytorch import runtime as pytorch
 
     class Gone:
         shape, facts = "2x8", {"graph_breaks": 0}

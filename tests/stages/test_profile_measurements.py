@@ -15,7 +15,7 @@ import pytest
 
 from pipeline.manifest import read_manifest
 from pipeline.measuring import machine_watch
-from pipeline.runtimes.onnxruntime import OnnxRuntimeRuntime
+from pipeline.runtimes.onnxrt.runtime import OnnxRuntimeRuntime
 from tests.conftest import TINY_CATALOG, write_catalog
 
 
@@ -226,7 +226,7 @@ def test_a_process_that_holds_the_gpu_but_runs_nothing_is_not_contention():
 
 
 def test_the_processes_that_serve_a_measurements_engines_are_its_own_on_the_gpu():
-    """A compiled engine timed in the process that compiled it (pipeline/runtimes/torch_served.py):
+    """A compiled engine timed in the process that compiled it (pipeline/runtimes/pytorch/served.py):
     that process, and its companions holding the GPU idle, are the measurement's, not contention;
     any other process running kernels still is. In a container (host pids) the measurement is the
     busiest processes, as many as it has."""

@@ -147,7 +147,7 @@ def test_this_gpu_refuses_tensorrt_rtx_engines_unless_it_is_an_rtx_class_gpu(rtx
 
     from pipeline.cli import main
     from pipeline.machine.environment import nvidia_gpus
-    from pipeline.runtimes.tensorrt_rtx import RUNS_ON
+    from pipeline.runtimes.tensorrt_rtx.runtime import RUNS_ON
 
     gpu = nvidia_gpus()[0]
     if gpu.compute_capability in RUNS_ON:
@@ -174,7 +174,7 @@ def test_this_gpu_refuses_tensorrt_rtx_engines_unless_it_is_an_rtx_class_gpu(rtx
     assert profile.status == "skipped" and gpu.name in profile.reason and gpu.compute_capability in profile.reason
     # Asked anyway, the runtime refuses the engine and names the GPUs it runs on.
     from pipeline.running.cache import cache_dir
-    from pipeline.runtimes.tensorrt_rtx_release import DRIVER, ReleaseEnvironment, cuda_flavour
+    from pipeline.runtimes.tensorrt_rtx.release import DRIVER, ReleaseEnvironment, cuda_flavour
 
     env = ReleaseEnvironment("1.7.1.116", cuda_flavour("auto"), cache_dir())
     result = rtx / "refused.json"
@@ -199,7 +199,7 @@ def test_the_drivers_cuda_timing_replays_a_graph_on_this_gpu(rtx):
 
     from pipeline.machine.environment import nvidia_gpus
     from pipeline.running.cache import cache_dir
-    from pipeline.runtimes.tensorrt_rtx_release import DRIVER, ReleaseEnvironment, cuda_flavour
+    from pipeline.runtimes.tensorrt_rtx.release import DRIVER, ReleaseEnvironment, cuda_flavour
 
     env = ReleaseEnvironment("1.7.1.116", cuda_flavour("auto"), cache_dir())
     result = rtx / "cuda-check.json"

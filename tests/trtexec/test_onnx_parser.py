@@ -50,10 +50,11 @@ def test_tensorrt_rtx_names_the_node_by_its_log_not_its_parser_record():
 
 def test_an_unnamed_node_refused_with_false_says_its_number_op_and_check(tmp_path):
     """The case that read `could not parse …: : false`: no node name, and the words "false"."""
-    from pipeline.runtimes.tensorrt_rtx import TensorRtRtxRuntime
+    from pipeline.runtimes.tensorrt_rtx.reports import parser_failure_of
+    from pipeline.runtimes.tensorrt_rtx.runtime import TensorRtRtxRuntime
 
     result = rtx_result("rtx1.7.1.116_build_refused_unique_unnamed.json")
-    failure = TensorRtRtxRuntime._parser_failure(result)
+    failure = parser_failure_of(result)
     assert (failure.node_number, failure.node, failure.op_type, failure.check) == (0, None, "Unique", "checkUnique")
     assert failure.message == "UNSUPPORTED_NODE"  # the parser's own code where its words are "false"
     runtime = TensorRtRtxRuntime.__new__(TensorRtRtxRuntime)

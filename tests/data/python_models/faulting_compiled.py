@@ -1,5 +1,5 @@
 """An MLP whose kernel faults past a sequence length, but only in a process that compiles points ahead
-of the profiles (pipeline/runtimes/torch_compile_ahead.py, processes named "pipeline-compile-N"):
+of the profiles (pipeline/runtimes/pytorch/compile_ahead.py, processes named "pipeline-compile-N"):
 CUDA's own words for a device-side assert, raised while the compiled model runs, and from then on
 every call in that process fails the same way (a sticky error: its context is unusable until it
 ends). The run's own process never faults, so what it prepares itself is measured."""

@@ -1,6 +1,6 @@
 """TensorRT through trtexec: what its two toolchain kinds share — trtexec in a pinned container image
-(pipeline/runtimes/tensorrt_container.py) and trtexec installed on this machine
-(pipeline/runtimes/tensorrt_local.py) — everything but how a command is executed and how host
+(pipeline/runtimes/tensorrt/in_container.py) and trtexec installed on this machine
+(pipeline/runtimes/tensorrt/local.py) — everything but how a command is executed and how host
 paths appear to it. Every run's
 output is saved beside the engine (``<engine>.build.log``, ``<engine>.profile.log``), parsed once
 (:mod:`pipeline.trtexec`), checked (PASSED, and the TensorRT version the toolchain claims), and

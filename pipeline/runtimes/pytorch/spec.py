@@ -1,6 +1,6 @@
 """A PyTorch toolchain as the catalog names it: eager, torch.compile (its mode, graph breaks,
 dynamic shapes) or eager captured in a CUDA graph, the attention it runs and TF32
-(pipeline/runtimes/pytorch.py prepares and times it)."""
+(pipeline/runtimes/pytorch/runtime.py prepares and times it)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ class TorchSpec(ToolchainSpec):
     # Replay torch.compile's graph (a mode that captures none) from one CUDA graph captured per shape
     # point (torch.cuda.graph): the launch overhead removed as mode "reduce-overhead" removes it,
     # with the same kernels as the same toolchain without `capture`, whose compilation it shares
-    # (pipeline/runtimes/torch_compile_ahead.py). GPU only.
+    # (pipeline/runtimes/pytorch/compile_ahead.py). GPU only.
     capture: bool = False
     # The model's attention: "sdpa" (PyTorch's fused scaled-dot-product attention) or "eager" (the
     # model's own matmul-softmax-matmul); None keeps the model's (the catalog's model setting).

@@ -24,11 +24,11 @@ A point that fails here (out of memory, a refusal) is left to its profile, which
 reason for that point as it always did; nothing here decides anything about the engine. But a
 kernel that faults leaves the process's CUDA context unusable for good (pipeline/running/faults.py):
 the process says so for that point and ends, compiling and serving nothing more; the point's
-profile records the fault (torch_served.FaultedPoint) as the run's own process records one, and
+profile records the fault (served.FaultedPoint) as the run's own process records one, and
 the points that process kept are prepared by the run's process as points not kept are.
 
 In a run, each process keeps the points it compiled, ready, and once every point is compiled
-serves them to the point's profile (pipeline/runtimes/torch_served.py): the run's process then
+serves them to the point's profile (pipeline/runtimes/pytorch/served.py): the run's process then
 traces none of them. A process keeps a point only while AHEAD_FREE_GPU of the GPU's memory stays
 free; a point not kept is prepared by the run's process, as it was before.
 """
@@ -47,7 +47,7 @@ from pipeline.launchers.child import Child, queue, this_process_name
 from pipeline.running.errors import DeviceFault, PipelineError
 from pipeline.running.faults import as_fault, fault_words
 from pipeline.runtimes.base import AheadPool, too_little_to_keep
-from pipeline.runtimes.torch_served import FaultedPoint, ServedPoint, ServingProcess, serve
+from pipeline.runtimes.pytorch.served import FaultedPoint, ServedPoint, ServingProcess, serve
 
 # At most this many processes compile at once: each holds a CUDA context, the model and one
 # inference's memory, and Inductor's own compile workers.
@@ -218,7 +218,7 @@ class CompilePool(AheadPool):
             "compiled_s": round(last_compiled - self._started_at, 3),
             "wall_s": round(time.perf_counter() - self._started, 3),
             "prepared_here_s": round(preparing, 3),
-            # Points their compiling process kept and serves to their profiles (torch_served.py).
+            # Points their compiling process kept and serves to their profiles (pytorch/served.py).
             "served": kept,
             "engines": len(self._works),
         }
@@ -292,7 +292,7 @@ def usable_cpus() -> int:
 def _compile_points(channel, jobs, results, threads: int, index: int) -> None:
     """In a new interpreter: prepare each job's engine at its point, as its profile will, and say
     how each went, until the pool says every point is handed out; then serve the points kept
-    (torch_served.py) until told to stop. A toolchain's runtime keeps the model it last read,
+    (pytorch/served.py) until told to stop. A toolchain's runtime keeps the model it last read,
     so consecutive points of one engine read it once; each point compiles its own graph."""
     # Inductor compiles kernels in a pool of workers, one per CPU by default: shared out here, so
     # the processes together use the machine's CPUs, not each all of them. (Read when torch is
@@ -334,8 +334,8 @@ def _compile_points(channel, jobs, results, threads: int, index: int) -> None:
 
 def _save_recorded(index: int) -> None:
     """What this process compiled or found in the caches, saved for `pipeline cache export`
-    (torch_cache.py). Never this process's failure: the caches themselves hold the work."""
-    from pipeline.runtimes.torch_cache import save_recorded
+    (pytorch/cache.py). Never this process's failure: the caches themselves hold the work."""
+    from pipeline.runtimes.pytorch.cache import save_recorded
 
     try:
         save_recorded(f"compile-{index}")

@@ -1,8 +1,8 @@
 """Preparing a PyTorch model to be timed: on its device in its dtype, run once eagerly, compiled by
 torch.compile (its graph breaks counted, its cache recorded) or captured in a CUDA graph, with the
 attention kernel the toolchain asks for — or a refusal that says why it cannot be (NotPrepared).
-The PyTorch toolchain (pipeline/runtimes/pytorch.py) loads the model and hands it here; what comes
-back (torch_prepared.Prepared) is what the measurement protocol times.
+The PyTorch toolchain (pipeline/runtimes/pytorch/runtime.py) loads the model and hands it here; what comes
+back (prepared.Prepared) is what the measurement protocol times.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 
 from pipeline.running.errors import RefusedByTool
 from pipeline.running.faults import fault_words
-from pipeline.runtimes.torch_memory import is_out_of_memory, out_of_memory_as_error
-from pipeline.runtimes.torch_prepared import (
+from pipeline.runtimes.pytorch.memory import is_out_of_memory, out_of_memory_as_error
+from pipeline.runtimes.pytorch.prepared import (
     Prepared,
     cache_keys_alike_in_every_process,
     capture,
@@ -129,7 +129,7 @@ class TorchPreparation:
 
     def shared(self, leader: Prepared, engine_file: tuple[int, int, int]) -> Prepared:
         """This toolchain at ``leader``'s point from ``leader``'s compiled graph: a toolchain that
-        differs from the leader's only by ``capture`` (torch_compile_ahead.py, graph_key), so the
+        differs from the leader's only by ``capture`` (pytorch/compile_ahead.py, graph_key), so the
         same kernels, compiled once. With ``capture``, the graph replayed from one CUDA graph;
         without, the compiled graph as the leader captured it."""
         torch = import_torch()
@@ -296,7 +296,7 @@ class TorchPreparation:
     def captured_compiled(self, torch, compiled, examples: tuple, facts: dict[str, Any]):
         """torch.compile's module, compiled and run at these inputs, captured in one CUDA graph:
         its kernels, launched by one replay (``capture``). Also how a compiled point of a toolchain
-        without ``capture`` is shared with one that has it (torch_compile_ahead.py)."""
+        without ``capture`` is shared with one that has it (pytorch/compile_ahead.py)."""
         self.reporter.progress("capturing the compiled model in a CUDA graph")
         started = time.perf_counter()
         run = self._captured(torch, compiled, examples)

@@ -2,7 +2,7 @@
 SDPA kernel choice), compiled by torch.compile, or replayed from a CUDA graph captured once. What the
 profile records of a prepared model beside its takes lives here too: which SDPA kernels it ran,
 and the host-synchronised latency. The toolchain itself (what is built, how it is prepared and
-refused) is pipeline/runtimes/pytorch.py."""
+refused) is pipeline/runtimes/pytorch/runtime.py."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Any
 
 from pipeline.measuring.takes import cuda_take, host_take
 from pipeline.running.reporting import native_stderr_held
-from pipeline.runtimes.torch_memory import out_of_memory_as_error
+from pipeline.runtimes.pytorch.memory import out_of_memory_as_error
 
 # Runs before CUDA-graph capture, on a side stream, as PyTorch's CUDA graph notes ask.
 CAPTURE_WARMUP_RUNS = 3
@@ -163,7 +163,7 @@ def import_torch():
 
 def cache_keys_alike_in_every_process(torch) -> None:
     """Make Inductor's cache keys for a graph the same in every process that compiles it: the
-    run's own, the processes compiling ahead (pipeline/runtimes/torch_compile_ahead.py), a
+    run's own, the processes compiling ahead (pipeline/runtimes/pytorch/compile_ahead.py), a
     cluster's build tasks and GPU workers.
 
     The keys (FX graph and AOTAutograd caches) hash a pickle of each input's metadata, its

@@ -7,7 +7,7 @@ The stages mean what they mean for every toolchain:
   name and its weights in the variant's precision, so the file pins exactly what is timed) and
   prepares it: for ``compile`` the compilation, timed, with the graph breaks counted and where
   Inductor keeps its cache recorded — and, for a model of several shape points, the compilation
-  at every point in processes side by side (pipeline/runtimes/torch_compile_ahead.py), so that
+  at every point in processes side by side (pipeline/runtimes/pytorch/compile_ahead.py), so that
   each point's profile finds its graphs in Inductor's cache (in a run that profiles, the build's
   own point too, each point then traced in this process while the run waits: prepare_ahead);
   for ``cudagraphs`` the capture.
@@ -19,8 +19,8 @@ The stages mean what they mean for every toolchain:
   point, in the same process, reuses the prepared model (each variant's); one elsewhere prepares
   it again from Inductor's cache (recorded as ``prepare_s``). The prepared model — what the
   protocol times, and the ways it runs (eager, compiled, a CUDA graph replayed) — is
-  pipeline/runtimes/torch_prepared.py; GPU memory and running out of it,
-  pipeline/runtimes/torch_memory.py.
+  pipeline/runtimes/pytorch/prepared.py; GPU memory and running out of it,
+  pipeline/runtimes/pytorch/memory.py.
 
 Quantized and 2:4-sparse variants are ModelOpt's fake-quantized or pruned-dense PyTorch models:
 they compute in high precision and time nothing a deployment would run, so they are recorded as
@@ -40,15 +40,16 @@ from pipeline.catalog import ProfileSettings, VariantSpec
 from pipeline.machine.environment import nvidia_gpus, package_version
 from pipeline.measuring.accuracy import ReferenceBatch
 from pipeline.models import TORCH_DTYPES, ModelSource
-from pipeline.running.errors import DeviceFault, EnvironmentMissing, OutOfMemory, PipelineError, RefusedByTool
-from pipeline.runtimes.base import AheadWork, BuildResult, InProcessRuntime, ReferenceRun, ToolchainStatus, rounds_words, too_little_to_keep
-from pipeline.runtimes.torch_cache import use_workspace_cache
-from pipeline.runtimes.torch_engine_file import ENGINE_FORMAT_VERSION, file_identity, model_from, read_engine, write_engine
-from pipeline.runtimes.torch_memory import gpu_memory, out_of_memory_as_error
-from pipeline.runtimes.torch_prepared import KeptModels, Prepared, import_torch
-from pipeline.runtimes.torch_preparing import NotPrepared, TorchPreparation, compile_mode
-from pipeline.runtimes.torch_served import ProcessGone, engine_name
-from pipeline.runtimes.torch_spec import TorchSpec
+from pipeline.running.errors import EnvironmentMissing, OutOfMemory, PipelineError, RefusedByTool
+from pipeline.runtimes.base import BuildResult, InProcessRuntime, ReferenceRun, ToolchainStatus, rounds_words
+from pipeline.runtimes.pytorch.ahead import FULLGRAPH_WORDS, TorchWorksAhead, graph_break_words
+from pipeline.runtimes.pytorch.cache import use_workspace_cache
+from pipeline.runtimes.pytorch.engine_file import ENGINE_FORMAT_VERSION, file_identity, model_from, read_engine, write_engine
+from pipeline.runtimes.pytorch.memory import gpu_memory, out_of_memory_as_error
+from pipeline.runtimes.pytorch.prepared import KeptModels, Prepared, import_torch
+from pipeline.runtimes.pytorch.preparing import NotPrepared, TorchPreparation, compile_mode
+from pipeline.runtimes.pytorch.served import ProcessGone
+from pipeline.runtimes.pytorch.spec import TorchSpec
 
 
 class TorchEvidence(BaseModel):
@@ -61,7 +62,7 @@ class TorchEvidence(BaseModel):
     execution: dict[str, Any] | None = None
 
 
-class TorchRuntime(InProcessRuntime):
+class TorchRuntime(TorchWorksAhead, InProcessRuntime):
     kind = "torch"
     # Engines are made from the PyTorch model: a model the exporter refused still runs here.
     reads_onnx = False
@@ -69,16 +70,16 @@ class TorchRuntime(InProcessRuntime):
     Evidence = TorchEvidence
     engine_suffix = ".pt"
     # Its builds load the model and compile on the CPU; a local run already compiles in several
-    # processes on one GPU (torch_compile_ahead.py). One build to a GPU made a cluster's builds
+    # processes on one GPU (pytorch/compile_ahead.py). One build to a GPU made a cluster's builds
     # wait in waves (docs/cluster.md).
     builds_share_gpu = True
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        # torch.compile's caches in the workspace, for this process and those it starts (torch_cache.py).
+        # torch.compile's caches in the workspace, for this process and those it starts (pytorch/cache.py).
         self.compile_cache = use_workspace_cache(self.workspace_root)
         self._kept = KeptModels()
-        # Points a compiling process kept and serves, by engine file and shape point (torch_served.py).
+        # Points a compiling process kept and serves, by engine file and shape point (pytorch/served.py).
         self._served: dict[tuple[tuple[int, int, int], str], Any] = {}
         self._warned: set[tuple[int, int, int]] = set()  # engine files whose graph breaks were said
         # The shape point the current build prepares itself, in this process: no work ahead for it.
@@ -247,40 +248,9 @@ class TorchRuntime(InProcessRuntime):
         facts = prepared.facts
         notes = []
         if facts.get("graph_breaks"):
-            notes.append(_graph_break_words(facts))
+            notes.append(graph_break_words(facts))
             self.reporter.warn(f"{engine_path.name}: {notes[-1]}{FULLGRAPH_WORDS}")
         return BuildResult(engine_path=engine_path, settings=settings, notes=notes, evidence={"compiler": {**self.versions(), **facts}})
-
-    @property
-    def builds_long(self) -> bool:
-        # A compilation specialised to each shape point: a build compiles every point (its own,
-        # the others ahead of the profiles), where an eager or CUDA graph build only saves weights.
-        return self.spec.backend == "compile" and not self.spec.dynamic
-
-    @property
-    def builds_where_timed(self) -> bool:
-        # Loading the model (and capturing, or compiling once) is most of an eager, CUDA graph or
-        # dynamic build, and of a profile in a fresh process: 18-23 s a build as a task of its own
-        # against about 1 s in the process that keeps the model (docs/cluster.md).
-        return not self.builds_long
-
-    def ahead_work(self, engine_path: Path, workloads: list[ReferenceBatch]) -> AheadWork | None:
-        """torch.compile at every shape point, in processes of their own beside the other compiled
-        engines' points, leaving the graphs in Inductor's cache for the profiles
-        (pipeline/runtimes/torch_compile_ahead.py). Only a compilation specialised to each point
-        has work to share out; a dynamic one is compiled once, and eager runs and CUDA graphs cost
-        a point little."""
-        from pipeline.runtimes import torch_compile_ahead
-
-        if not self.builds_long:
-            return None
-        # The build compiles its own point (its graphs go to the same cache): compiled again beside
-        # it, at the same moment, neither would find the other's, and a process would be spent on it.
-        workloads = [workload for workload in workloads if workload.shape != self._building_point]
-        if not workloads:
-            return None
-        jobs = [torch_compile_ahead.CompileJob(self.name, self.spec, self.workspace_root, engine_path, workload) for workload in workloads]
-        return AheadWork(engine_path, jobs, torch_compile_ahead.CompilePool, f"compiling at {len(jobs)} shape points")
 
     def versions(self) -> dict[str, Any]:
         torch = import_torch()
@@ -340,61 +310,10 @@ class TorchRuntime(InProcessRuntime):
         self._kept.keep(prepared)
         return prepared
 
-    def prepared_from(self, leader: Prepared, engine_path: Path) -> Prepared:
-        """This engine at ``leader``'s point from ``leader``'s compiled graph, compiled once for both
-        (TorchPreparation.shared; pipeline/runtimes/torch_compile_ahead.py, graph_key)."""
-        try:
-            return TorchPreparation(self.spec, self.reporter).shared(leader, file_identity(engine_path))
-        except NotPrepared as exc:
-            raise RefusedByTool(exc.message, exc.hint) from exc.__cause__
-
-    def prepare_ahead(self, engine_path: Path, workload: ReferenceBatch | None, served=None) -> str | None:
-        """A compiled engine at a point its compilation ahead has just finished, while the run waits
-        for the rest. ``served``: the process that compiled it kept it and serves it
-        (torch_served.ServedPoint), and the point's profile times it there: nothing to do here.
-        Else it is prepared in this process: Dynamo's tracing (2.5-4 s an engine and point on the
-        lent H200) done before anything is measured, not between the points' rounds. Not where
-        under AHEAD_FREE_GPU of the GPU's memory is free: what is kept holds some, and a point's
-        profile would run out sooner than alone. Why not, where it was not."""
-        if not self.builds_long or workload is None:
-            return "nothing to prepare ahead"
-        if served is not None:
-            identity = file_identity(engine_path)
-            self._served[(identity, workload.shape)] = served
-            self._say_graph_breaks(engine_path, identity, served.facts)
-            return None
-        torch = import_torch()
-        if self._cuda_available():
-            short = too_little_to_keep(*torch.cuda.mem_get_info())
-            if short is not None:
-                return f"{short}: left to its profile"
-        identity = file_identity(engine_path)
-        self._kept.hold_for_profiles(identity)  # those prepared so far too (a build's own point)
-        known = self._kept.has(identity, workload.shape)
-        try:
-            prepared = self.load(engine_path, workload)
-        except DeviceFault:  # the process is replaced, where the point's profile records the fault
-            raise
-        except PipelineError as exc:  # its profile prepares it again and records what it finds
-            if self._cuda_available():
-                torch.cuda.empty_cache()
-            return exc.message
-        if not known:
-            prepared.facts["prepared_ahead"] = True
-            self._say_graph_breaks(engine_path, identity, prepared.facts)
-        self._kept.hold_for_profiles(identity)
-        return None
-
-    def _say_graph_breaks(self, engine_path: Path, identity: tuple[int, int, int], facts: dict[str, Any]) -> None:
-        """An engine's graph breaks, once, as its build would have said them had it compiled itself."""
-        if facts.get("graph_breaks") and identity not in self._warned:
-            self._warned.add(identity)
-            self.reporter.warn(f"{engine_name(str(engine_path))}: {_graph_break_words(facts)}{FULLGRAPH_WORDS}")
-
     def prepare(self, engine_path: Path, workload: ReferenceBatch | None = None):
         """The engine ready to time at the workload's shape point (pipeline/measuring/rounds.py), with
         what the manifest records of how it runs: served by the process that compiled it where one
-        kept it (torch_served.ServedEngine), else prepared here."""
+        kept it (served.ServedEngine), else prepared here."""
         served = self._served_at(engine_path, workload)
         if served is not None:
             try:
@@ -403,11 +322,6 @@ class TorchRuntime(InProcessRuntime):
                 self.reporter.warn(f"{Path(engine_path).name} at {served.shape}: {exc.message}; preparing it in this process")
                 self._served.pop((file_identity(engine_path), served.shape), None)
         return self.ready(self.load(engine_path, workload))
-
-    def _served_at(self, engine_path: Path, workload):
-        if workload is None or not self._served:
-            return None
-        return self._served.get((file_identity(engine_path), workload.shape))
 
     def ready(self, prepared: Prepared) -> Prepared:
         """A loaded model made ready for the rounds: what the manifest records of how it runs, and
@@ -455,13 +369,6 @@ class TorchRuntime(InProcessRuntime):
             "attn_implementation": self.spec.attn_implementation,
             "sdpa_backend": self.spec.sdpa_backend,
         }
-
-
-FULLGRAPH_WORDS = " (set fullgraph = true to refuse them)"
-
-
-def _graph_break_words(facts: dict[str, Any]) -> str:
-    return f"{facts['graph_breaks']} graph break(s): the model runs as {facts['graphs']} compiled graphs with eager code between them"
 
 
 def _at(workload) -> str:

@@ -1,5 +1,5 @@
 """A TensorRT-RTX toolchain as the catalog names it: the release, the architectures it compiles
-for, and the GPUs its engines run on (pipeline/runtimes/tensorrt_rtx.py builds and times them)."""
+for, and the GPUs its engines run on (pipeline/runtimes/tensorrt_rtx/runtime.py builds and times them)."""
 
 from __future__ import annotations
 

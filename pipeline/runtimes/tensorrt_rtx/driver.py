@@ -6,13 +6,13 @@ pipeline's own environment needs no TensorRT. It imports only the standard libra
 release's ``tensorrt_rtx_bindings``; CUDA is reached through the driver library (libcuda) with
 ctypes, because the environment holds nothing else.
 
-    python tensorrt_rtx_driver.py version RESULT
-    python tensorrt_rtx_driver.py build RESULT --onnx M --engine E [--arch SM120 ...] [--sparse]
+    python tensorrt_rtx/driver.py version RESULT
+    python tensorrt_rtx/driver.py build RESULT --onnx M --engine E [--arch SM120 ...] [--sparse]
                                         [--optimization-level N] [--shape-range NAME=MIN/OPT/MAX ...]
-    python tensorrt_rtx_driver.py profile RESULT --engine E --warmup-ms W --iterations N
+    python tensorrt_rtx/driver.py profile RESULT --engine E --warmup-ms W --iterations N
                                         --duration-s D [--layer-profile-runs K] [--runtime-cache F]
                                         [--shape NAME=2x512 ...] [--load NAME=FILE ...]
-    python tensorrt_rtx_driver.py cuda-check RESULT --warmup-ms W --iterations N --duration-s D
+    python tensorrt_rtx/driver.py cuda-check RESULT --warmup-ms W --iterations N --duration-s D
 
 The compiler's log goes to stdout, a line per message, marked like trtexec's ("[E]", "[W]",
 "[I]", "[V]"); multi-line messages (the layer dump) keep their other lines unmarked. Facts go to
@@ -151,13 +151,13 @@ def build(args) -> int:
     return 0
 
 
-# --- CUDA through the driver library (tensorrt_rtx_cuda.py) --------------------------------------
+# --- CUDA through the driver library (tensorrt_rtx/cuda.py) --------------------------------------
 
 
 def _sibling(name: str):
     """A module beside this file, loaded by its path: the driver runs as a script in isolated mode
     (-I), so its folder is not on sys.path — and must not be, since it holds modules named like
-    packages (onnxruntime.py, tensorrt.py)."""
+    packages (cuda.py)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py"))
@@ -166,7 +166,7 @@ def _sibling(name: str):
     return module
 
 
-_cuda = _sibling("tensorrt_rtx_cuda")
+_cuda = _sibling("cuda")
 Cuda, CudaError, timed_runs, CUDA_ERROR_OUT_OF_MEMORY = _cuda.Cuda, _cuda.CudaError, _cuda.timed_runs, _cuda.CUDA_ERROR_OUT_OF_MEMORY
 
 

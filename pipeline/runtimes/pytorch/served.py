@@ -1,7 +1,7 @@
 """A compiled engine timed in the process that compiled it, at the point it compiled there.
 
 A run that profiles compiles every point of its compiled engines in processes side by side
-(pipeline/runtimes/torch_compile_ahead.py). Preparing such a point again in the run's own process
+(pipeline/runtimes/pytorch/compile_ahead.py). Preparing such a point again in the run's own process
 costs Dynamo's tracing even with every graph in Inductor's cache: 2.5-4 s an engine and point on
 the lent H200, 92-116 s for the seed matrix's 24, one after another, while the compiling
 processes had long finished. The compiling process already holds the point ready (traced,
@@ -34,7 +34,7 @@ from pipeline.running.faults import as_fault
 
 # What a request asks of a point kept in a compiling process, by the word it is sent with.
 READY, TAKE, WARM, EVIDENCE, REFERENCE = "ready", "take", "warm", "evidence", "reference"
-# Prepare a point from another toolchain's compiled graph at that point, kept here (torch_compile_ahead.py, graph_key).
+# Prepare a point from another toolchain's compiled graph at that point, kept here (pytorch/compile_ahead.py, graph_key).
 SHARE = "share"
 
 
@@ -184,10 +184,10 @@ class ServedPoint:
 
     def __init__(self, process: ServingProcess, engine_path: Path, shape: str, facts: dict[str, Any], shared_from=None):
         self.process, self.key = process, (str(engine_path), shape)
-        # What compiling it found (compile time, graphs, graph breaks: torch_compile_ahead.POINT_FACTS).
+        # What compiling it found (compile time, graphs, graph breaks: compile_ahead.POINT_FACTS).
         self.facts = facts
         # (the kept point's key, this point's compile job): prepared there from that point's graph,
-        # when first asked for (torch_compile_ahead.py, graph_key); None: that process compiled it.
+        # when first asked for (pytorch/compile_ahead.py, graph_key); None: that process compiled it.
         self._shared_from = shared_from
 
     @property

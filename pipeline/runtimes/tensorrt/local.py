@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pipeline.machine.environment import nvidia_gpus
 from pipeline.running.errors import EnvironmentMissing
 from pipeline.runtimes.base import ToolchainStatus
-from pipeline.runtimes.tensorrt import Execution, TrtexecRuntime, TrtexecSpec
+from pipeline.runtimes.tensorrt.trtexec import Execution, TrtexecRuntime, TrtexecSpec
 
 
 class TrtexecLocalSpec(TrtexecSpec):

@@ -9,7 +9,7 @@ from typing import Any
 
 from pipeline.models import TORCH_DTYPES
 from pipeline.running.errors import PipelineError
-from pipeline.runtimes.torch_prepared import import_torch
+from pipeline.runtimes.pytorch.prepared import import_torch
 
 # What the engine file holds; checked on load so a stray .pt is a clear error, not a crash.
 ENGINE_FORMAT = "trt-pipeline torch model"

@@ -12,7 +12,7 @@ from pydantic import model_validator
 from pipeline.machine.environment import nvidia_gpus
 from pipeline.running.errors import EnvironmentMissing
 from pipeline.runtimes.base import ToolchainStatus
-from pipeline.runtimes.tensorrt import Execution, TrtexecRuntime, TrtexecSpec
+from pipeline.runtimes.tensorrt.trtexec import Execution, TrtexecRuntime, TrtexecSpec
 
 # Where the workspace appears inside the container.
 CONTAINER_ROOT = "/work"
@@ -87,7 +87,7 @@ class TrtexecContainerRuntime(TrtexecRuntime):
     @property
     def runner(self):
         if self._runner is None:
-            from pipeline.runtimes.container import DockerRunner
+            from pipeline.runtimes.tensorrt.docker import DockerRunner
 
             self._runner = DockerRunner(self.reporter)
         return self._runner
@@ -115,7 +115,7 @@ class TrtexecContainerRuntime(TrtexecRuntime):
             )
 
     def execute(self, argv: list[str], log_path: Path, what: str) -> Execution:
-        from pipeline.runtimes.container import Mount
+        from pipeline.runtimes.tensorrt.docker import Mount
 
         root = self.workspace_root
         engine_dir = root / "engines" / self.name

@@ -7,7 +7,7 @@ datacenter TensorRT and its engines do not run on Hopper (H100) or other datacen
 
 Each release lives in its own environment (a venv under the cache directory, made by
 ``pipeline toolchains pull``), holding NVIDIA's two wheels and nothing else. Builds and profiles
-run there as a child process (``tensorrt_rtx_driver.py``), so two releases never share a process
+run there as a child process (``tensorrt_rtx/driver.py``), so two releases never share a process
 and this package never imports TensorRT. What the compiler refuses (an op it cannot parse, a data
 type the target GPU lacks) is recorded with its own message, and the other engines go on.
 """
@@ -30,14 +30,10 @@ from pipeline.running.cache import cache_dir
 from pipeline.running.errors import EnvironmentMissing, OutOfMemory, PipelineError, RefusedByTool, ToolCrashed, ToolStopped, UsageError
 from pipeline.running.files import atomic_write_text
 from pipeline.runtimes.base import BuildResult, EngineRuntime, ProfileResult, ToolchainStatus
-from pipeline.runtimes.tensorrt_rtx_release import (
-    DRIVER,
-    ReleaseEnvironment,
-    cuda_flavour,
-)
-from pipeline.runtimes.tensorrt_rtx_reports import layer_times, tidy
-from pipeline.runtimes.tensorrt_rtx_spec import ARCHS, RUNS_ON, TensorRtRtxSpec
-from pipeline.trtexec.onnx_parser import ParserFailure, check_words, parser_failure
+from pipeline.runtimes.tensorrt_rtx.release import DRIVER, ReleaseEnvironment, cuda_flavour, pin_of
+from pipeline.runtimes.tensorrt_rtx.reports import layer_times, parser_failure_of, tidy
+from pipeline.runtimes.tensorrt_rtx.spec import ARCHS, RUNS_ON, TensorRtRtxSpec
+from pipeline.trtexec.onnx_parser import ParserFailure
 
 # Runs of the separate per-layer profiling pass.
 LAYER_PROFILE_RUNS = 10
@@ -223,7 +219,7 @@ class TensorRtRtxRuntime(EngineRuntime):
         layers_path = self.sidecar(engine_path, ".layers.json")
         if not result.get("built"):
             layers_path.unlink(missing_ok=True)  # an earlier build's, which no longer describes anything
-            failure = self._parser_failure(result)
+            failure = parser_failure_of(result)
             evidence = {"compiler": compiler, "parser_failure": failure.model_dump() if failure else None}
             raise RefusedByTool(
                 self._refusal(onnx_path, result, failure),
@@ -253,20 +249,6 @@ class TensorRtRtxRuntime(EngineRuntime):
             sidecars=sidecars,
             evidence={"compiler": compiler, "precision_audit": audit.model_dump() if audit else None},
         )
-
-    @staticmethod
-    def _parser_failure(result: dict) -> ParserFailure | None:
-        """The node the parser refused, as its log tells it, in the parser's own words where it
-        has some (the log's check may only say "Invalid Node"), else its error code ("[8] false")."""
-        if result.get("parsed", True):
-            return None
-        failure = parser_failure("\n".join(result.get("errors", [])))
-        first = (result.get("parser_errors") or [{}])[0]
-        if failure is None and first:  # a refusal the log does not word (none seen): the parser's record
-            failure = ParserFailure(op_type=first.get("operator") or "?", node=first.get("node") or None)
-        if failure is not None:
-            failure.message = check_words(tidy(first.get("message") or "")) or failure.message or first.get("code")
-        return failure
 
     def _refusal(self, onnx_path: Path, result: dict, failure: ParserFailure | None = None) -> str:
         """The compiler's reason, node first, without its source-file locations."""
@@ -455,12 +437,3 @@ class TensorRtRtxRuntime(EngineRuntime):
                 f"profile: {' '.join(self._profile_argv(engine_path, settings, self.sidecar(engine_path, '.profile-result.json'), workload))}"
             )
         return lines
-
-
-def pin_of(facts: dict[str, Any]) -> str:
-    """The wheels' sha256 when pip reported them (they pin the release exactly), else their versions."""
-    wheels = facts.get("wheels") or {}
-    if wheels:
-        # The libraries' wheel first: it is the compiler (listings show the pin's first characters).
-        return " ".join(digest for _, digest in sorted(wheels.items(), key=lambda item: "_libs" not in item[0]))
-    return " ".join(facts.get("packages", []))

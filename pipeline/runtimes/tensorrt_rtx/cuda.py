@@ -1,4 +1,4 @@
-"""CUDA for the TensorRT-RTX driver (tensorrt_rtx_driver.py), through the driver library (libcuda)
+"""CUDA for the TensorRT-RTX driver (tensorrt_rtx/driver.py), through the driver library (libcuda)
 with ctypes: the release's environment holds nothing else. Devices, memory, streams, events, a
 CUDA graph captured and launched, and runs timed on the GPU back to back, as trtexec times them.
 It imports only the standard library; the driver loads it by its path.

@@ -1,7 +1,7 @@
 """A TensorRT-RTX release's own environment: a virtual environment under the product's cache
 directory holding NVIDIA's two wheels of the release (in the CUDA flavour the machine's driver
 takes) and nothing else, made by `pipeline toolchains pull`, and probed by running the driver
-script there (pipeline/runtimes/tensorrt_rtx_driver.py). The toolchain (tensorrt_rtx.py) runs its
+script there (pipeline/runtimes/tensorrt_rtx/driver.py). The toolchain (tensorrt_rtx/runtime.py) runs its
 builds and profiles in it.
 """
 
@@ -24,7 +24,7 @@ from pipeline.running.cache import cache_dir
 from pipeline.running.errors import EnvironmentMissing, PipelineError, UsageError
 
 # The script that drives a release from inside its environment (it imports only the release).
-DRIVER = Path(__file__).with_name("tensorrt_rtx_driver.py")
+DRIVER = Path(__file__).with_name("driver.py")
 # The wheels of one release, in the CUDA flavour chosen for the machine.
 PACKAGES = ("tensorrt-rtx-{cuda}-libs", "tensorrt-rtx-{cuda}-bindings")
 # CUDA 13 builds need an NVIDIA driver of branch 580 or newer on Linux. Source: CUDA Toolkit release
@@ -203,3 +203,12 @@ def probe(python: Path, timeout_s: float) -> dict[str, Any]:
             tail = (completed.stderr or completed.stdout).strip().splitlines()[-1:] or ["no output"]
             raise PipelineError(f"TensorRT-RTX in {python.parent.parent} does not load: {tail[0]}", hint="pull it again to repair it")
         return json.loads(result.read_text())
+
+
+def pin_of(facts: dict[str, Any]) -> str:
+    """The wheels' sha256 when pip reported them (they pin the release exactly), else their versions."""
+    wheels = facts.get("wheels") or {}
+    if wheels:
+        # The libraries' wheel first: it is the compiler (listings show the pin's first characters).
+        return " ".join(digest for _, digest in sorted(wheels.items(), key=lambda item: "_libs" not in item[0]))
+    return " ".join(facts.get("packages", []))

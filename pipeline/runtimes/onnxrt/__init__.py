@@ -1,0 +1,2 @@
+"""The ONNX Runtime backend (kind "onnxruntime"): the embedded default, which needs no GPU and no
+Docker (runtime.py)."""
