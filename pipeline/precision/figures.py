@@ -5,7 +5,8 @@ sample's cosine, the relative error, and where the output is class scores the ag
 predicted classes (top-1). Where the samples are the user's labelled images, also the top-1
 accuracy against their labels, beside the FP32 model's own on the same images.
 
-The floor is absolute (``--floor cos=0.99``), or a largest drop against the FP32 model on the same
+The floor (pipeline/catalog/floor.py's AccuracyFloor, the one a report's answer keeps too) is
+absolute (``--floor cos=0.99``), or a largest drop against the FP32 model on the same
 samples (``--max-drop top1=1%``), or both: what quantization judged on the user's data, as NNCF's
 accuracy control does (a validation set, a metric, a maximum drop).
 """
@@ -94,65 +95,23 @@ def parse_drop(text: str) -> AccuracyThreshold:
     return metric, drop
 
 
-def _drop_text(metric: str, drop: float) -> str:
-    if metric == "cos":
-        return f"cosine at most {drop:g} below 1"
-    if metric == "metric":
-        return f"the metric at most {drop:g} below FP32's"
-    return f"top-1 at most {100 * drop:.4g}% below FP32's"
-
-
-@dataclass(frozen=True)
-class Floor:
-    """What the variant's accuracy must keep: thresholds, largest drops against the FP32 model on
-    the same samples, and who set them."""
-
-    thresholds: tuple[AccuracyThreshold, ...]
-    source: str
-    drops: tuple[AccuracyThreshold, ...] = ()
-
-    def met_by(self, figures: Figures) -> bool:
-        """Whether ``figures`` keep the floor at their point estimates (how sure that is:
-        pipeline/precision/bounds.py)."""
-        # Within float rounding: FP32 against itself is a cosine of 1 give or take 1e-16.
-        kept = all((value := figures.value(metric)) is not None and value >= threshold - 1e-12 for metric, threshold in self.thresholds)
-        return kept and all((fell := figures.drop(metric)) is not None and fell <= drop + 1e-12 for metric, drop in self.drops)
-
-    def wanted(self) -> str:
-        """What it asks, without who set it: "cosine ≥ 0.99, top-1 at most 1% below FP32's"."""
-        standard = tuple(t for t in self.thresholds if t[0] != "metric")
-        parts = [str(AccuracyFloor(standard))] if standard else []
-        parts += [f"metric ≥ {value:g}" for metric, value in self.thresholds if metric == "metric"]
-        return ", ".join(parts + [_drop_text(metric, drop) for metric, drop in self.drops])
-
-    def __str__(self) -> str:
-        return f"{self.wanted()} ({self.source})"
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "thresholds": [{"metric": m, "value": t} for m, t in self.thresholds],
-            "max_drop": [{"metric": m, "value": d} for m, d in self.drops],
-            "source": self.source,
-        }
-
-
 def floor_for(
     catalog: Catalog,
     ref: EngineRef,
     given: tuple[AccuracyThreshold, ...] = (),
     given_by: str = "--floor",
     drops: tuple[AccuracyThreshold, ...] = (),
-) -> Floor:
+) -> AccuracyFloor:
     """The floor: the one given (thresholds, largest drops or both), else the model's (or the
     catalog's) accuracy_floor, else the precision's own check."""
     if given or drops:
         source = " and ".join(option for option, used in ((given_by, given), ("--max-drop", drops)) if used)
-        return Floor(given, source, drops)
+        return AccuracyFloor(given, source, drops)
     configured = catalog.accuracy_floor_for(ref.model)
     if configured.thresholds:
-        return Floor(configured.thresholds, configured.source)
+        return configured
     variant = catalog.variant(ref.variant)
-    return Floor(
+    return AccuracyFloor(
         (("cos", accuracy_floor(variant.precision, bool(variant.sparsity))),),
         f"the {variant.precision} check of pipeline/catalog/floor.py",
     )
