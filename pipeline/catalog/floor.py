@@ -18,11 +18,14 @@ def accuracy_floor(precision: str, sparse: bool) -> float:
     return min(ACCURACY_FLOOR.get(precision, 0.99), SPARSE_ACCURACY_FLOOR if sparse else 1.0)
 
 
-# --- the floor a report's answer must meet ------------------------------------------------------
+# --- the floor an answer or a plan must meet ---------------------------------------------------
 
 # (metric, threshold): "cos" (cosine similarity to the FP32 model's outputs) or "top1" (agreement
-# of the predicted classes).
+# of the predicted classes); a plan's floor also "metric" (the user's --metric hook's figure).
 AccuracyThreshold = tuple[str, float]
+# The names a user may give those metrics (--fail-accuracy-below, the catalog's accuracy_floor,
+# --floor, --max-drop), by the name the pipeline keeps.
+METRIC_ALIASES = {"cos": "cos", "cosine": "cos", "top1": "top1", "top-1": "top1"}
 THRESHOLD_FORMS = "a cosine similarity or a top-1 agreement between 0 and 1: 0.99, cos=0.99 or top1=0.95"
 
 
@@ -30,7 +33,7 @@ def parse_accuracy_threshold(text: str) -> AccuracyThreshold:
     """ "0.99" or "cos=0.99" (cosine), "top1=0.95" (top-1 agreement) → (metric, threshold).
     ValueError naming what is allowed otherwise."""
     metric, _, value = str(text).rpartition("=")
-    metric = {"": "cos", "cos": "cos", "cosine": "cos", "top1": "top1", "top-1": "top1"}.get(metric.strip().lower())
+    metric = {"": "cos", **METRIC_ALIASES}.get(metric.strip().lower())  # a bare number is a cosine
     try:
         threshold = float(value)
     except ValueError:
@@ -38,6 +41,28 @@ def parse_accuracy_threshold(text: str) -> AccuracyThreshold:
     if metric is None or threshold is None or not 0.0 <= threshold <= 1.0:
         raise ValueError(f"not an accuracy threshold: give {THRESHOLD_FORMS}")
     return metric, threshold
+
+
+# "--max-drop" forms: a metric and how far below the FP32 model it may fall, as a fraction or a percentage.
+DROP_FORMS = (
+    "top1=1% (top-1 accuracy against the labels, else predictions changed), cos=0.005 (cosine below 1) "
+    "or metric=0.005 (the --metric hook's figure)"
+)
+
+
+def parse_drop(text: str) -> AccuracyThreshold:
+    """ "top1=1%", "top1=0.01", "cos=0.005" → (metric, drop as a fraction). ValueError otherwise."""
+    metric, _, value = str(text).partition("=")
+    metric = {**METRIC_ALIASES, "metric": "metric"}.get(metric.strip().lower())
+    value = value.strip()
+    try:
+        drop = float(value[:-1]) / 100 if value.endswith("%") else float(value)
+    except ValueError:
+        drop = None
+    # The user's metric has its own scale (a loss-like score, a BLEU): any drop of zero or more.
+    if metric is None or drop is None or not 0.0 <= drop <= (float("inf") if metric == "metric" else 1.0) or drop != drop:
+        raise ValueError(f"not a largest drop: give {DROP_FORMS}")
+    return metric, drop
 
 
 def _drop_text(metric: str, drop: float) -> str:

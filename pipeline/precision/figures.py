@@ -19,12 +19,6 @@ from typing import Any
 from pipeline.catalog import Catalog, EngineRef
 from pipeline.catalog.floor import AccuracyFloor, AccuracyThreshold, accuracy_floor
 
-# "--max-drop" forms: a metric and how far below the FP32 model it may fall, as a fraction or a percentage.
-DROP_FORMS = (
-    "top1=1% (top-1 accuracy against the labels, else predictions changed), cos=0.005 (cosine below 1) "
-    "or metric=0.005 (the --metric hook's figure)"
-)
-
 
 @dataclass(frozen=True)
 class Figures:
@@ -78,21 +72,6 @@ def cosine_text(value: float) -> str:
 def change_text(value: float) -> str:
     """A change of cosine: four decimals, or two significant digits where it is smaller than that."""
     return f"{value:+.4f}" if not abs(value) < 1e-4 or value == 0 else f"{value:+.1e}"
-
-
-def parse_drop(text: str) -> AccuracyThreshold:
-    """ "top1=1%", "top1=0.01", "cos=0.005" → (metric, drop as a fraction). ValueError otherwise."""
-    metric, _, value = str(text).partition("=")
-    metric = {"cos": "cos", "cosine": "cos", "top1": "top1", "top-1": "top1", "metric": "metric"}.get(metric.strip().lower())
-    value = value.strip()
-    try:
-        drop = float(value[:-1]) / 100 if value.endswith("%") else float(value)
-    except ValueError:
-        drop = None
-    # The user's metric has its own scale (a loss-like score, a BLEU): any drop of zero or more.
-    if metric is None or drop is None or not 0.0 <= drop <= (float("inf") if metric == "metric" else 1.0) or drop != drop:
-        raise ValueError(f"not a largest drop: give {DROP_FORMS}")
-    return metric, drop
 
 
 def floor_for(
