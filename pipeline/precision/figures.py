@@ -18,6 +18,7 @@ from typing import Any
 
 from pipeline.catalog import Catalog, EngineRef
 from pipeline.catalog.floor import AccuracyFloor, AccuracyThreshold, accuracy_floor
+from pipeline.measuring import accuracy as formulas
 
 
 @dataclass(frozen=True)
@@ -98,37 +99,51 @@ def floor_for(
 
 def figures(references: list, outputs: list, labels: list[int] | None = None) -> Figures:
     """The outputs against the FP32 references, batch by batch; with the samples' labels (in the
-    batches' order), the top-1 accuracy of both."""
-    import torch
+    batches' order), the top-1 accuracy of both. The formulas are measuring's
+    (pipeline/measuring/accuracy.py), in float64."""
+    import numpy as np
 
-    reference = torch.cat([r.flatten(1) for r in references])
-    output = torch.cat([o.flatten(1) for o in outputs])
+    reference, output = _rows(references), _rows(outputs)
     classes = references[0].dim() == 2
-    per_sample = torch.nn.functional.cosine_similarity(reference, output, dim=1)
-    top1 = float((reference.argmax(dim=1) == output.argmax(dim=1)).float().mean()) if classes else None
     accuracy = fp32_accuracy = None
     if classes and labels is not None:
-        truth = torch.tensor(labels)
-        accuracy = float((torch.nan_to_num(output, nan=-torch.inf).argmax(dim=1) == truth).float().mean())
-        fp32_accuracy = float((reference.argmax(dim=1) == truth).float().mean())
+        accuracy = formulas.labels_accuracy(np.nan_to_num(output, nan=-np.inf), labels)
+        fp32_accuracy = formulas.labels_accuracy(reference, labels)
     return Figures(
-        cosine=cosine_of(reference.flatten(), output.flatten()),
-        min_sample_cosine=float(per_sample.min()),
-        relative_error=relative_error_of(reference.flatten(), output.flatten()),
-        top1=top1,
+        cosine=cosine_of(reference.ravel(), output.ravel()),
+        min_sample_cosine=float(np.min(formulas.sample_cosines(reference, output))),
+        relative_error=relative_error_of(reference.ravel(), output.ravel()),
+        # A NaN output counts as its sample's predicted class here, as in the bounds' own count
+        # (pipeline/precision/bounds.py's sample_stats).
+        top1=formulas.top1_agreement(reference, output) if classes else None,
         top1_accuracy=accuracy,
         fp32_top1_accuracy=fp32_accuracy,
     )
 
 
-def cosine_of(a, b) -> float:
+def _rows(batches: list):
+    """Torch tensors, batch by batch, as one float64 numpy array of a row a sample."""
     import torch
 
-    if not torch.isfinite(b).all():
-        return float("nan")
-    return float(torch.nn.functional.cosine_similarity(a.double(), b.double(), dim=0))
+    return torch.cat([batch.detach().flatten(1) for batch in batches]).double().cpu().numpy()
+
+
+def _flat(values):
+    """A torch tensor or a numpy array, as a flat float64 numpy array."""
+    import numpy as np
+
+    if not isinstance(values, np.ndarray):
+        values = values.detach().double().cpu().numpy()
+    return np.asarray(values, dtype=np.float64).ravel()
+
+
+def cosine_of(a, b) -> float:
+    """Cosine similarity; NaN where ``b`` is not finite (a NaN says so, where 0 would not)."""
+    import numpy as np
+
+    a, b = _flat(a), _flat(b)
+    return formulas.cosine_of(a, b) if np.isfinite(b).all() else float("nan")
 
 
 def relative_error_of(a, b) -> float:
-    norm = float(a.double().norm())
-    return float((a.double() - b.double()).norm()) / norm if norm else float("inf")
+    return formulas.relative_error_of(_flat(a), _flat(b))
