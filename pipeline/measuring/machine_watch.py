@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pipeline.measuring import nvml
+
 PSI_CPU = Path("/proc/pressure/cpu")
 SAMPLE_INTERVAL_S = 0.5
 # A measurement is busy when tasks waited for a CPU this share of its time on average, or in its
@@ -109,12 +111,8 @@ class _Nvml:
     def __init__(self, uuid: str | None = None):
         self.available = False
         try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            self.nvml = pynvml
-            every = [(i, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(pynvml.nvmlDeviceGetCount())]
-            self.handles = [(i, h) for i, h in every if uuid is None or _text(pynvml.nvmlDeviceGetUUID(h)) == uuid]
+            self.nvml = pynvml = nvml.opened()
+            self.handles = nvml.handles(pynvml, uuid)
             self.available = bool(self.handles)
         except Exception:  # not installed, no driver, no permission: nothing to watch
             return
@@ -124,14 +122,14 @@ class _Nvml:
         )
 
     def sample(self, since_us: int) -> list[dict[str, Any]]:
-        nvml, samples = self.nvml, []
+        lib, samples = self.nvml, []
         for index, handle in self.handles:
             sample: dict[str, Any] = {"index": index}
             for key, read in (
                 ("reasons", lambda h: self._reasons(h) if self._reasons else 0),
-                ("sm_clock_mhz", lambda h: nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM)),
-                ("temperature_c", lambda h: nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU)),
-                ("processes", lambda h: [p.pid for p in nvml.nvmlDeviceGetComputeRunningProcesses(h)]),
+                ("sm_clock_mhz", lambda h: lib.nvmlDeviceGetClockInfo(h, lib.NVML_CLOCK_SM)),
+                ("temperature_c", lambda h: lib.nvmlDeviceGetTemperature(h, lib.NVML_TEMPERATURE_GPU)),
+                ("processes", lambda h: [p.pid for p in lib.nvmlDeviceGetComputeRunningProcesses(h)]),
                 ("sm_use", lambda h: self._sm_use(h, since_us)),
             ):
                 try:
@@ -154,14 +152,7 @@ class _Nvml:
 
     def close(self):
         if self.available:
-            try:
-                self.nvml.nvmlShutdown()
-            except Exception:
-                pass
-
-
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+            nvml.close(self.nvml)
 
 
 class MachineWatch:
