@@ -17,12 +17,16 @@ from pathlib import Path
 import click
 
 from pipeline.cli.options import (
+    Launch,
+    Overrides,
+    Selection,
     calibration_options,
     cluster_options,
     engine_stage_options,
     force_option,
     repeat_option,
     selection_options,
+    stage_options,
     toolchain_options,
 )
 from pipeline.cli.precision import plan, sensitivity
@@ -151,48 +155,30 @@ def _launcher(state: _State, cluster: str | None, gpu_types):
     return ClusterLauncher(cluster, state.verbose)
 
 
-def _stage_command(
-    state: _State,
-    engines,
-    models,
-    variants,
-    toolchains,
-    trts,
-    archs,
-    force,
-    wait,
-    dry_run,
-    calib_dir,
-    calib_samples,
-    eval_dir,
-    cluster,
-    gpu_types,
-    until,
-    repeat=None,
-    racing=None,
-    sanitize=None,
-) -> list[str]:
+def _stage_command(state: _State, until: str, selection: Selection, overrides: Overrides, launch: Launch) -> list[str]:
     """Select, settle the toolchains, then print the work (--dry-run) or do it, one toolchain after
     the other (a failure in one does not stop the next); the toolchains' names."""
+    from dataclasses import asdict
+
     from pipeline.running.errors import DeviceFault
     from pipeline.stages.base import RunRequest
     from pipeline.stages.runner import build_order, describe, onnx_read_by
 
-    state.override(calib_dir, calib_samples, eval_dir, repeat, racing, sanitize)
-    refs = state.catalog.select(engines, models, variants)
-    chains = state.toolchains(toolchains, trts, archs)
-    ctx = state.context(force)
+    state.override(**asdict(overrides))
+    refs = state.catalog.select(selection.engines, selection.models, selection.variants)
+    chains = state.toolchains(selection.toolchains, selection.trts, selection.archs)
+    ctx = state.context(launch.force)
     ctx.exports_write_onnx = onnx_read_by(ctx, chains)
-    if dry_run:  # in the order the run goes
+    if launch.dry_run:  # in the order the run goes
         for chain in build_order(ctx, chains):
             if len(chains) > 1:
                 click.echo(f"# {chain}")
             for line in describe(ctx, refs, chain, until):
                 click.echo(line)
         return chains
-    with state.holding_workspace(wait):
+    with state.holding_workspace(launch.wait):
         try:
-            _launcher(state, cluster, gpu_types).run(ctx, RunRequest(refs, chains, until, tuple(gpu_types)))
+            _launcher(state, launch.cluster, launch.gpu_types).run(ctx, RunRequest(refs, chains, until, tuple(launch.gpu_types)))
         except DeviceFault as exc:
             exc.after(ctx.done)  # what --force redid: the fresh process does not redo it
             raise
@@ -204,7 +190,7 @@ def _stage_command(
 @pass_state
 def build(state: _State, **options):
     """Build engines for one toolchain (exporting first if needed): engines/<toolchain>/."""
-    _stage_command(state, **options, until="build")
+    _stage_command(state, "build", *stage_options(options))
 
 
 @cli.command()
@@ -214,7 +200,7 @@ def build(state: _State, **options):
 def profile(state: _State, **options):
     """Time engines (building them first if needed), then check each one's outputs against the
     FP32 model on the reference batch; results go to manifests/<toolchain>/."""
-    _stage_command(state, **options, until="profile")
+    _stage_command(state, "profile", *stage_options(options))
 
 
 @cli.command()
@@ -232,14 +218,15 @@ def run(state: _State, **options):
     """
     from pipeline.running.errors import DeviceFault, PipelineError, UsageError
 
+    selection, overrides, launch = stage_options(options)
     try:
-        chains = _stage_command(state, **options, dry_run=False, until="profile")
+        chains = _stage_command(state, "profile", selection, overrides, launch)
     except PipelineError as exc:
         if isinstance(exc, UsageError | DeviceFault):
             raise  # a fault: the fresh process that goes on prints the comparison
         # What did run (the other shape points and toolchains of a sweep) is still worth seeing.
         try:
-            _print_comparison(state, state.catalog.toolchains_named(options["toolchains"], options["trts"]), "table", None)
+            _print_comparison(state, state.catalog.toolchains_named(selection.toolchains, selection.trts), "table", None)
         except PipelineError:
             pass  # nothing was measured: the error says why
         raise

@@ -1,10 +1,13 @@
 """The option groups commands share, defined once: which engines (selection), which toolchain,
---force/--wait, calibration and evaluation data, --repeat, --cluster/--gpu.
+--force/--wait, calibration and evaluation data, --repeat, --cluster/--gpu; and the typed groups
+a stage command hands them on in (``stage_options``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -138,3 +141,53 @@ def engine_stage_options(func):
     for decorator in (cluster_options, calibration_options, force_option, toolchain_options, selection_options):
         func = decorator(func)
     return func
+
+
+# --- what a stage command was given, grouped ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which engines, for which toolchains: --engine/--model/--variant, --toolchain/--trt/--arch."""
+
+    engines: tuple[str, ...] = ()
+    models: tuple[str, ...] = ()
+    variants: tuple[str, ...] = ()
+    toolchains: tuple[str, ...] = ()
+    trts: tuple[str, ...] = ()
+    archs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """This run's settings in place of the catalog's (None keeps the catalog's): calibration and
+    evaluation data, --sanitize, --repeat and --racing."""
+
+    calib_dir: Path | None = None
+    calib_samples: int | None = None
+    eval_dir: Path | None = None
+    repeat: int | None = None
+    racing: bool | None = None
+    sanitize: bool | None = None
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How the work runs: --force, --wait, --dry-run, and where (--cluster, --gpu)."""
+
+    force: bool = False
+    wait: bool = False
+    dry_run: bool = False
+    cluster: str | None = None
+    gpu_types: tuple[str, ...] = ()
+
+
+def stage_options(options: dict[str, Any]) -> tuple[Selection, Overrides, Launch]:
+    """A stage command's options, as click passes them, in their groups; an option no group has
+    is a TypeError, as an unexpected argument to a function would be."""
+    groups = (Selection, Overrides, Launch)
+    unknown = set(options) - {field.name for group in groups for field in fields(group)}
+    if unknown:
+        raise TypeError(f"options no stage command takes: {', '.join(sorted(unknown))}")
+    selection, overrides, launch = (group(**{f.name: options[f.name] for f in fields(group) if f.name in options}) for group in groups)
+    return selection, overrides, launch

@@ -19,8 +19,8 @@ FLOOR_HELP = (
 
 
 def _floor(state: State, ref, floors: tuple[str, ...], max_drops: tuple[str, ...] = ()):
-    from pipeline.catalog.floor import THRESHOLD_FORMS, parse_accuracy_threshold
-    from pipeline.precision.figures import DROP_FORMS, floor_for, parse_drop
+    from pipeline.catalog.floor import DROP_FORMS, THRESHOLD_FORMS, parse_accuracy_threshold, parse_drop
+    from pipeline.precision.figures import floor_for
     from pipeline.running.errors import UsageError
 
     given, drops = [], []

@@ -95,16 +95,14 @@ def gpu_memory_free(uuid: str) -> tuple[int, int] | None:
     """(free, total) bytes of the GPU with this UUID, by NVML (as nvidia-smi counts them, every
     process's use together); None where NVML cannot say."""
     try:
-        import pynvml
+        from pipeline.measuring import nvml
 
-        from pipeline.measuring.sm_clock import nvml_handle
-
-        pynvml.nvmlInit()
+        pynvml = nvml.opened()
         try:
-            memory = pynvml.nvmlDeviceGetMemoryInfo(nvml_handle(pynvml, uuid))
+            memory = pynvml.nvmlDeviceGetMemoryInfo(nvml.handle(pynvml, uuid))
             return int(memory.free), int(memory.total)
         finally:
-            pynvml.nvmlShutdown()
+            nvml.close(pynvml)
     except Exception:  # no NVML, no driver, another GPU than NVML knows
         return None
 

@@ -206,13 +206,12 @@ def compare_outputs(
     ref2, out2 = ref.reshape(samples, -1), out.reshape(samples, -1)
     floor = accuracy_floor(precision, sparse)
     nonfinite = int(np.size(out) - np.count_nonzero(np.isfinite(out)))
-    # Top-k agreement where the output is class scores (samples × classes), not hidden states.
+    # Top-k agreement where the output is class scores (samples × classes), not hidden states; a
+    # NaN score is the lowest, so that it is never the predicted class.
     classes = ref.ndim == 2
-    top1 = float(np.mean(np.argmax(np.nan_to_num(out2, nan=-np.inf), axis=1) == np.argmax(ref2, axis=1))) if classes else None
-    top5 = None
-    if classes and ref2.shape[1] >= 5:
-        predicted = np.argsort(-np.nan_to_num(out2, nan=-np.inf), axis=1)[:, :5]
-        top5 = float(np.mean([ref2[i].argmax() in predicted[i] for i in range(samples)]))
+    scores = np.nan_to_num(out2, nan=-np.inf)
+    top1 = top1_agreement(ref2, scores) if classes else None
+    top5 = top5_agreement(ref2, scores) if classes else None
     if nonfinite:
         return AccuracyFigures(
             reference=description, checked_by=checked_by, samples=samples, cosine_similarity=None,
@@ -220,18 +219,17 @@ def compare_outputs(
             nonfinite_values=nonfinite, cosine_floor=floor,
             warning=f"{nonfinite} of {out.size} output values are NaN or Inf",
         )  # fmt: skip
-    cosine = _cosine(ref.ravel(), out.ravel())
-    per_sample = [_cosine(r, o) for r, o in zip(ref2, out2)]
+    cosine = cosine_of(ref.ravel(), out.ravel())
+    per_sample = sample_cosines(ref2, out2)
     figures = AccuracyFigures(
         reference=description, checked_by=checked_by, samples=samples, cosine_similarity=cosine,
-        min_sample_cosine_similarity=min(per_sample), max_abs_error=float(np.max(np.abs(ref - out))),
+        min_sample_cosine_similarity=float(np.min(per_sample)), max_abs_error=float(np.max(np.abs(ref - out))),
         mean_abs_error=float(np.mean(np.abs(ref - out))), mse=float(np.mean((ref - out) ** 2)),
         top1_agreement=top1, top5_agreement=top5, cosine_floor=floor,
     )  # fmt: skip
     if labels:
-        truth = np.asarray(labels[:samples])
-        figures.top1_accuracy = float(np.mean(np.argmax(out2, axis=1) == truth))
-        figures.fp32_top1_accuracy = float(np.mean(np.argmax(ref2, axis=1) == truth))
+        figures.top1_accuracy = labels_accuracy(scores, labels[:samples])
+        figures.fp32_top1_accuracy = labels_accuracy(ref2, labels[:samples])
     if cosine < floor:
         figures.warning = f"cosine similarity to FP32 {cosine:.4f} is below {floor} for {precision}" + (
             " with 2:4 sparsity" if sparse else ""
@@ -239,11 +237,59 @@ def compare_outputs(
     return figures
 
 
-def _cosine(a, b) -> float:
+# --- the formulas --------------------------------------------------------------------------------------
+# One of each, on float64 numpy arrays: the figures above, and the precision tools' on their
+# evaluation batches (pipeline/precision/figures.py), which hand their torch tensors over as numpy.
+
+
+def cosine_of(a, b) -> float:
+    """The cosine similarity of two flat arrays; 0 where either is all zeros, NaN where one is not finite."""
     import numpy as np
 
     denominator = float(np.linalg.norm(a) * np.linalg.norm(b))
-    return float(np.dot(a, b) / denominator) if denominator else 0.0
+    with np.errstate(invalid="ignore"):  # inf / inf: NaN is the answer, not a warning
+        return float(np.dot(a, b) / denominator) if denominator else 0.0
+
+
+def sample_cosines(reference, output):
+    """Each sample's cosine (samples × values, row by row), as an array."""
+    import numpy as np
+
+    return np.asarray([cosine_of(r, o) for r, o in zip(reference, output)], dtype=np.float64)
+
+
+def relative_error_of(a, b) -> float:
+    """‖a − b‖ / ‖a‖ over every value: infinite where the reference ``a`` is all zeros."""
+    import numpy as np
+
+    norm = float(np.linalg.norm(a))
+    return float(np.linalg.norm(a - b)) / norm if norm else float("inf")
+
+
+def top1_agreement(reference, scores) -> float:
+    """The share of samples (rows of class scores) whose predicted class is the reference's.
+    numpy's argmax takes a NaN for the highest score: callers who want otherwise pass it as −inf."""
+    import numpy as np
+
+    return float(np.mean(np.argmax(scores, axis=1) == np.argmax(reference, axis=1)))
+
+
+def top5_agreement(reference, scores) -> float | None:
+    """The share of samples whose reference class is among the five highest ``scores``; None
+    where there are fewer than five classes."""
+    import numpy as np
+
+    if reference.shape[1] < 5:
+        return None
+    predicted = np.argsort(-scores, axis=1)[:, :5]
+    return float(np.mean([reference[i].argmax() in predicted[i] for i in range(reference.shape[0])]))
+
+
+def labels_accuracy(scores, labels) -> float:
+    """The share of samples whose predicted class is their label."""
+    import numpy as np
+
+    return float(np.mean(np.argmax(scores, axis=1) == np.asarray(labels)))
 
 
 # --- what trtexec writes --------------------------------------------------------------------------------

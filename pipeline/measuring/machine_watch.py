@@ -12,8 +12,9 @@ minute earlier (it is a one-minute moving average), so the profile watches the m
   ("throttle") reasons, SM clocks, temperature, the other processes on the GPU and which of them
   ran kernels (per-process SM utilisation).
 
-``verdict`` turns what was seen during a profile's measurements into the flags a comparison shows
-(``busy: …``, ``throttled: …``).
+``findings`` picks out what was seen during a profile's measurements that makes them
+untrustworthy; pipeline/report/flags.py words it as the flags a comparison shows (``busy: …``,
+``throttled: …``).
 """
 
 from __future__ import annotations
@@ -21,8 +22,11 @@ from __future__ import annotations
 import os
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from pipeline.measuring import nvml
 
 PSI_CPU = Path("/proc/pressure/cpu")
 SAMPLE_INTERVAL_S = 0.5
@@ -109,12 +113,8 @@ class _Nvml:
     def __init__(self, uuid: str | None = None):
         self.available = False
         try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            self.nvml = pynvml
-            every = [(i, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(pynvml.nvmlDeviceGetCount())]
-            self.handles = [(i, h) for i, h in every if uuid is None or _text(pynvml.nvmlDeviceGetUUID(h)) == uuid]
+            self.nvml = pynvml = nvml.opened()
+            self.handles = nvml.handles(pynvml, uuid)
             self.available = bool(self.handles)
         except Exception:  # not installed, no driver, no permission: nothing to watch
             return
@@ -124,14 +124,14 @@ class _Nvml:
         )
 
     def sample(self, since_us: int) -> list[dict[str, Any]]:
-        nvml, samples = self.nvml, []
+        lib, samples = self.nvml, []
         for index, handle in self.handles:
             sample: dict[str, Any] = {"index": index}
             for key, read in (
                 ("reasons", lambda h: self._reasons(h) if self._reasons else 0),
-                ("sm_clock_mhz", lambda h: nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM)),
-                ("temperature_c", lambda h: nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU)),
-                ("processes", lambda h: [p.pid for p in nvml.nvmlDeviceGetComputeRunningProcesses(h)]),
+                ("sm_clock_mhz", lambda h: lib.nvmlDeviceGetClockInfo(h, lib.NVML_CLOCK_SM)),
+                ("temperature_c", lambda h: lib.nvmlDeviceGetTemperature(h, lib.NVML_TEMPERATURE_GPU)),
+                ("processes", lambda h: [p.pid for p in lib.nvmlDeviceGetComputeRunningProcesses(h)]),
                 ("sm_use", lambda h: self._sm_use(h, since_us)),
             ):
                 try:
@@ -154,14 +154,7 @@ class _Nvml:
 
     def close(self):
         if self.available:
-            try:
-                self.nvml.nvmlShutdown()
-            except Exception:
-                pass
-
-
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+            nvml.close(self.nvml)
 
 
 class MachineWatch:
@@ -325,10 +318,51 @@ def merge(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     return merged
 
 
-def verdict(summaries: list[dict[str, Any]]) -> list[str]:
-    """The flags what was seen during a profile's measurements earns: ``busy: …``, ``throttled: …``."""
+@dataclass(frozen=True)
+class CpuPressure:
+    """Runnable tasks waited for a CPU: the shares of the measurement (``average``) and of its worst
+    half second (``peak``); the CPUs other processes used over it, where known."""
+
+    average: float
+    peak: float
+    others: float | None
+    cpu_count: int
+
+
+@dataclass(frozen=True)
+class CpusSaturated:
+    """Without PSI: the CPUs were saturated, ``others`` of them used by other processes."""
+
+    cpu_count: int
+    others: float
+
+
+@dataclass(frozen=True)
+class GpuShared:
+    """Other processes ran kernels on GPU ``index`` during the measurement."""
+
+    index: int
+    processes: int
+
+
+@dataclass(frozen=True)
+class GpuThrottled:
+    """GPU ``index`` lowered its clocks for these reasons (CLOCK_REASONS' names in THROTTLING)."""
+
+    index: int
+    reasons: tuple[str, ...]
+    sm_clock_mhz: tuple[int, int] | None
+    max_temperature_c: float | None
+
+
+Finding = CpuPressure | CpusSaturated | GpuShared | GpuThrottled
+
+
+def findings(summaries: list[dict[str, Any]]) -> list[Finding]:
+    """What, seen during a profile's measurements, makes them untrustworthy: a busy CPU or GPU, a
+    throttled GPU (pipeline/report/flags.py words them as the comparison's flags)."""
     summary = merge(summaries)
-    flags = []
+    found: list[Finding] = []
     pressure, used = summary.get("cpu_pressure"), summary.get("cpus_used")
     if pressure is not None:
         # Others' share, where known (older manifests have no peak: their average stands for it).
@@ -341,22 +375,18 @@ def verdict(summaries: list[dict[str, Any]]) -> list[str]:
         if (pressure["average"] >= BUSY_CPU_PRESSURE and beside(others)) or (
             pressure["peak"] >= BUSY_CPU_PRESSURE_PEAK and beside(others_peak)
         ):
-            flags.append(
-                f"busy: runnable tasks waited for a CPU {pressure['average']:.0%} of the measurement "
-                f"(worst half second {pressure['peak']:.0%})"
-                + (f"; other processes used {used['others']:.1f} of {summary['cpu_count']} CPUs" if used else "")
-            )
+            found.append(CpuPressure(pressure["average"], pressure["peak"], others, summary["cpu_count"]))
     elif used is not None:
         cpus = summary["cpu_count"]
         if used["all"] >= SATURATED_CPU_SHARE * cpus and used["others"] >= OTHERS_CPUS_AT_LEAST:
-            flags.append(f"busy: the {cpus} CPUs were saturated; other processes used {used['others']:.1f} of them")
+            found.append(CpusSaturated(cpus, used["others"]))
     for gpu in summary.get("gpus") or []:
         competing = gpu.get("competing_processes", gpu.get("other_processes"))
         if competing:
-            flags.append(f"busy: {competing} other process(es) ran on GPU {gpu['index']} during the measurement")
+            found.append(GpuShared(gpu["index"], competing))
         if gpu.get("throttled_by"):
-            clocks, hottest = gpu.get("sm_clock_mhz"), gpu.get("max_temperature_c")
-            seen = [f"SM clock {clocks[0]}–{clocks[1]} MHz"] if clocks else []
-            seen += [f"up to {hottest} °C"] if hottest is not None else []
-            flags.append(f"throttled: GPU {gpu['index']} {', '.join(gpu['throttled_by'])}" + (f" ({', '.join(seen)})" if seen else ""))
-    return flags
+            clocks = gpu.get("sm_clock_mhz")
+            found.append(
+                GpuThrottled(gpu["index"], tuple(gpu["throttled_by"]), tuple(clocks) if clocks else None, gpu.get("max_temperature_c"))
+            )
+    return found

@@ -7,6 +7,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from pipeline.measuring import nvml
+
 # A take is dropped when the GPU's SM clock fell below this share of its default clock.
 THROTTLE_THRESHOLD = 0.75
 # How often the SM clock is read while a take runs.
@@ -14,16 +16,6 @@ CLOCK_INTERVAL_S = 0.02
 # NVML's utilisation (the share of its last sample period, 1/6 s to 1 s, in which a kernel ran) at
 # which the GPU counts as busy, for the takes whose clock is read only while it is.
 BUSY_UTILIZATION = 50
-
-
-def nvml_handle(pynvml, gpu_uuid: str | None):
-    """NVML's handle of the GPU with this UUID, else of the first it lists."""
-    if not gpu_uuid:
-        return pynvml.nvmlDeviceGetHandleByIndex(0)
-    try:
-        return pynvml.nvmlDeviceGetHandleByUUID(gpu_uuid)
-    except Exception:  # releases of nvidia-ml-py that take the UUID as bytes only
-        return pynvml.nvmlDeviceGetHandleByUUID(gpu_uuid.encode())
 
 
 class SmClock:
@@ -35,11 +27,8 @@ class SmClock:
     def __init__(self, gpu_uuid: str | None = None):
         self.available, self.default_mhz = False, None
         try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            self.nvml = pynvml
-            self.handle = nvml_handle(pynvml, gpu_uuid)
+            self.nvml = pynvml = nvml.opened()
+            self.handle = nvml.handle(pynvml, gpu_uuid)
             try:
                 self.default_mhz = float(pynvml.nvmlDeviceGetDefaultApplicationsClock(self.handle, pynvml.NVML_CLOCK_SM))
             except Exception:  # not every GPU has application clocks

@@ -5,7 +5,8 @@ sample's cosine, the relative error, and where the output is class scores the ag
 predicted classes (top-1). Where the samples are the user's labelled images, also the top-1
 accuracy against their labels, beside the FP32 model's own on the same images.
 
-The floor is absolute (``--floor cos=0.99``), or a largest drop against the FP32 model on the same
+The floor (pipeline/catalog/floor.py's AccuracyFloor, the one a report's answer keeps too) is
+absolute (``--floor cos=0.99``), or a largest drop against the FP32 model on the same
 samples (``--max-drop top1=1%``), or both: what quantization judged on the user's data, as NNCF's
 accuracy control does (a validation set, a metric, a maximum drop).
 """
@@ -17,12 +18,7 @@ from typing import Any
 
 from pipeline.catalog import Catalog, EngineRef
 from pipeline.catalog.floor import AccuracyFloor, AccuracyThreshold, accuracy_floor
-
-# "--max-drop" forms: a metric and how far below the FP32 model it may fall, as a fraction or a percentage.
-DROP_FORMS = (
-    "top1=1% (top-1 accuracy against the labels, else predictions changed), cos=0.005 (cosine below 1) "
-    "or metric=0.005 (the --metric hook's figure)"
-)
+from pipeline.measuring import accuracy as formulas
 
 
 @dataclass(frozen=True)
@@ -79,80 +75,23 @@ def change_text(value: float) -> str:
     return f"{value:+.4f}" if not abs(value) < 1e-4 or value == 0 else f"{value:+.1e}"
 
 
-def parse_drop(text: str) -> AccuracyThreshold:
-    """ "top1=1%", "top1=0.01", "cos=0.005" → (metric, drop as a fraction). ValueError otherwise."""
-    metric, _, value = str(text).partition("=")
-    metric = {"cos": "cos", "cosine": "cos", "top1": "top1", "top-1": "top1", "metric": "metric"}.get(metric.strip().lower())
-    value = value.strip()
-    try:
-        drop = float(value[:-1]) / 100 if value.endswith("%") else float(value)
-    except ValueError:
-        drop = None
-    # The user's metric has its own scale (a loss-like score, a BLEU): any drop of zero or more.
-    if metric is None or drop is None or not 0.0 <= drop <= (float("inf") if metric == "metric" else 1.0) or drop != drop:
-        raise ValueError(f"not a largest drop: give {DROP_FORMS}")
-    return metric, drop
-
-
-def _drop_text(metric: str, drop: float) -> str:
-    if metric == "cos":
-        return f"cosine at most {drop:g} below 1"
-    if metric == "metric":
-        return f"the metric at most {drop:g} below FP32's"
-    return f"top-1 at most {100 * drop:.4g}% below FP32's"
-
-
-@dataclass(frozen=True)
-class Floor:
-    """What the variant's accuracy must keep: thresholds, largest drops against the FP32 model on
-    the same samples, and who set them."""
-
-    thresholds: tuple[AccuracyThreshold, ...]
-    source: str
-    drops: tuple[AccuracyThreshold, ...] = ()
-
-    def met_by(self, figures: Figures) -> bool:
-        """Whether ``figures`` keep the floor at their point estimates (how sure that is:
-        pipeline/precision/bounds.py)."""
-        # Within float rounding: FP32 against itself is a cosine of 1 give or take 1e-16.
-        kept = all((value := figures.value(metric)) is not None and value >= threshold - 1e-12 for metric, threshold in self.thresholds)
-        return kept and all((fell := figures.drop(metric)) is not None and fell <= drop + 1e-12 for metric, drop in self.drops)
-
-    def wanted(self) -> str:
-        """What it asks, without who set it: "cosine ≥ 0.99, top-1 at most 1% below FP32's"."""
-        standard = tuple(t for t in self.thresholds if t[0] != "metric")
-        parts = [str(AccuracyFloor(standard))] if standard else []
-        parts += [f"metric ≥ {value:g}" for metric, value in self.thresholds if metric == "metric"]
-        return ", ".join(parts + [_drop_text(metric, drop) for metric, drop in self.drops])
-
-    def __str__(self) -> str:
-        return f"{self.wanted()} ({self.source})"
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "thresholds": [{"metric": m, "value": t} for m, t in self.thresholds],
-            "max_drop": [{"metric": m, "value": d} for m, d in self.drops],
-            "source": self.source,
-        }
-
-
 def floor_for(
     catalog: Catalog,
     ref: EngineRef,
     given: tuple[AccuracyThreshold, ...] = (),
     given_by: str = "--floor",
     drops: tuple[AccuracyThreshold, ...] = (),
-) -> Floor:
+) -> AccuracyFloor:
     """The floor: the one given (thresholds, largest drops or both), else the model's (or the
     catalog's) accuracy_floor, else the precision's own check."""
     if given or drops:
         source = " and ".join(option for option, used in ((given_by, given), ("--max-drop", drops)) if used)
-        return Floor(given, source, drops)
+        return AccuracyFloor(given, source, drops)
     configured = catalog.accuracy_floor_for(ref.model)
     if configured.thresholds:
-        return Floor(configured.thresholds, configured.source)
+        return configured
     variant = catalog.variant(ref.variant)
-    return Floor(
+    return AccuracyFloor(
         (("cos", accuracy_floor(variant.precision, bool(variant.sparsity))),),
         f"the {variant.precision} check of pipeline/catalog/floor.py",
     )
@@ -160,37 +99,51 @@ def floor_for(
 
 def figures(references: list, outputs: list, labels: list[int] | None = None) -> Figures:
     """The outputs against the FP32 references, batch by batch; with the samples' labels (in the
-    batches' order), the top-1 accuracy of both."""
-    import torch
+    batches' order), the top-1 accuracy of both. The formulas are measuring's
+    (pipeline/measuring/accuracy.py), in float64."""
+    import numpy as np
 
-    reference = torch.cat([r.flatten(1) for r in references])
-    output = torch.cat([o.flatten(1) for o in outputs])
+    reference, output = _rows(references), _rows(outputs)
     classes = references[0].dim() == 2
-    per_sample = torch.nn.functional.cosine_similarity(reference, output, dim=1)
-    top1 = float((reference.argmax(dim=1) == output.argmax(dim=1)).float().mean()) if classes else None
     accuracy = fp32_accuracy = None
     if classes and labels is not None:
-        truth = torch.tensor(labels)
-        accuracy = float((torch.nan_to_num(output, nan=-torch.inf).argmax(dim=1) == truth).float().mean())
-        fp32_accuracy = float((reference.argmax(dim=1) == truth).float().mean())
+        accuracy = formulas.labels_accuracy(np.nan_to_num(output, nan=-np.inf), labels)
+        fp32_accuracy = formulas.labels_accuracy(reference, labels)
     return Figures(
-        cosine=cosine_of(reference.flatten(), output.flatten()),
-        min_sample_cosine=float(per_sample.min()),
-        relative_error=relative_error_of(reference.flatten(), output.flatten()),
-        top1=top1,
+        cosine=cosine_of(reference.ravel(), output.ravel()),
+        min_sample_cosine=float(np.min(formulas.sample_cosines(reference, output))),
+        relative_error=relative_error_of(reference.ravel(), output.ravel()),
+        # A NaN output counts as its sample's predicted class here, as in the bounds' own count
+        # (pipeline/precision/bounds.py's sample_stats).
+        top1=formulas.top1_agreement(reference, output) if classes else None,
         top1_accuracy=accuracy,
         fp32_top1_accuracy=fp32_accuracy,
     )
 
 
-def cosine_of(a, b) -> float:
+def _rows(batches: list):
+    """Torch tensors, batch by batch, as one float64 numpy array of a row a sample."""
     import torch
 
-    if not torch.isfinite(b).all():
-        return float("nan")
-    return float(torch.nn.functional.cosine_similarity(a.double(), b.double(), dim=0))
+    return torch.cat([batch.detach().flatten(1) for batch in batches]).double().cpu().numpy()
+
+
+def _flat(values):
+    """A torch tensor or a numpy array, as a flat float64 numpy array."""
+    import numpy as np
+
+    if not isinstance(values, np.ndarray):
+        values = values.detach().double().cpu().numpy()
+    return np.asarray(values, dtype=np.float64).ravel()
+
+
+def cosine_of(a, b) -> float:
+    """Cosine similarity; NaN where ``b`` is not finite (a NaN says so, where 0 would not)."""
+    import numpy as np
+
+    a, b = _flat(a), _flat(b)
+    return formulas.cosine_of(a, b) if np.isfinite(b).all() else float("nan")
 
 
 def relative_error_of(a, b) -> float:
-    norm = float(a.double().norm())
-    return float((a.double() - b.double()).norm()) / norm if norm else float("inf")
+    return formulas.relative_error_of(_flat(a), _flat(b))

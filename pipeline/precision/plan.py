@@ -34,8 +34,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.catalog.floor import AccuracyFloor
 from pipeline.precision.bounds import Bound
-from pipeline.precision.figures import Figures, Floor, change_text
+from pipeline.precision.figures import Figures, change_text
 from pipeline.precision.sensitivity import Sensitivity
 from pipeline.precision.variant_lab import VariantLab
 from pipeline.running.errors import PipelineError
@@ -69,7 +70,7 @@ class Step:
 @dataclass
 class Plan:
     engine: str
-    floor: Floor
+    floor: AccuracyFloor
     exclude: list[str]  # in the model's order
     search: Figures
     confirm: Figures
@@ -117,7 +118,7 @@ class Plan:
         return [bound for bound in self.bounds.get("search", []) if not bound.resolvable or bound.bound is None]
 
 
-def make_plan(lab: VariantLab, sensitivity: Sensitivity, floor: Floor, progress=None) -> Plan:
+def make_plan(lab: VariantLab, sensitivity: Sensitivity, floor: AccuracyFloor, progress=None) -> Plan:
     """Search, prune and confirm the exclusions that meet ``floor``."""
     progress = progress or (lambda text: None)
     flops = {layer.name: max(layer.flops, 1.0) for layer in sensitivity.layers}
@@ -218,7 +219,7 @@ class _Search:
     it — in samples for a proportion (one fewer changed is 1), as the figure for cosine and the
     metric (a drop's fall counts as a gain)."""
 
-    def __init__(self, lab: VariantLab, floor: Floor, flops: dict[str, float]):
+    def __init__(self, lab: VariantLab, floor: AccuracyFloor, flops: dict[str, float]):
         self.lab, self.floor, self.flops = lab, floor, flops
 
     def bound(self, layers: list[str], failing: Failing) -> Bound | None:

@@ -19,7 +19,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.precision.figures import Figures, Floor
+from pipeline.catalog.floor import AccuracyFloor
+from pipeline.precision.figures import Figures
 from pipeline.precision.variant_lab import VariantLab
 
 
@@ -41,7 +42,7 @@ class LayerSensitivity:
 class Sensitivity:
     engine: str
     precision: str
-    floor: Floor
+    floor: AccuracyFloor
     fully_quantized: Figures
     unquantized: Figures
     layers: list[LayerSensitivity]  # ranked: the most sensitive first
@@ -62,7 +63,7 @@ def _ordered(value: float) -> float:
     return -math.inf if math.isnan(value) else value
 
 
-def analyse(lab: VariantLab, floor: Floor, progress=None) -> Sensitivity:
+def analyse(lab: VariantLab, floor: AccuracyFloor, progress=None) -> Sensitivity:
     """Measure every quantized layer of ``lab`` excluded alone and quantized alone; rank them."""
     progress = progress or (lambda text: None)
     started = time.perf_counter()

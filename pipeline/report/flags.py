@@ -113,9 +113,7 @@ def measurement_flags(details, noisy_cv: float = NOISY_CV) -> list[str]:
     if load.get("during"):
         # What was seen while each measurement ran (pipeline/measuring/machine_watch.py); the load averages
         # around it are older evidence, kept for manifests written before the measurement was watched.
-        from pipeline.measuring.machine_watch import verdict
-
-        return flags + verdict(load["during"])
+        return flags + watch_flags(load["during"])
     for when in ("start", "end"):
         facts = load.get(when) or {}
         averages, cpus = facts.get("load_average"), facts.get("cpu_count")
@@ -128,4 +126,28 @@ def measurement_flags(details, noisy_cv: float = NOISY_CV) -> list[str]:
             names = ", ".join(sorted({f"{p['name']} (pid {p['pid']})" for p in others}))
             flags.append(f"busy GPU: other processes used it at the {when}: {names}")
             break
+    return flags
+
+
+def watch_flags(summaries: list[dict]) -> list[str]:
+    """The flags what was seen during a profile's measurements earns (machine_watch.findings):
+    ``busy: …``, ``throttled: …``."""
+    from pipeline.measuring.machine_watch import CpuPressure, CpusSaturated, GpuShared, findings
+
+    flags = []
+    for found in findings(summaries):
+        if isinstance(found, CpuPressure):
+            flags.append(
+                f"busy: runnable tasks waited for a CPU {found.average:.0%} of the measurement (worst half second {found.peak:.0%})"
+                + (f"; other processes used {found.others:.1f} of {found.cpu_count} CPUs" if found.others is not None else "")
+            )
+        elif isinstance(found, CpusSaturated):
+            flags.append(f"busy: the {found.cpu_count} CPUs were saturated; other processes used {found.others:.1f} of them")
+        elif isinstance(found, GpuShared):
+            flags.append(f"busy: {found.processes} other process(es) ran on GPU {found.index} during the measurement")
+        else:
+            clocks, hottest = found.sm_clock_mhz, found.max_temperature_c
+            seen = [f"SM clock {clocks[0]}–{clocks[1]} MHz"] if clocks else []
+            seen += [f"up to {hottest} °C"] if hottest is not None else []
+            flags.append(f"throttled: GPU {found.index} {', '.join(found.reasons)}" + (f" ({', '.join(seen)})" if seen else ""))
     return flags

@@ -34,6 +34,7 @@ _CODE = (
     "pipeline/measuring/rounds.py",
     "pipeline/measuring/machine_watch.py",
     "pipeline/measuring/stats.py",
+    "pipeline/report/flags.py",
     "pipeline/report/rows.py",
     "pipeline/report/row_cache.py",
 )

@@ -9,8 +9,8 @@ from typing import Any
 
 from pipeline.machine.environment import cpu_name, machine_load, nvidia_gpus
 from pipeline.manifest import Artifact, ProfileDetails, StageRecord, read_manifest
-from pipeline.measuring.machine_watch import verdict
 from pipeline.measuring.stats import LatencyStats
+from pipeline.report.flags import watch_flags
 from pipeline.running.errors import PipelineError, RefusedByTool
 from pipeline.runtimes import get_runtime
 from pipeline.runtimes.base import checked_evidence
@@ -224,7 +224,7 @@ class ProfileStage(Stage):
         for warning in warnings:
             if warning.startswith("* "):  # trtexec's own judgement of the measurement
                 self.ctx.reporter.warn(f"{self.engine.name}: {warning[2:]}")
-        for flag in verdict(measured.watched):
+        for flag in watch_flags(measured.watched):
             self.ctx.reporter.warn(f"{self.engine.name}: {flag}")
         if not stable:
             after = f"after {len(measured.retaken)} retake(s) " if not measured.rounds else ""

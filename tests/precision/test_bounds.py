@@ -11,6 +11,7 @@ import math
 import numpy as np
 import pytest
 
+from pipeline.catalog.floor import AccuracyFloor
 from pipeline.precision.bounds import (
     EXACT,
     HEAVY_TAILED,
@@ -25,7 +26,7 @@ from pipeline.precision.bounds import (
     sample_stats,
     samples_to_resolve,
 )
-from pipeline.precision.figures import Floor, figures
+from pipeline.precision.figures import figures
 
 torch = pytest.importorskip("torch")
 
@@ -99,7 +100,7 @@ def test_none_changed_of_32_bounds_the_share_at_8_9_percent_not_at_0_and_what_re
 def test_a_top1_drop_with_nothing_changed_is_unresolved_at_1_percent_and_asks_for_299_samples():
     refs, _ = outputs(0.0)
     stats = sample_stats(refs, refs)
-    (drop,) = bounds(stats, Floor((), "--max-drop", (("top1", 0.01),)))
+    (drop,) = bounds(stats, AccuracyFloor((), "--max-drop", (("top1", 0.01),)))
     assert (drop.method, drop.counted, drop.counting, drop.estimate) == (EXACT, 0, "changed", 0.0)
     assert drop.bound == pytest.approx(0.0894, abs=1e-4) and not drop.resolvable and drop.samples_needed == 299
     assert drop.held and drop.status == "unresolved"  # held as before (nothing changed); not shown
@@ -107,9 +108,9 @@ def test_a_top1_drop_with_nothing_changed_is_unresolved_at_1_percent_and_asks_fo
     assert "--samples 299 would resolve it" in drop.unresolved_said() and "8.9%" in drop.unresolved_said()
     message, tip = drop.warning()
     assert "32 samples do not show a top-1 drop of at most 1.00%" in message and "--samples 299" in tip
-    (ten,) = bounds(stats, Floor((), "--max-drop", (("top1", 0.10),)))
+    (ten,) = bounds(stats, AccuracyFloor((), "--max-drop", (("top1", 0.10),)))
     assert ten.resolvable and ten.held and ten.status == "held" and ten.warning() is None  # 8.9 % ≤ 10 %
-    (none,) = bounds(stats, Floor((), "--max-drop", (("top1", 0.0),)))
+    (none,) = bounds(stats, AccuracyFloor((), "--max-drop", (("top1", 0.0),)))
     assert none.samples_for_power is None and none.as_dict()["samples_for_power"] is None
 
 
@@ -118,11 +119,11 @@ def test_one_changed_prediction_fails_an_unresolvable_drop_and_a_resolvable_one_
     changed = refs[0].clone()
     changed[0] = -changed[0]  # the first sample's prediction changes
     stats = sample_stats(refs, [changed])
-    (tight,) = bounds(stats, Floor((), "--max-drop", (("top1", 0.01),)))
+    (tight,) = bounds(stats, AccuracyFloor((), "--max-drop", (("top1", 0.01),)))
     assert tight.counted == 1 and not tight.resolvable and not tight.held and tight.status == "failed"  # 1.6 % > 1 %
-    (loose,) = bounds(stats, Floor((), "--max-drop", (("top1", 0.10),)))
+    (loose,) = bounds(stats, AccuracyFloor((), "--max-drop", (("top1", 0.10),)))
     assert loose.resolvable and loose.held and loose.bound == pytest.approx(exact_upper(1, 64))
-    (agreement,) = bounds(stats, Floor((("top1", 0.9),), "--floor"))
+    (agreement,) = bounds(stats, AccuracyFloor((("top1", 0.9),), "--floor"))
     assert agreement.side == "lower" and agreement.estimate == pytest.approx(63 / 64)
     assert agreement.bound == pytest.approx(1 - exact_upper(1, 64)) and agreement.status == "held"
 
@@ -135,7 +136,7 @@ def test_labels_bound_the_net_drop_lost_less_gained_paired():
     out[0] = -out[0]  # sample 0 lost
     out[1, labels[1]] = 100.0  # sample 1 fixed
     stats = sample_stats(refs, [out], labels)
-    (drop,) = bounds(stats, Floor((), "--max-drop", (("top1", 0.1),)))
+    (drop,) = bounds(stats, AccuracyFloor((), "--max-drop", (("top1", 0.1),)))
     assert (drop.method, drop.counting, drop.counted, drop.gained, drop.estimate) == (PAIRED, "lost", 1, 1, 0.0)
     assert drop.bound == pytest.approx(net_drop_upper(1, 1, 64)) and "1 of 64 lost, 1 gained" in drop.said()
 
@@ -171,7 +172,7 @@ def test_the_paired_samples_for_power_show_the_limit_about_four_times_in_five_at
         correct=(np.arange(n) >= lost) & (np.arange(n) < 1800),
         fp32_correct=(np.arange(n) >= lost + gained) & (np.arange(n) < 1800) | (np.arange(n) < lost),
     )
-    (drop,) = bounds(stats, Floor((), "--max-drop", (("top1", limit),)))
+    (drop,) = bounds(stats, AccuracyFloor((), "--max-drop", (("top1", limit),)))
     assert (drop.counted, drop.gained) == (lost, gained) and drop.status == "unresolved"
     size = drop.samples_for_power
     assert size >= drop.samples_needed
@@ -186,7 +187,7 @@ def test_the_cosine_bound_is_the_cosine_over_every_value_and_widens_with_the_spr
     stats = sample_stats(refs, outs)
     whole = stats.dot.sum() / (stats.ref_sq.sum() * stats.out_sq.sum()) ** 0.5
     assert whole == pytest.approx(figures(refs, outs).cosine, abs=1e-12)  # per-sample sums are exact
-    floor = Floor((("cos", 0.5),), "--floor", (("cos", 0.5),))
+    floor = AccuracyFloor((("cos", 0.5),), "--floor", (("cos", 0.5),))
     small, large = (bounds(sample_stats(*outputs(noise)), floor) for noise in (0.1, 0.6))
     assert all(bound.method == HEAVY_TAILED for bound in small)
     assert 0 < small[0].estimate - small[0].bound < large[0].estimate - large[0].bound  # a threshold's lower bound
@@ -194,20 +195,20 @@ def test_the_cosine_bound_is_the_cosine_over_every_value_and_widens_with_the_spr
     assert small[0].bound == pytest.approx(1 - small[1].bound)
     assert bounds(sample_stats(*outputs(0.6)), floor) == bounds(sample_stats(*outputs(0.6)), floor)  # seeded
     refs, _ = outputs(0.0)
-    (itself,) = bounds(sample_stats(refs, refs), Floor((("cos", 0.9999),), "--floor"))
+    (itself,) = bounds(sample_stats(refs, refs), AccuracyFloor((("cos", 0.9999),), "--floor"))
     assert itself.bound == pytest.approx(1.0) and itself.status == "held"
 
 
 def test_a_cosine_floor_met_at_its_figure_is_not_held_by_its_bound():
     refs, outs = outputs(0.3)
     measured = figures(refs, outs)
-    at_the_figure = Floor((("cos", measured.cosine),), "--floor")
+    at_the_figure = AccuracyFloor((("cos", measured.cosine),), "--floor")
     (bound,) = bounds(sample_stats(refs, outs), at_the_figure)
     assert at_the_figure.met_by(measured) and not bound.held and math.isclose(bound.estimate, measured.cosine)
     assert bound.status == "unresolved" and bound.warning() is not None
-    (below,) = bounds(sample_stats(refs, outs), Floor((("cos", bound.bound),), "--floor"))
+    (below,) = bounds(sample_stats(refs, outs), AccuracyFloor((("cos", bound.bound),), "--floor"))
     assert below.held and below.status == "held"
-    (above,) = bounds(sample_stats(refs, outs), Floor((("cos", 0.9999),), "--floor"))
+    (above,) = bounds(sample_stats(refs, outs), AccuracyFloor((("cos", 0.9999),), "--floor"))
     assert above.status == "failed" and above.samples_for_power is None  # past the limit at its figure
 
 
@@ -218,7 +219,7 @@ def test_a_cosine_one_sample_sets_has_no_bound_and_asks_for_the_samples_that_wou
     refs = torch.randn(32, 10, generator=generator)
     outs = refs + 0.02 * torch.randn(32, 10, generator=generator)
     outs[5] = refs[5] + 0.5 * torch.randn(10, generator=generator)  # its error energy ~600x the others'
-    floor = Floor((("cos", 0.99),), "--floor")
+    floor = AccuracyFloor((("cos", 0.99),), "--floor")
     (cosine,) = bounds(sample_stats([refs], [outs]), floor)
     assert (cosine.bound, cosine.method) == (None, ONE_SAMPLE) and cosine.estimate > 0.99
     assert cosine.status == "unresolved" and cosine.held  # by its figure; not confirmed by a bound
@@ -244,7 +245,7 @@ def test_a_metric_over_one_batch_has_no_bound_and_says_so():
         fp32_metric=np.array([0.71]),
         batch_sizes=np.array([32.0]),
     )
-    (drop,) = bounds(stats, Floor((), "--max-drop", (("metric", 0.02),)))
+    (drop,) = bounds(stats, AccuracyFloor((), "--max-drop", (("metric", 0.02),)))
     assert (drop.bound, drop.method, drop.samples) == (None, NO_BOUND, 32) and drop.estimate == pytest.approx(0.01)
     assert drop.status == "unresolved" and drop.held  # held reads the figure, as before; the status does not
     message, tip = drop.warning()
@@ -255,11 +256,11 @@ def test_a_metric_over_one_batch_has_no_bound_and_says_so():
 
 def test_a_metric_over_batches_is_bounded_on_both_sides_and_its_samples_for_power_show_it():
     stats = drawn(256, 0.0, seed=3)
-    (loose,) = bounds(stats, Floor((), "--max-drop", (("metric", 1.0),)))
+    (loose,) = bounds(stats, AccuracyFloor((), "--max-drop", (("metric", 1.0),)))
     assert loose.method == HEAVY_TAILED and loose.bound > loose.estimate > 0.04 and loose.status == "held"
-    floor = Floor((), "--max-drop", (("metric", (loose.estimate + loose.bound) / 2),))  # within the bound's margin
+    floor = AccuracyFloor((), "--max-drop", (("metric", (loose.estimate + loose.bound) / 2),))  # within the bound's margin
     (drop,) = bounds(stats, floor)
-    (figure,) = bounds(stats, Floor((("metric", 0.5),), "--floor"))
+    (figure,) = bounds(stats, AccuracyFloor((("metric", 0.5),), "--floor"))
     assert drop.status == "unresolved" and figure.bound < figure.estimate and figure.status == "held"
     size = drop.samples_for_power
     assert size is not None and size > 256 and size % 8 == 0  # whole batches of 8
@@ -272,7 +273,7 @@ def test_a_metric_over_batches_is_bounded_on_both_sides_and_its_samples_for_powe
 def test_the_cosines_samples_for_power_show_the_limit_about_four_times_in_five(sigma, room):
     stats = drawn(1024, sigma, seed=4)
     limit = 1 - (1 - stats.dot.sum() / np.sqrt(stats.ref_sq.sum() * stats.out_sq.sum())) * room  # the drop room times inside
-    (bound,) = bounds(stats, Floor((("cos", limit),), "--floor"))
+    (bound,) = bounds(stats, AccuracyFloor((("cos", limit),), "--floor"))
     size = bound.samples_for_power
     assert bound.status in ("held", "unresolved") and size is not None
     # Drawn at the rates seen here: from the samples seen, with replacement.
@@ -280,5 +281,5 @@ def test_the_cosines_samples_for_power_show_the_limit_about_four_times_in_five(s
     for _ in range(100):
         picks = rng.integers(0, 1024, size)
         picked = SampleStats(stats.dot[picks], stats.ref_sq[picks], stats.out_sq[picks], None, None, None)
-        shown.append(bounds(picked, Floor((("cos", limit),), "--floor"))[0].status == "held")
+        shown.append(bounds(picked, AccuracyFloor((("cos", limit),), "--floor"))[0].status == "held")
     assert 0.7 <= np.mean(shown) <= 0.95

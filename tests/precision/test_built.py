@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.precision.figures import Floor
+from pipeline.catalog.floor import AccuracyFloor
 from tests.precision.test_precision import planted_catalog
 
 pytest.importorskip("modelopt")
@@ -29,7 +29,7 @@ def test_the_planned_engine_built_on_onnx_runtime_is_measured_on_the_confirmatio
 
     lab, state, ref = lab_and_state
     planned = {"precision": "int8", "exclude": ["fc2"]}
-    floor = Floor((("cos", 0.99),), "--floor")
+    floor = AccuracyFloor((("cos", 0.99),), "--floor")
     check = check_built(state, lab, ref, "int8_plan", planned, "onnxruntime", floor)
     assert check.figures is not None and check.why_not is None, check.why_not
     assert check.engine == "faulty_int8_plan" and check.samples == 32
@@ -48,7 +48,7 @@ def test_a_built_engine_that_misses_the_floor_is_said_plainly(lab_and_state):
 
     lab, state, ref = lab_and_state
     # The fully quantized variant, the fault quantized too: far below a cosine of 0.99.
-    floor = Floor((("cos", 0.99),), "--floor")
+    floor = AccuracyFloor((("cos", 0.99),), "--floor")
     check = check_built(state, lab, ref, None, {}, "onnxruntime", floor)
     assert check.figures is not None and check.figures.cosine < 0.99
     assert check.held is False
@@ -64,7 +64,7 @@ def test_the_engine_that_ships_keeps_the_plans_figures_beside_its_own_in_its_man
 
     lab, state, ref = lab_and_state
     # A 1 % top-1 drop: 32 samples cannot bound it, so the engine holds it only as far as they show.
-    floor = Floor((("cos", 0.99),), "--floor", (("top1", 0.01),))
+    floor = AccuracyFloor((("cos", 0.99),), "--floor", (("top1", 0.01),))
     check = check_built(state, lab, ref, "int8_plan", {"precision": "int8", "exclude": ["fc2"]}, "onnxruntime", floor)
     top1 = next(bound for bound in check.bounds if bound.metric == "top1")
     assert check.held and top1.status == "unresolved" and top1.counted == 0

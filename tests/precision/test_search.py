@@ -14,9 +14,10 @@ from types import SimpleNamespace
 import pytest
 from rich.console import Console
 
+from pipeline.catalog.floor import AccuracyFloor
 from pipeline.cli.precision import _refuse_unless_shown
 from pipeline.precision.bounds import bounds, sample_stats
-from pipeline.precision.figures import Floor, figures
+from pipeline.precision.figures import figures
 from pipeline.precision.plan import make_plan
 from pipeline.precision.report import print_plan
 from pipeline.running.errors import PipelineError
@@ -67,7 +68,7 @@ def sensitivity(lab: PlantedLab, flops: dict[str, float] | None = None):
 
 
 NOISE = {"conv1.3": 1.0, "conv1.6": 0.4, "layer2.conv2": 0.35, "layer2.down": 0.3, "layer4.fc": 0.02}
-DROP_1_PERCENT = Floor((), "--max-drop", (("top1", 0.01),))
+DROP_1_PERCENT = AccuracyFloor((), "--max-drop", (("top1", 0.01),))
 
 
 def stem_fault(last_flip_by: str | None) -> Callable[[set[str]], set[int]]:
@@ -130,7 +131,7 @@ def test_a_drop_the_samples_resolve_is_kept_by_its_exact_bound_and_a_cosine_floo
     assert search.resolvable and search.held and search.bound <= 0.01 and plan.exclude == ["conv1.3", "layer4.fc"]
 
     cosine = PlantedLab(NOISE, lambda quantized: set())
-    floor = Floor((("cos", 0.99),), "--floor")
+    floor = AccuracyFloor((("cos", 0.99),), "--floor")
     planned = make_plan(cosine, sensitivity(cosine), floor)
     assert planned.exclude[0] == "conv1.3" and planned.held_on_search
     assert all(bound.metric == "cos" and bound.held for bound in planned.bounds["search"])
@@ -161,7 +162,7 @@ def test_the_bound_makes_the_search_go_further_than_the_figure_would(monkeypatch
     def flips(quantized: set[str]) -> set[int]:
         return (set(range(200)) if "conv1.3" in quantized else set()) | ({1, 2, 3, 4} if "layer2.down" in quantized else set())
 
-    floor = Floor((), "--max-drop", (("top1", 0.02),))
+    floor = AccuracyFloor((), "--max-drop", (("top1", 0.02),))
     lab = PlantedLab(NOISE, flips, samples=400)
     plan = make_plan(lab, sensitivity(lab), floor)
     assert plan.exclude == ["conv1.3", "layer2.down"] and plan.confirmed
@@ -182,7 +183,7 @@ def test_every_failing_metric_is_named_and_one_no_layer_moves_alone_does_not_sto
         return {30} if len(quantized - {"conv1.3"}) >= 2 else set()
 
     lab = PlantedLab(NOISE, flips, samples=400)
-    floor = Floor((("top1", 0.99), ("cos", 0.9999)), "--floor")
+    floor = AccuracyFloor((("top1", 0.99), ("cos", 0.9999)), "--floor")
     plan = make_plan(lab, sensitivity(lab), floor)
     assert plan.held_on_search and plan.failing() == [], [step.as_dict() for step in plan.steps]
     first = next(step for step in plan.steps if step.action == "exclude")
@@ -201,7 +202,7 @@ def test_a_search_that_stops_names_every_metric_still_failing():
         return {30} if len(quantized - {"conv1.3"}) >= 2 else set()
 
     lab = PlantedLab(dict.fromkeys(NOISE, 0.0), flips, samples=400)
-    plan = make_plan(lab, sensitivity(lab), Floor((("top1", 0.99), ("cos", 0.999)), "--floor"))
+    plan = make_plan(lab, sensitivity(lab), AccuracyFloor((("top1", 0.99), ("cos", 0.999)), "--floor"))
     (stop,) = [step for step in plan.steps if step.action == "stop"]
     assert stop.failing == [("top1", "lower"), ("cos", "lower")]
     assert stop.note == "no remaining layer moves top-1 (predictions changed) or cosine beside the exclusions so far"

@@ -15,6 +15,7 @@ import pytest
 
 from pipeline.manifest import read_manifest
 from pipeline.measuring import machine_watch
+from pipeline.report.flags import watch_flags
 from pipeline.runtimes.onnxrt.runtime import OnnxRuntimeRuntime
 from tests.conftest import TINY_CATALOG, write_catalog
 
@@ -160,7 +161,7 @@ def test_cpu_hogs_started_just_before_a_profile_mark_the_row_busy(tmp_path, run_
     assert result.exit_code == 0, result.err
     quiet = run_cli(catalog, "profile", "--variant", "fp32", "--force")
     assert quiet.exit_code == 0, quiet.err
-    assert not [f for f in machine_watch.verdict(profile_details(catalog).machine_load["during"]) if f.startswith("busy")]
+    assert not [f for f in watch_flags(profile_details(catalog).machine_load["during"]) if f.startswith("busy")]
 
     hogs = start_cpu_hogs(os.cpu_count() or 1)
     try:
@@ -187,7 +188,7 @@ def test_gpu_throttling_and_other_processes_seen_during_a_measurement_are_flagge
     assert gpu["clock_reasons"] == ["software power cap", "software thermal slowdown"] and gpu["sm_clock_mhz"] == [1410, 1980]
     assert gpu["throttled_by"] == ["software thermal slowdown"]
     quiet = {"seconds": 1.0, "cpu_count": 16, "cpu_pressure": {"average": 0.0, "peak": 0.01}}
-    flags = machine_watch.verdict([quiet, {**quiet, "gpus": [gpu]}])
+    flags = watch_flags([quiet, {**quiet, "gpus": [gpu]}])
     assert flags == [
         "busy: 1 other process(es) ran on GPU 0 during the measurement",
         "throttled: GPU 0 software thermal slowdown (SM clock 1410–1980 MHz, up to 87 °C)",
@@ -201,13 +202,13 @@ def test_running_at_the_power_limit_is_recorded_but_is_not_throttling():
     ]
     (gpu,) = machine_watch._summarise_gpus(samples)
     assert gpu["clock_reasons"] == ["software power cap"] and gpu["throttled_by"] == []
-    assert machine_watch.verdict([{"seconds": 3.0, "cpu_count": 16, "gpus": [gpu]}]) == []
+    assert watch_flags([{"seconds": 3.0, "cpu_count": 16, "gpus": [gpu]}]) == []
 
 
 def test_in_a_container_the_one_process_nvml_lists_is_the_measurement():
     # NVML lists host pids inside a container: one process that is not this one is the measurement's own.
     (alone,) = machine_watch._summarise_gpus([[{"index": 0, "reasons": 0x1, "processes": [31337]}]])
-    assert alone["other_processes"] == 0 and machine_watch.verdict([{"seconds": 1.0, "cpu_count": 1, "gpus": [alone]}]) == []
+    assert alone["other_processes"] == 0 and watch_flags([{"seconds": 1.0, "cpu_count": 1, "gpus": [alone]}]) == []
 
 
 def test_a_process_that_holds_the_gpu_but_runs_nothing_is_not_contention():
@@ -216,11 +217,11 @@ def test_a_process_that_holds_the_gpu_but_runs_nothing_is_not_contention():
     samples = [[{"index": 0, "reasons": 0x4, "processes": [me, 4242], "sm_use": {me: 97, 4242: 0}}]]
     (gpu,) = machine_watch._summarise_gpus(samples)
     assert gpu["other_processes"] == 1 and gpu["competing_processes"] == 0
-    assert machine_watch.verdict([{"seconds": 1.0, "cpu_count": 16, "gpus": [gpu]}]) == []
+    assert watch_flags([{"seconds": 1.0, "cpu_count": 16, "gpus": [gpu]}]) == []
     # One that ran kernels meanwhile is; in a container (host pids) the busiest process is the measurement.
     (shared,) = machine_watch._summarise_gpus([[{"index": 0, "processes": [100, 200], "sm_use": {100: 90, 200: 35}}]])
     assert shared["competing_processes"] == 1
-    assert machine_watch.verdict([{"seconds": 1.0, "cpu_count": 16, "gpus": [shared]}]) == [
+    assert watch_flags([{"seconds": 1.0, "cpu_count": 16, "gpus": [shared]}]) == [
         "busy: 1 other process(es) ran on GPU 0 during the measurement"
     ]
 
@@ -235,7 +236,7 @@ def test_the_processes_that_serve_a_measurements_engines_are_its_own_on_the_gpu(
     samples = [[{"index": 0, "processes": [me, 5001, 5002, 4242], "sm_use": {me: 60, 5001: 35, 5002: 0, 4242: 0}}]]
     (gpu,) = machine_watch._summarise_gpus(samples, helpers)
     assert gpu["other_processes"] == 1 and gpu["competing_processes"] == 0, gpu
-    assert machine_watch.verdict([{"seconds": 1.0, "cpu_count": 16, "gpus": [gpu]}]) == []
+    assert watch_flags([{"seconds": 1.0, "cpu_count": 16, "gpus": [gpu]}]) == []
     # Where NVML gives no per-process use, idle companions holding a context count as ours too.
     (unmeasured,) = machine_watch._summarise_gpus([[{"index": 0, "processes": [me, 5001, 5002]}]], helpers)
     assert unmeasured["competing_processes"] == 0, unmeasured
@@ -277,7 +278,7 @@ def test_several_measurements_are_judged_together():
     merged = machine_watch.merge([calm, contended])
     assert merged["cpu_pressure"] == {"average": pytest.approx(0.0825), "peak": 0.5}
     assert merged["cpus_used"] == {"all": 1.25, "others": 0.25, "others_peak": 1.0}
-    (flag,) = machine_watch.verdict([calm, contended])
+    (flag,) = watch_flags([calm, contended])
     assert flag.startswith("busy: runnable tasks waited for a CPU 8% of the measurement (worst half second 50%)")
 
 
@@ -291,17 +292,15 @@ def test_the_pipelines_own_threads_waiting_on_each_other_are_not_a_busy_machine(
         "cpu_pressure": {"average": 0.11, "peak": 0.48},
         "cpus_used": {"all": 2.0, "others": 0.0, "others_peak": 0.02},
     }
-    assert machine_watch.verdict([own]) == []
+    assert watch_flags([own]) == []
     beside = {**own, "cpus_used": {"all": 2.0, "others": 1.2, "others_peak": 1.9}}
-    assert machine_watch.verdict([beside])[0].startswith("busy: runnable tasks waited for a CPU 11%")
+    assert watch_flags([beside])[0].startswith("busy: runnable tasks waited for a CPU 11%")
     burst = {**own, "cpu_pressure": {"average": 0.04, "peak": 0.48}, "cpus_used": {"all": 2.0, "others": 0.1, "others_peak": 1.5}}
-    assert machine_watch.verdict([burst])[0].startswith(
-        "busy: runnable tasks waited for a CPU 4% of the measurement (worst half second 48%)"
-    )
+    assert watch_flags([burst])[0].startswith("busy: runnable tasks waited for a CPU 4% of the measurement (worst half second 48%)")
     # Without the CPU-time figure (or from an older manifest without its peak), the pressure alone decides, as before.
-    assert machine_watch.verdict([{k: v for k, v in own.items() if k != "cpus_used"}])
+    assert watch_flags([{k: v for k, v in own.items() if k != "cpus_used"}])
     older = {**own, "cpus_used": {"all": 2.0, "others": 0.7}}
-    assert machine_watch.verdict([older])
+    assert watch_flags([older])
 
 
 def test_host_cpus_pins_each_measurement_and_lets_go_after(tmp_path, run_cli, monkeypatch):
@@ -376,8 +375,8 @@ def test_only_the_gpu_measured_on_is_watched(monkeypatch):
 
     on_second = watched("GPU-bbbb")
     assert [gpu["index"] for gpu in on_second["gpus"]] == [1]
-    assert not [flag for flag in machine_watch.verdict([on_second]) if "GPU" in flag]
+    assert not [flag for flag in watch_flags([on_second]) if "GPU" in flag]
     assert [gpu["index"] for gpu in watched("GPU-aaaa")["gpus"]] == [0]
     every = watched(None)
     assert [gpu["index"] for gpu in every["gpus"]] == [0, 1]
-    assert "busy: 1 other process(es) ran on GPU 0 during the measurement" in machine_watch.verdict([every])
+    assert "busy: 1 other process(es) ran on GPU 0 during the measurement" in watch_flags([every])
