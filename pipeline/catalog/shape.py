@@ -75,3 +75,9 @@ def written(text: str) -> str:
     """A shape point typed as the reports print it ("2×512") or as the pipeline writes it, in the
     form the pipeline writes ("2x512"): what a user copies from a table finds its manifest."""
     return text.replace("×", "x")
+
+
+def tensor_dims(text: str) -> list[int]:
+    """A tensor's dimensions as TensorRT's tools write them ("1x3x224x224"; "" for a scalar): the
+    same notation as a shape point's, read here too, where a shape point's sizes are."""
+    return [int(size) for size in str(text).split("x") if size]

@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from pipeline.catalog.floor import accuracy_floor
+from pipeline.catalog.shape import tensor_dims
 from pipeline.running.errors import PipelineError
 
 
@@ -316,7 +317,7 @@ def read_trtexec_outputs(path: Path) -> dict[str, Any]:
         entries = json.loads(text)
         outputs = {}
         for entry in entries:
-            shape = [int(d) for d in str(entry["dimensions"]).split("x") if d]
+            shape = tensor_dims(entry["dimensions"])
             outputs[entry["name"]] = np.asarray(entry["values"], dtype=np.float32).reshape(shape)
         return outputs
     except (ValueError, KeyError, TypeError) as exc:

@@ -46,3 +46,9 @@ def test_the_printed_form_and_back():
     assert shown("2x512") == "2×512" == ShapeSizes.parse("2x512").shown and shown(None) == "" and shown("static") == "static"
     assert written("2×512") == "2x512" == written("2x512")
     assert ShapeSizes.parse(written(shown("4x4096"))).label == "4x4096"
+
+
+def test_a_tensors_dimensions_as_tensorrts_tools_write_them():
+    from pipeline.catalog.shape import tensor_dims
+
+    assert tensor_dims("1x3x224x224") == [1, 3, 224, 224] and tensor_dims("") == [] and tensor_dims("0x8") == [0, 8]
