@@ -28,10 +28,9 @@ class ProfileSettings(_Strict):
     max_repeat_cv: float = Field(default=0.02, gt=0)
     retakes: int = Field(default=2, ge=0, le=10)
     # The CPUs the measuring process runs on while it measures (Linux sched_setaffinity), and every
-    # process it starts then. A launch-bound GPU measurement is the host's speed: on the lent H100
-    # one process moved between 12.7 and 23.0 ms per run (ModernBERT 2x512, eager) while pinned to
-    # one core it stayed within 11.3-12.4 (it still met the host's slow spells; docs/results/sweeps.md).
-    # None: wherever the OS schedules it.
+    # process it starts then. A launch-bound GPU measurement is the host's speed, which one pinned
+    # core keeps steadier than the OS's scheduling (measured: docs/results/sweeps.md, 'Measured on the
+    # lent H100'). None: wherever the OS schedules it.
     host_cpus: tuple[int, ...] | None = Field(default=None, min_length=1)
     # Paired rounds (pipeline/measuring/rounds.py): at a shape point every engine runs one take per round
     # — at least `take_runs` inferences and `take_ms` milliseconds; for trtexec and TensorRT-RTX a
@@ -41,8 +40,7 @@ class ProfileSettings(_Strict):
     # `duration_s` bound a trtexec or TensorRT-RTX engine measured alone (one whole run of its tool).
     # A take is short because a point's rounds cost take_ms × engines × rounds, and the sign test
     # needs six rounds however long a take is: what decides is how many rounds agree, not how long
-    # each take ran. At 250 ms and 3 runs the seed matrix's rounds took 148 s of its 382 s on the
-    # lent H200 (docs/results/sweeps.md), ten engines a point.
+    # each take ran (measured: docs/results/sweeps.md, 'Every point compiled side by side').
     # One run at least: an engine slower than take_ms (eager attention at 4x4096, 294 ms) is not
     # run three times in every round.
     take_ms: float = Field(default=100.0, gt=0, le=60_000)

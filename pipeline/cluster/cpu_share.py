@@ -2,9 +2,9 @@
 
 Ray counts CPUs but does not place a task on any: two point tasks on one host of two GPUs each
 asked for half its CPUs, and ran on all of them. ONNX Runtime's thread pool in each (one thread
-per physical core, pinned by ONNX Runtime itself) then met the other's on every core: on two
-H200s of one host, runnable tasks waited for a CPU 27 % of the measurement and both points were
-flagged busy (docs/cluster.md). So a point's task claims one of the node's shares — as many as
+per physical core, pinned by ONNX Runtime itself) then met the other's on every core, and both
+points were flagged busy (measured: docs/results/cluster.md, 'Why a worker per GPU and a CPU share
+per point'). So a point's task claims one of the node's shares — as many as
 the node has GPUs, each a set of whole physical cores with all their hardware threads — for as
 long as it measures, and runs there (``environment.running_on``); what it starts meanwhile
 (trtexec, compiling processes) inherits it, and ONNX Runtime sizes its pool to it.

@@ -3,9 +3,9 @@ process, as a local run does it all in one.
 
 A Ray task gets a fresh worker process (a GPU task must: an idle process keeping its CUDA context
 would sit beside the next measurement on that GPU), and a fresh process imports PyTorch, loads the
-model and prepares every engine again before its work: 46-85 s a shape point on two H200s, against
-about 22 s in one process that keeps its prepared engines, and 18-23 s an eager build against
-about 1 s (docs/cluster.md). So the driver hands a GPU type's work to Ray actors
+model and prepares every engine again before its work, several times what the same work costs in
+a process that keeps them (measured: docs/results/cluster.md, 'Why a worker per GPU and a CPU
+share per point'). So the driver hands a GPU type's work to Ray actors
 (``worker.GpuWorker``), one per GPU of the type at most, each holding its GPU and its share of the
 node's CPUs for as long as work of its type is still to come, and handed one job at a time, so the
 jobs still spread over the GPUs as they free up:

@@ -141,10 +141,9 @@ class WorkerSession:
 class GpuWorker:
     """A Ray actor that holds one GPU for a run and does the jobs the driver hands it, one after
     another, in one process (pipeline/cluster/gpu_workers.py): the GPU's shape points, and the
-    builds and exports made where they are timed. A task per job paid for a fresh process each
-    time — importing PyTorch, loading the model, tracing every compiled engine — 46-85 s a point
-    on two H200s against about 22 s in one process, 18-23 s an eager build against about 1 s
-    (docs/cluster.md)."""
+    builds and exports made where they are timed: a task per job would pay for a fresh process each
+    time — importing PyTorch, loading the model, tracing every compiled engine (measured:
+    docs/results/cluster.md, 'Why a worker per GPU and a CPU share per point')."""
 
     def __init__(self):
         self.session = WorkerSession()

@@ -3,9 +3,9 @@ disturbing each other's measurements (`--gpus`, cluster nodes sharing a host, tw
 
 An engine whose time is the host's — a CPU engine, or a GPU engine whose host needs half or more
 of a run's GPU time to issue it (pipeline/report/flags.py, NEAR_LAUNCH_BOUND_SHARE) — is slowed by
-whatever else the host does: on the lent two-H100 host, eager ModernBERT measured beside another
-point's rounds ran 59-64 % slower, with every CPU of its share its own, while a CUDA graph measured
-the same (19.82 against 19.84 ms). So a point's rounds hold the host:
+whatever else the host does, even with every CPU of its share its own, while a GPU-bound one is not
+(measured: docs/results/cluster.md, 'Why a worker per GPU and a CPU share per point'). So a point's
+rounds hold the host:
 
 * **shared** while the point prepares its engines (loading, compiling, capturing CUDA graphs: CPU
   work that slows another point's launch-bound rounds as much as its rounds would), and while

@@ -6,9 +6,8 @@ without anything queueing for a CPU beside it, which the busy flag (pipeline/mea
 CPU pressure with other processes' CPU time) would see:
 
 * **Slower CPUs.** Clocks fall when other cores of the package get busy, a hypervisor's vCPU shares
-  a physical core or is descheduled. On the lent two-H100 host a one-thread loop ran 1.7x slower
-  while any other core was busy, and a point measured beside another point's rounds ran its
-  launch-bound engines 59-64 % slower with every CPU of its share its own. This shows in a
+  a physical core or is descheduled: a one-thread loop can run 1.7x slower while any other core is
+  busy (docs/measurement.md). This shows in a
   **probe**: a fixed piece of interpreter work, timed by the wall clock on the measuring thread
   between takes (so never beside a take, whose host thread it would slow), the median of
   PROBE_BURSTS bursts, against the same probe calibrated before the rounds.

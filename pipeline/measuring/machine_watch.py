@@ -53,8 +53,8 @@ CLOCK_REASONS = {
     0x80: "hardware power brake",
 }
 # The ones that mark a measurement throttled. The software power cap is not among them: a
-# datacenter GPU under full load runs at its power limit as a matter of course (the lent H100 does
-# on every ViT-B measurement, SM clock about 1.6-1.8 GHz of 1.98), and so does the deployment.
+# datacenter GPU under full load runs at its power limit as a matter of course (an H100 does on
+# every ViT-B measurement, its SM clock below the maximum), and so does the deployment.
 THROTTLING = {0x8, 0x20, 0x40, 0x80}
 
 

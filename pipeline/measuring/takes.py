@@ -37,9 +37,8 @@ def cuda_take(torch, run: Callable[[], Any], runs: int, min_ms: float, issue_ms:
     The untimed run is issued with the GPU idle; the host's time to issue it (``run()`` returning,
     its kernels launched) is appended to ``issue_ms``. Near a run's GPU time, the GPU waits for
     the host between kernels: the run is launch-bound, its time the host's speed. The first run
-    after another engine's take can cost the host more than the runs of a take (on the H100,
-    `reduce-overhead` at 2x512: 74–82 % of the run's GPU time, against 45–55 % for a run right
-    after one of its own), so a short run is issued twice, untimed,
+    after another engine's take can cost the host more than the runs of a take (measured:
+    docs/results/sweeps.md, 'The seed matrix in rounds'), so a short run is issued twice, untimed,
     and the second one's issue kept; a long one once (a second would cost the take's budget, and a
     run that long issues thousands of kernels before it could be launch-bound)."""
     issued, whole = _issued(torch, run)

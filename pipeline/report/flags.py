@@ -9,9 +9,9 @@ from pipeline.measuring.rounds import NEAR_LAUNCH_BOUND_SHARE, follows_the_host,
 from pipeline.measuring.stats import median
 
 # A run whose spread is above this coefficient of variation is flagged noisy (`--noisy-cv`). ONNX
-# Runtime on a quiet CPU stays within a few percent. The spread is the quartiles' (iqr_cv): on the
-# lent H100, host stalls put a few runs at 2-3x the median and the CV at 20-40% in measurements
-# whose repeats' medians agreed within 0.1%; judged by the CV, the verdict left those out.
+# Runtime on a quiet CPU stays within a few percent. The spread is the quartiles' (iqr_cv): host
+# stalls that put a few runs at 2-3x the median raise the CV to 20-40% in measurements whose
+# repeats' medians agree within 0.1%, which the CV would leave out of the verdict (docs/reports.md).
 NOISY_CV = 0.10
 # A machine whose 1-minute load average exceeds this many runnable tasks per CPU was busy: the
 # measurement shared its cores (two concurrent profiles on 2 CPUs measured ~4; one alone ~2).

@@ -6,7 +6,7 @@ A pair is decided "faster" or "slower" only where its interval does not reach ac
 tie band — the rounds' own rule for when to stop measuring (pipeline/measuring/rounds.py,
 ``undecided``). Where a point's budget ran out with a pair at the edge, one run of the same engines
 stops a hair inside the band (a tie) and the next a hair outside: neither is an answer, so the pair
-stays undecided (docs/cluster.md measured two H100 runs that did exactly that).
+stays undecided (measured: docs/results/cluster.md, 'The seed matrix on two H100s').
 """
 
 from __future__ import annotations

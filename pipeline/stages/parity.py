@@ -56,7 +56,7 @@ def check_parity(onnx_path: Path, feeds: list, reference, precision: str) -> Par
     options = ort.SessionOptions()
     options.log_severity_level = 3
     # The graph as exported, without ONNX Runtime's rewrites: those are not what is checked, and
-    # for ViT-B they took longer than the run itself (3.7 s against 0.25 s without, on the lent H100).
+    # for ViT-B they took longer than the run itself (docs/quantization.md, 'Export speed').
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     # On the GPU where ONNX Runtime's CUDA build is installed (minutes faster for a large model's
     # largest point), with FP32 kept FP32: its CUDA provider computes FP32 matrix products in TF32

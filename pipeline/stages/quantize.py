@@ -52,20 +52,20 @@ DEFAULT_WEIGHTS_DTYPE = {"int8": "fp32", "fp8": "fp16", "mxfp8": "fp16", "nvfp4"
 TRACED_HIGH_PRECISION = {"nvfp4"}
 
 FP8_OVERRIDE = {"num_bits": (4, 3), "axis": None}
-# Tracing runs the model forward, and one batch-64 forward of ViT-B takes 4-5 s on the CPU (the
-# lent H100's 16 cores). So CPU traces use this many samples with the batch axis left dynamic,
+# Tracing runs the model forward, and one batch-64 forward of ViT-B takes 4-5 s on 16 CPU cores
+# (docs/quantization.md, 'Export speed'). So CPU traces use this many samples with the batch axis left dynamic,
 # and the export stage pins it back to the model's batch size.
 CPU_TRACE_BATCH = 2
 
 
 # ModelOpt imports its Hugging Face plugins whenever these packages are installed: seconds of
-# import time (6 s on the lent H100) for plugins that never apply to timm models.
+# import time for plugins that never apply to timm models.
 _HF_PLUGIN_PACKAGES = ("transformers", "peft", "diffusers", "megatron")
 
 
 # What the export stage uses of ModelOpt. modelopt.torch.export is imported by ModelOpt itself
-# during calibration; imported here first, its Hugging Face plugins stay unloaded too (they took
-# 9 s of the first quantization in a process on the lent H100, where transformers is installed).
+# during calibration; imported here first, its Hugging Face plugins stay unloaded too (most of the
+# first quantization in a process where transformers is installed: docs/quantization.md, 'Export speed').
 MODELOPT_MODULES = (
     "modelopt.torch.quantization",
     "modelopt.torch.sparsity",

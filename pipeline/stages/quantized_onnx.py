@@ -37,7 +37,7 @@ def export_quantized(model, args: tuple, path, opset: int, weights_dtype: str, p
     on_cuda = any(getattr(a, "is_cuda", False) for a in args)
     if precision == "int8" and on_cuda:
         # TorchScript tracing of ModelOpt's INT8 fake-quant model crashes the process (SIGSEGV)
-        # on CUDA with torch 2.11 (seen on the lent H100); traced on the CPU it exports the same graph.
+        # on CUDA with torch 2.11 (docs/quantization.md, 'Export speed'); traced on the CPU it exports the same graph.
         model, args, on_cuda = model.cpu(), tuple(a.cpu() for a in args), False
     # ModelOpt names the graph's inputs after the forward() parameters, with this helper.
     named_args, _ = standardize_named_model_args(model, args)
@@ -191,8 +191,8 @@ def _export_int8(model, args: tuple, path, opset: int, input_names: list[str], d
     For that case ModelOpt 0.47's exporter is the TorchScript export (its quantizers emit
     QuantizeLinear/DequantizeLinear) plus the clean-up steps below; its INT8 weight step is a no-op.
     Around them it serializes the graph to JSON, checks its size and infers shapes twice: most of
-    the export of ViT-B, whose FP32 graph is 346 MB (20.9 s against 5-6 s this way, on the lent
-    H100's CPU). tests/stages/test_quantize.py checks that both give the same graph, so a ModelOpt
+    the export of ViT-B, whose FP32 graph is 346 MB (measured: docs/quantization.md, 'Export
+    speed'). tests/stages/test_quantize.py checks that both give the same graph, so a ModelOpt
     release that changes its INT8 export shows up there.
     """
     import onnx
@@ -234,8 +234,8 @@ def shape_inference_without_weights():
     """Within: ``onnx.shape_inference.infer_shapes`` runs on the graph without its weights' bytes.
 
     Inference copies the whole model through protobuf, and needs only the weights' shapes and types.
-    ModelOpt's exporter runs it twice on the full graph: a third of an FP8 export of ViT-B (25 s
-    against 16 s without, on a 2-core development machine). The result is the same model, byte
+    ModelOpt's exporter runs it twice on the full graph: a third of an FP8 export of ViT-B
+    (measured: docs/quantization.md, 'Export speed'). The result is the same model, byte
     for byte (tests/stages/test_quantize.py checks it). Small tensors keep their data: shape inference
     reads the values of shape constants.
     """

@@ -33,8 +33,8 @@ class TorchWorksAhead:
     @property
     def builds_where_timed(self) -> bool:
         # Loading the model (and capturing, or compiling once) is most of an eager, CUDA graph or
-        # dynamic build, and of a profile in a fresh process: 18-23 s a build as a task of its own
-        # against about 1 s in the process that keeps the model (docs/cluster.md).
+        # dynamic build, and of a profile in a fresh process, so it is built in the process that
+        # times it (measured: docs/results/cluster.md, 'Why a worker per GPU and a CPU share per point').
         return not self.builds_long
 
     def ahead_work(self, engine_path: Path, workloads: list[ReferenceBatch]) -> AheadWork | None:
@@ -67,8 +67,8 @@ class TorchWorksAhead:
         """A compiled engine at a point its compilation ahead has just finished, while the run waits
         for the rest. ``served``: the process that compiled it kept it and serves it
         (served.ServedPoint), and the point's profile times it there: nothing to do here.
-        Else it is prepared in this process: Dynamo's tracing (2.5-4 s an engine and point on the
-        lent H200) done before anything is measured, not between the points' rounds. Not where
+        Else it is prepared in this process: Dynamo's tracing (seconds an engine and point) done
+        before anything is measured, not between the points' rounds. Not where
         under AHEAD_FREE_GPU of the GPU's memory is free: what is kept holds some, and a point's
         profile would run out sooner than alone. Why not, where it was not."""
         if not self.builds_long or workload is None:

@@ -16,7 +16,7 @@ own process as each point comes back, while it waits (``finish``'s ``done``,
 TorchRuntime.prepare_ahead); else by the point's profile. Its manifest's ``inductor_cache_hits``
 says it did. Each process prepares exactly as the profile will (same inputs, same settings),
 which is what makes the graphs the same. Starting a process (a new interpreter, torch, the model,
-a CUDA context) cost about a minute on the lent H100, so all the engines' points share one set of
+a CUDA context) costs about a minute, so all the engines' points share one set of
 processes rather than each engine starting its own; the run waits for them before its first
 profile, so nothing compiles while anything is measured.
 

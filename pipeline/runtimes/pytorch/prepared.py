@@ -170,10 +170,10 @@ def cache_keys_alike_in_every_process(torch) -> None:
     ``torch.memory_format`` among it. A memory format pickles as a global name with no module of
     its own, and pickle finds one by scanning ``sys.modules`` for the first module through which
     ``torch.contiguous_format`` can be reached: which one depends on what the process imported
-    first (``torch._utils`` in a plain process, ``__mp_main__`` in a spawned one). Seen on two
-    H200s: every input of every graph hashed differently in the processes compiling ahead and in
-    Ray's workers, so no GPU worker ever found a graph compiled ahead and each recompiled it
-    (15–22 s an engine, a point). Pickled here by a function of this module's, found by name
+    first (``torch._utils`` in a plain process, ``__mp_main__`` in a spawned one), so a graph
+    compiled ahead was never found by a Ray worker, which compiled it again (measured:
+    docs/results/cluster.md, 'Why a worker per GPU and a CPU share per point'). Pickled here by a
+    function of this module's, found by name
     alike everywhere; the format still tells keys apart. Inductor's picklers start from
     ``copyreg``'s table (torch/_inductor/codecache.py, FxGraphCachePickler)."""
     copyreg.pickle(type(torch.contiguous_format), _memory_format_by_name)

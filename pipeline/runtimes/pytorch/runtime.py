@@ -225,10 +225,9 @@ class TorchRuntime(TorchWorksAhead, InProcessRuntime):
         if leave_point:  # every point, this one too, is compiled ahead: its facts join this manifest then
             return BuildResult(engine_path=engine_path, settings=settings, evidence={"compiler": self.versions()})
         # The models the earlier builds prepared at this build's point are what that point's profile
-        # times next, beside this one, so they stay: the seed matrix's first point, whose five bf16
-        # engines the fp16 builds had dropped, spent about 24 s reading and preparing them again on
-        # an H100 (the whole matrix 513 s; 490 s with them kept, on another start). Those prepared
-        # at another point (a model of one shape per point) would only hold memory.
+        # times next, beside this one, so they stay rather than be read and prepared again (measured:
+        # docs/results/cluster.md, 'The seed matrix's bf16 half'). Those prepared at another point
+        # (a model of one shape per point) would only hold memory.
         self._kept.only_at(self._building_point)
         try:
             preparation = TorchPreparation(self.spec, self.reporter)

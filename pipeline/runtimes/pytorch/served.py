@@ -2,9 +2,9 @@
 
 A run that profiles compiles every point of its compiled engines in processes side by side
 (pipeline/runtimes/pytorch/compile_ahead.py). Preparing such a point again in the run's own process
-costs Dynamo's tracing even with every graph in Inductor's cache: 2.5-4 s an engine and point on
-the lent H200, 92-116 s for the seed matrix's 24, one after another, while the compiling
-processes had long finished. The compiling process already holds the point ready (traced,
+costs Dynamo's tracing even with every graph in Inductor's cache, seconds an engine and point,
+paid one point after another while the compiling processes sit idle (measured:
+docs/results/sweeps.md, 'Every point compiled side by side'). The compiling process already holds the point ready (traced,
 compiled, run once), so it keeps it and, once every point is compiled and nothing compiles any
 more, serves it: each request of the run's process — ready it, a take, the warm-up, its evidence,
 its outputs on the reference batch — is one request over the channel to that child
