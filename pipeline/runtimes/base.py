@@ -205,11 +205,6 @@ class WorksAhead:
         work. Why it was not, where it was not (the profile then prepares it as it always does)."""
         return "nothing to prepare ahead"
 
-    def kept_elsewhere(self, engine_path: Path, shape: str | None) -> Any:
-        """The process that keeps this engine ready at this shape point and serves it (its work
-        ahead's), while it still can; None where this process prepares it."""
-        return None
-
 
 class EngineRuntime(WorksAhead, ABC):
     """One toolchain's way of turning ONNX into something that runs, and of timing it: what every

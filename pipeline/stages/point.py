@@ -27,7 +27,6 @@ from __future__ import annotations
 import time
 import zlib
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -272,42 +271,6 @@ def prepare_points_ahead(points: list[list], room: Callable[[], str | None]) -> 
             except PipelineError as exc:
                 stage.ctx.reporter.progress(f"not prepared ahead: {stage.progress_label}: {exc.message}")
     return count
-
-
-def ready_served_ahead(points: list[list]) -> int:
-    """Every engine of the run's shape points that a process of its own keeps ready and serves (a
-    compiled point, kept by the process that compiled it: EngineRuntime.kept_elsewhere) readied and
-    its accuracy checked now, once the work ahead is over, instead of at its point between one
-    point's rounds and the next's, where it grows with the point's size (docs/results/sweeps.md).
-    Each serving process readies its own points
-    while the others ready theirs — one thread here per process, waiting on its channel — and the
-    outputs each sends back are checked here. A point that fails here is left to its profile, which
-    tries again and records what it finds; a kernel fault is recorded for its engine and raised,
-    as at its point. How many were readied."""
-    by_holder: dict[Any, list] = {}
-    for stages in points:
-        for stage in _measured(stages):
-            holder = stage.runtime.kept_elsewhere(stage.engine_file(), stage.shape) if stage.ahead is None else None
-            if holder is not None:
-                by_holder.setdefault(holder, []).append(stage)
-    if not by_holder:
-        return 0
-
-    def ready(stages: list) -> int:
-        count = 0
-        for stage in stages:
-            try:
-                stage.ahead = _prepared_and_checked(stage)
-                count += 1
-            except DeviceFault as exc:
-                stage.run(force=True, measured=exc)
-                raise
-            except PipelineError as exc:
-                stage.ctx.reporter.progress(f"not readied ahead: {stage.progress_label}: {exc.message}")
-        return count
-
-    with ThreadPoolExecutor(max_workers=len(by_holder), thread_name_prefix="ready-served") as pool:
-        return sum(pool.map(ready, by_holder.values()))
 
 
 def _measured(stages: list) -> list:

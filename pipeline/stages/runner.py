@@ -191,7 +191,6 @@ def run_engines(ctx: RunContext, engines: list[EngineRef], toolchains: list[str]
                     print_error(f"{engine.name}{f' on {toolchain}' if len(usable) > 1 else ''}: {exc.message}", exc.hint)
                     summary.fail(engine.name, toolchain, exc)
         ahead.finish(while_waiting=lambda: prepare_points_ahead(list(points.values()), room_on_the_gpu()))
-        _ready_served_ahead(ctx, list(points.values()))
         ctx.ahead = None  # the builds are over; what the work ahead serves stays until the profiles are
         for (_, _, shape), stages in points.items():
             for stage, exc in _failures(profile_point(stages)):
@@ -206,21 +205,6 @@ def run_engines(ctx: RunContext, engines: list[EngineRef], toolchains: list[str]
         ctx.ahead = None
     say_out_of_memory(ctx, until)
     return summary.raise_for_failures(requested, toolchains)
-
-
-def _ready_served_ahead(ctx: RunContext, points: list[list]) -> None:
-    """The engines their compiling processes serve, readied and checked there side by side before
-    the first point (pipeline/stages/point.py, ready_served_ahead), said in one line."""
-    import time
-
-    from pipeline.stages.point import ready_served_ahead
-
-    started = time.perf_counter()
-    with ctx.reporter.working("profile", "engines in the processes that serve them"):
-        count = ready_served_ahead(points)
-    if count:
-        note = " readied and checked ahead of their points, side by side in the processes that serve them"
-        ctx.reporter.done("profile", f"{count} engine{'s' if count > 1 else ''}", time.perf_counter() - started, note)
 
 
 def say_out_of_memory(ctx: RunContext, until: str | None = None) -> None:

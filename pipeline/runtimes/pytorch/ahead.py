@@ -106,10 +106,6 @@ class TorchWorksAhead:
             self._warned.add(identity)
             self.reporter.warn(f"{engine_name(str(engine_path))}: {graph_break_words(facts)}{FULLGRAPH_WORDS}")
 
-    def kept_elsewhere(self, engine_path: Path, shape: str | None) -> Any:
-        served = self._served.get((file_identity(engine_path), shape)) if shape is not None else None
-        return served.process if served is not None and served.alive() else None
-
     def _served_at(self, engine_path: Path, workload):
         if workload is None or not self._served:
             return None
