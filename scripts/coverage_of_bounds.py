@@ -43,8 +43,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.catalog.floor import AccuracyFloor
 from pipeline.precision.bounds import SampleStats, bounds
-from pipeline.precision.figures import Floor
 from pipeline.precision.one_sided import exact_lower
 
 SIZES = (32, 128, 512, 2048)
@@ -56,9 +56,9 @@ TRUTH_SAMPLES = 1 << 21
 SEED = 75
 FIGURES = ("cosine", "metric", "top-1 net drop")
 FLOORS = {  # limits far from the figures: what is scored is the bound against the truth
-    "cosine": Floor((("cos", 0.5),), "coverage"),
-    "metric": Floor((), "coverage", (("metric", 1.0),)),
-    "top-1 net drop": Floor((), "coverage", (("top1", 0.5),)),
+    "cosine": AccuracyFloor((("cos", 0.5),), "coverage"),
+    "metric": AccuracyFloor((), "coverage", (("metric", 1.0),)),
+    "top-1 net drop": AccuracyFloor((), "coverage", (("top1", 0.5),)),
 }
 
 

@@ -34,8 +34,9 @@ from types import SimpleNamespace
 
 import torch
 
+from pipeline.catalog.floor import AccuracyFloor
 from pipeline.precision.bounds import bounds, sample_stats
-from pipeline.precision.figures import Floor, figures
+from pipeline.precision.figures import figures
 from pipeline.precision.plan import make_plan
 from pipeline.running.errors import PipelineError
 
@@ -185,14 +186,14 @@ class Scenario:
     edge: tuple[str, ...] = ()
     tails: int | None = None  # heavy-tailed samples (Model.tails): heavy-tailed per-sample errors
 
-    def floor(self, truths) -> Floor:
+    def floor(self, truths) -> AccuracyFloor:
         limit = self.limit
         if limit is None:
             kept = truths(frozenset(self.edge))[self.key]
             limit = kept + 1e-6 if self.side == "lower" else kept - 1e-6
         if self.side == "lower":
-            return Floor(((self.metric, limit),), "--floor")
-        return Floor((), "--max-drop", ((self.metric, limit),))
+            return AccuracyFloor(((self.metric, limit),), "--floor")
+        return AccuracyFloor((), "--max-drop", ((self.metric, limit),))
 
     @property
     def key(self) -> tuple:
@@ -291,7 +292,7 @@ def holds(confirm_bounds, truths: dict) -> bool:
     return True
 
 
-def misses(floor: Floor, truths: dict, key: tuple) -> bool:
+def misses(floor: AccuracyFloor, truths: dict, key: tuple) -> bool:
     """Whether the truth misses the floor's one limit."""
     (metric, limit), side = (floor.thresholds[0], "lower") if floor.thresholds else (floor.drops[0], "upper")
     value = truths[key]
