@@ -54,12 +54,21 @@ def ended_words(exitcode: int | None) -> str:
     """How a process ended, in words: "exit status 1", "killed by SIGKILL", "still running"."""
     if exitcode is None:
         return "still running"
-    if exitcode < 0:
-        try:
-            return f"killed by {signal.Signals(-exitcode).name}"
-        except ValueError:
-            return f"killed by signal {-exitcode}"
+    if exitcode < 0:  # multiprocessing's children say a signal so; a positive status is their own exit
+        return f"killed by {signal_name(exitcode)}"
     return f"exit status {exitcode}"
+
+
+def signal_name(exit_code: int) -> str | None:
+    """The signal that ended a process, from its exit status: negative as Python's subprocess
+    gives it (-11), or 128 + the signal's number as a shell or a container gives it (139)."""
+    number = -exit_code if exit_code < 0 else exit_code - 128 if 128 < exit_code < 128 + 65 else None
+    if number is None:
+        return None
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def queue():

@@ -10,6 +10,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.launchers.child import signal_name
 from pipeline.running.errors import EnvironmentMissing, ToolStopped
 from pipeline.running.files import atomic_write_text
 from pipeline.running.reporting import Reporter
@@ -29,18 +30,6 @@ class Finished:
     def signal(self) -> str | None:
         """The signal that ended it ("SIGSEGV"), or None where it exited (signal_name)."""
         return signal_name(self.exit_code)
-
-
-def signal_name(exit_code: int) -> str | None:
-    """The signal that ended a process, from its exit status: negative as Python's subprocess
-    gives it (-11), or 128 + the signal's number as a shell or a container gives it (139)."""
-    number = -exit_code if exit_code < 0 else exit_code - 128 if 128 < exit_code < 128 + 65 else None
-    if number is None:
-        return None
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
 
 
 def run_logged(
