@@ -38,6 +38,7 @@ def reachable(index: str, timeout_s: float | None = None) -> str | None:
     """None where ``index`` answers for torch within ``timeout_s`` (PROBE_S); else why not, in a few words."""
     timeout_s = PROBE_S if timeout_s is None else timeout_s
     outcome: list[str | None] = []
+    no_answer = f"no answer in {timeout_s:g} s"
 
     def probe() -> None:
         try:
@@ -47,12 +48,14 @@ def reachable(index: str, timeout_s: float | None = None) -> str | None:
             outcome.append(f"HTTP {exc.code}")
         except (urllib.error.URLError, OSError, ValueError) as exc:
             reason = getattr(exc, "reason", exc)
-            outcome.append(str(reason) or type(exc).__name__)
+            # The socket's own time-out and the join below race for a silent index: both say it the same way.
+            silent = isinstance(reason, TimeoutError)
+            outcome.append(no_answer if silent else str(reason) or type(exc).__name__)
 
     worker = threading.Thread(target=probe, daemon=True)  # name resolution ignores socket time-outs
     worker.start()
     worker.join(timeout_s)
-    return outcome[0] if outcome else f"no answer in {timeout_s:g} s"
+    return outcome[0] if outcome else no_answer
 
 
 def pip_command(python: str, packages: list[str], index: str | None) -> list[str]:

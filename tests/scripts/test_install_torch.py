@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+import urllib.error
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -56,8 +57,24 @@ def test_an_index_that_serves_torch_is_reachable_and_others_say_why_not_within_t
     assert install_torch.reachable(index.replace("/whl/cpu", "/whl/nothing")) == "HTTP 404"
     assert "refused" in install_torch.reachable(f"http://127.0.0.1:{closed_port()}/whl/cpu").lower()
     started = time.monotonic()
-    assert install_torch.reachable(silent, timeout_s=0.5) is not None
+    assert install_torch.reachable(silent, timeout_s=0.5) == "no answer in 0.5 s"
     assert time.monotonic() - started < 3
+
+
+def test_a_socket_that_times_out_first_is_worded_as_the_probe_that_gave_up(install_torch, monkeypatch):
+    """The socket's time-out and the probe's own race on a silent index; a loaded host lets either win."""
+
+    def times_out(url, timeout):
+        raise urllib.error.URLError(TimeoutError("timed out"))
+
+    monkeypatch.setattr(install_torch.urllib.request, "urlopen", times_out)
+    assert install_torch.reachable("http://127.0.0.1:9/whl/cpu", timeout_s=0.5) == "no answer in 0.5 s"
+
+    def read_times_out(url, timeout):
+        raise TimeoutError("The read operation timed out")
+
+    monkeypatch.setattr(install_torch.urllib.request, "urlopen", read_times_out)
+    assert install_torch.reachable("http://127.0.0.1:9/whl/cpu", timeout_s=2) == "no answer in 2 s"
 
 
 def test_pip_gets_the_index_where_it_answers_and_pips_own_indexes_with_one_line_where_not(
