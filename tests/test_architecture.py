@@ -151,3 +151,8 @@ def test_each_backend_is_a_folder_of_its_own_and_few_modules_sit_beside_them():
     backends = {path.name for path in runtimes.iterdir() if (path / "__init__.py").is_file()}
     registered = {target.split(":")[0].split(".")[2] for target in RUNTIMES.values()}
     assert registered == backends  # every kind's class in a backend's folder, every folder registered
+    tested = {path.name for path in (Path(__file__).parent / "runtimes").iterdir() if path.is_dir() and any(path.glob("test_*.py"))}
+    assert tested == backends  # each backend's tests in a folder of the same name
+    # Without a package's __init__.py, pytest puts tests/runtimes/ on sys.path and its folder
+    # tensorrt/ answers `find_spec("tensorrt")` as if TensorRT were installed.
+    assert all((Path(__file__).parent / "runtimes" / name / "__init__.py").is_file() for name in ("", *tested))

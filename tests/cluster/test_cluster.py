@@ -26,7 +26,7 @@ from pipeline.workspace.artifacts import sha256_file
 from tests import raycluster
 from tests.conftest import CPU_TOOLCHAINS, RTX_TOOLCHAINS, TINY_CATALOG, tiny_bert_catalog, write_catalog
 from tests.dockerd import STANDIN, standin_files
-from tests.runtimes.test_pytorch_runtime import needs_inductor
+from tests.runtimes.pytorch.test_pytorch_runtime import needs_inductor
 
 WHY = raycluster.why_unavailable()
 if WHY and os.environ.get("PIPELINE_REQUIRE_CLUSTER") == "1":

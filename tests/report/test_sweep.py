@@ -18,7 +18,7 @@ from pipeline.report.rows import ComparisonRow
 from pipeline.report.sweep import sweeps
 from pipeline.report.verdict import verdicts
 from tests.conftest import CPU_TOOLCHAINS, render_in_chromium, tiny_bert_catalog
-from tests.runtimes.test_pytorch_runtime import needs_inductor
+from tests.runtimes.pytorch.test_pytorch_runtime import needs_inductor
 
 pytest.importorskip("transformers", reason="the transformers family needs the transformers package (`make setup` installs it)")
 

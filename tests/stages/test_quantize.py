@@ -327,7 +327,7 @@ def test_shape_inference_without_weights_gives_modelopts_export_byte_for_byte():
 
 
 def test_nvfp4_graph_is_fp16_with_every_fp4_matmul_reading_fp16(tmp_path, run_cli, monkeypatch):
-    """The form TensorRT's strongly typed parser accepts (tests/runtimes/test_tensorrt_rtx.py builds it).
+    """The form TensorRT's strongly typed parser accepts (tests/runtimes/tensorrt_rtx/test_tensorrt_rtx.py builds it).
 
     ModelOpt's own NVFP4 graph mixes FP32 and FP16 at the FP4 matrix multiplies; the pipeline
     traces an FP16 model and gives each FP4 MatMul FP16 inputs (FP32 results where asked).

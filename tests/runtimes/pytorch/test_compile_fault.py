@@ -22,7 +22,7 @@ import pytest
 from pipeline.manifest import read_manifest
 from pipeline.running.errors import DeviceFault
 from tests.conftest import DATA, catalog_head, write_catalog
-from tests.runtimes.test_pytorch_runtime import needs_inductor
+from tests.runtimes.pytorch.test_pytorch_runtime import needs_inductor
 
 DEVICE_SIDE_ASSERT = "CUDA error: device-side assert triggered"
 SHAPES = ["1x16", "2x16", "4x16", "4x64"]

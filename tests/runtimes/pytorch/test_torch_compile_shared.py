@@ -17,7 +17,7 @@ import pytest
 
 from pipeline.runtimes.pytorch.spec import TorchSpec
 from tests.conftest import DATA, catalog_head, write_catalog
-from tests.runtimes.test_pytorch_runtime import manifest, needs_inductor
+from tests.runtimes.pytorch.test_pytorch_runtime import manifest, needs_inductor
 
 TOOLCHAINS = """
 [variants.fp32]

@@ -1,0 +1,1 @@
+"""Tests of the ONNX Runtime backend (pipeline/runtimes/onnxrt/)."""

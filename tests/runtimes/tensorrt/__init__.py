@@ -1,0 +1,1 @@
+"""Tests of the trtexec backend (pipeline/runtimes/tensorrt/): in a container and installed locally."""

@@ -1,0 +1,1 @@
+"""Tests of the TensorRT-RTX backend (pipeline/runtimes/tensorrt_rtx/)."""
