@@ -67,6 +67,9 @@ def _from_workspace(toolchain: str, spec: str, catalog) -> EngineSide:
     layer_profile = _artifact(profiled.profile, "layer_profile") if profiled else None
     if layer_profile is not None:
         _take_profile(side, read_profile(workspace.root / layer_profile))
+    elif _handed_over(profiled):
+        # Any runtime that profiles layers hands its times over as the profile's core field.
+        side.timed = [TimedLayer(layer.name, layer.average_ms, layer.percent) for layer in profiled.profile.details.layer_times]
     else:
         side.notes.append(
             f"no per-layer times: `pipeline profile --engine {engine_name} --toolchain {toolchain}` writes them "
@@ -113,6 +116,12 @@ def _take_profile(side: EngineSide, profile, source: str | None = None) -> None:
     stopped = getattr(profile, "stopped_at", None)
     if stopped:
         side.notes.append(f"{source}: {stopped}" if source else stopped)
+
+
+def _handed_over(manifest) -> bool:
+    """Whether a profile recorded per-layer times in its core field (whichever runtime made them)."""
+    record = manifest.profile if manifest is not None else None
+    return record is not None and record.status == "done" and record.details is not None and bool(record.details.layer_times)
 
 
 def _artifact(record, role: str) -> str | None:

@@ -57,3 +57,23 @@ def test_a_key_the_runtimes_model_does_not_name_is_refused_not_written(steady):
     }
     with pytest.raises(ValidationError, match="surprise"):
         checked_evidence(SteadyRuntime, {"surprise": 1}, ProfileDetails)
+
+
+def test_two_engines_of_a_new_kind_are_diffed_by_the_per_layer_times_it_hands_over(steady, tmp_path, run_cli):
+    # The stand-in writes no sidecar files of TensorRT's formats: its per-layer times are the
+    # profile's core field alone, and its runtime is named as it names itself.
+    catalog = write_catalog(tmp_path / "ws", TINY_CATALOG + '\n[toolchains.steady]\nkind = "steady"\n')
+    result = run_cli(catalog, "run", "--model", "tiny", "--variant", "fp32", "--variant", "fp16", "--toolchain", "steady")
+    assert result.exit_code == 0, result.err
+
+    compared = run_cli(catalog, "diff", "steady/tiny_fp32", "steady/tiny_fp16", "--format", "json")
+    assert compared.exit_code == 0, compared.err
+    data = json.loads(compared.out)
+    assert data["a"]["layers_timed"] == data["b"]["layers_timed"] == 1
+    assert data["a"]["total_ms"] == data["b"]["total_ms"] == pytest.approx(0.25)
+    assert data["a"]["trt_version"] == "1.0" and data["counts"]["matched"] == 1
+    assert [(row["a"], row["b"], row["delta_ms"]) for row in data["rows"]] == [(["the only layer"], ["the only layer"], 0.0)]
+
+    shown = run_cli(catalog, "diff", "steady/tiny_fp32", "steady/tiny_fp16")
+    assert shown.exit_code == 0, shown.err
+    assert "A = steady/tiny_fp32: " in shown.out and "1 layers timed" in shown.out
