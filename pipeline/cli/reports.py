@@ -174,8 +174,9 @@ def diff(state: _State, a, b, fmt, out):
     from pipeline.report.layer_diff import diff as diff_engines
     from pipeline.report.layer_diff import render_markdown, render_terminal
     from pipeline.report.layer_sides import load_side
+    from pipeline.runtimes import product_of
 
-    result = diff_engines(*(load_side(spec, lambda: state.catalog) for spec in (a, b)))
+    result = diff_engines(*(load_side(spec, lambda: state.catalog, product_of) for spec in (a, b)))
     if fmt == "html" and out is None:  # beside the workspace whose engines were diffed, else here
         out = (state.catalog.root if state._catalog is not None else Path.cwd()) / "reports" / "diff.html"
     if fmt == "table" and out is None:

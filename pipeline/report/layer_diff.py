@@ -38,7 +38,8 @@ class EngineSide:
 
     label: str
     model: str | None = None
-    trt: str | None = None
+    runtime: str | None = None  # what its runtime is called ("TensorRT", "ONNX Runtime"), and its version
+    runtime_version: str | None = None
     timed: list[TimedLayer] | None = None  # per-layer times, in the profile's order
     iterations: int | None = None
     info: LayerInfo | None = None
@@ -163,7 +164,8 @@ class LayerDiff:
             return {
                 "label": engine.label,
                 "model": engine.model,
-                "trt_version": engine.trt,
+                # The runtime's version whichever runtime it is (named so when only TensorRT's was read).
+                "trt_version": engine.runtime_version,
                 "layers_timed": len(engine.timed) if engine.timed else 0,
                 "layers_described": len(engine.info.layers) if engine.info else 0,
                 "iterations": engine.iterations,
@@ -350,7 +352,7 @@ def _names(layers: list[SideLayer], width: int = 70) -> str:
 
 
 def _side_line(name: str, side: EngineSide) -> str:
-    facts = [f"TensorRT {side.trt}" if side.trt else None]
+    facts = [" ".join(word for word in (side.runtime, side.runtime_version) if word) if side.runtime_version else None]
     if side.timed:
         facts.append(f"{len(side.timed)} layers timed" + (f" over {side.iterations} iterations" if side.iterations else ""))
     if side.info is not None:

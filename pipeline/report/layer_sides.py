@@ -19,9 +19,11 @@ _SIDE_HINT = (
 )
 
 
-def load_side(spec: str, catalog_of: Callable[[], Any]) -> EngineSide:
+def load_side(spec: str, catalog_of: Callable[[], Any], product_of: Callable[[str], str] = str) -> EngineSide:
     """An engine of the workspace (``TOOLCHAIN/ENGINE[@SHAPE]``) or trtexec output on disk.
-    ``catalog_of`` gives the catalog, read only for a side that names an engine."""
+    ``catalog_of`` gives the catalog, read only for a side that names an engine; ``product_of``
+    what its runtime is called, from the kind its build manifest records (the runtimes' registry
+    knows: pipeline.runtimes.product_of)."""
     path = Path(spec).expanduser()
     if path.exists():
         return _from_files(path)
@@ -37,10 +39,10 @@ def load_side(spec: str, catalog_of: Callable[[], Any]) -> EngineSide:
             hint=(f"did you mean {close[0]}/{engine}? " if close else "")
             + f"the catalog's toolchains: {', '.join(catalog.toolchains)}; or give the path of trtexec output that exists",
         )
-    return _from_workspace(toolchain, engine, catalog)
+    return _from_workspace(toolchain, engine, catalog, product_of)
 
 
-def _from_workspace(toolchain: str, spec: str, catalog) -> EngineSide:
+def _from_workspace(toolchain: str, spec: str, catalog, product_of: Callable[[str], str]) -> EngineSide:
     from pipeline.manifest import read_manifest
     from pipeline.trtexec.exports import read_profile
     from pipeline.trtexec.layers import read_layer_info
@@ -59,7 +61,8 @@ def _from_workspace(toolchain: str, spec: str, catalog) -> EngineSide:
     built = read_manifest(built_path)
     side = EngineSide(label=f"{toolchain}/{spec}", model=ref.model)
     details = built.build.details if built.build else None
-    side.trt = getattr(details, "runtime_version", None) if details else None
+    if details is not None:
+        side.runtime, side.runtime_version = product_of(details.runtime), details.runtime_version
     layer_info = _artifact(built.build, "layer_info")
     if layer_info is not None:
         side.info = read_layer_info(workspace.root / layer_info)
@@ -150,7 +153,8 @@ def _from_files(path: Path) -> EngineSide:
                 log = parse_log(text)
             except PipelineError:
                 continue  # not trtexec output: another file of the folder
-            side.trt = side.trt or log.trt_version
+            if log.trt_version and side.runtime_version is None:
+                side.runtime, side.runtime_version = "TensorRT", log.trt_version
             if log.profile and log.profile.layers and side.timed is None:
                 _take_profile(side, log.profile)
             dumped = layer_info_from_dump(text)

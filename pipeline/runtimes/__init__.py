@@ -46,6 +46,15 @@ def runtime_classes() -> list[type[EngineRuntime]]:
     return [runtime_class(kind) for kind in RUNTIMES]
 
 
+def product_of(kind: str) -> str:
+    """What reports call a kind's runtime (its ``product``): the kind itself where it names none,
+    or where this version knows no such kind (a manifest written by another)."""
+    try:
+        return runtime_class(kind).product or kind
+    except LookupError:
+        return kind
+
+
 def spec_class(kind: str | None):
     """The catalog settings class of a toolchain kind (LookupError for an unknown kind)."""
     return runtime_class(kind).Spec

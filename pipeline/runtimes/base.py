@@ -212,6 +212,9 @@ class EngineRuntime(WorksAhead, ABC):
 
     #: The catalog ``kind`` this class implements.
     kind: ClassVar[str]
+    #: What the runtime is called where a report names it beside its version (the build manifest's
+    #: runtime_version): "TensorRT", "ONNX Runtime". None: the kind names it (runtimes.product_of).
+    product: ClassVar[str | None] = None
     #: The catalog settings of this kind.
     Spec: ClassVar[type[ToolchainSpec]]
     #: Its own record of a build or a profile, kept in the manifest beside the core fields under

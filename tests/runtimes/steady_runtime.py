@@ -50,6 +50,7 @@ class SteadyEngine:
 
 class SteadyRuntime(InProcessRuntime):
     kind = "steady"
+    product = "Steady"
     Spec = SteadySpec
     Evidence = SteadyEvidence
     engine_suffix = ".steady"

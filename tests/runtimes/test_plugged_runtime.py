@@ -76,4 +76,17 @@ def test_two_engines_of_a_new_kind_are_diffed_by_the_per_layer_times_it_hands_ov
 
     shown = run_cli(catalog, "diff", "steady/tiny_fp32", "steady/tiny_fp16")
     assert shown.exit_code == 0, shown.err
-    assert "A = steady/tiny_fp32: " in shown.out and "1 layers timed" in shown.out
+    assert "A = steady/tiny_fp32: Steady 1.0, 1 layers timed" in shown.out and "TensorRT" not in shown.out
+
+
+def test_reports_call_each_runtime_by_its_own_name_and_an_unknown_kind_by_the_kind():
+    from pipeline.runtimes import product_of
+
+    assert [product_of(kind) for kind in ("onnxruntime", "torch", "trtexec-container", "trtexec-local", "tensorrt-rtx")] == [
+        "ONNX Runtime",
+        "PyTorch",
+        "TensorRT",
+        "TensorRT",
+        "TensorRT-RTX",
+    ]
+    assert product_of("written-by-a-newer-version") == "written-by-a-newer-version"

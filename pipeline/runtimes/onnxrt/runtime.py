@@ -56,6 +56,7 @@ class OnnxRuntimeSpec(ToolchainSpec):
 
 class OnnxRuntimeRuntime(InProcessRuntime):
     kind = "onnxruntime"
+    product = "ONNX Runtime"
     Spec = OnnxRuntimeSpec
     engine_suffix = ".onnx"
     placement = "anywhere"  # the CPU provider: any node

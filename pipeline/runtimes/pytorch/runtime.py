@@ -64,6 +64,7 @@ class TorchEvidence(BaseModel):
 
 class TorchRuntime(TorchWorksAhead, InProcessRuntime):
     kind = "torch"
+    product = "PyTorch"
     # Engines are made from the PyTorch model: a model the exporter refused still runs here.
     reads_onnx = False
     Spec = TorchSpec

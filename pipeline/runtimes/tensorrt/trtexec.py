@@ -90,6 +90,7 @@ def context_memory_mib(text: str | None) -> float | None:
 
 
 class TrtexecRuntime(EngineRuntime):
+    product = "TensorRT"
     engine_suffix = ".engine"
     Evidence = TrtexecEvidence
 

@@ -50,6 +50,7 @@ class TensorRtRtxEvidence(BaseModel):
 
 class TensorRtRtxRuntime(EngineRuntime):
     kind = "tensorrt-rtx"
+    product = "TensorRT-RTX"
     Spec = TensorRtRtxSpec
     Evidence = TensorRtRtxEvidence
     engine_suffix = ".engine"

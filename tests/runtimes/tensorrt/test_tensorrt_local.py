@@ -78,6 +78,8 @@ def test_diff_of_two_workspace_engines_reads_their_layer_info_and_layer_profiles
     assert {row["delta_ms"] for row in data["rows"]} == {0.0}
     # The profile (alexnet) and the layer information (the MNIST model) are of different builds.
     assert any("describes 0 of the 14 profiled layers" in note for note in data["a"]["notes"])
+    shown = run_cli(catalog, "diff", "local/tiny_fp32", "local/tiny_fp16")
+    assert f"A = local/tiny_fp32: TensorRT 10.14.1, 14 layers timed over {recorded[0]['count']} iterations" in shown.out
 
 
 def test_nan_outputs_are_reported_as_such(local_install, run_cli):

@@ -185,6 +185,7 @@ def test_diff_of_fp16_and_fp8_builds_names_the_layers_fp8_changed(workspace, run
     assert data["counts"]["matched"] + data["counts"]["matched by ONNX nodes"] + data["counts"]["fused differently"] > 0
     shown = run_cli(workspace, "diff", "trt-rtx1.7/vit_tiny_fp16", "trt-rtx1.7/vit_tiny_fp8")
     assert f"B runs {fp8} layers in fp8, A none." in shown.out and "Every layer, A beside B" in shown.out
+    assert "A = trt-rtx1.7/vit_tiny_fp16: TensorRT-RTX 1.7.1.116," in shown.out  # its own runtime, not "TensorRT 1.7.1.116"
     page = run_cli(workspace, "diff", "trt-rtx1.7/vit_tiny_fp16", "trt-rtx1.7/vit_tiny_fp8", "--format", "html")
     assert page.exit_code == 0
     dom = render_in_chromium(workspace.parent / "reports" / "diff.html", tmp_path).dom
