@@ -169,7 +169,8 @@ def diff(state: _State, a, b, fmt, out):
     name without Myelin's numbering, then by the ONNX nodes they implement, so that layers two
     builds fused differently are compared as a group; the rest is "only in A" / "only in B".
     Per-layer times come from `pipeline profile` (trtexec's --exportProfile, TensorRT-RTX's
-    profiler); without them, layer types and precisions are compared.
+    profiler, or those another runtime records in its profile manifest); without them, layer
+    types and precisions are compared.
     """
     from pipeline.report.layer_diff import diff as diff_engines
     from pipeline.report.layer_diff import render_markdown, render_terminal
