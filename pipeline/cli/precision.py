@@ -267,7 +267,7 @@ def plan(
         from pipeline.precision.built import check_built as build_and_check
         from pipeline.precision.built import record_on_engine
 
-        measuring = measure or ("onnxruntime" if "onnxruntime" in state.catalog.toolchains else state.catalog.defaults.toolchain)
+        measuring = measure or _embedded_toolchain(state)
         built = build_and_check(state, lab, ref, name if planned.needed else None, table, measuring, floor)
         record_on_engine(built, planned)
     paid = None
@@ -342,6 +342,16 @@ def _refuse_unless_shown(planned, ref, floor, apply_: bool, apply_unresolved: bo
             f"({failed}); it was not applied.",
             hint="evaluate on more samples (--samples): the bounds narrow as the samples grow",
         )
+
+
+def _embedded_toolchain(state: State) -> str:
+    """Where the planned engine is built when --measure names no toolchain: the catalog's first
+    toolchain that runs anywhere (a CPU runtime, needing no GPU: ONNX Runtime, the embedded
+    default), else the catalog's default toolchain."""
+    from pipeline.runtimes import runtime_class
+
+    anywhere = (name for name, spec in state.catalog.toolchains.items() if runtime_class(spec.kind).placement == "anywhere")
+    return next(anywhere, state.catalog.defaults.toolchain)
 
 
 def _measure_command(state: State, ref, name: str) -> str:

@@ -26,13 +26,13 @@ from typing import Any
 
 from pipeline.catalog import Catalog, EngineRef
 from pipeline.machine.environment import package_version
+from pipeline.measuring.out_of_memory import out_of_memory_as_error
 from pipeline.models import model_source
 from pipeline.precision.bounds import Bound, SampleStats, bounds, sample_stats
 from pipeline.precision.figures import Figures, cosine_of, figures, relative_error_of
 from pipeline.precision.hooks import load_hook, metric_of, weighted_mean
 from pipeline.precision.samples import draw
 from pipeline.running.errors import UsageError
-from pipeline.runtimes.pytorch.memory import out_of_memory_as_error
 from pipeline.stages.quantize import (
     DEFAULT_WEIGHTS_DTYPE,
     TRACED_HIGH_PRECISION,

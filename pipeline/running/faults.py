@@ -5,7 +5,7 @@ uncorrectable ECC error — leave the process's CUDA context unusable: every lat
 CUDA's documentation says the process must be terminated and relaunched (cudaErrorAssert,
 cudaErrorIllegalAddress, cudaErrorLaunchFailure in the CUDA Runtime API's error types). So a fault
 is recorded for the point and toolchain where it happened (every GPU call of a stage is
-synchronised before it returns, pipeline/runtimes/pytorch/memory.py, so the call that launched the
+synchronised before it returns, pipeline/measuring/out_of_memory.py, so the call that launched the
 faulting kernel is the one that sees it), and the run goes on in a fresh process with the same
 command line (pipeline/launchers/restart.py): what was done is current there and skipped, the fault
 is a recorded result, and the other points and toolchains are measured.

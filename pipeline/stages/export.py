@@ -22,9 +22,9 @@ from typing import Any
 from pipeline.catalog.shape import shown
 from pipeline.machine.environment import package_version
 from pipeline.manifest import Artifact, ExportDetails, OutOfMemoryFacts
+from pipeline.measuring.out_of_memory import out_of_memory_as_error
 from pipeline.models import TORCH_DTYPES
 from pipeline.running.errors import DeviceFault, EnvironmentMissing, UsageError
-from pipeline.runtimes.pytorch.memory import out_of_memory_as_error
 from pipeline.stages.base import Stage, StageOutcome
 from pipeline.stages.export_parts import References, Traced, VariantModel, export_note
 from pipeline.stages.export_phases import Phases

@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.graph.onnxruntime_cpu import NO_CPU_KERNELS
 from pipeline.graph.sanitize import changed, folding_unchecked, sanitize
+from pipeline.measuring.out_of_memory import is_out_of_memory
 from pipeline.running.errors import PipelineError, UsageError, require_module
 from pipeline.running.files import atomic_output
-from pipeline.runtimes.onnxrt.runtime import NO_CPU_KERNELS
-from pipeline.runtimes.pytorch.memory import is_out_of_memory
 from pipeline.stages.parity import check_parity, worst
 from pipeline.stages.quantize import as_inputs
 from pipeline.stages.quantized_onnx import export_quantized

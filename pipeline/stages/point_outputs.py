@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pipeline.measuring.out_of_memory import out_of_memory_as_error
 from pipeline.running.errors import DeviceFault, OutOfMemory
-from pipeline.runtimes.pytorch.memory import out_of_memory_as_error
 
 
 class PointOutputs:

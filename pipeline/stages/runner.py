@@ -235,6 +235,7 @@ def raise_if_nothing_exported(ctx: RunContext, engines: list[EngineRef]) -> None
     nothing fit in memory does; what it did write (the references the torch toolchains run from) is
     kept. An export the run did not record (none) is not judged here."""
     from pipeline.manifest import read_manifest
+    from pipeline.runtimes import runtime_class
 
     why: dict[str, str] = {}
     refused = True
@@ -251,9 +252,12 @@ def raise_if_nothing_exported(ctx: RunContext, engines: list[EngineRef]) -> None
     if not why:
         return
     said = "; ".join(f"{name}: {reason}" for name, reason in why.items())
+    # The catalog's first toolchain that starts from the PyTorch model rather than the ONNX.
+    from_model = next((name for name, spec in ctx.catalog.toolchains.items() if not runtime_class(spec.kind).reads_onnx), None)
+    command = f" (`pipeline run --toolchain {from_model}`)" if from_model else ""
     raise PipelineError(
         f"nothing was exported to ONNX: {'the exporter refused every model selected' if refused else 'no engine selected has one'} ({said}).",
-        hint="the references are written, and the torch toolchains still run the model (`pipeline run --toolchain torch-eager`); "
+        hint=f"the references are written, and the torch toolchains still run the model{command}; "
         "the ONNX toolchains need a model the exporter takes",
     )
 

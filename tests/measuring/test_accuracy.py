@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.measuring.accuracy import ReferenceTensor, compare_outputs, parse_accuracy_lines, read_trtexec_outputs
+from pipeline.measuring.accuracy import ReferenceTensor, compare_outputs
 from pipeline.running.errors import PipelineError
+from pipeline.trtexec.outputs import parse_accuracy_lines, read_trtexec_outputs
 
 
 def figures(reference, output, precision="fp16"):

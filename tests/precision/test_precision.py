@@ -335,7 +335,7 @@ def test_every_line_of_the_bad_input_section_has_a_case():
             # The two tests above, too few images and a top-1 of no classes (they need an image
             # model and a transformer: the test of them below); the hooks' own cases
             # (tests/precision/test_hooks.py, on a trained model); out of GPU memory is the
-            # profile's error (pipeline/runtimes/pytorch/memory.py).
+            # profile's error (pipeline/measuring/out_of_memory.py).
             continue
         assert any(case.doc in bullet for case in CASES), f"no case for: {bullet}"
 

@@ -129,7 +129,7 @@ def test_a_point_out_of_gpu_memory_is_recorded_and_the_rest_still_run(tmp_path, 
     free and total memory named, for that point only."""
     import torch
 
-    from pipeline.runtimes.pytorch.memory import out_of_memory_as_error
+    from pipeline.measuring.out_of_memory import out_of_memory_as_error
     from pipeline.runtimes.pytorch.runtime import TorchRuntime
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (512 * 2**20, 81_559 * 2**20))

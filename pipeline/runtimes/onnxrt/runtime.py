@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
+from pipeline.graph.onnxruntime_cpu import NO_CPU_KERNELS
 from pipeline.machine.environment import pinned_cores
 from pipeline.measuring.accuracy import ReferenceBatch
 from pipeline.measuring.rounds import HOST_LATENCY
@@ -24,9 +25,6 @@ from pipeline.runtimes.base import BuildResult, InProcessRuntime, ReferenceRun, 
 # runtime executes; verified on the CPU execution provider. FP8, MXFP8 and NVFP4 graphs use
 # TensorRT-specific operators or types, and the CPU provider has no BF16 Conv or MatMul kernels.
 SUPPORTED_PRECISIONS = ("fp32", "fp16", "int8")
-# Precisions whose plain graphs the CPU execution provider cannot run, and why (measured: it
-# refuses a BF16 graph at load, "Type 'tensor(bfloat16)' of input parameter ... of operator (Conv)").
-NO_CPU_KERNELS = {"bf16": "ONNX Runtime's CPU execution provider has no bfloat16 Conv or MatMul kernels"}
 
 _ORT_TO_NUMPY = {
     "tensor(float)": "float32",

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.measuring.out_of_memory import out_of_memory_as_error
 from pipeline.measuring.takes import cuda_take, host_take
 from pipeline.running.reporting import native_stderr_held
-from pipeline.runtimes.pytorch.memory import out_of_memory_as_error
 
 # Runs before CUDA-graph capture, on a side stream, as PyTorch's CUDA graph notes ask.
 CAPTURE_WARMUP_RUNS = 3

@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from pipeline.measuring.out_of_memory import is_out_of_memory, out_of_memory_as_error
 from pipeline.running.errors import RefusedByTool
 from pipeline.running.faults import fault_words
-from pipeline.runtimes.pytorch.memory import is_out_of_memory, out_of_memory_as_error
 from pipeline.runtimes.pytorch.prepared import (
     Prepared,
     cache_keys_alike_in_every_process,

@@ -19,8 +19,8 @@ The stages mean what they mean for every toolchain:
   point, in the same process, reuses the prepared model (each variant's); one elsewhere prepares
   it again from Inductor's cache (recorded as ``prepare_s``). The prepared model — what the
   protocol times, and the ways it runs (eager, compiled, a CUDA graph replayed) — is
-  pipeline/runtimes/pytorch/prepared.py; GPU memory and running out of it,
-  pipeline/runtimes/pytorch/memory.py.
+  pipeline/runtimes/pytorch/prepared.py; the GPU memory an engine holds,
+  pipeline/runtimes/pytorch/memory.py (running out of it: pipeline/measuring/out_of_memory.py).
 
 Quantized and 2:4-sparse variants are ModelOpt's fake-quantized or pruned-dense PyTorch models:
 they compute in high precision and time nothing a deployment would run, so they are recorded as
@@ -39,13 +39,14 @@ from pydantic import BaseModel, ConfigDict
 from pipeline.catalog import ProfileSettings, VariantSpec
 from pipeline.machine.environment import nvidia_gpus, package_version
 from pipeline.measuring.accuracy import ReferenceBatch
+from pipeline.measuring.out_of_memory import out_of_memory_as_error
 from pipeline.models import TORCH_DTYPES, ModelSource
 from pipeline.running.errors import EnvironmentMissing, OutOfMemory, PipelineError, RefusedByTool
 from pipeline.runtimes.base import BuildResult, InProcessRuntime, ReferenceRun, ToolchainStatus, rounds_words
 from pipeline.runtimes.pytorch.ahead import FULLGRAPH_WORDS, TorchWorksAhead, graph_break_words
 from pipeline.runtimes.pytorch.cache import use_workspace_cache
 from pipeline.runtimes.pytorch.engine_file import ENGINE_FORMAT_VERSION, file_identity, model_from, read_engine, write_engine
-from pipeline.runtimes.pytorch.memory import gpu_memory, out_of_memory_as_error
+from pipeline.runtimes.pytorch.memory import gpu_memory
 from pipeline.runtimes.pytorch.prepared import KeptModels, Prepared, import_torch
 from pipeline.runtimes.pytorch.preparing import NotPrepared, TorchPreparation, compile_mode
 from pipeline.runtimes.pytorch.served import ProcessGone

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
 from pipeline.machine.environment import nvidia_gpus
-from pipeline.measuring.accuracy import ReferenceBatch, parse_accuracy_lines, read_trtexec_outputs
+from pipeline.measuring.accuracy import ReferenceBatch
 from pipeline.models import ModelSource
 from pipeline.running.errors import EnvironmentMissing, OutOfMemory, PipelineError, RefusedByTool, ToolCrashed, ToolStopped
 from pipeline.runtimes.base import BuildResult, EngineRuntime, ProfileResult, ReferenceRun
@@ -34,6 +34,7 @@ from pipeline.trtexec.exports import read_profile, read_times
 from pipeline.trtexec.layers import read_layer_info
 from pipeline.trtexec.log import TrtexecLog, parse_log
 from pipeline.trtexec.onnx_parser import parser_failure
+from pipeline.trtexec.outputs import parse_accuracy_lines, read_trtexec_outputs
 from pipeline.trtexec.preflight import unsupported_reasons
 
 

@@ -468,8 +468,8 @@ def test_ctrl_c_during_a_compile_leaves_nothing_that_looks_valid(tmp_path, run_c
 
 
 def test_out_of_memory_names_the_batch_and_the_free_memory(monkeypatch):
+    from pipeline.measuring.out_of_memory import out_of_memory_as_error
     from pipeline.running.errors import PipelineError
-    from pipeline.runtimes.pytorch.memory import out_of_memory_as_error
 
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (512 * 2**20, 80 * 2**30))
