@@ -222,7 +222,7 @@ def shape_order(shape: str | None) -> tuple[int, ...]:
     return ShapeSizes.parse(shape).order if shape else ()
 
 
-# How a profile that ran out of memory began its reason (pipeline/runtimes/pytorch/memory.py).
+# How a profile that ran out of memory began its reason (pipeline/measuring/out_of_memory.py).
 _RAN_OUT = ("out of GPU memory", "out of host memory")
 
 
