@@ -272,8 +272,8 @@ def _crossover(shapes: list[str], a: dict[str, ComparisonRow], b: dict[str, Comp
     """Two ways of running a variant across the points they share, in words: how they compare at
     the first and the last point (by how much one is faster, where its interval says so, or where
     the other left its rounds grossly slower, by their medians; else that they are the same or
-    cannot be told apart), and where the lead changes as the sequence grows — said only between
-    points where one is faster so at both."""
+    cannot be told apart), and where the lead changes as the sequence (the last axis) grows at
+    each of the other sizes — said only between points where one is faster so at both."""
     found = leads(shapes, a, b, tie)
     if not found:
         return None
@@ -284,10 +284,12 @@ def _crossover(shapes: list[str], a: dict[str, ComparisonRow], b: dict[str, Comp
         same_lead = start.decided and end.decided and start.first.target == end.first.target
         sentence += f" and {end.words(names, again=True)}" if same_lead else f"; {end.words(names)}"
         sentence += f" at {times(end.shape)}"
-    # Where the lead changes as the sequence grows, at each batch size.
+    # Where the lead changes as the last axis (the sequence) grows, at each of the other sizes (the
+    # batch; batch and frames of batch × frames × sequence): a point's other sizes are its series.
     changes = []
-    for batch in dict.fromkeys(shape_batch(lead.shape) for lead in found):
-        points = [lead for lead in found if shape_batch(lead.shape) == batch]
+    held = {lead.shape: ShapeSizes.parse(lead.shape).held for lead in found}
+    for series in dict.fromkeys(held.values()):
+        points = [lead for lead in found if held[lead.shape] == series]
         for before, after in zip(points, points[1:]):
             if before.decided and after.decided and before.first.target != after.first.target:
                 changes.append(f"{after.first.target} takes the lead between {times(before.shape)} and {times(after.shape)}")

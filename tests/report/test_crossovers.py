@@ -93,3 +93,27 @@ def test_the_answer_is_never_said_sure_against_an_engine_left_grossly_slower():
     assert verdict.fastest is a and not verdict.tied
     assert all(slow not in (x, y) for x, y, _ in verdict.comparisons)
     assert "faster than the other with 95% confidence (paired over 8 rounds)" in verdict.sentences()[0]
+
+
+def _apart(toolchain: str, shape: str, median: float) -> ComparisonRow:
+    return ComparisonRow(
+        model="m",
+        variant="fp16",
+        toolchain=toolchain,
+        status="measured (GPU time)",
+        shape=shape,
+        median_ms=median,
+        median_ci_ms=(median * 0.99, median * 1.01),
+    )
+
+
+def test_the_lead_changes_along_the_sequence_at_each_batch_and_frames_of_a_three_axis_point():
+    """batch × frames × sequence: points sort 2×3×8, 2×5×8, 2×3×16, 2×5×16. Grouped by the batch
+    alone, one series ran across the frames and said the lead changed "between 2×3×8 and 2×5×8";
+    each series holds batch and frames and grows the sequence."""
+    times = {"2x3x8": (10, 20), "2x5x8": (20, 10), "2x3x16": (40, 20), "2x5x16": (20, 40)}
+    rows = [_apart(name, shape, pair[i]) for shape, pair in times.items() for i, name in enumerate(("a", "b"))]
+    (sweep,) = sweeps(rows, verdicts(rows, "a"))
+    assert sweep.shapes == ["2x3x8", "2x5x8", "2x3x16", "2x5x16"]
+    (sentence,) = sweep.crossovers()
+    assert sentence.endswith("; b takes the lead between 2×3×8 and 2×3×16; a takes the lead between 2×5×8 and 2×5×16.")
