@@ -56,8 +56,15 @@ class ShapeSizes:
 
     @property
     def sequence(self) -> int | None:
-        """The second axis's size of a batch × sequence point; None where there is no second axis."""
-        return self.sizes[1] if len(self.sizes) > 1 else None
+        """The last axis's size, the one a sweep grows (sequence, of batch × sequence and of batch ×
+        frames × sequence); None where the point has no axis beside its batch."""
+        return self.sizes[-1] if len(self.sizes) > 1 else None
+
+    @property
+    def held(self) -> tuple[int, ...]:
+        """The sizes a sweep holds while its last axis grows: every size but the last (the batch of
+        2x512, batch and frames of 2x3x8), the whole point where it has no axis beside its batch."""
+        return self.sizes[:-1] if len(self.sizes) > 1 else self.sizes
 
     @property
     def order(self) -> tuple[int, ...]:

@@ -127,6 +127,12 @@ def gross(leader_by_round: dict, other_by_round: dict, factor: float = GROSS_FAC
     return min(other_by_round[r] for r in shared) > factor * max(leader_by_round[r] for r in shared)
 
 
+def gross_rule(leader: str = "the leader") -> str:
+    """The early rule in words, as a row's note and the crossovers say it: "grossly slower, every
+    take over 3× the leader's slowest" (``leader``: whose takes it was read against)."""
+    return f"{GROSS}, every take over {GROSS_FACTOR:g}× {leader}'s slowest"
+
+
 def grossly_slower(takes: dict[str, list[Take]], tie: float, stays: set[str], engines: int, rounds: int, min_rounds: int) -> list[str]:
     """The engines grossly slower than the leader (``gross``) after ``rounds`` rounds, from round
     GROSS_ROUNDS until the interval can act (``min_rounds`` and the first round a pair of

@@ -11,11 +11,11 @@ import html
 import io
 from datetime import datetime, timezone
 
-from pipeline.catalog import ShapeSizes
 from pipeline.catalog.shape import shown
 from pipeline.manifest import EngineManifest
 from pipeline.report.answer import Answer
 from pipeline.report.rows import ComparisonRow
+from pipeline.report.sweep_chart import axis_names, sweep_figure
 from pipeline.report.tables import HEADERS, row_cells, samples_header
 from pipeline.workspace import output_folder
 
@@ -119,77 +119,6 @@ def _top_layers(row: ComparisonRow, top: int = 12) -> str | None:
     return _png(figure)
 
 
-def _sweep_curves(sweep) -> str | None:
-    """Latency, tokens/s and GPU memory against sequence length: a line per variant × toolchain,
-    a column of panels per batch size; points that failed are marked where the line would go."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    sizes = {shape: ShapeSizes.parse(shape) for shape in sweep.shapes}
-    if any(len(point.sizes) != 2 for point in sizes.values()):
-        return None  # not batch × sequence: the table says it all
-    batches = list(dict.fromkeys(point.batch for point in sizes.values()))
-    metrics = [("ms", "median latency, ms"), ("tokens", "tokens/s")]
-    if any(row.gpu_memory_mib for points in sweep.lines.values() for row in points.values()):
-        metrics.append(("memory", "GPU memory, MiB"))
-    figure, axes = plt.subplots(len(metrics), len(batches), figsize=(4.6 * len(batches), 3.2 * len(metrics)), squeeze=False, sharex="col")
-    for column, batch in enumerate(batches):
-        shapes = [shape for shape, point in sizes.items() if point.batch == batch]
-        for row_index, (metric, label) in enumerate(metrics):
-            axis = axes[row_index][column]
-            for (variant, target), points in sweep.lines.items():
-                xs, ys, spans, failed = [], [], [], []
-                for shape in shapes:
-                    row = points.get(shape)
-                    value = None
-                    if row is not None and row.median_ms is not None:
-                        value = {"ms": row.median_ms, "tokens": row.tokens_per_s, "memory": row.gpu_memory_mib}[metric]
-                    if value is not None:
-                        xs.append(sizes[shape].sequence)
-                        ys.append(value)
-                        spans.append(_interval_of(row, metric, value))
-                    elif row is not None and row.median_ms is None and row.status.startswith("failed"):
-                        failed.append(shape)
-                (line,) = axis.plot(xs, ys, marker="o", label=f"{target} · {variant}")
-                if any(span != (0.0, 0.0) for span in spans):  # each point's interval of its median
-                    below, above = zip(*spans)
-                    axis.errorbar(xs, ys, yerr=[below, above], fmt="none", ecolor=line.get_color(), capsize=3, alpha=0.8)
-                for shape in failed:  # e.g. out of memory: where the line would have gone
-                    axis.axvline(sizes[shape].sequence, color=line.get_color(), linestyle=":", alpha=0.6)
-                    axis.annotate(
-                        "✕ " + {"out_of_memory": "OOM", "faulted": "faulted"}.get(points[shape].outcome, "failed"),
-                        (sizes[shape].sequence, 0.95),
-                        xycoords=("data", "axes fraction"),
-                        color=line.get_color(),
-                        fontsize=8,
-                        ha="center",
-                    )
-            axis.set_xscale("log", base=2)
-            axis.grid(alpha=0.3)
-            if row_index == 0:
-                axis.set_title(f"batch {batch}")
-            if column == 0:
-                axis.set_ylabel(label)
-            if row_index == len(metrics) - 1:
-                axis.set_xlabel("sequence length")
-    axes[0][0].legend(fontsize=8)
-    figure.tight_layout()
-    return _png(figure)
-
-
-def _interval_of(row: ComparisonRow, metric: str, value: float) -> tuple[float, float]:
-    """How far the point's interval reaches below and above it: the median's interval in ms, the
-    same interval as tokens/s (the rate is inverse to the time); none for memory."""
-    if row.median_ci_ms is None or metric == "memory":
-        return 0.0, 0.0
-    low, high = row.median_ci_ms
-    if metric == "ms":
-        return max(0.0, value - low), max(0.0, high - value)
-    return max(0.0, value - value * row.median_ms / high), max(0.0, value * row.median_ms / low - value)
-
-
 def _answer(answer: Answer) -> list[str]:
     """The verdicts, at the top of the report."""
     if not answer.verdicts:
@@ -198,7 +127,7 @@ def _answer(answer: Answer) -> list[str]:
     return [f'<div class="verdict"><h2>The answer</h2><ul>{items}</ul></div>']
 
 
-def _sweep_section(answer: Answer, sweep) -> list[str]:
+def _sweep_section(answer: Answer, sweep, names: tuple[str, ...] | None = None) -> list[str]:
     headers, cells = answer.sweep_table(sweep)
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
     body = []
@@ -225,9 +154,12 @@ def _sweep_section(answer: Answer, sweep) -> list[str]:
     crossovers = sweep.notes()
     if crossovers:
         parts.append('<ul class="crossovers">' + "".join(f"<li>{html.escape(text)}</li>" for text in crossovers) + "</ul>")
-    image = _sweep_curves(sweep)
-    if image:
-        parts.append(f'<img alt="{html.escape(sweep.title)}: latency, tokens/s and memory against sequence length" src="{image}">')
+    drawn = sweep_figure(sweep, names)
+    if drawn is not None:
+        figure, along = drawn
+        parts.append(
+            f'<img alt="{html.escape(sweep.title)}: latency, tokens/s and memory against {html.escape(along)}" src="{_png(figure)}">'
+        )
     return parts
 
 
@@ -282,12 +214,13 @@ def render_html(rows: list[ComparisonRow], manifests: list[EngineManifest], answ
         "for known GPUs.</p>",
         *_answer(answer),
     ]
+    names = axis_names(manifests)
     for model in dict.fromkeys(r.model for r in rows):
         model_rows = [r for r in rows if r.model == model]
         parts.append(f"<h2>{html.escape(model)}</h2>")
         for sweep in answer.sweeps:
             if sweep.model == model:
-                parts += _sweep_section(answer, sweep)
+                parts += _sweep_section(answer, sweep, names.get(model))
         parts.append(_table(model_rows))
         for title, image in (
             ("Latency by variant and toolchain", _latency_bars(model_rows)),

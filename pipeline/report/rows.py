@@ -332,13 +332,13 @@ def _take_rounds(row: ComparisonRow, records) -> None:
     row.rounds = sum(record.raced_out.get(record.entrant, record.rounds) for record in records)
     row.rounds_stop = records[0].stop
     if any(record.entrant in record.raced_out for record in records):
-        from pipeline.measuring.stopping import GROSS, GROSS_FACTOR, INTERVAL
+        from pipeline.measuring.stopping import GROSS, INTERVAL, gross_rule
 
         row.raced_out_after = row.rounds
         rules = {record.raced_out_by.get(record.entrant, INTERVAL) for record in records if record.entrant in record.raced_out}
         row.raced_out_by = GROSS if GROSS in rules else INTERVAL
         of = sum(record.rounds for record in records)
-        rule = f"racing: {GROSS}, every take over {GROSS_FACTOR:g}× the leader's slowest" if row.raced_out_by == GROSS else "racing"
+        rule = f"racing: {gross_rule()}" if row.raced_out_by == GROSS else "racing"
         row.flags.append(f"out of the running after {row.rounds} of {of} rounds ({rule}): its figures are from those rounds")
 
 

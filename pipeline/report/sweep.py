@@ -11,6 +11,8 @@ from typing import Any
 
 from pipeline.catalog import ShapeSizes
 from pipeline.measuring.stats import RatioEstimate
+from pipeline.measuring.stopping import GROSS, gross_rule
+from pipeline.report import pairs
 from pipeline.report.confidence import time_ratio
 from pipeline.report.rows import ComparisonRow, shape_order
 from pipeline.report.verdict import TIE, Verdict, gpu_type_judged_on, gpu_words, measured_on, times
@@ -199,21 +201,27 @@ class Lead:
     """What two lines say of each other at one point: ``first`` and ``second`` in the order their
     interval decides (the faster first where one is decided faster), the ratio of the second's
     time to the first's with its interval, and the comparison's outcome (None: no interval, the
-    medians alone)."""
+    medians alone). ``dropped``: the second left its rounds grossly slower than the first, the
+    verdict's rule (pipeline/report/pairs.py, grossly_beaten) — the first is faster by that rule,
+    by their medians, and no interval is read (its few rounds decide nothing by one)."""
 
     shape: str
     first: ComparisonRow
     second: ComparisonRow
     estimate: RatioEstimate | None
+    dropped: bool = False
 
     @property
     def outcome(self) -> str:
+        if self.dropped:
+            return GROSS
         return self.estimate.outcome if self.estimate is not None else "medians only"
 
     @property
     def decided(self) -> bool:
-        """Whether one is faster by the interval (what a lead, and a change of lead, is said on)."""
-        return self.outcome in ("faster", "slower")
+        """Whether one is faster by the interval, or by the rule that dropped the other grossly
+        slower (what a lead, and a change of lead, is said on)."""
+        return self.outcome in ("faster", "slower", GROSS)
 
     @property
     def ratio(self) -> float:
@@ -221,9 +229,14 @@ class Lead:
 
     def words(self, names: dict[int, str], again: bool = False) -> str:
         """ "inductor is faster than eager by 3.33× [3.27–3.40]", "eager and inductor cannot be told
-        apart [0.95–1.04]", "… are the same within the tie width [0.98–1.02]"; ``again``: the
-        lead already named, only its size."""
+        apart [0.95–1.04]", "… are the same within the tie width [0.98–1.02]", "inductor is faster
+        than eager by 48.15× (eager left its rounds grossly slower, every take over 3× inductor's
+        slowest: no interval)"; ``again``: the lead already named, only its size."""
         first, second = names[id(self.first)], names[id(self.second)]
+        if self.dropped:
+            if again:
+                return f"{self.ratio:.2f}× ({GROSS}: no interval)"
+            return f"{first} is faster than {second} by {self.ratio:.2f}× ({second} left its rounds {gross_rule(first)}: no interval)"
         interval = f" [{self.estimate.low:.2f}–{self.estimate.high:.2f}]" if self.estimate is not None else ""
         if self.outcome == "same":
             return f"{first} and {second} are the same within the tie width{interval}"
@@ -236,10 +249,15 @@ class Lead:
 
 def leads(shapes: list[str], a: dict[str, ComparisonRow], b: dict[str, ComparisonRow], tie: float) -> list[Lead]:
     """Two lines at each point they share: the comparison every crossover sentence is made of
-    (read at the point's level for all its pairs, pipeline/report/confidence.py)."""
+    (read at the point's level for all its pairs, pipeline/report/confidence.py); where one left
+    its rounds grossly slower than the other, that, as the verdict reads it, and no comparison."""
     out = []
     for shape in shapes:
         if not (a.get(shape) and b.get(shape) and a[shape].median_ms and b[shape].median_ms):
+            continue
+        faster, slower = (b[shape], a[shape]) if pairs.grossly_beaten(b[shape], a[shape]) else (a[shape], b[shape])
+        if pairs.grossly_beaten(faster, slower):
+            out.append(Lead(shape, faster, slower, None, dropped=True))
             continue
         estimate = time_ratio(b[shape], a[shape], tie)  # B's time over A's: above 1, A is faster
         first, second = a[shape], b[shape]
@@ -252,9 +270,10 @@ def leads(shapes: list[str], a: dict[str, ComparisonRow], b: dict[str, Compariso
 
 def _crossover(shapes: list[str], a: dict[str, ComparisonRow], b: dict[str, ComparisonRow], tie: float) -> str | None:
     """Two ways of running a variant across the points they share, in words: how they compare at
-    the first and the last point (by how much one is faster, where its interval says so; else
-    that they are the same or cannot be told apart), and where the lead changes as the sequence
-    grows — said only between points where one is faster by its interval at both."""
+    the first and the last point (by how much one is faster, where its interval says so, or where
+    the other left its rounds grossly slower, by their medians; else that they are the same or
+    cannot be told apart), and where the lead changes as the sequence (the last axis) grows at
+    each of the other sizes — said only between points where one is faster so at both."""
     found = leads(shapes, a, b, tie)
     if not found:
         return None
@@ -265,10 +284,12 @@ def _crossover(shapes: list[str], a: dict[str, ComparisonRow], b: dict[str, Comp
         same_lead = start.decided and end.decided and start.first.target == end.first.target
         sentence += f" and {end.words(names, again=True)}" if same_lead else f"; {end.words(names)}"
         sentence += f" at {times(end.shape)}"
-    # Where the lead changes as the sequence grows, at each batch size.
+    # Where the lead changes as the last axis (the sequence) grows, at each of the other sizes (the
+    # batch; batch and frames of batch × frames × sequence): a point's other sizes are its series.
     changes = []
-    for batch in dict.fromkeys(shape_batch(lead.shape) for lead in found):
-        points = [lead for lead in found if shape_batch(lead.shape) == batch]
+    held = {lead.shape: ShapeSizes.parse(lead.shape).held for lead in found}
+    for series in dict.fromkeys(held.values()):
+        points = [lead for lead in found if held[lead.shape] == series]
         for before, after in zip(points, points[1:]):
             if before.decided and after.decided and before.first.target != after.first.target:
                 changes.append(f"{after.first.target} takes the lead between {times(before.shape)} and {times(after.shape)}")

@@ -379,8 +379,9 @@ def _decide(verdict: Verdict, candidates: list[ComparisonRow], group: list[Compa
     the rest ("close"), whether another beats each one: paired, pair by pair, where they were timed
     together, and by their intervals where they were not (pairs.beaten_apart, a sweep). The comparisons
     kept for the report are the ones made pair by pair: the least against every candidate, every
-    two close ones, the answer against every candidate and the baseline against the answer's
-    group (compare schema 9; up to 8, every pair of a point timed in one set of rounds)."""
+    two close ones, the answer against every candidate (but those the least dropped grossly slower,
+    out by that rule alone) and the baseline against the answer's group (compare schema 9; up to
+    8, every pair of a point timed in one set of rounds)."""
     verdict.candidates = candidates
     order = {id(row): index for index, row in enumerate(candidates)}
     made: dict[tuple[int, int], tuple[ComparisonRow, ComparisonRow, RatioEstimate | None]] = {}
@@ -395,10 +396,12 @@ def _decide(verdict: Verdict, candidates: list[ComparisonRow], group: list[Compa
         return estimate if first is a or estimate is None else estimate.inverse()
 
     least = min(candidates, key=lambda r: r.median_ms)
+    # Out by the rule that took them out of the rounds, compared with nothing (pairs.grossly_beaten).
+    dropped = {id(row) for row in candidates if row is not least and pairs.grossly_beaten(least, row)}
     close = [
         row
         for row in candidates
-        if row is least or (not pairs.grossly_beaten(least, row) and pairs.decided(compare(least, row), verdict.tie) != "faster")
+        if row is least or (id(row) not in dropped and pairs.decided(compare(least, row), verdict.tie) != "faster")
     ]
     beaten = pairs.beaten_apart(close, verdict.tie)
     # The close ones timed in one set of rounds are compared pair by pair. Pairs of which one is
@@ -423,7 +426,7 @@ def _decide(verdict: Verdict, candidates: list[ComparisonRow], group: list[Compa
     verdict.tied = sorted((row for row in front if row is not verdict.fastest), key=lambda r: r.median_ms)
     if verdict.fastest is not least:  # the answer's sureness is said against every other candidate
         for row in candidates:
-            if row is not verdict.fastest:
+            if row is not verdict.fastest and id(row) not in dropped:
                 compare(verdict.fastest, row)
     verdict.undecided_among = pairs.undecided([verdict.fastest, *verdict.tied], compare, verdict.tie)
     bases = [r for r in group if r.toolchain == baseline_toolchain and r.median_ms is not None]

@@ -21,6 +21,14 @@ def test_a_point_names_its_batch_and_sequence_where_it_has_them():
     assert (static.sizes, static.batch, static.sequence) == ((), None, None)
 
 
+def test_a_point_of_three_axes_grows_along_its_last_and_holds_the_others():
+    """batch × frames × sequence: the sequence is the last size, not the frames; a sweep holds the
+    batch and the frames while it grows. A point of one axis holds its batch: it has no sequence."""
+    point = ShapeSizes.parse("2x3x8")
+    assert (point.batch, point.sequence, point.held) == (2, 8, (2, 3))
+    assert ShapeSizes.parse("2x512").held == (2,) and ShapeSizes.parse("8").held == (8,) and ShapeSizes.parse("static").held == ()
+
+
 def test_points_sort_by_sequence_then_batch_with_static_first():
     texts = ["4x512", "2x2048", "static", "2x512", "1x2048"]
     assert sorted(texts, key=lambda text: ShapeSizes.parse(text).order) == ["static", "2x512", "4x512", "1x2048", "2x2048"]
