@@ -224,16 +224,17 @@ class Verdict:
 
     def _sureness(self) -> str:
         """How the answer beat the other candidates: ", faster than the 2 others with 95%
-        confidence (paired over 6 rounds)"; nothing when it had none to beat."""
-        ids = {id(row) for row in self.candidates}
+        confidence (paired over 6 rounds)"; nothing when it had none to beat. Only a comparison the
+        answer won by its interval counts: one with an engine the least median beat (where the
+        answer is another) may decide nothing, and one that left its rounds grossly slower was
+        compared with nothing (pairs.grossly_beaten) — each is out by another's comparison."""
+        least = min(self.candidates, key=lambda row: row.median_ms)
+        others = [row for row in self.candidates if row is not self.fastest]
+        gross = [row for row in others if row is not least and pairs.grossly_beaten(least, row)]
         against = [
             estimate
-            for a, b, estimate in self.comparisons
-            if estimate is not None
-            and id(a) in ids
-            and id(b) in ids
-            and self.fastest in (a, b)
-            and (a is self.fastest or b is self.fastest)
+            for row in others
+            if (estimate := self.ratio(self.fastest, row)) is not None and pairs.decided(estimate, self.tie) == "faster"
         ]
         if not against:
             return ""
@@ -242,8 +243,12 @@ class Verdict:
         if paired:
             how = f"paired over {paired[0]} rounds" if paired[0] == paired[-1] else f"paired over {paired[0]}–{paired[-1]} rounds"
             how += ", the rest by their own intervals" if len(paired) < len(against) else ""
-        count = "the other" if len(against) == 1 else f"the {len(against)} others"
-        return f", faster than {count} with 95% confidence ({how})"
+        compared = len(others) - len(gross)
+        count = "the other" if compared == 1 else f"the {compared} others"
+        if len(against) < compared:
+            count = f"{len(against)} of the {compared} others"
+        dropped = f"; {len(gross)} more left {'its' if len(gross) == 1 else 'their'} rounds grossly slower" if gross else ""
+        return f", faster than {count} with 95% confidence ({how}){dropped}"
 
     def _speedups(self, group: list[ComparisonRow]) -> str:
         if self.baseline is None:

@@ -92,7 +92,29 @@ def test_the_answer_is_never_said_sure_against_an_engine_left_grossly_slower():
     (verdict,) = verdicts([a, b, slow], "other")
     assert verdict.fastest is a and not verdict.tied
     assert all(slow not in (x, y) for x, y, _ in verdict.comparisons)
-    assert "faster than the other with 95% confidence (paired over 8 rounds)" in verdict.sentences()[0]
+    assert (
+        "faster than the other with 95% confidence (paired over 8 rounds); 1 more left its rounds grossly slower" in verdict.sentences()[0]
+    )
+
+
+def test_the_answer_is_said_sure_only_against_the_engines_it_beat_by_its_interval():
+    """The answer (not the least median) met an engine the least median had beaten, and that
+    comparison decided nothing: it is not counted among the engines it is faster than."""
+    from pipeline.measuring.stats import RatioEstimate
+    from pipeline.report.verdict import Verdict
+
+    answer, least, other = _apart("a", "2x512", 10.0), _apart("b", "2x512", 9.0), _apart("c", "2x512", 20.0)
+    won = RatioEstimate(ratio=0.8, low=0.7, high=0.9, rounds=8, outcome="faster")
+    undecided = RatioEstimate(ratio=0.6, low=0.3, high=1.2, outcome="ambiguous")
+
+    def said(against_other: RatioEstimate) -> str:
+        verdict = Verdict(model="m", shape="2x512", gpu_type=None, fastest=answer, baseline=None, candidates=[answer, least, other])
+        verdict.comparisons = [(answer, least, won), (answer, other, against_other)]
+        return verdict.sentences()[0]
+
+    assert ", faster than 1 of the 2 others with 95% confidence (paired over 8 rounds) —" in said(undecided)
+    apart = won.model_copy(update={"rounds": None})
+    assert ", faster than the 2 others with 95% confidence (paired over 8 rounds, the rest by their own intervals) —" in said(apart)
 
 
 def _apart(toolchain: str, shape: str, median: float) -> ComparisonRow:
