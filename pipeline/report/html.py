@@ -182,11 +182,11 @@ def _environment(manifests: list[EngineManifest]) -> str:
         gpus = ", ".join(f"{g.name} (driver {g.driver})" for g in env.gpus) or (f"{m.gpu_type} (placed by)" if m.gpu_type else "none")
         host = env.hostname + (f" · Ray node {env.cluster_node.ray_node_id[:8]}" if env.cluster_node else "")
         key = (output_folder(m.toolchain or "?", m.gpu_type), host, env.cpu, gpus)
-        seen[key] = (env.packages.get("onnxruntime") or "–", env.git_commit or "–")
+        seen[key] = env.git_commit or "–"
     rows = "".join(
         f'<tr><td class="text">{html.escape(str(k[0]))}</td><td class="text">{html.escape(k[1])}</td>'
         f'<td class="text">{html.escape(k[2])}</td><td class="text">{html.escape(k[3])}</td>'
-        f'<td class="text">{html.escape(v[1][:12])}</td></tr>'
+        f'<td class="text">{html.escape(v[:12])}</td></tr>'
         for k, v in seen.items()
     )
     return (
