@@ -296,8 +296,3 @@ def _crossover(shapes: list[str], a: dict[str, ComparisonRow], b: dict[str, Comp
     if changes:
         sentence += "; " + "; ".join(changes)
     return sentence + "."
-
-
-def shape_batch(shape: str) -> int | None:
-    """A point's batch size (2 of "2x512"); None for "static"."""
-    return ShapeSizes.parse(shape).batch

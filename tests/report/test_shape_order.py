@@ -1,7 +1,7 @@
 """The reports order and group shape points by their sizes, read from the rows' text by ShapeSizes."""
 
+from pipeline.catalog import ShapeSizes
 from pipeline.report.rows import shape_order
-from pipeline.report.sweep import shape_batch
 
 
 def test_rows_sort_by_sequence_then_batch_with_no_point_and_static_first():
@@ -10,4 +10,4 @@ def test_rows_sort_by_sequence_then_batch_with_no_point_and_static_first():
 
 
 def test_a_points_batch_is_its_first_size():
-    assert [shape_batch(shape) for shape in ("2x512", "16x64", "8", "static")] == [2, 16, 8, None]
+    assert [ShapeSizes.parse(shape).batch for shape in ("2x512", "16x64", "8", "static")] == [2, 16, 8, None]
