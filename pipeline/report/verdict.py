@@ -119,6 +119,9 @@ class Verdict:
     tied: list[ComparisonRow] = field(default_factory=list)
     # The engines the answer was chosen among (accurate, measured on a quiet machine).
     candidates: list[ComparisonRow] = field(default_factory=list)
+    # The candidates out by the rule that took them out of their rounds, grossly slower than the
+    # least median (pairs.grossly_beaten): compared with nothing.
+    grossly_slower: list[ComparisonRow] = field(default_factory=list)
     # The comparisons the answer rests on (A's time over B's): the least median against every other
     # candidate, every two of those it cannot be told from, and the baseline's against each of the
     # fastest and the tied (_decide says why these are enough).
@@ -228,9 +231,7 @@ class Verdict:
         answer won by its interval counts: one with an engine the least median beat (where the
         answer is another) may decide nothing, and one that left its rounds grossly slower was
         compared with nothing (pairs.grossly_beaten) — each is out by another's comparison."""
-        least = min(self.candidates, key=lambda row: row.median_ms)
         others = [row for row in self.candidates if row is not self.fastest]
-        gross = [row for row in others if row is not least and pairs.grossly_beaten(least, row)]
         against = [
             estimate
             for row in others
@@ -243,11 +244,12 @@ class Verdict:
         if paired:
             how = f"paired over {paired[0]} rounds" if paired[0] == paired[-1] else f"paired over {paired[0]}–{paired[-1]} rounds"
             how += ", the rest by their own intervals" if len(paired) < len(against) else ""
-        compared = len(others) - len(gross)
+        gross = len(self.grossly_slower)
+        compared = len(others) - gross
         count = "the other" if compared == 1 else f"the {compared} others"
         if len(against) < compared:
             count = f"{len(against)} of the {compared} others"
-        dropped = f"; {len(gross)} more left {'its' if len(gross) == 1 else 'their'} rounds grossly slower" if gross else ""
+        dropped = f"; {gross} more left {'its' if gross == 1 else 'their'} rounds grossly slower" if gross else ""
         return f", faster than {count} with 95% confidence ({how}){dropped}"
 
     def _speedups(self, group: list[ComparisonRow]) -> str:
@@ -402,7 +404,8 @@ def _decide(verdict: Verdict, candidates: list[ComparisonRow], group: list[Compa
 
     least = min(candidates, key=lambda r: r.median_ms)
     # Out by the rule that took them out of the rounds, compared with nothing (pairs.grossly_beaten).
-    dropped = {id(row) for row in candidates if row is not least and pairs.grossly_beaten(least, row)}
+    verdict.grossly_slower = [row for row in candidates if row is not least and pairs.grossly_beaten(least, row)]
+    dropped = {id(row) for row in verdict.grossly_slower}
     close = [
         row
         for row in candidates

@@ -9,6 +9,7 @@ from pipeline.measuring.stopping import GROSS, INTERVAL
 from pipeline.report.rows import ComparisonRow
 from pipeline.report.sweep import sweeps
 from pipeline.report.verdict import verdicts
+from tests.report.test_sweep import _row
 
 STEADY = [1.00, 1.01, 0.99, 1.00, 1.02, 0.98, 1.00, 1.01]
 
@@ -103,7 +104,7 @@ def test_the_answer_is_said_sure_only_against_the_engines_it_beat_by_its_interva
     from pipeline.measuring.stats import RatioEstimate
     from pipeline.report.verdict import Verdict
 
-    answer, least, other = _apart("a", "2x512", 10.0), _apart("b", "2x512", 9.0), _apart("c", "2x512", 20.0)
+    answer, least, other = _row("a", "2x512", 10.0), _row("b", "2x512", 9.0), _row("c", "2x512", 20.0)
     won = RatioEstimate(ratio=0.8, low=0.7, high=0.9, rounds=8, outcome="faster")
     undecided = RatioEstimate(ratio=0.6, low=0.3, high=1.2, outcome="ambiguous")
 
@@ -117,24 +118,12 @@ def test_the_answer_is_said_sure_only_against_the_engines_it_beat_by_its_interva
     assert ", faster than the 2 others with 95% confidence (paired over 8 rounds, the rest by their own intervals) —" in said(apart)
 
 
-def _apart(toolchain: str, shape: str, median: float) -> ComparisonRow:
-    return ComparisonRow(
-        model="m",
-        variant="fp16",
-        toolchain=toolchain,
-        status="measured (GPU time)",
-        shape=shape,
-        median_ms=median,
-        median_ci_ms=(median * 0.99, median * 1.01),
-    )
-
-
 def test_the_lead_changes_along_the_sequence_at_each_batch_and_frames_of_a_three_axis_point():
     """batch × frames × sequence: points sort 2×3×8, 2×5×8, 2×3×16, 2×5×16. Grouped by the batch
     alone, one series ran across the frames and said the lead changed "between 2×3×8 and 2×5×8";
     each series holds batch and frames and grows the sequence."""
     times = {"2x3x8": (10, 20), "2x5x8": (20, 10), "2x3x16": (40, 20), "2x5x16": (20, 40)}
-    rows = [_apart(name, shape, pair[i]) for shape, pair in times.items() for i, name in enumerate(("a", "b"))]
+    rows = [_row(name, shape, pair[i]) for shape, pair in times.items() for i, name in enumerate(("a", "b"))]
     (sweep,) = sweeps(rows, verdicts(rows, "a"))
     assert sweep.shapes == ["2x3x8", "2x5x8", "2x3x16", "2x5x16"]
     (sentence,) = sweep.crossovers()
