@@ -26,7 +26,9 @@ def host_take(run: Callable[[], Any], runs: int, min_ms: float) -> list[float]:
     return times_ms
 
 
-def cuda_take(torch, run: Callable[[], Any], runs: int, min_ms: float, issue_ms: list[float] | None = None) -> list[float]:
+def cuda_take(
+    torch, run: Callable[[], Any], runs: int, min_ms: float, issue_ms: list[float] | None = None, waited_ms: list[float] | None = None
+) -> list[float]:
     """``run`` enqueued back to back on the current CUDA stream, each timed on the GPU by a pair of
     CUDA events, as trtexec times its iterations: a run's time is what the GPU spent from its first
     kernel's launch to its last kernel's end. A host that waited for every run would leave the GPU
@@ -40,12 +42,19 @@ def cuda_take(torch, run: Callable[[], Any], runs: int, min_ms: float, issue_ms:
     after another engine's take can cost the host more than the runs of a take (measured:
     docs/results/sweeps.md, 'The seed matrix in rounds'), so a short run is issued twice, untimed,
     and the second one's issue kept; a long one once (a second would cost the take's budget, and a
-    run that long issues thousands of kernels before it could be launch-bound)."""
+    run that long issues thousands of kernels before it could be launch-bound).
+
+    That run is also one the host waits for, from an idle GPU: its wall time, launch to the end of
+    its synchronisation, is what a caller that needs each result before sending the next sees (the
+    profile's second figure, the host-synchronised latency). It is appended to ``waited_ms``, so
+    that figure comes from the takes, one a take, with no runs of its own after the rounds."""
     issued, whole = _issued(torch, run)
     if issue_ms is not None:
         if whole * max(runs, 1) < min_ms:  # a short run
-            issued, _ = _issued(torch, run)
+            issued, whole = _issued(torch, run)
         issue_ms.append(issued)
+    if waited_ms is not None:
+        waited_ms.append(whole)
     slots = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(QUEUE_DEPTH)]
     times_ms: list[float] = []
     enqueued = 0

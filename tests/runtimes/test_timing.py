@@ -151,3 +151,27 @@ def test_both_timers_keep_the_same_queue_depth():
     # The driver runs in the compiler's own environment and cannot import the product: the same
     # rule is written twice, and this keeps the two in step.
     assert cuda.QUEUE_DEPTH == takes.QUEUE_DEPTH
+
+
+def test_a_take_keeps_the_run_the_host_waited_for_as_the_host_synchronised_latency(monkeypatch):
+    """The untimed run before a take is issued with the GPU idle and waited for: its wall time
+    (launch, GPU work, synchronisation) is the host-synchronised latency, kept one a take; a
+    short run issues twice and keeps the second, as the issue time does."""
+    gpu = SimulatedGpu(kernel_ms=5.0, enqueue_ms=1.0)
+    monkeypatch.setattr(takes.time, "perf_counter_ns", lambda: int(gpu.host_ms * 1e6))
+    issued, waited = [], []
+    takes.cuda_take(fake_torch(gpu), gpu.launch, 3, 0.0, issued, waited)
+    assert issued == pytest.approx([1.0]) and waited == pytest.approx([6.0])  # 1 ms to launch, then 5 on the GPU
+    assert gpu.stream_syncs == 1  # one untimed run: three runs of 5 ms fill no take of 0 ms
+    takes.cuda_take(fake_torch(gpu), gpu.launch, 1, 100.0, issued, waited)
+    assert gpu.stream_syncs == 3 and waited == pytest.approx([6.0, 6.0])  # a short run: issued twice, the second kept
+
+
+def test_the_host_synchronised_latency_is_read_from_the_takes_where_they_waited_for_enough_runs():
+    from pipeline.runtimes.pytorch.prepared import host_latency
+
+    def never():
+        raise AssertionError("no run of its own: the takes waited for enough")
+
+    said = host_latency(None, never, [6.0, 7.0, 6.5, 6.2])
+    assert said["runs"] == 4 and said["median_ms"] == pytest.approx(6.35) and said["mean_ms"] == pytest.approx(6.425)

@@ -73,6 +73,9 @@ class Prepared:
     recompiles: int = 0
     # The host's time to issue the last take's untimed run (pipeline/measuring/takes.py, cuda_take).
     issue_ms: float | None = None
+    # The wall time of each take's untimed run, which the host waited for (cuda_take's waited_ms):
+    # the host-synchronised latency, the profile's second figure (host_latency).
+    waited_ms: list[float] = field(default_factory=list)
 
     @property
     def batch_size(self) -> int:
@@ -94,7 +97,7 @@ class Prepared:
         with out_of_memory_as_error(self.batch_size, shape=self.shape):
             if self.cuda:
                 issued: list[float] = []
-                times = cuda_take(torch, self.run, runs, min_ms, issued)
+                times = cuda_take(torch, self.run, runs, min_ms, issued, self.waited_ms)
                 self.issue_ms = issued[0]
             else:
                 times = host_take(self.run, runs, min_ms)
@@ -107,6 +110,7 @@ class Prepared:
         reset recompiles now) happens here, not in a take."""
         torch = import_torch()
         graphs = compiled_graphs(torch)
+        self.waited_ms.clear()  # the host-synchronised latency is these rounds' takes'
         with out_of_memory_as_error(self.batch_size, shape=self.shape), torch.no_grad():
             self.run()
             if self.cuda:
@@ -134,7 +138,7 @@ class Prepared:
             # graphs are the backend being compared here, not a measurement setting: not listed.)
             measured_with = {"data_transfers": False, "host_sync_per_run": False}
             with out_of_memory_as_error(self.batch_size, shape=self.shape):
-                execution["host_latency_ms"] = host_latency(torch, self.run)
+                execution["host_latency_ms"] = host_latency(torch, self.run, self.waited_ms)
         return {
             "device": f"torch {execution.get('backend')} on {gpu or 'CPU'}",
             "metric": self.timing,
@@ -256,21 +260,34 @@ class GraphReplay:
         return self.output
 
 
-# The host-synchronised latency (the second figure) is taken over at most this long, after the
-# engine was timed: a few runs tell what a caller that waits for each result sees.
+# Where the takes waited for too few runs (an engine timed outside the rounds), the host-synchronised
+# latency (the second figure) is taken over at most this long, after the engine was timed.
 HOST_LATENCY_MAX_S = 0.25
 HOST_LATENCY_RUNS = 10
+# The fewest runs waited for that the figure is read from.
+HOST_LATENCY_LEAST_RUNS = 3
 
 
-def host_latency(torch, run: Callable[[], Any]) -> dict[str, Any]:
+def host_latency(torch, run: Callable[[], Any], waited_ms: list[float] = ()) -> dict[str, Any]:
     """The second figure on a GPU: wall time of a run the host waits for (launch, GPU work and the
-    synchronisation), what a caller that needs each result before sending the next sees. Warm,
-    over HOST_LATENCY_RUNS runs or HOST_LATENCY_MAX_S, whichever ends first (at least 3 runs)."""
+    synchronisation), what a caller that needs each result before sending the next sees. From the
+    runs the takes waited for (``waited_ms``, one a take, each from an idle GPU and warm: takes.py,
+    cuda_take), where there are at least HOST_LATENCY_LEAST_RUNS. Runs of its own after the rounds,
+    one engine after another, were most of what a point did between its rounds and its profiles'
+    lines, which grew from 1.5 to 3.6 s with the point's size on the lent H200 (up to ten runs or
+    a quarter second an engine; three of eager attention at 4x4096 alone 0.8 s:
+    docs/results/records/2026-12-04-h200-house). Else over HOST_LATENCY_RUNS runs now, or
+    HOST_LATENCY_MAX_S, whichever ends first (at least 3 runs)."""
     from pipeline.measuring.stats import LatencyStats
 
+    if len(waited_ms) >= HOST_LATENCY_LEAST_RUNS:
+        stats = LatencyStats.from_values(list(waited_ms))
+        return {"median_ms": round(stats.median, 4), "mean_ms": round(stats.mean, 4), "p99_ms": round(stats.p99, 4), "runs": stats.count}
     times_ms: list[float] = []
     started = time.perf_counter()
-    while len(times_ms) < 3 or (len(times_ms) < HOST_LATENCY_RUNS and time.perf_counter() - started < HOST_LATENCY_MAX_S):
+    while len(times_ms) < HOST_LATENCY_LEAST_RUNS or (
+        len(times_ms) < HOST_LATENCY_RUNS and time.perf_counter() - started < HOST_LATENCY_MAX_S
+    ):
         t0 = time.perf_counter_ns()
         run()
         torch.cuda.synchronize()
