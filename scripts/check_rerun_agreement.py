@@ -40,16 +40,60 @@ def named(verdict: dict) -> tuple[set[str], bool]:
     return {engine(verdict["fastest"]), *(engine(t) for t in verdict.get("tied") or [])}, bool(verdict.get("undecided"))
 
 
+Claim = tuple[str, float | None, float | None]  # (outcome of A/B, the interval's low, high)
+
+
+def claims(verdict: dict) -> dict[tuple[str, str], Claim]:
+    """What a verdict's comparisons claim of each pair (a, b), a and b in a fixed order: the
+    outcome of a's time over b's and its interval; "ambiguous" where a comparison has no outcome."""
+    out = {}
+    for pair in verdict.get("comparisons") or []:
+        a, b = engine(pair["a"]), engine(pair["b"])
+        said, low, high = pair.get("outcome") or "ambiguous", pair.get("low"), pair.get("high")
+        if a > b:
+            a, b = b, a
+            said = {"faster": "slower", "slower": "faster"}.get(said, said)
+            low, high = (1.0 / high if high else None), (1.0 / low if low else None)
+        out[(a, b)] = (said, low, high)
+    return out
+
+
+def contradicts(one: Claim, other: Claim) -> bool:
+    """Whether two claims of one pair cannot both hold: "faster" against "slower"; "faster" or
+    "slower" against "the same" where their intervals share no value (or either has none to show
+    it does). An undecided pair ("ambiguous") claims nothing."""
+    (said, low, high), (said_too, low_too, high_too) = one, other
+    if "ambiguous" in (said, said_too) or said == said_too:
+        return False
+    if {said, said_too} == {"faster", "slower"}:
+        return True
+    if None in (low, high, low_too, high_too):
+        return True
+    return not (low <= high_too and low_too <= high)
+
+
+def contradictions(first: dict, second: dict) -> list[tuple[tuple[str, str], Claim, Claim]]:
+    """The pairs both verdicts make a claim of, where the claims cannot both hold."""
+    mine, theirs = claims(first), claims(second)
+    return [(pair, mine[pair], theirs[pair]) for pair in sorted(set(mine) & set(theirs)) if contradicts(mine[pair], theirs[pair])]
+
+
 def agreement(first: dict | None, second: dict | None) -> str:
-    """ "same"; "compatible" where one run is undecided among engines that include one the other
-    named (stopped short of deciding what the other decided: schema 8 leaves a pair at the tie
-    band's edge undecided); else "DIFFERS"."""
+    """ "same"; "compatible" where no claim of one contradicts a claim of the other and they name an
+    engine in common (one faster by a little where the other says the same; one undecided among
+    engines the other decided); else "DIFFERS"."""
     if first is None or second is None:
         return "DIFFERS"
     if answer(first) == answer(second):
         return "same"
-    (one, one_open), (other, other_open) = named(first), named(second)
-    return "compatible" if (one_open or other_open) and one & other else "DIFFERS"
+    (one, _), (other, _) = named(first), named(second)
+    return "compatible" if one & other and not contradictions(first, second) else "DIFFERS"
+
+
+def claim_words(claim: Claim) -> str:
+    said, low, high = claim
+    interval = f" [{low:.4f}–{high:.4f}]" if low is not None and high is not None else ""
+    return {"same": "the same", "ambiguous": "undecided"}.get(said, said) + interval
 
 
 def answer(verdict: dict) -> str:
@@ -110,6 +154,8 @@ def main() -> int:
         ok &= said != "DIFFERS"
         now = answer(later) if later is not None else "not in the second run"
         print(f"{verdict['shape']:8} {said}: {answer(verdict)}" + ("" if said == "same" else f"  |  {now}"))
+        for (a, b), mine, theirs in contradictions(verdict, later) if later is not None else []:
+            print(f"  {a} / {b}: {claim_words(mine)} against {claim_words(theirs)}")
     before, after = paired_ratios(first), paired_ratios(second)
     host_bound = launch_bound(first) | launch_bound(second)
     shared = sorted(set(before) & set(after))

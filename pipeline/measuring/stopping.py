@@ -2,14 +2,14 @@
 (pipeline/measuring/rounds.py) applies after every round.
 
 * **Stop when decided**: the engine whose per-round times are lowest (the leader) against each of
-  the others is "the same" (its ratio's interval within the tie band), or faster or slower beyond
-  the band; an interval that holds 1, or excludes it but reaches across an edge of the band, keeps
-  the rounds going.
+  the others is "the same" (its ratio's interval within the tie band), or faster or slower (its
+  interval excludes 1, whether or not it reaches across an edge of the band: "faster by 1.03×
+  [1.02–1.04]" is a claim the interval backs as well as one wholly beyond the band); only an
+  interval that holds 1 without lying within the band keeps the rounds going.
 * **One confidence for the point**: every pair's interval is read at the level that makes all the
   pairs of the point's engines hold together at 95 % (stats.family_confidence), as the verdict
   reads them, so that what the rounds stop on is what the verdict then claims.
-* **Racing**: an engine the leader is faster than beyond the tie band, by the same interval, is out
-  of the running — no further round can make it the answer — and leaves the rounds, which then
+* **Racing**: an engine the leader is faster than, by the same interval, is out of the running — no further round can make it the answer — and leaves the rounds, which then
   time only the contenders. The baseline toolchain's engines stay, so that every speedup keeps its
   paired interval. As F-race and successive halving drop candidates, but by the paired interval the
   verdict itself decides by (pipeline/report/pairs.py), read at every look as a confidence
@@ -26,14 +26,15 @@
   the takes (pipeline/report/pairs.py, grossly_beaten): an engine so dropped is no answer.
 
 scripts/simulate_confidence.py measures how often the whole procedure, racing or not, names a wrong
-fastest engine or claims a difference inside the tie band.
+fastest engine or makes a false claim about a pair ("faster" where the truth is not, "the same"
+where the truth lies beyond the band).
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
-from pipeline.measuring.stats import RatioEstimate, at_band_edge, family_confidence, first_deciding_round, paired_ratio
+from pipeline.measuring.stats import RatioEstimate, family_confidence, first_deciding_round, paired_ratio
 
 # The early rule (grossly_slower): how many times the leader's slowest take every kept take of an
 # engine must exceed, over at least how many rounds (docs/measurement.md: chosen from the
@@ -71,17 +72,20 @@ def _leader(medians: dict[str, dict[int, float]], tie: float) -> str:
     return min(medians, key=against_reference)
 
 
-def _beyond_the_band(estimate: RatioEstimate | None, tie: float) -> bool:
-    """Whether the leader is faster beyond the tie band: its decided outcome (pairs.decided)."""
-    return estimate is not None and estimate.outcome == "faster" and not at_band_edge(estimate.low, estimate.high, tie)
+def _faster(estimate: RatioEstimate | None) -> bool:
+    """Whether the leader is faster by the interval: it excludes 1 (and does not lie within the tie
+    band, which says "the same")."""
+    return estimate is not None and estimate.outcome == "faster"
 
 
 def undecided(takes: dict[str, list[Take]], tie: float, engines: int) -> list[tuple[str, str, RatioEstimate | None]]:
     """The comparisons the verdict needs that the takes do not settle yet: the leader against each
-    of the others, where their ratio's interval holds 1 without lying within the tie band, or
-    excludes 1 but reaches across an edge of the band (more rounds could still make it "the same":
-    stopping there would let two runs disagree). ``engines``: how many the point's rounds time
-    (those raced out too), whose pairs the intervals hold for together."""
+    of the others, where their ratio's interval holds 1 without lying within the tie band (too
+    few rounds for any interval counts as that). An interval that excludes 1 settles its pair
+    even where it reaches across an edge of the band: the pair is faster or slower by it, and a
+    second run that stops inside the band ("the same") says nothing its interval contradicts
+    (docs/confidence.md, "Two runs of the same sweep"). ``engines``: how many the point's rounds
+    time (those raced out too), whose pairs the intervals hold for together."""
     medians = _medians(takes)
     if len(medians) < 2:
         return []
@@ -92,19 +96,14 @@ def undecided(takes: dict[str, list[Take]], tie: float, engines: int) -> list[tu
         if other == leader:
             continue
         estimate = paired_ratio(medians[leader], medians[other], tie, confidence)
-        if (
-            estimate is None
-            or estimate.outcome == "ambiguous"
-            or (estimate.outcome != "same" and at_band_edge(estimate.low, estimate.high, tie))
-        ):
+        if estimate is None or estimate.outcome == "ambiguous":
             open_pairs.append((leader, other, estimate))
     return open_pairs
 
 
 def out_of_the_running(takes: dict[str, list[Take]], tie: float, stays: set[str], engines: int) -> list[str]:
-    """The engines the leader is faster than beyond the tie band (decided, not at the band's edge,
-    read as ``undecided`` reads it): out of the running at this point, they may leave its rounds;
-    those in ``stays`` never do."""
+    """The engines the leader is faster than by the interval (decided, read as ``undecided`` reads
+    it): out of the running at this point, they may leave its rounds; those in ``stays`` never do."""
     medians = _medians(takes)
     if len(medians) < 2:
         return []
@@ -113,7 +112,7 @@ def out_of_the_running(takes: dict[str, list[Take]], tie: float, stays: set[str]
     return [
         key
         for key in medians
-        if key != leader and key not in stays and _beyond_the_band(paired_ratio(medians[leader], medians[key], tie, confidence), tie)
+        if key != leader and key not in stays and _faster(paired_ratio(medians[leader], medians[key], tie, confidence))
     ]
 
 
@@ -169,12 +168,7 @@ def race(
 
 
 def open_pair_words(leader: str, other: str, estimate: RatioEstimate | None) -> str:
-    """Why a comparison is still open: "a against b undecided (0.962–1.041)", or, for an interval
-    that excludes 1 but reaches across an edge of the tie band, "a faster than b, by less or more
-    than the tie width (0.963–0.988)"."""
+    """Why a comparison is still open: "a against b undecided (0.962–1.041)"."""
     if estimate is None:
         return f"{leader} against {other} undecided (too few rounds)"
-    interval = f"({estimate.low:.3f}–{estimate.high:.3f})"
-    if estimate.outcome in ("faster", "slower"):
-        return f"{leader} {estimate.outcome} than {other}, by less or more than the tie width {interval}"
-    return f"{leader} against {other} undecided {interval}"
+    return f"{leader} against {other} undecided ({estimate.low:.3f}–{estimate.high:.3f})"

@@ -19,8 +19,9 @@ from pipeline.report.rows import ComparisonRow
 # 8 each comparison's at_band_edge, and such a pair no longer decides the answer; 9 each row's
 # raced_out_after, the paired intervals read as confidence sequences, and only the pairs the
 # answer rests on among the comparisons; 10 each comparison's confidence, every paired interval
-# read so that all pairs of its set of rounds hold at 95 % together.
-JSON_SCHEMA_VERSION = 10
+# read so that all pairs of its set of rounds hold at 95 % together; 11 a pair whose interval
+# excludes 1 decides again where it reaches across an edge of the tie band (at_band_edge marks it).
+JSON_SCHEMA_VERSION = 11
 
 
 def render_json(rows: list[ComparisonRow], answer: Answer | None = None) -> str:

@@ -2,16 +2,17 @@
 pair's ratio interval says once the tie band is taken into account, which rows timed apart another
 beats by their own intervals, and whether the answer's group is all "the same".
 
-A pair is decided "faster" or "slower" only where its interval does not reach across an edge of the
-tie band — the rounds' own rule for when to stop measuring (pipeline/measuring/rounds.py,
-``undecided``). Where a point's budget ran out with a pair at the edge, one run of the same engines
-stops a hair inside the band (a tie) and the next a hair outside: neither is an answer, so the pair
-stays undecided (measured: docs/results/cluster.md, 'The seed matrix on two H100s').
+A pair is decided by its interval, as the rounds stop on it (pipeline/measuring/stopping.py,
+``undecided``): "faster" or "slower" where it excludes 1 — also where it reaches across an edge of
+the tie band, "faster by 1.03× [1.02–1.04]" — and "the same" where it lies within the band. Two runs
+of the same engines may then say "faster by a little" and "the same": their intervals overlap, and
+neither contradicts the other (docs/confidence.md, "Two runs of the same sweep";
+scripts/check_rerun_agreement.py). ``on_band_edge`` marks such a pair in the JSON.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left
 
 from pipeline.measuring.stats import RatioEstimate, at_band_edge, tie_band
 from pipeline.measuring.stopping import GROSS, gross
@@ -24,12 +25,13 @@ _LOWEST_KEPT = 4
 def beaten_apart(rows: list[ComparisonRow], tie: float) -> set[int]:
     """The ids of the rows another row is faster than with confidence by the two medians'
     intervals, among rows not timed together (pipeline/measuring/stats.py: A/B lies in [A's low / B's high,
-    A's high / B's low]; decided "faster" when that lies wholly below the tie band, not across its
-    edge — ``decided``).
+    A's high / B's low]; "faster" when that lies below 1 and not within the tie band, as a
+    paired interval is read: A's high under B's low, and A's low under B's high over 1 + tie).
 
-    In n log n, not n²: with the rows sorted by their interval's high end, those that beat B (high
-    at most B's low over 1 + tie) are a prefix, and any of them timed apart from B beats it. Rows
-    timed together with B are skipped here (their comparison is paired)."""
+    In n log n, not n²: with the rows sorted by their interval's high end, those whose high is
+    under B's low are a prefix; of them, those of lowest low end are the ones that can also be
+    beyond the band, and any of those timed apart from B beats it. Rows timed together with B are
+    skipped here (their comparison is paired)."""
     lowest, _ = tie_band(tie)
     apart = sorted((row for row in rows if row.median_ci_ms is not None), key=lambda r: r.median_ci_ms[1])
     highs = [row.median_ci_ms[1] for row in apart]
@@ -39,14 +41,16 @@ def beaten_apart(rows: list[ComparisonRow], tie: float) -> set[int]:
         kept.append(sorted([*previous, row], key=lambda r: r.median_ci_ms[0])[:_LOWEST_KEPT])
     beaten = set()
     for row in apart:
-        low = row.median_ci_ms[0]
-        faster_end = bisect_right(highs, low * lowest)  # apart[:faster_end] end below the band under this row's low
-        if faster_end == 0:
+        low, high = row.median_ci_ms
+        below_end = bisect_left(highs, low)  # apart[:below_end] end under this row's low: their ratio's interval is below 1
+        if below_end == 0:
             continue
-        rounds = set(row.round_medians)
-        timed_apart = any(not rounds & set(other.round_medians) for other in kept[faster_end - 1])
-        if not timed_apart and len(kept[faster_end - 1]) == _LOWEST_KEPT:  # each kept one was timed with it
-            timed_apart = any(not rounds & set(other.round_medians) for other in apart[:faster_end])
+        rounds, beyond = set(row.round_medians), high * lowest  # a low end under `beyond`: not "the same"
+        lowest_lows = kept[below_end - 1]
+        timed_apart = any(other.median_ci_ms[0] < beyond and not rounds & set(other.round_medians) for other in lowest_lows)
+        if not timed_apart and len(lowest_lows) == _LOWEST_KEPT and all(other.median_ci_ms[0] < beyond for other in lowest_lows):
+            # each kept one was timed with it: any other of the prefix may beat it
+            timed_apart = any(other.median_ci_ms[0] < beyond and not rounds & set(other.round_medians) for other in apart[:below_end])
         if timed_apart:
             beaten.add(id(row))
     return beaten
@@ -73,14 +77,10 @@ def outcome(estimate: RatioEstimate | None) -> str:
     return estimate.outcome if estimate is not None else "ambiguous"
 
 
-def decided(estimate: RatioEstimate | None, tie: float) -> str:
-    """The outcome a pair decides by: its own, but "ambiguous" for "faster" or "slower" across an
-    edge of the tie band."""
-    return "ambiguous" if on_band_edge(estimate, tie) else outcome(estimate)
-
-
 def on_band_edge(estimate: RatioEstimate | None, tie: float) -> bool:
-    """Whether ``estimate`` is faster or slower, by less or more than the tie width."""
+    """Whether ``estimate`` is faster or slower by an interval that reaches across an edge of the tie
+    band ("faster by 1.03× [1.02–1.04]": by less or more than the tie width). Decided all the same;
+    the JSON marks it (``at_band_edge``)."""
     return estimate is not None and estimate.outcome in ("faster", "slower") and at_band_edge(estimate.low, estimate.high, tie)
 
 

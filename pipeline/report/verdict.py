@@ -194,10 +194,7 @@ class Verdict:
                 rounds = max((r.rounds or 0) for r in group)
                 after = f"after {rounds} rounds" if rounds else "by their own intervals"
                 budget = " (the point's budget_s ran out)" if any(r.rounds_stop == "budget" for r in group) else ""
-                # Apart, but by less or more than the tie width: not "cannot be told apart".
-                edge = any(pairs.on_band_edge(self.ratio(a, b), self.tie) for i, a in enumerate(group) for b in group[i + 1 :])
-                told = f"differ by less or more than the ±{self.tie:.0%} tie width" if edge else "cannot be told apart"
-                answer = f"{self.where}: undecided{meeting}: {names} ({times_ms}) {told} {after}{budget}"
+                answer = f"{self.where}: undecided{meeting}: {names} ({times_ms}) cannot be told apart {after}{budget}"
             else:
                 answer = f"{self.where}: {names} tie within ±{self.tie:.0%}{meeting} ({times_ms})"
             answer += self._speedups(group) + "."
@@ -233,9 +230,7 @@ class Verdict:
         compared with nothing (pairs.grossly_beaten) — each is out by another's comparison."""
         others = [row for row in self.candidates if row is not self.fastest]
         against = [
-            estimate
-            for row in others
-            if (estimate := self.ratio(self.fastest, row)) is not None and pairs.decided(estimate, self.tie) == "faster"
+            estimate for row in others if (estimate := self.ratio(self.fastest, row)) is not None and pairs.outcome(estimate) == "faster"
         ]
         if not against:
             return ""
@@ -406,11 +401,7 @@ def _decide(verdict: Verdict, candidates: list[ComparisonRow], group: list[Compa
     # Out by the rule that took them out of the rounds, compared with nothing (pairs.grossly_beaten).
     verdict.grossly_slower = [row for row in candidates if row is not least and pairs.grossly_beaten(least, row)]
     dropped = {id(row) for row in verdict.grossly_slower}
-    close = [
-        row
-        for row in candidates
-        if row is least or (id(row) not in dropped and pairs.decided(compare(least, row), verdict.tie) != "faster")
-    ]
+    close = [row for row in candidates if row is least or (id(row) not in dropped and pairs.outcome(compare(least, row)) != "faster")]
     beaten = pairs.beaten_apart(close, verdict.tie)
     # The close ones timed in one set of rounds are compared pair by pair. Pairs of which one is
     # beaten by the least are not compared: their outcome decides nothing, and every comparison
@@ -424,7 +415,7 @@ def _decide(verdict: Verdict, candidates: list[ComparisonRow], group: list[Compa
     for members in together.values():
         for i, a in enumerate(members):
             for b in members[i + 1 :]:
-                outcome = pairs.decided(compare(a, b), verdict.tie)
+                outcome = pairs.outcome(compare(a, b))
                 if outcome == "faster":
                     beaten.add(id(b))
                 elif outcome == "slower":

@@ -32,8 +32,24 @@ FIRST = {
             "tied": [entry("compiled", 1.01)],
             "undecided": False,
             "comparisons": [
-                {"a": entry("graphs", 1.0), "b": entry("eager", 10.0), "ratio": 0.1, "paired": True},
-                {"a": entry("graphs", 1.0), "b": entry("compiled", 1.01), "ratio": 0.99, "paired": True},
+                {
+                    "a": entry("graphs", 1.0),
+                    "b": entry("eager", 10.0),
+                    "ratio": 0.1,
+                    "paired": True,
+                    "outcome": "faster",
+                    "low": 0.09,
+                    "high": 0.11,
+                },
+                {
+                    "a": entry("graphs", 1.0),
+                    "b": entry("compiled", 1.01),
+                    "ratio": 0.99,
+                    "paired": True,
+                    "outcome": "same",
+                    "low": 0.98,
+                    "high": 1.0,
+                },
             ],
         }
     ],
@@ -46,6 +62,7 @@ def test_the_same_answer_with_ratios_in_either_order_agrees(tmp_path):
     verdict["fastest"], verdict["tied"] = verdict["tied"][0], [verdict["fastest"]]  # the tie named the other way round
     pair = verdict["comparisons"][0]
     pair["a"], pair["b"], pair["ratio"] = pair["b"], pair["a"], 1 / 0.102  # the same pair, the other way round, 2% apart
+    pair["outcome"], pair["low"], pair["high"] = "slower", 1 / 0.112, 1 / 0.092
     result = run(tmp_path, FIRST, second)
     assert result.returncode == 0, result.stdout
     assert "2x512    same: bf16/compiled = bf16/graphs" in result.stdout
@@ -55,11 +72,37 @@ def test_the_same_answer_with_ratios_in_either_order_agrees(tmp_path):
 def test_another_engine_named_or_a_ratio_moved_fails_and_says_which(tmp_path):
     second = copy.deepcopy(FIRST)
     second["verdicts"][0]["tied"] = []
+    # graphs faster than compiled beyond the tie band, where the first run's interval said the same
+    second["verdicts"][0]["comparisons"][1].update(ratio=0.96, outcome="faster", low=0.95, high=0.97)
     second["verdicts"][0]["comparisons"][0]["ratio"] = 0.11  # 10% off
     result = run(tmp_path, FIRST, second)
     assert result.returncode == 1
     assert "2x512    DIFFERS: bf16/compiled = bf16/graphs  |  bf16/graphs" in result.stdout
+    assert "  bf16/compiled / bf16/graphs: the same [1.0000–1.0204] against slower [1.0309–1.0526]" in result.stdout, result.stdout
     assert "1 moved by more than 5%" in result.stdout and "bf16/eager / bf16/graphs" in result.stdout, result.stdout
+
+
+def test_faster_by_a_little_against_the_same_is_compatible_where_the_intervals_overlap(tmp_path):
+    """One run names graphs alone, faster than compiled by an interval that reaches across the tie
+    band's edge; the other ties the two, its interval inside the band: both can hold."""
+    second = copy.deepcopy(FIRST)
+    second["verdicts"][0]["tied"] = []
+    second["verdicts"][0]["comparisons"][1].update(ratio=0.975, outcome="faster", low=0.96, high=0.985)
+    result = run(tmp_path, FIRST, second)
+    assert result.returncode == 0, result.stdout
+    assert "2x512    compatible: bf16/compiled = bf16/graphs  |  bf16/graphs" in result.stdout
+
+
+def test_faster_against_slower_differs_however_close(tmp_path):
+    first, second = copy.deepcopy(FIRST), copy.deepcopy(FIRST)
+    first["verdicts"][0]["tied"] = []
+    first["verdicts"][0]["comparisons"][1].update(ratio=0.99, outcome="faster", low=0.985, high=0.995)
+    second["verdicts"][0]["fastest"], second["verdicts"][0]["tied"] = entry("compiled", 0.99), []
+    second["verdicts"][0]["comparisons"][1].update(ratio=1.01, outcome="slower", low=1.005, high=1.015)
+    result = run(tmp_path, first, second)
+    assert result.returncode == 1
+    assert "2x512    DIFFERS: bf16/graphs  |  bf16/compiled" in result.stdout
+    assert "bf16/compiled / bf16/graphs: slower [1.0050–1.0152] against faster [0.9852–0.9950]" in result.stdout, result.stdout
 
 
 def test_a_ratio_with_a_launch_bound_engine_is_listed_apart_not_held_to_the_tolerance(tmp_path):
@@ -96,7 +139,8 @@ def test_a_launch_bound_ratio_is_judged_by_whether_the_two_runs_intervals_overla
 
 def test_an_undecided_point_among_the_engines_the_other_run_named_is_compatible_not_a_difference(tmp_path):
     second = copy.deepcopy(FIRST)
-    second["verdicts"][0]["undecided"] = True  # the same two engines, at the band's edge this time
+    second["verdicts"][0]["undecided"] = True  # the same two engines, undecided this time
+    second["verdicts"][0]["comparisons"][1].update(outcome="ambiguous", low=0.97, high=1.04)
     result = run(tmp_path, FIRST, second)
     assert result.returncode == 0, result.stdout
     assert "2x512    compatible: bf16/compiled = bf16/graphs  |  undecided: bf16/compiled, bf16/graphs" in result.stdout
