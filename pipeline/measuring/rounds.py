@@ -5,9 +5,13 @@ owns the rest, once for all of them — as nvbench separates a benchmark from it
 
 * **Takes**: at least ``take_runs`` inferences and ``take_ms`` milliseconds, back to back, after
   one untimed inference (another engine ran in between), longer where a round of few engines
-  would last under ``round_ms`` (:func:`take_length`). On a GPU each inference is timed by
-  CUDA events around it, enqueued without waiting (takes.py, trtexec's way); on a CPU by
-  the host's clock.
+  would last under ``round_ms`` (:func:`take_length`) — while the host's speed can move what
+  the rounds still have to decide (:func:`host_sets_the_pace`): a round shorter than the host's
+  slow spells would let several rounds fall in one spell and agree for that alone; where every
+  pair still open is of engines the GPU times (not launch-bound), the host's spells move neither,
+  and the takes keep ``take_ms``, so that a near-tie gets more rounds of its budget. On a GPU each
+  inference is timed by CUDA events around it, enqueued without waiting (takes.py, trtexec's
+  way); on a CPU by the host's clock.
 * **Launch-bound or not**: a GPU take's untimed run is issued with the GPU idle, and the host's
   time to issue it is kept (takes.py): where it comes near the run's GPU time the GPU
   waits for the host, and the engine's figures are the host's speed.
@@ -153,6 +157,10 @@ class RoundsRecord(BaseModel):
     # A round's least length, its takes lengthened to fill it (take_length). Absent (None) in
     # manifests written before: their takes were take_ms whatever the round.
     round_ms: float | None = None
+    # The rounds (from 0) whose takes kept take_ms, not lengthened to round_ms: every pair still
+    # open then was of engines the GPU times (host_sets_the_pace). Empty in manifests written
+    # before, whose takes were all lengthened where their rounds were short.
+    short_rounds: list[int] = []
     min_rounds: int
     budget_s: float
     tie: float
@@ -163,7 +171,7 @@ class RoundsRecord(BaseModel):
     # Engines that left the rounds out of the running (racing, pipeline/measuring/stopping.py), and after how
     # many rounds: their takes end there. Absent in manifests written before racing.
     raced_out: dict[str, int] = {}
-    # The rule that took each of them out: "interval" (the leader faster beyond the tie band) or
+    # The rule that took each of them out: "interval" (the leader faster by the interval) or
     # "grossly slower" (every take over GROSS_FACTOR times the leader's slowest, before the interval
     # can act). Absent in manifests written before the second rule: all theirs are "interval".
     raced_out_by: dict[str, str] = {}
@@ -201,6 +209,8 @@ class RoundsOutcome:
     failed: dict[str, str] = field(default_factory=dict)
     raced_out: dict[str, int] = field(default_factory=dict)
     raced_out_by: dict[str, str] = field(default_factory=dict)
+    # The rounds whose takes kept take_ms (RoundsRecord.short_rounds).
+    short_rounds: list[int] = field(default_factory=list)
     host_alone_probe_ms: float | None = None
     host_alone_from: str | None = None
     host_noise: float | None = None
@@ -221,6 +231,7 @@ class RoundsOutcome:
             take_ms=self.settings.take_ms,
             take_runs=self.settings.take_runs,
             round_ms=self.settings.round_ms,
+            short_rounds=self.short_rounds,
             min_rounds=self.settings.min_rounds,
             budget_s=self.settings.budget_s,
             tie=self.settings.tie,
@@ -297,6 +308,27 @@ def follows_the_host(host_timed: bool, takes) -> bool:
     return host_timed or (share is not None and share >= NEAR_LAUNCH_BOUND_SHARE)
 
 
+def gpu_timed(host_timed: bool, takes) -> bool:
+    """Whether an engine's time is known to be the GPU's: timed on the GPU, by takes that recorded
+    the host's time to issue a run, well under the run (under NEAR_LAUNCH_BOUND_SHARE). An engine
+    that says nothing of it (a tool's runs in a process of its own) is not known to be."""
+    share = issue_share(takes)
+    return not host_timed and share is not None and share < NEAR_LAUNCH_BOUND_SHARE
+
+
+def host_sets_the_pace(open_pairs, engines, takes: dict[str, list[Take]]) -> bool:
+    """Whether the next round's takes are lengthened to last ``round_ms`` (take_length): while some
+    pair the rounds still have to decide (``open_pairs``, stopping.undecided's or race's) holds an
+    engine not known to be GPU-timed (``gpu_timed``). The host's speed changes in spells of 0.4-4 s
+    on the lent GPUs and the CI VM (docs/measurement.md); it moves a launch-bound engine and not a
+    GPU-bound one, so only a pair with a launch-bound side needs rounds that outlast a spell (the
+    simulation of the rule measures both: docs/confidence.md). Decided pairs are not re-read by
+    the stopping rule, and the verdict's claims about them hold at every look (a confidence
+    sequence), so an engine beyond them — the baseline racing keeps, say — does not pad the rounds."""
+    keys = {key for pair in open_pairs for key in pair[:2]}
+    return any(not gpu_timed(engines[key].timing == HOST_LATENCY, takes[key]) for key in keys)
+
+
 def rounds_loop(
     engines,
     settings: ProfileSettings,
@@ -319,11 +351,15 @@ def rounds_loop(
     started = now()
     raced_out: dict[str, int] = {}
     raced_out_by: dict[str, str] = {}
+    short_rounds: list[int] = []
+    padded = True  # the first round: nothing is known yet of whether the host sets any engine's time
     rounds, stop = 0, "rounds"
     while rounds < MAX_ROUNDS:
         order = [key for key in entrants if key not in failed and key not in raced_out]
         rng.shuffle(order)
-        take_ms = take_length(settings, len(order))
+        take_ms = take_length(settings, len(order)) if padded else settings.take_ms
+        if not padded and take_ms < take_length(settings, len(order)):
+            short_rounds.append(rounds)
         for position, key in enumerate(order):
             try:
                 take, measured = _take(engines[key], key, rounds, position, settings, clock, host, take_ms)
@@ -343,7 +379,7 @@ def rounds_loop(
                 # taken beside whatever else held the host then, is taken again.
                 held.take_whole()
                 takes, times = {key: [] for key in entrants}, {key: [] for key in entrants}
-                rounds, started = 0, now()
+                rounds, started, short_rounds = 0, now(), []
                 continue
             if not following and held.mode == "whole":
                 held.share()  # every engine GPU-bound: other points may be timed beside it
@@ -354,6 +390,7 @@ def rounds_loop(
             raced_out_by.update(out)
         else:
             open_pairs = undecided(running, settings.tie, len(entrants))
+        padded = host_sets_the_pace(open_pairs, engines, takes)
         elapsed = now() - started
         if progress is not None:
             progress(_progress_text(rounds, open_pairs, elapsed, settings, len(raced_out)))
@@ -380,6 +417,7 @@ def rounds_loop(
         failed=failed,
         raced_out=raced_out,
         raced_out_by=raced_out_by,
+        short_rounds=short_rounds,
         errors=errors,
         host_alone_probe_ms=host.alone_ms,
         host_alone_from=host.source,
@@ -389,9 +427,10 @@ def rounds_loop(
 
 
 def take_length(settings: ProfileSettings, engines: int) -> float:
-    """How long each take of a round of ``engines`` engines lasts at least: ``take_ms``, or longer
-    where the round would otherwise last under ``round_ms`` (a point of few engines, or few left
-    in the running); one engine alone is compared with nothing, and takes ``take_ms``."""
+    """How long each take of a round of ``engines`` engines lasts at least where the host sets the
+    pace (host_sets_the_pace): ``take_ms``, or longer where the round would otherwise last under
+    ``round_ms`` (a point of few engines, or few left in the running); one engine alone is
+    compared with nothing, and takes ``take_ms``."""
     if engines < 2:
         return settings.take_ms
     return max(settings.take_ms, settings.round_ms / engines)

@@ -176,22 +176,32 @@ def test_engines_within_the_tie_width_are_decided_as_the_same():
     assert paired_ratio(medians["a"], medians["b"], 0.03).outcome == "same"
 
 
-def test_a_real_difference_smaller_than_the_tie_width_runs_on_until_it_is_the_same():
+def test_a_difference_whose_interval_excludes_1_decides_even_across_the_band_edge():
     """B is 2 % slower than A, and the rounds wobble by ±1.2 %: after six rounds the interval
-    (their whole range) excludes 1 but reaches past 1.03 — slower now, the same after a few more
-    rounds. The protocol does not stop there, or two runs could name different answers."""
+    (their whole range) excludes 1 and reaches past 1.03. B is slower by that interval, a claim it
+    backs whatever more rounds would show, so the rounds stop there rather than run on."""
     wobble = [1.0, 1.012, 0.988, 1.006, 0.994, 1.011, 0.991, 1.004, 0.997, 1.008, 0.993, 1.002, 0.999, 1.005]
     engines = {"a": Scripted(1.0, host_of_two_speeds), "b": Scripted(1.02, host_of_two_speeds, lambda r: wobble[r % len(wobble)])}
     done = measure_in_rounds(engines, settings(min_rounds=6, budget_s=5), seed=1)
     ratios = {key: {t.round: t.median_ms for t in takes} for key, takes in done.takes.items()}
+    said = paired_ratio(ratios["b"], ratios["a"], 0.03)
+    assert done.stop == "decided" and done.rounds == 6
+    assert said.outcome == "slower" and said.low > 1.0 and said.high > 1.03  # across the band's upper edge
+
+
+def test_an_interval_holding_1_keeps_the_rounds_going_and_says_so():
+    """A and B are 2 % apart but the rounds swing ±3 %: the interval holds 1 and reaches past the
+    band, so the pair stays open, and the progress line says which pair and its interval."""
+    swing = [1.05, 0.99, 1.04, 0.985, 1.045, 0.99, 1.03, 1.0]
+    engines = {"a": Scripted(1.0, host_of_two_speeds), "b": Scripted(1.0, host_of_two_speeds, lambda r: swing[r % len(swing)])}
+    done = measure_in_rounds(engines, settings(min_rounds=6, budget_s=0.5), seed=1)
+    ratios = {key: {t.round: t.median_ms for t in takes} for key, takes in done.takes.items()}
     first_six = paired_ratio({r: v for r, v in ratios["b"].items() if r < 6}, ratios["a"], 0.03)
-    assert first_six.outcome == "slower" and first_six.high > 1.03  # what stopping at six rounds would have said
-    assert done.stop == "decided" and done.rounds > 6
-    assert paired_ratio(ratios["b"], ratios["a"], 0.03).outcome == "same"
-    # While it was open, the progress line said which way it leaned and why it was not settled.
+    assert first_six.outcome == "ambiguous" and done.rounds > 6
     from pipeline.measuring.rounds import open_pair_words
 
-    assert open_pair_words("b", "a", first_six) == "b slower than a, by less or more than the tie width (1.008–1.032)"
+    assert open_pair_words("b", "a", first_six) == f"b against a undecided ({first_six.low:.3f}–{first_six.high:.3f})"
+    assert first_six.low < 1.0 < first_six.high
 
 
 def test_a_budget_too_small_to_decide_stops_undecided():
@@ -271,6 +281,7 @@ def test_a_round_of_few_engines_lengthens_its_takes_to_last_round_ms():
     """Ten engines of 100 ms takes fill a round of a second; two fill it with takes of 500 ms, and
     those left after racing with takes as long as their number needs. One engine alone is compared
     with nothing and keeps take_ms; round_ms 0 never lengthens a take."""
+    # Timed by the host's clock: the host may set every pair's pace (host_sets_the_pace).
     ten = {f"e{i}": Lengths(1.0 + i) for i in range(10)}
     measure_in_rounds(ten, settings(take_ms=100, round_ms=1000, min_rounds=6, budget_s=60, racing=False), seed=1)
     assert {ms for engine in ten.values() for ms in engine.asked} == {100}
@@ -295,6 +306,42 @@ def test_a_round_of_few_engines_lengthens_its_takes_to_last_round_ms():
     never = {"a": Lengths(1.0), "b": Lengths(2.0)}
     measure_in_rounds(never, settings(take_ms=100, round_ms=0, min_rounds=6, budget_s=60), seed=1)
     assert set(alone["a"].asked) == set(never["a"].asked) == {100}
+
+
+class GpuLengths(Lengths):
+    """An engine timed on the GPU whose host needs ``share`` of a run's time to issue it."""
+
+    timing = "GPU time (CUDA events)"
+
+    def __init__(self, ms: float, share: float = 0.1):
+        super().__init__(ms)
+        self.issue_ms = ms * share
+
+
+def test_rounds_whose_open_pairs_the_gpu_times_keep_take_ms():
+    """Two GPU-bound engines: the first round is lengthened to a second (nothing known yet), every
+    later one keeps take_ms, and the record says which; with one launch-bound side the pair stays
+    in rounds of a second; a launch-bound baseline beaten beyond doubt pads nothing once decided."""
+    wobble = [1.0, 1.05, 0.95, 1.04, 0.96, 1.045, 0.955, 1.0]  # the pair stays open to the budget
+    two = {"a": GpuLengths(1.0), "b": GpuLengths(1.0)}
+    two["b"].noise = lambda r: wobble[r % len(wobble)]
+    done = measure_in_rounds(two, settings(take_ms=100, round_ms=1000, min_rounds=6, budget_s=0.5), seed=1)
+    assert done.stop == "budget" and done.rounds > 8 and two["a"].asked == [500] + [100] * (done.rounds - 1)
+    assert done.record("a").short_rounds == list(range(1, done.rounds))
+
+    launch_bound = {"a": GpuLengths(1.0), "b": GpuLengths(1.0, share=0.9)}
+    launch_bound["b"].noise = lambda r: wobble[r % len(wobble)]
+    done = measure_in_rounds(launch_bound, settings(take_ms=100, round_ms=1000, min_rounds=6, budget_s=0.5), seed=1)
+    assert set(launch_bound["a"].asked) == {500} and done.record("a").short_rounds == []
+
+    # Three engines: a and b a hair apart and GPU-bound, the baseline launch-bound and 3x slower.
+    # Until the baseline's pair is decided every round lasts a second; then the takes keep take_ms.
+    three = {"a": GpuLengths(1.0), "b": GpuLengths(1.0), "base": GpuLengths(3.0, share=0.9)}
+    three["b"].noise = lambda r: wobble[r % len(wobble)]
+    done = measure_in_rounds(three, settings(take_ms=100, round_ms=1000, min_rounds=6, budget_s=0.5), seed=1, stays=frozenset({"base"}))
+    first = first_deciding_round(3)
+    assert three["base"].asked[:first] == [pytest.approx(1000 / 3)] * first and set(three["base"].asked[first:]) == {100}
+    assert done.record("base").short_rounds == list(range(first, done.rounds)) and done.rounds > first
 
 
 def test_an_engine_raced_out_keeps_its_figures_and_the_row_the_table_and_the_json_say_so():

@@ -98,15 +98,15 @@ def test_the_simulation_catches_each_pair_read_at_95_percent_on_its_own(simulati
     assert tallies["every round"].false_claim / 100 > 0.10
 
 
-def test_the_simulation_catches_claims_read_past_the_band_edge(simulation, monkeypatch):
-    """The rule before the confidence sequence, a fixed-n sign test read after every round: pairs
-    on the tie band's edge are called faster or slower in more than 5 % of points on the CI VM's
-    spells."""
+def test_the_simulation_catches_a_fixed_n_interval_read_after_every_round(simulation, monkeypatch):
+    """The rule before the confidence sequence, a fixed-n sign test read after every round (each
+    pair at 95 % on its own): five equal engines under 3 % noise are called different in more than
+    5 % of points, the rounds stopping on the first look that happens to exclude 1."""
     import pipeline.measuring.stats as stats
 
     _each_pair_alone(monkeypatch)
     monkeypatch.setattr(stats, "sequential_median_interval", lambda values, confidence=0.95: stats.median_interval(values, confidence))
-    tallies = _row(simulation, "CI VM", "5 a tie width apart")
+    tallies = _row(simulation, "independent, 3 %", "5 equal")
     assert tallies["every round"].false_claim / 100 > 0.05
 
 
@@ -119,6 +119,31 @@ def test_the_simulation_catches_rounds_shorter_than_the_hosts_spells(simulation,
     monkeypatch.setattr(simulation, "RULES", {"every round": short.model_copy(update={"racing": False}), "racing": short})
     tallies = _row(simulation, "lent GPU: 1.8x", "2 equal")
     assert tallies["every round"].false_claim / 100 > 0.05
+
+
+def test_the_simulation_catches_short_rounds_where_a_launch_bound_engine_is_still_open(simulation, monkeypatch):
+    """Rounds that keep take_ms whatever is still open (rounds.host_sets_the_pace never true after
+    the first round): two equal engines, one launch-bound, are called different in more than 5 %
+    of points on the lent GPUs as measured (1.3 % with the rule, docs/confidence.md). Why a pair
+    with a launch-bound side keeps rounds of round_ms."""
+    import pipeline.measuring.rounds as rounds
+
+    monkeypatch.setattr(rounds, "host_sets_the_pace", lambda open_pairs, engines, takes: False)
+    tallies = _row(simulation, "lent GPU as measured", "2 equal")
+    assert tallies["every round"].false_claim / 100 > 0.05
+
+
+def test_a_gpu_bound_point_spends_less_of_its_budget_in_short_rounds(simulation, monkeypatch):
+    """Where every pair still open is GPU-bound the takes keep take_ms: the seed matrix's largest
+    point, simulated on the lent GPU's GPU-bound shapes, ends sooner than with every round
+    lengthened to a second (what the rule buys), at no cost in false claims (the first test)."""
+    import pipeline.measuring.rounds as rounds
+
+    point = "10 at a GPU-bound point: 2 within 1 %, a launch-bound baseline"
+    short = _row(simulation, "lent GPU, GPU-bound", point, points=40)["racing"]
+    monkeypatch.setattr(rounds, "host_sets_the_pace", lambda open_pairs, engines, takes: True)
+    padded = _row(simulation, "lent GPU, GPU-bound", point, points=40)["racing"]
+    assert short.seconds < 0.85 * padded.seconds
 
 
 def test_a_claim_is_judged_as_the_output_words_it(simulation):
