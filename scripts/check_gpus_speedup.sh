@@ -11,7 +11,8 @@
 # measured (GPU, CPUs), the rows' flags and the wall clock. VARIANTS="bf16 fp16" runs the whole matrix;
 # TOOLCHAINS="torch-eager torch-compile" fewer toolchains; MODEL=NAME another model of pipeline.toml;
 # SHAPES="8x2048 16x4096" other shape points for it (the workspace's copy of the catalog is changed);
-# RUN_ARGS="--no-racing" more arguments for `pipeline run`.
+# RUN_ARGS="--no-racing" more arguments for `pipeline run`; RUN_PREFIX="py-spy record -o P.json --" a
+# command the run (alone, not the compare after it) is started under, to see where its time goes.
 #   bash scripts/check_gpus_speedup.sh compare OUT  # the two runs side by side, point by point
 #
 # `compare` prints both wall clocks and their ratio, then every row's median in each run, their
@@ -108,7 +109,7 @@ else
 fi
 started=$(date +%s.%N)
 # Each line of the log stamped with the seconds since the start: where the wall clock went.
-PYTHONUNBUFFERED=1 $PIPELINE --catalog "$out/ws/pipeline.toml" "${args[@]}" 2>&1 |
+PYTHONUNBUFFERED=1 ${RUN_PREFIX:-} $PIPELINE --catalog "$out/ws/pipeline.toml" "${args[@]}" 2>&1 |
   python3 -u -c 'import sys, time; t = time.monotonic(); [print(f"{time.monotonic() - t:7.1f}  {line}", end="") for line in sys.stdin]' > "$out/run.log"
 status=${PIPESTATUS[0]}
 seconds=$(python3 -c "print(round($(date +%s.%N) - $started, 1))")
