@@ -73,11 +73,6 @@ def signal_name(exit_code: int) -> str | None:
         return f"signal {number}"
 
 
-def queue():
-    """A queue children and their parent share (the compiling processes' jobs and results)."""
-    return _SPAWN.Queue()
-
-
 def this_process_name() -> str:
     """The name this process was started under ("pipeline-compile-3"; "MainProcess" for the command)."""
     return multiprocessing.current_process().name
