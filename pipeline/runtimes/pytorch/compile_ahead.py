@@ -51,24 +51,15 @@ from pipeline.launchers.handout import Handout, Owed, report_job, take_job
 from pipeline.running.errors import DeviceFault, PipelineError
 from pipeline.running.faults import as_fault, fault_words
 from pipeline.runtimes.base import AheadPool, too_little_to_keep
+from pipeline.runtimes.pytorch.compile_sizing import MAX_PROCESSES, compile_threads, processes_for, usable_cpus
+from pipeline.runtimes.pytorch.compile_sizing import gpu_free_bytes as _gpu_free_bytes
+from pipeline.runtimes.pytorch.compile_sizing import host_free_bytes as _host_free_bytes
 from pipeline.runtimes.pytorch.served import FaultedPoint, ServedPoint, ServingProcess, serve
 
-# At most this many processes compile at once: each holds a CUDA context, the model and one
-# inference's memory, and Inductor's own compile workers.
-MAX_PROCESSES = 8
 # Seconds a compiling process has to end after an interruption before it is killed.
 STOP_GRACE_S = 5
 # What the build manifest keeps of each point's compilation (compiled_ahead.points).
 POINT_FACTS = ("compile_s", "graphs", "graph_breaks", "inductor_cache_hits", "threads")
-
-
-def processes_for(points: int, cpus: int, gpu_free_bytes: int | None, model_bytes: int) -> int:
-    """How many processes compile ``points`` shape points at once: one per point, two CPUs each (the
-    compiler's Python and its kernel-compiling workers), and room on the GPU for each process's model
-    twice over (weights, inputs, one inference) plus a CUDA context of about 1 GiB."""
-    by_cpus = cpus // 2
-    by_gpu = gpu_free_bytes // (2 * model_bytes + (1 << 30)) if gpu_free_bytes is not None else by_cpus
-    return max(0, min(points, by_cpus, by_gpu, MAX_PROCESSES))
 
 
 def graph_key(job: CompileJob) -> tuple | None:
@@ -99,10 +90,11 @@ class CompileJob:
 class CompilePool(AheadPool):
     """Processes that compile shape points as the builds hand them over: each is handed one point
     at a time (launchers/handout.py), keeps the last model it read, and reports what each
-    compilation took. A process starts when there is a point for it (at most as many as the CPUs
-    and the GPU's free memory allow, ``processes_for``); all of them start once and stay until
-    ``finish``, so the points of every compiled engine of a run share one set of processes, and
-    their compiling overlaps the builds still to come. A process that ends before it reports the
+    compilation took. A process starts when there is a point for it, up to one for each graph to
+    compile where the machine allows (compile_sizing.py: its CPUs, host and GPU memory), so that
+    they are compiled in one wave; all of them start once and stay until ``finish``, so the
+    points of every compiled engine of a run share one set of processes, and their compiling
+    overlaps the builds still to come. A process that ends before it reports the
     point it was handed (killed by the kernel's OOM killer, or by a signal) leaves that point to
     its profile, recorded with how the process ended; the others compile the points still to be
     handed out."""
@@ -114,7 +106,10 @@ class CompilePool(AheadPool):
         self._serving: list[ServingProcess] = []
         self._pids: set[int] = set()
         self._works: list = []
-        self._limit: int | None = None
+        self._limit = 0
+        self._machine: tuple | None = None  # (CPUs, free GPU and host memory) when the first work came
+        self._largest = 0  # the largest engine file handed over
+        self._expected: int | None = None  # the jobs the run said it may hand over (expect)
         self._threads = 1
         self._started = 0.0
         self._started_at = 0.0  # the same instant on the wall clock, which the processes share
@@ -126,15 +121,20 @@ class CompilePool(AheadPool):
         self._followers: dict[tuple, list] = {}
         self._keys: dict[tuple[str, str], tuple | None] = {}  # each job's graph_key, taken while its file is there
 
+    def expect(self, jobs: int) -> None:
+        self._expected = jobs
+
     def submit(self, work) -> bool:
-        if self._limit is None:  # the first work sizes the pool
-            gpu_free = _gpu_free_bytes()
-            largest = max(job.engine_path.stat().st_size for job in work.jobs)
-            self._limit = processes_for(MAX_PROCESSES, usable_cpus(), gpu_free, largest)
-            self._threads = max(1, usable_cpus() // max(self._limit, 1))
+        self._largest = max([self._largest, *(job.engine_path.stat().st_size for job in work.jobs)])
+        if self._machine is None:  # the machine as the first work finds it, before any process holds any of it
+            self._machine = (usable_cpus(), _gpu_free_bytes(), _host_free_bytes())
             self._started, self._started_at = time.perf_counter(), time.time()
+        # The most processes the machine allows (compile_sizing.py), for the largest model so far.
+        self._limit = processes_for(MAX_PROCESSES, *self._machine, self._largest)
+        if not self._works:  # each process's kernel-compiling workers: the CPUs shared out among those planned
+            self._threads = compile_threads(self._machine[0], min(self._limit, self._expected or self._limit))
         self._works.append(work)
-        if self._limit < 2:
+        if self._limit < 2 and not self._children:
             return False  # finish says why nothing was compiled
         for job in work.jobs:
             key = self._keys[(str(job.engine_path), job.workload.shape)] = graph_key(job)
@@ -157,8 +157,8 @@ class CompilePool(AheadPool):
     def finish(self, progress: Callable[[str], None], done: Callable | None = None) -> tuple[list[dict[str, Any]], str | None]:
         if not self._works:
             return [], None
-        if self._limit < 2:
-            why = "too few CPUs or too little free GPU memory to compile the points side by side; each profile compiles its own"
+        if not self._children:
+            why = "too few CPUs or too little free host or GPU memory to compile the points side by side; each profile compiles its own"
             return [{"compiler": {"compiled_ahead": {"skipped": why}}} for _ in self._works], why
         jobs = [job for work in self._works for job in work.jobs]
         self._handout.last()  # each process told so once no point is left for it
@@ -293,23 +293,10 @@ def _hand_over_kept(kept: list, done) -> tuple[int, float]:
     return served, time.perf_counter() - began
 
 
-def _gpu_free_bytes() -> int | None:
-    import torch
-
-    return torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else None
-
-
 def _words(outcome: dict[str, Any]) -> str:
     if "compile_s" in outcome:
         return f"{outcome['compile_s']:.0f} s"
     return f"left to its profile: {outcome['error']}" if "error" in outcome else "left to its profile"
-
-
-def usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def _compile_points(channel, threads: int, index: int) -> None:
