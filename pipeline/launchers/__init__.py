@@ -6,7 +6,8 @@ Work leaves the command's own process in four ways, all through here:
   channel — a point's repeat in a fresh process (pipeline/stages/point.py), the Ray driver a
   cluster run watches (pipeline/cluster/supervisor.py) — or answers requests one at a time until
   told to stop: the processes that compile shape points ahead and then serve them
-  (pipeline/runtimes/pytorch/compile_ahead.py, pytorch/served.py);
+  (pipeline/runtimes/pytorch/compile_ahead.py, pytorch/served.py), which are first handed their
+  points one at a time (handout.py: a child that dies owes only the job it held);
 - the command **again, in a fresh process** (restart.py): after a kernel fault poisoned this one's
   CUDA context (pipeline/running/faults.py says which errors do);
 - a **descriptor handed to a child** (child.py, ``inheritable``): the workspace lock a cluster

@@ -1,12 +1,14 @@
 """A child process: a new interpreter that runs one function and talks to its parent over one channel.
 
-Two shapes of talk, one helper:
+Three shapes of talk, one helper:
 
 - **one reply** (``Child(...)``): the child does its work and answers once (``answer_with``); the
   parent waits for it (``reply``), or, having waited for the child itself, reads whatever it said
   (``reply_if_any``);
 - **requests** (``Child(..., requests=True)``): the parent asks (``ask``), the child answers each in
-  turn (``serve_requests``) until told to stop (``stop_serving``) or the parent's end closes.
+  turn (``serve_requests``) until told to stop (``stop_serving``) or the parent's end closes;
+- **jobs** (``Child(..., requests=True)`` too): the parent hands the child one job at a time and the
+  child reports each (launchers/handout.py), before it answers requests over the same channel.
 
 A reply is a ``Reply``: ``ok`` with a value, ``error`` with the pipeline's own error (what the child
 raised, its traceback left behind), or a word of the caller's own ("interrupted"). A child that
@@ -71,11 +73,6 @@ def signal_name(exit_code: int) -> str | None:
         return f"signal {number}"
 
 
-def queue():
-    """A queue children and their parent share (the compiling processes' jobs and results)."""
-    return _SPAWN.Queue()
-
-
 def this_process_name() -> str:
     """The name this process was started under ("pipeline-compile-3"; "MainProcess" for the command)."""
     return multiprocessing.current_process().name
@@ -121,6 +118,16 @@ class Child:
     def alive(self) -> bool:
         return self.process.is_alive()
 
+    def ended(self) -> bool:
+        """Whether it has ended (it was started, and is no longer running)."""
+        return self.process.exitcode is not None
+
+    @property
+    def ends(self) -> tuple:
+        """What ``multiprocessing.connection.wait`` watches of it: its channel (it said something,
+        or closed it) and its process's sentinel (it ended)."""
+        return self._ours, self.process.sentinel
+
     def join(self, timeout: float | None = None) -> None:
         self.process.join(timeout)
 
@@ -165,6 +172,29 @@ class Child:
             self.join(1)
             raise ChildEnded(f"{self.name} ended ({ended_words(self.exitcode)})") from exc
         return said.result()
+
+    def send(self, message: Any) -> bool:
+        """Send a message that awaits no answer here (a job handed out: launchers/handout.py);
+        False where the child is gone."""
+        try:
+            self._ours.send(message)
+            return True
+        except (OSError, ValueError):
+            return False
+
+    def poll(self) -> bool:
+        """Whether it said something (or closed its end) that ``receive`` reads without waiting."""
+        try:
+            return self._ours.poll()
+        except (OSError, ValueError):
+            return True  # ``receive`` says it is gone
+
+    def receive(self) -> Any:
+        """What it said; ChildEnded where its end closed."""
+        try:
+            return self._ours.recv()
+        except (EOFError, OSError, ValueError) as exc:
+            raise ChildEnded(f"{self.name} ended ({ended_words(self.exitcode)})") from exc
 
     def stop_serving(self) -> None:
         """Tell a child that answers requests to stop; quietly, whatever state its channel is in."""

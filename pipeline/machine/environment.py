@@ -107,6 +107,29 @@ def gpu_memory_free(uuid: str) -> tuple[int, int] | None:
         return None
 
 
+def host_memory_available(proc: Path = Path("/proc"), cgroups: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """Bytes of host memory a new process may still take without swapping: the kernel's estimate
+    (MemAvailable), or less where this process's cgroup (v2: a container's ``--memory``, a
+    systemd slice) allows less; None where neither can be read (not Linux)."""
+    available = None
+    try:
+        for line in (proc / "meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                available = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        own = next(line[3:] for line in (proc / "self" / "cgroup").read_text().splitlines() if line.startswith("0::"))
+        group = cgroups / own.lstrip("/")
+        limit = (group / "memory.max").read_text().strip()
+        if limit != "max":
+            left = int(limit) - int((group / "memory.current").read_text())
+            available = left if available is None else min(available, left)
+    except (OSError, ValueError, StopIteration):  # no cgroup v2 here, or no limit
+        pass
+    return available
+
+
 @functools.lru_cache(maxsize=4)
 def git_state(root: Path) -> tuple[str | None, bool | None]:
     """HEAD commit of the checkout the pipeline runs from, and whether it has local changes."""

@@ -51,6 +51,10 @@ class AheadPool(ABC):
     (or as it ends) and the run goes on
     building; before the first profile, the run waits for all of it."""
 
+    def expect(self, jobs: int) -> None:  # noqa: B027 — optional: a pool that sizes itself by it reads it
+        """Told, before the first work, how many jobs the builds may hand over in all: at most that
+        many (jobs that turn out to share their work count too)."""
+
     @abstractmethod
     def submit(self, work: AheadWork) -> bool:
         """Start ``work`` beside what is under way; it runs while the caller goes on. False when

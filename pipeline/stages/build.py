@@ -265,6 +265,7 @@ class _EarlyWork:
             return
         self.own_pool = work.pool()
         try:
+            self.own_pool.expect(len(work.jobs))  # the only work it is handed
             self.started = self.own_pool.submit(work)
         except Exception as exc:  # only time is lost: each profile prepares its own point
             self.stage.ctx.reporter.warn(f"{self.stage.engine.name}: nothing done ahead of profiles: {type(exc).__name__}: {exc}")

@@ -143,6 +143,23 @@ def onnx_read_by(ctx: RunContext, toolchains: list[str] | None) -> bool:
     return toolchains is None or any(get_runtime(ctx, toolchain).reads_onnx for toolchain in toolchains)
 
 
+def jobs_ahead(ctx: RunContext, engines: list[EngineRef], toolchains: list[str | None]) -> int:
+    """How many jobs the builds may hand over ahead of their profiles, at most: every shape point of
+    every engine of one model (not an engine per point) on a toolchain that compiles each point
+    (WorksAhead.builds_long). The compiling pool shares its CPUs out by it (pytorch/compile_sizing.py)."""
+    from pipeline.runtimes import get_runtime
+
+    compiling = [toolchain for toolchain in toolchains if toolchain is not None and get_runtime(ctx, toolchain).builds_long]
+    points = 0
+    for engine in engines if compiling else []:
+        try:
+            if not ctx.catalog.model(engine.model).static:
+                points += sum(1 for shape in shapes_to_profile(ctx, engine) if shape is not None)
+        except PipelineError:  # said where the engine is built
+            pass
+    return len(compiling) * points
+
+
 def build_order(ctx: RunContext, toolchains: list[str | None]) -> list[str | None]:
     """The order a run builds its toolchains' engines in: those whose builds go on working in the
     background (a compiled engine's other points) first, so that their work goes on beside every
@@ -176,7 +193,7 @@ def run_engines(ctx: RunContext, engines: list[EngineRef], toolchains: list[str]
                 summary.fail(engine.name, toolchain, exc)
     points: dict = {}
     single = len(engines) == 1 and len(usable) == 1
-    ahead = ctx.ahead = WorkAhead(ctx.reporter, prepares=until == "profile")
+    ahead = ctx.ahead = WorkAhead(ctx.reporter, prepares=until == "profile", jobs=jobs_ahead(ctx, engines, usable))
     try:
         for toolchain in build_order(ctx, usable):
             for engine in engines:

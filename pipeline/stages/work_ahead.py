@@ -25,9 +25,12 @@ class WorkAhead:
     process one after another, and the tracing each profile would start with is done while
     nothing is measured."""
 
-    def __init__(self, reporter, prepares: bool = False):
+    def __init__(self, reporter, prepares: bool = False, jobs: int | None = None):
         self.reporter = reporter
         self.prepares = prepares
+        # How many jobs the run's builds may hand over in all (runner.jobs_ahead), told to each
+        # pool as it opens (AheadPool.expect); None: not known.
+        self.jobs = jobs
         # By kind (the pool's opener): the open pool and the (build stage, work) pairs handed to it.
         self._pools: dict = {}
         # By kind: the error that took its pool out of this run (it is not tried again).
@@ -48,6 +51,8 @@ class WorkAhead:
                 raise self._failed[work.pool]
             if work.pool not in self._pools:
                 self._pools[work.pool] = (work.pool(), [])
+                if self.jobs:
+                    self._pools[work.pool][0].expect(self.jobs)
             pool, entries = self._pools[work.pool]
             started = pool.submit(work)
         except Exception as exc:  # only time is lost: each profile prepares its own point

@@ -25,7 +25,11 @@ reason for that point as it always did; nothing here decides anything about the 
 kernel that faults leaves the process's CUDA context unusable for good (pipeline/running/faults.py):
 the process says so for that point and ends, compiling and serving nothing more; the point's
 profile records the fault (served.FaultedPoint) as the run's own process records one, and
-the points that process kept are prepared by the run's process as points not kept are.
+the points that process kept are prepared by the run's process as points not kept are. A
+process that dies outright (the kernel's OOM killer, a signal) says nothing: the point it had
+been handed (launchers/handout.py) is recorded with how it ended and left to its profile, which
+prepares it in the run's process; what it kept is prepared there too, and the other processes
+compile the points not yet handed out. The wait ends as soon as they have, never on the dead.
 
 In a run, each process keeps the points it compiled, ready, and once every point is compiled
 serves them to the point's profile (pipeline/runtimes/pytorch/served.py): the run's process then
@@ -36,35 +40,26 @@ free; a point not kept is prepared by the run's process, as it was before.
 from __future__ import annotations
 
 import os
-import queue as queues
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.launchers.child import Child, queue, this_process_name
+from pipeline.launchers.child import Child, ended_words, this_process_name
+from pipeline.launchers.handout import Handout, Owed, report_job, take_job
 from pipeline.running.errors import DeviceFault, PipelineError
 from pipeline.running.faults import as_fault, fault_words
 from pipeline.runtimes.base import AheadPool, too_little_to_keep
+from pipeline.runtimes.pytorch.compile_sizing import MAX_PROCESSES, compile_threads, processes_for, usable_cpus
+from pipeline.runtimes.pytorch.compile_sizing import gpu_free_bytes as _gpu_free_bytes
+from pipeline.runtimes.pytorch.compile_sizing import host_free_bytes as _host_free_bytes
 from pipeline.runtimes.pytorch.served import FaultedPoint, ServedPoint, ServingProcess, serve
 
-# At most this many processes compile at once: each holds a CUDA context, the model and one
-# inference's memory, and Inductor's own compile workers.
-MAX_PROCESSES = 8
 # Seconds a compiling process has to end after an interruption before it is killed.
 STOP_GRACE_S = 5
 # What the build manifest keeps of each point's compilation (compiled_ahead.points).
 POINT_FACTS = ("compile_s", "graphs", "graph_breaks", "inductor_cache_hits", "threads")
-
-
-def processes_for(points: int, cpus: int, gpu_free_bytes: int | None, model_bytes: int) -> int:
-    """How many processes compile ``points`` shape points at once: one per point, two CPUs each (the
-    compiler's Python and its kernel-compiling workers), and room on the GPU for each process's model
-    twice over (weights, inputs, one inference) plus a CUDA context of about 1 GiB."""
-    by_cpus = cpus // 2
-    by_gpu = gpu_free_bytes // (2 * model_bytes + (1 << 30)) if gpu_free_bytes is not None else by_cpus
-    return max(0, min(points, by_cpus, by_gpu, MAX_PROCESSES))
 
 
 def graph_key(job: CompileJob) -> tuple | None:
@@ -93,22 +88,28 @@ class CompileJob:
 
 
 class CompilePool(AheadPool):
-    """Processes that compile shape points as the builds hand them over: each takes the next
-    point from one queue, keeps the last model it read, and reports what each compilation took.
-    A process starts when there is a point for it (at most as many as the CPUs and the GPU's free
-    memory allow, ``processes_for``); all of them start once and stay until ``finish``, so the
+    """Processes that compile shape points as the builds hand them over: each is handed one point
+    at a time (launchers/handout.py), keeps the last model it read, and reports what each
+    compilation took. A process starts when there is a point for it, up to one for each graph to
+    compile where the machine allows (compile_sizing.py: its CPUs, host and GPU memory), so that
+    they are compiled in one wave; all of them start once and stay until ``finish``, so the
     points of every compiled engine of a run share one set of processes, and their compiling
-    overlaps the builds still to come."""
+    overlaps the builds still to come. A process that ends before it reports the
+    point it was handed (killed by the kernel's OOM killer, or by a signal) leaves that point to
+    its profile, recorded with how the process ended; the others compile the points still to be
+    handed out."""
 
     def __init__(self):
-        self._jobs = queue()
-        self._results = queue()
+        self._handout = Handout()
         self._children: list[Child] = []
         # Each process as the points it kept are asked of it, once every point is compiled.
         self._serving: list[ServingProcess] = []
         self._pids: set[int] = set()
         self._works: list = []
-        self._limit: int | None = None
+        self._limit = 0
+        self._machine: tuple | None = None  # (CPUs, free GPU and host memory) when the first work came
+        self._largest = 0  # the largest engine file handed over
+        self._expected: int | None = None  # the jobs the run said it may hand over (expect)
         self._threads = 1
         self._started = 0.0
         self._started_at = 0.0  # the same instant on the wall clock, which the processes share
@@ -120,15 +121,20 @@ class CompilePool(AheadPool):
         self._followers: dict[tuple, list] = {}
         self._keys: dict[tuple[str, str], tuple | None] = {}  # each job's graph_key, taken while its file is there
 
+    def expect(self, jobs: int) -> None:
+        self._expected = jobs
+
     def submit(self, work) -> bool:
-        if self._limit is None:  # the first work sizes the pool
-            gpu_free = _gpu_free_bytes()
-            largest = max(job.engine_path.stat().st_size for job in work.jobs)
-            self._limit = processes_for(MAX_PROCESSES, usable_cpus(), gpu_free, largest)
-            self._threads = max(1, usable_cpus() // max(self._limit, 1))
+        self._largest = max([self._largest, *(job.engine_path.stat().st_size for job in work.jobs)])
+        if self._machine is None:  # the machine as the first work finds it, before any process holds any of it
+            self._machine = (usable_cpus(), _gpu_free_bytes(), _host_free_bytes())
             self._started, self._started_at = time.perf_counter(), time.time()
+        # The most processes the machine allows (compile_sizing.py), for the largest model so far.
+        self._limit = processes_for(MAX_PROCESSES, *self._machine, self._largest)
+        if not self._works:  # each process's kernel-compiling workers: the CPUs shared out among those planned
+            self._threads = compile_threads(self._machine[0], min(self._limit, self._expected or self._limit))
         self._works.append(work)
-        if self._limit < 2:
+        if self._limit < 2 and not self._children:
             return False  # finish says why nothing was compiled
         for job in work.jobs:
             key = self._keys[(str(job.engine_path), job.workload.shape)] = graph_key(job)
@@ -137,92 +143,57 @@ class CompilePool(AheadPool):
                 continue
             if key is not None:
                 self._leaders[key] = job
-            self._jobs.put(job)
+            self._handout.add(job)
         queued = sum(len(w.jobs) for w in self._works) - sum(len(f) for f in self._followers.values())
         while len(self._children) < min(self._limit, queued):
             index = len(self._children)
-            args = (self._jobs, self._results, self._threads, index)
-            child = Child(_compile_points, *args, name=f"pipeline-compile-{index}", requests=True, daemon=True).start()
+            child = Child(_compile_points, self._threads, index, name=f"pipeline-compile-{index}", requests=True, daemon=True).start()
             self._children.append(child)
             self._serving.append(ServingProcess(child, self._pids))
             self._pids.add(child.pid)
+            self._handout.add_child(child)
         return True
 
     def finish(self, progress: Callable[[str], None], done: Callable | None = None) -> tuple[list[dict[str, Any]], str | None]:
         if not self._works:
             return [], None
-        if self._limit < 2:
-            why = "too few CPUs or too little free GPU memory to compile the points side by side; each profile compiles its own"
+        if not self._children:
+            why = "too few CPUs or too little free host or GPU memory to compile the points side by side; each profile compiles its own"
             return [{"compiler": {"compiled_ahead": {"skipped": why}}} for _ in self._works], why
         jobs = [job for work in self._works for job in work.jobs]
-        whose = {(str(job.engine_path), job.workload.shape): (work, job) for work in self._works for job in work.jobs}
-        processes = len(self._children)
-        for _ in self._children:
-            self._jobs.put(None)  # one stop for each process, behind every point
-        outcomes: dict[tuple[str, str], Any] = {}
-        last_compiled, preparing = self._started_at, 0.0
-        progress(f"compiling {len(jobs)} shape points in {processes} processes")
+        self._handout.last()  # each process told so once no point is left for it
+        progress(f"compiling {len(jobs)} shape points in {len(self._children)} processes")
+        heard = _Heard(self, len(jobs), progress, done)
         kept = 0
-        to_serve: list = []  # the points kept, handed over once every point is compiled (_hand_over_kept)
         try:
-            while len(outcomes) < len(jobs):
-                try:
-                    engine, shape, outcome, compiled_at, index, keeps = self._results.get(timeout=1.0)
-                except queues.Empty:
-                    if all(not child.alive() for child in self._children) and self._results.empty():
-                        break  # the processes ended without saying what became of some points
-                    continue
-                outcomes[(engine, shape)] = outcome
-                if "faulted" in outcome:  # that process ended: it serves nothing it kept
-                    self._serving[index].faulted()
-                last_compiled = max(last_compiled, compiled_at)
-                progress(f"compiled {len(outcomes)} of {len(jobs)} shape points ({Path(engine).stem} at {shape}: {_words(outcome)})")
-                leader = whose.get((engine, shape))
-                key = self._keys.get((engine, shape))
-                sharing = self._followers.get(key, []) if leader is not None and key is not None else []
-                for _, job in sharing:  # the same graph: compiled once, by the leader's process
-                    outcomes[(str(job.engine_path), shape)] = shared_outcome(outcome, leader[1].toolchain)
-                if done is not None and "error" not in outcome and leader is not None:
-                    # Served by the process that compiled it, where it kept it (only once every
-                    # point is compiled: it asks nothing of that process before then); a job that
-                    # shares its graph is prepared there from it when first asked for.
-                    began = time.perf_counter()
-                    for work, job in [leader, *sharing]:
-                        shared_from = None if job is leader[1] else ((engine, shape), job)
-                        facts = outcomes[(str(job.engine_path), shape)]
-                        served = ServedPoint(self._serving[index], job.engine_path, shape, facts, shared_from) if keeps else None
-                        if served is None:
-                            done(work, job, None)
-                        else:
-                            to_serve.append((work, job, served))
-                    preparing += time.perf_counter() - began
-                elif done is not None and "faulted" in outcome and leader is not None:
-                    done(*leader, FaultedPoint(shape, outcome["faulted"]))  # recorded at its profile
-            kept, seconds = _hand_over_kept(to_serve, done)
-            preparing += seconds
+            for event in self._handout.reports():
+                heard.add(event)
+            kept, seconds = _hand_over_kept(heard.to_serve, done)
+            heard.preparing += seconds
             self._reported = True
         finally:
             if not kept:  # nothing to serve: the processes end now (close again is harmless)
                 self.close()
-        ended = ", ".join(sorted({str(child.exitcode) for child in self._children}))
+        # Points no process took: every one that could have ended first.
+        ended = ", ".join(sorted({ended_words(child.exitcode) for child in self._children if child.ended()}))
         for job in jobs:
-            outcomes.setdefault(
+            heard.outcomes.setdefault(
                 (str(job.engine_path), job.workload.shape),
-                {"error": f"the compiling processes ended (exit status {ended}) before compiling it"},
+                {"error": f"the compiling processes ended ({ended}) before compiling it"},
             )
         facts = {
-            "processes": processes,
+            "processes": len(self._children),
             "compile_threads": self._threads,
             # From the first point handed over: to the last one compiled, and to the end of the
             # wait (this process preparing the points as they came back, done then or not).
-            "compiled_s": round(last_compiled - self._started_at, 3),
+            "compiled_s": round(heard.last_compiled - self._started_at, 3),
             "wall_s": round(time.perf_counter() - self._started, 3),
-            "prepared_here_s": round(preparing, 3),
+            "prepared_here_s": round(heard.preparing, 3),
             # Points their compiling process kept and serves to their profiles (pytorch/served.py).
             "served": kept,
             "engines": len(self._works),
         }
-        self._points = outcomes
+        self._points = outcomes = heard.outcomes
         evidence = []
         for work in self._works:
             points = {job.workload.shape: outcomes[(str(job.engine_path), job.workload.shape)] for job in work.jobs}
@@ -244,12 +215,62 @@ class CompilePool(AheadPool):
         # Told to stop and every point reported: the processes are ending on their own once they
         # are told to stop serving. Otherwise (an interruption) whatever they are compiling is of
         # no use: stop them now.
+        self._handout.close()
         for serving in self._serving:
             serving.stop()
         grace = STOP_GRACE_S if self._reported else 0
         for child in self._children:
             child.join(grace)
             child.stop(STOP_GRACE_S)
+
+
+class _Heard:
+    """What ``CompilePool.finish`` has heard of the points so far, and what it did with each: the
+    point's outcome, the graphs shared from it, and the point handed to its profile — served by
+    the process that kept it (once every point is compiled: ``to_serve``), prepared here, or its
+    fault to be recorded there."""
+
+    def __init__(self, pool: CompilePool, jobs: int, progress: Callable[[str], None], done: Callable | None):
+        self.pool, self.jobs, self.progress, self.done = pool, jobs, progress, done
+        self.whose = {(str(job.engine_path), job.workload.shape): (work, job) for work in pool._works for job in work.jobs}
+        self.outcomes: dict[tuple[str, str], Any] = {}
+        self.last_compiled, self.preparing = pool._started_at, 0.0
+        self.to_serve: list = []  # the points kept, handed over once every point is compiled (_hand_over_kept)
+
+    def add(self, event) -> None:
+        """A point reported by its process, or owed by one that ended before it reported it."""
+        job, index = event.job, self.pool._children.index(event.child)
+        engine, shape = str(job.engine_path), job.workload.shape
+        if isinstance(event, Owed):  # its profile prepares it, in the run's process, and records what it finds
+            outcome, keeps = {"error": f"the compiling process {event.child.name} ended ({event.ended}) before compiling it"}, False
+        else:
+            outcome, compiled_at, keeps = event.value
+            self.last_compiled = max(self.last_compiled, compiled_at)
+        self.outcomes[(engine, shape)] = outcome
+        if "faulted" in outcome:  # that process ended: it serves nothing it kept
+            self.pool._serving[index].faulted()
+        self.progress(f"compiled {len(self.outcomes)} of {self.jobs} shape points ({Path(engine).stem} at {shape}: {_words(outcome)})")
+        leader = self.whose.get((engine, shape))
+        key = self.pool._keys.get((engine, shape))
+        sharing = self.pool._followers.get(key, []) if leader is not None and key is not None else []
+        for _, shared in sharing:  # the same graph: compiled once, by the leader's process
+            self.outcomes[(str(shared.engine_path), shape)] = shared_outcome(outcome, leader[1].toolchain)
+        if self.done is not None and "error" not in outcome and leader is not None:
+            # Served by the process that compiled it, where it kept it (only once every point is
+            # compiled: it asks nothing of that process before then); a job that shares its graph
+            # is prepared there from it when first asked for.
+            began = time.perf_counter()
+            for work, each in [leader, *sharing]:
+                shared_from = None if each is leader[1] else ((engine, shape), each)
+                facts = self.outcomes[(str(each.engine_path), shape)]
+                served = ServedPoint(self.pool._serving[index], each.engine_path, shape, facts, shared_from) if keeps else None
+                if served is None:
+                    self.done(work, each, None)
+                else:
+                    self.to_serve.append((work, each, served))
+            self.preparing += time.perf_counter() - began
+        elif self.done is not None and "faulted" in outcome and leader is not None:
+            self.done(*leader, FaultedPoint(shape, outcome["faulted"]))  # recorded at its profile
 
 
 def shared_outcome(outcome: dict[str, Any], toolchain: str) -> dict[str, Any]:
@@ -272,28 +293,18 @@ def _hand_over_kept(kept: list, done) -> tuple[int, float]:
     return served, time.perf_counter() - began
 
 
-def _gpu_free_bytes() -> int | None:
-    import torch
-
-    return torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else None
-
-
 def _words(outcome: dict[str, Any]) -> str:
-    return f"{outcome['compile_s']:.0f} s" if "compile_s" in outcome else "left to its profile"
+    if "compile_s" in outcome:
+        return f"{outcome['compile_s']:.0f} s"
+    return f"left to its profile: {outcome['error']}" if "error" in outcome else "left to its profile"
 
 
-def usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-def _compile_points(channel, jobs, results, threads: int, index: int) -> None:
-    """In a new interpreter: prepare each job's engine at its point, as its profile will, and say
-    how each went, until the pool says every point is handed out; then serve the points kept
-    (pytorch/served.py) until told to stop. A toolchain's runtime keeps the model it last read,
-    so consecutive points of one engine read it once; each point compiles its own graph."""
+def _compile_points(channel, threads: int, index: int) -> None:
+    """In a new interpreter: prepare each point this process is handed, as its profile will, and
+    report how each went (launchers/handout.py), until told every point is handed out; then serve
+    the points kept (pytorch/served.py) over the same channel until told to stop. A toolchain's
+    runtime keeps the model it last read, so consecutive points of one engine read it once; each
+    point compiles its own graph."""
     # Inductor compiles kernels in a pool of workers, one per CPU by default: shared out here, so
     # the processes together use the machine's CPUs, not each all of them. (Read when torch is
     # first imported, which is below; not part of the cache's key.)
@@ -309,7 +320,7 @@ def _compile_points(channel, jobs, results, threads: int, index: int) -> None:
             runtimes[job.toolchain] = create_runtime(job.toolchain, job.spec, Reporter(), job.workspace_root)
         return runtimes[job.toolchain]
 
-    while (job := jobs.get()) is not None:
+    while (job := take_job(channel)) is not None:
         keeps = False
         try:
             runtime = runtime_for(job)
@@ -320,11 +331,12 @@ def _compile_points(channel, jobs, results, threads: int, index: int) -> None:
                 kept[(str(job.engine_path), job.workload.shape)] = (runtime, prepared)
         except Exception as exc:  # recorded for the point: its profile compiles it and says why it fails
             outcome = _failure(exc, this_process_name())
-        results.put((str(job.engine_path), job.workload.shape, outcome, time.time(), index, keeps))
-        if "faulted" in outcome:
-            # CUDA's context is gone for good here: this process compiles nothing more (the other
-            # processes take the points still queued) and serves nothing it kept (the run's
-            # process prepares those); it ends.
+        # CUDA's context gone for good here (a fault): this process takes nothing more (the
+        # others take the points still to hand out) and serves nothing it kept (the run's
+        # process prepares those); it ends.
+        faulted = "faulted" in outcome
+        report_job(channel, (outcome, time.time(), keeps), more=not faulted)
+        if faulted:
             return
     _save_recorded(index)
     if kept:

@@ -11,7 +11,6 @@ compiling processes."""
 from __future__ import annotations
 
 import multiprocessing
-import queue
 import shutil
 import threading
 from pathlib import Path
@@ -78,33 +77,36 @@ def _job(shape: str):
 
 def test_a_compiling_process_whose_kernel_faults_compiles_and_serves_nothing_more(monkeypatch):
     """The process compiles 1x16 and keeps it, then faults at 4x64: it says so for that point (the
-    fault in CUDA's words, in that process) and ends there — 2x16, still queued, is left to the
-    other processes, and 1x16, kept, is not served from a context that is gone."""
+    fault in CUDA's words, in that process), asks for nothing more and ends there — 2x16, not yet
+    handed out, is left to the other processes, and 1x16, kept, is not served from a context that
+    is gone."""
     import pipeline.runtimes
     from pipeline.runtimes.pytorch import compile_ahead
 
     runtime = FakeRuntime()
     monkeypatch.setattr(pipeline.runtimes, "create_runtime", lambda *args: runtime)
     monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "1")  # the function sets it: restored after
-    jobs, results = queue.Queue(), queue.Queue()
-    for shape in ("1x16", "4x64", "2x16"):
-        jobs.put(_job(shape))
-    jobs.put(None)
     ours, theirs = multiprocessing.Pipe()
-    compiling = threading.Thread(target=compile_ahead._compile_points, args=(theirs, jobs, results, 1, 0), daemon=True)
+    compiling = threading.Thread(target=compile_ahead._compile_points, args=(theirs, 1, 0), daemon=True)
     compiling.start()
+    reported = []
+    for shape in ("1x16", "4x64", "2x16"):  # each handed over once the last is reported, as the handout does
+        ours.send(_job(shape))
+        if not ours.poll(10):
+            break
+        reported.append((shape, ours.recv()))
+        if not reported[-1][1][1]:  # it takes nothing more
+            break
     compiling.join(10)
     ended = not compiling.is_alive()
     if not ended:  # serving what it kept: told to stop, so that the test ends
         ours.send(None)
         compiling.join(10)
-    reported = [results.get_nowait() for _ in range(results.qsize())]
-    assert [(shape, keeps) for _, shape, _, _, _, keeps in reported[:2]] == [("1x16", True), ("4x64", False)], reported
-    faulted = reported[1][2]
+    assert [(shape, keeps, more) for shape, ((_, _, keeps), more) in reported] == [("1x16", True, True), ("4x64", False, False)], reported
+    faulted = reported[1][1][0][0]
     assert faulted["faulted"]["error"] == DEVICE_SIDE_ASSERT and "MainProcess" in faulted["faulted"]["during"], faulted
     assert faulted["error"].startswith("faulted on the GPU") and DEVICE_SIDE_ASSERT in faulted["error"], faulted
-    assert runtime.loaded == ["1x16", "4x64"] and len(reported) == 2  # nothing compiled after the fault
-    assert jobs.get_nowait().workload.shape == "2x16"  # left for the other processes
+    assert runtime.loaded == ["1x16", "4x64"]  # nothing compiled after the fault: 2x16 stays with the others
     assert ended  # and nothing served: it ended, its kept point with it
 
 
