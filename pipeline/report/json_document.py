@@ -20,8 +20,9 @@ from pipeline.report.rows import ComparisonRow
 # raced_out_after, the paired intervals read as confidence sequences, and only the pairs the
 # answer rests on among the comparisons; 10 each comparison's confidence, every paired interval
 # read so that all pairs of its set of rounds hold at 95 % together; 11 a pair whose interval
-# excludes 1 decides again where it reaches across an edge of the tie band (at_band_edge marks it).
-JSON_SCHEMA_VERSION = 11
+# excludes 1 decides again where it reaches across an edge of the tie band (at_band_edge marks it);
+# 12 each row's p90_ms, its p90 and p99 intervals bounded by its takes, and the takes they need.
+JSON_SCHEMA_VERSION = 12
 
 
 def render_json(rows: list[ComparisonRow], answer: Answer | None = None) -> str:

@@ -34,6 +34,7 @@ _CODE = (
     "pipeline/measuring/rounds.py",
     "pipeline/measuring/machine_watch.py",
     "pipeline/measuring/stats.py",
+    "pipeline/measuring/quantiles.py",
     "pipeline/report/flags.py",
     "pipeline/report/rows.py",
     "pipeline/report/row_cache.py",
@@ -41,7 +42,7 @@ _CODE = (
 # Cached with the row: everything but what compare_rows fills in from other rows, and the samples
 # (which can be many thousands per row; read again from the manifest when an interval is missing).
 _KEPT = tuple(f.name for f in fields(ComparisonRow) if f.name not in ("samples_ms", "layers", *FILLED_BY_COMPARISON))
-_TUPLES = ("median_ci_ms", "export_flops")
+_TUPLES = ("median_ci_ms", "export_flops", "p90_interval_ms", "p99_interval_ms")
 
 
 def _code_digest() -> str:

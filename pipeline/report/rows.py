@@ -55,6 +55,16 @@ class ComparisonRow:
     p5_ms: float | None = None
     p95_ms: float | None = None
     p99_ms: float | None = None
+    p90_ms: float | None = None
+    # The 95 % intervals of the p90 and p99, bounded by the takes the runs came in: a take's runs
+    # share its host and clock, so they count as about one (pipeline/measuring/quantiles.py,
+    # take_quantile_interval). None where the takes are too few (*_takes_needed then says how
+    # many would do) or where the engine was not timed in takes (a tool's one run: both None).
+    p90_interval_ms: tuple[float, float] | None = None
+    p99_interval_ms: tuple[float, float] | None = None
+    tail_takes: int | None = None
+    p90_takes_needed: int | None = None
+    p99_takes_needed: int | None = None
     cv: float | None = None
     # Samples per second in the model's unit ("img" images, "seq" sequences), and tokens per second.
     images_per_s: float | None = None
@@ -289,6 +299,7 @@ def _row(m: EngineManifest, noisy_cv: float) -> ComparisonRow:
         row.median_ms = d.latency_ms.median
         row.p5_ms, row.p95_ms = _percentiles(d.per_iteration_ms, (5, 95))
         row.p99_ms = d.latency_ms.p99
+        row.p90_ms = d.latency_ms.p90
         row.cv = d.latency_ms.cv
         row.images_per_s = d.images_per_s
         row.sample_unit = d.sample_unit
@@ -311,7 +322,29 @@ def _row(m: EngineManifest, noisy_cv: float) -> ComparisonRow:
         row.gpu_memory_mib, row.gpu_memory_kind = _gpu_memory(d)
         if d.rounds:
             _take_rounds(row, d.rounds)
+            _tail_bounds(row, d.rounds)
     return row
+
+
+def _tail_bounds(row: ComparisonRow, records) -> None:
+    """The row's p90 and p99 intervals, bounded by its takes: its per-iteration times split as its
+    rounds kept them (each kept take's runs, in order, record after record); none where they do not
+    split so (a manifest edited by hand)."""
+    from pipeline.measuring.quantiles import runs_needed, take_quantile_interval
+
+    takes, start = [], 0
+    for record in records:
+        for take in record.takes:
+            if take.dropped is None:
+                takes.append(row.samples_ms[start : start + take.runs])
+                start += take.runs
+    if start != len(row.samples_ms) or not takes:
+        return
+    row.tail_takes = len(takes)
+    row.p90_interval_ms = take_quantile_interval(takes, 0.90)
+    row.p99_interval_ms = take_quantile_interval(takes, 0.99)
+    row.p90_takes_needed = runs_needed(0.90) if row.p90_interval_ms is None else None
+    row.p99_takes_needed = runs_needed(0.99) if row.p99_interval_ms is None else None
 
 
 def _take_rounds(row: ComparisonRow, records) -> None:

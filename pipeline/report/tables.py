@@ -37,6 +37,30 @@ def _change(row: ComparisonRow) -> str:
     return ("" if row.change_significant else "~") + f"{row.change_pct:+.1f}% ({row.change_ms:+.3f} ms) vs {row.reference_toolchain}"
 
 
+# What the p99 cell's mark means (a row whose takes cannot bound its p99), said under each table.
+UNBOUNDED_P99 = "? = too few takes to bound the p99 (it needs {needed}; a take's runs share its host and clock and count about as one)"
+
+
+def _p99(row: ComparisonRow) -> str:
+    """The p99, marked "?" where its runs cannot bound it (UNBOUNDED_P99)."""
+    return _fmt(row.p99_ms, ".3f") + ("?" if row.p99_ms is not None and row.p99_interval_ms is None else "")
+
+
+def _p99_interval(row: ComparisonRow) -> str:
+    if row.p99_interval_ms is not None:
+        return f"{row.p99_interval_ms[0]:.3f}–{row.p99_interval_ms[1]:.3f}"
+    if row.p99_takes_needed is not None:
+        return f"needs {row.p99_takes_needed} takes ({row.tail_takes})"
+    return "–" if row.p99_ms is None else "not timed in takes"
+
+
+def unbounded_p99_note(rows: list[ComparisonRow]) -> list[str]:
+    """The note that explains the "?" mark, where a row carries it."""
+    from pipeline.measuring.quantiles import runs_needed
+
+    return [UNBOUNDED_P99.format(needed=runs_needed(0.99))] if any(_p99(row).endswith("?") for row in rows) else []
+
+
 def _accuracy(row: ComparisonRow, text: str) -> str:
     if row.accuracy_source == "measured" and row.nonfinite_values:
         return "NaN/Inf"
@@ -62,7 +86,8 @@ COLUMNS = (
     Column("toolchain", "toolchain", lambda r: r.target, text=True),
     Column("shape", "shape", lambda r: shown(r.shape) or "–", text=True),
     Column("median", "median ms", lambda r: _fmt(r.median_ms, ".3f")),
-    Column("p99", "p99 ms", lambda r: _fmt(r.p99_ms, ".3f")),
+    Column("p99", "p99 ms", _p99),
+    Column("p99-interval", "p99 95% interval", _p99_interval, text=True, short_header="p99 95%\ninterval"),
     Column("cv", "CV", lambda r: _fmt(r.cv * 100 if r.cv is not None else None, ".1f", "%")),
     Column("img/s", "img/s", lambda r: _fmt(r.images_per_s, ".1f")),
     Column("tok/s", "tokens/s", lambda r: _fmt(r.tokens_per_s, ",.0f")),
@@ -169,6 +194,7 @@ def render_markdown(rows: list[ComparisonRow], answer: Answer | None = None) -> 
             out.append("| " + " | ".join(column.cell(row).replace("|", "\\|") for column in columns) + " |")
         out.append("")
     out.append("`~`: within the runs' own spread (95% bootstrap CI of the median difference contains 0).")
+    out += [f"`?`{note[1:]}" for note in unbounded_p99_note(rows)]
     return "\n".join(out) + "\n"
 
 
@@ -279,6 +305,8 @@ class _TextTable:
                 texts = [parts[line] if line < len(parts) else "" for parts in wrapped]
                 out.append((self._join(texts), None if row.median_ms is not None else "dim"))
         footer = ["", "~ = within the runs' own spread"]
+        if any(column.key == "p99" for column in self.columns):
+            footer += unbounded_p99_note(self.rows)
         if self.notes is not None:
             footer += _reference_notes(self.rows, {c.key for c in self.columns}) + self.notes.lines()
         for note in footer:
