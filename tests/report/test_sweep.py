@@ -762,6 +762,37 @@ def test_the_verdicts_comparisons_grow_linearly_with_the_engines_of_a_point(monk
         assert large < 10 * 3000, (alike, large)  # a few for each engine; n²/2 would be 4.5 million
 
 
+def test_the_verdict_in_words_looks_up_about_as_many_pairs_as_it_compared(monkeypatch):
+    """Counted, not timed: n copies of one engine's manifest, timed in sets of ten, all tie with
+    the answer; saying so (whether two of them differ by less or more than the tie width) reads
+    the comparisons made — a few for each engine — not each of the n²/2 pairs of the tied."""
+    from pipeline.report.verdict import Verdict
+
+    looked_up = []
+    ratio = Verdict.ratio
+
+    def counting(self, a, b):
+        looked_up.append(1)
+        return ratio(self, a, b)
+
+    monkeypatch.setattr(Verdict, "ratio", counting)
+
+    def lookups(count: int) -> int:
+        takes = [10.0, 10.2, 9.9, 10.1, 10.0, 9.8]
+        rows = [_paired(f"build{i:05d}", takes, spread=0.02) for i in range(count)]
+        for index, row in enumerate(rows):
+            row.round_medians = {f"set{index // 10}": list(takes)}
+        (verdict,) = verdicts(rows, "build00000")
+        assert len(verdict.tied) == count - 1 and verdict.undecided  # the copies of other sets are not paired with the answer
+        looked_up.clear()
+        verdict.public()
+        return len(looked_up)
+
+    small, large = lookups(100), lookups(3000)
+    assert large <= 31 * small, (small, large)
+    assert large < 10 * 3000, large  # n²/2 would be 4.5 million
+
+
 def test_a_point_timed_in_one_set_of_rounds_reports_the_pairs_its_answer_rests_on():
     """Schema 9: the report lists the least against every engine and every two close ones (in the
     candidates' order); two engines both beaten by the least are not compared, since each
