@@ -403,7 +403,13 @@ def paired_ratio(
     in that round, so a host that changes speed between rounds moves both alike. None when no
     round has both."""
     rounds = sorted(set(a_by_round) & set(b_by_round))
-    ratios = [a_by_round[r] / b_by_round[r] for r in rounds if b_by_round[r] > 0]
+    return ratio_of_rounds([a_by_round[r] / b_by_round[r] for r in rounds if b_by_round[r] > 0], tie, confidence)
+
+
+def ratio_of_rounds(ratios: list[float], tie: float, confidence: float = CONFIDENCE) -> RatioEstimate | None:
+    """paired_ratio from the rounds' ratios of A's take median to B's, in any order (their median
+    and its interval depend on the values alone): for callers that hold the takes round by round
+    already. None when there are none."""
     if not ratios:
         return None
     interval = sequential_median_interval(ratios, confidence)

@@ -732,6 +732,31 @@ def test_the_verdict_is_its_definition_without_comparing_every_pair():
         assert verdict.undecided == undecided
 
 
+def test_two_rows_timed_together_compare_as_paired_ratio_of_their_rounds():
+    """time_ratio reads the per-round ratios off the two rows' lists (ComparisonRow.round_ratios);
+    the estimate is paired_ratio's of the rounds keyed one by one, whatever rounds were dropped,
+    missing at the end, zero or spread over several sets of rounds."""
+    import random
+
+    from pipeline.measuring.stats import paired_ratio
+    from pipeline.report.confidence import pair_confidence, time_ratio
+
+    rng = random.Random(3)
+    apart = time_ratio(_row("a", "2x64", 10.0), _row("b", "2x64", 10.5), 0.03)
+
+    def takes() -> list[float | None]:
+        return [rng.choice([None, 0.0, *[rng.uniform(9.0, 11.0)] * 8]) for _ in range(rng.randint(0, 14))]
+
+    for _ in range(300):
+        groups = rng.sample(["g1", "g2", "g3"], rng.randint(1, 3))
+        a, b = _row("a", "2x64", 10.0), _row("b", "2x64", 10.5)
+        a.round_medians = {group: takes() for group in groups}
+        b.round_medians = {group: takes() for group in rng.sample(groups, rng.randint(1, len(groups)))}
+        shared = set(a.round_medians) & set(b.round_medians)
+        keyed = paired_ratio(a.medians_by_round(shared), b.medians_by_round(shared), 0.03, pair_confidence(a, shared))
+        assert time_ratio(a, b, 0.03) == (keyed if keyed is not None else apart)  # no round both have: by their intervals
+
+
 def test_the_verdicts_comparisons_grow_linearly_with_the_engines_of_a_point(monkeypatch):
     """Counted, not timed: the verdict, the sweep and its crossovers at one point of n engines
     (every build distinct, or all alike) make about n comparisons, not n²/2."""
