@@ -4,6 +4,7 @@
     python scripts/benchmark_compare.py --layout one-point      # 3000 engines of one model at one point
     python scripts/benchmark_compare.py --layout spread --rounds  # 100 models × 30 engines, timed in rounds
     python scripts/benchmark_compare.py --growth                # JSON compare of 3 and 3000, each layout
+    python scripts/benchmark_compare.py --layout one-point --rounds --set 10 --copies  # 3000 copies of one, in sets of ten
 
 The manifests are copies of a real one (tests/data/manifests: vit_tiny on ONNX Runtime, written by
 the pipeline), each with its own seeded per-iteration times, laid out three ways:
@@ -17,15 +18,19 @@ the pipeline), each with its own seeded per-iteration times, laid out three ways
 
 With ``--rounds`` each manifest also holds the rounds record it would have from a run that timed
 its point's engines together (pipeline/measuring/rounds.py), in sets of at most 30 engines (a model's
-30 in ``spread``; in ``one-point`` the toolchains 30 at a time, as separate runs would): the
-verdict compares engines of one set paired, round by round, and the others by their intervals.
+30 in ``spread``; in ``one-point`` the toolchains 30 at a time, as separate runs would; ``--set 10``
+in tens): the verdict compares engines of one set paired, round by round, and the others by their
+intervals. With ``--copies`` every manifest of a variant holds the same times, as copies of one
+profile's manifest do: no engine is faster than another, so every candidate ties with the answer
+(the verdict's worst case: the answer's group is all of them).
 
 The command runs in a fresh Python process, as a user's would (imports included), in three states
 of the compare cache (manifests/.compare-cache.json): cold (none, the first compare of a folder),
-warm (nothing changed since the last compare) and after one profile rewrote one manifest; its peak
-memory is the child's maximum resident set. ``--growth`` prints the cold JSON compare of 3 and of
-N manifests in each layout, with and without rounds, and their ratio. The figures depend on the
-machine: report them with the machine named.
+warm (nothing changed since the last compare) and after one profile rewrote one manifest; over N
+manifests, then over 3 of the same layout, and each state's time is said as a multiple of the
+3-manifest one. Its peak memory is the child's maximum resident set. ``--growth`` prints the cold
+JSON compare of 3 and of N manifests in each layout, with and without rounds, and their ratio. The
+figures depend on the machine: report them with the machine named.
 """
 
 from __future__ import annotations
@@ -51,6 +56,8 @@ LAYOUTS = ("models", "one-point", "spread")
 # Engines a model in the spread layout, and the most engines a set of rounds holds.
 SPREAD, ROUNDS_SET = 30, 30
 ROUNDS = 6
+# The folder a compare's fixed cost is measured on.
+FEW = 3
 # The layouts of one point measure a transformer there.
 POINT = "2x16"
 MODEL_AT_POINT = f'transformers = "BertModel"\nshapes = ["{POINT}"]\n'
@@ -67,9 +74,16 @@ def engines_of(layout: str, count: int) -> list[tuple[str, str, str]]:
 
 
 def write_workspace(
-    root: Path, count: int, iterations: int, layout: str = "models", rounds: bool = False, set_size: int = ROUNDS_SET
+    root: Path,
+    count: int,
+    iterations: int,
+    layout: str = "models",
+    rounds: bool = False,
+    set_size: int = ROUNDS_SET,
+    copies: bool = False,
 ) -> int:
-    """The manifests of ``layout`` and a catalog naming their models; returns how many were written."""
+    """The manifests of ``layout`` and a catalog naming their models; returns how many were written.
+    With ``copies``, the manifests of a variant all hold the same times."""
     import numpy as np
 
     template = json.loads(RECORDED.read_text())
@@ -92,7 +106,9 @@ def write_workspace(
         manifest = copy.deepcopy(template)
         manifest.update(engine=f"{model}_{variant}", model=model, variant=variant, precision=variant, toolchain=toolchain)
         details = manifest["profile"]["details"]
-        typical = 50 + 10 * VARIANTS.index(variant) + (index % SPREAD) * 0.5
+        typical = 50 + 10 * VARIANTS.index(variant) + (0 if copies else (index % SPREAD) * 0.5)
+        if copies:  # each variant's times drawn alike, as one manifest copied
+            rng = np.random.default_rng(VARIANTS.index(variant))
         times = rng.lognormal(mean=np.log(typical), sigma=0.1, size=iterations)
         details["per_iteration_ms"] = [round(float(t), 6) for t in times]
         details["iterations"] = iterations
@@ -152,9 +168,11 @@ def touch_one(root: Path) -> None:
     path.write_text(json.dumps(manifest))
 
 
-def cache_states(workspace: Path, repeat: int) -> None:
-    """Table and JSON, each with a cold cache, a warm one and one manifest changed."""
+def cache_states(workspace: Path, repeat: int) -> dict[tuple[str, str], float]:
+    """Table and JSON, each with a cold cache, a warm one and one manifest changed: printed, and
+    the median seconds of each returned by (format, state)."""
     catalog, cache = workspace / "pipeline.toml", workspace / "manifests" / ".compare-cache.json"
+    medians = {}
     for fmt in ("table", "json"):
         runs: dict[str, list[tuple[float, float]]] = {"cold cache": [], "warm cache": [], "one manifest changed": []}
         for _ in range(repeat):
@@ -167,19 +185,21 @@ def cache_states(workspace: Path, repeat: int) -> None:
             times = [seconds for seconds, _ in measured]
             peak = max(mib for _, mib in measured)
             listed = ", ".join(f"{seconds:.2f}" for seconds in times)
-            print(f"compare --format {fmt:5} {state:21}: median {statistics.median(times):.2f} s, peak {peak:.0f} MiB (runs: {listed})")
+            medians[(fmt, state)] = statistics.median(times)
+            print(f"compare --format {fmt:5} {state:21}: median {medians[(fmt, state)]:.2f} s, peak {peak:.0f} MiB (runs: {listed})")
+    return medians
 
 
-def growth(count: int, iterations: int, repeat: int) -> None:
+def growth(count: int, iterations: int, repeat: int, set_size: int, copies: bool) -> None:
     """The cold JSON compare of 3 manifests and of ``count``, in each layout, with and without rounds."""
     print(f"{'layout':10} {'rounds':6} {'3 manifests':>12} {f'{count} manifests':>16} {'ratio':>6} {'peak MiB':>9}")
     for layout in LAYOUTS:
         for rounds in (False, True):
             figures = []
-            for size in (3, count):
+            for size in (FEW, count):
                 workspace = Path(tempfile.mkdtemp(prefix="bench-compare-"))
                 try:
-                    written = write_workspace(workspace, size, iterations, layout, rounds)
+                    written = write_workspace(workspace, size, iterations, layout, rounds, set_size, copies)
                     measured = []
                     for _ in range(repeat):
                         (workspace / "manifests" / ".compare-cache.json").unlink(missing_ok=True)
@@ -201,21 +221,29 @@ def main() -> None:
     parser.add_argument("--layout", choices=LAYOUTS, default="models")
     parser.add_argument("--rounds", action="store_true", help="give each manifest the rounds record of its point's set of rounds")
     parser.add_argument("--set", type=int, default=ROUNDS_SET, help=f"engines timed together in one set of rounds (default {ROUNDS_SET})")
+    parser.add_argument("--copies", action="store_true", help="every manifest of a variant with the same times, as copies of one")
     parser.add_argument("--growth", action="store_true", help="compare 3 and --manifests in every layout, with and without rounds")
     args = parser.parse_args()
     print(
         f"{platform.node()}, {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; {args.iterations} iterations a manifest"
     )
     if args.growth:
-        growth(args.manifests, args.iterations, args.repeat)
+        growth(args.manifests, args.iterations, args.repeat, args.set, args.copies)
         return
-    workspace = Path(tempfile.mkdtemp(prefix="bench-compare-"))
-    try:
-        written = write_workspace(workspace, args.manifests, args.iterations, args.layout, args.rounds, args.set)
-        print(f"{written} manifests, layout {args.layout}{f', timed in rounds in sets of {args.set}' if args.rounds else ''}")
-        cache_states(workspace, args.repeat)
-    finally:
-        shutil.rmtree(workspace)
+    # The same layout with 3 manifests: what a compare costs whatever the folder holds (Python's
+    # start-up, the imports), against which the cost of each engine shows.
+    figures = {}
+    for count in dict.fromkeys((args.manifests, FEW)):
+        workspace = Path(tempfile.mkdtemp(prefix="bench-compare-"))
+        try:
+            written = write_workspace(workspace, count, args.iterations, args.layout, args.rounds, args.set, args.copies)
+            sets = f", timed in rounds in sets of {args.set}" if args.rounds else ""
+            print(f"{written} manifests, layout {args.layout}{sets}{', copies of one' if args.copies else ''}")
+            figures[count] = cache_states(workspace, args.repeat)
+        finally:
+            shutil.rmtree(workspace)
+    for (fmt, state), seconds in figures[args.manifests].items():
+        print(f"compare --format {fmt:5} {state:21}: {seconds / figures[FEW][(fmt, state)]:.1f}× the compare of {FEW} manifests")
 
 
 if __name__ == "__main__":

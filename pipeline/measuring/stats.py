@@ -162,7 +162,8 @@ def median_difference_cis(
     pairs: Sequence[tuple[Sequence[float], Sequence[float]]], confidence: float = 0.95, resamples: int = 2000, seed: int = 0
 ) -> list[tuple[float, float]]:
     """median_difference_ci(new, old) of each (new, old) pair, computed together; a series that
-    stands in several pairs is resampled once per length of the series drawn before it."""
+    stands in several pairs is resampled once per length of the series drawn before it, and a pair
+    that recurs (copies of one manifest against one reference) is bounded once."""
     result: list[tuple[float, float]] = [(0.0, 0.0)] * len(pairs)
     groups: dict[tuple[int, int], list[int]] = {}
     for position, (new, old) in enumerate(pairs):
@@ -172,9 +173,11 @@ def median_difference_cis(
         olds = _unique([pairs[p][1] for p in positions])
         new_medians = _medians_of_resamples(news.series, _draw_counts((n_new,), resamples, seed))
         old_medians = _medians_of_resamples(olds.series, _draw_counts((n_new, n_old), resamples, seed))
-        differences = new_medians[news.index] - old_medians[olds.index]
-        for position, interval in zip(positions, _intervals(differences, confidence)):
-            result[position] = interval
+        both = _unique(list(zip(news.index, olds.index)))
+        differences = new_medians[[new for new, _ in both.series]] - old_medians[[old for _, old in both.series]]
+        intervals = _intervals(differences, confidence)
+        for position, pair in zip(positions, both.index):
+            result[position] = intervals[pair]
     return result
 
 
@@ -400,7 +403,13 @@ def paired_ratio(
     in that round, so a host that changes speed between rounds moves both alike. None when no
     round has both."""
     rounds = sorted(set(a_by_round) & set(b_by_round))
-    ratios = [a_by_round[r] / b_by_round[r] for r in rounds if b_by_round[r] > 0]
+    return ratio_of_rounds([a_by_round[r] / b_by_round[r] for r in rounds if b_by_round[r] > 0], tie, confidence)
+
+
+def ratio_of_rounds(ratios: list[float], tie: float, confidence: float = CONFIDENCE) -> RatioEstimate | None:
+    """paired_ratio from the rounds' ratios of A's take median to B's, in any order (their median
+    and its interval depend on the values alone): for callers that hold the takes round by round
+    already. None when there are none."""
     if not ratios:
         return None
     interval = sequential_median_interval(ratios, confidence)

@@ -11,7 +11,7 @@ within the tie band, 1/(1 + tie) to 1 + tie) or ambiguous.
 
 from __future__ import annotations
 
-from pipeline.measuring.stats import RatioEstimate, family_confidence, paired_ratio, unpaired_ratio
+from pipeline.measuring.stats import RatioEstimate, family_confidence, ratio_of_rounds, unpaired_ratio
 from pipeline.report.rows import ComparisonRow
 
 
@@ -22,7 +22,7 @@ def time_ratio(a: ComparisonRow, b: ComparisonRow, tie: float) -> RatioEstimate 
         return None
     shared = set(a.round_medians) & set(b.round_medians)
     if shared:
-        estimate = paired_ratio(a.medians_by_round(shared), b.medians_by_round(shared), tie, pair_confidence(a, shared))
+        estimate = ratio_of_rounds(a.round_ratios(b, shared), tie, pair_confidence(a, shared))
         if estimate is not None:
             return estimate
     if a.median_ci_ms is None or b.median_ci_ms is None:

@@ -6,7 +6,7 @@ together, else the bootstrap of their medians' difference) — and where it stan
 from __future__ import annotations
 
 from pipeline.catalog import Catalog
-from pipeline.measuring.stats import paired_ratio
+from pipeline.measuring.stats import ratio_of_rounds
 from pipeline.report.confidence import pair_confidence
 from pipeline.report.rows import ComparisonRow, shape_order, trusted_rounds
 
@@ -30,11 +30,7 @@ def compare_rows(catalog: Catalog, rows: list[ComparisonRow], toolchain_order: l
     unpaired = []
     for row, base, field_name in comparisons:
         shared = set(row.round_medians) & set(base.round_medians)
-        estimate = (
-            paired_ratio(row.medians_by_round(shared), base.medians_by_round(shared), catalog.profile.tie, pair_confidence(row, shared))
-            if shared
-            else None
-        )
+        estimate = ratio_of_rounds(row.round_ratios(base, shared), catalog.profile.tie, pair_confidence(row, shared)) if shared else None
         if estimate is not None:
             setattr(row, field_name, estimate.low > 1.0 or estimate.high < 1.0)
         else:

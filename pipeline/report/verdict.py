@@ -133,18 +133,23 @@ class Verdict:
     # The comparisons by the two rows' ids, kept in step with the list by ratio().
     _by_pair: dict[tuple[int, int], RatioEstimate | None] = field(default_factory=dict, repr=False)
 
-    def ratio(self, a: ComparisonRow, b: ComparisonRow) -> RatioEstimate | None:
-        """A's time over B's, from the comparisons made (None: not compared, or no interval)."""
+    def _pairs(self) -> dict[tuple[int, int], RatioEstimate | None]:
+        """The comparisons by the two rows' ids, brought up to date with the list."""
         if len(self._by_pair) != len(self.comparisons):
             self._by_pair = {(id(first), id(second)): estimate for first, second, estimate in self.comparisons}
-        if (id(a), id(b)) in self._by_pair:
-            return self._by_pair[(id(a), id(b))]
-        estimate = self._by_pair.get((id(b), id(a)))
+        return self._by_pair
+
+    def ratio(self, a: ComparisonRow, b: ComparisonRow) -> RatioEstimate | None:
+        """A's time over B's, from the comparisons made (None: not compared, or no interval)."""
+        by_pair = self._pairs()
+        if (id(a), id(b)) in by_pair:
+            return by_pair[(id(a), id(b))]
+        estimate = by_pair.get((id(b), id(a)))
         return estimate.inverse() if estimate is not None else None
 
     def compared(self, a: ComparisonRow, b: ComparisonRow) -> bool:
-        self.ratio(a, b)  # brings the index up to date
-        return (id(a), id(b)) in self._by_pair or (id(b), id(a)) in self._by_pair
+        by_pair = self._pairs()
+        return (id(a), id(b)) in by_pair or (id(b), id(a)) in by_pair
 
     @property
     def speedup_estimate(self) -> RatioEstimate | None:
@@ -266,9 +271,18 @@ class Verdict:
         return f" — {'both' if len(estimates) == 2 else 'all'} {low:.2f}–{high:.2f}× {base}"
 
     def public(self) -> dict[str, Any]:
+        # Each engine's entry is made once and stands wherever it is named: an engine timed in a
+        # set of 30 is named in up to 30 comparisons, and the document is only written, never changed.
+        entries: dict[int, dict[str, Any]] = {}
+
         def named(row: ComparisonRow | None) -> dict[str, Any] | None:
             if row is None:
                 return None
+            if id(row) not in entries:
+                entries[id(row)] = entry(row)
+            return entries[id(row)]
+
+        def entry(row: ComparisonRow) -> dict[str, Any]:
             return {
                 "variant": row.variant,
                 "toolchain": row.toolchain,

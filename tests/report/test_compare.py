@@ -118,6 +118,23 @@ def test_markdown_csv_and_table_formats(trt_workspace, run_cli):
     assert "tiny_fp16" in table.out and "~ = within the runs' own spread" in table.out
 
 
+def test_compare_leaves_the_garbage_collector_as_it_found_it(trt_workspace, run_cli, tmp_path):
+    """compare pauses Python's cyclic collector while it builds (pipeline/report/compare.py); a
+    command that goes on after it (`run` prints the comparison last, a test session goes on) gets
+    it back as it was, after a compare that succeeded and after one that failed."""
+    import gc
+
+    empty = write_catalog(tmp_path / "empty", TRT_CATALOG)
+    assert gc.isenabled()
+    assert run_cli(trt_workspace, "compare", "--format", "json").exit_code == 0 and gc.isenabled()
+    assert run_cli(empty, "compare").exit_code != 0 and gc.isenabled()
+    gc.disable()
+    try:
+        assert run_cli(trt_workspace, "compare", "--format", "json").exit_code == 0 and not gc.isenabled()
+    finally:
+        gc.enable()
+
+
 @pytest.mark.parametrize("width", [80, 100, 120, 200])
 def test_the_table_fits_the_terminal_with_every_number_whole(trt_workspace, run_cli, monkeypatch, width):
     rows = json.loads(run_cli(trt_workspace, "compare", "--format", "json").out)["rows"]

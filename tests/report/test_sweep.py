@@ -731,6 +731,31 @@ def test_the_verdict_is_its_definition_without_comparing_every_pair():
         assert verdict.undecided == undecided
 
 
+def test_two_rows_timed_together_compare_as_paired_ratio_of_their_rounds():
+    """time_ratio reads the per-round ratios off the two rows' lists (ComparisonRow.round_ratios);
+    the estimate is paired_ratio's of the rounds keyed one by one, whatever rounds were dropped,
+    missing at the end, zero or spread over several sets of rounds."""
+    import random
+
+    from pipeline.measuring.stats import paired_ratio
+    from pipeline.report.confidence import pair_confidence, time_ratio
+
+    rng = random.Random(3)
+    apart = time_ratio(_row("a", "2x64", 10.0), _row("b", "2x64", 10.5), 0.03)
+
+    def takes() -> list[float | None]:
+        return [rng.choice([None, 0.0, *[rng.uniform(9.0, 11.0)] * 8]) for _ in range(rng.randint(0, 14))]
+
+    for _ in range(300):
+        groups = rng.sample(["g1", "g2", "g3"], rng.randint(1, 3))
+        a, b = _row("a", "2x64", 10.0), _row("b", "2x64", 10.5)
+        a.round_medians = {group: takes() for group in groups}
+        b.round_medians = {group: takes() for group in rng.sample(groups, rng.randint(1, len(groups)))}
+        shared = set(a.round_medians) & set(b.round_medians)
+        keyed = paired_ratio(a.medians_by_round(shared), b.medians_by_round(shared), 0.03, pair_confidence(a, shared))
+        assert time_ratio(a, b, 0.03) == (keyed if keyed is not None else apart)  # no round both have: by their intervals
+
+
 def test_the_verdicts_comparisons_grow_linearly_with_the_engines_of_a_point(monkeypatch):
     """Counted, not timed: the verdict, the sweep and its crossovers at one point of n engines
     (every build distinct, or all alike) make about n comparisons, not n²/2."""
@@ -759,6 +784,37 @@ def test_the_verdicts_comparisons_grow_linearly_with_the_engines_of_a_point(monk
         small, large = comparisons(100, alike), comparisons(3000, alike)
         assert large <= 31 * small, (alike, small, large)
         assert large < 10 * 3000, (alike, large)  # a few for each engine; n²/2 would be 4.5 million
+
+
+def test_the_verdict_in_words_looks_up_about_as_many_pairs_as_it_compared(monkeypatch):
+    """Counted, not timed: n copies of one engine's manifest, timed in sets of ten, all tie with
+    the answer; saying so reads the comparisons made — a few for each engine — not each of the
+    n²/2 pairs of the tied."""
+    from pipeline.report.verdict import Verdict
+
+    looked_up = []
+    ratio = Verdict.ratio
+
+    def counting(self, a, b):
+        looked_up.append(1)
+        return ratio(self, a, b)
+
+    monkeypatch.setattr(Verdict, "ratio", counting)
+
+    def lookups(count: int) -> int:
+        takes = [10.0, 10.2, 9.9, 10.1, 10.0, 9.8]
+        rows = [_paired(f"build{i:05d}", takes, spread=0.02) for i in range(count)]
+        for index, row in enumerate(rows):
+            row.round_medians = {f"set{index // 10}": list(takes)}
+        (verdict,) = verdicts(rows, "build00000")
+        assert len(verdict.tied) == count - 1 and verdict.undecided  # the copies of other sets are not paired with the answer
+        looked_up.clear()
+        verdict.public()
+        return len(looked_up)
+
+    small, large = lookups(100), lookups(3000)
+    assert large <= 31 * small, (small, large)
+    assert large < 10 * 3000, large  # n²/2 would be 4.5 million
 
 
 def test_a_point_timed_in_one_set_of_rounds_reports_the_pairs_its_answer_rests_on():
