@@ -306,6 +306,7 @@ def plan(
 def _refuse_unless_shown(planned, ref, floor, apply_: bool, apply_unresolved: bool) -> None:
     """A failed plan, or an unresolved one the user did not accept, is said as an error (exit 1)
     after the plan itself was written: nothing is applied."""
+    from pipeline.precision.floor_bound import one_advice
     from pipeline.running.errors import PipelineError
 
     if not planned.held_on_search:
@@ -313,27 +314,21 @@ def _refuse_unless_shown(planned, ref, floor, apply_: bool, apply_unresolved: bo
         failing = "; ".join(bound.said() for bound in planned.failing()) or planned.search.said()
         stop = next((step for step in planned.steps if step.action == "stop"), None)  # the pruning follows it
         stopped = stop.note + "; " if stop is not None else ""
-        unresolved = [bound for bound in planned.unresolved() if bound.samples_needed]
-        needed = max((bound.samples_for_power or bound.samples_needed for bound in unresolved), default=0)
+        # Where the samples cannot resolve a limit, why; the TIP is the one advice every failing limit shares.
+        why = "".join(f"; {bound.why_unresolvable()}" for bound in planned.unresolved() if bound.samples_needed)
         raise PipelineError(
-            f"the plan for {ref.name} does not meet {floor} on the search batches: {stopped}failing {failing}; "
+            f"the plan for {ref.name} does not meet {floor} on the search batches: {stopped}failing {failing}{why}; "
             f"it was {'written, ' if planned.needed else ''}not applied.",
-            hint=f"pass --samples {needed}: {unresolved[0].unresolved_said()}"
-            if unresolved
-            else "lower the floor, or evaluate on more samples (--samples)",
+            hint=one_advice(planned.failing()) or "lower the floor, or evaluate on more samples (--samples)",
         )
     if planned.status == "unresolved":
         shown = [bound for bound in planned.bounds["confirm"] if bound.status == "unresolved"]
-        needed = max((bound.samples_for_power or 0 for bound in shown), default=0)
         if not (apply_ and apply_unresolved):
             raise PipelineError(
                 f"the plan for {ref.name} is unresolved: {planned.confirm_samples} confirmation samples cannot show "
                 + "; ".join(bound.said() for bound in shown)
                 + f" against {floor}; it was {'not applied' if apply_ else 'written, not confirmed'}.",
-                hint=(
-                    f"pass --samples {needed} to resolve it with an 80% chance at the rates seen" if needed else "evaluate on more samples"
-                )
-                + (", or --apply-unresolved to add it as it is" if apply_ else ""),
+                hint=(one_advice(shown) or "evaluate on more samples") + (", or --apply-unresolved to add it as it is" if apply_ else ""),
             )
     elif not planned.confirmed:
         failed = "; ".join(bound.said() for bound in planned.bounds["confirm"] if not bound.held) or planned.confirm.said()

@@ -29,6 +29,7 @@ SHORT = {
     NO_BOUND: "no bound: one batch",
     ONE_SAMPLE: "no bound: one sample carries most of the error",
 }
+NAMES = {"cos": "cosine", "top1": "top-1", "metric": "metric"}  # a limit's metric, as "loosen the cosine limit" says it
 
 
 @dataclass(frozen=True)
@@ -98,61 +99,79 @@ class Bound:
         return f"{what} {'≤' if self.side == 'upper' else '≥'} {value} ({counted}{SHORT.get(self.method, self.method)})"
 
     def unresolved_said(self) -> str:
-        """Why the samples cannot show this limit, what is asked instead, and what would resolve it."""
-        name = "a top-1 drop" if self.side == "upper" else "top-1 agreement"
-        limit = f"of at most {self.limit:.2%}" if self.side == "upper" else f"of at least {self.limit:.2%}"
+        """Why the samples cannot show this limit, what is asked instead, and the one thing to try."""
+        return f"{self.why_unresolvable()}; {self.advice()}"
+
+    def why_unresolvable(self) -> str:
+        """ "32 samples cannot show a top-1 drop of at most 1.00% at 95% confidence: even none lost
+        bounds it at 9.6%; the floor asks instead that none be lost"."""
         none = net_drop_upper(0, 0, self.samples) if self.method == PAIRED else exact_upper(0, self.samples)
         best = none if self.side == "upper" else 1 - none
-        if self.samples_for_power is not None:  # at the rates seen; the best-outcome floor below it
-            resolve = f"--samples {self.samples_for_power} would resolve it with an {POWER:.0%} chance at the rates seen here"
-            resolve += f" (no fewer than {self.samples_needed} could)" if self.samples_for_power > self.samples_needed else ""
-        elif self.samples_needed is None:
-            resolve = "no number of samples resolves a limit of exactly no change"
-        else:
-            resolve = "at the rates seen here no number of samples resolves it"
         return (
-            f"{self.samples} samples cannot show {name} {limit} at {CONFIDENCE:.0%} confidence: even none {self.counting} bounds it at "
-            f"{best:.1%}; the floor asks instead that none be {self.counting}; {resolve}"
+            f"{self.samples} samples cannot show {self._limit_said()} at {CONFIDENCE:.0%} confidence: even none {self.counting} "
+            f"bounds it at {best:.1%}; the floor asks instead that none be {self.counting}"
         )
+
+    def advice(self) -> str:
+        """The one thing to try where this limit is not shown: the samples that would show it at
+        the rates seen here, or why no number of them would and what to change instead. Every TIP
+        and every line that says what would resolve a limit says this, so that none contradicts another."""
+        name = NAMES[self.metric]
+        if self.method == ONE_SAMPLE:
+            more = (
+                f"about {self.samples_for_power} samples (--samples {self.samples_for_power})" if self.samples_for_power else "more samples"
+            )
+            return f"evaluate on {more}, so that no one sample sets the figure"
+        if self.method == NO_BOUND:
+            return "give the data hook several batches (a smaller batch size): the metric's bound is over the batches"
+        if self.samples_for_power is not None:  # at the rates seen; the best-outcome floor below it
+            advice = f"pass --samples {self.samples_for_power} to resolve it with an {POWER:.0%} chance at the rates seen here"
+            needed = self.samples_needed
+            return advice + (f" (no fewer than {needed} could)" if needed is not None and self.samples_for_power > needed else "")
+        if (self.counted is not None and self.samples_needed is None) or self._exactly_no_change():
+            return f"no number of samples shows a limit of exactly no change: loosen the {name} limit"
+        if self.status == "failed":
+            seen = f"{self.counted} of {self.samples} {self.counting}" if self.counted is not None else self.said()
+            return f"at the rate seen here ({seen}) the figure is past the limit: more samples would not show it; loosen the {name} limit"
+        return f"at the rates seen here no number of samples up to {MOST_SAMPLES} shows it: loosen the {name} limit"
+
+    def _exactly_no_change(self) -> bool:
+        return (self.side == "upper" and self.limit <= 0) or (self.side == "lower" and self.limit >= 1 and self.metric != "metric")
 
     def warning(self) -> tuple[str, str] | None:
         """What to tell the user where the limit is not shown, and what to try (a WARNING and its
-        TIP); None where the metric held or failed by its figure."""
+        TIP, ``advice``); None where the metric held or failed by its figure."""
         if self.status != "unresolved":
             return None
         name = {"cos": "cosine", "top1": "top-1", "metric": "the metric"}[self.metric]
         if self.bound is None and self.method == ONE_SAMPLE:
-            more = (
-                f"about {self.samples_for_power} samples (--samples {self.samples_for_power})" if self.samples_for_power else "more samples"
-            )
             return (
                 f"one of the {self.samples} samples carries most of the {name}'s error: they cannot bound it at "
                 f"{CONFIDENCE:.0%}, and its limit is not shown, only its figure",
-                f"evaluate on {more}, so that no one sample sets the figure",
+                self.advice(),
             )
         if self.bound is None:
             return (
                 f"{name} is measured over one batch: it has no {CONFIDENCE:.0%} bound, and its limit is not shown, only its figure",
-                "give the data hook several batches (a smaller batch size): the metric's bound is over the batches",
+                self.advice(),
             )
-        if self.samples_for_power is not None:
-            tip = f"about {self.samples_for_power} samples (--samples {self.samples_for_power}) would show it with an {POWER:.0%} chance"
-            tip += " at the rates seen here"
-        elif (self.side == "upper" and self.limit <= 0) or (self.side == "lower" and self.limit >= 1 and self.metric != "metric"):
-            tip = "no number of samples shows a limit of exactly no change"
-        else:
-            tip = f"at the rates seen here no number of samples up to {MOST_SAMPLES} shows it: loosen the limit"
-        floor = (
-            f" (at least {self.samples_needed} even if nothing changed)"
-            if self.samples_needed is not None and self.metric == "top1"
-            else ""
-        )
-        return f"{self.samples} samples do not show {self._limit_said()} at {CONFIDENCE:.0%}: {self.said()}", tip + floor
+        return f"{self.samples} samples do not show {self._limit_said()} at {CONFIDENCE:.0%}: {self.said()}", self.advice()
 
     def _limit_said(self) -> str:
         name = {"cos": "cosine", "top1": "top-1", "metric": "the metric"}[self.metric]
         value = f"{self.limit:.2%}" if self.metric == "top1" else f"{self.limit:.5g}"
         return f"a {name} drop of at most {value}" if self.side == "upper" else f"{name} of at least {value}"
+
+
+def one_advice(bounds: list[Bound]) -> str | None:
+    """One thing to try for every limit of ``bounds`` not shown (None where each is): where more
+    samples cannot show one of them, that one's advice — more samples would not help; else the
+    largest count any of them asks for, which shows the others too at the rates seen here."""
+    open_ = [bound for bound in bounds if bound.status != "held"]
+    stuck = [bound for bound in open_ if bound.samples_for_power is None]
+    if stuck:
+        return stuck[0].advice()
+    return max(open_, key=lambda bound: bound.samples_for_power).advice() if open_ else None
 
 
 def samples_to_resolve(side: str, limit: float, confidence: float = CONFIDENCE) -> int | None:

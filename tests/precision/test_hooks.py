@@ -221,7 +221,7 @@ def test_plan_measure_of_a_variant_that_needs_no_exclusion_times_it_beside_the_u
     assert "already meets top-1 at most 1% below FP32's (--max-drop) fully quantized" in said
     # 16 images cannot show a 1% drop (even none lost bounds it at 17%): said, with the samples that could.
     assert "16 samples cannot show a top-1 drop of at most 1.00% at 95% confidence" in said and "(no fewer than 299 could)" in said
-    assert "would resolve it with an 80% chance at the rates seen here" in said
+    assert "to resolve it with an 80% chance at the rates seen here" in said
     assert "top-1 drop ≤ 18.2% (0 of 16 lost, 0 gained, paired exact)" in said
     assert "floor top-1 at most 1% below FP32's (--max-drop): unresolved" in said
     assert "what it costs on onnxruntime" in said and "× fp32's time [" in said and "the plan is the fully quantized variant itself" in said

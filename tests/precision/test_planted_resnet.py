@@ -166,7 +166,7 @@ def test_a_plan_on_32_images_that_cannot_show_a_1_percent_drop_is_given_unresolv
     out = " ".join(shown.out.split())
     assert shown.exit_code == 1 and "32 samples cannot show a top-1 drop of at most 1.00% at 95% confidence" in out
     assert "even none lost bounds it at 9.6%; the floor asks instead that none be lost" in out  # against the labels
-    assert f"--samples {metric['samples_for_power']} would resolve it with an 80% chance at the rates seen here" in out
+    assert f"pass --samples {metric['samples_for_power']} to resolve it with an 80% chance at the rates seen here" in out
     assert "unresolved — held by everything these samples can say" in out and "confirmed, by its bounds" not in out
     assert f"exclude = {json.dumps(plan['exclude'])}" in shown.out
     # --apply refuses an unresolved plan: nothing written, unless the user accepts it as it is.
