@@ -183,7 +183,7 @@ def sensitivity(state: State, engine, samples, eval_dir, eval_data, eval_tokens,
     "--apply-unresolved",
     is_flag=True,
     help="Accept a plan whose limits these samples cannot show (status unresolved: held by everything they can say, not "
-    "confirmed): --apply adds it and --measure times it. Without it such a plan is written but neither applied nor timed.",
+    "confirmed): --apply adds it. Without it such a plan is written but not applied (--measure times it either way).",
 )
 @click.option(
     "--check-built/--no-check-built",
@@ -196,7 +196,8 @@ def sensitivity(state: State, engine, samples, eval_dir, eval_data, eval_tokens,
     "--measure",
     metavar="TOOLCHAIN",
     help="Then export, build and time the planned variant beside the fully quantized and the unquantized ones on this "
-    "toolchain, in paired rounds, and print what the plan costs in speed beside what it buys in accuracy.",
+    "toolchain, in paired rounds, and print what the plan costs in speed beside what it buys in accuracy — whatever the "
+    "plan's status (a plan not confirmed is timed as it is, and still not applied).",
 )
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write the output to this file.")
@@ -233,7 +234,6 @@ def plan(
     """
     from pipeline.catalog.file import find_catalog
     from pipeline.precision import catalog_edit, report
-    from pipeline.precision.plan import make_plan
     from pipeline.running.reporting import Reporter, stdout_console
 
     _users_evaluation(state, eval_dir, eval_data, metric, eval_tokens)
@@ -250,7 +250,7 @@ def plan(
     lab, result = _analysed(state, engine, samples, floor, "plan")
     reporter = Reporter(verbose=state.verbose)
     with reporter.working("plan", ref.name), reporter.captured("modelopt"):
-        planned = make_plan(lab, result, floor, reporter.progress)
+        planned = _planned(lab, result, floor, reporter.progress, measure)
     description = (
         f"{ref.variant} with {len(planned.exclude)} of {len(result.layers)} layers unquantized: {floor.wanted()} "
         f"on {planned.search_samples} + {planned.confirm_samples} samples, {planned.quantized_flops_share:.0%} of their FLOPs quantized (pipeline plan)"
@@ -270,37 +270,48 @@ def plan(
         measuring = measure or _embedded_toolchain(state)
         built = build_and_check(state, lab, ref, name if planned.needed else None, table, measuring, floor)
         record_on_engine(built, planned)
-    paid = None
-    if measure and not accepted and planned.status == "unresolved":
-        reporter.warn(
-            f"--measure: the plan for {ref.name} is unresolved, so it was not timed. TIP pass --apply-unresolved to time it as it is"
-        )
-    if measure and accepted:  # a plan that failed, or one not shown, is not worth timing
+    measured = None
+    if measure:  # whatever its status: what the plan costs says whether resolving it is worth the work
         from pipeline.precision.measure import measure_plan
 
-        if apply_ and planned.needed:  # the variant is in the file before its engines are made
+        if apply_ and accepted and planned.needed:  # the variant is in the file before its engines are made
             catalog_edit.apply_variant(catalog_file, name, table, digest)
             click.echo(f"added [variants.{name}] to {catalog_file}", err=True)
             apply_ = False
         # No layer needed excluding: the plan is the fully quantized variant, timed beside the unquantized.
-        paid = measure_plan(state, ref, name if planned.needed else None, table, measure)
+        measured = measure_plan(state, ref, name if planned.needed else None, table, measure, planned.status)
     if fmt == "json":
-        measured = None if paid is None else {"toolchain": measure, "points": [point.as_dict() for point in paid]}
-        _emit(_json(report.plan_document(planned, name, table, toml_text, command, measured, built)), out)
+        found = None if measured is None else measured.as_dict()
+        _emit(_json(report.plan_document(planned, name, table, toml_text, command, found, built)), out)
     elif out is not None:
         _emit(toml_text, out)
     else:
         report.print_plan(planned, len(result.layers), toml_text, command, stdout_console())
         if built is not None:
             stdout_console().print(built.said(floor), markup=False, highlight=False)
-        if paid is not None:
-            report.print_paid(paid, measure, stdout_console())
+        if measured is not None:
+            report.print_paid(measured, stdout_console())
     if built is not None and built.held is False and fmt != "table":
         reporter.warn(built.said(floor))
     _refuse_unless_shown(planned, ref, floor, apply_, apply_unresolved)
     if apply_ and planned.needed:
         catalog_edit.apply_variant(catalog_file, name, table, digest)
         click.echo(f"added [variants.{name}] to {catalog_file}", err=True)
+
+
+def _planned(lab, sensitivity, floor, progress, measure: str | None):
+    """The plan; where there is none (only the unquantized model meets the floor), the error says
+    too that --measure timed nothing."""
+    from pipeline.precision.plan import make_plan
+    from pipeline.running.errors import PipelineError
+
+    try:
+        return make_plan(lab, sensitivity, floor, progress)
+    except PipelineError as error:
+        if not measure:
+            raise
+        said = f"{error.message.rstrip('.')}; --measure {measure} timed nothing: there is no planned variant to time."
+        raise type(error)(said, error.hint) from error
 
 
 def _refuse_unless_shown(planned, ref, floor, apply_: bool, apply_unresolved: bool) -> None:

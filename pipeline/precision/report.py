@@ -16,7 +16,7 @@ from pipeline.precision.plan import Plan
 from pipeline.precision.sensitivity import LayerSensitivity, Sensitivity
 
 SENSITIVITY_SCHEMA_VERSION = 3
-PLAN_SCHEMA_VERSION = 5
+PLAN_SCHEMA_VERSION = 6
 # Layers the terminal lists; JSON and HTML list every one.
 TERMINAL_LAYERS = 15
 
@@ -283,11 +283,18 @@ def _bounds(plan: Plan, which: str) -> str:
     return "; ".join(bound.said() + ("" if bound.held else " ✗") for bound in plan.bounds.get(which, [])) or "—"
 
 
-def print_paid(paid: list, toolchain: str, console) -> None:
-    """What the plan costs in speed on ``toolchain``, point by point (pipeline/precision/measure.py)."""
-    console.print(f"\n[bold]what it costs on {toolchain}[/bold] (paired rounds; planned engine's time over each other's, 95% interval):")
-    for point in paid:
+def print_paid(measured, console) -> None:
+    """What the plan costs in speed on the toolchain, point by point, and what was timed
+    (pipeline/precision/measure.py's Measured)."""
+    console.print(
+        f"\n[bold]what it costs on {measured.toolchain}[/bold] (paired rounds; planned engine's time over each other's, 95% interval):"
+    )
+    console.print(f"  {measured.said()}", markup=False, highlight=False)
+    for point in measured.points:
         console.print(f"  {point.said()}", markup=False, highlight=False)
+    if not measured.points:
+        console.print("  no engine of these variants has a time (`pipeline compare` says why)", markup=False)
+    paid = measured.points
     if paid and paid[0].vs_full is None and paid[0].rows.get("planned") is paid[0].rows.get("full"):
         console.print("  (no layer needed excluding: the plan is the fully quantized variant itself)")
 

@@ -421,3 +421,48 @@ def test_a_plan_the_confirmation_does_not_hold_is_said_and_not_applied(tmp_path,
     )
     assert "do not (cosine ≥ " in said and "heavy-tailed)" in said  # the bound that failed
     assert "it was not applied" in result.err and catalog.read_text() == before
+
+
+def test_measure_times_a_plan_whatever_its_status_and_says_what_it_timed(tmp_path, run_cli, monkeypatch):
+    """A plan the confirmation does not hold (status failed) is still timed by --measure, beside the
+    fully quantized and the unquantized variants, and the output says what was timed and as what;
+    --apply still refuses it. Where there is no plan at all, the error says that nothing was timed."""
+    import dataclasses
+
+    import pipeline.precision.plan as plan_module
+
+    catalog = planted_catalog(tmp_path / "ws")
+    before = catalog.read_text()
+    original = plan_module.make_plan
+
+    def unconfirmed(lab, sensitivity, floor, progress=None):
+        planned = original(lab, sensitivity, floor, progress)
+        return dataclasses.replace(
+            planned, confirm=planned.fully_quantized["confirm"], bounds={**planned.bounds, "confirm": lab.bounds([], floor, "confirm")}
+        )
+
+    monkeypatch.setattr(plan_module, "make_plan", unconfirmed)
+    args = ("plan", "--engine", "faulty_int8", "--no-check-built", "--measure", "onnxruntime", "--apply")
+    result = run_cli(catalog, *args, "--format", "json")
+    assert result.exit_code == 1 and "it was not applied" in result.err, result.err
+    plan = json.loads(result.out)
+    jsonschema.validate(plan, schema("plan"))
+    measured = plan["measured"]
+    assert plan["status"] == "failed" and measured["plan_status"] == "failed"
+    assert measured["variants"] == {"planned": "int8_plan", "full": "int8", "unquantized": "fp32"}
+    (point,) = measured["points"]
+    assert point["planned"]["variant"] == "int8_plan" and point["planned"]["median_ms"] > 0
+    assert point["planned_over_full"]["rounds"] >= 2 and point["planned_over_unquantized"]["rounds"] >= 2
+    assert catalog.read_text() == before  # timed, not applied
+
+    shown = run_cli(catalog, *args)
+    said = " ".join(shown.out.split())
+    assert shown.exit_code == 1 and catalog.read_text() == before
+    assert "what it costs on onnxruntime" in said and "× int8's time [" in said and "× fp32's time [" in said
+    assert "timed int8_plan (the plan, failed: timed as it is), int8 (fully quantized) and fp32 (unquantized)" in said
+
+    monkeypatch.setattr(plan_module, "make_plan", original)
+    none = run_cli(catalog, "plan", "--engine", "faulty_int8", "--floor", "cos=1.0", "--measure", "onnxruntime")
+    said = " ".join(none.err.split())
+    assert none.exit_code == 1 and "only the unquantized model meets cosine ≥ 1" in said
+    assert "--measure onnxruntime timed nothing: there is no planned variant to time" in said
