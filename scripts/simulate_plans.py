@@ -20,7 +20,7 @@ plan, the fixed variant of each row's edge exclusions is judged by its confirmat
 with no search before it: of the trials where the truth misses the floor, how often that bound
 shows the floor held (a false pass that needs one miss, where the plan's needs two).
 
-    python scripts/simulate_plans.py             # the table docs/precision.md shows
+    python scripts/simulate_plans.py             # the table docs/floors.md shows
     python scripts/simulate_plans.py --trials 50  # quicker, coarser
 """
 
@@ -40,7 +40,7 @@ from pipeline.precision.figures import figures
 from pipeline.precision.plan import make_plan
 from pipeline.running.errors import PipelineError
 
-TRIALS = 100  # plans per row: the table in docs/precision.md, which CI prints again
+TRIALS = 100  # plans per row: the table in docs/floors.md, which CI prints again
 FRESH = 50_000  # samples the floor is set on, where a scenario sets it by the truth
 TRUTH = 10_000  # each trial's own fresh samples, which stand for the truth a plan is judged by
 CLASSES, FEATURES, HIDDEN = 10, 16, 48
