@@ -13,28 +13,40 @@ from pipeline.cli.state import State, pass_state
 ENGINE_HELP = "A quantized engine, e.g. vit_tiny_int8 (its model and variant are what is analysed)."
 SAMPLES_HELP = "Evaluation samples for the search (and as many others for the plan's confirmation), apart from calibration."
 FLOOR_HELP = (
-    "The accuracy to keep: cos=0.99 (cosine to FP32), top1=0.95, or both (repeatable). Default: the model's "
-    "accuracy_floor in pipeline.toml, else the precision's own check."
+    "The accuracy to keep: cos=0.99 (cosine to FP32 over the set), top1=0.95 (the share of inputs whose class is FP32's), "
+    "or sample-cos=0.99@99% (a floor each input must keep: at least 99% of inputs keep a cosine of 0.99 to FP32's "
+    "output each, which a few inputs with errors tens of times the rest's cannot hide under a mean) (repeatable; all "
+    "hold). Default: the model's accuracy_floor in pipeline.toml, else the precision's own check."
 )
 
 
 def _floor(state: State, ref, floors: tuple[str, ...], max_drops: tuple[str, ...] = ()):
-    from pipeline.catalog.floor import DROP_FORMS, THRESHOLD_FORMS, parse_accuracy_threshold, parse_drop
+    from pipeline.catalog.floor import DROP_FORMS, PER_SAMPLE_FORMS, THRESHOLD_FORMS, parse_accuracy_threshold, parse_drop, parse_per_sample
     from pipeline.precision.figures import floor_for
     from pipeline.running.errors import UsageError
 
-    given, drops = [], []
+    given, drops, each = [], [], []
     for text in floors:
         try:
+            if (per_sample := parse_per_sample(text)) is not None:
+                each.append(per_sample)
+                continue
             given.append(_metric_threshold(text) or parse_accuracy_threshold(text))
         except ValueError as exc:
-            raise UsageError(f"--floor {text!r} is not a threshold.", hint=f"give {THRESHOLD_FORMS}, or metric=0.8") from exc
+            raise UsageError(
+                f"--floor {text!r} is not a threshold.", hint=f"give {THRESHOLD_FORMS}, metric=0.8, or {PER_SAMPLE_FORMS}"
+            ) from exc
+    if len(each) > 1:
+        raise UsageError(
+            f"--floor gives {len(each)} per-sample floors ({', '.join(t for t in floors if parse_per_sample(t))}): a plan keeps one.",
+            hint="keep the one that matters most, e.g. --floor sample-cos=0.99@99%",
+        )
     for text in max_drops:
         try:
             drops.append(parse_drop(text))
         except ValueError as exc:
             raise UsageError(f"--max-drop {text!r} is not a largest drop.", hint=f"give {DROP_FORMS}") from exc
-    floor = floor_for(state.catalog, ref, tuple(given), drops=tuple(drops))
+    floor = floor_for(state.catalog, ref, tuple(given), drops=tuple(drops), per_sample=tuple(each))
     if any(metric == "metric" for metric, _ in (*floor.thresholds, *floor.drops)) and not state.catalog.evaluation.metric:
         raise UsageError(
             f"{ref.name}: a floor on the metric needs the metric: no --metric (or [evaluation] metric) is given.",

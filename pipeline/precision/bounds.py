@@ -19,6 +19,10 @@ methods, what they guarantee and the coverage CI measures (scripts/coverage_of_b
   the mean is set by a value seen once, and how often such values come no count of one can say
   (Bahadur and Savage 1956): the cosine gets no bound, and its status is unresolved, with the
   samples that would show it.
+- **A floor each input must keep** (a per-sample cosine on a share of the inputs): the samples
+  below it counted, the kept share bounded by the exact binomial bound (Clopper–Pearson) of the
+  share below — exact whatever the size of the errors, where a bound of a mean is not: a few
+  inputs carrying most of the error are a share, counted as one, never a mean they hide in.
 - **The user's metric**, per batch weighted by its samples: the same bound of a mean over the
   batches' drops (FP32's figure less the variant's); a threshold is FP32's lower bound less the
   drop's upper one. A metric over one batch has no bound (``NO_BOUND``): nothing says how it varies.
@@ -42,6 +46,7 @@ from functools import partial
 from statistics import NormalDist
 from typing import Any
 
+from pipeline.precision.figures import per_sample_sums, sample_cosines
 from pipeline.precision.floor_bound import (
     ALPHA,
     CONFIDENCE,
@@ -97,17 +102,17 @@ def sample_stats(references: list, outputs: list, labels=None) -> SampleStats:
 
     classes = references[0].dim() == 2  # class scores
     reference, output = torch.cat([r.flatten(1) for r in references]), torch.cat([o.flatten(1) for o in outputs])
-    ref, out = reference.double(), output.double()
     agree = (reference.argmax(dim=1) == output.argmax(dim=1)).numpy() if classes else None
     correct = fp32_correct = None
     if classes and labels is not None:
         truth = torch.tensor(labels)
         correct = (torch.nan_to_num(output, nan=-torch.inf).argmax(dim=1) == truth).numpy()
         fp32_correct = (reference.argmax(dim=1) == truth).numpy()
+    dot, ref_sq, out_sq = per_sample_sums(references, outputs)
     return SampleStats(
-        dot=(ref * out).sum(1).numpy(),
-        ref_sq=(ref * ref).sum(1).numpy(),
-        out_sq=(out * out).sum(1).numpy(),
+        dot=dot,
+        ref_sq=ref_sq,
+        out_sq=out_sq,
         agree=agree,
         correct=correct,
         fp32_correct=fp32_correct,
@@ -130,6 +135,7 @@ def bounds(stats: SampleStats, floor) -> list[Bound]:
             )
             if found is not None:
                 result.append(found)
+    result += [_per_sample(stats, metric, threshold, share) for metric, threshold, share in floor.per_sample]
     return result
 
 
@@ -139,7 +145,7 @@ def _top1(stats: SampleStats, side: str, limit: float) -> Bound | None:
     if stats.agree is None:
         return None
     n, needed = len(stats.agree), samples_to_resolve(side, limit)
-    resolvable, quantile = needed is not None and n >= needed, NormalDist().inv_cdf(POWER)
+    resolvable = needed is not None and n >= needed
     if side == "upper" and stats.correct is not None:
         lost, gained = int(np.sum(stats.fp32_correct & ~stats.correct)), int(np.sum(~stats.fp32_correct & stats.correct))
         estimate = (lost - gained) / n
@@ -155,15 +161,53 @@ def _top1(stats: SampleStats, side: str, limit: float) -> Bound | None:
         return Bound("top1", side, limit, estimate, bound, PAIRED, n, lost, "lost", resolvable, needed, gained, search)
     changed = int(np.sum(~stats.agree))
     rate, allowed = changed / n, limit if side == "upper" else 1.0 - limit  # the changed share the limit allows
-
-    def shows_changed(size: int) -> bool:
-        count = round(size * rate + quantile * math.sqrt(size * rate * (1 - rate)))
-        return approximate_upper(min(count, size), size) <= allowed
-
-    search = partial(smallest_n, shows_changed, needed) if needed is not None and rate < allowed else None
+    search = _proportion_search(rate, allowed, needed)
     upper = exact_upper(changed, n)
     estimate, bound = (rate, upper) if side == "upper" else (1.0 - rate, 1.0 - upper)
     return Bound("top1", side, limit, estimate, bound, EXACT, n, changed, "changed", resolvable, needed, power_search=search)
+
+
+def _proportion_search(rate: float, allowed: float, needed: int | None):
+    """The samples for power of a share counted against the floor (``rate`` seen, ``allowed`` by
+    the limit): the fewest whose count at its 80 % quantile has its exact bound within the limit;
+    None where no number can (module docstring)."""
+    quantile = NormalDist().inv_cdf(POWER)
+
+    def shows(size: int) -> bool:
+        count = round(size * rate + quantile * math.sqrt(size * rate * (1 - rate)))
+        return approximate_upper(min(count, size), size) <= allowed
+
+    return partial(smallest_n, shows, needed) if needed is not None and rate < allowed else None
+
+
+def _per_sample(stats: SampleStats, metric: str, threshold: float, share: float) -> Bound:
+    """A floor each input must keep, on ``share`` of the inputs: the samples below ``threshold``
+    counted, and the share that keeps it bounded below by the exact binomial bound of the share
+    that does not — whatever size their errors are, so that a few inputs carrying most of the error
+    count as what they are, a share of the inputs (module docstring)."""
+    import numpy as np
+
+    cosines = sample_cosines(stats.dot, stats.ref_sq, stats.out_sq)
+    n, below = len(cosines), int(np.sum(~(cosines >= threshold - 1e-12)))  # a NaN is below
+    needed = samples_to_resolve("lower", share)
+    search = _proportion_search(below / n, 1.0 - share, needed)
+    bound = 1.0 - exact_upper(below, n)
+    resolvable = needed is not None and n >= needed
+    return Bound(
+        "sample_cos",
+        "lower",
+        share,
+        1.0 - below / n,
+        bound,
+        EXACT,
+        n,
+        below,
+        "below",
+        resolvable,
+        needed,
+        power_search=search,
+        threshold=threshold,
+    )
 
 
 def cosine_lower(dot, ref_sq, out_sq) -> float:

@@ -29,7 +29,8 @@ SHORT = {
     NO_BOUND: "no bound: one batch",
     ONE_SAMPLE: "no bound: one sample carries most of the error",
 }
-NAMES = {"cos": "cosine", "top1": "top-1", "metric": "metric"}  # a limit's metric, as "loosen the cosine limit" says it
+# A limit's metric, as "loosen the cosine limit" says it.
+NAMES = {"cos": "cosine", "top1": "top-1", "metric": "metric", "sample_cos": "per-sample cosine"}
 
 
 @dataclass(frozen=True)
@@ -37,16 +38,17 @@ class Bound:
     """One floor metric on one set of samples: its figure, its one-sided bound, whether the floor
     holds by it, and about how many samples would show the limit."""
 
-    metric: str  # "cos", "top1", "metric"
+    metric: str  # "cos", "top1", "metric"; "sample_cos": the share of inputs keeping a per-sample cosine
     side: str  # "lower": a threshold the figure must reach; "upper": a drop it may not pass
-    limit: float  # the floor's threshold or largest drop
+    limit: float  # the floor's threshold or largest drop; for a per-sample floor, the share of inputs
     estimate: float  # the figure (a drop for "upper") on these samples
     bound: float | None  # its one-sided CONFIDENCE bound; None where nothing bounds it (NO_BOUND)
     method: str
     samples: int
     # Proportions: the samples counted against the floor, and what they are ("changed": the
     # predicted class is not FP32's; "lost": FP32's is right against the label, the variant's is
-    # not); whether ``samples`` can show the limit at all (module docstring).
+    # not; "below": below a per-sample floor's threshold); whether ``samples`` can show the limit
+    # at all (module docstring).
     counted: int | None = None
     counting: str | None = None
     resolvable: bool = True
@@ -54,6 +56,7 @@ class Bound:
     gained: int | None = None  # top-1 against labels: FP32's is wrong, the variant's right
     # Searched only when asked (``samples_for_power``): the search asks for bounds hundreds of times.
     power_search: Callable[[], int | None] | None = field(default=None, compare=False, repr=False)
+    threshold: float | None = None  # a per-sample floor's: the figure each input must keep
 
     @cached_property
     def samples_for_power(self) -> int | None:
@@ -87,7 +90,11 @@ class Bound:
         return {**kept, "samples_for_power": self.samples_for_power, "held": self.held, "status": self.status}
 
     def said(self) -> str:
-        """ "top-1 drop ≤ 8.9% (0 of 32 lost, 0 gained, paired exact)", "cosine ≥ 0.99912 (heavy-tailed)"."""
+        """ "top-1 drop ≤ 8.9% (0 of 32 lost, 0 gained, paired exact)", "cosine ≥ 0.99912 (heavy-tailed)",
+        "per-sample cosine below 0.99 on ≤ 8.9% of inputs (0 of 32 below, exact)"."""
+        if self.metric == "sample_cos":  # said as the share below, which is what is counted
+            counted = f"{self.counted} of {self.samples} below, {SHORT.get(self.method, self.method)}"
+            return f"per-sample cosine below {self.threshold:g} on ≤ {1 - self.bound:.1%} of inputs ({counted})"
         name = {"cos": "cosine", "top1": "top-1", "metric": "metric"}[self.metric]
         what = f"{name} drop" if self.side == "upper" else name
         if self.bound is None:
@@ -128,11 +135,16 @@ class Bound:
             advice = f"pass --samples {self.samples_for_power} to resolve it with an {POWER:.0%} chance at the rates seen here"
             needed = self.samples_needed
             return advice + (f" (no fewer than {needed} could)" if needed is not None and self.samples_for_power > needed else "")
+        if self.metric == "sample_cos" and self.samples_needed is None:
+            return "no number of samples shows that every input keeps it: ask it of a share of them (sample-cos=0.99@99%)"
         if (self.counted is not None and self.samples_needed is None) or self._exactly_no_change():
             return f"no number of samples shows a limit of exactly no change: loosen the {name} limit"
         if self.status == "failed":
-            seen = f"{self.counted} of {self.samples} {self.counting}" if self.counted is not None else self.said()
-            return f"at the rate seen here ({seen}) the figure is past the limit: more samples would not show it; loosen the {name} limit"
+            seen = (
+                f"at the rate seen here ({self.counted} of {self.samples} {self.counting}) the figure" if self.counted is not None else ""
+            )
+            seen = seen or f"the figure seen here ({name}{' drop' if self.side == 'upper' else ''} {self.estimate:.5g})"
+            return f"{seen} is past the limit: more samples would not show it; loosen the {name} limit"
         return f"at the rates seen here no number of samples up to {MOST_SAMPLES} shows it: loosen the {name} limit"
 
     def _exactly_no_change(self) -> bool:
@@ -143,7 +155,7 @@ class Bound:
         TIP, ``advice``); None where the metric held or failed by its figure."""
         if self.status != "unresolved":
             return None
-        name = {"cos": "cosine", "top1": "top-1", "metric": "the metric"}[self.metric]
+        name = {"cos": "cosine", "top1": "top-1", "metric": "the metric", "sample_cos": "per-sample cosine"}[self.metric]
         if self.bound is None and self.method == ONE_SAMPLE:
             return (
                 f"one of the {self.samples} samples carries most of the {name}'s error: they cannot bound it at "
@@ -158,6 +170,8 @@ class Bound:
         return f"{self.samples} samples do not show {self._limit_said()} at {CONFIDENCE:.0%}: {self.said()}", self.advice()
 
     def _limit_said(self) -> str:
+        if self.metric == "sample_cos":
+            return f"per-sample cosine ≥ {self.threshold:g} on at least {self.limit:.2%} of inputs"
         name = {"cos": "cosine", "top1": "top-1", "metric": "the metric"}[self.metric]
         value = f"{self.limit:.2%}" if self.metric == "top1" else f"{self.limit:.5g}"
         return f"a {name} drop of at most {value}" if self.side == "upper" else f"{name} of at least {value}"
