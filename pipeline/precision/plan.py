@@ -39,6 +39,7 @@ from pipeline.catalog.floor import AccuracyFloor
 from pipeline.precision.bounds import Bound
 from pipeline.precision.figures import Figures, change_text
 from pipeline.precision.sensitivity import Sensitivity
+from pipeline.precision.unseen import Unseen, unseen
 from pipeline.precision.variant_lab import VariantLab
 from pipeline.running.errors import PipelineError
 
@@ -107,6 +108,12 @@ class Plan:
     @property
     def needed(self) -> bool:
         return bool(self.exclude)
+
+    @property
+    def unseen(self) -> Unseen:
+        """What the confirmation's samples, on which the plan's claim rests, cannot see
+        (pipeline/precision/unseen.py)."""
+        return unseen(self.confirm_samples, self.floor)
 
     def failing(self) -> list[Bound]:
         """Every floor metric that fails on the search at the plan's exclusions, by its figure or by

@@ -127,6 +127,7 @@ def plan_document(
         "confirmed": plan.confirmed,
         "status": plan.status,
         "metrics": plan_metrics(plan, built),
+        "unseen": plan.unseen.as_dict(),
         "built": built.as_dict() if built is not None else None,
         "quantized_flops_share": plan.quantized_flops_share,
         "evaluation": plan.evaluation,
@@ -264,6 +265,7 @@ def print_plan(plan: Plan, total_layers: int, toml_text: str, command: str, cons
     if not plan.needed and plan.held_on_search:
         console.print(f"[bold]{plan.engine}[/bold] already meets {plan.floor} fully quantized: {search.said()}; no layer needs excluding.")
         console.print(f"  search: {_bounds(plan, 'search')}   confirmation: {_bounds(plan, 'confirm')}")
+        console.print(f"  what the confirmation cannot see: {plan.unseen.said()}", markup=False, highlight=False)
         if plan.status == "unresolved":
             console.print(f"[yellow]floor {plan.floor}: unresolved — these samples cannot show every limit by its bound[/yellow]")
         return
@@ -276,6 +278,7 @@ def print_plan(plan: Plan, total_layers: int, toml_text: str, command: str, cons
     )
     console.print(f"  planned           search: {search.said()}   confirmation: {confirm.said()}")
     console.print(f"  {CONFIDENCE:.0%} one-sided bounds   search: {_bounds(plan, 'search')}   confirmation: {_bounds(plan, 'confirm')}")
+    console.print(f"  what the confirmation cannot see: {plan.unseen.said()}", markup=False, highlight=False)
     for step in plan.steps:
         if step.action == "exclude":
             console.print(f"  exclude {step.layer}: {step.note}", markup=False, highlight=False)
