@@ -238,11 +238,12 @@ def plan(
 
     \b
     The floor is checked on the search batches and confirmed on as many again that the search
-    never saw, each by a one-sided 95% bound (exact for top-1, a bootstrap for cosine and the
-    metric); where the samples are too few to show a top-1 floor, it says so. The result is
-    catalog TOML (a [variants.NAME] table with its exclude list) and, with --apply, written into
-    pipeline.toml. --measure TOOLCHAIN (or the `pipeline run` printed) measures whether it still
-    pays, beside the fully quantized and the unquantized variants.
+    never saw, each by a one-sided 95% bound (exact for top-1 and for a floor each input must
+    keep, sample-cos=0.99@99%; a bound of a heavy-tailed mean for cosine and the metric); where
+    the samples are too few to show a limit, it says so, and says how rare a failure they could
+    miss. The result is catalog TOML (a [variants.NAME] table with its exclude list) and, with
+    --apply, written into pipeline.toml. --measure TOOLCHAIN (or the `pipeline run` printed)
+    measures whether it still pays, beside the fully quantized and the unquantized variants.
     """
     from pipeline.catalog.file import find_catalog
     from pipeline.precision import catalog_edit, report

@@ -46,6 +46,16 @@ def test_the_floor_says_it_and_the_json_keeps_it():
     assert floor.as_dict()["per_sample"] == [{"metric": "cos", "value": 0.99, "share": 0.99}]
 
 
+@pytest.mark.parametrize("command", ["plan", "sensitivity"])
+def test_the_help_says_the_per_sample_form_and_what_it_is_for(command, tiny_catalog, run_cli):
+    import re
+
+    result = run_cli(tiny_catalog, command, "--help")
+    said = " ".join(re.sub(r"-\n\s+", "-", result.out).split())  # click wraps a line at a hyphen
+    assert result.exit_code == 0 and "sample-cos=0.99@99%" in said and "at least 99% of inputs keep a cosine of 0.99" in said
+    assert "cannot hide under a mean" in said
+
+
 def _stats(cosines: list[float]) -> SampleStats:
     """Samples whose own cosines are ``cosines`` (unit-norm outputs: the cosine is the dot product)."""
     cosines = np.asarray(cosines, dtype=float)
