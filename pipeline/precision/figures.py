@@ -127,7 +127,7 @@ def figures(references: list, outputs: list, labels: list[int] | None = None) ->
         fp32_accuracy = formulas.labels_accuracy(reference, labels)
     return Figures(
         cosine=cosine_of(reference.ravel(), output.ravel()),
-        min_sample_cosine=float(np.min(formulas.sample_cosines(reference, output))),
+        min_sample_cosine=float(np.min(each)),
         relative_error=relative_error_of(reference.ravel(), output.ravel()),
         # A NaN output counts as its sample's predicted class here, as in the bounds' own count
         # (pipeline/precision/bounds.py's sample_stats).
