@@ -29,8 +29,9 @@ SHORT = {
     NO_BOUND: "no bound: one batch",
     ONE_SAMPLE: "no bound: one sample carries most of the error",
 }
-# A limit's metric, as "loosen the cosine limit" says it.
+# A limit's metric, as "loosen the cosine limit" says it, and as a sentence names it.
 NAMES = {"cos": "cosine", "top1": "top-1", "metric": "metric", "sample_cos": "per-sample cosine"}
+SAID = {**NAMES, "metric": "the metric"}
 
 
 @dataclass(frozen=True)
@@ -155,7 +156,7 @@ class Bound:
         TIP, ``advice``); None where the metric held or failed by its figure."""
         if self.status != "unresolved":
             return None
-        name = {"cos": "cosine", "top1": "top-1", "metric": "the metric", "sample_cos": "per-sample cosine"}[self.metric]
+        name = SAID[self.metric]
         if self.bound is None and self.method == ONE_SAMPLE:
             return (
                 f"one of the {self.samples} samples carries most of the {name}'s error: they cannot bound it at "
@@ -172,7 +173,7 @@ class Bound:
     def _limit_said(self) -> str:
         if self.metric == "sample_cos":
             return f"per-sample cosine ≥ {self.threshold:g} on at least {self.limit:.2%} of inputs"
-        name = {"cos": "cosine", "top1": "top-1", "metric": "the metric"}[self.metric]
+        name = SAID[self.metric]
         value = f"{self.limit:.2%}" if self.metric == "top1" else f"{self.limit:.5g}"
         return f"a {name} drop of at most {value}" if self.side == "upper" else f"{name} of at least {value}"
 
