@@ -94,7 +94,7 @@ def test_a_plan_on_the_users_data_hook_keeps_the_users_metric_within_its_max_dro
 
     plan = json.loads(run_cli(catalog, "plan", *args, *floor, "--format", "json").out)
     jsonschema.validate(plan, schema("plan"))
-    assert plan["schema_version"] == 5 and plan["floor"]["max_drop"] == [{"metric": "metric", "value": 0.05}]
+    assert plan["schema_version"] == 6 and plan["floor"]["max_drop"] == [{"metric": "metric", "value": 0.05}]
     search, confirm = plan["evaluation"]["search"], plan["evaluation"]["confirm"]
     assert search["source"] == confirm["source"] == "hook" and search["hook"] == f"{hooks}:batches"
     assert search["samples"] == confirm["samples"] == 16 and search["batches"] == confirm["batches"] == 4
