@@ -15,12 +15,13 @@ A plan given (confirmed, or unresolved) *holds* when the truth keeps what its ou
 floor, where the samples could show it; where they could not (a top-1 limit finer than the samples
 resolve, pipeline/precision/bounds.py), the bound the output states instead. The share that hold
 is to be at least the 95 % the output claims. Every trial draws new search and confirmation
-samples and its own truth; heavy-tailed rows draw Student's t about the class centres. Beside the
+samples and its own truth; heavy-tailed rows draw Student's t about the class centres; the last row
+is a floor each input must keep (a per-sample cosine on a share of the inputs). Beside the
 plan, the fixed variant of each row's edge exclusions is judged by its confirmation bound alone,
 with no search before it: of the trials where the truth misses the floor, how often that bound
 shows the floor held (a false pass that needs one miss, where the plan's needs two).
 
-    python scripts/simulate_plans.py             # the table docs/precision.md shows
+    python scripts/simulate_plans.py             # the table docs/floors.md shows
     python scripts/simulate_plans.py --trials 50  # quicker, coarser
 """
 
@@ -40,7 +41,7 @@ from pipeline.precision.figures import figures
 from pipeline.precision.plan import make_plan
 from pipeline.running.errors import PipelineError
 
-TRIALS = 100  # plans per row: the table in docs/precision.md, which CI prints again
+TRIALS = 100  # plans per row: the table in docs/floors.md, which CI prints again
 FRESH = 50_000  # samples the floor is set on, where a scenario sets it by the truth
 TRUTH = 10_000  # each trial's own fresh samples, which stand for the truth a plan is judged by
 CLASSES, FEATURES, HIDDEN = 10, 16, 48
@@ -178,19 +179,22 @@ class Scenario:
     name: str
     fault: str
     bits: int
-    metric: str  # "cos", "top1"
+    metric: str  # "cos", "top1"; "sample_cos": a floor each input must keep, its limit the share of inputs
     side: str  # "lower": a threshold; "upper": a largest drop
     samples: int
     labelled: bool = False
     limit: float | None = None
     edge: tuple[str, ...] = ()
     tails: int | None = None  # heavy-tailed samples (Model.tails): heavy-tailed per-sample errors
+    threshold: float | None = None  # "sample_cos": the cosine each input must keep; the limit is the share
 
     def floor(self, truths) -> AccuracyFloor:
         limit = self.limit
         if limit is None:
             kept = truths(frozenset(self.edge))[self.key]
             limit = kept + 1e-6 if self.side == "lower" else kept - 1e-6
+        if self.metric == "sample_cos":
+            return AccuracyFloor((), "--floor", (), (("cos", self.threshold, limit),))
         if self.side == "lower":
             return AccuracyFloor(((self.metric, limit),), "--floor")
         return AccuracyFloor((), "--max-drop", ((self.metric, limit),))
@@ -233,6 +237,16 @@ def scenarios() -> list[Scenario]:
             400,
             tails=3,
         ),
+        Scenario(
+            "per-sample cosine ≥ 0.9968 on a hair more inputs than the fault excluded alone keeps it on (97 %), 400 samples",
+            "fc2",
+            8,
+            "sample_cos",
+            "lower",
+            400,
+            edge=("fc2",),
+            threshold=0.9968,
+        ),
     ]
 
 
@@ -261,7 +275,7 @@ class Tally:
 _reference: list = [None, None]
 
 
-def truth(model: Model, fresh, excluded: frozenset) -> dict[tuple[str, str], float]:
+def truth(model: Model, fresh, excluded: frozenset, threshold: float | None = None) -> dict[tuple[str, str], float]:
     """What a plan's exclusions keep on the fresh samples: each metric's figure (a drop for "upper")."""
     inputs, labels = fresh
     with torch.no_grad():
@@ -277,6 +291,7 @@ def truth(model: Model, fresh, excluded: frozenset) -> dict[tuple[str, str], flo
         ("top1", "lower"): measured.top1,
         ("top1", "upper"): measured.fp32_top1_accuracy - measured.top1_accuracy,
         ("top1", "upper", "changed"): changed,
+        ("sample_cos", "lower"): measured.kept_share("cos", threshold) if threshold is not None else None,
     }
 
 
@@ -294,7 +309,10 @@ def holds(confirm_bounds, truths: dict) -> bool:
 
 def misses(floor: AccuracyFloor, truths: dict, key: tuple) -> bool:
     """Whether the truth misses the floor's one limit."""
-    (metric, limit), side = (floor.thresholds[0], "lower") if floor.thresholds else (floor.drops[0], "upper")
+    if floor.per_sample:
+        (_, _, limit), side = floor.per_sample[0], "lower"  # the share of inputs
+    else:
+        (_, limit), side = (floor.thresholds[0], "lower") if floor.thresholds else (floor.drops[0], "upper")
     value = truths[key]
     return value < limit if side == "lower" else value > limit
 
@@ -305,7 +323,7 @@ def run_scenario(scenario: Scenario, trials: int) -> Tally:
     # the floor's and of every other trial's (a plan judged on the draw its floor came from would
     # share that draw's luck).
     setting = model.draw(FRESH, 99)
-    floor = scenario.floor(lambda excluded: truth(model, setting, excluded))
+    floor = scenario.floor(lambda excluded: truth(model, setting, excluded, scenario.threshold))
     tally = Tally()
     flops = {name: float(layer.weight.numel()) for name, layer in zip(LAYERS, model.linears)}
     sensitivity = SimpleNamespace(layers=[SimpleNamespace(name=name, flops=flops[name]) for name in LAYERS])
@@ -314,7 +332,7 @@ def run_scenario(scenario: Scenario, trials: int) -> Tally:
         fresh = model.draw(TRUTH, 10**6 + trial)
         lab = Lab(model, scenario.samples, 1000 + 2 * trial, scenario.labelled)
         edge = frozenset(scenario.edge)
-        if misses(floor, truth(model, fresh, edge), scenario.key):
+        if misses(floor, truth(model, fresh, edge, scenario.threshold), scenario.key):
             tally.fixed_missing += 1
             # Passed: every bound shows its limit (an unresolvable limit shows nothing).
             tally.fixed_passed += all(bound.status == "held" for bound in lab.bounds(edge, floor, "confirm"))
@@ -330,7 +348,7 @@ def run_scenario(scenario: Scenario, trials: int) -> Tally:
             continue
         tally.confirmed += plan.status == "confirmed"
         tally.unresolved += plan.status == "unresolved"
-        tally.held += holds(plan.bounds["confirm"], truth(model, fresh, frozenset(plan.exclude)))
+        tally.held += holds(plan.bounds["confirm"], truth(model, fresh, frozenset(plan.exclude), scenario.threshold))
     return tally
 
 

@@ -1,7 +1,7 @@
 """The accuracy an engine must keep: each precision's own cosine check, and the floor a report's
 answer must meet (the catalog's `fail_accuracy_below`, `--fail-accuracy-below`) or a quantized
-variant's plan must keep (`--floor`, `--max-drop`). It lives with the catalog, which sets it;
-measuring, reporting and the precision tools read it."""
+variant's plan must keep (`--floor`, its per-sample form, and `--max-drop`). It lives with the
+catalog, which sets it; measuring, reporting and the precision tools read it."""
 
 from __future__ import annotations
 
@@ -65,6 +65,36 @@ def parse_drop(text: str) -> AccuracyThreshold:
     return metric, drop
 
 
+# A floor each input must keep, on a share of the inputs: "sample-cos=0.99@99%" asks that at least
+# 99 % of inputs keep a cosine of 0.99 to FP32's output each, (metric, per-input threshold, share).
+# A floor on the mean lets a few inputs carry errors tens of times the rest's unseen; one on each
+# input counts them, and a count has an exact bound (pipeline/precision/bounds.py).
+PerSampleThreshold = tuple[str, float, float]
+PER_SAMPLE_ALIASES = {"sample-cos": "cos", "sample-cosine": "cos"}
+PER_SAMPLE_FORMS = "sample-cos=0.99@99% (at least 99% of inputs each keep a cosine of 0.99 to FP32's output)"
+
+
+def parse_per_sample(text: str) -> PerSampleThreshold | None:
+    """ "sample-cos=0.99@99%" or "sample-cos=0.99@0.99" → ("cos", 0.99, 0.99); None where ``text``
+    names no per-sample metric (another form of threshold); ValueError where it does but is not
+    of this form."""
+    name, _, rest = str(text).partition("=")
+    metric = PER_SAMPLE_ALIASES.get(name.strip().lower())
+    if metric is None:
+        return None
+    value, at, share_text = rest.partition("@")
+    share_text = share_text.strip()
+    try:
+        threshold = float(value)
+        share = float(share_text[:-1]) / 100 if share_text.endswith("%") else float(share_text)
+    except ValueError:
+        threshold = share = None
+    # Every input (a share of 1) is a limit no count of samples can show: allowed, and said so.
+    if not at or threshold is None or share is None or not 0.0 <= threshold <= 1.0 or not 0.0 < share <= 1.0:
+        raise ValueError(f"not a per-sample floor: give {PER_SAMPLE_FORMS}")
+    return metric, threshold, share
+
+
 def _drop_text(metric: str, drop: float) -> str:
     if metric == "cos":
         return f"cosine at most {drop:g} below 1"
@@ -85,22 +115,29 @@ class AccuracyFloor:
     source: str = ""
     # (metric, how far below the FP32 model it may fall, as a fraction); "metric" is the user's hook.
     drops: tuple[AccuracyThreshold, ...] = ()
+    # (metric, the figure each input must keep, the share of inputs that must keep it): a plan's only.
+    per_sample: tuple[PerSampleThreshold, ...] = ()
 
     def met_by(self, figures) -> bool:
         """Whether ``figures`` (pipeline/precision/figures.py's: a ``value`` and a ``drop`` by metric)
         keep the floor at their point estimates (how sure that is: pipeline/precision/bounds.py)."""
         # Within float rounding: FP32 against itself is a cosine of 1 give or take 1e-16.
         kept = all((value := figures.value(metric)) is not None and value >= threshold - 1e-12 for metric, threshold in self.thresholds)
-        return kept and all((fell := figures.drop(metric)) is not None and fell <= drop + 1e-12 for metric, drop in self.drops)
+        kept = kept and all((fell := figures.drop(metric)) is not None and fell <= drop + 1e-12 for metric, drop in self.drops)
+        return kept and all(
+            (share_kept := figures.kept_share(metric, threshold)) is not None and share_kept >= share - 1e-12
+            for metric, threshold, share in self.per_sample
+        )
 
     def wanted(self) -> str:
         """What it asks, without who set it: "cosine ≥ 0.99, top-1 at most 1% below FP32's"."""
         parts = [f"cosine ≥ {t:g}" if metric == "cos" else f"top-1 ≥ {t:g}" for metric, t in self.thresholds if metric != "metric"]
         parts += [f"metric ≥ {value:g}" for metric, value in self.thresholds if metric == "metric"]
+        parts += [per_sample_text(threshold, share) for _, threshold, share in self.per_sample]
         return ", ".join(parts + [_drop_text(metric, drop) for metric, drop in self.drops])
 
     def __str__(self) -> str:
-        if not self.thresholds and not self.drops:
+        if not self.thresholds and not self.drops and not self.per_sample:
             return "each precision's own check"
         wanted = self.wanted()
         return f"{wanted} ({self.source})" if self.source else wanted
@@ -109,5 +146,11 @@ class AccuracyFloor:
         return {
             "thresholds": [{"metric": m, "value": t} for m, t in self.thresholds],
             "max_drop": [{"metric": m, "value": d} for m, d in self.drops],
+            "per_sample": [{"metric": m, "value": v, "share": s} for m, v, s in self.per_sample],
             "source": self.source,
         }
+
+
+def per_sample_text(threshold: float, share: float) -> str:
+    """ "per-sample cosine ≥ 0.99 on at least 99% of inputs"."""
+    return f"per-sample cosine ≥ {threshold:g} on at least {100 * share:.4g}% of inputs"

@@ -13,28 +13,40 @@ from pipeline.cli.state import State, pass_state
 ENGINE_HELP = "A quantized engine, e.g. vit_tiny_int8 (its model and variant are what is analysed)."
 SAMPLES_HELP = "Evaluation samples for the search (and as many others for the plan's confirmation), apart from calibration."
 FLOOR_HELP = (
-    "The accuracy to keep: cos=0.99 (cosine to FP32), top1=0.95, or both (repeatable). Default: the model's "
-    "accuracy_floor in pipeline.toml, else the precision's own check."
+    "The accuracy to keep: cos=0.99 (cosine to FP32 over the set), top1=0.95 (the share of inputs whose class is FP32's), "
+    "or sample-cos=0.99@99% (a floor each input must keep: at least 99% of inputs keep a cosine of 0.99 to FP32's "
+    "output each, which a few inputs with errors tens of times the rest's cannot hide under a mean) (repeatable; all "
+    "hold). Default: the model's accuracy_floor in pipeline.toml, else the precision's own check."
 )
 
 
 def _floor(state: State, ref, floors: tuple[str, ...], max_drops: tuple[str, ...] = ()):
-    from pipeline.catalog.floor import DROP_FORMS, THRESHOLD_FORMS, parse_accuracy_threshold, parse_drop
+    from pipeline.catalog.floor import DROP_FORMS, PER_SAMPLE_FORMS, THRESHOLD_FORMS, parse_accuracy_threshold, parse_drop, parse_per_sample
     from pipeline.precision.figures import floor_for
     from pipeline.running.errors import UsageError
 
-    given, drops = [], []
+    given, drops, each = [], [], []
     for text in floors:
         try:
+            if (per_sample := parse_per_sample(text)) is not None:
+                each.append(per_sample)
+                continue
             given.append(_metric_threshold(text) or parse_accuracy_threshold(text))
         except ValueError as exc:
-            raise UsageError(f"--floor {text!r} is not a threshold.", hint=f"give {THRESHOLD_FORMS}, or metric=0.8") from exc
+            raise UsageError(
+                f"--floor {text!r} is not a threshold.", hint=f"give {THRESHOLD_FORMS}, metric=0.8, or {PER_SAMPLE_FORMS}"
+            ) from exc
+    if len(each) > 1:
+        raise UsageError(
+            f"--floor gives {len(each)} per-sample floors ({', '.join(t for t in floors if parse_per_sample(t))}): a plan keeps one.",
+            hint="keep the one that matters most, e.g. --floor sample-cos=0.99@99%",
+        )
     for text in max_drops:
         try:
             drops.append(parse_drop(text))
         except ValueError as exc:
             raise UsageError(f"--max-drop {text!r} is not a largest drop.", hint=f"give {DROP_FORMS}") from exc
-    floor = floor_for(state.catalog, ref, tuple(given), drops=tuple(drops))
+    floor = floor_for(state.catalog, ref, tuple(given), drops=tuple(drops), per_sample=tuple(each))
     if any(metric == "metric" for metric, _ in (*floor.thresholds, *floor.drops)) and not state.catalog.evaluation.metric:
         raise UsageError(
             f"{ref.name}: a floor on the metric needs the metric: no --metric (or [evaluation] metric) is given.",
@@ -183,7 +195,7 @@ def sensitivity(state: State, engine, samples, eval_dir, eval_data, eval_tokens,
     "--apply-unresolved",
     is_flag=True,
     help="Accept a plan whose limits these samples cannot show (status unresolved: held by everything they can say, not "
-    "confirmed): --apply adds it and --measure times it. Without it such a plan is written but neither applied nor timed.",
+    "confirmed): --apply adds it. Without it such a plan is written but not applied (--measure times it either way).",
 )
 @click.option(
     "--check-built/--no-check-built",
@@ -196,7 +208,8 @@ def sensitivity(state: State, engine, samples, eval_dir, eval_data, eval_tokens,
     "--measure",
     metavar="TOOLCHAIN",
     help="Then export, build and time the planned variant beside the fully quantized and the unquantized ones on this "
-    "toolchain, in paired rounds, and print what the plan costs in speed beside what it buys in accuracy.",
+    "toolchain, in paired rounds, and print what the plan costs in speed beside what it buys in accuracy — whatever the "
+    "plan's status (a plan not confirmed is timed as it is, and still not applied).",
 )
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write the output to this file.")
@@ -225,15 +238,15 @@ def plan(
 
     \b
     The floor is checked on the search batches and confirmed on as many again that the search
-    never saw, each by a one-sided 95% bound (exact for top-1, a bootstrap for cosine and the
-    metric); where the samples are too few to show a top-1 floor, it says so. The result is
-    catalog TOML (a [variants.NAME] table with its exclude list) and, with --apply, written into
-    pipeline.toml. --measure TOOLCHAIN (or the `pipeline run` printed) measures whether it still
-    pays, beside the fully quantized and the unquantized variants.
+    never saw, each by a one-sided 95% bound (exact for top-1 and for a floor each input must
+    keep, sample-cos=0.99@99%; a bound of a heavy-tailed mean for cosine and the metric); where
+    the samples are too few to show a limit, it says so, and says how rare a failure they could
+    miss. The result is catalog TOML (a [variants.NAME] table with its exclude list) and, with
+    --apply, written into pipeline.toml. --measure TOOLCHAIN (or the `pipeline run` printed)
+    measures whether it still pays, beside the fully quantized and the unquantized variants.
     """
     from pipeline.catalog.file import find_catalog
     from pipeline.precision import catalog_edit, report
-    from pipeline.precision.plan import make_plan
     from pipeline.running.reporting import Reporter, stdout_console
 
     _users_evaluation(state, eval_dir, eval_data, metric, eval_tokens)
@@ -250,7 +263,7 @@ def plan(
     lab, result = _analysed(state, engine, samples, floor, "plan")
     reporter = Reporter(verbose=state.verbose)
     with reporter.working("plan", ref.name), reporter.captured("modelopt"):
-        planned = make_plan(lab, result, floor, reporter.progress)
+        planned = _planned(lab, result, floor, reporter.progress, measure)
     description = (
         f"{ref.variant} with {len(planned.exclude)} of {len(result.layers)} layers unquantized: {floor.wanted()} "
         f"on {planned.search_samples} + {planned.confirm_samples} samples, {planned.quantized_flops_share:.0%} of their FLOPs quantized (pipeline plan)"
@@ -270,31 +283,27 @@ def plan(
         measuring = measure or _embedded_toolchain(state)
         built = build_and_check(state, lab, ref, name if planned.needed else None, table, measuring, floor)
         record_on_engine(built, planned)
-    paid = None
-    if measure and not accepted and planned.status == "unresolved":
-        reporter.warn(
-            f"--measure: the plan for {ref.name} is unresolved, so it was not timed. TIP pass --apply-unresolved to time it as it is"
-        )
-    if measure and accepted:  # a plan that failed, or one not shown, is not worth timing
+    measured = None
+    if measure:  # whatever its status: what the plan costs says whether resolving it is worth the work
         from pipeline.precision.measure import measure_plan
 
-        if apply_ and planned.needed:  # the variant is in the file before its engines are made
+        if apply_ and accepted and planned.needed:  # the variant is in the file before its engines are made
             catalog_edit.apply_variant(catalog_file, name, table, digest)
             click.echo(f"added [variants.{name}] to {catalog_file}", err=True)
             apply_ = False
         # No layer needed excluding: the plan is the fully quantized variant, timed beside the unquantized.
-        paid = measure_plan(state, ref, name if planned.needed else None, table, measure)
+        measured = measure_plan(state, ref, name if planned.needed else None, table, measure, planned.status)
     if fmt == "json":
-        measured = None if paid is None else {"toolchain": measure, "points": [point.as_dict() for point in paid]}
-        _emit(_json(report.plan_document(planned, name, table, toml_text, command, measured, built)), out)
+        found = None if measured is None else measured.as_dict()
+        _emit(_json(report.plan_document(planned, name, table, toml_text, command, found, built)), out)
     elif out is not None:
         _emit(toml_text, out)
     else:
         report.print_plan(planned, len(result.layers), toml_text, command, stdout_console())
         if built is not None:
             stdout_console().print(built.said(floor), markup=False, highlight=False)
-        if paid is not None:
-            report.print_paid(paid, measure, stdout_console())
+        if measured is not None:
+            report.print_paid(measured, stdout_console())
     if built is not None and built.held is False and fmt != "table":
         reporter.warn(built.said(floor))
     _refuse_unless_shown(planned, ref, floor, apply_, apply_unresolved)
@@ -303,9 +312,25 @@ def plan(
         click.echo(f"added [variants.{name}] to {catalog_file}", err=True)
 
 
+def _planned(lab, sensitivity, floor, progress, measure: str | None):
+    """The plan; where there is none (only the unquantized model meets the floor), the error says
+    too that --measure timed nothing."""
+    from pipeline.precision.plan import make_plan
+    from pipeline.running.errors import PipelineError
+
+    try:
+        return make_plan(lab, sensitivity, floor, progress)
+    except PipelineError as error:
+        if not measure:
+            raise
+        said = f"{error.message.rstrip('.')}; --measure {measure} timed nothing: there is no planned variant to time."
+        raise type(error)(said, error.hint) from error
+
+
 def _refuse_unless_shown(planned, ref, floor, apply_: bool, apply_unresolved: bool) -> None:
     """A failed plan, or an unresolved one the user did not accept, is said as an error (exit 1)
     after the plan itself was written: nothing is applied."""
+    from pipeline.precision.floor_bound import one_advice
     from pipeline.running.errors import PipelineError
 
     if not planned.held_on_search:
@@ -313,27 +338,21 @@ def _refuse_unless_shown(planned, ref, floor, apply_: bool, apply_unresolved: bo
         failing = "; ".join(bound.said() for bound in planned.failing()) or planned.search.said()
         stop = next((step for step in planned.steps if step.action == "stop"), None)  # the pruning follows it
         stopped = stop.note + "; " if stop is not None else ""
-        unresolved = [bound for bound in planned.unresolved() if bound.samples_needed]
-        needed = max((bound.samples_for_power or bound.samples_needed for bound in unresolved), default=0)
+        # Where the samples cannot resolve a limit, why; the TIP is the one advice every failing limit shares.
+        why = "".join(f"; {bound.why_unresolvable()}" for bound in planned.unresolved() if bound.samples_needed)
         raise PipelineError(
-            f"the plan for {ref.name} does not meet {floor} on the search batches: {stopped}failing {failing}; "
+            f"the plan for {ref.name} does not meet {floor} on the search batches: {stopped}failing {failing}{why}; "
             f"it was {'written, ' if planned.needed else ''}not applied.",
-            hint=f"pass --samples {needed}: {unresolved[0].unresolved_said()}"
-            if unresolved
-            else "lower the floor, or evaluate on more samples (--samples)",
+            hint=one_advice(planned.failing()) or "lower the floor, or evaluate on more samples (--samples)",
         )
     if planned.status == "unresolved":
         shown = [bound for bound in planned.bounds["confirm"] if bound.status == "unresolved"]
-        needed = max((bound.samples_for_power or 0 for bound in shown), default=0)
         if not (apply_ and apply_unresolved):
             raise PipelineError(
                 f"the plan for {ref.name} is unresolved: {planned.confirm_samples} confirmation samples cannot show "
                 + "; ".join(bound.said() for bound in shown)
                 + f" against {floor}; it was {'not applied' if apply_ else 'written, not confirmed'}.",
-                hint=(
-                    f"pass --samples {needed} to resolve it with an 80% chance at the rates seen" if needed else "evaluate on more samples"
-                )
-                + (", or --apply-unresolved to add it as it is" if apply_ else ""),
+                hint=(one_advice(shown) or "evaluate on more samples") + (", or --apply-unresolved to add it as it is" if apply_ else ""),
             )
     elif not planned.confirmed:
         failed = "; ".join(bound.said() for bound in planned.bounds["confirm"] if not bound.held) or planned.confirm.said()

@@ -8,7 +8,7 @@ methods, what they guarantee and the coverage CI measures (scripts/coverage_of_b
 - **Top-1 against labels**: the net drop, (lost − gained)/n, paired. Given d discordant samples
   (lost or gained), lost ~ Binomial(d, p) exactly (conditional on d, whatever d is), and the net
   drop is π_lost·(2 − 1/p) with π_lost the lost share: its bound is π_lost's exact bound (upper, or
-  lower where 2 − 1/p_upper < 0) times 2 − 1/p_upper, at 96 % and 99 % (``PAIRED_CONFIDENCE``,
+  lower where 2 − 1/p_upper < 0) times 2 − 1/p_upper, at 96 % and 99 % (``one_sided.PAIRED_CONFIDENCE``,
   Bonferroni: both hold together at 95 %). Bounding π_lost rather than π_d counts d's own
   uncertainty without paying for the gained samples twice.
 - **Cosine** (the global cosine over every value): with a sample's error energy q = ‖out − ref‖², the
@@ -19,6 +19,10 @@ methods, what they guarantee and the coverage CI measures (scripts/coverage_of_b
   the mean is set by a value seen once, and how often such values come no count of one can say
   (Bahadur and Savage 1956): the cosine gets no bound, and its status is unresolved, with the
   samples that would show it.
+- **A floor each input must keep** (a per-sample cosine on a share of the inputs): the samples
+  below it counted, the kept share bounded by the exact binomial bound (Clopper–Pearson) of the
+  share below — exact whatever the size of the errors, where a bound of a mean is not: a few
+  inputs carrying most of the error are a share, counted as one, never a mean they hide in.
 - **The user's metric**, per batch weighted by its samples: the same bound of a mean over the
   batches' drops (FP32's figure less the variant's); a threshold is FP32's lower bound less the
   drop's upper one. A metric over one batch has no bound (``NO_BOUND``): nothing says how it varies.
@@ -37,44 +41,39 @@ an unresolvable top-1 limit — held where no sample is counted against it — i
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, field, fields
-from functools import cached_property, partial
+from dataclasses import dataclass
+from functools import partial
 from statistics import NormalDist
 from typing import Any
 
+from pipeline.precision.figures import per_sample_sums, sample_cosines
+from pipeline.precision.floor_bound import (
+    ALPHA,
+    CONFIDENCE,
+    EXACT,
+    HEAVY_TAILED,
+    NO_BOUND,
+    ONE_SAMPLE,
+    PAIRED,
+    POWER,
+    Bound,
+    samples_to_resolve,
+)
 from pipeline.precision.hooks import weighted_mean
 from pipeline.precision.one_sided import (
-    MOST_SAMPLES,
     RESAMPLE_SEED,
     RESAMPLES,
     approximate_upper,
-    exact_lower,
     mean_lower,
     mean_upper,
+    net_drop_upper,
     resampled_power,
     smallest_n,
 )
 from pipeline.precision.one_sided import binomial_cdf as binomial_cdf
 from pipeline.precision.one_sided import exact_upper as exact_upper
 
-CONFIDENCE = 0.95  # one-sided: a threshold's figure at its lower bound, a drop at its upper
-POWER = 0.80  # the chance that the samples a bound asks for show its limit
-ALPHA = 1.0 - CONFIDENCE
-PAIRED_CONFIDENCE = (0.96, 0.99)  # the lost share's, lost's share of the discordant: Bonferroni
 COSINE_CONFIDENCE = (0.96, 0.99)  # the mean error energy's upper bound, the output energy's lower: Bonferroni
-EXACT = "exact binomial (Clopper-Pearson)"
-PAIRED = "paired exact binomial (discordant samples, Clopper-Pearson)"
-HEAVY_TAILED = "skew-corrected t or log-normal (the larger)"
-NO_BOUND = "none: one batch"
-ONE_SAMPLE = "none: one sample carries most of the error"
-SHORT = {
-    EXACT: "exact",
-    PAIRED: "paired exact",
-    HEAVY_TAILED: "heavy-tailed",
-    NO_BOUND: "no bound: one batch",
-    ONE_SAMPLE: "no bound: one sample carries most of the error",
-}
 # The share of the error energy one sample may carry for the samples to bound its mean. Measured
 # (scripts/coverage_of_bounds.py, docs/bounds.md): at 0.7 every cell of the coverage table holds,
 # the 32-sample outlier draws among them; at 0.5 the cosine of a toy INT8 model whose fault was
@@ -103,169 +102,21 @@ def sample_stats(references: list, outputs: list, labels=None) -> SampleStats:
 
     classes = references[0].dim() == 2  # class scores
     reference, output = torch.cat([r.flatten(1) for r in references]), torch.cat([o.flatten(1) for o in outputs])
-    ref, out = reference.double(), output.double()
     agree = (reference.argmax(dim=1) == output.argmax(dim=1)).numpy() if classes else None
     correct = fp32_correct = None
     if classes and labels is not None:
         truth = torch.tensor(labels)
         correct = (torch.nan_to_num(output, nan=-torch.inf).argmax(dim=1) == truth).numpy()
         fp32_correct = (reference.argmax(dim=1) == truth).numpy()
+    dot, ref_sq, out_sq = per_sample_sums(references, outputs)
     return SampleStats(
-        dot=(ref * out).sum(1).numpy(),
-        ref_sq=(ref * ref).sum(1).numpy(),
-        out_sq=(out * out).sum(1).numpy(),
+        dot=dot,
+        ref_sq=ref_sq,
+        out_sq=out_sq,
         agree=agree,
         correct=correct,
         fp32_correct=fp32_correct,
     )
-
-
-@dataclass(frozen=True)
-class Bound:
-    """One floor metric on one set of samples: its figure, its one-sided bound, whether the floor
-    holds by it, and about how many samples would show the limit."""
-
-    metric: str  # "cos", "top1", "metric"
-    side: str  # "lower": a threshold the figure must reach; "upper": a drop it may not pass
-    limit: float  # the floor's threshold or largest drop
-    estimate: float  # the figure (a drop for "upper") on these samples
-    bound: float | None  # its one-sided CONFIDENCE bound; None where nothing bounds it (NO_BOUND)
-    method: str
-    samples: int
-    # Proportions: the samples counted against the floor, and what they are ("changed": the
-    # predicted class is not FP32's; "lost": FP32's is right against the label, the variant's is
-    # not); whether ``samples`` can show the limit at all (module docstring).
-    counted: int | None = None
-    counting: str | None = None
-    resolvable: bool = True
-    samples_needed: int | None = None  # the best-outcome floor on samples; None: no count can, or not a proportion
-    gained: int | None = None  # top-1 against labels: FP32's is wrong, the variant's right
-    # Searched only when asked (``samples_for_power``): the search asks for bounds hundreds of times.
-    power_search: Callable[[], int | None] | None = field(default=None, compare=False, repr=False)
-
-    @cached_property
-    def samples_for_power(self) -> int | None:
-        """About how many samples would show the limit with a POWER chance at the rates seen here,
-        never fewer than ``samples_needed``; None where no number can (module docstring)."""
-        return None if self.power_search is None else self.power_search()
-
-    @property
-    def held(self) -> bool:
-        """By the bound (the figure where there is none); where the samples cannot resolve the
-        limit, by no sample counted against it."""
-        if not self.resolvable:
-            return self.counted == 0
-        return self._within(self.estimate if self.bound is None else self.bound)
-
-    @property
-    def status(self) -> str:
-        """ "held": the bound is on the right side of the limit; "failed": the figure itself is
-        past it; "unresolved": the figure is within it, its bound is not (or there is none)."""
-        if not self._within(self.estimate):
-            return "failed"
-        return "held" if self.bound is not None and self._within(self.bound) else "unresolved"
-
-    def _within(self, value: float) -> bool:
-        if self.side == "lower":
-            return value >= self.limit - 1e-12  # within float rounding: FP32 against itself
-        return value <= self.limit + 1e-12
-
-    def as_dict(self) -> dict[str, Any]:
-        kept = {name: getattr(self, name) for name in (f.name for f in fields(self)) if name not in ("power_search", "gained")}
-        return {**kept, "samples_for_power": self.samples_for_power, "held": self.held, "status": self.status}
-
-    def said(self) -> str:
-        """ "top-1 drop ≤ 8.9% (0 of 32 lost, 0 gained, paired exact)", "cosine ≥ 0.99912 (heavy-tailed)"."""
-        name = {"cos": "cosine", "top1": "top-1", "metric": "metric"}[self.metric]
-        what = f"{name} drop" if self.side == "upper" else name
-        if self.bound is None:
-            figure = f"{self.estimate:.1%}" if self.metric == "top1" else f"{self.estimate:.5g}"
-            return f"{what} {figure} ({SHORT[self.method]})"
-        value = f"{self.bound:.1%}" if self.metric == "top1" else f"{self.bound:.5g}"
-        counted = f"{self.counted} of {self.samples} {self.counting}, " if self.counted is not None else ""
-        counted += f"{self.gained} gained, " if self.gained is not None else ""
-        return f"{what} {'≤' if self.side == 'upper' else '≥'} {value} ({counted}{SHORT.get(self.method, self.method)})"
-
-    def unresolved_said(self) -> str:
-        """Why the samples cannot show this limit, what is asked instead, and what would resolve it."""
-        name = "a top-1 drop" if self.side == "upper" else "top-1 agreement"
-        limit = f"of at most {self.limit:.2%}" if self.side == "upper" else f"of at least {self.limit:.2%}"
-        none = net_drop_upper(0, 0, self.samples) if self.method == PAIRED else exact_upper(0, self.samples)
-        best = none if self.side == "upper" else 1 - none
-        if self.samples_for_power is not None:  # at the rates seen; the best-outcome floor below it
-            resolve = f"--samples {self.samples_for_power} would resolve it with an {POWER:.0%} chance at the rates seen here"
-            resolve += f" (no fewer than {self.samples_needed} could)" if self.samples_for_power > self.samples_needed else ""
-        elif self.samples_needed is None:
-            resolve = "no number of samples resolves a limit of exactly no change"
-        else:
-            resolve = "at the rates seen here no number of samples resolves it"
-        return (
-            f"{self.samples} samples cannot show {name} {limit} at {CONFIDENCE:.0%} confidence: even none {self.counting} bounds it at "
-            f"{best:.1%}; the floor asks instead that none be {self.counting}; {resolve}"
-        )
-
-    def warning(self) -> tuple[str, str] | None:
-        """What to tell the user where the limit is not shown, and what to try (a WARNING and its
-        TIP); None where the metric held or failed by its figure."""
-        if self.status != "unresolved":
-            return None
-        name = {"cos": "cosine", "top1": "top-1", "metric": "the metric"}[self.metric]
-        if self.bound is None and self.method == ONE_SAMPLE:
-            more = (
-                f"about {self.samples_for_power} samples (--samples {self.samples_for_power})" if self.samples_for_power else "more samples"
-            )
-            return (
-                f"one of the {self.samples} samples carries most of the {name}'s error: they cannot bound it at "
-                f"{CONFIDENCE:.0%}, and its limit is not shown, only its figure",
-                f"evaluate on {more}, so that no one sample sets the figure",
-            )
-        if self.bound is None:
-            return (
-                f"{name} is measured over one batch: it has no {CONFIDENCE:.0%} bound, and its limit is not shown, only its figure",
-                "give the data hook several batches (a smaller batch size): the metric's bound is over the batches",
-            )
-        if self.samples_for_power is not None:
-            tip = f"about {self.samples_for_power} samples (--samples {self.samples_for_power}) would show it with an {POWER:.0%} chance"
-            tip += " at the rates seen here"
-        elif (self.side == "upper" and self.limit <= 0) or (self.side == "lower" and self.limit >= 1 and self.metric != "metric"):
-            tip = "no number of samples shows a limit of exactly no change"
-        else:
-            tip = f"at the rates seen here no number of samples up to {MOST_SAMPLES} shows it: loosen the limit"
-        floor = (
-            f" (at least {self.samples_needed} even if nothing changed)"
-            if self.samples_needed is not None and self.metric == "top1"
-            else ""
-        )
-        return f"{self.samples} samples do not show {self._limit_said()} at {CONFIDENCE:.0%}: {self.said()}", tip + floor
-
-    def _limit_said(self) -> str:
-        name = {"cos": "cosine", "top1": "top-1", "metric": "the metric"}[self.metric]
-        value = f"{self.limit:.2%}" if self.metric == "top1" else f"{self.limit:.5g}"
-        return f"a {name} drop of at most {value}" if self.side == "upper" else f"{name} of at least {value}"
-
-
-def samples_to_resolve(side: str, limit: float, confidence: float = CONFIDENCE) -> int | None:
-    """The fewest samples whose best outcome (none changed) shows ``limit``: None where none do."""
-    alpha = 1.0 - confidence
-    share = limit if side == "upper" else 1.0 - limit  # the changed share the limit allows
-    if share >= 1.0:
-        return 1
-    if share <= 0.0:
-        return None
-    return math.ceil(math.log(alpha) / math.log1p(-share) - 1e-9)
-
-
-def net_drop_upper(lost: int, gained: int, n: int, approximate: bool = False) -> float:
-    """The paired upper bound of the net top-1 drop (lost − gained)/n (module docstring)."""
-    upper = approximate_upper if approximate else exact_upper
-    share_confidence, lost_confidence = PAIRED_CONFIDENCE
-    # The net drop π_lost − π_gained is π_lost·(2 − 1/p), p lost's share of the discordant: it
-    # grows with p, so p's upper bound bounds it; with nothing discordant p is unknown (1).
-    p = upper(lost, lost + gained, lost_confidence) if lost + gained else 1.0
-    factor = 2.0 - 1.0 / p if p > 0 else -math.inf
-    if factor >= 0:
-        return upper(lost, n, share_confidence) * factor
-    return exact_lower(lost, n, share_confidence) * factor if lost else 0.0
 
 
 def bounds(stats: SampleStats, floor) -> list[Bound]:
@@ -284,6 +135,7 @@ def bounds(stats: SampleStats, floor) -> list[Bound]:
             )
             if found is not None:
                 result.append(found)
+    result += [_per_sample(stats, metric, threshold, share) for metric, threshold, share in floor.per_sample]
     return result
 
 
@@ -293,7 +145,7 @@ def _top1(stats: SampleStats, side: str, limit: float) -> Bound | None:
     if stats.agree is None:
         return None
     n, needed = len(stats.agree), samples_to_resolve(side, limit)
-    resolvable, quantile = needed is not None and n >= needed, NormalDist().inv_cdf(POWER)
+    resolvable = needed is not None and n >= needed
     if side == "upper" and stats.correct is not None:
         lost, gained = int(np.sum(stats.fp32_correct & ~stats.correct)), int(np.sum(~stats.fp32_correct & stats.correct))
         estimate = (lost - gained) / n
@@ -309,15 +161,53 @@ def _top1(stats: SampleStats, side: str, limit: float) -> Bound | None:
         return Bound("top1", side, limit, estimate, bound, PAIRED, n, lost, "lost", resolvable, needed, gained, search)
     changed = int(np.sum(~stats.agree))
     rate, allowed = changed / n, limit if side == "upper" else 1.0 - limit  # the changed share the limit allows
-
-    def shows_changed(size: int) -> bool:
-        count = round(size * rate + quantile * math.sqrt(size * rate * (1 - rate)))
-        return approximate_upper(min(count, size), size) <= allowed
-
-    search = partial(smallest_n, shows_changed, needed) if needed is not None and rate < allowed else None
+    search = _proportion_search(rate, allowed, needed)
     upper = exact_upper(changed, n)
     estimate, bound = (rate, upper) if side == "upper" else (1.0 - rate, 1.0 - upper)
     return Bound("top1", side, limit, estimate, bound, EXACT, n, changed, "changed", resolvable, needed, power_search=search)
+
+
+def _proportion_search(rate: float, allowed: float, needed: int | None):
+    """The samples for power of a share counted against the floor (``rate`` seen, ``allowed`` by
+    the limit): the fewest whose count at its 80 % quantile has its exact bound within the limit;
+    None where no number can (module docstring)."""
+    quantile = NormalDist().inv_cdf(POWER)
+
+    def shows(size: int) -> bool:
+        count = round(size * rate + quantile * math.sqrt(size * rate * (1 - rate)))
+        return approximate_upper(min(count, size), size) <= allowed
+
+    return partial(smallest_n, shows, needed) if needed is not None and rate < allowed else None
+
+
+def _per_sample(stats: SampleStats, metric: str, threshold: float, share: float) -> Bound:
+    """A floor each input must keep, on ``share`` of the inputs: the samples below ``threshold``
+    counted, and the share that keeps it bounded below by the exact binomial bound of the share
+    that does not — whatever size their errors are, so that a few inputs carrying most of the error
+    count as what they are, a share of the inputs (module docstring)."""
+    import numpy as np
+
+    cosines = sample_cosines(stats.dot, stats.ref_sq, stats.out_sq)
+    n, below = len(cosines), int(np.sum(~(cosines >= threshold - 1e-12)))  # a NaN is below
+    needed = samples_to_resolve("lower", share)
+    search = _proportion_search(below / n, 1.0 - share, needed)
+    bound = 1.0 - exact_upper(below, n)
+    resolvable = needed is not None and n >= needed
+    return Bound(
+        "sample_cos",
+        "lower",
+        share,
+        1.0 - below / n,
+        bound,
+        EXACT,
+        n,
+        below,
+        "below",
+        resolvable,
+        needed,
+        power_search=search,
+        threshold=threshold,
+    )
 
 
 def cosine_lower(dot, ref_sq, out_sq) -> float:

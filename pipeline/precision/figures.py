@@ -13,11 +13,11 @@ accuracy control does (a validation set, a metric, a maximum drop).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pipeline.catalog import Catalog, EngineRef
-from pipeline.catalog.floor import AccuracyFloor, AccuracyThreshold, accuracy_floor
+from pipeline.catalog.floor import AccuracyFloor, AccuracyThreshold, PerSampleThreshold, accuracy_floor
 from pipeline.measuring import accuracy as formulas
 
 
@@ -36,9 +36,23 @@ class Figures:
     # The user's metric hook (pipeline/precision/hooks.py), on this variant and on the FP32 model.
     metric: float | None = None
     fp32_metric: float | None = None
+    # Each sample's own cosine (``sample_cosines``), for a floor each input must keep; the output
+    # keeps how many fall below it (the bounds' count), not the values.
+    sample_cosines: tuple[float, ...] | None = field(default=None, repr=False, compare=False)
 
     def value(self, metric: str) -> float | None:
         return {"cos": self.cosine, "top1": self.top1, "metric": self.metric}[metric]
+
+    def below(self, metric: str, threshold: float) -> int | None:
+        """How many samples fall below ``threshold`` each (a NaN is below); None where not measured."""
+        if metric != "cos" or self.sample_cosines is None:
+            return None
+        return sum(not value >= threshold - 1e-12 for value in self.sample_cosines)  # within float rounding, as the floor
+
+    def kept_share(self, metric: str, threshold: float) -> float | None:
+        """The share of samples that keep ``threshold`` each; None where not measured."""
+        below = self.below(metric, threshold)
+        return None if below is None or not self.sample_cosines else 1.0 - below / len(self.sample_cosines)
 
     def drop(self, metric: str) -> float | None:
         """How far below the FP32 model on the same samples: for ``cos``, 1 − cosine; for
@@ -53,7 +67,7 @@ class Figures:
         return None if self.top1 is None else 1.0 - self.top1
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {key: value for key, value in asdict(self).items() if key != "sample_cosines"}
 
     def said(self) -> str:
         """ "cosine 0.9316, top-1 38%, top-1 accuracy 71.9% (FP32 75.0%)", as the terminal says it."""
@@ -81,12 +95,13 @@ def floor_for(
     given: tuple[AccuracyThreshold, ...] = (),
     given_by: str = "--floor",
     drops: tuple[AccuracyThreshold, ...] = (),
+    per_sample: tuple[PerSampleThreshold, ...] = (),
 ) -> AccuracyFloor:
-    """The floor: the one given (thresholds, largest drops or both), else the model's (or the
-    catalog's) accuracy_floor, else the precision's own check."""
-    if given or drops:
-        source = " and ".join(option for option, used in ((given_by, given), ("--max-drop", drops)) if used)
-        return AccuracyFloor(given, source, drops)
+    """The floor: the one given (thresholds, largest drops, a per-sample floor, or any of them
+    together), else the model's (or the catalog's) accuracy_floor, else the precision's own check."""
+    if given or drops or per_sample:
+        source = " and ".join(option for option, used in ((given_by, given or per_sample), ("--max-drop", drops)) if used)
+        return AccuracyFloor(given, source, drops, per_sample)
     configured = catalog.accuracy_floor_for(ref.model)
     if configured.thresholds:
         return configured
@@ -105,20 +120,45 @@ def figures(references: list, outputs: list, labels: list[int] | None = None) ->
 
     reference, output = _rows(references), _rows(outputs)
     classes = references[0].dim() == 2
+    each = sample_cosines(*per_sample_sums(references, outputs))
     accuracy = fp32_accuracy = None
     if classes and labels is not None:
         accuracy = formulas.labels_accuracy(np.nan_to_num(output, nan=-np.inf), labels)
         fp32_accuracy = formulas.labels_accuracy(reference, labels)
     return Figures(
         cosine=cosine_of(reference.ravel(), output.ravel()),
-        min_sample_cosine=float(np.min(formulas.sample_cosines(reference, output))),
+        min_sample_cosine=float(np.min(each)),
         relative_error=relative_error_of(reference.ravel(), output.ravel()),
         # A NaN output counts as its sample's predicted class here, as in the bounds' own count
         # (pipeline/precision/bounds.py's sample_stats).
         top1=formulas.top1_agreement(reference, output) if classes else None,
         top1_accuracy=accuracy,
         fp32_top1_accuracy=fp32_accuracy,
+        sample_cosines=tuple(float(value) for value in each),
     )
+
+
+def per_sample_sums(references: list, outputs: list):
+    """Σ ref·out, Σ ref² and Σ out² of each sample (numpy, float64), from the FP32 and the variant's
+    outputs batch by batch: what the bounds keep (pipeline/precision/bounds.py's SampleStats) and
+    the figures' per-sample cosines alike, in one computation, so that both count the same samples."""
+    import torch
+
+    ref = torch.cat([r.flatten(1) for r in references]).double()
+    out = torch.cat([o.flatten(1) for o in outputs]).double()
+    return (ref * out).sum(1).numpy(), (ref * ref).sum(1).numpy(), (out * out).sum(1).numpy()
+
+
+def sample_cosines(dot, ref_sq, out_sq):
+    """Each sample's cosine from its three sums (numpy arrays): 0 where either output is all zeros,
+    NaN where one is not finite — as measuring's cosine of one sample (pipeline/measuring/accuracy.py)."""
+    import numpy as np
+
+    dot, denominator = np.asarray(dot, dtype=float), np.sqrt(np.asarray(ref_sq, dtype=float) * np.asarray(out_sq, dtype=float))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cosines = np.where(denominator > 0, dot / np.where(denominator > 0, denominator, 1.0), 0.0)
+    cosines[~np.isfinite(dot) | ~np.isfinite(denominator)] = np.nan
+    return cosines
 
 
 def _rows(batches: list):

@@ -6,6 +6,11 @@ built and timed beside the fully quantized variant and the unquantized one — e
 shape point in one set of paired rounds, as any `pipeline run` times them — and each engine's
 outputs are checked on the export's reference batch. The cost is the planned engine's time over
 each of the others' (the paired ratio with its interval), beside the accuracy each keeps.
+
+It is timed whatever the plan's status: a plan the samples could not resolve, or one that failed,
+costs what it costs, and that figure says whether resolving it (more samples) is worth the work.
+What was timed, and as what, is said beside the times (``Measured``); `--apply` still takes only a
+confirmed plan (or an unresolved one the user accepts).
 """
 
 from __future__ import annotations
@@ -91,11 +96,46 @@ class Paid:
         return f"{where}: planned {planned.median_ms:.3f} ms, " + " and ".join(parts) + accuracy
 
 
+# What each engine timed is, in words, by its role.
+ROLES = {"planned": "the plan", "full": "fully quantized", "unquantized": "unquantized"}
+
+
+@dataclass
+class Measured:
+    """What `--measure` timed: the variant of each role (``planned`` the same as ``full`` where no
+    layer needed excluding), the plan's status when it was timed, and each shape point's times."""
+
+    toolchain: str
+    plan_status: str  # "confirmed", "unresolved", "failed"
+    variants: dict[str, str]  # "planned", "full", "unquantized" → variant name
+    points: list[Paid]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "toolchain": self.toolchain,
+            "plan_status": self.plan_status,
+            "variants": self.variants,
+            "points": [point.as_dict() for point in self.points],
+        }
+
+    def said(self) -> str:
+        """ "timed int8_plan (the plan, unresolved: timed as it is), int8 (fully quantized) and
+        fp32 (unquantized)"."""
+        status = "confirmed" if self.plan_status == "confirmed" else f"{self.plan_status}: timed as it is"
+        if self.variants["planned"] == self.variants["full"]:
+            planned = f"{self.variants['planned']} (the plan, fully quantized, no layer excluded; {status})"
+            return f"timed {planned} and {self.variants['unquantized']} ({ROLES['unquantized']})"
+        return (
+            f"timed {self.variants['planned']} (the plan, {status}), {self.variants['full']} ({ROLES['full']}) "
+            f"and {self.variants['unquantized']} ({ROLES['unquantized']})"
+        )
+
+
 def _how(estimate: RatioEstimate) -> str:
     return {"faster": "faster", "slower": "slower", "same": "the same within the tie width"}.get(estimate.outcome, "undecided")
 
 
-def measure_plan(state, ref: EngineRef, planned: str | None, table: dict[str, Any], toolchain: str) -> list[Paid]:
+def measure_plan(state, ref: EngineRef, planned: str | None, table: dict[str, Any], toolchain: str, plan_status: str) -> Measured:
     """Export, build and time the planned variant beside the full and the unquantized one on
     ``toolchain``; what it costs at each shape point. The planned variant is added to this run's
     catalog where it is not in the file (without --apply). ``planned`` None: no layer needed
@@ -125,10 +165,11 @@ def measure_plan(state, ref: EngineRef, planned: str | None, table: dict[str, An
             if row.variant == variant and row.toolchain == toolchain:
                 by_point.setdefault(row.shape, {})[which] = row
     tie = catalog.profile.tie
-    return [
+    points = [
         Paid(shape, found, _over(found, "full", tie) if planned else None, _over(found, "unquantized", tie))
         for shape, found in by_point.items()
     ]
+    return Measured(toolchain, plan_status, names, points)
 
 
 def refuse_another_plan(name: str, existing: VariantSpec | None, wanted: VariantSpec) -> None:

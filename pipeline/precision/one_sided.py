@@ -1,7 +1,8 @@
 """One-sided confidence bounds, the statistics under pipeline/precision/bounds.py.
 
 - **Proportions**: the exact binomial bound (Clopper–Pearson), and a closed-form approximation of it
-  for sample-size searches, where the exact one would be summed thousands of times.
+  for sample-size searches, where the exact one would be summed thousands of times; the paired
+  bound of a net top-1 drop (lost less gained) built on them (``net_drop_upper``).
 - **The mean of a heavy-tailed figure** (a sample's error energy, a batch's metric drop): the larger
   of two bounds, each valid where the other is not.
   * Hall's skewness-corrected t (Hall 1992, "On the removal of skewness by transformation", JRSS B
@@ -34,6 +35,7 @@ GENERALIZED_SEED = 20030101
 RESAMPLES = 64  # draws a size in the power search: the share shown to about ±5 %
 RESAMPLE_SEED = 80
 MOST_SAMPLES = 100_000
+PAIRED_CONFIDENCE = (0.96, 0.99)  # the lost share's, lost's share of the discordant: Bonferroni
 
 
 def binomial_cdf(k: int, n: int, p: float) -> float:
@@ -210,3 +212,17 @@ def smallest_n(shows: Callable[[int], bool], start: int, most: int = 10**7) -> i
         else:
             low = middle
     return high
+
+
+def net_drop_upper(lost: int, gained: int, n: int, approximate: bool = False) -> float:
+    """The paired upper bound of the net top-1 drop (lost − gained)/n (pipeline/precision/bounds.py's
+    docstring says why it holds)."""
+    upper = approximate_upper if approximate else exact_upper
+    share_confidence, lost_confidence = PAIRED_CONFIDENCE
+    # The net drop π_lost − π_gained is π_lost·(2 − 1/p), p lost's share of the discordant: it
+    # grows with p, so p's upper bound bounds it; with nothing discordant p is unknown (1).
+    p = upper(lost, lost + gained, lost_confidence) if lost + gained else 1.0
+    factor = 2.0 - 1.0 / p if p > 0 else -math.inf
+    if factor >= 0:
+        return upper(lost, n, share_confidence) * factor
+    return exact_lower(lost, n, share_confidence) * factor if lost else 0.0

@@ -6,7 +6,8 @@ Search, on the search batches (what sensitivity.py measured):
    FLOP first: every failing metric is named at each step, and the first of them (in the floor's
    order) that some layer moves is chased — cosine where the cosine floor fails, top-1 (in samples:
    predictions changed, or lost against the labels) where a top-1 floor fails, the user's metric
-   where that one does; cosine breaks ties. A layer that buys nothing on the chased metric is never
+   where that one does, the samples below a per-sample floor (in samples, as top-1) where the
+   floor each input must keep fails; cosine breaks ties. A layer that buys nothing on the chased metric is never
    taken for it. What each layer buys is measured beside the exclusions so far whenever they
    interact (an exclusion that bought less than half of what its rank promised) or when no layer
    buys anything on any failing metric by the old measurements — at most ``RERANKS`` times; each
@@ -38,6 +39,7 @@ from pipeline.catalog.floor import AccuracyFloor
 from pipeline.precision.bounds import Bound
 from pipeline.precision.figures import Figures, change_text
 from pipeline.precision.sensitivity import Sensitivity
+from pipeline.precision.unseen import Unseen, unseen
 from pipeline.precision.variant_lab import VariantLab
 from pipeline.running.errors import PipelineError
 
@@ -106,6 +108,12 @@ class Plan:
     @property
     def needed(self) -> bool:
         return bool(self.exclude)
+
+    @property
+    def unseen(self) -> Unseen:
+        """What the confirmation's samples, on which the plan's claim rests, cannot see
+        (pipeline/precision/unseen.py)."""
+        return unseen(self.confirm_samples, self.floor)
 
     def failing(self) -> list[Bound]:
         """Every floor metric that fails on the search at the plan's exclusions, by its figure or by
@@ -247,7 +255,7 @@ class _Search:
 
     def failing(self, layers: list[str]) -> list[Failing]:
         """Every one of the floor's metrics that fails at ``layers`` (by its figure or its bound), in
-        the floor's order: thresholds, then largest drops."""
+        the floor's order: thresholds, then largest drops, then the floor each input must keep."""
         figures = self.lab.evaluate(layers)
         found: list[Failing] = []
         for metric, limit in self.floor.thresholds:
@@ -258,6 +266,11 @@ class _Search:
             bound = self.bound(layers, (metric, "upper"))
             if (fell := figures.drop(metric)) is None or fell > limit + 1e-12 or (bound is not None and not bound.held):
                 found.append((metric, "upper"))
+        for metric, threshold, share in self.floor.per_sample:
+            bound = self.bound(layers, ("sample_cos", "lower"))
+            kept = figures.kept_share(metric, threshold)
+            if kept is None or kept < share - 1e-12 or (bound is not None and not bound.held):
+                found.append(("sample_cos", "lower"))
         return found
 
     def score(self, layers: list[str], failing: Failing) -> float:
@@ -287,6 +300,9 @@ class _Search:
 
     def name(self, failing: Failing) -> str:
         metric, side = failing
+        if metric == "sample_cos":
+            threshold = self.floor.per_sample[0][1]
+            return f"per-sample cosine (samples below {threshold:g})"
         if metric == "top1":
             labelled = side == "upper" and self.lab.labels
             return "top-1 (predictions lost against the labels)" if labelled else "top-1 (predictions changed)"
@@ -299,9 +315,9 @@ class _Search:
     def amount(self, gain: float, failing: Failing) -> str:
         """What a gain is in the failing metric's own terms: "1 sample", "+0.0042 of cosine"."""
         metric, _ = failing
-        if metric == "top1":  # counted in samples (score)
+        if metric in ("top1", "sample_cos"):  # counted in samples (score)
             count = round(gain)
-            return f"{count} sample{'s' if abs(count) != 1 else ''} of top-1"
+            return f"{count} sample{'s' if abs(count) != 1 else ''} of {'top-1' if metric == 'top1' else 'per-sample cosine'}"
         if metric == "cos":
             return f"{change_text(gain)} of cosine"
         return f"{gain:+.4g} of the metric"

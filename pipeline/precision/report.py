@@ -15,8 +15,8 @@ from pipeline.precision.figures import Figures, change_text, cosine_text
 from pipeline.precision.plan import Plan
 from pipeline.precision.sensitivity import LayerSensitivity, Sensitivity
 
-SENSITIVITY_SCHEMA_VERSION = 3
-PLAN_SCHEMA_VERSION = 5
+SENSITIVITY_SCHEMA_VERSION = 4
+PLAN_SCHEMA_VERSION = 6
 # Layers the terminal lists; JSON and HTML list every one.
 TERMINAL_LAYERS = 15
 
@@ -45,6 +45,7 @@ def sensitivity_document(result: Sensitivity) -> dict[str, Any]:
         "fully_quantized": _figures(result.fully_quantized),
         "unquantized": _figures(result.unquantized),
         "fully_quantized_meets_floor": result.floor.met_by(result.fully_quantized),
+        "per_sample": _per_sample(result),
         "layers": [
             {
                 "rank": layer.rank,
@@ -54,6 +55,8 @@ def sensitivity_document(result: Sensitivity) -> dict[str, Any]:
                 "flops_share": layer.flops / total,
                 "gain": _number(layer.gain),
                 "cost": _number(layer.cost),
+                "samples_bought": layer.samples_bought,
+                "samples_cost": layer.samples_cost,
                 "excluded_alone": _figures(layer.excluded_alone),
                 "quantized_alone": _figures(layer.quantized_alone),
                 "onnx_nodes": layer.onnx_nodes,
@@ -67,6 +70,22 @@ def sensitivity_document(result: Sensitivity) -> dict[str, Any]:
     }
 
 
+def _per_sample(result: Sensitivity) -> dict[str, Any] | None:
+    """The floor each input must keep, and how many samples fall below it fully quantized and
+    unquantized; None where the floor has none."""
+    if not result.floor.per_sample:
+        return None
+    metric, threshold, share = result.floor.per_sample[0]
+    return {
+        "metric": metric,
+        "threshold": threshold,
+        "share": share,
+        "samples": result.evaluation["search"]["samples"],
+        "fully_quantized_below": result.below(result.fully_quantized),
+        "unquantized_below": result.below(result.unquantized),
+    }
+
+
 def plan_metrics(plan: Plan, built=None) -> list[dict[str, Any]]:
     """Per floor metric, on the confirmation samples: the figure, its bound and method, its status,
     the samples that would show its limit with an 80 % chance, and the built engine's (null where
@@ -76,6 +95,7 @@ def plan_metrics(plan: Plan, built=None) -> list[dict[str, Any]]:
             "metric": bound.metric,
             "side": bound.side,
             "limit": bound.limit,
+            "threshold": bound.threshold,
             "figure": _number(bound.estimate),
             "bound": _number(bound.bound),
             "method": bound.method,
@@ -107,6 +127,7 @@ def plan_document(
         "confirmed": plan.confirmed,
         "status": plan.status,
         "metrics": plan_metrics(plan, built),
+        "unseen": plan.unseen.as_dict(),
         "built": built.as_dict() if built is not None else None,
         "quantized_flops_share": plan.quantized_flops_share,
         "evaluation": plan.evaluation,
@@ -177,9 +198,11 @@ def print_sensitivity(result: Sensitivity, console) -> None:
         f"{at} ({_drawn(search)}, apart from calibration), {evaluation['device']}, {result.seconds:.1f} s"
     )
     met = result.floor.met_by(result.fully_quantized)
+    below = result.below(result.fully_quantized)
+    each = f" ({below} of {search['samples']} samples below its per-sample cosine)" if below is not None else ""
     console.print(
         f"fully quantized: {result.fully_quantized.said()} · unquantized ({evaluation['compute_dtype']}): {result.unquantized.said()}\n"
-        f"floor: {result.floor} — {'met' if met else '[red]missed[/red]'} by the fully quantized variant"
+        f"floor: {result.floor} — {'met' if met else '[red]missed[/red]'} by the fully quantized variant{each}"
     )
     total = result.total_flops or 1.0
     columns = {
@@ -188,10 +211,13 @@ def print_sensitivity(result: Sensitivity, console) -> None:
         "FLOPs": [f"{layer.flops / total:.1%}" for layer in result.layers[:TERMINAL_LAYERS]],
         "excluded alone": [cosine_text(layer.excluded_alone.cosine) for layer in result.layers[:TERMINAL_LAYERS]],
         "buys": [change_text(layer.gain) for layer in result.layers[:TERMINAL_LAYERS]],
+        "samples back": [f"{layer.samples_bought:+d}" for layer in result.layers[:TERMINAL_LAYERS] if layer.samples_bought is not None],
         "quantized alone": [cosine_text(layer.quantized_alone.cosine) for layer in result.layers[:TERMINAL_LAYERS]],
         "costs": [change_text(layer.cost) for layer in result.layers[:TERMINAL_LAYERS]],
         "where": [_where(layer) for layer in result.layers[:TERMINAL_LAYERS]],
     }
+    if not columns["samples back"]:  # no per-sample floor: no samples to count
+        del columns["samples back"]
     # Layer names stay whole; in a narrow terminal the columns that say least go first.
     for optional in ("where", "quantized alone", "excluded alone"):
         if _width(columns) <= console.width:
@@ -239,6 +265,7 @@ def print_plan(plan: Plan, total_layers: int, toml_text: str, command: str, cons
     if not plan.needed and plan.held_on_search:
         console.print(f"[bold]{plan.engine}[/bold] already meets {plan.floor} fully quantized: {search.said()}; no layer needs excluding.")
         console.print(f"  search: {_bounds(plan, 'search')}   confirmation: {_bounds(plan, 'confirm')}")
+        console.print(f"  what the confirmation cannot see: {plan.unseen.said()}", markup=False, highlight=False)
         if plan.status == "unresolved":
             console.print(f"[yellow]floor {plan.floor}: unresolved — these samples cannot show every limit by its bound[/yellow]")
         return
@@ -251,6 +278,7 @@ def print_plan(plan: Plan, total_layers: int, toml_text: str, command: str, cons
     )
     console.print(f"  planned           search: {search.said()}   confirmation: {confirm.said()}")
     console.print(f"  {CONFIDENCE:.0%} one-sided bounds   search: {_bounds(plan, 'search')}   confirmation: {_bounds(plan, 'confirm')}")
+    console.print(f"  what the confirmation cannot see: {plan.unseen.said()}", markup=False, highlight=False)
     for step in plan.steps:
         if step.action == "exclude":
             console.print(f"  exclude {step.layer}: {step.note}", markup=False, highlight=False)
@@ -283,11 +311,18 @@ def _bounds(plan: Plan, which: str) -> str:
     return "; ".join(bound.said() + ("" if bound.held else " ✗") for bound in plan.bounds.get(which, [])) or "—"
 
 
-def print_paid(paid: list, toolchain: str, console) -> None:
-    """What the plan costs in speed on ``toolchain``, point by point (pipeline/precision/measure.py)."""
-    console.print(f"\n[bold]what it costs on {toolchain}[/bold] (paired rounds; planned engine's time over each other's, 95% interval):")
-    for point in paid:
+def print_paid(measured, console) -> None:
+    """What the plan costs in speed on the toolchain, point by point, and what was timed
+    (pipeline/precision/measure.py's Measured)."""
+    console.print(
+        f"\n[bold]what it costs on {measured.toolchain}[/bold] (paired rounds; planned engine's time over each other's, 95% interval):"
+    )
+    console.print(f"  {measured.said()}", markup=False, highlight=False)
+    for point in measured.points:
         console.print(f"  {point.said()}", markup=False, highlight=False)
+    if not measured.points:
+        console.print("  no engine of these variants has a time (`pipeline compare` says why)", markup=False)
+    paid = measured.points
     if paid and paid[0].vs_full is None and paid[0].rows.get("planned") is paid[0].rows.get("full"):
         console.print("  (no layer needed excluding: the plan is the fully quantized variant itself)")
 

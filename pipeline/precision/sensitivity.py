@@ -7,7 +7,10 @@ For every quantized layer, on the search batches:
 - **quantized alone** — only this layer quantized: what it *costs* on its own (``cost``: the
   unquantized model's cosine minus this one's).
 
-Layers are ranked by gain, then cost. Beside the ranking, the *depth profile*: with every layer
+Layers are ranked by gain, then cost; where the floor has one each input must keep (a per-sample
+cosine, pipeline/catalog/floor.py), first by the samples excluding the layer alone brings back above
+it (``samples_bought``): a layer whose error falls on a few inputs buys little of the cosine over
+the set, and all of those inputs. Beside the ranking, the *depth profile*: with every layer
 quantized, each block's output against FP32, which shows where along the model the error first
 appears. One calibration serves every measurement (variant_lab.py says why that is exact).
 """
@@ -34,6 +37,10 @@ class LayerSensitivity:
     gain: float
     cost: float
     rank: int = 0
+    # Where the floor has a per-sample one: the samples below its threshold that excluding this
+    # layer alone brings back above it, and that quantizing it alone puts below (None: no such floor).
+    samples_bought: int | None = None
+    samples_cost: int | None = None
     onnx_nodes: list[str] = field(default_factory=list)
     engine_layers: list[dict[str, Any]] = field(default_factory=list)
 
@@ -51,6 +58,10 @@ class Sensitivity:
     evaluation: dict[str, Any]
     seconds: float
 
+    def below(self, figures: Figures) -> int | None:
+        """How many samples fall below the floor's per-sample threshold (None: the floor has none)."""
+        return below_per_sample(self.floor, figures)
+
     @property
     def total_flops(self) -> float:
         return sum(layer.flops for layer in self.layers)
@@ -61,6 +72,20 @@ class Sensitivity:
 
 def _ordered(value: float) -> float:
     return -math.inf if math.isnan(value) else value
+
+
+def _fewer_below(floor: AccuracyFloor, before: Figures, after: Figures) -> int | None:
+    """How many fewer samples fall below the per-sample threshold ``after`` than ``before``."""
+    was, now = below_per_sample(floor, before), below_per_sample(floor, after)
+    return None if was is None or now is None else was - now
+
+
+def below_per_sample(floor: AccuracyFloor, figures: Figures) -> int | None:
+    """How many samples of ``figures`` fall below ``floor``'s per-sample threshold; None without one."""
+    if not floor.per_sample:
+        return None
+    metric, threshold, _ = floor.per_sample[0]
+    return figures.below(metric, threshold)
 
 
 def analyse(lab: VariantLab, floor: AccuracyFloor, progress=None) -> Sensitivity:
@@ -84,9 +109,11 @@ def analyse(lab: VariantLab, floor: AccuracyFloor, progress=None) -> Sensitivity
                 quantized_alone=quantized_alone,
                 gain=excluded_alone.cosine - full.cosine,
                 cost=unquantized.cosine - quantized_alone.cosine,
+                samples_bought=_fewer_below(floor, full, excluded_alone),
+                samples_cost=_fewer_below(floor, quantized_alone, unquantized),
             )
         )
-    layers.sort(key=lambda layer: (_ordered(layer.gain), _ordered(layer.cost)), reverse=True)
+    layers.sort(key=lambda layer: (layer.samples_bought or 0, _ordered(layer.gain), _ordered(layer.cost)), reverse=True)
     for rank, layer in enumerate(layers, 1):
         layer.rank = rank
     progress("depth profile")

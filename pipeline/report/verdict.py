@@ -25,6 +25,7 @@ from pipeline.report import pairs
 from pipeline.report.confidence import interval_words, time_ratio
 from pipeline.report.flags import LAUNCH_BOUND
 from pipeline.report.gates import accuracy_shortfalls
+from pipeline.report.reasons import grouped_reasons
 from pipeline.report.rows import ComparisonRow, shape_order
 
 # Flags that make a row's number untrustworthy for a verdict (rows.measurement_flags words them),
@@ -222,7 +223,7 @@ class Verdict:
         if self.did_not_fit:
             out.append("Did not fit: " + "; ".join(f"{line_label(row)} ({row.status.rstrip('.')})" for row in self.did_not_fit) + ".")
         if self.excluded:
-            out.append("Left out: " + "; ".join(f"{line_label(row)} ({why})" for row, why in self.excluded) + ".")
+            out.append("Left out: " + "; ".join(grouped_reasons([(line_label(row), why) for row, why in self.excluded])) + ".")
         if self.skipped:
             out.append(f"{len(self.skipped)} not run (the table says why).")
         return out

@@ -105,7 +105,7 @@ def test_a_top1_drop_with_nothing_changed_is_unresolved_at_1_percent_and_asks_fo
     assert drop.bound == pytest.approx(0.0894, abs=1e-4) and not drop.resolvable and drop.samples_needed == 299
     assert drop.held and drop.status == "unresolved"  # held as before (nothing changed); not shown
     assert drop.samples_for_power == 299  # at a rate of nothing changed, the best-outcome floor
-    assert "--samples 299 would resolve it" in drop.unresolved_said() and "8.9%" in drop.unresolved_said()
+    assert "pass --samples 299 to resolve it" in drop.unresolved_said() and "8.9%" in drop.unresolved_said()
     message, tip = drop.warning()
     assert "32 samples do not show a top-1 drop of at most 1.00%" in message and "--samples 299" in tip
     (ten,) = bounds(stats, AccuracyFloor((), "--max-drop", (("top1", 0.10),)))
@@ -126,6 +126,34 @@ def test_one_changed_prediction_fails_an_unresolvable_drop_and_a_resolvable_one_
     (agreement,) = bounds(stats, AccuracyFloor((("top1", 0.9),), "--floor"))
     assert agreement.side == "lower" and agreement.estimate == pytest.approx(63 / 64)
     assert agreement.bound == pytest.approx(1 - exact_upper(1, 64)) and agreement.status == "held"
+
+
+def _contradicts(text: str) -> bool:
+    """Whether a text both asks for a number of samples and says that no number would do."""
+    return "--samples" in text and "no number of samples" in text
+
+
+@pytest.mark.parametrize("changed, samples, limit", [(0, 32, 0.01), (1, 32, 0.01), (1, 64, 0.01), (5, 400, 0.02), (0, 32, 0.0)])
+def test_every_tip_gives_one_advice_that_the_lines_beside_it_do_not_contradict(changed, samples, limit):
+    """One changed of 32 against a 1 % drop is past the limit at its figure: more samples would
+    not show it at that rate, and no TIP may ask for them while the line beside it says so (it
+    said "pass --samples 299: … at the rates seen here no number of samples resolves it")."""
+    from pipeline.precision.floor_bound import one_advice
+
+    refs, _ = outputs(0.0, samples=samples)
+    flipped = refs[0].clone()
+    flipped[:changed] = -flipped[:changed]
+    (drop,) = bounds(sample_stats(refs, [flipped]), AccuracyFloor((), "--max-drop", (("top1", limit),)))
+    tip = one_advice([drop])
+    assert tip == drop.advice() and not _contradicts(tip)
+    said = [tip, *(drop.warning() or ()), drop.unresolved_said() if not drop.resolvable else ""]
+    assert not any(_contradicts(text) for text in said), said
+    if drop.samples_for_power is not None:
+        assert tip.startswith(f"pass --samples {drop.samples_for_power} ") and drop.status != "failed"
+    elif drop.status == "failed":  # past the limit at the rate seen: a looser limit, not more samples
+        assert "more samples would not show it; loosen the top-1 limit" in tip and "pass --samples" not in tip
+    else:
+        assert "no number of samples shows a limit of exactly no change" in tip
 
 
 def test_labels_bound_the_net_drop_lost_less_gained_paired():

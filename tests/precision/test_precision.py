@@ -238,6 +238,11 @@ CASES = [
          "--floor 'cos=high' is not a threshold", "cos=0.99"),
     Case("floor-above-one", "above what FP32 reaches against itself", ["plan", "--engine", "faulty_int8", "--floor", "cos=1.5"], 2,
          "--floor 'cos=1.5' is not a threshold", "between 0 and 1"),
+    Case("per-sample-floor-without-share", "a per-sample floor without its share", ["plan", "--engine", "faulty_int8", "--floor", "sample-cos=0.99"], 2,
+         "--floor 'sample-cos=0.99' is not a threshold", "sample-cos=0.99@99%"),
+    Case("two-per-sample-floors", "two per-sample floors at once",
+         ["plan", "--engine", "faulty_int8", "--floor", "sample-cos=0.99@99%", "--floor", "sample-cos=0.9@99.9%"], 2,
+         "--floor gives 2 per-sample floors (sample-cos=0.99@99%, sample-cos=0.9@99.9%): a plan keeps one", "keep the one that matters most"),
     Case("floor-only-unquantized", "a floor only the unquantized model meets", ["plan", "--engine", "faulty_int8", "--floor", "cos=1.0"], 1,
          "only the unquantized model meets cosine ≥ 1", "measure faulty at fp16 or bf16"),
     Case("block-format-on-cpu", "mxfp8 or nvfp4 without a CUDA GPU", ["sensitivity", "--engine", "faulty_nvfp4"], 3,
@@ -421,3 +426,86 @@ def test_a_plan_the_confirmation_does_not_hold_is_said_and_not_applied(tmp_path,
     )
     assert "do not (cosine ≥ " in said and "heavy-tailed)" in said  # the bound that failed
     assert "it was not applied" in result.err and catalog.read_text() == before
+
+
+def test_measure_times_a_plan_whatever_its_status_and_says_what_it_timed(tmp_path, run_cli, monkeypatch):
+    """A plan the confirmation does not hold (status failed) is still timed by --measure, beside the
+    fully quantized and the unquantized variants, and the output says what was timed and as what;
+    --apply still refuses it. Where there is no plan at all, the error says that nothing was timed."""
+    import dataclasses
+
+    import pipeline.precision.plan as plan_module
+
+    catalog = planted_catalog(tmp_path / "ws")
+    before = catalog.read_text()
+    original = plan_module.make_plan
+
+    def unconfirmed(lab, sensitivity, floor, progress=None):
+        planned = original(lab, sensitivity, floor, progress)
+        return dataclasses.replace(
+            planned, confirm=planned.fully_quantized["confirm"], bounds={**planned.bounds, "confirm": lab.bounds([], floor, "confirm")}
+        )
+
+    monkeypatch.setattr(plan_module, "make_plan", unconfirmed)
+    args = ("plan", "--engine", "faulty_int8", "--no-check-built", "--measure", "onnxruntime", "--apply")
+    result = run_cli(catalog, *args, "--format", "json")
+    assert result.exit_code == 1 and "it was not applied" in result.err, result.err
+    plan = json.loads(result.out)
+    jsonschema.validate(plan, schema("plan"))
+    measured = plan["measured"]
+    assert plan["status"] == "failed" and measured["plan_status"] == "failed"
+    assert measured["variants"] == {"planned": "int8_plan", "full": "int8", "unquantized": "fp32"}
+    (point,) = measured["points"]
+    assert point["planned"]["variant"] == "int8_plan" and point["planned"]["median_ms"] > 0
+    assert point["planned_over_full"]["rounds"] >= 2 and point["planned_over_unquantized"]["rounds"] >= 2
+    assert catalog.read_text() == before  # timed, not applied
+
+    shown = run_cli(catalog, *args)
+    said = " ".join(shown.out.split())
+    assert shown.exit_code == 1 and catalog.read_text() == before
+    assert "what it costs on onnxruntime" in said and "× int8's time [" in said and "× fp32's time [" in said
+    assert "timed int8_plan (the plan, failed: timed as it is), int8 (fully quantized) and fp32 (unquantized)" in said
+
+    monkeypatch.setattr(plan_module, "make_plan", original)
+    none = run_cli(catalog, "plan", "--engine", "faulty_int8", "--floor", "cos=1.0", "--measure", "onnxruntime")
+    said = " ".join(none.err.split())
+    assert none.exit_code == 1 and "only the unquantized model meets cosine ≥ 1" in said
+    assert "--measure onnxruntime timed nothing: there is no planned variant to time" in said
+
+
+def test_a_per_sample_floor_is_planned_bounded_built_and_kept_in_the_engines_manifest(tmp_path, run_cli):
+    """`--floor sample-cos=0.99@90%` through the command line: the sensitivity ranks the fault by
+    the samples it brings back above 0.99; the plan excludes it, holds the floor by the exact
+    bound of the share below on 32 samples (29 could show 90 %), builds the planned engine on ONNX
+    Runtime and measures the same floor on it, and the engine's manifest keeps both."""
+    catalog = planted_catalog(tmp_path / "ws")
+    each = ("--floor", "sample-cos=0.99@90%", "--format", "json")
+    analysed = run_cli(catalog, "sensitivity", "--engine", "faulty_int8", *each)
+    assert analysed.exit_code == 0, analysed.err
+    sensitivity = json.loads(analysed.out)
+    jsonschema.validate(sensitivity, schema("sensitivity"))
+    assert sensitivity["per_sample"] == {
+        "metric": "cos", "threshold": 0.99, "share": 0.9, "samples": 32, "fully_quantized_below": 32, "unquantized_below": 0,
+    }  # fmt: skip
+    first = sensitivity["layers"][0]
+    assert first["name"] == "fc2" and first["samples_bought"] == 32 and first["samples_cost"] == 32
+    assert not sensitivity["fully_quantized_meets_floor"] and sensitivity["floor"]["per_sample"] == [
+        {"metric": "cos", "value": 0.99, "share": 0.9}
+    ]
+
+    planned = run_cli(catalog, "plan", "--engine", "faulty_int8", *each)
+    assert planned.exit_code == 0, planned.err
+    plan = json.loads(planned.out)
+    jsonschema.validate(plan, schema("plan"))
+    assert "fc2" in plan["exclude"] and plan["status"] == "confirmed"
+    assert plan["steps"][0]["failing"] == [{"metric": "sample_cos", "side": "lower"}]
+    (metric,) = plan["metrics"]
+    assert (metric["metric"], metric["threshold"], metric["limit"], metric["status"]) == ("sample_cos", 0.99, 0.9, "held")
+    assert metric["bound"] == pytest.approx(0.05 ** (1 / 32))  # none of 32 below: the share kept is at least 91.1 %
+    assert metric["built"]["held"] is True and metric["built"]["method"] == "exact binomial (Clopper-Pearson)"
+    (confirm,) = plan["bounds"]["confirm"]
+    assert (confirm["counting"], confirm["counted"], confirm["samples_needed"], confirm["resolvable"]) == ("below", 0, 29, True)
+    assert "per-sample cosine ≥ 0.99 on at least 90% of inputs" in plan["variant"]["table"]["description"]
+    engine = json.loads((catalog.parent / "manifests" / "onnxruntime" / "faulty_int8_plan.json").read_text())
+    kept = engine["build"]["details"]["plan_check"]
+    assert kept["metrics"] == plan["metrics"] and kept["floor"] == "per-sample cosine ≥ 0.99 on at least 90% of inputs"

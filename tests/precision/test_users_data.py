@@ -135,7 +135,7 @@ def test_a_trained_models_plan_keeps_its_top1_accuracy_on_the_labels_within_the_
     assert "floor top-1 at most 5% below FP32's (--max-drop): unresolved" in said
     plan = json.loads(run_cli(catalog, "plan", *args, "--format", "json").out)
     jsonschema.validate(plan, schema("plan"))
-    assert plan["floor"] == {"thresholds": [], "max_drop": [{"metric": "top1", "value": 0.05}], "source": "--max-drop"}
+    assert plan["floor"] == {"thresholds": [], "max_drop": [{"metric": "top1", "value": 0.05}], "per_sample": [], "source": "--max-drop"}
     assert plan["evaluation"]["search"]["labels"] == "class folders in sorted order as the model's classes"
     for which in ("search", "confirm"):
         figures = plan[which]
