@@ -42,7 +42,8 @@ from dataclasses import dataclass, field, replace
 
 from pipeline.catalog import ProfileSettings
 from pipeline.measuring.host_speed import HostTake
-from pipeline.measuring.rounds import HOST_LATENCY, RoundsOutcome, rounds_loop, take_length
+from pipeline.measuring.pace import HOST_LATENCY, take_length
+from pipeline.measuring.rounds import RoundsOutcome, rounds_loop
 from pipeline.measuring.stats import at_band_edge, median, tie_band
 from pipeline.measuring.stopping import GROSS
 from pipeline.precision.bounds import exact_upper
@@ -154,7 +155,7 @@ class Clock:
         return self.s
 
 
-# The host's time to issue a run over the run's GPU time, as a take records it (rounds.issue_share):
+# The host's time to issue a run over the run's GPU time, as a take records it (pace.issue_share):
 # a launch-bound engine's host needs all of it, a GPU-bound one's a tenth.
 LAUNCH_BOUND_SHARE, GPU_BOUND_SHARE = 1.0, 0.1
 
@@ -165,7 +166,7 @@ class SyntheticEngine:
     mostly in a slow spell, the point's drift and the take's jitter, and (launch-bound) its own
     spread and stalls; (GPU-bound, under a noise with GPU shapes) a dip of the GPU's clock and a
     slow first run. It says how long its host needs to issue a run (``issue_ms``), as a real take
-    does, so the rounds know which engines the host's spells move (rounds.host_sets_the_pace);
+    does, so the rounds know which engines the host's spells move (pace.host_sets_the_pace);
     under a noise whose spells slow every engine, every engine is timed by the host's clock."""
 
     def __init__(
@@ -269,7 +270,7 @@ def scenarios() -> list[Scenario]:
     ten = _engines([10.0] * 10, [i % 2 == 0 for i in range(10)])
     out += [Scenario(f"10 equal, compared at round {look}", ten, look) for look in (6, 11)]
     # GPU-bound points, whose open pairs keep take_ms once the first round has shown it
-    # (rounds.host_sets_the_pace): two equal engines; a ladder a tie width apart; and the seed
+    # (pace.host_sets_the_pace): two equal engines; a ladder a tie width apart; and the seed
     # matrix's largest point, its two best 1 % apart, two more 3.5-4.5 % behind, the rest well
     # behind, and its baseline (eager PyTorch) launch-bound and 1.8x the best.
     out.append(Scenario("2 equal, GPU-bound", _engines([10.0, 10.0], [False, False]), gpu_bound=True))

@@ -29,8 +29,8 @@ from dataclasses import dataclass, replace
 
 import simulate_confidence as confidence
 
+from pipeline.measuring.pace import take_length
 from pipeline.measuring.quantiles import quantile_interval, take_quantile_interval
-from pipeline.measuring.rounds import take_length
 from pipeline.precision.bounds import exact_upper
 
 POINTS = 400

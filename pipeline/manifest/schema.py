@@ -39,7 +39,7 @@ from pipeline.running.files import atomic_write_text
 # what `pipeline reduce` made of the failure (BuildDetails.reduced); an export what constant
 # folding did to its graph (ExportDetails.sanitized).
 # 7: each set of rounds records the least length of a round its takes were lengthened to fill
-# (RoundsRecord.round_ms: pipeline/measuring/rounds.py, take_length); each profile whether its
+# (RoundsRecord.round_ms: pipeline/measuring/pace.py, take_length); each profile whether its
 # engine was prepared and checked ahead of its point (ProfileDetails.prepared_ahead).
 SCHEMA_VERSION = 7
 # Versions read: a version-1 manifest is lifted as it is read (pipeline/manifest/versions.py); a

@@ -5,7 +5,7 @@ machine, repeats that disagree, an engine whose time is the host's (launch-bound
 from __future__ import annotations
 
 from pipeline.measuring.host_speed import IDLE_OTHERS_CPUS
-from pipeline.measuring.rounds import NEAR_LAUNCH_BOUND_SHARE, follows_the_host, issue_share
+from pipeline.measuring.pace import NEAR_LAUNCH_BOUND_SHARE, follows_the_host, issue_share
 from pipeline.measuring.stats import median
 
 # A run whose spread is above this coefficient of variation is flagged noisy (`--noisy-cv`). ONNX

@@ -14,8 +14,9 @@ from pipeline.measuring.stats import RatioEstimate
 from pipeline.measuring.stopping import GROSS, gross_rule
 from pipeline.report import pairs
 from pipeline.report.confidence import time_ratio
+from pipeline.report.gpus import gpu_type_judged_on, gpu_words, measured_on
 from pipeline.report.rows import ComparisonRow, shape_order
-from pipeline.report.verdict import TIE, Verdict, gpu_type_judged_on, gpu_words, measured_on, times
+from pipeline.report.verdict import TIE, Verdict, times
 
 METRICS = ("ms", "tokens", "memory")
 

@@ -122,7 +122,7 @@ def test_the_simulation_catches_rounds_shorter_than_the_hosts_spells(simulation,
 
 
 def test_the_simulation_catches_short_rounds_where_a_launch_bound_engine_is_still_open(simulation, monkeypatch):
-    """Rounds that keep take_ms whatever is still open (rounds.host_sets_the_pace never true after
+    """Rounds that keep take_ms whatever is still open (pace.host_sets_the_pace never true after
     the first round): two equal engines, one launch-bound, are called different in more than 5 %
     of points on the lent GPUs as measured (1.3 % with the rule, docs/confidence.md). Why a pair
     with a launch-bound side keeps rounds of round_ms."""
