@@ -49,16 +49,17 @@ def gpu_timed(host_timed: bool, takes) -> bool:
     return not host_timed and share is not None and share < NEAR_LAUNCH_BOUND_SHARE
 
 
-def host_sets_the_pace(open_pairs, engines, takes: dict) -> bool:
+def host_sets_the_pace(unsettled_pairs, engines, takes: dict) -> bool:
     """Whether the next round's takes are lengthened to last ``round_ms`` (take_length): while some
-    pair the rounds still have to decide (``open_pairs``, stopping.undecided's or race's) holds an
-    engine not known to be GPU-timed (``gpu_timed``). The host's speed changes in spells of 0.4-4 s
-    on the lent GPUs and the CI VM (docs/measurement.md); it moves a launch-bound engine and not a
-    GPU-bound one, so only a pair with a launch-bound side needs rounds that outlast a spell (the
-    simulation of the rule measures both: docs/confidence.md). Decided pairs are not re-read by
-    the stopping rule, and the verdict's claims about them hold at every look (a confidence
-    sequence), so an engine beyond them — the baseline racing keeps, say — does not pad the rounds."""
-    keys = {key for pair in open_pairs for key in pair[:2]}
+    pair that more rounds could still move (``unsettled_pairs``, stopping.unsettled: undecided, or
+    decided across an edge of the tie band) holds an engine not known to be GPU-timed
+    (``gpu_timed``). The host's speed changes in spells of 0.4-4 s on the lent GPUs and the CI VM
+    (docs/measurement.md); it moves a launch-bound engine and not a GPU-bound one, so only such a
+    pair with a launch-bound side needs rounds that outlast a spell (the simulation of the rule
+    measures both: docs/confidence.md). A pair decided beyond the band — the baseline racing
+    keeps, far slower than the leader, say — pads nothing; were short rounds to bring it back to
+    the band's edge, it would be unsettled again."""
+    keys = {key for pair in unsettled_pairs for key in pair[:2]}
     return any(not gpu_timed(engines[key].timing == HOST_LATENCY, takes[key]) for key in keys)
 
 

@@ -60,7 +60,7 @@ from pipeline.measuring.host_speed import HostSpeed
 from pipeline.measuring.pace import HOST_LATENCY, follows_the_host, host_sets_the_pace, take_length
 from pipeline.measuring.sm_clock import THROTTLE_THRESHOLD, SmClock
 from pipeline.measuring.stats import median
-from pipeline.measuring.stopping import open_pair_words, race, undecided
+from pipeline.measuring.stopping import open_pair_words, race, undecided, unsettled
 from pipeline.running.errors import DeviceFault, PipelineError
 
 # Rounds, at most, whatever the budget: a guard against a take_ms of microseconds.
@@ -345,7 +345,8 @@ def rounds_loop(
             raced_out_by.update(out)
         else:
             open_pairs = undecided(running, settings.tie, len(entrants))
-        padded = host_sets_the_pace(open_pairs, engines, takes)
+        settling = {key: entries for key, entries in running.items() if key not in raced_out}
+        padded = host_sets_the_pace(unsettled(settling, settings.tie, len(entrants)), engines, takes)
         elapsed = now() - started
         if progress is not None:
             progress(_progress_text(rounds, open_pairs, elapsed, settings, len(raced_out)))

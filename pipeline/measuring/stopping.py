@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from pipeline.measuring.stats import RatioEstimate, family_confidence, first_deciding_round, paired_ratio
+from pipeline.measuring.stats import RatioEstimate, at_band_edge, family_confidence, first_deciding_round, paired_ratio
 
 # The early rule (grossly_slower): how many times the leader's slowest take every kept take of an
 # engine must exceed, over at least how many rounds (docs/measurement.md: chosen from the
@@ -99,6 +99,30 @@ def undecided(takes: dict[str, list[Take]], tie: float, engines: int) -> list[tu
         if estimate is None or estimate.outcome == "ambiguous":
             open_pairs.append((leader, other, estimate))
     return open_pairs
+
+
+def unsettled(takes: dict[str, list[Take]], tie: float, engines: int) -> list[tuple[str, str, RatioEstimate | None]]:
+    """The leader's comparisons that more rounds could still move between "faster" and "the same":
+    those undecided, and those decided by an interval that reaches across an edge of the tie band.
+    What the rounds keep their pace for where the host may set it (pace.host_sets_the_pace): a pair
+    decided beyond the band is left to rounds of any length."""
+    medians = _medians(takes)
+    if len(medians) < 2:
+        return []
+    leader = _leader(medians, tie)
+    confidence = family_confidence(engines)
+    pairs = []
+    for other in medians:
+        if other == leader:
+            continue
+        estimate = paired_ratio(medians[leader], medians[other], tie, confidence)
+        if (
+            estimate is None
+            or estimate.outcome == "ambiguous"
+            or (estimate.outcome != "same" and at_band_edge(estimate.low, estimate.high, tie))
+        ):
+            pairs.append((leader, other, estimate))
+    return pairs
 
 
 def out_of_the_running(takes: dict[str, list[Take]], tie: float, stays: set[str], engines: int) -> list[str]:

@@ -344,6 +344,26 @@ def test_rounds_whose_open_pairs_the_gpu_times_keep_take_ms():
     assert done.record("base").short_rounds == list(range(first, done.rounds)) and done.rounds > first
 
 
+def test_a_launch_bound_pair_decided_across_the_band_edge_keeps_the_rounds_a_second_long():
+    """a and b are GPU-bound and a hair apart, their pair open to the budget; the baseline is
+    launch-bound and 3 % slower than a: decided "slower" by an interval across the band's upper
+    edge, which more rounds could still move to "the same". Such a pair keeps its pace: every
+    round lasts a second (the same baseline 3x slower pads nothing once decided: above)."""
+    from pipeline.measuring.stats import family_confidence, first_deciding_round
+
+    swing = [1.0, 1.05, 0.95, 1.04, 0.96, 1.045, 0.955, 1.0]
+    close = [1.02, 1.04]  # its interval stays [1.02, 1.04]: slower, across the band's edge at 1.03
+    three = {"a": GpuLengths(1.0), "b": GpuLengths(1.0), "base": GpuLengths(1.0, share=0.9)}
+    three["b"].noise = lambda r: swing[r % len(swing)]
+    three["base"].noise = lambda r: close[r % len(close)]
+    done = measure_in_rounds(three, settings(take_ms=100, round_ms=1000, min_rounds=6, budget_s=0.5), seed=1, stays=frozenset({"base"}))
+    medians = {key: {t.round: t.median_ms for t in takes} for key, takes in done.takes.items()}
+    edge = paired_ratio(medians["base"], medians["a"], 0.03, family_confidence(3))
+    assert edge.outcome == "slower" and edge.low < 1.03 < edge.high
+    assert done.stop == "budget" and done.rounds > first_deciding_round(3) + 3 and done.record("base").short_rounds == []
+    assert three["base"].asked == [pytest.approx(1000 / 3)] * done.rounds
+
+
 def test_an_engine_raced_out_keeps_its_figures_and_the_row_the_table_and_the_json_say_so():
     from pipeline.report.rows import ComparisonRow, _take_rounds
     from pipeline.report.tables import _compact_status, _Notes
