@@ -78,6 +78,18 @@ def _faster(estimate: RatioEstimate | None) -> bool:
     return estimate is not None and estimate.outcome == "faster"
 
 
+def _against_the_leader(takes: dict[str, list[Take]], tie: float, engines: int) -> list[tuple[str, str, RatioEstimate | None]]:
+    """(leader, other, the leader's time over the other's) for each other engine with kept takes,
+    read at the level that holds all pairs of ``engines`` engines together; none where fewer than
+    two have takes."""
+    medians = _medians(takes)
+    if len(medians) < 2:
+        return []
+    leader = _leader(medians, tie)
+    confidence = family_confidence(engines)
+    return [(leader, other, paired_ratio(medians[leader], medians[other], tie, confidence)) for other in medians if other != leader]
+
+
 def undecided(takes: dict[str, list[Take]], tie: float, engines: int) -> list[tuple[str, str, RatioEstimate | None]]:
     """The comparisons the verdict needs that the takes do not settle yet: the leader against each
     of the others, where their ratio's interval holds 1 without lying within the tie band (too
@@ -86,19 +98,7 @@ def undecided(takes: dict[str, list[Take]], tie: float, engines: int) -> list[tu
     second run that stops inside the band ("the same") says nothing its interval contradicts
     (docs/confidence.md, "Two runs of the same sweep"). ``engines``: how many the point's rounds
     time (those raced out too), whose pairs the intervals hold for together."""
-    medians = _medians(takes)
-    if len(medians) < 2:
-        return []
-    leader = _leader(medians, tie)
-    confidence = family_confidence(engines)
-    open_pairs = []
-    for other in medians:
-        if other == leader:
-            continue
-        estimate = paired_ratio(medians[leader], medians[other], tie, confidence)
-        if estimate is None or estimate.outcome == "ambiguous":
-            open_pairs.append((leader, other, estimate))
-    return open_pairs
+    return [pair for pair in _against_the_leader(takes, tie, engines) if pair[2] is None or pair[2].outcome == "ambiguous"]
 
 
 def unsettled(takes: dict[str, list[Take]], tie: float, engines: int) -> list[tuple[str, str, RatioEstimate | None]]:
@@ -106,38 +106,19 @@ def unsettled(takes: dict[str, list[Take]], tie: float, engines: int) -> list[tu
     those undecided, and those decided by an interval that reaches across an edge of the tie band.
     What the rounds keep their pace for where the host may set it (pace.host_sets_the_pace): a pair
     decided beyond the band is left to rounds of any length."""
-    medians = _medians(takes)
-    if len(medians) < 2:
-        return []
-    leader = _leader(medians, tie)
-    confidence = family_confidence(engines)
-    pairs = []
-    for other in medians:
-        if other == leader:
-            continue
-        estimate = paired_ratio(medians[leader], medians[other], tie, confidence)
-        if (
-            estimate is None
-            or estimate.outcome == "ambiguous"
-            or (estimate.outcome != "same" and at_band_edge(estimate.low, estimate.high, tie))
-        ):
-            pairs.append((leader, other, estimate))
-    return pairs
+
+    def settled(estimate: RatioEstimate | None) -> bool:
+        if estimate is None or estimate.outcome == "ambiguous":
+            return False
+        return estimate.outcome == "same" or not at_band_edge(estimate.low, estimate.high, tie)
+
+    return [pair for pair in _against_the_leader(takes, tie, engines) if not settled(pair[2])]
 
 
 def out_of_the_running(takes: dict[str, list[Take]], tie: float, stays: set[str], engines: int) -> list[str]:
     """The engines the leader is faster than by the interval (decided, read as ``undecided`` reads
     it): out of the running at this point, they may leave its rounds; those in ``stays`` never do."""
-    medians = _medians(takes)
-    if len(medians) < 2:
-        return []
-    leader = _leader(medians, tie)
-    confidence = family_confidence(engines)
-    return [
-        key
-        for key in medians
-        if key != leader and key not in stays and _faster(paired_ratio(medians[leader], medians[key], tie, confidence))
-    ]
+    return [other for _, other, estimate in _against_the_leader(takes, tie, engines) if other not in stays and _faster(estimate)]
 
 
 def gross(leader_by_round: dict, other_by_round: dict, factor: float = GROSS_FACTOR, least: int = GROSS_ROUNDS) -> bool:
