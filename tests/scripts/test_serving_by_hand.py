@@ -1,0 +1,57 @@
+"""The independent serving checks (scripts/serve_by_hand.py, scripts/sample_gpu_power.py), GPU only
+to run in earnest: the by-hand server on a CPU with a two-layer ModernBERT, and the power sampler's
+reading of a span from samples of known energy."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def power(import_script):
+    return import_script("sample_gpu_power")
+
+
+def test_the_counter_is_read_between_the_samples_that_bracket_the_span(power):
+    # 100 W for 2 s, then 300 W: the counter (mJ) climbs 100 J a second, then 300 J.
+    rows = [(t, 100_000.0 * t if t <= 2 else 200_000.0 + 300_000.0 * (t - 2), 100_000.0 if t < 2 else 300_000.0) for t in (0, 1, 2, 3, 4)]
+    counter, by_power = power.energy_over(rows, 0.5, 3.5)
+    assert counter == pytest.approx(150.0 + 450.0)  # 1.5 s at 100 W, 1.5 s at 300 W
+    assert by_power == pytest.approx((100 + 300 + 300) / 3 * 3.0)  # the samples inside, × 3 s
+    with pytest.raises(ValueError, match="span"):
+        power.energy_over(rows, -1.0, 2.0)
+
+
+def test_the_by_hand_server_counts_what_its_threads_complete(import_script, tmp_path):
+    serve = import_script("serve_by_hand")
+    assert (
+        serve.main(
+            [
+                "--device",
+                "cpu",
+                "--tiny",
+                "--shapes",
+                "1x8",
+                "--streams",
+                "1",
+                "2",
+                "--kinds",
+                "eager",
+                "cuda graph",
+                "--seconds",
+                "0.3",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
+    results = json.loads((tmp_path / "serve-by-hand.json").read_text())
+    assert [(r["kind"], r["streams"]) for r in results] == [("eager", 1), ("eager", 2)]  # no CUDA graph on a CPU
+    for result in results:
+        assert result["inferences"] > 0
+        assert result["inferences_per_s"] == pytest.approx(result["inferences"] / 0.3)
+        assert 0 < result["median_ms"] <= result["p99_ms"]
+        assert result["ended"] - result["started"] >= 0.3
