@@ -9,6 +9,7 @@ from typing import Any
 
 from pipeline.machine.environment import cpu_name, machine_load, nvidia_gpus
 from pipeline.manifest import Artifact, ProfileDetails, StageRecord, read_manifest
+from pipeline.measuring.serving import served_figures
 from pipeline.measuring.stats import LatencyStats
 from pipeline.report.flags import watch_flags
 from pipeline.running.errors import PipelineError, RefusedByTool
@@ -44,6 +45,8 @@ class ProfileStage(Stage):
     def params(self) -> dict[str, Any]:
         # An unset host_cpus is left out, so measurements taken before the setting existed stay current.
         settings = self.settings.model_dump(exclude_none=True)
+        if not self.settings.serves:  # likewise serving's settings where nothing is served
+            del settings["streams"], settings["serve_s"]
         if self.shape is None:
             return {"settings": settings, "batch_size": self.model_spec.batch_size}
         return {"settings": settings, "shape": self.shape}
@@ -214,6 +217,7 @@ class ProfileStage(Stage):
         )
         accuracy, accuracy_skipped, checked = measured.accuracy
         details.accuracy, details.accuracy_skipped = accuracy, accuracy_skipped
+        details.streams = [served_figures(run, batch, tokens_per_run) for run in measured.served]
         sidecars = {**results[-1].sidecars, **(checked.sidecars if checked else {})}
         outputs = [self.ctx.workspace.artifact(role, path) for role, path in sidecars.items()]
         note = self._note(details, measured)
