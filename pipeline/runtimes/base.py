@@ -348,7 +348,11 @@ class EngineRuntime(WorksAhead, ABC):
         inputs, for ``seconds`` after they start together (at ``start_at`` of time.time(), where
         given: streams in other processes start then too): pipeline/measuring/serving.py. A runtime
         that cannot says why (ServedRun.cannot); by default, none can."""
-        return ServedRun.cannot(streams, THREADS, f"the {self.kind} runtime does not serve concurrent streams")
+        return ServedRun.cannot(streams, THREADS, f"the {self.kind} runtime {self.serves_no_streams}")
+
+    #: Why it serves no concurrent streams, where it does not (``serve`` not filled), in words
+    #: after "the <kind> runtime".
+    serves_no_streams: ClassVar[str] = "does not serve concurrent streams"
 
     #: Why its streams are also served by N processes, each its own interpreter and copy of the
     #: engine, started together (pipeline/stages/serving.py): threads of one process cannot serve
