@@ -9,6 +9,7 @@ transfers are off), so the p99 is bounded by the requests as an in-process engin
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from pathlib import Path
 
@@ -39,10 +40,28 @@ def serve_with_inf_streams(runtime, engine_path: Path, workload, streams: int, s
         with contextlib.suppress(FileNotFoundError):
             partial.unlink()
     times = read_times(times_path)
-    span = log.total_host_walltime_s or 0.0
-    completed = round(log.throughput_qps * span) if log.throughput_qps and span else times.count
+    # trtexec's throughput is its inferences over its total host walltime (its documentation,
+    # "Throughput"); where its log has not both, the exported inferences over their own span.
+    if log.throughput_qps and log.total_host_walltime_s:
+        span, completed = log.total_host_walltime_s, round(log.throughput_qps * log.total_host_walltime_s)
+    else:
+        span, completed = _exported_span_s(times_path), times.count
+    if not span:
+        return ServedRun.cannot(
+            streams, TOOL_STREAMS, f"neither trtexec's log nor its exported times give the run's span (full log: {log_path})"
+        )
     how = f"trtexec {runtime.spec.trt} --infStreams={streams}: {streams} execution contexts, each its own CUDA stream"
     return ServedRun(streams, TOOL_STREAMS, span, completed, list(times.latency_ms), how=how)
+
+
+def _exported_span_s(path: Path) -> float | None:
+    """Seconds from the first exported inference's enqueue to the last one's end (--exportTimes'
+    records: startEnqMs … endD2hMs, every release from 8.4), or None where they do not say."""
+    records = json.loads(path.read_text())
+    starts = [record["startEnqMs"] for record in records if "startEnqMs" in record]
+    ends = [record.get("endD2hMs", record.get("endComputeMs")) for record in records]
+    ends = [end for end in ends if end is not None]
+    return (max(ends) - min(starts)) / 1000.0 if starts and ends and max(ends) > min(starts) else None
 
 
 def serve_argv(runtime, engine_path: Path, times: Path, workload, streams: int, seconds: float) -> list[str]:
