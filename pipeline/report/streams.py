@@ -44,10 +44,10 @@ def served_entries(records) -> list[dict[str, Any]]:
 # --- the section -----------------------------------------------------------------------------------
 
 
-_HEADERS = ("variant", "toolchain", "streams", "mode", "inf/s", "samples/s", "median ms", "p90 ms", "p99 ms", "p99 95% interval")
+STREAM_HEADERS = ("variant", "toolchain", "streams", "mode", "inf/s", "samples/s", "median ms", "p90 ms", "p99 ms", "p99 95% interval")
 
 
-def _cells(row, entry: dict[str, Any]) -> list[str]:
+def stream_cells(row, entry: dict[str, Any]) -> list[str]:
     head = [row.variant, row.target, str(entry["streams"]), entry["mode"]]
     if entry["why_not"] is not None:
         return [*head, "–", "–", "–", "–", "–", f"not measured: {entry['why_not']}"]
@@ -89,14 +89,14 @@ def streams_lines(rows, width: int | None) -> list[tuple[str, str | None]]:
     """The terminal's streams section: a table per model and point whose rows served streams."""
     out: list[tuple[str, str | None]] = []
     for (model, gpu_type, shape), group in _groups(rows).items():
-        cells = [_cells(row, entry) for row in group for entry in row.streams]
-        widths = [max(cell_len(text) for text in column) for column in zip(_HEADERS, *cells)]
+        cells = [stream_cells(row, entry) for row in group for entry in row.streams]
+        widths = [max(cell_len(text) for text in column) for column in zip(STREAM_HEADERS, *cells)]
 
         def join(texts: list[str], widths: list[int] = widths) -> str:
             return GAP.join(t.ljust(w) if i in (0, 1, 3, 9) else t.rjust(w) for i, (t, w) in enumerate(zip(texts, widths))).rstrip()
 
         out.append((_title(model, gpu_type, shape), "italic"))
-        out.append((join(list(_HEADERS)), "bold"))
+        out.append((join(list(STREAM_HEADERS)), "bold"))
         out.append(("─" * (sum(widths) + len(GAP) * (len(widths) - 1)), None))
         out += [(join(texts), None) for texts in cells]
         out += [(line, "dim") for line in (wrap(_NOTE, width, indent="    ") if width else [_NOTE])]
@@ -108,9 +108,13 @@ def streams_markdown(rows) -> str:
     out = []
     for (model, gpu_type, shape), group in _groups(rows).items():
         out.append(f"### {_title(model, gpu_type, shape)}\n")
-        out.append("| " + " | ".join(_HEADERS) + " |")
-        out.append("|" + "|".join("---" for _ in _HEADERS) + "|")
-        out += ["| " + " | ".join(text.replace("|", "\\|") for text in _cells(row, entry)) + " |" for row in group for entry in row.streams]
+        out.append("| " + " | ".join(STREAM_HEADERS) + " |")
+        out.append("|" + "|".join("---" for _ in STREAM_HEADERS) + "|")
+        out += [
+            "| " + " | ".join(text.replace("|", "\\|") for text in stream_cells(row, entry)) + " |"
+            for row in group
+            for entry in row.streams
+        ]
         out.append("")
         out.append(f"`?`{_NOTE[1:]}")
         out.append("")

@@ -137,3 +137,13 @@ def test_bad_stream_counts_and_budgets_are_usage_errors(served, run_cli):
     result = run_cli(catalog, "compare", "--p99-under", "fast")
     assert result.exit_code == 2
     assert "ERROR --p99-under 'fast': give a latency budget above 0, in ms, s or us." in result.err
+
+
+def test_the_html_draws_throughput_against_concurrency(served, run_cli, tmp_path):
+    catalog, _ = served
+    out = tmp_path / "compare.html"
+    result = run_cli(catalog, "compare", "--format", "html", "--out", str(out), "--p99-under", "10ms")
+    assert result.exit_code == 0, result.err
+    page = out.read_text()
+    assert '<img alt="Throughput against concurrent streams" src="data:image/png;base64,' in page
+    assert "<h3>Serving concurrent streams</h3>" in page and "<h2>Serving within a p99 of 10 ms</h2>" in page
