@@ -115,8 +115,9 @@ class OnnxRuntimeRuntime(InProcessRuntime):
     def serve(self, engine: OrtEngine, streams: int, seconds: float, start_at: float | None = None) -> ServedRun:
         # One session, N threads calling its run at once, each with its own copy of the inputs:
         # InferenceSession::Run is thread-safe, several threads may call it concurrently (stated by
-        # ONNX Runtime's maintainers, microsoft/onnxruntime#19301), and its Python binding does not
-        # hold the GIL while it runs, so the threads run side by side. Each run still uses the
+        # ONNX Runtime's maintainers, microsoft/onnxruntime#19301), and its Python binding lets go of
+        # the GIL around it ("release GIL to allow multiple python threads to invoke Run() in
+        # parallel", onnxruntime/python/onnxruntime_pybind_state.cc), so the threads run side by side. Each run still uses the
         # session's intra-op thread pool: N streams share the CPUs of one pool (docs/streams.md).
         feeds = [{name: value.copy() for name, value in engine.feeds.items()} for _ in range(streams)]
         requests = [lambda mine=mine: engine.session.run(None, mine) for mine in feeds]
