@@ -257,6 +257,15 @@ class ProfileStage(Stage):
                 note += f", top-1 {accuracy['top1_agreement']:.0%}"
             if accuracy.get("top1_accuracy") is not None:
                 note += f", top-1 accuracy {accuracy['top1_accuracy']:.1%} on the labelled images"
+        by_mode: dict[str, list] = {}
+        for record in details.streams:
+            if record.why_not is None:
+                by_mode.setdefault(record.mode, []).append(record)
+        if by_mode:  # "; served 1/2 streams by threads: 663/681 inf/s"
+            note += "; served " + ", ".join(
+                f"{'/'.join(str(r.streams) for r in runs)} streams by {mode}: {'/'.join(f'{r.inferences_per_s:,.0f}' for r in runs)} inf/s"
+                for mode, runs in by_mode.items()
+            )
         if details.repeat_cv is not None:
             medians, stable = details.repeat_medians_ms, details.stable
             note += f"; their medians {min(medians):.3f}–{max(medians):.3f} ms (CV {details.repeat_cv:.2%}{'' if stable else ', unstable'})"

@@ -44,6 +44,13 @@ def serve_point(engines: dict[Any, Any], settings, reporter) -> dict[Any, list[S
     return out
 
 
+def serving_words(runtime, settings) -> str:
+    """What serving will do for an engine of ``runtime``, for --dry-run."""
+    counts = ", ".join(map(str, settings.streams))
+    processes = " and in as many processes" if runtime.serves_in_processes else ""
+    return f"serve: after the rounds, {counts} concurrent streams in turn, {settings.serve_s:g} s each, in this process{processes}"
+
+
 def _engine_served(stage, engine, name: str, settings, reporter) -> list[ServedRun]:
     runs = []
     for count in settings.streams:

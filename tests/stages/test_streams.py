@@ -147,3 +147,13 @@ def test_the_html_draws_throughput_against_concurrency(served, run_cli, tmp_path
     page = out.read_text()
     assert '<img alt="Throughput against concurrent streams" src="data:image/png;base64,' in page
     assert "<h3>Serving concurrent streams</h3>" in page and "<h2>Serving within a p99 of 10 ms</h2>" in page
+
+
+def test_the_dry_run_says_what_serving_will_do(served, run_cli):
+    catalog, _ = served
+    result = run_cli(catalog, "profile", "--engine", "tiny_fp32", "--toolchain", "torch-eager", "--streams", "1,4", "--dry-run")
+    assert result.exit_code == 0, result.err
+    assert (
+        "tiny_fp32: serve: after the rounds, 1, 4 concurrent streams in turn, 0.3 s each, in this process and in as many processes"
+        in result.out
+    )
