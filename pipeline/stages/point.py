@@ -199,10 +199,13 @@ def _in_rounds(stages: list) -> dict[Any, Measured | PipelineError]:
             return {**out, **dict.fromkeys(prepared, PipelineError(exc.message, exc.hint))}
         except PipelineError as exc:  # the group's repeat failed: every engine of it is without its figures
             return {**out, **dict.fromkeys(prepared, exc)}
-        # Serving after every measurement of the rounds, never between them.
+        # Serving after every measurement of the rounds, never between them; its threads or
+        # processes keep the host's CPUs busy, so it holds the host alone, as launch-bound rounds do.
         servers = {stage: ready[0] for stage, ready in prepared.items() if entrant_name(stage) not in outcome.errors}
         try:
-            with running_on(settings.host_cpus):
+            with running_on(settings.host_cpus), HostRounds(on_wait=reporter.progress) as alone:
+                if settings.serves:
+                    alone.take_whole()
                 served = serve_point(servers, settings, reporter)
         except DeviceFault as exc:
             faulted = next((stage for stage in servers if entrant_name(stage) == exc.entrant), None)
