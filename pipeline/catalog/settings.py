@@ -8,6 +8,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+# The most concurrent streams a profile serves: each is a thread (or a process) of the host.
+MAX_STREAMS = 256
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -59,6 +62,26 @@ class ProfileSettings(_Strict):
     # band leaves the point's rounds, which go on timing the contenders; false (`--no-racing`):
     # every engine takes part in every round, as before racing.
     racing: bool = True
+    # Serving (docs/streams.md): after a point's rounds, each engine serves this many concurrent
+    # streams in turn, each stream its own inputs, for `serve_s` seconds at each count; its
+    # inferences/s and its requests' latency are kept per count. [1] alone: no serving, the rounds'
+    # figures are the one stream's.
+    streams: tuple[int, ...] = (1,)
+    serve_s: float = Field(default=2.0, gt=0, le=3_600)
+
+    @field_validator("streams")
+    @classmethod
+    def _stream_counts(cls, streams: tuple[int, ...]) -> tuple[int, ...]:
+        if not streams or any(count < 1 or count > MAX_STREAMS for count in streams):
+            raise ValueError(f"{list(streams)}: give stream counts from 1 to {MAX_STREAMS}, e.g. [1, 2, 4]")
+        if len(set(streams)) != len(streams):
+            raise ValueError(f"{list(streams)}: each stream count once")
+        return tuple(sorted(streams))
+
+    @property
+    def serves(self) -> bool:
+        """Whether a profile serves concurrent streams after its rounds (any count but [1])."""
+        return self.streams != (1,)
 
     @field_validator("host_cpus")
     @classmethod

@@ -115,8 +115,33 @@ def calibration_options(func):
     return func
 
 
+def _stream_counts(ctx: click.Context, param, value: str | None) -> tuple[int, ...] | None:
+    """--streams 1,2,4: the counts, checked as the catalog's [profile] streams is."""
+    if value is None:
+        return None
+    from pydantic import ValidationError
+
+    from pipeline.catalog import ProfileSettings
+
+    parts = [part.strip() for part in value.split(",") if part.strip()]
+    if not parts or not all(part.isdigit() for part in parts):
+        raise click.BadParameter(f"{value!r}: give stream counts separated by commas, e.g. 1,2,4")
+    try:
+        return ProfileSettings(streams=tuple(int(part) for part in parts)).streams
+    except ValidationError as exc:
+        raise click.BadParameter(exc.errors()[0]["msg"].removeprefix("Value error, ")) from None
+
+
 def repeat_option(func):
-    """How a profile measures: --repeat, and --racing/--no-racing."""
+    """How a profile measures: --repeat, --racing/--no-racing and --streams."""
+    func = click.option(
+        "--streams",
+        metavar="N,N,…",
+        callback=_stream_counts,
+        help="After each shape point's rounds, serve each engine with these many concurrent streams in turn (each its "
+        "own inputs), [profile] serve_s seconds each: inferences/s and each request's latency per count (docs/streams.md). "
+        "Default: the catalog's [profile] streams ([1]: no serving).",
+    )(func)
     func = click.option(
         "--racing/--no-racing",
         default=None,
@@ -169,6 +194,7 @@ class Overrides:
     repeat: int | None = None
     racing: bool | None = None
     sanitize: bool | None = None
+    streams: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

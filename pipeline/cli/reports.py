@@ -59,9 +59,31 @@ from pipeline.cli.state import pass_state
     "similarity (0.99, cos=0.99) or top-1 agreement (top1=0.95). Repeatable. Also the floor the "
     "answer is held to, in place of the catalog's accuracy_floor.",
 )
+@click.option(
+    "--p99-under",
+    "p99_under",
+    metavar="BUDGET",
+    help="Name, per model and shape point, the engine and concurrency that serve the most inferences/s whose p99's 95% "
+    "interval lies within BUDGET (10ms, 0.5s, 800us; a number alone is ms), from profiles measured with --streams; "
+    "where none can be bounded, says how many requests it needs (docs/streams.md).",
+)
 @pass_state
 def compare(
-    state: _State, toolchains, trts, models, gpu_types, fmt, out, baseline, fail_above, wide, columns, noisy_cv, metric, accuracy_thresholds
+    state: _State,
+    toolchains,
+    trts,
+    models,
+    gpu_types,
+    fmt,
+    out,
+    baseline,
+    fail_above,
+    wide,
+    columns,
+    noisy_cv,
+    metric,
+    accuracy_thresholds,
+    p99_under,
 ):
     """Put profiled engines side by side, from the saved manifests (never re-measures).
 
@@ -86,10 +108,12 @@ def compare(
     if fmt == "html" and out is None:
         out = catalog.root / "reports" / "compare.html"
     from pipeline.report.gates import parse_accuracy_threshold
+    from pipeline.report.streams import parse_budget
 
     thresholds = [parse_accuracy_threshold(text) for text in accuracy_thresholds]  # checked before any work
+    budget = parse_budget(p99_under) if p99_under is not None else None
     rows = _print_comparison(
-        state, names or None, fmt, out, list(models) or None, columns, wide, noisy_cv, list(gpu_types) or None, metric, thresholds
+        state, names or None, fmt, out, list(models) or None, columns, wide, noisy_cv, list(gpu_types) or None, metric, thresholds, budget
     )
     if thresholds:
         from pipeline.report.gates import check_accuracy
@@ -103,7 +127,18 @@ def compare(
 
 
 def _print_comparison(
-    state: _State, toolchains, fmt, out, models=None, columns=None, wide=False, noisy_cv=None, gpu_types=None, metric="ms", thresholds=()
+    state: _State,
+    toolchains,
+    fmt,
+    out,
+    models=None,
+    columns=None,
+    wide=False,
+    noisy_cv=None,
+    gpu_types=None,
+    metric="ms",
+    thresholds=(),
+    p99_under_ms=None,
 ):
     from pipeline.report.compare import compare as compare_manifests
     from pipeline.report.compare import write_output
@@ -128,6 +163,7 @@ def _print_comparison(
         gpu_types=gpu_types,
         metric=metric,
         thresholds=thresholds,
+        p99_under_ms=p99_under_ms,
     )
     differently = [f"{r.engine} on {r.toolchain}: {flag}" for r in rows for flag in r.flags if flag.startswith("measured differently")]
     if differently:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
 from pipeline.catalog import ProfileSettings, ShapeSizes
 from pipeline.catalog.shape import written
 from pipeline.measuring.rounds import RoundsRecord
+from pipeline.measuring.serving import ServedRecord
 from pipeline.measuring.stats import LatencyStats
 from pipeline.running.files import atomic_write_text
 
@@ -333,6 +334,11 @@ class ProfileDetails(_Model):
     # compilations (pipeline/stages/point.py, prepare_points_ahead): preparation_s is what they
     # cost then, not at the point.
     prepared_ahead: bool = False
+    # Its serving after the rounds, one record a stream count and way of serving (threads,
+    # processes, a tool's streams; docs/streams.md): inferences/s over the streams' common span,
+    # each request's latency with its percentiles' intervals, or why it was not measured. Empty
+    # where [profile] streams is [1] and in manifests written before (an addition inside schema 7).
+    streams: list[ServedRecord] = []
 
 
 StageDetails = Annotated[ExportDetails | BuildDetails | ProfileDetails, Field(discriminator="kind")]

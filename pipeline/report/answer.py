@@ -5,7 +5,7 @@ terminal table shares with them (wrapping, cell widths)."""
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pipeline.catalog.shape import shown
 
@@ -44,6 +44,8 @@ class Answer:
     verdicts: list
     sweeps: list
     metric: str = "ms"
+    # --p99-under's answer per model and point (pipeline/report/streams.py, ServingPick), if asked.
+    serving: list = field(default_factory=list)
 
     def verdict_text(self) -> list[str]:
         return [" ".join(verdict.sentences()) for verdict in self.verdicts]
@@ -68,6 +70,13 @@ class Answer:
             for text in self.verdict_text():
                 out += [(line, None) for line in (wrap(text, width, indent="    ") if width else [text])]
             out.append(("", None))
+        if self.serving:
+            out.append(
+                (f"Serving within a p99 of {self.serving[0].budget_ms:g} ms: the engine and concurrency that serve the most", "bold")
+            )
+            for pick in self.serving:
+                out += [(line, None) for line in (wrap(pick.sentence(), width, indent="    ") if width else [pick.sentence()])]
+            out.append(("", None))
         for sweep in self.sweeps:
             headers, cells = self.sweep_table(sweep)
             widths = [max(cell_len(text) for text in column) for column in zip(headers, *cells)]
@@ -87,6 +96,10 @@ class Answer:
         if self.verdicts:
             out.append("## The answer\n")
             out += [f"- {text}" for text in self.verdict_text()]
+            out.append("")
+        if self.serving:
+            out.append(f"## Serving within a p99 of {self.serving[0].budget_ms:g} ms\n")
+            out += [f"- {pick.sentence()}" for pick in self.serving]
             out.append("")
         for sweep in self.sweeps:
             headers, cells = self.sweep_table(sweep)

@@ -23,6 +23,7 @@ from pipeline.report.manifest_sources import load_manifests, manifest_paths
 from pipeline.report.row_cache import workspace_cache
 from pipeline.report.row_comparisons import compare_rows
 from pipeline.report.rows import attach_timings
+from pipeline.report.streams import p99_under
 from pipeline.report.sweep import METRICS, sweeps
 from pipeline.report.tables import render_csv, render_markdown, render_table
 from pipeline.report.verdict import verdicts
@@ -62,6 +63,7 @@ def compare(
     gpu_types: list[str] | None = None,
     metric: str = "ms",
     thresholds: list[AccuracyThreshold] = (),
+    p99_under_ms: float | None = None,
 ):
     """Rows plus their rendering in ``fmt`` (a rich renderable for "table", at ``width``
     columns, text otherwise), the answer first: the verdict per model and shape point (the fastest
@@ -97,6 +99,13 @@ def compare(
     floors = {model: given if thresholds else catalog.accuracy_floor_for(model) for model in {row.model for row in rows}}
     verdict_list = verdicts(rows, catalog.baseline_toolchain, floors, catalog.profile.tie)
     answer = Answer(verdict_list, sweeps(rows, verdict_list, catalog.profile.tie, catalog.baseline_toolchain), metric)
+    if p99_under_ms is not None:
+        answer.serving = p99_under(rows, p99_under_ms)
+        if not answer.serving:
+            raise UsageError(
+                f"--p99-under {p99_under_ms:g} ms: no engine here served concurrent streams.",
+                hint="profile with `--streams 1,2,4` (or [profile] streams in pipeline.toml) first: docs/streams.md",
+            )
     if fmt == "md":
         return rows, render_markdown(rows, answer)
     if fmt == "json":

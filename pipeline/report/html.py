@@ -15,6 +15,8 @@ from pipeline.catalog.shape import shown
 from pipeline.manifest import EngineManifest
 from pipeline.report.answer import Answer
 from pipeline.report.rows import ComparisonRow
+from pipeline.report.streams import STREAM_HEADERS, stream_cells
+from pipeline.report.streams_chart import throughput_against_streams
 from pipeline.report.sweep_chart import axis_names, sweep_figure
 from pipeline.report.tables import HEADERS, row_cells, samples_header
 from pipeline.workspace import output_folder
@@ -124,7 +126,21 @@ def _answer(answer: Answer) -> list[str]:
     if not answer.verdicts:
         return []
     items = "".join(f"<li>{html.escape(text)}</li>" for text in answer.verdict_text())
-    return [f'<div class="verdict"><h2>The answer</h2><ul>{items}</ul></div>']
+    parts = [f'<div class="verdict"><h2>The answer</h2><ul>{items}</ul></div>']
+    if answer.serving:  # --p99-under
+        picks = "".join(f"<li>{html.escape(pick.sentence())}</li>" for pick in answer.serving)
+        parts.append(f'<div class="verdict"><h2>Serving within a p99 of {answer.serving[0].budget_ms:g} ms</h2><ul>{picks}</ul></div>')
+    return parts
+
+
+def _streams_table(rows: list[ComparisonRow]) -> str | None:
+    """The rows' serving at each stream count (docs/streams.md), as the terminal's streams section."""
+    cells = [stream_cells(row, entry) for row in rows for entry in row.streams]
+    if not cells:
+        return None
+    head = "".join(f"<th>{html.escape(text)}</th>" for text in STREAM_HEADERS)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(text)}</td>" for text in line) + "</tr>" for line in cells)
+    return f"<h3>Serving concurrent streams</h3><table><tr>{head}</tr>{body}</table>"
 
 
 def _sweep_section(answer: Answer, sweep, names: tuple[str, ...] | None = None) -> list[str]:
@@ -222,9 +238,14 @@ def render_html(rows: list[ComparisonRow], manifests: list[EngineManifest], answ
             if sweep.model == model:
                 parts += _sweep_section(answer, sweep, names.get(model))
         parts.append(_table(model_rows))
+        streams = _streams_table(model_rows)
+        if streams:
+            parts.append(streams)
+        served = throughput_against_streams(model_rows)
         for title, image in (
             ("Latency by variant and toolchain", _latency_bars(model_rows)),
             ("Latency distribution", _latency_cdf(model_rows)),
+            ("Throughput against concurrent streams", _png(served) if served is not None else None),
         ):
             if image:
                 parts.append(f'<h3>{title}</h3><img alt="{html.escape(title)}" src="{image}">')

@@ -21,8 +21,11 @@ from pipeline.report.rows import ComparisonRow
 # answer rests on among the comparisons; 10 each comparison's confidence, every paired interval
 # read so that all pairs of its set of rounds hold at 95 % together; 11 a pair whose interval
 # excludes 1 decides again where it reaches across an edge of the tie band (at_band_edge marks it);
-# 12 each row's p90_ms, its p90 and p99 intervals bounded by its takes, and the takes they need.
-JSON_SCHEMA_VERSION = 12
+# 12 each row's p90_ms, its p90 and p99 intervals bounded by its takes, and the takes they need;
+# 15 each row's streams (its serving at each stream count: inferences/s, the requests' latency
+# with its intervals, or why not measured) and, with --p99-under, the document's serving (the
+# engine and concurrency that serve the most within the budget, per model and point).
+JSON_SCHEMA_VERSION = 15
 
 
 def render_json(rows: list[ComparisonRow], answer: Answer | None = None) -> str:
@@ -35,6 +38,8 @@ def render_json(rows: list[ComparisonRow], answer: Answer | None = None) -> str:
         "sweeps": [sweep.public(answer.metric) for sweep in answer.sweeps],
         "rows": [row.public() for row in rows],
     }
+    if answer.serving:
+        data["serving"] = [pick.public() for pick in answer.serving]
     return _one_entry_a_line(data)
 
 

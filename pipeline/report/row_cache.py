@@ -38,6 +38,8 @@ _CODE = (
     "pipeline/report/flags.py",
     "pipeline/report/rows.py",
     "pipeline/report/row_cache.py",
+    "pipeline/report/streams.py",
+    "pipeline/measuring/serving.py",
 )
 # Cached with the row: everything but what compare_rows fills in from other rows, and the samples
 # (which can be many thousands per row; read again from the manifest when an interval is missing).

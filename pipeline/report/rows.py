@@ -11,6 +11,7 @@ from typing import Any
 from pipeline.catalog import ShapeSizes
 from pipeline.manifest import EngineManifest
 from pipeline.report.flags import NOISY_CV, measurement_flags
+from pipeline.report.streams import served_entries
 from pipeline.running.errors import PipelineError
 
 FORMATS = ("table", "md", "html", "json", "csv")
@@ -105,6 +106,9 @@ class ComparisonRow:
     matmul_gflops: float | None = None
     achieved_tflops: float | None = None
     peak_fraction: float | None = None
+    # Its serving at each stream count after the rounds (pipeline/report/streams.py, served_entries):
+    # inferences/s, the requests' median, p90 and p99 with their intervals, or why not measured.
+    streams: list[dict[str, Any]] = field(default_factory=list)
     # Why the number may not be trusted: a busy machine, a noisy run (see measurement_flags).
     flags: list[str] = field(default_factory=list)
     # What the timing included (CUDA graphs, data transfers, spin wait), where the runtime says.
@@ -331,6 +335,7 @@ def _row(m: EngineManifest, noisy_cv: float) -> ComparisonRow:
             if d.accuracy.get("warning"):
                 row.flags.append(f"inaccurate: {d.accuracy['warning']}")
         row.measured_with = dict(d.measured_with)
+        row.streams = served_entries(d.streams)
         row.gpu_memory_mib, row.gpu_memory_kind = _gpu_memory(d)
         if d.rounds:
             _take_rounds(row, d.rounds)

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from pipeline.catalog.shape import shown
 from pipeline.report.answer import GAP, Answer, cell_len, wrap
 from pipeline.report.rows import ComparisonRow
+from pipeline.report.streams import streams_lines, streams_markdown
 from pipeline.running.errors import UsageError
 
 
@@ -195,7 +197,8 @@ def render_markdown(rows: list[ComparisonRow], answer: Answer | None = None) -> 
         out.append("")
     out.append("`~`: within the runs' own spread (95% bootstrap CI of the median difference contains 0).")
     out += [f"`?`{note[1:]}" for note in unbounded_p99_note(rows)]
-    return "\n".join(out) + "\n"
+    served = streams_markdown(rows)
+    return "\n".join(out) + "\n" + (f"\n{served}" if served else "")
 
 
 class _Notes:
@@ -323,7 +326,8 @@ class _TextTable:
 
 def _text(tables: list[_TextTable], width: int | None, answer: Answer | None = None) -> _Lines:
     lead = answer.lines(width) if answer is not None else []
-    return _Lines(lead + [line for table in tables for line in table.lines(width)])
+    rows = [row for table in tables for row in table.rows]
+    return _Lines(lead + [line for table in tables for line in table.lines(width)] + streams_lines(rows, width))
 
 
 class _Lines:
@@ -394,5 +398,6 @@ def render_csv(rows: list[ComparisonRow]) -> str:
     for row in rows:
         data = row.public()
         data["median_ci_ms"] = "" if data["median_ci_ms"] is None else f"{data['median_ci_ms'][0]:.6f}..{data['median_ci_ms'][1]:.6f}"
+        data["streams"] = json.dumps(data["streams"]) if data["streams"] else ""  # one cell: the JSON's entries
         writer.writerow(data)
     return buffer.getvalue()

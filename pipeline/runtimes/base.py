@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
 from pipeline.measuring.accuracy import ReferenceBatch
 from pipeline.measuring.rounds import PreparedEngine
+from pipeline.measuring.serving import THREADS, ServedRun
 from pipeline.models import ModelSource, PointShapes
 from pipeline.running.reporting import Reporter
 
@@ -341,6 +342,22 @@ class EngineRuntime(WorksAhead, ABC):
         """Run the engine once on the reference batch; None when this runtime cannot feed an engine
         given inputs (the profile then records that its accuracy was not checked)."""
         return None
+
+    def serve(self, engine: PreparedEngine, streams: int, seconds: float, start_at: float | None = None) -> ServedRun:
+        """``engine`` (what ``prepare`` gave) serving ``streams`` concurrent streams, each its own
+        inputs, for ``seconds`` after they start together (at ``start_at`` of time.time(), where
+        given: streams in other processes start then too): pipeline/measuring/serving.py. A runtime
+        that cannot says why (ServedRun.cannot); by default, none can."""
+        return ServedRun.cannot(streams, THREADS, f"the {self.kind} runtime {self.serves_no_streams}")
+
+    #: Why it serves no concurrent streams, where it does not (``serve`` not filled), in words
+    #: after "the <kind> runtime".
+    serves_no_streams: ClassVar[str] = "does not serve concurrent streams"
+
+    #: Why its streams are also served by N processes, each its own interpreter and copy of the
+    #: engine, started together (pipeline/stages/serving.py): threads of one process cannot serve
+    #: them side by side (PyTorch's Python holds the GIL between kernel launches). None: threads do.
+    serves_in_processes: ClassVar[str | None] = None
 
     @abstractmethod
     def describe_build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec, source: ModelSource) -> list[str]:

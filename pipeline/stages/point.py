@@ -42,6 +42,7 @@ from pipeline.measuring.stats import LatencyStats
 from pipeline.measuring.stopping import open_pair_words, undecided
 from pipeline.running.errors import DeviceFault, EnvironmentMissing, PipelineError
 from pipeline.runtimes.base import ProfileResult
+from pipeline.stages.serving import serve_point
 
 # Seconds a repeat's process has to end after an interruption before it is killed.
 STOP_GRACE_S = 10
@@ -70,6 +71,8 @@ class Measured:
     # and whether that was done ahead of the point, while the run waited (prepare_points_ahead).
     preparation_s: dict[str, float] = field(default_factory=dict)
     prepared_ahead: bool = False
+    # Its runs at each stream count after the rounds, where the settings serve (pipeline/stages/serving.py).
+    served: list = field(default_factory=list)
 
 
 def profile_point(stages: list) -> dict[Any, StageRecord | PipelineError]:
@@ -196,6 +199,17 @@ def _in_rounds(stages: list) -> dict[Any, Measured | PipelineError]:
             return {**out, **dict.fromkeys(prepared, PipelineError(exc.message, exc.hint))}
         except PipelineError as exc:  # the group's repeat failed: every engine of it is without its figures
             return {**out, **dict.fromkeys(prepared, exc)}
+        # Serving after every measurement of the rounds, never between them; its threads or
+        # processes keep the host's CPUs busy, so it holds the host alone, as launch-bound rounds do.
+        servers = {stage: ready[0] for stage, ready in prepared.items() if entrant_name(stage) not in outcome.errors}
+        try:
+            with running_on(settings.host_cpus), HostRounds(on_wait=reporter.progress) as alone:
+                if settings.serves:
+                    alone.take_whole()
+                served = serve_point(servers, settings, reporter)
+        except DeviceFault as exc:
+            faulted = next((stage for stage in servers if entrant_name(stage) == exc.entrant), None)
+            return {faulted: exc} if faulted is not None else {**out, **dict.fromkeys(prepared, PipelineError(exc.message, exc.hint))}
     for stage, (engine, accuracy, cost, ahead) in prepared.items():
         key = entrant_name(stage)
         if key in outcome.errors:  # recorded in its manifest where it is a refusal (out of memory)
@@ -222,6 +236,7 @@ def _in_rounds(stages: list) -> dict[Any, Measured | PipelineError]:
             seconds=seconds,
             preparation_s=cost,
             prepared_ahead=ahead,
+            served=served.get(stage, []),
         )
     return out
 
@@ -302,6 +317,9 @@ def _tool_alone(stage) -> Measured:
     with reporter.working("profile", stage.progress_label):
         measured = _tool_runs(stage, engine_path, workload)
         measured.accuracy = stage.check_accuracy(engine_path, workload)
+        with running_on(stage.settings.host_cpus):
+            engine = stage.runtime.prepare(engine_path, workload)
+            measured.served = serve_point({stage: engine}, stage.settings, reporter).get(stage, [])
     measured.seconds = time.perf_counter() - started
     return measured
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from pipeline.machine.environment import cpu_name, machine_load, nvidia_gpus
 from pipeline.manifest import Artifact, ProfileDetails, StageRecord, read_manifest
+from pipeline.measuring.serving import served_figures
 from pipeline.measuring.stats import LatencyStats
 from pipeline.report.flags import watch_flags
 from pipeline.running.errors import PipelineError, RefusedByTool
@@ -44,6 +45,8 @@ class ProfileStage(Stage):
     def params(self) -> dict[str, Any]:
         # An unset host_cpus is left out, so measurements taken before the setting existed stay current.
         settings = self.settings.model_dump(exclude_none=True)
+        if not self.settings.serves:  # likewise serving's settings where nothing is served
+            del settings["streams"], settings["serve_s"]
         if self.shape is None:
             return {"settings": settings, "batch_size": self.model_spec.batch_size}
         return {"settings": settings, "shape": self.shape}
@@ -214,6 +217,7 @@ class ProfileStage(Stage):
         )
         accuracy, accuracy_skipped, checked = measured.accuracy
         details.accuracy, details.accuracy_skipped = accuracy, accuracy_skipped
+        details.streams = [served_figures(run, batch, tokens_per_run) for run in measured.served]
         sidecars = {**results[-1].sidecars, **(checked.sidecars if checked else {})}
         outputs = [self.ctx.workspace.artifact(role, path) for role, path in sidecars.items()]
         note = self._note(details, measured)
@@ -253,6 +257,15 @@ class ProfileStage(Stage):
                 note += f", top-1 {accuracy['top1_agreement']:.0%}"
             if accuracy.get("top1_accuracy") is not None:
                 note += f", top-1 accuracy {accuracy['top1_accuracy']:.1%} on the labelled images"
+        by_mode: dict[str, list] = {}
+        for record in details.streams:
+            if record.why_not is None:
+                by_mode.setdefault(record.mode, []).append(record)
+        if by_mode:  # "; served 1/2 streams by threads: 663/681 inf/s"
+            note += "; served " + ", ".join(
+                f"{'/'.join(str(r.streams) for r in runs)} streams by {mode}: {'/'.join(f'{r.inferences_per_s:,.0f}' for r in runs)} inf/s"
+                for mode, runs in by_mode.items()
+            )
         if details.repeat_cv is not None:
             medians, stable = details.repeat_medians_ms, details.stable
             note += f"; their medians {min(medians):.3f}–{max(medians):.3f} ms (CV {details.repeat_cv:.2%}{'' if stable else ', unstable'})"

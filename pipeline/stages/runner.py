@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pipeline.catalog import EngineRef
 from pipeline.running.errors import DeviceFault, EnvironmentMissing, PipelineError
 from pipeline.stages.base import STAGE_ORDER, RunContext, RunRequest
+from pipeline.stages.serving import serving_words
 
 
 @dataclass
@@ -325,4 +326,6 @@ def describe(ctx: RunContext, engines: list[EngineRef], toolchain: str, until: s
                 lines.extend(
                     f"{engine.name}: {line}" for line in build.runtime.describe_profile(engine_file, ctx.catalog.profile, workload)
                 )
+                if ctx.catalog.profile.serves:
+                    lines.append(f"{engine.name}: {serving_words(build.runtime, ctx.catalog.profile)}")
     return lines

@@ -63,6 +63,13 @@ class Dialect:
         return self.version[0] >= 11
 
     @property
+    def has_inf_streams(self) -> bool:
+        """8.6+: --infStreams=N, N execution contexts (8.6: engines) running inference concurrently,
+        each on its own CUDA stream (the --help of 8.6.1 to 11.1; 8.5 named it --streams, and no
+        8.5 --help is recorded here to check it by)."""
+        return self.version[:2] >= (8, 6)
+
+    @property
     def checks_accuracy(self) -> bool:
         """11.1+: --loadRefOutputs/--accuracyAlgorithm/--accuracyThreshold."""
         return self.version[:2] >= (11, 1)
@@ -166,6 +173,8 @@ class ProfileCommand:
     verbose: bool = False
     # The shape point to run at, per dynamic input (--shapes); empty for a static engine.
     shapes: dict[str, Dims] = field(default_factory=dict)
+    # Concurrent inference streams (--infStreams, Dialect.has_inf_streams); 1: trtexec's default, not written.
+    inf_streams: int = 1
 
     def settings_in_force(self) -> dict[str, bool]:
         """What the timing included, the same on every release (recorded in the profile manifest)."""
@@ -190,6 +199,16 @@ class ProfileCommand:
         argv += dialect.measurement_flags(self.use_cuda_graph, not self.no_data_transfers, self.spin_wait)
         if self.shapes:
             argv.append(f"--shapes={shapes_spec(self.shapes)}")
+        if self.inf_streams > 1:
+            if not dialect.has_inf_streams:
+                raise UsageError(
+                    f"trtexec of TensorRT {trt_version} has no --infStreams (from 8.6).",
+                    hint="serve streams with a TensorRT 8.6+ toolchain",
+                )
+            # Each stream enqueues its inferences one ahead, as one stream does (NVIDIA's trtexec
+            # documentation, "Cross-Inference Multi-Streaming"): throughput is all streams' inferences
+            # over the host's wall time.
+            argv.append(f"--infStreams={self.inf_streams}")
         if self.times_json:
             argv.append(f"--exportTimes={self.times_json}")
         if self.profile_json:

@@ -113,3 +113,20 @@ def test_missing_catalog_file_is_a_usage_error(tmp_path):
 
 def test_outputs_live_beside_the_catalog(tiny_catalog):
     assert load_catalog(tiny_catalog).root == Path(tiny_catalog).parent.resolve()
+
+
+@pytest.mark.parametrize(
+    "streams, words",
+    [("[0, 2]", "[0, 2]: give stream counts from 1 to 256"), ("[2, 2]", "each stream count once"), ("[]", "give stream counts")],
+)
+def test_stream_counts_name_the_field_the_value_and_what_is_allowed(tmp_path, streams, words):
+    path = write_catalog(tmp_path, TINY_CATALOG.replace("round_ms = 0", f"round_ms = 0\nstreams = {streams}"))
+    with pytest.raises(UsageError) as info:
+        load_catalog(path)
+    assert "profile.streams" in info.value.message and words in info.value.message
+
+
+def test_stream_counts_default_to_one_and_are_kept_in_order(tmp_path):
+    assert load_catalog(write_catalog(tmp_path / "a")).profile.streams == (1,)
+    profile = load_catalog(write_catalog(tmp_path / "b", TINY_CATALOG.replace("round_ms = 0", "round_ms = 0\nstreams = [4, 1, 2]"))).profile
+    assert profile.streams == (1, 2, 4) and profile.serves

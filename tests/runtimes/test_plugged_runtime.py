@@ -90,3 +90,32 @@ def test_reports_call_each_runtime_by_its_own_name_and_an_unknown_kind_by_the_ki
         "TensorRT-RTX",
     ]
     assert product_of("written-by-a-newer-version") == "written-by-a-newer-version"
+
+
+def test_a_kind_that_cannot_serve_streams_says_why_at_each_count_and_the_run_goes_on(steady, tmp_path, run_cli):
+    catalog = write_catalog(
+        tmp_path / "ws", TINY_CATALOG.replace("round_ms = 0", "round_ms = 0\nserve_s = 0.2") + '\n[toolchains.steady]\nkind = "steady"\n'
+    )
+    result = run_cli(catalog, "run", "--engine", "tiny_fp32", "--toolchain", "steady", "--toolchain", "onnxruntime", "--streams", "1,2")
+    assert result.exit_code == 0, result.err
+    steady = json.loads((tmp_path / "ws" / "manifests" / "steady" / "tiny_fp32.json").read_text())["profile"]["details"]["streams"]
+    assert [(record["streams"], record["why_not"]) for record in steady] == [
+        (1, "the steady runtime does not serve concurrent streams"),
+        (2, "the steady runtime does not serve concurrent streams"),
+    ]
+    ort = json.loads((tmp_path / "ws" / "manifests" / "onnxruntime" / "tiny_fp32.json").read_text())["profile"]["details"]["streams"]
+    assert [record["why_not"] for record in ort] == [None, None]
+    assert "not measured: the steady runtime does not serve concurrent streams" in result.out
+
+
+def test_tensorrt_rtx_says_why_it_serves_no_streams():
+    from types import SimpleNamespace
+
+    from pipeline.runtimes.tensorrt_rtx.runtime import TensorRtRtxRuntime
+
+    runtime = SimpleNamespace(kind="tensorrt-rtx", serves_no_streams=TensorRtRtxRuntime.serves_no_streams)
+    run = TensorRtRtxRuntime.serve(runtime, None, 2, 1.0)
+    assert (
+        run.why_not
+        == "the tensorrt-rtx runtime does not serve concurrent streams yet: its driver runs one execution context on one CUDA stream"
+    )

@@ -222,3 +222,19 @@ def test_a_dynamic_engine_is_built_for_every_input_range_and_timed_at_a_point(ve
 def test_shape_specs_quote_names_trtexec_would_split_and_write_scalars_as_it_asks():
     assert shapes_spec({"input_ids": (2, 512)}) == "input_ids:2x512"
     assert shapes_spec({"onnx::Add_5": (1, 320), "x,y": (4,), "step": ()}) == "'onnx::Add_5':1x320,'x,y':4,step:scalar"
+
+
+@pytest.mark.parametrize("version", sorted(HELP_FILES))
+def test_inf_streams_is_emitted_where_that_release_has_it(version):
+    known = help_flags(version)
+    assert "--infStreams" in known  # every recorded --help, 8.6.1 to 11.1
+    for settings in MEASUREMENT_SETTINGS:
+        argv = profile_argv(version, inf_streams=4, **settings)
+        assert flags(argv) <= known and "--infStreams=4" in argv, settings
+    assert "--infStreams" not in flags(profile_argv(version))  # one stream: trtexec's default, unsaid
+
+
+def test_a_release_before_inf_streams_refuses_them():
+    with pytest.raises(UsageError, match=r"TensorRT 8\.5\.10 has no --infStreams \(from 8\.6\)"):
+        profile_argv("8.5.10", inf_streams=2)
+    assert "--infStreams" not in flags(profile_argv("8.5.10"))

@@ -16,6 +16,7 @@ from pipeline.graph.onnxruntime_cpu import NO_CPU_KERNELS
 from pipeline.machine.environment import pinned_cores
 from pipeline.measuring.accuracy import ReferenceBatch
 from pipeline.measuring.rounds import HOST_LATENCY
+from pipeline.measuring.serving import THREADS, ServedRun, serve_threads
 from pipeline.measuring.takes import host_take
 from pipeline.models import ModelSource
 from pipeline.running.errors import PipelineError, RefusedByTool, require_module, tool_message
@@ -110,6 +111,20 @@ class OnnxRuntimeRuntime(InProcessRuntime):
         if variant.precision not in SUPPORTED_PRECISIONS:
             return f"{variant.precision} needs TensorRT; the onnxruntime toolchain runs {', '.join(SUPPORTED_PRECISIONS)} engines"
         return None
+
+    def serve(self, engine: OrtEngine, streams: int, seconds: float, start_at: float | None = None) -> ServedRun:
+        # One session, N threads calling its run at once, each with its own copy of the inputs:
+        # InferenceSession::Run is thread-safe, several threads may call it concurrently (stated by
+        # ONNX Runtime's maintainers, microsoft/onnxruntime#19301), and its Python binding lets go of
+        # the GIL around it ("release GIL to allow multiple python threads to invoke Run() in
+        # parallel", onnxruntime/python/onnxruntime_pybind_state.cc), so the threads run side by side. Each run still uses the
+        # session's intra-op thread pool: N streams share the CPUs of one pool (docs/streams.md).
+        feeds = [{name: value.copy() for name, value in engine.feeds.items()} for _ in range(streams)]
+        requests = [lambda mine=mine: engine.session.run(None, mine) for mine in feeds]
+        span_s, latencies = serve_threads(requests, seconds, start_at)
+        provider = engine.session.get_providers()[0]
+        how = f"{streams} thread{'s' if streams > 1 else ''} on one InferenceSession ({provider}), each with its own inputs"
+        return ServedRun(streams=streams, mode=THREADS, span_s=span_s, completed=len(latencies), latencies_ms=latencies, how=how)
 
     def _session(self, path: Path, level, optimized_out: Path | None = None):
         ort = _ort()

@@ -80,7 +80,7 @@ class TorchPreparation:
         if device == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = self.spec.tf32
             torch.backends.cudnn.allow_tf32 = self.spec.tf32
-        attention = self._attention_kernel(torch)
+        attention = self.attention_kernel(torch)
         with out_of_memory_as_error(int(examples[0].shape[0]), shape=shape):
             model = model.to(device)
             placed = tuple(t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device) for t in examples)
@@ -133,7 +133,7 @@ class TorchPreparation:
         same kernels, compiled once. With ``capture``, the graph replayed from one CUDA graph;
         without, the compiled graph as the leader captured it."""
         torch = import_torch()
-        attention = self._attention_kernel(torch)
+        attention = self.attention_kernel(torch)
         facts = {key: value for key, value in leader.facts.items() if key not in ("captured", "capture_s", "prepare_s", "prepared_ahead")}
         facts.update(compile_s=0.0, compiled_by="another toolchain's compilation of the same graph at this point")
         with out_of_memory_as_error(leader.batch_size, shape=leader.shape), attention():
@@ -147,7 +147,7 @@ class TorchPreparation:
             engine_file, run, leader.examples, leader.device, leader.shape, facts, leader.model, leader.compiled, leader.compiled_at
         )
 
-    def _attention_kernel(self, torch):
+    def attention_kernel(self, torch):
         """A fresh context per call that restricts SDPA to the toolchain's kernel (a no-op context without one)."""
 
         if self.spec.sdpa_backend is None:

@@ -40,6 +40,7 @@ from pipeline.catalog import ProfileSettings, VariantSpec
 from pipeline.machine.environment import nvidia_gpus, package_version
 from pipeline.measuring.accuracy import ReferenceBatch
 from pipeline.measuring.out_of_memory import out_of_memory_as_error
+from pipeline.measuring.serving import ServedRun
 from pipeline.models import TORCH_DTYPES, ModelSource
 from pipeline.running.errors import EnvironmentMissing, OutOfMemory, PipelineError, RefusedByTool
 from pipeline.runtimes.base import BuildResult, InProcessRuntime, ReferenceRun, ToolchainStatus, rounds_words
@@ -51,6 +52,7 @@ from pipeline.runtimes.pytorch.prepared import KeptModels, Prepared, import_torc
 from pipeline.runtimes.pytorch.preparing import NotPrepared, TorchPreparation, compile_mode
 from pipeline.runtimes.pytorch.served import ProcessGone
 from pipeline.runtimes.pytorch.spec import TorchSpec
+from pipeline.runtimes.pytorch.streams import GIL_WORDS, serve_streams
 
 
 class TorchEvidence(BaseModel):
@@ -75,6 +77,7 @@ class TorchRuntime(TorchWorksAhead, InProcessRuntime):
     # processes on one GPU (pytorch/compile_ahead.py). One build to a GPU made a cluster's builds
     # wait in waves (docs/cluster.md).
     builds_share_gpu = True
+    serves_in_processes = GIL_WORDS
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -336,6 +339,10 @@ class TorchRuntime(TorchWorksAhead, InProcessRuntime):
             execution["compute_capability"] = "{}.{}".format(*torch.cuda.get_device_capability())
         prepared.execution = execution
         return prepared
+
+    def serve(self, engine, streams: int, seconds: float, start_at: float | None = None) -> ServedRun:
+        attention = TorchPreparation(self.spec, self.reporter).attention_kernel(import_torch())
+        return serve_streams(self.spec, attention, engine, streams, seconds, start_at)
 
     def run_reference(self, engine_path: Path, reference: ReferenceBatch) -> ReferenceRun:
         served = self._served_at(engine_path, reference if reference.shape else None)

@@ -25,10 +25,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
 from pipeline.machine.environment import nvidia_gpus
 from pipeline.measuring.accuracy import ReferenceBatch
+from pipeline.measuring.serving import ServedRun
 from pipeline.models import ModelSource
 from pipeline.running.errors import EnvironmentMissing, OutOfMemory, PipelineError, RefusedByTool, ToolCrashed, ToolStopped
 from pipeline.runtimes.base import BuildResult, EngineRuntime, ProfileResult, ReferenceRun
 from pipeline.runtimes.process import signal_name
+from pipeline.runtimes.tensorrt.streams import serve_with_inf_streams
 from pipeline.trtexec.command import BuildCommand, ProfileCommand, ReferenceCommand
 from pipeline.trtexec.exports import read_profile, read_times
 from pipeline.trtexec.layers import read_layer_info
@@ -316,6 +318,10 @@ class TrtexecRuntime(EngineRuntime):
                 },
             },
         )
+
+    def serve(self, engine, streams: int, seconds: float, start_at: float | None = None) -> ServedRun:
+        # ``engine`` is what ``prepare`` gave, ToolTakes: the engine's file and its point.
+        return serve_with_inf_streams(self, engine.engine_path, engine.workload, streams, seconds)
 
     def run_reference(self, engine_path: Path, reference: ReferenceBatch) -> ReferenceRun:
         point = f"@{reference.shape}" if reference.shape else ""

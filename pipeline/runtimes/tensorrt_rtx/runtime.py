@@ -55,6 +55,9 @@ class TensorRtRtxRuntime(EngineRuntime):
     Evidence = TensorRtRtxEvidence
     engine_suffix = ".engine"
     placement = "ahead-of-time"
+    # Its driver (driver.py) times one execution context on one CUDA stream; N contexts, each on
+    # its own stream in one process, as trtexec's --infStreams runs them, are not written yet.
+    serves_no_streams = "does not serve concurrent streams yet: its driver runs one execution context on one CUDA stream"
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

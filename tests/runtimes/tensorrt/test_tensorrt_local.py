@@ -230,3 +230,20 @@ def test_a_build_that_runs_out_of_gpu_memory_is_a_result_with_what_tensorrt_aske
         TrtexecRuntime._check(SimpleNamespace(), Execution(1, text), parse_log(text), "build", ["trtexec"], log_path)
     assert info.value.message == "out of GPU memory in trtexec's build: Error Code 2: OutOfMemory (no further information)"
     assert info.value.facts["requested_bytes"] == 4294967296 and info.value.result.sidecars == {"build_log": log_path}
+
+
+def test_streams_run_trtexec_with_inf_streams_and_read_its_throughput(local_install, run_cli):
+    # The stand-in replays a recorded 10.14.1 run whatever it is asked: this holds the plumbing — the
+    # command each count runs, its log and exported times read into the count's record.
+    catalog = local_install("ok")
+    result = run_cli(catalog, "run", "--engine", "tiny_fp32", "--toolchain", "local", "--streams", "1,2")
+    assert result.exit_code == 0, result.err
+    records = read_manifest(catalog.parent / "manifests" / "local" / "tiny_fp32.json").profile.details.streams
+    assert [(record.streams, record.mode, record.why_not) for record in records] == [(1, "tool streams", None), (2, "tool streams", None)]
+    engines = catalog.parent / "engines" / "local"
+    assert "--infStreams" not in (engines / "tiny_fp32.streams1.log").read_text()
+    assert "--infStreams=2" in (engines / "tiny_fp32.streams2.log").read_text()
+    two = records[1]
+    assert two.how.startswith("trtexec 10.14.1 --infStreams=2")
+    assert two.inferences_per_s > 0 and two.completed > 0 and len(two.latencies_ms) > 0
+    assert "tiny: serving concurrent streams" in result.out

@@ -1,0 +1,138 @@
+"""A shape point's engines serving concurrent streams, after its rounds (docs/streams.md).
+
+The rounds (pipeline/stages/point.py) time one inference at a time and decide which engine is
+fastest; that is untouched. Where the catalog's ``[profile] streams`` (or ``--streams``) asks for
+more than one stream, each engine the rounds timed then serves each count in turn, for
+``serve_s`` seconds: in this process, its runtime's way (EngineRuntime.serve: threads, each its own
+inputs — and on a GPU its own CUDA stream — or a tool's own streams), and, for a runtime whose
+threads the GIL serialises (EngineRuntime.serves_in_processes), also by N processes, each its own
+interpreter, engine and inputs, released at one instant and timed over the same span. A runtime that
+cannot serve a count says why, and that is recorded at that count.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from pipeline.launchers.child import Child, Reply, serve_requests
+from pipeline.measuring.serving import PROCESSES, ServedRun
+from pipeline.running.errors import DeviceFault, EnvironmentMissing, PipelineError
+
+# Seconds between the last process being ready and the instant all of them start: enough for the
+# start message to reach every one of them.
+START_MARGIN_S = 0.25
+# Seconds a serving process has to end once asked before it is killed.
+STOP_GRACE_S = 10
+
+
+def serve_point(engines: dict[Any, Any], settings, reporter) -> dict[Any, list[ServedRun]]:
+    """Each profile's (``engines``: stage → its prepared engine) runs at every stream count of
+    ``settings``, in this process and, where its runtime asks, in processes; {} where the settings
+    serve nothing."""
+    if not settings.serves:
+        return {}
+    out: dict[Any, list[ServedRun]] = {}
+    for stage, engine in engines.items():
+        name = f"{stage.engine.variant}/{stage.toolchain}"
+        try:
+            out[stage] = _engine_served(stage, engine, name, settings, reporter)
+        except DeviceFault as exc:  # pinned to the engine whose streams saw it
+            exc.pinned_to(name)
+            raise
+    return out
+
+
+def serving_words(runtime, settings) -> str:
+    """What serving will do for an engine of ``runtime``, for --dry-run."""
+    counts = ", ".join(map(str, settings.streams))
+    processes = " and in as many processes" if runtime.serves_in_processes else ""
+    return f"serve: after the rounds, {counts} concurrent streams in turn, {settings.serve_s:g} s each, in this process{processes}"
+
+
+def _engine_served(stage, engine, name: str, settings, reporter) -> list[ServedRun]:
+    runs = []
+    for count in settings.streams:
+        reporter.measuring(f"{name} serving {count} stream{'s' if count > 1 else ''} for {settings.serve_s:g} s")
+        runs.append(_served(lambda count=count: stage.runtime.serve(engine, count, settings.serve_s), count, stage.runtime.kind))
+    if stage.runtime.serves_in_processes:
+        for count in settings.streams:
+            reporter.measuring(f"{name} serving {count} stream{'s' if count > 1 else ''} in as many processes")
+            runs.append(serve_in_processes(stage.ctx.catalog, stage.toolchain, stage.engine_file(), stage.workload(), count, settings))
+    return runs
+
+
+def _served(serve, count: int, kind: str) -> ServedRun:
+    """``serve()``'s run, or, where it failed, a run that says why (a fault of the GPU is raised:
+    the process can serve nothing more)."""
+    try:
+        return serve()
+    except (DeviceFault, EnvironmentMissing):
+        raise
+    except PipelineError as exc:
+        return ServedRun.cannot(count, "threads", f"failed: {exc.message}")
+    except Exception as exc:  # a runtime's own failure at this count: recorded there, the rest goes on
+        return ServedRun.cannot(count, "threads", f"the {kind} runtime failed serving {count} streams: {type(exc).__name__}: {exc}")
+
+
+def serve_in_processes(catalog, toolchain: str, engine_path: Path, workload, count: int, settings) -> ServedRun:
+    """``count`` processes, each a new interpreter that loads and prepares the engine with its own
+    inputs, then serves one stream from an instant given to all of them once all are ready, for
+    ``settings.serve_s`` seconds: the streams' requests and span together."""
+    children = [
+        Child(_serving_process, catalog, toolchain, engine_path, workload, name=f"pipeline-stream-{index}", requests=True)
+        for index in range(count)
+    ]
+    try:
+        for child in children:
+            child.start()
+        for child in children:  # each prepares its engine, all at once; each says when it is ready
+            child.send("prepare")
+        for child in children:
+            _said(child.receive())
+        start_at = time.time() + START_MARGIN_S
+        for child in children:
+            child.send(("serve", start_at, settings.serve_s))
+        runs: list[ServedRun] = [_said(child.receive()) for child in children]
+    except PipelineError as exc:
+        return ServedRun.cannot(count, PROCESSES, f"failed: {exc.message}")
+    finally:
+        for child in children:
+            child.stop_serving()
+        for child in children:
+            child.join(STOP_GRACE_S)
+            child.stop()
+    for run in runs:
+        if run.why_not is not None:
+            return ServedRun.cannot(count, PROCESSES, run.why_not)
+    latencies = [value for run in runs for value in run.latencies_ms]
+    how = f"{count} process{'es' if count > 1 else ''}, each its own interpreter, engine and inputs, started together"
+    # Each process's span runs from the common start to its last request's end: the streams' span is the longest.
+    return ServedRun(count, PROCESSES, max(run.span_s for run in runs), len(latencies), latencies, how=how)
+
+
+def _said(reply: Reply) -> Any:
+    return reply.result()
+
+
+def _serving_process(channel, catalog, toolchain: str, engine_path: Path, workload) -> None:
+    """In the serving process: prepare the engine when asked, then serve one stream from the
+    instant given, as often as asked, until told to stop."""
+    from pipeline.running.reporting import Reporter
+    from pipeline.runtimes import create_runtime
+
+    runtime = create_runtime(toolchain, catalog.toolchain(toolchain), Reporter(verbose=False), catalog.root)
+    prepared: list[Any] = []
+
+    def answer(request) -> Reply:
+        try:
+            if request == "prepare":
+                prepared.append(runtime.prepare(engine_path, workload))
+                return Reply("ok", None)
+            _, start_at, seconds = request
+            return Reply("ok", runtime.serve(prepared[-1], 1, seconds, start_at))
+        except PipelineError as exc:
+            return Reply("error", exc.plain())
+
+    serve_requests(channel, answer)

@@ -1,0 +1,51 @@
+"""Serving N streams (pipeline/measuring/serving.py): the threads released together and timed over
+one span, every request's latency kept, and the figures read from them with their bounds."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from pipeline.measuring.serving import THREADS, ServedRun, serve_threads, served_figures
+
+
+def test_streams_run_side_by_side_over_one_span():
+    # A sleep releases the GIL as ONNX Runtime's run does: two streams of 10 ms requests complete
+    # about twice as many as one over the same span.
+    calls = [lambda: time.sleep(0.01)] * 2
+    span, latencies = serve_threads(calls, 0.3)
+    assert 0.3 <= span < 0.36
+    assert 50 <= len(latencies) <= 62
+    assert all(9.5 <= value < 30 for value in latencies)
+    one_span, alone = serve_threads(calls[:1], 0.3)
+    assert len(latencies) >= 1.8 * len(alone)
+
+
+def test_streams_start_at_the_instant_given():
+    start_at = time.time() + 0.2
+    span, latencies = serve_threads([lambda: time.sleep(0.01)], 0.1, start_at=start_at)
+    assert time.time() >= start_at + 0.1
+    assert 0.1 <= span < 0.15 and latencies
+
+
+def test_a_stream_that_fails_stops_the_others_and_its_error_is_raised():
+    def failing():
+        raise RuntimeError("out of memory in stream 1")
+
+    with pytest.raises(RuntimeError, match="stream 1"):
+        serve_threads([lambda: time.sleep(0.001), failing], 5.0)
+
+
+def test_figures_bound_each_percentile_by_the_requests_or_say_how_many_it_needs():
+    many = ServedRun(streams=2, mode=THREADS, span_s=2.0, completed=400, latencies_ms=[1.0 + i / 400 for i in range(400)])
+    record = served_figures(many, batch=4, tokens_per_run=2048)
+    assert (record.inferences_per_s, record.samples_per_s, record.tokens_per_s) == (200.0, 800.0, 409_600.0)
+    assert record.latency_ms["50"] == pytest.approx(1.49875)
+    low, high = record.interval_ms["99"]
+    assert low <= record.latency_ms["99"] <= high and record.requests_needed["99"] is None
+    few = served_figures(ServedRun(2, THREADS, 1.0, 300, [1.0] * 300), batch=1, tokens_per_run=None)
+    assert few.interval_ms["99"] is None and few.requests_needed["99"] == 368
+    assert few.interval_ms["90"] is not None and few.tokens_per_s is None
+    cannot = served_figures(ServedRun.cannot(4, THREADS, "no"), batch=1, tokens_per_run=None)
+    assert cannot.why_not == "no" and cannot.inferences_per_s is None and cannot.latency_ms == {}

@@ -1,0 +1,159 @@
+"""Serving concurrent streams end to end on a CPU (docs/streams.md): a point's engines, after their
+rounds, serve 1 and 2 streams — ONNX Runtime by threads on one session, eager PyTorch by threads and
+by as many processes started together — and each count's inferences/s and request latencies reach
+the manifest, the tables, the JSON (held to docs/compare.schema.json) and `--p99-under`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline.manifest import read_manifest
+from tests.conftest import CPU_TOOLCHAINS, REPO_ROOT, catalog_head, write_catalog
+
+CATALOG = (
+    catalog_head(["tiny"], ["fp32"]).replace("round_ms = 0", "round_ms = 0\nserve_s = 0.3")
+    + """
+[models.tiny]
+timm = "test_vit"
+batch_size = 2
+
+[variants.fp32]
+precision = "fp32"
+"""
+    + CPU_TOOLCHAINS
+)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    from pipeline.cli import main
+
+    catalog = write_catalog(tmp_path_factory.mktemp("streams"), CATALOG)
+    argv = ["--catalog", str(catalog), "run", "--toolchain", "onnxruntime", "--toolchain", "torch-eager"]
+    assert main(argv) == 0  # [profile] streams = [1]: nothing served
+    first = {chain: _details(catalog, chain) for chain in ("onnxruntime", "torch-eager")}
+    assert main([*argv, "--streams", "2,1"]) == 0
+    return catalog, first
+
+
+def _details(catalog, toolchain: str):
+    return read_manifest(catalog.parent / "manifests" / toolchain / "tiny_fp32.json").profile.details
+
+
+def test_one_stream_serves_nothing_and_more_are_served_after_the_rounds(served):
+    catalog, first = served
+    assert all(details.streams == [] and details.settings.streams == (1,) for details in first.values())
+    details = _details(catalog, "onnxruntime")
+    assert details.settings.streams == (1, 2)
+    assert details.rounds  # the rounds are still what the row's figures come from
+    assert [(record.streams, record.mode) for record in details.streams] == [(1, "threads"), (2, "threads")]
+    for record in details.streams:
+        assert record.why_not is None
+        assert record.completed == len(record.latencies_ms) > 0
+        assert record.span_s >= 0.3
+        assert record.inferences_per_s == pytest.approx(record.completed / record.span_s, rel=1e-3)
+        assert record.samples_per_s == pytest.approx(2 * record.inferences_per_s)
+        assert set(record.latency_ms) == {"50", "90", "99"}
+        assert record.latency_ms["50"] <= record.latency_ms["90"] <= record.latency_ms["99"]
+        low, high = record.interval_ms["50"]
+        assert low <= record.latency_ms["50"] <= high
+        # The p99 is bounded by requests: 368 of them, or it says it needs them.
+        bounded = record.completed >= 368
+        assert (record.interval_ms["99"] is not None) == bounded
+        assert record.requests_needed["99"] == (None if bounded else 368)
+    assert "2 threads on one InferenceSession" in details.streams[1].how
+
+
+def test_pytorch_serves_by_threads_and_by_processes_started_together(served):
+    catalog, _ = served
+    details = _details(catalog, "torch-eager")
+    assert [(record.streams, record.mode) for record in details.streams] == [
+        (1, "threads"),
+        (2, "threads"),
+        (1, "processes"),
+        (2, "processes"),
+    ]
+    assert all(record.why_not is None and record.completed > 0 for record in details.streams), [r.why_not for r in details.streams]
+    together = details.streams[3]
+    assert together.how.startswith("2 processes, each its own interpreter")
+    # Both processes served over one span: their requests together, the span no longer than one's
+    # serve_s and its last request.
+    assert 0.3 <= together.span_s < 1.5
+
+
+def test_the_tables_show_a_streams_section(served, run_cli):
+    catalog, _ = served
+    result = run_cli(catalog, "compare")
+    assert result.exit_code == 0, result.err
+    section = result.out[result.out.index("tiny: serving concurrent streams") :]
+    lines = [line.split() for line in section.splitlines()[3:9]]
+    assert [(line[1], line[2], line[3]) for line in lines] == [
+        ("onnxruntime", "1", "threads"),
+        ("onnxruntime", "2", "threads"),
+        ("torch-eager", "1", "threads"),
+        ("torch-eager", "2", "threads"),
+        ("torch-eager", "1", "processes"),
+        ("torch-eager", "2", "processes"),
+    ]
+    markdown = run_cli(catalog, "compare", "--format", "md").out
+    assert "### tiny: serving concurrent streams" in markdown and "| fp32 | onnxruntime | 2 | threads |" in markdown
+
+
+def test_the_json_holds_each_count_to_its_schema(served, run_cli):
+    import jsonschema
+
+    catalog, _ = served
+    result = run_cli(catalog, "compare", "--format", "json", "--p99-under", "10s")
+    assert result.exit_code == 0, result.err
+    data = json.loads(result.out)
+    jsonschema.validate(data, json.loads((REPO_ROOT / "docs" / "compare.schema.json").read_text()))
+    assert data["schema"] == 15
+    row = next(row for row in data["rows"] if row["toolchain"] == "onnxruntime")
+    assert [entry["streams"] for entry in row["streams"]] == [1, 2]
+    assert all(entry["inferences_per_s"] > 0 and entry["p99_requests_needed"] in (None, 368) for entry in row["streams"])
+    (pick,) = data["serving"]
+    assert pick["model"] == "tiny" and pick["budget_ms"] == 10_000
+    assert pick["within"] + pick["above"] + pick["unbounded"] == 6
+
+
+def test_p99_under_says_when_no_p99_could_be_bounded(served, run_cli):
+    catalog, _ = served
+    result = run_cli(catalog, "compare", "--p99-under", "10ms")
+    assert result.exit_code == 0, result.err
+    assert "Serving within a p99 of 10 ms" in result.out
+    rows = [_details(catalog, chain).streams for chain in ("onnxruntime", "torch-eager")]
+    if all(record.completed < 368 for records in rows for record in records):
+        assert "no engine is shown to serve with a p99 within 10 ms" in result.out
+        assert "a p99 needs 368 requests" in result.out
+
+
+def test_bad_stream_counts_and_budgets_are_usage_errors(served, run_cli):
+    catalog, _ = served
+    for given, words in (("0,2", "give stream counts from 1 to 256"), ("1,x", "separated by commas"), ("2,2", "each stream count once")):
+        result = run_cli(catalog, "profile", "--engine", "tiny_fp32", "--streams", given)
+        assert result.exit_code == 2 and words in result.err, (given, result.err)
+    result = run_cli(catalog, "compare", "--p99-under", "fast")
+    assert result.exit_code == 2
+    assert "ERROR --p99-under 'fast': give a latency budget above 0, in ms, s or us." in result.err
+
+
+def test_the_html_draws_throughput_against_concurrency(served, run_cli, tmp_path):
+    catalog, _ = served
+    out = tmp_path / "compare.html"
+    result = run_cli(catalog, "compare", "--format", "html", "--out", str(out), "--p99-under", "10ms")
+    assert result.exit_code == 0, result.err
+    page = out.read_text()
+    assert '<img alt="Throughput against concurrent streams" src="data:image/png;base64,' in page
+    assert "<h3>Serving concurrent streams</h3>" in page and "<h2>Serving within a p99 of 10 ms</h2>" in page
+
+
+def test_the_dry_run_says_what_serving_will_do(served, run_cli):
+    catalog, _ = served
+    result = run_cli(catalog, "profile", "--engine", "tiny_fp32", "--toolchain", "torch-eager", "--streams", "1,4", "--dry-run")
+    assert result.exit_code == 0, result.err
+    assert (
+        "tiny_fp32: serve: after the rounds, 1, 4 concurrent streams in turn, 0.3 s each, in this process and in as many processes"
+        in result.out
+    )
