@@ -55,6 +55,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel
 
 from pipeline.catalog import ProfileSettings
+from pipeline.measuring.energy import Energy, EnergyHow, EnergyPace, EnergyReading, how_read, meter_for
 from pipeline.measuring.host_rounds import HostRounds
 from pipeline.measuring.host_speed import HostSpeed
 from pipeline.measuring.pace import HOST_LATENCY, follows_the_host, host_sets_the_pace, take_length
@@ -129,6 +130,13 @@ class Take(BaseModel):
     # others where the kernel does not say.
     host_others_cpus: float | None = None
     host_throttled: float | None = None
+    # The energy counter read around the take (pipeline/measuring/energy.py): joules over the take,
+    # the inferences they cover (its runs and the untimed ones before them), the counter's steps in
+    # it (None where counted from its length) and whether that resolved it. None where not read.
+    joules: float | None = None
+    energy_runs: int | None = None
+    energy_steps: int | None = None
+    energy_resolved: bool | None = None
 
 
 class RoundsRecord(BaseModel):
@@ -179,6 +187,10 @@ class RoundsRecord(BaseModel):
     # How its rounds held the host (pipeline/measuring/host_rounds.py): "shared" beside other points' GPU-bound
     # rounds, "whole" alone; None where not held (a cache that cannot be written) or not recorded.
     host_held: str | None = None
+    # How this engine's energy was read (its takes' joules), or why it was not; both None in
+    # manifests written before energy was read.
+    energy: EnergyHow | None = None
+    energy_why_not: str | None = None
 
     @property
     def dropped(self) -> int:
@@ -210,6 +222,9 @@ class RoundsOutcome:
     host_noise: float | None = None
     # How the rounds held the host: "shared", "whole", or None (unheld).
     host_held: str | None = None
+    # Each engine's energy: how it was read, or why not (RoundsRecord.energy, energy_why_not).
+    energy: dict[str, EnergyHow] = field(default_factory=dict)
+    energy_why_not: dict[str, str] = field(default_factory=dict)
     # The errors themselves, for the stage to record (a refusal such as out of memory is evidence).
     errors: dict[str, PipelineError] = field(default_factory=dict, repr=False)
 
@@ -238,6 +253,8 @@ class RoundsOutcome:
             host_alone_from=self.host_alone_from,
             host_noise=None if self.host_noise is None else round(self.host_noise, 4),
             host_held=self.host_held,
+            energy=self.energy.get(entrant),
+            energy_why_not=self.energy_why_not.get(entrant),
         )
 
 
@@ -250,6 +267,7 @@ def measure_in_rounds(
     host: HostSpeed | None = None,
     held: HostRounds | None = None,
     stays: frozenset[str] = frozenset(),
+    energy: Energy | None = None,
 ) -> RoundsOutcome:
     """Every engine of one shape point, measured in rounds until decided or out of budget. An
     engine that fails during a take (out of memory, say) is recorded with its reason and leaves the
@@ -259,7 +277,8 @@ def measure_in_rounds(
     ``stays``, the baseline toolchain's engines, never do. The rounds hold the host as
     pipeline/measuring/host_rounds.py says: beside other points' rounds while every engine is GPU-bound,
     alone once one is not (``held``: the hold the point's preparation had, else one of their own). ``host``: the host's speed around
-    each take (calibrated here, once the host is held, when not given)."""
+    each take (calibrated here, once the host is held, when not given). ``energy``: the counters
+    read around each take (pipeline/measuring/energy.py); None reads none."""
     clock = clock if clock is not None and clock.available else None
     failed: dict[str, str] = {}
     errors: dict[str, PipelineError] = {}
@@ -279,7 +298,8 @@ def measure_in_rounds(
         if not held.try_whole():  # the host held by others: beside them while they let it
             held.share()
         host = host if host is not None else HostSpeed.calibrated(helper_processes(engines))
-        outcome = rounds_loop(engines, settings, random.Random(seed), progress, clock, host, held, failed, stays=stays)
+        rng = random.Random(seed)
+        outcome = rounds_loop(engines, settings, rng, progress, clock, host, held, failed, stays=stays, energy=energy)
     outcome.seed, outcome.errors = seed, {**errors, **outcome.errors}  # the warm-up's and the rounds' own
     return outcome
 
@@ -295,6 +315,7 @@ def rounds_loop(
     failed: dict[str, str],
     now: Callable[[], float] = time.perf_counter,
     stays: frozenset[str] = frozenset(),
+    energy: Energy | None = None,
 ) -> RoundsOutcome:
     """The rounds themselves, once the engines are warm and the host is held: what
     measure_in_rounds runs, and what the simulation of the rule (scripts/simulate_confidence.py)
@@ -307,23 +328,28 @@ def rounds_loop(
     raced_out: dict[str, int] = {}
     raced_out_by: dict[str, str] = {}
     short_rounds: list[int] = []
+    meters = {key: meter_for(engine, energy, _on_gpu(engine)) for key, engine in engines.items()}
+    readings: dict[str, list[EnergyReading]] = {key: [] for key in entrants}
+    pace = EnergyPace()  # takes grow until the counters resolve (the same length for every engine)
     padded = True  # the first round: nothing is known yet of whether the host sets any engine's time
     rounds, stop = 0, "rounds"
     while rounds < MAX_ROUNDS:
         order = [key for key in entrants if key not in failed and key not in raced_out]
         rng.shuffle(order)
-        take_ms = take_length(settings, len(order)) if padded else settings.take_ms
+        take_ms = max(take_length(settings, len(order)) if padded else settings.take_ms, pace.least_ms)
         if not padded and take_ms < take_length(settings, len(order)):
             short_rounds.append(rounds)
         for position, key in enumerate(order):
             try:
-                take, measured = _take(engines[key], key, rounds, position, settings, clock, host, take_ms)
+                take, measured, reading = _take(engines[key], key, rounds, position, settings, clock, host, take_ms, meters[key])
             except DeviceFault:
                 raise  # the process is poisoned: no other engine can be timed in it
             except PipelineError as exc:
                 failed[key], errors[key] = exc.message, exc
                 continue
             takes[key].append(take)
+            readings[key] += [reading] if reading is not None else []
+            pace.after(reading)
             if take.dropped is None:
                 times[key].extend(measured)
         rounds += 1
@@ -335,6 +361,7 @@ def rounds_loop(
                 held.take_whole()
                 takes, times = {key: [] for key in entrants}, {key: [] for key in entrants}
                 rounds, started, short_rounds = 0, now(), []
+                readings = {key: [] for key in entrants}
                 continue
             if not following and held.mode == "whole":
                 held.share()  # every engine GPU-bound: other points may be timed beside it
@@ -379,21 +406,34 @@ def rounds_loop(
         host_alone_from=host.source,
         host_noise=host.noise,
         host_held=held.mode,
+        energy={key: how_read(meter, readings[key], pace.least_ms) for key, meter in meters.items() if meter and not meter.why_not},
+        energy_why_not={key: meter.why_not for key, meter in meters.items() if meter and meter.why_not},
     )
 
 
 def _take(
-    engine: PreparedEngine, key: str, round_: int, position: int, settings: ProfileSettings, clock, host: HostSpeed, take_ms: float
-) -> tuple[Take, list[float]]:
-    """One take of ``engine`` (at least ``take_ms``), with the GPU's clock read while it ran and the
-    host's speed around it."""
-    try:
-        host.before_take()
+    engine: PreparedEngine,
+    key: str,
+    round_: int,
+    position: int,
+    settings: ProfileSettings,
+    clock,
+    host: HostSpeed,
+    take_ms: float,
+    meter=None,
+) -> tuple[Take, list[float], EnergyReading | None]:
+    """One take of ``engine`` (at least ``take_ms``), with the GPU's clock read while it ran, the
+    host's speed around it and, where ``meter`` reads one, the energy counter around it."""
+
+    def timed():
         if clock is not None and _on_gpu(engine):
             busy_only = getattr(engine, "clock_while_busy", False)
-            measured, mhz = clock.during(lambda: engine.take(settings.take_runs, take_ms), busy_only)
-        else:
-            measured, mhz = engine.take(settings.take_runs, take_ms), None
+            return clock.during(lambda: engine.take(settings.take_runs, take_ms), busy_only)
+        return engine.take(settings.take_runs, take_ms), None
+
+    try:
+        host.before_take()
+        (measured, mhz), reading = meter.during(timed) if meter is not None else (timed(), None)
     except DeviceFault as exc:
         exc.pinned_to(key)
         raise
@@ -414,7 +454,10 @@ def _take(
         host_others_cpus=None if around.others_cpus is None else round(around.others_cpus, 3),
         host_throttled=round(around.throttled, 4),
     )
-    return take, measured
+    if reading is not None:  # the untimed runs before the timed ones are inside the counter's span
+        take.joules, take.energy_steps, take.energy_resolved = round(reading.joules, 6), reading.steps, reading.resolved
+        take.energy_runs = len(measured) + getattr(engine, "untimed_runs", 1)
+    return take, measured, reading
 
 
 def _progress_text(rounds: int, open_pairs, elapsed: float, settings: ProfileSettings, out: int = 0) -> str:
