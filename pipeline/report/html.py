@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from pipeline.catalog.shape import shown
 from pipeline.manifest import EngineManifest
 from pipeline.report.answer import Answer
+from pipeline.report.energy import energy_notes
 from pipeline.report.rows import ComparisonRow
 from pipeline.report.sweep_chart import axis_names, sweep_figure
 from pipeline.report.tables import HEADERS, row_cells, samples_header
@@ -222,6 +223,7 @@ def render_html(rows: list[ComparisonRow], manifests: list[EngineManifest], answ
             if sweep.model == model:
                 parts += _sweep_section(answer, sweep, names.get(model))
         parts.append(_table(model_rows))
+        parts += [f'<p class="note">{html.escape(note)}</p>' for note in energy_notes(model_rows)]
         for title, image in (
             ("Latency by variant and toolchain", _latency_bars(model_rows)),
             ("Latency distribution", _latency_cdf(model_rows)),
