@@ -213,9 +213,10 @@ class RaplEnergy(_Counter):
         return self._total_uj / 1e6
 
     @classmethod
-    def opened(cls, root: Path = POWERCAP) -> EnergyMeter:
-        """The packages' counters under ``root`` (a kernel's /sys/class/powercap), or NoEnergy
-        saying why they cannot be read."""
+    def opened(cls, root: Path | None = None) -> EnergyMeter:
+        """The packages' counters under ``root`` (POWERCAP, the kernel's, unless given), or
+        NoEnergy saying why they cannot be read."""
+        root = root if root is not None else POWERCAP
         if not root.is_dir():
             return NoEnergy(f"no RAPL: {root} absent")
         zones = []
@@ -247,7 +248,7 @@ class Energy:
     cpu: EnergyMeter
 
     @classmethod
-    def opened(cls, gpu_uuid: str | None, nvml=None, rapl_root: Path = POWERCAP) -> Energy:
+    def opened(cls, gpu_uuid: str | None, nvml=None, rapl_root: Path | None = None) -> Energy:
         return cls(gpu=NvmlEnergy.opened(gpu_uuid, nvml), cpu=RaplEnergy.opened(rapl_root))
 
 
