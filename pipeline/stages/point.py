@@ -37,7 +37,8 @@ from pipeline.manifest import StageRecord
 from pipeline.measuring.energy import Energy
 from pipeline.measuring.host_rounds import HostRounds
 from pipeline.measuring.machine_watch import MachineWatch
-from pipeline.measuring.rounds import RoundsOutcome, RoundsRecord, helper_processes, measure_in_rounds
+from pipeline.measuring.records import RoundsOutcome, RoundsRecord
+from pipeline.measuring.rounds import helper_processes, measure_in_rounds
 from pipeline.measuring.sm_clock import SmClock
 from pipeline.measuring.stats import LatencyStats
 from pipeline.measuring.stopping import open_pair_words, undecided

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from pipeline.measuring.energy import CPU_SCOPE, GPU_SCOPE, TOOL_TAKE, EnergyHow
-from pipeline.measuring.rounds import RoundsRecord, Take
+from pipeline.measuring.records import RoundsRecord, Take
 from pipeline.report.confidence import energy_ratio
 from pipeline.report.energy import ALONE, BEFORE, attach_energy, energy_notes
 from pipeline.report.html import render_html
