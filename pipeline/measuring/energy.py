@@ -281,6 +281,45 @@ def how_read(meter: EnergyMeter, readings: list[EnergyReading], least_ms: float)
     )
 
 
+class EnergyReads:
+    """The energy side of one point's rounds: each engine's meter (None: nothing read), the readings
+    its takes gave, and the least take length they set (EnergyPace)."""
+
+    def __init__(self, meters: dict[str, EnergyMeter | None]):
+        self.meters, self.pace = meters, EnergyPace()
+        self.readings: dict[str, list[EnergyReading]] = {key: [] for key in meters}
+
+    @classmethod
+    def of(cls, engines: dict[str, Any], energy: Energy | None, on_gpu: Callable[[Any], bool]) -> EnergyReads:
+        return cls({key: meter_for(engine, energy, on_gpu(engine)) for key, engine in engines.items()})
+
+    @property
+    def least_ms(self) -> float:
+        return self.pace.least_ms
+
+    def during(self, key: str, work: Callable[[], Any]) -> tuple[Any, EnergyReading | None]:
+        """``work()`` (a take of engine ``key``) with its meter read around it, and what it read."""
+        meter = self.meters.get(key)
+        if meter is None:
+            return work(), None
+        result, reading = meter.during(work)
+        self.readings[key] += [reading] if reading is not None else []
+        self.pace.after(reading)
+        return result, reading
+
+    def restart(self) -> None:
+        """The readings forgotten, as the rounds forget takes they take again (the pace stays)."""
+        self.readings = {key: [] for key in self.meters}
+
+    def outcome(self) -> dict[str, tuple[EnergyHow | None, str | None]]:
+        """Per engine read or refused: how its energy was read, or why not (RoundsRecord.energy, energy_why_not)."""
+        return {
+            key: (None, meter.why_not) if meter.why_not else (how_read(meter, self.readings[key], self.least_ms), None)
+            for key, meter in self.meters.items()
+            if meter is not None
+        }
+
+
 class EnergyPace:
     """The least length of a take for the counters to resolve, grown from the takes that did not:
     to MIN_STEPS steps at the pace the counter stepped in them (a quarter over), or twice as long

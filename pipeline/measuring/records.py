@@ -125,13 +125,14 @@ class RoundsOutcome:
     host_noise: float | None = None
     # How the rounds held the host: "shared", "whole", or None (unheld).
     host_held: str | None = None
-    # Each engine's energy: how it was read, or why not (RoundsRecord.energy, energy_why_not).
-    energy: dict[str, EnergyHow] = field(default_factory=dict)
-    energy_why_not: dict[str, str] = field(default_factory=dict)
+    # Each engine's energy, where the rounds were asked to read it: (how it was read, or None; why
+    # not, or None) (RoundsRecord.energy, energy_why_not).
+    energy: dict[str, tuple[EnergyHow | None, str | None]] = field(default_factory=dict)
     # The errors themselves, for the stage to record (a refusal such as out of memory is evidence).
     errors: dict[str, PipelineError] = field(default_factory=dict, repr=False)
 
     def record(self, entrant: str) -> RoundsRecord:
+        how, why_not = self.energy.get(entrant, (None, None))
         return RoundsRecord(
             group=self.group,
             entrant=entrant,
@@ -156,6 +157,6 @@ class RoundsOutcome:
             host_alone_from=self.host_alone_from,
             host_noise=None if self.host_noise is None else round(self.host_noise, 4),
             host_held=self.host_held,
-            energy=self.energy.get(entrant),
-            energy_why_not=self.energy_why_not.get(entrant),
+            energy=how,
+            energy_why_not=why_not,
         )

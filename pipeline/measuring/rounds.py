@@ -52,7 +52,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from pipeline.catalog import ProfileSettings
-from pipeline.measuring.energy import Energy, EnergyPace, EnergyReading, how_read, meter_for
+from pipeline.measuring.energy import Energy, EnergyReading, EnergyReads
 from pipeline.measuring.host_rounds import HostRounds
 from pipeline.measuring.host_speed import HostSpeed
 from pipeline.measuring.pace import HOST_LATENCY, follows_the_host, host_sets_the_pace, take_length
@@ -85,8 +85,10 @@ class PreparedEngine(Protocol):
     # ``on_gpu``, whether its takes run on the GPU (absent: all but those timed by the host's
     # clock), whose SM clock is then read to drop throttled takes;
     # ``clock_while_busy`` True where a take is mostly not the GPU's work (a tool's process
-    # starting), so its SM clock is read only while the GPU is busy; ``issue_ms``, the host's
-    # time to issue the last take's untimed run (cuda_take), kept with the take; and
+    # starting), so its SM clock is read only while the GPU is busy, and no energy is read around
+    # it; ``issue_ms``, the host's time to issue the last take's untimed run (cuda_take), kept with
+    # the take; ``untimed_runs``, the untimed runs of the last take (absent: 1), inside its energy
+    # reading; and
     # ``processes``, the pids of the processes besides this one that its takes run in or that hold
     # the GPU for it (helper_processes), whose CPU and GPU use is the measurement's own.
 
@@ -177,28 +179,24 @@ def rounds_loop(
     raced_out: dict[str, int] = {}
     raced_out_by: dict[str, str] = {}
     short_rounds: list[int] = []
-    meters = {key: meter_for(engine, energy, _on_gpu(engine)) for key, engine in engines.items()}
-    readings: dict[str, list[EnergyReading]] = {key: [] for key in entrants}
-    pace = EnergyPace()  # takes grow until the counters resolve (the same length for every engine)
+    reads = EnergyReads.of(engines, energy, _on_gpu)  # takes grow until the counters resolve, every engine's alike
     padded = True  # the first round: nothing is known yet of whether the host sets any engine's time
     rounds, stop = 0, "rounds"
     while rounds < MAX_ROUNDS:
         order = [key for key in entrants if key not in failed and key not in raced_out]
         rng.shuffle(order)
-        take_ms = max(take_length(settings, len(order)) if padded else settings.take_ms, pace.least_ms)
+        take_ms = max(take_length(settings, len(order)) if padded else settings.take_ms, reads.least_ms)
         if not padded and take_ms < take_length(settings, len(order)):
             short_rounds.append(rounds)
         for position, key in enumerate(order):
             try:
-                take, measured, reading = _take(engines[key], key, rounds, position, settings, clock, host, take_ms, meters[key])
+                take, measured, reading = _take(engines[key], key, rounds, position, settings, clock, host, take_ms, reads)
             except DeviceFault:
                 raise  # the process is poisoned: no other engine can be timed in it
             except PipelineError as exc:
                 failed[key], errors[key] = exc.message, exc
                 continue
             takes[key].append(take)
-            readings[key] += [reading] if reading is not None else []
-            pace.after(reading)
             if take.dropped is None:
                 times[key].extend(measured)
         rounds += 1
@@ -210,7 +208,7 @@ def rounds_loop(
                 held.take_whole()
                 takes, times = {key: [] for key in entrants}, {key: [] for key in entrants}
                 rounds, started, short_rounds = 0, now(), []
-                readings = {key: [] for key in entrants}
+                reads.restart()
                 continue
             if not following and held.mode == "whole":
                 held.share()  # every engine GPU-bound: other points may be timed beside it
@@ -255,8 +253,7 @@ def rounds_loop(
         host_alone_from=host.source,
         host_noise=host.noise,
         host_held=held.mode,
-        energy={key: how_read(meter, readings[key], pace.least_ms) for key, meter in meters.items() if meter and not meter.why_not},
-        energy_why_not={key: meter.why_not for key, meter in meters.items() if meter and meter.why_not},
+        energy=reads.outcome(),
     )
 
 
@@ -269,10 +266,10 @@ def _take(
     clock,
     host: HostSpeed,
     take_ms: float,
-    meter=None,
+    reads: EnergyReads | None = None,
 ) -> tuple[Take, list[float], EnergyReading | None]:
     """One take of ``engine`` (at least ``take_ms``), with the GPU's clock read while it ran, the
-    host's speed around it and, where ``meter`` reads one, the energy counter around it."""
+    host's speed around it and, where ``reads`` has a meter for it, the energy counter around it."""
 
     def timed():
         if clock is not None and _on_gpu(engine):
@@ -282,7 +279,7 @@ def _take(
 
     try:
         host.before_take()
-        (measured, mhz), reading = meter.during(timed) if meter is not None else (timed(), None)
+        (measured, mhz), reading = reads.during(key, timed) if reads is not None else (timed(), None)
     except DeviceFault as exc:
         exc.pinned_to(key)
         raise

@@ -11,13 +11,17 @@ together are compared round by round (confidence.energy_ratio), as their times a
 
 from __future__ import annotations
 
-from pipeline.report.rows import ComparisonRow
+from typing import Any
+
+# A row is rows.ComparisonRow, named here as Any: rows.py asks this module for a row's energy, and
+# this one importing it back would make the two a circle.
+Row = Any
 
 ALONE = "measured alone by its tool, one whole run and no takes: no counter was read around its inferences"
 BEFORE = "not read: its manifest was written before energy was"
 
 
-def attach_energy(row: ComparisonRow, records) -> None:
+def attach_energy(row: Row, records) -> None:
     """The row's joules per inference and its per-round figures, from its rounds' records (a
     measured row's ``rounds``); else why it has none (energy_why_not)."""
     if not records:
@@ -54,7 +58,7 @@ def attach_energy(row: ComparisonRow, records) -> None:
         row.tokens_per_joule = row.tokens_per_s / row.images_per_s * row.batch_size * row.inferences_per_joule
 
 
-def energy_notes(rows: list[ComparisonRow]) -> list[str]:
+def energy_notes(rows: list[Row]) -> list[str]:
     """What the energy columns are, and why the rows without a figure have none: one note each,
     the rows named where not all of them share it."""
     notes = []

@@ -10,6 +10,7 @@ from typing import Any
 
 from pipeline.catalog import ShapeSizes
 from pipeline.manifest import EngineManifest
+from pipeline.report.energy import attach_energy
 from pipeline.report.flags import NOISY_CV, measurement_flags
 from pipeline.running.errors import PipelineError
 
@@ -350,8 +351,6 @@ def _row(m: EngineManifest, noisy_cv: float) -> ComparisonRow:
         if d.rounds:
             _take_rounds(row, d.rounds)
             _tail_bounds(row, d.rounds)
-        from pipeline.report.energy import attach_energy
-
         attach_energy(row, d.rounds)
     return row
 
