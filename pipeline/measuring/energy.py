@@ -140,7 +140,7 @@ class _Counter(EnergyMeter):
             return result, None
         if last != seen[-1]:
             seen.append(last)
-        joules = self._span(first, last)
+        joules = last - first
         if self.poll_s:
             steps: int | None = len(seen) - 1
             resolved = steps >= MIN_STEPS
@@ -153,9 +153,6 @@ class _Counter(EnergyMeter):
             return self.read()
         except Exception:  # a counter that failed once (a driver hiccup) spoils that take's reading only
             return None
-
-    def _span(self, first: float, last: float) -> float:
-        return last - first
 
 
 class NvmlEnergy(_Counter):
