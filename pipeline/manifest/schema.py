@@ -15,7 +15,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
 
 from pipeline.catalog import ProfileSettings, ShapeSizes
 from pipeline.catalog.shape import written
-from pipeline.measuring.rounds import RoundsRecord
+from pipeline.measuring.records import RoundsRecord
 from pipeline.measuring.serving import ServedRecord
 from pipeline.measuring.stats import LatencyStats
 from pipeline.running.files import atomic_write_text

@@ -49,15 +49,14 @@ import random
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pydantic import BaseModel
-
 from pipeline.catalog import ProfileSettings
+from pipeline.measuring.energy import Energy, EnergyReading, EnergyReads
 from pipeline.measuring.host_rounds import HostRounds
 from pipeline.measuring.host_speed import HostSpeed
 from pipeline.measuring.pace import HOST_LATENCY, follows_the_host, host_sets_the_pace, take_length
+from pipeline.measuring.records import RoundsOutcome, Take
 from pipeline.measuring.sm_clock import THROTTLE_THRESHOLD, SmClock
 from pipeline.measuring.stats import median
 from pipeline.measuring.stopping import open_pair_words, race, undecided, unsettled
@@ -86,8 +85,10 @@ class PreparedEngine(Protocol):
     # ``on_gpu``, whether its takes run on the GPU (absent: all but those timed by the host's
     # clock), whose SM clock is then read to drop throttled takes;
     # ``clock_while_busy`` True where a take is mostly not the GPU's work (a tool's process
-    # starting), so its SM clock is read only while the GPU is busy; ``issue_ms``, the host's
-    # time to issue the last take's untimed run (cuda_take), kept with the take; and
+    # starting), so its SM clock is read only while the GPU is busy, and no energy is read around
+    # it; ``issue_ms``, the host's time to issue the last take's untimed run (cuda_take), kept with
+    # the take; ``untimed_runs``, the untimed runs of the last take (absent: 1), inside its energy
+    # reading; and
     # ``processes``, the pids of the processes besides this one that its takes run in or that hold
     # the GPU for it (helper_processes), whose CPU and GPU use is the measurement's own.
 
@@ -108,139 +109,6 @@ def _on_gpu(engine: PreparedEngine) -> bool:
 # --- rounds --------------------------------------------------------------------------------------
 
 
-class Take(BaseModel):
-    """One engine's take in one round, as the manifest keeps it."""
-
-    round: int
-    # Its place in the round's order (0: first).
-    order: int
-    runs: int
-    median_ms: float
-    sm_clock_mhz: float | None = None
-    # Why it is not used (its GPU throttled), or None.
-    dropped: str | None = None
-    # The host's time to issue the take's untimed run, the GPU idle (cuda_take), where the engine says it.
-    issue_ms: float | None = None
-    # How much slower the measuring process's CPUs ran around the take than alone (1.0: as fast;
-    # pipeline/measuring/host_speed.py). Absent in manifests written before it was measured.
-    host_slowdown: float | None = None
-    # Who slowed it: the CPUs other processes used over the last quarter second up to its end, and
-    # the share of it the process's cgroup CPU quota held it off. Absent (None) as above, and
-    # others where the kernel does not say.
-    host_others_cpus: float | None = None
-    host_throttled: float | None = None
-
-
-class RoundsRecord(BaseModel):
-    """What one engine's manifest keeps of the rounds it was measured in: enough for a report to
-    recompute every comparison from the takes of the group's manifests."""
-
-    # Shared by the engines measured together at this point, and only by them.
-    group: str
-    # This engine, and every engine of the group ("variant/toolchain").
-    entrant: str
-    entrants: list[str]
-    takes: list[Take]
-    rounds: int
-    # Why the rounds ended: "decided", "budget" (budget_s spent first), "alone" (nothing to compare
-    # with), "rounds" (MAX_ROUNDS).
-    stop: str
-    elapsed_s: float
-    take_ms: float
-    take_runs: int
-    # A round's least length, its takes lengthened to fill it (take_length). Absent (None) in
-    # manifests written before: their takes were take_ms whatever the round.
-    round_ms: float | None = None
-    # The rounds (from 0) whose takes kept take_ms, not lengthened to round_ms: every pair still
-    # open then was of engines the GPU times (host_sets_the_pace). Empty in manifests written
-    # before, whose takes were all lengthened where their rounds were short.
-    short_rounds: list[int] = []
-    min_rounds: int
-    budget_s: float
-    tie: float
-    seed: int
-    default_sm_clock_mhz: float | None = None
-    # Engines that failed during the rounds, and why (they stop taking part; the rounds go on).
-    failed: dict[str, str] = {}
-    # Engines that left the rounds out of the running (racing, pipeline/measuring/stopping.py), and after how
-    # many rounds: their takes end there. Absent in manifests written before racing.
-    raced_out: dict[str, int] = {}
-    # The rule that took each of them out: "interval" (the leader faster by the interval) or
-    # "grossly slower" (every take over GROSS_FACTOR times the leader's slowest, before the interval
-    # can act). Absent in manifests written before the second rule: all theirs are "interval".
-    raced_out_by: dict[str, str] = {}
-    # The host's probe alone, in ms, that each take's host_slowdown is against, and whose
-    # calibration it was ("this process" or "host record": pipeline/measuring/host_speed.py).
-    host_alone_probe_ms: float | None = None
-    host_alone_from: str | None = None
-    # The host's own spread of the probe when calibrated (its 90th percentile against its median):
-    # a take slowed within it is the host's noise.
-    host_noise: float | None = None
-    # How its rounds held the host (pipeline/measuring/host_rounds.py): "shared" beside other points' GPU-bound
-    # rounds, "whole" alone; None where not held (a cache that cannot be written) or not recorded.
-    host_held: str | None = None
-
-    @property
-    def dropped(self) -> int:
-        return sum(1 for take in self.takes if take.dropped is not None)
-
-
-@dataclass
-class RoundsOutcome:
-    """The rounds of one shape point: every engine's takes and per-run times."""
-
-    group: str
-    entrants: list[str]
-    takes: dict[str, list[Take]]
-    # Each engine's per-run times from the takes that were kept, in order.
-    times_ms: dict[str, list[float]]
-    rounds: int
-    stop: str
-    elapsed_s: float
-    settings: ProfileSettings
-    seed: int
-    default_sm_clock_mhz: float | None
-    failed: dict[str, str] = field(default_factory=dict)
-    raced_out: dict[str, int] = field(default_factory=dict)
-    raced_out_by: dict[str, str] = field(default_factory=dict)
-    # The rounds whose takes kept take_ms (RoundsRecord.short_rounds).
-    short_rounds: list[int] = field(default_factory=list)
-    host_alone_probe_ms: float | None = None
-    host_alone_from: str | None = None
-    host_noise: float | None = None
-    # How the rounds held the host: "shared", "whole", or None (unheld).
-    host_held: str | None = None
-    # The errors themselves, for the stage to record (a refusal such as out of memory is evidence).
-    errors: dict[str, PipelineError] = field(default_factory=dict, repr=False)
-
-    def record(self, entrant: str) -> RoundsRecord:
-        return RoundsRecord(
-            group=self.group,
-            entrant=entrant,
-            entrants=self.entrants,
-            takes=self.takes[entrant],
-            rounds=self.rounds,
-            stop=self.stop,
-            elapsed_s=round(self.elapsed_s, 3),
-            take_ms=self.settings.take_ms,
-            take_runs=self.settings.take_runs,
-            round_ms=self.settings.round_ms,
-            short_rounds=self.short_rounds,
-            min_rounds=self.settings.min_rounds,
-            budget_s=self.settings.budget_s,
-            tie=self.settings.tie,
-            seed=self.seed,
-            default_sm_clock_mhz=self.default_sm_clock_mhz,
-            failed=self.failed,
-            raced_out=self.raced_out,
-            raced_out_by=self.raced_out_by,
-            host_alone_probe_ms=None if self.host_alone_probe_ms is None else round(self.host_alone_probe_ms, 6),
-            host_alone_from=self.host_alone_from,
-            host_noise=None if self.host_noise is None else round(self.host_noise, 4),
-            host_held=self.host_held,
-        )
-
-
 def measure_in_rounds(
     engines: dict[str, PreparedEngine],
     settings: ProfileSettings,
@@ -250,6 +118,7 @@ def measure_in_rounds(
     host: HostSpeed | None = None,
     held: HostRounds | None = None,
     stays: frozenset[str] = frozenset(),
+    energy: Energy | None = None,
 ) -> RoundsOutcome:
     """Every engine of one shape point, measured in rounds until decided or out of budget. An
     engine that fails during a take (out of memory, say) is recorded with its reason and leaves the
@@ -259,7 +128,8 @@ def measure_in_rounds(
     ``stays``, the baseline toolchain's engines, never do. The rounds hold the host as
     pipeline/measuring/host_rounds.py says: beside other points' rounds while every engine is GPU-bound,
     alone once one is not (``held``: the hold the point's preparation had, else one of their own). ``host``: the host's speed around
-    each take (calibrated here, once the host is held, when not given)."""
+    each take (calibrated here, once the host is held, when not given). ``energy``: the counters
+    read around each take (pipeline/measuring/energy.py); None reads none."""
     clock = clock if clock is not None and clock.available else None
     failed: dict[str, str] = {}
     errors: dict[str, PipelineError] = {}
@@ -279,7 +149,8 @@ def measure_in_rounds(
         if not held.try_whole():  # the host held by others: beside them while they let it
             held.share()
         host = host if host is not None else HostSpeed.calibrated(helper_processes(engines))
-        outcome = rounds_loop(engines, settings, random.Random(seed), progress, clock, host, held, failed, stays=stays)
+        rng = random.Random(seed)
+        outcome = rounds_loop(engines, settings, rng, progress, clock, host, held, failed, stays=stays, energy=energy)
     outcome.seed, outcome.errors = seed, {**errors, **outcome.errors}  # the warm-up's and the rounds' own
     return outcome
 
@@ -295,6 +166,7 @@ def rounds_loop(
     failed: dict[str, str],
     now: Callable[[], float] = time.perf_counter,
     stays: frozenset[str] = frozenset(),
+    energy: Energy | None = None,
 ) -> RoundsOutcome:
     """The rounds themselves, once the engines are warm and the host is held: what
     measure_in_rounds runs, and what the simulation of the rule (scripts/simulate_confidence.py)
@@ -307,17 +179,18 @@ def rounds_loop(
     raced_out: dict[str, int] = {}
     raced_out_by: dict[str, str] = {}
     short_rounds: list[int] = []
+    reads = EnergyReads.of(engines, energy, _on_gpu)  # takes grow until the counters resolve, every engine's alike
     padded = True  # the first round: nothing is known yet of whether the host sets any engine's time
     rounds, stop = 0, "rounds"
     while rounds < MAX_ROUNDS:
         order = [key for key in entrants if key not in failed and key not in raced_out]
         rng.shuffle(order)
-        take_ms = take_length(settings, len(order)) if padded else settings.take_ms
+        take_ms = max(take_length(settings, len(order)) if padded else settings.take_ms, reads.least_ms)
         if not padded and take_ms < take_length(settings, len(order)):
             short_rounds.append(rounds)
         for position, key in enumerate(order):
             try:
-                take, measured = _take(engines[key], key, rounds, position, settings, clock, host, take_ms)
+                take, measured, reading = _take(engines[key], key, rounds, position, settings, clock, host, take_ms, reads)
             except DeviceFault:
                 raise  # the process is poisoned: no other engine can be timed in it
             except PipelineError as exc:
@@ -335,6 +208,7 @@ def rounds_loop(
                 held.take_whole()
                 takes, times = {key: [] for key in entrants}, {key: [] for key in entrants}
                 rounds, started, short_rounds = 0, now(), []
+                reads.restart()
                 continue
             if not following and held.mode == "whole":
                 held.share()  # every engine GPU-bound: other points may be timed beside it
@@ -379,21 +253,33 @@ def rounds_loop(
         host_alone_from=host.source,
         host_noise=host.noise,
         host_held=held.mode,
+        energy=reads.outcome(),
     )
 
 
 def _take(
-    engine: PreparedEngine, key: str, round_: int, position: int, settings: ProfileSettings, clock, host: HostSpeed, take_ms: float
-) -> tuple[Take, list[float]]:
-    """One take of ``engine`` (at least ``take_ms``), with the GPU's clock read while it ran and the
-    host's speed around it."""
-    try:
-        host.before_take()
+    engine: PreparedEngine,
+    key: str,
+    round_: int,
+    position: int,
+    settings: ProfileSettings,
+    clock,
+    host: HostSpeed,
+    take_ms: float,
+    reads: EnergyReads | None = None,
+) -> tuple[Take, list[float], EnergyReading | None]:
+    """One take of ``engine`` (at least ``take_ms``), with the GPU's clock read while it ran, the
+    host's speed around it and, where ``reads`` has a meter for it, the energy counter around it."""
+
+    def timed():
         if clock is not None and _on_gpu(engine):
             busy_only = getattr(engine, "clock_while_busy", False)
-            measured, mhz = clock.during(lambda: engine.take(settings.take_runs, take_ms), busy_only)
-        else:
-            measured, mhz = engine.take(settings.take_runs, take_ms), None
+            return clock.during(lambda: engine.take(settings.take_runs, take_ms), busy_only)
+        return engine.take(settings.take_runs, take_ms), None
+
+    try:
+        host.before_take()
+        (measured, mhz), reading = reads.during(key, timed) if reads is not None else (timed(), None)
     except DeviceFault as exc:
         exc.pinned_to(key)
         raise
@@ -414,7 +300,10 @@ def _take(
         host_others_cpus=None if around.others_cpus is None else round(around.others_cpus, 3),
         host_throttled=round(around.throttled, 4),
     )
-    return take, measured
+    if reading is not None:  # the untimed runs before the timed ones are inside the counter's span
+        take.joules, take.energy_steps, take.energy_resolved = round(reading.joules, 6), reading.steps, reading.resolved
+        take.energy_runs = len(measured) + getattr(engine, "untimed_runs", 1)
+    return take, measured, reading
 
 
 def _progress_text(rounds: int, open_pairs, elapsed: float, settings: ProfileSettings, out: int = 0) -> str:

@@ -27,7 +27,13 @@ def host_take(run: Callable[[], Any], runs: int, min_ms: float) -> list[float]:
 
 
 def cuda_take(
-    torch, run: Callable[[], Any], runs: int, min_ms: float, issue_ms: list[float] | None = None, waited_ms: list[float] | None = None
+    torch,
+    run: Callable[[], Any],
+    runs: int,
+    min_ms: float,
+    issue_ms: list[float] | None = None,
+    waited_ms: list[float] | None = None,
+    untimed: list[int] | None = None,
 ) -> list[float]:
     """``run`` enqueued back to back on the current CUDA stream, each timed on the GPU by a pair of
     CUDA events, as trtexec times its iterations: a run's time is what the GPU spent from its first
@@ -47,12 +53,19 @@ def cuda_take(
     That run is also one the host waits for, from an idle GPU: its wall time, launch to the end of
     its synchronisation, is what a caller that needs each result before sending the next sees (the
     profile's second figure, the host-synchronised latency). It is appended to ``waited_ms``, so
-    that figure comes from the takes, one a take, with no runs of its own after the rounds."""
+    that figure comes from the takes, one a take, with no runs of its own after the rounds.
+
+    ``untimed`` gets the number of untimed runs (1 or 2): an energy counter read around the take
+    counts them too (pipeline/measuring/energy.py)."""
     issued, whole = _issued(torch, run)
+    before = 1
     if issue_ms is not None:
         if whole * max(runs, 1) < min_ms:  # a short run
             issued, whole = _issued(torch, run)
+            before = 2
         issue_ms.append(issued)
+    if untimed is not None:
+        untimed.append(before)
     if waited_ms is not None:
         waited_ms.append(whole)
     slots = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(QUEUE_DEPTH)]

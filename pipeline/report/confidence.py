@@ -30,6 +30,26 @@ def time_ratio(a: ComparisonRow, b: ComparisonRow, tie: float) -> RatioEstimate 
     return unpaired_ratio(a.median_ms, a.median_ci_ms, b.median_ms, b.median_ci_ms, tie)
 
 
+def energy_ratio(a: ComparisonRow, b: ComparisonRow, tie: float) -> RatioEstimate | None:
+    """A's joules per inference over B's (below 1: A spends less; the outcome "faster" reads "less
+    energy"), paired by round as time_ratio pairs times: the median of the per-round ratios of
+    their takes' energies, read at the level that holds every pair of their set of rounds together.
+    None where they share no round whose both takes read the same counter: rows measured apart
+    (another run, a tool alone) have no figure to pair, and one take's counter reading has no
+    interval of its own to compare them unpaired; nor do readings of two counters (a GPU's and a
+    CPU package's) compare."""
+    if a.energy_source is None or a.energy_source != b.energy_source:
+        return None
+    shared = set(a.round_energies) & set(b.round_energies)
+    ratios = [
+        mine / theirs
+        for group in shared
+        for mine, theirs in zip(a.round_energies[group], b.round_energies[group])
+        if mine is not None and theirs is not None and theirs > 0
+    ]
+    return ratio_of_rounds(ratios, tie, pair_confidence(a, shared)) if ratios else None
+
+
 def pair_confidence(row: ComparisonRow, shared) -> float:
     """The level a pair of rows timed together in the sets of rounds ``shared`` is read at: the
     one that holds for every pair of the largest of those sets' engines at once

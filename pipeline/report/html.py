@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from pipeline.catalog.shape import shown
 from pipeline.manifest import EngineManifest
 from pipeline.report.answer import Answer
+from pipeline.report.energy import energy_notes
 from pipeline.report.rows import ComparisonRow
 from pipeline.report.streams import STREAM_HEADERS, stream_cells
 from pipeline.report.streams_chart import throughput_against_streams
@@ -238,6 +239,7 @@ def render_html(rows: list[ComparisonRow], manifests: list[EngineManifest], answ
             if sweep.model == model:
                 parts += _sweep_section(answer, sweep, names.get(model))
         parts.append(_table(model_rows))
+        parts += [f'<p class="note">{html.escape(note)}</p>' for note in energy_notes(model_rows)]
         streams = _streams_table(model_rows)
         if streams:
             parts.append(streams)

@@ -22,6 +22,8 @@ from pipeline.report.rows import ComparisonRow
 # read so that all pairs of its set of rounds hold at 95 % together; 11 a pair whose interval
 # excludes 1 decides again where it reaches across an edge of the tie band (at_band_edge marks it);
 # 12 each row's p90_ms, its p90 and p99 intervals bounded by its takes, and the takes they need;
+# 14 each row's energy: joules_per_inference, inferences_per_joule, tokens_per_joule,
+# energy_source, energy_scope and energy_why_not (docs/energy.md).
 # 15 each row's streams (its serving at each stream count: inferences/s, the requests' latency
 # with its intervals, or why not measured) and, with --p99-under, the document's serving (the
 # engine and concurrency that serve the most within the budget, per model and point).

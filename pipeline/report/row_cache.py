@@ -32,11 +32,13 @@ CACHE_NAME = ".compare-cache.json"
 _CODE = (
     "pipeline/manifest/schema.py",
     "pipeline/measuring/rounds.py",
+    "pipeline/measuring/energy.py",
     "pipeline/measuring/machine_watch.py",
     "pipeline/measuring/stats.py",
     "pipeline/measuring/quantiles.py",
     "pipeline/report/flags.py",
     "pipeline/report/rows.py",
+    "pipeline/report/energy.py",
     "pipeline/report/row_cache.py",
     "pipeline/report/streams.py",
     "pipeline/measuring/serving.py",

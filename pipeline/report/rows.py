@@ -10,6 +10,7 @@ from typing import Any
 
 from pipeline.catalog import ShapeSizes
 from pipeline.manifest import EngineManifest
+from pipeline.report.energy import attach_energy
 from pipeline.report.flags import NOISY_CV, measurement_flags
 from pipeline.report.streams import served_entries
 from pipeline.running.errors import PipelineError
@@ -71,6 +72,16 @@ class ComparisonRow:
     images_per_s: float | None = None
     sample_unit: str = "img"
     tokens_per_s: float | None = None
+    # Energy (pipeline/report/energy.py): joules per inference (a run of its batch) from the counter
+    # read around its takes, its inverse, tokens per joule where it has tokens, which counter
+    # ("nvml", "rapl") and what it counts (the whole GPU or CPU package, idle power included); or
+    # why it has none (no counter here, a tool's engine measured alone, a counter that never resolved).
+    joules_per_inference: float | None = None
+    inferences_per_joule: float | None = None
+    tokens_per_joule: float | None = None
+    energy_source: str | None = None
+    energy_scope: str | None = None
+    energy_why_not: str | None = None
     baseline: str | None = None
     speedup: float | None = None
     speedup_significant: bool | None = None
@@ -130,6 +141,9 @@ class ComparisonRow:
     # Each of those groups' engines as its manifest names them (this one, all of them): whether the
     # rows that claim a group are the engines it was measured with (trusted_rounds).
     round_entrants: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict, repr=False)
+    # Its joules per inference in each round of those groups (None where the take was dropped or its
+    # counter did not resolve): rows of one group compare their energy round by round too.
+    round_energies: dict[str, list[float | None]] = field(default_factory=dict, repr=False)
 
     @property
     def engine(self) -> str:
@@ -177,6 +191,7 @@ class ComparisonRow:
 
 
 PRIVATE_FIELDS = ("samples_ms", "layers", "source", "precision", "export_flops", "point_flops", "round_medians", "round_entrants")
+PRIVATE_FIELDS += ("round_energies",)
 PRIVATE_FIELDS += ("raced_out_by",)  # its flag says it in words: no key of the compare JSON
 # What compare_rows fills in from the other rows; the rest of a row comes from its manifest alone.
 FILLED_BY_COMPARISON = (
@@ -236,6 +251,7 @@ def trusted_rounds(rows: list[ComparisonRow]) -> None:
         for row in claimants:
             del row.round_medians[group]
             row.round_entrants.pop(group, None)
+            row.round_energies.pop(group, None)
             row.flags.append(
                 f"timed apart: {len(claimants)} manifests claim one set of rounds of {len(entrants)} engines (copied or merged by hand)"
             )
@@ -340,6 +356,7 @@ def _row(m: EngineManifest, noisy_cv: float) -> ComparisonRow:
         if d.rounds:
             _take_rounds(row, d.rounds)
             _tail_bounds(row, d.rounds)
+        attach_energy(row, d.rounds)
     return row
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from pipeline.catalog.shape import shown
 from pipeline.report.answer import GAP, Answer, cell_len, wrap
+from pipeline.report.energy import energy_notes
 from pipeline.report.rows import ComparisonRow
 from pipeline.report.streams import streams_lines, streams_markdown
 from pipeline.running.errors import UsageError
@@ -93,6 +94,9 @@ COLUMNS = (
     Column("cv", "CV", lambda r: _fmt(r.cv * 100 if r.cv is not None else None, ".1f", "%")),
     Column("img/s", "img/s", lambda r: _fmt(r.images_per_s, ".1f")),
     Column("tok/s", "tokens/s", lambda r: _fmt(r.tokens_per_s, ",.0f")),
+    Column("j/inf", "J/inf", lambda r: _fmt(r.joules_per_inference, ".4g")),
+    Column("inf/j", "inf/J", lambda r: _fmt(r.inferences_per_joule, ".4g")),
+    Column("tok/j", "tok/J", lambda r: _fmt(r.tokens_per_joule, ",.0f")),
     Column("speedup", "speedup", lambda r: _marked(r.speedup, r.speedup_significant, f"{r.speedup or 0:.2f}x vs {r.baseline}"), text=True),
     Column(
         "vs-baseline-toolchain",
@@ -138,6 +142,7 @@ MEDIUM = (
     "cv",
     "img/s",
     "tok/s",
+    "j/inf",
     "speedup",
     "vs-baseline-toolchain",
     "vs-ref-toolchain",
@@ -149,6 +154,9 @@ NARROW = ("variant", "toolchain", "shape", "median", "p99", "img/s", "tok/s", "s
 COMPACT = ("variant", "toolchain", "shape", "median", "p99", "tok/s", "img/s", "speedup", "status")
 # Columns a model's table shows only when one of its rows has a value there (shape points, tokens).
 OPTIONAL = {"shape": lambda r: r.shape, "tok/s": lambda r: r.tokens_per_s}
+# Energy: where a row of the table has a figure; a note under it says why the others have none.
+OPTIONAL.update({"j/inf": lambda r: r.joules_per_inference, "inf/j": lambda r: r.inferences_per_joule})
+OPTIONAL["tok/j"] = lambda r: r.tokens_per_joule
 
 
 def columns_for(rows: list[ComparisonRow], keys: tuple[str, ...]) -> tuple[str, ...]:
@@ -197,6 +205,7 @@ def render_markdown(rows: list[ComparisonRow], answer: Answer | None = None) -> 
         out.append("")
     out.append("`~`: within the runs' own spread (95% bootstrap CI of the median difference contains 0).")
     out += [f"`?`{note[1:]}" for note in unbounded_p99_note(rows)]
+    out += [f"{note}." for note in energy_notes(rows)]
     served = streams_markdown(rows)
     return "\n".join(out) + "\n" + (f"\n{served}" if served else "")
 
@@ -310,6 +319,7 @@ class _TextTable:
         footer = ["", "~ = within the runs' own spread"]
         if any(column.key == "p99" for column in self.columns):
             footer += unbounded_p99_note(self.rows)
+        footer += energy_notes(self.rows)
         if self.notes is not None:
             footer += _reference_notes(self.rows, {c.key for c in self.columns}) + self.notes.lines()
         for note in footer:

@@ -34,9 +34,11 @@ from typing import Any
 from pipeline.launchers.child import Child, answer_with
 from pipeline.machine.environment import machine_load, measuring_gpu, running_on
 from pipeline.manifest import StageRecord
+from pipeline.measuring.energy import Energy
 from pipeline.measuring.host_rounds import HostRounds
 from pipeline.measuring.machine_watch import MachineWatch
-from pipeline.measuring.rounds import RoundsOutcome, RoundsRecord, helper_processes, measure_in_rounds
+from pipeline.measuring.records import RoundsOutcome, RoundsRecord
+from pipeline.measuring.rounds import helper_processes, measure_in_rounds
 from pipeline.measuring.sm_clock import SmClock
 from pipeline.measuring.stats import LatencyStats
 from pipeline.measuring.stopping import open_pair_words, undecided
@@ -178,7 +180,8 @@ def _in_rounds(stages: list) -> dict[Any, Measured | PipelineError]:
             clock = SmClock(uuid)
             try:
                 stays = baseline_entrants(ctx.catalog, stages)
-                outcome = measure_in_rounds(engines, settings, point_seed(stages), reporter.progress, clock, held=held, stays=stays)
+                seed, energy = point_seed(stages), Energy.opened(uuid)
+                outcome = measure_in_rounds(engines, settings, seed, reporter.progress, clock, held=held, stays=stays, energy=energy)
             except DeviceFault as exc:  # pinned to the engine whose take saw it (every take waits for its GPU work)
                 return {next(stage for stage in prepared if entrant_name(stage) == exc.entrant): exc}
         held.release()  # each repeat's process holds the host for itself
@@ -392,7 +395,8 @@ def _measured_again(catalog, members: list[tuple[str, str, Path, Any]], settings
                 raise
         gpu = measuring_gpu()
         stays = frozenset(name for name, toolchain, _, _ in members if toolchain == catalog.baseline_toolchain)
-        outcome = measure_in_rounds(engines, settings, seed, None, SmClock(gpu["uuid"] if gpu else None), held=held, stays=stays)
+        uuid = gpu["uuid"] if gpu else None
+        outcome = measure_in_rounds(engines, settings, seed, None, SmClock(uuid), held=held, stays=stays, energy=Energy.opened(uuid))
     evidence = {name: engine.evidence() for name, engine in engines.items() if name not in outcome.failed}
     outcome.errors = {name: error.plain() for name, error in outcome.errors.items()}
     return outcome, evidence

@@ -12,7 +12,8 @@ from pipeline.catalog import ProfileSettings
 from pipeline.measuring import host_speed
 from pipeline.measuring.host_rounds import HostRounds
 from pipeline.measuring.host_speed import HostSpeed
-from pipeline.measuring.rounds import HOST_LATENCY, RoundsRecord, Take, measure_in_rounds
+from pipeline.measuring.records import RoundsRecord, Take
+from pipeline.measuring.rounds import HOST_LATENCY, measure_in_rounds
 from pipeline.report.flags import host_slowed_flag
 
 

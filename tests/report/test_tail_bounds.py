@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 from pipeline.measuring.quantiles import take_quantile_interval
-from pipeline.measuring.rounds import RoundsRecord, Take
+from pipeline.measuring.records import RoundsRecord, Take
 from pipeline.report.rows import ComparisonRow, _tail_bounds
 
 

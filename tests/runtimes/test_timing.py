@@ -167,6 +167,17 @@ def test_a_take_keeps_the_run_the_host_waited_for_as_the_host_synchronised_laten
     assert gpu.stream_syncs == 3 and waited == pytest.approx([6.0, 6.0])  # a short run: issued twice, the second kept
 
 
+def test_a_take_says_how_many_untimed_runs_its_energy_reading_holds(monkeypatch):
+    """An energy counter read around a take sees its untimed runs too (pipeline/measuring/energy.py):
+    one, or two where a short run is issued twice."""
+    gpu = SimulatedGpu(kernel_ms=5.0, enqueue_ms=1.0)
+    monkeypatch.setattr(takes.time, "perf_counter_ns", lambda: int(gpu.host_ms * 1e6))
+    untimed: list[int] = []
+    takes.cuda_take(fake_torch(gpu), gpu.launch, 3, 0.0, [], [], untimed)
+    takes.cuda_take(fake_torch(gpu), gpu.launch, 1, 100.0, [], [], untimed)
+    assert untimed == [1, 2]
+
+
 def test_the_host_synchronised_latency_is_read_from_the_takes_where_they_waited_for_enough_runs():
     from pipeline.runtimes.pytorch.prepared import host_latency
 

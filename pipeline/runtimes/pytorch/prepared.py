@@ -76,6 +76,8 @@ class Prepared:
     # The wall time of each take's untimed run, which the host waited for (cuda_take's waited_ms):
     # the host-synchronised latency, the profile's second figure (host_latency).
     waited_ms: list[float] = field(default_factory=list)
+    # The untimed runs before the last take's timed ones, inside its energy reading (cuda_take's untimed).
+    untimed_runs: int = 1
 
     @property
     def batch_size(self) -> int:
@@ -97,8 +99,9 @@ class Prepared:
         with out_of_memory_as_error(self.batch_size, shape=self.shape):
             if self.cuda:
                 issued: list[float] = []
-                times = cuda_take(torch, self.run, runs, min_ms, issued, self.waited_ms)
-                self.issue_ms = issued[0]
+                untimed: list[int] = []
+                times = cuda_take(torch, self.run, runs, min_ms, issued, self.waited_ms, untimed)
+                self.issue_ms, self.untimed_runs = issued[0], untimed[0]
             else:
                 times = host_take(self.run, runs, min_ms)
         self.recompiles += compiled_graphs(torch) - graphs

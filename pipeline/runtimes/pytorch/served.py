@@ -86,7 +86,7 @@ def _answer(what: str, key: tuple[str, str], runtime, prepared, name: str, *args
         runs, min_ms, cpus = args
         with _on_cpus(cpus):
             times = prepared.take(runs, min_ms)
-        return times, prepared.issue_ms
+        return times, prepared.issue_ms, getattr(prepared, "untimed_runs", 1)
     if what == WARM:
         return prepared.warm()
     if what == EVIDENCE:
@@ -245,6 +245,8 @@ class ServedEngine:
         self.point, self.timing = point, timing
         # The host's time to issue the last take's untimed run (takes.py, cuda_take), as that process measured it.
         self.issue_ms: float | None = None
+        # The untimed runs of the last take, inside its energy reading (takes.py, cuda_take's untimed).
+        self.untimed_runs = 1
 
     @property
     def processes(self) -> frozenset[int]:
@@ -254,7 +256,7 @@ class ServedEngine:
 
     def take(self, runs: int, min_ms: float) -> list[float]:
         cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-        times, self.issue_ms = self.point.process.ask(TAKE, self.point.key, runs, min_ms, cpus)
+        times, self.issue_ms, self.untimed_runs = self.point.process.ask(TAKE, self.point.key, runs, min_ms, cpus)
         return times
 
     def warm(self) -> None:

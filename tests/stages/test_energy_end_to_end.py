@@ -1,0 +1,80 @@
+"""Energy end to end on a CPU (ONNX Runtime, the tiny catalog): with no counter the rows, the table
+and the manifests say why there is no energy; with RAPL's files (a fake powercap tree, in the
+kernel's format, its counter advanced by a thread as the hardware would) the rows read it."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from pipeline.manifest import read_manifest
+
+
+def _fp32_only(catalog: Path) -> None:
+    """The tiny catalog with its fp32 and fp16 variants only: two engines at one point, in rounds."""
+    text = catalog.read_text().replace('variants = ["fp32", "fp16", "int8"]', 'variants = ["fp32", "fp16"]', 1)
+    catalog.write_text(text)
+
+
+def test_a_cpu_run_without_a_counter_says_why_every_row_has_no_energy(tiny_catalog, run_cli, monkeypatch, tmp_path):
+    absent = tmp_path / "sys-class-powercap"  # this VM's own state: no /sys/class/powercap at all
+    monkeypatch.setattr("pipeline.measuring.energy.POWERCAP", absent)
+    _fp32_only(tiny_catalog)
+    assert run_cli(tiny_catalog, "run").exit_code == 0
+    why = f"no RAPL: {absent} absent"
+    document = json.loads(run_cli(tiny_catalog, "compare", "--format", "json").out)
+    measured = [row for row in document["rows"] if row["outcome"] == "measured"]
+    assert len(measured) == 2
+    assert all(row["joules_per_inference"] is None and row["energy_why_not"] == why for row in measured)
+    table = run_cli(tiny_catalog, "compare", "--wide").out
+    assert f"no energy: {why}" in table and "J/inf" not in table
+    manifest = read_manifest(tiny_catalog.parent / "manifests" / "onnxruntime" / "tiny_fp32.json")
+    (rounds,) = manifest.profile.details.rounds
+    assert rounds.energy is None and rounds.energy_why_not == why
+    assert all(take.joules is None for take in rounds.takes)
+
+
+def test_a_cpu_run_with_rapl_reads_joules_per_inference(tiny_catalog, run_cli, monkeypatch, tmp_path):
+    root = tmp_path / "powercap"
+    zone = root / "intel-rapl:0"
+    zone.mkdir(parents=True)
+    (zone / "name").write_text("package-0\n")
+    (zone / "max_energy_range_uj").write_text("262143328850\n")
+    counter = zone / "energy_uj"
+    counter.write_text("0\n")
+    stop = threading.Event()
+
+    def package_at_20_watts():
+        uj = 0
+        while not stop.wait(0.001):  # the register's ~1 ms updates, 20 mJ a millisecond
+            uj += 20_000
+            (zone / "next").write_text(f"{uj}\n")
+            os.replace(zone / "next", counter)  # whole, as the kernel's read is
+
+    ticking = threading.Thread(target=package_at_20_watts, daemon=True)
+    ticking.start()
+    monkeypatch.setattr("pipeline.measuring.energy.POWERCAP", root)
+    _fp32_only(tiny_catalog)
+    try:
+        assert run_cli(tiny_catalog, "run").exit_code == 0
+    finally:
+        stop.set()
+        ticking.join()
+    document = json.loads(run_cli(tiny_catalog, "compare", "--format", "json").out)
+    measured = [row for row in document["rows"] if row["outcome"] == "measured"]
+    assert len(measured) == 2
+    for row in measured:
+        assert row["energy_source"] == "rapl" and row["energy_why_not"] is None and "CPU package" in row["energy_scope"]
+        assert row["joules_per_inference"] > 0 and row["inferences_per_joule"] == pytest.approx(1 / row["joules_per_inference"])
+        # 20 W over a run's time, give or take the untimed runs and the time between runs (and a
+        # ticking thread that falls behind on a busy host).
+        assert 0.25 < row["joules_per_inference"] / (20.0 * row["median_ms"] / 1000.0) < 1.5
+    rounds = read_manifest(tiny_catalog.parent / "manifests" / "onnxruntime" / "tiny_fp32.json").profile.details.rounds[0]
+    # take_ms 5 is shorter than MIN_STEPS of RAPL's 1 ms updates: the takes grew until they resolved.
+    assert rounds.energy.source == "rapl" and rounds.energy.least_take_ms >= 10
+    assert rounds.takes[-1].energy_resolved and rounds.takes[-1].joules > 0
+    assert "J/inf" in run_cli(tiny_catalog, "compare", "--wide").out
