@@ -245,72 +245,9 @@ class Verdict:
         return f" — {'both' if len(estimates) == 2 else 'all'} {low:.2f}–{high:.2f}× {base}"
 
     def public(self) -> dict[str, Any]:
-        # Each engine's entry is made once and stands wherever it is named: an engine timed in a
-        # set of 30 is named in up to 30 comparisons, and the document is only written, never changed.
-        entries: dict[int, dict[str, Any]] = {}
+        from pipeline.report.verdict_json import verdict_document
 
-        def named(row: ComparisonRow | None) -> dict[str, Any] | None:
-            if row is None:
-                return None
-            if id(row) not in entries:
-                entries[id(row)] = entry(row)
-            return entries[id(row)]
-
-        def entry(row: ComparisonRow) -> dict[str, Any]:
-            return {
-                "variant": row.variant,
-                "toolchain": row.toolchain,
-                "engine": row.engine,
-                "median_ms": row.median_ms,
-                "median_ci_ms": list(row.median_ci_ms) if row.median_ci_ms else None,
-                "rounds": row.rounds,
-                "tokens_per_s": row.tokens_per_s,
-            }
-
-        speedup = self.speedup_estimate
-        return {
-            "model": self.model,
-            "shape": self.shape,
-            "gpu_type": self.gpu_type,
-            "fastest": named(self.fastest),
-            "tied": [named(row) for row in self.tied],
-            "decided": self.fastest is not None and not self.tied,
-            "undecided": bool(self.tied) and self.undecided,
-            "tie_width": self.tie,
-            "baseline": named(self.baseline),
-            "speedup_over_baseline": self.speedup,
-            "speedup_interval": [speedup.low, speedup.high] if speedup else None,
-            "speedup_rounds": speedup.rounds if speedup else None,
-            "untrusted": self.untrusted,
-            "accuracy_floor": {
-                "thresholds": [
-                    {"metric": "cosine" if metric == "cos" else "top1", "min": value} for metric, value in self.floor.thresholds
-                ],
-                "source": self.floor.source if self.floor.thresholds else "each precision's own check",
-            },
-            "comparisons": [
-                {
-                    "a": named(a),
-                    "b": named(b),
-                    "ratio": estimate.ratio if estimate else None,
-                    "low": estimate.low if estimate else None,
-                    "high": estimate.high if estimate else None,
-                    "rounds": estimate.rounds if estimate else None,
-                    "paired": estimate.paired if estimate else False,
-                    "outcome": estimate.outcome if estimate else "ambiguous",
-                    "at_band_edge": pairs.on_band_edge(estimate, self.tie),
-                    "confidence": estimate.confidence if estimate else None,
-                }
-                for a, b, estimate in self.comparisons
-            ],
-            "excluded": [{"variant": r.variant, "toolchain": r.toolchain, "why": why} for r, why in self.excluded],
-            "not_run": [{"variant": r.variant, "toolchain": r.toolchain, "why": r.status} for r in self.skipped],
-            "out_of_memory": [
-                {"variant": r.variant, "toolchain": r.toolchain, "why": r.status, "facts": r.out_of_memory} for r in self.did_not_fit
-            ],
-            "accuracy_unchecked": self.fastest.accuracy_unchecked if self.fastest is not None else None,
-            "text": " ".join(self.sentences()),
-        }
+        return verdict_document(self)
 
 
 def verdicts(
