@@ -384,6 +384,7 @@ class Catalog(_Strict):
         repeats: int | None = None,
         racing: bool | None = None,
         sanitize: bool | None = None,
+        by: str | None = None,
     ) -> Catalog:
         """This catalog with a run's command-line settings in place of its own (None keeps the catalog's)."""
         catalog = self if sanitize is None else self.model_copy(update={"sanitize": sanitize})
@@ -398,7 +399,7 @@ class Catalog(_Strict):
             calibration["samples"] = calib_samples
         if calibration:
             catalog = catalog.model_copy(update={"calibration": catalog.calibration.model_copy(update=calibration)})
-        profile = {key: value for key, value in (("repeats", repeats), ("racing", racing)) if value is not None}
+        profile = {key: value for key, value in (("repeats", repeats), ("racing", racing), ("by", by)) if value is not None}
         if profile:
             catalog = catalog.model_copy(update={"profile": catalog.profile.model_copy(update=profile)})
         return catalog

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from pipeline.catalog.settings import RANKED_BY
 from pipeline.cli.state import State as _State
 from pipeline.cli.state import pass_state
 
@@ -51,6 +52,12 @@ from pipeline.cli.state import pass_state
     help="What the sweep tables (a model measured at shape points) show per point: median latency, tokens/s, or GPU memory.",
 )
 @click.option(
+    "--by",
+    type=click.Choice(RANKED_BY),
+    help="What the answer ranks engines by: their median, or their p90 or p99 bounded by their takes, at the same "
+    "95 % confidence (docs/tails.md); re-ranks from the manifests, never re-measures. Default: the catalog's [profile] by (median).",
+)
+@click.option(
     "--fail-accuracy-below",
     "accuracy_thresholds",
     multiple=True,
@@ -61,7 +68,21 @@ from pipeline.cli.state import pass_state
 )
 @pass_state
 def compare(
-    state: _State, toolchains, trts, models, gpu_types, fmt, out, baseline, fail_above, wide, columns, noisy_cv, metric, accuracy_thresholds
+    state: _State,
+    toolchains,
+    trts,
+    models,
+    gpu_types,
+    fmt,
+    out,
+    baseline,
+    fail_above,
+    wide,
+    columns,
+    noisy_cv,
+    metric,
+    by,
+    accuracy_thresholds,
 ):
     """Put profiled engines side by side, from the saved manifests (never re-measures).
 
@@ -89,7 +110,7 @@ def compare(
 
     thresholds = [parse_accuracy_threshold(text) for text in accuracy_thresholds]  # checked before any work
     rows = _print_comparison(
-        state, names or None, fmt, out, list(models) or None, columns, wide, noisy_cv, list(gpu_types) or None, metric, thresholds
+        state, names or None, fmt, out, list(models) or None, columns, wide, noisy_cv, list(gpu_types) or None, metric, thresholds, by
     )
     if thresholds:
         from pipeline.report.gates import check_accuracy
@@ -103,7 +124,18 @@ def compare(
 
 
 def _print_comparison(
-    state: _State, toolchains, fmt, out, models=None, columns=None, wide=False, noisy_cv=None, gpu_types=None, metric="ms", thresholds=()
+    state: _State,
+    toolchains,
+    fmt,
+    out,
+    models=None,
+    columns=None,
+    wide=False,
+    noisy_cv=None,
+    gpu_types=None,
+    metric="ms",
+    thresholds=(),
+    by=None,
 ):
     from pipeline.report.compare import compare as compare_manifests
     from pipeline.report.compare import write_output
@@ -128,6 +160,7 @@ def _print_comparison(
         gpu_types=gpu_types,
         metric=metric,
         thresholds=thresholds,
+        by=by,
     )
     differently = [f"{r.engine} on {r.toolchain}: {flag}" for r in rows for flag in r.flags if flag.startswith("measured differently")]
     if differently:

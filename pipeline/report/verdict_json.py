@@ -25,6 +25,8 @@ def verdict_document(verdict) -> dict[str, Any]:
         return entries[id(row)]
 
     def entry(row: ComparisonRow) -> dict[str, Any]:
+        reading = verdict.reading
+        interval = row.median_ci_ms if reading is None else reading.interval(row)
         return {
             "variant": row.variant,
             "toolchain": row.toolchain,
@@ -33,6 +35,12 @@ def verdict_document(verdict) -> dict[str, Any]:
             "median_ci_ms": list(row.median_ci_ms) if row.median_ci_ms else None,
             "rounds": row.rounds,
             "tokens_per_s": row.tokens_per_s,
+            # The figure it was ranked by (ranked_by: its median, or its percentile) and that
+            # figure's interval (a percentile's at the level that holds the point's engines
+            # together), or the takes a percentile needs where its takes cannot bound it.
+            "ranked_ms": verdict.figure(row),
+            "ranked_interval_ms": list(interval) if interval else None,
+            "ranked_takes_needed": reading.takes_needed() if reading is not None and reading.short_of_takes(row) else None,
         }
 
     speedup = verdict.speedup_estimate
@@ -40,6 +48,7 @@ def verdict_document(verdict) -> dict[str, Any]:
         "model": verdict.model,
         "shape": verdict.shape,
         "gpu_type": verdict.gpu_type,
+        "ranked_by": verdict.ranked_by,
         "fastest": named(verdict.fastest),
         "tied": [named(row) for row in verdict.tied],
         "decided": verdict.fastest is not None and not verdict.tied,
