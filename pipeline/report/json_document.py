@@ -21,8 +21,10 @@ from pipeline.report.rows import ComparisonRow
 # answer rests on among the comparisons; 10 each comparison's confidence, every paired interval
 # read so that all pairs of its set of rounds hold at 95 % together; 11 a pair whose interval
 # excludes 1 decides again where it reaches across an edge of the tie band (at_band_edge marks it);
-# 12 each row's p90_ms, its p90 and p99 intervals bounded by its takes, and the takes they need.
-JSON_SCHEMA_VERSION = 12
+# 12 each row's p90_ms, its p90 and p99 intervals bounded by its takes, and the takes they need;
+# 13 each verdict's ranked_by (the median, or a percentile: compare --by), and each engine it
+# names the figure it was ranked by, that figure's interval and the takes a percentile needs.
+JSON_SCHEMA_VERSION = 13
 
 
 def render_json(rows: list[ComparisonRow], answer: Answer | None = None) -> str:
