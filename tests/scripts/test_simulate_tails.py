@@ -45,3 +45,16 @@ def test_ranked_by_a_percentile_the_verdict_claims_wrongly_at_most_5_percent_of_
     disagree = [pooled for scenario, by, pooled, _ in table if by == "p99" and scenario.name.startswith("a launch-bound")]
     assert disagree and disagree[0].decided == disagree[0].points and disagree[0].wrong_fastest == 0
     assert printed in (REPO_ROOT / "docs" / "tails.md").read_text(), "docs/tails.md shows another table: paste the one above"
+
+
+def test_the_ranking_simulation_catches_intervals_read_at_too_low_a_level(simulation, monkeypatch):
+    """Each engine's percentile read at 60 % instead of 1 − 5 %/K: the same scenario (two equal
+    engines on the CI VM's spells, by p90) then makes wrong claims at more than 5 % of its points,
+    so the table's few wrong claims are the procedure's, not a judge that sees none."""
+    from pipeline.measuring.ranking import Ranking
+
+    monkeypatch.setattr(Ranking, "engine_confidence", lambda self, engines: 0.6)
+    noise = next(n for n, noise in enumerate(simulation.RANK_NOISES) if noise.name.startswith("CI VM"))
+    scenario = next(i for i, scenario in enumerate(simulation.rank_scenarios()) if scenario.name == "2 equal")
+    tally = simulation._ranked_row((noise, scenario, "p90", 40, 0))
+    assert tally.wrong / tally.points > 0.05, tally
