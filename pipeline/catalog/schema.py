@@ -385,6 +385,7 @@ class Catalog(_Strict):
         racing: bool | None = None,
         sanitize: bool | None = None,
         streams: tuple[int, ...] | None = None,
+        by: str | None = None,
     ) -> Catalog:
         """This catalog with a run's command-line settings in place of its own (None keeps the catalog's)."""
         catalog = self if sanitize is None else self.model_copy(update={"sanitize": sanitize})
@@ -399,7 +400,9 @@ class Catalog(_Strict):
             calibration["samples"] = calib_samples
         if calibration:
             catalog = catalog.model_copy(update={"calibration": catalog.calibration.model_copy(update=calibration)})
-        profile = {key: value for key, value in (("repeats", repeats), ("racing", racing), ("streams", streams)) if value is not None}
+        profile = {
+            key: value for key, value in (("repeats", repeats), ("racing", racing), ("streams", streams), ("by", by)) if value is not None
+        }
         if profile:
             catalog = catalog.model_copy(update={"profile": catalog.profile.model_copy(update=profile)})
         return catalog

@@ -10,6 +10,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 # The most concurrent streams a profile serves: each is a thread (or a process) of the host.
 MAX_STREAMS = 256
+# What a verdict may rank engines by ([profile] by, --by): the median, or a percentile of the
+# per-iteration times, bounded by the takes (docs/tails.md). pipeline/measuring/ranking.py holds
+# how each is compared; this list is here because the catalog cannot import that package.
+RANKED_BY = ("median", "p90", "p99")
 
 
 class _Strict(BaseModel):
@@ -82,6 +86,18 @@ class ProfileSettings(_Strict):
     def serves(self) -> bool:
         """Whether a profile serves concurrent streams after its rounds (any count but [1])."""
         return self.streams != (1,)
+
+    # What the rounds stop on and the verdict ranks by (RANKED_BY): "p99" runs the rounds until
+    # every engine's p99 interval tells the leader from the rest, or budget_s is spent (a p99 of
+    # two engines needs 437 takes: raise budget_s and min_rounds with it, docs/tails.md).
+    by: str = "median"
+
+    @field_validator("by")
+    @classmethod
+    def _a_ranking(cls, by: str) -> str:
+        if by not in RANKED_BY:
+            raise ValueError(f"by = {by!r} is no ranking; use one of {', '.join(RANKED_BY)}")
+        return by
 
     @field_validator("host_cpus")
     @classmethod

@@ -11,6 +11,8 @@ from typing import Any
 
 import click
 
+from pipeline.catalog.settings import RANKED_BY
+
 
 def selection_options(func):
     func = click.option("--variant", "variants", multiple=True, metavar="V", help="Variant(s) of the selected models (repeatable).")(func)
@@ -133,7 +135,7 @@ def _stream_counts(ctx: click.Context, param, value: str | None) -> tuple[int, .
 
 
 def repeat_option(func):
-    """How a profile measures: --repeat, --racing/--no-racing and --streams."""
+    """How a profile measures: --repeat, --racing/--no-racing, --streams and --by."""
     func = click.option(
         "--streams",
         metavar="N,N,…",
@@ -141,6 +143,13 @@ def repeat_option(func):
         help="After each shape point's rounds, serve each engine with these many concurrent streams in turn (each its "
         "own inputs), [profile] serve_s seconds each: inferences/s and each request's latency per count (docs/streams.md). "
         "Default: the catalog's [profile] streams ([1]: no serving).",
+    )(func)
+    func = click.option(
+        "--by",
+        type=click.Choice(RANKED_BY),
+        help="What the rounds stop on and the answer ranks by: the median, or the p90 or p99 bounded by the takes "
+        "(a p99 of two engines needs 437 takes: raise [profile] budget_s with it; docs/tails.md). "
+        "Default: the catalog's [profile] by (median).",
     )(func)
     func = click.option(
         "--racing/--no-racing",
@@ -186,13 +195,14 @@ class Selection:
 @dataclass(frozen=True)
 class Overrides:
     """This run's settings in place of the catalog's (None keeps the catalog's): calibration and
-    evaluation data, --sanitize, --repeat and --racing."""
+    evaluation data, --sanitize, --repeat, --racing and --by."""
 
     calib_dir: Path | None = None
     calib_samples: int | None = None
     eval_dir: Path | None = None
     repeat: int | None = None
     racing: bool | None = None
+    by: str | None = None
     sanitize: bool | None = None
     streams: tuple[int, ...] | None = None
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from pipeline.catalog.settings import RANKED_BY
 from pipeline.cli.state import State as _State
 from pipeline.cli.state import pass_state
 
@@ -51,6 +52,12 @@ from pipeline.cli.state import pass_state
     help="What the sweep tables (a model measured at shape points) show per point: median latency, tokens/s, or GPU memory.",
 )
 @click.option(
+    "--by",
+    type=click.Choice(RANKED_BY),
+    help="What the answer ranks engines by: their median, or their p90 or p99 bounded by their takes, at the same "
+    "95 % confidence (docs/tails.md); re-ranks from the manifests, never re-measures. Default: the catalog's [profile] by (median).",
+)
+@click.option(
     "--fail-accuracy-below",
     "accuracy_thresholds",
     multiple=True,
@@ -82,6 +89,7 @@ def compare(
     columns,
     noisy_cv,
     metric,
+    by,
     accuracy_thresholds,
     p99_under,
 ):
@@ -113,7 +121,19 @@ def compare(
     thresholds = [parse_accuracy_threshold(text) for text in accuracy_thresholds]  # checked before any work
     budget = parse_budget(p99_under) if p99_under is not None else None
     rows = _print_comparison(
-        state, names or None, fmt, out, list(models) or None, columns, wide, noisy_cv, list(gpu_types) or None, metric, thresholds, budget
+        state,
+        names or None,
+        fmt,
+        out,
+        list(models) or None,
+        columns,
+        wide,
+        noisy_cv,
+        list(gpu_types) or None,
+        metric,
+        thresholds,
+        budget,
+        by,
     )
     if thresholds:
         from pipeline.report.gates import check_accuracy
@@ -139,6 +159,7 @@ def _print_comparison(
     metric="ms",
     thresholds=(),
     p99_under_ms=None,
+    by=None,
 ):
     from pipeline.report.compare import compare as compare_manifests
     from pipeline.report.compare import write_output
@@ -164,6 +185,7 @@ def _print_comparison(
         metric=metric,
         thresholds=thresholds,
         p99_under_ms=p99_under_ms,
+        by=by,
     )
     differently = [f"{r.engine} on {r.toolchain}: {flag}" for r in rows for flag in r.flags if flag.startswith("measured differently")]
     if differently:

@@ -186,3 +186,23 @@ def take_quantile_interval(takes: Sequence[Sequence[float]], q: float, confidenc
     lower = math.floor((ranks[0] - 1) * scale) + 1
     upper = min(len(ordered), math.ceil(ranks[1] * scale))
     return ordered[lower - 1], ordered[upper - 1]
+
+
+def sequential_take_ranks(runs: int, takes: int, q: float, confidence: float) -> tuple[int, int] | None:
+    """The 1-based ranks, among ``runs`` runs of ``takes`` kept takes sorted together, of the ends
+    of the q-quantile's interval bounded by the takes, as take_quantile_interval scales them, but
+    from the confidence sequence (_SequentialQuantileRanks), so that it holds at whichever round the
+    rounds stopped at: what a ranking by a percentile (pipeline/measuring/ranking.py) decides on.
+    None where the takes cannot bound it yet (sequential_takes_needed says how many could)."""
+    if takes < 1 or runs < 1:
+        return None
+    lower, upper = _sequential_quantile_ranks(round(1.0 - confidence, 12), q).rank(takes)
+    if lower == 0 or upper == 0:
+        return None
+    scale = runs / takes
+    return math.floor((lower - 1) * scale) + 1, min(runs, math.ceil(upper * scale))
+
+
+def sequential_takes_needed(q: float, confidence: float) -> int:
+    """The fewest takes at which the confidence sequence can bound the q-quantile at ``confidence``."""
+    return _sequential_quantile_ranks(round(1.0 - confidence, 12), q).first

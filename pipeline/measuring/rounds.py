@@ -56,10 +56,11 @@ from pipeline.measuring.energy import Energy, EnergyReading, EnergyReads
 from pipeline.measuring.host_rounds import HostRounds
 from pipeline.measuring.host_speed import HostSpeed
 from pipeline.measuring.pace import HOST_LATENCY, follows_the_host, host_sets_the_pace, take_length
+from pipeline.measuring.ranking import ranking
 from pipeline.measuring.records import RoundsOutcome, Take
 from pipeline.measuring.sm_clock import THROTTLE_THRESHOLD, SmClock
 from pipeline.measuring.stats import median
-from pipeline.measuring.stopping import open_pair_words, race, undecided, unsettled
+from pipeline.measuring.stopping import Readings, open_pair_words, race, undecided, unsettled
 from pipeline.running.errors import DeviceFault, PipelineError
 
 # Rounds, at most, whatever the budget: a guard against a take_ms of microseconds.
@@ -172,6 +173,7 @@ def rounds_loop(
     measure_in_rounds runs, and what the simulation of the rule (scripts/simulate_confidence.py)
     drives with synthetic engines and ``now``, a clock of their own."""
     entrants = list(engines)
+    by = ranking(settings.by)  # what the comparisons the rounds stop on are made by
     takes: dict[str, list[Take]] = {key: [] for key in entrants}
     times: dict[str, list[float]] = {key: [] for key in entrants}
     errors: dict[str, PipelineError] = {}
@@ -213,14 +215,15 @@ def rounds_loop(
             if not following and held.mode == "whole":
                 held.share()  # every engine GPU-bound: other points may be timed beside it
         running = {k: v for k, v in takes.items() if k not in failed and k not in raced_out}
+        readings = Readings(times)  # a percentile's reading of each engine, once this round
         if settings.racing:  # those out of the running leave (a point decided now ends whole)
-            out, open_pairs = race(running, settings.tie, stays, len(entrants), rounds, settings.min_rounds)
+            out, open_pairs = race(running, settings.tie, stays, len(entrants), rounds, settings.min_rounds, by, readings)
             raced_out.update(dict.fromkeys(out, rounds))
             raced_out_by.update(out)
         else:
-            open_pairs = undecided(running, settings.tie, len(entrants))
+            open_pairs = undecided(running, settings.tie, len(entrants), by, readings)
         settling = {key: entries for key, entries in running.items() if key not in raced_out}
-        padded = host_sets_the_pace(unsettled(settling, settings.tie, len(entrants)), engines, takes)
+        padded = host_sets_the_pace(unsettled(settling, settings.tie, len(entrants), by, readings), engines, takes)
         elapsed = now() - started
         if progress is not None:
             progress(_progress_text(rounds, open_pairs, elapsed, settings, len(raced_out)))

@@ -25,6 +25,13 @@
   could, well beyond the host spells measured (1.5-1.8x). The verdict reads the rule again from
   the takes (pipeline/report/pairs.py, grossly_beaten): an engine so dropped is no answer.
 
+* **By a percentile** (``[profile] by = "p99"``, pipeline/measuring/ranking.py): the leader is the
+  engine of least percentile, and each comparison is the ratio of two engines' own intervals of
+  it, bounded by their takes from a confidence sequence at the level that holds the point's engines
+  together; the rounds go on until those are decided or budget_s is spent, and racing drops by the
+  same comparisons. The grossly-slower rule is a median's (a take's median says little of its
+  tail) and does not act. scripts/simulate_tails.py measures the wrong claims of that procedure.
+
 scripts/simulate_confidence.py measures how often the whole procedure, racing or not, names a wrong
 fastest engine or makes a false claim about a pair ("faster" where the truth is not, "the same"
 where the truth lies beyond the band).
@@ -34,6 +41,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from pipeline.measuring.ranking import MEDIAN, Ranking
 from pipeline.measuring.stats import RatioEstimate, at_band_edge, family_confidence, first_deciding_round, paired_ratio
 
 # The early rule (grossly_slower): how many times the leader's slowest take every kept take of an
@@ -78,30 +86,66 @@ def _faster(estimate: RatioEstimate | None) -> bool:
     return estimate is not None and estimate.outcome == "faster"
 
 
-def _against_the_leader(takes: dict[str, list[Take]], tie: float, engines: int) -> list[tuple[str, str, RatioEstimate | None]]:
+def _against_the_leader(
+    takes: dict[str, list[Take]], tie: float, engines: int, by: Ranking = MEDIAN, times: dict[str, list[float]] | None = None
+) -> list[tuple[str, str, RatioEstimate | None]]:
     """(leader, other, the leader's time over the other's) for each other engine with kept takes,
     read at the level that holds all pairs of ``engines`` engines together; none where fewer than
-    two have takes."""
+    two have takes. ``by`` a percentile: each engine's by its kept runs (``times``), below."""
     medians = _medians(takes)
     if len(medians) < 2:
         return []
+    if not by.paired:
+        readings = times if isinstance(times, Readings) else Readings(times or {})
+        return _against_the_leader_by(by, medians, readings, tie, engines)
     leader = _leader(medians, tie)
     confidence = family_confidence(engines)
     return [(leader, other, paired_ratio(medians[leader], medians[other], tie, confidence)) for other in medians if other != leader]
 
 
-def undecided(takes: dict[str, list[Take]], tie: float, engines: int) -> list[tuple[str, str, RatioEstimate | None]]:
+class Readings:
+    """Each engine's kept runs (``times``), and what a percentile ranking reads of them, read once
+    a round however many of the rules below ask (racing asks up to four times)."""
+
+    def __init__(self, times: dict[str, list[float]]):
+        self.times = times
+        self._read: dict[tuple, tuple] = {}
+
+    def read(self, by: Ranking, key: str, kept: int, engines: int):
+        at = (by.name, key, len(self.times.get(key, ())), kept, engines)
+        if at not in self._read:
+            self._read[at] = by.read(self.times.get(key, ()), kept, engines)
+        return self._read[at]
+
+
+def _against_the_leader_by(
+    by: Ranking, medians, readings: Readings, tie: float, engines: int
+) -> list[tuple[str, str, RatioEstimate | None]]:
+    """As _against_the_leader, by a percentile: the leader the engine of least percentile of its
+    kept runs, each pair the ratio of the two engines' own intervals (ranking.Ranking.ratio)."""
+    # An engine's kept takes are its rounds with a kept take (one take a round).
+    figures = {key: readings.read(by, key, len(medians[key]), engines) for key in medians}
+    leader = min(figures, key=lambda key: figures[key][0] if figures[key][0] is not None else float("inf"))
+    return [(leader, other, by.ratio(figures[leader], figures[other], tie, engines)) for other in figures if other != leader]
+
+
+def undecided(
+    takes: dict[str, list[Take]], tie: float, engines: int, by: Ranking = MEDIAN, times=None
+) -> list[tuple[str, str, RatioEstimate | None]]:
     """The comparisons the verdict needs that the takes do not settle yet: the leader against each
     of the others, where their ratio's interval holds 1 without lying within the tie band (too
     few rounds for any interval counts as that). An interval that excludes 1 settles its pair
     even where it reaches across an edge of the band: the pair is faster or slower by it, and a
     second run that stops inside the band ("the same") says nothing its interval contradicts
     (docs/confidence.md, "Two runs of the same sweep"). ``engines``: how many the point's rounds
-    time (those raced out too), whose pairs the intervals hold for together."""
-    return [pair for pair in _against_the_leader(takes, tie, engines) if pair[2] is None or pair[2].outcome == "ambiguous"]
+    time (those raced out too), whose pairs the intervals hold for together; ``by`` and ``times``:
+    what they are compared by (_against_the_leader)."""
+    return [pair for pair in _against_the_leader(takes, tie, engines, by, times) if pair[2] is None or pair[2].outcome == "ambiguous"]
 
 
-def unsettled(takes: dict[str, list[Take]], tie: float, engines: int) -> list[tuple[str, str, RatioEstimate | None]]:
+def unsettled(
+    takes: dict[str, list[Take]], tie: float, engines: int, by: Ranking = MEDIAN, times=None
+) -> list[tuple[str, str, RatioEstimate | None]]:
     """The leader's comparisons that more rounds could still move between "faster" and "the same":
     those undecided, and those decided by an interval that reaches across an edge of the tie band.
     What the rounds keep their pace for where the host may set it (pace.host_sets_the_pace): a pair
@@ -112,13 +156,15 @@ def unsettled(takes: dict[str, list[Take]], tie: float, engines: int) -> list[tu
             return False
         return estimate.outcome == "same" or not at_band_edge(estimate.low, estimate.high, tie)
 
-    return [pair for pair in _against_the_leader(takes, tie, engines) if not settled(pair[2])]
+    return [pair for pair in _against_the_leader(takes, tie, engines, by, times) if not settled(pair[2])]
 
 
-def out_of_the_running(takes: dict[str, list[Take]], tie: float, stays: set[str], engines: int) -> list[str]:
+def out_of_the_running(
+    takes: dict[str, list[Take]], tie: float, stays: set[str], engines: int, by: Ranking = MEDIAN, times=None
+) -> list[str]:
     """The engines the leader is faster than by the interval (decided, read as ``undecided`` reads
     it): out of the running at this point, they may leave its rounds; those in ``stays`` never do."""
-    return [other for _, other, estimate in _against_the_leader(takes, tie, engines) if other not in stays and _faster(estimate)]
+    return [other for _, other, estimate in _against_the_leader(takes, tie, engines, by, times) if other not in stays and _faster(estimate)]
 
 
 def gross(leader_by_round: dict, other_by_round: dict, factor: float = GROSS_FACTOR, least: int = GROSS_ROUNDS) -> bool:
@@ -151,22 +197,31 @@ def grossly_slower(takes: dict[str, list[Take]], tie: float, stays: set[str], en
 
 
 def race(
-    takes: dict[str, list[Take]], tie: float, stays: set[str], engines: int, rounds: int, min_rounds: int
+    takes: dict[str, list[Take]],
+    tie: float,
+    stays: set[str],
+    engines: int,
+    rounds: int,
+    min_rounds: int,
+    by: Ranking = MEDIAN,
+    times: dict[str, list[float]] | None = None,
 ) -> tuple[dict[str, str], list[tuple[str, str, RatioEstimate | None]]]:
     """After ``rounds`` rounds of the engines still running (``takes``): those that leave them now,
     each with the rule that took it out (GROSS, INTERVAL), and the comparisons left open among the
     rest. The grossly slower leave whatever the rest do (the interval cannot decide yet); those
     out of the running by the interval (from ``min_rounds`` on) only while the rest stay
-    undecided: a point decided now ends whole."""
-    open_pairs = undecided(takes, tie, engines)
+    undecided: a point decided now ends whole. ``by``, ``times``: what they are compared by
+    (a percentile's rounds have no grossly-slower rule: the module's docstring says why)."""
+    open_pairs = undecided(takes, tie, engines, by, times)
     if not open_pairs:
         return {}, open_pairs
-    out = dict.fromkeys(grossly_slower(takes, tie, stays, engines, rounds, min_rounds), GROSS)
+    gross_out = grossly_slower(takes, tie, stays, engines, rounds, min_rounds) if by.paired else []
+    out = dict.fromkeys(gross_out, GROSS)
     contenders = {key: value for key, value in takes.items() if key not in out}
-    open_pairs = undecided(contenders, tie, engines) if out else open_pairs
+    open_pairs = undecided(contenders, tie, engines, by, times) if out else open_pairs
     if rounds >= min_rounds and open_pairs:
-        by_interval = out_of_the_running(contenders, tie, stays, engines)
-        open_pairs = undecided({key: value for key, value in contenders.items() if key not in by_interval}, tie, engines)
+        by_interval = out_of_the_running(contenders, tie, stays, engines, by, times)
+        open_pairs = undecided({key: value for key, value in contenders.items() if key not in by_interval}, tie, engines, by, times)
         if open_pairs:  # the rounds go on, without those out of the running
             out.update(dict.fromkeys(by_interval, INTERVAL))
     return out, open_pairs

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from pipeline.catalog import Catalog
 from pipeline.catalog.floor import AccuracyFloor, AccuracyThreshold
+from pipeline.measuring.ranking import ranking
 from pipeline.report.answer import Answer
 from pipeline.report.flags import NOISY_CV
 from pipeline.report.json_document import render_json
@@ -64,11 +65,13 @@ def compare(
     metric: str = "ms",
     thresholds: list[AccuracyThreshold] = (),
     p99_under_ms: float | None = None,
+    by: str | None = None,
 ):
     """Rows plus their rendering in ``fmt`` (a rich renderable for "table", at ``width``
     columns, text otherwise), the answer first: the verdict per model and shape point (the fastest
     engine meeting ``thresholds``, else the catalog's accuracy floor for the model, else each
-    precision's own accuracy check) and the sweep tables in ``metric`` (pipeline/report/sweep.py)."""
+    precision's own accuracy check) and the sweep tables in ``metric`` (pipeline/report/sweep.py),
+    the verdict ranked ``by`` the median or a percentile (None: the catalog's [profile] by)."""
     if fmt not in FORMATS:
         raise UsageError(f"unknown format {fmt!r}.", hint=f"use one of {', '.join(FORMATS)}")
     if metric not in METRICS:
@@ -97,7 +100,8 @@ def compare(
         )
     given = AccuracyFloor(tuple(thresholds), "--fail-accuracy-below")
     floors = {model: given if thresholds else catalog.accuracy_floor_for(model) for model in {row.model for row in rows}}
-    verdict_list = verdicts(rows, catalog.baseline_toolchain, floors, catalog.profile.tie)
+    ranked = ranking(by or catalog.profile.by)
+    verdict_list = verdicts(rows, catalog.baseline_toolchain, floors, catalog.profile.tie, ranked, cache.samples)
     answer = Answer(verdict_list, sweeps(rows, verdict_list, catalog.profile.tie, catalog.baseline_toolchain), metric)
     if p99_under_ms is not None:
         answer.serving = p99_under(rows, p99_under_ms)

@@ -22,6 +22,8 @@ from pipeline.report.rows import ComparisonRow
 # read so that all pairs of its set of rounds hold at 95 % together; 11 a pair whose interval
 # excludes 1 decides again where it reaches across an edge of the tie band (at_band_edge marks it);
 # 12 each row's p90_ms, its p90 and p99 intervals bounded by its takes, and the takes they need;
+# 13 each verdict's ranked_by (the median, or a percentile: compare --by), and each engine it
+# names the figure it was ranked by, that figure's interval and the takes a percentile needs.
 # 14 each row's energy: joules_per_inference, inferences_per_joule, tokens_per_joule,
 # energy_source, energy_scope and energy_why_not (docs/energy.md).
 # 15 each row's streams (its serving at each stream count: inferences/s, the requests' latency

@@ -19,12 +19,14 @@ from typing import Any
 
 from pipeline.catalog.floor import AccuracyFloor, AccuracyThreshold
 from pipeline.catalog.shape import shown
+from pipeline.measuring.ranking import MEDIAN, Ranking
 from pipeline.measuring.stats import RatioEstimate
 from pipeline.report import pairs
 from pipeline.report.confidence import interval_words, time_ratio
 from pipeline.report.flags import LAUNCH_BOUND
 from pipeline.report.gates import accuracy_shortfalls
 from pipeline.report.gpus import gpu_type_judged_on, gpu_words, measured_on
+from pipeline.report.ranked_decision import PercentileReading, decide_by_percentile, point_engines
 from pipeline.report.reasons import grouped_reasons
 from pipeline.report.rows import ComparisonRow, shape_order
 
@@ -104,6 +106,9 @@ class Verdict:
     # Whether two engines of the answer and its tied ones are not the same, as _decide found it
     # (None: found from the comparisons).
     undecided_among: bool | None = None
+    # What it ranked by: the median (None), or a percentile's reading of the candidates
+    # (pipeline/report/ranked_decision.py, ``--by p99``).
+    reading: Any = None
     # The comparisons by the two rows' ids, kept in step with the list by ratio().
     _by_pair: dict[tuple[int, int], RatioEstimate | None] = field(default_factory=dict, repr=False)
 
@@ -137,7 +142,19 @@ class Verdict:
         if self.fastest is None or self.baseline is None:
             return None
         estimate = self.speedup_estimate
-        return estimate.ratio if estimate is not None else self.baseline.median_ms / self.fastest.median_ms
+        return estimate.ratio if estimate is not None else self.figure(self.baseline) / self.figure(self.fastest)
+
+    @property
+    def ranked_by(self) -> str:
+        return "median" if self.reading is None else self.reading.by.name
+
+    def figure(self, row: ComparisonRow) -> float:
+        """The row's figure it was ranked by: its median, or its percentile."""
+        return row.median_ms if self.reading is None else self.reading.figure(row)
+
+    def figure_words(self, row: ComparisonRow) -> str:
+        """ "12.412 ms" (the median), "p99 12.412 ms [11.9–13.1]" (a percentile)."""
+        return f"{row.median_ms:.3f} ms" if self.reading is None else self.reading.words(row)
 
     @property
     def undecided(self) -> bool:
@@ -169,20 +186,27 @@ class Verdict:
             group = [self.fastest, *self.tied]
             names = ", ".join(line_label(r) for r in group[:-1]) + f" and {line_label(group[-1])}"
             times_ms = " and ".join(f"{r.median_ms:.3f}" for r in group) + " ms"
+            by = "" if self.reading is None else f" by {self.ranked_by}"
+            if self.reading is not None:
+                times_ms = "; ".join(self.figure_words(r) for r in group)
             if self.undecided:
                 rounds = max((r.rounds or 0) for r in group)
                 after = f"after {rounds} rounds" if rounds else "by their own intervals"
+                short = [r for r in group if self.reading is not None and self.reading.short_of_takes(r)]
+                if short:  # no interval to tell them apart by: say what would give one
+                    after = f"({self.reading.needs(short[0])})"
                 budget = " (the point's budget_s ran out)" if any(r.rounds_stop == "budget" for r in group) else ""
-                answer = f"{self.where}: undecided{meeting}: {names} ({times_ms}) cannot be told apart {after}{budget}"
+                answer = f"{self.where}: undecided{by}{meeting}: {names} ({times_ms}) cannot be told apart {after}{budget}"
             else:
-                answer = f"{self.where}: {names} tie within ±{self.tie:.0%}{meeting} ({times_ms})"
+                answer = f"{self.where}: {names} tie within ±{self.tie:.0%}{by}{meeting} ({times_ms})"
             answer += self._speedups(group) + "."
             out.append(answer)
         else:
             row = self.fastest
             rate = f", {row.tokens_per_s:,.0f} tokens/s" if row.tokens_per_s else ""
             fastest = "no measurement can be trusted (below); the fastest of them" if self.untrusted else "fastest"
-            answer = f"{self.where}: {fastest}{meeting} is {line_label(row)}, {row.median_ms:.3f} ms{rate}{self._sureness()}"
+            by = "" if self.reading is None else f" by {self.ranked_by}"
+            answer = f"{self.where}: {fastest}{by}{meeting} is {line_label(row)}, {self.figure_words(row)}{rate}{self._sureness()}"
             out.append(answer + self._speedups([row]) + ".")
         gpus = measured_on([*self.candidates, *(row for row, _ in self.excluded)])
         if len(gpus) > 1:
@@ -232,12 +256,12 @@ class Verdict:
         if len(group) == 1 and group[0] is self.baseline:
             return " — the baseline toolchain itself"
         estimates = [self.ratio(self.baseline, row) for row in group if row is not self.baseline]
-        base = f"{line_label(self.baseline)} ({self.baseline.median_ms:.3f} ms)"
+        base = f"{line_label(self.baseline)} ({self.figure_words(self.baseline)})"
         if any(flag.startswith(LAUNCH_BOUND) for flag in self.baseline.flags):
             # Its time is the host's speed (pipeline/report/rows.py): another run's speedup may differ.
             base += f", {LAUNCH_BOUND}: the speedup follows the host's speed"
         if any(e is None for e in estimates) or not estimates:
-            ratios = [self.baseline.median_ms / row.median_ms for row in group]
+            ratios = [self.figure(self.baseline) / self.figure(row) for row in group]
             return f" — {min(ratios):.2f}×" + (f"–{max(ratios):.2f}×" if len(ratios) > 1 else "") + f" {base}"
         if len(estimates) == 1:
             return f" — {estimates[0].ratio:.2f}× {base}, {interval_words(estimates[0])}"
@@ -245,80 +269,23 @@ class Verdict:
         return f" — {'both' if len(estimates) == 2 else 'all'} {low:.2f}–{high:.2f}× {base}"
 
     def public(self) -> dict[str, Any]:
-        # Each engine's entry is made once and stands wherever it is named: an engine timed in a
-        # set of 30 is named in up to 30 comparisons, and the document is only written, never changed.
-        entries: dict[int, dict[str, Any]] = {}
+        from pipeline.report.verdict_json import verdict_document
 
-        def named(row: ComparisonRow | None) -> dict[str, Any] | None:
-            if row is None:
-                return None
-            if id(row) not in entries:
-                entries[id(row)] = entry(row)
-            return entries[id(row)]
-
-        def entry(row: ComparisonRow) -> dict[str, Any]:
-            return {
-                "variant": row.variant,
-                "toolchain": row.toolchain,
-                "engine": row.engine,
-                "median_ms": row.median_ms,
-                "median_ci_ms": list(row.median_ci_ms) if row.median_ci_ms else None,
-                "rounds": row.rounds,
-                "tokens_per_s": row.tokens_per_s,
-            }
-
-        speedup = self.speedup_estimate
-        return {
-            "model": self.model,
-            "shape": self.shape,
-            "gpu_type": self.gpu_type,
-            "fastest": named(self.fastest),
-            "tied": [named(row) for row in self.tied],
-            "decided": self.fastest is not None and not self.tied,
-            "undecided": bool(self.tied) and self.undecided,
-            "tie_width": self.tie,
-            "baseline": named(self.baseline),
-            "speedup_over_baseline": self.speedup,
-            "speedup_interval": [speedup.low, speedup.high] if speedup else None,
-            "speedup_rounds": speedup.rounds if speedup else None,
-            "untrusted": self.untrusted,
-            "accuracy_floor": {
-                "thresholds": [
-                    {"metric": "cosine" if metric == "cos" else "top1", "min": value} for metric, value in self.floor.thresholds
-                ],
-                "source": self.floor.source if self.floor.thresholds else "each precision's own check",
-            },
-            "comparisons": [
-                {
-                    "a": named(a),
-                    "b": named(b),
-                    "ratio": estimate.ratio if estimate else None,
-                    "low": estimate.low if estimate else None,
-                    "high": estimate.high if estimate else None,
-                    "rounds": estimate.rounds if estimate else None,
-                    "paired": estimate.paired if estimate else False,
-                    "outcome": estimate.outcome if estimate else "ambiguous",
-                    "at_band_edge": pairs.on_band_edge(estimate, self.tie),
-                    "confidence": estimate.confidence if estimate else None,
-                }
-                for a, b, estimate in self.comparisons
-            ],
-            "excluded": [{"variant": r.variant, "toolchain": r.toolchain, "why": why} for r, why in self.excluded],
-            "not_run": [{"variant": r.variant, "toolchain": r.toolchain, "why": r.status} for r in self.skipped],
-            "out_of_memory": [
-                {"variant": r.variant, "toolchain": r.toolchain, "why": r.status, "facts": r.out_of_memory} for r in self.did_not_fit
-            ],
-            "accuracy_unchecked": self.fastest.accuracy_unchecked if self.fastest is not None else None,
-            "text": " ".join(self.sentences()),
-        }
+        return verdict_document(self)
 
 
 def verdicts(
-    rows: list[ComparisonRow], baseline_toolchain: str | None, floors: dict[str, AccuracyFloor] | None = None, tie: float = TIE
+    rows: list[ComparisonRow],
+    baseline_toolchain: str | None,
+    floors: dict[str, AccuracyFloor] | None = None,
+    tie: float = TIE,
+    by: Ranking = MEDIAN,
+    samples=None,
 ) -> list[Verdict]:
     """One verdict per model, shape point and GPU type, in the rows' order; each model's engines
     held to its floor in ``floors`` (none there: each precision's own check), two engines whose
-    time ratio lies within 1 ± ``tie`` called the same."""
+    time ratio lies within 1 ± ``tie`` called the same, ranked ``by`` their median or a percentile
+    (``samples``: a row's per-iteration times, where a cached row lacks them)."""
     groups: dict[tuple[str, str | None, str | None], list[ComparisonRow]] = {}
     judged_on = gpu_type_judged_on(rows)
     for row in rows:
@@ -352,8 +319,11 @@ def verdicts(
             # Nothing clean: the accurate rows that only the measurement's conditions excluded.
             candidates = [row for row, why in verdict.excluded if why.startswith(UNTRUSTED) or row.status.startswith("unstable")]
             verdict.untrusted = bool(candidates)
-        if candidates:
+        if candidates and by.paired:
             _decide(verdict, candidates, group, baseline_toolchain)
+        elif candidates:
+            verdict.reading = PercentileReading(by, point_engines(candidates), samples)
+            decide_by_percentile(verdict, candidates, group, baseline_toolchain, verdict.reading)
         out.append(verdict)
     return out
 

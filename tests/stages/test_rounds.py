@@ -103,3 +103,34 @@ def test_force_redoes_each_stage_once_however_many_toolchains_need_it(paired, ru
     assert sum("didn't change" in line for line in forced.err.splitlines() if line.startswith("export ")) == 0, forced.err
     after = {t: rounds_of(catalog, t, "vit_tiny_fp32")[0].group for t in TOOLCHAINS}
     assert after["onnxruntime"] == after["torch-eager"] != before["onnxruntime"]
+
+
+def test_ranked_by_p99_on_a_cpu_the_rounds_run_to_the_budget_and_the_verdict_says_what_its_takes_cannot_bound(paired, run_cli, tmp_path):
+    """`run --by p99` end to end on this machine's CPU: the rounds stop on the p99 (its manifest says
+    so), run to a budget too short for a p99 of two engines, and the answer says it is undecided by
+    the p99 and how many takes would decide it; `compare --by median` ranks the same manifests by
+    the median, and the JSON says which."""
+    import shutil
+
+    import jsonschema
+
+    workspace = tmp_path / "by-p99"
+    shutil.copytree(paired.parent, workspace)
+    catalog = workspace / paired.name
+    catalog.write_text(catalog.read_text().replace("[profile]\n", "[profile]\nbudget_s = 2\n", 1))
+    argv = ["run", "--model", "vit_tiny", "--variant", "fp32", *(arg for t in TOOLCHAINS for arg in ("--toolchain", t)), "--by", "p99"]
+    ran = run_cli(catalog, *argv)
+    assert ran.exit_code == 0, ran.err
+    (record,) = rounds_of(catalog, "onnxruntime", "vit_tiny_fp32")
+    assert record.stop == "budget" and record.rounds < 437
+    assert read_manifest(catalog.parent / "manifests" / "onnxruntime" / "vit_tiny_fp32.json").profile.details.settings.by == "p99"
+    said = "vit_tiny: undecided by p99: "
+    assert said in ran.out and f"(p99 needs 437 takes, has {record.rounds})" in ran.out, ran.out
+    result = run_cli(catalog, "compare", "--by", "p99", "--format", "json", "--model", "vit_tiny")
+    assert result.exit_code == 0, result.err
+    data = json.loads(result.out)
+    jsonschema.validate(data, json.loads((REPO_ROOT / "docs" / "compare.schema.json").read_text()))
+    (verdict,) = data["verdicts"]
+    assert verdict["ranked_by"] == "p99" and verdict["undecided"] and verdict["fastest"]["ranked_takes_needed"] == 437
+    by_median = json.loads(run_cli(catalog, "compare", "--by", "median", "--format", "json", "--model", "vit_tiny").out)
+    assert by_median["verdicts"][0]["ranked_by"] == "median" and " by p99" not in by_median["verdicts"][0]["text"]

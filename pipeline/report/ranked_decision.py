@@ -1,0 +1,121 @@
+"""The verdict by a percentile (``pipeline compare --by p99``): the answer among a point's
+candidates when they are ranked by their p90 or p99 rather than their median
+(pipeline/measuring/ranking.py says how two engines compare by it).
+
+Each candidate's percentile is read from its runs, bounded by its takes from a confidence sequence
+at the level that holds all the point's engines together (the same reading the rounds stopped on,
+so a verdict read after rounds that stopped on a p99 claims what they decided). A candidate whose
+takes cannot bound it at that level (fewer than ``takes_needed``) is compared with nothing: the
+verdict names it among those it cannot tell apart and says how many takes the percentile needs,
+rather than rank it by a figure its takes cannot back. The median's verdict
+(pipeline/report/verdict.py, ``_decide``) is untouched by this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pipeline.measuring.ranking import Ranking
+from pipeline.measuring.stats import RatioEstimate
+from pipeline.report import pairs
+from pipeline.report.rows import ComparisonRow
+
+
+class PercentileReading:
+    """The candidates' percentile by ``by``: each row's figure and its interval at the level of
+    ``engines`` engines, read once per row (a row's runs are sorted once)."""
+
+    def __init__(self, by: Ranking, engines: int, samples: Callable[[ComparisonRow], list[float]] | None = None):
+        self.by, self.engines = by, engines
+        # A cached row keeps no per-iteration times: ``samples`` reads them again (row_cache.samples).
+        self._samples = samples or (lambda row: row.samples_ms)
+        self._intervals: dict[int, tuple[float, float] | None] = {}
+
+    def figure(self, row: ComparisonRow) -> float | None:
+        return getattr(row, f"{self.by.name}_ms")
+
+    def takes_needed(self) -> int:
+        return self.by.takes_needed(self.engines)
+
+    def short_of_takes(self, row: ComparisonRow) -> bool:
+        """Whether the row's takes cannot bound its percentile at the point's level (or it was not
+        timed in takes at all: a tool's one run)."""
+        return self.interval(row) is None
+
+    def interval(self, row: ComparisonRow) -> tuple[float, float] | None:
+        if id(row) not in self._intervals:
+            bounded = None
+            if row.tail_takes:
+                bounded = self.by.read(self._samples(row), row.tail_takes, self.engines)[1]
+            self._intervals[id(row)] = bounded
+        return self._intervals[id(row)]
+
+    def ratio(self, a: ComparisonRow, b: ComparisonRow, tie: float) -> RatioEstimate | None:
+        """A's percentile over B's with its interval; None where either row's takes are too few."""
+        return self.by.ratio((self.figure(a), self.interval(a)), (self.figure(b), self.interval(b)), tie, self.engines)
+
+    def words(self, row: ComparisonRow) -> str:
+        """ "p99 12.412 ms [11.9–13.1]", or "p99 12.412 ms (needs 437 takes, has 40)"."""
+        figure = f"{self.by.name} {self.figure(row):.3f} ms"
+        interval = self.interval(row)
+        if interval is not None:
+            return f"{figure} [{interval[0]:.3f}–{interval[1]:.3f}]"
+        return f"{figure} ({self.needs(row)})"
+
+    def needs(self, row: ComparisonRow) -> str:
+        if not row.tail_takes:
+            return "not timed in takes: no interval"
+        return f"{self.by.name} needs {self.takes_needed()} takes, has {row.tail_takes}"
+
+
+def point_engines(candidates: list[ComparisonRow]) -> int:
+    """How many engines the point's intervals hold together for: its candidates, or the largest
+    set of rounds any of them was timed in (what the rounds read their intervals at), whichever is
+    more."""
+    entrants = max((len(names) for row in candidates for _, names in row.round_entrants.values()), default=0)
+    return max(len(candidates), entrants, 2)
+
+
+def decide_by_percentile(verdict, candidates: list[ComparisonRow], group: list[ComparisonRow], baseline_toolchain, reading) -> None:
+    """The answer among ``candidates`` by ``reading``'s percentile, as _decide finds it by the
+    median: the candidate of least percentile against each other one, then every two of those it
+    does not beat, and the fastest of those none beats is the answer, the rest tied with it."""
+    verdict.candidates = candidates
+    order = {id(row): index for index, row in enumerate(candidates)}
+    made: dict[tuple[int, int], tuple[ComparisonRow, ComparisonRow, RatioEstimate | None]] = {}
+
+    def compare(a: ComparisonRow, b: ComparisonRow) -> RatioEstimate | None:
+        first, second = (a, b) if order[id(a)] < order[id(b)] else (b, a)
+        key = (id(first), id(second))
+        if key not in made:
+            made[key] = (first, second, reading.ratio(first, second, verdict.tie))
+        estimate = made[key][2]
+        return estimate if first is a or estimate is None else estimate.inverse()
+
+    least = min(candidates, key=reading.figure)
+    close = [row for row in candidates if row is least or pairs.outcome(compare(least, row)) != "faster"]
+    beaten = set()
+    for i, a in enumerate(close):
+        for b in close[i + 1 :]:
+            outcome = pairs.outcome(compare(a, b))
+            if outcome == "faster":
+                beaten.add(id(b))
+            elif outcome == "slower":
+                beaten.add(id(a))
+    front = [row for row in close if id(row) not in beaten] or close
+    verdict.fastest = min(front, key=reading.figure)
+    verdict.tied = sorted((row for row in front if row is not verdict.fastest), key=reading.figure)
+    if verdict.fastest is not least:
+        for row in candidates:
+            if row is not verdict.fastest:
+                compare(verdict.fastest, row)
+    group_ = [verdict.fastest, *verdict.tied]
+    verdict.undecided_among = any(pairs.outcome(compare(a, b)) != "same" for i, a in enumerate(group_) for b in group_[i + 1 :])
+    bases = [r for r in group if r.toolchain == baseline_toolchain and reading.figure(r) is not None]
+    same = [r for r in bases if r.variant == verdict.fastest.variant]
+    verdict.baseline = (same or sorted(bases, key=reading.figure) or [None])[0]
+    verdict.comparisons = [made[key] for key in sorted(made, key=lambda key: (order[key[0]], order[key[1]]))]
+    if verdict.baseline is not None:
+        for row in group_:
+            if row is not verdict.baseline and not verdict.compared(verdict.baseline, row):
+                verdict.comparisons.append((verdict.baseline, row, reading.ratio(verdict.baseline, row, verdict.tie)))
