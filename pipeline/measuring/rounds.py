@@ -227,14 +227,8 @@ def rounds_loop(
         elapsed = now() - started
         if progress is not None:
             progress(_progress_text(rounds, open_pairs, elapsed, settings, len(raced_out)))
-        if len(entrants) - len(failed) == 0:
-            stop = "failed"
-            break
-        if rounds >= settings.min_rounds and not open_pairs:
-            stop = "decided" if len(entrants) - len(failed) > 1 else "alone"
-            break
-        if elapsed >= settings.budget_s:
-            stop = "budget"
+        stop = _stop(len(entrants) - len(failed), rounds, open_pairs, elapsed, settings) or stop
+        if stop != "rounds":
             break
     return RoundsOutcome(
         group=uuid.uuid4().hex[:12],
@@ -258,6 +252,18 @@ def rounds_loop(
         host_held=held.mode,
         energy=reads.outcome(),
     )
+
+
+def _stop(measuring: int, rounds: int, open_pairs: list, elapsed: float, settings: ProfileSettings) -> str | None:
+    """Why the rounds end after this one ("failed": no engine left to time, "decided" or "alone",
+    "budget"), or None while they go on."""
+    if measuring == 0:
+        return "failed"
+    if rounds >= settings.min_rounds and not open_pairs:
+        return "decided" if measuring > 1 else "alone"
+    if elapsed >= settings.budget_s:
+        return "budget"
+    return None
 
 
 def _take(
