@@ -55,3 +55,30 @@ def test_the_by_hand_server_counts_what_its_threads_complete(import_script, tmp_
         assert result["inferences_per_s"] == pytest.approx(result["inferences"] / 0.3)
         assert 0 < result["median_ms"] <= result["p99_ms"]
         assert result["ended"] - result["started"] >= 0.3
+
+
+def test_the_agreement_matches_counts_by_kind_and_integrates_power_over_the_takes(import_script, tmp_path):
+    agreement = import_script("check_serving_agreement")
+    take = {"energy_resolved": True, "started_s": 100.0, "wall_ms": 2000.0, "joules": 500.0}
+    raw = {
+        "shape": "2x512",
+        "toolchain": "torch-cudagraphs",
+        "profile": {
+            "details": {
+                "streams": [
+                    {"streams": 2, "mode": "threads", "inferences_per_s": 330.0},
+                    {"streams": 2, "mode": "processes", "inferences_per_s": 400.0},  # no by-hand figure for processes
+                ],
+                "rounds": [{"takes": [take, {**take, "energy_resolved": False}]}],
+            }
+        },
+    }
+    by_hand = [{"shape": "2x512", "kind": "cuda graph", "streams": 2, "inferences_per_s": 300.0}]
+    assert agreement.throughput_ratios([raw], by_hand) == [("2x512", "torch-cudagraphs", 2, 330.0, 300.0)]
+    assert agreement.take_spans(raw) == [(100.0, 102.0, 500.0)]  # the unresolved take left out
+    # 250 W from 99 s to 101 s, then 260 W: 1 s at 250 W and 1 s at 260 W within the take.
+    assert agreement.integrated([(99.0, 250.0), (101.0, 260.0), (103.0, 0.0)], 100.0, 102.0) == 510.0
+    smi = tmp_path / "smi.csv"
+    smi.write_text("2026/12/05 02:00:00.500, 251.5\nnot a line\n2026/12/05 02:00:01.000, 252.0\n")
+    (first, watts), (second, _) = agreement.read_nvidia_smi(smi)
+    assert watts == 251.5 and second - first == 0.5
