@@ -180,7 +180,7 @@ def _in_rounds(stages: list) -> dict[Any, Measured | PipelineError]:
             clock = SmClock(uuid)
             try:
                 stays = baseline_entrants(ctx.catalog, stages)
-                seed, energy = point_seed(stages), Energy.opened(uuid)
+                seed, energy = point_seed(stages), Energy.where_asked(settings.reads_energy, uuid)
                 outcome = measure_in_rounds(engines, settings, seed, reporter.progress, clock, held=held, stays=stays, energy=energy)
             except DeviceFault as exc:  # pinned to the engine whose take saw it (every take waits for its GPU work)
                 return {next(stage for stage in prepared if entrant_name(stage) == exc.entrant): exc}
@@ -396,7 +396,9 @@ def _measured_again(catalog, members: list[tuple[str, str, Path, Any]], settings
         gpu = measuring_gpu()
         stays = frozenset(name for name, toolchain, _, _ in members if toolchain == catalog.baseline_toolchain)
         uuid = gpu["uuid"] if gpu else None
-        outcome = measure_in_rounds(engines, settings, seed, None, SmClock(uuid), held=held, stays=stays, energy=Energy.opened(uuid))
+        outcome = measure_in_rounds(
+            engines, settings, seed, None, SmClock(uuid), held=held, stays=stays, energy=Energy.where_asked(settings.reads_energy, uuid)
+        )
     evidence = {name: engine.evidence() for name, engine in engines.items() if name not in outcome.failed}
     outcome.errors = {name: error.plain() for name, error in outcome.errors.items()}
     return outcome, evidence

@@ -1,6 +1,7 @@
-"""Energy end to end on a CPU (ONNX Runtime, the tiny catalog): with no counter the rows, the table
-and the manifests say why there is no energy; with RAPL's files (a fake powercap tree, in the
-kernel's format, its counter advanced by a thread as the hardware would) the rows read it."""
+"""Energy end to end on a CPU (ONNX Runtime, the tiny catalog): not asked for, nothing is read and
+nothing is said under the table; asked for with no counter, the rows, the table and the manifests
+say why there is no energy; with RAPL's files (a fake powercap tree, in the kernel's format, its
+counter advanced by a thread as the hardware would) the rows read it."""
 
 from __future__ import annotations
 
@@ -12,19 +13,44 @@ from pathlib import Path
 import pytest
 
 from pipeline.manifest import read_manifest
+from pipeline.measuring.energy import NOT_ASKED
 
 
-def _fp32_only(catalog: Path) -> None:
-    """The tiny catalog with its fp32 and fp16 variants only: two engines at one point, in rounds."""
+def _fp32_only(catalog: Path, energy: bool = False) -> None:
+    """The tiny catalog with its fp32 and fp16 variants only: two engines at one point, in rounds;
+    with ``energy``, its [profile] asking for energy."""
     text = catalog.read_text().replace('variants = ["fp32", "fp16", "int8"]', 'variants = ["fp32", "fp16"]', 1)
+    if energy:
+        text = text.replace("[profile]\n", "[profile]\nenergy = true\n", 1)
     catalog.write_text(text)
+
+
+def test_a_run_that_does_not_ask_reads_no_energy_and_says_nothing_of_it(tiny_catalog, run_cli, monkeypatch, tmp_path):
+    def opened(*args, **kwargs):
+        raise AssertionError("a counter was opened where energy was not asked for")
+
+    monkeypatch.setattr("pipeline.measuring.energy.RaplEnergy.opened", classmethod(opened))
+    monkeypatch.setattr("pipeline.measuring.energy.NvmlEnergy.opened", classmethod(opened))
+    _fp32_only(tiny_catalog)
+    assert run_cli(tiny_catalog, "run").exit_code == 0
+    document = json.loads(run_cli(tiny_catalog, "compare", "--format", "json").out)
+    measured = [row for row in document["rows"] if row["outcome"] == "measured"]
+    assert len(measured) == 2 and all(row["energy_why_not"] == NOT_ASKED for row in measured)
+    table = run_cli(tiny_catalog, "compare", "--wide").out
+    assert "energy" not in table and "J/inf" not in table  # the user did not ask: no note to read
+    profile = read_manifest(tiny_catalog.parent / "manifests" / "onnxruntime" / "tiny_fp32.json").profile
+    (rounds,) = profile.details.rounds
+    assert rounds.energy is None and rounds.energy_why_not == NOT_ASKED
+    # Left out of the fingerprint, so measurements taken before the setting existed stay current.
+    assert "energy" not in profile.params["settings"]
+    assert all(take.joules is None for take in rounds.takes)
 
 
 def test_a_cpu_run_without_a_counter_says_why_every_row_has_no_energy(tiny_catalog, run_cli, monkeypatch, tmp_path):
     absent = tmp_path / "sys-class-powercap"  # this VM's own state: no /sys/class/powercap at all
     monkeypatch.setattr("pipeline.measuring.energy.POWERCAP", absent)
     _fp32_only(tiny_catalog)
-    assert run_cli(tiny_catalog, "run").exit_code == 0
+    assert run_cli(tiny_catalog, "run", "--energy").exit_code == 0
     why = f"no RAPL: {absent} absent"
     document = json.loads(run_cli(tiny_catalog, "compare", "--format", "json").out)
     measured = [row for row in document["rows"] if row["outcome"] == "measured"]
@@ -58,7 +84,7 @@ def test_a_cpu_run_with_rapl_reads_joules_per_inference(tiny_catalog, run_cli, m
     ticking = threading.Thread(target=package_at_20_watts, daemon=True)
     ticking.start()
     monkeypatch.setattr("pipeline.measuring.energy.POWERCAP", root)
-    _fp32_only(tiny_catalog)
+    _fp32_only(tiny_catalog, energy=True)
     try:
         assert run_cli(tiny_catalog, "run").exit_code == 0
     finally:
@@ -73,7 +99,9 @@ def test_a_cpu_run_with_rapl_reads_joules_per_inference(tiny_catalog, run_cli, m
         # 20 W over a run's time, give or take the untimed runs and the time between runs (and a
         # ticking thread that falls behind on a busy host).
         assert 0.25 < row["joules_per_inference"] / (20.0 * row["median_ms"] / 1000.0) < 1.5
-    rounds = read_manifest(tiny_catalog.parent / "manifests" / "onnxruntime" / "tiny_fp32.json").profile.details.rounds[0]
+    profile = read_manifest(tiny_catalog.parent / "manifests" / "onnxruntime" / "tiny_fp32.json").profile
+    assert profile.params["settings"]["energy"] is True  # asking for energy measures again
+    rounds = profile.details.rounds[0]
     # take_ms 5 is shorter than MIN_STEPS of RAPL's 1 ms updates: the takes grew until they resolved.
     assert rounds.energy.source == "rapl" and rounds.energy.least_take_ms >= 10
     assert rounds.takes[-1].energy_resolved and rounds.takes[-1].joules > 0
