@@ -10,10 +10,11 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
 # The most concurrent streams a profile serves: each is a thread (or a process) of the host.
 MAX_STREAMS = 256
-# What a verdict may rank engines by ([profile] by, --by): the median, or a percentile of the
-# per-iteration times, bounded by the takes (docs/tails.md). pipeline/measuring/ranking.py holds
-# how each is compared; this list is here because the catalog cannot import that package.
-RANKED_BY = ("median", "p90", "p99")
+# What a verdict may rank engines by ([profile] by, --by): the median, a percentile of the
+# per-iteration times, bounded by the takes (docs/tails.md), or energy per inference, paired round
+# by round as the median is (docs/energy.md). pipeline/measuring/ranking.py holds how each is
+# compared; this list is here because the catalog cannot import that package.
+RANKED_BY = ("median", "p90", "p99", "energy")
 
 
 class _Strict(BaseModel):

@@ -154,7 +154,8 @@ def repeat_option(func):
     func = click.option(
         "--by",
         type=click.Choice(RANKED_BY),
-        help="What the rounds stop on and the answer ranks by: the median, or the p90 or p99 bounded by the takes "
+        help="What the rounds stop on and the answer ranks by: the median, the p90 or p99 bounded by the takes, or "
+        "energy per inference paired round by round (reads energy: docs/energy.md) "
         "(a p99 of two engines needs 437 takes: raise [profile] budget_s with it; docs/tails.md). "
         "Default: the catalog's [profile] by (median).",
     )(func)

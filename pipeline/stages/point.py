@@ -37,6 +37,7 @@ from pipeline.manifest import StageRecord
 from pipeline.measuring.energy import Energy
 from pipeline.measuring.host_rounds import HostRounds
 from pipeline.measuring.machine_watch import MachineWatch
+from pipeline.measuring.ranking import MEDIAN, ranking
 from pipeline.measuring.records import RoundsOutcome, RoundsRecord
 from pipeline.measuring.rounds import helper_processes, measure_in_rounds
 from pipeline.measuring.sm_clock import SmClock
@@ -139,7 +140,8 @@ def undecided_words(outcome: RoundsOutcome) -> str:
     """What the budget left open: "undecided after 8 rounds (budget_s = 30): bf16/torch-compile
     against bf16/torch-reduce-overhead undecided (0.981–1.034)"."""
     running = {k: v for k, v in outcome.takes.items() if k not in outcome.failed and k not in outcome.raced_out}
-    open_pairs = undecided(running, outcome.settings.tie, len(outcome.entrants))
+    by = ranking(outcome.settings.by)  # a paired ranking's own pairs (energy's); a percentile's said by the median's
+    open_pairs = undecided(running, outcome.settings.tie, len(outcome.entrants), by if by.paired else MEDIAN)
     pairs = "; ".join(open_pair_words(*pair) for pair in open_pairs)
     return f"undecided after {outcome.rounds} rounds (budget_s = {outcome.settings.budget_s:g})" + (f": {pairs}" if pairs else "")
 
