@@ -1,6 +1,7 @@
-"""The verdict by a percentile (``pipeline compare --by p99``): the answer among a point's
-candidates when they are ranked by their p90 or p99 rather than their median
-(pipeline/measuring/ranking.py says how two engines compare by it).
+"""The verdict by a percentile (``pipeline compare --by p99``) or by energy (``--by energy``): the
+answer among a point's candidates when they are ranked by their p90 or p99, or their joules per
+inference paired round by round (PairedReading), rather than their median
+(pipeline/measuring/ranking.py says how two engines compare by each).
 
 Each candidate's percentile is read from its runs, bounded by its takes from a confidence sequence
 at the level that holds all the point's engines together (the same reading the rounds stopped on,
@@ -129,7 +130,8 @@ def point_engines(candidates: list[ComparisonRow]) -> int:
 
 
 def decide_by_percentile(verdict, candidates: list[ComparisonRow], group: list[ComparisonRow], baseline_toolchain, reading) -> None:
-    """The answer among ``candidates`` by ``reading``'s percentile, as _decide finds it by the
+    """The answer among ``candidates`` by ``reading``'s figure (a percentile, or a paired figure
+    such as energy; rows without it last and compared with nothing), as _decide finds it by the
     median: the candidate of least percentile against each other one, then every two of those it
     does not beat, and the fastest of those none beats is the answer, the rest tied with it."""
     verdict.candidates = candidates

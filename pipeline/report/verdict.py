@@ -149,7 +149,7 @@ class Verdict:
         return "median" if self.reading is None else self.reading.by.name
 
     def figure(self, row: ComparisonRow) -> float:
-        """The row's figure it was ranked by: its median, or its percentile."""
+        """The row's figure it was ranked by: its median, its percentile, or its joules per inference."""
         return row.median_ms if self.reading is None else self.reading.figure(row)
 
     def figure_words(self, row: ComparisonRow) -> str:
