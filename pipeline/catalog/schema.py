@@ -386,6 +386,7 @@ class Catalog(_Strict):
         sanitize: bool | None = None,
         streams: tuple[int, ...] | None = None,
         by: str | None = None,
+        energy: bool | None = None,
     ) -> Catalog:
         """This catalog with a run's command-line settings in place of its own (None keeps the catalog's)."""
         catalog = self if sanitize is None else self.model_copy(update={"sanitize": sanitize})
@@ -401,7 +402,9 @@ class Catalog(_Strict):
         if calibration:
             catalog = catalog.model_copy(update={"calibration": catalog.calibration.model_copy(update=calibration)})
         profile = {
-            key: value for key, value in (("repeats", repeats), ("racing", racing), ("streams", streams), ("by", by)) if value is not None
+            key: value
+            for key, value in (("repeats", repeats), ("racing", racing), ("streams", streams), ("by", by), ("energy", energy))
+            if value is not None
         }
         if profile:
             catalog = catalog.model_copy(update={"profile": catalog.profile.model_copy(update=profile)})

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
 # The most concurrent streams a profile serves: each is a thread (or a process) of the host.
 MAX_STREAMS = 256
-# What a verdict may rank engines by ([profile] by, --by): the median, or a percentile of the
-# per-iteration times, bounded by the takes (docs/tails.md). pipeline/measuring/ranking.py holds
-# how each is compared; this list is here because the catalog cannot import that package.
-RANKED_BY = ("median", "p90", "p99")
+# What a verdict may rank engines by ([profile] by, --by): the median, a percentile of the
+# per-iteration times, bounded by the takes (docs/tails.md), or energy per inference, paired round
+# by round as the median is (docs/energy.md). pipeline/measuring/ranking.py holds how each is
+# compared; this list is here because the catalog cannot import that package.
+RANKED_BY = ("median", "p90", "p99", "energy")
 
 
 class _Strict(BaseModel):
@@ -98,6 +99,17 @@ class ProfileSettings(_Strict):
         if by not in RANKED_BY:
             raise ValueError(f"by = {by!r} is no ranking; use one of {', '.join(RANKED_BY)}")
         return by
+
+    # Energy per inference (docs/energy.md): read around each take only where asked, since reading
+    # it lengthens a GPU's takes until NVML's coarse counter resolves (up to 4 s each) and polls that
+    # counter beside every take, which slows a run and may perturb a launch-bound engine's timing.
+    # Ranking by energy (by = "energy") reads it whatever this says.
+    energy: StrictBool = False
+
+    @property
+    def reads_energy(self) -> bool:
+        """Whether the rounds read energy around each take: where asked, or ranked by."""
+        return self.energy or self.by == "energy"
 
     @field_validator("host_cpus")
     @classmethod

@@ -135,7 +135,14 @@ def _stream_counts(ctx: click.Context, param, value: str | None) -> tuple[int, .
 
 
 def repeat_option(func):
-    """How a profile measures: --repeat, --racing/--no-racing, --streams and --by."""
+    """How a profile measures: --repeat, --racing/--no-racing, --streams, --by and --energy."""
+    func = click.option(
+        "--energy/--no-energy",
+        default=None,
+        help="Read energy per inference around each take (NVML's GPU counter or the CPU's RAPL; docs/energy.md). "
+        "On a GPU it lengthens takes until the counter resolves (up to 4 s) and polls the counter beside each take. "
+        "--by energy reads it whatever this says. Default: the catalog's [profile] energy (off).",
+    )(func)
     func = click.option(
         "--streams",
         metavar="N,N,…",
@@ -147,7 +154,8 @@ def repeat_option(func):
     func = click.option(
         "--by",
         type=click.Choice(RANKED_BY),
-        help="What the rounds stop on and the answer ranks by: the median, or the p90 or p99 bounded by the takes "
+        help="What the rounds stop on and the answer ranks by: the median, the p90 or p99 bounded by the takes, or "
+        "energy per inference paired round by round (reads energy: docs/energy.md) "
         "(a p99 of two engines needs 437 takes: raise [profile] budget_s with it; docs/tails.md). "
         "Default: the catalog's [profile] by (median).",
     )(func)
@@ -195,7 +203,7 @@ class Selection:
 @dataclass(frozen=True)
 class Overrides:
     """This run's settings in place of the catalog's (None keeps the catalog's): calibration and
-    evaluation data, --sanitize, --repeat, --racing and --by."""
+    evaluation data, --sanitize, --repeat, --racing, --by and --energy."""
 
     calib_dir: Path | None = None
     calib_samples: int | None = None
@@ -205,6 +213,7 @@ class Overrides:
     by: str | None = None
     sanitize: bool | None = None
     streams: tuple[int, ...] | None = None
+    energy: bool | None = None
 
 
 @dataclass(frozen=True)

@@ -54,8 +54,8 @@ from pipeline.cli.state import pass_state
 @click.option(
     "--by",
     type=click.Choice(RANKED_BY),
-    help="What the answer ranks engines by: their median, or their p90 or p99 bounded by their takes, at the same "
-    "95 % confidence (docs/tails.md); re-ranks from the manifests, never re-measures. Default: the catalog's [profile] by (median).",
+    help="What the answer ranks engines by: their median, their p90 or p99 bounded by their takes, or their energy per "
+    "inference paired round by round (docs/energy.md), at the same 95 % confidence (docs/tails.md); re-ranks from the manifests, never re-measures. Default: the catalog's [profile] by (median).",
 )
 @click.option(
     "--fail-accuracy-below",

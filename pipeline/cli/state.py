@@ -38,10 +38,10 @@ class State:
         )
 
     def override(
-        self, calib_dir=None, calib_samples=None, eval_dir=None, repeat=None, racing=None, sanitize=None, streams=None, by=None
+        self, calib_dir=None, calib_samples=None, eval_dir=None, repeat=None, racing=None, sanitize=None, streams=None, by=None, energy=None
     ) -> None:
         """This run's command-line settings in place of the catalog's."""
-        self._catalog = self.catalog.with_overrides(calib_dir, calib_samples, eval_dir, repeat, racing, sanitize, streams, by)
+        self._catalog = self.catalog.with_overrides(calib_dir, calib_samples, eval_dir, repeat, racing, sanitize, streams, by, energy)
 
     def use_catalog(self, catalog) -> None:
         """This run's catalog from here on (a planned variant measured before it is in the file)."""

@@ -236,6 +236,10 @@ class RaplEnergy(_Counter):
             return NoEnergy(f"no RAPL: {zones[0]} cannot be read: {_said(exc)}")
 
 
+# Why a row has no energy where nobody asked for it: said in its manifest, and no note under a table.
+NOT_ASKED = "not read: energy is read where asked ([profile] energy = true, --energy)"
+
+
 @dataclass
 class Energy:
     """The meters a point's takes are read with: the GPU's for engines whose takes are its work, the
@@ -248,6 +252,15 @@ class Energy:
     def opened(cls, gpu_uuid: str | None, nvml=None, rapl_root: Path | None = None) -> Energy:
         return cls(gpu=NvmlEnergy.opened(gpu_uuid, nvml), cpu=RaplEnergy.opened(rapl_root))
 
+    @classmethod
+    def where_asked(cls, asked: bool, gpu_uuid: str | None) -> Energy:
+        """The point's meters where energy is asked for ([profile] energy, or ranking by it); else
+        meters that read nothing, so that no counter is opened, no thread polls and no take grows,
+        and each engine's record says why it has none."""
+        if asked:
+            return cls.opened(gpu_uuid)
+        return cls(gpu=NoEnergy(NOT_ASKED), cpu=NoEnergy(NOT_ASKED))
+
 
 # Why an engine whose take is a run of a tool in a process of its own gets no energy.
 TOOL_TAKE = "each take is a run of its tool, the tool's start and end with an idle GPU included: not per inference"
@@ -259,6 +272,8 @@ def meter_for(engine, energy: Energy | None, on_gpu: bool) -> EnergyMeter | None
     run; None where nothing is read (``energy`` None)."""
     if energy is None:
         return None
+    if energy.gpu.why_not == NOT_ASKED:  # not asked says more than why it could not have been read
+        return energy.gpu
     if getattr(engine, "clock_while_busy", False):
         return NoEnergy(TOOL_TAKE)
     return energy.gpu if on_gpu else energy.cpu

@@ -15,16 +15,25 @@ rounds' stopping rule (pipeline/measuring/stopping.py) and the report's verdict
   Where an engine's takes cannot bound its percentile at that level (a p99 of two engines needs
   437 takes, quantiles.sequential_takes_needed) the pair is undecided, never a guess.
 
-Another ranking (energy per inference, say) is one more entry of RANKINGS with its own reading of
-a row and of the rounds' takes; its name then goes in catalog/settings.py's RANKED_BY, which the
-catalog validates ``by`` against (the catalog is a floor below this package and cannot import it;
-a test holds the two lists equal).
+* **energy**: joules per inference, paired round by round as the median is: each round's two
+  takes are read by one counter under the same conditions, so the per-round ratio of their
+  energies per inference is what is compared, by the median's rule (stats.paired_ratio), read at
+  the same family-wise level. Only takes whose counter resolved give a figure
+  (pipeline/measuring/energy.py); an engine without any (no counter, a tool's take) has nothing to
+  pair and is compared with nothing.
+
+A paired ranking differs from another only in the figure one take gives (``per_take``): the
+rounds' stopping rule and racing read it the same way whatever it is. Another ranking is one more
+entry of RANKINGS; its name then goes in catalog/settings.py's RANKED_BY, which the catalog
+validates ``by`` against (the catalog is a floor below this package and cannot import it; a test
+holds the two lists equal).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from pipeline.catalog.settings import RANKED_BY
 from pipeline.measuring.quantiles import sequential_take_ranks, sequential_takes_needed
@@ -32,19 +41,50 @@ from pipeline.measuring.stats import CONFIDENCE, RatioEstimate, unpaired_ratio
 from pipeline.running.errors import UsageError
 
 
+def take_median(take: Any) -> float | None:
+    """A take's figure when ranking by the median: its median time."""
+    return take.median_ms
+
+
+def take_energy(take: Any) -> float | None:
+    """A take's figure when ranking by energy: its joules per inference, where its counter resolved."""
+    if not getattr(take, "energy_resolved", False) or take.joules is None or not take.energy_runs:
+        return None
+    return take.joules / take.energy_runs
+
+
 @dataclass(frozen=True)
 class Ranking:
-    """A figure engines are ranked by: its name (``--by``), and the quantile of the per-iteration
-    times it is (None: the median, compared round by round)."""
+    """A figure engines are ranked by: its name (``--by``), and either the quantile of the
+    per-iteration times it is, or the figure each take gives that two engines' takes of a round
+    are paired by (``per_take``: the median's, or the energy's)."""
 
     name: str
     quantile: float | None = None
+    per_take: Callable[[Any], float | None] | None = None
+    # The unit of its figure, and the row's field that holds it where paired (ranking by a
+    # percentile reads ``<name>_ms``).
+    unit: str = "ms"
+    row_field: str | None = None
+    # How the verdict names its answer, and what it beat the others by.
+    best: str = "fastest"
+    beats: str = "faster than"
 
     @property
     def paired(self) -> bool:
-        """Whether two engines timed together are compared round by round (the median), rather than
-        each by its own interval."""
-        return self.quantile is None
+        """Whether two engines timed together are compared round by round (the median, energy),
+        rather than each by its own interval."""
+        return self.per_take is not None
+
+    @property
+    def times(self) -> bool:
+        """Whether it ranks by time: the rules that read times alone (the grossly-slower rule,
+        stopping.py) act only then."""
+        return self.unit == "ms"
+
+    @property
+    def reads_energy(self) -> bool:
+        return self.per_take is take_energy
 
     def engine_confidence(self, engines: int) -> float:
         """The level each engine's own interval is read at so that all ``engines`` hold together at
@@ -53,7 +93,7 @@ class Ranking:
 
     def takes_needed(self, engines: int) -> int | None:
         """The fewest takes whose runs can bound this percentile at the level of ``engines``
-        engines; None for the median (its rounds decide, stats.first_deciding_round)."""
+        engines; None for a paired ranking (its rounds decide, stats.first_deciding_round)."""
         if self.quantile is None:
             return None
         return sequential_takes_needed(self.quantile, self.engine_confidence(engines))
@@ -67,7 +107,7 @@ class Ranking:
         import numpy as np
 
         if self.quantile is None:
-            raise ValueError("the median is compared round by round, not by each engine's interval")
+            raise ValueError(f"{self.name} is compared round by round, not by each engine's interval")
         count = len(runs)
         if count == 0:
             return None, None
@@ -93,8 +133,11 @@ class Ranking:
         return estimate.model_copy(update={"confidence": 1.0 - 2 * (1.0 - self.engine_confidence(engines))})
 
 
-MEDIAN = Ranking("median")
-RANKINGS = {ranking.name: ranking for ranking in (MEDIAN, Ranking("p90", 0.90), Ranking("p99", 0.99))}
+MEDIAN = Ranking("median", per_take=take_median, row_field="median_ms")
+ENERGY = Ranking(
+    "energy", per_take=take_energy, unit="J", row_field="joules_per_inference", best="least energy", beats="less energy per inference than"
+)
+RANKINGS = {ranking.name: ranking for ranking in (MEDIAN, Ranking("p90", 0.90), Ranking("p99", 0.99), ENERGY)}
 assert tuple(RANKINGS) == RANKED_BY, "catalog/settings.py's RANKED_BY names the rankings registered here"
 
 

@@ -31,6 +31,11 @@
   together; the rounds go on until those are decided or budget_s is spent, and racing drops by the
   same comparisons. The grossly-slower rule is a median's (a take's median says little of its
   tail) and does not act. scripts/simulate_tails.py measures the wrong claims of that procedure.
+* **By energy** (``by = "energy"``): the rule above, paired round by round, read from each take's
+  joules per inference instead of its median (ranking.Ranking.per_take); takes whose counter did
+  not resolve give no figure, and an engine with none is left out of the comparisons (more rounds
+  cannot give it a reading), as an engine with no kept take is. The grossly-slower rule reads
+  times and does not act.
 
 scripts/simulate_confidence.py measures how often the whole procedure, racing or not, names a wrong
 fastest engine or makes a false claim about a pair ("faster" where the truth is not, "the same"
@@ -62,9 +67,14 @@ class Take(Protocol):
     dropped: str | None
 
 
-def _medians(takes: dict[str, list[Take]]) -> dict[str, dict[int, float]]:
-    """Each engine's kept take medians by round (dropped takes left out), engines with none left out."""
-    medians = {key: {take.round: take.median_ms for take in entries if take.dropped is None} for key, entries in takes.items()}
+def _medians(takes: dict[str, list[Take]], by: Ranking = MEDIAN) -> dict[str, dict[int, float]]:
+    """Each engine's kept takes' figures by round (``by``'s per-take figure: their medians unless
+    said; dropped takes and takes without the figure left out), engines with none left out."""
+    figure = by.per_take or MEDIAN.per_take
+    medians = {
+        key: {take.round: value for take in entries if take.dropped is None and (value := figure(take)) is not None}
+        for key, entries in takes.items()
+    }
     return {key: rounds for key, rounds in medians.items() if rounds}
 
 
@@ -92,7 +102,7 @@ def _against_the_leader(
     """(leader, other, the leader's time over the other's) for each other engine with kept takes,
     read at the level that holds all pairs of ``engines`` engines together; none where fewer than
     two have takes. ``by`` a percentile: each engine's by its kept runs (``times``), below."""
-    medians = _medians(takes)
+    medians = _medians(takes, by if by.paired else MEDIAN)
     if len(medians) < 2:
         return []
     if not by.paired:
@@ -211,11 +221,11 @@ def race(
     rest. The grossly slower leave whatever the rest do (the interval cannot decide yet); those
     out of the running by the interval (from ``min_rounds`` on) only while the rest stay
     undecided: a point decided now ends whole. ``by``, ``times``: what they are compared by
-    (a percentile's rounds have no grossly-slower rule: the module's docstring says why)."""
+    (a percentile's or energy's rounds have no grossly-slower rule: the module's docstring says why)."""
     open_pairs = undecided(takes, tie, engines, by, times)
     if not open_pairs:
         return {}, open_pairs
-    gross_out = grossly_slower(takes, tie, stays, engines, rounds, min_rounds) if by.paired else []
+    gross_out = grossly_slower(takes, tie, stays, engines, rounds, min_rounds) if by.paired and by.times else []
     out = dict.fromkeys(gross_out, GROSS)
     contenders = {key: value for key, value in takes.items() if key not in out}
     open_pairs = undecided(contenders, tie, engines, by, times) if out else open_pairs

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeline.measuring.energy import NOT_ASKED
+
 # A row is rows.ComparisonRow, named here as Any: rows.py asks this module for a row's energy, and
 # this one importing it back would make the two a circle.
 Row = Any
@@ -72,7 +74,7 @@ def energy_notes(rows: list[Row]) -> list[str]:
         )
     whys: dict[str, list[str]] = {}
     for row in measured:
-        if row.energy_why_not:
+        if row.energy_why_not and row.energy_why_not != NOT_ASKED:  # the user did not ask: nothing to explain
             whys.setdefault(row.energy_why_not, []).append(f"{row.variant}/{row.target}")
     for why, names in whys.items():
         who = "" if len(names) == len([row for row in measured if not row.energy_source]) and not scopes else f" ({', '.join(names)})"

@@ -28,7 +28,9 @@ from pipeline.report.rows import ComparisonRow
 # energy_source, energy_scope and energy_why_not (docs/energy.md).
 # 15 each row's streams (its serving at each stream count: inferences/s, the requests' latency
 # with its intervals, or why not measured) and, with --p99-under, the document's serving (the
-# engine and concurrency that serve the most within the budget, per model and point).
+# engine and concurrency that serve the most within the budget, per model and point). Still 15:
+# ranked_by may be "energy", its ranked_ms then joules per inference (the figure ranked_by names,
+# in its unit; no key changed name or kind: docs/reports.md).
 JSON_SCHEMA_VERSION = 15
 
 

@@ -1,6 +1,7 @@
-"""The verdict by a percentile (``pipeline compare --by p99``): the answer among a point's
-candidates when they are ranked by their p90 or p99 rather than their median
-(pipeline/measuring/ranking.py says how two engines compare by it).
+"""The verdict by a percentile (``pipeline compare --by p99``) or by energy (``--by energy``): the
+answer among a point's candidates when they are ranked by their p90 or p99, or their joules per
+inference paired round by round (PairedReading), rather than their median
+(pipeline/measuring/ranking.py says how two engines compare by each).
 
 Each candidate's percentile is read from its runs, bounded by its takes from a confidence sequence
 at the level that holds all the point's engines together (the same reading the rounds stopped on,
@@ -18,7 +19,59 @@ from collections.abc import Callable
 from pipeline.measuring.ranking import Ranking
 from pipeline.measuring.stats import RatioEstimate
 from pipeline.report import pairs
+from pipeline.report.confidence import energy_ratio, time_ratio
 from pipeline.report.rows import ComparisonRow
+
+# How two rows are compared round by round, by the row field a paired ranking reads
+# (ranking.Ranking.row_field): the median's ratio of round medians, energy's of round energies.
+PAIRED_RATIOS = {"median_ms": time_ratio, "joules_per_inference": energy_ratio}
+
+
+class PairedReading:
+    """The candidates by a paired ranking other than the median's own path (``--by energy``): each
+    row's figure, and two rows compared round by round (PAIRED_RATIOS) at the family-wise level,
+    as the median is. A row without the figure (no energy reading) is compared with nothing, and
+    the verdict says why rather than rank it."""
+
+    def __init__(self, by: Ranking):
+        self.by, self._ratio = by, PAIRED_RATIOS[by.row_field]
+
+    def figure(self, row: ComparisonRow) -> float | None:
+        return getattr(row, self.by.row_field)
+
+    def takes_needed(self) -> None:
+        return None  # its rounds decide, as the median's do
+
+    def short_of_takes(self, row: ComparisonRow) -> bool:
+        return self.figure(row) is None
+
+    def interval(self, row: ComparisonRow) -> None:
+        return None  # a paired figure has an interval only against another row's
+
+    def ratio(self, a: ComparisonRow, b: ComparisonRow, tie: float) -> RatioEstimate | None:
+        if self.figure(a) is None or self.figure(b) is None:
+            return None
+        return self._ratio(a, b, tie)
+
+    def words(self, row: ComparisonRow) -> str:
+        """ "energy 0.0123 J/inf", or "no energy reading"."""
+        figure = self.figure(row)
+        return f"no {self.by.name} reading" if figure is None else f"{self.by.name} {figure:.4g} {self.by.unit}/inf"
+
+    def needs(self, row: ComparisonRow) -> str:
+        why = getattr(row, f"{self.by.name}_why_not", None) or "none was read"
+        return f"{row.variant} on {row.toolchain} has no {self.by.name} reading: {why}"
+
+
+def reading_for(by: Ranking, candidates: list[ComparisonRow], samples=None):
+    """How the verdict reads the candidates by ``by`` where it is not the median: round by round
+    (PairedReading), or each by its own percentile interval (PercentileReading)."""
+    return PairedReading(by) if by.paired else PercentileReading(by, point_engines(candidates), samples)
+
+
+def _ranked(reading) -> Callable[[ComparisonRow], tuple[bool, float]]:
+    """The order of rows by the reading's figure, rows without one last."""
+    return lambda row: (reading.figure(row) is None, reading.figure(row) or 0.0)
 
 
 class PercentileReading:
@@ -77,7 +130,8 @@ def point_engines(candidates: list[ComparisonRow]) -> int:
 
 
 def decide_by_percentile(verdict, candidates: list[ComparisonRow], group: list[ComparisonRow], baseline_toolchain, reading) -> None:
-    """The answer among ``candidates`` by ``reading``'s percentile, as _decide finds it by the
+    """The answer among ``candidates`` by ``reading``'s figure (a percentile, or a paired figure
+    such as energy; rows without it last and compared with nothing), as _decide finds it by the
     median: the candidate of least percentile against each other one, then every two of those it
     does not beat, and the fastest of those none beats is the answer, the rest tied with it."""
     verdict.candidates = candidates
@@ -92,7 +146,7 @@ def decide_by_percentile(verdict, candidates: list[ComparisonRow], group: list[C
         estimate = made[key][2]
         return estimate if first is a or estimate is None else estimate.inverse()
 
-    least = min(candidates, key=reading.figure)
+    least = min(candidates, key=_ranked(reading))
     close = [row for row in candidates if row is least or pairs.outcome(compare(least, row)) != "faster"]
     beaten = set()
     for i, a in enumerate(close):
@@ -103,8 +157,8 @@ def decide_by_percentile(verdict, candidates: list[ComparisonRow], group: list[C
             elif outcome == "slower":
                 beaten.add(id(a))
     front = [row for row in close if id(row) not in beaten] or close
-    verdict.fastest = min(front, key=reading.figure)
-    verdict.tied = sorted((row for row in front if row is not verdict.fastest), key=reading.figure)
+    verdict.fastest = min(front, key=_ranked(reading))
+    verdict.tied = sorted((row for row in front if row is not verdict.fastest), key=_ranked(reading))
     if verdict.fastest is not least:
         for row in candidates:
             if row is not verdict.fastest:
@@ -113,7 +167,7 @@ def decide_by_percentile(verdict, candidates: list[ComparisonRow], group: list[C
     verdict.undecided_among = any(pairs.outcome(compare(a, b)) != "same" for i, a in enumerate(group_) for b in group_[i + 1 :])
     bases = [r for r in group if r.toolchain == baseline_toolchain and reading.figure(r) is not None]
     same = [r for r in bases if r.variant == verdict.fastest.variant]
-    verdict.baseline = (same or sorted(bases, key=reading.figure) or [None])[0]
+    verdict.baseline = (same or sorted(bases, key=_ranked(reading)) or [None])[0]
     verdict.comparisons = [made[key] for key in sorted(made, key=lambda key: (order[key[0]], order[key[1]]))]
     if verdict.baseline is not None:
         for row in group_:

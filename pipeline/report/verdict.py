@@ -26,7 +26,7 @@ from pipeline.report.confidence import interval_words, time_ratio
 from pipeline.report.flags import LAUNCH_BOUND
 from pipeline.report.gates import accuracy_shortfalls
 from pipeline.report.gpus import gpu_type_judged_on, gpu_words, measured_on
-from pipeline.report.ranked_decision import PercentileReading, decide_by_percentile, point_engines
+from pipeline.report.ranked_decision import decide_by_percentile, reading_for
 from pipeline.report.reasons import grouped_reasons
 from pipeline.report.rows import ComparisonRow, shape_order
 
@@ -149,7 +149,7 @@ class Verdict:
         return "median" if self.reading is None else self.reading.by.name
 
     def figure(self, row: ComparisonRow) -> float:
-        """The row's figure it was ranked by: its median, or its percentile."""
+        """The row's figure it was ranked by: its median, its percentile, or its joules per inference."""
         return row.median_ms if self.reading is None else self.reading.figure(row)
 
     def figure_words(self, row: ComparisonRow) -> str:
@@ -204,8 +204,9 @@ class Verdict:
         else:
             row = self.fastest
             rate = f", {row.tokens_per_s:,.0f} tokens/s" if row.tokens_per_s else ""
-            fastest = "no measurement can be trusted (below); the fastest of them" if self.untrusted else "fastest"
-            by = "" if self.reading is None else f" by {self.ranked_by}"
+            best = "fastest" if self.reading is None else self.reading.by.best
+            fastest = f"no measurement can be trusted (below); the {best} of them" if self.untrusted else best
+            by = "" if self.reading is None or best != "fastest" else f" by {self.ranked_by}"
             answer = f"{self.where}: {fastest}{by}{meeting} is {line_label(row)}, {self.figure_words(row)}{rate}{self._sureness()}"
             out.append(answer + self._speedups([row]) + ".")
         gpus = measured_on([*self.candidates, *(row for row, _ in self.excluded)])
@@ -248,7 +249,8 @@ class Verdict:
         if len(against) < compared:
             count = f"{len(against)} of the {compared} others"
         dropped = f"; {gross} more left {'its' if gross == 1 else 'their'} rounds grossly slower" if gross else ""
-        return f", faster than {count} with 95% confidence ({how}){dropped}"
+        beats = "faster than" if self.reading is None else self.reading.by.beats
+        return f", {beats} {count} with 95% confidence ({how}){dropped}"
 
     def _speedups(self, group: list[ComparisonRow]) -> str:
         if self.baseline is None:
@@ -261,6 +263,8 @@ class Verdict:
             # Its time is the host's speed (pipeline/report/rows.py): another run's speedup may differ.
             base += f", {LAUNCH_BOUND}: the speedup follows the host's speed"
         if any(e is None for e in estimates) or not estimates:
+            if self.figure(self.baseline) is None or any(self.figure(row) is None for row in group):
+                return ""  # no figure to set against the baseline's (no energy reading): said above
             ratios = [self.figure(self.baseline) / self.figure(row) for row in group]
             return f" — {min(ratios):.2f}×" + (f"–{max(ratios):.2f}×" if len(ratios) > 1 else "") + f" {base}"
         if len(estimates) == 1:
@@ -319,10 +323,12 @@ def verdicts(
             # Nothing clean: the accurate rows that only the measurement's conditions excluded.
             candidates = [row for row, why in verdict.excluded if why.startswith(UNTRUSTED) or row.status.startswith("unstable")]
             verdict.untrusted = bool(candidates)
-        if candidates and by.paired:
+        # The median has a path of its own (rows measured apart compared by their intervals, the
+        # grossly slower); any other ranking is read by its reading (ranked_decision.py).
+        if candidates and by == MEDIAN:
             _decide(verdict, candidates, group, baseline_toolchain)
         elif candidates:
-            verdict.reading = PercentileReading(by, point_engines(candidates), samples)
+            verdict.reading = reading_for(by, candidates, samples)
             decide_by_percentile(verdict, candidates, group, baseline_toolchain, verdict.reading)
         out.append(verdict)
     return out

@@ -37,6 +37,7 @@ from pipeline.manifest import StageRecord
 from pipeline.measuring.energy import Energy
 from pipeline.measuring.host_rounds import HostRounds
 from pipeline.measuring.machine_watch import MachineWatch
+from pipeline.measuring.ranking import MEDIAN, ranking
 from pipeline.measuring.records import RoundsOutcome, RoundsRecord
 from pipeline.measuring.rounds import helper_processes, measure_in_rounds
 from pipeline.measuring.sm_clock import SmClock
@@ -139,7 +140,8 @@ def undecided_words(outcome: RoundsOutcome) -> str:
     """What the budget left open: "undecided after 8 rounds (budget_s = 30): bf16/torch-compile
     against bf16/torch-reduce-overhead undecided (0.981–1.034)"."""
     running = {k: v for k, v in outcome.takes.items() if k not in outcome.failed and k not in outcome.raced_out}
-    open_pairs = undecided(running, outcome.settings.tie, len(outcome.entrants))
+    by = ranking(outcome.settings.by)  # a paired ranking's own pairs (energy's); a percentile's said by the median's
+    open_pairs = undecided(running, outcome.settings.tie, len(outcome.entrants), by if by.paired else MEDIAN)
     pairs = "; ".join(open_pair_words(*pair) for pair in open_pairs)
     return f"undecided after {outcome.rounds} rounds (budget_s = {outcome.settings.budget_s:g})" + (f": {pairs}" if pairs else "")
 
@@ -180,7 +182,7 @@ def _in_rounds(stages: list) -> dict[Any, Measured | PipelineError]:
             clock = SmClock(uuid)
             try:
                 stays = baseline_entrants(ctx.catalog, stages)
-                seed, energy = point_seed(stages), Energy.opened(uuid)
+                seed, energy = point_seed(stages), Energy.where_asked(settings.reads_energy, uuid)
                 outcome = measure_in_rounds(engines, settings, seed, reporter.progress, clock, held=held, stays=stays, energy=energy)
             except DeviceFault as exc:  # pinned to the engine whose take saw it (every take waits for its GPU work)
                 return {next(stage for stage in prepared if entrant_name(stage) == exc.entrant): exc}
@@ -396,7 +398,9 @@ def _measured_again(catalog, members: list[tuple[str, str, Path, Any]], settings
         gpu = measuring_gpu()
         stays = frozenset(name for name, toolchain, _, _ in members if toolchain == catalog.baseline_toolchain)
         uuid = gpu["uuid"] if gpu else None
-        outcome = measure_in_rounds(engines, settings, seed, None, SmClock(uuid), held=held, stays=stays, energy=Energy.opened(uuid))
+        outcome = measure_in_rounds(
+            engines, settings, seed, None, SmClock(uuid), held=held, stays=stays, energy=Energy.where_asked(settings.reads_energy, uuid)
+        )
     evidence = {name: engine.evidence() for name, engine in engines.items() if name not in outcome.failed}
     outcome.errors = {name: error.plain() for name, error in outcome.errors.items()}
     return outcome, evidence

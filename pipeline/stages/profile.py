@@ -43,13 +43,15 @@ class ProfileStage(Stage):
         return self.ctx.workspace.manifest_path(self.toolchain, self.engine, self.ctx.gpu_type, shape)
 
     def params(self) -> dict[str, Any]:
-        # An unset host_cpus, and the median's ranking (by), are left out, so measurements taken
-        # before either setting existed stay current.
+        # An unset host_cpus, the median's ranking (by) and energy left unread are left out, so
+        # measurements taken before these settings existed stay current.
         settings = self.settings.model_dump(exclude_none=True)
         if not self.settings.serves:  # likewise serving's settings where nothing is served
             del settings["streams"], settings["serve_s"]
         if settings.get("by") == "median":
             del settings["by"]
+        if not settings.get("energy"):
+            settings.pop("energy", None)
         if self.shape is None:
             return {"settings": settings, "batch_size": self.model_spec.batch_size}
         return {"settings": settings, "shape": self.shape}

@@ -124,8 +124,8 @@ def _trtexec_run(workspace: Path, run_cli, monkeypatch) -> dict[str, dict]:
 
 @pytest.mark.parametrize("run", ["bert", "trtexec"])
 def test_a_run_writes_the_manifests_it_wrote_before(tmp_path, run_cli, monkeypatch, run):
-    # The machine's energy counters are the machine's: every run reads a powercap tree that is not
-    # there, so each take's energy is recorded as not read, with the same reason everywhere.
+    # Energy is not asked for, so each take's is recorded as not read, for that reason; were it read
+    # by mistake, the machine's counters would not leak in: the powercap tree here is not there.
     monkeypatch.setattr("pipeline.measuring.energy.POWERCAP", tmp_path / "no-powercap")
     written = _bert_run(tmp_path / "ws", run_cli) if run == "bert" else _trtexec_run(tmp_path / "ws", run_cli, monkeypatch)
     recorded_file = RECORDED / f"{run}.json"

@@ -4,6 +4,7 @@ format; the rounds lengthening their takes until the counter resolves; why there
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 
 from pipeline.catalog import ProfileSettings
 from pipeline.measuring import energy
-from pipeline.measuring.energy import MIN_STEPS, TOOL_TAKE, Energy, NoEnergy, NvmlEnergy, RaplEnergy
+from pipeline.measuring.energy import MIN_STEPS, NOT_ASKED, TOOL_TAKE, Energy, NoEnergy, NvmlEnergy, RaplEnergy
 from pipeline.measuring.rounds import measure_in_rounds
 
 
@@ -206,3 +207,36 @@ def test_engines_without_a_counter_say_why_and_are_not_lengthened():
     assert set(engines["cpu"].asked) == {2} and all(take.joules is None for take in done.takes["cpu"])
     plain = measure_in_rounds({"a": OnTheCpu(1.0)}, settings(), seed=1)  # nothing asked to read: nothing said
     assert plain.record("a").energy is None and plain.record("a").energy_why_not is None
+
+
+def test_energy_not_asked_opens_no_counter_polls_nothing_and_grows_no_take(monkeypatch):
+    """The default: no counter opened, no thread beside a take, every take as long as asked, and
+    each engine's record saying energy was not asked for (a tool's take too: nobody asked)."""
+
+    def opened(*args, **kwargs):
+        raise AssertionError("a counter was opened where energy was not asked for")
+
+    monkeypatch.setattr(NvmlEnergy, "opened", classmethod(opened))
+    monkeypatch.setattr(RaplEnergy, "opened", classmethod(opened))
+    pollers = []
+
+    class Watching(Sleeping):
+        def take(self, runs, min_ms):
+            pollers.extend(thread.name for thread in threading.enumerate() if thread.name.endswith("-energy"))
+            return super().take(runs, min_ms)
+
+    class ToolRun(Watching):
+        clock_while_busy = True
+
+    engines = {"gpu": Watching(1.0), "tool": ToolRun(1.0)}
+    done = measure_in_rounds(engines, settings(), seed=1, energy=Energy.where_asked(False, "GPU-1"))
+    assert not pollers and set(engines["gpu"].asked) == {2}
+    for key in engines:
+        assert done.record(key).energy is None and done.record(key).energy_why_not == NOT_ASKED
+        assert all(take.joules is None for take in done.takes[key])
+    assert not ProfileSettings().reads_energy and ProfileSettings(energy=True).reads_energy
+
+
+def test_energy_is_a_yes_or_no():
+    with pytest.raises(ValueError, match="energy"):
+        ProfileSettings(energy="sometimes")
