@@ -11,8 +11,6 @@ from typing import Any
 
 import click
 
-from pipeline.catalog.settings import RANKED_BY
-
 
 def selection_options(func):
     func = click.option("--variant", "variants", multiple=True, metavar="V", help="Variant(s) of the selected models (repeatable).")(func)
@@ -134,6 +132,18 @@ def _stream_counts(ctx: click.Context, param, value: str | None) -> tuple[int, .
         raise click.BadParameter(exc.errors()[0]["msg"].removeprefix("Value error, ")) from None
 
 
+def ranking_name(ctx: click.Context, param, value: str | None) -> str | None:
+    """--by NAME: one of the catalog's rankings (RANKED_BY), read only when given, so that `--help`
+    imports nothing heavy (the catalog's settings are pydantic models)."""
+    if value is None:
+        return None
+    from pipeline.catalog.settings import RANKED_BY
+
+    if value not in RANKED_BY:
+        raise click.BadParameter(f"{value!r} is no ranking; use one of {', '.join(RANKED_BY)}")
+    return value
+
+
 def repeat_option(func):
     """How a profile measures: --repeat, --racing/--no-racing, --streams, --by and --energy."""
     func = click.option(
@@ -153,8 +163,9 @@ def repeat_option(func):
     )(func)
     func = click.option(
         "--by",
-        type=click.Choice(RANKED_BY),
-        help="What the rounds stop on and the answer ranks by: the median, the p90 or p99 bounded by the takes, or "
+        metavar="NAME",
+        callback=ranking_name,
+        help="What the rounds stop on and the answer ranks by (median, p90, p99 or energy): the median, the p90 or p99 bounded by the takes, or "
         "energy per inference paired round by round (reads energy: docs/energy.md) "
         "(a p99 of two engines needs 437 takes: raise [profile] budget_s with it; docs/tails.md). "
         "Default: the catalog's [profile] by (median).",

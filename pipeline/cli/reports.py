@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from pipeline.catalog.settings import RANKED_BY
+from pipeline.cli.options import ranking_name
 from pipeline.cli.state import State as _State
 from pipeline.cli.state import pass_state
 
@@ -53,8 +53,9 @@ from pipeline.cli.state import pass_state
 )
 @click.option(
     "--by",
-    type=click.Choice(RANKED_BY),
-    help="What the answer ranks engines by: their median, their p90 or p99 bounded by their takes, or their energy per "
+    metavar="NAME",
+    callback=ranking_name,
+    help="What the answer ranks engines by (median, p90, p99 or energy): their median, their p90 or p99 bounded by their takes, or their energy per "
     "inference paired round by round (docs/energy.md), at the same 95 % confidence (docs/tails.md); re-ranks from the manifests, never re-measures. Default: the catalog's [profile] by (median).",
 )
 @click.option(

@@ -25,6 +25,16 @@ def test_every_command_has_help(run_cli, tiny_catalog):
         assert "Usage: pipeline " + command in result.out
 
 
+def test_by_names_every_ranking_in_its_help_and_refuses_others(run_cli, tiny_catalog):
+    from pipeline.catalog.settings import RANKED_BY
+
+    for command in ("profile", "run", "compare"):
+        help_text = " ".join(run_cli(tiny_catalog, command, "--help").out.split())
+        assert f"({', '.join(RANKED_BY[:-1])} or {RANKED_BY[-1]})" in help_text, command
+    refused = run_cli(tiny_catalog, "compare", "--by", "fastest")
+    assert refused.exit_code == 2 and "'fastest' is no ranking; use one of " + ", ".join(RANKED_BY) in refused.err
+
+
 def test_unknown_engine_is_a_usage_error_with_a_suggestion(run_cli, tiny_catalog):
     result = run_cli(tiny_catalog, "export", "--engine", "tiny_fp23")
     assert result.exit_code == 2
