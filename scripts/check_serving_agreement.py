@@ -14,7 +14,8 @@ Reads a workspace's profile manifests and, for each engine:
     python scripts/check_serving_agreement.py --workspace WS --by-hand serve-by-hand.json \
         --power power.csv --nvidia-smi nvidia-smi.csv
 
-Takes carry their start (epoch seconds) and length in the manifest (``started_s``, ``wall_ms``);
+Takes carry when their counter was read from (epoch seconds) and for how long in the manifest
+(``energy_from_s``, ``energy_ms``);
 a manifest without them is reported as such.
 """
 
@@ -56,8 +57,8 @@ def take_spans(raw: dict) -> list[tuple[float, float, float]]:
     spans = []
     for record in details.get("rounds") or []:
         for take in record.get("takes") or []:
-            if take.get("energy_resolved") and take.get("started_s") and take.get("wall_ms") and take.get("joules") is not None:
-                spans.append((take["started_s"], take["started_s"] + take["wall_ms"] / 1e3, take["joules"]))
+            if take.get("energy_resolved") and take.get("energy_from_s") and take.get("energy_ms") and take.get("joules") is not None:
+                spans.append((take["energy_from_s"], take["energy_from_s"] + take["energy_ms"] / 1e3, take["joules"]))
     return spans
 
 

@@ -57,12 +57,15 @@ CPU_SCOPE = "the whole CPU package (every process on it), idle power included"
 class EnergyReading:
     """One take's energy: joules from the counter's first read to its last, the steps the counter
     took between (None where they are not counted but follow from the take's length: RAPL), the
-    take's wall time, and whether the reading resolved."""
+    take's wall time, and whether the reading resolved; ``started_s``: the epoch time (time.time())
+    it started at, so that a reading taken beside it (scripts/check_serving_agreement.py) can be
+    read over the same span."""
 
     joules: float
     steps: int | None
     wall_ms: float
     resolved: bool
+    started_s: float = 0.0
 
 
 class EnergyHow(BaseModel):
@@ -125,7 +128,7 @@ class _Counter(EnergyMeter):
             return work(), None
         seen.append(first)
         poller = threading.Thread(target=poll, name=f"{self.source}-energy", daemon=True) if self.poll_s else None
-        started = time.perf_counter()
+        started, started_s = time.perf_counter(), time.time()
         if poller is not None:
             poller.start()
         try:
@@ -146,7 +149,7 @@ class _Counter(EnergyMeter):
             resolved = steps >= MIN_STEPS
         else:
             steps, resolved = None, joules > 0 and wall_ms >= MIN_STEPS * RAPL_UPDATE_MS
-        return result, EnergyReading(joules=joules, steps=steps, wall_ms=wall_ms, resolved=resolved)
+        return result, EnergyReading(joules=joules, steps=steps, wall_ms=wall_ms, resolved=resolved, started_s=started_s)
 
     def _read_or_none(self) -> float | None:
         try:

@@ -40,6 +40,10 @@ class Take(BaseModel):
     energy_runs: int | None = None
     energy_steps: int | None = None
     energy_resolved: bool | None = None
+    # When the counter was read from (epoch seconds) and for how long (ms): the span a reading
+    # taken beside the product's, by another process, is read over to check it.
+    energy_from_s: float | None = None
+    energy_ms: float | None = None
 
 
 class RoundsRecord(BaseModel):

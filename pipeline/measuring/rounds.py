@@ -312,6 +312,7 @@ def _take(
     if reading is not None:  # the untimed runs before the timed ones are inside the counter's span
         take.joules, take.energy_steps, take.energy_resolved = round(reading.joules, 6), reading.steps, reading.resolved
         take.energy_runs = len(measured) + getattr(engine, "untimed_runs", 1)
+        take.energy_from_s, take.energy_ms = round(reading.started_s, 6), round(reading.wall_ms, 3)
     return take, measured, reading
 
 

@@ -190,6 +190,11 @@ def test_takes_grow_until_the_counter_resolves_and_the_manifest_says_how_it_was_
     assert last.energy_steps >= MIN_STEPS and last.energy_runs == last.runs + 1  # the untimed run is inside the reading
     assert last.joules == pytest.approx(300.0 * (last.energy_runs * 1.0) / 1000.0, rel=0.35)  # ~300 W over the take
     assert record.energy_why_not is None
+    # When the counter was read, for a reading beside it: the takes follow each other in time.
+    assert last.energy_ms >= how.least_take_ms * 0.9
+    starts = [take.energy_from_s for take in sorted(record.takes, key=lambda take: take.round)]
+    assert all(0 < later - earlier < 5 for earlier, later in zip(starts, starts[1:], strict=False))
+    assert abs(starts[-1] - time.time()) < 60
 
 
 def test_engines_without_a_counter_say_why_and_are_not_lengthened():

@@ -59,7 +59,7 @@ def test_the_by_hand_server_counts_what_its_threads_complete(import_script, tmp_
 
 def test_the_agreement_matches_counts_by_kind_and_integrates_power_over_the_takes(import_script, tmp_path):
     agreement = import_script("check_serving_agreement")
-    take = {"energy_resolved": True, "started_s": 100.0, "wall_ms": 2000.0, "joules": 500.0}
+    take = {"energy_resolved": True, "energy_from_s": 100.0, "energy_ms": 2000.0, "joules": 500.0}
     raw = {
         "shape": "2x512",
         "toolchain": "torch-cudagraphs",
