@@ -54,13 +54,13 @@ class PairedReading:
         return self._ratio(a, b, tie)
 
     def words(self, row: ComparisonRow) -> str:
-        """ "energy 0.0123 J/inf", or "no energy reading"."""
+        """ "energy 0.0123 J/inf", or "" without a reading (``needs`` says why)."""
         figure = self.figure(row)
-        return f"no {self.by.name} reading" if figure is None else f"{self.by.name} {figure:.4g} {self.by.unit}/inf"
+        return "" if figure is None else f"{self.by.name} {figure:.4g} {self.by.unit}/inf"
 
     def needs(self, row: ComparisonRow) -> str:
         why = getattr(row, f"{self.by.name}_why_not", None) or "none was read"
-        return f"{row.variant} on {row.toolchain} has no {self.by.name} reading: {why}"
+        return f"no {self.by.name} reading: {why}"
 
 
 def reading_for(by: Ranking, candidates: list[ComparisonRow], samples=None):
@@ -108,12 +108,11 @@ class PercentileReading:
         return self.by.ratio((self.figure(a), self.interval(a)), (self.figure(b), self.interval(b)), tie, self.engines)
 
     def words(self, row: ComparisonRow) -> str:
-        """ "p99 12.412 ms [11.9–13.1]", or "p99 12.412 ms (needs 437 takes, has 40)"."""
+        """ "p99 12.412 ms [11.9–13.1]", or "p99 12.412 ms" where the takes cannot bound it
+        (``needs`` says how many could)."""
         figure = f"{self.by.name} {self.figure(row):.3f} ms"
         interval = self.interval(row)
-        if interval is not None:
-            return f"{figure} [{interval[0]:.3f}–{interval[1]:.3f}]"
-        return f"{figure} ({self.needs(row)})"
+        return figure if interval is None else f"{figure} [{interval[0]:.3f}–{interval[1]:.3f}]"
 
     def needs(self, row: ComparisonRow) -> str:
         if not row.tail_takes:
@@ -168,6 +167,7 @@ def decide_by_percentile(verdict, candidates: list[ComparisonRow], group: list[C
     bases = [r for r in group if r.toolchain == baseline_toolchain and reading.figure(r) is not None]
     same = [r for r in bases if r.variant == verdict.fastest.variant]
     verdict.baseline = (same or sorted(bases, key=_ranked(reading)) or [None])[0]
+    verdict.baseline_unranked = verdict.baseline is None and any(r.toolchain == baseline_toolchain for r in candidates)
     verdict.comparisons = [made[key] for key in sorted(made, key=lambda key: (order[key[0]], order[key[1]]))]
     if verdict.baseline is not None:
         for row in group_:

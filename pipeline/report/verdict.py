@@ -109,6 +109,9 @@ class Verdict:
     # What it ranked by: the median (None), or a percentile's reading of the candidates
     # (pipeline/report/ranked_decision.py, ``--by p99``).
     reading: Any = None
+    # Ranked by a figure the baseline toolchain's engine lacks (no energy reading): why there is no
+    # baseline to set the answer against.
+    baseline_unranked: bool = False
     # The comparisons by the two rows' ids, kept in step with the list by ratio().
     _by_pair: dict[tuple[int, int], RatioEstimate | None] = field(default_factory=dict, repr=False)
 
@@ -188,17 +191,20 @@ class Verdict:
             times_ms = " and ".join(f"{r.median_ms:.3f}" for r in group) + " ms"
             by = "" if self.reading is None else f" by {self.ranked_by}"
             if self.reading is not None:
-                times_ms = "; ".join(self.figure_words(r) for r in group)
+                times_ms = "; ".join(words for r in group if (words := self.figure_words(r)))
+            shown = f" ({times_ms})" if times_ms else ""
             if self.undecided:
                 rounds = max((r.rounds or 0) for r in group)
                 after = f"after {rounds} rounds" if rounds else "by their own intervals"
                 short = [r for r in group if self.reading is not None and self.reading.short_of_takes(r)]
-                if short:  # no interval to tell them apart by: say what would give one
-                    after = f"({self.reading.needs(short[0])})"
+                if short:  # no interval to tell them apart by: say once what would give one
+                    reasons = [(line_label(r), self.reading.needs(r)) for r in short]
+                    alike = len(short) == len(group) and len({why for _, why in reasons}) == 1
+                    after = f"({reasons[0][1]})" if alike else f"({'; '.join(grouped_reasons(reasons))})"
                 budget = " (the point's budget_s ran out)" if any(r.rounds_stop == "budget" for r in group) else ""
-                answer = f"{self.where}: undecided{by}{meeting}: {names} ({times_ms}) cannot be told apart {after}{budget}"
+                answer = f"{self.where}: undecided{by}{meeting}: {names}{shown} cannot be told apart {after}{budget}"
             else:
-                answer = f"{self.where}: {names} tie within ±{self.tie:.0%}{by}{meeting} ({times_ms})"
+                answer = f"{self.where}: {names} tie within ±{self.tie:.0%}{by}{meeting}{shown}"
             answer += self._speedups(group) + "."
             out.append(answer)
         else:
@@ -253,6 +259,8 @@ class Verdict:
         return f", {beats} {count} with 95% confidence ({how}){dropped}"
 
     def _speedups(self, group: list[ComparisonRow]) -> str:
+        if self.baseline is None and self.baseline_unranked:
+            return f" — the baseline toolchain's engine has no {self.ranked_by} reading either"
         if self.baseline is None:
             return " — no baseline-toolchain row to compare with"
         if len(group) == 1 and group[0] is self.baseline:

@@ -46,5 +46,8 @@ def test_an_engine_without_an_energy_reading_is_never_ranked_by_it():
     (verdict,) = verdicts(rows, "a", by=ENERGY)
     assert verdict.undecided and all(estimate is None for *_, estimate in verdict.comparisons)
     (sentence, *_) = verdict.sentences()
-    assert sentence.startswith("m: undecided by energy: ") and "has no energy reading: no NVML: stand-in" in sentence
+    assert sentence.startswith(
+        "m: undecided by energy: fp16 on a and fp16 on b cannot be told apart (no energy reading: no NVML: stand-in)"
+    ), sentence
+    assert sentence.endswith("the baseline toolchain's engine has no energy reading either.")  # not "no baseline-toolchain row"
     assert verdict.public()["undecided"]

@@ -79,7 +79,7 @@ def test_by_energy_on_a_cpu_without_rapl_says_why_no_engine_can_be_ranked(tiny_c
     jsonschema.validate(document, json.loads((REPO_ROOT / "docs" / "compare.schema.json").read_text()))
     assert all(pair["outcome"] == "ambiguous" and pair["ratio"] is None for pair in verdict["comparisons"])
     answer = " ".join(run_cli(tiny_catalog, "compare", "--by", "energy").out.split())  # as one line, unwrapped
-    assert "undecided by energy" in answer and f"has no energy reading: no RAPL: {absent} absent" in answer
+    assert "undecided by energy" in answer and f"cannot be told apart (no energy reading: no RAPL: {absent} absent)" in answer
 
 
 def _rapl_tree(root: Path) -> Path:
