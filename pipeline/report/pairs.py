@@ -13,10 +13,34 @@ scripts/check_rerun_agreement.py). ``on_band_edge`` marks such a pair in the JSO
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Callable
 
 from pipeline.measuring.stats import RatioEstimate, at_band_edge, tie_band
 from pipeline.measuring.stopping import GROSS, gross
 from pipeline.report.rows import ComparisonRow
+
+
+class EachPairOnce:
+    """A verdict's comparisons of its candidates, each pair estimated once (``estimate(a, b)``: A's
+    figure over B's) and kept in the candidates' order, whichever way round it is asked for."""
+
+    def __init__(self, candidates: list[ComparisonRow], estimate: Callable[[ComparisonRow, ComparisonRow], RatioEstimate | None]):
+        self._order = {id(row): index for index, row in enumerate(candidates)}
+        self._estimate = estimate
+        self._made: dict[tuple[int, int], tuple[ComparisonRow, ComparisonRow, RatioEstimate | None]] = {}
+
+    def __call__(self, a: ComparisonRow, b: ComparisonRow) -> RatioEstimate | None:
+        first, second = (a, b) if self._order[id(a)] < self._order[id(b)] else (b, a)
+        key = (id(first), id(second))
+        if key not in self._made:
+            self._made[key] = (first, second, self._estimate(first, second))
+        estimate = self._made[key][2]
+        return estimate if first is a or estimate is None else estimate.inverse()
+
+    def made(self) -> list[tuple[ComparisonRow, ComparisonRow, RatioEstimate | None]]:
+        """Every comparison made, in the candidates' order."""
+        return [self._made[key] for key in sorted(self._made, key=lambda key: (self._order[key[0]], self._order[key[1]]))]
+
 
 # Of the rows whose intervals end lowest, how many beaten_apart keeps at each step of its sweep.
 _LOWEST_KEPT = 4

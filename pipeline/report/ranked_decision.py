@@ -134,16 +134,7 @@ def decide_by_percentile(verdict, candidates: list[ComparisonRow], group: list[C
     median: the candidate of least percentile against each other one, then every two of those it
     does not beat, and the fastest of those none beats is the answer, the rest tied with it."""
     verdict.candidates = candidates
-    order = {id(row): index for index, row in enumerate(candidates)}
-    made: dict[tuple[int, int], tuple[ComparisonRow, ComparisonRow, RatioEstimate | None]] = {}
-
-    def compare(a: ComparisonRow, b: ComparisonRow) -> RatioEstimate | None:
-        first, second = (a, b) if order[id(a)] < order[id(b)] else (b, a)
-        key = (id(first), id(second))
-        if key not in made:
-            made[key] = (first, second, reading.ratio(first, second, verdict.tie))
-        estimate = made[key][2]
-        return estimate if first is a or estimate is None else estimate.inverse()
+    compare = pairs.EachPairOnce(candidates, lambda a, b: reading.ratio(a, b, verdict.tie))
 
     least = min(candidates, key=_ranked(reading))
     close = [row for row in candidates if row is least or pairs.outcome(compare(least, row)) != "faster"]
@@ -168,7 +159,7 @@ def decide_by_percentile(verdict, candidates: list[ComparisonRow], group: list[C
     same = [r for r in bases if r.variant == verdict.fastest.variant]
     verdict.baseline = (same or sorted(bases, key=_ranked(reading)) or [None])[0]
     verdict.baseline_unranked = verdict.baseline is None and any(r.toolchain == baseline_toolchain for r in candidates)
-    verdict.comparisons = [made[key] for key in sorted(made, key=lambda key: (order[key[0]], order[key[1]]))]
+    verdict.comparisons = compare.made()
     if verdict.baseline is not None:
         for row in group_:
             if row is not verdict.baseline and not verdict.compared(verdict.baseline, row):

@@ -357,17 +357,7 @@ def _decide(verdict: Verdict, candidates: list[ComparisonRow], group: list[Compa
     out by that rule alone) and the baseline against the answer's group (compare schema 9; up to
     8, every pair of a point timed in one set of rounds)."""
     verdict.candidates = candidates
-    order = {id(row): index for index, row in enumerate(candidates)}
-    made: dict[tuple[int, int], tuple[ComparisonRow, ComparisonRow, RatioEstimate | None]] = {}
-
-    def compare(a: ComparisonRow, b: ComparisonRow) -> RatioEstimate | None:
-        """A's time over B's, each pair estimated once, kept in the candidates' order."""
-        first, second = (a, b) if order[id(a)] < order[id(b)] else (b, a)
-        key = (id(first), id(second))
-        if key not in made:
-            made[key] = (first, second, time_ratio(first, second, verdict.tie))
-        estimate = made[key][2]
-        return estimate if first is a or estimate is None else estimate.inverse()
+    compare = pairs.EachPairOnce(candidates, lambda a, b: time_ratio(a, b, verdict.tie))  # A's time over B's
 
     least = min(candidates, key=lambda r: r.median_ms)
     # Out by the rule that took them out of the rounds, compared with nothing (pairs.grossly_beaten).
@@ -403,7 +393,7 @@ def _decide(verdict: Verdict, candidates: list[ComparisonRow], group: list[Compa
     bases = [r for r in group if r.toolchain == baseline_toolchain and r.median_ms is not None]
     same = [r for r in bases if r.variant == verdict.fastest.variant]
     verdict.baseline = (same or sorted(bases, key=lambda r: r.median_ms) or [None])[0]
-    verdict.comparisons = [made[key] for key in sorted(made, key=lambda key: (order[key[0]], order[key[1]]))]
+    verdict.comparisons = compare.made()
     if verdict.baseline is not None:  # the baseline itself may be no candidate (another variant, noisy)
         for row in [verdict.fastest, *verdict.tied]:
             if row is not verdict.baseline and not verdict.compared(verdict.baseline, row):
