@@ -294,15 +294,17 @@ def simulate_ranking(points: int, seed: int = 0, workers: int = 2) -> list[tuple
 
 def markdown_ranking(table: list[tuple[Ranked, str, Claims, dict[str, Claims]]]) -> str:
     lines = [
-        "| by | engines | noises | points | wrong claims (exact upper bound) | worst noise | wrong fastest | decided | rounds (median, most) |",
+        "| by | engines | noises | points | wrong claims (exact upper bound) | worst noise (its bound) | wrong fastest | decided | rounds (median, most) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for scenario, by, pooled, by_noise in table:
         rounds = sorted(pooled.rounds)
-        worst = max(tally.wrong / tally.points for tally in by_noise.values())
+        # The noise with the most wrong claims, with its own bound: 40 points alone bound a rate
+        # loosely (none wrong: ≤ 7.2 %; one: ≤ 11.3 %), which is why the rate CI holds is pooled.
+        worst = max(by_noise.values(), key=lambda tally: tally.wrong / tally.points)
         lines.append(
             f"| {by} | {scenario.name} | {len(by_noise)} | {pooled.points} | {pooled.wrong / pooled.points:.1%} (≤ {pooled.upper():.1%}) | "
-            f"{worst:.1%} | {pooled.wrong_fastest / pooled.points:.1%} | {pooled.decided / pooled.points:.0%} | "
+            f"{worst.wrong / worst.points:.1%} (≤ {worst.upper():.1%}) | {pooled.wrong_fastest / pooled.points:.1%} | {pooled.decided / pooled.points:.0%} | "
             f"{rounds[len(rounds) // 2]}, {rounds[-1]} |"
         )
     return "\n".join(lines)
