@@ -47,6 +47,16 @@ class Answer:
     # --p99-under's answer per model and point (pipeline/report/streams.py, ServingPick), if asked.
     serving: list = field(default_factory=list)
 
+    def headline(self) -> str:
+        """The terminal's title over the verdicts, naming what they rank by where it is not the median."""
+        bys = {verdict.ranked_by: verdict.reading.by.best for verdict in self.verdicts if verdict.reading is not None}
+        if len(bys) != 1:  # by the median (or, read from mixed manifests, by more than one figure)
+            return "The answer: the fastest engine that meets the accuracy floor"
+        ((name, best),) = bys.items()
+        if best == "fastest":
+            return f"The answer: the fastest engine by {name} that meets the accuracy floor"
+        return f"The answer: the engine of {best} that meets the accuracy floor"
+
     def verdict_text(self) -> list[str]:
         return [" ".join(verdict.sentences()) for verdict in self.verdicts]
 
@@ -66,7 +76,7 @@ class Answer:
         """The terminal's: the verdicts, then each sweep's table and crossovers."""
         out: list[tuple[str, str | None]] = []
         if self.verdicts:
-            out.append(("The answer: the fastest engine that meets the accuracy floor", "bold"))
+            out.append((self.headline(), "bold"))
             for text in self.verdict_text():
                 out += [(line, None) for line in (wrap(text, width, indent="    ") if width else [text])]
             out.append(("", None))

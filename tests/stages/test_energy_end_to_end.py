@@ -125,7 +125,9 @@ def test_a_cpu_run_by_energy_ranks_by_joules_per_inference(tiny_catalog, run_cli
     assert pair["paired"] and pair["rounds"] >= 6 and pair["ratio"] is not None
     # The same manifests ranked by the median again: compare re-ranks, it never re-measures.
     assert json.loads(run_cli(tiny_catalog, "compare", "--format", "json", "--by", "median").out)["verdicts"][0]["ranked_by"] == "median"
-    answer = " ".join(run_cli(tiny_catalog, "compare", "--by", "energy").out.split())
+    said = run_cli(tiny_catalog, "compare", "--by", "energy").out
+    assert said.splitlines()[0] == "The answer: the engine of least energy that meets the accuracy floor"
+    answer = " ".join(said.split())
     # Which engine spends less is the machine's; that the answer is by energy is the product's.
     assert "least energy" in answer or "undecided by energy" in answer or "tie within ±3% by energy" in answer
 

@@ -126,6 +126,10 @@ def test_ranked_by_p99_on_a_cpu_the_rounds_run_to_the_budget_and_the_verdict_say
     assert read_manifest(catalog.parent / "manifests" / "onnxruntime" / "vit_tiny_fp32.json").profile.details.settings.by == "p99"
     said = "vit_tiny: undecided by p99: "
     assert said in ran.out and f"(p99 needs 437 takes, has {record.rounds})" in ran.out, ran.out
+    assert (
+        run_cli(catalog, "compare", "--by", "p99").out.splitlines()[0]
+        == "The answer: the fastest engine by p99 that meets the accuracy floor"
+    )
     result = run_cli(catalog, "compare", "--by", "p99", "--format", "json", "--model", "vit_tiny")
     assert result.exit_code == 0, result.err
     data = json.loads(result.out)
