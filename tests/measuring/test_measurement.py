@@ -221,6 +221,17 @@ def test_a_budget_too_small_to_decide_stops_undecided():
     assert f"undecided ({pair[2].low:.3f}–{pair[2].high:.3f})" in words
 
 
+def test_a_budget_too_small_for_a_percentile_says_the_takes_it_needs_not_the_medians_pairs():
+    engines = {"a": Scripted(1.0, host_of_two_speeds), "b": Scripted(1.0, host_of_two_speeds)}
+    done = measure_in_rounds(engines, settings(budget_s=0.2, take_ms=5, by="p99"), seed=1)
+    assert done.stop == "budget" and done.rounds < 437
+    from pipeline.stages.point import undecided_words
+
+    words = undecided_words(done)
+    assert words.startswith(f"undecided by p99 after {done.rounds} rounds (budget_s = 0.2): p99 needs 437 takes of each engine, has ")
+    assert " against " not in words, words
+
+
 def test_an_engine_that_fails_in_a_round_leaves_and_the_rounds_go_on():
     engines = {
         "a": Scripted(1.0, host_of_two_speeds),
