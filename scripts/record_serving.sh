@@ -8,6 +8,7 @@
 #   - the same engines served by hand (scripts/serve_by_hand.py: nothing of the product imported).
 #
 #   bash scripts/record_serving.sh OUT
+#   SHAPES=2x512 TOOLCHAINS=torch-cudagraphs BY_HAND_KINDS=cuda-graph bash scripts/record_serving.sh OUT  # a part of it
 #
 # Writes, flat in OUT: run.txt, run.log and compare.json (the product's run: scripts/check_gpus_speedup.sh
 # `one`), power.csv (epoch s, counter mJ, power mW), nvidia-smi.csv, serve-by-hand.json and
@@ -28,12 +29,17 @@ sampler=$!
 nvidia-smi --query-gpu=timestamp,power.draw --format=csv,noheader,nounits -lms 100 > "$out/nvidia-smi.csv" 2>/dev/null &
 smi=$!
 sleep 2
-MODEL=modernbert SHAPES="2x512 4x4096" VARIANTS=bf16 TOOLCHAINS="torch-eager torch-cudagraphs torch-compile" \
+shapes="${SHAPES:-2x512 4x4096}"
+# serve_by_hand.py's kind for each toolchain, spelt without its space (cuda-graph).
+kinds="${BY_HAND_KINDS:-eager cuda-graph compiled}"
+MODEL=modernbert SHAPES="$shapes" VARIANTS=bf16 TOOLCHAINS="${TOOLCHAINS:-torch-eager torch-cudagraphs torch-compile}" \
   RUN_ARGS="${RUN_ARGS:---streams 1,2,4 --energy}" bash scripts/check_gpus_speedup.sh one "$work" >> "$out/run.txt" 2>&1
 status=$?
 cp "$work/one/run.log" "$out/run.log"
 cp "$work/one/compare.json" "$out/compare.json"
-python3 scripts/serve_by_hand.py --shapes 2x512 4x4096 --streams 1 2 4 --seconds 4 --out "$out" > "$out/serve-by-hand.txt" 2>&1
+by_hand_kinds=()
+for kind in $kinds; do by_hand_kinds+=("${kind//-/ }"); done
+python3 scripts/serve_by_hand.py --shapes $shapes --kinds "${by_hand_kinds[@]}" --streams 1 2 4 --seconds "${BY_HAND_SECONDS:-4}" --out "$out" > "$out/serve-by-hand.txt" 2>&1
 sleep 1
 kill "$sampler" "$smi" 2>/dev/null
 wait "$sampler" 2>/dev/null
