@@ -44,6 +44,9 @@ def created(source) -> Any:
         except Exception:  # a user's module that cannot be copied: created, as before
             _kept = None
         else:
+            # Creating seeds every device's generator (torch.manual_seed) and then draws the weights
+            # from the CPU's: both as it would leave them.
+            torch.manual_seed(source.spec.seed)
             torch.set_rng_state(_kept[2])
             return model
     model = source.create()
