@@ -153,13 +153,6 @@ class ModelSource(ABC):
     def create(self) -> Any:
         """The model in eval mode on the CPU, in FP32, with the catalog's weights."""
 
-    def created(self) -> Any:
-        """``create``'s model, made once a run and copied for each stage after the first
-        (pipeline/models/created.py): what an export or a build starts from."""
-        from pipeline.models.created import created
-
-        return created(self)
-
     def create_for_weights(self) -> Any:
         """The model as ``create`` makes it, for weights a state dict replaces next (a PyTorch
         engine read back): a family that can leave them uninitialised does so here."""

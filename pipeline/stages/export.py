@@ -223,7 +223,7 @@ class ExportStage(Stage):
         if spec.checkpoint is not None:
             weights = f"checkpoint {spec.checkpoint} (sha256 {sha256_file(source.checkpoint_path())[:16]}…)"
         with phase("create_model"):
-            model = source.created()
+            model = source.create()
         excluded = self._layers_to_leave(model, source) if self.needs_calibration else None
         traced = self._on_device(model, source, phase)
         with phase("fp32_reference"):

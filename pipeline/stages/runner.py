@@ -174,7 +174,6 @@ def run_engines(ctx: RunContext, engines: list[EngineRef], toolchains: list[str]
     """Each engine on each toolchain (none: the export alone); a failure is reported and the rest
     still runs (like `make -k`). The profiles of the runtimes that time in this process are run
     last, a shape point at a time, every engine of the point in one set of rounds."""
-    from pipeline.models.created import forget as forget_created
     from pipeline.running.reporting import print_error
     from pipeline.runtimes import get_runtime
     from pipeline.stages.point import prepare_points_ahead, profile_point
@@ -209,7 +208,6 @@ def run_engines(ctx: RunContext, engines: list[EngineRef], toolchains: list[str]
                         raise
                     print_error(f"{engine.name}{f' on {toolchain}' if len(usable) > 1 else ''}: {exc.message}", exc.hint)
                     summary.fail(engine.name, toolchain, exc)
-        forget_created()  # the model the builds started from holds no memory through the profiles
         ahead.finish(while_waiting=lambda: prepare_points_ahead(list(points.values()), room_on_the_gpu()))
         ctx.ahead = None  # the builds are over; what the work ahead serves stays until the profiles are
         for (_, _, shape), stages in points.items():
@@ -221,7 +219,6 @@ def run_engines(ctx: RunContext, engines: list[EngineRef], toolchains: list[str]
                 print_error(f"{stage.engine.name}{on}{where}: {exc.message}", exc.hint)
                 summary.fail(stage.engine.name, stage.toolchain, exc)
     finally:
-        forget_created()
         ahead.close()
         ctx.ahead = None
     say_out_of_memory(ctx, until)

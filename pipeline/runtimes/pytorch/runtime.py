@@ -209,7 +209,7 @@ class TorchRuntime(TorchWorksAhead, InProcessRuntime):
     def build(self, onnx_path: Path | None, engine_path: Path, variant: VariantSpec, source: ModelSource) -> BuildResult:
         torch = import_torch()
         dtype = getattr(torch, TORCH_DTYPES[variant.precision])
-        created = source.created()
+        created = source.create()
         model = source.cast(source.runnable(created), dtype)
         if self.spec.attn_implementation:
             source.use_attention(model, self.spec.attn_implementation)
