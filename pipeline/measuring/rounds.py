@@ -226,7 +226,7 @@ def rounds_loop(
         padded = host_sets_the_pace(unsettled(settling, settings.tie, len(entrants), by, readings), engines, takes)
         elapsed = now() - started
         if progress is not None:
-            progress(_progress_text(rounds, open_pairs, elapsed, settings, len(raced_out)))
+            progress(_progress_text(rounds, open_pairs, elapsed, settings, len(raced_out), by.takes_needed(len(entrants))))
         stop = _stop(len(entrants) - len(failed), rounds, open_pairs, elapsed, settings) or stop
         if stop != "rounds":
             break
@@ -316,10 +316,12 @@ def _take(
     return take, measured, reading
 
 
-def _progress_text(rounds: int, open_pairs, elapsed: float, settings: ProfileSettings, out: int = 0) -> str:
+def _progress_text(rounds: int, open_pairs, elapsed: float, settings: ProfileSettings, out: int = 0, needed: int | None = None) -> str:
     text = f"round {rounds} ({elapsed:.0f} of at most {settings.budget_s:g} s)"
     if out:
         text += f", {out} out of the running"
+    if needed and rounds < needed:  # a percentile ranking: no interval before its takes, whatever the pairs
+        return f"{text}: {settings.by} needs {needed} takes of each engine"
     if not open_pairs:
         return text + (": decided" if rounds >= settings.min_rounds else f": at least {settings.min_rounds} rounds")
     more = f" and {len(open_pairs) - 1} more" if len(open_pairs) > 1 else ""

@@ -223,8 +223,11 @@ def test_a_budget_too_small_to_decide_stops_undecided():
 
 def test_a_budget_too_small_for_a_percentile_says_the_takes_it_needs_not_the_medians_pairs():
     engines = {"a": Scripted(1.0, host_of_two_speeds), "b": Scripted(1.0, host_of_two_speeds)}
-    done = measure_in_rounds(engines, settings(budget_s=0.2, take_ms=5, by="p99"), seed=1)
+    said: list[str] = []
+    done = measure_in_rounds(engines, settings(budget_s=0.2, take_ms=5, by="p99"), seed=1, progress=said.append)
     assert done.stop == "budget" and done.rounds < 437
+    # Each round's progress line says the same, not a pair's "too few rounds".
+    assert said and all(line.endswith(": p99 needs 437 takes of each engine") for line in said), said
     from pipeline.stages.point import undecided_words
 
     words = undecided_words(done)
