@@ -141,12 +141,14 @@ def undecided_words(outcome: RoundsOutcome) -> str:
     against bf16/torch-reduce-overhead undecided (0.981–1.034)"."""
     running = {k: v for k, v in outcome.takes.items() if k not in outcome.failed and k not in outcome.raced_out}
     by = ranking(outcome.settings.by)  # the pairs the rounds stopped on: by the median, energy or a percentile
-    open_pairs = undecided(running, outcome.settings.tie, len(outcome.entrants), by, outcome.times_ms)
-    pairs = "; ".join(open_pair_words(*pair) for pair in open_pairs)
     needed = by.takes_needed(len(outcome.entrants))
     kept = [sum(1 for take in takes if take.dropped is None) for takes in running.values()]
     if needed and kept and min(kept) < needed:  # no interval can be read yet: that, not the pairs, is what is open
         pairs = f"{by.name} needs {needed} takes of each engine, has {min(kept)}"
+    else:
+        pairs = "; ".join(
+            open_pair_words(*pair) for pair in undecided(running, outcome.settings.tie, len(outcome.entrants), by, outcome.times_ms)
+        )
     which = "" if by is MEDIAN else f" by {by.name}"
     return f"undecided{which} after {outcome.rounds} rounds (budget_s = {outcome.settings.budget_s:g})" + (f": {pairs}" if pairs else "")
 
