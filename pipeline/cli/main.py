@@ -49,10 +49,12 @@ EXIT_INTERNAL = 70
 @click.version_option(package_name="trt-pipeline", prog_name="pipeline")
 @click.pass_context
 def cli(ctx: click.Context, catalog: Path | None, verbose: bool):
-    """Turn timm models into TensorRT or ONNX Runtime engines, profile them, and compare.
+    """Turn models into engines, profile them, and find the fastest that stays accurate.
 
     \b
-    Stages:  export → build → profile → compare
+    Models:      timm classifiers, Hugging Face transformers, your own PyTorch module or ONNX file
+    Toolchains:  TensorRT (trtexec), TensorRT-RTX, ONNX Runtime, PyTorch (eager, torch.compile, CUDA graphs)
+    Stages:      export → build → profile → compare
     Engines are named <model>_<variant>, e.g. vit_nvfp4, vit_tiny_fp16 (`pipeline models`).
     Unchanged stages are skipped; --force re-runs them. Outputs: models/, engines/, manifests/.
 
