@@ -265,20 +265,23 @@ class Verdict:
             return " — no baseline-toolchain row to compare with"
         if len(group) == 1 and group[0] is self.baseline:
             return " — the baseline toolchain itself"
-        estimates = [self.ratio(self.baseline, row) for row in group if row is not self.baseline]
+        # The baseline's own 1.00× is no speedup: a group it belongs to is set against it by its others.
+        others = [row for row in group if row is not self.baseline]
+        estimates = [self.ratio(self.baseline, row) for row in others]
+        whose = "" if len(others) == len(group) else ("the other " if len(others) == 1 else "the others ")
         base = f"{line_label(self.baseline)} ({self.figure_words(self.baseline)})"
         if any(flag.startswith(LAUNCH_BOUND) for flag in self.baseline.flags):
             # Its time is the host's speed (pipeline/report/rows.py): another run's speedup may differ.
             base += f", {LAUNCH_BOUND}: the speedup follows the host's speed"
         if any(e is None for e in estimates) or not estimates:
-            if self.figure(self.baseline) is None or any(self.figure(row) is None for row in group):
+            if self.figure(self.baseline) is None or any(self.figure(row) is None for row in others):
                 return ""  # no figure to set against the baseline's (no energy reading): said above
-            ratios = [self.figure(self.baseline) / self.figure(row) for row in group]
-            return f" — {min(ratios):.2f}×" + (f"–{max(ratios):.2f}×" if len(ratios) > 1 else "") + f" {base}"
+            ratios = [self.figure(self.baseline) / self.figure(row) for row in others]
+            return f" — {whose}{min(ratios):.2f}×" + (f"–{max(ratios):.2f}×" if len(ratios) > 1 else "") + f" {base}"
         if len(estimates) == 1:
-            return f" — {estimates[0].ratio:.2f}× {base}, {interval_words(estimates[0])}"
+            return f" — {whose}{estimates[0].ratio:.2f}× {base}, {interval_words(estimates[0])}"
         low, high = min(e.low for e in estimates), max(e.high for e in estimates)
-        return f" — {'both' if len(estimates) == 2 else 'all'} {low:.2f}–{high:.2f}× {base}"
+        return f" — {whose or ('both ' if len(estimates) == 2 else 'all ')}{low:.2f}–{high:.2f}× {base}"
 
     def public(self) -> dict[str, Any]:
         from pipeline.report.verdict_json import verdict_document

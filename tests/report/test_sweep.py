@@ -608,6 +608,23 @@ def test_engines_within_the_tie_width_tie_and_the_verdict_names_both():
     }
 
 
+def test_a_group_holding_the_baseline_sets_only_its_others_against_it():
+    """The baseline's own 1.00× is no speedup: where it ties with the answer, the words give the
+    others' ratios to it, paired or (rows without rounds) by their medians."""
+    compiled = _paired("torch-compile", [3.10, 3.12, 3.08, 3.11, 3.09, 3.10])
+    graphs = _paired("torch-cudagraphs", [3.14, 3.13, 3.12, 3.15, 3.13, 3.12])
+    (verdict,) = verdicts([compiled, graphs], "torch-cudagraphs")
+    assert verdict.tied == [graphs]
+    assert verdict.sentences()[0].endswith("— the other 1.01× fp16 on torch-cudagraphs (3.130 ms), [1.00–1.01], 6 rounds.")
+    unpaired = [
+        ComparisonRow(model="m", variant="fp16", toolchain=t, status="measured (GPU time)", median_ms=m)
+        for t, m in (("a", 10.0), ("b", 10.1), ("c", 12.0))
+    ]
+    (verdict,) = verdicts(unpaired, "a")
+    assert verdict.undecided
+    assert verdict.sentences()[0].endswith("— the others 0.83×–0.99× fp16 on a (10.000 ms).")
+
+
 def test_overlapping_intervals_that_are_not_a_tie_are_undecided_and_say_after_how_many_rounds():
     a = _paired("a", [1.0, 1.3, 1.0, 1.3, 1.0, 1.3], rounds_stop="budget")
     b = _paired("b", [1.2, 1.0, 1.2, 1.0, 1.2, 1.0])
