@@ -250,7 +250,10 @@ class TransformersModel(ModelSource):
             config = cls.config_class.from_pretrained(str(self.folder()), local_files_only=True)
         else:
             config = cls.config_class()
-        known = set(config.to_dict())
+        # A key is what the config's dict holds, or a public property it can set: in transformers 5
+        # `num_labels` is one (it makes id2label) and its dict has id2label only.
+        settable = {name for name, value in inspect.getmembers(type(config)) if isinstance(value, property) and value.fset is not None}
+        known = set(config.to_dict()) | {name for name in settable if not name.startswith("_")}
         unknown = sorted(key for key in overrides if key not in known)
         if unknown:
             close = {key: difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6) for key in unknown}

@@ -206,6 +206,19 @@ def test_bad_models_are_refused_with_what_to_do(old, new, message, tip, tmp_path
     assert not (catalog.parent / "models" / "bert" / "fp32.onnx").exists()
 
 
+def test_a_config_key_the_class_sets_by_a_property_is_taken(tmp_path):
+    """transformers 5's BertConfig keeps num_labels as a property (its dict holds id2label):
+    still a key a catalog may set."""
+    from pipeline.models import model_source
+    from pipeline.runtimes import load_catalog
+
+    text = BERT_CATALOG.replace('transformers = "BertModel"', 'transformers = "BertForSequenceClassification"')
+    catalog = load_catalog(write_catalog(tmp_path, text.replace("hidden_size = 32,", "hidden_size = 32, num_labels = 5,", 1)))
+    source = model_source("bert", catalog.model("bert"), tmp_path)
+    assert source.model_config(source.model_class()).num_labels == 5
+    assert source.create().classifier.out_features == 5
+
+
 def test_a_local_folder_needs_config_json_and_code_of_its_own_is_refused(tmp_path, run_cli):
     folder = tmp_path / "ws" / "my-bert"
     folder.mkdir(parents=True)
