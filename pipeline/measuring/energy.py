@@ -322,6 +322,10 @@ class EnergyReads:
         self.pace.after(reading)
         return result, reading
 
+    def readable(self) -> list[str]:
+        """The engines whose takes a meter reads (none where it says why not)."""
+        return [key for key, meter in self.meters.items() if meter is not None and not meter.why_not]
+
     def restart(self) -> None:
         """The readings forgotten, as the rounds forget takes they take again (the pace stays)."""
         self.readings = {key: [] for key in self.meters}

@@ -134,6 +134,9 @@ class RoundsOutcome:
     energy: dict[str, tuple[EnergyHow | None, str | None]] = field(default_factory=dict)
     # The errors themselves, for the stage to record (a refusal such as out of memory is evidence).
     errors: dict[str, PipelineError] = field(default_factory=dict, repr=False)
+    # What the rounds stopped on (rounds.stopping_rule): the catalog's ranking's name, or "median"
+    # where it was energy and fewer than two engines could be read; None: the catalog's.
+    stopped_by: str | None = None
 
     def record(self, entrant: str) -> RoundsRecord:
         how, why_not = self.energy.get(entrant, (None, None))

@@ -56,7 +56,7 @@ from pipeline.measuring.energy import Energy, EnergyReading, EnergyReads
 from pipeline.measuring.host_rounds import HostRounds
 from pipeline.measuring.host_speed import HostSpeed
 from pipeline.measuring.pace import HOST_LATENCY, follows_the_host, host_sets_the_pace, take_length
-from pipeline.measuring.ranking import ranking
+from pipeline.measuring.ranking import ENERGY, MEDIAN, Ranking, ranking
 from pipeline.measuring.records import RoundsOutcome, Take
 from pipeline.measuring.sm_clock import THROTTLE_THRESHOLD, SmClock
 from pipeline.measuring.stats import median
@@ -173,7 +173,6 @@ def rounds_loop(
     measure_in_rounds runs, and what the simulation of the rule (scripts/simulate_confidence.py)
     drives with synthetic engines and ``now``, a clock of their own."""
     entrants = list(engines)
-    by = ranking(settings.by)  # what the comparisons the rounds stop on are made by
     takes: dict[str, list[Take]] = {key: [] for key in entrants}
     times: dict[str, list[float]] = {key: [] for key in entrants}
     errors: dict[str, PipelineError] = {}
@@ -182,6 +181,7 @@ def rounds_loop(
     raced_out_by: dict[str, str] = {}
     short_rounds: list[int] = []
     reads = EnergyReads.of(engines, energy, _on_gpu)  # takes grow until the counters resolve, every engine's alike
+    by = stopping_rule(settings, reads, len(entrants))  # what the comparisons the rounds stop on are made by
     padded = True  # the first round: nothing is known yet of whether the host sets any engine's time
     rounds, stop = 0, "rounds"
     while rounds < MAX_ROUNDS:
@@ -251,7 +251,20 @@ def rounds_loop(
         host_noise=host.noise,
         host_held=held.mode,
         energy=reads.outcome(),
+        stopped_by=by.name,
     )
+
+
+def stopping_rule(settings: ProfileSettings, reads: EnergyReads, entrants: int) -> Ranking:
+    """What the rounds stop on: the catalog's ranking (``by``), but the medians where it is energy
+    and fewer than two of the point's engines have a meter that reads: no round could give the
+    others a reading, so by energy the rounds would be decided with nothing compared, after
+    ``min_rounds``, and the times measured no longer than that (the run says so:
+    stages/point.py)."""
+    by = ranking(settings.by)
+    if by is ENERGY and entrants > 1 and len(reads.readable()) < 2:
+        return MEDIAN
+    return by
 
 
 def _stop(measuring: int, rounds: int, open_pairs: list, elapsed: float, settings: ProfileSettings) -> str | None:

@@ -140,7 +140,7 @@ def undecided_words(outcome: RoundsOutcome) -> str:
     """What the budget left open: "undecided after 8 rounds (budget_s = 30): bf16/torch-compile
     against bf16/torch-reduce-overhead undecided (0.981–1.034)"."""
     running = {k: v for k, v in outcome.takes.items() if k not in outcome.failed and k not in outcome.raced_out}
-    by = ranking(outcome.settings.by)  # the pairs the rounds stopped on: by the median, energy or a percentile
+    by = ranking(outcome.stopped_by or outcome.settings.by)  # the pairs the rounds stopped on: by the median, energy or a percentile
     needed = by.takes_needed(len(outcome.entrants))
     kept = [sum(1 for take in takes if take.dropped is None) for takes in running.values()]
     if needed and kept and min(kept) < needed:  # no interval can be read yet: that, not the pairs, is what is open
@@ -151,6 +151,21 @@ def undecided_words(outcome: RoundsOutcome) -> str:
         )
     which = "" if by is MEDIAN else f" by {by.name}"
     return f"undecided{which} after {outcome.rounds} rounds (budget_s = {outcome.settings.budget_s:g})" + (f": {pairs}" if pairs else "")
+
+
+def unranked_words(outcome: RoundsOutcome) -> str:
+    """Why the rounds stopped on the medians where energy was asked for: "nothing to rank by energy
+    (fp16/onnxruntime: no RAPL: ...): the rounds stopped on the medians"."""
+    whys = {key: why_not for key, (_, why_not) in outcome.energy.items() if why_not}
+    # One reason for all (no RAPL here) is said once.
+    why = next(iter(whys.values())) if len(set(whys.values())) == 1 else "; ".join(f"{key}: {why}" for key, why in whys.items())
+    read = [key for key, (how, _) in outcome.energy.items() if how is not None]
+    count = f"{len(read)} of {len(outcome.entrants)} engines read" if read else "no engine read"
+    return (
+        f"nothing to rank by {outcome.settings.by}: {count}"
+        + (f" ({why})" if why else "")
+        + f"; the rounds stopped on the {outcome.stopped_by}s"
+    )
 
 
 # --- in rounds --------------------------------------------------------------------------------------
@@ -196,6 +211,8 @@ def _in_rounds(stages: list) -> dict[Any, Measured | PipelineError]:
         held.release()  # each repeat's process holds the host for itself
         if outcome.stop == "budget":  # once for the point: the engines' manifests say so each (rounds[].stop)
             reporter.warn(f"{label}: {undecided_words(outcome)}")
+        if outcome.stopped_by and outcome.stopped_by != outcome.settings.by:
+            reporter.warn(f"{label}: {unranked_words(outcome)}")
         repeats = [(outcome, None)]
         try:
             for number in range(2, settings.repeats + 1):

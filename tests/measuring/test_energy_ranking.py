@@ -21,13 +21,13 @@ class Metered:
 
     timing, on_gpu = "GPU time (CUDA events)", True
 
-    def __init__(self, meter: StandIn, ms: float, joules: float):
-        self.meter, self.ms, self.joules = meter, ms, joules
+    def __init__(self, meter: StandIn, ms: float, joules: float, noise: float = 0.01):
+        self.meter, self.ms, self.joules, self.noise = meter, ms, joules, noise
         self.rng = random.Random(int(ms * 1000 + joules * 10))
 
     def take(self, runs: int, min_ms: float) -> list[float]:
         self.meter.current = self
-        return [self.ms * self.rng.uniform(0.99, 1.01) for _ in range(max(runs, 3))]
+        return [self.ms * self.rng.uniform(1 - self.noise, 1 + self.noise) for _ in range(max(runs, 3))]
 
     def evidence(self) -> dict:
         return {"device": "stand-in"}
@@ -54,9 +54,9 @@ def settings(by: str) -> ProfileSettings:
     return ProfileSettings(take_ms=1, take_runs=1, round_ms=0, min_rounds=6, budget_s=20, racing=False, by=by)
 
 
-def rounds(by: str, energies: tuple[float, float], times: tuple[float, float], gpu=None):
+def rounds(by: str, energies: tuple[float, float], times: tuple[float, float], gpu=None, noise: float = 0.01):
     meter = StandIn()
-    engines = {"a": Metered(meter, times[0], energies[0]), "b": Metered(meter, times[1], energies[1])}
+    engines = {"a": Metered(meter, times[0], energies[0], noise), "b": Metered(meter, times[1], energies[1], noise)}
     meters = Energy(gpu=gpu or meter, cpu=NoEnergy("no RAPL"))
     return measure_in_rounds(engines, settings(by), seed=3, energy=meters)
 
@@ -86,3 +86,17 @@ def test_engines_without_a_reading_are_compared_with_nothing_by_energy():
     # No figure to pair: no comparison the rounds could wait on, and none claimed.
     assert done.stop == "decided" and done.rounds == 6
     assert done.record("a").energy_why_not == "no NVML: stand-in"
+
+
+def test_with_no_engine_read_by_energy_the_rounds_stop_on_the_medians_and_say_so():
+    """No meter reads (no NVML here): by energy nothing is compared, and the rounds would stop
+    after min_rounds, the times measured no longer than that. They stop on the medians instead,
+    as long as the times need, and the run's warning says why."""
+    from pipeline.stages.point import unranked_words
+
+    done = rounds("energy", energies=(1.0, 1.0), times=(1.0, 1.01), gpu=NoEnergy("no NVML: stand-in"), noise=0.05)
+    assert done.stopped_by == "median" and done.rounds > 6  # min_rounds: what energy would have stopped at
+    assert done.stop == "budget" or not undecided(done.takes, 0.03, 2, MEDIAN)
+    assert unranked_words(done) == ("nothing to rank by energy: no engine read (no NVML: stand-in); the rounds stopped on the medians")
+    read = rounds("energy", energies=(1.0, 1.5), times=(1.0, 1.0))
+    assert read.stopped_by == "energy"
