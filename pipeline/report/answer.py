@@ -48,7 +48,7 @@ class Answer:
     serving: list = field(default_factory=list)
 
     def headline(self) -> str:
-        """The terminal's title over the verdicts, naming what they rank by where it is not the median."""
+        """The title over the verdicts (terminal, markdown, HTML), naming what they rank by where it is not the median."""
         bys = {verdict.ranked_by: verdict.reading.by.best for verdict in self.verdicts if verdict.reading is not None}
         if len(bys) != 1:  # by the median (or, read from mixed manifests, by more than one figure)
             return "The answer: the fastest engine that meets the accuracy floor"
@@ -104,7 +104,7 @@ class Answer:
     def markdown(self) -> str:
         out = []
         if self.verdicts:
-            out.append("## The answer\n")
+            out.append(f"## {self.headline()}\n")
             out += [f"- {text}" for text in self.verdict_text()]
             out.append("")
         if self.serving:

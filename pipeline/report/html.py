@@ -127,7 +127,7 @@ def _answer(answer: Answer) -> list[str]:
     if not answer.verdicts:
         return []
     items = "".join(f"<li>{html.escape(text)}</li>" for text in answer.verdict_text())
-    parts = [f'<div class="verdict"><h2>The answer</h2><ul>{items}</ul></div>']
+    parts = [f'<div class="verdict"><h2>{html.escape(answer.headline())}</h2><ul>{items}</ul></div>']
     if answer.serving:  # --p99-under
         picks = "".join(f"<li>{html.escape(pick.sentence())}</li>" for pick in answer.serving)
         parts.append(f'<div class="verdict"><h2>Serving within a p99 of {answer.serving[0].budget_ms:g} ms</h2><ul>{picks}</ul></div>')

@@ -177,7 +177,7 @@ def short_status(status: str) -> str:
 
 def sweeps(rows: list[ComparisonRow], verdict_list: list[Verdict], tie: float = TIE, baseline_toolchain: str | None = None) -> list[Sweep]:
     """A sweep per model (and GPU type) measured at shape points."""
-    by_point = {(v.model, v.gpu_type, v.shape): v for v in verdict_list if v.fastest is not None}
+    by_point = {(v.model, v.gpu_type, v.shape): v for v in verdict_list if v.fastest is not None and not v.unranked}
     out: dict[tuple[str, str | None], Sweep] = {}
     judged_on = gpu_type_judged_on(rows)
     for row in rows:

@@ -160,8 +160,17 @@ class Verdict:
         return f"{row.median_ms:.3f} ms" if self.reading is None else self.reading.words(row)
 
     @property
+    def unranked(self) -> bool:
+        """Whether the answer is a lone candidate without the figure it is ranked by (no energy
+        reading): named by nothing, so no answer."""
+        return self.reading is not None and self.fastest is not None and not self.tied and self.reading.figure(self.fastest) is None
+
+    @property
     def undecided(self) -> bool:
-        """Whether some engine the data cannot tell from the answer is undecided, not a tie."""
+        """Whether some engine the data cannot tell from the answer is undecided, not a tie (or
+        the answer is unranked)."""
+        if self.unranked:
+            return True
         if self.undecided_among is not None:
             return self.undecided_among
         group = [self.fastest, *self.tied]
@@ -213,7 +222,12 @@ class Verdict:
             best = "fastest" if self.reading is None else self.reading.by.best
             fastest = f"no measurement can be trusted (below); the {best} of them" if self.untrusted else best
             by = "" if self.reading is None or best != "fastest" else f" by {self.ranked_by}"
-            answer = f"{self.where}: {fastest}{by}{meeting} is {line_label(row)}, {self.figure_words(row)}{rate}{self._sureness()}"
+            if self.unranked:
+                answer = (
+                    f"{self.where}: undecided by {self.ranked_by}{meeting}: {line_label(row)} cannot be ranked ({self.reading.needs(row)})"
+                )
+            else:
+                answer = f"{self.where}: {fastest}{by}{meeting} is {line_label(row)}, {self.figure_words(row)}{rate}{self._sureness()}"
             out.append(answer + self._speedups([row]) + ".")
         gpus = measured_on([*self.candidates, *(row for row, _ in self.excluded)])
         if len(gpus) > 1:

@@ -109,7 +109,7 @@ def test_tensorrt_releases_side_by_side(trt_workspace, run_cli):
 
 def test_markdown_csv_and_table_formats(trt_workspace, run_cli):
     md = run_cli(trt_workspace, "compare", "--format", "md").out
-    assert md.startswith("## The answer\n\n- tiny: fastest is ") and "\n### tiny\n" in md
+    assert md.startswith("## The answer: the fastest engine that meets the accuracy floor\n\n- tiny: fastest is ") and "\n### tiny\n" in md
     assert "| tiny_fp16 | trt10.16 |" in md and "vs trt10.14" in md
     rows = list(csv.DictReader(io.StringIO(run_cli(trt_workspace, "compare", "--format", "csv").out)))
     assert len(rows) == 4 and {r["toolchain"] for r in rows} == {"trt10.14", "trt10.16"}

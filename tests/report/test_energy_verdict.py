@@ -51,3 +51,29 @@ def test_an_engine_without_an_energy_reading_is_never_ranked_by_it():
     ), sentence
     assert sentence.endswith("the baseline toolchain's engine has no energy reading either.")  # not "no baseline-toolchain row"
     assert verdict.public()["undecided"]
+
+
+def test_a_lone_engine_without_an_energy_reading_is_not_named_the_least_energy():
+    (_, lone) = rows_of(rounds("energy", energies=(1.5, 1.0), times=(1.0, 1.0), gpu=NoEnergy("no NVML: stand-in")))
+    (verdict,) = verdicts([lone], "a", by=ENERGY)
+    assert verdict.unranked and verdict.undecided
+    (sentence,) = verdict.sentences()
+    assert (
+        sentence
+        == "m: undecided by energy: fp16 on b cannot be ranked (no energy reading: no NVML: stand-in) — no baseline-toolchain row to compare with."
+    )
+    document = verdict.public()
+    assert document["decided"] is False and document["undecided"] is True
+    (timed,) = verdicts([lone], "a", by=MEDIAN)  # by time it is the answer, alone
+    assert not timed.unranked and timed.public()["decided"] is True
+
+
+def test_every_report_titles_the_answer_by_its_ranking():
+    from pipeline.report.answer import Answer
+    from pipeline.report.html import _answer
+
+    answer = Answer(verdicts=verdicts(rows_of(rounds("energy", energies=(1.5, 1.0), times=(1.0, 1.0))), "a", by=ENERGY), sweeps=[])
+    title = "The answer: the engine of least energy that meets the accuracy floor"
+    assert answer.headline() == title
+    assert answer.markdown().startswith(f"## {title}\n\n- m: least energy is fp16 on b")
+    assert f"<h2>{title}</h2>" in _answer(answer)[0]

@@ -245,7 +245,7 @@ def test_compare_renders_markdown_and_json_from_manifests(demo, run_cli):
     catalog = demo / "pipeline.toml"
     md = run_cli(catalog, "compare", "--format", "md")
     assert md.exit_code == 0
-    assert md.out.startswith("## The answer\n\n- tiny: ")
+    assert md.out.startswith("## The answer: the fastest engine that meets the accuracy floor\n\n- tiny: ")
     assert "\n### tiny\n\n| engine | toolchain | median ms |" in md.out
     assert "| tiny_fp32 | onnxruntime |" in md.out and "1.00x vs fp32" in md.out
     assert "skipped: nvfp4 needs TensorRT" in md.out
