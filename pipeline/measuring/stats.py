@@ -416,7 +416,16 @@ def ratio_of_rounds(ratios: list[float], tie: float, confidence: float = CONFIDE
     # Too few rounds to reach the confidence: their whole range, and no decision (never a guess).
     low, high = interval if interval is not None else (min(ratios), max(ratios))
     said = outcome(low, high, tie) if interval is not None else "ambiguous"
-    return RatioEstimate(ratio=float(median(ratios)), low=low, high=high, rounds=len(ratios), outcome=said, confidence=confidence)
+    return RatioEstimate(ratio=ratio_median(ratios), low=low, high=high, rounds=len(ratios), outcome=said, confidence=confidence)
+
+
+def ratio_median(ratios: Sequence[float]) -> float:
+    """The median of ratios, the geometric mean of the two middle ones for an even count: so that
+    B over A is exactly 1 over A over B, whichever of the two a report computes (the arithmetic
+    mean of 105.0 and 115.0 inverts to 1/110 where 1/105 and 1/115 average to 1/109.8)."""
+    ordered = sorted(ratios)
+    n = len(ordered)
+    return float(ordered[n // 2] if n % 2 else math.sqrt(ordered[n // 2 - 1] * ordered[n // 2]))
 
 
 def unpaired_ratio(

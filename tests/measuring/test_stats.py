@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from pipeline.measuring.stats import LatencyStats
+from pipeline.measuring.stats import LatencyStats, ratio_of_rounds
 
 
 def test_statistics_of_a_known_series():
@@ -103,3 +103,14 @@ def test_the_batched_intervals_are_exactly_the_one_by_one_ones():
     pairs = [(new, old) for new in series for old in series]
     assert median_difference_cis(pairs) == [one_difference_ci(new, old) for new, old in pairs]
     assert median_difference_cis([]) == [] and bootstrap_median_cis([]) == []
+
+
+def test_a_paired_ratio_inverts_exactly_whichever_engine_is_named_first():
+    """An even count of rounds: the verdict inverts A over B where the crossovers read B over A,
+    and the two must print one speedup (the arithmetic mean of the middle two would give 110.0×
+    and 109.77×)."""
+    ratios = [100.0, 105.0, 115.0, 130.0]
+    forward, backward = ratio_of_rounds(ratios, 0.03), ratio_of_rounds([1 / r for r in ratios], 0.03)
+    assert forward.ratio == pytest.approx(math.sqrt(105.0 * 115.0), rel=1e-12)
+    assert backward.inverse().ratio == pytest.approx(forward.ratio, rel=1e-12)
+    assert ratio_of_rounds([1.0, 2.0, 4.0], 0.03).ratio == 2.0  # an odd count: the middle one
