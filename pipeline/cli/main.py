@@ -214,9 +214,10 @@ def profile(state: _State, **options):
 @cluster_options
 @pass_state
 def run(state: _State, **options):
-    """Export, build and profile a selection, then print the comparison.
+    """Export, build and profile a selection, then print the comparison of its models.
 
-    With no selection it runs the catalog's defaults: the demo on ONNX Runtime.
+    With no selection it runs the catalog's defaults: the demo on ONNX Runtime. The workspace's
+    other models are `pipeline compare`'s.
     """
     from pipeline.running.errors import DeviceFault, PipelineError, UsageError
 
@@ -228,11 +229,20 @@ def run(state: _State, **options):
             raise  # a fault: the fresh process that goes on prints the comparison
         # What did run (the other shape points and toolchains of a sweep) is still worth seeing.
         try:
-            _print_comparison(state, state.catalog.toolchains_named(selection.toolchains, selection.trts), "table", None)
+            _print_comparison(
+                state, state.catalog.toolchains_named(selection.toolchains, selection.trts), "table", None, _models_of(state, selection)
+            )
         except PipelineError:
             pass  # nothing was measured: the error says why
         raise
-    _print_comparison(state, chains, "table", None)
+    # The models it ran, every variant of theirs measured (the speedups read the baseline variant's);
+    # the workspace's other models are `pipeline compare`'s.
+    _print_comparison(state, chains, "table", None, _models_of(state, selection))
+
+
+def _models_of(state: _State, selection) -> list[str]:
+    """The models a selection names (the catalog's defaults where it names none), in its order."""
+    return list(dict.fromkeys(ref.model for ref in state.catalog.select(selection.engines, selection.models, selection.variants)))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -407,3 +407,14 @@ def test_a_pinned_process_sizes_onnx_runtimes_thread_pool_to_its_own_cores(tmp_p
     assert runtime._session(path, level).get_session_options().intra_op_num_threads == 0  # ONNX Runtime's own choice
     with running_on((sorted(os.sched_getaffinity(0))[0],)):
         assert runtime._session(path, level).get_session_options().intra_op_num_threads == 1
+
+
+def test_run_prints_the_comparison_of_the_models_it_ran_only(tmp_path, run_cli):
+    """Another model measured in the workspace before is `pipeline compare`'s, not this run's."""
+    text = TINY_CATALOG.replace("[variants.fp32]", '[models.other]\ntimm = "test_vit"\nbatch_size = 1\n\n[variants.fp32]', 1)
+    catalog = write_catalog(tmp_path / "ws", text)
+    assert run_cli(catalog, "run", "--engine", "other_fp32").exit_code == 0
+    ran = run_cli(catalog, "run", "--engine", "tiny_fp32")
+    assert ran.exit_code == 0 and "\ntiny: fastest is fp32 on onnxruntime" in ran.out
+    assert "other" not in ran.out
+    assert "other: " in run_cli(catalog, "compare").out
