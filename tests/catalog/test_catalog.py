@@ -96,6 +96,31 @@ def test_defaults_must_reference_defined_names(tmp_path):
         load_catalog(path)
 
 
+def test_a_catalog_without_defaults_runs_what_it_defines(tmp_path):
+    """No [defaults]: the demo's names are not this catalog's, so it runs its own models and
+    variants on its first toolchain; a [defaults] written in part keeps what it says."""
+    own = """
+[models.m]
+timm = "test_vit"
+batch_size = 1
+[variants.half]
+precision = "fp16"
+[variants.fp32]
+precision = "fp32"
+[toolchains.ort]
+kind = "onnxruntime"
+[toolchains.eager]
+kind = "torch"
+"""
+    defaults = load_catalog(write_catalog(tmp_path / "a", own)).defaults
+    assert (defaults.models, defaults.variants, defaults.toolchain) == (("m",), ("fp32",), "ort")
+    written = load_catalog(write_catalog(tmp_path / "b", '[defaults]\ntoolchain = "eager"\n' + own)).defaults
+    assert (written.models, written.variants, written.toolchain) == (("m",), ("fp32",), "eager")
+    wrong = write_catalog(tmp_path / "c", '[defaults]\nmodels = ["vit_tiny"]\n' + own)
+    with pytest.raises(UsageError, match="defaults.models: 'vit_tiny' is not defined"):
+        load_catalog(wrong)
+
+
 def test_trt_version_selects_its_toolchain(tiny_catalog):
     catalog = load_catalog(tiny_catalog)
     assert catalog.toolchain_for_trt("10.14") == "trt10.14"
