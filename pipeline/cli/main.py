@@ -80,15 +80,14 @@ def models(state: _State):
 
     catalog = state.catalog
     console = stdout_console()
-    table = Table(title=f"Models ({catalog.root / 'pipeline.toml'})")
+    table = Table(title=f"Models ({state.catalog_path or catalog.root / 'pipeline.toml'})")
     from pipeline.models import model_source
 
     for column in ("model", "source", "shapes", "weights"):
         table.add_column(column)
     for name, spec in catalog.models.items():
-        weights = f"checkpoint {spec.checkpoint}" if spec.checkpoint else f"random init (seed {spec.seed})"
         source = model_source(name, spec, catalog.root)
-        table.add_row(name, source.describe(), source.shapes_summary(), weights)
+        table.add_row(name, source.describe(), source.shapes_summary(), source.weights_words())
     console.print(table)
     variants = Table(title="Variants")
     for column in ("variant", "precision", "sparsity"):

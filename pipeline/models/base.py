@@ -342,6 +342,10 @@ class ModelSource(ABC):
         path = Path(path).expanduser()
         return path if path.is_absolute() else self.workspace_root / path
 
+    def weights_words(self) -> str:
+        """Where its weights come from, for `pipeline models`."""
+        return f"checkpoint {self.spec.checkpoint}" if self.spec.checkpoint else f"random init (seed {self.spec.seed})"
+
     def checkpoint_path(self) -> Path | None:
         """The catalog's local weights file (relative paths from the workspace), or None for seeded random weights."""
         if self.spec.checkpoint is None:

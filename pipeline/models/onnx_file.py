@@ -60,6 +60,9 @@ class OnnxModel(ModelSource):
             raise UsageError(f"model {self.name!r}: ONNX file {path} does not exist.", hint="fix `onnx` in pipeline.toml")
         return path
 
+    def weights_words(self) -> str:
+        return f"as in {self.spec.onnx}"
+
     def describe(self) -> str:
         return f"ONNX file {self.spec.onnx}"
 

@@ -99,6 +99,9 @@ class PythonModel(ModelSource):
     # Linear layers, as transformers are.
     quantize_linear_only = True
 
+    def weights_words(self) -> str:
+        return f"the factory's (torch seeded {self.spec.seed})"
+
     def describe(self) -> str:
         return f"PyTorch module from {self.spec.python}"
 

@@ -104,6 +104,9 @@ class TransformersModel(ModelSource):
     quantize_linear_only = True
     packages = ("transformers",)
 
+    def weights_words(self) -> str:
+        return f"as in {self.spec.path}" if self.spec.path else super().weights_words()
+
     def describe(self) -> str:
         where = f" from {self.spec.path}" if self.spec.path else ""
         return f"transformers {self.spec.transformers}{where} ({self.spec.attn_implementation} attention)"

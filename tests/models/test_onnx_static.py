@@ -35,3 +35,14 @@ def test_a_graph_without_dynamic_axes_runs_end_to_end_and_is_compared_at_its_one
     assert compared.exit_code == 0, compared.err
     rows = [row for row in json.loads(compared.out)["rows"] if row["model"] == "user"]
     assert rows and {row["shape"] for row in rows} == {"static"}
+
+
+def test_models_says_where_each_models_weights_come_from_and_names_the_catalog_read(tmp_path, run_cli):
+    catalog = tmp_path / "ws" / "mine.toml"
+    write_catalog(tmp_path / "ws", TINY_CATALOG + '\n[models.user]\nonnx = "user.onnx"\n').rename(catalog)
+    static_graph(tmp_path / "ws" / "user.onnx")
+    result = run_cli(catalog, "models")
+    assert result.exit_code == 0, result.err
+    assert "mine.toml" in result.out and "pipeline.toml" not in result.out
+    rows = {line.split("│")[1].strip(): line for line in result.out.splitlines() if line.count("│") > 3}
+    assert "as in user.onnx" in rows["user"] and "random init (seed 0)" in rows["tiny"]
