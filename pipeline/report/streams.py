@@ -44,7 +44,8 @@ def served_entries(records) -> list[dict[str, Any]]:
 # --- the section -----------------------------------------------------------------------------------
 
 
-STREAM_HEADERS = ("variant", "toolchain", "streams", "mode", "inf/s", "samples/s", "median ms", "p90 ms", "p99 ms", "p99 95% interval")
+# "throughput": samples (img, seq) a second, or tokens where a request carries them, each cell in its unit.
+STREAM_HEADERS = ("variant", "toolchain", "streams", "mode", "inf/s", "throughput", "median ms", "p90 ms", "p99 ms", "p99 95% interval")
 
 
 def stream_cells(row, entry: dict[str, Any]) -> list[str]:

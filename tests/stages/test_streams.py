@@ -88,7 +88,10 @@ def test_the_tables_show_a_streams_section(served, run_cli):
     result = run_cli(catalog, "compare")
     assert result.exit_code == 0, result.err
     section = result.out[result.out.index("tiny: serving concurrent streams") :]
+    header = section.splitlines()[1].split()
+    assert header[4:6] == ["inf/s", "throughput"]  # each throughput cell in its unit (img/s here, tok/s for tokens)
     lines = [line.split() for line in section.splitlines()[3:9]]
+    assert all(line[6] == "img/s" for line in lines)
     assert [(line[1], line[2], line[3]) for line in lines] == [
         ("onnxruntime", "1", "threads"),
         ("onnxruntime", "2", "threads"),
