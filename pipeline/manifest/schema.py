@@ -272,6 +272,8 @@ class ProfileDetails(_Model):
     iterations: int
     total_walltime_s: float
     latency_ms: LatencyStats
+    # Runs a second: the work done over the time it took (1000 / the runs' mean, or the tool's own
+    # throughput), not 1000 / the median — stalled runs lower it.
     throughput_qps: float
     # Samples per second: images, sequences for token inputs, or samples of another model's inputs
     # (sample_unit: "img", "seq" or "sample").
