@@ -274,6 +274,9 @@ class RatioEstimate(BaseModel):
     # The level the interval was read at: for a pair timed together, the level that holds every
     # pair of its set of rounds at 95 % together (family_confidence); 95 % for one timed apart.
     confidence: float = CONFIDENCE
+    # False: too few rounds for any interval at that level; low and high are then the rounds' whole
+    # range, no interval, and the outcome "ambiguous" (ratio_of_rounds).
+    bounded: bool = True
 
     @property
     def paired(self) -> bool:
@@ -283,7 +286,13 @@ class RatioEstimate(BaseModel):
         """B over A."""
         flipped = {"faster": "slower", "slower": "faster"}.get(self.outcome, self.outcome)
         return RatioEstimate(
-            ratio=1 / self.ratio, low=1 / self.high, high=1 / self.low, rounds=self.rounds, outcome=flipped, confidence=self.confidence
+            ratio=1 / self.ratio,
+            low=1 / self.high,
+            high=1 / self.low,
+            rounds=self.rounds,
+            outcome=flipped,
+            confidence=self.confidence,
+            bounded=self.bounded,
         )
 
 
@@ -416,7 +425,15 @@ def ratio_of_rounds(ratios: list[float], tie: float, confidence: float = CONFIDE
     # Too few rounds to reach the confidence: their whole range, and no decision (never a guess).
     low, high = interval if interval is not None else (min(ratios), max(ratios))
     said = outcome(low, high, tie) if interval is not None else "ambiguous"
-    return RatioEstimate(ratio=ratio_median(ratios), low=low, high=high, rounds=len(ratios), outcome=said, confidence=confidence)
+    return RatioEstimate(
+        ratio=ratio_median(ratios),
+        low=low,
+        high=high,
+        rounds=len(ratios),
+        outcome=said,
+        confidence=confidence,
+        bounded=interval is not None,
+    )
 
 
 def ratio_median(ratios: Sequence[float]) -> float:

@@ -241,6 +241,10 @@ class Lead:
         interval = f" [{self.estimate.low:.2f}–{self.estimate.high:.2f}]" if self.estimate is not None else ""
         if self.outcome == "same":
             return f"{first} and {second} are the same within the tie width{interval}"
+        if self.outcome == "ambiguous" and self.estimate is not None and not self.estimate.bounded:
+            # The rounds' range, not an interval: it may exclude 1 and still decide nothing.
+            ranged = f"their ratios ranged {self.estimate.low:.2f}–{self.estimate.high:.2f}"
+            return f"{first} and {second} cannot be told apart: {self.estimate.rounds} rounds are too few for an interval ({ranged})"
         if self.outcome == "ambiguous":
             return f"{first} and {second} cannot be told apart{interval}"
         if self.estimate is None:

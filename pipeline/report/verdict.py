@@ -281,7 +281,8 @@ class Verdict:
             return " — the baseline toolchain itself"
         # The baseline's own 1.00× is no speedup: a group it belongs to is set against it by its others.
         others = [row for row in group if row is not self.baseline]
-        estimates = [self.ratio(self.baseline, row) for row in others]
+        # Too few rounds for an interval: the rounds' range is no speedup's bounds (the medians say it).
+        estimates = [e if e is None or e.bounded else None for e in (self.ratio(self.baseline, row) for row in others)]
         whose = "" if len(others) == len(group) else ("the other " if len(others) == 1 else "the others ")
         base = f"{line_label(self.baseline)} ({self.figure_words(self.baseline)})"
         if any(flag.startswith(LAUNCH_BOUND) for flag in self.baseline.flags):

@@ -625,6 +625,18 @@ def test_a_group_holding_the_baseline_sets_only_its_others_against_it():
     assert verdict.sentences()[0].endswith("— the others 0.83×–0.99× fp16 on a (10.000 ms).")
 
 
+def test_too_few_rounds_for_an_interval_are_said_so_not_shown_as_one():
+    """Four rounds of two engines, B slower in each: no interval reaches 95 % (six rounds do).
+    The crossovers give the rounds' range as a range, and the answer's speedup is the medians'."""
+    a = _paired("a", [1.0, 1.1, 1.0, 1.2], rounds_stop="budget")
+    b = _paired("b", [2.0, 2.4, 2.1, 2.6], rounds_stop="budget")
+    (verdict,) = verdicts([a, b], "b")
+    assert verdict.undecided and verdict.sentences()[0].endswith("— the other 2.18× fp16 on b (2.400 ms).")
+    (sweep,) = sweeps([a, b], [verdict])
+    (sentence,) = sweep.crossovers()
+    assert sentence == "fp16: a and b cannot be told apart: 4 rounds are too few for an interval (their ratios ranged 2.00–2.18) at 2×2048."
+
+
 def test_overlapping_intervals_that_are_not_a_tie_are_undecided_and_say_after_how_many_rounds():
     a = _paired("a", [1.0, 1.3, 1.0, 1.3, 1.0, 1.3], rounds_stop="budget")
     b = _paired("b", [1.2, 1.0, 1.2, 1.0, 1.2, 1.0])
