@@ -22,6 +22,7 @@ from pipeline.cli.options import (
     Selection,
     calibration_options,
     cluster_options,
+    dry_run_option,
     engine_stage_options,
     force_option,
     repeat_option,
@@ -211,6 +212,7 @@ def profile(state: _State, **options):
 @calibration_options
 @repeat_option
 @cluster_options
+@dry_run_option
 @pass_state
 def run(state: _State, **options):
     """Export, build and profile a selection, then print the comparison of its models.
@@ -234,6 +236,8 @@ def run(state: _State, **options):
         except PipelineError:
             pass  # nothing was measured: the error says why
         raise
+    if launch.dry_run:
+        return  # nothing ran: nothing to compare
     # The models it ran, every variant of theirs measured (the speedups read the baseline variant's);
     # the workspace's other models are `pipeline compare`'s.
     _print_comparison(state, chains, "table", None, _models_of(state, selection))

@@ -188,9 +188,13 @@ def repeat_option(func):
     )(func)
 
 
+def dry_run_option(func):
+    return click.option("--dry-run", is_flag=True, help="Print what would run (the exact command and container) and stop.")(func)
+
+
 def engine_stage_options(func):
     """What build and profile take: the selection, the toolchain, --force, --dry-run, calibration, --cluster."""
-    func = click.option("--dry-run", is_flag=True, help="Print what would run (the exact command and container) and stop.")(func)
+    func = dry_run_option(func)
     for decorator in (cluster_options, calibration_options, force_option, toolchain_options, selection_options):
         func = decorator(func)
     return func

@@ -112,6 +112,9 @@ def test_dry_run_prints_the_plan_and_does_nothing(run_cli, tiny_catalog):
     assert "≥1 runs and ≥5 ms" in result.out
     assert "tiny_nvfp4: would be skipped: nvfp4 needs TensorRT" in result.out
     assert not (tiny_catalog.parent / "models").exists()
+    planned = run_cli(tiny_catalog, "run", "--engine", "tiny_fp16", "--dry-run")  # run plans as profile does, and compares nothing
+    assert planned.exit_code == 0 and "tiny_fp16: export → models/tiny/fp16.onnx" in planned.out and "The answer" not in planned.out
+    assert not (tiny_catalog.parent / "models").exists()
 
 
 def test_doctor_reports_the_embedded_runtime_as_usable(run_cli, tiny_catalog):
