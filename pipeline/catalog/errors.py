@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ValidationError
 
 
@@ -17,11 +19,12 @@ def validate_by_settings(section: str, table: dict, base: type[BaseModel], setti
             specs[name] = raw
             continue
         try:
-            specs[name] = settings_of(raw).model_validate(raw)
+            settings = settings_of(raw)
+            specs[name] = settings.model_validate(raw)
         except LookupError as exc:
             problems.append(f"{section}.{name}{lookup_field}: {exc.args[0]}")
         except ValidationError as exc:
-            for line in describe_errors(exc).splitlines():
+            for line in describe_errors(exc, model=settings).splitlines():
                 whole_table = line.startswith("(top level)")
                 problems.append(f"{section}.{name}{line.removeprefix('(top level)') if whole_table else '.' + line}")
     if problems:
@@ -29,11 +32,15 @@ def validate_by_settings(section: str, table: dict, base: type[BaseModel], setti
     return specs
 
 
-def describe_errors(exc: ValidationError, indent: str = "") -> str:
+def describe_errors(exc: ValidationError, indent: str = "", model: type[BaseModel] | None = None) -> str:
+    """One line a problem, located; a key ``model`` (the validated class) does not take is given
+    the one it most likely meant ("did you mean 'shapes'?")."""
     lines = []
     for error in exc.errors():
         where = ".".join(str(part) for part in error["loc"]) or "(top level)"
         message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "extra_forbidden" and model is not None:
+            message += _meant(model, error["loc"])
         if message.startswith(where + "."):
             # Already located, one problem a line (the toolchain tables, validated by their kind).
             lines += [f"{indent}{line}" for line in message.splitlines()]
@@ -42,3 +49,19 @@ def describe_errors(exc: ValidationError, indent: str = "") -> str:
         got_text = "" if isinstance(got, (dict, BaseModel)) else f" (got {got!r})"
         lines.append(f"{indent}{where}: {message}{got_text}")
     return "\n".join(lines)
+
+
+def _meant(model: type[BaseModel], loc: tuple) -> str:
+    """ "; did you mean 'shapes'?" for an unknown key at ``loc`` of ``model``, where the table it
+    sits in is a settings class and one of its keys is close; else nothing."""
+    import difflib
+
+    table: Any = model
+    for part in loc[:-1]:
+        field = table.model_fields.get(part) if isinstance(part, str) else None
+        annotation = field.annotation if field is not None else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return ""
+        table = annotation
+    close = difflib.get_close_matches(str(loc[-1]), list(table.model_fields), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""

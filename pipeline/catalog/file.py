@@ -53,6 +53,7 @@ def read_catalog(
         catalog = Catalog.model_validate(raw, context={TOOLCHAIN_SETTINGS: toolchain_settings, MODEL_SETTINGS: model_settings})
     except ValidationError as exc:
         raise UsageError(
-            f"{path} is not a valid catalog:\n{describe_errors(exc, indent='  ')}", hint=f"see the comments in {CATALOG_FILENAME}"
+            f"{path} is not a valid catalog:\n{describe_errors(exc, indent='  ', model=Catalog)}",
+            hint=f"see the comments in {CATALOG_FILENAME}",
         ) from None
     return catalog.model_copy(update={"root": path.parent.resolve()})

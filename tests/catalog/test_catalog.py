@@ -155,3 +155,14 @@ def test_stream_counts_default_to_one_and_are_kept_in_order(tmp_path):
     assert load_catalog(write_catalog(tmp_path / "a")).profile.streams == (1,)
     profile = load_catalog(write_catalog(tmp_path / "b", TINY_CATALOG.replace("round_ms = 0", "round_ms = 0\nstreams = [4, 1, 2]"))).profile
     assert profile.streams == (1, 2, 4) and profile.serves
+
+
+def test_a_misspelt_key_is_given_the_one_it_most_likely_meant(tmp_path):
+    text = TINY_CATALOG.replace("batch_size = 2", 'batch_size = 2\nshape = ["2x8"]').replace("take_ms = 5", "take_mss = 5")
+    with pytest.raises(UsageError) as refused:
+        load_catalog(write_catalog(tmp_path, text))
+    assert "models.tiny.shape: Extra inputs are not permitted; did you mean 'shapes'?" in refused.value.message
+    assert "profile.take_mss: Extra inputs are not permitted; did you mean 'take_ms'?" in refused.value.message
+    unlike = TINY_CATALOG.replace("take_ms = 5", "take_ms = 5\nzzz = 1")
+    with pytest.raises(UsageError, match=r"profile\.zzz: Extra inputs are not permitted \(got 1\)"):
+        load_catalog(write_catalog(tmp_path, unlike))
