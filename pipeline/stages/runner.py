@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pipeline.catalog import EngineRef
-from pipeline.running.errors import DeviceFault, EnvironmentMissing, PipelineError
+from pipeline.running.errors import DeviceFault, EnvironmentMissing, PipelineError, UsageError
 from pipeline.stages.base import STAGE_ORDER, RunContext, RunRequest
 from pipeline.stages.serving import serving_words
 
@@ -21,11 +21,22 @@ class RunSummary:
         if engine in self.succeeded:
             self.succeeded.remove(engine)
 
+    def say(self, where: str, error: PipelineError) -> None:
+        """The error, where it happened; its hint once a run (a model's bad setting fails each of
+        its engines on each toolchain alike, and its hint may be long)."""
+        from pipeline.running.reporting import print_error
+
+        said = any(error.hint and error.hint == other.hint for *_, other in self.failed)
+        print_error(f"{where}: {error.message}", None if said else error.hint)
+
     def raise_for_failures(self, requested: int, toolchains: list[str] | None = None) -> RunSummary:
         """One error naming every failed engine, or every toolchain with a failure when several
         ran (exit 3 when each failed for want of something)."""
         if self.failed:
-            worst = EnvironmentMissing if all(isinstance(e, EnvironmentMissing) for *_, e in self.failed) else PipelineError
+            worst = PipelineError
+            for kind in (EnvironmentMissing, UsageError):  # each failed for want of something, or by the user's input
+                if all(isinstance(e, kind) for *_, e in self.failed):
+                    worst = kind
             if toolchains and len(toolchains) > 1:
                 failing = [t for t in toolchains if any(toolchain == t for _, toolchain, _ in self.failed)]
                 raise worst(
@@ -174,7 +185,6 @@ def run_engines(ctx: RunContext, engines: list[EngineRef], toolchains: list[str]
     """Each engine on each toolchain (none: the export alone); a failure is reported and the rest
     still runs (like `make -k`). The profiles of the runtimes that time in this process are run
     last, a shape point at a time, every engine of the point in one set of rounds."""
-    from pipeline.running.reporting import print_error
     from pipeline.runtimes import get_runtime
     from pipeline.stages.point import prepare_points_ahead, profile_point
     from pipeline.stages.work_ahead import WorkAhead, room_on_the_gpu
@@ -189,7 +199,7 @@ def run_engines(ctx: RunContext, engines: list[EngineRef], toolchains: list[str]
         except PipelineError as exc:
             if len(toolchains) == 1:
                 raise
-            print_error(f"{toolchain}: {exc.message}", exc.hint)
+            summary.say(toolchain, exc)
             for engine in engines:
                 summary.fail(engine.name, toolchain, exc)
     points: dict = {}
@@ -206,7 +216,7 @@ def run_engines(ctx: RunContext, engines: list[EngineRef], toolchains: list[str]
                 except PipelineError as exc:
                     if single:
                         raise
-                    print_error(f"{engine.name}{f' on {toolchain}' if len(usable) > 1 else ''}: {exc.message}", exc.hint)
+                    summary.say(f"{engine.name}{f' on {toolchain}' if len(usable) > 1 else ''}", exc)
                     summary.fail(engine.name, toolchain, exc)
         ahead.finish(while_waiting=lambda: prepare_points_ahead(list(points.values()), room_on_the_gpu()))
         ctx.ahead = None  # the builds are over; what the work ahead serves stays until the profiles are
@@ -216,7 +226,7 @@ def run_engines(ctx: RunContext, engines: list[EngineRef], toolchains: list[str]
                 on = f" on {stage.toolchain}" if len(usable) > 1 else ""
                 if single and not shape:
                     raise exc
-                print_error(f"{stage.engine.name}{on}{where}: {exc.message}", exc.hint)
+                summary.say(f"{stage.engine.name}{on}{where}", exc)
                 summary.fail(stage.engine.name, stage.toolchain, exc)
     finally:
         ahead.close()

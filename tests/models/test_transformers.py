@@ -206,6 +206,14 @@ def test_bad_models_are_refused_with_what_to_do(old, new, message, tip, tmp_path
     assert not (catalog.parent / "models" / "bert" / "fp32.onnx").exists()
 
 
+def test_a_bad_model_setting_failing_every_engine_is_a_usage_error_its_hint_said_once(tmp_path, run_cli):
+    catalog = write_catalog(tmp_path / "ws", BERT_CATALOG.replace("hidden_size = 32,", "hiden_size = 32,", 1))
+    result = run_cli(catalog, "run", "--variant", "fp32", "--variant", "fp16", "--toolchain", "onnxruntime", "--toolchain", "torch-eager")
+    assert result.exit_code == 2, result.err
+    assert result.err.count("BertConfig has no key(s) 'hiden_size'") == 4
+    assert result.err.count("'hiden_size' → 'hidden_size'") == 1 and "Traceback" not in result.err
+
+
 def test_a_config_key_the_class_sets_by_a_property_is_taken(tmp_path):
     """transformers 5's BertConfig keeps num_labels as a property (its dict holds id2label):
     still a key a catalog may set."""
