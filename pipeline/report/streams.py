@@ -57,7 +57,7 @@ def stream_cells(row, entry: dict[str, Any]) -> list[str]:
     if bounded is not None:
         interval = f"{bounded[0]:.3f}–{bounded[1]:.3f}"
     elif entry["p99_requests_needed"] is not None:
-        interval = f"needs {entry['p99_requests_needed']} requests ({entry['requests']})"
+        interval = f"needs {entry['p99_requests_needed']} (has {entry['requests']})"
     else:
         interval = entry["bounded_by"]
     p99 = f"{entry['p99_ms']:.3f}" + ("" if bounded is not None else "?") if entry["p99_ms"] is not None else "–"
@@ -83,24 +83,41 @@ def _title(model: str, gpu_type: str | None, shape: str | None) -> str:
     return f"{model}{f' at {where}' if where else ''}: serving concurrent streams (inferences/s and each request's latency)"
 
 
-_NOTE = "? = too few requests to bound the p99; streams: each its own inputs, started together, timed over one span (docs/streams.md)"
+_NOTE = "? = too few requests to bound the p99 (needs N: the requests that could); streams: each its own inputs, started together, timed over one span (docs/streams.md)"
+
+
+# What a narrow terminal leaves out first, by header, until the table fits (the p99 and its interval,
+# what --p99-under reads, stay); files and --wide keep them.
+NARROW_DROPS = ("p90 ms", "median ms", "throughput")
+# Columns whose text reads from the left (the rest are numbers, right-aligned).
+_TEXT_COLUMNS = ("variant", "toolchain", "mode", "p99 95% interval")
 
 
 def streams_lines(rows, width: int | None) -> list[tuple[str, str | None]]:
-    """The terminal's streams section: a table per model and point whose rows served streams."""
+    """The terminal's streams section: a table per model and point whose rows served streams,
+    fitted to ``width`` by leaving out NARROW_DROPS in turn (None: every column)."""
     out: list[tuple[str, str | None]] = []
     for (model, gpu_type, shape), group in _groups(rows).items():
         cells = [stream_cells(row, entry) for row in group for entry in row.streams]
+        keep = list(range(len(STREAM_HEADERS)))
         widths = [max(cell_len(text) for text in column) for column in zip(STREAM_HEADERS, *cells)]
+        dropped = []
+        for header in NARROW_DROPS:
+            if width is None or sum(widths[i] for i in keep) + len(GAP) * (len(keep) - 1) <= width:
+                break
+            keep.remove(STREAM_HEADERS.index(header))
+            dropped.append(header)
 
-        def join(texts: list[str], widths: list[int] = widths) -> str:
-            return GAP.join(t.ljust(w) if i in (0, 1, 3, 9) else t.rjust(w) for i, (t, w) in enumerate(zip(texts, widths))).rstrip()
+        def join(texts: list[str], keep: list[int] = keep, widths: list[int] = widths) -> str:
+            parts = [(texts[i].ljust(widths[i]) if STREAM_HEADERS[i] in _TEXT_COLUMNS else texts[i].rjust(widths[i])) for i in keep]
+            return GAP.join(parts).rstrip()
 
         out.append((_title(model, gpu_type, shape), "italic"))
         out.append((join(list(STREAM_HEADERS)), "bold"))
-        out.append(("─" * (sum(widths) + len(GAP) * (len(widths) - 1)), None))
+        out.append(("─" * (sum(widths[i] for i in keep) + len(GAP) * (len(keep) - 1)), None))
         out += [(join(texts), None) for texts in cells]
-        out += [(line, "dim") for line in (wrap(_NOTE, width, indent="    ") if width else [_NOTE])]
+        note = _NOTE + (f"; left out to fit: {', '.join(dropped)} (--wide, or --format md, shows them)" if dropped else "")
+        out += [(line, "dim") for line in (wrap(note, width, indent="    ") if width else [note])]
         out.append(("", None))
     return out
 

@@ -104,6 +104,17 @@ def test_the_tables_show_a_streams_section(served, run_cli):
     assert "### tiny: serving concurrent streams" in markdown and "| fp32 | onnxruntime | 2 | threads |" in markdown
 
 
+def test_a_narrow_terminal_leaves_columns_out_in_turn_and_says_so(served, run_cli, monkeypatch):
+    catalog, _ = served
+    monkeypatch.setenv("COLUMNS", "80")
+    result = run_cli(catalog, "compare")
+    section = result.out[result.out.index("tiny: serving concurrent streams") :].splitlines()
+    table = section[1 : section.index(next(line for line in section if line.startswith("?")))]
+    assert table[0].split() == ["variant", "toolchain", "streams", "mode", "inf/s", "p99", "ms", "p99", "95%", "interval"]
+    assert all(len(line) <= 80 for line in table)
+    assert "left out to fit: p90 ms, median ms, throughput" in " ".join(section[len(table) :])
+
+
 def test_the_json_holds_each_count_to_its_schema(served, run_cli):
     import jsonschema
 
