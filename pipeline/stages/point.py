@@ -154,8 +154,8 @@ def undecided_words(outcome: RoundsOutcome) -> str:
 
 
 def unranked_words(outcome: RoundsOutcome) -> str:
-    """Why the rounds stopped on the medians where energy was asked for: "nothing to rank by energy
-    (fp16/onnxruntime: no RAPL: ...): the rounds stopped on the medians"."""
+    """Why the rounds stopped on the medians where energy was asked for: "nothing to rank by energy:
+    no engine read (no RAPL: /sys/class/powercap absent); the rounds stopped on the medians"."""
     whys = {key: why_not for key, (_, why_not) in outcome.energy.items() if why_not}
     # One reason for all (no RAPL here) is said once.
     why = next(iter(whys.values())) if len(set(whys.values())) == 1 else "; ".join(f"{key}: {why}" for key, why in whys.items())
