@@ -215,20 +215,7 @@ class Catalog(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _defaults_it_can_run(cls, data: Any) -> Any:
-        """What [defaults] leaves unwritten: the demo's (vit_tiny as fp32, fp16 and int8 on
-        onnxruntime) where the catalog defines them, else what it has — its models, its variants,
-        its first toolchain — so that a catalog of one's own needs no [defaults] to be valid."""
-        if not isinstance(data, dict) or not isinstance(data.get("defaults", {}), dict):
-            return data
-        tables = {key: data.get(key) if isinstance(data.get(key), dict) else {} for key in ("models", "variants", "toolchains")}
-        written, demo = dict(data.get("defaults", {})), Defaults()
-        if "models" not in written:
-            written["models"] = [name for name in demo.models if name in tables["models"]] or list(tables["models"])
-        if "variants" not in written:
-            written["variants"] = [name for name in demo.variants if name in tables["variants"]] or list(tables["variants"])
-        if "toolchain" not in written and tables["toolchains"] and demo.toolchain not in tables["toolchains"]:
-            written["toolchain"] = next(iter(tables["toolchains"]))
-        return {**data, "defaults": written}
+        return Defaults.filled_in(data)
 
     @field_validator("toolchains", mode="before")
     @classmethod

@@ -5,6 +5,7 @@ itself (pipeline/catalog/schema.py) holds the models, variants and toolchains th
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
@@ -150,6 +151,24 @@ class Defaults(_Strict):
     models: tuple[str, ...] = ("vit_tiny",)
     variants: tuple[str, ...] = ("fp32", "fp16", "int8")
     toolchain: str = "onnxruntime"
+
+    @classmethod
+    def filled_in(cls, catalog: Any) -> Any:
+        """A raw catalog with what its [defaults] leaves unwritten: the demo's (vit_tiny as fp32,
+        fp16 and int8 on onnxruntime) where the catalog defines them, else what it has — its
+        models, its variants, its first toolchain — so that a catalog of one's own needs no
+        [defaults] to be valid."""
+        if not isinstance(catalog, dict) or not isinstance(catalog.get("defaults", {}), dict):
+            return catalog
+        tables = {key: catalog.get(key) if isinstance(catalog.get(key), dict) else {} for key in ("models", "variants", "toolchains")}
+        written, demo = dict(catalog.get("defaults", {})), cls()
+        if "models" not in written:
+            written["models"] = [name for name in demo.models if name in tables["models"]] or list(tables["models"])
+        if "variants" not in written:
+            written["variants"] = [name for name in demo.variants if name in tables["variants"]] or list(tables["variants"])
+        if "toolchain" not in written and tables["toolchains"] and demo.toolchain not in tables["toolchains"]:
+            written["toolchain"] = next(iter(tables["toolchains"]))
+        return {**catalog, "defaults": written}
 
 
 class ClusterSettings(_Strict):

@@ -25,10 +25,8 @@ from pipeline.cli.state import pass_state
 @click.option(
     "--fail-above",
     type=click.FloatRange(min=0),
-    default=5.0,
-    show_default=True,
     metavar="PCT",
-    help="With --baseline: fail when an engine got slower than PCT percent beyond the noise.",
+    help="With --baseline: fail when an engine got slower than PCT percent beyond the noise (default 5).",
 )
 @click.option(
     "--wide", is_flag=True, help="Terminal table: every column, however wide (default: every column that fits, else a compact set)."
@@ -120,6 +118,10 @@ def compare(
     from pipeline.report.streams import parse_budget
 
     thresholds = [parse_accuracy_threshold(text) for text in accuracy_thresholds]  # checked before any work
+    if fail_above is not None and baseline is None:  # a CI job that forgot --baseline must not pass
+        from pipeline.running.errors import UsageError
+
+        raise UsageError("--fail-above gates against a baseline, and none was given.", hint="add --baseline DIR|REF")
     budget = parse_budget(p99_under) if p99_under is not None else None
     rows = _print_comparison(
         state,
@@ -144,7 +146,16 @@ def compare(
         from pipeline.report.gates import check_regressions
         from pipeline.workspace import Workspace
 
-        check_regressions(Workspace(catalog.root), names or None, baseline, fail_above, say=lambda text: click.echo(text, nl=False))
+        # To stderr, as the accuracy gate's: stdout is the comparison (a JSON or CSV document too).
+        check_regressions(
+            Workspace(catalog.root),
+            names or None,
+            baseline,
+            5.0 if fail_above is None else fail_above,
+            say=lambda text: click.echo(text, nl=False, err=True),
+            models=list(models) or None,
+            gpu_types=list(gpu_types) or None,
+        )
 
 
 def _print_comparison(

@@ -43,6 +43,10 @@ def launch_bound_flag(details) -> str | None:
 
 # How a host-slowed row's flag begins (the verdict leaves such a row out: pipeline/report/verdict.py).
 HOST_SLOWED = "host slowed"
+# Flags that make a row's number untrustworthy for a verdict and the regression gate
+# (rows.measurement_flags words them). A noisy row is not among them: its interval says how much
+# it is worth, and the verdict compares by intervals.
+UNTRUSTED = ("busy", "throttled", HOST_SLOWED)
 
 
 # A take was slowed by something beside it when its cgroup's quota held it off at least this share

@@ -9,9 +9,12 @@ from dataclasses import dataclass
 
 from pipeline.catalog.floor import THRESHOLD_FORMS, AccuracyFloor, AccuracyThreshold
 from pipeline.catalog.floor import parse_accuracy_threshold as accuracy_threshold
+from pipeline.catalog.shape import shown
 from pipeline.manifest import EngineManifest
+from pipeline.measuring.stats import median
+from pipeline.report.flags import UNTRUSTED
 from pipeline.report.manifest_sources import load_baseline, load_manifests
-from pipeline.report.rows import ComparisonRow
+from pipeline.report.rows import ComparisonRow, attach_timings, row_of, take_runs
 from pipeline.running.errors import PipelineError, UsageError
 from pipeline.workspace import Workspace, output_folder
 
@@ -20,55 +23,107 @@ from pipeline.workspace import Workspace, output_folder
 class Regression:
     engine: str
     toolchain: str
+    shape: str | None
     baseline_ms: float
     current_ms: float
     change_pct: float
     ci_low_ms: float
     ci_high_ms: float
     regressed: bool
+    # What the interval was read from: "takes" (each take's median, one figure a take: its runs
+    # share the host and clock, docs/tails.md) or "runs" (a measurement not timed in takes).
+    samples: str = "runs"
+    # Why the pair is not gated (a measurement the report does not trust, another batch); None: gated.
+    not_gated: str | None = None
 
 
-def regression_gate(current: list[EngineManifest], baseline: list[EngineManifest], fail_above_pct: float) -> list[Regression]:
-    """Every engine measured in both; `regressed` when slower by more than the threshold AND the noise."""
-    from pipeline.measuring.stats import median_difference_cis
+# A take median per round: fewer than this on either side and the interval is read from the runs.
+MIN_TAKES = 6
 
-    def measured(manifests):
-        return {
-            (m.engine, output_folder(m.toolchain or "?", m.gpu_type)): m.profile.details
-            for m in manifests
-            if m.profile is not None and m.profile.status == "done" and m.profile.details is not None
-        }
 
-    now, before = measured(current), measured(baseline)
-    results = []
+def regression_gate(
+    current: list[EngineManifest], baseline: list[EngineManifest], fail_above_pct: float, models: list[str] | None = None
+) -> list[Regression]:
+    """Every engine measured in both, at each shape point; `regressed` when slower by more than the
+    threshold AND the noise, of a measurement the report trusts on both sides at the same batch."""
+    from pipeline.measuring.bootstrap import median_difference_cis
+
+    now, before = _measured(current, models), _measured(baseline, models)
     keys = sorted(now.keys() & before.keys(), key=str)
-    intervals = median_difference_cis([(now[key].per_iteration_ms, before[key].per_iteration_ms) for key in keys])
-    for key, (low, high) in zip(keys, intervals):
-        new, old = now[key], before[key]
-        change = (new.latency_ms.median - old.latency_ms.median) / old.latency_ms.median * 100
+    series = [_samples(now[key], before[key]) for key in keys]
+    intervals = median_difference_cis([(new, old) for new, old, _ in series])
+    results = []
+    for key, (low, high), (_, _, samples) in zip(keys, intervals, series):
+        new, old = now[key][0], before[key][0]
+        change = (new.median_ms - old.median_ms) / old.median_ms * 100
+        not_gated = _not_gated(new, old)
         results.append(
             Regression(
                 engine=key[0],
                 toolchain=key[1] or "?",
-                baseline_ms=old.latency_ms.median,
-                current_ms=new.latency_ms.median,
+                shape=key[2],
+                baseline_ms=old.median_ms,
+                current_ms=new.median_ms,
                 change_pct=change,
                 ci_low_ms=low,
                 ci_high_ms=high,
-                regressed=change > fail_above_pct and low > 0.0,
+                regressed=not_gated is None and change > fail_above_pct and low > 0.0,
+                samples=samples,
+                not_gated=not_gated,
             )  # fmt: skip
         )
     return results
 
 
+def _measured(manifests: list[EngineManifest], models: list[str] | None) -> dict[tuple, tuple[ComparisonRow, list[float]]]:
+    """The rows measured, by engine, toolchain folder (and GPU type) and shape point: read as
+    compare reads them (a value it cannot use is the same one-line error), their runs kept and
+    the median of each of its takes beside it."""
+    out = {}
+    for m in manifests:
+        if m.profile is None or m.profile.status != "done" or m.profile.details is None or (models and m.model not in models):
+            continue
+        row = row_of(m)
+        attach_timings(row, m)
+        if row.median_ms and row.samples_ms:
+            takes = [median(runs) for runs in take_runs(row.samples_ms, m.profile.details.rounds) if runs]
+            out[(m.engine, output_folder(m.toolchain or "?", m.gpu_type), m.shape)] = (row, takes)
+    return out
+
+
+def _samples(new: tuple[ComparisonRow, list[float]], old: tuple[ComparisonRow, list[float]]) -> tuple[list[float], list[float], str]:
+    """What the noise is read from: the takes' medians where both were timed in enough takes (a
+    take's runs share its host and clock, and count about as one: docs/tails.md), else every run."""
+    (new_row, new_takes), (old_row, old_takes) = new, old
+    if len(new_takes) >= MIN_TAKES and len(old_takes) >= MIN_TAKES:
+        return new_takes, old_takes, "takes"
+    return new_row.samples_ms, old_row.samples_ms, "runs"
+
+
+def _not_gated(new: ComparisonRow, old: ComparisonRow) -> str | None:
+    """Why a change between the two says nothing of the engine: another batch, or a measurement the
+    report leaves out of its answer for its conditions (busy, throttled, host slowed)."""
+    if new.batch_size != old.batch_size:
+        return f"batch {old.batch_size} then, {new.batch_size} now"
+    for when, row in (("now", new), ("then", old)):
+        why = next((flag for flag in row.flags if flag.startswith(UNTRUSTED)), None)
+        if why is not None:
+            return f"{why.split(':')[0]} {when}"
+    return None
+
+
 def render_gate(results: list[Regression], threshold: float) -> str:
-    lines = [f"Regression gate: slower than {threshold:g}% beyond the runs' noise (95% bootstrap CI of the median difference)"]
+    lines = [f"Regression gate: slower than {threshold:g}% beyond the noise (95% bootstrap CI of the median difference)"]
     for r in results:
         verdict = "REGRESSED" if r.regressed else ("ok" if r.change_pct <= threshold else "ok (within noise)")
-        lines.append(
-            f"  {verdict:<18} {r.engine:<26} {r.toolchain:<14} {r.baseline_ms:9.3f} → {r.current_ms:9.3f} ms "
-            f"({r.change_pct:+6.1f}%, CI [{r.ci_low_ms:+.3f}, {r.ci_high_ms:+.3f}] ms)"
+        if r.not_gated is not None:
+            verdict = "not gated"
+        name = r.engine + (f" at {shown(r.shape)}" if r.shape else "")
+        line = (
+            f"  {verdict:<18} {name:<26} {r.toolchain:<14} {r.baseline_ms:9.3f} → {r.current_ms:9.3f} ms "
+            f"({r.change_pct:+6.1f}%, CI [{r.ci_low_ms:+.3f}, {r.ci_high_ms:+.3f}] ms, from the {r.samples})"
         )
+        lines.append(line + (f": {r.not_gated}" if r.not_gated else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -128,19 +183,31 @@ def check_accuracy(rows: list[ComparisonRow], thresholds: list[AccuracyThreshold
 
 
 def check_regressions(
-    workspace: Workspace, toolchains: list[str] | None, baseline: str, fail_above: float, say: Callable[[str], None]
+    workspace: Workspace,
+    toolchains: list[str] | None,
+    baseline: str,
+    fail_above: float,
+    say: Callable[[str], None],
+    models: list[str] | None = None,
+    gpu_types: list[str] | None = None,
 ) -> None:
     """`compare --baseline`: say each engine's change against the baseline's manifests, then raise
-    naming every engine that got slower than ``fail_above`` percent beyond the noise."""
-    results = regression_gate(
-        load_manifests(workspace.manifests_dir, toolchains), load_baseline(baseline, workspace, toolchains), fail_above
-    )
+    naming every engine that got slower than ``fail_above`` percent beyond the noise. ``models``,
+    ``gpu_types``: only those, as the comparison shows them."""
+
+    def chosen(manifests: list[EngineManifest]) -> list[EngineManifest]:
+        return [m for m in manifests if not gpu_types or m.gpu_type in gpu_types]
+
+    current = chosen(load_manifests(workspace.manifests_dir, toolchains))
+    results = regression_gate(current, chosen(load_baseline(baseline, workspace, toolchains)), fail_above, models)
     if not results:
         raise PipelineError(f"no engine was measured both now and in baseline {baseline}.", hint="compare the same engines and toolchains")
     say(render_gate(results, fail_above))
     regressed = [r for r in results if r.regressed]
     if regressed:
-        names = ", ".join(f"{r.engine} on {r.toolchain} ({r.change_pct:+.1f}%)" for r in regressed)
+        names = ", ".join(
+            f"{r.engine}{f' at {shown(r.shape)}' if r.shape else ''} on {r.toolchain} ({r.change_pct:+.1f}%)" for r in regressed
+        )
         raise PipelineError(
             f"{len(regressed)} engine(s) got slower than {fail_above:g}% beyond the noise: {names}.",
             hint="the lines marked REGRESSED above show the medians and the confidence interval",

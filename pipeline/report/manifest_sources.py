@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 from pipeline.manifest import EngineManifest, parse_manifest, read_manifest
-from pipeline.running.errors import PipelineError
+from pipeline.running.errors import PipelineError, UsageError
 from pipeline.workspace import Workspace
 
 
@@ -52,7 +52,7 @@ def _load_from_git(ref: str, workspace: Workspace, toolchains: list[str] | None)
     def git(*args: str) -> str:
         result = subprocess.run(["git", *args], cwd=workspace.root, capture_output=True, text=True)
         if result.returncode != 0:
-            raise PipelineError(
+            raise UsageError(
                 f"baseline {ref!r} is neither a directory nor a git ref with manifests: {result.stderr.strip() or 'git failed'}",
                 hint="pass a manifests directory, or a branch/commit that has manifests/ committed",
             )
@@ -68,7 +68,9 @@ def _load_from_git(ref: str, workspace: Workspace, toolchains: list[str] | None)
         parts = Path(name).parts
         if len(parts) != 3 or parts[1] == "export" or (toolchains and parts[1].split("@")[0] not in toolchains):
             continue
-        manifests.append(parse_manifest(git("show", f"{ref}:{name}"), f"{ref}:{name}"))
+        # ls-tree named it from the workspace, which may be a folder inside the repository: "./"
+        # reads it from there, where a bare path is read from the repository's top.
+        manifests.append(parse_manifest(git("show", f"{ref}:./{name}"), f"{ref}:{name}"))
     if not manifests:
         raise PipelineError(
             f"git ref {ref!r} has no engine manifests under manifests/ (they are git-ignored by default).",

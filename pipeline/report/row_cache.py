@@ -142,7 +142,7 @@ class RowCache:
 
     def fill_median_cis(self, rows: list[ComparisonRow]) -> None:
         """Each measured row's 95% bootstrap interval of its median, where the row has none yet."""
-        from pipeline.measuring.stats import bootstrap_median_cis
+        from pipeline.measuring.bootstrap import bootstrap_median_cis
 
         missing = [row for row in rows if row.median_ms is not None and row.median_ci_ms is None]
         for row, interval in zip(missing, bootstrap_median_cis([self.samples(row) for row in missing])):
@@ -154,7 +154,7 @@ class RowCache:
 
     def difference_cis(self, pairs: list[tuple[ComparisonRow, ComparisonRow]]) -> list[tuple[float, float]]:
         """The 95% bootstrap interval of median(row) - median(base) for each pair."""
-        from pipeline.measuring.stats import median_difference_cis
+        from pipeline.measuring.bootstrap import median_difference_cis
 
         keys = [self._pair_key(row, base) for row, base in pairs]
         missing = [i for i, key in enumerate(keys) if key is None or key not in self._pairs]

@@ -366,19 +366,26 @@ def _tail_bounds(row: ComparisonRow, records) -> None:
     split so (a manifest edited by hand)."""
     from pipeline.measuring.quantiles import runs_needed, take_quantile_interval
 
-    takes, start = [], 0
-    for record in records:
-        for take in record.takes:
-            if take.dropped is None:
-                takes.append(row.samples_ms[start : start + take.runs])
-                start += take.runs
-    if start != len(row.samples_ms) or not takes:
+    takes = take_runs(row.samples_ms, records)
+    if not takes:
         return
     row.tail_takes = len(takes)
     row.p90_interval_ms = take_quantile_interval(takes, 0.90)
     row.p99_interval_ms = take_quantile_interval(takes, 0.99)
     row.p90_takes_needed = runs_needed(0.90) if row.p90_interval_ms is None else None
     row.p99_takes_needed = runs_needed(0.99) if row.p99_interval_ms is None else None
+
+
+def take_runs(samples_ms: list[float], records) -> list[list[float]]:
+    """The per-iteration times split as the rounds kept them: each kept take's runs, in order,
+    record after record; none where they do not split so (a manifest edited by hand)."""
+    takes, start = [], 0
+    for record in records:
+        for take in record.takes:
+            if take.dropped is None:
+                takes.append(samples_ms[start : start + take.runs])
+                start += take.runs
+    return takes if start == len(samples_ms) else []
 
 
 def _take_rounds(row: ComparisonRow, records) -> None:

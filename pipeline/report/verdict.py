@@ -23,19 +23,17 @@ from pipeline.measuring.ranking import MEDIAN, Ranking
 from pipeline.measuring.stats import RatioEstimate
 from pipeline.report import pairs
 from pipeline.report.confidence import interval_words, time_ratio
-from pipeline.report.flags import LAUNCH_BOUND
+from pipeline.report.flags import LAUNCH_BOUND, UNTRUSTED
 from pipeline.report.gates import accuracy_shortfalls
 from pipeline.report.gpus import gpu_type_judged_on, gpu_words, measured_on
 from pipeline.report.ranked_decision import decide_by_percentile, reading_for
 from pipeline.report.reasons import grouped_reasons
 from pipeline.report.rows import ComparisonRow, shape_order
 
-# Flags that make a row's number untrustworthy for a verdict (rows.measurement_flags words them),
-# and the flag of an engine that failed its precision's own accuracy check. A noisy row is not
-# among them: its interval says how much it is worth, and the verdict compares by intervals.
-UNTRUSTED = ("busy", "throttled", "host slowed")
 # The tie width when the catalog gives none ([profile] tie).
 TIE = 0.03
+# The flag of an engine that failed its precision's own accuracy check (the flags that make a
+# row's number untrustworthy are flags.UNTRUSTED).
 INACCURATE = "inaccurate"
 
 

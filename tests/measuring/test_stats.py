@@ -55,7 +55,7 @@ def test_zero_mean_gives_undefined_cv_rather_than_a_crash():
 
 
 def test_bootstrap_interval_of_the_median_contains_it():
-    from pipeline.measuring.stats import bootstrap_median_ci
+    from pipeline.measuring.bootstrap import bootstrap_median_ci
 
     rng = np.random.default_rng(3)
     values = rng.normal(10.0, 1.0, 500)
@@ -65,7 +65,7 @@ def test_bootstrap_interval_of_the_median_contains_it():
 
 
 def test_difference_of_medians_is_significant_only_beyond_the_noise():
-    from pipeline.measuring.stats import median_difference_ci
+    from pipeline.measuring.bootstrap import median_difference_ci
 
     rng = np.random.default_rng(4)
     a = rng.normal(10.0, 1.0, 400)
@@ -78,7 +78,7 @@ def test_difference_of_medians_is_significant_only_beyond_the_noise():
 def test_the_batched_intervals_are_exactly_the_one_by_one_ones():
     """A report computes its intervals together (pipeline/measuring/stats.py); each must be bit for bit what
     resampling each series on its own gives, whatever the lengths (odd, even, one value), ties and repeats."""
-    from pipeline.measuring.stats import bootstrap_median_cis, median_difference_cis
+    from pipeline.measuring.bootstrap import bootstrap_median_cis, median_difference_cis
 
     def resampled_medians(values, rng):  # the textbook bootstrap, one series at a time
         values = np.asarray(values, dtype=np.float64)

@@ -315,15 +315,15 @@ def test_gate_fails_on_a_slowdown_and_names_it(trt_workspace, run_cli, tmp_path)
     slower.write(trt_workspace.parent / "manifests" / "trt10.16" / "tiny_fp16.json")
     result = run_cli(trt_workspace, "compare", "--format", "md", "--baseline", str(baseline), "--fail-above", "5")
     assert result.exit_code == 1
-    assert "REGRESSED" in result.out and "tiny_fp16" in result.out and "+8.0%" in result.out
+    assert "REGRESSED" in result.err and "tiny_fp16" in result.err and "+8.0%" in result.err and "Regression gate" not in result.out
     assert "ERROR 1 engine(s) got slower than 5% beyond the noise: tiny_fp16 on trt10.16 (+8.0%)" in result.err
     lenient = run_cli(trt_workspace, "compare", "--format", "md", "--baseline", str(baseline), "--fail-above", "10")
-    assert lenient.exit_code == 0 and "REGRESSED" not in lenient.out
+    assert lenient.exit_code == 0 and "REGRESSED" not in lenient.err
 
 
 def test_gate_passes_against_itself_and_rejects_an_empty_baseline(trt_workspace, run_cli, tmp_path):
     result = run_cli(trt_workspace, "compare", "--format", "md", "--baseline", str(trt_workspace.parent))
-    assert result.exit_code == 0 and result.out.count("ok ") == 4
+    assert result.exit_code == 0 and result.err.count("ok ") == 4
     empty = tmp_path / "empty"
     empty.mkdir()
     bad = run_cli(trt_workspace, "compare", "--baseline", str(empty))
@@ -343,7 +343,68 @@ def test_gate_reads_a_git_ref(trt_workspace, run_cli):
     result = run_cli(trt_workspace, "compare", "--format", "md", "--baseline", "HEAD")
     assert result.exit_code == 1 and "tiny_fp32 on trt10.14 (+30.0%)" in result.err
     missing = run_cli(trt_workspace, "compare", "--baseline", "no-such-ref")
-    assert missing.exit_code == 1 and "neither a directory nor a git ref" in missing.err
+    assert missing.exit_code == 2 and "neither a directory nor a git ref" in missing.err
+
+
+def test_the_gate_matches_engines_point_by_point_and_gates_only_what_it_can_trust():
+    """Each shape point against its own; another batch, or a measurement the report leaves out of
+    its answer (busy), is said and not gated; --model's choice holds for the gate too."""
+    from pipeline.report.gates import regression_gate, render_gate
+
+    def at(shape, scale=1.0, **update):
+        manifest = trt_manifest("trt10.14", "fp16", scale).model_copy(update={"shape": shape})
+        details = manifest.profile.details.model_copy(update=update)
+        return manifest.model_copy(update={"profile": manifest.profile.model_copy(update={"details": details})})
+
+    baseline = [at("2x16"), at("2x32", 4.0)]
+    slower_small = regression_gate([at("2x16", 2.0), at("2x32", 4.0)], baseline, 5.0)
+    assert [(r.shape, r.regressed) for r in slower_small] == [("2x16", True), ("2x32", False)]
+    assert "REGRESSED          tiny_fp16 at 2×16" in render_gate(slower_small, 5.0)
+    only_small = regression_gate([at("2x32", 4.0)], [at("2x16")], 5.0)  # no point in common: nothing set against another's
+    assert only_small == []
+    batch = regression_gate([at("2x16", 2.0, batch_size=4)], baseline, 5.0)
+    assert not batch[0].regressed and batch[0].not_gated == "batch 2 then, 4 now"
+    busy = {"start": {"load_average": [9.0, 9.0, 9.0], "cpu_count": 2}}
+    untrusted = regression_gate([at("2x16", 2.0, machine_load=busy)], baseline, 5.0)
+    assert not untrusted[0].regressed and untrusted[0].not_gated == "busy machine now", untrusted[0]
+    assert regression_gate([at("2x16", 2.0)], baseline, 5.0, models=["other"]) == []
+
+
+def test_the_gate_writes_to_stderr_and_refuses_a_threshold_without_a_baseline(trt_workspace, run_cli):
+    gated = run_cli(trt_workspace, "compare", "--format", "json", "--baseline", str(trt_workspace.parent))
+    assert gated.exit_code == 0 and json.loads(gated.out)["rows"] and "Regression gate" in gated.err
+    forgot = run_cli(trt_workspace, "compare", "--fail-above", "5")
+    assert forgot.exit_code == 2 and "--fail-above gates against a baseline, and none was given" in forgot.err
+
+
+def test_the_gate_reads_a_git_ref_from_a_workspace_inside_a_repository(trt_workspace, run_cli):
+    ws = trt_workspace.parent
+    repo = ws.parent
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    git("add", "-f", f"{ws.name}/manifests")
+    git("-c", "user.email=ci@example.invalid", "-c", "user.name=ci", "commit", "-qm", "results")
+    result = run_cli(trt_workspace, "compare", "--format", "md", "--baseline", "HEAD")
+    assert result.exit_code == 0 and result.err.count("ok ") == 4, result.err
+
+
+def test_a_baseline_manifest_compare_cannot_use_is_named_not_a_traceback(trt_workspace, run_cli, tmp_path):
+    baseline = tmp_path / "baseline"
+    shutil.copytree(trt_workspace.parent / "manifests", baseline)
+
+    def edit(name, change):
+        path = baseline / "trt10.16" / name
+        document = json.loads(path.read_text())
+        change(document["profile"]["details"])
+        path.write_text(json.dumps(document))
+
+    edit("tiny_fp16.json", lambda details: details.update(per_iteration_ms=[]) or details["latency_ms"].update(median=0.0))
+    result = run_cli(trt_workspace, "compare", "--baseline", str(baseline))
+    assert result.exit_code == 1 and "trt10.16/tiny_fp16.json holds a value compare cannot use" in result.err
+    assert "Traceback" not in result.err
 
 
 # --- on real ONNX Runtime runs ------------------------------------------------------------------
@@ -367,7 +428,9 @@ def test_gate_on_real_manifests_fails_a_slowdown_and_passes_a_run_with_the_same_
     rng = np.random.default_rng(0)
 
     def write_latencies(values):
-        details = measured.profile.details.model_copy(update={"per_iteration_ms": values, "latency_ms": LatencyStats.from_values(values)})
+        # Nor what the machine did around the real run (a busy one is not gated), nor its rounds' takes.
+        quiet = {"per_iteration_ms": values, "latency_ms": LatencyStats.from_values(values), "machine_load": {}, "rounds": []}
+        details = measured.profile.details.model_copy(update=quiet)
         measured.model_copy(update={"profile": measured.profile.model_copy(update={"details": details})}).write(path)
 
     typical = list(1.5 * rng.lognormal(0.0, 0.1, 300))
