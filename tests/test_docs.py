@@ -125,3 +125,17 @@ def test_no_guide_is_over_300_lines_and_the_run_records_are_pages_of_their_own()
     assert long == {}
     for record in (REPO_ROOT / "docs" / "results").glob("*.md"):
         assert any(f"results/{record.name}" in guide.read_text() for guide in (REPO_ROOT / "docs").glob("*.md")), record.name
+
+
+def test_the_docs_name_the_schema_versions_the_code_writes():
+    """A version said in prose or in the JSON schema's title goes stale silently: held here."""
+    import json
+
+    from pipeline.manifest.schema import SCHEMA_VERSION
+    from pipeline.report.json_document import JSON_SCHEMA_VERSION
+
+    schema = json.loads((REPO_ROOT / "docs" / "compare.schema.json").read_text())
+    assert schema["title"] == f"pipeline compare --format json, schema {JSON_SCHEMA_VERSION}"
+    assert schema["properties"]["schema"]["const"] == JSON_SCHEMA_VERSION
+    assert f'{{"schema": {JSON_SCHEMA_VERSION}, "verdicts"' in (REPO_ROOT / "docs" / "sweeps.md").read_text()
+    assert f"reads (now {SCHEMA_VERSION})" in (REPO_ROOT / "docs" / "outputs.md").read_text()

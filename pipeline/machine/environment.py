@@ -146,8 +146,11 @@ def git_state(root: Path) -> tuple[str | None, bool | None]:
         return None, None
 
 
-def capture_environment(root: Path) -> Environment:
-    commit, dirty = git_state(Path(root))
+def capture_environment() -> Environment:
+    """This machine and this pipeline. The commit is the pipeline's own checkout's (where this
+    package lies; None when installed from a wheel), not the workspace's, which may be a repository
+    of its own or none."""
+    commit, dirty = git_state(Path(__file__).resolve().parents[2])
     return Environment(
         hostname=platform.node(),
         os=f"{platform.system()} {platform.release()}",

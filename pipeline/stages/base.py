@@ -173,7 +173,7 @@ class Stage(ABC):
         )
 
     def environment(self):
-        environment = capture_environment(self.ctx.workspace.root)
+        environment = capture_environment()
         if self.ctx.cluster_node is not None:
             environment = environment.model_copy(update={"cluster_node": self.ctx.cluster_node})
         return environment
