@@ -275,6 +275,7 @@ def plan(
         if (said := bound.warning()) is not None and bound.bound is None:
             reporter.warn(f"{said[0]}. TIP {said[1]}")
     accepted = planned.confirmed or (planned.status == "unresolved" and apply_unresolved)
+    in_catalog = not planned.needed or (apply_ and accepted)  # what `command` runs is in the catalog by the end
     built = None
     if check_built and planned.status != "failed":
         from pipeline.precision.built import check_built as build_and_check
@@ -299,7 +300,7 @@ def plan(
     elif out is not None:
         _emit(toml_text, out)
     else:
-        report.print_plan(planned, len(result.layers), toml_text, command, stdout_console())
+        report.print_plan(planned, len(result.layers), toml_text, command, stdout_console(), in_catalog)
         if built is not None:
             stdout_console().print(built.said(floor), markup=False, highlight=False)
         if measured is not None:

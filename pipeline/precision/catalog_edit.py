@@ -99,6 +99,12 @@ def apply_variant(path: Path, name: str, table: dict[str, Any], expected_digest:
         variants = tomlkit.table(is_super_table=True)
         document.add("variants", variants)
     new = _table(tomlkit, table)
-    _take_trailing_lines(variants, new)
-    variants.add(name, new)
+    if hasattr(variants, "add"):
+        _take_trailing_lines(variants, new)
+        variants.add(name, new)
+    else:
+        # Variant tables apart from each other (one added after the toolchains, say): tomlkit reads
+        # them through a proxy with no body of its own, which places a new table after the first.
+        new.add(tomlkit.nl())
+        variants[name] = new
     atomic_write_text(path, tomlkit.dumps(document))

@@ -258,7 +258,7 @@ def print_depth(depth: list[dict[str, Any]], console) -> None:
         console.print(f"first unit below cosine 0.99: {first}")
 
 
-def print_plan(plan: Plan, total_layers: int, toml_text: str, command: str, console) -> None:
+def print_plan(plan: Plan, total_layers: int, toml_text: str, command: str, console, in_catalog: bool = True) -> None:
     confirm, search = plan.confirm, plan.search
     for bound in plan.unresolved():
         console.print(f"[yellow]{bound.unresolved_said()}[/yellow]")
@@ -303,7 +303,10 @@ def print_plan(plan: Plan, total_layers: int, toml_text: str, command: str, cons
     else:
         console.print(f"[red]floor {plan.floor}: held on the search batches, not confirmed by its bounds on the confirmation batches[/red]")
     console.print("\n" + toml_text.rstrip(), markup=False, highlight=False)
-    console.print(f"\nmeasure whether it still pays, in paired rounds beside the full and unquantized variants:\n  {command}", markup=False)
+    first = "" if in_catalog else "add the table above to the catalog (or plan with --apply), then "
+    console.print(
+        f"\n{first}measure whether it still pays, in paired rounds beside the full and unquantized variants:\n  {command}", markup=False
+    )
 
 
 def _bounds(plan: Plan, which: str) -> str:

@@ -91,6 +91,8 @@ def test_a_plan_on_the_users_data_hook_keeps_the_users_metric_within_its_max_dro
         "cosine ≥ 0.999, the metric at most 0.05 below FP32's (--floor and --max-drop)" in said and "metric " in said and "(FP32 " in said
     )
     assert f"4 batches of {hooks}:batches; metric {hooks}:accuracy" in said
+    # Not applied: the command that measures it names a variant the catalog has not got yet.
+    assert "add the table above to the catalog (or plan with --apply), then measure whether it still pays" in said
 
     plan = json.loads(run_cli(catalog, "plan", *args, *floor, "--format", "json").out)
     jsonschema.validate(plan, schema("plan"))

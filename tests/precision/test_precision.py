@@ -509,3 +509,22 @@ def test_a_per_sample_floor_is_planned_bounded_built_and_kept_in_the_engines_man
     engine = json.loads((catalog.parent / "manifests" / "onnxruntime" / "faulty_int8_plan.json").read_text())
     kept = engine["build"]["details"]["plan_check"]
     assert kept["metrics"] == plan["metrics"] and kept["floor"] == "per-sample cosine ≥ 0.99 on at least 90% of inputs"
+
+
+def test_apply_adds_the_variant_where_the_catalogs_variant_tables_lie_apart(tmp_path):
+    """A variant added by hand after the toolchains splits [variants.*] in two: tomlkit reads them
+    through a proxy, and the planned variant still goes in, every other line kept."""
+    import tomllib
+
+    from pipeline.precision.catalog_edit import apply_variant, digest
+
+    catalog = tmp_path / "pipeline.toml"
+    text = (
+        '[variants.fp32]\nprecision = "fp32"\n\n[toolchains.ort]\nkind = "onnxruntime"\n\n'
+        '# mine\n[variants.int8_ex]\nprecision = "int8"\nexclude = ["head"]\n'
+    )
+    catalog.write_text(text)
+    apply_variant(catalog, "int8_plan", {"precision": "int8", "models": ["tiny"], "exclude": ["head"]}, digest(catalog))
+    written = catalog.read_text()
+    assert set(tomllib.loads(written)["variants"]) == {"fp32", "int8_ex", "int8_plan"}
+    assert all(line in written.splitlines() for line in text.splitlines() if line)
