@@ -91,6 +91,7 @@ def sanitize(model, asked: bool = True) -> tuple[Any, dict[str, Any]]:
     started = time.perf_counter()
     severity = G_LOGGER.module_severity
     G_LOGGER.module_severity = G_LOGGER.ERROR  # its per-pass lines; -v shows the export's own
+    _ort_errors_only()
     try:
         # error_ok: a constant subgraph ONNX Runtime cannot evaluate (a custom op's) stays as it is.
         # ONNX's shape inference between passes, not ONNX Runtime's symbolic one: that one saves the
@@ -115,3 +116,14 @@ def sanitize(model, asked: bool = True) -> tuple[Any, dict[str, Any]]:
         "folded": {op: count for op, count in sorted((before - after).items())},
         "seconds": round(time.perf_counter() - started, 3),
     }
+
+
+def _ort_errors_only() -> None:
+    """ONNX Runtime's own log at errors only: the sessions the folding opens print a warning for
+    each node its CPU kernels cannot evaluate (an FP16 Sqrt, say), which the folding leaves as it is."""
+    try:
+        import onnxruntime
+
+        onnxruntime.set_default_logger_severity(3)
+    except ImportError:  # polygraphy then says what it lacks
+        pass

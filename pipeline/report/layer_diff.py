@@ -315,7 +315,7 @@ def diff(a: EngineSide, b: EngineSide) -> LayerDiff:
     layers_a, layers_b = side_layers(a), side_layers(b)
     for side, layers in ((a, layers_a), (b, layers_b)):
         if not layers:
-            raise PipelineError(f"{side.label} has neither per-layer times nor layer information.", hint=how_to_get_layers())
+            raise PipelineError(f"{side.label} has neither per-layer times nor layer information.", hint=how_to_get_layers(side.runtime))
     rows = match(layers_a, layers_b)
     if not any(row.a and row.b for row in rows):
         raise UsageError(
@@ -325,7 +325,10 @@ def diff(a: EngineSide, b: EngineSide) -> LayerDiff:
     return LayerDiff(a, b, rows)
 
 
-def how_to_get_layers() -> str:
+def how_to_get_layers(runtime: str | None = None) -> str:
+    """How a side would get layers; none for a workspace engine of a runtime that records neither."""
+    if runtime is not None and "TensorRT" not in runtime:
+        return f"{runtime} records no per-layer times or layer information, so its engines have none to diff: diff TensorRT or TensorRT-RTX engines (docs/diff.md)"
     return (
         "`pipeline profile` writes the per-layer profile and `pipeline build` the layer information of a workspace "
         "engine; from trtexec: --dumpProfile --exportProfile=… for times, --profilingVerbosity=detailed "

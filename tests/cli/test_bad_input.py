@@ -443,6 +443,8 @@ CASES = [
          measured_copy(layer_json, "diff", LAYERS_110, "{ws}/other.json"), 2, "matches one of other.json by name or by ONNX node", "the same model"),
     Case("diff-no-layers", "a side with neither per-layer times nor layer information",
          measured_copy(times_only, "diff", "{ws}/times", LAYERS_110), 1, "holds neither per-layer times nor layer information", "pipeline profile"),
+    Case("diff-onnxruntime", "engines of a runtime that records no layers", measured_copy(None, "diff", "onnxruntime/bert_fp32", "onnxruntime/bert_fp32"), 1,
+         "has neither per-layer times nor layer information", "ONNX Runtime records no per-layer times or layer information"),
     Case("diff-broken-manifest", "a manifest of the engine that is broken",
          measured_copy(lambda ws: (ws / "manifests" / "onnxruntime" / "bert_fp32.json").write_text("{"), "diff", "onnxruntime/bert_fp32", LAYERS_110), 1,
          "bert_fp32.json is not JSON", "re-run the stage that wrote it"),

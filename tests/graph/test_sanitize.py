@@ -258,3 +258,23 @@ def test_a_fold_onnx_runtime_cannot_check_is_said_unchecked(tmp_path, run_cli):
         == 'unchecked: ONNX Runtime cannot run "scale_it" (acme.custom:FancyScale), a custom op, for the FP32 reference'
     )
     assert details.parity is None and details.parity_by_shape == {}
+
+
+def test_folding_says_nothing_of_nodes_onnx_runtimes_cpu_kernels_cannot_evaluate(capfd):
+    """An FP16 Sqrt of a constant: ONNX Runtime has no CPU kernel for it, and its log printed a
+    warning for each such node on every export (12 for timm's test_vit); the node stays unfolded."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from pipeline.graph.sanitize import sanitize
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT16, [4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT16, [4])
+    scale = numpy_helper.from_array(np.full((4,), 4.0, np.float16), "scale")
+    nodes = [helper.make_node("Sqrt", ["scale"], ["root"], name="root"), helper.make_node("Mul", ["x", "root"], ["y"], name="scaled")]
+    model = helper.make_model(helper.make_graph(nodes, "half", [x], [y], [scale]), opset_imports=[helper.make_opsetid("", 17)])
+    capfd.readouterr()
+    folded, record = sanitize(onnx.shape_inference.infer_shapes(model))
+    out, err = capfd.readouterr()
+    assert "onnxruntime" not in err + out and "Could not find a CPU kernel" not in err + out
+    assert {node.op_type for node in folded.graph.node} >= {"Mul"}
