@@ -85,7 +85,7 @@ def export_bundle(out: Path) -> tuple[int, int]:
     if not records:
         raise UsageError(
             f"nothing compiled is recorded in {cache_dir()}: there is no compiled work to export.",
-            hint="run the compiled toolchains first (`pipeline run --toolchain torch-compile`), then export",
+            hint='profile a compiled toolchain first (kind = "torch", backend = "compile"), then export',
         )
     with atomic_output(out) as tmp, zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as bundle:
         bundle.writestr("KIND", BUNDLE_KIND)
@@ -102,11 +102,16 @@ def import_bundle(path: Path) -> dict[str, int]:
     try:
         bundle = zipfile.ZipFile(path)
     except (OSError, zipfile.BadZipFile) as exc:
-        raise UsageError(f"{path} is not a compile cache `pipeline cache export` wrote: {exc}") from exc
+        raise UsageError(
+            f"{path} is not a compile cache `pipeline cache export` wrote: {exc}", hint="pass the .zip `pipeline cache export` wrote"
+        ) from exc
     with bundle:
         names = bundle.namelist()
         if "KIND" not in names or bundle.read("KIND").decode() != BUNDLE_KIND:
-            raise UsageError(f"{path} is not a compile cache `pipeline cache export` wrote (it has no KIND record).")
+            raise UsageError(
+                f"{path} is not a compile cache `pipeline cache export` wrote (it has no KIND record).",
+                hint="pass the .zip `pipeline cache export` wrote",
+            )
         counts: dict[str, int] = {"records": 0}
         for name in names:
             if not name.startswith("megacache/"):

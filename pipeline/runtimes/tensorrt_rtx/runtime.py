@@ -72,7 +72,11 @@ class TensorRtRtxRuntime(EngineRuntime):
         root = cache_dir() / "tensorrt-rtx"
         pulled = sorted(path.name for path in root.glob("*-cu1*") if (path / "pipeline-env.json").is_file()) if root.is_dir() else []
         if not pulled:
-            return "TensorRT-RTX releases", False, f"none pulled in {root} (`pipeline toolchains pull trt-rtx1.7`)"
+            return (
+                "TensorRT-RTX releases",
+                False,
+                f"none pulled in {root} (`pipeline toolchains pull NAME`, NAME a tensorrt-rtx toolchain of the catalog)",
+            )
         return "TensorRT-RTX releases", True, f"pulled in {root}: {', '.join(pulled)}"
 
     def targets(self) -> tuple[str, ...]:
