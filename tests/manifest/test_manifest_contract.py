@@ -66,8 +66,9 @@ def normalised(manifest: dict, root: Path) -> dict:
             return ["<each>", items[0]] if items and all(item == items[0] for item in items) else items
         return {text(key): "<id>" if key in IDS else _measured(key, item) or walk(item) for key, item in value.items()}
 
-    # The machine's record itself: its keys are the contract, its words the machine's.
-    masked = {key: "<machine>" if isinstance(value, str) else walk(value) for key, value in environment.items()}
+    # The machine's record itself: its keys are the contract, its words the machine's (and the
+    # pipeline's checkout's: its commit, and whether it has changes, as the one running it has it).
+    masked = {key: "<machine>" if isinstance(value, str) or key.startswith("git_") else walk(value) for key, value in environment.items()}
     return {**walk(manifest), "environment": masked} if "environment" in manifest else walk(manifest)
 
 
