@@ -244,7 +244,7 @@ class Lead:
         if self.outcome == "ambiguous" and self.estimate is not None and not self.estimate.bounded:
             # The rounds' range, not an interval: it may exclude 1 and still decide nothing.
             ranged = f"their ratios ranged {self.estimate.low:.2f}–{self.estimate.high:.2f}"
-            return f"{first} and {second} cannot be told apart: {self.estimate.rounds} rounds are too few for an interval ({ranged})"
+            return f"{first} and {second} cannot be told apart in {self.estimate.rounds} rounds, too few for an interval ({ranged})"
         if self.outcome == "ambiguous":
             return f"{first} and {second} cannot be told apart{interval}"
         if self.estimate is None:

@@ -68,7 +68,7 @@ def test_without_the_rule_recorded_its_few_rounds_decide_nothing():
     (sentence,) = sweep.crossovers()
     assert (
         sentence
-        == "fp16: fast and slow cannot be told apart: 3 rounds are too few for an interval (their ratios ranged 48.00–48.00) at 2×512."
+        == "fp16: fast and slow cannot be told apart in 3 rounds, too few for an interval (their ratios ranged 48.00–48.00) at 2×512."
     )
 
 

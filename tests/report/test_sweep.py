@@ -634,7 +634,7 @@ def test_too_few_rounds_for_an_interval_are_said_so_not_shown_as_one():
     assert verdict.undecided and verdict.sentences()[0].endswith("— the other 2.18× fp16 on b (2.400 ms).")
     (sweep,) = sweeps([a, b], [verdict])
     (sentence,) = sweep.crossovers()
-    assert sentence == "fp16: a and b cannot be told apart: 4 rounds are too few for an interval (their ratios ranged 2.00–2.18) at 2×2048."
+    assert sentence == "fp16: a and b cannot be told apart in 4 rounds, too few for an interval (their ratios ranged 2.00–2.18) at 2×2048."
 
 
 def test_overlapping_intervals_that_are_not_a_tie_are_undecided_and_say_after_how_many_rounds():
