@@ -177,7 +177,7 @@ def _print_comparison(
     from pipeline.report.compare import write_output
     from pipeline.report.flags import NOISY_CV
     from pipeline.report.tables import parse_columns
-    from pipeline.running.reporting import stdout_console
+    from pipeline.running.reporting import Reporter, stdout_console
     from pipeline.workspace import Workspace
 
     console = stdout_console()
@@ -198,11 +198,10 @@ def _print_comparison(
         thresholds=thresholds,
         p99_under_ms=p99_under_ms,
         by=by,
+        warn=Reporter().warn,
     )
     differently = [f"{r.engine} on {r.toolchain}: {flag}" for r in rows for flag in r.flags if flag.startswith("measured differently")]
     if differently:
-        from pipeline.running.reporting import Reporter
-
         for line in differently:
             Reporter().warn(f"{line}; the comparison is not like for like")
     if out is not None:

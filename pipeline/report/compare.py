@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+from collections.abc import Callable
 from pathlib import Path
 
 from pipeline.catalog import Catalog
@@ -20,7 +21,7 @@ from pipeline.measuring.ranking import ranking
 from pipeline.report.answer import Answer
 from pipeline.report.flags import NOISY_CV
 from pipeline.report.json_document import render_json
-from pipeline.report.manifest_sources import load_manifests, manifest_paths
+from pipeline.report.manifest_sources import earlier_builds_words, load_manifests, manifest_paths, measured_on_earlier_builds
 from pipeline.report.row_cache import workspace_cache
 from pipeline.report.row_comparisons import compare_rows
 from pipeline.report.rows import attach_timings
@@ -66,12 +67,14 @@ def compare(
     thresholds: list[AccuracyThreshold] = (),
     p99_under_ms: float | None = None,
     by: str | None = None,
+    warn: Callable[[str], None] | None = None,
 ):
     """Rows plus their rendering in ``fmt`` (a rich renderable for "table", at ``width``
     columns, text otherwise), the answer first: the verdict per model and shape point (the fastest
     engine meeting ``thresholds``, else the catalog's accuracy floor for the model, else each
     precision's own accuracy check) and the sweep tables in ``metric`` (pipeline/report/sweep.py),
-    the verdict ranked ``by`` the median or a percentile (None: the catalog's [profile] by)."""
+    the verdict ranked ``by`` the median or a percentile (None: the catalog's [profile] by).
+    What it leaves out as measured on an earlier build of its engine, it says to ``warn``."""
     if fmt not in FORMATS:
         raise UsageError(f"unknown format {fmt!r}.", hint=f"use one of {', '.join(FORMATS)}")
     if metric not in METRICS:
@@ -82,6 +85,12 @@ def compare(
         catalog.model(name)
     cache = workspace_cache(workspace.manifests_dir, noisy_cv)
     rows = [row for row in cache.rows(manifest_paths(workspace.manifests_dir, toolchains)) if not models or row.model in models]
+    earlier = measured_on_earlier_builds({Path(row.source): cache.build_of(Path(row.source)) for row in rows if row.source}, cache.build_of)
+    if earlier:
+        left_out = {str(path) for path in earlier}
+        rows = [row for row in rows if row.source not in left_out]
+        if warn is not None:
+            warn(earlier_builds_words(earlier))
     if gpu_types:
         have = sorted({row.gpu_type for row in rows if row.gpu_type})
         unknown = [t for t in gpu_types if t not in have]

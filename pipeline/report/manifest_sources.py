@@ -1,10 +1,12 @@
 """Where a comparison's manifests come from: the workspace's manifests/ folder (one manifest a row:
 each shape point's, not the engine's own), another run's folder, or a git ref that has them
-committed (`compare --baseline`)."""
+committed (`compare --baseline`). A shape point measured on a build of its engine that has since
+been replaced is not among them (measured_on_earlier_builds)."""
 
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from pipeline.manifest import EngineManifest, parse_manifest, read_manifest
@@ -32,8 +34,50 @@ def engine_manifest_names(names: list[str]) -> list[str]:
     return [name for name in names if "@" in name or name.removesuffix(".json") not in measured_at_points]
 
 
+def measured_on_earlier_builds(points: dict[Path, str | None], build_of: Callable[[Path], str | None]) -> list[Path]:
+    """The shape points' manifests (``bert_fp16@2x512.json``, each with the fingerprint of the
+    build it measured) whose engine has been built again since: its own manifest
+    (``bert_fp16.json``, read by ``build_of``; None where there is none) records another build.
+    The model, its precision or the toolchain changed and the point was not measured again — it
+    left the catalog's shapes, or the run stopped before it — so its figures are of an engine
+    that no longer exists, and beside the others' they would answer for a model that is gone."""
+    earlier, builds = [], {}
+    for point, measured in points.items():
+        name, at, _ = point.name.partition("@")
+        if not at or measured is None:
+            continue
+        engine = point.with_name(f"{name}.json")
+        if engine not in builds:  # an engine's points share its manifest: read once
+            builds[engine] = build_of(engine)
+        built = builds[engine]
+        if built is not None and built != measured:
+            earlier.append(point)
+    return earlier
+
+
+def earlier_builds_words(paths: list[Path]) -> str:
+    """What a comparison left out as measured on an earlier build, in one line."""
+    shown = ", ".join(f"{path.parent.name}/{path.stem}" for path in paths[:6]) + (f" and {len(paths) - 6} more" if len(paths) > 6 else "")
+    return (
+        f"left out {len(paths)} shape point{'s' if len(paths) != 1 else ''} measured on an earlier build of "
+        f"{'their' if len(paths) != 1 else 'its'} engine ({shown}): the engine has been built again since; "
+        "`pipeline run` measures them again where they are among the model's shapes; else delete their manifests"
+    )
+
+
+def built_from(manifest: EngineManifest) -> str | None:
+    """What a manifest's engine was built from, as one string: the fingerprints of its export and
+    its build (an export that failed since leaves the build's record as it was). None: no build."""
+    if manifest.build is None:
+        return None
+    return f"{manifest.export.fingerprint if manifest.export is not None else '-'}/{manifest.build.fingerprint}"
+
+
 def load_manifests(manifests_dir: Path, toolchains: list[str] | None = None) -> list[EngineManifest]:
-    return [read_manifest(path) for path in manifest_paths(manifests_dir, toolchains)]
+    manifests = [read_manifest(path) for path in manifest_paths(manifests_dir, toolchains)]
+    points = {Path(m._source): built_from(m) for m in manifests if m._source}
+    earlier = set(measured_on_earlier_builds(points, lambda path: built_from(read_manifest(path)) if path.is_file() else None))
+    return [m for m in manifests if not m._source or Path(m._source) not in earlier]
 
 
 def load_baseline(spec: str, workspace: Workspace, toolchains: list[str] | None) -> list[EngineManifest]:
@@ -63,14 +107,20 @@ def _load_from_git(ref: str, workspace: Workspace, toolchains: list[str] | None)
     for name in listing:
         by_folder.setdefault(str(Path(name).parent), []).append(Path(name).name)
     listing = [f"{folder}/{name}" for folder, names in by_folder.items() for name in engine_manifest_names(sorted(names))]
-    manifests = []
+    manifests = {}
     for name in listing:
         parts = Path(name).parts
         if len(parts) != 3 or parts[1] == "export" or (toolchains and parts[1].split("@")[0] not in toolchains):
             continue
         # ls-tree named it from the workspace, which may be a folder inside the repository: "./"
         # reads it from there, where a bare path is read from the repository's top.
-        manifests.append(parse_manifest(git("show", f"{ref}:./{name}"), f"{ref}:{name}"))
+        manifests[Path(name)] = parse_manifest(git("show", f"{ref}:./{name}"), f"{ref}:{name}")
+    committed = {Path(folder, name) for folder, names in by_folder.items() for name in names}
+    earlier = measured_on_earlier_builds(
+        {path: built_from(m) for path, m in manifests.items()},
+        lambda path: built_from(parse_manifest(git("show", f"{ref}:./{path}"), f"{ref}:{path}")) if path in committed else None,
+    )
+    manifests = [m for path, m in manifests.items() if path not in earlier]
     if not manifests:
         raise PipelineError(
             f"git ref {ref!r} has no engine manifests under manifests/ (they are git-ignored by default).",

@@ -24,6 +24,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from pipeline.manifest import read_manifest
+from pipeline.report.manifest_sources import built_from
 from pipeline.report.rows import FILLED_BY_COMPARISON, ComparisonRow, attach_timings, row_of, shallow_copy
 from pipeline.running.errors import PipelineError
 
@@ -40,6 +41,7 @@ _CODE = (
     "pipeline/report/rows.py",
     "pipeline/report/energy.py",
     "pipeline/report/row_cache.py",
+    "pipeline/report/manifest_sources.py",  # built_from, remembered with each row
     "pipeline/report/streams.py",
     "pipeline/measuring/serving.py",
 )
@@ -67,6 +69,7 @@ class RowCache:
         self._rows: dict[str, dict] = {}  # manifest path -> {"stat": [...], "noisy_cv": x, "row": {...}}
         self._pairs: dict[str, list[float]] = {}  # "<version of row>\n<version of base>" -> [low, high]
         self._versions: dict[str, str] = {}  # manifest path -> its version in this call
+        self._builds: dict[str, list] = {}  # manifest path -> [its stat, what its engine was built from]
         self._dirty = False
         if cache_file is not None:
             self._load()
@@ -81,9 +84,10 @@ class RowCache:
         if not isinstance(data, dict) or data.get("code") != _code_digest():
             self._dirty = True  # written by other code: replaced by this call's
             return
-        rows, pairs = data.get("rows"), data.get("pairs")
+        rows, pairs, builds = data.get("rows"), data.get("pairs"), data.get("builds")
         self._rows = rows if isinstance(rows, dict) else {}
         self._pairs = pairs if isinstance(pairs, dict) else {}
+        self._builds = builds if isinstance(builds, dict) else {}
 
     def save(self) -> None:
         if self.cache_file is None or not self._dirty:
@@ -92,9 +96,10 @@ class RowCache:
 
         # Forget manifests that are gone, and intervals of versions no row has any more.
         self._rows = {path: entry for path, entry in self._rows.items() if os.path.exists(path)}
+        self._builds = {path: entry for path, entry in self._builds.items() if os.path.exists(path)}
         current = {_version(path, entry["stat"]) for path, entry in self._rows.items()}
         self._pairs = {key: value for key, value in self._pairs.items() if set(key.split("\n")) <= current}
-        data = {"code": _code_digest(), "rows": self._rows, "pairs": self._pairs}
+        data = {"code": _code_digest(), "rows": self._rows, "pairs": self._pairs, "builds": self._builds}
         with contextlib.suppress(PipelineError, OSError):
             atomic_write_text(self.cache_file, json.dumps(data, separators=(",", ":")))
         self._dirty = False
@@ -124,9 +129,31 @@ class RowCache:
                 return ComparisonRow(**kept)
             except (KeyError, TypeError, AttributeError):  # an entry damaged by hand: read the manifest
                 pass
-        row = row_of(read_manifest(path), self.noisy_cv)
+        manifest = read_manifest(path)
+        row = row_of(manifest, self.noisy_cv)
         self._remember(key, signature, row)
+        self._remember_build(key, signature, manifest)
         return row
+
+    def build_of(self, path: Path) -> str | None:
+        """What a manifest's engine was built from (manifest_sources.built_from; None: no build, or
+        no such file), remembered while the file is unchanged, as a row is."""
+        key = str(path)
+        try:
+            stat = path.stat()
+        except FileNotFoundError:
+            return None
+        signature = [stat.st_size, stat.st_mtime_ns, stat.st_ino]
+        entry = self._builds.get(key)
+        if isinstance(entry, list) and len(entry) == 2 and entry[0] == signature:
+            return entry[1]
+        return self._remember_build(key, signature, read_manifest(path))
+
+    def _remember_build(self, key: str, signature: list[int], manifest) -> str | None:
+        fingerprint = built_from(manifest)
+        self._builds[key] = [signature, fingerprint]
+        self._dirty = True
+        return fingerprint
 
     def _remember(self, key: str, signature: list[int], row: ComparisonRow) -> None:
         self._rows[key] = {"stat": signature, "noisy_cv": self.noisy_cv, "row": {name: shallow_copy(getattr(row, name)) for name in _KEPT}}

@@ -1,0 +1,80 @@
+"""A shape point measured on a build its engine no longer has (the model changed and the point left
+the catalog's shapes, or the run stopped before it) is left out of compare and of the gate, and
+compare says so: its figures belong to a model that is gone."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pipeline.report.manifest_sources import load_baseline, load_manifests, measured_on_earlier_builds
+from pipeline.workspace import Workspace
+from tests.conftest import CPU_TOOLCHAINS, tiny_bert_catalog
+
+
+@pytest.fixture(scope="module")
+def rebuilt(tmp_path_factory) -> Path:
+    """bert_fp32 on ONNX Runtime at 2x8 and 2x32; then its model made wider and its shapes cut to
+    2x8, and run again: 2x32's manifest is left from the narrower model."""
+    from pipeline.cli.main import main
+
+    workspace = tmp_path_factory.mktemp("rebuilt")
+    catalog = workspace / "pipeline.toml"
+    catalog.write_text(tiny_bert_catalog(["2x8", "2x32"], ["fp32"], ["fp32"]) + CPU_TOOLCHAINS)
+    assert main(["--catalog", str(catalog), "run"]) == 0
+    catalog.write_text(
+        catalog.read_text().replace("hidden_size = 32,", "hidden_size = 64,").replace('shapes = ["2x8", "2x32"]', 'shapes = ["2x8"]')
+    )
+    assert main(["--catalog", str(catalog), "run"]) == 0
+    return workspace
+
+
+def test_compare_leaves_out_a_point_of_an_earlier_build_and_says_so(rebuilt, run_cli):
+    result = run_cli(rebuilt / "pipeline.toml", "compare", "--format", "json")
+    assert result.exit_code == 0
+    shapes = {row["shape"] for row in json.loads(result.out)["rows"]}
+    assert shapes == {"2x8"}
+    assert "left out 1 shape point measured on an earlier build of its engine (onnxruntime/bert_fp32@2x32)" in result.err
+    assert "among the model's shapes" in result.err
+    # Remembered by the compare cache: the second call, reading rows from it, leaves it out again.
+    again = run_cli(rebuilt / "pipeline.toml", "compare", "--format", "json")
+    assert {row["shape"] for row in json.loads(again.out)["rows"]} == {"2x8"} and "left out 1" in again.err
+
+
+def test_the_gate_and_a_baseline_folder_read_only_the_current_builds(rebuilt, tmp_path):
+    manifests = rebuilt / "manifests"
+    assert (manifests / "onnxruntime" / "bert_fp32@2x32.json").is_file()  # kept on disk: nothing is deleted
+    assert {m.shape for m in load_manifests(manifests)} == {"2x8"}
+    assert {m.shape for m in load_baseline(str(rebuilt), Workspace(tmp_path), None)} == {"2x8"}
+
+
+def test_a_baseline_from_a_git_ref_reads_only_the_current_builds(rebuilt):
+    def git(*args):
+        subprocess.run(["git", "-C", str(rebuilt), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    git("add", "-f", "manifests")
+    git("-c", "user.email=ci@example.invalid", "-c", "user.name=ci", "commit", "-qm", "results")
+    assert {m.shape for m in load_baseline("HEAD", Workspace(rebuilt), None)} == {"2x8"}
+
+
+def test_only_a_point_whose_engine_records_another_build_is_earlier():
+    engines = {Path("m/t/a.json"): "e1/b2", Path("m/t/b.json"): None}
+    points = {
+        Path("m/t/a@1.json"): "e1/b2",  # the engine's build
+        Path("m/t/a@2.json"): "e1/b1",  # an earlier one
+        Path("m/t/b@1.json"): "e0/b0",  # its engine records no build: nothing to tell
+        Path("m/t/c@1.json"): "e0/b0",  # no engine manifest
+        Path("m/t/a@3.json"): None,  # the point records no build
+    }
+    asked = []
+
+    def build_of(path):
+        asked.append(path)
+        return engines.get(path)
+
+    assert measured_on_earlier_builds(points, build_of) == [Path("m/t/a@2.json")]
+    assert asked.count(Path("m/t/a.json")) == 1  # read once for all its points
