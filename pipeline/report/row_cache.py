@@ -69,6 +69,7 @@ class RowCache:
         self._rows: dict[str, dict] = {}  # manifest path -> {"stat": [...], "noisy_cv": x, "row": {...}}
         self._pairs: dict[str, list[float]] = {}  # "<version of row>\n<version of base>" -> [low, high]
         self._versions: dict[str, str] = {}  # manifest path -> its version in this call
+        self._stats: dict[str, list[int]] = {}  # manifest path -> its stat in this call
         self._builds: dict[str, list] = {}  # manifest path -> [its stat, what its engine was built from]
         self._dirty = False
         if cache_file is not None:
@@ -119,6 +120,7 @@ class RowCache:
         stat = path.stat()
         signature = [stat.st_size, stat.st_mtime_ns, stat.st_ino]
         self._versions[key] = _version(key, signature)
+        self._stats[key] = signature
         entry = self._rows.get(key)
         if isinstance(entry, dict) and entry.get("stat") == signature and entry.get("noisy_cv") == self.noisy_cv:
             try:
@@ -139,11 +141,13 @@ class RowCache:
         """What a manifest's engine was built from (manifest_sources.built_from; None: no build, or
         no such file), remembered while the file is unchanged, as a row is."""
         key = str(path)
-        try:
-            stat = path.stat()
-        except FileNotFoundError:
-            return None
-        signature = [stat.st_size, stat.st_mtime_ns, stat.st_ino]
+        signature = self._stats.get(key)  # a row's manifest, stat'ed once this call
+        if signature is None:
+            try:
+                stat = path.stat()
+            except FileNotFoundError:
+                return None
+            signature = [stat.st_size, stat.st_mtime_ns, stat.st_ino]
         entry = self._builds.get(key)
         if isinstance(entry, list) and len(entry) == 2 and entry[0] == signature:
             return entry[1]
