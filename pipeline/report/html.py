@@ -224,8 +224,9 @@ def render_html(rows: list[ComparisonRow], manifests: list[EngineManifest], answ
         "for PyTorch on a GPU, host latency for ONNX Runtime and for PyTorch on a CPU. Speedups are within a "
         "toolchain, against its baseline variant; the baseline-toolchain column is the speedup over the catalog's "
         "baseline (PyTorch eager) for the same variant; the change column compares each toolchain with the first. "
-        "<b>~</b> marks differences within the runs' own spread (the 95% bootstrap confidence interval of the "
-        "difference of medians contains zero). The accuracy columns compare each engine's own outputs with the FP32 "
+        "<b>~</b> marks differences within the runs' own spread (the 95% interval of the ratio, paired by round "
+        "where timed in rounds, else a bootstrap of the medians' difference, contains no change) or measured in too "
+        "few rounds for an interval. The accuracy columns compare each engine's own outputs with the FP32 "
         "PyTorch model's on the reference batch ((proxy): the fake-quantized PyTorch model, where no engine ran). "
         "TFLOP/s count MatMul/Gemm/Conv work; peak % uses datasheet peaks "
         "for known GPUs.</p>",

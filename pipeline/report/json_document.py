@@ -31,7 +31,10 @@ from pipeline.report.rows import ComparisonRow
 # engine and concurrency that serve the most within the budget, per model and point). Still 15:
 # ranked_by may be "energy", its ranked_ms then joules per inference (the figure ranked_by names,
 # in its unit; no key changed name or kind: docs/reports.md).
-JSON_SCHEMA_VERSION = 15
+# 16 each comparison's bounded and ratios_range: where its rounds are too few for an interval,
+# low, high and confidence are null (they held the rounds' range) and ratios_range holds it; the
+# verdict's speedup_interval null then.
+JSON_SCHEMA_VERSION = 16
 
 
 def render_json(rows: list[ComparisonRow], answer: Answer | None = None) -> str:

@@ -32,7 +32,9 @@ def compare_rows(catalog: Catalog, rows: list[ComparisonRow], toolchain_order: l
         shared = set(row.round_medians) & set(base.round_medians)
         estimate = ratio_of_rounds(row.round_ratios(base, shared), catalog.profile.tie, pair_confidence(row, shared)) if shared else None
         if estimate is not None:
-            setattr(row, field_name, estimate.low > 1.0 or estimate.high < 1.0)
+            # Rounds too few for an interval tell nothing apart, whatever their range (the verdict
+            # says "cannot be told apart in N rounds"): its low and high are no interval.
+            setattr(row, field_name, estimate.bounded and (estimate.low > 1.0 or estimate.high < 1.0))
         else:
             unpaired.append((row, base, field_name))
     intervals = cache.difference_cis([(row, base) for row, base, _ in unpaired])

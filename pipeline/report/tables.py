@@ -203,7 +203,10 @@ def render_markdown(rows: list[ComparisonRow], answer: Answer | None = None) -> 
         for row in model_rows:
             out.append("| " + " | ".join(column.cell(row).replace("|", "\\|") for column in columns) + " |")
         out.append("")
-    out.append("`~`: within the runs' own spread (95% bootstrap CI of the median difference contains 0).")
+    out.append(
+        "`~`: within the runs' own spread (the 95% interval of the ratio, paired by round where timed in rounds, "
+        "else a bootstrap of the medians' difference, contains no change), or too few rounds for an interval."
+    )
     out += [f"`?`{note[1:]}" for note in unbounded_p99_note(rows)]
     out += [f"{note}." for note in energy_notes(rows)]
     served = streams_markdown(rows)
@@ -316,7 +319,7 @@ class _TextTable:
             for line in range(max(map(len, wrapped))):
                 texts = [parts[line] if line < len(parts) else "" for parts in wrapped]
                 out.append((self._join(texts), None if row.median_ms is not None else "dim"))
-        footer = ["", "~ = within the runs' own spread"]
+        footer = ["", "~ = within the runs' own spread, or too few rounds to tell"]
         if any(column.key == "p99" for column in self.columns):
             footer += unbounded_p99_note(self.rows)
         footer += energy_notes(self.rows)

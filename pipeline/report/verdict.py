@@ -143,7 +143,10 @@ class Verdict:
         if self.fastest is None or self.baseline is None:
             return None
         estimate = self.speedup_estimate
-        return estimate.ratio if estimate is not None else self.figure(self.baseline) / self.figure(self.fastest)
+        if estimate is not None and estimate.bounded:
+            return estimate.ratio
+        # Unpaired, or too few rounds for an interval: the medians, as the answer's words give it.
+        return self.figure(self.baseline) / self.figure(self.fastest)
 
     @property
     def ranked_by(self) -> str:

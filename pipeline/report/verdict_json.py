@@ -56,28 +56,14 @@ def verdict_document(verdict) -> dict[str, Any]:
         "tie_width": verdict.tie,
         "baseline": named(verdict.baseline),
         "speedup_over_baseline": verdict.speedup,
-        "speedup_interval": [speedup.low, speedup.high] if speedup else None,
+        "speedup_interval": [speedup.low, speedup.high] if speedup and speedup.bounded else None,
         "speedup_rounds": speedup.rounds if speedup else None,
         "untrusted": verdict.untrusted,
         "accuracy_floor": {
             "thresholds": [{"metric": "cosine" if metric == "cos" else "top1", "min": value} for metric, value in verdict.floor.thresholds],
             "source": verdict.floor.source if verdict.floor.thresholds else "each precision's own check",
         },
-        "comparisons": [
-            {
-                "a": named(a),
-                "b": named(b),
-                "ratio": estimate.ratio if estimate else None,
-                "low": estimate.low if estimate else None,
-                "high": estimate.high if estimate else None,
-                "rounds": estimate.rounds if estimate else None,
-                "paired": estimate.paired if estimate else False,
-                "outcome": estimate.outcome if estimate else "ambiguous",
-                "at_band_edge": pairs.on_band_edge(estimate, verdict.tie),
-                "confidence": estimate.confidence if estimate else None,
-            }
-            for a, b, estimate in verdict.comparisons
-        ],
+        "comparisons": [comparison_json(named(a), named(b), estimate, verdict.tie) for a, b, estimate in verdict.comparisons],
         "excluded": [{"variant": r.variant, "toolchain": r.toolchain, "why": why} for r, why in verdict.excluded],
         "not_run": [{"variant": r.variant, "toolchain": r.toolchain, "why": r.status} for r in verdict.skipped],
         "out_of_memory": [
@@ -85,4 +71,25 @@ def verdict_document(verdict) -> dict[str, Any]:
         ],
         "accuracy_unchecked": verdict.fastest.accuracy_unchecked if verdict.fastest is not None else None,
         "text": " ".join(verdict.sentences()),
+    }
+
+
+def comparison_json(a: dict, b: dict, estimate, tie: float) -> dict:
+    """One pair the verdict compared: A over B with its interval, or, where its rounds are too few
+    for an interval at the pair's level, what their ratios ranged over — never to be read as an
+    interval (schema 16; before, that range stood in low and high)."""
+    bounded = estimate is not None and estimate.bounded
+    return {
+        "a": a,
+        "b": b,
+        "ratio": estimate.ratio if estimate else None,
+        "low": estimate.low if bounded else None,
+        "high": estimate.high if bounded else None,
+        "rounds": estimate.rounds if estimate else None,
+        "paired": estimate.paired if estimate else False,
+        "outcome": estimate.outcome if estimate else "ambiguous",
+        "at_band_edge": pairs.on_band_edge(estimate, tie),
+        "confidence": estimate.confidence if bounded else None,
+        "bounded": bounded,
+        "ratios_range": [estimate.low, estimate.high] if estimate and not bounded else None,
     }

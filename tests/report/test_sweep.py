@@ -16,7 +16,7 @@ from pipeline.manifest import read_manifest
 from pipeline.report.rows import ComparisonRow
 from pipeline.report.sweep import sweeps
 from pipeline.report.verdict import verdicts
-from tests.conftest import CPU_TOOLCHAINS, render_in_chromium, tiny_bert_catalog
+from tests.conftest import CPU_TOOLCHAINS, render_in_chromium, tiny_bert_catalog, write_catalog
 from tests.runtimes.pytorch.test_pytorch_runtime import needs_inductor
 
 pytest.importorskip("transformers", reason="the transformers family needs the transformers package (`make setup` installs it)")
@@ -635,6 +635,31 @@ def test_too_few_rounds_for_an_interval_are_said_so_not_shown_as_one():
     (sweep,) = sweeps([a, b], [verdict])
     (sentence,) = sweep.crossovers()
     assert sentence == "fp16: a and b cannot be told apart in 4 rounds, too few for an interval (their ratios ranged 2.00–2.18) at 2×2048."
+    # The JSON keeps the range apart from the interval keys, which a script reads as an interval.
+    public = verdict.public()
+    (pair,) = public["comparisons"]
+    assert pair["bounded"] is False and pair["low"] is pair["high"] is pair["confidence"] is None
+    assert pair["ratios_range"] == [pytest.approx(1.1 / 2.4), pytest.approx(0.5)]  # a over b, each round
+    assert public["speedup_interval"] is None and public["speedup_over_baseline"] == pytest.approx(2.18, abs=0.01)
+
+
+def test_too_few_rounds_for_an_interval_mark_no_difference_in_the_table(tmp_path):
+    """The table's speedup columns read the same pairs: too few rounds tell nothing apart ("~"),
+    where the range of four rounds, excluding 1, marked it as beyond the runs' spread."""
+    from pipeline.report.row_cache import RowCache
+    from pipeline.report.row_comparisons import compare_rows
+    from pipeline.runtimes import load_catalog
+
+    catalog = load_catalog(write_catalog(tmp_path, tiny_bert_catalog(POINTS, ["fp16"], ["fp16"]) + CPU_TOOLCHAINS))
+    few = [_paired("onnxruntime", [1.0, 1.1, 1.0, 1.2]), _paired("torch-eager", [2.0, 2.4, 2.1, 2.6])]
+    enough = [_paired("onnxruntime", [1.0, 1.1, 1.0, 1.2] * 3), _paired("torch-eager", [2.0, 2.4, 2.1, 2.6] * 3)]
+    for rows, told_apart in ((few, False), (enough, True)):
+        for row in rows:
+            row.model, row.samples_ms = "bert", list(row.round_medians["g"])
+            row.round_entrants = {"g": (f"fp16/{row.toolchain}", ("fp16/onnxruntime", "fp16/torch-eager"))}
+        compare_rows(catalog, rows, None, RowCache(None, 0.1))
+        (fast,) = [row for row in rows if row.toolchain == "onnxruntime"]
+        assert fast.vs_baseline_toolchain_significant is told_apart
 
 
 def test_overlapping_intervals_that_are_not_a_tie_are_undecided_and_say_after_how_many_rounds():
