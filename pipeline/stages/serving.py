@@ -134,5 +134,7 @@ def _serving_process(channel, catalog, toolchain: str, engine_path: Path, worklo
             return Reply("ok", runtime.serve(prepared[-1], 1, seconds, start_at))
         except PipelineError as exc:
             return Reply("error", exc.plain())
+        except Exception as exc:  # the runtime's own failure: said to the parent, as _served says it there
+            return Reply("error", PipelineError(f"the {runtime.kind} runtime failed: {type(exc).__name__}: {exc}"))
 
     serve_requests(channel, answer)

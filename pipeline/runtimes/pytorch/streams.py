@@ -38,15 +38,18 @@ def serve_streams(spec, attention, prepared: Any, streams: int, seconds: float, 
         # per compiled function and input addresses, not one a stream: not served side by side.
         return ServedRun.cannot(streams, THREADS, "torch.compile's CUDA graphs are one a compiled graph, not one a stream")
     inputs = [tuple(example.clone() for example in prepared.examples) for _ in range(streams)]
+    # Not `compiled or model`: a compiled module's truth is its len(), which torch.compile's
+    # wrapper refuses for a module that is no container (TypeError).
+    module = prepared.compiled if prepared.compiled is not None else prepared.model
     requests = []
     for mine in inputs:
         if not cuda:
-            requests.append(_on_host(torch, attention, prepared.compiled or prepared.model, mine))
+            requests.append(_on_host(torch, attention, module, mine))
             continue
         stream = torch.cuda.Stream()
         with torch.cuda.stream(stream):
             run = capture(torch, prepared.model, mine) if spec.backend == "cudagraphs" else None
-        requests.append(_on_stream(torch, attention, run, prepared.compiled or prepared.model, mine, stream))
+        requests.append(_on_stream(torch, attention, run, module, mine, stream))
     for request in requests:  # untimed: each stream's first inference (allocations, lazy set-up)
         request()
     span, latencies = serve_threads(requests, seconds, start_at)
