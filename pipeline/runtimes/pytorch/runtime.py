@@ -50,7 +50,7 @@ from pipeline.runtimes.pytorch.engine_file import ENGINE_FORMAT_VERSION, file_id
 from pipeline.runtimes.pytorch.memory import gpu_memory
 from pipeline.runtimes.pytorch.prepared import KeptModels, Prepared, import_torch
 from pipeline.runtimes.pytorch.preparing import NotPrepared, TorchPreparation, compile_mode
-from pipeline.runtimes.pytorch.served import ProcessGone
+from pipeline.runtimes.pytorch.served import ProcessGone, ServedEngine
 from pipeline.runtimes.pytorch.spec import TorchSpec
 from pipeline.runtimes.pytorch.streams import GIL_WORDS, serve_streams
 
@@ -341,6 +341,8 @@ class TorchRuntime(TorchWorksAhead, InProcessRuntime):
         return prepared
 
     def serve(self, engine, streams: int, seconds: float, start_at: float | None = None) -> ServedRun:
+        if isinstance(engine, ServedEngine):  # a compiled point held by the process that compiled it
+            return engine.serve_streams(streams, seconds, start_at)
         attention = TorchPreparation(self.spec, self.reporter).attention_kernel(import_torch())
         return serve_streams(self.spec, attention, engine, streams, seconds, start_at)
 

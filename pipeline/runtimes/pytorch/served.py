@@ -33,7 +33,7 @@ from pipeline.running.errors import DeviceFault, PipelineError
 from pipeline.running.faults import as_fault
 
 # What a request asks of a point kept in a compiling process, by the word it is sent with.
-READY, TAKE, WARM, EVIDENCE, REFERENCE = "ready", "take", "warm", "evidence", "reference"
+READY, TAKE, WARM, EVIDENCE, REFERENCE, STREAMS = "ready", "take", "warm", "evidence", "reference", "streams"
 # Prepare a point from another toolchain's compiled graph at that point, kept here (pytorch/compile_ahead.py, graph_key).
 SHARE = "share"
 
@@ -94,6 +94,9 @@ def _answer(what: str, key: tuple[str, str], runtime, prepared, name: str, *args
     if what == REFERENCE:
         (reference,) = args
         return runtime.reference_run(prepared, reference, engine_name(key[0]))
+    if what == STREAMS:  # its threads served here, where the compiled graph is
+        streams, seconds, start_at = args
+        return runtime.serve(prepared, streams, seconds, start_at)
     raise PipelineError(f"{name} was asked to {what!r}, which it does not know")
 
 
@@ -264,3 +267,7 @@ class ServedEngine:
 
     def evidence(self) -> dict[str, Any]:
         return self.point.process.ask(EVIDENCE, self.point.key)
+
+    def serve_streams(self, streams: int, seconds: float, start_at: float | None = None):
+        """Its ``streams`` threads served by the process that holds it (a ServedRun)."""
+        return self.point.process.ask(STREAMS, self.point.key, streams, seconds, start_at)

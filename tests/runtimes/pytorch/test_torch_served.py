@@ -28,6 +28,11 @@ class FakeRuntime:
     def reference_run(self, prepared, reference, name):
         return {"outputs": reference * 2, "name": name}
 
+    def serve(self, prepared, streams, seconds, start_at=None):
+        from pipeline.measuring.serving import THREADS, ServedRun
+
+        return ServedRun(streams, THREADS, seconds, 3 * streams, [1.0] * 3 * streams, how=f"served by pid {os.getpid()}")
+
 
 class FakePrepared:
     """A prepared point whose takes say where they ran, and which fails as told."""
@@ -93,6 +98,18 @@ def test_a_served_point_answers_as_the_process_that_holds_it(served):
     assert said["execution"]["served_by"] == {"process": "pipeline-compile-0", "pid": process.pid}
     # Its reference run, with the engine's own name (not the second name the compilation read it by).
     assert point.reference_run(21) == {"outputs": 42, "name": "bert_fp32.pt"}
+
+
+def test_a_served_points_streams_are_served_by_the_process_that_holds_it(served):
+    """torch.compile's graph is in the compiling process: the torch runtime asks it to serve the
+    threads there (they were "not measured" before)."""
+    from pipeline.runtimes.pytorch.runtime import TorchRuntime
+
+    point, process = served
+    engine = point.ready()
+    run = TorchRuntime.serve(object(), engine, 2, 0.5)  # the runtime's own state is not read for a served point
+    assert (run.streams, run.completed, run.span_s, run.why_not) == (2, 6, 0.5, None)
+    assert run.how == f"served by pid {process.pid}"
 
 
 def test_a_served_points_errors_are_raised_here_as_they_were_there(served):
