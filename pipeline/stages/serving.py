@@ -57,9 +57,8 @@ def _engine_served(stage, engine, name: str, settings, reporter) -> list[ServedR
         reporter.measuring(f"{name} serving {count} stream{'s' if count > 1 else ''} for {settings.serve_s:g} s")
         runs.append(_served(lambda count=count: stage.runtime.serve(engine, count, settings.serve_s), count, stage.runtime.kind))
     if stage.runtime.serves_in_processes:
-        for count in settings.streams:
-            reporter.measuring(f"{name} serving {count} stream{'s' if count > 1 else ''} in as many processes")
-            runs.append(serve_in_processes(stage.ctx.catalog, stage.toolchain, stage.engine_file(), stage.workload(), count, settings))
+        reporter.measuring(f"{name} serving {', '.join(map(str, settings.streams))} streams in as many processes")
+        runs += serve_in_processes(stage.ctx.catalog, stage.toolchain, stage.engine_file(), stage.workload(), settings)
     return runs
 
 
@@ -76,38 +75,52 @@ def _served(serve, count: int, kind: str) -> ServedRun:
         return ServedRun.cannot(count, "threads", f"the {kind} runtime failed serving {count} streams: {type(exc).__name__}: {exc}")
 
 
-def serve_in_processes(catalog, toolchain: str, engine_path: Path, workload, count: int, settings) -> ServedRun:
-    """``count`` processes, each a new interpreter that loads and prepares the engine with its own
-    inputs, then serves one stream from an instant given to all of them once all are ready, for
-    ``settings.serve_s`` seconds: the streams' requests and span together."""
+def serve_in_processes(catalog, toolchain: str, engine_path: Path, workload, settings) -> list[ServedRun]:
+    """Each count of ``settings.streams`` served by that many processes: as many as the largest
+    count are started and prepared once, each a new interpreter that loads and prepares the engine
+    with its own inputs (a compiled engine compiled once in each, not once a count); then for each
+    count the first that many serve one stream each from an instant given to all of them, for
+    ``settings.serve_s`` seconds — the streams' requests and span together — while the others wait
+    idle. A count that fails says why; the counts after it still run on the processes left."""
+    counts = settings.streams
     children = [
         Child(_serving_process, catalog, toolchain, engine_path, workload, name=f"pipeline-stream-{index}", requests=True)
-        for index in range(count)
+        for index in range(max(counts))
     ]
     try:
-        for child in children:
-            child.start()
-        for child in children:  # each prepares its engine, all at once; each says when it is ready
-            child.send("prepare")
-        for child in children:
-            _said(child.receive())
-        start_at = time.time() + START_MARGIN_S
-        for child in children:
-            child.send(("serve", start_at, settings.serve_s))
-        runs: list[ServedRun] = [_said(child.receive()) for child in children]
-    except PipelineError as exc:
-        return ServedRun.cannot(count, PROCESSES, f"failed: {exc.message}")
+        try:
+            for child in children:
+                child.start()
+            for child in children:  # each prepares its engine, all at once; each says when it is ready
+                child.send("prepare")
+            for child in children:
+                _said(child.receive())
+        except PipelineError as exc:
+            return [ServedRun.cannot(count, PROCESSES, f"failed: {exc.message}") for count in counts]
+        return [_served_by(children[:count], settings.serve_s) for count in counts]
     finally:
         for child in children:
             child.stop_serving()
         for child in children:
             child.join(STOP_GRACE_S)
             child.stop()
+
+
+def _served_by(children: list[Child], seconds: float) -> ServedRun:
+    """One stream from each of ``children`` (started and prepared), released together."""
+    count = len(children)
+    try:
+        start_at = time.time() + START_MARGIN_S
+        for child in children:
+            child.send(("serve", start_at, seconds))
+        runs: list[ServedRun] = [_said(child.receive()) for child in children]
+    except PipelineError as exc:
+        return ServedRun.cannot(count, PROCESSES, f"failed: {exc.message}")
     for run in runs:
         if run.why_not is not None:
             return ServedRun.cannot(count, PROCESSES, run.why_not)
     latencies = [value for run in runs for value in run.latencies_ms]
-    how = f"{count} process{'es' if count > 1 else ''}, each its own interpreter, engine and inputs, started together"
+    how = f"{count} process{'es' if count > 1 else ''}, each its own interpreter, engine and inputs, released together"
     # Each process's span runs from the common start to its last request's end: the streams' span is the longest.
     return ServedRun(count, PROCESSES, max(run.span_s for run in runs), len(latencies), latencies, how=how)
 

@@ -171,3 +171,56 @@ def test_the_dry_run_says_what_serving_will_do(served, run_cli):
         "tiny_fp32: serve: after the rounds, 1, 4 concurrent streams in turn, 0.3 s each, in this process and in as many processes"
         in result.out
     )
+
+
+def test_processes_are_started_and_prepared_once_for_every_count(monkeypatch):
+    """As many processes as the largest count, each preparing (a compiled engine: compiling) once;
+    each count served by the first that many, released together; a count whose process fails
+    says so and the others are served."""
+    from types import SimpleNamespace
+
+    from pipeline.launchers.child import Reply
+    from pipeline.measuring.serving import ServedRun
+    from pipeline.stages import serving
+
+    made, prepared, served = [], [], []
+
+    class FakeChild:
+        def __init__(self, *args, name, requests):
+            self.name, self.said = name, None
+            made.append(self)
+
+        def start(self):
+            return self
+
+        def send(self, message):
+            if message == "prepare":
+                prepared.append(self.name)
+                self.said = Reply("ok", None)
+            else:
+                _, start_at, seconds = message
+                served.append((self.name, start_at))
+                if self.name == "pipeline-stream-2" and len(served) > 3:  # fails at the count of four
+                    self.said = Reply("error", serving.PipelineError("out of luck"))
+                else:
+                    self.said = Reply("ok", ServedRun(1, "threads", seconds, 2, [1.0, 2.0]))
+            return True
+
+        def receive(self):
+            return self.said
+
+        def stop_serving(self):
+            pass
+
+        def join(self, timeout):
+            pass
+
+        def stop(self):
+            pass
+
+    monkeypatch.setattr(serving, "Child", FakeChild)
+    runs = serving.serve_in_processes(None, "torch-eager", None, None, SimpleNamespace(streams=(1, 2, 4), serve_s=0.5))
+    assert len(made) == 4 and sorted(prepared) == [f"pipeline-stream-{i}" for i in range(4)]
+    assert [(run.streams, run.completed, run.why_not) for run in runs] == [(1, 2, None), (2, 4, None), (4, 0, "failed: out of luck")]
+    assert [name for name, _ in served[:3]] == ["pipeline-stream-0", "pipeline-stream-0", "pipeline-stream-1"]
+    assert served[1][1] == served[2][1]  # the two of a count released at one instant
