@@ -34,13 +34,15 @@ def engine_manifest_names(names: list[str]) -> list[str]:
     return [name for name in names if "@" in name or name.removesuffix(".json") not in measured_at_points]
 
 
-def measured_on_earlier_builds(points: dict[Path, str | None], build_of: Callable[[Path], str | None]) -> list[Path]:
-    """The shape points' manifests (``bert_fp16@2x512.json``, each with the fingerprint of the
-    build it measured) whose engine has been built again since: its own manifest
-    (``bert_fp16.json``, read by ``build_of``; None where there is none) records another build.
-    The model, its precision or the toolchain changed and the point was not measured again — it
-    left the catalog's shapes, or the run stopped before it — so its figures are of an engine
-    that no longer exists, and beside the others' they would answer for a model that is gone."""
+def measured_on_earlier_builds(points: dict[Path, list | None], build_of: Callable[[Path], list | None]) -> list[Path]:
+    """The shape points' manifests (``bert_fp16@2x512.json``, each with what its engine was built
+    from: built_from) whose engine has been built again since: its own manifest
+    (``bert_fp16.json``, read by ``build_of``; None where there is none) records another build,
+    and the engine file the point timed is not the one that build made (a build run again for
+    other reasons that made the same file leaves its points current). The model, its precision
+    or the toolchain changed and the point was not measured again — it left the catalog's shapes,
+    or the run stopped before it — so its figures are of an engine that no longer exists, and
+    beside the others' they would answer for a model that is gone."""
     earlier, builds = [], {}
     for point, measured in points.items():
         name, at, _ = point.name.partition("@")
@@ -50,7 +52,9 @@ def measured_on_earlier_builds(points: dict[Path, str | None], build_of: Callabl
         if engine not in builds:  # an engine's points share its manifest: read once
             builds[engine] = build_of(engine)
         built = builds[engine]
-        if built is not None and built != measured:
+        if built is None or built[0] == measured[0]:
+            continue
+        if measured[1] is None or measured[1] != built[1]:
             earlier.append(point)
     return earlier
 
@@ -65,12 +69,15 @@ def earlier_builds_words(paths: list[Path]) -> str:
     )
 
 
-def built_from(manifest: EngineManifest) -> str | None:
-    """What a manifest's engine was built from, as one string: the fingerprints of its export and
-    its build (an export that failed since leaves the build's record as it was). None: no build."""
+def built_from(manifest: EngineManifest) -> list | None:
+    """What a manifest's engine was built from: [the build's fingerprint, the engine file's sha256]
+    — for a shape point, the file its profile timed, else the one its build made; None where it
+    has no build, and no file where the build made none (it failed, or the engine is a tool's)."""
     if manifest.build is None:
         return None
-    return f"{manifest.export.fingerprint if manifest.export is not None else '-'}/{manifest.build.fingerprint}"
+    profiled = manifest.profile.inputs if manifest.profile is not None else manifest.build.outputs
+    engine = next((artifact.sha256 for artifact in profiled if artifact.role == "engine"), None)
+    return [manifest.build.fingerprint, engine]
 
 
 def load_manifests(manifests_dir: Path, toolchains: list[str] | None = None) -> list[EngineManifest]:

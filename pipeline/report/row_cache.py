@@ -137,7 +137,7 @@ class RowCache:
         self._remember_build(key, signature, manifest)
         return row
 
-    def build_of(self, path: Path) -> str | None:
+    def build_of(self, path: Path) -> list | None:
         """What a manifest's engine was built from (manifest_sources.built_from; None: no build, or
         no such file), remembered while the file is unchanged, as a row is."""
         key = str(path)
@@ -153,11 +153,11 @@ class RowCache:
             return entry[1]
         return self._remember_build(key, signature, read_manifest(path))
 
-    def _remember_build(self, key: str, signature: list[int], manifest) -> str | None:
-        fingerprint = built_from(manifest)
-        self._builds[key] = [signature, fingerprint]
+    def _remember_build(self, key: str, signature: list[int], manifest) -> list | None:
+        built = built_from(manifest)
+        self._builds[key] = [signature, built]
         self._dirty = True
-        return fingerprint
+        return built
 
     def _remember(self, key: str, signature: list[int], row: ComparisonRow) -> None:
         self._rows[key] = {"stat": signature, "noisy_cv": self.noisy_cv, "row": {name: shallow_copy(getattr(row, name)) for name in _KEPT}}

@@ -61,14 +61,17 @@ def test_a_baseline_from_a_git_ref_reads_only_the_current_builds(rebuilt):
     assert {m.shape for m in load_baseline("HEAD", Workspace(rebuilt), None)} == {"2x8"}
 
 
-def test_only_a_point_whose_engine_records_another_build_is_earlier():
-    engines = {Path("m/t/a.json"): "e1/b2", Path("m/t/b.json"): None}
+def test_only_a_point_whose_engine_was_built_again_into_another_file_is_earlier():
+    engines = {Path("m/t/a.json"): ["b2", "file2"], Path("m/t/b.json"): None, Path("m/t/d.json"): ["b2", None]}
     points = {
-        Path("m/t/a@1.json"): "e1/b2",  # the engine's build
-        Path("m/t/a@2.json"): "e1/b1",  # an earlier one
-        Path("m/t/b@1.json"): "e0/b0",  # its engine records no build: nothing to tell
-        Path("m/t/c@1.json"): "e0/b0",  # no engine manifest
-        Path("m/t/a@3.json"): None,  # the point records no build
+        Path("m/t/a@1.json"): ["b2", "file2"],  # the engine's build
+        Path("m/t/a@2.json"): ["b1", "file1"],  # an earlier one, another file
+        Path("m/t/a@3.json"): ["b1", "file2"],  # built again for other reasons, into the same file: current
+        Path("m/t/a@4.json"): ["b1", None],  # an earlier build whose file is not known
+        Path("m/t/b@1.json"): ["b0", "file0"],  # its engine records no build: nothing to tell
+        Path("m/t/c@1.json"): ["b0", "file0"],  # no engine manifest
+        Path("m/t/a@5.json"): None,  # the point records no build
+        Path("m/t/d@1.json"): ["b1", "file1"],  # its engine's build made no file (it failed since)
     }
     asked = []
 
@@ -76,5 +79,5 @@ def test_only_a_point_whose_engine_records_another_build_is_earlier():
         asked.append(path)
         return engines.get(path)
 
-    assert measured_on_earlier_builds(points, build_of) == [Path("m/t/a@2.json")]
+    assert measured_on_earlier_builds(points, build_of) == [Path("m/t/a@2.json"), Path("m/t/a@4.json"), Path("m/t/d@1.json")]
     assert asked.count(Path("m/t/a.json")) == 1  # read once for all its points
