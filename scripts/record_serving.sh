@@ -11,7 +11,8 @@
 #   SHAPES=2x512 TOOLCHAINS=torch-cudagraphs BY_HAND_KINDS=cuda-graph bash scripts/record_serving.sh OUT  # a part of it
 #
 # Writes, flat in OUT: run.txt, run.log and compare.json (the product's run: scripts/check_gpus_speedup.sh
-# `one`), power.csv (epoch s, counter mJ, power mW), nvidia-smi.csv, serve-by-hand.json and
+# `one`), p99-under.txt (its compare with --p99-under $P99_UNDER, 10ms by default), power.csv
+# (epoch s, counter mJ, power mW), nvidia-smi.csv, serve-by-hand.json and
 # serve-by-hand.txt, and agreement.txt (scripts/check_serving_agreement.py: each engine's
 # inferences/s against the by-hand figure, and its energy per inference against the counter read
 # by the sampler over the same takes).
@@ -37,6 +38,9 @@ MODEL=modernbert SHAPES="$shapes" VARIANTS=bf16 TOOLCHAINS="${TOOLCHAINS:-torch-
 status=$?
 cp "$work/one/run.log" "$out/run.log"
 cp "$work/one/compare.json" "$out/compare.json"
+# The answer a deployment asks for: the engine and concurrency serving the most within a p99 budget.
+PYTHONPATH="${PYTHONPATH:-}" python3 -m pipeline.cli --catalog "$work/one/ws/pipeline.toml" compare --model "${MODEL:-modernbert}" \
+  --p99-under "${P99_UNDER:-10ms}" > "$out/p99-under.txt" 2>&1
 by_hand_kinds=()
 for kind in $kinds; do by_hand_kinds+=("${kind//-/ }"); done
 python3 scripts/serve_by_hand.py --shapes $shapes --kinds "${by_hand_kinds[@]}" --streams 1 2 4 --seconds "${BY_HAND_SECONDS:-4}" --out "$out" > "$out/serve-by-hand.txt" 2>&1
