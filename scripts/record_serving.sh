@@ -39,7 +39,7 @@ status=$?
 cp "$work/one/run.log" "$out/run.log"
 cp "$work/one/compare.json" "$out/compare.json"
 # The answer a deployment asks for: the engine and concurrency serving the most within a p99 budget.
-PYTHONPATH="${PYTHONPATH:-}" python3 -m pipeline.cli --catalog "$work/one/ws/pipeline.toml" compare --model "${MODEL:-modernbert}" \
+python3 -m pipeline.cli --catalog "$work/one/ws/pipeline.toml" compare --model "${MODEL:-modernbert}" \
   --p99-under "${P99_UNDER:-10ms}" > "$out/p99-under.txt" 2>&1
 by_hand_kinds=()
 for kind in $kinds; do by_hand_kinds+=("${kind//-/ }"); done
