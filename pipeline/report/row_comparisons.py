@@ -8,6 +8,7 @@ from __future__ import annotations
 from pipeline.catalog import Catalog
 from pipeline.measuring.stats import ratio_of_rounds
 from pipeline.report.confidence import pair_confidence
+from pipeline.report.pairs import grossly_beaten
 from pipeline.report.rows import ComparisonRow, shape_order, trusted_rounds
 
 
@@ -33,8 +34,13 @@ def compare_rows(catalog: Catalog, rows: list[ComparisonRow], toolchain_order: l
         estimate = ratio_of_rounds(row.round_ratios(base, shared), catalog.profile.tie, pair_confidence(row, shared)) if shared else None
         if estimate is not None:
             # Rounds too few for an interval tell nothing apart, whatever their range (the verdict
-            # says "cannot be told apart in N rounds"): its low and high are no interval.
-            setattr(row, field_name, estimate.bounded and (estimate.low > 1.0 or estimate.high < 1.0))
+            # says "cannot be told apart in N rounds"): its low and high are no interval. But one
+            # of the two left its rounds grossly slower than the other: apart by that rule, as the
+            # sweep's words say it (pairs.grossly_beaten).
+            apart = (
+                estimate.low > 1.0 or estimate.high < 1.0 if estimate.bounded else grossly_beaten(row, base) or grossly_beaten(base, row)
+            )
+            setattr(row, field_name, apart)
         else:
             unpaired.append((row, base, field_name))
     intervals = cache.difference_cis([(row, base) for row, base, _ in unpaired])

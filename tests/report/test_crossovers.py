@@ -131,3 +131,23 @@ def test_the_lead_changes_along_the_sequence_at_each_batch_and_frames_of_a_three
     assert sweep.shapes == ["2x3x8", "2x5x8", "2x3x16", "2x5x16"]
     (sentence,) = sweep.crossovers()
     assert sentence.endswith("; b takes the lead between 2×3×8 and 2×3×16; a takes the lead between 2×5×8 and 2×5×16.")
+
+
+def test_the_table_marks_a_pair_told_apart_by_the_gross_rule_as_the_words_do(tmp_path):
+    """Three rounds decide nothing by an interval ("~" in the table), but an engine the rounds
+    left grossly slower than the other is apart from it by that rule: the sweep's words name the
+    other faster, and the table's change column must not call it within the spread."""
+    from pipeline.report.row_cache import RowCache
+    from pipeline.report.row_comparisons import compare_rows
+    from pipeline.runtimes import load_catalog
+    from tests.conftest import CPU_TOOLCHAINS, tiny_bert_catalog, write_catalog
+
+    catalog = load_catalog(write_catalog(tmp_path, tiny_bert_catalog(["2x512"], ["fp16"], ["fp16"]) + CPU_TOOLCHAINS))
+    for slow_by in (48.0, None):  # raced out grossly slower, or kept in its three rounds
+        fast = _timed("onnxruntime", "2x512", STEADY[:3])
+        slow = _grossly_slower("torch-eager", "2x512", 48.0) if slow_by else _timed("torch-eager", "2x512", [48 * m for m in STEADY[:3]])
+        for row in (fast, slow):
+            row.model, row.samples_ms = "bert", [m for m in row.round_medians["g@2x512"] if m is not None]
+            row.round_entrants = {"g@2x512": (f"fp16/{row.toolchain}", ("fp16/onnxruntime", "fp16/torch-eager"))}
+        compare_rows(catalog, [fast, slow], None, RowCache(None, 0.1))
+        assert fast.vs_baseline_toolchain_significant is (slow_by is not None)
