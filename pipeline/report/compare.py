@@ -90,7 +90,9 @@ def compare(
         left_out = {str(path) for path in earlier}
         rows = [row for row in rows if row.source not in left_out]
         if warn is not None:
-            warn(earlier_builds_words(earlier))
+            warn(
+                f"{earlier_builds_words(earlier)}; `pipeline run` measures them again where they are among the model's shapes, else delete their manifests"
+            )
     if gpu_types:
         have = sorted({row.gpu_type for row in rows if row.gpu_type})
         unknown = [t for t in gpu_types if t not in have]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from pipeline.catalog.floor import THRESHOLD_FORMS, AccuracyFloor, AccuracyThreshold
 from pipeline.catalog.floor import parse_accuracy_threshold as accuracy_threshold
@@ -13,7 +14,7 @@ from pipeline.catalog.shape import shown
 from pipeline.manifest import EngineManifest
 from pipeline.measuring.stats import median
 from pipeline.report.flags import UNTRUSTED
-from pipeline.report.manifest_sources import load_baseline, load_manifests
+from pipeline.report.manifest_sources import earlier_builds_words, load_baseline, load_manifests
 from pipeline.report.rows import ComparisonRow, attach_timings, row_of, take_runs
 from pipeline.running.errors import PipelineError, UsageError
 from pipeline.workspace import Workspace, output_folder
@@ -198,8 +199,12 @@ def check_regressions(
     def chosen(manifests: list[EngineManifest]) -> list[EngineManifest]:
         return [m for m in manifests if not gpu_types or m.gpu_type in gpu_types]
 
-    current = chosen(load_manifests(workspace.manifests_dir, toolchains))
-    results = regression_gate(current, chosen(load_baseline(baseline, workspace, toolchains)), fail_above, models)
+    current = chosen(load_manifests(workspace.manifests_dir, toolchains))  # what it leaves out, compare said
+
+    def baseline_left_out(paths: list[Path]) -> None:
+        say(f"baseline {baseline}: {earlier_builds_words(paths)}; not gated\n")
+
+    results = regression_gate(current, chosen(load_baseline(baseline, workspace, toolchains, baseline_left_out)), fail_above, models)
     if not results:
         raise PipelineError(f"no engine was measured both now and in baseline {baseline}.", hint="compare the same engines and toolchains")
     say(render_gate(results, fail_above))

@@ -64,8 +64,7 @@ def earlier_builds_words(paths: list[Path]) -> str:
     shown = ", ".join(f"{path.parent.name}/{path.stem}" for path in paths[:6]) + (f" and {len(paths) - 6} more" if len(paths) > 6 else "")
     return (
         f"left out {len(paths)} shape point{'s' if len(paths) != 1 else ''} measured on an earlier build of "
-        f"{'their' if len(paths) != 1 else 'its'} engine ({shown}): the engine has been built again since; "
-        "`pipeline run` measures them again where they are among the model's shapes; else delete their manifests"
+        f"{'their' if len(paths) != 1 else 'its'} engine ({shown}): the engine has been built again since"
     )
 
 
@@ -80,26 +79,34 @@ def built_from(manifest: EngineManifest) -> list | None:
     return [manifest.build.fingerprint, engine]
 
 
-def load_manifests(manifests_dir: Path, toolchains: list[str] | None = None) -> list[EngineManifest]:
+def load_manifests(
+    manifests_dir: Path, toolchains: list[str] | None = None, left_out: Callable[[list[Path]], None] | None = None
+) -> list[EngineManifest]:
+    """The rows' manifests under ``manifests_dir``; those of an earlier build are given to ``left_out``."""
     manifests = [read_manifest(path) for path in manifest_paths(manifests_dir, toolchains)]
     points = {Path(m._source): built_from(m) for m in manifests if m._source}
-    earlier = set(measured_on_earlier_builds(points, lambda path: built_from(read_manifest(path)) if path.is_file() else None))
-    return [m for m in manifests if not m._source or Path(m._source) not in earlier]
+    earlier = measured_on_earlier_builds(points, lambda path: built_from(read_manifest(path)) if path.is_file() else None)
+    if earlier and left_out is not None:
+        left_out(earlier)
+    return [m for m in manifests if not m._source or Path(m._source) not in set(earlier)]
 
 
-def load_baseline(spec: str, workspace: Workspace, toolchains: list[str] | None) -> list[EngineManifest]:
-    """Manifests from a directory (a workspace or its manifests/) or from a git ref."""
+def load_baseline(
+    spec: str, workspace: Workspace, toolchains: list[str] | None, left_out: Callable[[list[Path]], None] | None = None
+) -> list[EngineManifest]:
+    """Manifests from a directory (a workspace or its manifests/) or from a git ref; those of an
+    earlier build are given to ``left_out``."""
     path = Path(spec)
     if path.is_dir():
         root = path / "manifests" if (path / "manifests").is_dir() else path
-        manifests = load_manifests(root, toolchains)
+        manifests = load_manifests(root, toolchains, left_out)
         if not manifests:
             raise PipelineError(f"baseline {spec} holds no engine manifests.", hint="pass the manifests/ folder of an earlier run")
         return manifests
-    return _load_from_git(spec, workspace, toolchains)
+    return _load_from_git(spec, workspace, toolchains, left_out)
 
 
-def _load_from_git(ref: str, workspace: Workspace, toolchains: list[str] | None) -> list[EngineManifest]:
+def _load_from_git(ref: str, workspace: Workspace, toolchains: list[str] | None, left_out=None) -> list[EngineManifest]:
     def git(*args: str) -> str:
         result = subprocess.run(["git", *args], cwd=workspace.root, capture_output=True, text=True)
         if result.returncode != 0:
@@ -127,6 +134,8 @@ def _load_from_git(ref: str, workspace: Workspace, toolchains: list[str] | None)
         {path: built_from(m) for path, m in manifests.items()},
         lambda path: built_from(parse_manifest(git("show", f"{ref}:./{path}"), f"{ref}:{path}")) if path in committed else None,
     )
+    if earlier and left_out is not None:
+        left_out(earlier)
     manifests = [m for path, m in manifests.items() if path not in earlier]
     if not manifests:
         raise PipelineError(

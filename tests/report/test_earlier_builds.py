@@ -51,6 +51,22 @@ def test_the_gate_and_a_baseline_folder_read_only_the_current_builds(rebuilt, tm
     assert {m.shape for m in load_baseline(str(rebuilt), Workspace(tmp_path), None)} == {"2x8"}
 
 
+def test_the_gate_names_the_baseline_points_it_leaves_out(rebuilt, tmp_path, run_cli):
+    """A baseline holding a point of an earlier build: that engine at that point goes ungated, and
+    the gate says so (compare named the workspace's own)."""
+    import shutil
+
+    now = tmp_path / "now"
+    now.mkdir()
+    shutil.copy(rebuilt / "pipeline.toml", now / "pipeline.toml")
+    shutil.copytree(rebuilt / "manifests", now / "manifests")
+    (now / "manifests" / "onnxruntime" / "bert_fp32@2x32.json").unlink()  # only the baseline holds it
+    gated = run_cli(now / "pipeline.toml", "compare", "--format", "json", "--baseline", str(rebuilt), "--fail-above", "1000")
+    assert gated.exit_code == 0, gated.err
+    assert f"baseline {rebuilt}: left out 1 shape point measured on an earlier build of its engine (onnxruntime/bert_fp32@2x32)" in gated.err
+    assert "not gated" in gated.err and "left out" not in gated.err.split("baseline")[0]  # the workspace's own: none
+
+
 def test_a_baseline_from_a_git_ref_reads_only_the_current_builds(rebuilt):
     def git(*args):
         subprocess.run(["git", "-C", str(rebuilt), *args], check=True, capture_output=True)
