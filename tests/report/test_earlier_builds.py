@@ -63,7 +63,9 @@ def test_the_gate_names_the_baseline_points_it_leaves_out(rebuilt, tmp_path, run
     (now / "manifests" / "onnxruntime" / "bert_fp32@2x32.json").unlink()  # only the baseline holds it
     gated = run_cli(now / "pipeline.toml", "compare", "--format", "json", "--baseline", str(rebuilt), "--fail-above", "1000")
     assert gated.exit_code == 0, gated.err
-    assert f"baseline {rebuilt}: left out 1 shape point measured on an earlier build of its engine (onnxruntime/bert_fp32@2x32)" in gated.err
+    assert (
+        f"baseline {rebuilt}: left out 1 shape point measured on an earlier build of its engine (onnxruntime/bert_fp32@2x32)" in gated.err
+    )
     assert "not gated" in gated.err and "left out" not in gated.err.split("baseline")[0]  # the workspace's own: none
 
 
