@@ -88,7 +88,8 @@ def load_manifests(
     earlier = measured_on_earlier_builds(points, lambda path: built_from(read_manifest(path)) if path.is_file() else None)
     if earlier and left_out is not None:
         left_out(earlier)
-    return [m for m in manifests if not m._source or Path(m._source) not in set(earlier)]
+    gone = set(earlier)
+    return [m for m in manifests if not m._source or Path(m._source) not in gone]
 
 
 def load_baseline(
@@ -106,7 +107,9 @@ def load_baseline(
     return _load_from_git(spec, workspace, toolchains, left_out)
 
 
-def _load_from_git(ref: str, workspace: Workspace, toolchains: list[str] | None, left_out=None) -> list[EngineManifest]:
+def _load_from_git(
+    ref: str, workspace: Workspace, toolchains: list[str] | None, left_out: Callable[[list[Path]], None] | None = None
+) -> list[EngineManifest]:
     def git(*args: str) -> str:
         result = subprocess.run(["git", *args], cwd=workspace.root, capture_output=True, text=True)
         if result.returncode != 0:
@@ -136,7 +139,8 @@ def _load_from_git(ref: str, workspace: Workspace, toolchains: list[str] | None,
     )
     if earlier and left_out is not None:
         left_out(earlier)
-    manifests = [m for path, m in manifests.items() if path not in earlier]
+    gone = set(earlier)
+    manifests = [m for path, m in manifests.items() if path not in gone]
     if not manifests:
         raise PipelineError(
             f"git ref {ref!r} has no engine manifests under manifests/ (they are git-ignored by default).",

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.launchers.child import Child, Reply, serve_requests
+from pipeline.launchers.child import ERROR, Child, Reply, serve_requests
 from pipeline.measuring.serving import PROCESSES, ServedRun
 from pipeline.running.errors import DeviceFault, EnvironmentMissing, PipelineError
 
@@ -109,11 +109,13 @@ def serve_in_processes(catalog, toolchain: str, engine_path: Path, workload, set
 def _served_by(children: list[Child], seconds: float) -> ServedRun:
     """One stream from each of ``children`` (started and prepared), released together."""
     count = len(children)
+    start_at = time.time() + START_MARGIN_S
+    for child in children:
+        child.send(("serve", start_at, seconds))
+    # Every reply read before any is judged: one left unread would be taken for the next count's.
+    replies = [_reply_of(child) for child in children]
     try:
-        start_at = time.time() + START_MARGIN_S
-        for child in children:
-            child.send(("serve", start_at, seconds))
-        runs: list[ServedRun] = [_said(child.receive()) for child in children]
+        runs: list[ServedRun] = [_said(reply) for reply in replies]
     except PipelineError as exc:
         return ServedRun.cannot(count, PROCESSES, f"failed: {exc.message}")
     for run in runs:
@@ -127,6 +129,14 @@ def _served_by(children: list[Child], seconds: float) -> ServedRun:
 
 def _said(reply: Reply) -> Any:
     return reply.result()
+
+
+def _reply_of(child: Child) -> Reply:
+    """The child's reply, or its end as an error reply."""
+    try:
+        return child.receive()
+    except PipelineError as exc:
+        return Reply(ERROR, exc)
 
 
 def _serving_process(channel, catalog, toolchain: str, engine_path: Path, workload) -> None:

@@ -29,7 +29,7 @@ def serve_streams(spec, attention, prepared: Any, streams: int, seconds: float, 
         return ServedRun.cannot(
             streams,
             THREADS,
-            "its point is held by the process that compiled it (pytorch/served.py): its threads are served there or not at all",
+            "its point is neither prepared in this process nor held by one that serves it (pytorch/served.py)",
         )
     torch = import_torch()
     cuda = prepared.cuda
