@@ -274,11 +274,13 @@ class HostSpeed:
             return None
         return max(0.0, (now[1] - then[1]) - (now[2] - then[2])) / (now[0] - then[0])
 
-    def before_take(self) -> None:
+    def before_take(self, probe: bool = False) -> None:
+        """``probe``: probe the host now rather than take the last take's probe after it for
+        this one's before (takes with other work between them: serving's)."""
         # Read again each take: a process can be moved to another group while it runs (a test's
         # quota, a container runtime's update); the take compares one group's figures either side.
         self._cgroups = _cgroup_stat_files()
-        if self._last_probe is None:
+        if self._last_probe is None or probe:
             self._last_probe = probe_ms(self._cgroups)
         self._throttled_at = _throttled_ns(self._cgroups)
         self._sample_cpus()
