@@ -5,7 +5,9 @@
 # beside it, the independent readings it is checked against:
 #   - NVML's energy counter and power sampled by a process of its own (scripts/sample_gpu_power.py)
 #     and nvidia-smi's power.draw every 100 ms, over the whole run;
-#   - the same engines served by hand (scripts/serve_by_hand.py: nothing of the product imported).
+#   - the same engines served by hand (scripts/serve_by_hand.py: nothing of the product imported),
+#     every count BY_HAND_REPEATS times (3) in turn, so that a spell of a slow host lands on one
+#     repeat (the product sets aside a take its host ran slower around: docs/streams.md).
 #
 #   bash scripts/record_serving.sh OUT
 #   SHAPES=2x512 TOOLCHAINS=torch-cudagraphs BY_HAND_KINDS=cuda-graph bash scripts/record_serving.sh OUT  # a part of it
@@ -43,7 +45,7 @@ python3 -m pipeline.cli --catalog "$work/one/ws/pipeline.toml" compare --model "
   --p99-under "${P99_UNDER:-10ms}" > "$out/p99-under.txt" 2>&1
 by_hand_kinds=()
 for kind in $kinds; do by_hand_kinds+=("${kind//-/ }"); done
-python3 scripts/serve_by_hand.py --shapes $shapes --kinds "${by_hand_kinds[@]}" --streams 1 2 4 --seconds "${BY_HAND_SECONDS:-4}" --out "$out" > "$out/serve-by-hand.txt" 2>&1
+python3 scripts/serve_by_hand.py --shapes $shapes --kinds "${by_hand_kinds[@]}" --streams 1 2 4 --seconds "${BY_HAND_SECONDS:-4}" --repeats "${BY_HAND_REPEATS:-3}" --out "$out" > "$out/serve-by-hand.txt" 2>&1
 sleep 1
 kill "$sampler" "$smi" 2>/dev/null
 wait "$sampler" 2>/dev/null

@@ -11,10 +11,15 @@ latency is the host's time from issue to the end of its wait.
 
     python scripts/serve_by_hand.py --shapes 2x512 4x4096 --streams 1 2 4 --seconds 4 --out DIR
 
-Writes DIR/serve-by-hand.json (a list of {shape, kind, streams, inferences, seconds,
+Writes DIR/serve-by-hand.json (a list of {shape, kind, streams, repeat, inferences, seconds,
 inferences_per_s, median_ms, p99_ms, started, ended}: ``started``/``ended`` are epoch seconds, for
 aligning with a power sampler's records). The figures depend on the machine and its host: report
 them with the GPU named, and measure both sides of a comparison on one machine start.
+
+A launch-bound kind's figure is the host's speed while it ran, and a cloud host's vCPUs change
+speed for seconds at a time: ``--repeats N`` serves every kind and count of a shape N times, in
+turn (all of them once, then again), so that a spell lands on one repeat and not on all;
+scripts/check_serving_agreement.py reads each count's fastest repeat and shows their range.
 """
 
 from __future__ import annotations
@@ -150,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--streams", nargs="+", type=int, default=[1, 2, 4])
     parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
     parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--repeats", type=int, default=1, help="serve every kind and count this many times, in turn")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--tiny", action="store_true", help="a two-layer ModernBERT (this script's test)")
     parser.add_argument("--out", type=Path, required=True)
@@ -165,17 +171,20 @@ def main(argv: list[str] | None = None) -> int:
     compiled = torch.compile(model) if "compiled" in args.kinds else None
     results = []
     for shape in args.shapes:
-        for kind in args.kinds:
-            for streams in args.streams:
-                if kind == "cuda graph" and args.device == "cpu":
-                    print(f"{shape:>8} {kind:<12} skipped: a CUDA graph needs a GPU", flush=True)
-                    continue
-                result = serve(torch, kind, model, compiled, shape, streams, args.seconds, config.vocab_size, args.device)
-                results.append(result)
-                print(
-                    f"{shape:>8} {kind:<12} {streams} streams: {result['inferences_per_s']:9.1f} inferences/s, median {result['median_ms'] or float('nan'):.3f} ms",
-                    flush=True,
-                )
+        for repeat in range(args.repeats):
+            for kind in args.kinds:
+                for streams in args.streams:
+                    if kind == "cuda graph" and args.device == "cpu":
+                        if repeat == 0:
+                            print(f"{shape:>8} {kind:<12} skipped: a CUDA graph needs a GPU", flush=True)
+                        continue
+                    result = serve(torch, kind, model, compiled, shape, streams, args.seconds, config.vocab_size, args.device)
+                    results.append({**result, "repeat": repeat})
+                    print(
+                        f"{shape:>8} {kind:<12} {streams} streams: {result['inferences_per_s']:9.1f} inferences/s, "
+                        f"median {result['median_ms'] or float('nan'):.3f} ms (repeat {repeat + 1} of {args.repeats})",
+                        flush=True,
+                    )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "serve-by-hand.json").write_text(json.dumps(results, indent=1) + "\n")
     return 0
