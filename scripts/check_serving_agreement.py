@@ -69,8 +69,8 @@ def host_words(raws: list[dict], shape: str, toolchain: str, streams: int) -> st
             continue
         for served in ((raw.get("profile") or {}).get("details") or {}).get("streams") or []:
             if served.get("mode") == "threads" and served.get("streams") == streams and served.get("host_slowdown"):
-                retaken = served.get("host_retaken") or []
-                again = f", {len(retaken)} take(s) set aside ({', '.join(f'{s:.2f}x' for s in retaken)})" if retaken else ""
+                set_aside = served.get("host_set_aside") or []
+                again = f", {len(set_aside)} take(s) set aside ({', '.join(f'{s:.2f}x' for s in set_aside)})" if set_aside else ""
                 return f"; host {served['host_slowdown']:.2f}x{' (slowed)' if served.get('host_slowed') else ''}{again}"
     return ""
 

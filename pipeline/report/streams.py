@@ -34,7 +34,7 @@ def served_entries(records) -> list[dict[str, Any]]:
                 bounded_by=record.bounded_by,
                 host_slowdown=record.host_slowdown,
                 host_slowed=record.host_slowed,
-                host_retaken=list(record.host_retaken),
+                host_set_aside=list(record.host_set_aside),
             )
             for percent, name in (("50", "median"), ("90", "p90"), ("99", "p99")):
                 entry[f"{name}_ms"] = record.latency_ms.get(percent)
@@ -88,9 +88,9 @@ def _title(model: str, gpu_type: str | None, shape: str | None) -> str:
 
 
 _NOTE = "? = too few requests to bound the p99 (needs N: the requests that could); streams: each its own inputs, started together, timed over one span (docs/streams.md)"
-# Said under a table where a count's every take found the host slower than alone (ServedRecord.host_slowed).
+# Said under a table where a count's every take found the host slower than its fastest (ServedRecord.host_slowed).
 SLOWED_NOTE = (
-    "* = the host's CPUs ran slower than alone around each of this count's takes (the least slowed kept): "
+    "* = the host's CPUs ran over 10 % slower than their fastest around each of this count's takes (the least slowed kept): "
     "where the engine is launch-bound its figure is the host's"
 )
 

@@ -12,8 +12,9 @@ cannot serve a count says why, and that is recorded at that count.
 Serving's takes are not interleaved as the rounds' are: each count of each engine is one take. A
 spell of the host's (the lent GPU machines' vCPUs run 1.8x slower for seconds at a time) would then
 be that count's alone, and a launch-bound engine's figure the spell's. So the host's speed is
-probed either side of every take (pipeline/measuring/host_speed.py) and a take it ran slower
-around is set aside and taken again (``watched``).
+probed either side of every take, against the fastest the host was seen
+(pipeline/measuring/host_speed.py, HostSpeed.at_its_fastest), and a take it ran slower around is
+set aside and taken again (``watched``).
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ from pipeline.running.errors import DeviceFault, EnvironmentMissing, PipelineErr
 START_MARGIN_S = 0.25
 # Seconds a serving process has to end once asked before it is killed.
 STOP_GRACE_S = 10
-# A take around which the host's CPUs ran more than this much slower than alone (or than its own
-# noise, where that is wider) is set aside and taken again, at most RETAKES times; the least
-# slowed take is kept, and said to be slowed where it still is.
+# A take around which the host's CPUs ran more than this much slower than the fastest they were
+# seen is set aside and taken again, at most RETAKES times; the least slowed take is kept, and said
+# to be slowed where it still is. Not widened by the host's noise, as the rounds' flag is: a host
+# whose speed changes in spells has a noise that is the spells (1.33-1.54x on the lent H100).
 SLOWED_BY = 0.10
 RETAKES = 2
 
@@ -46,7 +48,7 @@ def serve_point(engines: dict[Any, Any], settings, reporter) -> dict[Any, list[S
     serve nothing."""
     if not settings.serves:
         return {}
-    host = HostSpeed.calibrated()
+    host = HostSpeed.at_its_fastest()
     out: dict[Any, list[ServedRun]] = {}
     for stage, engine in engines.items():
         name = f"{stage.engine.variant}/{stage.toolchain}"
@@ -78,20 +80,25 @@ def _engine_served(stage, engine, name: str, settings, reporter, host: HostSpeed
 
 
 def watched(take, host: HostSpeed | None) -> ServedRun:
-    """``take()``'s run, the host's speed probed either side of it; a take the host ran slower
-    around than SLOWED_BY (or its noise) is set aside and taken again, up to RETAKES times, and the
-    least slowed kept. A failed take is kept as it is. None: no host watched (one take)."""
+    """``take()``'s run, the host's speed probed either side of it; a take the host ran more than
+    SLOWED_BY slower around is set aside and taken again, up to RETAKES times, and the least
+    slowed kept (``host_set_aside``: the slowdowns of the others). A failed take ends the count:
+    the least slowed take before it is kept, else the failure. None: no host watched (one take)."""
     if host is None:
         return take()
-    allowed = max(1.0 + SLOWED_BY, host.noise)
+    allowed = 1.0 + SLOWED_BY
     kept: ServedRun | None = None
     set_aside: list[float] = []
     for _ in range(1 + RETAKES):
         host.before_take(probe=True)  # takes apart in time: the host now, not after the last one
         run = take()
-        run.host_slowdown = round(host.after_take().slowdown, 4)
+        around = host.after_take()
+        host.seen(around)
+        run.host_slowdown = round(around.slowdown, 4)
         if run.why_not is not None:
-            return run
+            if kept is None:
+                return run
+            break
         if kept is None or run.host_slowdown < kept.host_slowdown:
             kept, run = run, kept
         if run is not None:
@@ -99,7 +106,7 @@ def watched(take, host: HostSpeed | None) -> ServedRun:
         if kept.host_slowdown <= allowed:
             break
     kept.host_slowed = kept.host_slowdown > allowed
-    kept.host_retaken = set_aside
+    kept.host_set_aside = set_aside
     return kept
 
 
