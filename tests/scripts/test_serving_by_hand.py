@@ -90,3 +90,13 @@ def test_the_agreement_matches_counts_by_kind_and_integrates_power_over_the_take
     smi.write_text("2026/12/05 02:00:00.500, 251.5\nnot a line\n2026/12/05 02:00:01.000, 252.0\n")
     (first, watts), (second, _) = agreement.read_nvidia_smi(smi)
     assert watts == 251.5 and second - first == 0.5
+
+
+def test_the_interleaved_check_serves_both_sides_in_turn(import_script, tmp_path):
+    check = import_script("check_serving_interleaved")
+    argv = ["--device", "cpu", "--tiny", "--shape", "1x8", "--kinds", "eager", "--streams", "1", "--pairs", "2", "--seconds", "0.2"]
+    assert check.main([*argv, "--out", str(tmp_path)]) == 0
+    takes = json.loads((tmp_path / "serving-interleaved.json").read_text())
+    # Each pair's two takes in turn, the order swapped from one pair to the next.
+    assert [(t["pair"], t["side"]) for t in takes] == [(0, "product"), (0, "by hand"), (1, "by hand"), (1, "product")]
+    assert all(t["inferences_per_s"] > 0 and t["probe_ms"] > 0 for t in takes)
