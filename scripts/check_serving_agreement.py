@@ -5,8 +5,10 @@ Reads a workspace's profile manifests and, for each engine:
 - **throughput**: each stream count it served by threads against scripts/serve_by_hand.py's
   figure for the same shape, kind and count (eager ↔ torch-eager, cuda graph ↔ torch-cudagraphs,
   compiled ↔ torch-compile), as a ratio; the target is within 10 %. Where by hand served a count
-  more than once (``--repeats``), its fastest repeat is the figure — the product keeps the take
-  its host ran least slowed around (docs/streams.md) — and the repeats' range is shown beside it;
+  more than once (``--repeats``), the repeats' median is the figure and their range is shown
+  beside it: a launch-bound engine's figure follows the host's spells, and a ratio outside that
+  range says more than one inside it (docs/streams.md; scripts/check_serving_interleaved.py takes
+  the two side by side, take for take);
 - **energy per take**: the joules the product read around each take against NVML's counter read
   by a process of its own (scripts/sample_gpu_power.py) over the same span, summed over the
   engine's resolved takes, as a ratio; the target is within 5 %;
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -48,7 +51,7 @@ def by_hand_figures(by_hand: list[dict]) -> dict[tuple, list[float]]:
 
 
 def throughput_ratios(raws: list[dict], by_hand: list[dict]) -> list[tuple[str, str, int, float, float]]:
-    """(shape, toolchain, streams, product inferences/s, by-hand inferences/s: its fastest repeat)
+    """(shape, toolchain, streams, product inferences/s, by-hand inferences/s: its repeats' median)
     for every count served by threads."""
     hand = by_hand_figures(by_hand)
     out = []
@@ -58,21 +61,8 @@ def throughput_ratios(raws: list[dict], by_hand: list[dict]) -> list[tuple[str, 
         for served in details.get("streams") or []:
             key = (raw.get("shape"), kind, served.get("streams"))
             if served.get("mode") == "threads" and served.get("inferences_per_s") and key in hand:
-                out.append((raw["shape"], raw["toolchain"], served["streams"], served["inferences_per_s"], max(hand[key])))
+                out.append((raw["shape"], raw["toolchain"], served["streams"], served["inferences_per_s"], statistics.median(hand[key])))
     return out
-
-
-def host_words(raws: list[dict], shape: str, toolchain: str, streams: int) -> str:
-    """The host around the product's take of that count by threads, where its manifest says."""
-    for raw in raws:
-        if raw.get("shape") != shape or raw.get("toolchain") != toolchain:
-            continue
-        for served in ((raw.get("profile") or {}).get("details") or {}).get("streams") or []:
-            if served.get("mode") == "threads" and served.get("streams") == streams and served.get("host_slowdown"):
-                set_aside = served.get("host_set_aside") or []
-                again = f", {len(set_aside)} take(s) set aside ({', '.join(f'{s:.2f}x' for s in set_aside)})" if set_aside else ""
-                return f"; host {served['host_slowdown']:.2f}x{' (slowed)' if served.get('host_slowed') else ''}{again}"
-    return ""
 
 
 def take_spans(raw: dict) -> list[tuple[float, float, float]]:
@@ -125,9 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     for shape, toolchain, streams, product, hand in throughput_ratios(raws, by_hand):
         each = repeats[(shape, KIND_OF[toolchain], streams)]
         spread = f"; by hand's {len(each)} repeats {min(each):.1f}–{max(each):.1f}" if len(each) > 1 else ""
-        slowed = host_words(raws, shape, toolchain, streams)
         print(
-            f"  {shape:>7} {toolchain:<17} {streams} streams: {product:9.1f} vs {hand:9.1f} inferences/s, ratio {product / hand:.3f}{spread}{slowed}"
+            f"  {shape:>7} {toolchain:<17} {streams} streams: {product:9.1f} vs {hand:9.1f} inferences/s, ratio {product / hand:.3f}{spread}"
         )
     power, smi = read(args.power), read_nvidia_smi(args.nvidia_smi)
     print("== energy over the engine's takes, product against NVML read by another process (target: within 5 %)")

@@ -7,7 +7,7 @@
 #     and nvidia-smi's power.draw every 100 ms, over the whole run;
 #   - the same engines served by hand (scripts/serve_by_hand.py: nothing of the product imported),
 #     every count BY_HAND_REPEATS times (3) in turn, so that a spell of a slow host lands on one
-#     repeat (the product sets aside a take its host ran slower around: docs/streams.md).
+#     repeat (docs/streams.md, "The host's spells").
 #
 #   bash scripts/record_serving.sh OUT
 #   SHAPES=2x512 TOOLCHAINS=torch-cudagraphs BY_HAND_KINDS=cuda-graph bash scripts/record_serving.sh OUT  # a part of it

@@ -19,7 +19,7 @@ them with the GPU named, and measure both sides of a comparison on one machine s
 A launch-bound kind's figure is the host's speed while it ran, and a cloud host's vCPUs change
 speed for seconds at a time: ``--repeats N`` serves every kind and count of a shape N times, in
 turn (all of them once, then again), so that a spell lands on one repeat and not on all;
-scripts/check_serving_agreement.py reads each count's fastest repeat and shows their range.
+scripts/check_serving_agreement.py reads each count's median repeat and shows their range.
 """
 
 from __future__ import annotations

@@ -256,26 +256,6 @@ class HostSpeed:
             return cls(recorded[0], "host record", recorded[1], helpers)
         return cls(alone, "this process", noise, helpers)
 
-    @classmethod
-    def at_its_fastest(cls) -> HostSpeed:
-        """Against the fastest the host has been seen: this calibration's median or the host's
-        latest idle record, whichever is faster, and faster still as a take's probes show it
-        (``seen``). Takes that are not interleaved (serving's, pipeline/stages/serving.py) have
-        no other engine's takes to share a spell with, so a spell is judged against the host's
-        fast speed, not within a noise that spells themselves widen: on the lent H100 a quarter
-        second's calibration read the probe's 90th percentile 1.33-1.54x its median."""
-        alone, _, others = _calibration()
-        if others < IDLE_OTHERS_CPUS:
-            _write_record(alone, 1.0)
-        recorded = _read_record()
-        fastest = min(alone, recorded[0]) if recorded is not None else alone
-        return cls(fastest, "this process" if fastest == alone else "host record")
-
-    def seen(self, take: HostTake) -> None:
-        """A take the host ran faster around than ``alone``: that speed is alone from now on."""
-        if take.throttled == 0.0 and take.slowdown < 1.0:
-            self.alone_ms *= take.slowdown
-
     def _sample_cpus(self) -> tuple[float, float | None, float]:
         from pipeline.measuring.machine_watch import cpu_busy_s, own_cpu_s
 
@@ -294,13 +274,11 @@ class HostSpeed:
             return None
         return max(0.0, (now[1] - then[1]) - (now[2] - then[2])) / (now[0] - then[0])
 
-    def before_take(self, probe: bool = False) -> None:
-        """``probe``: probe the host now rather than take the last take's probe after it for
-        this one's before (takes with other work between them: serving's)."""
+    def before_take(self) -> None:
         # Read again each take: a process can be moved to another group while it runs (a test's
         # quota, a container runtime's update); the take compares one group's figures either side.
         self._cgroups = _cgroup_stat_files()
-        if self._last_probe is None or probe:
+        if self._last_probe is None:
             self._last_probe = probe_ms(self._cgroups)
         self._throttled_at = _throttled_ns(self._cgroups)
         self._sample_cpus()

@@ -58,12 +58,6 @@ class ServedRun:
     how: str = ""
     # Why nothing was measured at this concurrency (None where it was).
     why_not: str | None = None
-    # The host around the take kept (pipeline/stages/serving.py, watched): how much slower its
-    # CPUs ran than their fastest by the probes either side of it, whether that is beyond what is
-    # let pass, and the slowdowns of the count's other takes, set aside for it.
-    host_slowdown: float | None = None
-    host_slowed: bool | None = None
-    host_set_aside: list[float] = field(default_factory=list)
 
     @classmethod
     def cannot(cls, streams: int, mode: str, why: str) -> ServedRun:
@@ -94,12 +88,6 @@ class ServedRecord(BaseModel):
     bounded_by: str = "requests"
     # Every request's latency (ms), for plots and for reading the figures again.
     latencies_ms: list[float] = []
-    # The host's CPUs around the take kept, against the fastest they were seen (1.0: as fast; None
-    # before these were kept), whether that is slower than serving lets pass, and the slowdowns of
-    # the count's other takes, set aside for it (docs/streams.md, "The host's speed").
-    host_slowdown: float | None = None
-    host_slowed: bool | None = None
-    host_set_aside: list[float] = []
 
 
 def served_figures(run: ServedRun, batch: int, tokens_per_run: int | None) -> ServedRecord:
@@ -119,9 +107,6 @@ def served_figures(run: ServedRun, batch: int, tokens_per_run: int | None) -> Se
         samples_per_s=per_s * batch,
         tokens_per_s=per_s * tokens_per_run if tokens_per_run else None,
         latencies_ms=[round(value, 6) for value in run.latencies_ms],
-        host_slowdown=run.host_slowdown,
-        host_slowed=run.host_slowed,
-        host_set_aside=list(run.host_set_aside),
     )
     if run.latencies_ms:
         ordered = sorted(run.latencies_ms)

@@ -16,7 +16,7 @@ from pipeline.manifest import EngineManifest
 from pipeline.report.answer import Answer
 from pipeline.report.energy import energy_notes
 from pipeline.report.rows import ComparisonRow
-from pipeline.report.streams import STREAM_HEADERS, stream_cells, streams_note
+from pipeline.report.streams import STREAM_HEADERS, stream_cells
 from pipeline.report.streams_chart import throughput_against_streams
 from pipeline.report.sweep_chart import axis_names, sweep_figure
 from pipeline.report.tables import HEADERS, row_cells, samples_header
@@ -141,8 +141,7 @@ def _streams_table(rows: list[ComparisonRow]) -> str | None:
         return None
     head = "".join(f"<th>{html.escape(text)}</th>" for text in STREAM_HEADERS)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(text)}</td>" for text in line) + "</tr>" for line in cells)
-    note = html.escape(streams_note(entry for row in rows for entry in row.streams))
-    return f'<h3>Serving concurrent streams</h3><table><tr>{head}</tr>{body}</table><p class="note">{note}</p>'
+    return f"<h3>Serving concurrent streams</h3><table><tr>{head}</tr>{body}</table>"
 
 
 def _sweep_section(answer: Answer, sweep, names: tuple[str, ...] | None = None) -> list[str]:

@@ -34,9 +34,7 @@ from pipeline.report.rows import ComparisonRow
 # 16 each comparison's bounded and ratios_range: where its rounds are too few for an interval,
 # low, high and confidence are null (they held the rounds' range) and ratios_range holds it; the
 # verdict's speedup_interval null then.
-# 17 each streams entry's host_slowdown, host_slowed and host_set_aside: the host's speed around the
-# take kept, and the takes set aside for it (pipeline/stages/serving.py, watched).
-JSON_SCHEMA_VERSION = 17
+JSON_SCHEMA_VERSION = 16
 
 
 def render_json(rows: list[ComparisonRow], answer: Answer | None = None) -> str:

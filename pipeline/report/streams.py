@@ -32,9 +32,6 @@ def served_entries(records) -> list[dict[str, Any]]:
                 requests=record.completed,
                 span_s=record.span_s,
                 bounded_by=record.bounded_by,
-                host_slowdown=record.host_slowdown,
-                host_slowed=record.host_slowed,
-                host_set_aside=list(record.host_set_aside),
             )
             for percent, name in (("50", "median"), ("90", "p90"), ("99", "p99")):
                 entry[f"{name}_ms"] = record.latency_ms.get(percent)
@@ -64,8 +61,7 @@ def stream_cells(row, entry: dict[str, Any]) -> list[str]:
     else:
         interval = entry["bounded_by"]
     p99 = f"{entry['p99_ms']:.3f}" + ("" if bounded is not None else "?") if entry["p99_ms"] is not None else "–"
-    slowed = "*" if entry.get("host_slowed") else ""
-    figures = [f"{entry['inferences_per_s']:.1f}{slowed}", rate, _ms(entry["median_ms"]), _ms(entry["p90_ms"]), p99, interval]
+    figures = [f"{entry['inferences_per_s']:.1f}", rate, _ms(entry["median_ms"]), _ms(entry["p90_ms"]), p99, interval]
     return [*head, *figures]
 
 
@@ -88,16 +84,6 @@ def _title(model: str, gpu_type: str | None, shape: str | None) -> str:
 
 
 _NOTE = "? = too few requests to bound the p99 (needs N: the requests that could); streams: each its own inputs, started together, timed over one span (docs/streams.md)"
-# Said under a table where a count's every take found the host slower than its fastest (ServedRecord.host_slowed).
-SLOWED_NOTE = (
-    "* = the host's CPUs ran over 10 % slower than their fastest around each of this count's takes (the least slowed kept): "
-    "where the engine is launch-bound its figure is the host's"
-)
-
-
-def streams_note(entries) -> str:
-    """The note under a streams table, with the mark of a slowed count where one is."""
-    return _NOTE + (f"; {SLOWED_NOTE}" if any(entry.get("host_slowed") for entry in entries) else "")
 
 
 # What a narrow terminal leaves out first, by header, until the table fits (the p99 and its interval,
@@ -130,9 +116,7 @@ def streams_lines(rows, width: int | None) -> list[tuple[str, str | None]]:
         out.append((join(list(STREAM_HEADERS)), "bold"))
         out.append(("─" * (sum(widths[i] for i in keep) + len(GAP) * (len(keep) - 1)), None))
         out += [(join(texts), None) for texts in cells]
-        note = streams_note(entry for row in group for entry in row.streams) + (
-            f"; left out to fit: {', '.join(dropped)} (--wide, or --format md, shows them)" if dropped else ""
-        )
+        note = _NOTE + (f"; left out to fit: {', '.join(dropped)} (--wide, or --format md, shows them)" if dropped else "")
         out += [(line, "dim") for line in (wrap(note, width, indent="    ") if width else [note])]
         out.append(("", None))
     return out
@@ -150,8 +134,7 @@ def streams_markdown(rows) -> str:
             for entry in row.streams
         ]
         out.append("")
-        note = streams_note(entry for row in group for entry in row.streams)
-        out.append(f"`?`{note[1:]}".replace(f"; {SLOWED_NOTE}", f"; `*`{SLOWED_NOTE[1:]}"))
+        out.append(f"`?`{_NOTE[1:]}")
         out.append("")
     return "\n".join(out) + ("\n" if out else "")
 

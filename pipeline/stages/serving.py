@@ -8,24 +8,15 @@ inputs — and on a GPU its own CUDA stream — or a tool's own streams), and, f
 threads the GIL serialises (EngineRuntime.serves_in_processes), also by N processes, each its own
 interpreter, engine and inputs, released at one instant and timed over the same span. A runtime that
 cannot serve a count says why, and that is recorded at that count.
-
-Serving's takes are not interleaved as the rounds' are: each count of each engine is one take. A
-spell of the host's (the lent GPU machines' vCPUs run 1.8x slower for seconds at a time) would then
-be that count's alone, and a launch-bound engine's figure the spell's. So the host's speed is
-probed either side of every take, against the fastest the host was seen
-(pipeline/measuring/host_speed.py, HostSpeed.at_its_fastest), and a take it ran slower around is
-set aside and taken again (``watched``).
 """
 
 from __future__ import annotations
 
 import time
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 from pipeline.launchers.child import ERROR, Child, Reply, serve_requests
-from pipeline.measuring.host_speed import HostSpeed
 from pipeline.measuring.serving import PROCESSES, ServedRun
 from pipeline.running.errors import DeviceFault, EnvironmentMissing, PipelineError
 
@@ -34,12 +25,6 @@ from pipeline.running.errors import DeviceFault, EnvironmentMissing, PipelineErr
 START_MARGIN_S = 0.25
 # Seconds a serving process has to end once asked before it is killed.
 STOP_GRACE_S = 10
-# A take around which the host's CPUs ran more than this much slower than the fastest they were
-# seen is set aside and taken again, at most RETAKES times; the least slowed take is kept, and said
-# to be slowed where it still is. Not widened by the host's noise, as the rounds' flag is: a host
-# whose speed changes in spells has a noise that is the spells (1.33-1.54x on the lent H100).
-SLOWED_BY = 0.10
-RETAKES = 2
 
 
 def serve_point(engines: dict[Any, Any], settings, reporter) -> dict[Any, list[ServedRun]]:
@@ -48,12 +33,11 @@ def serve_point(engines: dict[Any, Any], settings, reporter) -> dict[Any, list[S
     serve nothing."""
     if not settings.serves:
         return {}
-    host = HostSpeed.at_its_fastest()
     out: dict[Any, list[ServedRun]] = {}
     for stage, engine in engines.items():
         name = f"{stage.engine.variant}/{stage.toolchain}"
         try:
-            out[stage] = _engine_served(stage, engine, name, settings, reporter, host)
+            out[stage] = _engine_served(stage, engine, name, settings, reporter)
         except DeviceFault as exc:  # pinned to the engine whose streams saw it
             exc.pinned_to(name)
             raise
@@ -67,47 +51,15 @@ def serving_words(runtime, settings) -> str:
     return f"serve: after the rounds, {counts} concurrent streams in turn, {settings.serve_s:g} s each, in this process{processes}"
 
 
-def _engine_served(stage, engine, name: str, settings, reporter, host: HostSpeed) -> list[ServedRun]:
+def _engine_served(stage, engine, name: str, settings, reporter) -> list[ServedRun]:
     runs = []
     for count in settings.streams:
         reporter.measuring(f"{name} serving {count} stream{'s' if count > 1 else ''} for {settings.serve_s:g} s")
-        serve = partial(stage.runtime.serve, engine, count, settings.serve_s)
-        runs.append(watched(partial(_served, serve, count, stage.runtime.kind), host))
+        runs.append(_served(lambda count=count: stage.runtime.serve(engine, count, settings.serve_s), count, stage.runtime.kind))
     if stage.runtime.serves_in_processes:
         reporter.measuring(f"{name} serving {', '.join(map(str, settings.streams))} streams in as many processes")
-        runs += serve_in_processes(stage.ctx.catalog, stage.toolchain, stage.engine_file(), stage.workload(), settings, host)
+        runs += serve_in_processes(stage.ctx.catalog, stage.toolchain, stage.engine_file(), stage.workload(), settings)
     return runs
-
-
-def watched(take, host: HostSpeed | None) -> ServedRun:
-    """``take()``'s run, the host's speed probed either side of it; a take the host ran more than
-    SLOWED_BY slower around is set aside and taken again, up to RETAKES times, and the least
-    slowed kept (``host_set_aside``: the slowdowns of the others). A failed take ends the count:
-    the least slowed take before it is kept, else the failure. None: no host watched (one take)."""
-    if host is None:
-        return take()
-    allowed = 1.0 + SLOWED_BY
-    kept: ServedRun | None = None
-    set_aside: list[float] = []
-    for _ in range(1 + RETAKES):
-        host.before_take(probe=True)  # takes apart in time: the host now, not after the last one
-        run = take()
-        around = host.after_take()
-        host.seen(around)
-        run.host_slowdown = round(around.slowdown, 4)
-        if run.why_not is not None:
-            if kept is None:
-                return run
-            break
-        if kept is None or run.host_slowdown < kept.host_slowdown:
-            kept, run = run, kept
-        if run is not None:
-            set_aside.append(run.host_slowdown)
-        if kept.host_slowdown <= allowed:
-            break
-    kept.host_slowed = kept.host_slowdown > allowed
-    kept.host_set_aside = set_aside
-    return kept
 
 
 def _served(serve, count: int, kind: str) -> ServedRun:
@@ -123,14 +75,13 @@ def _served(serve, count: int, kind: str) -> ServedRun:
         return ServedRun.cannot(count, "threads", f"the {kind} runtime failed serving {count} streams: {type(exc).__name__}: {exc}")
 
 
-def serve_in_processes(catalog, toolchain: str, engine_path: Path, workload, settings, host: HostSpeed | None = None) -> list[ServedRun]:
+def serve_in_processes(catalog, toolchain: str, engine_path: Path, workload, settings) -> list[ServedRun]:
     """Each count of ``settings.streams`` served by that many processes: as many as the largest
     count are started and prepared once, each a new interpreter that loads and prepares the engine
     with its own inputs (a compiled engine compiled once in each, not once a count); then for each
     count the first that many serve one stream each from an instant given to all of them, for
     ``settings.serve_s`` seconds — the streams' requests and span together — while the others wait
-    idle. A count that fails says why; the counts after it still run on the processes left.
-    ``host``: each count's take watched for the host's speed (``watched``)."""
+    idle. A count that fails says why; the counts after it still run on the processes left."""
     counts = settings.streams
     children = [
         Child(_serving_process, catalog, toolchain, engine_path, workload, name=f"pipeline-stream-{index}", requests=True)
@@ -146,7 +97,7 @@ def serve_in_processes(catalog, toolchain: str, engine_path: Path, workload, set
                 _said(child.receive())
         except PipelineError as exc:
             return [ServedRun.cannot(count, PROCESSES, f"failed: {exc.message}") for count in counts]
-        return [watched(partial(_served_by, children[:count], settings.serve_s), host) for count in counts]
+        return [_served_by(children[:count], settings.serve_s) for count in counts]
     finally:
         for child in children:
             child.stop_serving()
