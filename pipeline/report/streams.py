@@ -83,7 +83,7 @@ def _title(model: str, gpu_type: str | None, shape: str | None) -> str:
     return f"{model}{f' at {where}' if where else ''}: serving concurrent streams (inferences/s and each request's latency)"
 
 
-_NOTE = "? = too few requests to bound the p99 (needs N: the requests that could); streams: each its own inputs, started together, timed over one span (docs/streams.md)"
+STREAMS_NOTE = "? = too few requests to bound the p99 (needs N: the requests that could); streams: each its own inputs, started together, timed over one span (docs/streams.md)"
 
 
 # What a narrow terminal leaves out first, by header, until the table fits (the p99 and its interval,
@@ -116,7 +116,7 @@ def streams_lines(rows, width: int | None) -> list[tuple[str, str | None]]:
         out.append((join(list(STREAM_HEADERS)), "bold"))
         out.append(("─" * (sum(widths[i] for i in keep) + len(GAP) * (len(keep) - 1)), None))
         out += [(join(texts), None) for texts in cells]
-        note = _NOTE + (f"; left out to fit: {', '.join(dropped)} (--wide, or --format md, shows them)" if dropped else "")
+        note = STREAMS_NOTE + (f"; left out to fit: {', '.join(dropped)} (--wide, or --format md, shows them)" if dropped else "")
         out += [(line, "dim") for line in (wrap(note, width, indent="    ") if width else [note])]
         out.append(("", None))
     return out
@@ -134,7 +134,7 @@ def streams_markdown(rows) -> str:
             for entry in row.streams
         ]
         out.append("")
-        out.append(f"`?`{_NOTE[1:]}")
+        out.append(f"`?`{STREAMS_NOTE[1:]}")
         out.append("")
     return "\n".join(out) + ("\n" if out else "")
 

@@ -161,6 +161,7 @@ def test_the_html_draws_throughput_against_concurrency(served, run_cli, tmp_path
     page = out.read_text()
     assert '<img alt="Throughput against concurrent streams" src="data:image/png;base64,' in page
     assert "<h3>Serving concurrent streams</h3>" in page and "<h2>Serving within a p99 of 10 ms</h2>" in page
+    assert "? = too few requests to bound the p99" in page  # the table's marks explained, as in the terminal
 
 
 def test_the_dry_run_says_what_serving_will_do(served, run_cli):
