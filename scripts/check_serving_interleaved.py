@@ -78,16 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
 
-    import torch
-
     from pipeline.measuring.host_speed import probe_ms
     from pipeline.runtimes.pytorch.spec import TorchSpec
 
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("no CUDA GPU here: --device cpu measures the CPU", file=sys.stderr)
+    ready = serve_by_hand.torch_and_model(args.device, args.tiny)
+    if ready is None:
         return 2
-    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
-    config, model = serve_by_hand.model_and_inputs(torch, args.device, dtype, args.tiny)
+    torch, config, model = ready
     takes = []
     for kind in args.kinds:
         compiled = torch.compile(model) if kind == "compiled" else None

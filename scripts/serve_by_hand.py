@@ -66,6 +66,18 @@ def model_and_inputs(torch, device: str, dtype, tiny: bool):
     return config, ModernBertModel(config).eval().to(device, dtype)
 
 
+def torch_and_model(device: str, tiny: bool):
+    """(torch, the config, ModernBERT on ``device``: bf16 on a GPU, fp32 on a CPU), or None, said
+    why, where a GPU was asked for and there is none."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        print("no CUDA GPU here: --device cpu measures the CPU", file=sys.stderr)
+        return None
+    config, model = model_and_inputs(torch, device, torch.bfloat16 if device == "cuda" else torch.float32, tiny)
+    return torch, config, model
+
+
 def one_stream(torch, kind: str, model, compiled, batch: int, sequence: int, vocab: int, device: str):
     """A callable serving one request on its own stream (and its own inputs, and graph), and the
     stream's wait (nothing on a CPU)."""
@@ -161,13 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
 
-    import torch
-
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("no CUDA GPU here: --device cpu measures the CPU", file=sys.stderr)
+    ready = torch_and_model(args.device, args.tiny)
+    if ready is None:
         return 2
-    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
-    config, model = model_and_inputs(torch, args.device, dtype, args.tiny)
+    torch, config, model = ready
     compiled = torch.compile(model) if "compiled" in args.kinds else None
     results = []
     for shape in args.shapes:
