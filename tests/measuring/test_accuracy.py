@@ -47,6 +47,29 @@ def test_nan_or_inf_outputs_are_never_accurate():
     assert result.nonfinite_values == 2 and result.warning == "2 of 20 output values are NaN or Inf"
 
 
+def test_figures_summed_block_by_block_are_the_float64_formulas(monkeypatch):
+    """compare_outputs sums its figures a block of values at a time (ErrorSums): across blocks that
+    split samples unevenly, they are the float64 formulas on the whole arrays, and a NaN in a later
+    block is still counted."""
+    from pipeline.measuring import accuracy
+
+    monkeypatch.setattr(accuracy.ErrorSums, "BLOCK", 7)
+    rng = np.random.default_rng(3)
+    reference = rng.standard_normal((3, 5, 6)).astype(np.float32)
+    output = (reference + 0.1 * rng.standard_normal((3, 5, 6))).astype(np.float16)  # another dtype
+    ref, out = reference.astype(np.float64), output.astype(np.float64)
+    result = figures(reference, output)
+    assert result.cosine_similarity == pytest.approx(accuracy.cosine_of(ref.ravel(), out.ravel()), abs=1e-12)
+    each = [accuracy.cosine_of(r, o) for r, o in zip(ref.reshape(3, -1), out.reshape(3, -1))]
+    assert result.min_sample_cosine_similarity == pytest.approx(min(each), abs=1e-12)
+    assert result.max_abs_error == pytest.approx(np.max(np.abs(ref - out)), rel=1e-12)
+    assert result.mean_abs_error == pytest.approx(np.mean(np.abs(ref - out)), rel=1e-12)
+    assert result.mse == pytest.approx(np.mean((ref - out) ** 2), rel=1e-12)
+    output[2, 4, 5] = np.nan  # the last value, in the last block
+    assert figures(reference, output).nonfinite_values == 1
+    assert figures(reference, np.zeros_like(reference)).cosine_similarity == 0.0
+
+
 def test_outputs_of_another_size_are_an_error():
     with pytest.raises(PipelineError, match=r"the engine's output has 6 values \(\[2, 3\]\); the reference has 8"):
         figures(np.zeros((2, 4)), np.zeros((2, 3)))
