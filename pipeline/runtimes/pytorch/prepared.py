@@ -156,7 +156,10 @@ class Prepared:
         with torch.no_grad():
             for example, value in zip(self.examples, values):
                 example.copy_(torch.from_numpy(value).to(dtype=example.dtype))
-            return self.run().detach().float().cpu().numpy().copy()
+            output = self.run().detach().float()
+            # A copy off the GPU is the caller's own; on the CPU the output may be the model's
+            # buffer (a compiled graph's), which the next run writes over.
+            return output.cpu().numpy() if output.is_cuda else output.numpy().copy()
 
 
 def import_torch():
