@@ -13,6 +13,7 @@ column of the comparison, and what the engine is measured at.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Hashable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -157,6 +158,13 @@ class ModelSource(ABC):
         """The model as ``create`` makes it, for weights a state dict replaces next (a PyTorch
         engine read back): a family that can leave them uninitialised does so here."""
         return self.create()
+
+    def weights_key(self) -> Hashable | None:
+        """What identifies the weights ``create`` makes, where this process can tell: two sources
+        of one key make the same weights (a seeded initialisation of one class and config), so a
+        process may reuse what it made of them. None where it cannot tell (weights read from
+        files, which may change between two runs of one process): nothing is reused."""
+        return None
 
     def runnable(self, model) -> Any:
         """``model`` as a module whose forward takes the inputs in order and returns the one output

@@ -28,7 +28,7 @@ from pydantic import Field, field_validator, model_validator
 
 from pipeline.catalog import ModelSpec
 from pipeline.models.base import ModelInput, ModelSource, ShapePoint, attention_mask
-from pipeline.models.transformers_weights import has_weights, no_init_weights, seeded
+from pipeline.models.transformers_weights import has_weights, no_init_weights, seeded, seeded_key
 from pipeline.running.errors import EnvironmentMissing, PipelineError, UsageError
 
 # What each input the pipeline knows how to fill holds.
@@ -310,6 +310,13 @@ class TransformersModel(ModelSource):
                 hint="check the model's config overrides in pipeline.toml",
             ) from exc
         return model.float().eval()
+
+    def weights_key(self):
+        # Seeded weights only: a folder's weights may be saved again between two runs of a process.
+        if self.spec.path is not None and has_weights(self.folder()):
+            return None
+        cls = self.model_class()
+        return seeded_key(cls, self.model_config(cls), self.spec.seed)
 
     def create_for_weights(self):
         # Initialising ModernBERT-base's 149M weights took 6.3 s of a two-core machine (10 ms

@@ -20,7 +20,7 @@ def seeded(cls, config, seed: int):
     or the same tensors copied in when this process made them last."""
     import torch
 
-    key = (cls.__module__, cls.__qualname__, config.to_json_string(use_diff=False), seed)
+    key = seeded_key(cls, config, seed)
     kept = _last_seeded.get(key)
     if kept is not None:
         with no_init_weights():
@@ -37,6 +37,11 @@ def seeded(cls, config, seed: int):
     if sum(t.numel() * t.element_size() for t in tensors.values()) <= KEPT_WEIGHTS_BYTES:
         _last_seeded[key] = {name: t.detach().clone() for name, t in tensors.items()}
     return model
+
+
+def seeded_key(cls, config, seed: int) -> tuple:
+    """What identifies the weights ``seeded`` makes: the same key, the same tensors."""
+    return (cls.__module__, cls.__qualname__, config.to_json_string(use_diff=False), seed)
 
 
 def tensors_of(model) -> dict[str, Any]:

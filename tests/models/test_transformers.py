@@ -701,3 +701,45 @@ def test_a_kernel_pytorch_gives_up_on_at_the_reference_batch_is_that_points_refu
         profile = manifest(ws, "torch-sdpa-flash", f"bert_fp32@{point}")["profile"]
         assert profile["status"] == "failed" and reason in profile["reason"], point
         assert manifest(ws, "torch-eager", f"bert_fp32@{point}")["profile"]["status"] == "done"
+
+
+@pytest.mark.parametrize("family", ["bert", "llama"])
+def test_a_torch_build_after_the_first_of_the_same_weights_and_precision_shares_its_tensors(family, tmp_path, monkeypatch):
+    """TorchRuntime.build's model: the second build of one model's weights in one precision is a
+    module made around the first one's cast tensors (runtimes/pytorch/cast_weights.py), nothing
+    initialised or cast again, and is the model a fresh creation and cast make: every parameter
+    and buffer equal in value and dtype (a Llama's rotary frequencies kept FP32), ties kept, the
+    same outputs. Another precision, or weights read from a folder, are made afresh."""
+    import torch
+
+    from pipeline.models import model_source
+    from pipeline.runtimes import load_catalog
+    from pipeline.runtimes.pytorch import cast_weights
+
+    text = LLAMA_CATALOG if family == "llama" else BERT_CATALOG
+    catalog = load_catalog(write_catalog(tmp_path, text))
+    name = "llama" if family == "llama" else "bert"
+    source = model_source(name, catalog.model(name), tmp_path)
+    monkeypatch.setattr(cast_weights, "_last_cast", {})
+    _, first = cast_weights.cast_model(source, torch.bfloat16)
+    casts = []
+    real_cast = type(source).cast
+    monkeypatch.setattr(type(source), "cast", lambda self, model, dtype: casts.append(dtype) or real_cast(self, model, dtype))
+    _, again = cast_weights.cast_model(source, torch.bfloat16)
+    assert casts == [] and again is not first
+    fresh = real_cast(source, source.runnable(source.create()), torch.bfloat16)
+    made = cast_weights.tensors_by_name(again)
+    assert made.keys() == cast_weights.tensors_by_name(fresh).keys()
+    for key, tensor in cast_weights.tensors_by_name(fresh).items():
+        assert made[key].dtype == tensor.dtype and torch.equal(made[key], tensor), key
+    assert made[key].data_ptr() == cast_weights.tensors_by_name(first)[key].data_ptr()  # shared, not copied
+    ties = {id(p) for p in fresh.parameters()}, {id(p) for p in again.parameters()}
+    assert len(ties[0]) == len(ties[1])
+    ids = torch.randint(1, 100, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(fresh.eval()(ids, torch.ones_like(ids)), again.eval()(ids, torch.ones_like(ids)))
+    cast_weights.cast_model(source, torch.float16)
+    assert casts == [torch.float16]
+    monkeypatch.setattr(type(source), "weights_key", lambda self: None)
+    cast_weights.cast_model(source, torch.bfloat16)
+    assert casts == [torch.float16, torch.bfloat16]

@@ -46,6 +46,7 @@ from pipeline.running.errors import EnvironmentMissing, OutOfMemory, PipelineErr
 from pipeline.runtimes.base import BuildResult, InProcessRuntime, ReferenceRun, ToolchainStatus, rounds_words
 from pipeline.runtimes.pytorch.ahead import FULLGRAPH_WORDS, TorchWorksAhead, graph_break_words
 from pipeline.runtimes.pytorch.cache import use_workspace_cache
+from pipeline.runtimes.pytorch.cast_weights import cast_model
 from pipeline.runtimes.pytorch.engine_file import ENGINE_FORMAT_VERSION, file_identity, model_from, read_engine, write_engine
 from pipeline.runtimes.pytorch.memory import gpu_memory
 from pipeline.runtimes.pytorch.prepared import KeptModels, Prepared, import_torch
@@ -209,8 +210,7 @@ class TorchRuntime(TorchWorksAhead, InProcessRuntime):
     def build(self, onnx_path: Path | None, engine_path: Path, variant: VariantSpec, source: ModelSource) -> BuildResult:
         torch = import_torch()
         dtype = getattr(torch, TORCH_DTYPES[variant.precision])
-        created = source.create()
-        model = source.cast(source.runnable(created), dtype)
+        created, model = cast_model(source, dtype)  # the last build's weights, where they are these
         if self.spec.attn_implementation:
             source.use_attention(model, self.spec.attn_implementation)
         points = source.shape_points()
