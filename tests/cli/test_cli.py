@@ -117,9 +117,10 @@ def test_dry_run_prints_the_plan_and_does_nothing(run_cli, tiny_catalog):
     assert not (tiny_catalog.parent / "models").exists()
 
 
-def test_doctor_reports_the_embedded_runtime_as_usable(run_cli, tiny_catalog):
+def test_doctor_reports_the_embedded_runtime_as_usable(run_cli, tiny_catalog, monkeypatch):
     import json
 
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")  # no Docker Engine to reach
     result = run_cli(tiny_catalog, "doctor", "--json")
     assert result.exit_code == 0
     checks = {c["name"]: c for c in json.loads(result.out)}
@@ -130,6 +131,10 @@ def test_doctor_reports_the_embedded_runtime_as_usable(run_cli, tiny_catalog):
 
     assert checks["package polygraphy"] == {"name": "package polygraphy", "ok": True, "detail": version("polygraphy")}
     assert "NVIDIA GPU" in checks and "Docker daemon" in checks and "toolchain trt10.14" in checks
+    # What doctor says of a toolchain it cannot reach says what to do, not to run doctor.
+    trt = checks["toolchain trt10.14"]
+    assert trt["ok"] is False and "Docker is not reachable (start it, or set DOCKER_HOST)" in trt["detail"], trt
+    assert "pipeline doctor" not in trt["detail"]
 
 
 def test_doctor_names_the_torch_build_and_on_a_gpu_machine_what_installs_the_cuda_one(monkeypatch):
