@@ -5,8 +5,8 @@ around the tensors of the first.
 Every torch toolchain's build of one engine starts from the same weights in the same precision:
 the seed matrix builds each of ModernBERT-base's two variants five times, one after another. Made
 and cast anew, each build faulted in fresh host memory for 149 M FP32 weights and again for their
-cast: 2.2 s a build on the lent H100's host, 26 s of the 41 s py-spy sampled in a warm run's builds (
-docs/results/sweeps.md). A module made around the same tensors is the same model; nothing a build
+cast: 2.2 s a build on the lent H100's host, 26 s of the 41 s py-spy sampled in a warm run's
+builds (docs/results/sweeps.md). A module made around the same tensors is the same model; nothing a build
 does writes its weights in place (it writes them to a file, moves them to the GPU, which copies,
 or runs them), so the builds may share them.
 """
