@@ -57,7 +57,9 @@ class TrtexecContainerRuntime(TrtexecRuntime):
         try:
             image = self.runner.image(self.image_name)
         except EnvironmentMissing:
-            return ToolchainStatus(present=None, usable=False, detail=f"{self.describe()}; Docker is not reachable (start it, or set DOCKER_HOST)")
+            return ToolchainStatus(
+                present=None, usable=False, detail=f"{self.describe()}; Docker is not reachable (start it, or set DOCKER_HOST)"
+            )
         missing = [] if image is not None else ["image (`pipeline toolchains pull`)"]
         if self.spec.gpus == "all":
             if not nvidia_gpus():
