@@ -54,6 +54,6 @@ def read_catalog(
     except ValidationError as exc:
         raise UsageError(
             f"{path} is not a valid catalog:\n{describe_errors(exc, indent='  ', model=Catalog)}",
-            hint=f"see the comments in {CATALOG_FILENAME}",
+            hint=f"see the comments in {path.name}",
         ) from None
-    return catalog.model_copy(update={"root": path.parent.resolve()})
+    return catalog.model_copy(update={"root": path.parent.resolve(), "file_name": path.name})

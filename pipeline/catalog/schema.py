@@ -211,6 +211,9 @@ class Catalog(_Strict):
     accuracy_floor: AccuracyFloorTexts = ()
     # Directory the outputs (models/, engines/, manifests/) live under; set by read_catalog.
     root: Path = Field(default=Path("."), exclude=True)
+    # The file's name, as the answer and hints name it (`--catalog` may read another than
+    # pipeline.toml); set by read_catalog.
+    file_name: str = Field(default=CATALOG_FILENAME, exclude=True)
 
     @model_validator(mode="before")
     @classmethod
@@ -296,9 +299,9 @@ class Catalog(_Strict):
         """The floor the verdict holds ``model``'s engines to: the model's own, else the catalog's."""
         spec = self.models.get(model)
         if spec is not None and spec.accuracy_floor is not None:
-            texts, source = spec.accuracy_floor, f"models.{model} in {CATALOG_FILENAME}"
+            texts, source = spec.accuracy_floor, f"models.{model} in {self.file_name}"
         else:
-            texts, source = self.accuracy_floor, CATALOG_FILENAME
+            texts, source = self.accuracy_floor, self.file_name
         return AccuracyFloor(tuple(parse_accuracy_threshold(text) for text in texts), source)
 
     def with_targets(self, toolchain: str, targets: tuple[str, ...]) -> Catalog:
@@ -316,7 +319,7 @@ class Catalog(_Strict):
         if not matches:
             raise UsageError(
                 f"no toolchain provides TensorRT {version}.",
-                hint=f"known TensorRT versions: {', '.join(known) or 'none'}; add one under [toolchains] in {CATALOG_FILENAME}",
+                hint=f"known TensorRT versions: {', '.join(known) or 'none'}; add one under [toolchains] in {self.file_name}",
             )
         raise UsageError(
             f"TensorRT {version} is provided by several toolchains: {', '.join(matches)}.",

@@ -166,3 +166,21 @@ def test_a_misspelt_key_is_given_the_one_it_most_likely_meant(tmp_path):
     unlike = TINY_CATALOG.replace("take_ms = 5", "take_ms = 5\nzzz = 1")
     with pytest.raises(UsageError, match=r"profile\.zzz: Extra inputs are not permitted \(got 1\)"):
         load_catalog(write_catalog(tmp_path, unlike))
+
+
+def test_a_catalog_of_another_name_is_named_by_its_own_in_the_floor_and_hints(tmp_path):
+    """`--catalog` may read a file other than pipeline.toml: the answer's floor source and the
+    catalog's hints name that file, as the user must edit it."""
+    text = TINY_CATALOG.replace("batch_size = 2", 'batch_size = 2\naccuracy_floor = ["cos=0.995"]', 1)
+    path = tmp_path / "sweep.toml"
+    path.write_text(text)
+    catalog = load_catalog(path)
+    assert catalog.accuracy_floor_for("tiny").source == "models.tiny in sweep.toml"
+    with pytest.raises(UsageError) as info:
+        catalog.toolchain_for_trt("9.9")
+    assert "under [toolchains] in sweep.toml" in info.value.hint
+    path.write_text(TINY_CATALOG.replace("batch_size = 2", "batch_size = 0"))
+    with pytest.raises(UsageError) as info:
+        load_catalog(path)
+    assert info.value.hint == "see the comments in sweep.toml"
+    assert load_catalog(write_catalog(tmp_path / "default", text)).accuracy_floor_for("tiny").source == "models.tiny in pipeline.toml"
