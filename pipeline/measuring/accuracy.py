@@ -216,8 +216,8 @@ def compare_outputs(
             nonfinite_values=sums.nonfinite, cosine_floor=floor,
             warning=f"{sums.nonfinite} of {out.size} output values are NaN or Inf",
         )  # fmt: skip
-    cosine = cosine_of_sums(float(sums.dot.sum()), float(sums.ref_sq.sum()), float(sums.out_sq.sum()))
-    per_sample = [cosine_of_sums(*each) for each in zip(sums.dot, sums.ref_sq, sums.out_sq)]
+    cosine = float(cosines_of_sums([sums.dot.sum()], [sums.ref_sq.sum()], [sums.out_sq.sum()])[0])
+    per_sample = cosines_of_sums(sums.dot, sums.ref_sq, sums.out_sq)
     figures = AccuracyFigures(
         reference=description, checked_by=checked_by, samples=samples, cosine_similarity=cosine,
         min_sample_cosine_similarity=float(np.min(per_sample)), max_abs_error=sums.abs_max,
@@ -234,13 +234,22 @@ def compare_outputs(
     return figures
 
 
+@dataclass
 class ErrorSums:
     """The sums every figure of compare_outputs is read from, in float64: each sample's Σ ref·out,
-    Σ ref² and Σ out²; over all values Σ |ref − out|, Σ (ref − out)², max |ref − out|; and how
-    many output values are NaN or Inf. Summed a block of values at a time: a transformer's hidden
-    states at 4×4096 are 12.6 M values, and float64 copies of both arrays and of their difference
-    (fresh memory each, page by page) cost 0.9-1.3 s a check on a 2-core VM, where the blocks
-    cost a third of that, once a shape point and engine between the points' rounds."""
+    Σ ref² and Σ out² (numpy arrays); over all values Σ |ref − out|, Σ (ref − out)², max |ref − out|;
+    and how many output values are NaN or Inf. Summed a block of values at a time: a transformer's
+    hidden states at 4×4096 are 12.6 M values, and float64 copies of both arrays and of their
+    difference (fresh memory each, page by page) cost 0.9-1.3 s a check on a 2-core VM, where the
+    blocks cost a twentieth of that, once a shape point and engine between the points' rounds."""
+
+    dot: Any
+    ref_sq: Any
+    out_sq: Any
+    abs_sum: float = 0.0
+    sq_sum: float = 0.0
+    abs_max: float = 0.0
+    nonfinite: int = 0
 
     BLOCK = 1 << 18  # values: 2 MiB a float64 block, reused from one to the next
 
@@ -248,11 +257,8 @@ class ErrorSums:
     def of(cls, ref2, out2) -> ErrorSums:
         import numpy as np
 
-        sums = cls()
         samples, values = ref2.shape
-        sums.dot, sums.ref_sq, sums.out_sq = np.zeros(samples), np.zeros(samples), np.zeros(samples)
-        sums.abs_sum = sums.sq_sum = sums.abs_max = 0.0
-        sums.nonfinite = 0
+        sums = cls(np.zeros(samples), np.zeros(samples), np.zeros(samples))
         with np.errstate(all="ignore"):  # a NaN output is counted, and its figures are not read
             for sample in range(samples):
                 for start in range(0, values, cls.BLOCK):
@@ -270,12 +276,6 @@ class ErrorSums:
         return sums
 
 
-def cosine_of_sums(dot: float, ref_sq: float, out_sq: float) -> float:
-    """The cosine similarity from Σ a·b, Σ a² and Σ b²: 0 where either is all zeros (cosine_of's)."""
-    denominator = float(ref_sq) ** 0.5 * float(out_sq) ** 0.5
-    return float(dot) / denominator if denominator else 0.0
-
-
 # --- the formulas --------------------------------------------------------------------------------------
 # One of each, on float64 numpy arrays: the figures above, and the precision tools' on their
 # evaluation batches (pipeline/precision/figures.py), which hand their torch tensors over as numpy.
@@ -290,11 +290,16 @@ def cosine_of(a, b) -> float:
         return float(np.dot(a, b) / denominator) if denominator else 0.0
 
 
-def sample_cosines(reference, output):
-    """Each sample's cosine (samples × values, row by row), as an array."""
+def cosines_of_sums(dot, ref_sq, out_sq):
+    """Each sample's cosine from its three sums (Σ a·b, Σ a², Σ b²; numpy arrays): 0 where either
+    output is all zeros, NaN where one is not finite — cosine_of, sample by sample."""
     import numpy as np
 
-    return np.asarray([cosine_of(r, o) for r, o in zip(reference, output)], dtype=np.float64)
+    dot, denominator = np.asarray(dot, dtype=float), np.sqrt(np.asarray(ref_sq, dtype=float) * np.asarray(out_sq, dtype=float))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cosines = np.where(denominator > 0, dot / np.where(denominator > 0, denominator, 1.0), 0.0)
+    cosines[~np.isfinite(dot) | ~np.isfinite(denominator)] = np.nan
+    return cosines
 
 
 def relative_error_of(a, b) -> float:

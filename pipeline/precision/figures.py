@@ -149,16 +149,8 @@ def per_sample_sums(references: list, outputs: list):
     return (ref * out).sum(1).numpy(), (ref * ref).sum(1).numpy(), (out * out).sum(1).numpy()
 
 
-def sample_cosines(dot, ref_sq, out_sq):
-    """Each sample's cosine from its three sums (numpy arrays): 0 where either output is all zeros,
-    NaN where one is not finite — as measuring's cosine of one sample (pipeline/measuring/accuracy.py)."""
-    import numpy as np
-
-    dot, denominator = np.asarray(dot, dtype=float), np.sqrt(np.asarray(ref_sq, dtype=float) * np.asarray(out_sq, dtype=float))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        cosines = np.where(denominator > 0, dot / np.where(denominator > 0, denominator, 1.0), 0.0)
-    cosines[~np.isfinite(dot) | ~np.isfinite(denominator)] = np.nan
-    return cosines
+# Each sample's cosine from its three sums: measuring's formula, for the bounds and the scripts too.
+sample_cosines = formulas.cosines_of_sums
 
 
 def _rows(batches: list):
