@@ -10,6 +10,7 @@ variants are the ones this machine refuses (a CUDA GPU is needed), with exit sta
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.stages.parity import PARITY_TOLERANCE
 from pipeline.workspace.artifacts import sha256_file
 from tests.conftest import REPO_ROOT, write_catalog
 
@@ -164,6 +166,46 @@ def same_figures(first, second, rel: float = 1e-4) -> bool:
     return first == second
 
 
+def output_ulp(check: dict, variant: str) -> float:
+    """One unit in the last place of the variant's outputs at the parity check's largest value:
+    bfloat16's for bf16, half precision's for every other variant but fp32 (their PyTorch
+    references compute in FP16 or fake-quantize), single precision's for fp32. The check keeps
+    its limit as a fraction of max(1, largest |reference|), so the magnitude is read back from it."""
+    import math
+
+    magnitude = check["max_abs_error_limit"] / PARITY_TOLERANCE[precision_of(variant)][0] + check["max_abs_error"]
+    return 2.0 ** (math.floor(math.log2(magnitude)) - MANTISSA_BITS.get(precision_of(variant), 10))
+
+
+MANTISSA_BITS = {"fp32": 23, "bf16": 7}
+
+
+def precision_of(variant: str) -> str:
+    return re.sub(r"_sparse$", "", variant)
+
+
+def same_parity(first, second, variant: str) -> bool:
+    """Two parity records (one check, or one a shape point) that say the same: each output may
+    move by one unit in its last place, so the maximum error within two of them and the limit
+    (a fraction of the largest output) within one, every other figure as ``same_figures`` has
+    it. A CI run read 0.00146 against 0.00162 for vit_tiny_fp16_sparse exported together and
+    alone: the same ONNX, the same accuracy figures (PyTorch's outputs alone), so ONNX Runtime's
+    outputs moved between the two processes."""
+    if first is None or second is None:
+        return first == second
+    if "max_abs_error" not in first:  # by shape point
+        return first.keys() == second.keys() and all(same_parity(first[k], second[k], variant) for k in first)
+    figures = ("max_abs_error", "max_abs_error_limit")
+    rest = [{key: value for key, value in check.items() if key not in figures} for check in (first, second)]
+    ulp = max(output_ulp(first, variant), output_ulp(second, variant))
+    limit_rel = 2.0 ** -MANTISSA_BITS.get(precision_of(variant), 10)
+    return (
+        same_figures(*rest)
+        and abs(first["max_abs_error"] - second["max_abs_error"]) <= 2 * ulp
+        and math.isclose(first["max_abs_error_limit"], second["max_abs_error_limit"], rel_tol=limit_rel)
+    )
+
+
 def test_each_variant_is_what_it_would_be_alone(one_process, tmp_path):
     """Each variant exported again in a process of its own gives the same ONNX and the same
     parity, accuracy and sparsity figures.
@@ -195,8 +237,10 @@ def test_each_variant_is_what_it_would_be_alone(one_process, tmp_path):
         differences = onnx_differences(together, by_itself)
         assert not differences, f"{engine}: the ONNX differs from the one exported alone: {differences[:8]}"
         first, second = export_details(catalog.parent, engine), export_details(ws, engine)
-        for key in ("accuracy", "parity", "parity_by_shape", "sparsification", "quantization", "onnx_ops"):
+        for key in ("accuracy", "sparsification", "quantization", "onnx_ops"):
             assert same_figures(first[key], second[key]), (engine, key, first[key], second[key])
+        for key in ("parity", "parity_by_shape"):
+            assert same_parity(first[key], second[key], variant), (engine, key, first[key], second[key])
 
 
 def test_the_torch_toolchain_times_the_pristine_model_after_every_export(one_process):
