@@ -69,11 +69,18 @@ class ProfileSettings(_Strict):
     # every engine takes part in every round, as before racing.
     racing: bool = True
     # Serving (docs/streams.md): after a point's rounds, each engine serves this many concurrent
-    # streams in turn, each stream its own inputs, for `serve_s` seconds at each count; its
+    # streams, each stream its own inputs, for `serve_s` seconds at each count; its
     # inferences/s and its requests' latency are kept per count. [1] alone: no serving, the rounds'
     # figures are the one stream's.
     streams: tuple[int, ...] = (1,)
     serve_s: float = Field(default=2.0, gt=0, le=3_600)
+    # Each count's `serve_s` is served in this many takes, in rounds: every round serves each engine
+    # of the point at each count once, in a seeded random order, and a count's figures pool its
+    # takes. A launch-bound engine serves at the host's speed, which changes in spells of seconds on
+    # the lent GPU machines: one take a count read a spell, takes spread over the point's serving
+    # read every engine across the same spells (docs/streams.md, 'The host's spells'). 1: one take a
+    # count, engine after engine.
+    serve_rounds: int = Field(default=4, ge=1, le=1_000)
 
     @field_validator("streams")
     @classmethod

@@ -157,8 +157,9 @@ def repeat_option(func):
         "--streams",
         metavar="N,N,…",
         callback=_stream_counts,
-        help="After each shape point's rounds, serve each engine with these many concurrent streams in turn (each its "
-        "own inputs), [profile] serve_s seconds each: inferences/s and each request's latency per count (docs/streams.md). "
+        help="After each shape point's rounds, serve each engine with these many concurrent streams (each its "
+        "own inputs), [profile] serve_s seconds each, in [profile] serve_rounds takes interleaved with the point's other "
+        "engines: inferences/s and each request's latency per count (docs/streams.md). "
         "Default: the catalog's [profile] streams ([1]: no serving).",
     )(func)
     func = click.option(

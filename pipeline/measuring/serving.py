@@ -58,10 +58,34 @@ class ServedRun:
     how: str = ""
     # Why nothing was measured at this concurrency (None where it was).
     why_not: str | None = None
+    # Each take's inferences/s, in the order served, where the run pools several (``pooled``).
+    takes_per_s: list[float] = field(default_factory=list)
 
     @classmethod
     def cannot(cls, streams: int, mode: str, why: str) -> ServedRun:
         return cls(streams=streams, mode=mode, why_not=why)
+
+
+def pooled(takes: Sequence[ServedRun]) -> ServedRun:
+    """One count's takes, served in rounds with other engines and counts between them, as one run:
+    their requests and spans added up (inferences/s over the time it served), their latencies
+    together; the first take that could not be measured where one could not (the count's takes
+    stop there). A single take is itself."""
+    if len(takes) == 1:
+        return takes[0]
+    failed = next((take for take in takes if take.why_not is not None), None)
+    if failed is not None:
+        return failed
+    first = takes[0]
+    return ServedRun(
+        first.streams,
+        first.mode,
+        span_s=sum(take.span_s for take in takes),
+        completed=sum(take.completed for take in takes),
+        latencies_ms=[value for take in takes for value in take.latencies_ms],
+        how=f"{first.how}; {len(takes)} takes, in rounds with the point's other engines and counts",
+        takes_per_s=[take.completed / take.span_s if take.span_s > 0 else 0.0 for take in takes],
+    )
 
 
 class ServedRecord(BaseModel):
@@ -88,6 +112,9 @@ class ServedRecord(BaseModel):
     bounded_by: str = "requests"
     # Every request's latency (ms), for plots and for reading the figures again.
     latencies_ms: list[float] = []
+    # Each take's inferences/s where the count was served in several (serve_rounds): how far the
+    # host's spells moved it. Empty for one take.
+    takes_per_s: list[float] = []
 
 
 def served_figures(run: ServedRun, batch: int, tokens_per_run: int | None) -> ServedRecord:
@@ -107,6 +134,7 @@ def served_figures(run: ServedRun, batch: int, tokens_per_run: int | None) -> Se
         samples_per_s=per_s * batch,
         tokens_per_s=per_s * tokens_per_run if tokens_per_run else None,
         latencies_ms=[round(value, 6) for value in run.latencies_ms],
+        takes_per_s=[round(value, 6) for value in run.takes_per_s],
     )
     if run.latencies_ms:
         ordered = sorted(run.latencies_ms)

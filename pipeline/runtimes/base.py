@@ -359,6 +359,11 @@ class EngineRuntime(WorksAhead, ABC):
     #: them side by side (PyTorch's Python holds the GIL between kernel launches). None: threads do.
     serves_in_processes: ClassVar[str | None] = None
 
+    #: Whether a count's serving may be split into takes served in rounds with the point's other
+    #: engines (``[profile] serve_rounds``, pipeline/stages/serving.py); false where a take is a
+    #: whole run of a tool, which would load the engine again for each.
+    serves_in_rounds: ClassVar[bool] = True
+
     @abstractmethod
     def describe_build(self, onnx_path: Path, engine_path: Path, variant: VariantSpec, source: ModelSource) -> list[str]:
         """The exact work ``build`` would do, for --dry-run."""

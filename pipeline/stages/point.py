@@ -235,7 +235,7 @@ def _in_rounds(stages: list) -> dict[Any, Measured | PipelineError]:
             with running_on(settings.host_cpus), HostRounds(on_wait=reporter.progress) as alone:
                 if settings.serves:
                     alone.take_whole()
-                served = serve_point(servers, settings, reporter)
+                served = serve_point(servers, settings, reporter, point_seed(stages))
         except DeviceFault as exc:
             faulted = next((stage for stage in servers if entrant_name(stage) == exc.entrant), None)
             return {faulted: exc} if faulted is not None else {**out, **dict.fromkeys(prepared, PipelineError(exc.message, exc.hint))}

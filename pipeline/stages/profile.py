@@ -47,7 +47,7 @@ class ProfileStage(Stage):
         # measurements taken before these settings existed stay current.
         settings = self.settings.model_dump(exclude_none=True)
         if not self.settings.serves:  # likewise serving's settings where nothing is served
-            del settings["streams"], settings["serve_s"]
+            del settings["streams"], settings["serve_s"], settings["serve_rounds"]
         if settings.get("by") == "median":
             del settings["by"]
         if not settings.get("energy"):

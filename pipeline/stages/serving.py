@@ -2,22 +2,31 @@
 
 The rounds (pipeline/stages/point.py) time one inference at a time and decide which engine is
 fastest; that is untouched. Where the catalog's ``[profile] streams`` (or ``--streams``) asks for
-more than one stream, each engine the rounds timed then serves each count in turn, for
-``serve_s`` seconds: in this process, its runtime's way (EngineRuntime.serve: threads, each its own
-inputs — and on a GPU its own CUDA stream — or a tool's own streams), and, for a runtime whose
-threads the GIL serialises (EngineRuntime.serves_in_processes), also by N processes, each its own
-interpreter, engine and inputs, released at one instant and timed over the same span. A runtime that
-cannot serve a count says why, and that is recorded at that count.
+more than one stream, each engine the rounds timed then serves each count for ``serve_s`` seconds:
+in this process, its runtime's way (EngineRuntime.serve: threads, each its own inputs — and on a
+GPU its own CUDA stream — or a tool's own streams), and, for a runtime whose threads the GIL
+serialises (EngineRuntime.serves_in_processes), also by N processes, each its own interpreter,
+engine and inputs, released at one instant and timed over the same span. A runtime that cannot
+serve a count says why, and that is recorded at that count.
+
+A count's ``serve_s`` is served in ``serve_rounds`` takes, in rounds, as the rounds time a point:
+each round serves every engine at every count once, in an order drawn from the point's seed, so
+that a spell of the host's falls on all of them alike; each count's figures pool its takes
+(measuring/serving.pooled). N processes hold N copies of one engine, so they serve one engine's
+counts in rounds, engine after engine; a runtime whose take is a whole run of a tool
+(EngineRuntime.serves_in_rounds false) serves each count in one take.
 """
 
 from __future__ import annotations
 
+import random
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from pipeline.launchers.child import ERROR, Child, Reply, serve_requests
-from pipeline.measuring.serving import PROCESSES, ServedRun
+from pipeline.measuring.serving import PROCESSES, ServedRun, pooled
 from pipeline.running.errors import DeviceFault, EnvironmentMissing, PipelineError
 
 # Seconds between the last process being ready and the instant all of them start: enough for the
@@ -27,20 +36,18 @@ START_MARGIN_S = 0.25
 STOP_GRACE_S = 10
 
 
-def serve_point(engines: dict[Any, Any], settings, reporter) -> dict[Any, list[ServedRun]]:
+def serve_point(engines: dict[Any, Any], settings, reporter, seed: int = 0) -> dict[Any, list[ServedRun]]:
     """Each profile's (``engines``: stage → its prepared engine) runs at every stream count of
-    ``settings``, in this process and, where its runtime asks, in processes; {} where the settings
-    serve nothing."""
+    ``settings``, in this process, in rounds drawn from ``seed``, and, where its runtime asks, in
+    processes; {} where the settings serve nothing."""
     if not settings.serves:
         return {}
-    out: dict[Any, list[ServedRun]] = {}
-    for stage, engine in engines.items():
-        name = f"{stage.engine.variant}/{stage.toolchain}"
-        try:
-            out[stage] = _engine_served(stage, engine, name, settings, reporter)
-        except DeviceFault as exc:  # pinned to the engine whose streams saw it
-            exc.pinned_to(name)
-            raise
+    out = _served_in_rounds(engines, settings, reporter, seed)
+    for stage in engines:
+        if stage.runtime.serves_in_processes:
+            reporter.measuring(f"{_name(stage)} serving {', '.join(map(str, settings.streams))} streams in as many processes")
+            with _pinned(stage):
+                out[stage] += serve_in_processes(stage.ctx.catalog, stage.toolchain, stage.engine_file(), stage.workload(), settings, seed)
     return out
 
 
@@ -48,40 +55,72 @@ def serving_words(runtime, settings) -> str:
     """What serving will do for an engine of ``runtime``, for --dry-run."""
     counts = ", ".join(map(str, settings.streams))
     processes = " and in as many processes" if runtime.serves_in_processes else ""
-    return f"serve: after the rounds, {counts} concurrent streams in turn, {settings.serve_s:g} s each, in this process{processes}"
+    takes = _takes(runtime, settings)
+    split = f" in {takes} takes interleaved with the point's other engines" if takes > 1 else ""
+    return f"serve: after the rounds, {counts} concurrent streams, {settings.serve_s:g} s each{split}, in this process{processes}"
 
 
-def _engine_served(stage, engine, name: str, settings, reporter) -> list[ServedRun]:
-    runs = []
-    for count in settings.streams:
-        reporter.measuring(f"{name} serving {count} stream{'s' if count > 1 else ''} for {settings.serve_s:g} s")
-        runs.append(_served(lambda count=count: stage.runtime.serve(engine, count, settings.serve_s), count, stage.runtime.kind))
-    if stage.runtime.serves_in_processes:
-        reporter.measuring(f"{name} serving {', '.join(map(str, settings.streams))} streams in as many processes")
-        runs += serve_in_processes(stage.ctx.catalog, stage.toolchain, stage.engine_file(), stage.workload(), settings)
-    return runs
+def _name(stage) -> str:
+    return f"{stage.engine.variant}/{stage.toolchain}"
 
 
-def _served(serve, count: int, kind: str) -> ServedRun:
-    """``serve()``'s run, or, where it failed, a run that says why (a fault of the GPU is raised:
-    the process can serve nothing more)."""
+def _takes(runtime, settings) -> int:
+    return settings.serve_rounds if runtime.serves_in_rounds else 1
+
+
+@contextmanager
+def _pinned(stage):
+    """A fault of the GPU raised inside is pinned to ``stage``'s engine, whose streams saw it."""
     try:
-        return serve()
+        yield
+    except DeviceFault as exc:
+        exc.pinned_to(_name(stage))
+        raise
+
+
+def _served_in_rounds(engines: dict[Any, Any], settings, reporter, seed: int) -> dict[Any, list[ServedRun]]:
+    """Every engine at every count in this process, ``serve_rounds`` takes each, a round serving
+    each (engine, count) once in an order drawn from ``seed``; a count that fails takes no more."""
+    takes = {stage: _takes(stage.runtime, settings) for stage in engines}
+    parts: dict[tuple[Any, int], list[ServedRun]] = {(stage, count): [] for stage in engines for count in settings.streams}
+    rng = random.Random(seed)
+    rounds = max(takes.values(), default=0)
+    for number in range(rounds):
+        jobs = [key for key in parts if number < takes[key[0]] and all(part.why_not is None for part in parts[key])]
+        rng.shuffle(jobs)
+        if rounds > 1:
+            reporter.measuring(f"serving, round {number + 1} of {rounds}: {len(jobs)} takes of {settings.serve_s / rounds:g} s")
+        for stage, count in jobs:
+            if rounds == 1:
+                reporter.measuring(f"{_name(stage)} serving {count} stream{'s' if count > 1 else ''} for {settings.serve_s:g} s")
+            seconds = settings.serve_s / takes[stage]
+            with _pinned(stage):
+                part = _served(stage.runtime, engines[stage], count, seconds)
+            parts[stage, count].append(part)
+    return {stage: [pooled(parts[stage, count]) for count in settings.streams] for stage in engines}
+
+
+def _served(runtime, engine, count: int, seconds: float) -> ServedRun:
+    """``engine`` served by ``runtime`` at ``count`` streams for ``seconds``, or, where that failed,
+    a run that says why (a fault of the GPU is raised: the process can serve nothing more)."""
+    try:
+        return runtime.serve(engine, count, seconds)
     except (DeviceFault, EnvironmentMissing):
         raise
     except PipelineError as exc:
         return ServedRun.cannot(count, "threads", f"failed: {exc.message}")
     except Exception as exc:  # a runtime's own failure at this count: recorded there, the rest goes on
-        return ServedRun.cannot(count, "threads", f"the {kind} runtime failed serving {count} streams: {type(exc).__name__}: {exc}")
+        return ServedRun.cannot(count, "threads", f"the {runtime.kind} runtime failed serving {count} streams: {type(exc).__name__}: {exc}")
 
 
-def serve_in_processes(catalog, toolchain: str, engine_path: Path, workload, settings) -> list[ServedRun]:
+def serve_in_processes(catalog, toolchain: str, engine_path: Path, workload, settings, seed: int = 0) -> list[ServedRun]:
     """Each count of ``settings.streams`` served by that many processes: as many as the largest
     count are started and prepared once, each a new interpreter that loads and prepares the engine
-    with its own inputs (a compiled engine compiled once in each, not once a count); then for each
-    count the first that many serve one stream each from an instant given to all of them, for
-    ``settings.serve_s`` seconds — the streams' requests and span together — while the others wait
-    idle. A count that fails says why; the counts after it still run on the processes left."""
+    with its own inputs (a compiled engine compiled once in each, not once a count); then, in
+    ``serve_rounds`` rounds of the counts in an order drawn from ``seed``, the first that many
+    processes serve one stream each from an instant given to all of them, for a take of the
+    count's ``serve_s`` — the streams' requests and span together — while the others wait idle.
+    A count that fails says why and takes no more; the others still run on the processes left."""
     counts = settings.streams
     children = [
         Child(_serving_process, catalog, toolchain, engine_path, workload, name=f"pipeline-stream-{index}", requests=True)
@@ -97,7 +136,14 @@ def serve_in_processes(catalog, toolchain: str, engine_path: Path, workload, set
                 _said(child.receive())
         except PipelineError as exc:
             return [ServedRun.cannot(count, PROCESSES, f"failed: {exc.message}") for count in counts]
-        return [_served_by(children[:count], settings.serve_s) for count in counts]
+        parts: dict[int, list[ServedRun]] = {count: [] for count in counts}
+        rng = random.Random(seed)
+        for _ in range(settings.serve_rounds):
+            order = [count for count in counts if all(part.why_not is None for part in parts[count])]
+            rng.shuffle(order)
+            for count in order:
+                parts[count].append(_served_by(children[:count], settings.serve_s / settings.serve_rounds))
+        return [pooled(parts[count]) for count in counts]
     finally:
         for child in children:
             child.stop_serving()

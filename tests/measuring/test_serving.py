@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from pipeline.measuring.serving import THREADS, ServedRun, serve_threads, served_figures
+from pipeline.measuring.serving import THREADS, ServedRun, pooled, serve_threads, served_figures
 
 
 def test_streams_run_side_by_side_over_one_span():
@@ -49,3 +49,29 @@ def test_figures_bound_each_percentile_by_the_requests_or_say_how_many_it_needs(
     assert few.interval_ms["90"] is not None and few.tokens_per_s is None
     cannot = served_figures(ServedRun.cannot(4, THREADS, "no"), batch=1, tokens_per_run=None)
     assert cannot.why_not == "no" and cannot.inferences_per_s is None and cannot.latency_ms == {}
+
+
+def test_a_counts_takes_pool_their_requests_over_the_time_they_served():
+    """Four takes of one count, in rounds: inferences/s over the time it served (not the mean of
+    the takes' rates), every latency kept, each take's rate kept beside it."""
+    takes = [
+        ServedRun(2, THREADS, 0.5, 30, [10.0] * 30, how="2 threads"),
+        ServedRun(2, THREADS, 0.5, 10, [50.0] * 10, how="2 threads"),  # a slow spell of the host's
+        ServedRun(2, THREADS, 1.0, 60, [16.0] * 60, how="2 threads"),
+    ]
+    run = pooled(takes)
+    assert (run.streams, run.mode, run.completed, run.span_s) == (2, THREADS, 100, 2.0)
+    assert sorted(run.latencies_ms) == sorted([10.0] * 30 + [50.0] * 10 + [16.0] * 60)
+    assert run.takes_per_s == [60.0, 20.0, 60.0]
+    assert run.how == "2 threads; 3 takes, in rounds with the point's other engines and counts"
+    record = served_figures(run, batch=4, tokens_per_run=None)
+    assert record.inferences_per_s == 50.0 and record.samples_per_s == 200.0
+    assert record.takes_per_s == [60.0, 20.0, 60.0]
+
+
+def test_a_take_that_could_not_be_measured_speaks_for_its_count_and_one_take_is_itself():
+    good = ServedRun(4, THREADS, 0.5, 30, [10.0] * 30, how="4 threads")
+    bad = ServedRun.cannot(4, THREADS, "failed: out of memory at 4 streams")
+    assert pooled([good, bad]) is bad
+    assert pooled([good]) is good and good.takes_per_s == []
+    assert served_figures(good, batch=1, tokens_per_run=None).takes_per_s == []

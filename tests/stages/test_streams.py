@@ -52,7 +52,8 @@ def test_one_stream_serves_nothing_and_more_are_served_after_the_rounds(served):
     for record in details.streams:
         assert record.why_not is None
         assert record.completed == len(record.latencies_ms) > 0
-        assert record.span_s >= 0.3
+        assert record.span_s >= 0.3  # four takes of 75 ms (serve_rounds), in rounds with torch-eager's
+        assert len(record.takes_per_s) == 4 and all(rate > 0 for rate in record.takes_per_s)
         assert record.inferences_per_s == pytest.approx(record.completed / record.span_s, rel=1e-3)
         assert record.samples_per_s == pytest.approx(2 * record.inferences_per_s)
         assert set(record.latency_ms) == {"50", "90", "99"}
@@ -78,6 +79,7 @@ def test_pytorch_serves_by_threads_and_by_processes_started_together(served):
     assert all(record.why_not is None and record.completed > 0 for record in details.streams), [r.why_not for r in details.streams]
     together = details.streams[3]
     assert together.how.startswith("2 processes, each its own interpreter")
+    assert together.how.endswith("; 4 takes, in rounds with the point's other engines and counts")
     # Both processes served over one span: their requests together, the span no longer than one's
     # serve_s and its last request.
     assert 0.3 <= together.span_s < 1.5
@@ -169,8 +171,8 @@ def test_the_dry_run_says_what_serving_will_do(served, run_cli):
     result = run_cli(catalog, "profile", "--engine", "tiny_fp32", "--toolchain", "torch-eager", "--streams", "1,4", "--dry-run")
     assert result.exit_code == 0, result.err
     assert (
-        "tiny_fp32: serve: after the rounds, 1, 4 concurrent streams in turn, 0.3 s each, in this process and in as many processes"
-        in result.out
+        "tiny_fp32: serve: after the rounds, 1, 4 concurrent streams, 0.3 s each in 4 takes interleaved with the point's other engines,"
+        " in this process and in as many processes" in result.out
     )
 
 
@@ -220,8 +222,113 @@ def test_processes_are_started_and_prepared_once_for_every_count(monkeypatch):
             pass
 
     monkeypatch.setattr(serving, "Child", FakeChild)
-    runs = serving.serve_in_processes(None, "torch-eager", None, None, SimpleNamespace(streams=(1, 2, 4), serve_s=0.5))
+    runs = serving.serve_in_processes(None, "torch-eager", None, None, SimpleNamespace(streams=(1, 2, 4), serve_s=0.5, serve_rounds=1))
     assert len(made) == 4 and sorted(prepared) == [f"pipeline-stream-{i}" for i in range(4)]
     assert [(run.streams, run.completed, run.why_not) for run in runs] == [(1, 2, None), (2, 4, None), (4, 0, "failed: out of luck")]
     assert [name for name, _ in served[:3]] == ["pipeline-stream-0", "pipeline-stream-0", "pipeline-stream-1"]
     assert served[1][1] == served[2][1]  # the two of a count released at one instant
+
+
+def test_each_count_is_served_in_takes_in_rounds_with_the_points_other_engines():
+    """serve_rounds = 4: each round serves every engine at every count once, in an order drawn
+    from the point's seed, a take a quarter of serve_s; a count pools its takes; a take that fails
+    ends its count's takes; a tool's engine (serves_in_rounds false) serves each count in one take."""
+    from types import SimpleNamespace
+
+    from pipeline.measuring.serving import ServedRun
+    from pipeline.stages import serving
+
+    def served_at(seed: int):
+        calls = []
+
+        class Runtime:
+            kind, serves_in_processes = "fake", None
+
+            def __init__(self, in_rounds=True):
+                self.serves_in_rounds = in_rounds
+
+            def serve(self, engine, count, seconds, start_at=None):
+                calls.append((engine, count, seconds))
+                if (engine, count) == ("b", 2) and calls.count(("b", 2, seconds)) == 2:
+                    raise RuntimeError("the stream's kernel failed")
+                return ServedRun(count, "threads", seconds, 10 * count, [1.0] * 10 * count, how=f"{count} threads")
+
+        class Stage:  # hashable, as the point's stages are
+            def __init__(self, name, runtime):
+                self.runtime, self.engine, self.toolchain = runtime, SimpleNamespace(variant=name), "fake"
+
+        def stage(name, runtime):
+            return Stage(name, runtime)
+
+        stages = [stage("a", Runtime()), stage("b", Runtime()), stage("t", Runtime(in_rounds=False))]
+        settings = SimpleNamespace(serves=True, streams=(1, 2), serve_s=2.0, serve_rounds=4)
+        reporter = SimpleNamespace(measuring=lambda words: None)
+        out = serving.serve_point(dict(zip(stages, "abt")), settings, reporter, seed=seed)
+        return calls, {stage.engine.variant: runs for stage, runs in out.items()}
+
+    calls, out = served_at(seed=7)
+    # Rounds of 6, 4, 3 and 3 takes: the tool's counts in the first alone, b's two streams no more once failed.
+    rounds = [calls[:6], calls[6:10], calls[10:13], calls[13:]]
+    assert len(calls) == 16
+    assert sorted(rounds[0]) == [("a", 1, 0.5), ("a", 2, 0.5), ("b", 1, 0.5), ("b", 2, 0.5), ("t", 1, 2.0), ("t", 2, 2.0)]
+    assert sorted(rounds[1]) == [("a", 1, 0.5), ("a", 2, 0.5), ("b", 1, 0.5), ("b", 2, 0.5)]
+    assert sorted(rounds[2]) == sorted(rounds[3]) == [("a", 1, 0.5), ("a", 2, 0.5), ("b", 1, 0.5)]
+    assert len({tuple(batch[:3]) for batch in rounds}) > 1  # the order is drawn again each round
+    assert served_at(seed=7)[0] == calls and served_at(seed=8)[0] != calls  # ... from the point's seed
+    one, two = out["a"]
+    assert (one.streams, one.completed, one.span_s, one.takes_per_s) == (1, 40, 2.0, [20.0] * 4)
+    assert (two.streams, two.completed, len(two.latencies_ms)) == (2, 80, 80)
+    assert out["b"][0].why_not is None and "the stream's kernel failed" in out["b"][1].why_not
+    assert [(run.completed, run.span_s, run.takes_per_s) for run in out["t"]] == [(10, 2.0, []), (20, 2.0, [])]
+
+
+def test_processes_serve_their_counts_in_rounds():
+    """serve_rounds = 2 on processes: the counts take turns, each served twice for half of
+    serve_s, by the same processes, prepared once."""
+    from types import SimpleNamespace
+
+    from pipeline.launchers.child import Reply
+    from pipeline.measuring.serving import ServedRun
+    from pipeline.stages import serving
+
+    served = []
+
+    class FakeChild:
+        def __init__(self, *args, name, requests):
+            self.name, self.said = name, None
+
+        def start(self):
+            return self
+
+        def send(self, message):
+            if message == "prepare":
+                self.said = Reply("ok", None)
+            else:
+                served.append((self.name, message[2]))
+                self.said = Reply("ok", ServedRun(1, "threads", message[2], 5, [1.0] * 5))
+            return True
+
+        def receive(self):
+            return self.said
+
+        def stop_serving(self):
+            pass
+
+        def join(self, timeout):
+            pass
+
+        def stop(self):
+            pass
+
+    import pytest
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(serving, "Child", FakeChild)
+        runs = serving.serve_in_processes(
+            None, "torch-eager", None, None, SimpleNamespace(streams=(1, 2), serve_s=1.0, serve_rounds=2), seed=3
+        )
+    assert [(run.streams, run.completed, run.span_s, run.takes_per_s) for run in runs] == [
+        (1, 10, 1.0, [10.0, 10.0]),
+        (2, 20, 1.0, [20.0, 20.0]),
+    ]
+    assert len(served) == 6 and all(seconds == 0.5 for _, seconds in served)

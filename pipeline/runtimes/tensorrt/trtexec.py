@@ -96,6 +96,9 @@ class TrtexecRuntime(EngineRuntime):
     product = "TensorRT"
     engine_suffix = ".engine"
     Evidence = TrtexecEvidence
+    # A take of serving is a whole trtexec run, which loads the engine (tensorrt/streams.py), and
+    # trtexec's own C++ loop issues the inferences, not this interpreter: one take a count.
+    serves_in_rounds = False
 
     @property
     def version(self) -> str:
