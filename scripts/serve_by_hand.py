@@ -11,7 +11,10 @@ latency is the host's time from issue to the end of its wait.
 
     python scripts/serve_by_hand.py --shapes 2x512 4x4096 --streams 1 2 4 --seconds 4 --out DIR
 
-Writes DIR/serve-by-hand.json (a list of {shape, kind, streams, repeat, inferences, seconds,
+``--padding`` pads every sequence after the first as the product's transformers models are by
+default: without it the requests are unpadded, which is other work (``request_mask``).
+
+Writes DIR/serve-by-hand.json (a list of {shape, kind, streams, repeat, inferences, seconds, padding,
 inferences_per_s, median_ms, p99_ms, started, ended}: ``started``/``ended`` are epoch seconds, for
 aligning with a power sampler's records). The figures depend on the machine and its host: report
 them with the GPU named, and measure both sides of a comparison on one machine start.
@@ -78,11 +81,24 @@ def torch_and_model(device: str, tiny: bool):
     return torch, config, model
 
 
-def one_stream(torch, kind: str, model, compiled, batch: int, sequence: int, vocab: int, device: str):
+def request_mask(torch, batch: int, sequence: int, padding: bool, generator=None):
+    """The attention mask of a request: ones; with ``padding``, as the product's transformers
+    models have it by default (`padding = true`, docs/models.md), every sequence after the first
+    cut to a random length from half of it to all of it, zeros beyond. The two differ in work: with
+    no zero in the mask, transformers passes no mask to a global attention layer, whose kernel may
+    then be another."""
+    mask = torch.ones((batch, sequence), dtype=torch.long)
+    if padding and sequence > 1:
+        for row in range(1, batch):
+            mask[row, int(torch.randint(max(1, sequence // 2), sequence + 1, (1,), generator=generator)) :] = 0
+    return mask
+
+
+def one_stream(torch, kind: str, model, compiled, batch: int, sequence: int, vocab: int, device: str, padding: bool = False):
     """A callable serving one request on its own stream (and its own inputs, and graph), and the
     stream's wait (nothing on a CPU)."""
     ids = torch.randint(0, vocab, (batch, sequence), device=device)
-    mask = torch.ones((batch, sequence), dtype=torch.long, device=device)
+    mask = request_mask(torch, batch, sequence, padding).to(device)
     if device == "cpu":
         module = compiled if kind == "compiled" else model
         return (lambda: module(input_ids=ids, attention_mask=mask)), (lambda: None)
@@ -110,9 +126,11 @@ def one_stream(torch, kind: str, model, compiled, batch: int, sequence: int, voc
     return run, stream.synchronize
 
 
-def serve(torch, kind: str, model, compiled, shape: str, streams: int, seconds: float, vocab: int, device: str) -> dict:
+def serve(
+    torch, kind: str, model, compiled, shape: str, streams: int, seconds: float, vocab: int, device: str, padding: bool = False
+) -> dict:
     batch, sequence = (int(part) for part in shape.split("x"))
-    servers = [one_stream(torch, kind, model, compiled, batch, sequence, vocab, device) for _ in range(streams)]
+    servers = [one_stream(torch, kind, model, compiled, batch, sequence, vocab, device, padding) for _ in range(streams)]
     with torch.no_grad():
         for run, wait in servers:  # every stream's first requests untimed (allocations, autotuning)
             for _ in range(3):
@@ -153,6 +171,7 @@ def serve(torch, kind: str, model, compiled, shape: str, streams: int, seconds: 
         "streams": streams,
         "inferences": count,
         "seconds": seconds,
+        "padding": padding,
         "inferences_per_s": count / seconds,
         "median_ms": every[count // 2] if count else None,
         "p99_ms": every[min(count - 1, int(0.99 * count))] if count else None,
@@ -170,6 +189,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=1, help="serve every kind and count this many times, in turn")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--tiny", action="store_true", help="a two-layer ModernBERT (this script's test)")
+    parser.add_argument(
+        "--padding",
+        action="store_true",
+        help="pad every sequence after the first, as the product's transformers models are by default (request_mask)",
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
 
@@ -187,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
                         if repeat == 0:
                             print(f"{shape:>8} {kind:<12} skipped: a CUDA graph needs a GPU", flush=True)
                         continue
-                    result = serve(torch, kind, model, compiled, shape, streams, args.seconds, config.vocab_size, args.device)
+                    result = serve(torch, kind, model, compiled, shape, streams, args.seconds, config.vocab_size, args.device, args.padding)
                     results.append({**result, "repeat": repeat})
                     print(
                         f"{shape:>8} {kind:<12} {streams} streams: {result['inferences_per_s']:9.1f} inferences/s, "

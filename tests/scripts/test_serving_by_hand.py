@@ -44,6 +44,7 @@ def test_the_by_hand_server_counts_what_its_threads_complete(import_script, tmp_
                 "0.3",
                 "--repeats",
                 "2",
+                "--padding",
                 "--out",
                 str(tmp_path),
             ]
@@ -54,10 +55,24 @@ def test_the_by_hand_server_counts_what_its_threads_complete(import_script, tmp_
     # No CUDA graph on a CPU; every count once, then every count again.
     assert [(r["kind"], r["streams"], r["repeat"]) for r in results] == [("eager", 1, 0), ("eager", 2, 0), ("eager", 1, 1), ("eager", 2, 1)]
     for result in results:
-        assert result["inferences"] > 0
+        assert result["inferences"] > 0 and result["padding"] is True
         assert result["inferences_per_s"] == pytest.approx(result["inferences"] / 0.3)
         assert 0 < result["median_ms"] <= result["p99_ms"]
         assert result["ended"] - result["started"] >= 0.3
+
+
+def test_padded_requests_cut_every_sequence_after_the_first_to_half_of_it_or_more(import_script):
+    import torch
+
+    serve = import_script("serve_by_hand")
+    assert serve.request_mask(torch, 4, 16, padding=False).eq(1).all()
+    generator = torch.Generator().manual_seed(0)
+    masks = [serve.request_mask(torch, 4, 16, padding=True, generator=generator) for _ in range(20)]
+    for mask in masks:
+        lengths = mask.sum(dim=1).tolist()
+        assert lengths[0] == 16 and all(8 <= length <= 16 for length in lengths[1:])
+        assert all(mask[row, : lengths[row]].eq(1).all() and mask[row, lengths[row] :].eq(0).all() for row in range(4))
+    assert any(length < 16 for mask in masks for length in mask.sum(dim=1).tolist())
 
 
 def test_the_agreement_matches_counts_by_kind_and_integrates_power_over_the_takes(import_script, tmp_path):
