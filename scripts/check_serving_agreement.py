@@ -50,6 +50,25 @@ def by_hand_figures(by_hand: list[dict]) -> dict[tuple, list[float]]:
     return figures
 
 
+def padding_words(workspace: Path, by_hand: list[dict]) -> str | None:
+    """Where the product's requests and by hand's are padded differently, what that means; None
+    where they agree. The product pads a transformers model's sequences after the first unless
+    its `padding` is off (the export's params say which); by hand pads with --padding (its records
+    say `padding`, absent before it had the option: unpadded)."""
+    product = {
+        bool(((json.loads(path.read_text()).get("export") or {}).get("params") or {}).get("padding"))
+        for path in sorted((workspace / "manifests" / "export").glob("*.json"))
+    }
+    hand = {bool(r.get("padding", False)) for r in by_hand}
+    if not product or not hand or product == hand:
+        return None
+    said = {True: "padded", False: "unpadded"}
+    return (
+        f"the product's requests are {' and '.join(said[p] for p in sorted(product))}, by hand's "
+        f"{' and '.join(said[h] for h in sorted(hand))}: other work (docs/streams.md), so a ratio far from 1 may be that"
+    )
+
+
 def throughput_ratios(raws: list[dict], by_hand: list[dict]) -> list[tuple[str, str, int, float, float]]:
     """(shape, toolchain, streams, product inferences/s, by-hand inferences/s: its repeats' median)
     for every count served by threads."""
@@ -112,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     by_hand = json.loads(args.by_hand.read_text())
     repeats = by_hand_figures(by_hand)
     print("== throughput, product against by hand (target: within 10 %)")
+    unlike = padding_words(args.workspace, by_hand)
+    if unlike:
+        print(f"  NOTE {unlike}")
     for shape, toolchain, streams, product, hand in throughput_ratios(raws, by_hand):
         each = repeats[(shape, KIND_OF[toolchain], streams)]
         spread = f"; by hand's {len(each)} repeats {min(each):.1f}–{max(each):.1f}" if len(each) > 1 else ""

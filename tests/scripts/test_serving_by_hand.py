@@ -75,6 +75,19 @@ def test_padded_requests_cut_every_sequence_after_the_first_to_half_of_it_or_mor
     assert any(length < 16 for mask in masks for length in mask.sum(dim=1).tolist())
 
 
+def test_the_agreement_says_where_the_product_and_by_hand_padded_differently(import_script, tmp_path):
+    agreement = import_script("check_serving_agreement")
+    export = tmp_path / "manifests" / "export"
+    export.mkdir(parents=True)
+    (export / "modernbert_bf16.json").write_text(json.dumps({"export": {"params": {"padding": True}}}))
+    unpadded = [{"shape": "2x512", "kind": "eager", "streams": 1, "inferences_per_s": 100.0}]  # a record from before --padding
+    words = agreement.padding_words(tmp_path, unpadded)
+    assert words.startswith("the product's requests are padded, by hand's unpadded: other work")
+    assert agreement.padding_words(tmp_path, [{**unpadded[0], "padding": True}]) is None
+    (export / "modernbert_bf16.json").write_text(json.dumps({"export": {"params": {"padding": False}}}))
+    assert agreement.padding_words(tmp_path, unpadded) is None
+
+
 def test_the_agreement_matches_counts_by_kind_and_integrates_power_over_the_takes(import_script, tmp_path):
     agreement = import_script("check_serving_agreement")
     take = {"energy_resolved": True, "energy_from_s": 100.0, "energy_ms": 2000.0, "joules": 500.0}
