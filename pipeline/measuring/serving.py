@@ -66,9 +66,9 @@ class ServedRun:
         return cls(streams=streams, mode=mode, why_not=why)
 
 
-def pooled(takes: Sequence[ServedRun]) -> ServedRun:
-    """One count's takes, served in rounds with other engines and counts between them, as one run:
-    their requests and spans added up (inferences/s over the time it served), their latencies
+def pooled(takes: Sequence[ServedRun], between: str = "the point's other engines and counts") -> ServedRun:
+    """One count's takes, served in rounds with ``between`` (in words) served between them, as one
+    run: their requests and spans added up (inferences/s over the time it served), their latencies
     together; the first take that could not be measured where one could not (the count's takes
     stop there). A single take is itself."""
     if len(takes) == 1:
@@ -83,7 +83,7 @@ def pooled(takes: Sequence[ServedRun]) -> ServedRun:
         span_s=sum(take.span_s for take in takes),
         completed=sum(take.completed for take in takes),
         latencies_ms=[value for take in takes for value in take.latencies_ms],
-        how=f"{first.how}; {len(takes)} takes, in rounds with the point's other engines and counts",
+        how=f"{first.how}; {len(takes)} takes, in rounds with {between}",
         takes_per_s=[take.completed / take.span_s if take.span_s > 0 else 0.0 for take in takes],
     )
 

@@ -83,7 +83,7 @@ def _title(model: str, gpu_type: str | None, shape: str | None) -> str:
     return f"{model}{f' at {where}' if where else ''}: serving concurrent streams (inferences/s and each request's latency)"
 
 
-STREAMS_NOTE = "? = too few requests to bound the p99 (needs N: the requests that could); streams: each its own inputs, started together, timed over one span (docs/streams.md)"
+STREAMS_NOTE = "? = too few requests to bound the p99 (needs N: the requests that could); streams: each its own inputs, started together, timed over the span of each take (docs/streams.md)"
 
 
 # What a narrow terminal leaves out first, by header, until the table fits (the p99 and its interval,

@@ -348,7 +348,7 @@ def _tool_alone(stage) -> Measured:
         measured.accuracy = stage.check_accuracy(engine_path, workload)
         with running_on(stage.settings.host_cpus):
             engine = stage.runtime.prepare(engine_path, workload)
-            measured.served = serve_point({stage: engine}, stage.settings, reporter).get(stage, [])
+            measured.served = serve_point({stage: engine}, stage.settings, reporter, point_seed([stage])).get(stage, [])
     measured.seconds = time.perf_counter() - started
     return measured
 

@@ -48,6 +48,8 @@ class ProfileStage(Stage):
         settings = self.settings.model_dump(exclude_none=True)
         if not self.settings.serves:  # likewise serving's settings where nothing is served
             del settings["streams"], settings["serve_s"], settings["serve_rounds"]
+        elif not self.runtime.serves_in_rounds:  # one take a count whatever it says
+            del settings["serve_rounds"]
         if settings.get("by") == "median":
             del settings["by"]
         if not settings.get("energy"):

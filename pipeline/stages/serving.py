@@ -42,12 +42,14 @@ def serve_point(engines: dict[Any, Any], settings, reporter, seed: int = 0) -> d
     processes; {} where the settings serve nothing."""
     if not settings.serves:
         return {}
+    reporter.measuring(f"serving {', '.join(map(str, settings.streams))} streams")
     out = _served_in_rounds(engines, settings, reporter, seed)
     for stage in engines:
         if stage.runtime.serves_in_processes:
             reporter.measuring(f"{_name(stage)} serving {', '.join(map(str, settings.streams))} streams in as many processes")
             with _pinned(stage):
-                out[stage] += serve_in_processes(stage.ctx.catalog, stage.toolchain, stage.engine_file(), stage.workload(), settings, seed)
+                where = (stage.ctx.catalog, stage.toolchain, stage.engine_file(), stage.workload())
+                out[stage] += serve_in_processes(*where, settings, seed, _takes(stage.runtime, settings))
     return out
 
 
@@ -88,12 +90,10 @@ def _served_in_rounds(engines: dict[Any, Any], settings, reporter, seed: int) ->
     for number in range(rounds):
         jobs = [key for key in parts if number < takes[key[0]] and all(part.why_not is None for part in parts[key])]
         rng.shuffle(jobs)
-        if rounds > 1:
-            reporter.measuring(f"serving, round {number + 1} of {rounds}: {len(jobs)} takes of {settings.serve_s / rounds:g} s")
         for stage, count in jobs:
-            if rounds == 1:
-                reporter.measuring(f"{_name(stage)} serving {count} stream{'s' if count > 1 else ''} for {settings.serve_s:g} s")
             seconds = settings.serve_s / takes[stage]
+            round_words = f", round {number + 1} of {rounds}" if rounds > 1 else ""
+            reporter.step(f"{_name(stage)} serving {count} stream{'s' if count > 1 else ''} for {seconds:g} s{round_words}")
             with _pinned(stage):
                 part = _served(stage.runtime, engines[stage], count, seconds)
             parts[stage, count].append(part)
@@ -113,11 +113,13 @@ def _served(runtime, engine, count: int, seconds: float) -> ServedRun:
         return ServedRun.cannot(count, "threads", f"the {runtime.kind} runtime failed serving {count} streams: {type(exc).__name__}: {exc}")
 
 
-def serve_in_processes(catalog, toolchain: str, engine_path: Path, workload, settings, seed: int = 0) -> list[ServedRun]:
+def serve_in_processes(
+    catalog, toolchain: str, engine_path: Path, workload, settings, seed: int = 0, rounds: int | None = None
+) -> list[ServedRun]:
     """Each count of ``settings.streams`` served by that many processes: as many as the largest
     count are started and prepared once, each a new interpreter that loads and prepares the engine
     with its own inputs (a compiled engine compiled once in each, not once a count); then, in
-    ``serve_rounds`` rounds of the counts in an order drawn from ``seed``, the first that many
+    ``rounds`` rounds (``serve_rounds`` where not given) of the counts in an order drawn from ``seed``, the first that many
     processes serve one stream each from an instant given to all of them, for a take of the
     count's ``serve_s`` — the streams' requests and span together — while the others wait idle.
     A count that fails says why and takes no more; the others still run on the processes left."""
@@ -136,14 +138,15 @@ def serve_in_processes(catalog, toolchain: str, engine_path: Path, workload, set
                 _said(child.receive())
         except PipelineError as exc:
             return [ServedRun.cannot(count, PROCESSES, f"failed: {exc.message}") for count in counts]
+        rounds = settings.serve_rounds if rounds is None else rounds
         parts: dict[int, list[ServedRun]] = {count: [] for count in counts}
         rng = random.Random(seed)
-        for _ in range(settings.serve_rounds):
+        for _ in range(rounds):
             order = [count for count in counts if all(part.why_not is None for part in parts[count])]
             rng.shuffle(order)
             for count in order:
-                parts[count].append(_served_by(children[:count], settings.serve_s / settings.serve_rounds))
-        return [pooled(parts[count]) for count in counts]
+                parts[count].append(_served_by(children[:count], settings.serve_s / rounds))
+        return [pooled(parts[count], between="the engine's other counts") for count in counts]
     finally:
         for child in children:
             child.stop_serving()

@@ -79,7 +79,9 @@ def test_pytorch_serves_by_threads_and_by_processes_started_together(served):
     assert all(record.why_not is None and record.completed > 0 for record in details.streams), [r.why_not for r in details.streams]
     together = details.streams[3]
     assert together.how.startswith("2 processes, each its own interpreter")
-    assert together.how.endswith("; 4 takes, in rounds with the point's other engines and counts")
+    assert together.how.endswith("; 4 takes, in rounds with the engine's other counts")
+    alone = details.streams[1]
+    assert alone.how.endswith("; 4 takes, in rounds with the point's other engines and counts")
     # Both processes served over one span: their requests together, the span no longer than one's
     # serve_s and its last request.
     assert 0.3 <= together.span_s < 1.5
@@ -262,7 +264,7 @@ def test_each_count_is_served_in_takes_in_rounds_with_the_points_other_engines()
 
         stages = [stage("a", Runtime()), stage("b", Runtime()), stage("t", Runtime(in_rounds=False))]
         settings = SimpleNamespace(serves=True, streams=(1, 2), serve_s=2.0, serve_rounds=4)
-        reporter = SimpleNamespace(measuring=lambda words: None)
+        reporter = SimpleNamespace(measuring=lambda words: None, step=lambda words: None)
         out = serving.serve_point(dict(zip(stages, "abt")), settings, reporter, seed=seed)
         return calls, {stage.engine.variant: runs for stage, runs in out.items()}
 
@@ -332,3 +334,90 @@ def test_processes_serve_their_counts_in_rounds():
         (2, 20, 1.0, [20.0, 20.0]),
     ]
     assert len(served) == 6 and all(seconds == 0.5 for _, seconds in served)
+
+
+def test_a_gpu_fault_while_serving_in_rounds_is_pinned_to_its_engine_and_ends_the_serving():
+    """A fault of the GPU poisons the process: raised at once, pinned to the engine whose take
+    saw it, however many takes and engines are left."""
+    from types import SimpleNamespace
+
+    from pipeline.measuring.serving import ServedRun
+    from pipeline.running.errors import DeviceFault
+    from pipeline.stages import serving
+
+    calls = []
+
+    class Runtime:
+        kind, serves_in_processes, serves_in_rounds = "fake", None, True
+
+        def __init__(self, faults: bool):
+            self.faults = faults
+
+        def serve(self, engine, count, seconds, start_at=None):
+            calls.append(engine)
+            if self.faults and count == 2:
+                raise DeviceFault("CUDA error: an illegal memory access was encountered")
+            return ServedRun(count, "threads", seconds, 1, [1.0])
+
+    class Stage:
+        def __init__(self, name, runtime):
+            self.runtime, self.engine, self.toolchain = runtime, SimpleNamespace(variant=name), "fake"
+
+    stages = {Stage("fine", Runtime(False)): "fine", Stage("faulty", Runtime(True)): "faulty"}
+    settings = SimpleNamespace(serves=True, streams=(1, 2), serve_s=1.0, serve_rounds=4)
+    reporter = SimpleNamespace(measuring=lambda words: None, step=lambda words: None)
+    with pytest.raises(DeviceFault) as raised:
+        serving.serve_point(stages, settings, reporter, seed=1)
+    assert raised.value.entrant == "faulty/fake"
+    assert calls[-1] == "faulty" and len(calls) <= 4  # nothing served after the fault, not a round more
+
+
+def test_a_process_take_that_fails_after_one_that_served_speaks_for_its_count():
+    """serve_rounds = 3 on processes: the count of two fails at its second take; it takes no more
+    and says why, the count of one is served all three times."""
+    from types import SimpleNamespace
+
+    from pipeline.launchers.child import Reply
+    from pipeline.measuring.serving import ServedRun
+    from pipeline.stages import serving
+
+    served = []
+
+    class FakeChild:
+        def __init__(self, *args, name, requests):
+            self.name, self.said = name, None
+
+        def start(self):
+            return self
+
+        def send(self, message):
+            if message == "prepare":
+                self.said = Reply("ok", None)
+                return True
+            served.append(self.name)
+            twos = served.count("pipeline-stream-1")
+            if self.name == "pipeline-stream-1" and twos == 2:
+                self.said = Reply("error", serving.PipelineError("the second process ran out of memory"))
+            else:
+                self.said = Reply("ok", ServedRun(1, "threads", message[2], 4, [1.0] * 4))
+            return True
+
+        def receive(self):
+            return self.said
+
+        def stop_serving(self):
+            pass
+
+        def join(self, timeout):
+            pass
+
+        def stop(self):
+            pass
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(serving, "Child", FakeChild)
+        settings = SimpleNamespace(streams=(1, 2), serve_s=0.9, serve_rounds=3)
+        one, two = serving.serve_in_processes(None, "torch-eager", None, None, settings, seed=5)
+    assert (one.why_not, one.completed, len(one.takes_per_s)) == (None, 12, 3)
+    assert two.why_not == "failed: the second process ran out of memory"
+    assert served.count("pipeline-stream-1") == 2  # the count of two took no third take
