@@ -33,18 +33,26 @@ def served(tmp_path_factory):
     catalog = write_catalog(tmp_path_factory.mktemp("streams"), CATALOG)
     argv = ["--catalog", str(catalog), "run", "--toolchain", "onnxruntime", "--toolchain", "torch-eager"]
     assert main(argv) == 0  # [profile] streams = [1]: nothing served
-    first = {chain: _details(catalog, chain) for chain in ("onnxruntime", "torch-eager")}
+    first = {chain: _profile(catalog, chain) for chain in ("onnxruntime", "torch-eager")}
     assert main([*argv, "--streams", "2,1"]) == 0
     return catalog, first
 
 
+def _profile(catalog, toolchain: str):
+    return read_manifest(catalog.parent / "manifests" / toolchain / "tiny_fp32.json").profile
+
+
 def _details(catalog, toolchain: str):
-    return read_manifest(catalog.parent / "manifests" / toolchain / "tiny_fp32.json").profile.details
+    return _profile(catalog, toolchain).details
 
 
 def test_one_stream_serves_nothing_and_more_are_served_after_the_rounds(served):
     catalog, first = served
-    assert all(details.streams == [] and details.settings.streams == (1,) for details in first.values())
+    assert all(profile.details.streams == [] and profile.details.settings.streams == (1,) for profile in first.values())
+    # Serving's settings are part of a measurement's fingerprint only where it serves.
+    assert all(not {"streams", "serve_s", "serve_rounds"} & set(profile.params["settings"]) for profile in first.values())
+    for toolchain in ("onnxruntime", "torch-eager"):
+        assert _profile(catalog, toolchain).params["settings"]["serve_rounds"] == 4
     details = _details(catalog, "onnxruntime")
     assert details.settings.streams == (1, 2)
     assert details.rounds  # the rounds are still what the row's figures come from

@@ -238,8 +238,13 @@ def test_streams_run_trtexec_with_inf_streams_and_read_its_throughput(local_inst
     catalog = local_install("ok")
     result = run_cli(catalog, "run", "--engine", "tiny_fp32", "--toolchain", "local", "--streams", "1,2")
     assert result.exit_code == 0, result.err
-    records = read_manifest(catalog.parent / "manifests" / "local" / "tiny_fp32.json").profile.details.streams
+    profile = read_manifest(catalog.parent / "manifests" / "local" / "tiny_fp32.json").profile
+    records = profile.details.streams
     assert [(record.streams, record.mode, record.why_not) for record in records] == [(1, "tool streams", None), (2, "tool streams", None)]
+    # A count is one whole run of trtexec (not split into serve_rounds takes), so serve_rounds,
+    # which changes nothing here, is no part of the measurement's fingerprint.
+    assert all(record.takes_per_s == [] for record in records)
+    assert "serve_rounds" not in profile.params["settings"] and "serve_s" in profile.params["settings"]
     engines = catalog.parent / "engines" / "local"
     assert "--infStreams" not in (engines / "tiny_fp32.streams1.log").read_text()
     assert "--infStreams=2" in (engines / "tiny_fp32.streams2.log").read_text()
