@@ -42,37 +42,50 @@ def manifests(workspace: Path) -> list[dict]:
     return [json.loads(path.read_text()) for path in sorted((workspace / "manifests").rglob("*@*.json"))]
 
 
-def by_hand_figures(by_hand: list[dict]) -> dict[tuple, list[float]]:
-    """Each (shape, kind, streams)'s inferences/s, one a repeat, in the order served."""
+def by_hand_figures(by_hand: list[dict], padding: bool | None = None) -> dict[tuple, list[float]]:
+    """Each (shape, kind, streams)'s inferences/s, one a repeat, in the order served: of the
+    requests padded as ``padding`` says where by hand served them so (its records say `padding`,
+    absent before it had the option: unpadded), else of every request."""
+    kept = [r for r in by_hand if padding is None or bool(r.get("padding", False)) == padding] or by_hand
     figures: dict[tuple, list[float]] = {}
-    for r in by_hand:
+    for r in kept:
         figures.setdefault((r["shape"], r["kind"], r["streams"]), []).append(r["inferences_per_s"])
     return figures
 
 
-def padding_words(workspace: Path, by_hand: list[dict]) -> str | None:
-    """Where the product's requests and by hand's are padded differently, what that means; None
-    where they agree. The product pads a transformers model's sequences after the first unless
-    its `padding` is off (the export's params say which); by hand pads with --padding (its records
-    say `padding`, absent before it had the option: unpadded)."""
-    product = {
+def product_padding(workspace: Path) -> bool | None:
+    """Whether the product padded its requests (a transformers model's sequences after the first,
+    unless its `padding` is off: the exports' params say), None where its exports do not say one way."""
+    said = {
         bool(((json.loads(path.read_text()).get("export") or {}).get("params") or {}).get("padding"))
         for path in sorted((workspace / "manifests" / "export").glob("*.json"))
     }
+    return said.pop() if len(said) == 1 else None
+
+
+def padding_words(workspace: Path, by_hand: list[dict]) -> str | None:
+    """Where by hand served no request padded as the product's were, what that means; None where
+    it did (or the product's exports do not say)."""
+    product = product_padding(workspace)
     hand = {bool(r.get("padding", False)) for r in by_hand}
-    if not product or not hand or product == hand:
+    if product is None or not hand or product in hand:
         return None
     said = {True: "padded", False: "unpadded"}
-    return (
-        f"the product's requests are {' and '.join(said[p] for p in sorted(product))}, by hand's "
-        f"{' and '.join(said[h] for h in sorted(hand))}: other work (docs/streams.md), so a ratio far from 1 may be that"
-    )
+    return f"the product's requests are {said[product]}, by hand's {said[not product]}: other work (docs/streams.md), so a ratio far from 1 may be that"
 
 
-def throughput_ratios(raws: list[dict], by_hand: list[dict]) -> list[tuple[str, str, int, float, float]]:
-    """(shape, toolchain, streams, product inferences/s, by-hand inferences/s: its repeats' median)
-    for every count served by threads."""
-    hand = by_hand_figures(by_hand)
+def padding_costs(by_hand: list[dict]) -> list[tuple[str, str, int, float, float]]:
+    """(shape, kind, streams, unpadded inferences/s, padded inferences/s: each its repeats' median)
+    for every count by hand served both ways (``--padding both``)."""
+    keys = [{(r["shape"], r["kind"], r["streams"]) for r in by_hand if bool(r.get("padding", False)) == padded} for padded in (False, True)]
+    unpadded, padded = by_hand_figures(by_hand, False), by_hand_figures(by_hand, True)
+    return [(*key, statistics.median(unpadded[key]), statistics.median(padded[key])) for key in sorted(keys[0] & keys[1])]
+
+
+def throughput_ratios(raws: list[dict], by_hand: list[dict], padding: bool | None = None) -> list[tuple[str, str, int, float, float]]:
+    """(shape, toolchain, streams, product inferences/s, by-hand inferences/s: its repeats' median,
+    of requests padded as ``padding`` says where by hand has them) for every count served by threads."""
+    hand = by_hand_figures(by_hand, padding)
     out = []
     for raw in raws:
         details = (raw.get("profile") or {}).get("details") or {}
@@ -129,17 +142,25 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     raws = manifests(args.workspace)
     by_hand = json.loads(args.by_hand.read_text())
-    repeats = by_hand_figures(by_hand)
+    padding = product_padding(args.workspace)
+    repeats = by_hand_figures(by_hand, padding)
     print("== throughput, product against by hand (target: within 10 %)")
     unlike = padding_words(args.workspace, by_hand)
     if unlike:
         print(f"  NOTE {unlike}")
-    for shape, toolchain, streams, product, hand in throughput_ratios(raws, by_hand):
+    for shape, toolchain, streams, product, hand in throughput_ratios(raws, by_hand, padding):
         each = repeats[(shape, KIND_OF[toolchain], streams)]
         spread = f"; by hand's {len(each)} repeats {min(each):.1f}–{max(each):.1f}" if len(each) > 1 else ""
         print(
             f"  {shape:>7} {toolchain:<17} {streams} streams: {product:9.1f} vs {hand:9.1f} inferences/s, ratio {product / hand:.3f}{spread}"
         )
+    costs = padding_costs(by_hand)
+    if costs:
+        print("== by hand, padded requests against unpadded, each count in turn (what the padding costs)")
+        for shape, kind, streams, unpadded, padded in costs:
+            print(
+                f"  {shape:>7} {kind:<17} {streams} streams: {padded:9.1f} vs {unpadded:9.1f} inferences/s, ratio {padded / unpadded:.3f}"
+            )
     power, smi = read(args.power), read_nvidia_smi(args.nvidia_smi)
     print("== energy over the engine's takes, product against NVML read by another process (target: within 5 %)")
     points: dict[str, list[tuple[float, float, float]]] = {}

@@ -8,7 +8,7 @@
 #   - the same engines served by hand (scripts/serve_by_hand.py: nothing of the product imported),
 #     every count BY_HAND_REPEATS times (3) in turn, so that a spell of a slow host lands on one
 #     repeat (docs/streams.md, "The host's spells"), its requests padded as the product's are
-#     (BY_HAND_PADDING, `--padding` by default; empty: unpadded, which is other work).
+#     (BY_HAND_PADDING: `on` by default; `both` also serves each count unpadded, in turn).
 #
 #   bash scripts/record_serving.sh OUT
 #   SHAPES=2x512 TOOLCHAINS=torch-cudagraphs BY_HAND_KINDS=cuda-graph bash scripts/record_serving.sh OUT  # a part of it
@@ -46,7 +46,7 @@ python3 -m pipeline.cli --catalog "$work/one/ws/pipeline.toml" compare --model "
   --p99-under "${P99_UNDER:-10ms}" > "$out/p99-under.txt" 2>&1
 by_hand_kinds=()
 for kind in $kinds; do by_hand_kinds+=("${kind//-/ }"); done
-python3 scripts/serve_by_hand.py --shapes $shapes --kinds "${by_hand_kinds[@]}" --streams 1 2 4 --seconds "${BY_HAND_SECONDS:-4}" --repeats "${BY_HAND_REPEATS:-3}" ${BY_HAND_PADDING---padding} --out "$out" > "$out/serve-by-hand.txt" 2>&1
+python3 scripts/serve_by_hand.py --shapes $shapes --kinds "${by_hand_kinds[@]}" --streams 1 2 4 --seconds "${BY_HAND_SECONDS:-4}" --repeats "${BY_HAND_REPEATS:-3}" --padding "${BY_HAND_PADDING:-on}" --out "$out" > "$out/serve-by-hand.txt" 2>&1
 sleep 1
 kill "$sampler" "$smi" 2>/dev/null
 wait "$sampler" 2>/dev/null

@@ -11,8 +11,9 @@ latency is the host's time from issue to the end of its wait.
 
     python scripts/serve_by_hand.py --shapes 2x512 4x4096 --streams 1 2 4 --seconds 4 --out DIR
 
-``--padding`` pads every sequence after the first as the product's transformers models are by
-default: without it the requests are unpadded, which is other work (``request_mask``).
+``--padding on`` pads every sequence after the first as the product's transformers models are by
+default; ``off`` (the default) leaves the requests unpadded, which is other work (``request_mask``);
+``both`` serves each count unpadded and then padded, in turn, to show what the padding costs.
 
 Writes DIR/serve-by-hand.json (a list of {shape, kind, streams, repeat, inferences, seconds, padding,
 inferences_per_s, median_ms, p99_ms, started, ended}: ``started``/``ended`` are epoch seconds, for
@@ -191,8 +192,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true", help="a two-layer ModernBERT (this script's test)")
     parser.add_argument(
         "--padding",
-        action="store_true",
-        help="pad every sequence after the first, as the product's transformers models are by default (request_mask)",
+        default="off",
+        choices=["off", "on", "both"],
+        help="on: pad every sequence after the first, as the product's transformers models are by default "
+        "(request_mask); both: each count unpadded, then padded, in turn (what the padding costs)",
     )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
@@ -202,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     torch, config, model = ready
     compiled = torch.compile(model) if "compiled" in args.kinds else None
+    paddings = {"off": (False,), "on": (True,), "both": (False, True)}[args.padding]
     results = []
     for shape in args.shapes:
         for repeat in range(args.repeats):
@@ -211,13 +215,15 @@ def main(argv: list[str] | None = None) -> int:
                         if repeat == 0:
                             print(f"{shape:>8} {kind:<12} skipped: a CUDA graph needs a GPU", flush=True)
                         continue
-                    result = serve(torch, kind, model, compiled, shape, streams, args.seconds, config.vocab_size, args.device, args.padding)
-                    results.append({**result, "repeat": repeat})
-                    print(
-                        f"{shape:>8} {kind:<12} {streams} streams: {result['inferences_per_s']:9.1f} inferences/s, "
-                        f"median {result['median_ms'] or float('nan'):.3f} ms (repeat {repeat + 1} of {args.repeats})",
-                        flush=True,
-                    )
+                    for padding in paddings:
+                        result = serve(torch, kind, model, compiled, shape, streams, args.seconds, config.vocab_size, args.device, padding)
+                        results.append({**result, "repeat": repeat})
+                        print(
+                            f"{shape:>8} {kind:<12} {streams} streams: {result['inferences_per_s']:9.1f} inferences/s, "
+                            f"median {result['median_ms'] or float('nan'):.3f} ms (repeat {repeat + 1} of {args.repeats}"
+                            f"{', padded' if padding else ''})",
+                            flush=True,
+                        )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "serve-by-hand.json").write_text(json.dumps(results, indent=1) + "\n")
     return 0

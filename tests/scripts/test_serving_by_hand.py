@@ -45,6 +45,7 @@ def test_the_by_hand_server_counts_what_its_threads_complete(import_script, tmp_
                 "--repeats",
                 "2",
                 "--padding",
+                "both",
                 "--out",
                 str(tmp_path),
             ]
@@ -52,10 +53,12 @@ def test_the_by_hand_server_counts_what_its_threads_complete(import_script, tmp_
         == 0
     )
     results = json.loads((tmp_path / "serve-by-hand.json").read_text())
-    # No CUDA graph on a CPU; every count once, then every count again.
-    assert [(r["kind"], r["streams"], r["repeat"]) for r in results] == [("eager", 1, 0), ("eager", 2, 0), ("eager", 1, 1), ("eager", 2, 1)]
+    # No CUDA graph on a CPU; every count once, then every count again, each unpadded then padded.
+    assert [(r["kind"], r["streams"], r["repeat"], r["padding"]) for r in results] == [
+        (kind, streams, repeat, padding) for repeat in (0, 1) for kind in ("eager",) for streams in (1, 2) for padding in (False, True)
+    ]
     for result in results:
-        assert result["inferences"] > 0 and result["padding"] is True
+        assert result["inferences"] > 0
         assert result["inferences_per_s"] == pytest.approx(result["inferences"] / 0.3)
         assert 0 < result["median_ms"] <= result["p99_ms"]
         assert result["ended"] - result["started"] >= 0.3
@@ -83,7 +86,19 @@ def test_the_agreement_says_where_the_product_and_by_hand_padded_differently(imp
     unpadded = [{"shape": "2x512", "kind": "eager", "streams": 1, "inferences_per_s": 100.0}]  # a record from before --padding
     words = agreement.padding_words(tmp_path, unpadded)
     assert words.startswith("the product's requests are padded, by hand's unpadded: other work")
-    assert agreement.padding_words(tmp_path, [{**unpadded[0], "padding": True}]) is None
+    padded = [{**unpadded[0], "padding": True, "inferences_per_s": 80.0}]
+    assert agreement.padding_words(tmp_path, padded) is None
+    # Served both ways: the product is held to by hand's padded figure, and the padding's cost is shown.
+    raw = {
+        "shape": "2x512",
+        "toolchain": "torch-eager",
+        "profile": {"details": {"streams": [{"streams": 1, "mode": "threads", "inferences_per_s": 84.0}]}},
+    }
+    assert agreement.product_padding(tmp_path) is True
+    assert agreement.throughput_ratios([raw], unpadded + padded, True) == [("2x512", "torch-eager", 1, 84.0, 80.0)]
+    assert agreement.throughput_ratios([raw], unpadded + padded, False) == [("2x512", "torch-eager", 1, 84.0, 100.0)]
+    assert agreement.padding_costs(unpadded + padded) == [("2x512", "eager", 1, 100.0, 80.0)]
+    assert agreement.padding_costs(unpadded) == []
     (export / "modernbert_bf16.json").write_text(json.dumps({"export": {"params": {"padding": False}}}))
     assert agreement.padding_words(tmp_path, unpadded) is None
 
