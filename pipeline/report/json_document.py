@@ -34,7 +34,9 @@ from pipeline.report.rows import ComparisonRow
 # 16 each comparison's bounded and ratios_range: where its rounds are too few for an interval,
 # low, high and confidence are null (they held the rounds' range) and ratios_range holds it; the
 # verdict's speedup_interval null then.
-JSON_SCHEMA_VERSION = 16
+# 17 each streams entry's takes_inferences_per_s: each take's inferences/s where the count was
+# served in several (serve_rounds), [] for one take.
+JSON_SCHEMA_VERSION = 17
 
 
 def render_json(rows: list[ComparisonRow], answer: Answer | None = None) -> str:

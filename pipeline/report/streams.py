@@ -32,6 +32,7 @@ def served_entries(records) -> list[dict[str, Any]]:
                 requests=record.completed,
                 span_s=record.span_s,
                 bounded_by=record.bounded_by,
+                takes_inferences_per_s=list(record.takes_per_s),
             )
             for percent, name in (("50", "median"), ("90", "p90"), ("99", "p99")):
                 entry[f"{name}_ms"] = record.latency_ms.get(percent)
@@ -45,13 +46,26 @@ def served_entries(records) -> list[dict[str, Any]]:
 
 
 # "throughput": samples (img, seq) a second, or tokens where a request carries them, each cell in its unit.
-STREAM_HEADERS = ("variant", "toolchain", "streams", "mode", "inf/s", "throughput", "median ms", "p90 ms", "p99 ms", "p99 95% interval")
+# "takes inf/s": the lowest and highest of the count's takes (serve_rounds), how far the host moved it.
+STREAM_HEADERS = (
+    "variant",
+    "toolchain",
+    "streams",
+    "mode",
+    "inf/s",
+    "throughput",
+    "takes inf/s",
+    "median ms",
+    "p90 ms",
+    "p99 ms",
+    "p99 95% interval",
+)
 
 
 def stream_cells(row, entry: dict[str, Any]) -> list[str]:
     head = [row.variant, row.target, str(entry["streams"]), entry["mode"]]
     if entry["why_not"] is not None:
-        return [*head, "–", "–", "–", "–", "–", f"not measured: {entry['why_not']}"]
+        return [*head, "–", "–", "–", "–", "–", "–", f"not measured: {entry['why_not']}"]
     rate = f"{entry['tokens_per_s']:,.0f} tok/s" if entry.get("tokens_per_s") else f"{entry['samples_per_s']:.1f} {row.sample_unit}/s"
     bounded = entry["p99_interval_ms"]
     if bounded is not None:
@@ -61,7 +75,9 @@ def stream_cells(row, entry: dict[str, Any]) -> list[str]:
     else:
         interval = entry["bounded_by"]
     p99 = f"{entry['p99_ms']:.3f}" + ("" if bounded is not None else "?") if entry["p99_ms"] is not None else "–"
-    figures = [f"{entry['inferences_per_s']:.1f}", rate, _ms(entry["median_ms"]), _ms(entry["p90_ms"]), p99, interval]
+    takes = entry.get("takes_inferences_per_s") or []
+    spread = f"{min(takes):.1f}–{max(takes):.1f}" if len(takes) > 1 else "–"
+    figures = [f"{entry['inferences_per_s']:.1f}", rate, spread, _ms(entry["median_ms"]), _ms(entry["p90_ms"]), p99, interval]
     return [*head, *figures]
 
 
@@ -88,7 +104,7 @@ STREAMS_NOTE = "? = too few requests to bound the p99 (needs N: the requests tha
 
 # What a narrow terminal leaves out first, by header, until the table fits (the p99 and its interval,
 # what --p99-under reads, stay); files and --wide keep them.
-NARROW_DROPS = ("p90 ms", "median ms", "throughput")
+NARROW_DROPS = ("takes inf/s", "p90 ms", "median ms", "throughput")
 # Columns whose text reads from the left (the rest are numbers, right-aligned).
 _TEXT_COLUMNS = ("variant", "toolchain", "mode", "p99 95% interval")
 

@@ -101,9 +101,13 @@ def test_the_tables_show_a_streams_section(served, run_cli):
     assert result.exit_code == 0, result.err
     section = result.out[result.out.index("tiny: serving concurrent streams") :]
     header = section.splitlines()[1].split()
-    assert header[4:6] == ["inf/s", "throughput"]  # each throughput cell in its unit (img/s here, tok/s for tokens)
+    assert header[4:8] == ["inf/s", "throughput", "takes", "inf/s"]  # each throughput cell in its unit (img/s here, tok/s for tokens)
     lines = [line.split() for line in section.splitlines()[3:9]]
     assert all(line[6] == "img/s" for line in lines)
+    # The lowest and highest of each count's four takes, around the count's own figure or not far off.
+    for line in lines:
+        low, high = (float(value) for value in line[7].split("–"))
+        assert 0 < low <= high
     assert [(line[1], line[2], line[3]) for line in lines] == [
         ("onnxruntime", "1", "threads"),
         ("onnxruntime", "2", "threads"),
@@ -124,7 +128,7 @@ def test_a_narrow_terminal_leaves_columns_out_in_turn_and_says_so(served, run_cl
     table = section[1 : section.index(next(line for line in section if line.startswith("?")))]
     assert table[0].split() == ["variant", "toolchain", "streams", "mode", "inf/s", "p99", "ms", "p99", "95%", "interval"]
     assert all(len(line) <= 80 for line in table)
-    assert "left out to fit: p90 ms, median ms, throughput" in " ".join(section[len(table) :])
+    assert "left out to fit: takes inf/s, p90 ms, median ms, throughput" in " ".join(" ".join(section[len(table) :]).split())
 
 
 def test_the_json_holds_each_count_to_its_schema(served, run_cli):
@@ -135,10 +139,11 @@ def test_the_json_holds_each_count_to_its_schema(served, run_cli):
     assert result.exit_code == 0, result.err
     data = json.loads(result.out)
     jsonschema.validate(data, json.loads((REPO_ROOT / "docs" / "compare.schema.json").read_text()))
-    assert data["schema"] == 16
+    assert data["schema"] == 17
     row = next(row for row in data["rows"] if row["toolchain"] == "onnxruntime")
     assert [entry["streams"] for entry in row["streams"]] == [1, 2]
     assert all(entry["inferences_per_s"] > 0 and entry["p99_requests_needed"] in (None, 368) for entry in row["streams"])
+    assert all(len(entry["takes_inferences_per_s"]) == 4 for entry in row["streams"])  # serve_rounds
     (pick,) = data["serving"]
     assert pick["model"] == "tiny" and pick["budget_ms"] == 10_000
     assert pick["within"] + pick["above"] + pick["unbounded"] == 6
