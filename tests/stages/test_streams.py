@@ -6,6 +6,7 @@ the manifest, the tables, the JSON (held to docs/compare.schema.json) and `--p99
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -44,6 +45,56 @@ def _profile(catalog, toolchain: str):
 
 def _details(catalog, toolchain: str):
     return _profile(catalog, toolchain).details
+
+
+def _fake_children(answer):
+    """A stand-in for launchers' Child, for serve_in_processes: every process prepares well, and
+    each serving request (("serve", start_at, seconds)) gets the Reply ``answer(name, request)``
+    gives. The class keeps the processes it made and the names of those that prepared."""
+    from pipeline.launchers.child import Reply
+
+    class FakeChild:
+        made: list = []
+        prepared: list = []
+
+        def __init__(self, *args, name, requests):
+            self.name, self.said = name, None
+            FakeChild.made.append(self)
+
+        def start(self):
+            return self
+
+        def send(self, message):
+            if message == "prepare":
+                FakeChild.prepared.append(self.name)
+                self.said = Reply("ok", None)
+            else:
+                self.said = answer(self.name, message)
+            return True
+
+        def receive(self):
+            return self.said
+
+        def stop_serving(self):
+            pass
+
+        def join(self, timeout):
+            pass
+
+        def stop(self):
+            pass
+
+    return FakeChild
+
+
+class _FakeStage:
+    """A point's stage as serving reads it (hashable, as the point's stages are)."""
+
+    def __init__(self, name, runtime):
+        self.runtime, self.engine, self.toolchain = runtime, SimpleNamespace(variant=name), "fake"
+
+
+_QUIET = SimpleNamespace(measuring=lambda words: None, step=lambda words: None)
 
 
 def test_one_stream_serves_nothing_and_more_are_served_after_the_rounds(served):
@@ -195,47 +246,21 @@ def test_processes_are_started_and_prepared_once_for_every_count(monkeypatch):
     """As many processes as the largest count, each preparing (a compiled engine: compiling) once;
     each count served by the first that many, released together; a count whose process fails
     says so and the others are served."""
-    from types import SimpleNamespace
-
     from pipeline.launchers.child import Reply
     from pipeline.measuring.serving import ServedRun
     from pipeline.stages import serving
 
-    made, prepared, served = [], [], []
+    served = []
 
-    class FakeChild:
-        def __init__(self, *args, name, requests):
-            self.name, self.said = name, None
-            made.append(self)
+    def answer(name, message):
+        _, start_at, seconds = message
+        served.append((name, start_at))
+        if name == "pipeline-stream-2" and len(served) > 3:  # fails at the count of four
+            return Reply("error", serving.PipelineError("out of luck"))
+        return Reply("ok", ServedRun(1, "threads", seconds, 2, [1.0, 2.0]))
 
-        def start(self):
-            return self
-
-        def send(self, message):
-            if message == "prepare":
-                prepared.append(self.name)
-                self.said = Reply("ok", None)
-            else:
-                _, start_at, seconds = message
-                served.append((self.name, start_at))
-                if self.name == "pipeline-stream-2" and len(served) > 3:  # fails at the count of four
-                    self.said = Reply("error", serving.PipelineError("out of luck"))
-                else:
-                    self.said = Reply("ok", ServedRun(1, "threads", seconds, 2, [1.0, 2.0]))
-            return True
-
-        def receive(self):
-            return self.said
-
-        def stop_serving(self):
-            pass
-
-        def join(self, timeout):
-            pass
-
-        def stop(self):
-            pass
-
+    FakeChild = _fake_children(answer)
+    made, prepared = FakeChild.made, FakeChild.prepared
     monkeypatch.setattr(serving, "Child", FakeChild)
     runs = serving.serve_in_processes(None, "torch-eager", None, None, SimpleNamespace(streams=(1, 2, 4), serve_s=0.5, serve_rounds=1))
     assert len(made) == 4 and sorted(prepared) == [f"pipeline-stream-{i}" for i in range(4)]
@@ -248,8 +273,6 @@ def test_each_count_is_served_in_takes_in_rounds_with_the_points_other_engines()
     """serve_rounds = 4: each round serves every engine at every count once, in an order drawn
     from the point's seed, a take a quarter of serve_s; a count pools its takes; a take that fails
     ends its count's takes; a tool's engine (serves_in_rounds false) serves each count in one take."""
-    from types import SimpleNamespace
-
     from pipeline.measuring.serving import ServedRun
     from pipeline.stages import serving
 
@@ -268,17 +291,9 @@ def test_each_count_is_served_in_takes_in_rounds_with_the_points_other_engines()
                     raise RuntimeError("the stream's kernel failed")
                 return ServedRun(count, "threads", seconds, 10 * count, [1.0] * 10 * count, how=f"{count} threads")
 
-        class Stage:  # hashable, as the point's stages are
-            def __init__(self, name, runtime):
-                self.runtime, self.engine, self.toolchain = runtime, SimpleNamespace(variant=name), "fake"
-
-        def stage(name, runtime):
-            return Stage(name, runtime)
-
-        stages = [stage("a", Runtime()), stage("b", Runtime()), stage("t", Runtime(in_rounds=False))]
+        stages = [_FakeStage("a", Runtime()), _FakeStage("b", Runtime()), _FakeStage("t", Runtime(in_rounds=False))]
         settings = SimpleNamespace(serves=True, streams=(1, 2), serve_s=2.0, serve_rounds=4)
-        reporter = SimpleNamespace(measuring=lambda words: None, step=lambda words: None)
-        out = serving.serve_point(dict(zip(stages, "abt")), settings, reporter, seed=seed)
+        out = serving.serve_point(dict(zip(stages, "abt")), settings, _QUIET, seed=seed)
         return calls, {stage.engine.variant: runs for stage, runs in out.items()}
 
     calls, out = served_at(seed=7)
@@ -300,45 +315,18 @@ def test_each_count_is_served_in_takes_in_rounds_with_the_points_other_engines()
 def test_processes_serve_their_counts_in_rounds():
     """serve_rounds = 2 on processes: the counts take turns, each served twice for half of
     serve_s, by the same processes, prepared once."""
-    from types import SimpleNamespace
-
     from pipeline.launchers.child import Reply
     from pipeline.measuring.serving import ServedRun
     from pipeline.stages import serving
 
     served = []
 
-    class FakeChild:
-        def __init__(self, *args, name, requests):
-            self.name, self.said = name, None
-
-        def start(self):
-            return self
-
-        def send(self, message):
-            if message == "prepare":
-                self.said = Reply("ok", None)
-            else:
-                served.append((self.name, message[2]))
-                self.said = Reply("ok", ServedRun(1, "threads", message[2], 5, [1.0] * 5))
-            return True
-
-        def receive(self):
-            return self.said
-
-        def stop_serving(self):
-            pass
-
-        def join(self, timeout):
-            pass
-
-        def stop(self):
-            pass
-
-    import pytest
+    def answer(name, message):
+        served.append((name, message[2]))
+        return Reply("ok", ServedRun(1, "threads", message[2], 5, [1.0] * 5))
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(serving, "Child", FakeChild)
+        patch.setattr(serving, "Child", _fake_children(answer))
         runs = serving.serve_in_processes(
             None, "torch-eager", None, None, SimpleNamespace(streams=(1, 2), serve_s=1.0, serve_rounds=2), seed=3
         )
@@ -352,8 +340,6 @@ def test_processes_serve_their_counts_in_rounds():
 def test_a_gpu_fault_while_serving_in_rounds_is_pinned_to_its_engine_and_ends_the_serving():
     """A fault of the GPU poisons the process: raised at once, pinned to the engine whose take
     saw it, however many takes and engines are left."""
-    from types import SimpleNamespace
-
     from pipeline.measuring.serving import ServedRun
     from pipeline.running.errors import DeviceFault
     from pipeline.stages import serving
@@ -372,15 +358,10 @@ def test_a_gpu_fault_while_serving_in_rounds_is_pinned_to_its_engine_and_ends_th
                 raise DeviceFault("CUDA error: an illegal memory access was encountered")
             return ServedRun(count, "threads", seconds, 1, [1.0])
 
-    class Stage:
-        def __init__(self, name, runtime):
-            self.runtime, self.engine, self.toolchain = runtime, SimpleNamespace(variant=name), "fake"
-
-    stages = {Stage("fine", Runtime(False)): "fine", Stage("faulty", Runtime(True)): "faulty"}
+    stages = {_FakeStage("fine", Runtime(False)): "fine", _FakeStage("faulty", Runtime(True)): "faulty"}
     settings = SimpleNamespace(serves=True, streams=(1, 2), serve_s=1.0, serve_rounds=4)
-    reporter = SimpleNamespace(measuring=lambda words: None, step=lambda words: None)
     with pytest.raises(DeviceFault) as raised:
-        serving.serve_point(stages, settings, reporter, seed=1)
+        serving.serve_point(stages, settings, _QUIET, seed=1)
     assert raised.value.entrant == "faulty/fake"
     assert calls[-1] == "faulty" and len(calls) <= 4  # nothing served after the fault, not a round more
 
@@ -388,47 +369,20 @@ def test_a_gpu_fault_while_serving_in_rounds_is_pinned_to_its_engine_and_ends_th
 def test_a_process_take_that_fails_after_one_that_served_speaks_for_its_count():
     """serve_rounds = 3 on processes: the count of two fails at its second take; it takes no more
     and says why, the count of one is served all three times."""
-    from types import SimpleNamespace
-
     from pipeline.launchers.child import Reply
     from pipeline.measuring.serving import ServedRun
     from pipeline.stages import serving
 
     served = []
 
-    class FakeChild:
-        def __init__(self, *args, name, requests):
-            self.name, self.said = name, None
-
-        def start(self):
-            return self
-
-        def send(self, message):
-            if message == "prepare":
-                self.said = Reply("ok", None)
-                return True
-            served.append(self.name)
-            twos = served.count("pipeline-stream-1")
-            if self.name == "pipeline-stream-1" and twos == 2:
-                self.said = Reply("error", serving.PipelineError("the second process ran out of memory"))
-            else:
-                self.said = Reply("ok", ServedRun(1, "threads", message[2], 4, [1.0] * 4))
-            return True
-
-        def receive(self):
-            return self.said
-
-        def stop_serving(self):
-            pass
-
-        def join(self, timeout):
-            pass
-
-        def stop(self):
-            pass
+    def answer(name, message):
+        served.append(name)
+        if name == "pipeline-stream-1" and served.count(name) == 2:
+            return Reply("error", serving.PipelineError("the second process ran out of memory"))
+        return Reply("ok", ServedRun(1, "threads", message[2], 4, [1.0] * 4))
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(serving, "Child", FakeChild)
+        patch.setattr(serving, "Child", _fake_children(answer))
         settings = SimpleNamespace(streams=(1, 2), serve_s=0.9, serve_rounds=3)
         one, two = serving.serve_in_processes(None, "torch-eager", None, None, settings, seed=5)
     assert (one.why_not, one.completed, len(one.takes_per_s)) == (None, 12, 3)
