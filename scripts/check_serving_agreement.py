@@ -77,9 +77,10 @@ def padding_words(workspace: Path, by_hand: list[dict]) -> str | None:
 def padding_costs(by_hand: list[dict]) -> list[tuple[str, str, int, float, float]]:
     """(shape, kind, streams, unpadded inferences/s, padded inferences/s: each its repeats' median)
     for every count by hand served both ways (``--padding both``)."""
-    keys = [{(r["shape"], r["kind"], r["streams"]) for r in by_hand if bool(r.get("padding", False)) == padded} for padded in (False, True)]
+    if {bool(r.get("padding", False)) for r in by_hand} != {False, True}:
+        return []
     unpadded, padded = by_hand_figures(by_hand, False), by_hand_figures(by_hand, True)
-    return [(*key, statistics.median(unpadded[key]), statistics.median(padded[key])) for key in sorted(keys[0] & keys[1])]
+    return [(*key, statistics.median(unpadded[key]), statistics.median(padded[key])) for key in sorted(unpadded.keys() & padded.keys())]
 
 
 def throughput_ratios(raws: list[dict], by_hand: list[dict], padding: bool | None = None) -> list[tuple[str, str, int, float, float]]:
