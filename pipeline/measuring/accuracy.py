@@ -241,7 +241,14 @@ class ErrorSums:
     and how many output values are NaN or Inf. Summed a block of values at a time: a transformer's
     hidden states at 4×4096 are 12.6 M values, and float64 copies of both arrays and of their
     difference (fresh memory each, page by page) cost 0.9-1.3 s a check on a 2-core VM, where the
-    blocks cost a twentieth of that, once a shape point and engine between the points' rounds."""
+    blocks cost a twentieth of that, once a shape point and engine between the points' rounds.
+
+    The products are summed by einsum, not by ``@``: numpy hands ``@`` of two vectors to its BLAS,
+    whose threads wait on one another where every CPU is busy — as they are while a run's
+    compiling processes work beside the checks of the engines prepared ahead (about 1 s a check at
+    4×4096 on the lent H100's 16 vCPUs, docs/results/sweeps.md). On the 2-core VM with four busy
+    processes beside it, a 4×4096 check's sums took 0.46-1.49 s by ``@`` and 0.12-0.14 s by einsum
+    (0.02-0.03 s both, idle): einsum sums in this thread alone."""
 
     dot: Any
     ref_sq: Any
@@ -265,11 +272,11 @@ class ErrorSums:
                     ref = np.asarray(ref2[sample, start : start + cls.BLOCK], dtype=np.float64)
                     out = np.asarray(out2[sample, start : start + cls.BLOCK], dtype=np.float64)
                     sums.nonfinite += int(out.size - np.count_nonzero(np.isfinite(out)))
-                    sums.dot[sample] += ref @ out
-                    sums.ref_sq[sample] += ref @ ref
-                    sums.out_sq[sample] += out @ out
+                    sums.dot[sample] += np.einsum("i,i->", ref, out)
+                    sums.ref_sq[sample] += np.einsum("i,i->", ref, ref)
+                    sums.out_sq[sample] += np.einsum("i,i->", out, out)
                     error = ref - out
-                    sums.sq_sum += float(error @ error)
+                    sums.sq_sum += float(np.einsum("i,i->", error, error))
                     error = np.abs(error, out=error)
                     sums.abs_sum += float(error.sum())
                     sums.abs_max = max(sums.abs_max, float(error.max()) if error.size else 0.0)
