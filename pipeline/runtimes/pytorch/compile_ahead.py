@@ -60,6 +60,8 @@ from pipeline.runtimes.pytorch.served import FaultedPoint, ServedPoint, ServingP
 STOP_GRACE_S = 5
 # What the build manifest keeps of each point's compilation (compiled_ahead.points).
 POINT_FACTS = ("compile_s", "graphs", "graph_breaks", "inductor_cache_hits", "threads")
+# And where its time went in its process (_timeline).
+TIMELINE = ("taken_s", "prepare_s", "start_s")
 
 
 def graph_key(job: CompileJob) -> tuple | None:
@@ -147,7 +149,15 @@ class CompilePool(AheadPool):
         queued = sum(len(w.jobs) for w in self._works) - sum(len(f) for f in self._followers.values())
         while len(self._children) < min(self._limit, queued):
             index = len(self._children)
-            child = Child(_compile_points, self._threads, index, name=f"pipeline-compile-{index}", requests=True, daemon=True).start()
+            child = Child(
+                _compile_points,
+                self._threads,
+                index,
+                (self._started_at, time.time()),
+                name=f"pipeline-compile-{index}",
+                requests=True,
+                daemon=True,
+            ).start()
             self._children.append(child)
             self._serving.append(ServingProcess(child, self._pids))
             self._pids.add(child.pid)
@@ -277,7 +287,8 @@ def shared_outcome(outcome: dict[str, Any], toolchain: str) -> dict[str, Any]:
     """What the build manifest keeps of a point that shares another toolchain's compiled graph."""
     if "error" in outcome:
         return {"error": f"{toolchain}, whose compiled graph it shares, failed here: {outcome['error']}"}
-    return {**outcome, "compile_s": 0.0, "shares_graph_of": toolchain}
+    own = {key: value for key, value in outcome.items() if key not in TIMELINE}  # the leader's process's time, not its
+    return {**own, "compile_s": 0.0, "shares_graph_of": toolchain}
 
 
 def _hand_over_kept(kept: list, done) -> tuple[int, float]:
@@ -299,12 +310,14 @@ def _words(outcome: dict[str, Any]) -> str:
     return f"left to its profile: {outcome['error']}" if "error" in outcome else "left to its profile"
 
 
-def _compile_points(channel, threads: int, index: int) -> None:
+def _compile_points(channel, threads: int, index: int, clocks: tuple[float, float]) -> None:
     """In a new interpreter: prepare each point this process is handed, as its profile will, and
     report how each went (launchers/handout.py), until told every point is handed out; then serve
     the points kept (pytorch/served.py) over the same channel until told to stop. A toolchain's
     runtime keeps the model it last read, so consecutive points of one engine read it once; each
-    point compiles its own graph."""
+    point compiles its own graph. ``clocks``: the wall-clock instants of the pool's first hand-over
+    and of this process's start, which its points' timeline is told from (``_timeline``)."""
+    entered = time.time()
     # Inductor compiles kernels in a pool of workers, one per CPU by default: shared out here, so
     # the processes together use the machine's CPUs, not each all of them. (Read when torch is
     # first imported, which is below; not part of the cache's key.)
@@ -320,12 +333,14 @@ def _compile_points(channel, threads: int, index: int) -> None:
             runtimes[job.toolchain] = create_runtime(job.toolchain, job.spec, Reporter(), job.workspace_root)
         return runtimes[job.toolchain]
 
+    first = True
     while (job := take_job(channel)) is not None:
-        keeps = False
+        keeps, taken = False, time.time()
         try:
             runtime = runtime_for(job)
             prepared = runtime.load(job.engine_path, job.workload)
             outcome = {key: prepared.facts[key] for key in POINT_FACTS if key in prepared.facts}
+            outcome.update(_timeline(clocks, entered if first else None, taken, time.time()))
             keeps = _room_to_keep()
             if keeps:
                 kept[(str(job.engine_path), job.workload.shape)] = (runtime, prepared)
@@ -336,12 +351,26 @@ def _compile_points(channel, threads: int, index: int) -> None:
         # process prepares those); it ends.
         faulted = "faulted" in outcome
         report_job(channel, (outcome, time.time(), keeps), more=not faulted)
+        first = False
         if faulted:
             return
     _save_recorded(index)
     if kept:
         _stop_compile_workers()
     serve(channel, kept, this_process_name(), runtime_for)
+
+
+def _timeline(clocks: tuple[float, float], entered: float | None, taken: float, prepared: float) -> dict[str, float]:
+    """Where a compiled point's time went, in seconds, for the build manifest: ``taken_s``, when
+    its process took it, from the pool's first hand-over (so a late start or a queue shows);
+    ``prepare_s``, its whole preparation there (the model read, ``compile_s``, the warm-up and
+    the checks); and for a process's first point, ``start_s``, from the process's start to its
+    first line (a new interpreter and the imports that unpickle its work)."""
+    handed_over, started = clocks
+    timeline = {"taken_s": round(taken - handed_over, 3), "prepare_s": round(prepared - taken, 3)}
+    if entered is not None:
+        timeline["start_s"] = round(entered - started, 3)
+    return timeline
 
 
 def _save_recorded(index: int) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import multiprocessing
 import shutil
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -87,7 +88,7 @@ def test_a_compiling_process_whose_kernel_faults_compiles_and_serves_nothing_mor
     monkeypatch.setattr(pipeline.runtimes, "create_runtime", lambda *args: runtime)
     monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "1")  # the function sets it: restored after
     ours, theirs = multiprocessing.Pipe()
-    compiling = threading.Thread(target=compile_ahead._compile_points, args=(theirs, 1, 0), daemon=True)
+    compiling = threading.Thread(target=compile_ahead._compile_points, args=(theirs, 1, 0, (time.time(), time.time())), daemon=True)
     compiling.start()
     reported = []
     for shape in ("1x16", "4x64", "2x16"):  # each handed over once the last is reported, as the handout does

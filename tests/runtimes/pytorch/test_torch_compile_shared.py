@@ -81,6 +81,12 @@ def test_two_toolchains_differing_only_by_capture_compile_each_point_once(tmp_pa
     assert sorted(compiled) == sorted(shared) == ["2x4", "2x8"]
     assert all(point["compile_s"] > 0 and "shares_graph_of" not in point for point in compiled.values()), compiled
     assert all(point["compile_s"] == 0.0 and point["shares_graph_of"] == "torch-compile" for point in shared.values()), shared
+    # Where each compiled point's time went in its process: taken after the first hand-over, its
+    # preparation holding its compilation, each process's start told once; a shared point took none.
+    assert all(point["taken_s"] >= 0 and point["prepare_s"] >= point["compile_s"] for point in compiled.values()), compiled
+    assert 1 <= sum("start_s" in point for point in compiled.values()) <= len(compiled), compiled
+    assert all(point["start_s"] > 0 for point in compiled.values() if "start_s" in point), compiled
+    assert not any(key in point for point in shared.values() for key in ("taken_s", "prepare_s", "start_s")), shared
     for shape in ("2x4", "2x8"):
         profile = manifest(catalog, "torch-captured", f"m_fp32@{shape}").profile
         execution = profile.details.execution
