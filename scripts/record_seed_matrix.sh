@@ -9,6 +9,7 @@
 # Writes, flat in OUT (the files a benchmark record keeps): cold.txt and warm.txt (each run's
 # summary: wall clock, rows, where each point's time went), cold-run.log and warm-run.log (every
 # line stamped with the seconds since the start), cold-compare.json and warm-compare.json, and
+# cold-manifests.tgz and warm-manifests.tgz (each run's manifests folder), and
 # agreement.txt (scripts/check_rerun_agreement.py: cold against warm, and cold against
 # LAST_COMPARE_JSON, by default the newest cold-racing-compare.json under docs/results/records/).
 # The workspaces stay under ${SEED_WORK:-/tmp/seed}. Exits with the cold run's status.
@@ -26,9 +27,13 @@ VARIANTS="bf16 fp16" bash scripts/check_gpus_speedup.sh one "$work" >> "$out/col
 cold=$?
 cp "$work/one/run.log" "$out/cold-run.log"
 cp "$work/one/compare.json" "$out/cold-compare.json"
+# Each run's manifests (the warm run writes over the cold one's, in the same workspace): where each
+# compiled point's time went in its process (compiled_ahead), each profile's preparing and checking.
+tar czf "$out/cold-manifests.tgz" -C "$work/one/ws" manifests
 VARIANTS="bf16 fp16" bash scripts/check_gpus_speedup.sh again "$work" > "$out/warm.txt" 2>&1
 cp "$work/again/run.log" "$out/warm-run.log"
 cp "$work/again/compare.json" "$out/warm-compare.json"
+tar czf "$out/warm-manifests.tgz" -C "$work/one/ws" manifests
 {
   echo "== cold against warm (--force, caches kept)"
   python3 scripts/check_rerun_agreement.py "$out/cold-compare.json" "$out/warm-compare.json"
