@@ -63,6 +63,9 @@ class HashCache:
         self.cache_file = cache_file
         self._entries: dict[str, list] | None = None
         self._dirty = False
+        # This process's digests by file (device, inode, size, mtime_ns): a file under a second
+        # name (a link: torch toolchains of one engine share one file) is not read again.
+        self._by_file: dict[tuple[int, int, int, int], str] = {}
 
     def _load(self) -> dict[str, list]:
         if self._entries is None:
@@ -79,7 +82,9 @@ class HashCache:
         cached = entries.get(str(path))
         if cached and cached[0] == stat.st_size and cached[1] == stat.st_mtime_ns:
             return cached[2]
-        digest = sha256_file(path)
+        identity = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        digest = self._by_file.get(identity) or sha256_file(path)
+        self._by_file[identity] = digest
         entries[str(path)] = [stat.st_size, stat.st_mtime_ns, digest]
         self._dirty = True
         return digest

@@ -66,6 +66,26 @@ def test_hash_cache_rehashes_only_when_size_or_mtime_changes(tmp_path, monkeypat
     assert cache.sha256(data) == sha256_file(data) != first
 
 
+def test_hash_cache_reads_a_file_once_under_all_its_names(tmp_path, monkeypatch):
+    """A second name of a file hashed in this process (a link) is not read again; a file written
+    anew under that name is."""
+    first = tmp_path / "torch-eager" / "m.pt"
+    second = tmp_path / "torch-compile" / "m.pt"
+    first.parent.mkdir()
+    second.parent.mkdir()
+    first.write_bytes(b"w" * 1000)
+    os.link(first, second)
+    calls = []
+    real = artifacts.sha256_file
+    monkeypatch.setattr(artifacts, "sha256_file", lambda p: calls.append(p) or real(p))
+    cache = HashCache(tmp_path / "cache.json")
+    assert cache.sha256(first) == cache.sha256(second) == real(first) and len(calls) == 1
+    replaced = tmp_path / "new.pt"
+    replaced.write_bytes(b"v" * 1000)
+    os.replace(replaced, second)  # the same size, another file
+    assert cache.sha256(second) == real(second) != real(first) and len(calls) == 2
+
+
 def test_a_sigterm_just_after_the_temporary_file_is_made_leaves_no_file(tmp_path, monkeypatch):
     """SIGTERM raises wherever Python is (pipeline/running/signals.py), here the moment the temporary file
     exists and before its maker returns: the file left behind once in a suite run, when the

@@ -4,11 +4,15 @@ weights, so that the file pins exactly what is timed; and the model read back fr
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 from typing import Any
 
 from pipeline.models import TORCH_DTYPES
 from pipeline.running.errors import PipelineError
+from pipeline.running.files import final_path
+from pipeline.runtimes.pytorch.cast_weights import KEPT_BYTES
 from pipeline.runtimes.pytorch.prepared import import_torch
 
 # What the engine file holds; checked on load so a stray .pt is a clear error, not a crash.
@@ -17,20 +21,76 @@ ENGINE_FORMAT = "trt-pipeline torch model"
 ENGINE_FORMAT_VERSION = 2
 
 
+# The last engine file this process wrote: what it holds (the header, and each weight's tensor,
+# its memory and version) and the file's identity once written (_Written).
+_last_written: _Written | None = None
+
+
 def write_engine(path: Path, source, precision: str, examples: tuple, model) -> None:
-    """The engine file for ``model`` (``source``'s, cast to ``precision``), built at ``examples``' shapes."""
-    import_torch().save(
-        {
-            "format": ENGINE_FORMAT,
-            "format_version": ENGINE_FORMAT_VERSION,
-            # What makes the model again: its family and catalog settings (weights below).
-            "source": {"name": source.name, "family": source.family, "spec": source.spec.model_dump(mode="json")},
-            "precision": precision,
-            "input_shapes": [list(t.shape) for t in examples],
-            "state_dict": model.state_dict(),
-        },
-        path,
-    )
+    """The engine file for ``model`` (``source``'s, cast to ``precision``), built at ``examples``' shapes.
+
+    ``path`` is a build's temporary name (running/files.py, atomic_output). Where this process
+    just wrote the same header and the very same weight tensors, unchanged since, to a file still
+    as it was written, ``path`` becomes a second name of that file instead: every torch toolchain
+    of one engine writes the same file (the toolchain is not in it), and each of the seed matrix's
+    ten builds wrote and then hashed 300 MB again (8.5 s of its builds on the lent H100, py-spy:
+    docs/results/sweeps.md). The workspace hashes a file once under all its names
+    (workspace/artifacts.py); a later build writes a new file and moves it over its own name,
+    leaving the other name's as it was."""
+    global _last_written
+    header = {
+        "format": ENGINE_FORMAT,
+        "format_version": ENGINE_FORMAT_VERSION,
+        # What makes the model again: its family and catalog settings (weights below).
+        "source": {"name": source.name, "family": source.family, "spec": source.spec.model_dump(mode="json")},
+        "precision": precision,
+        "input_shapes": [list(t.shape) for t in examples],
+    }
+    state = model.state_dict()
+    if _last_written is not None and _last_written.holds(header, state) and _link(_last_written, path):
+        return
+    _last_written = None  # its tensors are let go before this file's are held
+    import_torch().save({**header, "state_dict": state}, path)
+    if sum(tensor.numel() * tensor.element_size() for tensor in state.values()) <= KEPT_BYTES:
+        _last_written = _Written(header, state, final_path(path), file_identity(path))
+
+
+class _Written:
+    """An engine file as this process wrote it: its header, its weights — the tensors themselves,
+    held so that their memory is no other tensor's while this is kept, and each one's in-place
+    version when written (a weight written in place since is another weight) — and where the
+    file is, with what identity."""
+
+    def __init__(self, header: dict, state: dict, path: Path, identity: tuple):
+        self.header, self.state, self.path, self.identity = header, dict(state), path, identity
+        self.versions = {name: tensor._version for name, tensor in state.items()}
+
+    def holds(self, header: dict, state: dict) -> bool:
+        if header != self.header or state.keys() != self.state.keys():
+            return False
+        return all(_same(state[name], self.state[name]) and state[name]._version == self.versions[name] for name in state)
+
+
+def _same(a, b) -> bool:
+    """The same memory read the same way (state_dict's tensors are views made anew each time)."""
+    return (a.data_ptr(), a.dtype, a.shape, a.stride(), a.device) == (b.data_ptr(), b.dtype, b.shape, b.stride(), b.device)
+
+
+def _link(written: _Written, path: Path) -> bool:
+    """``path`` made a second name of ``written``'s file, where that is still the file written
+    (False, and nothing changed, where it is not, or where the disk makes no links)."""
+    spare = path.with_name(path.name + ".linking")
+    try:
+        if file_identity(written.path) != written.identity:
+            return False
+        os.link(written.path, spare)
+        os.replace(spare, path)
+    except OSError:
+        return False
+    finally:
+        with contextlib.suppress(OSError):  # gone already where the link took its place
+            spare.unlink()
+    return True
 
 
 def read_engine(path: Path) -> dict[str, Any]:
