@@ -61,7 +61,7 @@ STOP_GRACE_S = 5
 # What the build manifest keeps of each point's compilation (compiled_ahead.points).
 POINT_FACTS = ("compile_s", "graphs", "graph_breaks", "inductor_cache_hits", "threads")
 # And where its time went in its process (_timeline).
-TIMELINE = ("taken_s", "prepare_s", "start_s")
+TIMELINE = ("taken_s", "prepare_s", "start_s", "import_s")
 
 
 def graph_key(job: CompileJob) -> tuple | None:
@@ -325,6 +325,8 @@ def _compile_points(channel, threads: int, index: int, clocks: tuple[float, floa
     from pipeline.running.reporting import Reporter
     from pipeline.runtimes import create_runtime
 
+    _share_cpus(threads)
+    primed = time.time()
     runtimes: dict[str, Any] = {}
     kept: dict[tuple[str, str], tuple[Any, Any]] = {}
 
@@ -340,7 +342,7 @@ def _compile_points(channel, threads: int, index: int, clocks: tuple[float, floa
             runtime = runtime_for(job)
             prepared = runtime.load(job.engine_path, job.workload)
             outcome = {key: prepared.facts[key] for key in POINT_FACTS if key in prepared.facts}
-            outcome.update(_timeline(clocks, entered if first else None, taken, time.time()))
+            outcome.update(_timeline(clocks, (entered, primed) if first else None, taken, time.time()))
             keeps = _room_to_keep()
             if keeps:
                 kept[(str(job.engine_path), job.workload.shape)] = (runtime, prepared)
@@ -360,16 +362,35 @@ def _compile_points(channel, threads: int, index: int, clocks: tuple[float, floa
     serve(channel, kept, this_process_name(), runtime_for)
 
 
-def _timeline(clocks: tuple[float, float], entered: float | None, taken: float, prepared: float) -> dict[str, float]:
+def _share_cpus(threads: int) -> None:
+    """On a GPU, PyTorch's own CPU threads (one per CPU by default) shared out among the compiling
+    processes as Inductor's workers are. Twelve processes of sixteen threads each on the lent
+    H200's 16 vCPUs spent 20-35 s a point beyond compiling it (the model read and placed, the
+    warm-up), where a lone process on a 2-core VM imports torch and reads the model in 6.5 s
+    (docs/results/sweeps.md); threads of a parallel section wait on one another where every CPU is
+    busy, as numpy's BLAS did (measuring/accuracy.py, ErrorSums). Not on a CPU, where a point
+    this process keeps is timed here, with the threads every other engine has; nor is the count
+    in Inductor's cache key for a graph of GPU kernels alone (torch/_inductor/codecache.py,
+    cpp_runtime_thread_count)."""
+    from pipeline.runtimes.pytorch.prepared import import_torch
+
+    torch = import_torch()
+    if torch.cuda.is_available():
+        torch.set_num_threads(max(1, threads))
+
+
+def _timeline(clocks: tuple[float, float], began: tuple[float, float] | None, taken: float, prepared: float) -> dict[str, float]:
     """Where a compiled point's time went, in seconds, for the build manifest: ``taken_s``, when
     its process took it, from the pool's first hand-over (so a late start or a queue shows);
     ``prepare_s``, its whole preparation there (the model read, ``compile_s``, the warm-up and
-    the checks); and for a process's first point, ``start_s``, from the process's start to its
-    first line (a new interpreter and the imports that unpickle its work)."""
+    the checks); and for a process's first point (``began``: when its first line ran, and when
+    it had imported torch), ``start_s``, from the process's start to its first line (a new
+    interpreter and the imports that unpickle its work), and ``import_s``, torch's import."""
     handed_over, started = clocks
     timeline = {"taken_s": round(taken - handed_over, 3), "prepare_s": round(prepared - taken, 3)}
-    if entered is not None:
-        timeline["start_s"] = round(entered - started, 3)
+    if began is not None:
+        entered, primed = began
+        timeline["start_s"], timeline["import_s"] = round(entered - started, 3), round(primed - entered, 3)
     return timeline
 
 

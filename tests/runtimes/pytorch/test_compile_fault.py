@@ -182,3 +182,24 @@ def test_a_faulted_point_handed_over_raises_its_fault_at_its_profile():
             ask()
         assert raised.value.facts == {"error": DEVICE_SIDE_ASSERT, "during": "at shape 4×64, compiling it ahead in pipeline-compile-1"}
         assert raised.value.message == f"faulted on the GPU at shape 4×64, compiling it ahead in pipeline-compile-1: {DEVICE_SIDE_ASSERT}"
+
+
+def test_a_compiling_process_shares_the_cpus_out_on_a_gpu_and_keeps_them_all_on_a_cpu(monkeypatch):
+    """On a GPU, each compiling process's PyTorch threads are its share of the CPUs; on a CPU, where
+    what it keeps is timed there, PyTorch keeps its own count."""
+    import torch
+
+    from pipeline.runtimes.pytorch import compile_ahead
+
+    own = torch.get_num_threads()
+    try:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+        compile_ahead._share_cpus(1)
+        assert torch.get_num_threads() == own
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        compile_ahead._share_cpus(1)
+        assert torch.get_num_threads() == 1
+        compile_ahead._share_cpus(0)  # never none
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(own)
