@@ -26,7 +26,9 @@ from typing import Any
 
 from pipeline.running.errors import PipelineError
 
-# Every child is a new interpreter: CUDA cannot be forked, nor may Ray inherit a fork.
+# Every child is a new interpreter: CUDA cannot be forked, nor may Ray inherit a fork. Or it is
+# forked from a server that is one (``preload``), which imported what the children need and
+# nothing else: it never touched a GPU nor started Ray.
 _SPAWN = multiprocessing.get_context("spawn")
 OK, ERROR = "ok", "error"
 # An error after which the child serves nothing more (a kernel fault poisoned its CUDA context).
@@ -86,17 +88,45 @@ def inheritable(fd: int):
     return DupFd(fd)
 
 
+def _forking(preload: tuple[str, ...]):
+    """The context whose children are forked from one server process that imported ``preload``
+    (modules) first — multiprocessing's forkserver: a child then starts with them imported, at
+    the cost of a fork, where a new interpreter imports them again (torch, Dynamo, Inductor and
+    transformers: about 6 s of one CPU on a 2-core VM, and twelve compiling processes importing
+    at once on the lent H200's 16 vCPUs spent 20-35 s a point beyond compiling it,
+    docs/results/sweeps.md). One server a process, started with the first such child's modules.
+    A new interpreter where there is no forkserver (Windows)."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return _SPAWN
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(preload))  # read once, when the server starts
+    return context
+
+
+def _in_environment(channel, environment: dict[str, str], target: Callable, *args) -> None:
+    """``target(channel, *args)`` with ``environment`` as the process's: a child forked from the
+    server has the environment the server started with, and this process's may have changed since
+    (a later workspace's compiler cache, say)."""
+    os.environ.clear()
+    os.environ.update(environment)
+    target(channel, *args)
+
+
 class Child:
     """``target(channel, *args)`` in a new interpreter named ``name``. ``requests``: the channel
     carries the parent's requests and the child's answers (else only the child's one reply).
-    ``daemon``: it ends with this process (it may start no processes of its own)."""
+    ``daemon``: it ends with this process (it may start no processes of its own). ``preload``:
+    modules every such child imports, imported once in a server it is forked from (``_forking``)."""
 
-    def __init__(self, target: Callable, *args, name: str, requests: bool = False, daemon: bool = False):
+    def __init__(self, target: Callable, *args, name: str, requests: bool = False, daemon: bool = False, preload: tuple[str, ...] = ()):
         if requests:
             self._ours, self._theirs = _SPAWN.Pipe(duplex=True)
         else:
             self._ours, self._theirs = _SPAWN.Pipe(duplex=False)  # (receiving end, sending end)
-        self.process = _SPAWN.Process(target=target, args=(self._theirs, *args), name=name, daemon=daemon)
+        if preload:  # forked from the server: with this process's environment now, as a new interpreter would be
+            target, args = _in_environment, (dict(os.environ), target, *args)
+        context = _forking(preload) if preload else _SPAWN
+        self.process = context.Process(target=target, args=(self._theirs, *args), name=name, daemon=daemon)
 
     def start(self) -> Child:
         self.process.start()

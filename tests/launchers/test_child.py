@@ -32,6 +32,26 @@ def _replies(channel, what: str) -> None:
     answer_with(channel, work)
 
 
+def _what_it_has(channel) -> None:
+    import sys
+
+    answer_with(channel, lambda: {"wave": "wave" in sys.modules, "said": os.environ.get("PIPELINE_TEST_SAID"), "pid": os.getpid()})
+
+
+def test_a_child_with_preloaded_modules_has_them_and_this_processes_environment_now(monkeypatch):
+    """Forked from a server that imported ``preload`` first: the modules are there before the child
+    imports anything, and the environment is this process's as it is when the child starts, not
+    as it was when the server started."""
+    monkeypatch.setenv("PIPELINE_TEST_SAID", "first")
+    first = Child(_what_it_has, name="pipeline-test", preload=("wave",)).start().result("testing")
+    monkeypatch.setenv("PIPELINE_TEST_SAID", "second")
+    second = Child(_what_it_has, name="pipeline-test", preload=("wave",)).start().result("testing")
+    assert first["wave"] and second["wave"] and first["pid"] != second["pid"] != os.getpid()
+    assert (first["said"], second["said"]) == ("first", "second")
+    bare = Child(_what_it_has, name="pipeline-test").start().result("testing")
+    assert not bare["wave"]  # a new interpreter imports only what it needs
+
+
 def test_a_childs_value_comes_back_from_a_new_interpreter():
     child = Child(_replies, "value", name="pipeline-test").start()
     said = child.result("testing")

@@ -60,6 +60,8 @@ from pipeline.runtimes.pytorch.served import FaultedPoint, ServedPoint, ServingP
 STOP_GRACE_S = 5
 # What the build manifest keeps of each point's compilation (compiled_ahead.points).
 POINT_FACTS = ("compile_s", "graphs", "graph_breaks", "inductor_cache_hits", "threads")
+# What every compiling process imports, imported once in the server they are forked from.
+PRELOAD = ("pipeline.runtimes.pytorch.preload",)
 # And where its time went in its process (_timeline).
 TIMELINE = ("taken_s", "prepare_s", "start_s", "import_s")
 
@@ -157,6 +159,7 @@ class CompilePool(AheadPool):
                 name=f"pipeline-compile-{index}",
                 requests=True,
                 daemon=True,
+                preload=PRELOAD,
             ).start()
             self._children.append(child)
             self._serving.append(ServingProcess(child, self._pids))
@@ -319,8 +322,9 @@ def _compile_points(channel, threads: int, index: int, clocks: tuple[float, floa
     and of this process's start, which its points' timeline is told from (``_timeline``)."""
     entered = time.time()
     # Inductor compiles kernels in a pool of workers, one per CPU by default: shared out here, so
-    # the processes together use the machine's CPUs, not each all of them. (Read when torch is
-    # first imported, which is below; not part of the cache's key.)
+    # the processes together use the machine's CPUs, not each all of them. (Not part of the
+    # cache's key. Inductor reads the variable when it is first imported, which a process forked
+    # from the preloading server did before it: _share_cpus sets its setting as well.)
     os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = str(threads)
     from pipeline.running.reporting import Reporter
     from pipeline.runtimes import create_runtime
@@ -375,6 +379,9 @@ def _share_cpus(threads: int) -> None:
     from pipeline.runtimes.pytorch.prepared import import_torch
 
     torch = import_torch()
+    from torch._inductor import config as inductor
+
+    inductor.compile_threads = max(1, threads)
     if torch.cuda.is_available():
         torch.set_num_threads(max(1, threads))
 

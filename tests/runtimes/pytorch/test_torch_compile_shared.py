@@ -85,7 +85,7 @@ def test_two_toolchains_differing_only_by_capture_compile_each_point_once(tmp_pa
     # preparation holding its compilation, each process's start told once; a shared point took none.
     assert all(point["taken_s"] >= 0 and point["prepare_s"] >= point["compile_s"] for point in compiled.values()), compiled
     assert 1 <= sum("start_s" in point for point in compiled.values()) <= len(compiled), compiled
-    assert all(point["start_s"] > 0 and point["import_s"] > 0 for point in compiled.values() if "start_s" in point), compiled
+    assert all(point["start_s"] > 0 and point["import_s"] >= 0 for point in compiled.values() if "start_s" in point), compiled
     assert not any(key in point for point in shared.values() for key in ("taken_s", "prepare_s", "start_s", "import_s")), shared
     for shape in ("2x4", "2x8"):
         profile = manifest(catalog, "torch-captured", f"m_fp32@{shape}").profile
