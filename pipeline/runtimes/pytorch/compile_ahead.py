@@ -156,6 +156,7 @@ class CompilePool(AheadPool):
                 self._threads,
                 index,
                 (self._started_at, time.time()),
+                self._machine[1] is not None,
                 name=f"pipeline-compile-{index}",
                 requests=True,
                 daemon=True,
@@ -313,13 +314,15 @@ def _words(outcome: dict[str, Any]) -> str:
     return f"left to its profile: {outcome['error']}" if "error" in outcome else "left to its profile"
 
 
-def _compile_points(channel, threads: int, index: int, clocks: tuple[float, float]) -> None:
+def _compile_points(channel, threads: int, index: int, clocks: tuple[float, float], gpu: bool = False) -> None:
     """In a new interpreter: prepare each point this process is handed, as its profile will, and
     report how each went (launchers/handout.py), until told every point is handed out; then serve
     the points kept (pytorch/served.py) over the same channel until told to stop. A toolchain's
     runtime keeps the model it last read, so consecutive points of one engine read it once; each
     point compiles its own graph. ``clocks``: the wall-clock instants of the pool's first hand-over
-    and of this process's start, which its points' timeline is told from (``_timeline``)."""
+    and of this process's start, which its points' timeline is told from (``_timeline``). ``gpu``:
+    the run's process has a GPU, which this one must have too, or it compiles nothing: a point
+    compiled here on the CPU would be timed there as the GPU's."""
     entered = time.time()
     # Inductor compiles kernels in a pool of workers, one per CPU by default: shared out here, so
     # the processes together use the machine's CPUs, not each all of them. (Not part of the
@@ -329,7 +332,7 @@ def _compile_points(channel, threads: int, index: int, clocks: tuple[float, floa
     from pipeline.running.reporting import Reporter
     from pipeline.runtimes import create_runtime
 
-    _share_cpus(threads)
+    no_gpu = _share_cpus(threads, gpu)
     primed = time.time()
     runtimes: dict[str, Any] = {}
     kept: dict[tuple[str, str], tuple[Any, Any]] = {}
@@ -343,6 +346,8 @@ def _compile_points(channel, threads: int, index: int, clocks: tuple[float, floa
     while (job := take_job(channel)) is not None:
         keeps, taken = False, time.time()
         try:
+            if no_gpu:
+                raise PipelineError(no_gpu)
             runtime = runtime_for(job)
             prepared = runtime.load(job.engine_path, job.workload)
             outcome = {key: prepared.facts[key] for key in POINT_FACTS if key in prepared.facts}
@@ -366,7 +371,7 @@ def _compile_points(channel, threads: int, index: int, clocks: tuple[float, floa
     serve(channel, kept, this_process_name(), runtime_for)
 
 
-def _share_cpus(threads: int) -> None:
+def _share_cpus(threads: int, gpu: bool = False) -> str | None:
     """On a GPU, PyTorch's own CPU threads (one per CPU by default) shared out among the compiling
     processes as Inductor's workers are. Twelve processes of sixteen threads each on the lent
     H200's 16 vCPUs spent 20-35 s a point beyond compiling it (the model read and placed, the
@@ -375,7 +380,8 @@ def _share_cpus(threads: int) -> None:
     busy, as numpy's BLAS did (measuring/accuracy.py, ErrorSums). Not on a CPU, where a point
     this process keeps is timed here, with the threads every other engine has; nor is the count
     in Inductor's cache key for a graph of GPU kernels alone (torch/_inductor/codecache.py,
-    cpp_runtime_thread_count)."""
+    cpp_runtime_thread_count). Why this process cannot compile for the GPU the run has (``gpu``),
+    where it cannot (a CUDA its server made unusable by touching it before the fork, say)."""
     from pipeline.runtimes.pytorch.prepared import import_torch
 
     torch = import_torch()
@@ -384,6 +390,9 @@ def _share_cpus(threads: int) -> None:
     inductor.compile_threads = max(1, threads)
     if torch.cuda.is_available():
         torch.set_num_threads(max(1, threads))
+    elif gpu:
+        return f"CUDA is not usable in the compiling process {this_process_name()}, where the run's process has a GPU"
+    return None
 
 
 def _timeline(clocks: tuple[float, float], began: tuple[float, float] | None, taken: float, prepared: float) -> dict[str, float]:

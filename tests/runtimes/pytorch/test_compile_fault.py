@@ -203,3 +203,32 @@ def test_a_compiling_process_shares_the_cpus_out_on_a_gpu_and_keeps_them_all_on_
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(own)
+
+
+def test_a_compiling_process_without_the_runs_gpu_compiles_nothing(monkeypatch):
+    """Where the run's process has a GPU and a compiling process finds none usable, every point it is
+    handed is left to its profile with why — never compiled on the CPU, to be timed as the GPU's."""
+    import torch
+
+    import pipeline.runtimes
+    from pipeline.runtimes.pytorch import compile_ahead
+
+    runtime = FakeRuntime()
+    monkeypatch.setattr(pipeline.runtimes, "create_runtime", lambda *args: runtime)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    ours, theirs = multiprocessing.Pipe()
+    clocks = (time.time(), time.time())
+    compiling = threading.Thread(target=compile_ahead._compile_points, args=(theirs, 1, 0, clocks, True), daemon=True)
+    compiling.start()
+    reported = []
+    for shape in ("1x16", "2x16"):
+        ours.send(_job(shape))
+        assert ours.poll(10)
+        reported.append(ours.recv())
+    ours.send(None)  # no more points
+    ours.send(None)  # and it serves nothing: told to stop, so that the test ends
+    compiling.join(10)
+    assert not compiling.is_alive() and runtime.loaded == []
+    for (outcome, _, keeps), more in reported:
+        assert not keeps and more and "CUDA is not usable in the compiling process" in outcome["error"], outcome
