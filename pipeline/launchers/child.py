@@ -103,6 +103,16 @@ def _forking(preload: tuple[str, ...]):
     return context
 
 
+def start_server(preload: tuple[str, ...]) -> None:
+    """Start the server children with ``preload`` are forked from (``_forking``) now: it imports
+    the modules in the background, where the first such child would otherwise wait for them (its
+    ``start`` returns once the server has forked it). Nothing where there is no forkserver."""
+    if _forking(preload) is not _SPAWN:
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+
+
 def _in_environment(channel, environment: dict[str, str], target: Callable, *args) -> None:
     """``target(channel, *args)`` with ``environment`` as the process's: a child forked from the
     server has the environment the server started with, and this process's may have changed since

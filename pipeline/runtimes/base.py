@@ -203,6 +203,10 @@ class WorksAhead:
         while the run builds the rest (AheadPool); None where there is none."""
         return None
 
+    def expect_ahead_work(self) -> None:  # noqa: B027 — optional: most kinds have no work ahead
+        """Told as a run starts that its builds will hand work ahead over (``ahead_work``): start
+        now, in the background, what that work is slow to start with."""
+
     def prepare_ahead(self, engine_path: Path, workload: ReferenceBatch | None, served=None) -> str | None:
         """Prepare the engine at a point its work ahead has just finished, for that point's profile
         to find it so — in this process, or, ``served``, kept by the pool that did the work, which

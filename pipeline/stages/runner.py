@@ -204,7 +204,11 @@ def run_engines(ctx: RunContext, engines: list[EngineRef], toolchains: list[str]
                 summary.fail(engine.name, toolchain, exc)
     points: dict = {}
     single = len(engines) == 1 and len(usable) == 1
-    ahead = ctx.ahead = WorkAhead(ctx.reporter, prepares=until == "profile", jobs=jobs_ahead(ctx, engines, usable))
+    jobs = jobs_ahead(ctx, engines, usable)
+    for toolchain in usable if jobs else []:
+        if toolchain is not None and get_runtime(ctx, toolchain).builds_long:
+            get_runtime(ctx, toolchain).expect_ahead_work()
+    ahead = ctx.ahead = WorkAhead(ctx.reporter, prepares=until == "profile", jobs=jobs)
     try:
         for toolchain in build_order(ctx, usable):
             for engine in engines:

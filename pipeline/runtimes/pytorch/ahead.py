@@ -37,6 +37,15 @@ class TorchWorksAhead:
         # times it (measured: docs/results/cluster.md, 'Why a worker per GPU and a CPU share per point').
         return not self.builds_long
 
+    def expect_ahead_work(self) -> None:
+        """The server the compiling processes are forked from, started as the run starts: it
+        imports what they need while the run exports, instead of holding up the build that hands
+        the first point over (compile_ahead.start_server)."""
+        from pipeline.runtimes.pytorch import compile_ahead
+
+        if self.builds_long:
+            compile_ahead.start_server()
+
     def ahead_work(self, engine_path: Path, workloads: list[ReferenceBatch]) -> AheadWork | None:
         """torch.compile at every shape point, in processes of their own beside the other compiled
         engines' points, leaving the graphs in Inductor's cache for the profiles

@@ -51,7 +51,7 @@ from pipeline.launchers.handout import Handout, Owed, report_job, take_job
 from pipeline.running.errors import DeviceFault, PipelineError
 from pipeline.running.faults import as_fault, fault_words
 from pipeline.runtimes.base import AheadPool, too_little_to_keep
-from pipeline.runtimes.pytorch.compile_sizing import MAX_PROCESSES, compile_threads, processes_for, usable_cpus
+from pipeline.runtimes.pytorch.compile_sizing import CPUS_KEPT, MAX_PROCESSES, compile_threads, processes_for, usable_cpus
 from pipeline.runtimes.pytorch.compile_sizing import gpu_free_bytes as _gpu_free_bytes
 from pipeline.runtimes.pytorch.compile_sizing import host_free_bytes as _host_free_bytes
 from pipeline.runtimes.pytorch.served import FaultedPoint, ServedPoint, ServingProcess, serve
@@ -308,6 +308,16 @@ def _hand_over_kept(kept: list, done) -> tuple[int, float]:
     return served, time.perf_counter() - began
 
 
+def start_server() -> None:
+    """Start the server the compiling processes are forked from (PRELOAD), in the background, where
+    the machine has CPUs for two processes at least (compile_sizing.py; fewer: no process is ever
+    started, and the server would only cost its imports)."""
+    from pipeline.launchers.child import start_server as start
+
+    if usable_cpus() - CPUS_KEPT >= 2:
+        start(PRELOAD)
+
+
 def _words(outcome: dict[str, Any]) -> str:
     if "compile_s" in outcome:
         return f"{outcome['compile_s']:.0f} s"
@@ -351,12 +361,12 @@ def _compile_points(channel, threads: int, index: int, clocks: tuple[float, floa
             runtime = runtime_for(job)
             prepared = runtime.load(job.engine_path, job.workload)
             outcome = {key: prepared.facts[key] for key in POINT_FACTS if key in prepared.facts}
-            outcome.update(_timeline(clocks, (entered, primed) if first else None, taken, time.time()))
             keeps = _room_to_keep()
             if keeps:
                 kept[(str(job.engine_path), job.workload.shape)] = (runtime, prepared)
         except Exception as exc:  # recorded for the point: its profile compiles it and says why it fails
             outcome = _failure(exc, this_process_name())
+        outcome.update(_timeline(clocks, (entered, primed) if first else None, taken, time.time()))
         # CUDA's context gone for good here (a fault): this process takes nothing more (the
         # others take the points still to hand out) and serves nothing it kept (the run's
         # process prepares those); it ends.
@@ -399,9 +409,10 @@ def _timeline(clocks: tuple[float, float], began: tuple[float, float] | None, ta
     """Where a compiled point's time went, in seconds, for the build manifest: ``taken_s``, when
     its process took it, from the pool's first hand-over (so a late start or a queue shows);
     ``prepare_s``, its whole preparation there (the model read, ``compile_s``, the warm-up and
-    the checks); and for a process's first point (``began``: when its first line ran, and when
-    it had imported torch), ``start_s``, from the process's start to its first line (a new
-    interpreter and the imports that unpickle its work), and ``import_s``, torch's import."""
+    the checks), or its failure; and for a process's first point (``began``: when its first line
+    ran, and when it had torch and had found CUDA), ``start_s``, from the process's start to its
+    first line (a fork, or a new interpreter and the imports that unpickle its work), and
+    ``import_s``, torch's import (none where the server had it) and CUDA's driver found."""
     handed_over, started = clocks
     timeline = {"taken_s": round(taken - handed_over, 3), "prepare_s": round(prepared - taken, 3)}
     if began is not None:

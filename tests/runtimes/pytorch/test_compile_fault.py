@@ -205,7 +205,17 @@ def test_a_compiling_process_shares_the_cpus_out_on_a_gpu_and_keeps_them_all_on_
         torch.set_num_threads(own)
 
 
-def test_a_compiling_process_without_the_runs_gpu_compiles_nothing(monkeypatch):
+@pytest.fixture(autouse=True)
+def _inductor_threads_restored():
+    """_compile_points sets Inductor's compile_threads in the process it runs in: restored after."""
+    from torch._inductor import config
+
+    kept = config.compile_threads
+    yield
+    config.compile_threads = kept
+
+
+def test_a_compiling_process_without_the_runs_gpu_compiles_nothing(monkeypatch, tmp_path):
     """Where the run's process has a GPU and a compiling process finds none usable, every point it is
     handed is left to its profile with why — never compiled on the CPU, to be timed as the GPU's."""
     import torch
@@ -217,6 +227,8 @@ def test_a_compiling_process_without_the_runs_gpu_compiles_nothing(monkeypatch):
     monkeypatch.setattr(pipeline.runtimes, "create_runtime", lambda *args: runtime)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    # What it saves for `pipeline cache export` once handed no more (this process's records) goes here.
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     ours, theirs = multiprocessing.Pipe()
     clocks = (time.time(), time.time())
     compiling = threading.Thread(target=compile_ahead._compile_points, args=(theirs, 1, 0, clocks, True), daemon=True)
@@ -232,3 +244,4 @@ def test_a_compiling_process_without_the_runs_gpu_compiles_nothing(monkeypatch):
     assert not compiling.is_alive() and runtime.loaded == []
     for (outcome, _, keeps), more in reported:
         assert not keeps and more and "CUDA is not usable in the compiling process" in outcome["error"], outcome
+    assert "start_s" in reported[0][0][0] and "start_s" not in reported[1][0][0]  # its first point says how it started
