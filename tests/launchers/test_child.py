@@ -48,7 +48,7 @@ def test_a_child_with_preloaded_modules_has_them_and_this_processes_environment_
     imports anything, and the environment is this process's as it is when the child starts, not
     as it was when the server started."""
     pytest.importorskip("torch")
-    from pipeline.runtimes.pytorch.compile_ahead import PRELOAD
+    from pipeline.runtimes.pytorch.compile_process import PRELOAD
 
     monkeypatch.setenv("PIPELINE_TEST_SAID", "first")
     first = Child(_what_it_has, name="pipeline-test", preload=PRELOAD).start().result("testing")

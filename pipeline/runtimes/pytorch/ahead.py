@@ -40,11 +40,11 @@ class TorchWorksAhead:
     def expect_ahead_work(self) -> None:
         """The server the compiling processes are forked from, started as the run starts: it
         imports what they need while the run exports, instead of holding up the build that hands
-        the first point over (compile_ahead.start_server)."""
-        from pipeline.runtimes.pytorch import compile_ahead
+        the first point over (compile_process.start_server)."""
+        from pipeline.runtimes.pytorch import compile_process
 
         if self.builds_long:
-            compile_ahead.start_server()
+            compile_process.start_server()
 
     def ahead_work(self, engine_path: Path, workloads: list[ReferenceBatch]) -> AheadWork | None:
         """torch.compile at every shape point, in processes of their own beside the other compiled

@@ -51,7 +51,8 @@ from pipeline.launchers.handout import Handout, Owed, report_job, take_job
 from pipeline.running.errors import DeviceFault, PipelineError
 from pipeline.running.faults import as_fault, fault_words
 from pipeline.runtimes.base import AheadPool, too_little_to_keep
-from pipeline.runtimes.pytorch.compile_sizing import CPUS_KEPT, MAX_PROCESSES, compile_threads, processes_for, usable_cpus
+from pipeline.runtimes.pytorch.compile_process import PRELOAD, TIMELINE, share_cpus, timeline
+from pipeline.runtimes.pytorch.compile_sizing import MAX_PROCESSES, compile_threads, processes_for, usable_cpus
 from pipeline.runtimes.pytorch.compile_sizing import gpu_free_bytes as _gpu_free_bytes
 from pipeline.runtimes.pytorch.compile_sizing import host_free_bytes as _host_free_bytes
 from pipeline.runtimes.pytorch.served import FaultedPoint, ServedPoint, ServingProcess, serve
@@ -60,10 +61,6 @@ from pipeline.runtimes.pytorch.served import FaultedPoint, ServedPoint, ServingP
 STOP_GRACE_S = 5
 # What the build manifest keeps of each point's compilation (compiled_ahead.points).
 POINT_FACTS = ("compile_s", "graphs", "graph_breaks", "inductor_cache_hits", "threads")
-# What every compiling process imports, imported once in the server they are forked from.
-PRELOAD = ("pipeline.runtimes.pytorch.preload",)
-# And where its time went in its process (_timeline).
-TIMELINE = ("taken_s", "prepare_s", "start_s", "import_s")
 
 
 def graph_key(job: CompileJob) -> tuple | None:
@@ -308,16 +305,6 @@ def _hand_over_kept(kept: list, done) -> tuple[int, float]:
     return served, time.perf_counter() - began
 
 
-def start_server() -> None:
-    """Start the server the compiling processes are forked from (PRELOAD), in the background, where
-    the machine has CPUs for two processes at least (compile_sizing.py; fewer: no process is ever
-    started, and the server would only cost its imports)."""
-    from pipeline.launchers.child import start_server as start
-
-    if usable_cpus() - CPUS_KEPT >= 2:
-        start(PRELOAD)
-
-
 def _words(outcome: dict[str, Any]) -> str:
     if "compile_s" in outcome:
         return f"{outcome['compile_s']:.0f} s"
@@ -330,19 +317,19 @@ def _compile_points(channel, threads: int, index: int, clocks: tuple[float, floa
     the points kept (pytorch/served.py) over the same channel until told to stop. A toolchain's
     runtime keeps the model it last read, so consecutive points of one engine read it once; each
     point compiles its own graph. ``clocks``: the wall-clock instants of the pool's first hand-over
-    and of this process's start, which its points' timeline is told from (``_timeline``). ``gpu``:
+    and of this process's start, which its points' timeline is told from (compile_process.timeline). ``gpu``:
     the run's process has a GPU, which this one must have too, or it compiles nothing: a point
     compiled here on the CPU would be timed there as the GPU's."""
     entered = time.time()
     # Inductor compiles kernels in a pool of workers, one per CPU by default: shared out here, so
     # the processes together use the machine's CPUs, not each all of them. (Not part of the
     # cache's key. Inductor reads the variable when it is first imported, which a process forked
-    # from the preloading server did before it: _share_cpus sets its setting as well.)
+    # from the preloading server did before it: share_cpus sets its setting as well.)
     os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = str(threads)
     from pipeline.running.reporting import Reporter
     from pipeline.runtimes import create_runtime
 
-    no_gpu = _share_cpus(threads, gpu)
+    no_gpu = share_cpus(threads, gpu)
     primed = time.time()
     runtimes: dict[str, Any] = {}
     kept: dict[tuple[str, str], tuple[Any, Any]] = {}
@@ -366,7 +353,7 @@ def _compile_points(channel, threads: int, index: int, clocks: tuple[float, floa
                 kept[(str(job.engine_path), job.workload.shape)] = (runtime, prepared)
         except Exception as exc:  # recorded for the point: its profile compiles it and says why it fails
             outcome = _failure(exc, this_process_name())
-        outcome.update(_timeline(clocks, (entered, primed) if first else None, taken, time.time()))
+        outcome.update(timeline(clocks, (entered, primed) if first else None, taken, time.time()))
         # CUDA's context gone for good here (a fault): this process takes nothing more (the
         # others take the points still to hand out) and serves nothing it kept (the run's
         # process prepares those); it ends.
@@ -379,46 +366,6 @@ def _compile_points(channel, threads: int, index: int, clocks: tuple[float, floa
     if kept:
         _stop_compile_workers()
     serve(channel, kept, this_process_name(), runtime_for)
-
-
-def _share_cpus(threads: int, gpu: bool = False) -> str | None:
-    """On a GPU, PyTorch's own CPU threads (one per CPU by default) shared out among the compiling
-    processes as Inductor's workers are. Twelve processes of sixteen threads each on the lent
-    H200's 16 vCPUs spent 20-35 s a point beyond compiling it (the model read and placed, the
-    warm-up), where a lone process on a 2-core VM imports torch and reads the model in 6.5 s
-    (docs/results/sweeps.md); threads of a parallel section wait on one another where every CPU is
-    busy, as numpy's BLAS did (measuring/accuracy.py, ErrorSums). Not on a CPU, where a point
-    this process keeps is timed here, with the threads every other engine has; nor is the count
-    in Inductor's cache key for a graph of GPU kernels alone (torch/_inductor/codecache.py,
-    cpp_runtime_thread_count). Why this process cannot compile for the GPU the run has (``gpu``),
-    where it cannot (a CUDA its server made unusable by touching it before the fork, say)."""
-    from pipeline.runtimes.pytorch.prepared import import_torch
-
-    torch = import_torch()
-    from torch._inductor import config as inductor
-
-    inductor.compile_threads = max(1, threads)
-    if torch.cuda.is_available():
-        torch.set_num_threads(max(1, threads))
-    elif gpu:
-        return f"CUDA is not usable in the compiling process {this_process_name()}, where the run's process has a GPU"
-    return None
-
-
-def _timeline(clocks: tuple[float, float], began: tuple[float, float] | None, taken: float, prepared: float) -> dict[str, float]:
-    """Where a compiled point's time went, in seconds, for the build manifest: ``taken_s``, when
-    its process took it, from the pool's first hand-over (so a late start or a queue shows);
-    ``prepare_s``, its whole preparation there (the model read, ``compile_s``, the warm-up and
-    the checks), or its failure; and for a process's first point (``began``: when its first line
-    ran, and when it had torch and had found CUDA), ``start_s``, from the process's start to its
-    first line (a fork, or a new interpreter and the imports that unpickle its work), and
-    ``import_s``, torch's import (none where the server had it) and CUDA's driver found."""
-    handed_over, started = clocks
-    timeline = {"taken_s": round(taken - handed_over, 3), "prepare_s": round(prepared - taken, 3)}
-    if began is not None:
-        entered, primed = began
-        timeline["start_s"], timeline["import_s"] = round(entered - started, 3), round(primed - entered, 3)
-    return timeline
 
 
 def _save_recorded(index: int) -> None:

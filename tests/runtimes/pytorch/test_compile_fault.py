@@ -189,17 +189,17 @@ def test_a_compiling_process_shares_the_cpus_out_on_a_gpu_and_keeps_them_all_on_
     what it keeps is timed there, PyTorch keeps its own count."""
     import torch
 
-    from pipeline.runtimes.pytorch import compile_ahead
+    from pipeline.runtimes.pytorch import compile_process
 
     own = torch.get_num_threads()
     try:
         monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-        compile_ahead._share_cpus(1)
+        compile_process.share_cpus(1)
         assert torch.get_num_threads() == own
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-        compile_ahead._share_cpus(1)
+        compile_process.share_cpus(1)
         assert torch.get_num_threads() == 1
-        compile_ahead._share_cpus(0)  # never none
+        compile_process.share_cpus(0)  # never none
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(own)

@@ -1,0 +1,63 @@
+"""How a compiling process (compile_ahead.py) starts, and what it says of its start: the server it
+is forked from, which imported what it needs (PRELOAD, ``start_server``); its share of the
+machine's CPUs (``share_cpus``); and where each point's time went in it (``timeline``)."""
+
+from __future__ import annotations
+
+from pipeline.launchers.child import start_server as start
+from pipeline.launchers.child import this_process_name
+from pipeline.runtimes.pytorch.compile_sizing import CPUS_KEPT, usable_cpus
+
+# What every compiling process imports, imported once in the server they are forked from.
+PRELOAD = ("pipeline.runtimes.pytorch.preload",)
+# Where a point's time went in its process (``timeline``): the keys a point that shares another's
+# graph leaves out, as they are that process's time, not its own.
+TIMELINE = ("taken_s", "prepare_s", "start_s", "import_s")
+
+
+def start_server() -> None:
+    """Start the server the compiling processes are forked from (PRELOAD), in the background, where
+    the machine has CPUs for two processes at least (compile_sizing.py; fewer: no process is ever
+    started, and the server would only cost its imports)."""
+    if usable_cpus() - CPUS_KEPT >= 2:
+        start(PRELOAD)
+
+
+def share_cpus(threads: int, gpu: bool = False) -> str | None:
+    """On a GPU, PyTorch's own CPU threads (one per CPU by default) shared out among the compiling
+    processes as Inductor's workers are. Twelve processes of sixteen threads each on the lent
+    H200's 16 vCPUs spent 20-35 s a point beyond compiling it (the model read and placed, the
+    warm-up), where a lone process on a 2-core VM imports torch and reads the model in 6.5 s
+    (docs/results/sweeps.md); threads of a parallel section wait on one another where every CPU is
+    busy, as numpy's BLAS did (measuring/accuracy.py, ErrorSums). Not on a CPU, where a point
+    this process keeps is timed here, with the threads every other engine has; nor is the count
+    in Inductor's cache key for a graph of GPU kernels alone (torch/_inductor/codecache.py,
+    cpp_runtime_thread_count). Why this process cannot compile for the GPU the run has (``gpu``),
+    where it cannot (a CUDA its server made unusable by touching it before the fork, say)."""
+    from pipeline.runtimes.pytorch.prepared import import_torch
+
+    torch = import_torch()
+    from torch._inductor import config as inductor
+
+    inductor.compile_threads = max(1, threads)
+    if torch.cuda.is_available():
+        torch.set_num_threads(max(1, threads))
+    elif gpu:
+        return f"CUDA is not usable in the compiling process {this_process_name()}, where the run's process has a GPU"
+    return None
+
+
+def timeline(clocks: tuple[float, float], began: tuple[float, float] | None, taken: float, prepared: float) -> dict[str, float]:
+    """Where a compiled point's time went, in seconds, for the build manifest: ``taken_s``, when
+    its process took it, from the pool's first hand-over (so a late start or a queue shows);
+    ``prepare_s``, its whole preparation there (the model read, ``compile_s``, the warm-up and
+    the checks), or its failure; and for a process's first point (``began``: when its first line
+    ran, and when it had torch and had found CUDA), ``start_s``, from the process's start to its
+    first line (a fork, or a new interpreter and the imports that unpickle its work), and
+    ``import_s``, torch's import (none where the server had it) and CUDA's driver found."""
+    handed_over, started = clocks
+    timeline = {"taken_s": round(taken - handed_over, 3), "prepare_s": round(prepared - taken, 3)}
+    if began is not None:
+        entered, primed = began
+        timeline["start_s"], timeline["import_s"] = round(entered - started, 3), round(primed - entered, 3)
+    return timeline
