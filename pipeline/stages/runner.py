@@ -206,7 +206,7 @@ def run_engines(ctx: RunContext, engines: list[EngineRef], toolchains: list[str]
     single = len(engines) == 1 and len(usable) == 1
     jobs = jobs_ahead(ctx, engines, usable)
     for toolchain in usable if jobs else []:
-        if toolchain is not None and get_runtime(ctx, toolchain).builds_long:
+        if toolchain is not None:  # each runtime knows whether its builds hand work ahead over
             get_runtime(ctx, toolchain).expect_ahead_work()
     ahead = ctx.ahead = WorkAhead(ctx.reporter, prepares=until == "profile", jobs=jobs)
     try:

@@ -56,8 +56,8 @@ def timeline(clocks: tuple[float, float], began: tuple[float, float] | None, tak
     first line (a fork, or a new interpreter and the imports that unpickle its work), and
     ``import_s``, torch's import (none where the server had it) and CUDA's driver found."""
     handed_over, started = clocks
-    timeline = {"taken_s": round(taken - handed_over, 3), "prepare_s": round(prepared - taken, 3)}
+    facts = {"taken_s": round(taken - handed_over, 3), "prepare_s": round(prepared - taken, 3)}
     if began is not None:
         entered, primed = began
-        timeline["start_s"], timeline["import_s"] = round(entered - started, 3), round(primed - entered, 3)
-    return timeline
+        facts["start_s"], facts["import_s"] = round(entered - started, 3), round(primed - entered, 3)
+    return facts
