@@ -1,0 +1,174 @@
+"""Which state of a process slows a launch-bound engine: each suspect applied in a process of its
+own, all timed take for take in turn, so that the host's speed spells land on every side alike.
+
+A launch-bound engine's time is the host's speed while it ran, and the product's process timed
+eager ModernBERT at 2x512 1.5-1.9x slower than a fresh by-hand process on the same machine start
+(docs/streams.md). The product's process differs from a fresh one in what it did before its
+rounds; each worker here starts fresh, builds the same model and inputs, then does one of those
+things, and every worker then times the same run the same way (pipeline/measuring/takes.py,
+cuda_take) when asked, in a shuffled order each round:
+
+* ``fresh``, ``fresh-again``: nothing (the second says how far two identical processes differ);
+* ``profiled``: PyTorch's profiler run once around one inference, as preparing an engine does to
+  read which SDPA kernel ran (pipeline/runtimes/pytorch/prepared.py, sdpa_kernels);
+* ``profiled-teardown``: the same with TEARDOWN_CUPTI=1, which makes Kineto finalize CUPTI after
+  profiling (pytorch/pytorch#144455: left attached, CUPTI slows later launches);
+* ``sampled``: every take inside the SM clock's sampling thread (pipeline/measuring/sm_clock.py);
+* ``compiled``: a torch.compile'd reduce-overhead copy compiled and run in the process first;
+* ``product``: the catalog's model prepared by the product's own eager preparation
+  (pipeline/runtimes/pytorch/preparing.py), profiler included, timed by its own take.
+
+    python scripts/check_process_state.py --shape 2x512 --rounds 8 --out DIR
+
+Writes DIR/process-state.json (every take: worker, round, median ms) and prints each worker's
+median ratio to ``fresh`` with the range of its rounds' ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+STATES = ("fresh", "fresh-again", "profiled", "profiled-teardown", "sampled", "compiled", "product")
+
+
+def _model(torch, shape: str, device: str, tiny: bool):
+    """(run, inputs): ModernBERT as the catalog has it, on ``device``, one inference per call."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import serve_by_hand
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    config, model = serve_by_hand.model_and_inputs(torch, device, dtype, tiny)
+    batch, sequence = (int(part) for part in shape.split("x"))
+    ids = torch.randint(0, config.vocab_size, (batch, sequence), device=device)
+    mask = torch.ones((batch, sequence), dtype=torch.long, device=device)
+
+    def run():
+        with torch.no_grad():
+            return model(input_ids=ids, attention_mask=mask)
+
+    return run
+
+
+def _product(torch, shape: str, device: str):
+    """The catalog's modernbert prepared by the product's eager preparation: (its take, None)."""
+    sys.path.insert(0, str(ROOT))
+    from pipeline.models import model_source
+    from pipeline.models.base import ShapePoint
+    from pipeline.running.reporting import Reporter
+    from pipeline.runtimes import load_catalog, spec_class
+    from pipeline.runtimes.pytorch.preparing import TorchPreparation
+
+    catalog = load_catalog(ROOT / "pipeline.toml")
+    source = model_source("modernbert", catalog.models["modernbert"], ROOT)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = source.cast(source.runnable(source.create_for_weights()), dtype)
+    point = ShapePoint.parse(shape, source.dynamic_axes(), "modernbert")
+    # A mask of ones, as the other workers': the catalog pads (`padding = true`), which changes
+    # the attention's work (measured apart: docs/streams.md).
+    examples = tuple(
+        torch.ones_like(t) if n == "attention_mask" else t for n, t in zip(source.spec.inputs, source.sample_inputs(model, point, 0))
+    )
+    spec = spec_class("torch").model_validate({"kind": "torch", "backend": "eager"})
+    return TorchPreparation(spec, Reporter()).prepare(model, examples, dtype, device, (0, 0, 0), shape)
+
+
+def worker(state: str, shape: str, device: str, tiny: bool, take_ms: float, channel) -> None:
+    if state == "profiled-teardown":
+        os.environ["TEARDOWN_CUPTI"] = "1"
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    from pipeline.measuring.takes import cuda_take, host_take
+
+    prepared = _product(torch, shape, device) if state == "product" else None
+    run = prepared.run if prepared is not None else _model(torch, shape, device, tiny)
+    for _ in range(5):
+        run()
+    if state in ("profiled", "profiled-teardown"):
+        from pipeline.runtimes.pytorch.prepared import sdpa_kernels
+
+        sdpa_kernels(torch, run)
+    if state == "compiled":
+        compiled = torch.compile(_model(torch, shape, device, tiny), mode="reduce-overhead")
+        for _ in range(3):
+            compiled()
+    clock = None
+    if state == "sampled":
+        from pipeline.measuring.sm_clock import SmClock
+
+        clock = SmClock()
+        clock = clock if clock.available else None
+
+    def take() -> list[float]:
+        if prepared is not None:
+            return prepared.take(1, take_ms)
+        if device == "cuda":
+            return cuda_take(torch, run, 1, take_ms)
+        return host_take(run, 1, take_ms)
+
+    channel.send("ready")
+    while channel.recv():
+        times = clock.during(take)[0] if clock is not None else take()
+        channel.send(statistics.median(times))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", default="2x512")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--take-ms", type=float, default=500.0)
+    parser.add_argument("--states", nargs="+", default=list(STATES), choices=STATES)
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--tiny", action="store_true", help="a small ModernBERT (the script's own test on a CPU)")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    context = multiprocessing.get_context("spawn")
+    workers = {}
+    for state in args.states:
+        ours, theirs = context.Pipe()
+        process = context.Process(target=worker, args=(state, args.shape, args.device, args.tiny, args.take_ms, theirs), daemon=True)
+        process.start()
+        workers[state] = (process, ours)
+    for state, (_, channel) in workers.items():
+        if not channel.poll(600) or channel.recv() != "ready":
+            print(f"{state}: the worker did not get ready", file=sys.stderr)
+            return 1
+    rng = random.Random(0)
+    takes = []
+    for round_ in range(args.rounds):
+        order = list(workers)
+        rng.shuffle(order)
+        for position, state in enumerate(order):
+            started = time.perf_counter()
+            workers[state][1].send(True)
+            median_ms = workers[state][1].recv()
+            takes.append(
+                {"state": state, "round": round_, "order": position, "median_ms": median_ms, "wall_s": time.perf_counter() - started}
+            )
+        print(f"round {round_ + 1}: " + ", ".join(f"{t['state']} {t['median_ms']:.2f}" for t in takes[-len(order) :]), flush=True)
+    for process, channel in workers.values():
+        channel.send(False)
+        process.join(30)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "process-state.json").write_text(json.dumps({"shape": args.shape, "device": args.device, "takes": takes}, indent=1))
+    by = {(t["state"], t["round"]): t["median_ms"] for t in takes}
+    print(f"\n{args.shape}, each state's take median over fresh's in the same round (median [range] of {args.rounds} rounds):")
+    for state in workers:
+        ratios = [by[state, r] / by["fresh", r] for r in range(args.rounds)] if "fresh" in workers else []
+        medians = [by[state, r] for r in range(args.rounds)]
+        ratio = f"{statistics.median(ratios):.3f} [{min(ratios):.3f}-{max(ratios):.3f}]" if ratios else "-"
+        print(f"  {state:18s} {statistics.median(medians):8.3f} ms   {ratio}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
