@@ -14,6 +14,8 @@ cuda_take) when asked, in a shuffled order each round:
 * ``profiled-teardown``: the same with TEARDOWN_CUPTI=1, which makes Kineto finalize CUPTI after
   profiling (pytorch/pytorch#144455: left attached, CUPTI slows later launches);
 * ``sampled``: every take inside the SM clock's sampling thread (pipeline/measuring/sm_clock.py);
+* ``watched``: the machine watch's sampling thread running throughout, as around a point's rounds
+  (pipeline/measuring/machine_watch.py: /proc, PSI and NVML every half second);
 * ``compiled``: a torch.compile'd reduce-overhead copy compiled and run in the process first;
 * ``product``: the catalog's model prepared by the product's own eager preparation
   (pipeline/runtimes/pytorch/preparing.py), profiler included, timed by its own take.
@@ -37,7 +39,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-STATES = ("fresh", "fresh-again", "profiled", "profiled-teardown", "sampled", "compiled", "product")
+STATES = ("fresh", "fresh-again", "profiled", "profiled-teardown", "sampled", "watched", "compiled", "product")
 
 
 def _model(torch, shape: str, device: str, tiny: bool):
@@ -115,6 +117,10 @@ def worker(state: str, shape: str, device: str, tiny: bool, take_ms: float, chan
             return cuda_take(torch, run, 1, take_ms)
         return host_take(run, 1, take_ms)
 
+    if state == "watched":
+        from pipeline.measuring.machine_watch import MachineWatch
+
+        MachineWatch().__enter__()  # for the process's life
     channel.send("ready")
     while channel.recv():
         times = clock.during(take)[0] if clock is not None else take()
