@@ -35,7 +35,15 @@ def _replies(channel, what: str) -> None:
 def _what_it_has(channel) -> None:
     import sys
 
-    answer_with(channel, lambda: {"preloaded": PRELOADED in sys.modules, "said": os.environ.get("PIPELINE_TEST_SAID"), "pid": os.getpid()})
+    answer_with(
+        channel,
+        lambda: {
+            "preloaded": PRELOADED in sys.modules,
+            "said": os.environ.get("PIPELINE_TEST_SAID"),
+            "nvml_check": os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK"),
+            "pid": os.getpid(),
+        },
+    )
 
 
 # Imported by the compiling processes' preload (one server a process: the suite's compiling tests
@@ -56,6 +64,8 @@ def test_a_child_with_preloaded_modules_has_them_and_this_processes_environment_
     second = Child(_what_it_has, name="pipeline-test", preload=PRELOAD).start().result("testing")
     assert first["preloaded"] and second["preloaded"] and first["pid"] != second["pid"] != os.getpid()
     assert (first["said"], second["said"]) == ("first", "second")
+    # The server asks NVML whether there is a GPU (preload.py); its children do as this process does.
+    assert first["nvml_check"] == second["nvml_check"] == os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK")
     bare = Child(_what_it_has, name="pipeline-test").start().result("testing")
     assert not bare["preloaded"]  # a new interpreter imports only what it needs
 

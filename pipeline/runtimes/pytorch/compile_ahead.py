@@ -51,7 +51,7 @@ from pipeline.launchers.handout import Handout, Owed, report_job, take_job
 from pipeline.running.errors import DeviceFault, PipelineError
 from pipeline.running.faults import as_fault, fault_words
 from pipeline.runtimes.base import AheadPool, too_little_to_keep
-from pipeline.runtimes.pytorch.compile_process import PRELOAD, TIMELINE, share_cpus, timeline
+from pipeline.runtimes.pytorch.compile_process import PRELOAD, TIMELINE, forking_usable, share_cpus, timeline
 from pipeline.runtimes.pytorch.compile_sizing import MAX_PROCESSES, compile_threads, processes_for, usable_cpus
 from pipeline.runtimes.pytorch.compile_sizing import gpu_free_bytes as _gpu_free_bytes
 from pipeline.runtimes.pytorch.compile_sizing import host_free_bytes as _host_free_bytes
@@ -112,6 +112,9 @@ class CompilePool(AheadPool):
         self._largest = 0  # the largest engine file handed over
         self._expected: int | None = None  # the jobs the run said it may hand over (expect)
         self._threads = 1
+        # Why the processes are not forked from the preloading server (compile_process.forking_usable),
+        # "" where they are; None until the first is started.
+        self._not_forked: str | None = None
         self._started = 0.0
         self._started_at = 0.0  # the same instant on the wall clock, which the processes share
         self._reported = False
@@ -147,6 +150,8 @@ class CompilePool(AheadPool):
             self._handout.add(job)
         queued = sum(len(w.jobs) for w in self._works) - sum(len(f) for f in self._followers.values())
         while len(self._children) < min(self._limit, queued):
+            if self._not_forked is None:
+                self._not_forked = forking_usable() or ""
             index = len(self._children)
             child = Child(
                 _compile_points,
@@ -157,7 +162,7 @@ class CompilePool(AheadPool):
                 name=f"pipeline-compile-{index}",
                 requests=True,
                 daemon=True,
-                preload=PRELOAD,
+                preload=() if self._not_forked else PRELOAD,
             ).start()
             self._children.append(child)
             self._serving.append(ServingProcess(child, self._pids))
@@ -195,6 +200,10 @@ class CompilePool(AheadPool):
         facts = {
             "processes": len(self._children),
             "compile_threads": self._threads,
+            # Forked from the server that imported what they need (compile_process.py), or each a
+            # new interpreter, and why.
+            "forked": not self._not_forked,
+            **({"not_forked_why": self._not_forked} if self._not_forked else {}),
             # From the first point handed over: to the last one compiled, and to the end of the
             # wait (this process preparing the points as they came back, done then or not).
             "compiled_s": round(heard.last_compiled - self._started_at, 3),

@@ -4,8 +4,9 @@ machine's CPUs (``share_cpus``); and where each point's time went in it (``timel
 
 from __future__ import annotations
 
+from pipeline.launchers.child import Child, answer_with, this_process_name
 from pipeline.launchers.child import start_server as start
-from pipeline.launchers.child import this_process_name
+from pipeline.running.errors import PipelineError
 from pipeline.runtimes.pytorch.compile_sizing import CPUS_KEPT, usable_cpus
 
 # What every compiling process imports, imported once in the server they are forked from.
@@ -15,12 +16,45 @@ PRELOAD = ("pipeline.runtimes.pytorch.preload",)
 TIMELINE = ("taken_s", "prepare_s", "start_s", "import_s")
 
 
+# Why the compiling processes cannot be forked from the server, "" where they can
+# (``forking_usable``); None until asked.
+_not_forked: str | None = None
+
+
 def start_server() -> None:
     """Start the server the compiling processes are forked from (PRELOAD), in the background, where
     the machine has CPUs for two processes at least (compile_sizing.py; fewer: no process is ever
     started, and the server would only cost its imports)."""
     if usable_cpus() - CPUS_KEPT >= 2:
         start(PRELOAD)
+
+
+def forking_usable() -> str | None:
+    """Why the compiling processes cannot be forked from the server (they are then each a new
+    interpreter, which imports for itself), or None where they can: a first process forked from
+    it found CUDA unusable (an import in the server initialised CUDA's driver: preload.py), or
+    could not say. Asked once a run. Its start waits for the server's imports, as the first
+    compiling process's would."""
+    global _not_forked
+    if _not_forked is None:
+        try:
+            said = Child(_cuda_after_fork, name="pipeline-compile-probe", preload=PRELOAD).start().result("checking CUDA after a fork")
+            _not_forked = f"a process forked from their server found CUDA unusable ({said})" if said else ""
+        except PipelineError as exc:
+            _not_forked = exc.message
+    return _not_forked or None
+
+
+def _cuda_after_fork(channel) -> None:
+    """In a process forked from the server: None where CUDA is as usable as in a new interpreter,
+    else why not (PyTorch's word on a fork after CUDA was initialised)."""
+
+    def unusable() -> str | None:
+        import torch
+
+        return "torch.cuda reports a bad fork" if torch.cuda._is_in_bad_fork() else None
+
+    answer_with(channel, unusable)
 
 
 def share_cpus(threads: int, gpu: bool = False) -> str | None:
@@ -40,7 +74,7 @@ def share_cpus(threads: int, gpu: bool = False) -> str | None:
     from torch._inductor import config as inductor
 
     inductor.compile_threads = max(1, threads)
-    if torch.cuda.is_available():
+    if not torch.cuda._is_in_bad_fork() and torch.cuda.is_available():
         torch.set_num_threads(max(1, threads))
     elif gpu:
         return f"CUDA is not usable in the compiling process {this_process_name()}, where the run's process has a GPU"

@@ -215,9 +215,11 @@ def _inductor_threads_restored():
     config.compile_threads = kept
 
 
-def test_a_compiling_process_without_the_runs_gpu_compiles_nothing(monkeypatch, tmp_path):
-    """Where the run's process has a GPU and a compiling process finds none usable, every point it is
-    handed is left to its profile with why — never compiled on the CPU, to be timed as the GPU's."""
+@pytest.mark.parametrize("unusable", ["no GPU", "a bad fork"])
+def test_a_compiling_process_without_the_runs_gpu_compiles_nothing(monkeypatch, tmp_path, unusable):
+    """Where the run's process has a GPU and a compiling process finds none usable — none there, or
+    forked from a process that had initialised CUDA (PyTorch then refuses it there) — every point it
+    is handed is left to its profile with why: never compiled on the CPU, to be timed as the GPU's."""
     import torch
 
     import pipeline.runtimes
@@ -225,7 +227,11 @@ def test_a_compiling_process_without_the_runs_gpu_compiles_nothing(monkeypatch, 
 
     runtime = FakeRuntime()
     monkeypatch.setattr(pipeline.runtimes, "create_runtime", lambda *args: runtime)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    if unusable == "no GPU":
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    else:  # as on the lent H100: the device count answers, and the first compilation fails
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", lambda: True)
     monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "1")
     # What it saves for `pipeline cache export` once handed no more (this process's records) goes here.
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
@@ -245,3 +251,21 @@ def test_a_compiling_process_without_the_runs_gpu_compiles_nothing(monkeypatch, 
     for (outcome, _, keeps), more in reported:
         assert not keeps and more and "CUDA is not usable in the compiling process" in outcome["error"], outcome
     assert "start_s" in reported[0][0][0] and "start_s" not in reported[1][0][0]  # its first point says how it started
+
+
+def test_whether_a_process_forked_from_the_compiling_server_can_use_cuda_is_asked_of_one(monkeypatch):
+    """The compiling processes are forked from a server that imported torch first, unless a process
+    forked from it says CUDA is unusable there (an import initialised CUDA's driver before the fork):
+    then each is a new interpreter. Here (no CUDA) a forked process can, and says so; one in a bad
+    fork says why."""
+    import torch
+
+    from pipeline.runtimes.pytorch import compile_process
+
+    monkeypatch.setattr(compile_process, "_not_forked", None)
+    assert compile_process.forking_usable() is None
+    assert compile_process._not_forked == ""  # asked once
+    ours, theirs = multiprocessing.Pipe()
+    monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", lambda: True)
+    compile_process._cuda_after_fork(theirs)
+    assert ours.recv().result() == "torch.cuda reports a bad fork"

@@ -68,15 +68,26 @@ def test_capture_is_a_compile_setting_and_not_beside_a_mode_that_captures_itself
         TorchSpec(kind="torch", backend="compile", mode="reduce-overhead", capture=True)
 
 
+# Why the compiling processes are not forked from their server (compile_process.forking_usable):
+# None, they are; else each is a new interpreter, and the build manifest says why.
+NOT_FORKED = [None, "a process forked from their server found CUDA unusable (torch.cuda reports a bad fork)"]
+
+
 @needs_inductor
-def test_two_toolchains_differing_only_by_capture_compile_each_point_once(tmp_path, run_cli, cpu_capture):
+@pytest.mark.parametrize("not_forked", NOT_FORKED)
+def test_two_toolchains_differing_only_by_capture_compile_each_point_once(tmp_path, run_cli, cpu_capture, monkeypatch, not_forked):
+    from pipeline.runtimes.pytorch import compile_ahead
     from pipeline.runtimes.pytorch.compile_ahead import CompileJob, graph_key
 
+    if not_forked:
+        monkeypatch.setattr(compile_ahead, "forking_usable", lambda: not_forked)
     catalog = mlp_catalog(tmp_path / "ws")
     result = run_cli(catalog, "run", "--model", "m", "--toolchain", "torch-compile", "--toolchain", "torch-captured")
     assert result.exit_code == 0, result.err
     assert "(2 shape points compiled, 0 of them found in the cache; 2 more shared their graphs)" in result.err
-    compiled = manifest(catalog, "torch-compile", "m_fp32").build.details.compiler["compiled_ahead"]["points"]
+    ahead = manifest(catalog, "torch-compile", "m_fp32").build.details.compiler["compiled_ahead"]
+    assert ahead["forked"] is (not_forked is None) and ahead.get("not_forked_why") == not_forked, ahead
+    compiled = ahead["points"]
     shared = manifest(catalog, "torch-captured", "m_fp32").build.details.compiler["compiled_ahead"]["points"]
     assert sorted(compiled) == sorted(shared) == ["2x4", "2x8"]
     assert all(point["compile_s"] > 0 and "shares_graph_of" not in point for point in compiled.values()), compiled
