@@ -28,7 +28,7 @@ from pydantic import Field, field_validator, model_validator
 
 from pipeline.catalog import ModelSpec
 from pipeline.models.base import ModelInput, ModelSource, ShapePoint, attention_mask
-from pipeline.models.transformers_weights import has_weights, no_init_weights, seeded, seeded_key
+from pipeline.models.transformers_weights import WEIGHTS_FOLDER, has_weights, no_init_weights, seeded, seeded_key
 from pipeline.running.errors import EnvironmentMissing, PipelineError, UsageError
 
 # What each input the pipeline knows how to fill holds.
@@ -299,7 +299,7 @@ class TransformersModel(ModelSource):
                     str(self.folder()), config=config, local_files_only=True, trust_remote_code=False, torch_dtype=torch.float32
                 )
             elif initialise:
-                model = seeded(cls, config, self.spec.seed)
+                model = seeded(cls, config, self.spec.seed, self.workspace_root / WEIGHTS_FOLDER)
             else:
                 with no_init_weights():
                     model = cls(config)

@@ -1,9 +1,12 @@
 """The weights a transformer is made with: seeded (and the same tensors copied in when this
-process made that model last), allocated but not initialised (its engine's state dict replaces
-them), or read from a folder of weights."""
+process made that model last, or read back from the workspace's cache of them), allocated but not
+initialised (its engine's state dict replaces them), or read from a folder of weights."""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -15,28 +18,91 @@ _last_seeded: dict[tuple, dict] = {}
 KEPT_WEIGHTS_BYTES = 2 << 30
 
 
-def seeded(cls, config, seed: int):
+# Where a workspace keeps the seeded weights its models were made with (``seeded``'s ``cache``),
+# one file a model: initialising ModernBERT-base's 149M weights took 10.4 s of the lent H200's seed
+# matrix before its first export (docs/results/sweeps.md), in a re-run as in the first run, for
+# the very tensors the seed makes again. Reading them back takes a fraction of a second.
+WEIGHTS_FOLDER = Path(".cache") / "weights"
+# What a file of it holds, checked on reading (anything else is made again).
+_CACHED_FORMAT = "trt-pipeline seeded weights"
+
+
+def seeded(cls, config, seed: int, cache: Path | None = None):
     """``cls(config)`` with the weights initialised after ``torch.manual_seed(seed)``: made here,
-    or the same tensors copied in when this process made them last."""
+    or the same tensors copied in when this process made them last or ``cache`` (a folder) holds
+    them from another process. The same class, config, seed, torch and transformers make the same
+    tensors (torch's CPU generator), and the file is named by all five; what this process makes
+    is written there, beside the run, once it is made."""
     import torch
 
     key = seeded_key(cls, config, seed)
     kept = _last_seeded.get(key)
+    if kept is None and cache is not None and (kept := _read_cached(cache, key)) is not None:
+        _last_seeded.clear()
+        _last_seeded[key] = kept
     if kept is not None:
         with no_init_weights():
             model = cls(config)
-        with torch.no_grad():
-            # Every parameter and every buffer, those left out of the state dict too: a class's
-            # weight initialisation may also fill buffers it does not save (position ids).
-            for name, tensor in tensors_of(model).items():
-                tensor.copy_(kept[name])
-        return model
+        tensors = tensors_of(model)
+        if all(name in kept and kept[name].shape == tensor.shape for name, tensor in tensors.items()):
+            with torch.no_grad():
+                # Every parameter and every buffer, those left out of the state dict too: a class's
+                # weight initialisation may also fill buffers it does not save (position ids).
+                for name, tensor in tensors.items():
+                    tensor.copy_(kept[name])
+            return model
     model = cls(config)
     tensors = tensors_of(model)
     _last_seeded.clear()
     if sum(t.numel() * t.element_size() for t in tensors.values()) <= KEPT_WEIGHTS_BYTES:
-        _last_seeded[key] = {name: t.detach().clone() for name, t in tensors.items()}
+        _last_seeded[key] = copies = {name: t.detach().clone() for name, t in tensors.items()}
+        if cache is not None:
+            _write_cached(cache, key, copies)
     return model
+
+
+def _cached_path(cache: Path, key: tuple) -> tuple[Path, str]:
+    """The file of ``key``'s weights in ``cache``, and what names them in it: the key with the
+    versions of torch and transformers, whose initialisation code makes them."""
+    import torch
+    import transformers
+
+    named = repr((key, torch.__version__, transformers.__version__))
+    return Path(cache) / f"{hashlib.sha256(named.encode()).hexdigest()[:24]}.pt", named
+
+
+def _read_cached(cache: Path, key: tuple) -> dict[str, Any] | None:
+    """The weights ``cache`` holds for ``key``; None where it holds none, or a file that is not
+    what it should be (made again then)."""
+    import torch
+
+    path, named = _cached_path(cache, key)
+    if not path.is_file():
+        return None
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # cut short, another torch's format: made again
+        return None
+    if not isinstance(saved, dict) or saved.get("format") != _CACHED_FORMAT or saved.get("named") != named:
+        return None
+    return saved.get("tensors")
+
+
+def _write_cached(cache: Path, key: tuple, tensors: dict[str, Any]) -> None:
+    """``tensors`` written to ``cache`` for ``key``, on a thread of its own (a second or so for
+    ModernBERT-base, off the run's way; the process waits for it before it ends); a failed write
+    leaves nothing there."""
+    from pipeline.running.files import atomic_output
+
+    path, named = _cached_path(cache, key)
+
+    def write() -> None:
+        import torch
+
+        with contextlib.suppress(Exception), atomic_output(path) as partial:  # a full disk: made again next time
+            torch.save({"format": _CACHED_FORMAT, "named": named, "tensors": tensors}, partial)
+
+    threading.Thread(target=write, name="seeded-weights-cache").start()
 
 
 def seeded_key(cls, config, seed: int) -> tuple:

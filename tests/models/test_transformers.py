@@ -652,6 +652,51 @@ def test_a_model_made_again_in_one_process_has_the_same_weights_without_initiali
     )
 
 
+def _seeded_weights_written() -> None:
+    """Wait for the weights this process made to be in the workspace's cache (a thread writes them)."""
+    import threading
+
+    for thread in threading.enumerate():
+        if thread.name == "seeded-weights-cache":
+            thread.join(60)
+
+
+@pytest.mark.parametrize("family", ["bert", "llama"])
+def test_a_model_made_in_another_process_of_the_workspace_reads_its_weights_back_from_the_cache(family, tmp_path, monkeypatch):
+    """What a process of the workspace initialised is kept in its .cache/weights/ (a re-run's
+    export makes the very tensors again): a later process (this one, its own copy forgotten) reads
+    them back instead of initialising them, and gets the same model; a file that is not what it
+    should be is made again, the same."""
+    import torch
+
+    from pipeline.models import model_source
+    from pipeline.models import transformers_weights as weights_module
+    from pipeline.runtimes import load_catalog
+
+    text = LLAMA_CATALOG if family == "llama" else BERT_CATALOG
+    catalog = load_catalog(write_catalog(tmp_path, text))
+    name = "llama" if family == "llama" else "bert"
+    source = model_source(name, catalog.model(name), tmp_path)
+    monkeypatch.setattr(weights_module, "_last_seeded", {})
+    first = weights_module.tensors_of(source.create())
+    _seeded_weights_written()
+    (written,) = (tmp_path / weights_module.WEIGHTS_FOLDER).glob("*.pt")
+    monkeypatch.setattr(weights_module, "_last_seeded", {})  # another process: nothing made here yet
+    cls = type(source.create_for_weights())
+    initialised = []
+    real = cls._init_weights
+    monkeypatch.setattr(cls, "_init_weights", lambda self, module: initialised.append(module) or real(self, module))
+    again = weights_module.tensors_of(source.create())
+    assert initialised == [], "read back, not initialised"
+    assert again.keys() == first.keys() and all(torch.equal(tensor, first[key]) for key, tensor in again.items())
+    written.write_bytes(b"not weights")
+    monkeypatch.setattr(weights_module, "_last_seeded", {})
+    remade = weights_module.tensors_of(source.create())
+    assert initialised, "a damaged file is made again"
+    assert all(torch.equal(tensor, first[key]) for key, tensor in remade.items())
+    _seeded_weights_written()
+
+
 FLASH_CATALOG = (
     tiny_bert_catalog(["2x16", "2x24"], ["fp32"], defaults=["fp32"])
     + CPU_TOOLCHAINS
