@@ -19,9 +19,10 @@ KEPT_WEIGHTS_BYTES = 2 << 30
 
 
 # Where a workspace keeps the seeded weights its models were made with (``seeded``'s ``cache``),
-# one file a model: initialising ModernBERT-base's 149M weights took 10.4 s of the lent H200's seed
-# matrix before its first export (docs/results/sweeps.md), in a re-run as in the first run, for
-# the very tensors the seed makes again. Reading them back takes a fraction of a second.
+# one file a model: making ModernBERT-base took 10.4 s of the lent H200's warm seed matrix before
+# its first export (docs/results/sweeps.md), its weights' initialisation most of it (9.9 of 14.1 s
+# on a 2-core VM, cProfile), in a re-run as in the first run, for the very tensors the seed makes
+# again. Reading them back takes a fraction of a second.
 WEIGHTS_FOLDER = Path(".cache") / "weights"
 # What a file of it holds, checked on reading (anything else is made again).
 _CACHED_FORMAT = "trt-pipeline seeded weights"
