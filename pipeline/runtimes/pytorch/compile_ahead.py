@@ -51,7 +51,7 @@ from pipeline.launchers.handout import Handout, Owed, report_job, take_job
 from pipeline.running.errors import DeviceFault, PipelineError
 from pipeline.running.faults import as_fault, fault_words
 from pipeline.runtimes.base import AheadPool, too_little_to_keep
-from pipeline.runtimes.pytorch.compile_process import PRELOAD, TIMELINE, forking_usable, share_cpus, timeline
+from pipeline.runtimes.pytorch.compile_process import TIMELINE, Starting, share_cpus, timeline
 from pipeline.runtimes.pytorch.compile_sizing import MAX_PROCESSES, compile_threads, processes_for, usable_cpus
 from pipeline.runtimes.pytorch.compile_sizing import gpu_free_bytes as _gpu_free_bytes
 from pipeline.runtimes.pytorch.compile_sizing import host_free_bytes as _host_free_bytes
@@ -112,9 +112,7 @@ class CompilePool(AheadPool):
         self._largest = 0  # the largest engine file handed over
         self._expected: int | None = None  # the jobs the run said it may hand over (expect)
         self._threads = 1
-        # Why the processes are not forked from the preloading server (compile_process.forking_usable),
-        # "" where they are; None until the first is started.
-        self._not_forked: str | None = None
+        self._starting = Starting(self._start_child)  # the processes, started on a thread of their own
         self._started = 0.0
         self._started_at = 0.0  # the same instant on the wall clock, which the processes share
         self._reported = False
@@ -138,7 +136,7 @@ class CompilePool(AheadPool):
         if not self._works:  # each process's kernel-compiling workers: the CPUs shared out among those planned
             self._threads = compile_threads(self._machine[0], min(self._limit, self._expected or self._limit))
         self._works.append(work)
-        if self._limit < 2 and not self._children:
+        if self._limit < 2 and not self._starting.wanted:
             return False  # finish says why nothing was compiled
         for job in work.jobs:
             key = self._keys[(str(job.engine_path), job.workload.shape)] = graph_key(job)
@@ -149,30 +147,31 @@ class CompilePool(AheadPool):
                 self._leaders[key] = job
             self._handout.add(job)
         queued = sum(len(w.jobs) for w in self._works) - sum(len(f) for f in self._followers.values())
-        while len(self._children) < min(self._limit, queued):
-            if self._not_forked is None:
-                self._not_forked = forking_usable() or ""
-            index = len(self._children)
-            child = Child(
-                _compile_points,
-                self._threads,
-                index,
-                (self._started_at, time.time()),
-                self._machine[1] is not None,
-                name=f"pipeline-compile-{index}",
-                requests=True,
-                daemon=True,
-                preload=() if self._not_forked else PRELOAD,
-            ).start()
-            self._children.append(child)
-            self._serving.append(ServingProcess(child, self._pids))
-            self._pids.add(child.pid)
-            self._handout.add_child(child)
+        self._starting.want(min(self._limit, queued))
         return True
+
+    def _start_child(self, index: int, preload: tuple[str, ...]) -> None:
+        """Compiling process ``index``, started (on Starting's thread) and handed points."""
+        child = Child(
+            _compile_points,
+            self._threads,
+            index,
+            (self._started_at, time.time()),
+            self._machine[1] is not None,
+            name=f"pipeline-compile-{index}",
+            requests=True,
+            daemon=True,
+            preload=preload,
+        ).start()
+        self._children.append(child)
+        self._serving.append(ServingProcess(child, self._pids))
+        self._pids.add(child.pid)
+        self._handout.add_child(child)
 
     def finish(self, progress: Callable[[str], None], done: Callable | None = None) -> tuple[list[dict[str, Any]], str | None]:
         if not self._works:
             return [], None
+        self._starting.wait()
         if not self._children:
             why = "too few CPUs or too little free host or GPU memory to compile the points side by side; each profile compiles its own"
             return [{"compiler": {"compiled_ahead": {"skipped": why}}} for _ in self._works], why
@@ -202,8 +201,8 @@ class CompilePool(AheadPool):
             "compile_threads": self._threads,
             # Forked from the server that imported what they need (compile_process.py), or each a
             # new interpreter, and why.
-            "forked": not self._not_forked,
-            **({"not_forked_why": self._not_forked} if self._not_forked else {}),
+            "forked": not self._starting.not_forked,
+            **({"not_forked_why": self._starting.not_forked} if self._starting.not_forked else {}),
             # From the first point handed over: to the last one compiled, and to the end of the
             # wait (this process preparing the points as they came back, done then or not).
             "compiled_s": round(heard.last_compiled - self._started_at, 3),
@@ -235,6 +234,7 @@ class CompilePool(AheadPool):
         # Told to stop and every point reported: the processes are ending on their own once they
         # are told to stop serving. Otherwise (an interruption) whatever they are compiling is of
         # no use: stop them now.
+        self._starting.stop(STOP_GRACE_S)
         self._handout.close()
         for serving in self._serving:
             serving.stop()

@@ -4,6 +4,9 @@ machine's CPUs (``share_cpus``); and where each point's time went in it (``timel
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+
 from pipeline.launchers.child import Child, answer_with, this_process_name
 from pipeline.launchers.child import start_server as start
 from pipeline.running.errors import PipelineError
@@ -43,6 +46,66 @@ def forking_usable() -> str | None:
         except PipelineError as exc:
             _not_forked = exc.message
     return _not_forked or None
+
+
+class Starting:
+    """The compiling processes, started on a thread of their own as many as are asked for
+    (``want``), so that the build handing over the first points goes on: a process forked from the
+    server starts only once the server has imported PRELOAD, and the run's process would stand
+    still until then (its first compiled build took 7.2 s in the lent H200's warm seed matrix, 2.4
+    s in the cold one, where its export had taken longer: docs/results/sweeps.md). ``start(index,
+    preload)`` starts process ``index`` and records it; whether they are forked at all is asked
+    first (``forking_usable``: ``not_forked``, "" where they are)."""
+
+    def __init__(self, start: Callable[[int, tuple[str, ...]], None]):
+        self._start = start
+        self._lock = threading.Lock()
+        self.wanted = self._count = 0
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._error: BaseException | None = None
+        self.not_forked: str | None = None
+
+    def want(self, count: int) -> None:
+        """At least ``count`` processes started, on the thread (started now where it is not running)."""
+        with self._lock:
+            self.wanted = max(self.wanted, count)
+            if self._thread is None and self._count < self.wanted and not self._stopping:
+                self._thread = threading.Thread(target=self._run, name="pipeline-compile-starting", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            if self.not_forked is None:
+                self.not_forked = forking_usable() or ""
+            while True:
+                with self._lock:
+                    if self._stopping or self._count >= self.wanted:
+                        self._thread = None
+                        return
+                    index, self._count = self._count, self._count + 1
+                self._start(index, () if self.not_forked else PRELOAD)
+        except BaseException as exc:  # raised in the run's own thread, by ``wait``
+            with self._lock:
+                self._error, self._thread = exc, None
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Until every process asked for so far is started; what stopped the thread raised here."""
+        with self._lock:
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+        if self._error is not None:
+            raise self._error
+
+    def stop(self, grace_s: float) -> None:
+        """No more processes started: the one starting now, if any, given ``grace_s`` to."""
+        with self._lock:
+            self._stopping = True
+        try:
+            self.wait(grace_s)
+        except BaseException:  # stopping: what went wrong starting is of no use now
+            pass
 
 
 def _cuda_after_fork(channel) -> None:

@@ -269,3 +269,41 @@ def test_whether_a_process_forked_from_the_compiling_server_can_use_cuda_is_aske
     monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", lambda: True)
     compile_process._cuda_after_fork(theirs)
     assert ours.recv().result() == "torch.cuda reports a bad fork"
+
+
+def test_compiling_processes_start_on_a_thread_of_their_own_and_its_failure_is_said_where_waited_for(monkeypatch):
+    """Asking for compiling processes returns at once, however long each takes to start (a forked
+    one waits for its server's imports); waiting for them returns once each asked for is started,
+    forked or not as a first forked process said; what went wrong starting one is raised there."""
+    from pipeline.runtimes.pytorch import compile_process
+
+    monkeypatch.setattr(compile_process, "forking_usable", lambda: None)
+    release, started = threading.Event(), []
+
+    def start(index, preload):
+        assert release.wait(10)
+        started.append((index, preload))
+
+    starting = compile_process.Starting(start)
+    began = time.perf_counter()
+    starting.want(2)
+    starting.want(1)  # never fewer than asked before
+    assert time.perf_counter() - began < 1 and started == []
+    release.set()
+    starting.wait()
+    assert started == [(0, compile_process.PRELOAD), (1, compile_process.PRELOAD)] and starting.not_forked == ""
+    starting.want(3)
+    starting.wait()
+    assert [index for index, _ in started] == [0, 1, 2]
+
+    monkeypatch.setattr(compile_process, "forking_usable", lambda: "told so")
+    spawned = []
+    failing = compile_process.Starting(lambda index, preload: spawned.append(preload) if index == 0 else 1 / 0)
+    failing.want(2)
+    with pytest.raises(ZeroDivisionError):
+        failing.wait()
+    assert spawned == [()] and failing.not_forked == "told so"  # each a new interpreter
+    stopped = compile_process.Starting(lambda index, preload: pytest.fail("started after stop"))
+    stopped.stop(1)
+    stopped.want(1)
+    stopped.wait()

@@ -76,11 +76,11 @@ NOT_FORKED = [None, "a process forked from their server found CUDA unusable (tor
 @needs_inductor
 @pytest.mark.parametrize("not_forked", NOT_FORKED)
 def test_two_toolchains_differing_only_by_capture_compile_each_point_once(tmp_path, run_cli, cpu_capture, monkeypatch, not_forked):
-    from pipeline.runtimes.pytorch import compile_ahead
+    from pipeline.runtimes.pytorch import compile_process
     from pipeline.runtimes.pytorch.compile_ahead import CompileJob, graph_key
 
     if not_forked:
-        monkeypatch.setattr(compile_ahead, "forking_usable", lambda: not_forked)
+        monkeypatch.setattr(compile_process, "forking_usable", lambda: not_forked)
     catalog = mlp_catalog(tmp_path / "ws")
     result = run_cli(catalog, "run", "--model", "m", "--toolchain", "torch-compile", "--toolchain", "torch-captured")
     assert result.exit_code == 0, result.err
