@@ -223,7 +223,7 @@ def rounds_loop(
         else:
             open_pairs = undecided(running, settings.tie, len(entrants), by, readings)
         settling = {key: entries for key, entries in running.items() if key not in raced_out}
-        padded = host_sets_the_pace(unsettled(settling, settings.tie, len(entrants), by, readings), engines, takes)
+        padded = host_sets_the_pace(unsettled(settling, settings.tie, len(entrants), by, readings), engines, takes, settings.tie)
         elapsed = now() - started
         if progress is not None:
             progress(_progress_text(rounds, open_pairs, elapsed, settings, len(raced_out), by.takes_needed(len(entrants))))

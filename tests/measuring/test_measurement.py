@@ -348,14 +348,22 @@ def test_rounds_whose_open_pairs_the_gpu_times_keep_take_ms():
     done = measure_in_rounds(launch_bound, settings(take_ms=100, round_ms=1000, min_rounds=6, budget_s=0.5), seed=1)
     assert set(launch_bound["a"].asked) == {500} and done.record("a").short_rounds == []
 
-    # Three engines: a and b a hair apart and GPU-bound, the baseline launch-bound and 3x slower.
-    # Until the baseline's pair is decided every round lasts a second; then the takes keep take_ms.
-    three = {"a": GpuLengths(1.0), "b": GpuLengths(1.0), "base": GpuLengths(3.0, share=0.9)}
+    # Three engines: a and b a hair apart and GPU-bound, the baseline launch-bound and 1.8x slower,
+    # within what a spell of the host could move: until the baseline's pair is decided every round
+    # lasts a second; then the takes keep take_ms.
+    three = {"a": GpuLengths(1.0), "b": GpuLengths(1.0), "base": GpuLengths(1.8, share=0.9)}
     three["b"].noise = lambda r: wobble[r % len(wobble)]
     done = measure_in_rounds(three, settings(take_ms=100, round_ms=1000, min_rounds=6, budget_s=0.5), seed=1, stays=frozenset({"base"}))
     first = first_deciding_round(3)
     assert three["base"].asked[:first] == [pytest.approx(1000 / 3)] * first and set(three["base"].asked[first:]) == {100}
     assert done.record("base").short_rounds == list(range(first, done.rounds)) and done.rounds > first
+    # 3x slower, beyond any spell's reach (pace.HOST_SWING past the band): two rounds of a second
+    # show it, and the takes keep take_ms from the third, long before the pair can be decided.
+    far = {"a": GpuLengths(1.0), "b": GpuLengths(1.0), "base": GpuLengths(3.0, share=0.9)}
+    far["b"].noise = lambda r: wobble[r % len(wobble)]
+    done = measure_in_rounds(far, settings(take_ms=100, round_ms=1000, min_rounds=6, budget_s=0.5), seed=1, stays=frozenset({"base"}))
+    assert far["base"].asked[:2] == [pytest.approx(1000 / 3)] * 2 and set(far["base"].asked[2:]) == {100}
+    assert done.record("base").short_rounds == list(range(2, done.rounds)) and done.rounds > first
 
 
 def test_a_launch_bound_pair_decided_across_the_band_edge_keeps_the_rounds_a_second_long():
@@ -747,3 +755,18 @@ def test_a_gpu_take_keeps_the_hosts_issue_time_of_its_untimed_run(monkeypatch):
     issued = []
     takes.cuda_take(clocked_torch(clock), lambda: clock.advance(next(long_issues)), 3, 20.0, issued)
     assert issued == [pytest.approx(30.0)]  # a run longer than a take's share: issued once, that one kept
+
+
+def test_a_pair_is_beyond_the_hosts_reach_only_when_every_round_of_two_or_more_lies_twice_past_the_band():
+    from pipeline.measuring.pace import HOST_SWING, beyond_the_hosts_reach
+    from pipeline.measuring.stats import RatioEstimate
+
+    def ranged(low, high, rounds=3):
+        return RatioEstimate(ratio=(low + high) / 2, low=low, high=high, rounds=rounds, outcome="ambiguous", bounded=False)
+
+    edge = 1 / 1.03 / HOST_SWING
+    assert beyond_the_hosts_reach(ranged(0.03, 0.06), 0.03) and beyond_the_hosts_reach(ranged(20.0, 30.0), 0.03)
+    assert not beyond_the_hosts_reach(ranged(0.03, edge * 1.01), 0.03)  # one round within a spell's reach
+    assert not beyond_the_hosts_reach(ranged(1.03 * HOST_SWING * 0.99, 30.0), 0.03)
+    assert not beyond_the_hosts_reach(ranged(0.03, 0.06, rounds=1), 0.03)  # one round shows nothing yet
+    assert not beyond_the_hosts_reach(None, 0.03)

@@ -128,7 +128,7 @@ def test_the_simulation_catches_short_rounds_where_a_launch_bound_engine_is_stil
     with a launch-bound side keeps rounds of round_ms."""
     import pipeline.measuring.rounds as rounds
 
-    monkeypatch.setattr(rounds, "host_sets_the_pace", lambda open_pairs, engines, takes: False)
+    monkeypatch.setattr(rounds, "host_sets_the_pace", lambda open_pairs, engines, takes, tie: False)
     tallies = _row(simulation, "lent GPU as measured", "2 equal")
     assert tallies["every round"].false_claim / 100 > 0.05
 
@@ -141,9 +141,23 @@ def test_a_gpu_bound_point_spends_less_of_its_budget_in_short_rounds(simulation,
 
     point = "10 at a GPU-bound point: 2 within 1 %, a launch-bound baseline"
     short = _row(simulation, "lent GPU, GPU-bound", point, points=40)["racing"]
-    monkeypatch.setattr(rounds, "host_sets_the_pace", lambda open_pairs, engines, takes: True)
+    monkeypatch.setattr(rounds, "host_sets_the_pace", lambda open_pairs, engines, takes, tie: True)
     padded = _row(simulation, "lent GPU, GPU-bound", point, points=40)["racing"]
     assert short.seconds < 0.85 * padded.seconds
+
+
+def test_a_point_whose_launch_bound_engines_are_far_behind_spends_less_of_its_budget_in_short_rounds(simulation, monkeypatch):
+    """Where every open pair with a launch-bound side has lain, every round, over twice beyond the
+    tie band (pace.beyond_the_hosts_reach) the takes keep take_ms too: the seed matrix's small
+    points, simulated on the lent GPU's shapes, end sooner than with those pairs' rounds
+    lengthened until the interval decides them, at no cost in false claims (the first test)."""
+    from pipeline.measuring import pace
+
+    point = "10 at a launch-bound point: the leader 25x the baseline"
+    short = _row(simulation, "lent GPU, GPU-bound", point, points=40)["racing"]
+    monkeypatch.setattr(pace, "HOST_SWING", float("inf"))
+    padded = _row(simulation, "lent GPU, GPU-bound", point, points=40)["racing"]
+    assert short.seconds < 0.9 * padded.seconds and short.false_claim == padded.false_claim == 0
 
 
 def test_a_claim_is_judged_as_the_output_words_it(simulation):
