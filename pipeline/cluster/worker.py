@@ -26,6 +26,7 @@ from pathlib import Path
 from pipeline.catalog import Catalog
 from pipeline.cluster.plan import Member
 from pipeline.cluster.transfer import FileRef, NodeBlobs, OutputFile, node_cache_dir, read_chunks
+from pipeline.models import finished_writing
 
 
 @dataclass
@@ -209,6 +210,7 @@ def execute(request: StageRequest, node_id: str, on_measuring=None, session: Wor
         )
     finally:
         if session is None:  # a GPU worker's stays, for its next job
+            finished_writing()  # a model's weights still being cached there would make it again
             shutil.rmtree(scratch, ignore_errors=True)
     result.messages = buffer.getvalue()
     result.seconds = time.perf_counter() - started

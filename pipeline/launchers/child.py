@@ -96,11 +96,17 @@ def _forking(preload: tuple[str, ...]):
     at once on the lent H200's 16 vCPUs spent 20-35 s a point beyond compiling it,
     docs/results/sweeps.md). One server a process, started with the first such child's modules.
     A new interpreter where there is no forkserver (Windows)."""
-    if "forkserver" not in multiprocessing.get_all_start_methods():
+    if not forks_from_a_server():
         return _SPAWN
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(list(preload))  # read once, when the server starts
     return context
+
+
+def forks_from_a_server() -> bool:
+    """Whether children with ``preload`` are forked from a server here (``_forking``), not each a
+    new interpreter (no forkserver: Windows)."""
+    return "forkserver" in multiprocessing.get_all_start_methods()
 
 
 def start_server(preload: tuple[str, ...]) -> None:
@@ -185,11 +191,15 @@ class Child:
         except (EOFError, OSError):
             return None
 
-    def result(self, what: str, grace_s: float = 5.0) -> Any:
+    def result(self, what: str, grace_s: float = 5.0, timeout_s: float | None = None) -> Any:
         """Wait for the reply and give its value, raising the child's error; a ChildEnded, naming
-        ``what`` the child was doing, when it ended without one. Interrupted (Ctrl-C, SIGTERM), it
-        stops the child (``grace_s`` to end) before it goes."""
+        ``what`` the child was doing, when it ended without one, or gave none in ``timeout_s``
+        (then stopped). Interrupted (Ctrl-C, SIGTERM), it stops the child (``grace_s`` to end)
+        before it goes."""
         try:
+            if timeout_s is not None and not self._ours.poll(timeout_s):
+                self.stop(grace_s)
+                raise ChildEnded(f"the process {what} gave no result in {timeout_s:g} s; it was stopped.")
             said = self.reply()
         except BaseException:
             self.stop(grace_s)

@@ -67,8 +67,8 @@ class RoundsRecord(BaseModel):
     # manifests written before: their takes were take_ms whatever the round.
     round_ms: float | None = None
     # The rounds (from 0) whose takes kept take_ms, not lengthened to round_ms: every pair still
-    # open then was of engines the GPU times (host_sets_the_pace). Empty in manifests written
-    # before, whose takes were all lengthened where their rounds were short.
+    # open then was of engines the GPU times, or beyond the host's reach (host_sets_the_pace).
+    # Empty in manifests written before, whose takes were all lengthened where their rounds were short.
     short_rounds: list[int] = []
     min_rounds: int
     budget_s: float

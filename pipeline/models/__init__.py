@@ -7,6 +7,7 @@ from __future__ import annotations
 import difflib
 import functools
 import importlib
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,16 @@ FAMILIES = {
     "onnx": "pipeline.models.onnx_file:OnnxModel",
     "python": "pipeline.models.python_module:PythonModel",
 }
+
+
+def finished_writing() -> None:
+    """Wait for what the model families imported in this process still write in the background
+    (a family module's ``finished_writing``: a transformer's seeded weights, kept in the
+    workspace), before the workspace goes (a cluster task's scratch workspace)."""
+    for target in FAMILIES.values():
+        module = sys.modules.get(target.partition(":")[0])
+        if module is not None and hasattr(module, "finished_writing"):
+            module.finished_writing()
 
 
 @functools.cache

@@ -29,6 +29,7 @@ from pydantic import Field, field_validator, model_validator
 from pipeline.catalog import ModelSpec
 from pipeline.models.base import ModelInput, ModelSource, ShapePoint, attention_mask
 from pipeline.models.transformers_weights import WEIGHTS_FOLDER, has_weights, no_init_weights, seeded, seeded_key
+from pipeline.models.transformers_weights import finished_writing as finished_writing  # the family's (pipeline/models: finished_writing)
 from pipeline.running.errors import EnvironmentMissing, PipelineError, UsageError
 
 # What each input the pipeline knows how to fill holds.

@@ -73,8 +73,8 @@ def _cached_path(cache: Path, key: tuple) -> tuple[Path, str]:
 
 
 def _read_cached(cache: Path, key: tuple) -> dict[str, Any] | None:
-    """The weights ``cache`` holds for ``key``; None where it holds none, or a file that is not
-    what it should be (made again then)."""
+    """The weights ``cache`` holds for ``key``; None where it holds none, or a file cut short or
+    of another format or key (made again then; the tensors' bytes themselves carry no checksum)."""
     import torch
 
     path, named = _cached_path(cache, key)
@@ -89,10 +89,21 @@ def _read_cached(cache: Path, key: tuple) -> dict[str, Any] | None:
     return saved.get("tensors")
 
 
+# The threads writing weights to a cache now (``finished_writing`` waits for them).
+_writing: list[threading.Thread] = []
+
+
+def finished_writing() -> None:
+    """Wait for this process's writes to the weights cache: before its workspace is deleted (a
+    cluster task's scratch workspace), which a write still going would make again."""
+    while _writing:
+        _writing.pop().join()
+
+
 def _write_cached(cache: Path, key: tuple, tensors: dict[str, Any]) -> None:
     """``tensors`` written to ``cache`` for ``key``, on a thread of its own (a second or so for
-    ModernBERT-base, off the run's way; the process waits for it before it ends); a failed write
-    leaves nothing there."""
+    ModernBERT-base, off the run's way; a process ending normally waits for it, one killed leaves
+    a hidden .tmp file); a failed write leaves nothing there."""
     from pipeline.running.files import atomic_output
 
     path, named = _cached_path(cache, key)
@@ -103,7 +114,9 @@ def _write_cached(cache: Path, key: tuple, tensors: dict[str, Any]) -> None:
         with contextlib.suppress(Exception), atomic_output(path) as partial:  # a full disk: made again next time
             torch.save({"format": _CACHED_FORMAT, "named": named, "tensors": tensors}, partial)
 
-    threading.Thread(target=write, name="seeded-weights-cache").start()
+    thread = threading.Thread(target=write, name="seeded-weights-cache")
+    thread.start()
+    _writing.append(thread)
 
 
 def seeded_key(cls, config, seed: int) -> tuple:

@@ -158,3 +158,17 @@ def test_how_a_process_ended_in_words():
     assert ended_words(None) == "still running"
     assert ended_words(0) == "exit status 0" and ended_words(3) == "exit status 3"
     assert ended_words(-signal.SIGTERM) == "killed by SIGTERM"
+
+
+def _silent(channel) -> None:
+    import time
+
+    time.sleep(60)
+
+
+def test_a_child_that_gives_no_result_in_time_is_stopped_and_said_so():
+    began = time.perf_counter()
+    child = Child(_silent, name="pipeline-test").start()
+    with pytest.raises(ChildEnded, match="gave no result in 2 s"):
+        child.result("waiting", grace_s=1, timeout_s=2)
+    assert not child.alive() and time.perf_counter() - began < 30

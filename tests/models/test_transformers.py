@@ -652,15 +652,6 @@ def test_a_model_made_again_in_one_process_has_the_same_weights_without_initiali
     )
 
 
-def _seeded_weights_written() -> None:
-    """Wait for the weights this process made to be in the workspace's cache (a thread writes them)."""
-    import threading
-
-    for thread in threading.enumerate():
-        if thread.name == "seeded-weights-cache":
-            thread.join(60)
-
-
 @pytest.mark.parametrize("family", ["bert", "llama"])
 def test_a_model_made_in_another_process_of_the_workspace_reads_its_weights_back_from_the_cache(family, tmp_path, monkeypatch):
     """What a process of the workspace initialised is kept in its .cache/weights/ (a re-run's
@@ -669,7 +660,7 @@ def test_a_model_made_in_another_process_of_the_workspace_reads_its_weights_back
     should be is made again, the same."""
     import torch
 
-    from pipeline.models import model_source
+    from pipeline.models import finished_writing, model_source
     from pipeline.models import transformers_weights as weights_module
     from pipeline.runtimes import load_catalog
 
@@ -679,7 +670,7 @@ def test_a_model_made_in_another_process_of_the_workspace_reads_its_weights_back
     source = model_source(name, catalog.model(name), tmp_path)
     monkeypatch.setattr(weights_module, "_last_seeded", {})
     first = weights_module.tensors_of(source.create())
-    _seeded_weights_written()
+    finished_writing()  # a thread writes them; what a cluster task waits for before its workspace goes
     (written,) = (tmp_path / weights_module.WEIGHTS_FOLDER).glob("*.pt")
     monkeypatch.setattr(weights_module, "_last_seeded", {})  # another process: nothing made here yet
     cls = type(source.create_for_weights())
@@ -694,7 +685,7 @@ def test_a_model_made_in_another_process_of_the_workspace_reads_its_weights_back
     remade = weights_module.tensors_of(source.create())
     assert initialised, "a damaged file is made again"
     assert all(torch.equal(tensor, first[key]) for key, tensor in remade.items())
-    _seeded_weights_written()
+    finished_writing()
 
 
 FLASH_CATALOG = (

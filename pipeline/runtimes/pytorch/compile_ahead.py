@@ -113,6 +113,7 @@ class CompilePool(AheadPool):
         self._expected: int | None = None  # the jobs the run said it may hand over (expect)
         self._threads = 1
         self._starting = Starting(self._start_child)  # the processes, started on a thread of their own
+        self._closing = False
         self._started = 0.0
         self._started_at = 0.0  # the same instant on the wall clock, which the processes share
         self._reported = False
@@ -130,6 +131,7 @@ class CompilePool(AheadPool):
         self._largest = max([self._largest, *(job.engine_path.stat().st_size for job in work.jobs)])
         if self._machine is None:  # the machine as the first work finds it, before any process holds any of it
             self._machine = (usable_cpus(), _gpu_free_bytes(), _host_free_bytes())
+            self._starting.gpu = self._machine[1] is not None  # CUDA must be usable in the processes
             self._started, self._started_at = time.perf_counter(), time.time()
         # The most processes the machine allows (compile_sizing.py), for the largest model so far.
         self._limit = processes_for(MAX_PROCESSES, *self._machine, self._largest)
@@ -163,6 +165,9 @@ class CompilePool(AheadPool):
             daemon=True,
             preload=preload,
         ).start()
+        if self._closing:  # closed while it started (its start waits for the server's imports)
+            child.stop(STOP_GRACE_S)
+            return
         self._children.append(child)
         self._serving.append(ServingProcess(child, self._pids))
         self._pids.add(child.pid)
@@ -171,7 +176,11 @@ class CompilePool(AheadPool):
     def finish(self, progress: Callable[[str], None], done: Callable | None = None) -> tuple[list[dict[str, Any]], str | None]:
         if not self._works:
             return [], None
-        self._starting.wait()
+        try:
+            self._starting.wait()
+        except BaseException:  # a process that could not start: those that did end now, not after the profiles
+            self.close()
+            raise
         if not self._children:
             why = "too few CPUs or too little free host or GPU memory to compile the points side by side; each profile compiles its own"
             return [{"compiler": {"compiled_ahead": {"skipped": why}}} for _ in self._works], why
@@ -234,6 +243,7 @@ class CompilePool(AheadPool):
         # Told to stop and every point reported: the processes are ending on their own once they
         # are told to stop serving. Otherwise (an interruption) whatever they are compiling is of
         # no use: stop them now.
+        self._closing = True
         self._starting.stop(STOP_GRACE_S)
         self._handout.close()
         for serving in self._serving:

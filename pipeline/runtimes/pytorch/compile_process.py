@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from pipeline.launchers.child import Child, answer_with, this_process_name
+from pipeline.launchers.child import Child, answer_with, forks_from_a_server, this_process_name
 from pipeline.launchers.child import start_server as start
 from pipeline.running.errors import PipelineError
 from pipeline.runtimes.pytorch.compile_sizing import CPUS_KEPT, usable_cpus
@@ -32,19 +32,30 @@ def start_server() -> None:
         start(PRELOAD)
 
 
-def forking_usable() -> str | None:
+# How long a first process forked from the server may take to say whether CUDA is usable there:
+# its start waits for the server's imports (20-35 s seen on the lent H200 beside a run's export).
+PROBE_TIMEOUT_S = 300.0
+
+
+def forking_usable(gpu: bool = False) -> str | None:
     """Why the compiling processes cannot be forked from the server (they are then each a new
     interpreter, which imports for itself), or None where they can: a first process forked from
-    it found CUDA unusable (an import in the server initialised CUDA's driver: preload.py), or
-    could not say. Asked once a run. Its start waits for the server's imports, as the first
-    compiling process's would."""
+    it found CUDA unusable where the run has a GPU (``gpu``: an import in the server initialised
+    CUDA's driver, preload.py), or could not say. Asked once a run. Its start waits for the
+    server's imports, as the first compiling process's would."""
     global _not_forked
     if _not_forked is None:
+        if not forks_from_a_server():
+            _not_forked = "this platform has no forkserver"
+            return _not_forked
         try:
-            said = Child(_cuda_after_fork, name="pipeline-compile-probe", preload=PRELOAD).start().result("checking CUDA after a fork")
+            probe = Child(_cuda_after_fork, gpu, name="pipeline-compile-probe", preload=PRELOAD).start()
+            said = probe.result("checking CUDA after a fork", timeout_s=PROBE_TIMEOUT_S)
             _not_forked = f"a process forked from their server found CUDA unusable ({said})" if said else ""
         except PipelineError as exc:
             _not_forked = exc.message
+        except (OSError, EOFError) as exc:  # the server gone (killed, or an import that failed)
+            _not_forked = f"their server could not fork a process ({type(exc).__name__}: {exc})"
     return _not_forked or None
 
 
@@ -57,8 +68,8 @@ class Starting:
     preload)`` starts process ``index`` and records it; whether they are forked at all is asked
     first (``forking_usable``: ``not_forked``, "" where they are)."""
 
-    def __init__(self, start: Callable[[int, tuple[str, ...]], None]):
-        self._start = start
+    def __init__(self, start: Callable[[int, tuple[str, ...]], None], gpu: bool = False):
+        self._start, self.gpu = start, gpu
         self._lock = threading.Lock()
         self.wanted = self._count = 0
         self._thread: threading.Thread | None = None
@@ -70,14 +81,15 @@ class Starting:
         """At least ``count`` processes started, on the thread (started now where it is not running)."""
         with self._lock:
             self.wanted = max(self.wanted, count)
-            if self._thread is None and self._count < self.wanted and not self._stopping:
+            # After a failure none more: ``wait`` raises it, and the pool closes those started.
+            if self._thread is None and self._count < self.wanted and not self._stopping and self._error is None:
                 self._thread = threading.Thread(target=self._run, name="pipeline-compile-starting", daemon=True)
                 self._thread.start()
 
     def _run(self) -> None:
         try:
             if self.not_forked is None:
-                self.not_forked = forking_usable() or ""
+                self.not_forked = forking_usable(self.gpu) or ""
             while True:
                 with self._lock:
                     if self._stopping or self._count >= self.wanted:
@@ -108,14 +120,19 @@ class Starting:
             pass
 
 
-def _cuda_after_fork(channel) -> None:
+def _cuda_after_fork(channel, gpu: bool) -> None:
     """In a process forked from the server: None where CUDA is as usable as in a new interpreter,
-    else why not (PyTorch's word on a fork after CUDA was initialised)."""
+    else why not — PyTorch's word on a fork after CUDA was initialised, or, where the run has a
+    GPU (``gpu``), no GPU found from here (the driver initialised in the server by other means)."""
 
     def unusable() -> str | None:
         import torch
 
-        return "torch.cuda reports a bad fork" if torch.cuda._is_in_bad_fork() else None
+        if torch.cuda._is_in_bad_fork():
+            return "torch.cuda reports a bad fork"
+        if gpu and not torch.cuda.is_available():
+            return "torch.cuda finds no GPU"
+        return None
 
     answer_with(channel, unusable)
 

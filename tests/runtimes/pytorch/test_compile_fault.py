@@ -266,8 +266,10 @@ def test_whether_a_process_forked_from_the_compiling_server_can_use_cuda_is_aske
     assert compile_process.forking_usable() is None
     assert compile_process._not_forked == ""  # asked once
     ours, theirs = multiprocessing.Pipe()
+    compile_process._cuda_after_fork(theirs, True)  # where the run has a GPU, this process finds none
+    assert ours.recv().result() == "torch.cuda finds no GPU"
     monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", lambda: True)
-    compile_process._cuda_after_fork(theirs)
+    compile_process._cuda_after_fork(theirs, False)
     assert ours.recv().result() == "torch.cuda reports a bad fork"
 
 
@@ -277,7 +279,7 @@ def test_compiling_processes_start_on_a_thread_of_their_own_and_its_failure_is_s
     forked or not as a first forked process said; what went wrong starting one is raised there."""
     from pipeline.runtimes.pytorch import compile_process
 
-    monkeypatch.setattr(compile_process, "forking_usable", lambda: None)
+    monkeypatch.setattr(compile_process, "forking_usable", lambda gpu=False: None)
     release, started = threading.Event(), []
 
     def start(index, preload):
@@ -296,14 +298,52 @@ def test_compiling_processes_start_on_a_thread_of_their_own_and_its_failure_is_s
     starting.wait()
     assert [index for index, _ in started] == [0, 1, 2]
 
-    monkeypatch.setattr(compile_process, "forking_usable", lambda: "told so")
+    monkeypatch.setattr(compile_process, "forking_usable", lambda gpu=False: "told so")
     spawned = []
     failing = compile_process.Starting(lambda index, preload: spawned.append(preload) if index == 0 else 1 / 0)
     failing.want(2)
     with pytest.raises(ZeroDivisionError):
         failing.wait()
     assert spawned == [()] and failing.not_forked == "told so"  # each a new interpreter
+    failing.want(4)  # none more after a failure
+    with pytest.raises(ZeroDivisionError):
+        failing.wait()
+    assert spawned == [()]
     stopped = compile_process.Starting(lambda index, preload: pytest.fail("started after stop"))
     stopped.stop(1)
     stopped.want(1)
     stopped.wait()
+
+
+def test_a_compiling_process_that_cannot_start_ends_those_started_where_the_run_waits_for_them(monkeypatch, tmp_path):
+    """The second compiling process fails to start (the server gone, say): the run, waiting for the
+    compilations, is told so, and the first process ends then — not after the profiles, compiling
+    and holding memory beside their measurements."""
+    from pipeline.runtimes.pytorch import compile_ahead, compile_process
+
+    monkeypatch.setattr(compile_process, "forking_usable", lambda gpu=False: None)
+    started: list = []
+
+    class Started:
+        def __init__(self, index):
+            self.index, self.stopped = index, False
+
+        def stop(self, grace_s=0):
+            self.stopped = True
+
+    pool = compile_ahead.CompilePool()
+
+    def start_child(index, preload):
+        if index:
+            raise OSError("the server is gone")
+        started.append(Started(index))
+        pool._children.append(started[-1])
+
+    pool._starting = compile_process.Starting(start_child)
+    pool._works.append(object())
+    pool._starting.want(2)
+    closed = []
+    monkeypatch.setattr(pool, "close", lambda: closed.append(True))
+    with pytest.raises(OSError, match="the server is gone"):
+        pool.finish(lambda words: None)
+    assert closed == [True] and [child.index for child in started] == [0]

@@ -80,7 +80,7 @@ def test_two_toolchains_differing_only_by_capture_compile_each_point_once(tmp_pa
     from pipeline.runtimes.pytorch.compile_ahead import CompileJob, graph_key
 
     if not_forked:
-        monkeypatch.setattr(compile_process, "forking_usable", lambda: not_forked)
+        monkeypatch.setattr(compile_process, "forking_usable", lambda gpu=False: not_forked)
     catalog = mlp_catalog(tmp_path / "ws")
     result = run_cli(catalog, "run", "--model", "m", "--toolchain", "torch-compile", "--toolchain", "torch-captured")
     assert result.exit_code == 0, result.err
