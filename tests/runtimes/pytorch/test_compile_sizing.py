@@ -93,8 +93,10 @@ def test_a_pool_handed_six_graphs_as_the_builds_write_them_starts_six_processes(
     try:
         pool.expect(6)
         assert pool.submit(_work(first, ["2x8", "4x8", "4x16"]))
+        pool._starting.wait()  # they start on a thread of their own
         assert len(pool._children) == 3
         assert pool.submit(_work(second, ["2x8", "4x8", "4x16"]))
+        pool._starting.wait()
         assert len(pool._children) == 6
         evidence, skipped = pool.finish(lambda line: None)
     finally:
@@ -114,6 +116,7 @@ def test_a_pool_short_of_host_memory_starts_fewer_processes_and_they_compile_eve
     try:
         pool.expect(3)
         assert pool.submit(_work(engine, ["1x8", "2x8", "4x8"]))
+        pool._starting.wait()  # they start on a thread of their own
         assert len(pool._children) == 2
         evidence, _ = pool.finish(lambda line: None)
     finally:
