@@ -197,8 +197,7 @@ class Child:
         (then stopped). Interrupted (Ctrl-C, SIGTERM), it stops the child (``grace_s`` to end)
         before it goes."""
         try:
-            if timeout_s is not None and not self._ours.poll(timeout_s):
-                self.stop(grace_s)
+            if timeout_s is not None and not self._ours.poll(timeout_s):  # stopped below, as on Ctrl-C
                 raise ChildEnded(f"the process {what} gave no result in {timeout_s:g} s; it was stopped.")
             said = self.reply()
         except BaseException:
