@@ -11,12 +11,12 @@
 # line stamped with the seconds since the start), cold-compare.json and warm-compare.json, and
 # cold-manifests.tgz and warm-manifests.tgz (each run's manifests folder), and
 # agreement.txt (scripts/check_rerun_agreement.py: cold against warm, and cold against
-# LAST_COMPARE_JSON, by default the newest cold-racing-compare.json under docs/results/records/).
+# LAST_COMPARE_JSON, by default the newest cold-compare.json under docs/results/records/).
 # The workspaces stay under ${SEED_WORK:-/tmp/seed}. Exits with the cold run's status.
 set -uo pipefail
 out="${1:?usage: record_seed_matrix.sh OUT [LAST_COMPARE_JSON]}"
 cd "$(dirname "$0")/.."
-last="${2:-$(ls -1 docs/results/records/*/cold-racing-compare.json 2>/dev/null | sort | tail -1)}"
+last="${2:-$(ls -1 docs/results/records/*/cold-compare.json 2>/dev/null | sort | tail -1)}"
 work="${SEED_WORK:-/tmp/seed}"
 mkdir -p "$out" "$work"
 {
