@@ -150,6 +150,13 @@ class ModelSource(ABC):
         """Why this model cannot be made in ``variant`` at all (recorded as a skip), or None."""
         return None
 
+    def import_libraries(self) -> None:
+        """Import what ``create`` needs, ahead of it: an export times its imports as a phase of
+        their own, and a family imports only its own libraries (timm's cost a transformer nothing)."""
+        from pipeline.models.torch_import import import_torch
+
+        import_torch()
+
     @abstractmethod
     def create(self) -> Any:
         """The model in eval mode on the CPU, in FP32, with the catalog's weights."""

@@ -48,6 +48,11 @@ class TimmModel(ModelSource):
     def describe(self) -> str:
         return self.spec.timm
 
+    def import_libraries(self) -> None:
+        from pipeline.models.torch_import import import_timm
+
+        import_timm()
+
     def create(self):
         from pipeline.models.torch_import import import_timm
 

@@ -31,7 +31,15 @@ def _import_torchvision() -> None:
         pass  # timm's own import error below is the one worth showing
 
 
-def import_timm():
-    require_module("torch", purpose="Exporting models")
+def import_torch():
+    """torch, with torchvision's quirk on CPU-only torch handled (transformers imports torchvision
+    too). Not timm: importing it costs seconds (1.4 s on the lent H100) that a model of another
+    family never uses."""
+    torch = require_module("torch", purpose="Exporting models")
     _import_torchvision()
+    return torch
+
+
+def import_timm():
+    import_torch()
     return require_module("timm", purpose="Exporting timm models")

@@ -83,9 +83,9 @@ class TransformersSpec(ModelSpec):
 
 def import_transformers():
     """transformers, or exit 3 with how to install it."""
-    from pipeline.models.torch_import import import_timm
+    from pipeline.models.torch_import import import_torch
 
-    import_timm()  # torch, and torchvision's quirk on CPU-only torch (transformers imports it too)
+    import_torch()  # torchvision's quirk on CPU-only torch handled first: transformers imports it too
     try:
         import transformers
     except ImportError as exc:
@@ -271,6 +271,9 @@ class TransformersModel(ModelSource):
             setattr(config, key, value)
         config._attn_implementation = self.spec.attn_implementation
         return config
+
+    def import_libraries(self) -> None:
+        import_transformers()
 
     def create(self):
         return self._create(initialise=True)

@@ -175,12 +175,9 @@ class Prepared:
 
 
 def import_torch():
-    from pipeline.models.torch_import import import_timm
+    from pipeline.models.torch_import import import_torch as import_torch_once
 
-    import_timm()  # timm's own import quirks (pipeline/models/torch_import.py) are handled once there
-    import torch
-
-    return torch
+    return import_torch_once()  # torchvision's quirk (pipeline/models/torch_import.py) is handled there
 
 
 def cache_keys_alike_in_every_process(torch) -> None:
