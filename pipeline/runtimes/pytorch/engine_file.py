@@ -21,23 +21,26 @@ ENGINE_FORMAT = "trt-pipeline torch model"
 ENGINE_FORMAT_VERSION = 2
 
 
-# The last engine file this process wrote: what it holds (the header, and each weight's tensor,
-# its memory and version) and the file's identity once written (_Written).
-_last_written: _Written | None = None
+# The engine files this process last wrote, one for each header (each precision of one model's
+# weights), at most KEPT_BYTES of weights together: what each holds (the header, and each weight's
+# tensor, its memory and version) and the file's identity once written (_Written).
+_written: list[_Written] = []
 
 
 def write_engine(path: Path, source, precision: str, examples: tuple, model) -> None:
     """The engine file for ``model`` (``source``'s, cast to ``precision``), built at ``examples``' shapes.
 
     ``path`` is a build's temporary name (running/files.py, atomic_output). Where this process
-    just wrote the same header and the very same weight tensors, unchanged since, to a file still
-    as it was written, ``path`` becomes a second name of that file instead: every torch toolchain
-    of one engine writes the same file (the toolchain is not in it), and each of the seed matrix's
-    ten builds wrote and then hashed 300 MB again (8.5 s of its builds on the lent H100, py-spy:
-    docs/results/sweeps.md). The workspace hashes a file once under all its names
+    wrote the same header and the very same weight tensors, unchanged since, to a file still as it
+    was written, ``path`` becomes a second name of that file instead: every torch toolchain of one
+    engine writes the same file (the toolchain is not in it), and each of the seed matrix's ten
+    builds wrote and then hashed 300 MB again (8.5 s of its builds on the lent H100, py-spy:
+    docs/results/sweeps.md). One file is kept for each header, not only the last: the builds take
+    the toolchains in turn and each toolchain's variants in turn (bf16, fp16, bf16, ...), so with
+    only the last one kept every build wrote its file anew (sampled on the lent H100: half of the
+    warm run's eight eager builds' time). The workspace hashes a file once under all its names
     (workspace/artifacts.py); a later build writes a new file and moves it over its own name,
     leaving the other name's as it was."""
-    global _last_written
     header = {
         "format": ENGINE_FORMAT,
         "format_version": ENGINE_FORMAT_VERSION,
@@ -47,12 +50,17 @@ def write_engine(path: Path, source, precision: str, examples: tuple, model) -> 
         "input_shapes": [list(t.shape) for t in examples],
     }
     state = model.state_dict()
-    if _last_written is not None and _last_written.holds(header, state) and _link(_last_written, path):
+    if any(written.holds(header, state) and _link(written, path) for written in _written):
         return
-    _last_written = None  # its tensors are let go before this file's are held
+    # The superseded file of this header and those of another model's weights are let go before
+    # this file's tensors are held (cast_weights keeps one model's weights at a time, too).
+    _written[:] = [written for written in _written if written.header != header and written.header["source"] == header["source"]]
     import_torch().save({**header, "state_dict": state}, path)
-    if sum(tensor.numel() * tensor.element_size() for tensor in state.values()) <= KEPT_BYTES:
-        _last_written = _Written(header, state, final_path(path), file_identity(path))
+    size = sum(tensor.numel() * tensor.element_size() for tensor in state.values())
+    if size + sum(written.size for written in _written) > KEPT_BYTES:
+        _written.clear()  # the newest kept, where it fits alone
+    if size <= KEPT_BYTES:
+        _written.append(_Written(header, state, final_path(path), file_identity(path), size))
 
 
 class _Written:
@@ -61,8 +69,8 @@ class _Written:
     version when written (a weight written in place since is another weight) — and where the
     file is, with what identity."""
 
-    def __init__(self, header: dict, state: dict, path: Path, identity: tuple):
-        self.header, self.state, self.path, self.identity = header, dict(state), path, identity
+    def __init__(self, header: dict, state: dict, path: Path, identity: tuple, size: int):
+        self.header, self.state, self.path, self.identity, self.size = header, dict(state), path, identity, size
         self.versions = {name: tensor._version for name, tensor in state.items()}
 
     def holds(self, header: dict, state: dict) -> bool:

@@ -32,7 +32,7 @@ def _module_around(weights: dict):
 
 @pytest.fixture(autouse=True)
 def _nothing_written_before(monkeypatch):
-    monkeypatch.setattr(engine_file, "_last_written", None)
+    monkeypatch.setattr(engine_file, "_written", [])
 
 
 def test_the_same_weights_written_again_are_a_second_name_of_the_first_file(tmp_path):
@@ -48,6 +48,32 @@ def test_the_same_weights_written_again_are_a_second_name_of_the_first_file(tmp_
     other = tmp_path / "fp32.pt"
     write_engine(other, SOURCE, "fp32", EXAMPLES, _module_around(weights))
     assert not os.path.samefile(first, other) and read_engine(other)["precision"] == "fp32"
+
+
+def test_builds_taking_the_precisions_in_turn_link_to_each_precisions_file(tmp_path):
+    """The builds take each toolchain's variants in turn (bf16, fp16, bf16, ...): each precision's
+    file is kept, so every build after a precision's first is a second name of that file; another
+    model's weights let them go."""
+    weights = {
+        "bf16": {"weight": torch.randn(3, 4), "bias": torch.randn(3)},
+        "fp16": {"weight": torch.randn(3, 4), "bias": torch.randn(3)},
+    }
+    files = {}
+    for toolchain in ("torch-eager", "torch-eager-attn", "torch-cudagraphs"):
+        for precision in ("bf16", "fp16"):
+            path = tmp_path / f"{toolchain}-{precision}.pt"
+            write_engine(path, SOURCE, precision, EXAMPLES, _module_around(weights[precision]))
+            files.setdefault(precision, []).append(path)
+    for precision, paths in files.items():
+        assert all(os.path.samefile(paths[0], path) for path in paths[1:]), precision
+        assert read_engine(paths[0])["precision"] == precision
+    assert not os.path.samefile(files["bf16"][0], files["fp16"][0])
+    other = SimpleNamespace(name="another", family="python", spec=_Spec())
+    write_engine(tmp_path / "another.pt", other, "bf16", EXAMPLES, _module_around(weights["bf16"]))
+    assert [written.header["source"]["name"] for written in engine_file._written] == ["another"]
+    again = tmp_path / "again.pt"
+    write_engine(again, SOURCE, "fp16", EXAMPLES, _module_around(weights["fp16"]))
+    assert not os.path.samefile(files["fp16"][0], again)  # let go with the other model's write
 
 
 def test_weights_written_in_place_since_are_written_anew(tmp_path):
