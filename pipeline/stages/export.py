@@ -28,7 +28,7 @@ from pipeline.running.errors import DeviceFault, EnvironmentMissing, UsageError
 from pipeline.stages.base import Stage, StageOutcome
 from pipeline.stages.export_parts import References, Traced, VariantModel, export_note
 from pipeline.stages.export_phases import Phases
-from pipeline.stages.export_references import ReferenceWriter, reference_batch, reference_files
+from pipeline.stages.export_references import KeptFP32Outputs, ReferenceWriter, reference_batch, reference_files
 from pipeline.stages.onnx_writing import (
     OnnxWriter,
     Written,
@@ -290,13 +290,11 @@ class ExportStage(Stage):
         return StageOutcome(outputs=outputs, details=details, note=export_note(details, len(traced.points)))
 
     def _import_tools(self, phase: Phases, source) -> None:
-        """torch, timm and (for a quantized or sparse variant) ModelOpt imported, each timed as its
-        own phase; a variant this machine cannot quantize or an opset the exporter cannot write
-        refused before those seconds are spent."""
+        """The model family's libraries (torch, and timm or transformers) and, for a quantized or
+        sparse variant, ModelOpt imported, timed as a phase of their own; a variant this machine
+        cannot quantize or an opset the exporter cannot write refused before those seconds are spent."""
         with phase("import"):
-            from pipeline.models.torch_import import import_timm
-
-            import_timm()  # timed here, not in create_model
+            source.import_libraries()  # timed here, not in create_model
             require_cuda_for(self.variant_spec.precision)  # before ModelOpt's seconds of imports, not after
             # Quantized exports are ModelOpt's, written by the TorchScript exporter.
             check_opset(self.opset(), "torchscript" if self.quantized else source.exporter)
@@ -350,7 +348,7 @@ class ExportStage(Stage):
         else:
             batch, facts = reference_batch(traced.model, traced.sample[0], self._evaluation_dir(), seed, self.model_spec.checkpoint)
             batches = {None: (batch,)}
-        fp32_outputs = {}
+        fp32_outputs, kept = {}, KeptFP32Outputs(source, traced.device, self._at_points)
         missing = {label: f"the FP32 model faulted on the GPU at this point: {words}" for label, words in self._faulted.items()}
 
         def fp32(feeds):
@@ -360,7 +358,7 @@ class ExportStage(Stage):
         # itself in FP32: every fused kernel (flash, efficient, cuDNN) is checked against it.
         with torch.no_grad(), sdpa_kernel([SDPBackend.MATH]), input_refused_as_error(source, traced.sample[0].shape, traced.model):
             for label, feeds in self._each_point({k: v for k, v in batches.items() if k not in missing}):
-                output = self._at_points.run(label, feeds, fp32, "the FP32 reference")
+                output = kept.output(label, feeds, fp32, "the FP32 reference")
                 if output is None:
                     missing[label] = f"the FP32 reference did not fit in memory at this point: {self._at_points.messages[label]}"
                 else:

@@ -131,3 +131,45 @@ def reference_files(reference: dict[str, Any]) -> list[tuple[str, str]]:
         if point.get("output"):
             files.append((f"reference_output@{label}", point["output"]["path"]))
     return files
+
+
+# The FP32 outputs this process last computed for one model (its seeded weights and catalog
+# settings), by device and shape point, with the inputs they are for and how many samples at a
+# time they were made (a batch that did not fit whole). The variants of a model share their
+# reference batches (seeded by the model, not the variant) and so their FP32 outputs: the seed
+# matrix's fp16 export ran the FP32 model at its six points again after the bf16 export (0.97 s on
+# the lent H100). Weights a process cannot tell apart (a folder's, a checkpoint's, which may be
+# saved again between two runs) are not kept.
+_fp32_kept: dict[tuple, tuple[tuple, Any, int | None]] = {}
+
+
+class KeptFP32Outputs:
+    """The FP32 outputs of ``source``'s model on ``device``, made at each point by ``at_points``
+    (pipeline/stages/point_outputs.py): those this process made for the same inputs, else made and
+    kept (one model's at a time)."""
+
+    def __init__(self, source, device: str, at_points):
+        weights = source.weights_key()
+        self.model = None if weights is None else (weights, source.spec.model_dump_json())
+        self.device, self.at_points = device, at_points
+
+    def output(self, label, feeds: tuple, forward, what: str):
+        import torch
+
+        if self.model is None:
+            return self.at_points.run(label, feeds, forward, what)
+        kept = _fp32_kept.get((self.model, self.device, label))
+        if kept is not None:
+            inputs, output, part = kept
+            if len(inputs) == len(feeds) and all(
+                a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(inputs, feeds, strict=True)
+            ):
+                if part is not None:
+                    self.at_points.in_parts[label] = part
+                return output
+        output = self.at_points.run(label, feeds, forward, what)
+        if output is not None:  # None: it did not fit even a sample at a time
+            for key in [key for key in _fp32_kept if key[0] != self.model]:
+                del _fp32_kept[key]
+            _fp32_kept[(self.model, self.device, label)] = (tuple(t.clone() for t in feeds), output, self.at_points.in_parts.get(label))
+        return output

@@ -688,6 +688,64 @@ def test_a_model_made_in_another_process_of_the_workspace_reads_its_weights_back
     finished_writing()
 
 
+def test_a_transformer_is_made_without_importing_timm_and_a_timm_model_with_it(tmp_path):
+    """A model family imports its own libraries: timm (seconds on the lent GPUs' hosts) is never
+    imported for a transformer, in a fresh interpreter as a run's is; a timm model has it."""
+    import subprocess
+    import sys
+
+    from tests.conftest import TINY_CATALOG
+
+    script = (
+        "import sys\n"
+        "from pipeline.models import model_source\n"
+        "from pipeline.runtimes import load_catalog\n"
+        "catalog = load_catalog(sys.argv[1])\n"
+        "source = model_source(sys.argv[2], catalog.model(sys.argv[2]), sys.argv[3])\n"
+        "source.import_libraries()\n"
+        "imported = 'timm' in sys.modules\n"
+        "source.create()\n"
+        "print(imported, 'timm' in sys.modules)\n"
+    )
+    for name, text, expected in (("bert", BERT_CATALOG, "False False"), ("tiny", TINY_CATALOG, "True True")):
+        folder = tmp_path / name
+        folder.mkdir()
+        catalog = write_catalog(folder, text)
+        done = subprocess.run(
+            [sys.executable, "-c", script, str(catalog), name, str(folder)], capture_output=True, text=True, cwd=Path(__file__).parents[2]
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.split("\n")[-2] == expected, (name, done.stdout)
+
+
+def test_a_models_second_variant_takes_its_fp32_references_from_the_first_export(tmp_path, run_cli, monkeypatch):
+    """The variants of one model share their reference batches, so an export after the first in a
+    process takes the FP32 outputs it made instead of running the FP32 model again: the files are
+    the same. Another model's weights (another seed) run the FP32 model again."""
+    from pipeline.stages import export_references
+    from pipeline.stages.point_outputs import PointOutputs
+
+    monkeypatch.setattr(export_references, "_fp32_kept", {})
+    made = []
+    real = PointOutputs.run
+    monkeypatch.setattr(
+        PointOutputs, "run", lambda self, label, feeds, forward, what: made.append((label, what)) or real(self, label, feeds, forward, what)
+    )
+    catalog = write_catalog(tmp_path, BERT_CATALOG)
+    assert run_cli(catalog, "export", "--variant", "fp32", "--variant", "fp16").exit_code == 0
+    references = [label for label, what in made if what == "the FP32 reference"]
+    assert sorted(references) == ["2x8", "3x24"], "the FP32 model ran once at each point, for the first variant"
+    folder = tmp_path / "models" / "bert"
+    for point in ("2x8", "3x24"):
+        assert (folder / f"fp32.ref-{point}.output.bin").read_bytes() == (folder / f"fp16.ref-{point}.output.bin").read_bytes()
+    reseeded = write_catalog(
+        tmp_path / "reseeded", BERT_CATALOG.replace('transformers = "BertModel"', 'transformers = "BertModel"\nseed = 7')
+    )
+    made.clear()
+    assert run_cli(reseeded, "export", "--variant", "fp16").exit_code == 0
+    assert sorted(label for label, what in made if what == "the FP32 reference") == ["2x8", "3x24"]
+
+
 FLASH_CATALOG = (
     tiny_bert_catalog(["2x16", "2x24"], ["fp32"], defaults=["fp32"])
     + CPU_TOOLCHAINS
