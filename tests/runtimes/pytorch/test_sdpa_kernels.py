@@ -34,3 +34,35 @@ def test_the_raw_names_are_those_the_profilers_events_give():
             return trace.events()
 
     assert prepared._operator_names(EventsOnly()) == raw
+
+
+class _Attending(torch.nn.Module):
+    def forward(self, query):
+        return torch.nn.functional.scaled_dot_product_attention(query, query, query)
+
+
+def test_an_eager_module_is_asked_its_kernels_once_for_each_file_setting_and_input(monkeypatch):
+    """The eager and CUDA-graph toolchains of one engine ask the same eager module at each point:
+    one profiled call for each engine file, attention setting and input shapes and types; another
+    file, setting or shape is asked again."""
+    from pipeline.running.reporting import Reporter
+    from pipeline.runtimes import spec_class
+    from pipeline.runtimes.pytorch import preparing
+
+    monkeypatch.setattr(preparing, "_eager_sdpa", {})
+    asked = []
+    real = preparing.sdpa_kernels
+    monkeypatch.setattr(preparing, "sdpa_kernels", lambda torch_, run: asked.append(1) or real(torch_, run))
+
+    def prepare(engine_file, shape=(1, 2, 8, 4), **settings):
+        spec = spec_class("torch").model_validate({"kind": "torch", **settings})
+        examples = (torch.randn(*shape),)
+        return preparing.TorchPreparation(spec, Reporter()).prepare(_Attending(), examples, torch.float32, "cpu", engine_file, "1x8")
+
+    first = prepare((1, 2, 3))
+    assert first.facts["sdpa_kernels"] == ["flash"] and len(asked) == 1
+    assert prepare((1, 2, 3)).facts["sdpa_kernels"] == ["flash"] and len(asked) == 1  # the same module again
+    prepare((1, 2, 3), shape=(1, 2, 16, 4))
+    prepare((4, 5, 6))
+    prepare((1, 2, 3), sdpa_backend="math")
+    assert len(asked) == 4
