@@ -76,6 +76,9 @@ class Measured:
     prepared_ahead: bool = False
     # Its runs at each stream count after the rounds, where the settings serve (pipeline/stages/serving.py).
     served: list = field(default_factory=list)
+    # The machine's load when the measurement ended: read once for a point's engines, whose rounds
+    # ended together (two nvidia-smi calls an engine cost the seed matrix ~0.5 s a point).
+    load_at_end: dict | None = None
 
 
 def profile_point(stages: list) -> dict[Any, StageRecord | PipelineError]:
@@ -239,6 +242,7 @@ def _in_rounds(stages: list) -> dict[Any, Measured | PipelineError]:
         except DeviceFault as exc:
             faulted = next((stage for stage in servers if entrant_name(stage) == exc.entrant), None)
             return {faulted: exc} if faulted is not None else {**out, **dict.fromkeys(prepared, PipelineError(exc.message, exc.hint))}
+    load_at_end = machine_load()
     for stage, (engine, accuracy, cost, ahead) in prepared.items():
         key = entrant_name(stage)
         if key in outcome.errors:  # recorded in its manifest where it is a refusal (out of memory)
@@ -266,6 +270,7 @@ def _in_rounds(stages: list) -> dict[Any, Measured | PipelineError]:
             preparation_s=cost,
             prepared_ahead=ahead,
             served=served.get(stage, []),
+            load_at_end=load_at_end,
         )
     return out
 
@@ -377,7 +382,7 @@ def _tool_runs(stage, engine_path: Path, workload) -> Measured:
             f"{stage.engine.name}: the {len(medians)} measurements disagree (medians {min(medians):.3f}–{max(medians):.3f} ms, "
             f"CV {repeat_cv:.2%} > {settings.max_repeat_cv:.0%}): taking them again ({len(retaken)} of {settings.retakes})"
         )
-    return Measured(results, watched, load_at_start, [], (None, None, None), retaken, gpu_device=gpu_device)
+    return Measured(results, watched, load_at_start, [], (None, None, None), retaken, gpu_device=gpu_device, load_at_end=machine_load())
 
 
 # --- a repeat in a fresh process ---------------------------------------------------------------------

@@ -218,7 +218,7 @@ class ProfileStage(Stage):
             stable=stable if len(medians) > 1 else None,
             # The machine's load around the measurement and what it did during each one, so a
             # number taken on a busy machine shows it.
-            machine_load={"start": measured.load_at_start, "end": machine_load(), "during": measured.watched},
+            machine_load={"start": measured.load_at_start, "end": measured.load_at_end or machine_load(), "during": measured.watched},
             warnings=warnings,
             **checked_evidence(self.runtime, results[-1].evidence, ProfileDetails),
         )

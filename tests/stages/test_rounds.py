@@ -138,3 +138,28 @@ def test_ranked_by_p99_on_a_cpu_the_rounds_run_to_the_budget_and_the_verdict_say
     assert verdict["ranked_by"] == "p99" and verdict["undecided"] and verdict["fastest"]["ranked_takes_needed"] == 437
     by_median = json.loads(run_cli(catalog, "compare", "--by", "median", "--format", "json", "--model", "vit_tiny").out)
     assert by_median["verdicts"][0]["ranked_by"] == "median" and " by p99" not in by_median["verdicts"][0]["text"]
+
+
+def test_the_machines_load_is_read_once_when_a_points_rounds_end_for_all_its_engines(tmp_path, monkeypatch):
+    """The engines of a point end their rounds together: the load at the end is read once for the
+    point (on a GPU machine, two nvidia-smi calls) and every engine's manifest records that reading."""
+    from pipeline.cli import main
+    from pipeline.stages import point, profile
+
+    readings = []
+
+    def reading():
+        readings.append({"cpu_count": 1, "reading": len(readings)})
+        return readings[-1]
+
+    monkeypatch.setattr(point, "machine_load", reading)
+    monkeypatch.setattr(profile, "machine_load", reading)
+    catalog = write_catalog(tmp_path, shipped_catalog().replace('shapes = ["2x16", "2x64", "4x64"]', 'shapes = ["2x16"]'))
+    argv = ["--catalog", str(catalog), "run", "--model", "bert_tiny", "--variant", "fp32"]
+    assert main([*argv, "--toolchain", "onnxruntime", "--toolchain", "torch-eager"]) == 0
+    assert len(readings) == 2  # the point's start and its end
+    ends = [
+        read_manifest(catalog.parent / "manifests" / chain / "bert_tiny_fp32@2x16.json").profile.details.machine_load["end"]
+        for chain in TOOLCHAINS
+    ]
+    assert ends == [readings[1], readings[1]]
