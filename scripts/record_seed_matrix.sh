@@ -13,6 +13,8 @@
 # agreement.txt (scripts/check_rerun_agreement.py: cold against warm, and cold against
 # LAST_COMPARE_JSON, by default the newest cold-compare.json under docs/results/records/).
 # The workspaces stay under ${SEED_WORK:-/tmp/seed}. Exits with the cold run's status.
+# STACKS=1: the warm run's main thread sampled five times a second (scripts/sample_stacks.py),
+# written to OUT/warm-stacks-PID.txt (one for the run, one for the compare after it).
 set -uo pipefail
 out="${1:?usage: record_seed_matrix.sh OUT [LAST_COMPARE_JSON]}"
 cd "$(dirname "$0")/.."
@@ -30,7 +32,9 @@ cp "$work/one/compare.json" "$out/cold-compare.json"
 # Each run's manifests (the warm run writes over the cold one's, in the same workspace): where each
 # compiled point's time went in its process (compiled_ahead), each profile's preparing and checking.
 tar czf "$out/cold-manifests.tgz" -C "$work/one/ws" manifests
-VARIANTS="bf16 fp16" bash scripts/check_gpus_speedup.sh again "$work" > "$out/warm.txt" 2>&1
+sampled=()
+[ "${STACKS:-0}" = 1 ] && sampled=(PIPELINE="python3 scripts/sample_stacks.py $out/warm-stacks-{pid}.txt 0.2 pipeline.cli")
+env "${sampled[@]}" VARIANTS="bf16 fp16" bash scripts/check_gpus_speedup.sh again "$work" > "$out/warm.txt" 2>&1
 cp "$work/again/run.log" "$out/warm-run.log"
 cp "$work/again/compare.json" "$out/warm-compare.json"
 tar czf "$out/warm-manifests.tgz" -C "$work/one/ws" manifests
