@@ -174,6 +174,27 @@ def modelopt_onnx(model, sample, opset: int, weights_dtype: str) -> bytes:
     return only
 
 
+# What a process keeps of its own work for the next run in it (pipeline/runtimes/pytorch/
+# engine_file.py, preparing.py; pipeline/stages/export_references.py): each test starts as a new
+# process would, so that no test reads what another one left (a test that replaces a function
+# would otherwise get an answer kept from before it). Reset only where already imported.
+PROCESS_MEMOS = {
+    "pipeline.runtimes.pytorch.engine_file": "_written",
+    "pipeline.runtimes.pytorch.preparing": "_eager_sdpa",
+    "pipeline.stages.export_references": "_fp32_kept",
+}
+
+
+@pytest.fixture(autouse=True)
+def _nothing_kept_from_another_test(monkeypatch):
+    import sys
+
+    for module, name in PROCESS_MEMOS.items():
+        if module in sys.modules:
+            kept = getattr(sys.modules[module], name)
+            monkeypatch.setattr(sys.modules[module], name, type(kept)())
+
+
 @dataclass
 class CliResult:
     exit_code: int

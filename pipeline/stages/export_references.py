@@ -139,8 +139,10 @@ def reference_files(reference: dict[str, Any]) -> list[tuple[str, str]]:
 # reference batches (seeded by the model, not the variant) and so their FP32 outputs: the seed
 # matrix's fp16 export ran the FP32 model at its six points again after the bf16 export (0.97 s on
 # the lent H100). Weights a process cannot tell apart (a folder's, a checkpoint's, which may be
-# saved again between two runs) are not kept.
+# saved again between two runs) are not kept, nor more than KEPT_OUTPUT_BYTES of outputs (a
+# language model's logits at a long sequence are gigabytes a point).
 _fp32_kept: dict[tuple, tuple[tuple, Any, int | None]] = {}
+KEPT_OUTPUT_BYTES = 1 << 30
 
 
 class KeptFP32Outputs:
@@ -171,5 +173,7 @@ class KeptFP32Outputs:
         if output is not None:  # None: it did not fit even a sample at a time
             for key in [key for key in _fp32_kept if key[0] != self.model]:
                 del _fp32_kept[key]
-            _fp32_kept[(self.model, self.device, label)] = (tuple(t.clone() for t in feeds), output, self.at_points.in_parts.get(label))
+            held = sum(kept[1].numel() * kept[1].element_size() for kept in _fp32_kept.values())
+            if held + output.numel() * output.element_size() <= KEPT_OUTPUT_BYTES:
+                _fp32_kept[(self.model, self.device, label)] = (tuple(t.clone() for t in feeds), output, self.at_points.in_parts.get(label))
         return output

@@ -77,7 +77,8 @@ class Measured:
     # Its runs at each stream count after the rounds, where the settings serve (pipeline/stages/serving.py).
     served: list = field(default_factory=list)
     # The machine's load when the measurement ended: read once for a point's engines, whose rounds
-    # ended together (two nvidia-smi calls an engine cost the seed matrix ~0.5 s a point).
+    # (and serving) ended together (two nvidia-smi calls an engine cost the seed matrix ~0.5 s a
+    # point). None: read when the profile is recorded (a tool's engine measured alone).
     load_at_end: dict | None = None
 
 
@@ -382,7 +383,7 @@ def _tool_runs(stage, engine_path: Path, workload) -> Measured:
             f"{stage.engine.name}: the {len(medians)} measurements disagree (medians {min(medians):.3f}–{max(medians):.3f} ms, "
             f"CV {repeat_cv:.2%} > {settings.max_repeat_cv:.0%}): taking them again ({len(retaken)} of {settings.retakes})"
         )
-    return Measured(results, watched, load_at_start, [], (None, None, None), retaken, gpu_device=gpu_device, load_at_end=machine_load())
+    return Measured(results, watched, load_at_start, [], (None, None, None), retaken, gpu_device=gpu_device)
 
 
 # --- a repeat in a fresh process ---------------------------------------------------------------------

@@ -744,6 +744,12 @@ def test_a_models_second_variant_takes_its_fp32_references_from_the_first_export
     made.clear()
     assert run_cli(reseeded, "export", "--variant", "fp16").exit_code == 0
     assert sorted(label for label, what in made if what == "the FP32 reference") == ["2x8", "3x24"]
+    # Outputs beyond the cap are not kept: the next variant runs the FP32 model again.
+    monkeypatch.setattr(export_references, "KEPT_OUTPUT_BYTES", 0)
+    monkeypatch.setattr(export_references, "_fp32_kept", {})
+    made.clear()
+    assert run_cli(reseeded, "export", "--variant", "fp32", "--variant", "int8").exit_code == 0
+    assert sorted(label for label, what in made if what == "the FP32 reference") == ["2x8", "2x8", "3x24", "3x24"]
 
 
 FLASH_CATALOG = (

@@ -19,7 +19,10 @@ os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
 
 from pipeline.runtimes.pytorch.prepared import import_torch  # noqa: E402
 
-import_torch()  # torch and timm, timm's import quirks handled as everywhere
+import_torch()  # torchvision's quirk on a CPU-only torch handled as everywhere
+
+with contextlib.suppress(ImportError):  # timm's models' library, where it is installed
+    import timm  # noqa: F401
 
 import torch._dynamo  # noqa: E402, F401 — Dynamo's tracing, the first thing a point's compilation runs
 import torch._inductor.compile_fx  # noqa: E402, F401 — and Inductor's lowering after it

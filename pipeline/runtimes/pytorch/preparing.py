@@ -117,7 +117,7 @@ class TorchPreparation:
             # bundled cuDNN is new enough): a CUDA graph's replay passes no operator, so the eager
             # model it captured is asked instead.
             if self.spec.backend in ("eager", "cudagraphs"):
-                chose = self._eager_sdpa_kernels(torch, within(attention, no_grad(lambda: model(*placed))), engine_file, placed)
+                chose = self._eager_sdpa_kernels(torch, within(attention, no_grad(lambda: model(*placed))), engine_file, examples, placed)
             else:
                 chose = sdpa_kernels(torch, run)
             if chose:
@@ -134,13 +134,25 @@ class TorchPreparation:
                 )
         return Prepared(engine_file, self._refusing_later(run), placed, device, shape, facts, model, compiled, compiled_at)
 
-    def _eager_sdpa_kernels(self, torch, run, engine_file: tuple[int, int, int], placed: tuple) -> list[str]:
+    def _eager_sdpa_kernels(self, torch, run, engine_file: tuple[int, int, int], examples: tuple, placed: tuple) -> list[str]:
         """The SDPA kernels the eager module ran: asked once for each engine file, attention
-        setting and input shapes, types and device, what PyTorch's dispatcher chooses them by.
-        The eager and the CUDA-graph toolchains of one engine read one file (linked) and ask the
-        same eager module at every shape point: a profiled run each, about 0.1 s on the lent
-        H100's host, twelve of them in the seed matrix's engines prepared ahead."""
-        inputs = tuple((tuple(t.shape), str(t.dtype), str(t.device)) for t in placed)
+        setting and inputs — their shapes, types and device, and their values, for a mask with no
+        padding reaches SDPA as none at all (transformers), and a kernel without masks (flash)
+        may then run — what PyTorch chooses them by. The eager and the CUDA-graph toolchains of
+        one engine read one file (linked) and ask the same eager module at every shape point: a
+        profiled run each, about 0.1 s on the lent H100's host, twelve of them in the seed
+        matrix's engines prepared ahead."""
+        import hashlib
+
+        inputs = tuple(
+            (
+                tuple(t.shape),
+                str(t.dtype),
+                str(t.device),
+                hashlib.blake2b(example.contiguous().view(-1).view(torch.uint8).numpy()).hexdigest(),
+            )
+            for example, t in zip(examples, placed, strict=True)
+        )
         key = (engine_file, self.spec.attn_implementation, self.spec.sdpa_backend, self.spec.tf32, inputs)
         if key not in _eager_sdpa:
             _eager_sdpa[key] = sdpa_kernels(torch, run)

@@ -37,14 +37,17 @@ def test_the_raw_names_are_those_the_profilers_events_give():
 
 
 class _Attending(torch.nn.Module):
-    def forward(self, query):
-        return torch.nn.functional.scaled_dot_product_attention(query, query, query)
+    """Attention whose mask, like transformers', reaches SDPA only where it masks anything."""
+
+    def forward(self, query, mask=None):
+        masks = mask is not None and not bool(mask.all())
+        return torch.nn.functional.scaled_dot_product_attention(query, query, query, attn_mask=mask.bool() if masks else None)
 
 
 def test_an_eager_module_is_asked_its_kernels_once_for_each_file_setting_and_input(monkeypatch):
     """The eager and CUDA-graph toolchains of one engine ask the same eager module at each point:
-    one profiled call for each engine file, attention setting and input shapes and types; another
-    file, setting or shape is asked again."""
+    one profiled call for each engine file, attention setting and inputs; another file, setting,
+    shape or input value (a mask that masks nothing, or one that does) is asked again."""
     from pipeline.running.reporting import Reporter
     from pipeline.runtimes import spec_class
     from pipeline.runtimes.pytorch import preparing
@@ -54,15 +57,25 @@ def test_an_eager_module_is_asked_its_kernels_once_for_each_file_setting_and_inp
     real = preparing.sdpa_kernels
     monkeypatch.setattr(preparing, "sdpa_kernels", lambda torch_, run: asked.append(1) or real(torch_, run))
 
-    def prepare(engine_file, shape=(1, 2, 8, 4), **settings):
+    query = torch.randn(1, 2, 8, 4)
+
+    def prepare(engine_file, query=query, mask=None, **settings):
         spec = spec_class("torch").model_validate({"kind": "torch", **settings})
-        examples = (torch.randn(*shape),)
+        examples = (query,) if mask is None else (query, mask)
         return preparing.TorchPreparation(spec, Reporter()).prepare(_Attending(), examples, torch.float32, "cpu", engine_file, "1x8")
 
     first = prepare((1, 2, 3))
     assert first.facts["sdpa_kernels"] == ["flash"] and len(asked) == 1
     assert prepare((1, 2, 3)).facts["sdpa_kernels"] == ["flash"] and len(asked) == 1  # the same module again
-    prepare((1, 2, 3), shape=(1, 2, 16, 4))
+    prepare((1, 2, 3), query=torch.randn(1, 2, 16, 4))
     prepare((4, 5, 6))
     prepare((1, 2, 3), sdpa_backend="math")
     assert len(asked) == 4
+    # Masks of one shape and type: with nothing masked none reaches SDPA, with a column padded
+    # one does (on a GPU, where flash takes no mask, another kernel runs): each asked.
+    prepare((1, 2, 3), mask=torch.ones(8, 8, dtype=torch.int64))
+    padded = torch.ones(8, 8, dtype=torch.int64)
+    padded[:, 6:] = 0
+    prepare((1, 2, 3), mask=padded)
+    prepare((1, 2, 3), mask=padded.clone())
+    assert len(asked) == 6
