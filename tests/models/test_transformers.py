@@ -725,7 +725,6 @@ def test_a_models_second_variant_takes_its_fp32_references_from_the_first_export
     from pipeline.stages import export_references
     from pipeline.stages.point_outputs import PointOutputs
 
-    monkeypatch.setattr(export_references, "_fp32_kept", {})
     made = []
     real = PointOutputs.run
     monkeypatch.setattr(

@@ -68,8 +68,9 @@ class Starting:
     preload)`` starts process ``index`` and records it; whether they are forked at all is asked
     first (``forking_usable``: ``not_forked``, "" where they are)."""
 
-    def __init__(self, start: Callable[[int, tuple[str, ...]], None], gpu: bool = False):
-        self._start, self.gpu = start, gpu
+    def __init__(self, start: Callable[[int, tuple[str, ...]], None]):
+        self._start = start
+        self.gpu = False  # whether the run has a GPU, so CUDA must be usable in the processes (set by the pool)
         self._lock = threading.Lock()
         self.wanted = self._count = 0
         self._thread: threading.Thread | None = None

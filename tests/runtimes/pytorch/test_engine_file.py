@@ -30,11 +30,6 @@ def _module_around(weights: dict):
     return module
 
 
-@pytest.fixture(autouse=True)
-def _nothing_written_before(monkeypatch):
-    monkeypatch.setattr(engine_file, "_written", [])
-
-
 def test_the_same_weights_written_again_are_a_second_name_of_the_first_file(tmp_path):
     weights = {"weight": torch.randn(3, 4), "bias": torch.randn(3)}
     first, second = tmp_path / "torch-eager.pt", tmp_path / "torch-compile.pt"

@@ -52,7 +52,6 @@ def test_an_eager_module_is_asked_its_kernels_once_for_each_file_setting_and_inp
     from pipeline.runtimes import spec_class
     from pipeline.runtimes.pytorch import preparing
 
-    monkeypatch.setattr(preparing, "_eager_sdpa", {})
     asked = []
     real = preparing.sdpa_kernels
     monkeypatch.setattr(preparing, "sdpa_kernels", lambda torch_, run: asked.append(1) or real(torch_, run))
