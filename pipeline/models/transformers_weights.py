@@ -1,6 +1,6 @@
-"""The weights a transformer is made with: seeded (and the same tensors copied in when this
-process made that model last, or read back from the workspace's cache of them), allocated but not
-initialised (its engine's state dict replaces them), or read from a folder of weights."""
+"""The weights a transformer is made with: seeded (and the same tensors read back from the
+workspace's cache of them, or copied in when this process made that model last), allocated but
+not initialised (its engine's state dict replaces them), or read from a folder of weights."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import hashlib
 import threading
 from pathlib import Path
 from typing import Any
+
+from pipeline.models.module_tensors import adopt, fits, tensors_by_name
 
 # The seeded weights of the last model initialised in this process, by class, config and seed: a
 # run creates its transformer once for each export and each torch build (twelve times in the seed
@@ -30,33 +32,42 @@ _CACHED_FORMAT = "trt-pipeline seeded weights"
 
 def seeded(cls, config, seed: int, cache: Path | None = None):
     """``cls(config)`` with the weights initialised after ``torch.manual_seed(seed)``: made here,
-    or the same tensors copied in when this process made them last or ``cache`` (a folder) holds
-    them from another process. The same class, config, seed, torch and transformers make the same
+    or the same tensors read back when ``cache`` (a folder) holds them, or copied in when this
+    process made them last. The same class, config, seed, torch and transformers make the same
     tensors (torch's CPU generator), and the file is named by all five; what this process makes
-    is written there, beside the run, once it is made."""
+    is written there, beside the run, once it is made.
+
+    A model read back from the file is made around its tensors as they lie in the file, mapped
+    copy-on-write, a mapping of its own for each model: nothing is copied until it is read (cast,
+    moved to the GPU), and a model that writes its weights in place (sparsified, quantized) writes
+    its own pages, never the file's or another model's. Copying them into a model's own memory
+    took 0.7 s a model on the lent H100's host, four times before the warm seed matrix's first
+    point (sampled: docs/results/sweeps.md)."""
     import torch
 
     key = seeded_key(cls, config, seed)
+    if cache is not None and (mapped := _read_cached(cache, key)) is not None:
+        with no_init_weights():
+            model = cls(config)
+        if fits(model, mapped):
+            adopt(model, mapped)
+            return model
     kept = _last_seeded.get(key)
-    if kept is None and cache is not None and (kept := _read_cached(cache, key)) is not None:
-        _last_seeded.clear()
-        _last_seeded[key] = kept
     if kept is not None:
         with no_init_weights():
             model = cls(config)
-        tensors = tensors_of(model)
-        if all(name in kept and kept[name].shape == tensor.shape for name, tensor in tensors.items()):
+        if fits(model, kept):
             with torch.no_grad():
                 # Every parameter and every buffer, those left out of the state dict too: a class's
                 # weight initialisation may also fill buffers it does not save (position ids).
-                for name, tensor in tensors.items():
+                for name, tensor in tensors_by_name(model).items():
                     tensor.copy_(kept[name])
             return model
     model = cls(config)
-    tensors = tensors_of(model)
+    tensors = tensors_by_name(model)
     _last_seeded.clear()
     if sum(t.numel() * t.element_size() for t in tensors.values()) <= KEPT_WEIGHTS_BYTES:
-        _last_seeded[key] = copies = {name: t.detach().clone() for name, t in tensors.items()}
+        _last_seeded[key] = copies = {name: t.clone() for name, t in tensors.items()}
         if cache is not None:
             _write_cached(cache, key, copies)
     return model
@@ -122,10 +133,6 @@ def _write_cached(cache: Path, key: tuple, tensors: dict[str, Any]) -> None:
 def seeded_key(cls, config, seed: int) -> tuple:
     """What identifies the weights ``seeded`` makes: the same key, the same tensors."""
     return (cls.__module__, cls.__qualname__, config.to_json_string(use_diff=False), seed)
-
-
-def tensors_of(model) -> dict[str, Any]:
-    return {**dict(model.named_parameters(remove_duplicate=False)), **dict(model.named_buffers(remove_duplicate=False))}
 
 
 def no_init_weights():

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.models.module_tensors import tensors_by_name
 from tests.conftest import CPU_TOOLCHAINS, catalog_head, tiny_bert_catalog, write_catalog
 from tests.trtexec.test_trtexec_command import help_flags
 
@@ -625,7 +626,6 @@ def test_a_model_made_again_in_one_process_has_the_same_weights_without_initiali
     import torch
 
     from pipeline.models import model_source
-    from pipeline.models import transformers_weights as weights_module
     from pipeline.runtimes import load_catalog
 
     text = LLAMA_CATALOG if family == "llama" else BERT_CATALOG
@@ -639,17 +639,15 @@ def test_a_model_made_again_in_one_process_has_the_same_weights_without_initiali
     monkeypatch.setattr(cls, "_init_weights", lambda self, module: initialised.append(module) or real(self, module))
     again = source.create()
     assert initialised == []
-    tensors = weights_module.tensors_of(first)
-    assert tensors.keys() == weights_module.tensors_of(again).keys()
-    assert all(torch.equal(tensor, tensors[key]) for key, tensor in weights_module.tensors_of(again).items())
+    tensors = tensors_by_name(first)
+    assert tensors.keys() == tensors_by_name(again).keys()
+    assert all(torch.equal(tensor, tensors[key]) for key, tensor in tensors_by_name(again).items())
     ids = torch.randint(1, 100, (2, 16), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.equal(source.runnable(first)(ids, torch.ones_like(ids)), source.runnable(again)(ids, torch.ones_like(ids)))
     reseeded = model_source(name, catalog.model(name).model_copy(update={"seed": catalog.model(name).seed + 1}), tmp_path).create()
     assert initialised, "another seed initialises its weights"
-    assert any(
-        not torch.equal(tensor, tensors[key]) for key, tensor in weights_module.tensors_of(reseeded).items() if tensor.is_floating_point()
-    )
+    assert any(not torch.equal(tensor, tensors[key]) for key, tensor in tensors_by_name(reseeded).items() if tensor.is_floating_point())
 
 
 @pytest.mark.parametrize("family", ["bert", "llama"])
@@ -669,7 +667,7 @@ def test_a_model_made_in_another_process_of_the_workspace_reads_its_weights_back
     name = "llama" if family == "llama" else "bert"
     source = model_source(name, catalog.model(name), tmp_path)
     monkeypatch.setattr(weights_module, "_last_seeded", {})
-    first = weights_module.tensors_of(source.create())
+    first = tensors_by_name(source.create())
     finished_writing()  # a thread writes them; what a cluster task waits for before its workspace goes
     (written,) = (tmp_path / weights_module.WEIGHTS_FOLDER).glob("*.pt")
     monkeypatch.setattr(weights_module, "_last_seeded", {})  # another process: nothing made here yet
@@ -677,15 +675,57 @@ def test_a_model_made_in_another_process_of_the_workspace_reads_its_weights_back
     initialised = []
     real = cls._init_weights
     monkeypatch.setattr(cls, "_init_weights", lambda self, module: initialised.append(module) or real(self, module))
-    again = weights_module.tensors_of(source.create())
+    again = tensors_by_name(source.create())
     assert initialised == [], "read back, not initialised"
     assert again.keys() == first.keys() and all(torch.equal(tensor, first[key]) for key, tensor in again.items())
     written.write_bytes(b"not weights")
     monkeypatch.setattr(weights_module, "_last_seeded", {})
-    remade = weights_module.tensors_of(source.create())
+    remade = tensors_by_name(source.create())
     assert initialised, "a damaged file is made again"
     assert all(torch.equal(tensor, first[key]) for key, tensor in remade.items())
     finished_writing()
+
+
+def _mapped_from(path: Path) -> list[tuple[int, int]]:
+    """The address ranges this process maps ``path`` at (/proc/self/maps)."""
+    ranges = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split()
+        if len(fields) >= 6 and fields[5] == str(path):
+            start, end = (int(part, 16) for part in fields[0].split("-"))
+            ranges.append((start, end))
+    return ranges
+
+
+def test_weights_read_back_from_the_cache_are_the_file_mapped_copy_on_write(tmp_path, monkeypatch):
+    """A model read back from the workspace's cache is made around the file's tensors, mapped,
+    not copied into memory of its own; a model that writes its weights in place (as sparsifying
+    does) changes neither the file nor another model read from it."""
+    import hashlib
+
+    import torch
+
+    from pipeline.models import finished_writing, model_source
+    from pipeline.models import transformers_weights as weights_module
+    from pipeline.runtimes import load_catalog
+
+    catalog = load_catalog(write_catalog(tmp_path, BERT_CATALOG))
+    source = model_source("bert", catalog.model("bert"), tmp_path)
+    monkeypatch.setattr(weights_module, "_last_seeded", {})
+    first = {name: tensor.clone() for name, tensor in tensors_by_name(source.create()).items()}
+    finished_writing()
+    (written,) = (tmp_path / weights_module.WEIGHTS_FOLDER).glob("*.pt")
+    digest = hashlib.sha256(written.read_bytes()).hexdigest()
+    monkeypatch.setattr(weights_module, "_last_seeded", {})  # another process: read back, not made here
+    one, other = source.create(), source.create()
+    weight = next(tensor for tensor in tensors_by_name(one).values() if tensor.is_floating_point() and tensor.numel() > 1024)
+    assert any(start <= weight.data_ptr() < end for start, end in _mapped_from(written.resolve())), "the file's pages, not a copy"
+    with torch.no_grad():
+        for parameter in one.parameters():
+            parameter.zero_()
+    assert all(torch.equal(tensor, first[name]) for name, tensor in tensors_by_name(other).items())
+    assert all(torch.equal(tensor, first[name]) for name, tensor in tensors_by_name(source.create()).items())
+    assert hashlib.sha256(written.read_bytes()).hexdigest() == digest
 
 
 def test_a_transformer_is_made_without_importing_timm_and_a_timm_model_with_it(tmp_path):
@@ -827,11 +867,11 @@ def test_a_torch_build_after_the_first_of_the_same_weights_and_precision_shares_
     _, again = cast_weights.cast_model(source, torch.bfloat16)
     assert casts == [] and again is not first
     fresh = real_cast(source, source.runnable(source.create()), torch.bfloat16)
-    made = cast_weights.tensors_by_name(again)
-    assert made.keys() == cast_weights.tensors_by_name(fresh).keys()
-    for key, tensor in cast_weights.tensors_by_name(fresh).items():
+    made = tensors_by_name(again)
+    assert made.keys() == tensors_by_name(fresh).keys()
+    for key, tensor in tensors_by_name(fresh).items():
         assert made[key].dtype == tensor.dtype and torch.equal(made[key], tensor), key
-    assert made[key].data_ptr() == cast_weights.tensors_by_name(first)[key].data_ptr()  # shared, not copied
+    assert made[key].data_ptr() == tensors_by_name(first)[key].data_ptr()  # shared, not copied
     ties = {id(p) for p in fresh.parameters()}, {id(p) for p in again.parameters()}
     assert len(ties[0]) == len(ties[1])
     ids = torch.randint(1, 100, (2, 16), generator=torch.Generator().manual_seed(0))

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeline.models.module_tensors import adopt, tensors_by_name
+
 # The cast weights of the last model made, by (ModelSource.weights_key, dtype): each precision's
 # of one set of weights at a time, at most KEPT_BYTES of them (host memory held for the process).
 _last_cast: dict[tuple, dict[str, Any]] = {}
@@ -43,29 +45,3 @@ def cast_model(source, dtype) -> tuple[Any, Any]:
         if held <= KEPT_BYTES:
             _last_cast[key] = tensors
     return created, model
-
-
-def tensors_by_name(model) -> dict[str, Any]:
-    """Every parameter and buffer of ``model`` by its full name, tied ones under each name."""
-    return {
-        **{name: tensor.detach() for name, tensor in model.named_parameters(remove_duplicate=False)},
-        **{name: tensor for name, tensor in model.named_buffers(remove_duplicate=False)},
-    }
-
-
-def adopt(model, tensors: dict[str, Any]) -> None:
-    """Make ``model``'s parameters and buffers ``tensors`` (by full name), in their dtypes; a
-    parameter tied to another stays tied (one new parameter for both)."""
-    import torch
-
-    made: dict[int, torch.nn.Parameter] = {}
-    for prefix, module in model.named_modules(remove_duplicate=False):
-        dot = f"{prefix}." if prefix else ""
-        for name, parameter in list(module._parameters.items()):
-            if parameter is not None:
-                if id(parameter) not in made:
-                    made[id(parameter)] = torch.nn.Parameter(tensors[dot + name], requires_grad=parameter.requires_grad)
-                module._parameters[name] = made[id(parameter)]
-        for name, buffer in list(module._buffers.items()):
-            if buffer is not None:
-                module._buffers[name] = tensors[dot + name]
