@@ -17,6 +17,7 @@ from typing import Any
 from pipeline.measuring.out_of_memory import out_of_memory_as_error
 from pipeline.measuring.takes import cuda_take, host_take
 from pipeline.running.reporting import native_stderr_held
+from pipeline.runtimes.pytorch.memory import gpu_memory
 
 # Runs before CUDA-graph capture, on a side stream, as PyTorch's CUDA graph notes ask.
 CAPTURE_WARMUP_RUNS = 3
@@ -122,20 +123,34 @@ class Prepared:
     def warm(self) -> None:
         """One run before the first round, after every engine of the point was prepared: whatever
         preparing the others did to this one (a compiled model whose cache another compilation
-        reset recompiles now) happens here, not in a take."""
+        reset recompiles now) happens here, not in a take. On a GPU that run also measures the
+        engine's memory (pytorch/memory.py), which a run of its own measured when the engine was
+        made ready: a run an engine, 60 of them in the seed matrix, about a second before its
+        first point on the lent H100 (sampled: docs/results/sweeps.md). A run that compiled
+        again measured the compiler's memory too, so the memory is measured again by one more."""
         torch = import_torch()
         graphs = compiled_graphs(torch)
         self.waited_ms.clear()  # the host-synchronised latency is these rounds' takes'
         with out_of_memory_as_error(self.batch_size, shape=self.shape), torch.no_grad():
-            self.run()
             if self.cuda:
-                torch.cuda.synchronize()
+                self.execution["peak_memory_mib"] = gpu_memory(torch, self)
+            else:
+                self.run()
         if compiled_graphs(torch) > graphs:
             self.execution["recompiled_before_rounds"] = compiled_graphs(torch) - graphs
+            if self.cuda:
+                self.execution["peak_memory_mib"] = gpu_memory(torch, self)
+
+    def _measure_memory_unless_warmed(self) -> None:
+        """The engine's GPU memory, where no warm-up measured it (an engine timed without rounds)."""
+        if self.cuda and "peak_memory_mib" not in self.execution:
+            with import_torch().no_grad():
+                self.execution["peak_memory_mib"] = gpu_memory(import_torch(), self)
 
     def evidence(self) -> dict[str, Any]:
         """How it ran, for the profile's manifest (ProfileResult's fields)."""
         torch = import_torch()
+        self._measure_memory_unless_warmed()
         execution = dict(self.execution)
         warnings = []
         if "compile_s" in execution:

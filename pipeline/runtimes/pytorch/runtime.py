@@ -48,7 +48,6 @@ from pipeline.runtimes.pytorch.ahead import FULLGRAPH_WORDS, TorchWorksAhead, gr
 from pipeline.runtimes.pytorch.cache import use_workspace_cache
 from pipeline.runtimes.pytorch.cast_weights import cast_model
 from pipeline.runtimes.pytorch.engine_file import ENGINE_FORMAT_VERSION, file_identity, model_from, read_engine, write_engine
-from pipeline.runtimes.pytorch.memory import gpu_memory
 from pipeline.runtimes.pytorch.prepared import KeptModels, Prepared, import_torch
 from pipeline.runtimes.pytorch.preparing import NotPrepared, TorchPreparation, compile_mode
 from pipeline.runtimes.pytorch.served import ProcessGone, ServedEngine
@@ -328,14 +327,14 @@ class TorchRuntime(TorchWorksAhead, InProcessRuntime):
         return self.ready(self.load(engine_path, workload))
 
     def ready(self, prepared: Prepared) -> Prepared:
-        """A loaded model made ready for the rounds: what the manifest records of how it runs, and
-        its memory measured (this process's, or a compiling process's that serves it)."""
+        """A loaded model made ready for the rounds: what the manifest records of how it runs (this
+        process's, or a compiling process's that serves it). Its GPU memory is measured by the
+        run that warms it before the rounds (Prepared.warm), not by a run of its own here."""
         # A model its build left prepared at this point took nothing to prepare here (its build's
         # compilation is in the build manifest); one prepared here says how long it took.
         execution: dict[str, Any] = {**self.versions(), **self.settings_in_force(prepared), "prepare_s": 0.0, **prepared.facts}
         if prepared.cuda:
             torch = import_torch()
-            execution["peak_memory_mib"] = gpu_memory(torch, prepared)
             execution["compute_capability"] = "{}.{}".format(*torch.cuda.get_device_capability())
         prepared.execution = execution
         return prepared
