@@ -18,9 +18,12 @@ cuda_take) when asked, in a shuffled order each round:
   (pipeline/measuring/machine_watch.py: /proc, PSI and NVML every half second);
 * ``compiled``: a torch.compile'd reduce-overhead copy compiled and run in the process first;
 * ``product``: the catalog's model prepared by the product's own eager preparation
-  (pipeline/runtimes/pytorch/preparing.py), profiler included, timed by its own take.
+  (pipeline/runtimes/pytorch/preparing.py), profiler included, timed by its own take;
+* ``pinned-N`` (``--cpus N ...``): a fresh process held to CPU N from its start, every thread of
+  it: whether where a process runs sets its speed, a CPU's speed kept from round to round.
 
     python scripts/check_process_state.py --shape 2x512 --rounds 8 --out DIR
+    python scripts/check_process_state.py --states fresh fresh-again --cpus 0 1 8 9 --out DIR
 
 Writes DIR/process-state.json (every take: worker, round, median ms) and prints each worker's
 median ratio to ``fresh`` with the range of its rounds' ratios.
@@ -84,6 +87,8 @@ def _product(torch, shape: str, device: str):
 
 
 def worker(state: str, shape: str, device: str, tiny: bool, take_ms: float, channel) -> None:
+    if state.startswith("pinned-"):  # before torch starts a thread: all of them there
+        os.sched_setaffinity(0, {int(state.removeprefix("pinned-"))})
     if state == "profiled-teardown":
         os.environ["TEARDOWN_CUPTI"] = "1"
     import torch
@@ -133,13 +138,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--take-ms", type=float, default=500.0)
     parser.add_argument("--states", nargs="+", default=list(STATES), choices=STATES)
+    parser.add_argument("--cpus", nargs="*", type=int, default=[], help="a fresh process held to each of these CPUs (pinned-N)")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--tiny", action="store_true", help="a small ModernBERT (the script's own test on a CPU)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     context = multiprocessing.get_context("spawn")
     workers = {}
-    for state in args.states:
+    for state in [*args.states, *(f"pinned-{cpu}" for cpu in args.cpus)]:
         ours, theirs = context.Pipe()
         process = context.Process(target=worker, args=(state, args.shape, args.device, args.tiny, args.take_ms, theirs), daemon=True)
         process.start()
@@ -165,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
         channel.send(False)
         process.join(30)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "process-state.json").write_text(json.dumps({"shape": args.shape, "device": args.device, "takes": takes}, indent=1))
+    document = {"shape": args.shape, "device": args.device, "cpus_of_cores": _cores(), "takes": takes}
+    (args.out / "process-state.json").write_text(json.dumps(document, indent=1))
     by = {(t["state"], t["round"]): t["median_ms"] for t in takes}
     print(f"\n{args.shape}, each state's take median over fresh's in the same round (median [range] of {args.rounds} rounds):")
     for state in workers:
@@ -174,6 +181,18 @@ def main(argv: list[str] | None = None) -> int:
         ratio = f"{statistics.median(ratios):.3f} [{min(ratios):.3f}-{max(ratios):.3f}]" if ratios else "-"
         print(f"  {state:18s} {statistics.median(medians):8.3f} ms   {ratio}")
     return 0
+
+
+def _cores() -> dict[str, list[int]]:
+    """Each core's CPUs (a vCPU's sibling shares its core), from sysfs; empty where it says none."""
+    cores: dict[str, list[int]] = {}
+    for topology in sorted(Path("/sys/devices/system/cpu").glob("cpu[0-9]*/topology")):
+        try:
+            key = f"{(topology / 'physical_package_id').read_text().strip()}/{(topology / 'core_id').read_text().strip()}"
+        except OSError:
+            continue
+        cores.setdefault(key, []).append(int(topology.parent.name.removeprefix("cpu")))
+    return {key: sorted(cpus) for key, cpus in cores.items()}
 
 
 if __name__ == "__main__":
