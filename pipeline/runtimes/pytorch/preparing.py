@@ -89,11 +89,11 @@ class TorchPreparation:
             model = model.to(device)
             placed = tuple(t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device) for t in examples)
             facts: dict[str, Any] = {}
-            compiled, compiled_at = None, None
+            compiled, compiled_at, first_output = None, None, None
             with attention():
                 if self.spec.backend == "eager":
                     run = no_grad(lambda: model(*placed))
-                    self._first_run(torch, run)
+                    first_output = self._first_run(torch, run)  # a new tensor, no later run's
                 elif self.spec.backend == "cudagraphs":
                     self.reporter.progress("capturing a CUDA graph")
                     run = self._first_run(torch, lambda: self._captured(torch, model, placed))
@@ -132,7 +132,9 @@ class TorchPreparation:
                     "compare SDPA kernels eagerly (sdpa_backend on an eager toolchain); compiled, PyTorch chooses its own",
                     {"sdpa_backend": wanted, "sdpa_kernels": chose},
                 )
-        return Prepared(engine_file, self._refusing_later(run), placed, device, shape, facts, model, compiled, compiled_at)
+        prepared = Prepared(engine_file, self._refusing_later(run), placed, device, shape, facts, model, compiled, compiled_at)
+        prepared.first_output = first_output
+        return prepared
 
     def _eager_sdpa_kernels(self, torch, run, engine_file: tuple[int, int, int], examples: tuple, placed: tuple) -> list[str]:
         """The SDPA kernels the eager module ran: asked once for each engine file, attention
