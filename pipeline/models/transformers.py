@@ -28,7 +28,7 @@ from pydantic import Field, field_validator, model_validator
 
 from pipeline.catalog import ModelSpec
 from pipeline.models.base import ModelInput, ModelSource, ShapePoint, attention_mask
-from pipeline.models.transformers_weights import WEIGHTS_FOLDER, has_weights, no_init_weights, seeded, seeded_key
+from pipeline.models.transformers_weights import WEIGHTS_FOLDER, allocated, has_weights, seeded, seeded_key
 from pipeline.models.transformers_weights import finished_writing as finished_writing  # the family's (pipeline/models: finished_writing)
 from pipeline.running.errors import EnvironmentMissing, PipelineError, UsageError
 
@@ -305,8 +305,7 @@ class TransformersModel(ModelSource):
             elif initialise:
                 model = seeded(cls, config, self.spec.seed, self.workspace_root / WEIGHTS_FOLDER)
             else:
-                with no_init_weights():
-                    model = cls(config)
+                model = allocated(cls, config)
         # AssertionError: torch's own checks of a config (an embedding's padding_idx beyond its size).
         except (ValueError, RuntimeError, OSError, TypeError, AssertionError) as exc:
             raise PipelineError(

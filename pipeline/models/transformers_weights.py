@@ -40,22 +40,22 @@ def seeded(cls, config, seed: int, cache: Path | None = None):
     A model read back from the file is made around its tensors as they lie in the file, mapped
     copy-on-write, a mapping of its own for each model: nothing is copied until it is read (cast,
     moved to the GPU), and a model that writes its weights in place (sparsified, quantized) writes
-    its own pages, never the file's or another model's. Copying them into a model's own memory
+    its own pages, never the file's or another model's. The file is these models' memory, so it is
+    only ever replaced (written beside and moved over it, _write_cached), never written in place:
+    a file cut short under a live model would fault its next read. Copying them into a model's own memory
     took 0.7 s a model on the lent H100's host, four times before the warm seed matrix's first
     point (sampled: docs/results/sweeps.md)."""
     import torch
 
     key = seeded_key(cls, config, seed)
     if cache is not None and (mapped := _read_cached(cache, key)) is not None:
-        with no_init_weights():
-            model = cls(config)
+        model = allocated(cls, config)
         if fits(model, mapped):
             adopt(model, mapped)
             return model
     kept = _last_seeded.get(key)
     if kept is not None:
-        with no_init_weights():
-            model = cls(config)
+        model = allocated(cls, config)
         if fits(model, kept):
             with torch.no_grad():
                 # Every parameter and every buffer, those left out of the state dict too: a class's
@@ -133,6 +133,18 @@ def _write_cached(cache: Path, key: tuple, tensors: dict[str, Any]) -> None:
 def seeded_key(cls, config, seed: int) -> tuple:
     """What identifies the weights ``seeded`` makes: the same key, the same tensors."""
     return (cls.__module__, cls.__qualname__, config.to_json_string(use_diff=False), seed)
+
+
+def allocated(cls, config):
+    """``cls(config)`` with its weights allocated, not initialised, and tied as the class ties
+    them (an output head that is the input embedding): transformers ties them in the
+    initialisation that ``no_init_weights`` skips, and an untied copy of a tied model holds its
+    embedding twice and writes one of them alone."""
+    with no_init_weights():
+        model = cls(config)
+    if callable(getattr(model, "tie_weights", None)):
+        model.tie_weights()
+    return model
 
 
 def no_init_weights():

@@ -678,6 +678,7 @@ def test_a_model_made_in_another_process_of_the_workspace_reads_its_weights_back
     again = tensors_by_name(source.create())
     assert initialised == [], "read back, not initialised"
     assert again.keys() == first.keys() and all(torch.equal(tensor, first[key]) for key, tensor in again.items())
+    written.unlink()  # a new file in its place: models read back map the old one's pages
     written.write_bytes(b"not weights")
     monkeypatch.setattr(weights_module, "_last_seeded", {})
     remade = tensors_by_name(source.create())
@@ -726,6 +727,34 @@ def test_weights_read_back_from_the_cache_are_the_file_mapped_copy_on_write(tmp_
     assert all(torch.equal(tensor, first[name]) for name, tensor in tensors_by_name(other).items())
     assert all(torch.equal(tensor, first[name]) for name, tensor in tensors_by_name(source.create()).items())
     assert hashlib.sha256(written.read_bytes()).hexdigest() == digest
+
+
+def test_a_tied_model_made_again_stays_tied(tmp_path, monkeypatch):
+    """A model whose output head is its input embedding (tie_word_embeddings) is tied when made
+    without initialising its weights too — read back from the cache, copied in, or allocated for
+    an engine's weights: an untied copy holds the embedding twice and writes one alone."""
+    import torch
+
+    from pipeline.models import finished_writing, model_source
+    from pipeline.models import transformers_weights as weights_module
+    from pipeline.runtimes import load_catalog
+
+    text = LLAMA_CATALOG.replace("vocab_size = 512,", "vocab_size = 512, tie_word_embeddings = true,")
+    catalog = load_catalog(write_catalog(tmp_path, text))
+    source = model_source("llama", catalog.model("llama"), tmp_path)
+    monkeypatch.setattr(weights_module, "_last_seeded", {})
+    made = source.create()
+    finished_writing()
+    monkeypatch.setattr(weights_module, "_last_seeded", {})
+    read_back = source.create()
+    (tmp_path / weights_module.WEIGHTS_FOLDER).joinpath(next((tmp_path / weights_module.WEIGHTS_FOLDER).glob("*.pt")).name).unlink()
+    copied = source.create()  # this process's own copy, the file gone
+    for model in (made, read_back, copied, source.create_for_weights()):
+        assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+        assert len(list(model.parameters())) == len(list(made.parameters()))
+    with torch.no_grad():
+        read_back.get_input_embeddings().weight.mul_(2)
+    assert torch.equal(read_back.get_output_embeddings().weight, read_back.get_input_embeddings().weight)
 
 
 def test_a_transformer_is_made_without_importing_timm_and_a_timm_model_with_it(tmp_path):
