@@ -729,6 +729,31 @@ def test_weights_read_back_from_the_cache_are_the_file_mapped_copy_on_write(tmp_
     assert hashlib.sha256(written.read_bytes()).hexdigest() == digest
 
 
+def test_a_torch_build_in_the_weights_own_type_holds_them_in_memory_of_its_own(tmp_path, monkeypatch):
+    """An FP32 torch build of weights read back from the cache (a cast that makes no new tensor)
+    holds its weights in memory of its own, not on the file's pages; the same values."""
+    import torch
+
+    from pipeline.models import finished_writing, model_source
+    from pipeline.models import transformers_weights as weights_module
+    from pipeline.runtimes import load_catalog
+    from pipeline.runtimes.pytorch import cast_weights
+
+    catalog = load_catalog(write_catalog(tmp_path, BERT_CATALOG))
+    source = model_source("bert", catalog.model("bert"), tmp_path)
+    monkeypatch.setattr(weights_module, "_last_seeded", {})
+    monkeypatch.setattr(cast_weights, "_last_cast", {})
+    first = {name: tensor.clone() for name, tensor in tensors_by_name(source.create()).items()}
+    finished_writing()
+    (written,) = (tmp_path / weights_module.WEIGHTS_FOLDER).glob("*.pt")
+    monkeypatch.setattr(weights_module, "_last_seeded", {})
+    _, model = cast_weights.cast_model(source, torch.float32)
+    mapped = _mapped_from(written.resolve())
+    for name, tensor in tensors_by_name(model.model).items():
+        assert not any(start <= tensor.data_ptr() < end for start, end in mapped), name
+        assert torch.equal(tensor, first[name]), name
+
+
 def test_a_tied_model_made_again_stays_tied(tmp_path, monkeypatch):
     """A model whose output head is its input embedding (tie_word_embeddings) is tied when made
     without initialising its weights too — read back from the cache, copied in, or allocated for

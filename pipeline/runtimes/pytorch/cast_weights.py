@@ -36,6 +36,7 @@ def cast_model(source, dtype) -> tuple[Any, Any]:
         return created, model
     created = source.create()
     model = source.cast(source.runnable(created), dtype)
+    _in_memory_of_its_own(model, created)
     if key is not None:
         for other in [other for other in _last_cast if other[0] != weights]:
             del _last_cast[other]  # another model's weights: one set at a time
@@ -45,3 +46,14 @@ def cast_model(source, dtype) -> tuple[Any, Any]:
         if held <= KEPT_BYTES:
             _last_cast[key] = tensors
     return created, model
+
+
+def _in_memory_of_its_own(model, created) -> None:
+    """The tensors the cast left as they were (an FP32 engine's weights, the FP32 rotary buffers)
+    copied into memory of the model's own: ``created``'s may be the pages of the weights cache's
+    file (models/transformers_weights.py, seeded), which the kernel may drop under pressure and
+    does not back with huge pages, and an engine timed on the CPU runs on its weights' memory."""
+    theirs = {tensor.data_ptr() for tensor in tensors_by_name(created).values()}
+    tensors = tensors_by_name(model)
+    if any(tensor.data_ptr() in theirs for tensor in tensors.values()):
+        adopt(model, {name: tensor.clone() if tensor.data_ptr() in theirs else tensor for name, tensor in tensors.items()})
