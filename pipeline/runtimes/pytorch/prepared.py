@@ -95,8 +95,8 @@ class Prepared:
     # reference run returns where it is asked for those very values (``infer``), instead of
     # running again. A profile prepares an engine on its point's reference batch and checks it
     # on that batch next: a run of each eager engine, 1.3 s of the seed matrix's 24 at the lent
-    # H100's points (eager attention at 4x4096 takes 0.24 s a run). Let go once read, or before
-    # the rounds (``warm``): it holds GPU memory.
+    # H100's points (eager attention at 4x4096 takes 0.24 s a run). Let go once read, before the
+    # rounds (``warm``) or serving: it holds memory, and none over FIRST_OUTPUT_BYTES is kept.
     first_output: Any = None
 
     @property
@@ -193,7 +193,7 @@ class Prepared:
             given = [
                 torch.from_numpy(value).to(device=example.device, dtype=example.dtype) for example, value in zip(self.examples, values)
             ]
-            if kept is not None and all(torch.equal(example, value) for example, value in zip(self.examples, given, strict=True)):
+            if kept is not None and all(_same_bits(torch, example, value) for example, value in zip(self.examples, given, strict=True)):
                 output = kept  # the preparing run's, on these very values
             else:
                 for example, value in zip(self.examples, given):
@@ -203,6 +203,26 @@ class Prepared:
             # A copy off the GPU is the caller's own; on the CPU the output may be the model's
             # buffer (a compiled graph's), which the next run writes over.
             return output.cpu().numpy() if output.is_cuda else output.numpy().copy()
+
+
+# The largest preparing run's output kept for the reference run (Prepared.first_output): an
+# engine's output is its hidden states or a prefill's last logits, megabytes; a model returning
+# every position's logits makes gigabytes, held while the point's other engines are prepared.
+FIRST_OUTPUT_BYTES = 256 << 20
+
+
+def kept_for_reference(output) -> Any:
+    """``output`` where it is a tensor of at most FIRST_OUTPUT_BYTES, else None."""
+    size = getattr(output, "nbytes", None)
+    return output if size is not None and size <= FIRST_OUTPUT_BYTES else None
+
+
+def _same_bits(torch, a, b) -> bool:
+    """The same values bit for bit (equal as numbers is not enough: -0.0 equals 0.0, and a model
+    may tell them apart)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return torch.equal(a.contiguous().view(-1).view(torch.uint8), b.contiguous().view(-1).view(torch.uint8))
 
 
 def import_torch():

@@ -22,6 +22,7 @@ from pipeline.runtimes.pytorch.prepared import (
     capture,
     compiled_run,
     import_torch,
+    kept_for_reference,
     no_grad,
     sdpa_kernels,
     within,
@@ -133,7 +134,7 @@ class TorchPreparation:
                     {"sdpa_backend": wanted, "sdpa_kernels": chose},
                 )
         prepared = Prepared(engine_file, self._refusing_later(run), placed, device, shape, facts, model, compiled, compiled_at)
-        prepared.first_output = first_output
+        prepared.first_output = kept_for_reference(first_output)
         return prepared
 
     def _eager_sdpa_kernels(self, torch, run, engine_file: tuple[int, int, int], examples: tuple, placed: tuple) -> list[str]:

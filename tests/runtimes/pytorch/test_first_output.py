@@ -61,3 +61,36 @@ def test_an_engine_warmed_for_its_rounds_lets_the_preparing_run_go():
     calls = model.calls
     prepared.infer((examples[0].numpy(),))
     assert model.calls == calls + 1
+
+
+def test_values_equal_as_numbers_but_not_bit_for_bit_run_again():
+    """-0.0 equals 0.0 as a number, and a model may tell them apart (1 / x): run on them."""
+    model = _Counted().eval()
+    examples = (torch.zeros(2, 8),)
+    prepared = _prepared("eager", model, examples)
+    calls = model.calls
+    prepared.infer((-torch.zeros(2, 8).numpy(),))
+    assert model.calls == calls + 1
+
+
+def test_an_output_too_large_to_hold_is_not_kept(monkeypatch):
+    from pipeline.runtimes.pytorch import prepared as prepared_module
+
+    examples = (torch.randn(2, 8, generator=torch.Generator().manual_seed(1)),)
+    monkeypatch.setattr(prepared_module, "FIRST_OUTPUT_BYTES", 2 * 4 * 4 - 1)  # one byte under the output's
+    assert _prepared("eager", _Counted().eval(), examples).first_output is None
+    monkeypatch.setattr(prepared_module, "FIRST_OUTPUT_BYTES", 2 * 4 * 4)
+    assert _prepared("eager", _Counted().eval(), examples).first_output is not None
+
+
+def test_an_engine_served_lets_the_preparing_run_go():
+    """Serving (streams) follows no reference run: the kept output is let go before it."""
+    from types import SimpleNamespace
+
+    from pipeline.runtimes.pytorch.runtime import TorchRuntime
+
+    spec = spec_class("torch").model_validate({"kind": "torch", "backend": "eager"})
+    prepared = _prepared("eager", _Counted().eval(), (torch.randn(2, 8),))
+    assert prepared.first_output is not None
+    served = TorchRuntime.serve(SimpleNamespace(spec=spec, reporter=Reporter()), prepared, 1, 0.05)
+    assert served.completed > 0 and prepared.first_output is None
