@@ -98,6 +98,10 @@ class Prepared:
     # H100's points (eager attention at 4x4096 takes 0.24 s a run). Let go once read, before the
     # rounds (``warm``) or serving: it holds memory, and none over FIRST_OUTPUT_BYTES is kept.
     first_output: Any = None
+    # The TF32 setting it was prepared with (its toolchain's ``tf32``), put back in force before
+    # each of its runs (``in_force``): the flags are the process's, and each engine prepared sets
+    # its own, so a point's engines were all timed under the last one's. None: left as they are.
+    tf32: bool | None = None
 
     @property
     def batch_size(self) -> int:
@@ -111,10 +115,20 @@ class Prepared:
     def timing(self) -> str:
         return "GPU time (CUDA events)" if self.cuda else "host latency"
 
+    def in_force(self) -> None:
+        """Its toolchain's process-wide settings put back, as it was prepared with them: TF32 for
+        matrix products and convolutions on a GPU (preparing.py sets them; torch.compile's guards
+        read them too, so a compiled model run under another's would compile again)."""
+        if self.cuda and self.tf32 is not None:
+            torch = import_torch()
+            torch.backends.cuda.matmul.allow_tf32 = self.tf32
+            torch.backends.cudnn.allow_tf32 = self.tf32
+
     def take(self, runs: int, min_ms: float) -> list[float]:
         """One take (pipeline/measuring/takes.py): on a GPU enqueued back to back and timed by CUDA
         events, on the CPU by the host's clock. Running out of memory is this point's failure."""
         torch = import_torch()
+        self.in_force()
         graphs = compiled_graphs(torch)
         with out_of_memory_as_error(self.batch_size, shape=self.shape):
             if self.cuda:
@@ -137,6 +151,7 @@ class Prepared:
         again measured the compiler's memory too, so the memory is measured again by one more."""
         torch = import_torch()
         self.first_output = None
+        self.in_force()
         graphs = compiled_graphs(torch)
         self.waited_ms.clear()  # the host-synchronised latency is these rounds' takes'
         with out_of_memory_as_error(self.batch_size, shape=self.shape), torch.no_grad():
@@ -158,6 +173,7 @@ class Prepared:
     def evidence(self) -> dict[str, Any]:
         """How it ran, for the profile's manifest (ProfileResult's fields)."""
         torch = import_torch()
+        self.in_force()
         self._measure_memory_unless_warmed()
         execution = dict(self.execution)
         warnings = []
@@ -189,6 +205,7 @@ class Prepared:
         import torch
 
         kept, self.first_output = self.first_output, None
+        self.in_force()
         with torch.no_grad():
             given = [
                 torch.from_numpy(value).to(device=example.device, dtype=example.dtype) for example, value in zip(self.examples, values)

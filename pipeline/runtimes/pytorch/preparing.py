@@ -135,6 +135,7 @@ class TorchPreparation:
                 )
         prepared = Prepared(engine_file, self._refusing_later(run), placed, device, shape, facts, model, compiled, compiled_at)
         prepared.first_output = kept_for_reference(first_output)
+        prepared.tf32 = self.spec.tf32
         return prepared
 
     def _eager_sdpa_kernels(self, torch, run, engine_file: tuple[int, int, int], examples: tuple, placed: tuple) -> list[str]:
@@ -177,9 +178,11 @@ class TorchPreparation:
                 run = compiled_run(torch, leader.compiled, leader.examples)
                 self._first_run(torch, run)
         run = self._refusing_later(within(attention, run))
-        return Prepared(
+        prepared = Prepared(
             engine_file, run, leader.examples, leader.device, leader.shape, facts, leader.model, leader.compiled, leader.compiled_at
         )
+        prepared.tf32 = self.spec.tf32
+        return prepared
 
     def attention_kernel(self, torch):
         """A fresh context per call that restricts SDPA to the toolchain's kernel (a no-op context without one)."""

@@ -343,6 +343,7 @@ class TorchRuntime(TorchWorksAhead, InProcessRuntime):
         if isinstance(engine, ServedEngine):  # a compiled point held by the process that compiled it
             return engine.serve_streams(streams, seconds, start_at)
         engine.first_output = None  # no reference run follows: the memory is the streams'
+        engine.in_force()
         attention = TorchPreparation(self.spec, self.reporter).attention_kernel(import_torch())
         return serve_streams(self.spec, attention, engine, streams, seconds, start_at)
 
