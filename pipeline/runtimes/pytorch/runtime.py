@@ -342,8 +342,9 @@ class TorchRuntime(TorchWorksAhead, InProcessRuntime):
     def serve(self, engine, streams: int, seconds: float, start_at: float | None = None) -> ServedRun:
         if isinstance(engine, ServedEngine):  # a compiled point held by the process that compiled it
             return engine.serve_streams(streams, seconds, start_at)
-        engine.first_output = None  # no reference run follows: the memory is the streams'
-        engine.in_force()
+        if isinstance(engine, Prepared):  # else serve_streams says why it cannot
+            engine.first_output = None  # no reference run follows: the memory is the streams'
+            engine.in_force()
         attention = TorchPreparation(self.spec, self.reporter).attention_kernel(import_torch())
         return serve_streams(self.spec, attention, engine, streams, seconds, start_at)
 
