@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 from pipeline.catalog import EngineRef
@@ -172,6 +173,23 @@ def jobs_ahead(ctx: RunContext, engines: list[EngineRef], toolchains: list[str |
     return len(compiling) * points
 
 
+def _expect_ahead_work(ctx: RunContext, engines: list[EngineRef], toolchains: list[str]) -> None:
+    """Each runtime whose builds hand work ahead over told so first, before the toolchains are
+    checked: the server the compiling processes fork from (pytorch/compile_process.py) imports
+    torch, Dynamo, Inductor and transformers, 12-15 s on the lent H100's host, and started after
+    the checks had imported torch in this process (6 s), its processes took the first points 5 s
+    after they were handed over, the warm seed matrix's critical path before its first point
+    (docs/results/sweeps.md). A toolchain the checks then find unusable started it for nothing."""
+    from pipeline.runtimes import get_runtime
+
+    with contextlib.suppress(PipelineError):  # a toolchain that cannot be made: the checks say so
+        if not jobs_ahead(ctx, engines, list(toolchains)):
+            return
+    for toolchain in toolchains:  # each runtime knows whether its builds hand work ahead over
+        with contextlib.suppress(PipelineError):
+            get_runtime(ctx, toolchain).expect_ahead_work()
+
+
 def build_order(ctx: RunContext, toolchains: list[str | None]) -> list[str | None]:
     """The order a run builds its toolchains' engines in: those whose builds go on working in the
     background (a compiled engine's other points) first, so that their work goes on beside every
@@ -191,6 +209,7 @@ def run_engines(ctx: RunContext, engines: list[EngineRef], toolchains: list[str]
 
     summary = RunSummary()
     requested = len(engines)
+    _expect_ahead_work(ctx, engines, toolchains or [])
     usable: list[str | None] = [None] if not toolchains else []
     for toolchain in toolchains or []:
         try:
@@ -205,9 +224,6 @@ def run_engines(ctx: RunContext, engines: list[EngineRef], toolchains: list[str]
     points: dict = {}
     single = len(engines) == 1 and len(usable) == 1
     jobs = jobs_ahead(ctx, engines, usable)
-    for toolchain in usable if jobs else []:
-        if toolchain is not None:  # each runtime knows whether its builds hand work ahead over
-            get_runtime(ctx, toolchain).expect_ahead_work()
     ahead = ctx.ahead = WorkAhead(ctx.reporter, prepares=until == "profile", jobs=jobs)
     try:
         for toolchain in build_order(ctx, usable):

@@ -57,6 +57,30 @@ def test_the_run_counts_every_point_its_compiled_builds_may_hand_over(tmp_path):
     assert jobs_ahead(ctx, engines, [None]) == 0
 
 
+def test_the_compiling_server_is_asked_for_before_the_toolchains_are_checked(tmp_path, run_cli, monkeypatch):
+    """The server the compiling processes fork from imports for seconds: a run asks for it first,
+    before its toolchains' checks import torch, and only where a compiled build hands points over."""
+    from pipeline.running.errors import EnvironmentMissing
+    from pipeline.runtimes.pytorch.runtime import TorchRuntime
+
+    said = []
+
+    def refuse(self):
+        said.append(("checked", self.name))
+        raise EnvironmentMissing("stopped here", hint="-")
+
+    monkeypatch.setattr(TorchRuntime, "expect_ahead_work", lambda self: said.append(("asked", self.name)))
+    monkeypatch.setattr(TorchRuntime, "check_usable", refuse)
+    (tmp_path / "models-in").mkdir()
+    shutil.copy(DATA / "python_models" / "mlp.py", tmp_path / "models-in")
+    catalog = write_catalog(tmp_path, catalog_head(["m"], ["fp32"]) + CATALOG)
+    assert run_cli(catalog, "run", "--model", "m", "--toolchain", "torch-compile").exit_code != 0
+    assert said == [("asked", "torch-compile"), ("checked", "torch-compile")]
+    said.clear()
+    assert run_cli(catalog, "run", "--model", "m", "--toolchain", "torch-eager").exit_code != 0
+    assert said == [("checked", "torch-eager")], "no points handed over: no server"
+
+
 def test_each_pool_is_told_as_it_opens_before_its_first_work():
     from types import SimpleNamespace
 
