@@ -175,10 +175,10 @@ def jobs_ahead(ctx: RunContext, engines: list[EngineRef], toolchains: list[str |
 
 def _expect_ahead_work(ctx: RunContext, engines: list[EngineRef], toolchains: list[str]) -> None:
     """Each runtime whose builds hand work ahead over told so first, before the toolchains are
-    checked: the server the compiling processes fork from (pytorch/compile_process.py) imports
-    torch, Dynamo, Inductor and transformers, 12-15 s on the lent H100's host, and started after
-    the checks had imported torch in this process (6 s), its processes took the first points 5 s
-    after they were handed over, the warm seed matrix's critical path before its first point
+    checked. The server the compiling processes fork from (pytorch/compile_process.py) imports
+    torch, Dynamo, Inductor and transformers, 12-15 s on the lent H100's host; started after the
+    checks had imported torch in this process (6 s), it forked its processes 5 s after the first
+    points were handed over, the warm seed matrix's critical path before its first point
     (docs/results/sweeps.md). A toolchain the checks then find unusable started it for nothing."""
     from pipeline.runtimes import get_runtime
 
