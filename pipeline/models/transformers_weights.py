@@ -42,9 +42,9 @@ def seeded(cls, config, seed: int, cache: Path | None = None):
     moved to the GPU), and a model that writes its weights in place (sparsified, quantized) writes
     its own pages, never the file's or another model's. The file is these models' memory, so it is
     only ever replaced (written beside and moved over it, _write_cached), never written in place:
-    a file cut short under a live model would fault its next read. Copying them into a model's own memory
-    took 0.7 s a model on the lent H100's host, four times before the warm seed matrix's first
-    point (sampled: docs/results/sweeps.md)."""
+    a file cut short under a live model would fault its next read. Copying them into a model's own
+    memory took 0.7 s a model on the lent H100's host, four times before the warm seed matrix's
+    first point (sampled: docs/results/sweeps.md)."""
     import torch
 
     key = seeded_key(cls, config, seed)

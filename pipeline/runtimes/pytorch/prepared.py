@@ -167,8 +167,9 @@ class Prepared:
     def _measure_memory_unless_warmed(self) -> None:
         """The engine's GPU memory, where no warm-up measured it (an engine timed without rounds)."""
         if self.cuda and "peak_memory_mib" not in self.execution:
-            with import_torch().no_grad():
-                self.execution["peak_memory_mib"] = gpu_memory(import_torch(), self)
+            torch = import_torch()
+            with torch.no_grad():
+                self.execution["peak_memory_mib"] = gpu_memory(torch, self)
 
     def evidence(self) -> dict[str, Any]:
         """How it ran, for the profile's manifest (ProfileResult's fields)."""

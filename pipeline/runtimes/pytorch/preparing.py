@@ -133,10 +133,11 @@ class TorchPreparation:
                     "compare SDPA kernels eagerly (sdpa_backend on an eager toolchain); compiled, PyTorch chooses its own",
                     {"sdpa_backend": wanted, "sdpa_kernels": chose},
                 )
-        prepared = Prepared(engine_file, self._refusing_later(run), placed, device, shape, facts, model, compiled, compiled_at)
-        prepared.first_output = kept_for_reference(first_output)
-        prepared.tf32 = self.spec.tf32
-        return prepared
+        run = self._refusing_later(run)
+        kept = kept_for_reference(first_output)
+        return Prepared(
+            engine_file, run, placed, device, shape, facts, model, compiled, compiled_at, first_output=kept, tf32=self.spec.tf32
+        )
 
     def _eager_sdpa_kernels(self, torch, run, engine_file: tuple[int, int, int], examples: tuple, placed: tuple) -> list[str]:
         """The SDPA kernels the eager module ran: asked once for each engine file, attention
@@ -178,11 +179,18 @@ class TorchPreparation:
                 run = compiled_run(torch, leader.compiled, leader.examples)
                 self._first_run(torch, run)
         run = self._refusing_later(within(attention, run))
-        prepared = Prepared(
-            engine_file, run, leader.examples, leader.device, leader.shape, facts, leader.model, leader.compiled, leader.compiled_at
+        return Prepared(
+            engine_file,
+            run,
+            leader.examples,
+            leader.device,
+            leader.shape,
+            facts,
+            leader.model,
+            leader.compiled,
+            leader.compiled_at,
+            tf32=self.spec.tf32,
         )
-        prepared.tf32 = self.spec.tf32
-        return prepared
 
     def attention_kernel(self, torch):
         """A fresh context per call that restricts SDPA to the toolchain's kernel (a no-op context without one)."""
