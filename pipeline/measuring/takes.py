@@ -8,10 +8,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from pipeline.measuring.pace import NEAR_LAUNCH_BOUND_SHARE
+
 # How many runs may be enqueued ahead of the oldest one not yet finished, in a CUDA take: enough
 # that the GPU always has the next run queued while the host enqueues the one after, few enough
 # that a stopped take drains at once.
 QUEUE_DEPTH = 4
+# How much more the host can spend issuing the first run after another engine's take than the runs
+# of a take: 74-82 % of the run against 45 % for `torch-reduce-overhead` at 2x512 on the lent H100
+# (docs/results/sweeps.md, 'The seed matrix in rounds'): 1.8x, taken with a margin. A first issue
+# under NEAR_LAUNCH_BOUND_SHARE / FIRST_ISSUE_INFLATION of its run cannot be near launch-bound.
+FIRST_ISSUE_INFLATION = 2.0
 
 
 def host_take(run: Callable[[], Any], runs: int, min_ms: float) -> list[float]:
@@ -47,8 +54,12 @@ def cuda_take(
     the host between kernels: the run is launch-bound, its time the host's speed. The first run
     after another engine's take can cost the host more than the runs of a take (measured:
     docs/results/sweeps.md, 'The seed matrix in rounds'), so a short run is issued twice, untimed,
-    and the second one's issue kept; a long one once (a second would cost the take's budget, and a
-    run that long issues thousands of kernels before it could be launch-bound).
+    and the second one's issue kept — unless the first already says the engine is far from
+    launch-bound (``could_be_near_launch_bound``), where a second could only read less. A long run
+    is issued once: a second would cost the take's budget, and a run that long issues thousands of
+    kernels before it could be launch-bound. In the lent H100's warm seed matrix, the untimed runs
+    of 4x4096's takes, two for every engine but eager attention, had lasted 8.6 s of its 21.8 s
+    of rounds, the timed ones 12.4 s (docs/results/sweeps.md).
 
     That run is also one the host waits for, from an idle GPU: its wall time, launch to the end of
     its synchronisation, is what a caller that needs each result before sending the next sees (the
@@ -60,7 +71,7 @@ def cuda_take(
     issued, whole = _issued(torch, run)
     before = 1
     if issue_ms is not None:
-        if whole * max(runs, 1) < min_ms:  # a short run
+        if whole * max(runs, 1) < min_ms and could_be_near_launch_bound(issued, whole):
             issued, whole = _issued(torch, run)
             before = 2
         issue_ms.append(issued)
@@ -98,6 +109,15 @@ def cuda_take(
         end.synchronize()
         times_ms.append(start.elapsed_time(end))
     return times_ms
+
+
+def could_be_near_launch_bound(issued_ms: float, whole_ms: float) -> bool:
+    """Whether a first run after another engine's take, issued in ``issued_ms`` of its
+    ``whole_ms``, could belong to a near launch-bound engine (pace.py): its issue over its whole
+    time, less the most the first issue is inflated by (FIRST_ISSUE_INFLATION), reaches
+    NEAR_LAUNCH_BOUND_SHARE. Below that, a second issue cannot change what the rounds and the
+    report make of the engine, and is not run."""
+    return issued_ms * FIRST_ISSUE_INFLATION >= NEAR_LAUNCH_BOUND_SHARE * whole_ms
 
 
 def _issued(torch, run: Callable[[], Any]) -> tuple[float, float]:
