@@ -267,11 +267,25 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
 
+def _naming_the_catalog_read(message: str, hint: str | None) -> tuple[str, str | None]:
+    """An error's words with the catalog named as the file the command read: the stages name it
+    by its default name wherever they point at a setting, and ``--catalog`` may have read another."""
+    from pipeline.catalog import CATALOG_FILENAME
+    from pipeline.cli.state import State
+
+    name = State.current.catalog_file_name() if State.current is not None else None
+    if not name or name == CATALOG_FILENAME:
+        return message, hint
+    return message.replace(CATALOG_FILENAME, name), hint.replace(CATALOG_FILENAME, name) if hint else hint
+
+
 def _run(argv: list[str] | None) -> int:
+    from pipeline.cli.state import State
     from pipeline.running.errors import DeviceFault, PipelineError
     from pipeline.running.signals import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, sigterm_as_interrupt
 
     args = list(sys.argv[1:] if argv is None else argv)
+    State.current = None  # an earlier command's, where `main` is called more than once in a process
     try:
         with sigterm_as_interrupt():
             cli.main(args=args, prog_name="pipeline", standalone_mode=False)
@@ -304,7 +318,7 @@ def _run(argv: list[str] | None) -> int:
 
             # The tool error behind the message, for whoever debugs it.
             traceback.print_exception(exc.__cause__)
-        print_error(exc.message, exc.hint)
+        print_error(*_naming_the_catalog_read(exc.message, exc.hint))
         return exc.exit_code
     except BrokenPipeError:
         # stdout closed early (e.g. `pipeline compare | head`): not an error.

@@ -9,10 +9,22 @@ import click
 
 
 class State:
+    # The state of the command running now: its error, printed after click has let go of it, names
+    # the catalog file the command read (``catalog_file_name``).
+    current: State | None = None
+
     def __init__(self, catalog_path: Path | None, verbose: bool):
         self.catalog_path = catalog_path
         self.verbose = verbose
         self._catalog = None
+        State.current = self
+
+    def catalog_file_name(self) -> str | None:
+        """The name of the catalog file this command reads (``--catalog``), None where it reads
+        none of its own naming."""
+        if self._catalog is not None:
+            return self._catalog.file_name
+        return Path(self.catalog_path).name if self.catalog_path else None
 
     @property
     def catalog(self):

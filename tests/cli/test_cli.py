@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, TINY_CATALOG
 
 
 def test_help_imports_no_heavy_dependency():
@@ -169,3 +169,15 @@ def test_missing_dependencies_say_how_to_install_them():
     with pytest.raises(EnvironmentMissing) as core:
         require_module("no_such_module_xyz", purpose="The onnxruntime toolchain", extra=None)
     assert "pip install -e ." in core.value.hint and "[" not in core.value.hint
+
+
+def test_an_error_names_the_catalog_file_the_command_read(run_cli, tmp_path):
+    """The stages point at a setting "in pipeline.toml"; a command given `--catalog bench.toml`
+    is told of the file it read."""
+    catalog = tmp_path / "ws" / "bench.toml"
+    catalog.parent.mkdir()
+    catalog.write_text(TINY_CATALOG.replace("opset = 17", "opset = 99", 1))
+    result = run_cli(catalog, "export", "--engine", "tiny_fp32")
+    assert result.exit_code == 2, result.err
+    assert "opset = 99 (bench.toml)" in result.err and "set `opset` in bench.toml to at most" in result.err
+    assert "pipeline.toml" not in result.err
