@@ -7,7 +7,8 @@
     python scripts/benchmark_compare.py --layout one-point --rounds --set 10 --copies  # 3000 copies of one, in sets of ten
 
 The manifests are copies of a real one (tests/data/manifests: vit_tiny on ONNX Runtime, written by
-the pipeline), each with its own seeded per-iteration times, laid out three ways:
+the pipeline), each with its own seeded per-iteration times, written as this version writes a
+manifest (its schema lifted to today's), laid out three ways:
 
 - ``models`` (default): six engines a model (fp32/fp16/int8 × onnxruntime/torch-eager) under other
   model names, so every comparison a row makes (speedup over the baseline variant, change against
@@ -86,6 +87,8 @@ def write_workspace(
     With ``copies``, the manifests of a variant all hold the same times."""
     import numpy as np
 
+    from pipeline.manifest.reading import parse_manifest
+
     template = json.loads(RECORDED.read_text())
     rng = np.random.default_rng(0)
     catalog = (REPO / "pipeline.toml").read_text()
@@ -133,7 +136,8 @@ def write_workspace(
             name += f"@{POINT}"
         folder = root / "manifests" / toolchain
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"{name}.json").write_text(json.dumps(manifest))
+        # As this version writes it: the recorded manifest's schema lifted to today's.
+        parse_manifest(json.dumps(manifest), f"{folder / name}.json").write(folder / f"{name}.json")
     table = MODEL_AT_POINT if layout != "models" else 'timm = "vit_tiny_patch16_224"\nbatch_size = 4\n'
     models = dict.fromkeys(model for model, _, _ in engines)
     (root / "pipeline.toml").write_text(catalog + "".join(f"\n[models.{m}]\n{table}" for m in models))

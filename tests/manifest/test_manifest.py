@@ -76,3 +76,18 @@ def test_a_manifests_shape_point_is_kept_as_the_pipeline_writes_it(given, kept):
 def test_a_manifests_shape_point_that_is_not_one_is_refused(given):
     with pytest.raises(ValueError, match="is not a shape"):
         EngineManifest.model_validate({**_manifest().model_dump(), "shape": given})
+
+
+def test_a_manifest_this_version_wrote_reads_as_its_parsed_json_validates(tmp_path):
+    """A manifest this version wrote is validated from its text by pydantic's JSON parser (a compare
+    reads thousands); what it reads must be what the JSON, parsed and validated, says."""
+    from pipeline.manifest.reading import parse_manifest
+
+    recorded = sorted((Path(__file__).parents[1] / "data" / "manifests" / "landed-bdf42fb").glob("*/*.json"))
+    assert len(recorded) >= 4
+    for source in recorded:
+        path = tmp_path / source.parent.name / source.name
+        path.parent.mkdir(exist_ok=True)
+        read_manifest(source).write(path)  # lifted to today's schema, as this version writes it
+        text = path.read_text()
+        assert parse_manifest(text, str(path)) == EngineManifest.model_validate(json.loads(text)), source
