@@ -11,6 +11,7 @@ it needs. ``main(argv)`` returns the exit code, so tests call it directly:
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -276,7 +277,10 @@ def _naming_the_catalog_read(message: str, hint: str | None) -> tuple[str, str |
     name = State.current.catalog_file_name() if State.current is not None else None
     if not name or name == CATALOG_FILENAME:
         return message, hint
-    return message.replace(CATALOG_FILENAME, name), hint.replace(CATALOG_FILENAME, name) if hint else hint
+    # The default name alone: not a path's last part (a file of that name elsewhere), nor part of
+    # a longer name (ci-pipeline.toml, pipeline.toml.d).
+    alone = re.compile(rf"(?<![\w./\\-]){re.escape(CATALOG_FILENAME)}(?![\w-]|\.\w)")
+    return alone.sub(name, message), alone.sub(name, hint) if hint else hint
 
 
 def _run(argv: list[str] | None) -> int:

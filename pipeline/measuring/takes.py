@@ -16,8 +16,8 @@ from pipeline.measuring.pace import NEAR_LAUNCH_BOUND_SHARE
 QUEUE_DEPTH = 4
 # How much more the host can spend issuing the first run after another engine's take than the runs
 # of a take: 74-82 % of the run against 45 % for `torch-reduce-overhead` at 2x512 on the lent H100
-# (docs/results/sweeps.md, 'The seed matrix in rounds'): 1.8x, taken with a margin. A first issue
-# under NEAR_LAUNCH_BOUND_SHARE / FIRST_ISSUE_INFLATION of its run cannot be near launch-bound.
+# (docs/results/sweeps.md, 'The seed matrix in rounds'): 1.8x. Here it is the margin a first issue
+# kept as the take's is held under (could_be_near_launch_bound).
 FIRST_ISSUE_INFLATION = 2.0
 
 
@@ -41,6 +41,7 @@ def cuda_take(
     issue_ms: list[float] | None = None,
     waited_ms: list[float] | None = None,
     untimed: list[int] | None = None,
+    steady_ms: float | None = None,
 ) -> list[float]:
     """``run`` enqueued back to back on the current CUDA stream, each timed on the GPU by a pair of
     CUDA events, as trtexec times its iterations: a run's time is what the GPU spent from its first
@@ -54,24 +55,28 @@ def cuda_take(
     the host between kernels: the run is launch-bound, its time the host's speed. The first run
     after another engine's take can cost the host more than the runs of a take (measured:
     docs/results/sweeps.md, 'The seed matrix in rounds'), so a short run is issued twice, untimed,
-    and the second one's issue kept — unless the first already says the engine is far from
-    launch-bound (``could_be_near_launch_bound``), where a second could only read less. A long run
-    is issued once: a second would cost the take's budget, and a run that long issues thousands of
-    kernels before it could be launch-bound. In the lent H100's warm seed matrix, the untimed runs
-    of 4x4096's takes, two for every engine but eager attention, had lasted 8.6 s of its 21.8 s
-    of rounds, the timed ones 12.4 s (docs/results/sweeps.md).
+    and the second one's issue kept — unless the engine's last take (``steady_ms``, the median
+    of its timed runs) says the first issue is far from launch-bound
+    (``could_be_near_launch_bound``). A long run is issued once: a second would cost the take's
+    budget, and a run that long issues thousands of kernels before it could be launch-bound. In the
+    lent H100's warm seed matrix, the untimed runs of 4x4096's takes, two for every engine but
+    eager attention, had lasted 8.6 s of its 21.8 s of rounds, the timed ones 12.4 s
+    (docs/results/sweeps.md).
 
     That run is also one the host waits for, from an idle GPU: its wall time, launch to the end of
     its synchronisation, is what a caller that needs each result before sending the next sees (the
     profile's second figure, the host-synchronised latency). It is appended to ``waited_ms``, so
-    that figure comes from the takes, one a take, with no runs of its own after the rounds.
+    that figure comes from the takes, one a take, with no runs of its own after the rounds: the
+    second untimed run where there is one, else the first: a long run's, or one whose issue was
+    under a quarter of the engine's run, which an issue 1.8x its steady one lengthens by at most a
+    ninth of the run.
 
     ``untimed`` gets the number of untimed runs (1 or 2): an energy counter read around the take
     counts them too (pipeline/measuring/energy.py)."""
     issued, whole = _issued(torch, run)
     before = 1
     if issue_ms is not None:
-        if whole * max(runs, 1) < min_ms and could_be_near_launch_bound(issued, whole):
+        if whole * max(runs, 1) < min_ms and could_be_near_launch_bound(issued, steady_ms):
             issued, whole = _issued(torch, run)
             before = 2
         issue_ms.append(issued)
@@ -111,13 +116,19 @@ def cuda_take(
     return times_ms
 
 
-def could_be_near_launch_bound(issued_ms: float, whole_ms: float) -> bool:
-    """Whether a first run after another engine's take, issued in ``issued_ms`` of its
-    ``whole_ms``, could belong to a near launch-bound engine (pace.py): its issue over its whole
-    time, less the most the first issue is inflated by (FIRST_ISSUE_INFLATION), reaches
-    NEAR_LAUNCH_BOUND_SHARE. Below that, a second issue cannot change what the rounds and the
-    report make of the engine, and is not run."""
-    return issued_ms * FIRST_ISSUE_INFLATION >= NEAR_LAUNCH_BOUND_SHARE * whole_ms
+def could_be_near_launch_bound(issued_ms: float, steady_ms: float | None) -> bool:
+    """Whether a first run after another engine's take, issued in ``issued_ms``, could belong to a
+    near launch-bound engine (pace.py), against ``steady_ms``, the median of the engine's timed runs
+    in its last take (None before its first take: it could). Kept as the take's issue, that first
+    issue must read as the engine's steady one would, which is at most as long: under
+    NEAR_LAUNCH_BOUND_SHARE of the run, where the rounds and the report do not flag it, with room
+    for the run to read shorter in this take than in its last (FIRST_ISSUE_INFLATION as a margin).
+    So the first issue is kept only under a quarter of the engine's run; it is not the run's own
+    wall time that is measured against, which holds the first run's own slowness after another
+    engine's take."""
+    if steady_ms is None:
+        return True
+    return issued_ms * FIRST_ISSUE_INFLATION >= NEAR_LAUNCH_BOUND_SHARE * steady_ms
 
 
 def _issued(torch, run: Callable[[], Any]) -> tuple[float, float]:

@@ -181,3 +181,15 @@ def test_an_error_names_the_catalog_file_the_command_read(run_cli, tmp_path):
     assert result.exit_code == 2, result.err
     assert "opset = 99 (bench.toml)" in result.err and "set `opset` in bench.toml to at most" in result.err
     assert "pipeline.toml" not in result.err
+
+
+def test_a_path_or_a_longer_name_holding_the_default_catalog_name_is_named_as_it_is(run_cli, tmp_path):
+    """Only the default name standing alone is the catalog's: a path to a file of that name, or a
+    name that holds it (ci-pipeline.toml, pipeline.toml.d), is shown as it is."""
+    broken = tmp_path / "ci-pipeline.toml"
+    broken.write_text("opset = = 17\n")
+    result = run_cli(broken, "models")
+    assert result.exit_code == 2 and f"{broken} is not valid TOML" in result.err, result.err
+    missing = tmp_path / "pipeline.toml.d" / "bench.toml"
+    result = run_cli(missing, "models")
+    assert result.exit_code == 2 and f"catalog {missing} does not exist" in result.err, result.err

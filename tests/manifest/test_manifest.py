@@ -91,3 +91,25 @@ def test_a_manifest_this_version_wrote_reads_as_its_parsed_json_validates(tmp_pa
         read_manifest(source).write(path)  # lifted to today's schema, as this version writes it
         text = path.read_text()
         assert parse_manifest(text, str(path)) == EngineManifest.model_validate(json.loads(text)), source
+
+
+@pytest.mark.parametrize(
+    ("last", "read"),
+    [
+        (SCHEMA_VERSION + 1, f"schema_version {SCHEMA_VERSION + 1}: it was written by a newer version"),
+        ('"7"', "has schema_version '7'"),
+        (1, None),  # read as schema 1, and lifted to this version's
+    ],
+)
+def test_a_schema_version_written_twice_is_read_as_its_last(tmp_path, last, read):
+    """JSON keeps the last of a key written twice: a manifest that opens with this version's
+    schema and names another at its end is read as that other one, as any other manifest is."""
+    path = tmp_path / "m_fp32.json"
+    _manifest().write(path)
+    text = path.read_text().rstrip().removesuffix("}") + f', "schema_version": {last}}}'
+    path.write_text(text)
+    if read is None:
+        assert read_manifest(path).schema_version == SCHEMA_VERSION
+        return
+    with pytest.raises(PipelineError, match=read):
+        read_manifest(path)

@@ -168,48 +168,62 @@ def test_a_take_keeps_the_run_the_host_waited_for_as_the_host_synchronised_laten
     assert gpu.stream_syncs == 3 and waited == pytest.approx([3.0, 3.0])  # a short run: issued twice, the second kept
 
 
-class FirstIssueSlower:
+class FirstRunSlower:
     """A run whose first issue after another engine's take costs the host ``first_ms``, and each
-    one after it ``enqueue_ms`` (docs/results/sweeps.md: 74-82 % of the run against 45 %)."""
+    one after it ``enqueue_ms`` (docs/results/sweeps.md: 74-82 % of the run against 45 %), and
+    whose first run also takes the GPU ``first_kernel_ms`` (its caches cold after the other)."""
 
-    def __init__(self, gpu: SimulatedGpu, first_ms: float):
-        self.gpu, self.first_ms = gpu, first_ms
+    def __init__(self, gpu: SimulatedGpu, first_ms: float, first_kernel_ms: float | None = None):
+        self.gpu, self.first_ms, self.first_kernel_ms = gpu, first_ms, first_kernel_ms or gpu.kernel_ms
 
     def run(self):
-        normal, self.gpu.enqueue_ms = self.gpu.enqueue_ms, self.first_ms
+        enqueue, kernel = self.gpu.enqueue_ms, self.gpu.kernel_ms
+        self.gpu.enqueue_ms, self.gpu.kernel_ms = self.first_ms, self.first_kernel_ms
         try:
             self.gpu.launch()
         finally:
-            self.gpu.enqueue_ms = normal
+            self.gpu.enqueue_ms, self.gpu.kernel_ms = enqueue, kernel
         self.run = self.gpu.launch
 
 
 @pytest.mark.parametrize(
-    ("kernel_ms", "enqueue_ms", "first_ms", "untimed_runs", "issue_kept"),
+    ("kernel_ms", "enqueue_ms", "first_ms", "first_kernel_ms", "steady_ms", "untimed_runs", "issue_kept"),
     [
+        # an engine's first take: nothing says yet how long its runs are, so it is issued twice
+        pytest.param(10.0, 0.2, 1.0, None, None, 2, 0.2, id="first-take"),
         # eager PyTorch at a small point: launch-bound, issued twice, the second issue kept
-        pytest.param(1.0, 1.2, 2.0, 2, 1.2, id="launch-bound"),
-        # near launch-bound once warm, and far above the line on its first issue: issued twice
-        pytest.param(5.0, 3.0, 5.0, 2, 3.0, id="near-launch-bound"),
+        pytest.param(1.0, 1.2, 2.0, None, 1.2, 2, 1.2, id="launch-bound"),
         # a first issue at 40 % of its run, 45 % beyond it: its 20 % after would not be flagged,
         # but the first cannot tell, so it is issued again
-        pytest.param(5.0, 1.0, 4.0, 2, 1.0, id="inflated-first-issue"),
-        # a CUDA graph's replay: its first issue is a tenth of the run, issued once
-        pytest.param(10.0, 0.2, 1.0, 1, 1.0, id="gpu-bound"),
+        pytest.param(5.0, 1.0, 2.0, None, 5.0, 2, 1.0, id="inflated-first-issue"),
+        # issued at 32 % of its run once steady, 58 % on its first issue, whose run the GPU also
+        # took 2.2x as long over: against that run's own wall time the first issue reads 19 %, but
+        # kept, against the take's runs, it would flag the engine near launch-bound
+        pytest.param(1.0, 0.32, 0.576, 2.2, 1.0, 2, 0.32, id="slow-first-run"),
+        # a CUDA graph's replay: its first issue is a tenth of the run, issued once and kept
+        pytest.param(10.0, 0.2, 1.0, None, 10.0, 1, 1.0, id="gpu-bound"),
+        # the same, its runs half as long in this take as in the last: still issued once, and the
+        # first issue kept is under half of this take's runs
+        pytest.param(5.0, 0.2, 2.0, None, 10.0, 1, 2.0, id="gpu-bound-runs-shorter"),
     ],
 )
-def test_a_short_run_is_issued_twice_only_where_the_first_issue_could_be_near_launch_bound(
-    monkeypatch, kernel_ms, enqueue_ms, first_ms, untimed_runs, issue_kept
+def test_a_short_run_is_issued_twice_unless_its_first_issue_is_far_from_launch_bound(
+    monkeypatch, kernel_ms, enqueue_ms, first_ms, first_kernel_ms, steady_ms, untimed_runs, issue_kept
 ):
+    from pipeline.measuring.pace import NEAR_LAUNCH_BOUND_SHARE
+
     gpu = SimulatedGpu(kernel_ms=kernel_ms, enqueue_ms=enqueue_ms)
     monkeypatch.setattr(takes.time, "perf_counter_ns", lambda: int(gpu.host_ms * 1e6))
     issued, waited, untimed = [], [], []
-    engine = FirstIssueSlower(gpu, first_ms)
-    times = takes.cuda_take(fake_torch(gpu), lambda: engine.run(), 1, 100.0, issued, waited, untimed)
+    engine = FirstRunSlower(gpu, first_ms, first_kernel_ms)
+    times = takes.cuda_take(fake_torch(gpu), lambda: engine.run(), 1, 100.0, issued, waited, untimed, steady_ms)
     assert untimed == [untimed_runs] and gpu.stream_syncs == untimed_runs
     assert issued == pytest.approx([issue_kept])
-    # Whatever ran untimed, the timed runs are the engine's own, back to back.
-    assert min(times) == pytest.approx(max(kernel_ms, enqueue_ms))
+    # Whatever ran untimed, the timed runs are the engine's own, back to back...
+    run_ms = max(kernel_ms, enqueue_ms)
+    assert min(times) == pytest.approx(run_ms)
+    # ...and the issue kept flags the engine near launch-bound only where its steady issue would.
+    assert (issued[0] / run_ms >= NEAR_LAUNCH_BOUND_SHARE) == (enqueue_ms / run_ms >= NEAR_LAUNCH_BOUND_SHARE)
 
 
 def test_a_take_says_how_many_untimed_runs_its_energy_reading_holds(monkeypatch):

@@ -91,6 +91,8 @@ class Prepared:
     waited_ms: list[float] = field(default_factory=list)
     # The untimed runs before the last take's timed ones, inside its energy reading (cuda_take's untimed).
     untimed_runs: int = 1
+    # The median of the last take's timed runs: how the next take judges its first issue (cuda_take).
+    _steady_ms: float | None = field(default=None, init=False, repr=False)
     # An eager model's output of the run that prepared it, on ``examples`` as they are: what the
     # reference run returns where it is asked for those very values (``infer``), instead of
     # running again. A profile prepares an engine on its point's reference batch and checks it
@@ -134,8 +136,9 @@ class Prepared:
             if self.cuda:
                 issued: list[float] = []
                 untimed: list[int] = []
-                times = cuda_take(torch, self.run, runs, min_ms, issued, self.waited_ms, untimed)
+                times = cuda_take(torch, self.run, runs, min_ms, issued, self.waited_ms, untimed, self._steady_ms)
                 self.issue_ms, self.untimed_runs = issued[0], untimed[0]
+                self._steady_ms = sorted(times)[len(times) // 2]
             else:
                 times = host_take(self.run, runs, min_ms)
         self.recompiles += compiled_graphs(torch) - graphs
