@@ -249,7 +249,24 @@ def _models_of(state: _State, selection) -> list[str]:
     return list(dict.fromkeys(ref.model for ref in state.catalog.select(selection.engines, selection.models, selection.variants)))
 
 
+def _native_crashes_traced() -> None:
+    """Python's stack of every thread written to stderr where a native library aborts or faults
+    the process (faulthandler): CUDA, Kineto or a compiler dying under the run says from where —
+    at exit too, where a daemon thread still in a library can abort the interpreter's teardown
+    after all the outputs are written (seen once on the lent H100: docs/results/sweeps.md). Left
+    as it is where something (pytest) already traces them."""
+    import faulthandler
+
+    if faulthandler.is_enabled():
+        return
+    try:
+        faulthandler.enable(file=sys.__stderr__, all_threads=True)
+    except (AttributeError, ValueError, OSError):  # no stderr with a file descriptor: nothing to write to
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
+    _native_crashes_traced()
     try:
         code = _run(argv)
         sys.stdout.flush()  # here, not at interpreter exit, so a reader that went away is handled

@@ -193,3 +193,17 @@ def test_a_path_or_a_longer_name_holding_the_default_catalog_name_is_named_as_it
     missing = tmp_path / "pipeline.toml.d" / "bench.toml"
     result = run_cli(missing, "models")
     assert result.exit_code == 2 and f"catalog {missing} does not exist" in result.err, result.err
+
+
+def test_a_native_crash_shows_where_python_was(tmp_path):
+    """A native library that aborts the process (CUDA, Kineto, a compiler) leaves Python's stack of
+    every thread on stderr, not only "Aborted"."""
+    code = (
+        "import os, signal, threading, time; from pipeline.cli import main; main(['--help']); "
+        "threading.Thread(target=time.sleep, args=(30,), name='beside', daemon=True).start(); "
+        "os.kill(os.getpid(), signal.SIGABRT)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT)
+    assert result.returncode == -6  # SIGABRT, as a C++ std::terminate ends it
+    assert "Fatal Python error: Aborted" in result.stderr
+    assert "Thread 0x" in result.stderr and "in <module>" in result.stderr  # each thread's stack
