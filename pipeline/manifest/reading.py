@@ -40,20 +40,34 @@ _WRITTEN_BY_THIS_VERSION = re.compile(rf'\A\s*\{{\s*"schema_version"\s*:\s*{SCHE
 
 def parse_manifest(text: str, source: str) -> EngineManifest:
     """Validate a manifest's text; ``source`` (a path, or ``ref:path`` in git) names it in errors.
-    One this version wrote is validated from its text by pydantic's own JSON parser, in two thirds
-    of the time of parsing it first (a compare reads thousands: scripts/benchmark_compare.py); any
-    other, or one that fails there, is read step by step, each failure said in its own terms."""
-    # Its one schema version: a key written twice is read as its last, which the checks below
-    # read and the text's first one does not say.
-    if _WRITTEN_BY_THIS_VERSION.match(text) and text.count('"schema_version"') == 1:
-        try:
-            manifest = EngineManifest.model_validate_json(text)
-        except ValueError:  # ValidationError among them: said below
-            manifest = None
-        if manifest is not None and not unknown_evidence(manifest):
-            _check_named_for(manifest, source)
-            manifest._source = source
-            return manifest
+    One this version wrote is validated from its text by pydantic's own JSON parser
+    (``_as_written``); any other, or one that fails there, step by step, each failure said in its
+    own terms (``_step_by_step``)."""
+    manifest = _as_written(text)
+    if manifest is None:
+        manifest = _step_by_step(text, source)
+    _check_named_for(manifest, source)
+    manifest._source = source
+    return manifest
+
+
+def _as_written(text: str) -> EngineManifest | None:
+    """A manifest this version wrote, validated from its text in two thirds of the time of parsing
+    it first (a compare reads thousands: scripts/benchmark_compare.py); None for any other, or one
+    that does not validate here, for ``_step_by_step`` to read and say what is wrong with it. Its
+    one schema version: a key written twice is read as its last, which the text's first does not say."""
+    if not _WRITTEN_BY_THIS_VERSION.match(text) or text.count('"schema_version"') != 1:
+        return None
+    try:
+        manifest = EngineManifest.model_validate_json(text)
+    except ValueError:  # ValidationError among them
+        return None
+    return None if unknown_evidence(manifest) else manifest
+
+
+def _step_by_step(text: str, source: str) -> EngineManifest:
+    """A manifest's text parsed, its schema version checked (an older one lifted), validated and
+    its evidence checked, each failure a PipelineError naming ``source``."""
     try:
         raw = json.loads(text)
     except ValueError as exc:
@@ -98,8 +112,6 @@ def parse_manifest(text: str, source: str) -> EngineManifest:
             "it was written by a newer version.",
             hint="upgrade this checkout (git pull; make setup) to read it, or compare against results written by this version",
         )
-    _check_named_for(manifest, source)
-    manifest._source = source
     return manifest
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.measuring.out_of_memory import out_of_memory_as_error
+from pipeline.measuring.stats import median
 from pipeline.measuring.takes import cuda_take, host_take
 from pipeline.running.reporting import native_stderr_held
 from pipeline.runtimes.pytorch.memory import gpu_memory
@@ -138,7 +139,7 @@ class Prepared:
                 untimed: list[int] = []
                 times = cuda_take(torch, self.run, runs, min_ms, issued, self.waited_ms, untimed, self._steady_ms)
                 self.issue_ms, self.untimed_runs = issued[0], untimed[0]
-                self._steady_ms = sorted(times)[len(times) // 2]
+                self._steady_ms = median(times)
             else:
                 times = host_take(self.run, runs, min_ms)
         self.recompiles += compiled_graphs(torch) - graphs
