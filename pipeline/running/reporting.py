@@ -46,30 +46,93 @@ class _Activity:
         return Text(self.text())
 
 
+class _Spinner:
+    """The running stage's spinner in a terminal: redrawn by a thread of rich's, as its status
+    is, until the stage measures; from then on drawn only when the thread that measures asks, so
+    that nothing redraws beside a take (Reporter.MEASURING_REDRAW_S)."""
+
+    def __init__(self, console: Console, activity: _Activity):
+        from rich.live import Live
+        from rich.spinner import Spinner
+
+        self.console, self.renderable = console, Spinner("dots", text=activity, style="status.spinner")
+        self.live = Live(self.renderable, console=console, refresh_per_second=12.5, transient=True)
+        self.live.start()
+        self.drawer: int | None = None  # the thread that measures, once the stage does
+        self.drawn_at = 0.0
+
+    def drawn_by_caller(self) -> None:
+        import threading
+
+        from rich.live import Live
+
+        if self.drawer is None:
+            # Live.stop tells rich's redrawing thread to end; it has ended once joined.
+            redrawing = getattr(self.live, "_refresh_thread", None)
+            self.live.stop()
+            if redrawing is not None:
+                redrawing.join(timeout=1.0)
+            self.live = Live(self.renderable, console=self.console, auto_refresh=False, transient=True)
+            self.live.start(refresh=True)
+        self.drawer = threading.get_ident()
+
+    def redraw(self, every_s: float) -> None:
+        import threading
+
+        if self.drawer != threading.get_ident():  # not measuring, or not on the measuring thread
+            return
+        now = time.monotonic()
+        if now - self.drawn_at >= every_s:
+            self.drawn_at = now
+            self.live.refresh()
+
+    def stop(self) -> None:
+        self.live.stop()
+
+
 class Reporter:
     # Piped (no spinner): how often a stage still running says what it is doing.
     HEARTBEAT_S = 60.0
+    # Once a stage measures, its spinner is drawn only when the measuring thread says how far it
+    # has got (between takes: the rounds' progress), at most this often. rich's status redraws
+    # 12.5 times a second on a thread of its own, taking the GIL from the thread that launches:
+    # beside 100 ms takes of a launch-bound CPU workload it lengthened them by a median 0.1-1.9 %
+    # of paired takes in five runs of scripts/benchmark_spinner.py on a 2-core VM (0.983-1.009
+    # drawn between takes): small beside a take's noise, but always one way, on launch-bound
+    # engines only, and only in a terminal, so that a run read there and one piped would differ.
+    MEASURING_REDRAW_S = 0.5
 
     def __init__(self, verbose: bool = False, console: Console | None = None):
         self.verbose = verbose
         self.console = console or Console(stderr=True, highlight=False, soft_wrap=True)
         self.activity: _Activity | None = None
+        self._spinner: _Spinner | None = None
 
     def step(self, text: str) -> None:
         """The part of the running stage now under way ("measurement 2 of 3"); "" when none."""
         if self.activity is not None:
             self.activity.step, self.activity.doing = text, ""
+            self._redraw()
 
     def measuring(self, text: str) -> None:
         """A step that starts measuring ("5 engine(s) in rounds"): nothing else may run beside it
-        from here. Locally one more step; a cluster task also tells its driver (pipeline/cluster/worker.py)."""
+        from here, the spinner's own redrawing included. Locally one more step; a cluster task also
+        tells its driver (pipeline/cluster/worker.py)."""
+        if self._spinner is not None:
+            self._spinner.drawn_by_caller()
         self.step(text)
 
     def progress(self, text: str) -> None:
         """What the running stage is doing now ("calibrating: batch 3 of 16"), beside its spinner
-        in a terminal; cheap enough to call in a loop (it only keeps the text)."""
+        in a terminal; cheap enough to call in a loop (it keeps the text, and while measuring
+        redraws the spinner at most every MEASURING_REDRAW_S)."""
         if self.activity is not None:
             self.activity.doing = text
+            self._redraw()
+
+    def _redraw(self) -> None:
+        if self._spinner is not None:
+            self._spinner.redraw(self.MEASURING_REDRAW_S)
 
     def _line(self, stage: str, engine: str, text: str) -> None:
         self.console.print(f"{stage:<8} {escape(engine):<26} {text}")
@@ -144,8 +207,12 @@ class Reporter:
         self.activity = _Activity(stage, engine)
         try:
             if self.console.is_terminal and not self.verbose:
-                with self.console.status(self.activity):
+                self._spinner = _Spinner(self.console, self.activity)
+                try:
                     yield
+                finally:
+                    self._spinner.stop()
+                    self._spinner = None
             else:
                 if self.verbose:
                     self._line(stage, engine, "running …")

@@ -12,6 +12,7 @@ import re
 import select
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -35,6 +36,36 @@ def test_the_spinner_says_the_step_what_is_under_way_and_the_time_taken():
         reporter.tool_output("trtexec build", "[11/23/2026-20:01:02] [I] [TRT] Detected 1 inputs and 1 output network tensors.")
         assert reporter.activity.doing == "trtexec build: Detected 1 inputs and 1 output network tensors."
     assert reporter.activity is None
+
+
+def test_once_a_stage_measures_nothing_redraws_its_spinner_but_the_measuring_thread_between_takes():
+    """rich's status redraws on a thread of its own 12.5 times a second, which beside a take slows
+    a launch-bound engine; once the stage measures, the spinner is drawn when the thread that
+    measures says how far it has got, and no more often than MEASURING_REDRAW_S."""
+    out = io.StringIO()
+    reporter = Reporter(console=Console(file=out, force_terminal=True, width=100))
+    before = threading.active_count()
+    with reporter.working("profile", "vit_fp16"):
+        assert threading.active_count() == before + 1  # the spinner's redrawing thread
+        drawn = len(out.getvalue())
+        reporter.measuring("4 engine(s) in rounds")
+        assert threading.active_count() == before
+        assert "profile vit_fp16 … 4 engine(s) in rounds · 0:00" in out.getvalue()[drawn:]  # the step, drawn at once
+        drawn = len(out.getvalue())
+        reporter.progress("round 1 (2 of at most 30 s)")  # within MEASURING_REDRAW_S of the last drawing: kept
+        elsewhere = threading.Thread(target=reporter.progress, args=("round 1 (said by another thread)",))
+        elsewhere.start()
+        elsewhere.join()
+        reporter._spinner.drawn_at -= Reporter.MEASURING_REDRAW_S
+        elsewhere = threading.Thread(target=reporter.progress, args=("round 1 (said by another thread)",))
+        elsewhere.start()
+        elsewhere.join()  # due, but not the measuring thread: not drawn
+        time.sleep(0.1)
+        assert len(out.getvalue()) == drawn
+        reporter.activity.started -= 1
+        reporter.progress("round 2 (3 of at most 30 s)")
+        assert "4 engine(s) in rounds: round 2 (3 of at most 30 s) · 0:01" in out.getvalue()[drawn:]
+    assert threading.active_count() == before and reporter._spinner is None
 
 
 def test_piped_a_long_stage_says_what_it_does_once_a_minute_and_a_quick_one_nothing(monkeypatch):
