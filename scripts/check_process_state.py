@@ -18,7 +18,11 @@ cuda_take) when asked, in a shuffled order each round:
   (pipeline/measuring/machine_watch.py: /proc, PSI and NVML every half second);
 * ``compiled``: a torch.compile'd reduce-overhead copy compiled and run in the process first;
 * ``product``: the catalog's model prepared by the product's own eager preparation
-  (pipeline/runtimes/pytorch/preparing.py), profiler included, timed by its own take;
+  (pipeline/runtimes/pytorch/preparing.py), timed by its own take;
+* ``product-profiled``: the same, then PyTorch's profiler run once around one inference, as the
+  preparation read the SDPA kernel before it read the dispatched operators instead;
+* ``tf32-off``: ``fresh`` with cuDNN's TF32 turned off, as the product's preparation turns it for
+  a toolchain without ``tf32``;
 * ``pinned-N`` (``--cpus N ...``): a fresh process held to CPU N from its start, every thread of
   it: whether where a process runs sets its speed, a CPU's speed kept from round to round.
 
@@ -42,7 +46,18 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-STATES = ("fresh", "fresh-again", "profiled", "profiled-teardown", "sampled", "watched", "compiled", "product")
+STATES = (
+    "fresh",
+    "fresh-again",
+    "profiled",
+    "profiled-teardown",
+    "sampled",
+    "watched",
+    "compiled",
+    "product",
+    "product-profiled",
+    "tf32-off",
+)
 
 
 def _model(torch, shape: str, device: str, tiny: bool):
@@ -96,11 +111,13 @@ def worker(state: str, shape: str, device: str, tiny: bool, take_ms: float, chan
     sys.path.insert(0, str(ROOT))
     from pipeline.measuring.takes import cuda_take, host_take
 
-    prepared = _product(torch, shape, device) if state == "product" else None
+    if state == "tf32-off":
+        torch.backends.cudnn.allow_tf32 = False
+    prepared = _product(torch, shape, device) if state.startswith("product") else None
     run = prepared.run if prepared is not None else _model(torch, shape, device, tiny)
     for _ in range(5):
         run()
-    if state in ("profiled", "profiled-teardown"):
+    if state in ("profiled", "profiled-teardown", "product-profiled"):
         from pipeline.runtimes.pytorch.prepared import sdpa_kernels
 
         sdpa_kernels(torch, run)

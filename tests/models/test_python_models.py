@@ -256,7 +256,7 @@ def test_a_toolchain_whose_kernel_pytorch_did_not_run_is_refused_not_mislabelled
     catalog = write_catalog(tmp_path / "ws", FLUX)
     (tmp_path / "ws" / "examples").mkdir()
     shutil.copy(root / "examples" / "flux_attention.py", tmp_path / "ws" / "examples" / "flux_attention.py")
-    monkeypatch.setattr(preparing, "sdpa_kernels", lambda torch, run: ["efficient"])
+    monkeypatch.setattr(preparing, "eager_sdpa_kernels", lambda torch, run: ["efficient"])
     result = run_cli(catalog, "build", "--engine", "flux_attention_fp32", "--toolchain", "torch-sdpa-flash")
     assert result.exit_code == 1, result.err
     assert "the flash SDPA kernel was asked for, but the prepared model ran efficient" in " ".join(result.err.split())

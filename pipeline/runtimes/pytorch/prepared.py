@@ -34,10 +34,44 @@ SDPA_OPERATORS = {
 }
 
 
+def eager_sdpa_kernels(torch, run: Callable[[], Any]) -> list[str]:
+    """Which SDPA kernels one eager call of ``run`` used, by their `sdpa_backend` names (empty for
+    a model without scaled-dot-product attention), seen as the operators PyTorch dispatches: each
+    call of scaled_dot_product_attention (a function mode) and the fused kernel it ran (a dispatch
+    mode); a call that ran none of them ran the math kernel, which dispatches as the operators it
+    is made of. Both modes are Python's, gone when the call ends: no profiler is started, whose
+    Kineto, once started in a process, may stay attached to it (pytorch/pytorch#144455) and time
+    every later launch of it. Eager only: torch.compile does not compile under a dispatch mode."""
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    attention = torch.nn.functional.scaled_dot_product_attention
+    calls: list[set[str]] = []  # the fused kernels each call of SDPA ran
+    outside: set[str] = set()  # a fused kernel's operator called by the model itself
+
+    class Kernels(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kernel = SDPA_OPERATORS.get(func._schema.name)
+            if kernel is not None:
+                (calls[-1] if calls else outside).add(kernel)
+            return func(*args, **(kwargs or {}))
+
+    class Calls(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func is attention:
+                calls.append(set())
+            return func(*args, **(kwargs or {}))
+
+    with Calls(), Kernels():
+        run()
+    return sorted(outside.union(*(ran or {"math"} for ran in calls)))
+
+
 def sdpa_kernels(torch, run: Callable[[], Any]) -> list[str]:
     """Which SDPA kernels one call of ``run`` used, by their `sdpa_backend` names (empty for a
     model without scaled-dot-product attention): one call under PyTorch's profiler, CPU events
-    only, outside every measurement."""
+    only, outside every measurement. For a compiled model, which runs its own kernels only
+    outside a dispatch mode (eager_sdpa_kernels)."""
     from torch.profiler import ProfilerActivity, profile
 
     # Kineto prints "profiler_start"/"profiler_stop" straight to the process's stderr.

@@ -21,6 +21,7 @@ from pipeline.runtimes.pytorch.prepared import (
     cache_keys_alike_in_every_process,
     capture,
     compiled_run,
+    eager_sdpa_kernels,
     import_torch,
     kept_for_reference,
     no_grad,
@@ -160,7 +161,7 @@ class TorchPreparation:
         )
         key = (engine_file, self.spec.attn_implementation, self.spec.sdpa_backend, self.spec.tf32, inputs)
         if key not in _eager_sdpa:
-            _eager_sdpa[key] = sdpa_kernels(torch, run)
+            _eager_sdpa[key] = eager_sdpa_kernels(torch, run)
         return list(_eager_sdpa[key])
 
     def shared(self, leader: Prepared, engine_file: tuple[int, int, int]) -> Prepared:

@@ -1,4 +1,5 @@
-"""Which SDPA kernel a prepared model ran, read off one profiled call (prepared.sdpa_kernels)."""
+"""Which SDPA kernel a prepared model ran: an eager one's seen as the operators it dispatched
+(prepared.eager_sdpa_kernels), a compiled one's read off one profiled call (prepared.sdpa_kernels)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,31 @@ def attention():
 def test_the_kernel_a_call_ran_is_named_and_a_call_without_attention_names_none():
     assert prepared.sdpa_kernels(torch, attention) == ["flash"]  # the CPU's flash kernel
     assert prepared.sdpa_kernels(torch, lambda: torch.relu(torch.randn(4))) == []
+
+
+def test_an_eager_call_names_its_kernels_without_a_profiler(monkeypatch):
+    """The fused kernel each SDPA call ran, or math where it ran none; nothing for a call without
+    attention; and no profiler started, whose Kineto may stay attached to the process."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a profiler was started")
+
+    monkeypatch.setattr(torch.profiler, "profile", refuse)
+    monkeypatch.setattr(torch.autograd.profiler, "profile", refuse)
+    assert prepared.eager_sdpa_kernels(torch, attention) == ["flash"]  # the CPU's flash kernel
+
+    def math():
+        with sdpa_kernel([SDPBackend.MATH]):
+            return attention()
+
+    assert prepared.eager_sdpa_kernels(torch, math) == ["math"]
+    assert prepared.eager_sdpa_kernels(torch, lambda: (math(), attention())) == ["flash", "math"]
+    assert prepared.eager_sdpa_kernels(torch, lambda: torch.relu(torch.randn(4))) == []
+    query = torch.randn(1, 2, 8, 4)  # a fused kernel's operator called by the model itself
+    direct = lambda: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(query, query, query)  # noqa: E731
+    assert prepared.eager_sdpa_kernels(torch, direct) == ["flash"]
+    assert not torch.autograd._profiler_enabled()
 
 
 def test_the_raw_names_are_those_the_profilers_events_give():
@@ -46,15 +72,15 @@ class _Attending(torch.nn.Module):
 
 def test_an_eager_module_is_asked_its_kernels_once_for_each_file_setting_and_input(monkeypatch):
     """The eager and CUDA-graph toolchains of one engine ask the same eager module at each point:
-    one profiled call for each engine file, attention setting and inputs; another file, setting,
+    one call seen for each engine file, attention setting and inputs; another file, setting,
     shape or input value (a mask that masks nothing, or one that does) is asked again."""
     from pipeline.running.reporting import Reporter
     from pipeline.runtimes import spec_class
     from pipeline.runtimes.pytorch import preparing
 
     asked = []
-    real = preparing.sdpa_kernels
-    monkeypatch.setattr(preparing, "sdpa_kernels", lambda torch_, run: asked.append(1) or real(torch_, run))
+    real = preparing.eager_sdpa_kernels
+    monkeypatch.setattr(preparing, "eager_sdpa_kernels", lambda torch_, run: asked.append(1) or real(torch_, run))
 
     query = torch.randn(1, 2, 8, 4)
 
