@@ -34,37 +34,37 @@ SDPA_OPERATORS = {
 }
 
 
+# The operator only aten's math SDPA kernel dispatches (aten/src/ATen/native/transformers/
+# attention.cpp, _scaled_dot_product_attention_math: its softmax, which gives 0 for a row that is
+# all masked). The math kernel is composite: a dispatch mode sees what it is made of, not it.
+MATH_SDPA_OPERATOR = "aten::_safe_softmax"
+
+
 def eager_sdpa_kernels(torch, run: Callable[[], Any]) -> list[str]:
     """Which SDPA kernels one eager call of ``run`` used, by their `sdpa_backend` names (empty for
-    a model without scaled-dot-product attention), seen as the operators PyTorch dispatches: each
-    call of scaled_dot_product_attention (a function mode) and the fused kernel it ran (a dispatch
-    mode); a call that ran none of them ran the math kernel, which dispatches as the operators it
-    is made of. Both modes are Python's, gone when the call ends: no profiler is started, whose
-    Kineto, once started in a process, may stay attached to it (pytorch/pytorch#144455) and time
-    every later launch of it. Eager only: torch.compile does not compile under a dispatch mode."""
-    from torch.overrides import TorchFunctionMode
+    a model without scaled-dot-product attention), seen as the operators it dispatched: a fused
+    kernel's own (SDPA_OPERATORS), the math kernel's softmax (MATH_SDPA_OPERATOR). A dispatch mode
+    is Python's, gone when the call ends, and below the layer that chooses a module's fast path
+    (a function mode is not: MultiheadAttention would take its slow path under one). No profiler is
+    started, whose Kineto, once started in a process, may stay attached to it and time every later
+    launch (pytorch/pytorch#144455). Eager only: torch.compile does not compile under a dispatch
+    mode."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    attention = torch.nn.functional.scaled_dot_product_attention
-    calls: list[set[str]] = []  # the fused kernels each call of SDPA ran
-    outside: set[str] = set()  # a fused kernel's operator called by the model itself
+    kernels: set[str] = set()
 
     class Kernels(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            kernel = SDPA_OPERATORS.get(func._schema.name)
-            if kernel is not None:
-                (calls[-1] if calls else outside).add(kernel)
+            name = func._schema.name
+            if name in SDPA_OPERATORS:
+                kernels.add(SDPA_OPERATORS[name])
+            elif name == MATH_SDPA_OPERATOR:
+                kernels.add("math")
             return func(*args, **(kwargs or {}))
 
-    class Calls(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            if func is attention:
-                calls.append(set())
-            return func(*args, **(kwargs or {}))
-
-    with Calls(), Kernels():
+    with Kernels():
         run()
-    return sorted(outside.union(*(ran or {"math"} for ran in calls)))
+    return sorted(kernels)
 
 
 def sdpa_kernels(torch, run: Callable[[], Any]) -> list[str]:

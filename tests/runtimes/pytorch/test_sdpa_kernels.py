@@ -21,7 +21,7 @@ def test_the_kernel_a_call_ran_is_named_and_a_call_without_attention_names_none(
 
 
 def test_an_eager_call_names_its_kernels_without_a_profiler(monkeypatch):
-    """The fused kernel each SDPA call ran, or math where it ran none; nothing for a call without
+    """The fused kernels a call ran, and math where it ran that; nothing for a call without
     attention; and no profiler started, whose Kineto may stay attached to the process."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -42,7 +42,29 @@ def test_an_eager_call_names_its_kernels_without_a_profiler(monkeypatch):
     query = torch.randn(1, 2, 8, 4)  # a fused kernel's operator called by the model itself
     direct = lambda: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(query, query, query)  # noqa: E731
     assert prepared.eager_sdpa_kernels(torch, direct) == ["flash"]
+    with sdpa_kernel([SDPBackend.MATH]):  # the math kernel's operator, called by the model itself
+        assert prepared.eager_sdpa_kernels(torch, lambda: torch.ops.aten.scaled_dot_product_attention(query, query, query)) == ["math"]
     assert not torch.autograd._profiler_enabled()
+
+
+def test_a_module_keeps_its_fast_path_and_its_outputs_while_its_kernels_are_seen():
+    """A function mode would turn MultiheadAttention and the transformer encoder off their fast
+    path (which runs no SDPA kernel on a CPU): what is seen is what the timed call runs, as the
+    profiler saw it, and it computes what it computes unseen."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(32, 4, 64, batch_first=True, dropout=0.0).eval()
+    encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=True).eval()
+    attention_module = torch.nn.MultiheadAttention(32, 4, batch_first=True).eval()
+    x = torch.randn(2, 8, 32)
+    padded = torch.zeros(2, 8, dtype=torch.bool)
+    padded[0, 5:] = True
+    for call in (lambda: attention_module(x, x, x, need_weights=False)[0], lambda: encoder(x, src_key_padding_mask=padded)):
+        with torch.no_grad():
+            alone = call()
+            outputs: list = []
+            seen = prepared.eager_sdpa_kernels(torch, lambda call=call, outputs=outputs: outputs.append(call()))
+            assert seen == prepared.sdpa_kernels(torch, call)
+        assert torch.equal(outputs[0], alone)
 
 
 def test_the_raw_names_are_those_the_profilers_events_give():
