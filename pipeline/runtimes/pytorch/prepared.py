@@ -34,9 +34,10 @@ SDPA_OPERATORS = {
 }
 
 
-# The operator only aten's math SDPA kernel dispatches (aten/src/ATen/native/transformers/
-# attention.cpp, _scaled_dot_product_attention_math: its softmax, which gives 0 for a row that is
-# all masked). The math kernel is composite: a dispatch mode sees what it is made of, not it.
+# The operator aten's math SDPA kernel dispatches for its softmax, which gives 0 for a row that is
+# all masked (aten/src/ATen/native/transformers/attention.cpp, _scaled_dot_product_attention_math).
+# The math kernel is composite: a dispatch mode sees what it is made of, not it. A model that calls
+# this softmax itself reads as having run the math kernel.
 MATH_SDPA_OPERATOR = "aten::_safe_softmax"
 
 
@@ -70,8 +71,8 @@ def eager_sdpa_kernels(torch, run: Callable[[], Any]) -> list[str]:
 def sdpa_kernels(torch, run: Callable[[], Any]) -> list[str]:
     """Which SDPA kernels one call of ``run`` used, by their `sdpa_backend` names (empty for a
     model without scaled-dot-product attention): one call under PyTorch's profiler, CPU events
-    only, outside every measurement. For a compiled model, which runs its own kernels only
-    outside a dispatch mode (eager_sdpa_kernels)."""
+    only, outside every measurement. Asked of a compiled model, which runs its own kernels only
+    outside a dispatch mode; an eager one is asked by eager_sdpa_kernels."""
     from torch.profiler import ProfilerActivity, profile
 
     # Kineto prints "profiler_start"/"profiler_stop" straight to the process's stderr.
