@@ -10,7 +10,7 @@ cuda_take) when asked, in a shuffled order each round:
 
 * ``fresh``, ``fresh-again``: nothing (the second says how far two identical processes differ);
 * ``profiled``: PyTorch's profiler run once around one inference, as preparing an engine does to
-  read which SDPA kernel ran (pipeline/runtimes/pytorch/prepared.py, sdpa_kernels);
+  read which SDPA kernel ran (pipeline/runtimes/pytorch/sdpa.py, sdpa_kernels);
 * ``profiled-teardown``: the same with TEARDOWN_CUPTI=1, which makes Kineto finalize CUPTI after
   profiling (pytorch/pytorch#144455: left attached, CUPTI slows later launches);
 * ``sampled``: every take inside the SM clock's sampling thread (pipeline/measuring/sm_clock.py);
@@ -118,7 +118,7 @@ def worker(state: str, shape: str, device: str, tiny: bool, take_ms: float, chan
     for _ in range(5):
         run()
     if state in ("profiled", "profiled-teardown", "product-profiled"):
-        from pipeline.runtimes.pytorch.prepared import sdpa_kernels
+        from pipeline.runtimes.pytorch.sdpa import sdpa_kernels
 
         sdpa_kernels(torch, run)
     if state == "compiled":

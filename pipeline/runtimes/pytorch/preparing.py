@@ -21,13 +21,12 @@ from pipeline.runtimes.pytorch.prepared import (
     cache_keys_alike_in_every_process,
     capture,
     compiled_run,
-    eager_sdpa_kernels,
     import_torch,
     kept_for_reference,
     no_grad,
-    sdpa_kernels,
     within,
 )
+from pipeline.runtimes.pytorch.sdpa import eager_sdpa_kernels, sdpa_kernels
 
 # torch.compile's modes that capture the compiled model in CUDA graphs (torch/_inductor: "mode
 # reduce-overhead ... uses CUDA graphs"; max-autotune too, unless "-no-cudagraphs").

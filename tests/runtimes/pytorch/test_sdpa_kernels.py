@@ -1,5 +1,5 @@
 """Which SDPA kernel a prepared model ran: an eager one's seen as the operators it dispatched
-(prepared.eager_sdpa_kernels), a compiled one's read off one profiled call (prepared.sdpa_kernels)."""
+(sdpa.eager_sdpa_kernels), a compiled one's read off one profiled call (sdpa.sdpa_kernels)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pipeline.runtimes.pytorch import prepared  # noqa: E402
+from pipeline.runtimes.pytorch import sdpa as prepared  # noqa: E402
 
 
 def attention():
