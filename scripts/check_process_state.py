@@ -9,8 +9,10 @@ things, and every worker then times the same run the same way (pipeline/measurin
 cuda_take) when asked, in a shuffled order each round:
 
 * ``fresh``, ``fresh-again``: nothing (the second says how far two identical processes differ);
-* ``profiled``: PyTorch's profiler run once around one inference, as preparing an engine does to
-  read which SDPA kernel ran (pipeline/runtimes/pytorch/sdpa.py, sdpa_kernels);
+* ``profiled``: the product's reading of a compiled engine's SDPA kernels run once around one
+  inference (pipeline/runtimes/pytorch/sdpa.py, sdpa_kernels: the legacy profiler's CPU mode);
+* ``kineto-profiled``: Kineto's profiler (torch.profiler, CPU activities) run once around one
+  inference, as that reading was made before;
 * ``profiled-teardown``: the same with TEARDOWN_CUPTI=1, which makes Kineto finalize CUPTI after
   profiling (pytorch/pytorch#144455: left attached, CUPTI slows later launches);
 * ``sampled``: every take inside the SM clock's sampling thread (pipeline/measuring/sm_clock.py);
@@ -19,8 +21,8 @@ cuda_take) when asked, in a shuffled order each round:
 * ``compiled``: a torch.compile'd reduce-overhead copy compiled and run in the process first;
 * ``product``: the catalog's model prepared by the product's own eager preparation
   (pipeline/runtimes/pytorch/preparing.py), timed by its own take;
-* ``product-profiled``: the same, then PyTorch's profiler run once around one inference, as the
-  preparation read the SDPA kernel before it read the dispatched operators instead;
+* ``product-profiled``: the same, then the product's compiled-engine reading (``profiled``) run
+  once around one inference;
 * ``tf32-off``: ``fresh`` with cuDNN's TF32 turned off, as the product's preparation turns it for
   a toolchain without ``tf32``;
 * ``pinned-N`` (``--cpus N ...``): a fresh process held to CPU N from its start, every thread of
@@ -50,6 +52,7 @@ STATES = (
     "fresh",
     "fresh-again",
     "profiled",
+    "kineto-profiled",
     "profiled-teardown",
     "sampled",
     "watched",
@@ -117,10 +120,15 @@ def worker(state: str, shape: str, device: str, tiny: bool, take_ms: float, chan
     run = prepared.run if prepared is not None else _model(torch, shape, device, tiny)
     for _ in range(5):
         run()
-    if state in ("profiled", "profiled-teardown", "product-profiled"):
+    if state in ("profiled", "product-profiled"):
         from pipeline.runtimes.pytorch.sdpa import sdpa_kernels
 
         sdpa_kernels(torch, run)
+    if state in ("kineto-profiled", "profiled-teardown"):
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU]):
+            run()
     if state == "compiled":
         compiled = torch.compile(_model(torch, shape, device, tiny), mode="reduce-overhead")
         for _ in range(3):

@@ -4,7 +4,8 @@
 # served by one and two threads for 2 s a count, padded as the product pads. Whether the run reads a
 # launch-bound engine's throughput lower than a script beside it on the same start, with the
 # host's speed spells spread over both sides (docs/streams.md, 'Not every gap is a spell').
-# GPU only. Starts no pair once SECONDS (since it began) passes DEADLINE_S.
+# GPU only. Starts no pair once SECONDS (since it began) passes DEADLINE_S. TOOLCHAIN=torch-compile
+# (or torch-cudagraphs) serves that toolchain and by hand's compiled model (or CUDA graph) instead.
 #
 #   bash scripts/check_run_against_hand.sh OUT [DEADLINE_S]
 #
@@ -19,15 +20,20 @@ d=/tmp/abh; rm -rf "$d"; mkdir -p "$d"
 sed 's/^shapes = \["2x512", "4x512", "2x2048", "4x2048", "2x4096", "4x4096"\]/shapes = ["2x512"]/' "$root/pipeline.toml" > "$d/pipeline.toml"
 grep -q '^shapes = \["2x512"\]' "$d/pipeline.toml" || { echo "shapes not changed"; exit 1; }
 export CUDA_VISIBLE_DEVICES=0 PYTHONUNBUFFERED=1
+toolchain="${TOOLCHAIN:-torch-eager}"
+case "$toolchain" in
+  torch-eager) kind=eager ;; torch-compile) kind=compiled ;; torch-cudagraphs) kind="cuda graph" ;;
+  *) echo "TOOLCHAIN: torch-eager, torch-compile or torch-cudagraphs"; exit 2 ;;
+esac
 n=0
 product() {
   local force=(); [ "$n" -gt 0 ] && force=(--force)
   local s=$SECONDS
-  python3 -m pipeline.cli --catalog "$d/pipeline.toml" run --model modernbert --variant bf16 --toolchain torch-eager --streams 1,2 "${force[@]}" > "$out/product-$n.log" 2>&1
+  python3 -m pipeline.cli --catalog "$d/pipeline.toml" run --model modernbert --variant bf16 --toolchain "$toolchain" --streams 1,2 "${force[@]}" > "$out/product-$n.log" 2>&1
   python3 -m pipeline.cli --catalog "$d/pipeline.toml" compare --model modernbert --format json > "$out/product-$n.json" 2>/dev/null
-  python3 - "$out/product-$n.json" "$n" "$((SECONDS - s))" <<'PY' | tee -a "$out/summary.txt"
+  python3 - "$out/product-$n.json" "$n" "$((SECONDS - s))" "$toolchain" <<'PY' | tee -a "$out/summary.txt"
 import json, sys
-row = next(r for r in json.load(open(sys.argv[1]))["rows"] if r["toolchain"] == "torch-eager" and r["variant"] == "bf16")
+row = next(r for r in json.load(open(sys.argv[1]))["rows"] if r["toolchain"] == sys.argv[4] and r["variant"] == "bf16")
 served = sorted((s["mode"], s["streams"], s) for s in row.get("streams", []))
 print(f"product {sys.argv[2]} ({sys.argv[3]} s): rounds median {row['median_ms']:.2f} ms;",
       "; ".join(f"{n} {mode} {s.get('inferences_per_s') or 0:.1f} inf/s median {s.get('median_ms') or 0:.2f} ms takes {s.get('takes_inferences_per_s')}" for mode, n, s in served))
@@ -36,7 +42,7 @@ PY
 }
 h=0
 hand() {
-  python3 scripts/serve_by_hand.py --shapes 2x512 --kinds eager --streams 1 2 --seconds 2 --padding on --out "$out/hand-$h" > "$out/hand-$h.log" 2>&1
+  python3 scripts/serve_by_hand.py --shapes 2x512 --kinds "$kind" --streams 1 2 --seconds 2 --padding on --out "$out/hand-$h" > "$out/hand-$h.log" 2>&1
   python3 - "$out/hand-$h/serve-by-hand.json" "$h" <<'PY' | tee -a "$out/summary.txt"
 import json, sys
 print(f"hand {sys.argv[2]}:", "; ".join(f"{r['streams']} threads {r['inferences_per_s']:.1f} inf/s median {r['median_ms']:.2f} ms" for r in json.load(open(sys.argv[1]))))

@@ -1,6 +1,7 @@
 """Which scaled-dot-product-attention kernels a prepared PyTorch model ran (the profile's
 `execution.sdpa_kernels`, and the refusal of a toolchain whose `sdpa_backend` did not run): an
-eager model's seen as the operators it dispatched, a compiled one's off one profiled call."""
+eager model's seen as the operators it dispatched, a compiled one's as the operators one call
+recorded, neither under Kineto's profiler."""
 
 from __future__ import annotations
 
@@ -56,15 +57,42 @@ def eager_sdpa_kernels(torch, run: Callable[[], Any]) -> list[str]:
 
 def sdpa_kernels(torch, run: Callable[[], Any]) -> list[str]:
     """Which SDPA kernels one call of ``run`` used, by their `sdpa_backend` names (empty for a
-    model without scaled-dot-product attention): one call under PyTorch's profiler, CPU events
-    only, outside every measurement. Asked of a compiled model, which runs its own kernels only
-    outside a dispatch mode; an eager one is asked by eager_sdpa_kernels."""
-    from torch.profiler import ProfilerActivity, profile
+    model without scaled-dot-product attention), seen as the operators it called: asked of a
+    compiled model, which runs its own kernels only outside a dispatch mode (an eager one is asked
+    by eager_sdpa_kernels). One call, outside every measurement, under the autograd profiler's
+    legacy CPU mode: record-function callbacks on this thread for that call, and nothing else.
+    Not Kineto's profiler: its CPU activities trace the CUDA runtime through CUPTI, which, once
+    started in a process, may stay attached and time every later launch (pytorch/pytorch#144455),
+    and a compiled engine is timed in the process that prepared it. Kineto's only where this
+    PyTorch has no legacy mode."""
+    names = _legacy_operator_names(torch, run)
+    if names is None:
+        from torch.profiler import ProfilerActivity, profile
 
-    # Kineto prints "profiler_start"/"profiler_stop" straight to the process's stderr.
-    with native_stderr_held(), profile(activities=[ProfilerActivity.CPU]) as trace:
+        # Kineto prints "profiler_start"/"profiler_stop" straight to the process's stderr.
+        with native_stderr_held(), profile(activities=[ProfilerActivity.CPU]) as trace:
+            run()
+        names = _operator_names(trace)
+    return sorted({SDPA_OPERATORS[name] for name in names if name in SDPA_OPERATORS})
+
+
+def _legacy_operator_names(torch, run: Callable[[], Any]) -> set[str] | None:
+    """The names of the operators one call of ``run`` called, seen by the legacy profiler in its
+    CPU mode (torch/autograd/profiler_legacy.py; no CUDA events, no Kineto); None, with ``run``
+    not called, where this PyTorch has no such mode."""
+    try:
+        from torch._C._profiler import _ExperimentalConfig
+        from torch.autograd import ProfilerConfig, ProfilerState, _disable_profiler_legacy, _enable_profiler_legacy
+
+        config = ProfilerConfig(ProfilerState.CPU, False, False, False, False, False, _ExperimentalConfig())
+    except (ImportError, AttributeError, TypeError):
+        return None
+    _enable_profiler_legacy(config)
+    try:
         run()
-    return sorted({SDPA_OPERATORS[name] for name in _operator_names(trace) if name in SDPA_OPERATORS})
+    finally:
+        events = _disable_profiler_legacy()
+    return {event.name() for thread in events for event in thread}
 
 
 def _operator_names(trace) -> set[str]:

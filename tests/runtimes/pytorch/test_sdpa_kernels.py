@@ -1,5 +1,6 @@
 """Which SDPA kernel a prepared model ran: an eager one's seen as the operators it dispatched
-(sdpa.eager_sdpa_kernels), a compiled one's read off one profiled call (sdpa.sdpa_kernels)."""
+(sdpa.eager_sdpa_kernels), a compiled one's as the operators one call recorded, under the legacy
+profiler's CPU mode (sdpa.sdpa_kernels); neither under Kineto's profiler."""
 
 from __future__ import annotations
 
@@ -15,9 +16,67 @@ def attention():
     return torch.nn.functional.scaled_dot_product_attention(query, query, query)
 
 
-def test_the_kernel_a_call_ran_is_named_and_a_call_without_attention_names_none():
+def kineto_kernels(run) -> list[str]:
+    """The kernels Kineto's profiler saw ``run`` call: the reading the product used before."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as trace:
+        run()
+    return sorted({prepared.SDPA_OPERATORS[name] for name in prepared._operator_names(trace) if name in prepared.SDPA_OPERATORS})
+
+
+def refuse_kineto(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("Kineto's profiler was started")
+
+    monkeypatch.setattr(torch.profiler, "profile", refuse)
+    monkeypatch.setattr(torch.autograd.profiler, "profile", refuse)
+
+
+def test_the_kernel_a_call_ran_is_named_and_a_call_without_attention_names_none(monkeypatch):
+    refuse_kineto(monkeypatch)
     assert prepared.sdpa_kernels(torch, attention) == ["flash"]  # the CPU's flash kernel
     assert prepared.sdpa_kernels(torch, lambda: torch.relu(torch.randn(4))) == []
+    assert not torch.autograd._profiler_enabled()
+
+
+def test_a_compiled_models_kernels_are_read_without_kineto_as_kineto_read_them(monkeypatch):
+    """A compiled model's kernels (its own: torch.compile chooses them) are what Kineto's profiler
+    saw it call; read without Kineto, whose CUPTI may stay attached to the process that then times
+    the model; the profiler is off again after the call, and after a call that raised."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    class Attention(torch.nn.Module):
+        def forward(self, query):
+            return torch.nn.functional.scaled_dot_product_attention(query, query, query) * 2
+
+    query = torch.randn(1, 2, 8, 4)
+    compiled = torch.compile(Attention())
+    compiled(query)
+    expected = kineto_kernels(lambda: compiled(query))
+    assert expected == ["flash"]
+    with sdpa_kernel([SDPBackend.MATH]):
+        math = Attention()
+        expected_math = kineto_kernels(lambda: math(query))
+    refuse_kineto(monkeypatch)
+    assert prepared.sdpa_kernels(torch, lambda: compiled(query)) == expected
+    with sdpa_kernel([SDPBackend.MATH]):
+        assert prepared.sdpa_kernels(torch, lambda: math(query)) == expected_math == ["math"]
+
+    def raising():
+        attention()
+        raise RuntimeError("out of memory")
+
+    with pytest.raises(RuntimeError, match="out of memory"):
+        prepared.sdpa_kernels(torch, raising)
+    assert not torch.autograd._profiler_enabled()
+
+
+def test_kinetos_reading_where_this_pytorch_has_no_legacy_profiler(monkeypatch):
+    monkeypatch.delattr(torch.autograd, "_enable_profiler_legacy")
+    ran = []
+    assert prepared.sdpa_kernels(torch, lambda: ran.append(attention())) == ["flash"]
+    assert len(ran) == 1  # one call, by Kineto's profiler alone
 
 
 def test_an_eager_call_names_its_kernels_without_a_profiler(monkeypatch):
@@ -28,8 +87,8 @@ def test_an_eager_call_names_its_kernels_without_a_profiler(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a profiler was started")
 
-    monkeypatch.setattr(torch.profiler, "profile", refuse)
-    monkeypatch.setattr(torch.autograd.profiler, "profile", refuse)
+    refuse_kineto(monkeypatch)
+    monkeypatch.setattr(torch.autograd, "_enable_profiler_legacy", refuse)
     assert prepared.eager_sdpa_kernels(torch, attention) == ["flash"]  # the CPU's flash kernel
 
     def math():
@@ -63,7 +122,7 @@ def test_a_module_keeps_its_fast_path_and_its_outputs_while_its_kernels_are_seen
             alone = call()
             outputs: list = []
             seen = prepared.eager_sdpa_kernels(torch, lambda call=call, outputs=outputs: outputs.append(call()))
-            assert seen == prepared.sdpa_kernels(torch, call)
+            assert seen == prepared.sdpa_kernels(torch, call) == kineto_kernels(call)
         assert torch.equal(outputs[0], alone)
 
 
