@@ -65,7 +65,7 @@ def sdpa_kernels(torch, run: Callable[[], Any]) -> list[str]:
     started in a process, may stay attached and time every later launch (pytorch/pytorch#144455),
     and a compiled engine is timed in the process that prepared it. Kineto's only where this
     PyTorch has no legacy mode."""
-    names = _legacy_operator_names(torch, run)
+    names = _legacy_operator_names(run)
     if names is None:
         from torch.profiler import ProfilerActivity, profile
 
@@ -76,7 +76,7 @@ def sdpa_kernels(torch, run: Callable[[], Any]) -> list[str]:
     return sorted({SDPA_OPERATORS[name] for name in names if name in SDPA_OPERATORS})
 
 
-def _legacy_operator_names(torch, run: Callable[[], Any]) -> set[str] | None:
+def _legacy_operator_names(run: Callable[[], Any]) -> set[str] | None:
     """The names of the operators one call of ``run`` called, seen by the legacy profiler in its
     CPU mode (torch/autograd/profiler_legacy.py; no CUDA events, no Kineto); None, with ``run``
     not called, where this PyTorch has no such mode."""
