@@ -5,6 +5,7 @@ manifests, with the measurement's flags. What each row is compared by, from the 
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -185,7 +186,9 @@ class ComparisonRow:
         return f"{self.toolchain}@{self.gpu_type}" if self.gpu_type else self.toolchain
 
     def public(self) -> dict[str, Any]:
-        data = {name: shallow_copy(getattr(self, name)) for name in PUBLIC_FIELDS}
+        """The row as the compare JSON and CSV write it: its own lists, not copies (3000 rows make
+        186,000 fields), for reading, not changing."""
+        data = dict(zip(PUBLIC_FIELDS, _public_of(self)))
         data["engine"] = self.engine
         return data
 
@@ -212,9 +215,8 @@ FILLED_BY_COMPARISON = (
 PUBLIC_FIELDS = tuple(f.name for f in fields(ComparisonRow) if f.name not in PRIVATE_FIELDS)
 
 
-def shallow_copy(value: Any) -> Any:
-    # The fields are flat: one level of copying keeps callers from mutating the row.
-    return value.copy() if isinstance(value, (list, dict)) else value
+# A row's public fields in PUBLIC_FIELDS' order, read at C speed (a compare of 3000 engines reads 186,000).
+_public_of = operator.attrgetter(*PUBLIC_FIELDS)
 
 
 # --- rows ----------------------------------------------------------------------------------------

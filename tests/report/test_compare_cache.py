@@ -4,6 +4,7 @@ manifests or the cache file in between."""
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -130,3 +131,27 @@ def test_a_cache_entry_damaged_by_hand_is_read_anew(trt_workspace, run_cli):  # 
     kept["rows"][second] = "not an entry"
     cache.write_text(json.dumps(kept))
     assert _outputs(run_cli, trt_workspace) == expected
+
+
+_READ_HERE: list[int] = []
+
+
+def _reading_here(work, paths):
+    _READ_HERE.append(len(paths))  # in the process that reads them: a copy's list is its own
+    return work(paths)
+
+
+def test_manifests_read_across_copies_of_the_process_show_the_same(trt_workspace, run_cli, monkeypatch):  # noqa: F811
+    from pipeline.launchers import shares
+
+    alone = _uncached(run_cli, trt_workspace)
+    monkeypatch.setattr("pipeline.report.row_cache.READ_SHARE", 1)  # four manifests: a process each
+    monkeypatch.setattr(shares.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    monkeypatch.setattr(shares, "_forkable", lambda: True)
+    read = shares.in_shares
+    monkeypatch.setattr(
+        "pipeline.report.row_cache.in_shares", lambda work, items, least: read(functools.partial(_reading_here, work), items, least)
+    )
+    _READ_HERE.clear()
+    assert _uncached(run_cli, trt_workspace) == alone
+    assert _READ_HERE[0] == 1  # the cold compare read one manifest here and three in copies: their rows came back

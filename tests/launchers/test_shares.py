@@ -1,0 +1,95 @@
+"""Work split in shares across copies of this process (pipeline/launchers/shares.py): the result is
+work(items) in order, an error is the one the work raises here, a copy that dies costs its share's
+time only, and no copy is made where one is not safe."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+import pytest
+
+from pipeline.launchers import shares
+from pipeline.launchers.shares import in_shares, share_count
+
+PARENT = os.getpid()  # the test process: work defined here runs in copies of it too
+
+
+@pytest.fixture
+def three_cpus(monkeypatch):
+    """Copies made as on a machine with three CPUs whatever this one has, this test process taken
+    as forkable (the suite may have imported torch, on the CPU: nothing here touches it)."""
+    monkeypatch.setattr(shares.os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    monkeypatch.setattr(shares, "_forkable", lambda: True)
+
+
+def _squares_with_pids(items: list[int]) -> list[tuple[int, int]]:
+    return [(item * item, os.getpid()) for item in items]
+
+
+def _fails_at_7_and_8(items: list[int]) -> list[int]:
+    for item in items:
+        if item in (7, 8):
+            raise ValueError(f"item {item} is broken")
+    return items
+
+
+def test_the_result_is_the_works_in_order_the_first_share_done_here(three_cpus):
+    done = in_shares(_squares_with_pids, list(range(9)), min_share=3)
+    assert [square for square, _ in done] == [item * item for item in range(9)]
+    readers = [pid for _, pid in done]
+    assert readers[:3] == [os.getpid()] * 3 and os.getpid() not in readers[3:]
+
+
+def test_an_error_in_a_copys_share_is_raised_here_by_the_work_itself(three_cpus):
+    with pytest.raises(ValueError, match="item 7 is broken"):  # the last share's: a copy's
+        in_shares(_fails_at_7_and_8, list(range(9)), min_share=3)
+
+
+def test_the_first_error_in_order_is_the_one_raised(three_cpus):
+    items = [0, 8, 2, 3, 4, 5, 6, 7, 1]  # 8 in the first share (done here), 7 in the last
+    with pytest.raises(ValueError, match="item 8 is broken"):
+        in_shares(_fails_at_7_and_8, items, min_share=3)
+
+
+def _dies_in_a_copy(items: list[int]) -> list[int]:
+    if os.getpid() != PARENT:
+        os._exit(9)  # as the kernel's OOM killer would end it: no exception, no result
+    return [item + 1 for item in items]
+
+
+def test_a_copy_that_dies_leaves_its_share_to_this_process(three_cpus):
+    assert in_shares(_dies_in_a_copy, list(range(8)), min_share=2) == list(range(1, 9))
+
+
+def test_copies_are_one_per_cpu_each_with_a_share_worth_making(three_cpus):
+    assert share_count(19, 10) == 1  # two shares would each be short of ten
+    assert share_count(20, 10) == 2
+    assert share_count(1000, 10) == 3  # no more than the CPUs this process may use
+    assert in_shares(_squares_with_pids, [1, 2, 3], min_share=10) == [(1, os.getpid()), (4, os.getpid()), (9, os.getpid())]
+
+
+def test_no_copy_while_another_thread_runs(monkeypatch):
+    monkeypatch.setattr(shares.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    for name in shares._NOT_FORKABLE:
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    with monkeypatch.context() as alone:
+        alone.setattr(shares.threading, "active_count", lambda: 1)
+        assert share_count(100, 10) == 2  # with nothing in the way, copies are made
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        assert share_count(100, 10) == 1
+    finally:
+        stop.set()
+        other.join()
+
+
+@pytest.mark.parametrize("module", ["torch", "ray"])
+def test_no_copy_of_a_process_that_imported_cuda_or_ray(monkeypatch, module):
+    monkeypatch.setattr(shares.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(shares.threading, "active_count", lambda: 1)
+    monkeypatch.setitem(sys.modules, module, object())
+    assert share_count(100, 10) == 1
