@@ -25,7 +25,9 @@ intervals. With ``--copies`` every manifest of a variant holds the same times, a
 profile's manifest do: no engine is faster than another, so every candidate ties with the answer
 (the verdict's worst case: the answer's group is all of them).
 
-The command runs in a fresh Python process, as a user's would (imports included), in three states
+The command runs in a fresh Python process, as a user's would (imports included, from the bytecode
+a first run leaves: the product's modules are compiled before timing, which an environment with
+PYTHONDONTWRITEBYTECODE=1 would otherwise have every run do again; ``--source`` times that), in three states
 of the compare cache (manifests/.compare-cache.json): cold (none, the first compare of a folder),
 warm (nothing changed since the last compare) and after one profile rewrote one manifest; over N
 manifests, then over 3 of the same layout, and each state's time is said as a multiple of the
@@ -37,6 +39,7 @@ figures depend on the machine: report them with the machine named.
 from __future__ import annotations
 
 import argparse
+import compileall
 import copy
 import json
 import os
@@ -227,9 +230,14 @@ def main() -> None:
     parser.add_argument("--set", type=int, default=ROUNDS_SET, help=f"engines timed together in one set of rounds (default {ROUNDS_SET})")
     parser.add_argument("--copies", action="store_true", help="every manifest of a variant with the same times, as copies of one")
     parser.add_argument("--growth", action="store_true", help="compare 3 and --manifests in every layout, with and without rounds")
+    parser.add_argument("--source", action="store_true", help="do not compile the product's modules first (a run without bytecode)")
     args = parser.parse_args()
+    if not args.source:
+        compileall.compile_dir(REPO / "pipeline", quiet=1)
+    bytecode = "imports from source" if args.source else "the product's modules compiled first"
     print(
-        f"{platform.node()}, {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; {args.iterations} iterations a manifest"
+        f"{platform.node()}, {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; "
+        f"{args.iterations} iterations a manifest; {bytecode}"
     )
     if args.growth:
         growth(args.manifests, args.iterations, args.repeat, args.set, args.copies)
