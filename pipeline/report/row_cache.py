@@ -30,7 +30,7 @@ from typing import Any
 from pipeline.launchers.shares import in_shares
 from pipeline.manifest import read_manifest
 from pipeline.report.manifest_sources import built_from
-from pipeline.report.rows import FILLED_BY_COMPARISON, ComparisonRow, attach_timings, row_of
+from pipeline.report.rows import FILLED_BY_COMPARISON, ComparisonRow, attach_timings, row_of, timings_of
 from pipeline.running.errors import PipelineError
 
 CACHE_NAME = ".compare-cache.json"
@@ -181,6 +181,15 @@ class RowCache:
         self._rows[key] = {"stat": signature, "noisy_cv": self.noisy_cv, "row": copied(zip(_KEPT, _kept_of(row)))}
         self._dirty = True
 
+    def read_timings(self, rows: list[ComparisonRow]) -> None:
+        """The per-iteration and per-layer times of those ``rows`` that lack them (a cached row),
+        read from their manifests on as many CPUs as their count is worth: a rewritten manifest of
+        the reference toolchain makes every row's pair with it new, and each needs its times."""
+        lacking = list({id(row): row for row in rows if not row.samples_ms and row.source and row.median_ms is not None}.values())
+        for row, timings in zip(lacking, in_shares(_timings, [Path(row.source) for row in lacking], READ_SHARE)):
+            if timings is not None:
+                row.samples_ms, row.layers = timings
+
     def samples(self, row: ComparisonRow) -> list[float]:
         """A row's per-iteration times: a cached row does not keep them, so its manifest is read."""
         if not row.samples_ms and row.source and row.median_ms is not None:
@@ -194,6 +203,7 @@ class RowCache:
         from pipeline.measuring.bootstrap import bootstrap_median_cis
 
         missing = [row for row in rows if row.median_ms is not None and row.median_ci_ms is None]
+        self.read_timings(missing)
         for row, interval in zip(missing, bootstrap_median_cis([self.samples(row) for row in missing])):
             row.median_ci_ms = interval
             entry = self._rows.get(row.source or "")
@@ -207,6 +217,7 @@ class RowCache:
 
         keys = [self._pair_key(row, base) for row, base in pairs]
         missing = [i for i, key in enumerate(keys) if key is None or key not in self._pairs]
+        self.read_timings([row for i in missing for row in pairs[i]])
         computed = median_difference_cis([(self.samples(pairs[i][0]), self.samples(pairs[i][1])) for i in missing])
         for i, interval in zip(missing, computed):
             if keys[i] is not None:
@@ -241,3 +252,8 @@ def copied(items: Iterable[tuple[str, Any]]) -> dict[str, Any]:
     """{name: value}, each list or dict copied: a row's fields are flat, so one level of copying
     keeps the row and its cache entry from changing each other."""
     return {name: value.copy() if isinstance(value, (list, dict)) else value for name, value in items}
+
+
+def _timings(paths: list[Path]) -> list[tuple[list[float], list[tuple[str, float]]] | None]:
+    """Each manifest's per-iteration and per-layer times (rows.timings_of): pure, as shares.py needs."""
+    return [timings_of(read_manifest(path)) for path in paths]

@@ -425,9 +425,13 @@ def _gpu_memory(details) -> tuple[float | None, str | None]:
 
 def attach_timings(row: ComparisonRow, m: EngineManifest) -> None:
     """The row's per-iteration and per-layer times, from its manifest (a cached row has neither)."""
+    row.samples_ms, row.layers = timings_of(m) or (row.samples_ms, row.layers)
+
+
+def timings_of(m: EngineManifest) -> tuple[list[float], list[tuple[str, float]]] | None:
     if m.profile is not None and m.profile.status == "done" and m.profile.details is not None:
-        row.samples_ms = list(m.profile.details.per_iteration_ms)
-        row.layers = [(layer.name, layer.average_ms) for layer in m.profile.details.layer_times]
+        return list(m.profile.details.per_iteration_ms), [(layer.name, layer.average_ms) for layer in m.profile.details.layer_times]
+    return None
 
 
 def _percentiles(values: list[float], percents: tuple[float, ...]) -> tuple[float, ...]:

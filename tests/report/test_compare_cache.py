@@ -133,7 +133,8 @@ def test_a_cache_entry_damaged_by_hand_is_read_anew(trt_workspace, run_cli):  # 
     assert _outputs(run_cli, trt_workspace) == expected
 
 
-_READ_HERE: list[int] = []
+_READ_HERE: list[int] = []  # per call, the manifests read in this process
+_ASKED: list[int] = []  # per call, the manifests asked for
 
 
 def _reading_here(work, paths):
@@ -141,17 +142,43 @@ def _reading_here(work, paths):
     return work(paths)
 
 
-def test_manifests_read_across_copies_of_the_process_show_the_same(trt_workspace, run_cli, monkeypatch):  # noqa: F811
+def _in_copies(monkeypatch) -> None:
+    """Manifests read in copies of this process, a manifest a copy, each share counted in
+    _READ_HERE where it is read here."""
     from pipeline.launchers import shares
 
-    alone = _uncached(run_cli, trt_workspace)
-    monkeypatch.setattr("pipeline.report.row_cache.READ_SHARE", 1)  # four manifests: a process each
+    monkeypatch.setattr("pipeline.report.row_cache.READ_SHARE", 1)
     monkeypatch.setattr(shares.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
     monkeypatch.setattr(shares, "_forkable", lambda: True)
     read = shares.in_shares
-    monkeypatch.setattr(
-        "pipeline.report.row_cache.in_shares", lambda work, items, least: read(functools.partial(_reading_here, work), items, least)
-    )
+
+    def counted(work, items, least):
+        _ASKED.append(len(items))
+        return read(functools.partial(_reading_here, work), items, least)
+
+    monkeypatch.setattr("pipeline.report.row_cache.in_shares", counted)
     _READ_HERE.clear()
+    _ASKED.clear()
+
+
+def test_manifests_read_across_copies_of_the_process_show_the_same(trt_workspace, run_cli, monkeypatch):  # noqa: F811
+    alone = _uncached(run_cli, trt_workspace)
+    _in_copies(monkeypatch)
     assert _uncached(run_cli, trt_workspace) == alone
     assert _READ_HERE[0] == 1  # the cold compare read one manifest here and three in copies: their rows came back
+
+
+def test_a_rewritten_reference_has_every_rows_times_read_across_copies(trt_workspace, run_cli, monkeypatch):  # noqa: F811
+    _outputs(run_cli, trt_workspace)
+    path = trt_workspace.parent / "manifests" / "trt10.14" / "tiny_fp16.json"  # the toolchain the others are set against
+    manifest = read_manifest(path)
+    manifest.profile.details = manifest.profile.details.model_copy(
+        update={"per_iteration_ms": [value * 1.5 for value in manifest.profile.details.per_iteration_ms]}
+    )
+    manifest.write(path)
+    _in_copies(monkeypatch)
+    warm = _outputs(run_cli, trt_workspace)
+    shared = [(asked, here) for asked, here in zip(_ASKED, _READ_HERE) if asked > 1]
+    assert shared and all(here == 1 for _, here in shared)  # cached rows' times, read one here and the rest in copies
+    monkeypatch.undo()
+    assert warm == _uncached(run_cli, trt_workspace)
