@@ -6,22 +6,31 @@ long as the work it would take over). `compare` reading 3000 manifests is the ca
 them holds the GIL (pydantic-core builds Python objects as it goes), so threads would take turns,
 and on a 2-CPU machine two processes read them in 0.6 of the time (pipeline/report/row_cache.py).
 
-A copy is made only where it is safe: the platform forks, and this process runs no other thread
-and has not imported CUDA's or Ray's Python (neither survives a fork; a thread's held lock would
-stay held in the copy). The work must be pure — the same inputs give the same outputs, and it
-changes nothing a share's result does not carry — because a share is done again here wherever a
-copy fails at it: an error is then raised here, by the work's own code, as a run without copies
-raises it, and a copy killed mid-share costs its share's time, never its result.
+A copy is made only where it is safe: the platform forks, and this process runs no other Python
+thread and has not imported CUDA's or Ray's Python (neither survives a fork; a thread's held lock
+would stay held in the copy). Native libraries' own thread pools are not counted: the one compare
+loads, numpy's BLAS, stops its pool around a fork (pthread_atfork). The work must be pure — the
+same inputs give the same outputs, and it changes nothing its result does not carry — because a
+share is done again here wherever a copy fails at it: an error is then raised here, by the work's
+own code, as a run without copies raises it, and a copy that cannot be made, is killed or fails
+costs its share's time, never its result.
+
+A copy writes nothing to this process's output (its stdout and stderr are /dev/null), dies of
+Ctrl-C and SIGTERM without a word (their default actions: this process says what happened), and
+does not outlive this process by more than its share: it sends its result over a pipe only this
+process reads, and a pipe with no reader ends it. This process kills and reaps every copy it made
+before it returns or raises.
 """
 
 from __future__ import annotations
 
-import multiprocessing
+import contextlib
 import os
+import pickle
+import signal
 import sys
 import threading
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from typing import Any, TypeVar
 
 Item = TypeVar("Item")
@@ -39,20 +48,19 @@ def in_shares(work: Callable[[list[Item]], list[Any]], items: list[Item], min_sh
         return work(items)
     size = -(-len(items) // shares)
     chunks = [items[start : start + size] for start in range(0, len(items), size)]
-    with ProcessPoolExecutor(max_workers=len(chunks) - 1, mp_context=multiprocessing.get_context("fork")) as pool:
-        futures = [pool.submit(_share, work, chunk) for chunk in chunks[1:]]
-        try:
-            done = list(work(chunks[0]))
-        except BaseException:
-            pool.shutdown(wait=True, cancel_futures=True)
-            raise
-        for chunk, future in zip(chunks[1:], futures):
-            try:
-                result = future.result()
-            except Exception:  # the copy died (BrokenProcessPool), or its result could not come back
-                result = None
+    copies: list[tuple[int, int] | None] = []
+    try:
+        for chunk in chunks[1:]:
+            copies.append(_copy(work, chunk, [copy[1] for copy in copies if copy]))
+        done = list(work(chunks[0]))
+        for chunk, copy in zip(chunks[1:], copies):
+            result = _result_of(copy) if copy else None
             done += result if result is not None else work(chunk)
-    return done
+        return done
+    finally:
+        for copy in copies:
+            if copy:
+                _end(*copy)
 
 
 def share_count(count: int, min_share: int) -> int:
@@ -65,16 +73,72 @@ def share_count(count: int, min_share: int) -> int:
 
 
 def _forkable() -> bool:
-    return (
-        "fork" in multiprocessing.get_all_start_methods()
-        and threading.active_count() == 1
-        and not any(name in sys.modules for name in _NOT_FORKABLE)
-    )
+    return hasattr(os, "fork") and threading.active_count() == 1 and not any(name in sys.modules for name in _NOT_FORKABLE)
 
 
-def _share(work: Callable[[list[Item]], list[Any]], chunk: list[Item]) -> list[Any] | None:
-    """A copy's share; None where it failed, for the parent to do again and raise as it raises."""
+def _copy(work: Callable[[list[Item]], list[Any]], chunk: list[Item], others: list[int]) -> tuple[int, int] | None:
+    """A copy of this process doing ``work(chunk)``: (its pid, the pipe its result comes by), or
+    None where none could be made (no process or pipe left to this user: the share is done here).
+    ``others``: the pipes of earlier copies, which this one must not hold open."""
     try:
-        return list(work(chunk))
-    except Exception:
+        readable, writable = os.pipe()
+    except OSError:
         return None
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(readable)
+        os.close(writable)
+        return None
+    if pid == 0:
+        _be_the_copy(work, chunk, [readable, *others], writable)
+    os.close(writable)
+    return pid, readable
+
+
+def _be_the_copy(work, chunk, not_mine: list[int], writable: int) -> None:
+    """The copy's life: its share's result pickled down the pipe, exit 0; anything else, exit 1."""
+    code = 1
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # this process gone: the write ends the copy
+        for fd in not_mine:
+            os.close(fd)
+        quiet = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(quiet, 1)
+        os.dup2(quiet, 2)
+        sys.stdout = sys.stderr = os.fdopen(quiet, "w")  # whatever they were bound to, too
+        result = pickle.dumps(list(work(chunk)), protocol=pickle.HIGHEST_PROTOCOL)
+        with os.fdopen(writable, "wb") as pipe:
+            pipe.write(result)
+        code = 0
+    except BaseException:  # noqa: BLE001 - the parent does the share again and says what went wrong
+        pass
+    finally:
+        os._exit(code)
+
+
+def _result_of(copy: tuple[int, int]) -> list[Any] | None:
+    """The copy's result, once it has ended; None where it ended without one."""
+    pid, readable = copy
+    with os.fdopen(os.dup(readable), "rb") as pipe:
+        data = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    if not data or not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:
+        return None
+    try:
+        return pickle.loads(data)
+    except Exception:  # noqa: BLE001 - cut short: the share is done here
+        return None
+
+
+def _end(pid: int, readable: int) -> None:
+    """Close the copy's pipe, and kill and reap it if it is still there (this process was
+    interrupted, or the work raised here first)."""
+    os.close(readable)
+    with contextlib.suppress(ChildProcessError, ProcessLookupError):
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == 0:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)

@@ -29,7 +29,7 @@ def manifest_paths(manifests_dir: Path, toolchains: list[str] | None = None) -> 
             continue
         directory = manifests_dir / folder
         with os.scandir(directory) as entries:
-            names = sorted(entry.name for entry in entries if entry.name.endswith(".json") and not entry.is_dir())
+            names = sorted(entry.name for entry in entries if entry.name.endswith(".json"))
         paths.extend(directory / name for name in engine_manifest_names(names))
     return paths
 

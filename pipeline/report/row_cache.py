@@ -127,8 +127,9 @@ class RowCache:
         read = in_shares(functools.partial(_read, noisy_cv=self.noisy_cv), [paths[index] for index in unread], READ_SHARE)
         for index, (row, built) in zip(unread, read):
             key = str(paths[index])
-            self._remember(key, self._stats[key], row)
-            self._builds[key] = [self._stats[key], built]
+            if key in self._stats:  # not where its stat failed and its read did not (a race)
+                self._remember(key, self._stats[key], row)
+                self._builds[key] = [self._stats[key], built]
             rows[index] = row
         unseen = self._rows.keys() - self._versions.keys()  # other toolchains' rows, or deleted manifests
         if any(not os.path.exists(path) for path in unseen):
@@ -139,7 +140,10 @@ class RowCache:
         """The manifest's row as remembered, while the file is the one it was made from; None
         where it must be read. Its stat is kept for the call (build_of, save)."""
         key = str(path)
-        stat = path.stat()
+        try:
+            stat = path.stat()
+        except OSError:  # a link to nothing, or gone since it was listed: its read says so, in order
+            return None
         signature = [stat.st_size, stat.st_mtime_ns, stat.st_ino]
         self._versions[key] = _version(key, signature)
         self._stats[key] = signature
@@ -243,7 +247,13 @@ def _read(paths: list[Path], noisy_cv: float) -> list[tuple[ComparisonRow, list 
     """Each manifest's row and what its engine was built from: pure, as shares.py needs."""
     read = []
     for path in paths:
-        manifest = read_manifest(path)
+        try:
+            manifest = read_manifest(path)
+        except FileNotFoundError as exc:
+            raise PipelineError(
+                f"manifest {path} was listed, then not found: {exc.strerror} (a link to nothing, or deleted while compare ran).",
+                hint="delete a link that points nowhere, and compare again",
+            ) from exc
         read.append((row_of(manifest, noisy_cv), built_from(manifest)))
     return read
 

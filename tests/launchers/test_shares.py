@@ -5,8 +5,12 @@ time only, and no copy is made where one is not safe."""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
 import threading
+import time
+from pathlib import Path
 
 import pytest
 
@@ -93,3 +97,81 @@ def test_no_copy_of_a_process_that_imported_cuda_or_ray(monkeypatch, module):
     monkeypatch.setattr(shares.threading, "active_count", lambda: 1)
     monkeypatch.setitem(sys.modules, module, object())
     assert share_count(100, 10) == 1
+
+
+def test_where_no_copy_can_be_made_the_work_is_done_here(three_cpus, monkeypatch):
+    def no_process_left():
+        raise BlockingIOError(11, "Resource temporarily unavailable")  # fork under a pids limit
+
+    monkeypatch.setattr(shares.os, "fork", no_process_left)
+    assert in_shares(_squares_with_pids, list(range(9)), min_share=3) == [(item * item, os.getpid()) for item in range(9)]
+
+
+def _interrupted_in_a_copy(items: list[int]) -> list[int]:
+    if os.getpid() != PARENT:
+        print("a copy's words")
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C to the copy alone
+        time.sleep(5)
+    return [item * 2 for item in items]
+
+
+def test_a_copy_interrupted_alone_dies_quietly_and_its_share_is_done_here(three_cpus, capfd):
+    assert in_shares(_interrupted_in_a_copy, list(range(9)), min_share=3) == [item * 2 for item in range(9)]
+    said = capfd.readouterr()
+    assert said.out == "" and said.err == ""  # no traceback, no copy's output
+
+
+def _interrupted_here(items: list[int]) -> list[int]:
+    if os.getpid() == PARENT:
+        raise KeyboardInterrupt
+    time.sleep(30)
+    return items
+
+
+def test_this_process_interrupted_leaves_no_copy_behind(three_cpus):
+    with pytest.raises(KeyboardInterrupt):
+        in_shares(_interrupted_here, list(range(9)), min_share=3)
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)  # every copy killed and reaped
+
+
+_KILLED_PARENT = """
+import os, sys, time
+from pipeline.launchers import shares
+shares._forkable = lambda: True
+shares.os.sched_getaffinity = lambda pid: {0, 1, 2}
+folder = sys.argv[1]
+def work(items):
+    if os.getpid() != parent:
+        open(os.path.join(folder, str(os.getpid())), "w").close()
+        time.sleep(1)
+    else:
+        time.sleep(60)
+    return items
+parent = os.getpid()
+shares.in_shares(work, list(range(9)), 3)
+"""
+
+
+def test_copies_do_not_outlive_a_killed_process_by_more_than_their_share(tmp_path):
+    process = subprocess.Popen([sys.executable, "-c", _KILLED_PARENT, str(tmp_path)], cwd=Path(__file__).parents[2])
+    deadline = time.monotonic() + 30
+    while len(list(tmp_path.iterdir())) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    copies = [int(path.name) for path in tmp_path.iterdir()]
+    assert len(copies) == 2
+    process.kill()  # as SIGKILL or the OOM killer would: no cleanup here
+    process.wait()
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in copies) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in copies)  # each ended once its share was done and no one read it
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (an orphan's zombie, not yet reaped by init, has ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")

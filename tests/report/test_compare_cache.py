@@ -182,3 +182,21 @@ def test_a_rewritten_reference_has_every_rows_times_read_across_copies(trt_works
     assert shared and all(here == 1 for _, here in shared)  # cached rows' times, read one here and the rest in copies
     monkeypatch.undo()
     assert warm == _uncached(run_cli, trt_workspace)
+
+
+def test_a_link_to_nothing_after_a_broken_manifest_is_said_in_order(trt_workspace, run_cli):  # noqa: F811
+    folder = trt_workspace.parent / "manifests" / "trt10.16"
+    (folder / "tiny_fp16.json").write_text("{ not json")
+    (folder / "tiny_zz.json").symlink_to(folder / "nowhere.json")  # listed after it
+    result = run_cli(trt_workspace, "compare", "--format", "json")
+    assert result.exit_code == 1 and "trt10.16/tiny_fp16.json is not JSON" in result.err
+    (folder / "tiny_fp16.json").unlink()
+    result = run_cli(trt_workspace, "compare", "--format", "json")
+    assert result.exit_code == 1 and "tiny_zz.json was listed, then not found" in result.err, result.err
+    assert "Traceback" not in result.err
+
+
+def test_a_folder_named_like_a_manifest_is_an_error_not_skipped(trt_workspace, run_cli):  # noqa: F811
+    (trt_workspace.parent / "manifests" / "trt10.16" / "tiny_zz.json").mkdir()
+    result = run_cli(trt_workspace, "compare", "--format", "json")
+    assert result.exit_code == 1 and "tiny_zz.json is unreadable" in result.err
