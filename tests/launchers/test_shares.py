@@ -4,6 +4,7 @@ time only, and no copy is made where one is not safe."""
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -121,18 +122,25 @@ def test_a_copy_interrupted_alone_dies_quietly_and_its_share_is_done_here(three_
     assert said.out == "" and said.err == ""  # no traceback, no copy's output
 
 
-def _interrupted_here(items: list[int]) -> list[int]:
-    if os.getpid() == PARENT:
-        raise KeyboardInterrupt
-    time.sleep(30)
-    return items
+def _interrupted_here(folder: Path, items: list[int]) -> list[int]:
+    if os.getpid() != PARENT:
+        (folder / str(os.getpid())).touch()
+        time.sleep(30)
+        return items
+    deadline = time.monotonic() + 30
+    while len(list(folder.iterdir())) < 2 and time.monotonic() < deadline:  # both copies at work
+        time.sleep(0.05)
+    raise KeyboardInterrupt
 
 
-def test_this_process_interrupted_leaves_no_copy_behind(three_cpus):
+def test_this_process_interrupted_leaves_no_copy_behind(three_cpus, tmp_path):
     with pytest.raises(KeyboardInterrupt):
-        in_shares(_interrupted_here, list(range(9)), min_share=3)
-    with pytest.raises(ChildProcessError):
-        os.waitpid(-1, os.WNOHANG)  # every copy killed and reaped
+        in_shares(functools.partial(_interrupted_here, tmp_path), list(range(9)), min_share=3)
+    copies = [int(path.name) for path in tmp_path.iterdir()]
+    assert len(copies) == 2
+    for pid in copies:
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # killed and reaped, not left to finish its 30 s
 
 
 _KILLED_PARENT = """
