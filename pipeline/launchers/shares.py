@@ -9,7 +9,8 @@ and on a 2-CPU machine two processes read them in 0.6 of the time (pipeline/repo
 A copy is made only where it is safe: the platform forks, and this process runs no other Python
 thread and has not imported CUDA's or Ray's Python (neither survives a fork; a thread's held lock
 would stay held in the copy). Native libraries' own thread pools are not counted: the one compare
-loads, numpy's BLAS, stops its pool around a fork (pthread_atfork). The work must be pure — the
+loads, numpy's OpenBLAS, joins its idle pool before a fork (its openblas_fork_handler registers
+blas_thread_shutdown_ with pthread_atfork; driver/others/memory.c). The work must be pure — the
 same inputs give the same outputs, and it changes nothing its result does not carry — because a
 share is done again here wherever a copy fails at it: an error is then raised here, by the work's
 own code, as a run without copies raises it, and a copy that cannot be made, is killed or fails
