@@ -47,7 +47,8 @@ from pipeline.measuring.rounds import RoundsOutcome, rounds_loop
 from pipeline.measuring.stats import at_band_edge, median, tie_band
 from pipeline.measuring.stopping import GROSS
 from pipeline.precision.bounds import exact_upper
-from pipeline.report.rows import ComparisonRow, _take_rounds
+from pipeline.report.row_times import take_rounds
+from pipeline.report.rows import ComparisonRow
 from pipeline.report.sweep import sweeps
 from pipeline.report.verdict import verdicts
 
@@ -332,7 +333,7 @@ def rows_of(outcome: RoundsOutcome) -> list[ComparisonRow]:
         row = ComparisonRow(model="sim", variant="v", toolchain=toolchain, status="measured (GPU time)", outcome="measured", shape="1x1")
         kept = outcome.times_ms[entrant]
         row.median_ms = median(kept) if kept else None
-        _take_rounds(row, [outcome.record(entrant)])
+        take_rounds(row, [outcome.record(entrant)])
         rows.append(row)
     return rows
 

@@ -42,7 +42,7 @@ from pipeline.measuring.quantiles import quantile_interval, take_quantile_interv
 from pipeline.measuring.ranking import ranking
 from pipeline.measuring.rounds import rounds_loop
 from pipeline.precision.bounds import exact_upper
-from pipeline.report.rows import _tail_bounds
+from pipeline.report.row_times import tail_bounds
 from pipeline.report.verdict import verdicts
 
 POINTS = 400
@@ -232,7 +232,7 @@ def ranked_point(scenario: Ranked, noise, by: str, seed: int, truth: dict[str, f
     for row, entrant in zip(rows, outcome.entrants):
         row.samples_ms = list(outcome.times_ms[entrant])
         row.p90_ms, row.p99_ms = (float(value) for value in np.percentile(row.samples_ms, [90, 99]))
-        _tail_bounds(row, [outcome.record(entrant)])
+        tail_bounds(row, [outcome.record(entrant)])
     (verdict,) = verdicts(rows, confidence.BASELINE, tie=SETTINGS.tie, by=ranking(by))
     name = {id(row): entrant for row, entrant in zip(rows, outcome.entrants)}
     judged = [

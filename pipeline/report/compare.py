@@ -24,7 +24,7 @@ from pipeline.report.json_document import render_json
 from pipeline.report.manifest_sources import earlier_builds_words, load_manifests, manifest_paths, measured_on_earlier_builds
 from pipeline.report.row_cache import workspace_cache
 from pipeline.report.row_comparisons import compare_rows
-from pipeline.report.rows import attach_timings
+from pipeline.report.row_times import attach_timings
 from pipeline.report.streams import p99_under
 from pipeline.report.sweep import METRICS, sweeps
 from pipeline.report.tables import render_csv, render_markdown, render_table

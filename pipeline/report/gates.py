@@ -15,7 +15,8 @@ from pipeline.manifest import EngineManifest
 from pipeline.measuring.stats import median
 from pipeline.report.flags import UNTRUSTED
 from pipeline.report.manifest_sources import earlier_builds_words, load_baseline, load_manifests
-from pipeline.report.rows import ComparisonRow, attach_timings, row_of, take_runs
+from pipeline.report.row_times import attach_timings, take_runs
+from pipeline.report.rows import ComparisonRow, row_of
 from pipeline.running.errors import PipelineError, UsageError
 from pipeline.workspace import Workspace, output_folder
 

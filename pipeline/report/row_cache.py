@@ -30,7 +30,8 @@ from typing import Any
 from pipeline.launchers.shares import in_shares
 from pipeline.manifest import read_manifest
 from pipeline.report.manifest_sources import built_from
-from pipeline.report.rows import FILLED_BY_COMPARISON, ComparisonRow, attach_timings, row_of, timings_of
+from pipeline.report.row_times import attach_timings, timings_of
+from pipeline.report.rows import FILLED_BY_COMPARISON, ComparisonRow, row_of
 from pipeline.running.errors import PipelineError
 
 CACHE_NAME = ".compare-cache.json"
@@ -44,6 +45,7 @@ _CODE = (
     "pipeline/measuring/quantiles.py",
     "pipeline/report/flags.py",
     "pipeline/report/rows.py",
+    "pipeline/report/row_times.py",
     "pipeline/report/energy.py",
     "pipeline/report/row_cache.py",
     "pipeline/report/manifest_sources.py",  # built_from, remembered with each row
@@ -129,7 +131,7 @@ class RowCache:
             key = str(paths[index])
             if key in self._stats:  # not where its stat failed and its read did not (a race)
                 self._remember(key, self._stats[key], row)
-                self._builds[key] = [self._stats[key], built]
+                self._remember_build(key, self._stats[key], built)
             rows[index] = row
         unseen = self._rows.keys() - self._versions.keys()  # other toolchains' rows, or deleted manifests
         if any(not os.path.exists(path) for path in unseen):
@@ -173,10 +175,9 @@ class RowCache:
         entry = self._builds.get(key)
         if isinstance(entry, list) and len(entry) == 2 and entry[0] == signature:
             return entry[1]
-        return self._remember_build(key, signature, read_manifest(path))
+        return self._remember_build(key, signature, built_from(read_manifest(path)))
 
-    def _remember_build(self, key: str, signature: list[int], manifest) -> list | None:
-        built = built_from(manifest)
+    def _remember_build(self, key: str, signature: list[int], built: list | None) -> list | None:
         self._builds[key] = [signature, built]
         self._dirty = True
         return built
@@ -265,5 +266,5 @@ def copied(items: Iterable[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def _timings(paths: list[Path]) -> list[tuple[list[float], list[tuple[str, float]]] | None]:
-    """Each manifest's per-iteration and per-layer times (rows.timings_of): pure, as shares.py needs."""
+    """Each manifest's per-iteration and per-layer times (row_times.timings_of): pure, as shares.py needs."""
     return [timings_of(read_manifest(path)) for path in paths]

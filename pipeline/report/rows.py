@@ -13,6 +13,7 @@ from pipeline.catalog import ShapeSizes
 from pipeline.manifest import EngineManifest
 from pipeline.report.energy import attach_energy
 from pipeline.report.flags import NOISY_CV, measurement_flags
+from pipeline.report.row_times import attach_timings, percentiles, tail_bounds, take_rounds
 from pipeline.report.streams import served_entries
 from pipeline.running.errors import PipelineError
 
@@ -331,7 +332,7 @@ def _row(m: EngineManifest, noisy_cv: float) -> ComparisonRow:
         row.gpu_device = dict(d.gpu_device) if d.gpu_device else None
         row.batch_size = d.batch_size
         row.median_ms = d.latency_ms.median
-        row.p5_ms, row.p95_ms = _percentiles(d.per_iteration_ms, (5, 95))
+        row.p5_ms, row.p95_ms = percentiles(d.per_iteration_ms, (5, 95))
         row.p99_ms = d.latency_ms.p99
         row.p90_ms = d.latency_ms.p90
         row.cv = d.latency_ms.cv
@@ -356,95 +357,12 @@ def _row(m: EngineManifest, noisy_cv: float) -> ComparisonRow:
         row.streams = served_entries(d.streams)
         row.gpu_memory_mib, row.gpu_memory_kind = _gpu_memory(d)
         if d.rounds:
-            _take_rounds(row, d.rounds)
-            _tail_bounds(row, d.rounds)
+            take_rounds(row, d.rounds)
+            tail_bounds(row, d.rounds)
         attach_energy(row, d.rounds)
     return row
-
-
-def _tail_bounds(row: ComparisonRow, records) -> None:
-    """The row's p90 and p99 intervals, bounded by its takes: its per-iteration times split as its
-    rounds kept them (each kept take's runs, in order, record after record); none where they do not
-    split so (a manifest edited by hand)."""
-    from pipeline.measuring.quantiles import runs_needed, take_quantile_interval
-
-    takes = take_runs(row.samples_ms, records)
-    if not takes:
-        return
-    row.tail_takes = len(takes)
-    row.p90_interval_ms = take_quantile_interval(takes, 0.90)
-    row.p99_interval_ms = take_quantile_interval(takes, 0.99)
-    row.p90_takes_needed = runs_needed(0.90) if row.p90_interval_ms is None else None
-    row.p99_takes_needed = runs_needed(0.99) if row.p99_interval_ms is None else None
-
-
-def take_runs(samples_ms: list[float], records) -> list[list[float]]:
-    """The per-iteration times split as the rounds kept them: each kept take's runs, in order,
-    record after record; none where they do not split so (a manifest edited by hand)."""
-    takes, start = [], 0
-    for record in records:
-        for take in record.takes:
-            if take.dropped is None:
-                takes.append(samples_ms[start : start + take.runs])
-                start += take.runs
-    return takes if start == len(samples_ms) else []
-
-
-def _take_rounds(row: ComparisonRow, records) -> None:
-    """A row timed in rounds: its take medians by group and round, and its median's interval from
-    them (takes spread over the whole measurement, so a host that changed speed widens it)."""
-    from pipeline.measuring.stats import median_interval
-
-    for record in records:
-        medians: list[float | None] = [None] * record.rounds
-        for take in record.takes:
-            if take.dropped is None and take.round < record.rounds:
-                medians[take.round] = take.median_ms
-        row.round_medians[record.group] = medians
-        row.round_entrants[record.group] = (record.entrant, tuple(record.entrants))
-    kept = [value for medians in row.round_medians.values() for value in medians if value is not None]
-    if kept:
-        row.median_ci_ms = median_interval(kept)
-    row.rounds = sum(record.raced_out.get(record.entrant, record.rounds) for record in records)
-    row.rounds_stop = records[0].stop
-    if any(record.entrant in record.raced_out for record in records):
-        from pipeline.measuring.stopping import GROSS, INTERVAL, gross_rule
-
-        row.raced_out_after = row.rounds
-        rules = {record.raced_out_by.get(record.entrant, INTERVAL) for record in records if record.entrant in record.raced_out}
-        row.raced_out_by = GROSS if GROSS in rules else INTERVAL
-        of = sum(record.rounds for record in records)
-        rule = f"racing: {gross_rule()}" if row.raced_out_by == GROSS else "racing"
-        row.flags.append(f"out of the running after {row.rounds} of {of} rounds ({rule}): its figures are from those rounds")
 
 
 def _gpu_memory(details) -> tuple[float | None, str | None]:
     """(MiB, what it counts) from what the profile recorded, or (None, None)."""
     return details.gpu_memory_mib, details.gpu_memory_counts
-
-
-def attach_timings(row: ComparisonRow, m: EngineManifest) -> None:
-    """The row's per-iteration and per-layer times, from its manifest (a cached row has neither)."""
-    row.samples_ms, row.layers = timings_of(m) or (row.samples_ms, row.layers)
-
-
-def timings_of(m: EngineManifest) -> tuple[list[float], list[tuple[str, float]]] | None:
-    if m.profile is not None and m.profile.status == "done" and m.profile.details is not None:
-        return list(m.profile.details.per_iteration_ms), [(layer.name, layer.average_ms) for layer in m.profile.details.layer_times]
-    return None
-
-
-def _percentiles(values: list[float], percents: tuple[float, ...]) -> tuple[float, ...]:
-    """numpy.percentile's default (linear) method, without numpy's per-call cost: compare reads
-    thousands of rows."""
-    ordered = sorted(values)
-    last = len(ordered) - 1
-    result = []
-    for percent in percents:
-        position = percent / 100 * last
-        below = int(position)
-        low, high = ordered[below], ordered[min(below + 1, last)]
-        weight = position - below
-        # numpy's interpolation, term for term, so the figures agree to the last bit.
-        result.append(high - (high - low) * (1 - weight) if weight >= 0.5 else low + (high - low) * weight)
-    return tuple(result)

@@ -106,7 +106,8 @@ def test_no_racing_keeps_every_engine_in_every_round():
 
 
 def test_the_row_says_which_rule_and_the_verdict_leaves_a_grossly_slower_engine_out_of_the_answer():
-    from pipeline.report.rows import ComparisonRow, _take_rounds
+    from pipeline.report.row_times import take_rounds
+    from pipeline.report.rows import ComparisonRow
     from pipeline.report.verdict import verdicts
 
     done = rounds(contenders(slow=ByRound(4.0), mid=ByRound(1.5), base=ByRound(5.0)))
@@ -116,7 +117,7 @@ def test_the_row_says_which_rule_and_the_verdict_leaves_a_grossly_slower_engine_
         toolchain = "eager" if entrant == "base" else entrant
         row = ComparisonRow(model="m", variant="v", toolchain=toolchain, status="measured (GPU time)", outcome="measured", shape="1x1")
         row.median_ms = sorted(t.median_ms for t in done.takes[entrant])[len(done.takes[entrant]) // 2]
-        _take_rounds(row, [done.record(entrant)])
+        take_rounds(row, [done.record(entrant)])
         rows[entrant] = row
     slow, mid = rows["slow"], rows["mid"]
     assert f"out of the running after {GROSS_ROUNDS} of {done.rounds} rounds (racing: grossly slower" in slow.full_status

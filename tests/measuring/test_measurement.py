@@ -387,7 +387,8 @@ def test_a_launch_bound_pair_decided_across_the_band_edge_keeps_the_rounds_a_sec
 
 
 def test_an_engine_raced_out_keeps_its_figures_and_the_row_the_table_and_the_json_say_so():
-    from pipeline.report.rows import ComparisonRow, _take_rounds
+    from pipeline.report.row_times import take_rounds
+    from pipeline.report.rows import ComparisonRow
     from pipeline.report.tables import _compact_status, _Notes
 
     wobble = [1.0, 1.03, 0.97, 1.02, 0.98, 1.01, 0.99, 1.025, 0.975, 1.0]
@@ -400,7 +401,7 @@ def test_an_engine_raced_out_keeps_its_figures_and_the_row_the_table_and_the_jso
     rows = {}
     for entrant in done.entrants:
         row = ComparisonRow(model="m", variant=entrant, toolchain="t", status="measured (host latency)", outcome="measured")
-        _take_rounds(row, [done.record(entrant)])
+        take_rounds(row, [done.record(entrant)])
         rows[entrant] = row
     out, kept = rows["c"], rows["a"]
     first = first_deciding_round(3)  # 7: the first look a pair of three engines decides at

@@ -8,7 +8,8 @@ import numpy as np
 from pipeline.measuring.energy import NoEnergy
 from pipeline.measuring.ranking import ENERGY, MEDIAN
 from pipeline.report.energy import attach_energy
-from pipeline.report.rows import ComparisonRow, _take_rounds
+from pipeline.report.row_times import take_rounds
+from pipeline.report.rows import ComparisonRow
 from pipeline.report.verdict import verdicts
 from tests.measuring.test_energy_ranking import rounds
 
@@ -19,7 +20,7 @@ def rows_of(outcome) -> list[ComparisonRow]:
         record = outcome.record(entrant)
         row = ComparisonRow(model="m", variant="fp16", toolchain=entrant, status="measured (GPU time)", outcome="measured")
         row.median_ms = float(np.median([take.median_ms for take in record.takes]))
-        _take_rounds(row, [record])
+        take_rounds(row, [record])
         attach_energy(row, [record])
         rows.append(row)
     return rows

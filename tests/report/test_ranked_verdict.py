@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.measuring.ranking import MEDIAN, RANKINGS
-from pipeline.report.rows import ComparisonRow, _tail_bounds, _take_rounds
+from pipeline.report.row_times import tail_bounds, take_rounds
+from pipeline.report.rows import ComparisonRow
 from pipeline.report.verdict import verdicts
 from tests.measuring.test_ranking import SPIKY, STEADY, Tailed, rounds
 
@@ -24,8 +25,8 @@ def rows_of(outcome, rounds_kept: int | None = None) -> list[ComparisonRow]:
         row.samples_ms = [run for take in record.takes for run in outcome.engines_runs[entrant][take.round]]
         row.median_ms = float(np.median(row.samples_ms))
         row.p90_ms, row.p99_ms = (float(value) for value in np.percentile(row.samples_ms, [90, 99]))
-        _take_rounds(row, [record])
-        _tail_bounds(row, [record])
+        take_rounds(row, [record])
+        tail_bounds(row, [record])
         rows.append(row)
     return rows
 
