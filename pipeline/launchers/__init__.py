@@ -14,7 +14,8 @@ Work leaves the command's own process in five ways, all through here:
   driver holds with the command;
 - **copies of this process** (shares.py): pure-Python work over many inputs split across the CPUs
   — `compare` reading thousands of manifests — forked, and only where this process holds no
-  thread, CUDA or Ray; a share a copy fails at is done again here.
+  thread, CUDA or Ray; a share a copy fails at is done again here. Work done beside: one copy
+  writing a file (compare's cache) while this process goes on, waited for at the end.
 
 Every other child is a new interpreter (spawn), never a fork: CUDA and Ray cannot be forked. What a child
 raises as the pipeline's own error reaches the parent as that error; a child that ends without a

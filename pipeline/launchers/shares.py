@@ -31,7 +31,7 @@ import pickle
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 Item = TypeVar("Item")
@@ -64,13 +64,45 @@ def in_shares(work: Callable[[list[Item]], list[Any]], items: list[Item], min_sh
                 _end(*copy)
 
 
+@contextlib.contextmanager
+def beside(work: Callable[[], Any], worth_a_copy: bool = True) -> Iterator[None]:
+    """``work()`` done in a copy of this process while the body of the ``with`` runs here, side by
+    side, where a copy is safe, a second CPU is there and ``worth_a_copy``; here, before the body,
+    otherwise. The body's end waits for the copy (an error in the body too; Ctrl-C kills it), and
+    where the copy failed or could not be made, does the work here. What ``work`` returns is not
+    kept: it is done for what it leaves behind (a file), and done twice leaves the same."""
+    if not worth_a_copy or _usable_cpus() < 2 or not _forkable():
+        work()
+        yield
+        return
+    copy = _copy(lambda _: [work()], [None], [])
+    if copy is None:
+        work()
+        yield
+        return
+    try:
+        yield
+    except Exception:
+        _result_of(copy)  # an error here leaves what the copy was making made, as before it raised
+        raise
+    else:
+        done = _result_of(copy)
+    finally:
+        _end(*copy)  # Ctrl-C: the copy is killed, if the signal has not ended it already
+    if done is None:
+        work()
+
+
 def share_count(count: int, min_share: int) -> int:
     """How many processes share ``count`` items: one per usable CPU, each given ``min_share`` at
     the least; one where a copy of this process is not safe (the module's docstring says when)."""
     if count < 2 * min_share or not _forkable():
         return 1
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(cpus, count // min_share))
+    return max(1, min(_usable_cpus(), count // min_share))
+
+
+def _usable_cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _forkable() -> bool:

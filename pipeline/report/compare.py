@@ -103,39 +103,40 @@ def compare(
             )
         rows = [row for row in rows if row.gpu_type in gpu_types]
     rows = compare_rows(catalog, rows, toolchains, cache)
-    cache.save()
-    if not rows:
-        raise PipelineError(
-            f"no engine manifests under {workspace.manifests_dir}" + (f" for {', '.join(toolchains)}" if toolchains else "") + ".",
-            hint="run `pipeline run` (or `make demo`) first",
-        )
-    given = AccuracyFloor(tuple(thresholds), "--fail-accuracy-below")
-    floors = {model: given if thresholds else catalog.accuracy_floor_for(model) for model in {row.model for row in rows}}
-    ranked = ranking(by or catalog.profile.by)
-    verdict_list = verdicts(rows, catalog.baseline_toolchain, floors, catalog.profile.tie, ranked, cache.samples)
-    answer = Answer(verdict_list, sweeps(rows, verdict_list, catalog.profile.tie, catalog.baseline_toolchain), metric)
-    if p99_under_ms is not None:
-        answer.serving = p99_under(rows, p99_under_ms)
-        if not answer.serving:
-            raise UsageError(
-                f"--p99-under {p99_under_ms:g} ms: no engine here served concurrent streams.",
-                hint="profile with `--streams 1,2,4` (or [profile] streams in pipeline.toml) first: docs/streams.md",
+    # The cache is written in a copy of this process while the answer is made (row_cache.py, saved_beside).
+    with cache.saved_beside():
+        if not rows:
+            raise PipelineError(
+                f"no engine manifests under {workspace.manifests_dir}" + (f" for {', '.join(toolchains)}" if toolchains else "") + ".",
+                hint="run `pipeline run` (or `make demo`) first",
             )
-    if fmt == "md":
-        return rows, render_markdown(rows, answer)
-    if fmt == "json":
-        return rows, render_json(rows, answer)
-    if fmt == "csv":
-        return rows, render_csv(rows)
-    if fmt == "html":
-        from pipeline.report.html import render_html
+        given = AccuracyFloor(tuple(thresholds), "--fail-accuracy-below")
+        floors = {model: given if thresholds else catalog.accuracy_floor_for(model) for model in {row.model for row in rows}}
+        ranked = ranking(by or catalog.profile.by)
+        verdict_list = verdicts(rows, catalog.baseline_toolchain, floors, catalog.profile.tie, ranked, cache.samples)
+        answer = Answer(verdict_list, sweeps(rows, verdict_list, catalog.profile.tie, catalog.baseline_toolchain), metric)
+        if p99_under_ms is not None:
+            answer.serving = p99_under(rows, p99_under_ms)
+            if not answer.serving:
+                raise UsageError(
+                    f"--p99-under {p99_under_ms:g} ms: no engine here served concurrent streams.",
+                    hint="profile with `--streams 1,2,4` (or [profile] streams in pipeline.toml) first: docs/streams.md",
+                )
+        if fmt == "md":
+            return rows, render_markdown(rows, answer)
+        if fmt == "json":
+            return rows, render_json(rows, answer)
+        if fmt == "csv":
+            return rows, render_csv(rows)
+        if fmt == "html":
+            from pipeline.report.html import render_html
 
-        # The plots need every run's times and the layer profiles, which cached rows do not keep.
-        by_source = {m._source: m for m in load_manifests(workspace.manifests_dir, toolchains)}
-        for row in rows:
-            attach_timings(row, by_source[row.source])
-        return rows, render_html(rows, [by_source[row.source] for row in rows], answer)
-    return rows, render_table(rows, width, columns, wide, answer)
+            # The plots need every run's times and the layer profiles, which cached rows do not keep.
+            by_source = {m._source: m for m in load_manifests(workspace.manifests_dir, toolchains)}
+            for row in rows:
+                attach_timings(row, by_source[row.source])
+            return rows, render_html(rows, [by_source[row.source] for row in rows], answer)
+        return rows, render_table(rows, width, columns, wide, answer)
 
 
 def write_output(text: str, out: Path) -> None:

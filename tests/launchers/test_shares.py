@@ -1,6 +1,7 @@
 """Work split in shares across copies of this process (pipeline/launchers/shares.py): the result is
 work(items) in order, an error is the one the work raises here, a copy that dies costs its share's
-time only, and no copy is made where one is not safe."""
+time only, and no copy is made where one is not safe. Work done beside (``beside``): in a copy while
+this process goes on, waited for at the end, done here where the copy could not."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.launchers import shares
-from pipeline.launchers.shares import in_shares, share_count
+from pipeline.launchers.shares import beside, in_shares, share_count
 
 PARENT = os.getpid()  # the test process: work defined here runs in copies of it too
 
@@ -183,3 +184,72 @@ def _alive(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return False
     return state not in ("Z", "X")
+
+
+# --- beside ------------------------------------------------------------------------------------
+
+
+def _leave_pid_in(path: Path) -> None:
+    """Work done for what it leaves behind: the pid of the process that did it, in a file."""
+    path.write_text(str(os.getpid()))
+
+
+def test_work_beside_is_done_in_a_copy_while_the_body_runs_here(three_cpus, tmp_path):
+    left = tmp_path / "left"
+    started = tmp_path / "started"
+
+    def slow_work():
+        started.touch()
+        time.sleep(0.5)
+        _leave_pid_in(left)
+
+    with beside(slow_work):
+        deadline = time.monotonic() + 30
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert started.exists() and not left.exists()  # the copy at work, the body going on here
+    assert int(left.read_text()) not in (os.getpid(), 0)  # waited for at the end, done by the copy
+
+
+def test_work_beside_a_copy_failed_at_is_done_here_after_the_body(three_cpus, tmp_path):
+    left = tmp_path / "left"
+
+    def fails_in_a_copy():
+        if os.getpid() != PARENT:
+            raise OSError("no space left on device")
+        _leave_pid_in(left)
+
+    with beside(fails_in_a_copy):
+        pass
+    assert int(left.read_text()) == os.getpid()
+
+
+def test_work_beside_not_worth_a_copy_is_done_here_before_the_body(three_cpus, tmp_path):
+    left = tmp_path / "left"
+    with beside(functools.partial(_leave_pid_in, left), worth_a_copy=False):
+        assert int(left.read_text()) == os.getpid()
+
+
+def test_work_beside_is_done_here_first_on_one_cpu_or_where_no_copy_is_safe(monkeypatch, tmp_path):
+    left = tmp_path / "left"
+    monkeypatch.setattr(shares, "_forkable", lambda: True)
+    monkeypatch.setattr(shares.os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    with beside(functools.partial(_leave_pid_in, left)):
+        assert int(left.read_text()) == os.getpid()  # a copy would only take turns with this process
+    left.unlink()
+    monkeypatch.setattr(shares.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(shares, "_forkable", lambda: False)
+    with beside(functools.partial(_leave_pid_in, left)):
+        assert int(left.read_text()) == os.getpid()
+
+
+def test_an_error_in_the_body_waits_for_the_copys_work_and_is_raised(three_cpus, tmp_path):
+    left = tmp_path / "left"
+
+    def slow_work():
+        time.sleep(0.3)
+        _leave_pid_in(left)
+
+    with pytest.raises(ValueError, match="no engine"), beside(slow_work):
+        raise ValueError("no engine")
+    assert int(left.read_text()) != os.getpid()  # made by the copy, as it was before the error; not done again

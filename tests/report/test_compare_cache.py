@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 
 import pytest
 
@@ -166,6 +167,31 @@ def test_manifests_read_across_copies_of_the_process_show_the_same(trt_workspace
     _in_copies(monkeypatch)
     assert _uncached(run_cli, trt_workspace) == alone
     assert _READ_HERE[0] == 1  # the cold compare read one manifest here and three in copies: their rows came back
+
+
+def test_the_cache_saved_in_a_copy_while_the_answer_is_made_serves_the_next_compare(trt_workspace, run_cli, monkeypatch, tmp_path):  # noqa: F811
+    from pipeline.report.row_cache import RowCache
+
+    alone = _uncached(run_cli, trt_workspace)
+    _in_copies(monkeypatch)
+    save, savers = RowCache.save, tmp_path / "savers"
+
+    def saved_by_whom(cache):
+        with savers.open("a") as out:  # a copy's writes reach the file, not this process's memory
+            out.write(f"{os.getpid()}\n")
+        save(cache)
+
+    monkeypatch.setattr(RowCache, "save", saved_by_whom)
+    assert _outputs(run_cli, trt_workspace)["json"] == alone["json"]  # cold: the cache saved beside
+    first = savers.read_text().split()[0]
+    assert int(first) != os.getpid()  # by a copy of the process
+    assert (trt_workspace.parent / "manifests" / CACHE_NAME).is_file()
+    monkeypatch.setattr("pipeline.report.row_cache.read_manifest", _refuse)
+    assert _outputs(run_cli, trt_workspace) == alone  # warm, from what the copy saved
+
+
+def _refuse(path):
+    raise AssertionError(f"a warm compare read {path}")
 
 
 def test_a_rewritten_reference_has_every_rows_times_read_across_copies(trt_workspace, run_cli, monkeypatch):  # noqa: F811
