@@ -25,11 +25,22 @@ cuda_take) when asked, in a shuffled order each round:
   once around one inference;
 * ``tf32-off``: ``fresh`` with cuDNN's TF32 turned off, as the product's preparation turns it for
   a toolchain without ``tf32``;
+* ``compile-hand``: torch.compile's default mode over the model, by hand, as
+  scripts/serve_by_hand.py compiles it;
+* ``compile-product``: the catalog's model prepared by the product's torch-compile preparation,
+  in a fresh process (its SDPA kernels read under the legacy profiler, as it does);
+* ``compile-unprofiled``: the same without that reading;
+* ``compile-shared-cpus``: the same after the compiling processes' CPU sharing
+  (pipeline/runtimes/pytorch/compile_process.py, share_cpus) for one of twelve processes;
+* ``compile-forked``: the same in a process forked, as the compiling processes are, from one that
+  imported what their server imports (pipeline/runtimes/pytorch/preload.py) and nothing more;
 * ``pinned-N`` (``--cpus N ...``): a fresh process held to CPU N from its start, every thread of
   it: whether where a process runs sets its speed, a CPU's speed kept from round to round.
 
     python scripts/check_process_state.py --shape 2x512 --rounds 8 --out DIR
     python scripts/check_process_state.py --states fresh fresh-again --cpus 0 1 8 9 --out DIR
+    python scripts/check_process_state.py --states compile-hand compile-product compile-unprofiled \
+        compile-shared-cpus compile-forked --out DIR    # whose compiled engine issues slower
 
 Writes DIR/process-state.json (every take: worker, round, median ms) and prints each worker's
 median ratio to ``fresh`` with the range of its rounds' ratios.
@@ -60,11 +71,19 @@ STATES = (
     "product",
     "product-profiled",
     "tf32-off",
+    "compile-hand",
+    "compile-product",
+    "compile-unprofiled",
+    "compile-shared-cpus",
+    "compile-forked",
 )
+# The states whose engine is compiled by the product's preparation.
+PRODUCT_COMPILED = ("compile-product", "compile-unprofiled", "compile-shared-cpus", "compile-forked")
 
 
-def _model(torch, shape: str, device: str, tiny: bool):
-    """(run, inputs): ModernBERT as the catalog has it, on ``device``, one inference per call."""
+def _model(torch, shape: str, device: str, tiny: bool, compiled: bool = False):
+    """ModernBERT as the catalog has it, on ``device``, one inference per call (``compiled``: by
+    torch.compile's default mode, compiled at its first call)."""
     sys.path.insert(0, str(ROOT / "scripts"))
     import serve_by_hand
 
@@ -73,6 +92,8 @@ def _model(torch, shape: str, device: str, tiny: bool):
     batch, sequence = (int(part) for part in shape.split("x"))
     ids = torch.randint(0, config.vocab_size, (batch, sequence), device=device)
     mask = torch.ones((batch, sequence), dtype=torch.long, device=device)
+    if compiled:
+        model = torch.compile(model)
 
     def run():
         with torch.no_grad():
@@ -81,8 +102,9 @@ def _model(torch, shape: str, device: str, tiny: bool):
     return run
 
 
-def _product(torch, shape: str, device: str):
-    """The catalog's modernbert prepared by the product's eager preparation: (its take, None)."""
+def _product(torch, shape: str, device: str, backend: str = "eager"):
+    """The catalog's modernbert prepared by the product's preparation for ``backend`` (eager, or
+    compile: torch.compile's default mode)."""
     sys.path.insert(0, str(ROOT))
     from pipeline.models import model_source
     from pipeline.models.base import ShapePoint
@@ -100,7 +122,7 @@ def _product(torch, shape: str, device: str):
     examples = tuple(
         torch.ones_like(t) if n == "attention_mask" else t for n, t in zip(source.spec.inputs, source.sample_inputs(model, point, 0))
     )
-    spec = spec_class("torch").model_validate({"kind": "torch", "backend": "eager"})
+    spec = spec_class("torch").model_validate({"kind": "torch", "backend": backend})
     return TorchPreparation(spec, Reporter()).prepare(model, examples, dtype, device, (0, 0, 0), shape)
 
 
@@ -109,15 +131,30 @@ def worker(state: str, shape: str, device: str, tiny: bool, take_ms: float, chan
         os.sched_setaffinity(0, {int(state.removeprefix("pinned-"))})
     if state == "profiled-teardown":
         os.environ["TEARDOWN_CUPTI"] = "1"
+    sys.path.insert(0, str(ROOT))
+    if state == "compile-forked" and _forked_from_a_server():
+        return  # the server, once its fork has ended
     import torch
 
-    sys.path.insert(0, str(ROOT))
     from pipeline.measuring.takes import cuda_take, host_take
 
     if state == "tf32-off":
         torch.backends.cudnn.allow_tf32 = False
-    prepared = _product(torch, shape, device) if state.startswith("product") else None
-    run = prepared.run if prepared is not None else _model(torch, shape, device, tiny)
+    if state == "compile-shared-cpus":
+        from pipeline.runtimes.pytorch.compile_process import share_cpus
+        from pipeline.runtimes.pytorch.compile_sizing import compile_threads, usable_cpus
+
+        share_cpus(compile_threads(usable_cpus(), 12), gpu=device == "cuda")
+    if state == "compile-unprofiled":
+        import pipeline.runtimes.pytorch.preparing as preparing
+
+        preparing.sdpa_kernels = lambda torch, run: []
+    prepared = None
+    if state.startswith("product"):
+        prepared = _product(torch, shape, device)
+    elif state in PRODUCT_COMPILED:
+        prepared = _product(torch, shape, device, "compile")
+    run = prepared.run if prepared is not None else _model(torch, shape, device, tiny, compiled=state == "compile-hand")
     for _ in range(5):
         run()
     if state in ("profiled", "product-profiled"):
@@ -155,6 +192,21 @@ def worker(state: str, shape: str, device: str, tiny: bool, take_ms: float, chan
     while channel.recv():
         times = clock.during(take)[0] if clock is not None else take()
         channel.send(statistics.median(times))
+    if state == "compile-forked":
+        os._exit(0)  # the fork: its server waits for it and ends
+
+
+def _forked_from_a_server() -> bool:
+    """Import what the compiling processes' server imports (no CUDA), fork, and in the server wait
+    for the fork (True); in the fork, False: it goes on as a worker."""
+    import pipeline.runtimes.pytorch.preload  # noqa: F401
+
+    pid = os.fork()
+    if pid == 0:
+        os.environ.pop("PYTORCH_NVML_BASED_CUDA_CHECK", None)  # the server's alone (preload.py)
+        return False
+    os.waitpid(pid, 0)
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
