@@ -11,7 +11,8 @@
 #
 # Writes OUT/summary.txt (a line a run: the run's rounds median and, by threads and by processes,
 # each count's inferences/s, median request and takes; by hand's inferences/s and median request), and each
-# run's log and compare JSON (product-N.log, product-N.json) and by hand's (hand-N/).
+# run's log, compare JSON and its toolchain's manifests, with what prepared and served it
+# (product-N.log, product-N.json, product-N-manifests/), and by hand's (hand-N/).
 set -u
 mkdir -p "${1:?usage: check_run_against_hand.sh OUT [DEADLINE_S]}"
 out="$(cd "$1" && pwd)"; deadline="${2:-200}"
@@ -31,6 +32,7 @@ product() {
   local s=$SECONDS
   python3 -m pipeline.cli --catalog "$d/pipeline.toml" run --model modernbert --variant bf16 --toolchain "$toolchain" --streams 1,2 "${force[@]}" > "$out/product-$n.log" 2>&1
   python3 -m pipeline.cli --catalog "$d/pipeline.toml" compare --model modernbert --format json > "$out/product-$n.json" 2>/dev/null
+  cp -r "$d/manifests/$toolchain" "$out/product-$n-manifests" 2>/dev/null  # what prepared and served it (execution facts)
   python3 - "$out/product-$n.json" "$n" "$((SECONDS - s))" "$toolchain" <<'PY' | tee -a "$out/summary.txt"
 import json, sys
 row = next(r for r in json.load(open(sys.argv[1]))["rows"] if r["toolchain"] == sys.argv[4] and r["variant"] == "bf16")
