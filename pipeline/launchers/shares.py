@@ -17,7 +17,8 @@ own code, as a run without copies raises it, and a copy that cannot be made, is 
 costs its share's time, never its result.
 
 A copy writes nothing to this process's output (its stdout and stderr are /dev/null), dies of
-Ctrl-C and SIGTERM without a word (their default actions: this process says what happened), and
+Ctrl-C and SIGTERM without a word (their default actions: this process says what happened; one
+making a file beside, ``beside``, lets Ctrl-C go by and finishes it first), and
 does not outlive this process by more than its share: it sends its result over a pipe only this
 process reads, and a pipe with no reader ends it. This process kills and reaps every copy it made
 before it returns or raises.
@@ -68,27 +69,29 @@ def in_shares(work: Callable[[list[Item]], list[Any]], items: list[Item], min_sh
 def beside(work: Callable[[], Any], worth_a_copy: bool = True) -> Iterator[None]:
     """``work()`` done in a copy of this process while the body of the ``with`` runs here, side by
     side, where a copy is safe, a second CPU is there and ``worth_a_copy``; here, before the body,
-    otherwise. The body's end waits for the copy (an error in the body too; Ctrl-C kills it), and
-    where the copy failed or could not be made, does the work here. What ``work`` returns is not
-    kept: it is done for what it leaves behind (a file), and done twice leaves the same."""
+    otherwise. The body's end waits for the copy, and where the copy failed or could not be made,
+    does the work here. What ``work`` returns is not kept: it is done for what it leaves behind (a
+    file), and done twice leaves the same. An error in the body, Ctrl-C among them, waits for the
+    copy too, which Ctrl-C does not end: killed halfway, it would leave its file half made (a
+    temporary one, which its own clean-up would have removed); a second Ctrl-C kills it."""
     if not worth_a_copy or _usable_cpus() < 2 or not _forkable():
         work()
         yield
         return
-    copy = _copy(lambda _: [work()], [None], [])
+    copy = _copy(lambda _: [work()], [None], [], interruptible=False)
     if copy is None:
         work()
         yield
         return
     try:
         yield
-    except Exception:
-        _result_of(copy)  # an error here leaves what the copy was making made, as before it raised
+    except BaseException:
+        _result_of(copy)  # what the copy was making is made, as it was before the body raised
         raise
     else:
         done = _result_of(copy)
     finally:
-        _end(*copy)  # Ctrl-C: the copy is killed, if the signal has not ended it already
+        _end(*copy)  # killed, where waiting for it was itself interrupted
     if done is None:
         work()
 
@@ -109,10 +112,13 @@ def _forkable() -> bool:
     return hasattr(os, "fork") and threading.active_count() == 1 and not any(name in sys.modules for name in _NOT_FORKABLE)
 
 
-def _copy(work: Callable[[list[Item]], list[Any]], chunk: list[Item], others: list[int]) -> tuple[int, int] | None:
+def _copy(
+    work: Callable[[list[Item]], list[Any]], chunk: list[Item], others: list[int], interruptible: bool = True
+) -> tuple[int, int] | None:
     """A copy of this process doing ``work(chunk)``: (its pid, the pipe its result comes by), or
     None where none could be made (no process or pipe left to this user: the share is done here).
-    ``others``: the pipes of earlier copies, which this one must not hold open."""
+    ``others``: the pipes of earlier copies, which this one must not hold open. ``interruptible``:
+    Ctrl-C ends it (else it is ignored there: this process says it and ends the copy)."""
     try:
         readable, writable = os.pipe()
     except OSError:
@@ -124,16 +130,16 @@ def _copy(work: Callable[[list[Item]], list[Any]], chunk: list[Item], others: li
         os.close(writable)
         return None
     if pid == 0:
-        _be_the_copy(work, chunk, [readable, *others], writable)
+        _be_the_copy(work, chunk, [readable, *others], writable, interruptible)
     os.close(writable)
     return pid, readable
 
 
-def _be_the_copy(work, chunk, not_mine: list[int], writable: int) -> None:
+def _be_the_copy(work, chunk, not_mine: list[int], writable: int, interruptible: bool) -> None:
     """The copy's life: its share's result pickled down the pipe, exit 0; anything else, exit 1."""
     code = 1
     try:
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL if interruptible else signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # this process gone: the write ends the copy
         for fd in not_mine:

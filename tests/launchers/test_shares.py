@@ -253,3 +253,20 @@ def test_an_error_in_the_body_waits_for_the_copys_work_and_is_raised(three_cpus,
     with pytest.raises(ValueError, match="no engine"), beside(slow_work):
         raise ValueError("no engine")
     assert int(left.read_text()) != os.getpid()  # made by the copy, as it was before the error; not done again
+
+
+def test_ctrl_c_waits_for_the_copys_work_which_it_does_not_end(three_cpus, tmp_path):
+    left, started = tmp_path / "left", tmp_path / "started"
+
+    def slow_work():
+        started.write_text(str(os.getpid()))
+        time.sleep(0.5)
+        _leave_pid_in(left)
+
+    with pytest.raises(KeyboardInterrupt), beside(slow_work):
+        deadline = time.monotonic() + 30
+        while not (started.exists() and started.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.kill(int(started.read_text()), signal.SIGINT)  # as a terminal's Ctrl-C reaches every process of the group
+        raise KeyboardInterrupt
+    assert left.read_text() == started.read_text()  # the copy finished its file; nothing half made
