@@ -1,4 +1,5 @@
-"""Pure-Python work over many inputs, split in shares across copies of this process.
+"""Pure-Python work over many inputs, split in shares across copies of this process; and work
+done for the file it leaves, beside what this process goes on with (``beside``).
 
 The one place a process is forked rather than started afresh: a copy starts with everything this
 process imported, where a new interpreter would import it again (half a second for `compare`, as
@@ -18,7 +19,7 @@ costs its share's time, never its result.
 
 A copy writes nothing to this process's output (its stdout and stderr are /dev/null), dies of
 Ctrl-C and SIGTERM without a word (their default actions: this process says what happened; one
-making a file beside, ``beside``, lets Ctrl-C go by and finishes it first), and
+making a file beside lets them go by and finishes it first), and
 does not outlive this process by more than its share: it sends its result over a pipe only this
 process reads, and a pipe with no reader ends it. This process kills and reaps every copy it made
 before it returns or raises.
@@ -69,31 +70,49 @@ def in_shares(work: Callable[[list[Item]], list[Any]], items: list[Item], min_sh
 def beside(work: Callable[[], Any], worth_a_copy: bool = True) -> Iterator[None]:
     """``work()`` done in a copy of this process while the body of the ``with`` runs here, side by
     side, where a copy is safe, a second CPU is there and ``worth_a_copy``; here, before the body,
-    otherwise. The body's end waits for the copy, and where the copy failed or could not be made,
-    does the work here. What ``work`` returns is not kept: it is done for what it leaves behind (a
-    file), and done twice leaves the same. An error in the body, Ctrl-C among them, waits for the
-    copy too, which Ctrl-C does not end: killed halfway, it would leave its file half made (a
-    temporary one, which its own clean-up would have removed); a second Ctrl-C kills it."""
+    otherwise. The body's end, whatever the body raised, waits for the copy, and where the copy
+    failed or could not be made, does the work here (not after Ctrl-C). What ``work`` returns is
+    not kept: it is done for what it leaves behind (a file), and done twice leaves the same.
+
+    Ctrl-C and SIGTERM do not end the copy: killed halfway, it would leave its file half made (a
+    temporary one, which its own clean-up would have removed). The first that reaches this process
+    while it waits is raised once the copy is done; a second ends the wait, and the copy with it."""
     if not worth_a_copy or _usable_cpus() < 2 or not _forkable():
         work()
         yield
         return
-    copy = _copy(lambda _: [work()], [None], [], interruptible=False)
-    if copy is None:
-        work()
-        yield
-        return
+    copy, raised, interrupted, done = None, None, None, None
     try:
-        yield
-    except BaseException:
-        _result_of(copy)  # what the copy was making is made, as it was before the body raised
-        raise
-    else:
-        done = _result_of(copy)
+        copy = _copy(lambda _: [work()], [None], [], interruptible=False)
+        if copy is None:
+            work()
+            yield
+            return
+        try:
+            yield
+        except BaseException as exc:  # raised below, once the copy is done
+            raised = exc
+        done, interrupted = _awaited(copy)
     finally:
-        _end(*copy)  # killed, where waiting for it was itself interrupted
-    if done is None:
-        work()
+        if copy is not None:
+            _end(*copy)  # killed, where a second interruption ended the wait
+    if done is None and interrupted is None and not isinstance(raised, KeyboardInterrupt):
+        with contextlib.suppress(Exception) if raised is not None else contextlib.nullcontext():
+            work()  # beside the body's error, that error is the one said
+    if raised is not None:
+        raise raised
+    if interrupted is not None:
+        raise interrupted
+
+
+def _awaited(copy: tuple[int, int]) -> tuple[list[Any] | None, KeyboardInterrupt | None]:
+    """(The copy's result once it has ended, the Ctrl-C or SIGTERM that came meanwhile): the first
+    is held until the copy has ended, a second is raised at once."""
+    try:
+        return _result_of(copy), None
+    except KeyboardInterrupt as first:  # Terminated (SIGTERM, running/signals.py) among them
+        _result_of(copy)
+        return None, first
 
 
 def share_count(count: int, min_share: int) -> int:
@@ -118,7 +137,7 @@ def _copy(
     """A copy of this process doing ``work(chunk)``: (its pid, the pipe its result comes by), or
     None where none could be made (no process or pipe left to this user: the share is done here).
     ``others``: the pipes of earlier copies, which this one must not hold open. ``interruptible``:
-    Ctrl-C ends it (else it is ignored there: this process says it and ends the copy)."""
+    Ctrl-C and SIGTERM end it (else it lets them go by: ``beside``)."""
     try:
         readable, writable = os.pipe()
     except OSError:
@@ -140,7 +159,7 @@ def _be_the_copy(work, chunk, not_mine: list[int], writable: int, interruptible:
     code = 1
     try:
         signal.signal(signal.SIGINT, signal.SIG_DFL if interruptible else signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if interruptible else signal.SIG_IGN)
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # this process gone: the write ends the copy
         for fd in not_mine:
             os.close(fd)
@@ -163,7 +182,10 @@ def _result_of(copy: tuple[int, int]) -> list[Any] | None:
     pid, readable = copy
     with os.fdopen(os.dup(readable), "rb") as pipe:
         data = pipe.read()
-    _, status = os.waitpid(pid, 0)
+    try:
+        _, status = os.waitpid(pid, 0)
+    except ChildProcessError:  # reaped already (a host that ignores SIGCHLD): its exit is unknown
+        return None
     if not data or not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:
         return None
     try:

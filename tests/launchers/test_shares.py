@@ -270,3 +270,71 @@ def test_ctrl_c_waits_for_the_copys_work_which_it_does_not_end(three_cpus, tmp_p
         os.kill(int(started.read_text()), signal.SIGINT)  # as a terminal's Ctrl-C reaches every process of the group
         raise KeyboardInterrupt
     assert left.read_text() == started.read_text()  # the copy finished its file; nothing half made
+
+
+@pytest.fixture
+def interrupted_after(monkeypatch):
+    """Ctrl-C at each of the given seconds from now (SIGALRM raising KeyboardInterrupt in this
+    process, as SIGINT would): no thread, which would make the process unsafe to copy."""
+    times: list[float] = []
+
+    def ctrl_c(*_):
+        if times:
+            times.pop(0)
+            signal.setitimer(signal.ITIMER_REAL, times[0] - _elapsed() if times else 0)
+        raise KeyboardInterrupt
+
+    began = time.monotonic()
+
+    def _elapsed():
+        return time.monotonic() - began
+
+    previous = signal.signal(signal.SIGALRM, ctrl_c)
+
+    def arm(*seconds: float):
+        times.extend(seconds)
+        signal.setitimer(signal.ITIMER_REAL, times[0])
+
+    yield arm
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+def test_ctrl_c_while_the_copy_is_awaited_is_raised_once_it_is_done(three_cpus, tmp_path, interrupted_after):
+    left = tmp_path / "left"
+
+    def slow_work():
+        time.sleep(0.6)
+        _leave_pid_in(left)
+
+    with pytest.raises(KeyboardInterrupt), beside(slow_work):
+        interrupted_after(0.2)  # the body done at once: Ctrl-C comes while the copy is awaited
+    assert int(left.read_text()) != os.getpid()  # finished by the copy, not killed halfway; not done again
+
+
+def test_a_second_ctrl_c_ends_the_wait_and_the_copy(three_cpus, tmp_path, interrupted_after):
+    started = tmp_path / "started"
+
+    def endless_work():
+        started.write_text(str(os.getpid()))
+        time.sleep(60)
+
+    began = time.monotonic()
+    with pytest.raises(KeyboardInterrupt), beside(endless_work):
+        interrupted_after(0.3, 0.6)
+    assert time.monotonic() - began < 10
+    with pytest.raises(ChildProcessError):
+        os.waitpid(int(started.read_text()), os.WNOHANG)  # killed and reaped
+
+
+def test_an_error_in_the_body_after_a_copy_failed_has_the_work_done_here(three_cpus, tmp_path):
+    left = tmp_path / "left"
+
+    def fails_in_a_copy():
+        if os.getpid() != PARENT:
+            raise OSError("no space left on device")
+        _leave_pid_in(left)
+
+    with pytest.raises(ValueError, match="no engine"), beside(fails_in_a_copy):
+        raise ValueError("no engine")
+    assert int(left.read_text()) == os.getpid()
