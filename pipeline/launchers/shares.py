@@ -77,13 +77,10 @@ def beside(work: Callable[[], Any], worth_a_copy: bool = True) -> Iterator[None]
     Ctrl-C and SIGTERM do not end the copy: killed halfway, it would leave its file half made (a
     temporary one, which its own clean-up would have removed). The first that reaches this process
     while it waits is raised once the copy is done; a second ends the wait, and the copy with it."""
-    if not worth_a_copy or _usable_cpus() < 2 or not _forkable():
-        work()
-        yield
-        return
     copy, raised, interrupted, done = None, None, None, None
     try:
-        copy = _copy(lambda _: [work()], [None], [], interruptible=False)
+        if worth_a_copy and _usable_cpus() >= 2 and _forkable():
+            copy = _copy(lambda _: [work()], [None], [], interruptible=False)
         if copy is None:
             work()
             yield
@@ -97,8 +94,11 @@ def beside(work: Callable[[], Any], worth_a_copy: bool = True) -> Iterator[None]
         if copy is not None:
             _end(*copy)  # killed, where a second interruption ended the wait
     if done is None and interrupted is None and not isinstance(raised, KeyboardInterrupt):
-        with contextlib.suppress(Exception) if raised is not None else contextlib.nullcontext():
-            work()  # beside the body's error, that error is the one said
+        try:
+            work()
+        except Exception:
+            if raised is None:
+                raise  # beside the body's error, that error is the one said
     if raised is not None:
         raise raised
     if interrupted is not None:

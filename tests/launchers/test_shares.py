@@ -211,15 +211,15 @@ def test_work_beside_is_done_in_a_copy_while_the_body_runs_here(three_cpus, tmp_
     assert int(left.read_text()) not in (os.getpid(), 0)  # waited for at the end, done by the copy
 
 
+def _fails_in_a_copy(path: Path) -> None:
+    if os.getpid() != PARENT:
+        raise OSError("no space left on device")
+    _leave_pid_in(path)
+
+
 def test_work_beside_a_copy_failed_at_is_done_here_after_the_body(three_cpus, tmp_path):
     left = tmp_path / "left"
-
-    def fails_in_a_copy():
-        if os.getpid() != PARENT:
-            raise OSError("no space left on device")
-        _leave_pid_in(left)
-
-    with beside(fails_in_a_copy):
+    with beside(functools.partial(_fails_in_a_copy, left)):
         pass
     assert int(left.read_text()) == os.getpid()
 
@@ -273,27 +273,23 @@ def test_ctrl_c_waits_for_the_copys_work_which_it_does_not_end(three_cpus, tmp_p
 
 
 @pytest.fixture
-def interrupted_after(monkeypatch):
-    """Ctrl-C at each of the given seconds from now (SIGALRM raising KeyboardInterrupt in this
-    process, as SIGINT would): no thread, which would make the process unsafe to copy."""
-    times: list[float] = []
+def interrupted_after():
+    """Ctrl-C at each of the given seconds from when it is armed (SIGALRM raising KeyboardInterrupt
+    in this process, as SIGINT would): no thread, which would make the process unsafe to copy."""
+    pending: list[float] = []  # when each is due (time.monotonic)
 
     def ctrl_c(*_):
-        if times:
-            times.pop(0)
-            signal.setitimer(signal.ITIMER_REAL, times[0] - _elapsed() if times else 0)
+        pending.pop(0)
+        if pending:
+            signal.setitimer(signal.ITIMER_REAL, max(0.001, pending[0] - time.monotonic()))
         raise KeyboardInterrupt
-
-    began = time.monotonic()
-
-    def _elapsed():
-        return time.monotonic() - began
 
     previous = signal.signal(signal.SIGALRM, ctrl_c)
 
     def arm(*seconds: float):
-        times.extend(seconds)
-        signal.setitimer(signal.ITIMER_REAL, times[0])
+        now = time.monotonic()
+        pending.extend(now + after for after in seconds)
+        signal.setitimer(signal.ITIMER_REAL, seconds[0])
 
     yield arm
     signal.setitimer(signal.ITIMER_REAL, 0)
@@ -329,12 +325,6 @@ def test_a_second_ctrl_c_ends_the_wait_and_the_copy(three_cpus, tmp_path, interr
 
 def test_an_error_in_the_body_after_a_copy_failed_has_the_work_done_here(three_cpus, tmp_path):
     left = tmp_path / "left"
-
-    def fails_in_a_copy():
-        if os.getpid() != PARENT:
-            raise OSError("no space left on device")
-        _leave_pid_in(left)
-
-    with pytest.raises(ValueError, match="no engine"), beside(fails_in_a_copy):
+    with pytest.raises(ValueError, match="no engine"), beside(functools.partial(_fails_in_a_copy, left)):
         raise ValueError("no engine")
     assert int(left.read_text()) == os.getpid()
