@@ -103,6 +103,12 @@ class RoundsRecord(BaseModel):
     def dropped(self) -> int:
         return sum(1 for take in self.takes if take.dropped is not None)
 
+    @property
+    def kept_medians_ms(self) -> list[float]:
+        """Its kept takes' medians, one a round: what its median and the median's interval are
+        read from (each take weighs alike, however many runs it held)."""
+        return [take.median_ms for take in self.takes if take.dropped is None and take.round < self.rounds]
+
 
 @dataclass
 class RoundsOutcome:

@@ -39,6 +39,7 @@ CACHE_NAME = ".compare-cache.json"
 _CODE = (
     "pipeline/manifest/schema.py",
     "pipeline/measuring/rounds.py",
+    "pipeline/measuring/records.py",
     "pipeline/measuring/energy.py",
     "pipeline/measuring/machine_watch.py",
     "pipeline/measuring/stats.py",
