@@ -16,7 +16,7 @@ from pipeline.manifest import EngineManifest
 from pipeline.report.answer import Answer
 from pipeline.report.energy import energy_notes
 from pipeline.report.rows import ComparisonRow
-from pipeline.report.streams import STREAM_HEADERS, STREAMS_NOTE, stream_cells
+from pipeline.report.streams import STREAM_HEADERS, serving_tables
 from pipeline.report.streams_chart import throughput_against_streams
 from pipeline.report.sweep_chart import axis_names, sweep_figure
 from pipeline.report.tables import HEADERS, row_cells, samples_header
@@ -135,15 +135,14 @@ def _answer(answer: Answer) -> list[str]:
 
 
 def _streams_table(rows: list[ComparisonRow]) -> str | None:
-    """The rows' serving at each stream count (docs/streams.md), as the terminal's streams section."""
-    cells = [stream_cells(row, entry) for row in rows for entry in row.streams]
-    if not cells:
-        return None
+    """The rows' serving at each stream count (docs/streams.md), a table per point as the
+    terminal's streams section, each with its note."""
     head = "".join(f"<th>{html.escape(text)}</th>" for text in STREAM_HEADERS)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(text)}</td>" for text in line) + "</tr>" for line in cells)
-    # The note the terminal and markdown tables carry: what a "?" after a p99 means.
-    note = f'<p class="note">{html.escape(STREAMS_NOTE)}</p>'
-    return f"<h3>Serving concurrent streams</h3><table><tr>{head}</tr>{body}</table>{note}"
+    tables = []
+    for title, cells, note in serving_tables(rows):
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(text)}</td>" for text in line) + "</tr>" for line in cells)
+        tables.append(f'<h3>{html.escape(title)}</h3><table><tr>{head}</tr>{body}</table><p class="note">{html.escape(note)}</p>')
+    return "".join(tables) or None
 
 
 def _sweep_section(answer: Answer, sweep, names: tuple[str, ...] | None = None) -> list[str]:

@@ -36,7 +36,11 @@ from pipeline.report.rows import ComparisonRow
 # verdict's speedup_interval null then.
 # 17 each streams entry's takes_inferences_per_s: each take's inferences/s where the count was
 # served in several (serve_rounds), [] for one take.
-JSON_SCHEMA_VERSION = 17
+# 18 each row's median_ms, where timed in rounds, the median of its take medians (the figure its
+# median_ci_ms bounds; 17 gave the pooled runs' median, which could fall outside it); a verdict
+# ranked by a percentile a row's takes cannot bound, a null speedup_over_baseline; each serving
+# pick's not_served.
+JSON_SCHEMA_VERSION = 18
 
 
 def render_json(rows: list[ComparisonRow], answer: Answer | None = None) -> str:

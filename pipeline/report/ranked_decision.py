@@ -108,11 +108,11 @@ class PercentileReading:
         return self.by.ratio((self.figure(a), self.interval(a)), (self.figure(b), self.interval(b)), tie, self.engines)
 
     def words(self, row: ComparisonRow) -> str:
-        """ "p99 12.412 ms [11.9–13.1]", or "p99 12.412 ms" where the takes cannot bound it
-        (``needs`` says how many could)."""
+        """ "p99 12.412 ms [11.9–13.1]", or "p99 12.412 ms unbounded" where the takes cannot
+        bound it (``needs`` says how many could): the tables mark it ``?``."""
         figure = f"{self.by.name} {self.figure(row):.3f} ms"
         interval = self.interval(row)
-        return figure if interval is None else f"{figure} [{interval[0]:.3f}–{interval[1]:.3f}]"
+        return f"{figure} unbounded" if interval is None else f"{figure} [{interval[0]:.3f}–{interval[1]:.3f}]"
 
     def needs(self, row: ComparisonRow) -> str:
         if not row.tail_takes:

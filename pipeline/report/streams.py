@@ -90,8 +90,23 @@ def _groups(rows) -> dict[tuple, list]:
     groups: dict[tuple, list] = {}
     for row in rows:
         if row.streams:
-            groups.setdefault((row.model, row.gpu_type, row.shape), []).append(row)
+            groups.setdefault(_point(row), []).append(row)
     return groups
+
+
+def _point(row) -> tuple:
+    return (row.model, row.gpu_type, row.shape)
+
+
+def _unserved(rows) -> dict[tuple, list[str]]:
+    """By the points where some row served: the measured rows there that did not (profiled
+    without --streams), named, so that no engine leaves a serving table without a word."""
+    served = {_point(row) for row in rows if row.streams}
+    unserved: dict[tuple, list[str]] = {}
+    for row in rows:
+        if not row.streams and row.median_ms is not None and _point(row) in served:
+            unserved.setdefault(_point(row), []).append(f"{row.variant} on {row.target}")
+    return unserved
 
 
 def _title(model: str, gpu_type: str | None, shape: str | None) -> str:
@@ -99,7 +114,20 @@ def _title(model: str, gpu_type: str | None, shape: str | None) -> str:
     return f"{model}{f' at {where}' if where else ''}: serving concurrent streams (inferences/s and each request's latency)"
 
 
-STREAMS_NOTE = "? = too few requests to bound the p99 (needs N: the requests that could); streams: each its own inputs, started together, timed over the span of each take (docs/streams.md)"
+def streams_note(served: list, unserved: list[str]) -> str:
+    """The note under a serving table of ``served`` rows: what a "?" after a p99 means where one
+    has it, what the streams were, and the measured rows of its points that did not serve."""
+    parts = []
+    if any(
+        entry["why_not"] is None and entry["p99_ms"] is not None and entry["p99_interval_ms"] is None
+        for row in served
+        for entry in row.streams
+    ):
+        parts.append("? = too few requests to bound the p99 (the interval column says how many could)")
+    parts.append("streams: each its own inputs, started together, timed over the span of each take (docs/streams.md)")
+    if unserved:
+        parts.append(f"not served (profiled without --streams): {', '.join(unserved)}")
+    return "; ".join(parts)
 
 
 # What a narrow terminal leaves out first, by header, until the table fits (the p99 and its interval,
@@ -109,12 +137,21 @@ NARROW_DROPS = ("takes inf/s", "p90 ms", "median ms", "throughput")
 _TEXT_COLUMNS = ("variant", "toolchain", "mode", "p99 95% interval")
 
 
+def serving_tables(rows) -> list[tuple[str, list[list[str]], str]]:
+    """Per model and point where some row served streams: the table's title, its cells (in
+    STREAM_HEADERS' columns) and its note — what the terminal, markdown and HTML reports show."""
+    unserved = _unserved(rows)
+    return [
+        (_title(*point), [stream_cells(row, entry) for row in group for entry in row.streams], streams_note(group, unserved.get(point, [])))
+        for point, group in _groups(rows).items()
+    ]
+
+
 def streams_lines(rows, width: int | None) -> list[tuple[str, str | None]]:
     """The terminal's streams section: a table per model and point whose rows served streams,
     fitted to ``width`` by leaving out NARROW_DROPS in turn (None: every column)."""
     out: list[tuple[str, str | None]] = []
-    for (model, gpu_type, shape), group in _groups(rows).items():
-        cells = [stream_cells(row, entry) for row in group for entry in row.streams]
+    for title, cells, note in serving_tables(rows):
         keep = list(range(len(STREAM_HEADERS)))
         widths = [max(cell_len(text) for text in column) for column in zip(STREAM_HEADERS, *cells)]
         dropped = []
@@ -128,11 +165,11 @@ def streams_lines(rows, width: int | None) -> list[tuple[str, str | None]]:
             parts = [(texts[i].ljust(widths[i]) if STREAM_HEADERS[i] in _TEXT_COLUMNS else texts[i].rjust(widths[i])) for i in keep]
             return GAP.join(parts).rstrip()
 
-        out.append((_title(model, gpu_type, shape), "italic"))
+        out.append((title, "italic"))
         out.append((join(list(STREAM_HEADERS)), "bold"))
         out.append(("─" * (sum(widths[i] for i in keep) + len(GAP) * (len(keep) - 1)), None))
         out += [(join(texts), None) for texts in cells]
-        note = STREAMS_NOTE + (f"; left out to fit: {', '.join(dropped)} (--wide, or --format md, shows them)" if dropped else "")
+        note += f"; left out to fit: {', '.join(dropped)} (--wide, or --format md, shows them)" if dropped else ""
         out += [(line, "dim") for line in (wrap(note, width, indent="    ") if width else [note])]
         out.append(("", None))
     return out
@@ -140,18 +177,12 @@ def streams_lines(rows, width: int | None) -> list[tuple[str, str | None]]:
 
 def streams_markdown(rows) -> str:
     out = []
-    for (model, gpu_type, shape), group in _groups(rows).items():
-        out.append(f"### {_title(model, gpu_type, shape)}\n")
+    for title, cells, note in serving_tables(rows):
+        out.append(f"### {title}\n")
         out.append("| " + " | ".join(STREAM_HEADERS) + " |")
         out.append("|" + "|".join("---" for _ in STREAM_HEADERS) + "|")
-        out += [
-            "| " + " | ".join(text.replace("|", "\\|") for text in stream_cells(row, entry)) + " |"
-            for row in group
-            for entry in row.streams
-        ]
-        out.append("")
-        out.append(f"`?`{STREAMS_NOTE[1:]}")
-        out.append("")
+        out += ["| " + " | ".join(text.replace("|", "\\|") for text in texts) + " |" for texts in cells]
+        out += ["", note.replace("? =", "`?` =", 1), ""]
     return "\n".join(out) + ("\n" if out else "")
 
 
@@ -186,11 +217,17 @@ class ServingPick:
     within: int = 0
     above: list[dict[str, Any]] = field(default_factory=list)
     unbounded: list[dict[str, Any]] = field(default_factory=list)
+    # The measured engines at this point that did not serve (profiled without --streams).
+    not_served: list[str] = field(default_factory=list)
 
     def sentence(self) -> str:
         where = " ".join(part for part in (shown(self.shape), f"on {self.gpu_type}" if self.gpu_type else "") if part)
         head = f"{self.model}{f' at {where}' if where else ''}"
         budget = f"a p99 within {self.budget_ms:g} ms"
+        unserved = f" Not served (profiled without --streams): {', '.join(self.not_served)}." if self.not_served else ""
+        return self._answer(head, budget) + unserved
+
+    def _answer(self, head: str, budget: str) -> str:
         if self.chosen is not None:
             c = self.chosen
             others = self.within - 1
@@ -228,6 +265,7 @@ class ServingPick:
             "within": self.within,
             "above": len(self.above),
             "unbounded": len(self.unbounded),
+            "not_served": list(self.not_served),
             "sentence": self.sentence(),
         }
 
@@ -242,8 +280,9 @@ def p99_under(rows, budget_ms: float) -> list[ServingPick]:
     its requests cannot bound counts as not shown within, whatever its reading; rows whose own
     accuracy failed its check (flagged ``inaccurate``) do not take part."""
     picks = []
+    unserved = _unserved(rows)
     for (model, gpu_type, shape), group in _groups(rows).items():
-        pick = ServingPick(model, gpu_type, shape, budget_ms)
+        pick = ServingPick(model, gpu_type, shape, budget_ms, not_served=unserved.get((model, gpu_type, shape), []))
         best: dict[str, Any] | None = None
         for row in group:
             if any(flag.startswith("inaccurate") for flag in row.flags):

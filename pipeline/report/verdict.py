@@ -145,8 +145,15 @@ class Verdict:
         estimate = self.speedup_estimate
         if estimate is not None and estimate.bounded:
             return estimate.ratio
+        if self._unbounded([self.baseline, self.fastest]):
+            return None  # a ratio of percentiles their takes cannot bound is no evidence (_speedups)
         # Unpaired, or too few rounds for an interval: the medians, as the answer's words give it.
         return self.figure(self.baseline) / self.figure(self.fastest)
+
+    def _unbounded(self, rows: list[ComparisonRow]) -> bool:
+        """Whether any of ``rows`` lacks the figure the verdict ranks by, or has one its takes cannot
+        bound (a percentile: ranked_decision.py)."""
+        return self.reading is not None and any(self.reading.short_of_takes(row) for row in rows)
 
     @property
     def ranked_by(self) -> str:
@@ -292,6 +299,8 @@ class Verdict:
         if any(e is None for e in estimates) or not estimates:
             if self.figure(self.baseline) is None or any(self.figure(row) is None for row in others):
                 return ""  # no figure to set against the baseline's (no energy reading): said above
+            if self._unbounded([self.baseline, *others]):
+                return f" — no speedup over the baseline ({line_label(self.baseline)}) is claimed while a {self.ranked_by} is unbounded"
             ratios = [self.figure(self.baseline) / self.figure(row) for row in others]
             return f" — {whose}{min(ratios):.2f}×" + (f"–{max(ratios):.2f}×" if len(ratios) > 1 else "") + f" {base}"
         if len(estimates) == 1:

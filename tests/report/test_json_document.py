@@ -46,7 +46,7 @@ def test_a_comparison_not_opening_with_its_engines_is_written_as_json_dumps_writ
 
 
 def test_the_document_parses_back_to_its_data():
-    data = {"schema": 17, "verdicts": [_verdict(), _verdict()], "sweeps": [], "rows": [{"model": "m"}]}
+    data = {"schema": 18, "verdicts": [_verdict(), _verdict()], "sweeps": [], "rows": [{"model": "m"}]}
     written = _one_entry_a_line(data)
     assert json.loads(written.replace("NaN", "null")) == json.loads(json.dumps(data).replace("NaN", "null"))
     assert written.splitlines()[3:5] == [f"    {json.dumps(_verdict())},", f"    {json.dumps(_verdict())}"]  # an entry a line

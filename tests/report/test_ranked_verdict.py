@@ -70,9 +70,13 @@ def test_takes_too_few_for_a_p99_leave_the_verdict_undecided_and_say_how_many_it
     assert verdict.undecided and {row.toolchain for row in [verdict.fastest, *verdict.tied]} == {"torch-eager", "steady"}
     assert all(estimate is None for *_, estimate in verdict.comparisons)
     (sentence, *_) = verdict.sentences()
-    assert sentence.startswith(
-        "m: undecided by p99: fp16 on steady and fp16 on torch-eager (p99 1.200 ms; p99 2.000 ms) "
-        "cannot be told apart (p99 needs 437 takes, has 40)"
+    # No speedup from p99s their takes cannot bound: neither the words nor the JSON give one.
+    assert sentence == (
+        "m: undecided by p99: fp16 on steady and fp16 on torch-eager (p99 1.200 ms unbounded; p99 2.000 ms unbounded) "
+        "cannot be told apart (p99 needs 437 takes, has 40) — no speedup over the baseline (fp16 on torch-eager) "
+        "is claimed while a p99 is unbounded."
     )
     assert sentence.count("needs 437 takes") == 1  # said once, not for each engine
-    assert verdict.public()["fastest"]["ranked_takes_needed"] == 437
+    document = verdict.public()
+    assert document["fastest"]["ranked_takes_needed"] == 437
+    assert document["speedup_over_baseline"] is None and document["speedup_interval"] is None

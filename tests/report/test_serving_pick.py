@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.report.rows import ComparisonRow
-from pipeline.report.streams import p99_under, parse_budget
+from pipeline.report.streams import p99_under, parse_budget, serving_tables, streams_lines, streams_markdown
 from pipeline.running.errors import UsageError
 
 
@@ -75,6 +75,26 @@ def test_a_count_not_measured_takes_no_part_and_points_are_picked_apart():
     other.shape = "4x512"
     picks = p99_under([*rows, other], 10.0)
     assert [(pick.shape, pick.chosen["inferences_per_s"]) for pick in picks] == [("2x512", 100.0), ("4x512", 50.0)]
+
+
+def test_engines_measured_at_the_point_that_did_not_serve_are_named_in_the_answer_and_the_tables():
+    served = row("fp32", "onnxruntime", entry(1, 100.0, 1.0, 1.5))
+    unserved = ComparisonRow(model="m", variant="fp32", toolchain="torch-eager", status="measured", shape="2x512", median_ms=2.0)
+    elsewhere = ComparisonRow(model="m", variant="fp32", toolchain="torch-eager", status="measured", shape="4x512", median_ms=4.0)
+    rows = [served, unserved, elsewhere]  # no row served at 4x512: no table there to be missing from
+    (pick,) = p99_under(rows, 10.0)
+    assert pick.not_served == ["fp32 on torch-eager"] and pick.public()["not_served"] == ["fp32 on torch-eager"]
+    assert pick.sentence().endswith(". Not served (profiled without --streams): fp32 on torch-eager.")
+    ((_, cells, note),) = serving_tables(rows)
+    assert len(cells) == 1 and note.endswith("; not served (profiled without --streams): fp32 on torch-eager")
+    assert not note.startswith("?")  # no p99 here lacks its bound
+    assert streams_markdown(rows).count("not served (profiled without --streams): fp32 on torch-eager") == 1
+    assert any("not served (profiled without --streams)" in line for line, _ in streams_lines(rows, None))
+
+
+def test_the_note_explains_a_question_mark_only_where_a_p99_has_one():
+    ((_, cells, note),) = serving_tables([row("fp32", "onnxruntime", entry(1, 100.0, 1.0, None, requests=200))])
+    assert cells[0][-2] == "1.000?" and note.startswith("? = too few requests to bound the p99")
 
 
 @pytest.mark.parametrize("text, ms", [("10ms", 10.0), ("10", 10.0), ("0.5s", 500.0), ("800us", 0.8), (" 2.5 ms ", 2.5)])

@@ -190,7 +190,7 @@ def test_the_json_holds_each_count_to_its_schema(served, run_cli):
     assert result.exit_code == 0, result.err
     data = json.loads(result.out)
     jsonschema.validate(data, json.loads((REPO_ROOT / "docs" / "compare.schema.json").read_text()))
-    assert data["schema"] == 17
+    assert data["schema"] == 18
     row = next(row for row in data["rows"] if row["toolchain"] == "onnxruntime")
     assert [entry["streams"] for entry in row["streams"]] == [1, 2]
     assert all(entry["inferences_per_s"] > 0 and entry["p99_requests_needed"] in (None, 368) for entry in row["streams"])
@@ -228,7 +228,9 @@ def test_the_html_draws_throughput_against_concurrency(served, run_cli, tmp_path
     assert result.exit_code == 0, result.err
     page = out.read_text()
     assert '<img alt="Throughput against concurrent streams" src="data:image/png;base64,' in page
-    assert "<h3>Serving concurrent streams</h3>" in page and "<h2>Serving within a p99 of 10 ms</h2>" in page
+    # A table per point, titled as the terminal's, with its note.
+    assert ": serving concurrent streams (inferences/s and each request&#x27;s latency)</h3><table>" in page
+    assert "<h2>Serving within a p99 of 10 ms</h2>" in page
     assert "? = too few requests to bound the p99" in page  # the table's marks explained, as in the terminal
 
 
