@@ -123,8 +123,8 @@ def _stream_counts(ctx: click.Context, param, value: str | None) -> tuple[int, .
 
     from pipeline.catalog import ProfileSettings
 
-    parts = [part.strip() for part in value.split(",") if part.strip()]
-    if not parts or not all(part.isdigit() for part in parts):
+    parts = [part.strip() for part in value.split(",")]
+    if not all(part.isdigit() for part in parts):  # an empty part too: "1,,2"
         raise click.BadParameter(f"{value!r}: give stream counts separated by commas, e.g. 1,2,4")
     try:
         return ProfileSettings(streams=tuple(int(part) for part in parts)).streams

@@ -46,7 +46,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from pipeline.measuring.ranking import MEDIAN, Ranking
+from pipeline.measuring.ranking import MEDIAN, Ranking, ranking
+from pipeline.measuring.records import RoundsOutcome
 from pipeline.measuring.stats import RatioEstimate, at_band_edge, family_confidence, first_deciding_round, paired_ratio
 
 # The early rule (grossly_slower): how many times the leader's slowest take every kept take of an
@@ -242,3 +243,53 @@ def open_pair_words(leader: str, other: str, estimate: RatioEstimate | None) -> 
     if estimate is None:
         return f"{leader} against {other} undecided (too few rounds)"
     return f"{leader} against {other} undecided ({estimate.low:.3f}–{estimate.high:.3f})"
+
+
+# --- what a stop leaves open, in words (the run warns with them: stages/point.py) ---------------------
+
+
+def undecided_words(outcome: RoundsOutcome) -> str:
+    """What the budget left open: "undecided after 8 rounds (budget_s = 30): bf16/torch-compile
+    against bf16/torch-reduce-overhead undecided (0.981–1.034)"."""
+    running = {k: v for k, v in outcome.takes.items() if k not in outcome.failed and k not in outcome.raced_out}
+    by = ranking(outcome.stopped_by or outcome.settings.by)  # the pairs the rounds stopped on: by the median, energy or a percentile
+    needed = by.takes_needed(len(outcome.entrants))
+    kept = [sum(1 for take in takes if take.dropped is None) for takes in running.values()]
+    if needed and kept and min(kept) < needed:  # no interval can be read yet: that, not the pairs, is what is open
+        pairs = f"{by.name} needs {needed} takes of each engine, has {min(kept)}"
+    else:
+        pairs = "; ".join(
+            open_pair_words(*pair) for pair in undecided(running, outcome.settings.tie, len(outcome.entrants), by, outcome.times_ms)
+        )
+    which = "" if by is MEDIAN else f" by {by.name}"
+    return f"undecided{which} after {outcome.rounds} rounds (budget_s = {outcome.settings.budget_s:g})" + (f": {pairs}" if pairs else "")
+
+
+def alone_words(outcome: RoundsOutcome) -> str | None:
+    """What a percentile asked of an engine timed alone cannot give: "alone: nothing to rank by
+    p99, and its p99 is unbounded (it needs 368 takes, has 6): raise [profile] min_rounds to bound
+    it"; None where it is bounded or the ranking is not a percentile."""
+    by = ranking(outcome.settings.by)
+    needed = by.takes_needed(1)
+    kept = [sum(1 for take in takes if take.dropped is None) for takes in outcome.takes.values()]
+    if not needed or not kept or min(kept) >= needed:
+        return None
+    return (
+        f"alone: nothing to rank by {by.name}, and its {by.name} is unbounded (it needs {needed} takes, has {min(kept)}): "
+        "raise [profile] min_rounds to bound it (docs/tails.md)"
+    )
+
+
+def unranked_words(outcome: RoundsOutcome) -> str:
+    """Why the rounds stopped on the medians where energy was asked for: "nothing to rank by energy:
+    no engine read (no RAPL: /sys/class/powercap absent); the rounds stopped on the medians"."""
+    whys = {key: why_not for key, (_, why_not) in outcome.energy.items() if why_not}
+    # One reason for all (no RAPL here) is said once.
+    why = next(iter(whys.values())) if len(set(whys.values())) == 1 else "; ".join(f"{key}: {why}" for key, why in whys.items())
+    read = [key for key, (how, _) in outcome.energy.items() if how is not None]
+    count = f"{len(read)} of {len(outcome.entrants)} engines read" if read else "no engine read"
+    return (
+        f"nothing to rank by {outcome.settings.by}: {count}"
+        + (f" ({why})" if why else "")
+        + f"; the rounds stopped on the {outcome.stopped_by}s"
+    )

@@ -60,9 +60,10 @@ def attach_energy(row: Row, records) -> None:
         row.tokens_per_joule = row.tokens_per_s / row.images_per_s * row.batch_size * row.inferences_per_joule
 
 
-def energy_notes(rows: list[Row]) -> list[str]:
+def energy_notes(rows: list[Row], inverses: bool = True) -> list[str]:
     """What the energy columns are, and why the rows without a figure have none: one note each,
-    the rows named where not all of them share it."""
+    the rows named where not all of them share it. ``inverses``: the table shows inf/J (and tok/J)
+    beside J/inf; a narrower one says where they are."""
     notes = []
     measured = [row for row in rows if row.median_ms is not None]
     scopes = list(dict.fromkeys(f"{row.energy_source}: {row.energy_scope}" for row in measured if row.energy_source))
@@ -70,7 +71,7 @@ def energy_notes(rows: list[Row]) -> list[str]:
         notes.append(
             "J/inf: joules per inference (a run of its batch) from the energy counter read around each take, "
             + "; ".join(scopes)
-            + (" (inf/J, tok/J: its inverse)" if any(row.tokens_per_joule for row in rows) else " (inf/J: its inverse)")
+            + _inverses(any(row.tokens_per_joule for row in rows), inverses)
         )
     whys: dict[str, list[str]] = {}
     for row in measured:
@@ -80,3 +81,8 @@ def energy_notes(rows: list[Row]) -> list[str]:
         who = "" if len(names) == len([row for row in measured if not row.energy_source]) and not scopes else f" ({', '.join(names)})"
         notes.append(f"no energy{who}: {why}")
     return notes
+
+
+def _inverses(tokens: bool, shown: bool) -> str:
+    names = "inf/J, tok/J" if tokens else "inf/J"
+    return f" ({names}: its inverse)" if shown else f" ({names}, its inverse: --wide, or --format md)"

@@ -218,7 +218,10 @@ class Verdict:
                     reasons = [(line_label(r), self.reading.needs(r)) for r in short]
                     alike = len(short) == len(group) and len({why for _, why in reasons}) == 1
                     after = f"({reasons[0][1]})" if alike else f"({'; '.join(grouped_reasons(reasons))})"
-                budget = " (the point's budget_s ran out)" if any(r.rounds_stop == "budget" for r in group) else ""
+                # A longer budget could decide them, or bound their percentiles; not give a figure
+                # none was read for (no energy counter: said above).
+                readings = all(self.figure(r) is not None for r in group)
+                budget = " (the point's budget_s ran out)" if readings and any(r.rounds_stop == "budget" for r in group) else ""
                 answer = f"{self.where}: undecided{by}{meeting}: {names}{shown} cannot be told apart {after}{budget}"
             else:
                 answer = f"{self.where}: {names} tie within ±{self.tie:.0%}{by}{meeting}{shown}"

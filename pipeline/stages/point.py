@@ -37,12 +37,11 @@ from pipeline.manifest import StageRecord
 from pipeline.measuring.energy import Energy
 from pipeline.measuring.host_rounds import HostRounds
 from pipeline.measuring.machine_watch import MachineWatch
-from pipeline.measuring.ranking import MEDIAN, ranking
-from pipeline.measuring.records import RoundsOutcome, RoundsRecord
+from pipeline.measuring.records import RoundsRecord
 from pipeline.measuring.rounds import helper_processes, measure_in_rounds
 from pipeline.measuring.sm_clock import SmClock
 from pipeline.measuring.stats import LatencyStats
-from pipeline.measuring.stopping import open_pair_words, undecided
+from pipeline.measuring.stopping import alone_words, undecided_words, unranked_words
 from pipeline.running.errors import DeviceFault, EnvironmentMissing, PipelineError
 from pipeline.runtimes.base import ProfileResult
 from pipeline.stages.serving import serve_point
@@ -140,38 +139,6 @@ def baseline_entrants(catalog, stages: list) -> frozenset[str]:
     return frozenset(entrant_name(stage) for stage in stages if stage.toolchain == catalog.baseline_toolchain)
 
 
-def undecided_words(outcome: RoundsOutcome) -> str:
-    """What the budget left open: "undecided after 8 rounds (budget_s = 30): bf16/torch-compile
-    against bf16/torch-reduce-overhead undecided (0.981–1.034)"."""
-    running = {k: v for k, v in outcome.takes.items() if k not in outcome.failed and k not in outcome.raced_out}
-    by = ranking(outcome.stopped_by or outcome.settings.by)  # the pairs the rounds stopped on: by the median, energy or a percentile
-    needed = by.takes_needed(len(outcome.entrants))
-    kept = [sum(1 for take in takes if take.dropped is None) for takes in running.values()]
-    if needed and kept and min(kept) < needed:  # no interval can be read yet: that, not the pairs, is what is open
-        pairs = f"{by.name} needs {needed} takes of each engine, has {min(kept)}"
-    else:
-        pairs = "; ".join(
-            open_pair_words(*pair) for pair in undecided(running, outcome.settings.tie, len(outcome.entrants), by, outcome.times_ms)
-        )
-    which = "" if by is MEDIAN else f" by {by.name}"
-    return f"undecided{which} after {outcome.rounds} rounds (budget_s = {outcome.settings.budget_s:g})" + (f": {pairs}" if pairs else "")
-
-
-def unranked_words(outcome: RoundsOutcome) -> str:
-    """Why the rounds stopped on the medians where energy was asked for: "nothing to rank by energy:
-    no engine read (no RAPL: /sys/class/powercap absent); the rounds stopped on the medians"."""
-    whys = {key: why_not for key, (_, why_not) in outcome.energy.items() if why_not}
-    # One reason for all (no RAPL here) is said once.
-    why = next(iter(whys.values())) if len(set(whys.values())) == 1 else "; ".join(f"{key}: {why}" for key, why in whys.items())
-    read = [key for key, (how, _) in outcome.energy.items() if how is not None]
-    count = f"{len(read)} of {len(outcome.entrants)} engines read" if read else "no engine read"
-    return (
-        f"nothing to rank by {outcome.settings.by}: {count}"
-        + (f" ({why})" if why else "")
-        + f"; the rounds stopped on the {outcome.stopped_by}s"
-    )
-
-
 # --- in rounds --------------------------------------------------------------------------------------
 
 
@@ -217,6 +184,8 @@ def _in_rounds(stages: list) -> dict[Any, Measured | PipelineError]:
             reporter.warn(f"{label}: {undecided_words(outcome)}")
         if outcome.stopped_by and outcome.stopped_by != outcome.settings.by:
             reporter.warn(f"{label}: {unranked_words(outcome)}")
+        if outcome.stop == "alone" and (alone := alone_words(outcome)):
+            reporter.warn(f"{label}: {alone}")
         repeats = [(outcome, None)]
         try:
             for number in range(2, settings.repeats + 1):

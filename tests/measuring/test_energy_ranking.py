@@ -92,7 +92,7 @@ def test_with_no_engine_read_by_energy_the_rounds_stop_on_the_medians_and_say_so
     """No meter reads (no NVML here): by energy nothing is compared, and the rounds would stop
     after min_rounds, the times measured no longer than that. They stop on the medians instead,
     as long as the times need, and the run's warning says why."""
-    from pipeline.stages.point import unranked_words
+    from pipeline.measuring.stopping import unranked_words
 
     done = rounds("energy", energies=(1.0, 1.0), times=(1.0, 1.01), gpu=NoEnergy("no NVML: stand-in"), noise=0.05)
     assert done.stopped_by == "median" and done.rounds > 6  # min_rounds: what energy would have stopped at

@@ -214,7 +214,7 @@ def test_a_budget_too_small_to_decide_stops_undecided():
     (pair,) = undecided(done.takes, 0.03, len(done.entrants))
     assert pair[2].outcome == "ambiguous"
     # Said once for the point, naming the pair left open and its interval.
-    from pipeline.stages.point import undecided_words
+    from pipeline.measuring.stopping import undecided_words
 
     words = undecided_words(done)
     assert words.startswith(f"undecided after {done.rounds} rounds (budget_s = 0.2): ") and " against " in words, words
@@ -228,11 +228,26 @@ def test_a_budget_too_small_for_a_percentile_says_the_takes_it_needs_not_the_med
     assert done.stop == "budget" and done.rounds < 437
     # Each round's progress line says the same, not a pair's "too few rounds".
     assert said and all(line.endswith(": p99 needs 437 takes of each engine") for line in said), said
-    from pipeline.stages.point import undecided_words
+    from pipeline.measuring.stopping import undecided_words
 
     words = undecided_words(done)
     assert words.startswith(f"undecided by p99 after {done.rounds} rounds (budget_s = 0.2): p99 needs 437 takes of each engine, has ")
     assert " against " not in words, words
+
+
+def test_an_engine_alone_by_a_percentile_stops_and_says_its_percentile_is_unbounded():
+    from pipeline.measuring.stopping import alone_words
+
+    done = measure_in_rounds({"a": Scripted(1.0, host_of_two_speeds)}, settings(take_ms=5, by="p99"), seed=1)
+    assert done.stop == "alone" and done.rounds == 6  # nothing to rank: min_rounds
+    assert alone_words(done) == (
+        "alone: nothing to rank by p99, and its p99 is unbounded (it needs 368 takes, has 6): "
+        "raise [profile] min_rounds to bound it (docs/tails.md)"
+    )
+    # By the median, or with takes enough, nothing to say.
+    assert alone_words(measure_in_rounds({"a": Scripted(1.0, host_of_two_speeds)}, settings(take_ms=5), seed=1)) is None
+    enough = measure_in_rounds({"a": Scripted(1.0, host_of_two_speeds)}, settings(take_ms=1, by="p90", min_rounds=40), seed=1)
+    assert enough.rounds == 40 and alone_words(enough) is None  # a p90 alone needs 36
 
 
 def test_an_engine_that_fails_in_a_round_leaves_and_the_rounds_go_on():

@@ -132,6 +132,9 @@ def test_every_format_shows_the_energy_and_why_a_row_has_none():
         f"no energy (fp16/trt10.14): {ALONE}",
     ]
     assert all(note in table for note in notes)
+    # A terminal too narrow for the inverses says where they are, rather than name columns it lacks.
+    narrow = "\n".join(text for text, _ in render_table(rows, width=150).lines)
+    assert "J/inf" in narrow and "inf/J  " not in narrow and "(inf/J, its inverse: --wide, or --format md)" in narrow.replace("\n    ", " ")
     markdown = render_markdown(rows)
     assert "| J/inf | inf/J |" in markdown and f"no energy (fp16/trt10.14): {ALONE}." in markdown
     page = render_html(rows, [])

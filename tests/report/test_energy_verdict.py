@@ -52,6 +52,11 @@ def test_an_engine_without_an_energy_reading_is_never_ranked_by_it():
     ), sentence
     assert sentence.endswith("the baseline toolchain's engine has no energy reading either.")  # not "no baseline-toolchain row"
     assert verdict.public()["undecided"]
+    # Rounds that ran out of budget on the medians: no longer budget would give a reading, so none is blamed.
+    for row in rows:
+        row.rounds_stop = "budget"
+    (verdict,) = verdicts(rows, "a", by=ENERGY)
+    assert "budget_s" not in verdict.sentences()[0]
 
 
 def test_a_lone_engine_without_an_energy_reading_is_not_named_the_least_energy():

@@ -244,6 +244,13 @@ def test_the_dry_run_says_what_serving_will_do(served, run_cli):
     )
 
 
+@pytest.mark.parametrize("counts", ["1,,2", "1,2,", "", "abc", "1.5"])
+def test_stream_counts_that_are_not_a_list_of_counts_are_refused(served, run_cli, counts):
+    catalog, _ = served
+    result = run_cli(catalog, "profile", "--engine", "tiny_fp32", "--toolchain", "torch-eager", "--streams", counts, "--dry-run")
+    assert result.exit_code == 2 and "give stream counts separated by commas, e.g. 1,2,4" in result.err
+
+
 def test_processes_are_started_and_prepared_once_for_every_count(monkeypatch):
     """As many processes as the largest count, each preparing (a compiled engine: compiling) once;
     each count served by the first that many, released together; a count whose process fails
