@@ -267,11 +267,14 @@ def undecided_words(outcome: RoundsOutcome) -> str:
 
 def alone_words(outcome: RoundsOutcome) -> str | None:
     """What a percentile asked of an engine timed alone cannot give: "alone: nothing to rank by
-    p99, and its p99 is unbounded (it needs 368 takes, has 6): raise [profile] min_rounds to bound
-    it"; None where it is bounded or the ranking is not a percentile."""
+    p99, and its p99 is unbounded (it needs 437 takes, has 6): raise [profile] min_rounds to bound
+    it"; None where it is bounded or the ranking is not a percentile. Engines that failed are no
+    part of it."""
     by = ranking(outcome.settings.by)
-    needed = by.takes_needed(1)
-    kept = [sum(1 for take in takes if take.dropped is None) for takes in outcome.takes.values()]
+    # At the level compare reads a point's percentiles at, never below two engines' (report/
+    # ranked_decision.py, point_engines): 437 takes for a p99 of one engine too.
+    needed = by.takes_needed(max(len(outcome.entrants), 2))
+    kept = [sum(1 for take in takes if take.dropped is None) for key, takes in outcome.takes.items() if key not in outcome.failed]
     if not needed or not kept or min(kept) >= needed:
         return None
     return (

@@ -69,8 +69,9 @@ def _latency_bars(rows: list[ComparisonRow]) -> str | None:
                 continue
             xs.append(j + i * width)
             medians.append(row.median_ms)
-            low.append(row.median_ms - row.p5_ms)
-            high.append(row.p95_ms - row.median_ms)
+            # The whiskers are of the pooled runs; a median of takes may lie beyond one (row_times.py).
+            low.append(max(0.0, row.median_ms - row.p5_ms))
+            high.append(max(0.0, row.p95_ms - row.median_ms))
         axis.bar(xs, medians, width, yerr=[low, high], capsize=3, label=chain)
     labels = [f"{variant} {shown(shape)}" if shape else variant for variant, shape in variants]
     axis.set_xticks(np.arange(len(variants)) + width * (len(chains) - 1) / 2, labels)

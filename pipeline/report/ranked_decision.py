@@ -109,7 +109,8 @@ class PercentileReading:
 
     def words(self, row: ComparisonRow) -> str:
         """ "p99 12.412 ms [11.9–13.1]", or "p99 12.412 ms unbounded" where the takes cannot
-        bound it (``needs`` says how many could): the tables mark it ``?``."""
+        bound it at the point's level (``needs`` says how many could). The tables' own interval
+        is the row's alone, at 95 %: from 368 takes a p99 is bounded there and may not be here."""
         figure = f"{self.by.name} {self.figure(row):.3f} ms"
         interval = self.interval(row)
         return f"{figure} unbounded" if interval is None else f"{figure} [{interval[0]:.3f}–{interval[1]:.3f}]"

@@ -1,12 +1,13 @@
 """What each comparison row is compared by, from the other rows: its speedup over the variant it is
 measured against, its change from the reference toolchain, its ratio to the baseline toolchain's
 engine — each with whether it is beyond the noise (paired rounds where the two were timed
-together, else the bootstrap of their medians' difference) — and where it stands on the roofline."""
+together, their takes' intervals where both were timed in rounds apart, else the bootstrap of their
+medians' difference) — and where it stands on the roofline."""
 
 from __future__ import annotations
 
 from pipeline.catalog import Catalog
-from pipeline.measuring.stats import ratio_of_rounds
+from pipeline.measuring.stats import ratio_of_rounds, unpaired_ratio
 from pipeline.report.confidence import pair_confidence
 from pipeline.report.pairs import grossly_beaten
 from pipeline.report.rows import ComparisonRow, shape_order, trusted_rounds
@@ -27,7 +28,8 @@ def compare_rows(catalog: Catalog, rows: list[ComparisonRow], toolchain_order: l
         comparisons += _against_baseline_toolchain(rows, catalog.baseline_toolchain)
     # Rows timed together in rounds: significant when the interval of their paired per-round
     # ratio excludes 1, read at the point's level for all its pairs (pipeline/report/confidence.py);
-    # the others by the bootstrap below.
+    # rows timed in rounds apart, when their medians' intervals do not overlap; the others by the
+    # bootstrap below.
     unpaired = []
     for row, base, field_name in comparisons:
         shared = set(row.round_medians) & set(base.round_medians)
@@ -41,6 +43,12 @@ def compare_rows(catalog: Catalog, rows: list[ComparisonRow], toolchain_order: l
                 estimate.low > 1.0 or estimate.high < 1.0 if estimate.bounded else grossly_beaten(row, base) or grossly_beaten(base, row)
             )
             setattr(row, field_name, apart)
+        elif row.round_medians and base.round_medians and row.median_ci_ms and base.median_ci_ms:
+            # Timed in other sets of rounds: their medians are their takes' (row_times.py), told
+            # apart by the takes' intervals as the verdict tells them (confidence.time_ratio), not
+            # by a bootstrap of pooled runs whose median the row no longer shows.
+            estimate = unpaired_ratio(row.median_ms, row.median_ci_ms, base.median_ms, base.median_ci_ms, catalog.profile.tie)
+            setattr(row, field_name, estimate.low > 1.0 or estimate.high < 1.0)
         else:
             unpaired.append((row, base, field_name))
     intervals = cache.difference_cis([(row, base) for row, base, _ in unpaired])

@@ -142,11 +142,11 @@ class Verdict:
     def speedup(self) -> float | None:
         if self.fastest is None or self.baseline is None:
             return None
+        if self.baseline is not self.fastest and self._unbounded([self.baseline, self.fastest, *self.tied]):
+            return None  # a ratio of percentiles their takes cannot bound is no evidence, as the words say (_speedups)
         estimate = self.speedup_estimate
         if estimate is not None and estimate.bounded:
             return estimate.ratio
-        if self._unbounded([self.baseline, self.fastest]):
-            return None  # a ratio of percentiles their takes cannot bound is no evidence (_speedups)
         # Unpaired, or too few rounds for an interval: the medians, as the answer's words give it.
         return self.figure(self.baseline) / self.figure(self.fastest)
 

@@ -240,14 +240,22 @@ def test_an_engine_alone_by_a_percentile_stops_and_says_its_percentile_is_unboun
 
     done = measure_in_rounds({"a": Scripted(1.0, host_of_two_speeds)}, settings(take_ms=5, by="p99"), seed=1)
     assert done.stop == "alone" and done.rounds == 6  # nothing to rank: min_rounds
+    # At the level compare reads a point's percentiles at: two engines', never fewer.
     assert alone_words(done) == (
-        "alone: nothing to rank by p99, and its p99 is unbounded (it needs 368 takes, has 6): "
+        "alone: nothing to rank by p99, and its p99 is unbounded (it needs 437 takes, has 6): "
         "raise [profile] min_rounds to bound it (docs/tails.md)"
     )
     # By the median, or with takes enough, nothing to say.
     assert alone_words(measure_in_rounds({"a": Scripted(1.0, host_of_two_speeds)}, settings(take_ms=5), seed=1)) is None
-    enough = measure_in_rounds({"a": Scripted(1.0, host_of_two_speeds)}, settings(take_ms=1, by="p90", min_rounds=40), seed=1)
-    assert enough.rounds == 40 and alone_words(enough) is None  # a p90 alone needs 36
+    enough = measure_in_rounds({"a": Scripted(1.0, host_of_two_speeds)}, settings(take_ms=1, by="p90", min_rounds=42), seed=1)
+    assert enough.rounds == 42 and alone_words(enough) is None  # a p90 of two engines needs 42
+    # An engine that failed is no part of it: the one left has its takes.
+    failed = measure_in_rounds(
+        {"a": Scripted(1.0, host_of_two_speeds), "b": Scripted(2.0, host_of_two_speeds, fail_in_round=0)},
+        settings(take_ms=1, by="p90", min_rounds=42),
+        seed=1,
+    )
+    assert "b" in failed.failed and failed.stop == "alone" and alone_words(failed) is None
 
 
 def test_an_engine_that_fails_in_a_round_leaves_and_the_rounds_go_on():

@@ -11,11 +11,11 @@ from pipeline.report.row_times import take_rounds
 from pipeline.report.rows import ComparisonRow
 
 
-def _record(takes: list[list[float]], dropped: set[int] = frozenset()) -> RoundsRecord:
+def _record(takes: list[list[float]], dropped: set[int] = frozenset(), group: str = "g", entrant: str = "fp16/a") -> RoundsRecord:
     return RoundsRecord(
-        group="g",
-        entrant="fp16/a",
-        entrants=["fp16/a"],
+        group=group,
+        entrant=entrant,
+        entrants=[entrant],
         takes=[
             Take(round=i, order=0, runs=len(runs), median_ms=statistics.median(runs), dropped="throttled" if i in dropped else None)
             for i, runs in enumerate(takes)
@@ -53,3 +53,36 @@ def test_dropped_takes_count_for_neither():
     row = ComparisonRow(model="m", variant="fp16", toolchain="a", status="measured")
     take_rounds(row, [_record(takes, dropped={1, 4})])
     assert row.median_ms == 1.2 and row.median_ci_ms == (1.0, 1.4)
+
+
+def _timed_apart(tmp_path, fast: float, slow: float, fast_runs: int, slow_runs: int, toolchain: str) -> ComparisonRow:
+    """A row timed in a set of rounds of its own at 2x512: ten takes at ``fast`` ms of
+    ``fast_runs`` runs, ten at ``slow`` of ``slow_runs``."""
+    takes = [[fast] * fast_runs if i % 2 else [slow] * slow_runs for i in range(20)]
+    row = ComparisonRow(model="bert", variant="fp16", toolchain=toolchain, status="measured", shape="2x512", batch_size=2)
+    row.samples_ms = [run for runs in takes for run in runs]
+    row.median_ms = statistics.median(row.samples_ms)
+    take_rounds(row, [_record(takes, group=f"{toolchain}@2x512", entrant=f"fp16/{toolchain}")])
+    return row
+
+
+def test_rows_timed_in_rounds_apart_are_told_apart_by_their_takes_not_their_pooled_runs(tmp_path):
+    """Pooled, one row's runs sit at 1.0 ms and the other's at 1.35 ms, which a bootstrap of the
+    runs tells apart; their take medians spread over the same 1.0–1.35 ms, and their intervals
+    overlap: the table must not mark the change beyond the noise."""
+    from pipeline.report.row_cache import RowCache
+    from pipeline.report.row_comparisons import compare_rows
+    from pipeline.runtimes import load_catalog
+    from tests.conftest import CPU_TOOLCHAINS, tiny_bert_catalog, write_catalog
+
+    catalog = load_catalog(write_catalog(tmp_path, tiny_bert_catalog(["2x512"], ["fp16"], ["fp16"]) + CPU_TOOLCHAINS))
+    onnx = _timed_apart(tmp_path, 1.0, 1.3, fast_runs=100, slow_runs=10, toolchain="onnxruntime")
+    eager = _timed_apart(tmp_path, 1.05, 1.35, fast_runs=10, slow_runs=100, toolchain="torch-eager")
+    assert statistics.median(onnx.samples_ms) == 1.0 and statistics.median(eager.samples_ms) == 1.35
+    compare_rows(catalog, [onnx, eager], None, RowCache(None, 0.1))
+    assert onnx.vs_baseline_toolchain == eager.median_ms / onnx.median_ms
+    assert onnx.vs_baseline_toolchain_significant is False
+    # Takes apart by more than their intervals: beyond the noise.
+    far = _timed_apart(tmp_path, 2.0, 2.3, fast_runs=10, slow_runs=10, toolchain="torch-eager")
+    compare_rows(catalog, [onnx, far], None, RowCache(None, 0.1))
+    assert onnx.vs_baseline_toolchain_significant is True
