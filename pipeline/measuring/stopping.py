@@ -248,6 +248,17 @@ def open_pair_words(leader: str, other: str, estimate: RatioEstimate | None) -> 
 # --- what a stop leaves open, in words (the run warns with them: stages/point.py) ---------------------
 
 
+def stop_words(outcome: RoundsOutcome) -> list[str]:
+    """What the run warns of when a point's rounds end: what the budget left open, a ranking
+    that had nothing to rank, a lone engine's unbounded percentile."""
+    words = [undecided_words(outcome)] if outcome.stop == "budget" else []
+    if outcome.stopped_by and outcome.stopped_by != outcome.settings.by:
+        words.append(unranked_words(outcome))
+    if outcome.stop == "alone" and (alone := alone_words(outcome)):
+        words.append(alone)
+    return words
+
+
 def undecided_words(outcome: RoundsOutcome) -> str:
     """What the budget left open: "undecided after 8 rounds (budget_s = 30): bf16/torch-compile
     against bf16/torch-reduce-overhead undecided (0.981–1.034)"."""

@@ -41,7 +41,7 @@ from pipeline.measuring.records import RoundsRecord
 from pipeline.measuring.rounds import helper_processes, measure_in_rounds
 from pipeline.measuring.sm_clock import SmClock
 from pipeline.measuring.stats import LatencyStats
-from pipeline.measuring.stopping import alone_words, undecided_words, unranked_words
+from pipeline.measuring.stopping import stop_words
 from pipeline.running.errors import DeviceFault, EnvironmentMissing, PipelineError
 from pipeline.runtimes.base import ProfileResult
 from pipeline.stages.serving import serve_point
@@ -180,12 +180,8 @@ def _in_rounds(stages: list) -> dict[Any, Measured | PipelineError]:
             except DeviceFault as exc:  # pinned to the engine whose take saw it (every take waits for its GPU work)
                 return {next(stage for stage in prepared if entrant_name(stage) == exc.entrant): exc}
         held.release()  # each repeat's process holds the host for itself
-        if outcome.stop == "budget":  # once for the point: the engines' manifests say so each (rounds[].stop)
-            reporter.warn(f"{label}: {undecided_words(outcome)}")
-        if outcome.stopped_by and outcome.stopped_by != outcome.settings.by:
-            reporter.warn(f"{label}: {unranked_words(outcome)}")
-        if outcome.stop == "alone" and (alone := alone_words(outcome)):
-            reporter.warn(f"{label}: {alone}")
+        for words in stop_words(outcome):  # once for the point: the engines' manifests say so each (rounds[].stop)
+            reporter.warn(f"{label}: {words}")
         repeats = [(outcome, None)]
         try:
             for number in range(2, settings.repeats + 1):

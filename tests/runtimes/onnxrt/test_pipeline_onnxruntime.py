@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -252,7 +253,10 @@ def test_compare_renders_markdown_and_json_from_manifests(demo, run_cli):
     rows = json.loads(run_cli(catalog, "compare", "--format", "json").out)["rows"]
     by_variant = {r["variant"]: r for r in rows}
     fp32 = read_manifest(demo / "manifests" / "onnxruntime" / "tiny_fp32.json").profile.details
-    assert by_variant["fp32"]["median_ms"] == fp32.latency_ms.median
+    # Timed in rounds: the median of its takes' medians, the figure its interval bounds.
+    assert by_variant["fp32"]["median_ms"] == statistics.median(m for record in fp32.rounds for m in record.kept_medians_ms)
+    low, high = by_variant["fp32"]["median_ci_ms"]
+    assert low <= by_variant["fp32"]["median_ms"] <= high
     fp16 = by_variant["fp16"]
     assert fp16["speedup"] == pytest.approx(by_variant["fp32"]["median_ms"] / fp16["median_ms"])
     assert by_variant["nvfp4"]["median_ms"] is None
