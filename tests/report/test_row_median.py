@@ -55,7 +55,7 @@ def test_dropped_takes_count_for_neither():
     assert row.median_ms == 1.2 and row.median_ci_ms == (1.0, 1.4)
 
 
-def _timed_apart(tmp_path, fast: float, slow: float, fast_runs: int, slow_runs: int, toolchain: str) -> ComparisonRow:
+def _timed_apart(fast: float, slow: float, fast_runs: int, slow_runs: int, toolchain: str) -> ComparisonRow:
     """A row timed in a set of rounds of its own at 2x512: ten takes at ``fast`` ms of
     ``fast_runs`` runs, ten at ``slow`` of ``slow_runs``."""
     takes = [[fast] * fast_runs if i % 2 else [slow] * slow_runs for i in range(20)]
@@ -76,13 +76,13 @@ def test_rows_timed_in_rounds_apart_are_told_apart_by_their_takes_not_their_pool
     from tests.conftest import CPU_TOOLCHAINS, tiny_bert_catalog, write_catalog
 
     catalog = load_catalog(write_catalog(tmp_path, tiny_bert_catalog(["2x512"], ["fp16"], ["fp16"]) + CPU_TOOLCHAINS))
-    onnx = _timed_apart(tmp_path, 1.0, 1.3, fast_runs=100, slow_runs=10, toolchain="onnxruntime")
-    eager = _timed_apart(tmp_path, 1.05, 1.35, fast_runs=10, slow_runs=100, toolchain="torch-eager")
+    onnx = _timed_apart(1.0, 1.3, fast_runs=100, slow_runs=10, toolchain="onnxruntime")
+    eager = _timed_apart(1.05, 1.35, fast_runs=10, slow_runs=100, toolchain="torch-eager")
     assert statistics.median(onnx.samples_ms) == 1.0 and statistics.median(eager.samples_ms) == 1.35
     compare_rows(catalog, [onnx, eager], None, RowCache(None, 0.1))
     assert onnx.vs_baseline_toolchain == eager.median_ms / onnx.median_ms
     assert onnx.vs_baseline_toolchain_significant is False
     # Takes apart by more than their intervals: beyond the noise.
-    far = _timed_apart(tmp_path, 2.0, 2.3, fast_runs=10, slow_runs=10, toolchain="torch-eager")
+    far = _timed_apart(2.0, 2.3, fast_runs=10, slow_runs=10, toolchain="torch-eager")
     compare_rows(catalog, [onnx, far], None, RowCache(None, 0.1))
     assert onnx.vs_baseline_toolchain_significant is True
