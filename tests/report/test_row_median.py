@@ -5,31 +5,10 @@ from __future__ import annotations
 
 import statistics
 
-from pipeline.measuring.records import RoundsRecord, Take
 from pipeline.measuring.stats import median_interval
 from pipeline.report.row_times import take_rounds
 from pipeline.report.rows import ComparisonRow
-
-
-def _record(takes: list[list[float]], dropped: set[int] = frozenset(), group: str = "g", entrant: str = "fp16/a") -> RoundsRecord:
-    return RoundsRecord(
-        group=group,
-        entrant=entrant,
-        entrants=[entrant],
-        takes=[
-            Take(round=i, order=0, runs=len(runs), median_ms=statistics.median(runs), dropped="throttled" if i in dropped else None)
-            for i, runs in enumerate(takes)
-        ],
-        rounds=len(takes),
-        stop="decided",
-        elapsed_s=1.0,
-        take_ms=100.0,
-        take_runs=1,
-        min_rounds=6,
-        budget_s=30.0,
-        tie=0.03,
-        seed=0,
-    )
+from tests.report.test_tail_bounds import rounds_record
 
 
 def test_the_median_is_the_takes_and_lies_within_its_interval():
@@ -41,7 +20,7 @@ def test_the_median_is_the_takes_and_lies_within_its_interval():
     row = ComparisonRow(model="m", variant="fp16", toolchain="a", status="measured")
     row.median_ms = statistics.median(run for runs in takes for run in runs)  # what the manifest's pooled runs say
     assert row.median_ms < 1.01
-    take_rounds(row, [_record(takes)])
+    take_rounds(row, [rounds_record(takes)])
     medians = [statistics.median(runs) for runs in takes]
     assert row.median_ms == statistics.median(medians) > 2.0
     low, high = row.median_ci_ms
@@ -51,7 +30,7 @@ def test_the_median_is_the_takes_and_lies_within_its_interval():
 def test_dropped_takes_count_for_neither():
     takes = [[1.0] * 3, [5.0] * 3, [1.2] * 3, [1.1] * 3, [5.0] * 3, [1.3] * 3, [1.4] * 3]
     row = ComparisonRow(model="m", variant="fp16", toolchain="a", status="measured")
-    take_rounds(row, [_record(takes, dropped={1, 4})])
+    take_rounds(row, [rounds_record(takes, dropped={1, 4})])
     assert row.median_ms == 1.2 and row.median_ci_ms == (1.0, 1.4)
 
 
@@ -62,7 +41,7 @@ def _timed_apart(fast: float, slow: float, fast_runs: int, slow_runs: int, toolc
     row = ComparisonRow(model="bert", variant="fp16", toolchain=toolchain, status="measured", shape="2x512", batch_size=2)
     row.samples_ms = [run for runs in takes for run in runs]
     row.median_ms = statistics.median(row.samples_ms)
-    take_rounds(row, [_record(takes, group=f"{toolchain}@2x512", entrant=f"fp16/{toolchain}")])
+    take_rounds(row, [rounds_record(takes, group=f"{toolchain}@2x512", entrant=f"fp16/{toolchain}")])
     return row
 
 

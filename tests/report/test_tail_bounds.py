@@ -12,11 +12,13 @@ from pipeline.report.row_times import tail_bounds
 from pipeline.report.rows import ComparisonRow
 
 
-def _record(takes: list[list[float]], dropped: set[int] = frozenset()) -> RoundsRecord:
+def rounds_record(takes: list[list[float]], dropped: set[int] = frozenset(), group: str = "g", entrant: str = "fp16/a") -> RoundsRecord:
+    """One engine's rounds record: a take a round, each of ``takes``' runs (``dropped``: rounds
+    whose take was dropped)."""
     return RoundsRecord(
-        group="g",
-        entrant="fp16/a",
-        entrants=["fp16/a"],
+        group=group,
+        entrant=entrant,
+        entrants=[entrant],
         takes=[
             Take(round=i, order=0, runs=len(runs), median_ms=sorted(runs)[len(runs) // 2], dropped="throttled" if i in dropped else None)
             for i, runs in enumerate(takes)
@@ -37,7 +39,7 @@ def _row(takes: list[list[float]], dropped: set[int] = frozenset()) -> Compariso
     row = ComparisonRow(model="m", variant="fp16", toolchain="a", status="measured")
     # A manifest's per-iteration times hold the kept takes' runs only, in order.
     row.samples_ms = [run for i, runs in enumerate(takes) if i not in dropped for run in runs]
-    tail_bounds(row, [_record(takes, dropped)])
+    tail_bounds(row, [rounds_record(takes, dropped)])
     return row
 
 
@@ -60,5 +62,5 @@ def test_too_few_takes_say_how_many_would_do():
 def test_runs_that_do_not_split_as_the_rounds_kept_them_are_left_unbounded():
     row = ComparisonRow(model="m", variant="fp16", toolchain="a", status="measured")
     row.samples_ms = [10.0] * 7  # a hand-edited manifest: not the takes' 3 + 3 runs
-    tail_bounds(row, [_record([[10.0] * 3, [10.0] * 3])])
+    tail_bounds(row, [rounds_record([[10.0] * 3, [10.0] * 3])])
     assert row.tail_takes is None and row.p90_interval_ms is None and row.p90_takes_needed is None
