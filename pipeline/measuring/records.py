@@ -110,6 +110,12 @@ class RoundsRecord(BaseModel):
         return [take.median_ms for take in self.takes if take.dropped is None and take.round < self.rounds]
 
 
+def kept_take_medians(records) -> list[float]:
+    """An engine's kept take medians over all its rounds records (a measurement each): the values
+    its median is — in compare's row (report/row_times.py) and in the profile's line alike."""
+    return [value for record in records for value in record.kept_medians_ms]
+
+
 @dataclass
 class RoundsOutcome:
     """The rounds of one shape point: every engine's takes and per-run times."""

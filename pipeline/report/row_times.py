@@ -44,6 +44,7 @@ def take_rounds(row, records) -> None:
     widens it)."""
     import statistics
 
+    from pipeline.measuring.records import kept_take_medians
     from pipeline.measuring.stats import median_interval
 
     for record in records:
@@ -53,7 +54,7 @@ def take_rounds(row, records) -> None:
                 medians[take.round] = take.median_ms
         row.round_medians[record.group] = medians
         row.round_entrants[record.group] = (record.entrant, tuple(record.entrants))
-    kept = [value for record in records for value in record.kept_medians_ms]
+    kept = kept_take_medians(records)
     if kept:
         # The median of the take medians, the figure its interval bounds. The pooled runs' median
         # weighs a take by its runs, and takes are as long in milliseconds, so the faster ones weigh

@@ -10,6 +10,7 @@ from typing import Any
 
 from pipeline.machine.environment import cpu_name, machine_load, nvidia_gpus
 from pipeline.manifest import Artifact, ProfileDetails, StageRecord, read_manifest
+from pipeline.measuring.records import kept_take_medians
 from pipeline.measuring.serving import served_figures
 from pipeline.measuring.stats import LatencyStats
 from pipeline.report.flags import watch_flags
@@ -251,8 +252,8 @@ class ProfileStage(Stage):
         stats, rounds, count = details.latency_ms, measured.rounds, details.repeats_pooled
         pooled_from = f" of {count} measurements pooled" if count > 1 else ""
         rate = f"{details.tokens_per_s:,.0f} tokens/s" if details.tokens_per_s else f"{details.images_per_s:.1f} {details.sample_unit}/s"
-        kept = [value for record in rounds for value in record.kept_medians_ms]
-        median = statistics.median(kept) if kept else stats.median  # as compare shows it (report/row_times.py)
+        kept = kept_take_medians(rounds or [])
+        median = statistics.median(kept) if kept else stats.median  # as compare shows it
         note = f": median {median:.2f} ms, {rate} over {stats.count} runs{pooled_from}"
         if rounds:
             others = len(rounds[0].entrants) - 1
