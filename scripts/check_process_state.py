@@ -34,15 +34,24 @@ cuda_take) when asked, in a shuffled order each round:
   (pipeline/runtimes/pytorch/compile_process.py, share_cpus) for one of twelve processes;
 * ``compile-forked``: the same in a process forked, as the compiling processes are, from one that
   imported what their server imports (pipeline/runtimes/pytorch/preload.py) and nothing more;
+* ``compile-sampled``, ``compile-watched``: ``compile-product`` with every take inside the SM
+  clock's sampling thread, or the machine watch's thread running throughout, as in a run's rounds;
+* ``compile-thread``: ``compile-product`` beside a thread of its own that only wakes every 20 ms,
+  as the SM clock's sampler does, and does nothing (a thread's wake-ups, not NVML's reads);
+* ``compile-nvml-process``: ``compile-product`` while another process reads the SM clock through
+  NVML every 20 ms (NVML's reads, not a thread of this process);
+* ``compile-watched-cpu``: the machine watch without its GPU reads (``watch_gpus=False``);
+* ``compile-gpu-queries``: a thread that asks NVML only the watch's two questions of processes
+  (running processes, their utilisation) every half second;
 * ``pinned-N`` (``--cpus N ...``): a fresh process held to CPU N from its start, every thread of
   it: whether where a process runs sets its speed, a CPU's speed kept from round to round.
 
     python scripts/check_process_state.py --shape 2x512 --rounds 8 --out DIR
     python scripts/check_process_state.py --states fresh fresh-again --cpus 0 1 8 9 --out DIR
-    python scripts/check_process_state.py --states compile-hand compile-product compile-unprofiled \
-        compile-shared-cpus compile-forked --out DIR    # whose compiled engine issues slower
+    python scripts/check_process_state.py --states compile-product compile-product#2 compile-watched \
+        compile-watched#2 --out DIR    # STATE#N: another process in that state
 
-Writes DIR/process-state.json (every take: worker, round, median ms) and prints each worker's
+Writes DIR/process-state.json (every take: worker, round, median ms, the CPU it ran on) and prints each worker's
 median ratio to ``fresh`` with the range of its rounds' ratios.
 """
 
@@ -54,7 +63,9 @@ import multiprocessing
 import os
 import random
 import statistics
+import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -76,9 +87,28 @@ STATES = (
     "compile-unprofiled",
     "compile-shared-cpus",
     "compile-forked",
+    "compile-sampled",
+    "compile-watched",
+    "compile-thread",
+    "compile-nvml-process",
+    "compile-watched-cpu",
+    "compile-gpu-queries",
 )
+# How often the idle thread (compile-thread) and the other process's NVML reads (compile-nvml-process) wake.
+WAKE_S = 0.02
 # The states whose engine is compiled by the product's preparation.
-PRODUCT_COMPILED = ("compile-product", "compile-unprofiled", "compile-shared-cpus", "compile-forked")
+PRODUCT_COMPILED = (
+    "compile-product",
+    "compile-unprofiled",
+    "compile-shared-cpus",
+    "compile-forked",
+    "compile-sampled",
+    "compile-watched",
+    "compile-thread",
+    "compile-nvml-process",
+    "compile-watched-cpu",
+    "compile-gpu-queries",
+)
 
 
 def _model(torch, shape: str, device: str, tiny: bool, compiled: bool = False):
@@ -127,6 +157,7 @@ def _product(torch, shape: str, device: str, backend: str = "eager"):
 
 
 def worker(state: str, shape: str, device: str, tiny: bool, take_ms: float, channel) -> None:
+    state = state.split("#")[0]  # "compile-watched#2": a second process in that state
     if state.startswith("pinned-"):  # before torch starts a thread: all of them there
         os.sched_setaffinity(0, {int(state.removeprefix("pinned-"))})
     if state == "profiled-teardown":
@@ -171,7 +202,7 @@ def worker(state: str, shape: str, device: str, tiny: bool, take_ms: float, chan
         for _ in range(3):
             compiled()
     clock = None
-    if state == "sampled":
+    if state in ("sampled", "compile-sampled"):
         from pipeline.measuring.sm_clock import SmClock
 
         clock = SmClock()
@@ -184,16 +215,55 @@ def worker(state: str, shape: str, device: str, tiny: bool, take_ms: float, chan
             return cuda_take(torch, run, 1, take_ms)
         return host_take(run, 1, take_ms)
 
-    if state == "watched":
+    reading = None
+    if state == "compile-thread":
+        threading.Thread(target=_idle_wakeups, name="idle", daemon=True).start()
+    if state == "compile-nvml-process":
+        reader = f"import time, pynvml; pynvml.nvmlInit(); h = pynvml.nvmlDeviceGetHandleByIndex(0)\nwhile True: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM); time.sleep({WAKE_S})"
+        reading = subprocess.Popen([sys.executable, "-c", reader])
+    if state in ("watched", "compile-watched", "compile-watched-cpu"):
         from pipeline.measuring.machine_watch import MachineWatch
 
-        MachineWatch().__enter__()  # for the process's life
+        MachineWatch(watch_gpus=state != "compile-watched-cpu").__enter__()  # for the process's life
+    if state == "compile-gpu-queries":
+        threading.Thread(target=_gpu_queries, name="gpu-queries", daemon=True).start()
     channel.send("ready")
     while channel.recv():
         times = clock.during(take)[0] if clock is not None else take()
-        channel.send(statistics.median(times))
+        channel.send((statistics.median(times), _cpu()))
+    if reading is not None:
+        reading.kill()
     if state == "compile-forked":
         os._exit(0)  # the fork: its server waits for it and ends
+
+
+def _cpu() -> int | None:
+    """The CPU this thread last ran on (/proc/thread-self/stat, field 39)."""
+    try:
+        return int(Path("/proc/thread-self/stat").read_text().rsplit(")", 1)[1].split()[36])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _gpu_queries() -> None:
+    import pynvml
+
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    since_us = int(time.time() * 1e6)
+    while True:
+        time.sleep(0.5)
+        pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        try:
+            pynvml.nvmlDeviceGetProcessUtilization(handle, since_us)
+        except pynvml.NVMLError:
+            pass
+        since_us = int(time.time() * 1e6)
+
+
+def _idle_wakeups() -> None:
+    while True:
+        time.sleep(WAKE_S)
 
 
 def _forked_from_a_server() -> bool:
@@ -214,12 +284,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shape", default="2x512")
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--take-ms", type=float, default=500.0)
-    parser.add_argument("--states", nargs="+", default=list(STATES), choices=STATES)
+    parser.add_argument("--states", nargs="+", default=list(STATES), help="a state, or STATE#N for another process in it")
     parser.add_argument("--cpus", nargs="*", type=int, default=[], help="a fresh process held to each of these CPUs (pinned-N)")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--tiny", action="store_true", help="a small ModernBERT (the script's own test on a CPU)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
+    unknown = [state for state in args.states if state.split("#")[0] not in STATES]
+    if unknown:
+        parser.error(f"unknown states {unknown}; known: {', '.join(STATES)}")
     context = multiprocessing.get_context("spawn")
     workers = {}
     for state in [*args.states, *(f"pinned-{cpu}" for cpu in args.cpus)]:
@@ -239,9 +312,16 @@ def main(argv: list[str] | None = None) -> int:
         for position, state in enumerate(order):
             started = time.perf_counter()
             workers[state][1].send(True)
-            median_ms = workers[state][1].recv()
+            median_ms, cpu = workers[state][1].recv()
             takes.append(
-                {"state": state, "round": round_, "order": position, "median_ms": median_ms, "wall_s": time.perf_counter() - started}
+                {
+                    "state": state,
+                    "round": round_,
+                    "order": position,
+                    "median_ms": median_ms,
+                    "cpu": cpu,
+                    "wall_s": time.perf_counter() - started,
+                }
             )
         print(f"round {round_ + 1}: " + ", ".join(f"{t['state']} {t['median_ms']:.2f}" for t in takes[-len(order) :]), flush=True)
     for process, channel in workers.values():
@@ -256,7 +336,8 @@ def main(argv: list[str] | None = None) -> int:
         ratios = [by[state, r] / by["fresh", r] for r in range(args.rounds)] if "fresh" in workers else []
         medians = [by[state, r] for r in range(args.rounds)]
         ratio = f"{statistics.median(ratios):.3f} [{min(ratios):.3f}-{max(ratios):.3f}]" if ratios else "-"
-        print(f"  {state:18s} {statistics.median(medians):8.3f} ms   {ratio}")
+        cpus = " ".join(str(t["cpu"]) for t in takes if t["state"] == state)
+        print(f"  {state:22s} {statistics.median(medians):8.3f} ms   {ratio}   on CPUs {cpus}")
     return 0
 
 
