@@ -11,6 +11,7 @@ together are compared round by round (confidence.energy_ratio), as their times a
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from pipeline.measuring.energy import NOT_ASKED
@@ -60,10 +61,11 @@ def attach_energy(row: Row, records) -> None:
         row.tokens_per_joule = row.tokens_per_s / row.images_per_s * row.batch_size * row.inferences_per_joule
 
 
-def energy_notes(rows: list[Row], inverses: bool = True) -> list[str]:
+def energy_notes(rows: list[Row], shown: Collection[str] | None = None) -> list[str]:
     """What the energy columns are, and why the rows without a figure have none: one note each,
-    the rows named where not all of them share it. ``inverses``: the table shows inf/J (and tok/J)
-    beside J/inf; a narrower one says where they are."""
+    the rows named where not all of them share it. ``shown``: the keys of the table's columns,
+    of which the note names as shown only the inverses there (inf/j, tok/j) and says where the
+    others are; None: every column (a file's table)."""
     notes = []
     measured = [row for row in rows if row.median_ms is not None]
     scopes = list(dict.fromkeys(f"{row.energy_source}: {row.energy_scope}" for row in measured if row.energy_source))
@@ -71,7 +73,7 @@ def energy_notes(rows: list[Row], inverses: bool = True) -> list[str]:
         notes.append(
             "J/inf: joules per inference (a run of its batch) from the energy counter read around each take, "
             + "; ".join(scopes)
-            + _inverses(any(row.tokens_per_joule for row in rows), inverses)
+            + _inverses(any(row.tokens_per_joule for row in rows), shown)
         )
     whys: dict[str, list[str]] = {}
     for row in measured:
@@ -83,6 +85,11 @@ def energy_notes(rows: list[Row], inverses: bool = True) -> list[str]:
     return notes
 
 
-def _inverses(tokens: bool, shown: bool) -> str:
-    names = "inf/J, tok/J" if tokens else "inf/J"
-    return f" ({names}: its inverse)" if shown else f" ({names}, its inverse: --wide, or --format md)"
+def _inverses(tokens: bool, shown: Collection[str] | None) -> str:
+    names = {"inf/j": "inf/J", "tok/j": "tok/J"} if tokens else {"inf/j": "inf/J"}
+    there = [name for key, name in names.items() if shown is None or key in shown]
+    elsewhere = [name for key, name in names.items() if name not in there]
+    parts = [f"{', '.join(there)}: its inverse"] if there else []
+    if elsewhere:
+        parts.append(f"{', '.join(elsewhere)}{', its inverse' if not there else ''}: --wide, or --format md")
+    return f" ({'; '.join(parts)})"

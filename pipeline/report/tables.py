@@ -322,7 +322,7 @@ class _TextTable:
         footer = ["", "~ = within the runs' own spread, or too few rounds to tell"]
         if any(column.key == "p99" for column in self.columns):
             footer += unbounded_p99_note(self.rows)
-        footer += energy_notes(self.rows, inverses=any(column.key == "inf/j" for column in self.columns))
+        footer += energy_notes(self.rows, shown={column.key for column in self.columns})
         if self.notes is not None:
             footer += _reference_notes(self.rows, {c.key for c in self.columns}) + self.notes.lines()
         for note in footer:

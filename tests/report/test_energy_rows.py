@@ -15,7 +15,7 @@ from pipeline.report.energy import ALONE, BEFORE, attach_energy, energy_notes
 from pipeline.report.html import render_html
 from pipeline.report.json_document import JSON_SCHEMA_VERSION, render_json
 from pipeline.report.rows import ComparisonRow
-from pipeline.report.tables import render_markdown, render_table
+from pipeline.report.tables import parse_columns, render_markdown, render_table
 
 HOW = EnergyHow(source="nvml", scope=GPU_SCOPE, counter="nvmlDeviceGetTotalEnergyConsumption", min_steps=10, step_ms=20.0)
 
@@ -145,6 +145,19 @@ def test_every_format_shows_the_energy_and_why_a_row_has_none():
     assert first["joules_per_inference"] == pytest.approx(0.2) and first["energy_source"] == "nvml" and first["energy_why_not"] is None
     assert second["joules_per_inference"] is None and second["energy_why_not"] == ALONE
     assert "round_energies" not in first
+
+
+def test_the_energy_note_names_as_shown_only_the_inverse_columns_the_table_has():
+    rows = [row(records=[record("fp16/a", [2.0] * 6)], tokens=8000.0 * 128)]
+
+    def note(columns: str) -> str:
+        table = "\n".join(text for text, _ in render_table(rows, width=250, columns=parse_columns(columns)).lines)
+        return next(line for line in table.replace("\n    ", " ").splitlines() if "J/inf:" in line)
+
+    assert note("median,j/inf,inf/j,tok/j").endswith("(inf/J, tok/J: its inverse)")
+    assert note("median,j/inf,tok/j").endswith("(tok/J: its inverse; inf/J: --wide, or --format md)")
+    assert note("median,j/inf,inf/j").endswith("(inf/J: its inverse; tok/J: --wide, or --format md)")
+    assert note("median,j/inf").endswith("(inf/J, tok/J, its inverse: --wide, or --format md)")
 
 
 def test_a_table_with_no_energy_anywhere_says_why_once_and_shows_no_energy_columns():
