@@ -55,17 +55,20 @@ def regression_gate(
     series = [_samples(now[key], before[key]) for key in keys]
     intervals = median_difference_cis([(new, old) for new, old, _ in series])
     results = []
-    for key, (low, high), (_, _, samples) in zip(keys, intervals, series):
+    for key, (low, high), (new_samples, old_samples, samples) in zip(keys, intervals, series):
         new, old = now[key][0], before[key][0]
-        change = (new.median_ms - old.median_ms) / old.median_ms * 100
+        # The medians the interval is of: the takes' (a row's median where timed in rounds) or,
+        # below MIN_TAKES, the runs', whose median can lie elsewhere (docs/regression-gate.md).
+        current_ms, baseline_ms = median(new_samples), median(old_samples)
+        change = (current_ms - baseline_ms) / baseline_ms * 100
         not_gated = _not_gated(new, old)
         results.append(
             Regression(
                 engine=key[0],
                 toolchain=key[1] or "?",
                 shape=key[2],
-                baseline_ms=old.median_ms,
-                current_ms=new.median_ms,
+                baseline_ms=baseline_ms,
+                current_ms=current_ms,
                 change_pct=change,
                 ci_low_ms=low,
                 ci_high_ms=high,

@@ -407,6 +407,30 @@ def test_a_baseline_manifest_compare_cannot_use_is_named_not_a_traceback(trt_wor
     assert "Traceback" not in result.err
 
 
+def test_the_gate_shows_the_medians_its_interval_is_of():
+    """With six takes a side the gate's medians are the takes' (the row's in compare); with fewer
+    its interval is of the runs, and so are the medians and change it shows: here the runs' median
+    (one long fast take) and the takes' (two short slow ones) are 1.0 and 2.0 ms."""
+    from pipeline.report.gates import regression_gate
+    from tests.report.test_tail_bounds import rounds_record
+
+    def timed(takes, scale):
+        takes = [[run * scale for run in runs] for runs in takes]
+        runs = [run for take in takes for run in take]
+        manifest = trt_manifest("trt10.14", "fp16")
+        update = {"per_iteration_ms": runs, "latency_ms": LatencyStats.from_values(runs), "rounds": [rounds_record(takes)]}
+        details = manifest.profile.details.model_copy(update=update)
+        return manifest.model_copy(update={"profile": manifest.profile.model_copy(update={"details": details})})
+
+    few = [[1.0] * 200, [2.0] * 10, [2.0] * 10]
+    (gated,) = regression_gate([timed(few, 1.1)], [timed(few, 1.0)], 5.0)
+    assert gated.samples == "runs" and gated.baseline_ms == pytest.approx(1.0) and gated.current_ms == pytest.approx(1.1)
+    assert gated.ci_low_ms <= gated.current_ms - gated.baseline_ms <= gated.ci_high_ms
+    many = few + [[2.0] * 10] * 3
+    (gated,) = regression_gate([timed(many, 1.1)], [timed(many, 1.0)], 5.0)
+    assert gated.samples == "takes" and gated.baseline_ms == pytest.approx(2.0) and gated.current_ms == pytest.approx(2.2)
+
+
 # --- on real ONNX Runtime runs ------------------------------------------------------------------
 
 
