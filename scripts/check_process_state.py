@@ -51,8 +51,8 @@ cuda_take) when asked, in a shuffled order each round:
     python scripts/check_process_state.py --states compile-product compile-product#2 compile-watched \
         compile-watched#2 --out DIR    # STATE#N: another process in that state
 
-Writes DIR/process-state.json (every take: worker, round, median ms, the CPU it ran on) and prints each worker's
-median ratio to ``fresh`` with the range of its rounds' ratios.
+Writes DIR/process-state.json (every take: worker, round, median ms, the CPU it ran on) and prints
+each worker's median ratio to ``fresh`` with the range of its rounds' ratios.
 """
 
 from __future__ import annotations
@@ -96,19 +96,8 @@ STATES = (
 )
 # How often the idle thread (compile-thread) and the other process's NVML reads (compile-nvml-process) wake.
 WAKE_S = 0.02
-# The states whose engine is compiled by the product's preparation.
-PRODUCT_COMPILED = (
-    "compile-product",
-    "compile-unprofiled",
-    "compile-shared-cpus",
-    "compile-forked",
-    "compile-sampled",
-    "compile-watched",
-    "compile-thread",
-    "compile-nvml-process",
-    "compile-watched-cpu",
-    "compile-gpu-queries",
-)
+# The states whose engine is compiled by the product's preparation: every compile-* but by hand's.
+PRODUCT_COMPILED = tuple(state for state in STATES if state.startswith("compile-") and state != "compile-hand")
 
 
 def _model(torch, shape: str, device: str, tiny: bool, compiled: bool = False):
