@@ -12,6 +12,7 @@ from typing import Any
 
 from pipeline.catalog.shape import shown
 from pipeline.report.answer import GAP, cell_len, wrap
+from pipeline.report.flags import LAUNCH_BOUND
 from pipeline.running.errors import UsageError
 
 # How many requests bound a p99 at 95 % (quantiles.runs_needed(0.99)), said where none had enough.
@@ -109,6 +110,11 @@ def _unserved(rows) -> dict[tuple, list[str]]:
     return unserved
 
 
+def _launch_bound(flag: str) -> bool:
+    """Whether a row's flag says its rounds were launch-bound, or near it (report/flags.py)."""
+    return flag.split(":")[0].removeprefix("near ") == LAUNCH_BOUND
+
+
 def _title(model: str, gpu_type: str | None, shape: str | None) -> str:
     where = " ".join(part for part in (shown(shape), f"on {gpu_type}" if gpu_type else "") if part)
     return f"{model}{f' at {where}' if where else ''}: serving concurrent streams (inferences/s and each request's latency)"
@@ -116,7 +122,9 @@ def _title(model: str, gpu_type: str | None, shape: str | None) -> str:
 
 def streams_note(served: list, unserved: list[str]) -> str:
     """The note under a serving table of ``served`` rows: what a "?" after a p99 means where one
-    has it, what the streams were, and the measured rows of its points that did not serve."""
+    has it, what the streams were, which rows' figures are the host's speed (launch-bound: a
+    reading over seconds is the host's then, docs/streams.md), and the measured rows of its points
+    that did not serve."""
     parts = []
     if any(
         entry["why_not"] is None and entry["p99_ms"] is not None and entry["p99_interval_ms"] is None
@@ -125,6 +133,12 @@ def streams_note(served: list, unserved: list[str]) -> str:
     ):
         parts.append("? = too few requests to bound the p99 (the interval column says how many could)")
     parts.append("streams: each its own inputs, started together, timed over the span of each take (docs/streams.md)")
+    hosts = [f"{row.variant} on {row.target}" for row in served if any(_launch_bound(flag) for flag in row.flags)]
+    if hosts:
+        parts.append(
+            f"launch-bound in the rounds: {', '.join(hosts)} — inf/s at the host's speed while serving, which changes"
+            " in spells (takes inf/s: how far), so comparable with another process's only in takes timed in turn"
+        )
     if unserved:
         parts.append(f"not served (profiled without --streams): {', '.join(unserved)}")
     return "; ".join(parts)

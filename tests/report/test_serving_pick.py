@@ -97,6 +97,20 @@ def test_the_note_explains_a_question_mark_only_where_a_p99_has_one():
     assert cells[0][-2] == "1.000?" and note.startswith("? = too few requests to bound the p99")
 
 
+def test_the_note_names_the_rows_whose_serving_is_the_hosts_speed():
+    host = "launch-bound: the host needs 120% of a run's GPU time to issue it; its time is the host's speed"
+    near = "near launch-bound: the host needs 60% of a run's GPU time to issue it; a host 1.7x slower would set its time"
+    rows = [
+        row("bf16", "torch-compile", entry(1, 224.0, 8.9, 66.6), flags=[host]),
+        row("bf16", "torch-eager", entry(1, 60.0, 20.0, 22.0), flags=[near]),
+        row("bf16", "torch-cudagraphs", entry(1, 310.0, 3.3, 3.4), flags=["noisy: CV 12%"]),
+    ]
+    ((_, _, note),) = serving_tables(rows)
+    assert "launch-bound in the rounds: bf16 on torch-compile, bf16 on torch-eager — inf/s at the host's speed" in note
+    ((_, _, calm),) = serving_tables(rows[2:])
+    assert "launch-bound" not in calm
+
+
 @pytest.mark.parametrize("text, ms", [("10ms", 10.0), ("10", 10.0), ("0.5s", 500.0), ("800us", 0.8), (" 2.5 ms ", 2.5)])
 def test_budgets_read_in_their_units(text, ms):
     assert parse_budget(text) == pytest.approx(ms)
