@@ -29,6 +29,11 @@ LAUNCH_BOUND_SHARE = 0.9
 LAUNCH_BOUND = "launch-bound"
 
 
+def launch_bound(flags: list[str], near: bool = False) -> bool:
+    """Whether a row's ``flags`` say its rounds were launch-bound (``near``: or near it)."""
+    return any(flag.startswith(LAUNCH_BOUND) or (near and flag.startswith(f"near {LAUNCH_BOUND}")) for flag in flags)
+
+
 def launch_bound_flag(details) -> str | None:
     """A flag for an engine whose runs were launch-bound, or near it, in its rounds (the takes'
     issue times against their GPU times, medians: measurement.issue_share), or None."""

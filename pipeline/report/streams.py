@@ -12,7 +12,7 @@ from typing import Any
 
 from pipeline.catalog.shape import shown
 from pipeline.report.answer import GAP, cell_len, wrap
-from pipeline.report.flags import LAUNCH_BOUND
+from pipeline.report.flags import launch_bound
 from pipeline.running.errors import UsageError
 
 # How many requests bound a p99 at 95 % (quantiles.runs_needed(0.99)), said where none had enough.
@@ -110,11 +110,6 @@ def _unserved(rows) -> dict[tuple, list[str]]:
     return unserved
 
 
-def _launch_bound(flag: str) -> bool:
-    """Whether a row's flag says its rounds were launch-bound, or near it (report/flags.py)."""
-    return flag.split(":")[0].removeprefix("near ") == LAUNCH_BOUND
-
-
 def _title(model: str, gpu_type: str | None, shape: str | None) -> str:
     where = " ".join(part for part in (shown(shape), f"on {gpu_type}" if gpu_type else "") if part)
     return f"{model}{f' at {where}' if where else ''}: serving concurrent streams (inferences/s and each request's latency)"
@@ -133,7 +128,7 @@ def streams_note(served: list, unserved: list[str]) -> str:
     ):
         parts.append("? = too few requests to bound the p99 (the interval column says how many could)")
     parts.append("streams: each its own inputs, started together, timed over the span of each take (docs/streams.md)")
-    hosts = [f"{row.variant} on {row.target}" for row in served if any(_launch_bound(flag) for flag in row.flags)]
+    hosts = [f"{row.variant} on {row.target}" for row in served if launch_bound(row.flags, near=True)]
     if hosts:
         parts.append(
             f"launch-bound in the rounds: {', '.join(hosts)} — inf/s at the host's speed while serving, which changes"

@@ -23,7 +23,7 @@ from pipeline.measuring.ranking import MEDIAN, Ranking
 from pipeline.measuring.stats import RatioEstimate
 from pipeline.report import pairs
 from pipeline.report.confidence import interval_words, time_ratio
-from pipeline.report.flags import LAUNCH_BOUND, UNTRUSTED
+from pipeline.report.flags import LAUNCH_BOUND, UNTRUSTED, launch_bound
 from pipeline.report.gates import accuracy_shortfalls
 from pipeline.report.gpus import gpu_type_judged_on, gpu_words, measured_on
 from pipeline.report.ranked_decision import decide_by_percentile, reading_for
@@ -296,7 +296,7 @@ class Verdict:
         estimates = [e if e is None or e.bounded else None for e in (self.ratio(self.baseline, row) for row in others)]
         whose = "" if len(others) == len(group) else ("the other " if len(others) == 1 else "the others ")
         base = f"{line_label(self.baseline)} ({self.figure_words(self.baseline)})"
-        if any(flag.startswith(LAUNCH_BOUND) for flag in self.baseline.flags):
+        if launch_bound(self.baseline.flags):
             # Its time is the host's speed (pipeline/report/rows.py): another run's speedup may differ.
             base += f", {LAUNCH_BOUND}: the speedup follows the host's speed"
         if any(e is None for e in estimates) or not estimates:
