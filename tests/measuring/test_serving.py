@@ -3,6 +3,7 @@ one span, every request's latency kept, and the figures read from them with thei
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -27,6 +28,34 @@ def test_streams_start_at_the_instant_given():
     span, latencies = serve_threads([lambda: time.sleep(0.01)], 0.1, start_at=start_at)
     assert time.time() >= start_at + 0.1
     assert 0.1 <= span < 0.15 and latencies
+
+
+def test_each_threads_first_request_is_untimed_and_made_in_that_thread():
+    """What a thread sets up on its first call (a per-thread handle) is not a request: each stream's
+    first call runs in the thread that serves it, before the release, and is not in the span."""
+    seen: set[int] = set()
+    callers: list[int] = []
+
+    def request():
+        me = threading.get_ident()
+        callers.append(me)
+        if me not in seen:  # this thread's set-up: 150 ms, once
+            seen.add(me)
+            time.sleep(0.15)
+        time.sleep(0.005)
+
+    span, latencies = serve_threads([request, request], 0.1)
+    assert len(seen) == 2 and threading.get_ident() not in seen
+    assert max(latencies) < 50 and len(latencies) == len(callers) - 2
+    assert 0.1 <= span < 0.14
+
+
+def test_a_stream_whose_first_request_fails_stops_the_others():
+    def failing():
+        raise RuntimeError("no kernel image for this GPU")
+
+    with pytest.raises(RuntimeError, match="no kernel image"):
+        serve_threads([lambda: time.sleep(0.001), failing], 5.0)
 
 
 def test_a_stream_that_fails_stops_the_others_and_its_error_is_raised():

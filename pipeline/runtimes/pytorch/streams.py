@@ -50,8 +50,8 @@ def serve_streams(spec, attention, prepared: Any, streams: int, seconds: float, 
         with torch.cuda.stream(stream):
             run = capture(torch, prepared.model, mine) if spec.backend == "cudagraphs" else None
         requests.append(_on_stream(torch, attention, run, module, mine, stream))
-    for request in requests:  # untimed: each stream's first inference (allocations, lazy set-up)
-        request()
+    # Each stream's first inference (its allocations, lazy set-up) is untimed in the thread that
+    # serves it (serve_threads): per-thread set-up done here would still fall on the first request.
     span, latencies = serve_threads(requests, seconds, start_at)
     where = "its own inputs and CUDA stream" if cuda else "its own inputs"
     graphs = ", a CUDA graph captured per stream" if cuda and spec.backend == "cudagraphs" else ""
