@@ -167,10 +167,10 @@ def serve_threads(requests: Sequence[Callable[[], Any]], seconds: float, start_a
     from the release to the end of the last request, every request's latency in ms).
 
     Each thread's first request is untimed, before the release: what a thread sets up on its first
-    call (PyTorch's per-thread cuBLAS handle and its workspace on the thread's stream, among
-    others) is paid once by a server's long-lived thread, not by every take. On the lent H100 it
-    was 30-65 ms on each take's first request of a 3.7 ms compiled engine, a tenth of a 0.5 s
-    take's throughput (docs/streams.md, 'A thread's first request').
+    call is paid once by a server's long-lived thread, not by every take. On the lent H100 a new
+    thread's first request of ModernBERT took 46-81 ms, eager (12 ms) or compiled (3.9 ms), again
+    in every new thread, while a new stream in a warmed thread cost 1-2 ms: timed, it took a tenth
+    of a 0.5 s take's throughput (docs/streams.md, 'A thread's first request').
 
     ``start_at``: the release at that instant of time.time() instead of as soon as every thread is
     ready — how streams in separate processes start together (the same span); a thread not ready
