@@ -43,6 +43,10 @@ cuda_take) when asked, in a shuffled order each round:
 * ``compile-watched-cpu``: the machine watch without its GPU reads (``watch_gpus=False``);
 * ``compile-gpu-queries``: a thread that asks NVML only the watch's two questions of processes
   (running processes, their utilisation) every half second;
+* ``compile-energy``: ``compile-product`` with every take inside the energy counter's reading
+  (pipeline/measuring/energy.py, NvmlEnergy: NVML read around the take and every 5 ms in it);
+* ``compile-read-as-rounds``: every take inside both that reading and the SM clock's sampler, as a
+  point's rounds read a take on a GPU (pipeline/measuring/rounds.py, _take);
 * ``pinned-N`` (``--cpus N ...``): a fresh process held to CPU N from its start, every thread of
   it: whether where a process runs sets its speed, a CPU's speed kept from round to round.
 
@@ -93,6 +97,8 @@ STATES = (
     "compile-nvml-process",
     "compile-watched-cpu",
     "compile-gpu-queries",
+    "compile-energy",
+    "compile-read-as-rounds",
 )
 # How often the idle thread (compile-thread) and the other process's NVML reads (compile-nvml-process) wake.
 WAKE_S = 0.02
@@ -190,12 +196,17 @@ def worker(state: str, shape: str, device: str, tiny: bool, take_ms: float, chan
         compiled = torch.compile(_model(torch, shape, device, tiny), mode="reduce-overhead")
         for _ in range(3):
             compiled()
-    clock = None
-    if state in ("sampled", "compile-sampled"):
+    clock = energy = None
+    if state in ("sampled", "compile-sampled", "compile-read-as-rounds"):
         from pipeline.measuring.sm_clock import SmClock
 
         clock = SmClock()
         clock = clock if clock.available else None
+    if state in ("compile-energy", "compile-read-as-rounds"):
+        from pipeline.measuring.energy import NvmlEnergy
+
+        energy = NvmlEnergy.opened(None)
+        energy = None if getattr(energy, "why_not", None) else energy  # no NVML here: plain takes
 
     def take() -> list[float]:
         if prepared is not None:
@@ -217,8 +228,13 @@ def worker(state: str, shape: str, device: str, tiny: bool, take_ms: float, chan
     if state == "compile-gpu-queries":
         threading.Thread(target=_gpu_queries, name="gpu-queries", daemon=True).start()
     channel.send("ready")
+
+    def read_take() -> list[float]:  # the energy reading outermost, as the rounds nest them
+        sampled = (lambda: clock.during(take)[0]) if clock is not None else take
+        return energy.during(sampled)[0] if energy is not None else sampled()
+
     while channel.recv():
-        times = clock.during(take)[0] if clock is not None else take()
+        times = read_take()
         channel.send((statistics.median(times), _cpu()))
     if reading is not None:
         reading.kill()
