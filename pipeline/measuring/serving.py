@@ -39,6 +39,11 @@ THREADS, PROCESSES, TOOL_STREAMS = "threads", "processes", "tool streams"
 SERVED_PERCENTS = (50, 90, 99)
 
 
+# When streams start: now (None), at an instant of time.time(), or at the instant a call returns
+# once every stream is warmed (serve_threads).
+StartAt = float | Callable[[], float] | None
+
+
 @dataclass
 class ServedRun:
     """What serving ``streams`` concurrent streams gave, or why it could not be measured."""
@@ -160,7 +165,7 @@ def _percentile(ordered: Sequence[float], q: float) -> float:
     return ordered[below] + (ordered[above] - ordered[below]) * (position - below)
 
 
-def serve_threads(requests: Sequence[Callable[[], Any]], seconds: float, start_at: float | None = None) -> tuple[float, list[float]]:
+def serve_threads(requests: Sequence[Callable[[], Any]], seconds: float, start_at: StartAt = None) -> tuple[float, list[float]]:
     """Each of ``requests`` (one a stream: a call that runs one inference on that stream's own
     inputs and returns when its result is there) called over and over by a thread of its own, the
     threads released together and stopping for the first time at ``seconds`` after it: (the span
@@ -173,8 +178,12 @@ def serve_threads(requests: Sequence[Callable[[], Any]], seconds: float, start_a
     of a 0.5 s take's throughput (docs/streams.md, 'A thread's first request').
 
     ``start_at``: the release at that instant of time.time() instead of as soon as every thread is
-    ready — how streams in separate processes start together (the same span); a thread not ready
-    by then delays the release of all of them."""
+    ready — how streams in separate processes start together (the same span) — or a call, made
+    once every thread here is warmed, that returns the instant: a process says it is ready and is
+    told when all are (pipeline/stages/serving.py), so that no process's first request, however
+    slow, makes it start late. Where the instant has passed when the threads are warmed, they start
+    at once and the span still counts from that instant: a stream that starts late serves less of
+    it, and the throughput over the span is not overstated."""
     count = len(requests)
     warmed, release = threading.Barrier(count + 1), threading.Barrier(count + 1)
     latencies: list[list[float]] = [[] for _ in requests]
@@ -205,13 +214,21 @@ def serve_threads(requests: Sequence[Callable[[], Any]], seconds: float, start_a
     started = 0.0
     try:
         warmed.wait()
-        if start_at is not None:
-            time.sleep(max(0.0, start_at - time.time()))
         started = time.perf_counter()
+        if start_at is not None:
+            instant = start_at() if callable(start_at) else start_at
+            started += instant - time.time()  # that instant on this clock
+            time.sleep(max(0.0, started - time.perf_counter()))
         deadline[0] = started + seconds
         release.wait()
     except threading.BrokenBarrierError:
         pass
+    except BaseException:  # the instant never came (the parent ended): the threads stop unserved
+        deadline[0] = 0.0
+        release.abort()
+        for thread in threads:
+            thread.join()
+        raise
     for thread in threads:
         thread.join()
     if errors:

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
 from pipeline.measuring.accuracy import ReferenceBatch
 from pipeline.measuring.rounds import PreparedEngine
-from pipeline.measuring.serving import THREADS, ServedRun
+from pipeline.measuring.serving import THREADS, ServedRun, StartAt
 from pipeline.models import ModelSource, PointShapes
 from pipeline.running.reporting import Reporter
 
@@ -347,11 +347,12 @@ class EngineRuntime(WorksAhead, ABC):
         given inputs (the profile then records that its accuracy was not checked)."""
         return None
 
-    def serve(self, engine: PreparedEngine, streams: int, seconds: float, start_at: float | None = None) -> ServedRun:
+    def serve(self, engine: PreparedEngine, streams: int, seconds: float, start_at: StartAt = None) -> ServedRun:
         """``engine`` (what ``prepare`` gave) serving ``streams`` concurrent streams, each its own
         inputs, for ``seconds`` after they start together (at ``start_at`` of time.time(), where
-        given: streams in other processes start then too): pipeline/measuring/serving.py. A runtime
-        that cannot says why (ServedRun.cannot); by default, none can."""
+        given, or at the instant it returns once the streams are warmed: streams in other processes
+        start then too): pipeline/measuring/serving.py. A runtime that cannot says why
+        (ServedRun.cannot); by default, none can."""
         return ServedRun.cannot(streams, THREADS, f"the {self.kind} runtime {self.serves_no_streams}")
 
     #: Why it serves no concurrent streams, where it does not (``serve`` not filled), in words

@@ -25,13 +25,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pipeline.launchers.child import ERROR, Child, Reply, serve_requests
+from pipeline.launchers.child import ERROR, OK, Child, Reply, serve_requests
 from pipeline.measuring.serving import PROCESSES, ServedRun, pooled
 from pipeline.running.errors import DeviceFault, EnvironmentMissing, PipelineError
 
-# Seconds between the last process being ready and the instant all of them start: enough for the
-# start message to reach every one of them.
-START_MARGIN_S = 0.25
+# Seconds between the last process saying its stream is warmed and the instant all of them start:
+# enough for the start message to reach every one of them (a pipe, well under a millisecond).
+START_MARGIN_S = 0.1
+# What a serving process says once its stream is warmed, before it is told when to start.
+WARMED = "warmed"
 # Seconds a serving process has to end once asked before it is killed.
 STOP_GRACE_S = 10
 
@@ -156,13 +158,22 @@ def serve_in_processes(
 
 
 def _served_by(children: list[Child], seconds: float) -> ServedRun:
-    """One stream from each of ``children`` (started and prepared), released together."""
+    """One stream from each of ``children`` (started and prepared), released together: each warms
+    its stream (its first request, untimed, in the thread that serves it) and says so; once all
+    have, each is given the instant they start at. An instant set before the warming would leave a
+    process whose first request outlasts it starting late, its stream beside fewer others."""
     count = len(children)
-    start_at = time.time() + START_MARGIN_S
     for child in children:
-        child.send(("serve", start_at, seconds))
+        child.send(("serve", seconds))
     # Every reply read before any is judged: one left unread would be taken for the next count's.
-    replies = [_reply_of(child) for child in children]
+    # A process that cannot serve answers at once, with no word of warming, and is not told when.
+    first = [_reply_of(child) for child in children]
+    start_at = time.time() + START_MARGIN_S
+    warmed = [reply.kind == OK and reply.value == WARMED for reply in first]
+    for child, told in zip(children, warmed):
+        if told:
+            child.send(start_at)
+    replies = [_reply_of(child) if told else reply for child, reply, told in zip(children, first, warmed)]
     try:
         runs: list[ServedRun] = [_said(reply) for reply in replies]
     except PipelineError as exc:
@@ -189,8 +200,8 @@ def _reply_of(child: Child) -> Reply:
 
 
 def _serving_process(channel, catalog, toolchain: str, engine_path: Path, workload) -> None:
-    """In the serving process: prepare the engine when asked, then serve one stream from the
-    instant given, as often as asked, until told to stop."""
+    """In the serving process: prepare the engine when asked, then, as often as asked until told
+    to stop, warm one stream, say so, and serve it from the instant the parent then gives."""
     from pipeline.running.reporting import Reporter
     from pipeline.runtimes import create_runtime
 
@@ -202,8 +213,16 @@ def _serving_process(channel, catalog, toolchain: str, engine_path: Path, worklo
             if request == "prepare":
                 prepared.append(runtime.prepare(engine_path, workload))
                 return Reply("ok", None)
-            _, start_at, seconds = request
-            return Reply("ok", runtime.serve(prepared[-1], 1, seconds, start_at))
+            _, seconds = request
+
+            def when_all_are_warmed() -> float:
+                channel.send(Reply(OK, WARMED))
+                instant = channel.recv()  # the instant every process starts at
+                if not isinstance(instant, float):  # told to stop instead
+                    raise PipelineError("the run stopped serving before the streams started")
+                return instant
+
+            return Reply("ok", runtime.serve(prepared[-1], 1, seconds, when_all_are_warmed))
         except PipelineError as exc:
             return Reply("error", exc.plain())
         except Exception as exc:  # the runtime's own failure: said to the parent, as _served says it there

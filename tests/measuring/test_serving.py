@@ -30,6 +30,57 @@ def test_streams_start_at_the_instant_given():
     assert 0.1 <= span < 0.15 and latencies
 
 
+def test_the_instant_can_be_asked_for_once_every_stream_is_warmed():
+    """A process's streams warm (each thread's first request, 150 ms here), then ask when to start:
+    the call comes after every first request, and the span runs from the instant it returns."""
+    seen: set[int] = set()
+    firsts: list[float] = []  # when each thread's first request ended
+    asked: list[float] = []
+
+    def request():
+        if threading.get_ident() not in seen:
+            seen.add(threading.get_ident())
+            time.sleep(0.15)
+            firsts.append(time.time())
+        time.sleep(0.005)
+
+    def when_all_are_warmed() -> float:
+        asked.append(time.time())
+        return asked[0] + 0.1
+
+    span, latencies = serve_threads([request, request], 0.1, start_at=when_all_are_warmed)
+    assert len(firsts) == 2 and len(asked) == 1 and asked[0] >= max(firsts)
+    assert time.time() >= asked[0] + 0.2
+    assert 0.1 <= span < 0.14 and latencies
+
+
+def test_an_instant_already_past_counts_in_the_span():
+    """Streams warmed after the instant given start at once and serve to that instant plus the take:
+    the span, from the instant, holds the time they were late, and the throughput over it is not
+    that of streams that started on time."""
+    start_at = time.time() + 0.05
+
+    seen: set[int] = set()
+
+    def request():
+        if threading.get_ident() not in seen:
+            seen.add(threading.get_ident())
+            time.sleep(0.15)  # warming outlasts the margin: 0.1 s late
+        time.sleep(0.01)
+
+    span, latencies = serve_threads([request], 0.3, start_at=start_at)
+    assert 0.3 <= span < 0.36
+    assert len(latencies) <= 21  # about 0.2 s of 10 ms requests, not 0.3 s
+
+
+def test_a_stream_that_is_never_told_when_to_start_stops_and_the_error_is_raised():
+    def never() -> float:
+        raise EOFError("the parent ended")
+
+    with pytest.raises(EOFError):
+        serve_threads([lambda: time.sleep(0.001)] * 2, 5.0, start_at=never)
+
+
 def test_each_threads_first_request_is_untimed_and_made_in_that_thread():
     """What a thread sets up on its first call (a per-thread handle) is not a request: each stream's
     first call runs in the thread that serves it, before the release, and is not in the span."""

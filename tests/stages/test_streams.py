@@ -6,6 +6,7 @@ the manifest, the tables, the JSON (held to docs/compare.schema.json) and `--p99
 from __future__ import annotations
 
 import json
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -47,29 +48,37 @@ def _details(catalog, toolchain: str):
     return _profile(catalog, toolchain).details
 
 
-def _fake_children(answer):
-    """A stand-in for launchers' Child, for serve_in_processes: every process prepares well, and
-    each serving request (("serve", start_at, seconds)) gets the Reply ``answer(name, request)``
-    gives. The class keeps the processes it made and the names of those that prepared."""
-    from pipeline.launchers.child import Reply
+def _fake_children(answer, warm=None):
+    """A stand-in for launchers' Child, for serve_in_processes: every process prepares well; asked
+    to serve (("serve", seconds)) it says its stream is warmed — or, where ``warm(name)`` gives a
+    Reply, answers that at once — and, given the instant, answers with the Reply
+    ``answer(name, ("serve", start_at, seconds))`` gives. The class keeps the processes it made,
+    the names of those that prepared, and every message each was sent (``sent``, by name)."""
+    from pipeline.launchers.child import OK, Reply
+    from pipeline.stages.serving import WARMED
 
     class FakeChild:
         made: list = []
         prepared: list = []
+        sent: dict = {}
 
         def __init__(self, *args, name, requests):
-            self.name, self.said = name, None
+            self.name, self.said, self.seconds = name, None, None
             FakeChild.made.append(self)
 
         def start(self):
             return self
 
         def send(self, message):
+            FakeChild.sent.setdefault(self.name, []).append(message)
             if message == "prepare":
                 FakeChild.prepared.append(self.name)
                 self.said = Reply("ok", None)
-            else:
-                self.said = answer(self.name, message)
+            elif isinstance(message, tuple):  # ("serve", seconds): warm, and say so
+                self.seconds = message[1]
+                self.said = (warm(self.name) if warm else None) or Reply(OK, WARMED)
+            else:  # the instant all start at
+                self.said = answer(self.name, ("serve", message, self.seconds))
             return True
 
         def receive(self):
@@ -276,6 +285,56 @@ def test_processes_are_started_and_prepared_once_for_every_count(monkeypatch):
     assert [(run.streams, run.completed, run.why_not) for run in runs] == [(1, 2, None), (2, 4, None), (4, 0, "failed: out of luck")]
     assert [name for name, _ in served[:3]] == ["pipeline-stream-0", "pipeline-stream-0", "pipeline-stream-1"]
     assert served[1][1] == served[2][1]  # the two of a count released at one instant
+
+
+def test_the_instant_processes_start_at_is_set_once_every_one_has_warmed_its_stream(monkeypatch):
+    """A process whose first request is slow (here 0.3 s to say it is warmed) does not start late:
+    the instant is set only once every process has said it is warmed, so that none of them misses
+    it; before, it was set before the warming, a margin ahead."""
+    from pipeline.launchers.child import Reply
+    from pipeline.measuring.serving import ServedRun
+    from pipeline.stages import serving
+
+    warmed_at, given = [], []
+
+    def warm(name):
+        if name == "pipeline-stream-1":
+            time.sleep(0.3)
+        warmed_at.append(time.time())
+
+    def answer(name, message):
+        given.append(message[1])
+        return Reply("ok", ServedRun(1, "threads", message[2], 3, [1.0] * 3))
+
+    monkeypatch.setattr(serving, "Child", _fake_children(answer, warm))
+    (run,) = serving.serve_in_processes(None, "torch-eager", None, None, SimpleNamespace(streams=(2,), serve_s=0.5, serve_rounds=1))
+    assert (run.why_not, run.completed) == (None, 6)
+    assert len(given) == 2 and given[0] == given[1]  # one instant for both
+    assert given[0] >= max(warmed_at) + serving.START_MARGIN_S * 0.99
+
+
+def test_a_process_that_cannot_serve_answers_at_once_and_is_not_given_the_instant(monkeypatch):
+    """A process whose runtime cannot serve says why instead of saying it is warmed: the others are
+    still given the instant and their answers read (none left for the next count), and the count
+    says why it could not be measured."""
+    from pipeline.launchers.child import Reply
+    from pipeline.measuring.serving import ServedRun
+    from pipeline.stages import serving
+
+    def warm(name):
+        if name == "pipeline-stream-0":
+            return Reply("ok", ServedRun.cannot(1, "threads", "its graphs are one a compiled graph"))
+        return None
+
+    def answer(name, message):
+        return Reply("ok", ServedRun(1, "threads", message[2], 3, [1.0] * 3))
+
+    FakeChild = _fake_children(answer, warm)
+    monkeypatch.setattr(serving, "Child", FakeChild)
+    (run,) = serving.serve_in_processes(None, "torch-eager", None, None, SimpleNamespace(streams=(2,), serve_s=0.5, serve_rounds=1))
+    assert run.why_not == "its graphs are one a compiled graph"
+    assert not any(isinstance(message, float) for message in FakeChild.sent["pipeline-stream-0"])
+    assert sum(isinstance(message, float) for message in FakeChild.sent["pipeline-stream-1"]) == 1
 
 
 def test_each_count_is_served_in_takes_in_rounds_with_the_points_other_engines():

@@ -16,7 +16,7 @@ from pipeline.graph.onnxruntime_cpu import NO_CPU_KERNELS
 from pipeline.machine.environment import pinned_cores
 from pipeline.measuring.accuracy import ReferenceBatch
 from pipeline.measuring.rounds import HOST_LATENCY
-from pipeline.measuring.serving import THREADS, ServedRun, serve_threads
+from pipeline.measuring.serving import THREADS, ServedRun, StartAt, serve_threads
 from pipeline.measuring.takes import host_take
 from pipeline.models import ModelSource
 from pipeline.running.errors import PipelineError, RefusedByTool, require_module, tool_message
@@ -112,7 +112,7 @@ class OnnxRuntimeRuntime(InProcessRuntime):
             return f"{variant.precision} needs TensorRT; the onnxruntime toolchain runs {', '.join(SUPPORTED_PRECISIONS)} engines"
         return None
 
-    def serve(self, engine: OrtEngine, streams: int, seconds: float, start_at: float | None = None) -> ServedRun:
+    def serve(self, engine: OrtEngine, streams: int, seconds: float, start_at: StartAt = None) -> ServedRun:
         # One session, N threads calling its run at once, each with its own copy of the inputs:
         # InferenceSession::Run is thread-safe, several threads may call it concurrently (stated by
         # ONNX Runtime's maintainers, microsoft/onnxruntime#19301), and its Python binding lets go of

@@ -40,7 +40,7 @@ from pipeline.catalog import ProfileSettings, VariantSpec
 from pipeline.machine.environment import nvidia_gpus, package_version
 from pipeline.measuring.accuracy import ReferenceBatch
 from pipeline.measuring.out_of_memory import out_of_memory_as_error
-from pipeline.measuring.serving import ServedRun
+from pipeline.measuring.serving import ServedRun, StartAt
 from pipeline.models import TORCH_DTYPES, ModelSource
 from pipeline.running.errors import EnvironmentMissing, OutOfMemory, PipelineError, RefusedByTool
 from pipeline.runtimes.base import BuildResult, InProcessRuntime, ReferenceRun, ToolchainStatus, rounds_words
@@ -339,7 +339,7 @@ class TorchRuntime(TorchWorksAhead, InProcessRuntime):
         prepared.execution = execution
         return prepared
 
-    def serve(self, engine, streams: int, seconds: float, start_at: float | None = None) -> ServedRun:
+    def serve(self, engine, streams: int, seconds: float, start_at: StartAt = None) -> ServedRun:
         if isinstance(engine, ServedEngine):  # a compiled point held by the process that compiled it
             return engine.serve_streams(streams, seconds, start_at)
         if isinstance(engine, Prepared):  # else serve_streams says why it cannot

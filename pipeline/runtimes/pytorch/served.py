@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.launchers.child import ENDS, ERROR, OK, ChildEnded, Reply, ended_words, serve_requests
+from pipeline.measuring.serving import StartAt
 from pipeline.running.errors import DeviceFault, PipelineError
 from pipeline.running.faults import as_fault
 
@@ -268,6 +269,12 @@ class ServedEngine:
     def evidence(self) -> dict[str, Any]:
         return self.point.process.ask(EVIDENCE, self.point.key)
 
-    def serve_streams(self, streams: int, seconds: float, start_at: float | None = None):
-        """Its ``streams`` threads served by the process that holds it (a ServedRun)."""
+    def serve_streams(self, streams: int, seconds: float, start_at: StartAt = None):
+        """Its ``streams`` threads served by the process that holds it (a ServedRun). A call that
+        gives the start (serve_threads) cannot cross to that process: it is asked here, before
+        that process warms its threads, which then start late by that warming (the span counts
+        from the instant: serve_threads). The run serves a held point in its own process, with no
+        instant (pipeline/stages/serving.py); a process serving alone prepares its own engine."""
+        if callable(start_at):
+            start_at = start_at()
         return self.point.process.ask(STREAMS, self.point.key, streams, seconds, start_at)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.measuring.serving import THREADS, ServedRun, serve_threads
+from pipeline.measuring.serving import THREADS, ServedRun, StartAt, serve_threads
 from pipeline.runtimes.pytorch.prepared import Prepared, capture, import_torch
 from pipeline.runtimes.pytorch.spec import needs_cuda_graphs
 
@@ -22,7 +22,7 @@ from pipeline.runtimes.pytorch.spec import needs_cuda_graphs
 GIL_WORDS = "PyTorch's Python holds the GIL between kernel launches: N threads of one process issue one at a time"
 
 
-def serve_streams(spec, attention, prepared: Any, streams: int, seconds: float, start_at: float | None) -> ServedRun:
+def serve_streams(spec, attention, prepared: Any, streams: int, seconds: float, start_at: StartAt) -> ServedRun:
     """``prepared`` (what TorchRuntime.prepare gave) serving ``streams`` threads for ``seconds``;
     ``attention``: a fresh SDPA-kernel context per call, as the prepared run uses."""
     if not isinstance(prepared, Prepared):

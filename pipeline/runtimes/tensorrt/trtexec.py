@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pipeline.catalog import ProfileSettings, ToolchainSpec, VariantSpec
 from pipeline.machine.environment import nvidia_gpus
 from pipeline.measuring.accuracy import ReferenceBatch
-from pipeline.measuring.serving import ServedRun
+from pipeline.measuring.serving import ServedRun, StartAt
 from pipeline.models import ModelSource
 from pipeline.running.errors import EnvironmentMissing, OutOfMemory, PipelineError, RefusedByTool, ToolCrashed, ToolStopped
 from pipeline.runtimes.base import BuildResult, EngineRuntime, ProfileResult, ReferenceRun
@@ -322,7 +322,7 @@ class TrtexecRuntime(EngineRuntime):
             },
         )
 
-    def serve(self, engine, streams: int, seconds: float, start_at: float | None = None) -> ServedRun:
+    def serve(self, engine, streams: int, seconds: float, start_at: StartAt = None) -> ServedRun:
         # ``engine`` is what ``prepare`` gave, ToolTakes: the engine's file and its point.
         return serve_with_inf_streams(self, engine.engine_path, engine.workload, streams, seconds)
 
