@@ -3,7 +3,7 @@ own, all timed take for take in turn, so that the host's speed spells land on ev
 
 A launch-bound engine's time is the host's speed while it ran, and the product's process timed
 eager ModernBERT at 2x512 1.5-1.9x slower than a fresh by-hand process on the same machine start
-(docs/streams.md). The product's process differs from a fresh one in what it did before its
+(docs/results/streams.md). The product's process differs from a fresh one in what it did before its
 rounds; each worker here starts fresh, builds the same model and inputs, then does one of those
 things, and every worker then times the same run the same way (pipeline/measuring/takes.py,
 cuda_take) when asked, in a shuffled order each round:
@@ -143,7 +143,7 @@ def _product(torch, shape: str, device: str, backend: str = "eager"):
     model = source.cast(source.runnable(source.create_for_weights()), dtype)
     point = ShapePoint.parse(shape, source.dynamic_axes(), "modernbert")
     # A mask of ones, as the other workers': the catalog pads (`padding = true`), which changes
-    # the attention's work (measured apart: docs/streams.md).
+    # the attention's work (measured apart: docs/results/streams.md).
     examples = tuple(
         torch.ones_like(t) if n == "attention_mask" else t for n, t in zip(source.spec.inputs, source.sample_inputs(model, point, 0))
     )

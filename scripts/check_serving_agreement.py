@@ -71,7 +71,7 @@ def padding_words(workspace: Path, by_hand: list[dict]) -> str | None:
     if product is None or not hand or product in hand:
         return None
     said = {True: "padded", False: "unpadded"}
-    return f"the product's requests are {said[product]}, by hand's {said[not product]}: other work (docs/streams.md), so a ratio far from 1 may be that"
+    return f"the product's requests are {said[product]}, by hand's {said[not product]}: other work (docs/results/streams.md), so a ratio far from 1 may be that"
 
 
 def padding_costs(by_hand: list[dict]) -> list[tuple[str, str, int, float, float]]:
