@@ -70,6 +70,11 @@ class Prepared:
     # each of its runs (``in_force``): the flags are the process's, and each engine prepared sets
     # its own, so a point's engines were all timed under the last one's. None: left as they are.
     tf32: bool | None = None
+    # The CUDA streams its serving threads issue on, one a concurrent stream, made at its first
+    # serving and kept for every take after (pytorch/streams.py): PyTorch's caching allocator
+    # keeps the memory a stream freed for that stream alone, and torch.cuda.Stream() hands out
+    # its pool of 32 in turn, so new streams every take would leave up to 32 streams' worth cached.
+    serving_streams: list = field(default_factory=list)
 
     @property
     def batch_size(self) -> int:

@@ -41,12 +41,15 @@ def serve_streams(spec, attention, prepared: Any, streams: int, seconds: float, 
     # Not `compiled or model`: a compiled module's truth is its len(), which torch.compile's
     # wrapper refuses for a module that is no container (TypeError).
     module = prepared.compiled if prepared.compiled is not None else prepared.model
+    if cuda:  # a stream a concurrent caller, kept from take to take (Prepared.serving_streams)
+        while len(prepared.serving_streams) < streams:
+            prepared.serving_streams.append(torch.cuda.Stream())
     requests = []
-    for mine in inputs:
+    for index, mine in enumerate(inputs):
         if not cuda:
             requests.append(_on_host(torch, attention, module, mine))
             continue
-        stream = torch.cuda.Stream()
+        stream = prepared.serving_streams[index]
         with torch.cuda.stream(stream):
             run = capture(torch, prepared.model, mine) if spec.backend == "cudagraphs" else None
         requests.append(_on_stream(torch, attention, run, module, mine, stream))
