@@ -49,10 +49,11 @@ def catalog(tmp_path):
 
 
 def test_a_second_run_fails_at_once_naming_the_first(catalog):
-    first = pipeline(catalog, "run", "--variant", "fp32")
+    first = pipeline(catalog, "run", "--variant", "fp32", start_new_session=True)
     try:
         assert holder(catalog)["pid"] == first.pid
-        code, err = finish(pipeline(catalog, "run", "--variant", "fp32"))
+        os.killpg(first.pid, signal.SIGSTOP)  # holds the lock however slow the second's start
+        code, err = finish(pipeline(catalog, "run", "--variant", "fp32"), timeout=120)
         assert first.poll() is None  # the second gave up while the first was still running
         assert code == 1
         assert (
@@ -61,6 +62,7 @@ def test_a_second_run_fails_at_once_naming_the_first(catalog):
         )
         assert "TIP" in err and "--wait" in err
     finally:
+        os.killpg(first.pid, signal.SIGCONT)
         assert finish(first)[0] == 0
 
 
@@ -88,16 +90,21 @@ def test_a_holder_killed_with_sigkill_is_taken_over_with_a_warning(catalog):
     assert code == 0 and "WARNING" not in err
 
 
-def test_read_only_commands_take_no_lock(tmp_path):
-    catalog = write_catalog(tmp_path / "ws", TINY_CATALOG.replace("duration_s = 0.05", "duration_s = 15"))
-    first = pipeline(catalog, "run", "--variant", "fp32")
+def test_read_only_commands_take_no_lock(catalog):
+    # The run is stopped (SIGSTOP, its whole session) while the read-only commands run, so that it
+    # certainly still holds the lock whatever the host's speed; a command that asked for the lock
+    # would fail at once naming it, or hang with --wait until `finish` times out.
+    first = pipeline(catalog, "run", "--variant", "fp32", start_new_session=True)
     try:
-        holder(catalog)
+        assert holder(catalog)["pid"] == first.pid
+        os.killpg(first.pid, signal.SIGSTOP)
         for args in (("models",), ("doctor",), ("profile", "--variant", "fp32", "--dry-run")):
-            code, err = finish(pipeline(catalog, *args))
+            code, err = finish(pipeline(catalog, *args), timeout=120)
             assert code == 0, (args, err)
         assert first.poll() is None
+        assert holder(catalog)["pid"] == first.pid
     finally:
+        os.killpg(first.pid, signal.SIGCONT)
         assert finish(first)[0] == 0
 
 
