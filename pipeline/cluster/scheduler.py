@@ -23,6 +23,7 @@ finish goes to a fresh one (pipeline/running/faults.py): the process itself can 
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 from rich.markup import escape
@@ -47,6 +48,21 @@ MAX_ATTEMPTS = 3
 TICK_S = 0.5
 CHECK_EVERY_S = 5.0
 HEAD_MISSES = 3
+
+
+class DriverDisconnected(Exception):
+    """The driver's connection to Ray broke mid-run: where Ray does not end a driver whose node (the
+    head, usually) went away, its next call raises OSError on the dead socket ("Broken pipe").
+    Said as a driver Ray ended is said (cluster/supervisor.py), not as a bug."""
+
+
+@contextlib.contextmanager
+def _ray_connection():
+    """Around a call into Ray's core worker: an OSError there is the connection, not this code."""
+    try:
+        yield
+    except OSError as exc:
+        raise DriverDisconnected(f"its connection to Ray broke: {type(exc).__name__}: {exc}") from exc
 
 
 class ClusterRun:
@@ -82,7 +98,9 @@ class ClusterRun:
             if worker is None:
                 job.state = "waiting"  # every GPU of its type is busy: the next free one takes it
                 return
-            job.handle = worker.run.options(num_returns="streaming").remote(self.requests.request(job))
+            request = self.requests.request(job)
+            with _ray_connection():
+                job.handle = worker.run.options(num_returns="streaming").remote(request)
         else:
             options, job.placed_by = self.matrix.placement(job)
             # A task on a GPU ends its process with it: an idle one keeping its CUDA context (and
@@ -91,7 +109,9 @@ class ClusterRun:
             # faulted (or whose module broke its own state) must not take the export's rest.
             max_calls = 1 if options.get("num_gpus") or job.stage == "export" else 0
             remote = ray.remote(num_returns="streaming", max_retries=0, max_calls=max_calls)(run_stage)
-            job.handle = remote.options(**options).remote(self.requests.request(job))
+            request = self.requests.request(job)
+            with _ray_connection():
+                job.handle = remote.options(**options).remote(request)
         job.attempts += 1
         job.state, job.submitted_at = "queued", time.monotonic()
         self.dispatched += 1
@@ -156,8 +176,6 @@ class ClusterRun:
         return [job for job in self.matrix.jobs() if job.handle is not None]
 
     def run(self) -> RunSummary:
-        import contextlib
-
         self.matrix.plan()
         self.reporter.info(
             f"cluster  {self.cluster.address}: {len(self.cluster.nodes)} node(s) — " + "; ".join(n.label() for n in self.cluster.nodes)
@@ -182,7 +200,8 @@ class ClusterRun:
         last_check = time.monotonic()
         while self.running():
             handles = {job.handle: job for job in self.running()}
-            ready, _ = ray.wait(list(handles), num_returns=1, timeout=TICK_S)
+            with _ray_connection():
+                ready, _ = ray.wait(list(handles), num_returns=1, timeout=TICK_S)
             for handle in ready:
                 self._receive(handles[handle])
             if time.monotonic() - last_check > CHECK_EVERY_S:

@@ -72,20 +72,26 @@ def run_on_cluster(ctx, address: str, request: RunRequest, verbose: bool = False
     outcome = child.reply_if_any()
     if outcome is None or outcome.kind == INTERRUPTED:
         # Nobody interrupted this process, yet the driver stopped: Ray ended it (on losing its node
-        # it exits, or interrupts the driver's main thread).
-        raise EnvironmentMissing(
-            f"the Ray driver ended without a result ({ended_words(child.exitcode)}): Ray ends a driver when the node it "
-            f"runs on, usually the cluster's head at {address}, goes away. Every stage that had finished is in the workspace.",
-            hint="check the head (`ray status`), restart it and its workers if needed, then run the same command: "
-            "finished stages are not run again",
-        )
+        # it exits, or interrupts the driver's main thread), or its connection to Ray broke.
+        raise driver_ended(outcome, child.exitcode, address)
     if outcome.kind == BUG:
         raise RuntimeError(f"the cluster driver failed (its traceback is above): {outcome.value}")
     return outcome.result().raise_for_failures(len(request.engines), request.toolchains)
 
 
+def driver_ended(outcome: Reply | None, exitcode: int | None, address: str) -> EnvironmentMissing:
+    """The error for a driver that stopped with no result: how it ended (its reply's words, else
+    its exit), and that finished stages are kept."""
+    how = outcome.value if outcome is not None and outcome.value else ended_words(exitcode)
+    return EnvironmentMissing(
+        f"the Ray driver ended without a result ({how}): Ray ends a driver when the node it "
+        f"runs on, usually the cluster's head at {address}, goes away. Every stage that had finished is in the workspace.",
+        hint="check the head (`ray status`), restart it and its workers if needed, then run the same command: "
+        "finished stages are not run again",
+    )
+
+
 def _child(channel, settings, lock, parent: int) -> None:
-    from pipeline.cluster.scheduler import drive
     from pipeline.running.reporting import Reporter
     from pipeline.running.signals import terminate_like_interrupt
     from pipeline.stages.base import RunContext
@@ -107,19 +113,29 @@ def _child(channel, settings, lock, parent: int) -> None:
         argv=argv,
         exports_write_onnx=write_onnx,
     )
+    outcome = driven(ctx, address, request, verbose)
+    send_quietly(channel, outcome)  # the parent may be gone: nobody to tell
+
+
+def driven(ctx, address: str, request: RunRequest, verbose: bool) -> Reply:
+    """The driver's run, as the reply its parent reads: the summary, a user's error, INTERRUPTED
+    (Ctrl-C, or the connection to Ray broken as its node went away) or a bug, its traceback printed."""
+    from pipeline.cluster.scheduler import DriverDisconnected, drive
+
     try:
         summary = drive(ctx, address, request, verbose)
-        outcome = Reply(OK, RunSummary(summary.succeeded, [(name, chain, exc.plain()) for name, chain, exc in summary.failed]))
+        return Reply(OK, RunSummary(summary.succeeded, [(name, chain, exc.plain()) for name, chain, exc in summary.failed]))
     except PipelineError as exc:
-        outcome = Reply(ERROR, exc.plain())
+        return Reply(ERROR, exc.plain())
+    except DriverDisconnected as exc:  # its node went away: what Ray otherwise says by ending the driver
+        return Reply(INTERRUPTED, str(exc))
     except KeyboardInterrupt:
-        outcome = Reply(INTERRUPTED)
+        return Reply(INTERRUPTED)
     except Exception as exc:  # a bug: its traceback here, and the command exits as for any bug
         import traceback
 
         traceback.print_exc()
-        outcome = Reply(BUG, f"{type(exc).__name__}: {exc}")
-    send_quietly(channel, outcome)  # the parent may be gone: nobody to tell
+        return Reply(BUG, f"{type(exc).__name__}: {exc}")
 
 
 def _end_with_parent(parent: int) -> None:

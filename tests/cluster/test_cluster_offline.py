@@ -536,3 +536,39 @@ def test_a_run_on_several_gpus_of_one_host_says_how_its_points_held_the_host():
         holds.note(single, [profile_manifest(held)])
     said = holds.sentences()
     assert len(said) == 1 and said[0].startswith("pair-host: 2 of its 3 shape points held the host whole"), said
+
+
+def test_a_broken_connection_to_ray_reads_as_the_lost_node_it_is_not_as_a_bug(monkeypatch):
+    """Where Ray does not end a driver whose head went away, its next call raises OSError on the
+    dead socket (seen in CI: "Broken pipe" from ray.wait). The driver's loop says it is the
+    connection, and the command says what it says when Ray ends the driver: the head went away,
+    finished stages are kept (exit 3), not an internal error (exit 70)."""
+    import types
+
+    import pipeline.cluster.scheduler as scheduler
+    from pipeline.cluster.supervisor import BUG, INTERRUPTED, driven, driver_ended
+
+    def broken(*args, **kwargs):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(wait=broken))
+    job = types.SimpleNamespace(handle="a task's handle")
+    run = types.SimpleNamespace(advance=lambda: None, running=lambda: [job])
+    with pytest.raises(scheduler.DriverDisconnected, match="its connection to Ray broke: BrokenPipeError: .*Broken pipe"):
+        scheduler.ClusterRun._loop(run, None)
+
+    def drive(*args):
+        scheduler.ClusterRun._loop(run, None)
+
+    monkeypatch.setattr(scheduler, "drive", drive)
+    reply = driven(None, "127.0.0.1:6379", None, False)
+    assert reply.kind == INTERRUPTED
+    error = driver_ended(reply, 0, "127.0.0.1:6379")
+    assert error.exit_code == 3
+    assert error.message.startswith("the Ray driver ended without a result (its connection to Ray broke: BrokenPipeError: ")
+    assert "usually the cluster's head at 127.0.0.1:6379, goes away. Every stage that had finished is in the workspace." in error.message
+    # A driver Ray ended itself left no reply: its exit says how.
+    assert "(killed by SIGKILL)" in driver_ended(None, -9, "127.0.0.1:6379").message
+    # Anything else raised in the driver is still a bug.
+    monkeypatch.setattr(scheduler, "drive", lambda *args: 1 / 0)
+    assert driven(None, "127.0.0.1:6379", None, False).kind == BUG
