@@ -38,7 +38,7 @@ import math
 import random
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 from pipeline.catalog import ProfileSettings
 from pipeline.measuring.host_speed import HostTake
@@ -365,6 +365,10 @@ class Tally:
     false_claim: int = 0  # points with any false claim about a pair
     claims: int = 0  # claims about pairs made (comparisons and crossovers), and of them false
     false_claims: int = 0
+    # Of those, the claims about pairs timed apart (each engine in a set of rounds of its own), and
+    # of them false: scripts/simulate_apart.py.
+    unpaired_claims: int = 0
+    unpaired_false: int = 0
     decided: int = 0
     rounds: int = 0
     seconds: float = 0.0
@@ -372,10 +376,8 @@ class Tally:
     contenders_s: float = 0.0
 
     def add(self, other: Tally) -> None:
-        for name in ("points", "wrong_fastest", "false_claim", "claims", "false_claims", "decided", "rounds"):
+        for name in (f.name for f in fields(self)):  # every count and every sum of seconds
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        self.seconds += other.seconds
-        self.contenders_s += other.contenders_s
 
 
 def claim_is_false(estimate, true: float, tie: float) -> bool | None:
@@ -400,28 +402,44 @@ def truly_fastest(entrants: list[str], truth: dict[tuple[str, str], float]) -> s
 
 
 def judge(outcome: RoundsOutcome, timed_s: dict[str, float], truth: dict[tuple[str, str], float], tie: float) -> Tally:
-    rows = rows_of(outcome)
+    return judge_rows(rows_of(outcome), outcome.entrants, outcome.rounds, outcome.elapsed_s, timed_s, truth, tie)
+
+
+def judge_rows(
+    rows: list[ComparisonRow],
+    entrants: list[str],
+    rounds: int,
+    seconds: float,
+    timed_s: dict[str, float],
+    truth: dict[tuple[str, str], float],
+    tie: float,
+) -> Tally:
+    """The point's rows (``entrants``, in their order: one set of rounds, or several timed apart)
+    through the verdict and the sweep, every claim they make scored against the truth."""
     (verdict,) = verdicts(rows, BASELINE, tie=tie)
-    name = {id(row): entrant for row, entrant in zip(rows, outcome.entrants)}
+    name = {id(row): entrant for row, entrant in zip(rows, entrants)}
     _, highest = tie_band(tie)
-    best = truly_fastest(outcome.entrants, truth)
+    best = truly_fastest(entrants, truth)
     group = [verdict.fastest, *verdict.tied]
     wrong_fastest = not any(name[id(row)] == best or truth[(name[id(row)], best)] <= highest for row in group)
     claims = [(a, b, estimate) for a, b, estimate in verdict.comparisons]
     for sweep in sweeps(rows, [verdict], tie, BASELINE):
         claims += [(lead.second, lead.first, lead.estimate) for lead in sweep.crossover_leads()]
-    judged = [claim_is_false(estimate, truth[(name[id(a)], name[id(b)])], tie) for a, b, estimate in claims]
-    made = [false for false in judged if false is not None]
-    contenders = [e for e in outcome.entrants if e == best or truth[(e, best)] <= highest]
+    judged = [(claim_is_false(estimate, truth[(name[id(a)], name[id(b)])], tie), estimate) for a, b, estimate in claims]
+    made = [(false, estimate) for false, estimate in judged if false is not None]
+    unpaired = [false for false, estimate in made if not estimate.paired]
+    contenders = [e for e in entrants if e == best or truth[(e, best)] <= highest]
     return Tally(
         points=1,
         wrong_fastest=int(wrong_fastest),
-        false_claim=int(any(made)),
+        false_claim=int(any(false for false, _ in made)),
         claims=len(made),
-        false_claims=sum(made),
+        false_claims=sum(false for false, _ in made),
+        unpaired_claims=len(unpaired),
+        unpaired_false=sum(unpaired),
         decided=int(verdict.fastest is not None and not verdict.tied),
-        rounds=outcome.rounds,
-        seconds=outcome.elapsed_s,
+        rounds=rounds,
+        seconds=seconds,
         contenders_s=sum(timed_s[e] for e in contenders),
     )
 
