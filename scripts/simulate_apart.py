@@ -44,7 +44,7 @@ def run_apart(scenario: confidence.Scenario, noise: confidence.Noise, seed: int,
     rows, entrants, timed, rounds, seconds = [], [], {}, 0, 0.0
     for index, run in enumerate(runs_of(scenario)):
         outcome, run_timed = confidence.run_point(run, noise, seed * 2 + index)
-        rows += confidence.rows_of(outcome)
+        rows += confidence.rows_of(outcome, confidence.timing_under(noise))
         entrants += outcome.entrants
         timed.update(run_timed)
         rounds, seconds = rounds + outcome.rounds, seconds + outcome.elapsed_s

@@ -39,6 +39,7 @@ import random
 import sys
 import time
 from dataclasses import dataclass, field, fields, replace
+from types import SimpleNamespace
 
 from pipeline.catalog import ProfileSettings
 from pipeline.measuring.host_speed import HostTake
@@ -47,6 +48,7 @@ from pipeline.measuring.rounds import RoundsOutcome, rounds_loop
 from pipeline.measuring.stats import at_band_edge, median, tie_band
 from pipeline.measuring.stopping import GROSS
 from pipeline.precision.bounds import exact_upper
+from pipeline.report.flags import launch_bound_flag
 from pipeline.report.row_times import take_rounds
 from pipeline.report.rows import ComparisonRow
 from pipeline.report.sweep import sweeps
@@ -161,6 +163,12 @@ class Clock:
 LAUNCH_BOUND_SHARE, GPU_BOUND_SHARE = 1.0, 0.1
 
 
+def timing_under(noise: Noise) -> str:
+    """What an engine's times are under ``noise``: the host's clock where its spells slow every
+    engine (the CI VM's, where engines run on the CPU), else the GPU's."""
+    return HOST_LATENCY if noise.every_engine else "GPU time (CUDA events)"
+
+
 class SyntheticEngine:
     """An engine of known true time: each take lasts at least take_ms, as many runs as fit; each
     run is the true time, times the host's slow factor where it follows the host and the take fell
@@ -176,7 +184,7 @@ class SyntheticEngine:
         self.true_ms, self.follows_host, self.noise = true_ms, follows_host, noise
         self.clock, self.spells, self.rng, self.drift = clock, spells, rng, drift
         self.timed_s = 0.0  # how long its takes lasted, together
-        self.timing = HOST_LATENCY if noise.every_engine else "GPU time (CUDA events)"
+        self.timing = timing_under(noise)
         self.issue_ms = true_ms * (LAUNCH_BOUND_SHARE if follows_host else GPU_BOUND_SHARE)
 
     def take(self, runs: int, min_ms: float) -> list[float]:
@@ -323,17 +331,20 @@ def run_point(scenario: Scenario, noise: Noise, seed: int, settings: ProfileSett
     return outcome, timed
 
 
-def rows_of(outcome: RoundsOutcome) -> list[ComparisonRow]:
+def rows_of(outcome: RoundsOutcome, timing: str = "GPU time (CUDA events)") -> list[ComparisonRow]:
     """The rows a compare of the point's manifests would read: their takes, through the product's
-    own reading of them."""
+    own reading of them, with what they were timed by (``timing``) and the launch-bound flag their
+    takes' issue times give (which make a row follow the host: ComparisonRow.follows_the_host)."""
     rows = []
     for entrant in outcome.entrants:
         _, toolchain = entrant.split("/")
         # One variant on many toolchains, so that the sweep sets them against each other too.
-        row = ComparisonRow(model="sim", variant="v", toolchain=toolchain, status="measured (GPU time)", outcome="measured", shape="1x1")
+        row = ComparisonRow(model="sim", variant="v", toolchain=toolchain, status=f"measured ({timing})", outcome="measured", shape="1x1")
         kept = outcome.times_ms[entrant]
         row.median_ms = median(kept) if kept else None
-        take_rounds(row, [outcome.record(entrant)])
+        record = outcome.record(entrant)
+        take_rounds(row, [record])
+        row.flags = [flag] if (flag := launch_bound_flag(SimpleNamespace(rounds=[record]))) else []
         rows.append(row)
     return rows
 
@@ -401,8 +412,9 @@ def truly_fastest(entrants: list[str], truth: dict[tuple[str, str], float]) -> s
     return min(entrants, key=lambda e: max(truth[(e, other)] for other in entrants if other != e))
 
 
-def judge(outcome: RoundsOutcome, timed_s: dict[str, float], truth: dict[tuple[str, str], float], tie: float) -> Tally:
-    return judge_rows(rows_of(outcome), outcome.entrants, outcome.rounds, outcome.elapsed_s, timed_s, truth, tie)
+def judge(outcome: RoundsOutcome, timed_s: dict[str, float], truth: dict[tuple[str, str], float], noise: Noise, tie: float) -> Tally:
+    rows = rows_of(outcome, timing_under(noise))
+    return judge_rows(rows, outcome.entrants, outcome.rounds, outcome.elapsed_s, timed_s, truth, tie)
 
 
 def judge_rows(
@@ -456,7 +468,7 @@ def _one_row(job: tuple[int, int, int, int]) -> dict[str, Tally]:
     for rule, settings in RULES.items():
         tally = Tally()
         for index in range(points):
-            tally.add(judge(*run_point(scenario, noise, seed * 10**6 + index, settings), truth, settings.tie))
+            tally.add(judge(*run_point(scenario, noise, seed * 10**6 + index, settings), truth, noise, settings.tie))
         tallies[rule] = tally
     return tallies
 
@@ -559,7 +571,7 @@ def _early_row(job: tuple[int, int, int, int]) -> tuple[Drops, Drops]:
         for index in range(points):
             outcome, timed = run_point(scenario, noise, seed * 10**6 + index)
             point = drops(outcome, scenario, truth, SETTINGS.tie)
-            point.judged = judge(outcome, timed, truth, SETTINGS.tie)
+            point.judged = judge(outcome, timed, truth, noise, SETTINGS.tie)
             tally.add(point)
         tallies.append(tally)
     return tallies[0], tallies[1]

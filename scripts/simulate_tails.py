@@ -228,7 +228,7 @@ def ranked_point(scenario: Ranked, noise, by: str, seed: int, truth: dict[str, f
     outcome = rounds_loop(
         engines, settings, random.Random(seed), None, None, confidence._QuietHost(), confidence._Unheld(), {}, now=clock, stays={E0}
     )
-    rows = confidence.rows_of(outcome)
+    rows = confidence.rows_of(outcome, confidence.timing_under(noise))
     for row, entrant in zip(rows, outcome.entrants):
         row.samples_ms = list(outcome.times_ms[entrant])
         row.p90_ms, row.p99_ms = (float(value) for value in np.percentile(row.samples_ms, [90, 99]))

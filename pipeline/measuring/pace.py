@@ -88,8 +88,9 @@ def beyond_the_hosts_reach(estimate, tie: float) -> bool:
 def take_length(settings: ProfileSettings, engines: int) -> float:
     """How long each take of a round of ``engines`` engines lasts at least where the host sets the
     pace (host_sets_the_pace): ``take_ms``, or longer where the round would otherwise last under
-    ``round_ms`` (a point of few engines, or few left in the running); one engine alone is
-    compared with nothing, and takes ``take_ms``."""
+    ``round_ms`` (a point of few engines, or few left in the running); one engine alone has no
+    pair to decide, and takes ``take_ms``: compared with an engine of another run, where either
+    follows the host, the report reads the pair HOST_SWING wider (report/confidence.py, apart_ratio)."""
     if engines < 2:
         return settings.take_ms
     return max(settings.take_ms, settings.round_ms / engines)

@@ -153,6 +153,9 @@ class RatioEstimate(BaseModel):
     # False: too few rounds for any interval at that level; low and high are then the rounds' whole
     # range, no interval, and the outcome "ambiguous" (ratio_of_rounds).
     bounded: bool = True
+    # How far each end of an interval of two medians timed apart was widened for what neither
+    # interval could see (unpaired_ratio's swing: the host's speed, pace.HOST_SWING); 1 otherwise.
+    widened_by: float = 1.0
 
     @property
     def paired(self) -> bool:
@@ -169,6 +172,7 @@ class RatioEstimate(BaseModel):
             outcome=flipped,
             confidence=self.confidence,
             bounded=self.bounded,
+            widened_by=self.widened_by,
         )
 
 
@@ -322,13 +326,20 @@ def ratio_median(ratios: Sequence[float]) -> float:
 
 
 def unpaired_ratio(
-    a_median: float, a_interval: tuple[float, float], b_median: float, b_interval: tuple[float, float], tie: float
+    a_median: float,
+    a_interval: tuple[float, float],
+    b_median: float,
+    b_interval: tuple[float, float],
+    tie: float,
+    swing: float = 1.0,
 ) -> RatioEstimate:
     """A/B from two medians measured apart, each with its own interval: the ratio's interval is
-    the widest the two allow (A's low over B's high, A's high over B's low)."""
-    low = a_interval[0] / b_interval[1] if b_interval[1] > 0 else math.inf
-    high = a_interval[1] / b_interval[0] if b_interval[0] > 0 else math.inf
-    return RatioEstimate(ratio=a_median / b_median, low=low, high=high, outcome=outcome(low, high, tie))
+    the widest the two allow (A's low over B's high, A's high over B's low), widened by ``swing``
+    each way where something the two intervals cannot see may have moved one against the other
+    between their measurements (the host's speed: pipeline/report/confidence.py, apart_ratio)."""
+    low = a_interval[0] / b_interval[1] / swing if b_interval[1] > 0 else math.inf
+    high = a_interval[1] / b_interval[0] * swing if b_interval[0] > 0 else math.inf
+    return RatioEstimate(ratio=a_median / b_median, low=low, high=high, outcome=outcome(low, high, tie), widened_by=swing)
 
 
 def median(values: Sequence[float]) -> float:

@@ -11,6 +11,7 @@ within the tie band, 1/(1 + tie) to 1 + tie) or ambiguous.
 
 from __future__ import annotations
 
+from pipeline.measuring.pace import HOST_SWING
 from pipeline.measuring.stats import RatioEstimate, family_confidence, ratio_of_rounds, unpaired_ratio
 from pipeline.report.rows import ComparisonRow
 
@@ -27,7 +28,20 @@ def time_ratio(a: ComparisonRow, b: ComparisonRow, tie: float) -> RatioEstimate 
             return estimate
     if a.median_ci_ms is None or b.median_ci_ms is None:
         return None
-    return unpaired_ratio(a.median_ms, a.median_ci_ms, b.median_ms, b.median_ci_ms, tie)
+    return apart_ratio(a, b, tie)
+
+
+def apart_ratio(a: ComparisonRow, b: ComparisonRow, tie: float) -> RatioEstimate:
+    """A's time over B's for rows timed apart (another run, a tool's engine profiled alone), from
+    their medians' own intervals; widened by pace.HOST_SWING each way where either follows the
+    host (ComparisonRow.follows_the_host). Each interval sees only the host of its own run: an
+    engine whose time is the host's speed, profiled in a slow spell of it, is slower by the spell
+    within its interval, and its six takes can fit in one spell (scripts/simulate_apart.py: two
+    equal engines, one launch-bound, in two runs on the lent GPUs' spells were told apart falsely
+    at 23 of 60 points unwidened). The host's speed changes by up to HOST_SWING, so the ratio of
+    their medians can too, and no more, whichever of the two follows it."""
+    swing = HOST_SWING if a.follows_the_host or b.follows_the_host else 1.0
+    return unpaired_ratio(a.median_ms, a.median_ci_ms, b.median_ms, b.median_ci_ms, tie, swing)
 
 
 def energy_ratio(a: ComparisonRow, b: ComparisonRow, tie: float) -> RatioEstimate | None:

@@ -40,7 +40,10 @@ from pipeline.report.rows import ComparisonRow
 # median_ci_ms bounds; 17 gave the pooled runs' median, which could fall outside it); a verdict
 # ranked by a percentile a row's takes cannot bound, a null speedup_over_baseline; each serving
 # pick's not_served.
-JSON_SCHEMA_VERSION = 18
+# 19 each comparison's widened_by: a pair timed apart of which either engine follows the host
+# (timed by its clock, launch-bound or near it) has its interval widened by pace.HOST_SWING each
+# way (confidence.apart_ratio), and is told apart only beyond it.
+JSON_SCHEMA_VERSION = 19
 
 
 def render_json(rows: list[ComparisonRow], answer: Answer | None = None) -> str:

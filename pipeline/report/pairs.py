@@ -15,6 +15,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Callable
 
+from pipeline.measuring.pace import HOST_SWING
 from pipeline.measuring.stats import RatioEstimate, at_band_edge, tie_band
 from pipeline.measuring.stopping import GROSS, gross
 from pipeline.report.rows import ComparisonRow
@@ -48,36 +49,63 @@ _LOWEST_KEPT = 4
 
 def beaten_apart(rows: list[ComparisonRow], tie: float) -> set[int]:
     """The ids of the rows another row is faster than with confidence by the two medians'
-    intervals, among rows not timed together (pipeline/measuring/stats.py: A/B lies in [A's low / B's high,
-    A's high / B's low]; "faster" when that lies below 1 and not within the tie band, as a
-    paired interval is read: A's high under B's low, and A's low under B's high over 1 + tie).
+    intervals, among rows not timed together, as confidence.apart_ratio reads such a pair: A/B
+    lies in [A's low / B's high, A's high / B's low], widened by HOST_SWING each way where either
+    row follows the host; "faster" when that lies below 1 and not within the tie band.
 
-    In n log n, not n²: with the rows sorted by their interval's high end, those whose high is
-    under B's low are a prefix; of them, those of lowest low end are the ones that can also be
-    beyond the band, and any of those timed apart from B beats it. Rows timed together with B are
-    skipped here (their comparison is paired)."""
+    Two sweeps give every pair its interval: one over every row, the host-followers' own intervals
+    widened by HOST_SWING (a pair with one follower widened by HOST_SWING, as apart_ratio widens
+    it; a pair of two by its square, no claim the second sweep misses); one over the followers
+    alone, each widened by its square root (a pair of two widened by HOST_SWING)."""
+    timed = [row for row in rows if row.median_ci_ms is not None]
+    followers = [row for row in timed if row.follows_the_host]
+    beaten = _beaten_by([(row, _widened(row.median_ci_ms, HOST_SWING if row.follows_the_host else 1.0)) for row in timed], tie)
+    if len(followers) > 1:
+        beaten |= _beaten_by([(row, _widened(row.median_ci_ms, HOST_SWING**0.5)) for row in followers], tie)
+    return beaten
+
+
+def _widened(interval: tuple[float, float], factor: float) -> tuple[float, float]:
+    return interval[0] / factor, interval[1] * factor
+
+
+def _beaten_by(timed: list[tuple[ComparisonRow, tuple[float, float]]], tie: float) -> set[int]:
+    """beaten_apart's sweep over rows each given with the interval it is read by, in n log n, not
+    n²: with the rows sorted by their interval's high end, those whose high is under B's low are a
+    prefix; of them, those of lowest low end are the ones that can also be beyond the band, and any
+    of those timed apart from B beats it (a "faster" A: its high under B's low, and its low under
+    B's high over 1 + tie). Rows timed together with B are skipped here (their comparison is paired)."""
     lowest, _ = tie_band(tie)
-    apart = sorted((row for row in rows if row.median_ci_ms is not None), key=lambda r: r.median_ci_ms[1])
-    highs = [row.median_ci_ms[1] for row in apart]
-    kept: list[list[ComparisonRow]] = []  # per prefix of `apart`: its rows of lowest low end, lowest first
-    for row in apart:
+    apart = sorted(timed, key=lambda entry: entry[1][1])
+    highs = [interval[1] for _, interval in apart]
+    kept: list[list[tuple[ComparisonRow, tuple[float, float]]]] = []  # per prefix of `apart`: its entries of lowest low end
+    for entry in apart:
         previous = kept[-1] if kept else []
-        kept.append(sorted([*previous, row], key=lambda r: r.median_ci_ms[0])[:_LOWEST_KEPT])
+        kept.append(sorted([*previous, entry], key=lambda e: e[1][0])[:_LOWEST_KEPT])
     beaten = set()
-    for row in apart:
-        low, high = row.median_ci_ms
+    for row, (low, high) in apart:
         below_end = bisect_left(highs, low)  # apart[:below_end] end under this row's low: their ratio's interval is below 1
         if below_end == 0:
             continue
         rounds, beyond = set(row.round_medians), high * lowest  # a low end under `beyond`: not "the same"
         lowest_lows = kept[below_end - 1]
-        timed_apart = any(other.median_ci_ms[0] < beyond and not rounds & set(other.round_medians) for other in lowest_lows)
-        if not timed_apart and len(lowest_lows) == _LOWEST_KEPT and all(other.median_ci_ms[0] < beyond for other in lowest_lows):
+        timed_apart = any(interval[0] < beyond and not rounds & set(other.round_medians) for other, interval in lowest_lows)
+        if not timed_apart and len(lowest_lows) == _LOWEST_KEPT and all(interval[0] < beyond for _, interval in lowest_lows):
             # each kept one was timed with it: any other of the prefix may beat it
-            timed_apart = any(other.median_ci_ms[0] < beyond and not rounds & set(other.round_medians) for other in apart[:below_end])
+            timed_apart = any(interval[0] < beyond and not rounds & set(other.round_medians) for other, interval in apart[:below_end])
         if timed_apart:
             beaten.add(id(row))
     return beaten
+
+
+def followers_timed_apart(group: list[ComparisonRow]) -> list[ComparisonRow]:
+    """The rows of ``group`` that follow the host and were timed apart from another of it: their
+    pairs are read HOST_SWING wider (confidence.apart_ratio)."""
+    return [
+        row
+        for row in group
+        if row.follows_the_host and any(not set(row.round_medians) & set(other.round_medians) for other in group if other is not row)
+    ]
 
 
 def undecided(front: list[ComparisonRow], compare, tie: float) -> bool:
@@ -89,7 +117,9 @@ def undecided(front: list[ComparisonRow], compare, tie: float) -> bool:
         return False
     intervals = [row.median_ci_ms for row in front]
     sets_of_rounds = [name for row in front for name in row.round_medians]
-    if all(intervals) and len(sets_of_rounds) == len(set(sets_of_rounds)):
+    # Rows that follow the host are compared apart by intervals HOST_SWING wider (apart_ratio), never "the same".
+    apart_unwidened = not any(row.follows_the_host for row in front)
+    if apart_unwidened and all(intervals) and len(sets_of_rounds) == len(set(sets_of_rounds)):
         lowest, highest = tie_band(tie)
         low, high = min(i[0] for i in intervals), max(i[1] for i in intervals)
         if high > 0 and low > 0 and lowest <= low / high and high / low <= highest:

@@ -7,8 +7,8 @@ medians' difference) — and where it stands on the roofline."""
 from __future__ import annotations
 
 from pipeline.catalog import Catalog
-from pipeline.measuring.stats import ratio_of_rounds, unpaired_ratio
-from pipeline.report.confidence import pair_confidence
+from pipeline.measuring.stats import ratio_of_rounds
+from pipeline.report.confidence import apart_ratio, pair_confidence
 from pipeline.report.pairs import grossly_beaten
 from pipeline.report.rows import ComparisonRow, shape_order, trusted_rounds
 
@@ -47,7 +47,7 @@ def compare_rows(catalog: Catalog, rows: list[ComparisonRow], toolchain_order: l
             # Timed in other sets of rounds: their medians are their takes' (row_times.py), told
             # apart by the takes' intervals as the verdict tells them (confidence.time_ratio), not
             # by a bootstrap of pooled runs whose median the row no longer shows.
-            estimate = unpaired_ratio(row.median_ms, row.median_ci_ms, base.median_ms, base.median_ci_ms, catalog.profile.tie)
+            estimate = apart_ratio(row, base, catalog.profile.tie)
             setattr(row, field_name, estimate.low > 1.0 or estimate.high < 1.0)
         else:
             unpaired.append((row, base, field_name))

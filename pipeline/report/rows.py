@@ -11,8 +11,9 @@ from typing import Any
 
 from pipeline.catalog import ShapeSizes
 from pipeline.manifest import EngineManifest
+from pipeline.measuring.pace import HOST_LATENCY
 from pipeline.report.energy import attach_energy
-from pipeline.report.flags import NOISY_CV, measurement_flags
+from pipeline.report.flags import NOISY_CV, launch_bound, measurement_flags
 from pipeline.report.row_times import attach_timings, percentiles, tail_bounds, take_rounds
 from pipeline.report.streams import served_entries
 from pipeline.running.errors import PipelineError
@@ -171,6 +172,13 @@ class ComparisonRow:
                 if mine is not None and theirs is not None and theirs > 0:
                     ratios.append(mine / theirs)
         return ratios
+
+    @property
+    def follows_the_host(self) -> bool:
+        """Whether its time moves with the host's speed (pace.follows_the_host, read from the row):
+        timed by the host's clock, or flagged launch-bound or near it. Compared with a row of
+        another run, the host's spells between the two runs can move it (confidence.apart_ratio)."""
+        return f"({HOST_LATENCY})" in self.status or launch_bound(self.flags, near=True)
 
     @property
     def point(self) -> tuple[str | None, str | None]:

@@ -19,6 +19,7 @@ from typing import Any
 
 from pipeline.catalog.floor import AccuracyFloor, AccuracyThreshold
 from pipeline.catalog.shape import shown
+from pipeline.measuring.pace import HOST_SWING
 from pipeline.measuring.ranking import MEDIAN, Ranking
 from pipeline.measuring.stats import RatioEstimate
 from pipeline.report import pairs
@@ -223,6 +224,7 @@ class Verdict:
                 readings = all(self.figure(r) is not None for r in group)
                 budget = " (the point's budget_s ran out)" if readings and any(r.rounds_stop == "budget" for r in group) else ""
                 answer = f"{self.where}: undecided{by}{meeting}: {names}{shown} cannot be told apart {after}{budget}"
+                answer += self._apart_from_the_host(group)
             else:
                 answer = f"{self.where}: {names} tie within ±{self.tie:.0%}{by}{meeting}{shown}"
             answer += self._speedups(group) + "."
@@ -256,6 +258,19 @@ class Verdict:
         if self.skipped:
             out.append(f"{len(self.skipped)} not run (the table says why).")
         return out
+
+    def _apart_from_the_host(self, group: list[ComparisonRow]) -> str:
+        """Why the group's pairs timed apart that follow the host are read so wide (by the median:
+        confidence.apart_ratio), naming those that follow it; nothing where there are none."""
+        followers = pairs.followers_timed_apart(group) if self.reading is None else []
+        if not followers:
+            return ""
+        names = ", ".join(line_label(row) for row in followers)
+        follow = "follows" if len(followers) == 1 else "follow"
+        return (
+            f" ({names} {follow} the host's speed, timed apart from the rest: the host may have run up to {HOST_SWING:g}x "
+            "slower in one run than in another, so the ratio is read that much wider; profile them in one run to compare them closer)"
+        )
 
     def _sureness(self) -> str:
         """How the answer beat the other candidates: ", faster than the 2 others with 95%

@@ -92,4 +92,5 @@ def comparison_json(a: dict, b: dict, estimate, tie: float) -> dict:
         "confidence": estimate.confidence if bounded else None,
         "bounded": bounded,
         "ratios_range": [estimate.low, estimate.high] if estimate and not bounded else None,
+        "widened_by": estimate.widened_by if estimate else None,
     }

@@ -233,7 +233,7 @@ def test_attention_kernels_as_a_model_report_tflops_and_their_error_against_the_
     assert export["flops_by_shape"] == {"1x16": 4 * 2 * 16**2 * 8, "1x40": 4 * 2 * 40**2 * 8}
     assert "math kernel" in export["reference"]["description"]
     data = json.loads(run_cli(catalog, "compare", "--format", "json").out)
-    assert data["schema"] == 18
+    assert data["schema"] == 19
     rows = data["rows"]
     assert {row["toolchain"] for row in rows} == {"onnxruntime", "torch-sdpa-math", "torch-sdpa-flash"}
     for row in rows:

@@ -140,7 +140,7 @@ def test_every_format_shows_the_energy_and_why_a_row_has_none():
     page = render_html(rows, [])
     assert "<th>J/inf</th>" in page and "idle power included" in page and "measured alone by its tool" in page
     document = json.loads(render_json(rows))
-    assert document["schema"] == JSON_SCHEMA_VERSION == 18
+    assert document["schema"] == JSON_SCHEMA_VERSION == 19
     first, second = document["rows"]
     assert first["joules_per_inference"] == pytest.approx(0.2) and first["energy_source"] == "nvml" and first["energy_why_not"] is None
     assert second["joules_per_inference"] is None and second["energy_why_not"] == ALONE

@@ -708,6 +708,72 @@ def test_rows_measured_apart_are_compared_by_their_own_intervals():
     assert all(not e.paired for _, _, e in verdict.comparisons)
 
 
+def test_rows_timed_apart_that_follow_the_host_are_told_apart_only_beyond_its_swing():
+    """An engine launch-bound or timed by the host's clock, profiled in a run of its own, may have
+    run in a slow spell of its host (1.8x on the lent GPUs): compared with a row of another run,
+    their ratio's interval is widened by HOST_SWING each way, whichever of the two follows it.
+    Intervals far narrower than the spells decide nothing within the swing, and still decide
+    beyond it."""
+    from pipeline.measuring.pace import HOST_SWING
+    from pipeline.report.confidence import time_ratio
+
+    launch_bound = ["launch-bound: the host needs 95% of a run's GPU time to issue it"]
+    gpu = _row("trt", "2x512", 10.0, spread=0.01)
+    alone = _row("eager", "2x512", 15.0, spread=0.01, flags=launch_bound)
+    assert alone.follows_the_host and not gpu.follows_the_host
+    estimate = time_ratio(gpu, alone, 0.03)
+    unwidened = (9.9 / 15.15, 10.1 / 14.85)
+    assert (estimate.low, estimate.high) == pytest.approx((unwidened[0] / HOST_SWING, unwidened[1] * HOST_SWING))
+    assert estimate.outcome == "ambiguous" and not estimate.paired
+    (verdict,) = verdicts([gpu, alone], "eager")
+    assert verdict.undecided and verdict.tied == [alone]
+    said = " ".join(verdict.sentences())
+    assert "fp16 on eager follows the host's speed, timed apart from the rest" in said and "up to 2x slower" in said
+    (written,) = verdict.public()["comparisons"]
+    assert written["widened_by"] == HOST_SWING and not written["paired"] and written["outcome"] == "ambiguous"
+    # Timed by the host's clock (a CPU run), near launch-bound: the same.
+    for follower in (
+        _row("ort", "2x512", 15.0, spread=0.01, status="measured (host latency)"),
+        _row("eager", "2x512", 15.0, spread=0.01, flags=["near launch-bound: the host needs 60% of a run's GPU time"]),
+    ):
+        assert follower.follows_the_host and time_ratio(gpu, follower, 0.03).outcome == "ambiguous"
+    # Beyond the swing: decided, by the widened interval.
+    far = _row("eager", "2x512", 25.0, spread=0.01, flags=launch_bound)
+    (verdict,) = verdicts([gpu, far], "eager")
+    assert verdict.fastest is gpu and not verdict.tied and not verdict.undecided
+    assert time_ratio(gpu, far, 0.03).high == pytest.approx(10.1 / 24.75 * HOST_SWING)
+    # Two GPU-timed rows apart keep their own intervals.
+    assert time_ratio(gpu, _row("rtx", "2x512", 15.0, spread=0.01), 0.03).outcome == "faster"
+    # Timed together, a launch-bound row is paired round by round: no widening.
+    a = _paired("eager", [15.0, 15.1, 14.9, 15.0, 15.2, 15.1, 14.8, 15.0, 15.1, 15.0, 15.0], flags=launch_bound)
+    b = _paired("trt", [10.0] * 11)
+    assert time_ratio(b, a, 0.03).paired and time_ratio(b, a, 0.03).outcome == "faster"
+
+
+def test_the_rows_beaten_apart_are_those_apart_ratio_calls_slower():
+    """pairs.beaten_apart's two sweeps against every pair read one by one (confidence.apart_ratio):
+    the same rows on 300 random points of rows timed apart or in one of two sets of rounds, a third
+    following the host, 1-5x apart."""
+    import random
+
+    from pipeline.report.confidence import apart_ratio
+    from pipeline.report.pairs import beaten_apart
+
+    rng = random.Random(11)
+    widened_pairs = 0
+    for _ in range(300):
+        rows = [row for row in _random_rows(rng, rng.randint(2, 30)) if row.median_ci_ms is not None]
+        expected = set()
+        for a in rows:
+            for b in rows:
+                if a is not b and not set(a.round_medians) & set(b.round_medians):
+                    if apart_ratio(a, b, 0.03).outcome == "faster":
+                        expected.add(id(b))
+                        widened_pairs += a.follows_the_host and b.follows_the_host
+        assert beaten_apart(rows, 0.03) == expected
+    assert widened_pairs > 20  # pairs of two rows that follow the host, decided beyond HOST_SWING
+
+
 def test_a_machine_too_small_to_compile_side_by_side_declines_and_says_why(tmp_path, monkeypatch):
     """Two CPUs: no compiling processes start, the build is not told its points compile in the
     background, and each build manifest records why (each profile then compiles its own)."""
@@ -752,10 +818,12 @@ def _reference_verdict(rows: list[ComparisonRow], tie: float):
 
 def _random_rows(rng, count: int) -> list[ComparisonRow]:
     """Rows at one point: some timed apart (an interval each, or none), some in one of two sets of
-    rounds, with medians and spreads that make every outcome happen."""
+    rounds, with medians and spreads that make every outcome happen; a third of them follow the
+    host (timed by its clock, or launch-bound), some 2.5-5x slower than the rest, so that pairs
+    timed apart are decided beyond HOST_SWING and within it."""
     rows = []
     for index in range(count):
-        median = rng.uniform(10.0, 12.0)
+        median = rng.uniform(10.0, 12.0) * rng.choice([1.0, 1.0, 1.0, 2.5, 5.0])
         kind = rng.random()
         if kind < 0.4:
             rows.append(_row(f"t{index}", "2x64", median, spread=rng.uniform(0.001, 0.06)))
@@ -766,6 +834,11 @@ def _random_rows(rng, count: int) -> list[ComparisonRow]:
             row = _paired(f"t{index}", takes, spread=0.02)
             row.shape, row.round_medians = "2x64", {rng.choice(["g1", "g2"]): takes}
             rows.append(row)
+        follows = rng.random()
+        if follows < 0.15:
+            rows[-1].status = "measured (host latency)"
+        elif follows < 0.3:
+            rows[-1].flags = ["launch-bound: the host needs 95% of a run's GPU time to issue it"]
     return rows
 
 
@@ -776,6 +849,7 @@ def test_the_verdict_is_its_definition_without_comparing_every_pair():
     import random
 
     rng = random.Random(7)
+    decided_apart = 0
     for _ in range(400):
         rows = _random_rows(rng, rng.randint(2, 25))
         (verdict,) = verdicts(rows, "t0")
@@ -783,6 +857,12 @@ def test_the_verdict_is_its_definition_without_comparing_every_pair():
         assert verdict.fastest is fastest
         assert verdict.tied == tied
         assert verdict.undecided == undecided
+        decided_apart += any(
+            not e.paired and e.outcome in ("faster", "slower") and (a.follows_the_host or b.follows_the_host)
+            for a, b, e in verdict.comparisons
+            if e is not None
+        )
+    assert decided_apart > 50  # rows that follow the host, timed apart, were told apart beyond HOST_SWING
 
 
 def test_two_rows_timed_together_compare_as_paired_ratio_of_their_rounds():

@@ -39,13 +39,16 @@ def test_engines_the_gpu_times_are_told_apart_across_runs_no_more_often_than_95_
         assert tally.false_claim / tally.points <= 0.05, noise
 
 
-def test_a_launch_bound_engine_profiled_alone_is_called_different_where_the_hosts_spells_set_its_time(simulation):
-    """The limit docs/confidence.md states, measured: an engine alone takes six takes of take_ms
-    (0.6 s), which fit in one of the host's slow spells; its interval cannot see the spell, and an
-    equal engine of another run is called faster or slower than it in far more than 5 % of points
-    on the lent GPUs' spells, while with no spells (1 % noise) it is not."""
+def test_a_launch_bound_engine_profiled_alone_is_told_apart_only_beyond_the_hosts_swing(simulation):
+    """An engine alone takes six takes of take_ms (0.6 s), which fit in one of the host's slow
+    spells, and its interval cannot see the spell. Read unwidened, two equal engines of two runs,
+    one launch-bound, were called different at 23 of 60 points on the lent GPUs' spells; read
+    HOST_SWING wider (confidence.apart_ratio), they are left undecided. Engines the host cannot
+    bring together — the launch-bound point's baseline 25x its leader — are still told apart
+    across runs, and rightly."""
     spells = _row(simulation, "lent GPU: 1.8x spells on launch-bound engines only", "2 equal")
-    assert spells.false_claim / spells.points > 0.2
-    assert spells.unpaired_false == spells.false_claims  # the claims timed apart, none of a paired pair
+    assert spells.points == POINTS and spells.false_claim == 0 and spells.unpaired_claims == 0
     quiet = _row(simulation, "independent, 1 %", "2 equal")
-    assert quiet.false_claim == 0 and quiet.unpaired_claims >= POINTS // 5
+    assert quiet.false_claim == 0 and quiet.unpaired_claims == 0
+    far = _row(simulation, "lent GPU: 1.8x spells on launch-bound engines only", "10 at a launch-bound point: the leader 25x the baseline")
+    assert far.unpaired_claims > POINTS and far.unpaired_false == 0 and far.false_claim / far.points <= 0.05

@@ -93,7 +93,7 @@ def test_the_table_json_sweep_and_answer_say_what_did_not_fit(batch_too_large, r
     result = run_cli(path, "compare", "--format", "json")
     data = json.loads(result.out)
     jsonschema.validate(data, json.loads((REPO_ROOT / "docs" / "compare.schema.json").read_text()))
-    assert data["schema"] == 18
+    assert data["schema"] == 19
     (at_large,) = [v for v in data["verdicts"] if v["shape"] == "4x64"]
     assert at_large["fastest"]["toolchain"] == "onnxruntime"
     (did_not_fit,) = at_large["out_of_memory"]

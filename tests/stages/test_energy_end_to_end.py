@@ -74,7 +74,7 @@ def test_by_energy_on_a_cpu_without_rapl_says_why_no_engine_can_be_ranked(tiny_c
     document = json.loads(run_cli(tiny_catalog, "compare", "--format", "json", "--by", "energy").out)
     (verdict,) = document["verdicts"]
     assert verdict["ranked_by"] == "energy" and verdict["undecided"] and not verdict["decided"]
-    assert verdict["fastest"]["ranked_ms"] is None and document["schema"] == 18
+    assert verdict["fastest"]["ranked_ms"] is None and document["schema"] == 19
     jsonschema = pytest.importorskip("jsonschema", reason="the test extra installs jsonschema (`make setup`)")
     jsonschema.validate(document, json.loads((REPO_ROOT / "docs" / "compare.schema.json").read_text()))
     assert all(pair["outcome"] == "ambiguous" and pair["ratio"] is None for pair in verdict["comparisons"])

@@ -62,7 +62,7 @@ def test_the_report_pairs_them_round_by_round(paired, run_cli):
     assert result.exit_code == 0, result.err
     data = json.loads(result.out)
     jsonschema.validate(data, json.loads((REPO_ROOT / "docs" / "compare.schema.json").read_text()))
-    assert data["schema"] == 18
+    assert data["schema"] == 19
     for verdict in data["verdicts"]:
         (pair,) = [c for c in verdict["comparisons"] if {c["a"]["toolchain"], c["b"]["toolchain"]} == set(TOOLCHAINS)]
         assert pair["paired"] is True and pair["rounds"] >= 6 and pair["low"] <= pair["ratio"] <= pair["high"]

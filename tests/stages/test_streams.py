@@ -199,7 +199,7 @@ def test_the_json_holds_each_count_to_its_schema(served, run_cli):
     assert result.exit_code == 0, result.err
     data = json.loads(result.out)
     jsonschema.validate(data, json.loads((REPO_ROOT / "docs" / "compare.schema.json").read_text()))
-    assert data["schema"] == 18
+    assert data["schema"] == 19
     row = next(row for row in data["rows"] if row["toolchain"] == "onnxruntime")
     assert [entry["streams"] for entry in row["streams"]] == [1, 2]
     assert all(entry["inferences_per_s"] > 0 and entry["p99_requests_needed"] in (None, 368) for entry in row["streams"])
