@@ -173,7 +173,9 @@ def test_a_cpu_run_with_rapl_reads_joules_per_inference(tiny_catalog, run_cli, m
     profile = read_manifest(tiny_catalog.parent / "manifests" / "onnxruntime" / "tiny_fp32.json").profile
     assert profile.params["settings"]["energy"] is True  # asking for energy measures again
     rounds = profile.details.rounds[0]
-    # take_ms 5 is shorter than MIN_STEPS of the counter's updates: the takes grew until they resolved.
-    assert rounds.energy.source == "rapl" and rounds.energy.least_take_ms >= 100
+    # take_ms 5 is far shorter than MIN_STEPS of the counter's updates: the takes grew until they
+    # resolved. A take that did not doubles the least length from its own (EnergyPace.after), so the
+    # least is twice take_ms at least; how far past it depends on how long the host made the takes.
+    assert rounds.energy.source == "rapl" and rounds.energy.least_take_ms >= 2 * 5
     assert rounds.takes[-1].energy_resolved and rounds.takes[-1].joules > 0
     assert "J/inf" in run_cli(tiny_catalog, "compare", "--wide").out
