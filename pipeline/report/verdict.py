@@ -265,11 +265,14 @@ class Verdict:
         followers = pairs.followers_timed_apart(group) if self.reading is None else []
         if not followers:
             return ""
-        names = ", ".join(line_label(row) for row in followers)
-        follow = "follows" if len(followers) == 1 else "follow"
+        if len(followers) == len(group):  # the sentence has just named them all
+            who = "each follows the host's speed, timed apart from another"
+        else:
+            names = ", ".join(line_label(row) for row in followers)
+            who = f"{names} {'follows' if len(followers) == 1 else 'follow'} the host's speed, timed apart from the rest"
         return (
-            f" ({names} {follow} the host's speed, timed apart from the rest: the host may have run up to {HOST_SWING:g}x "
-            "slower in one run than in another, so the ratio is read that much wider; profile them in one run to compare them closer)"
+            f" ({who}: the host may have run up to {HOST_SWING:g}x slower in one run than in another, so the ratio is read "
+            "that much wider; profile them in one run to compare them closer)"
         )
 
     def _sureness(self) -> str:

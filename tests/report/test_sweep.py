@@ -731,6 +731,11 @@ def test_rows_timed_apart_that_follow_the_host_are_told_apart_only_beyond_its_sw
     assert "fp16 on eager follows the host's speed, timed apart from the rest" in said and "up to 2x slower" in said
     (written,) = verdict.public()["comparisons"]
     assert written["widened_by"] == HOST_SWING and not written["paired"] and written["outcome"] == "ambiguous"
+    # Two CPU runs, each timed by the host's clock: both named once, in the sentence's list.
+    cpu = [_row(name, "2x512", median, status="measured (host latency)") for name, median in (("ort", 10.0), ("ort-b", 10.5))]
+    (verdict,) = verdicts(cpu, "ort")
+    said = " ".join(verdict.sentences())
+    assert verdict.undecided and "(each follows the host's speed, timed apart from another: the host may have run up to 2x" in said
     # Timed by the host's clock (a CPU run), near launch-bound: the same.
     for follower in (
         _row("ort", "2x512", 15.0, spread=0.01, status="measured (host latency)"),
