@@ -331,7 +331,7 @@ def run_point(scenario: Scenario, noise: Noise, seed: int, settings: ProfileSett
     return outcome, timed
 
 
-def rows_of(outcome: RoundsOutcome, timing: str = "GPU time (CUDA events)") -> list[ComparisonRow]:
+def rows_of(outcome: RoundsOutcome, timing: str) -> list[ComparisonRow]:
     """The rows a compare of the point's manifests would read: their takes, through the product's
     own reading of them, with what they were timed by (``timing``) and the launch-bound flag their
     takes' issue times give (which make a row follow the host: ComparisonRow.follows_the_host)."""
